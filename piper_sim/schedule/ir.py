@@ -1,0 +1,193 @@
+"""Schedule IR: tasks, per-stage programs and the mesh they run on. Pure data.
+
+Owns Task, Schedule and the rank <-> mesh-coordinate map. Must not import simpy, torch, numpy
+or anything that runs.
+
+A schedule is a function of the pipeline position only: every rank of one pipeline stage (all its
+ep, dp and tp coordinates) runs the same program. So a Schedule stores one program per pipeline
+stage, with task ids local to the program; `Schedule.rank_tasks(rank)` instantiates the concrete
+tasks of one rank (global ids "r<rank>:<local id>", concrete peers). Cross-rank links are only
+send/recv pairs (matched by tag) and collectives (members given by the task's group axis).
+
+Execution contract (both backends honour it; see docs/execution-contract.md):
+- a rank walks its program in order with one program counter;
+- a task may start when every dep (same rank) is done and the program counter has reached it;
+- compute and collective tasks block the program counter until they end;
+- send and recv tasks are issued asynchronously: the program counter moves on at once, the
+  transfer starts when both sides are issued, and the task ends when the transfer ends; a task that
+  depends on a recv waits for it;
+- a collective starts when every member of its group has reached it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+COMPUTE_KINDS = frozenset({
+    "forward", "forward_expert", "backward", "backward_expert", "backward_input",
+    "backward_expert_input", "backward_weight", "optimizer",
+})
+P2P_KINDS = frozenset({"send", "recv"})
+COLLECTIVE_KINDS = frozenset({"all_to_all", "all_reduce"})
+COARSE_KINDS = frozenset({"forward", "backward", "backward_input", "backward_weight"})
+STREAM_OF_KIND = {**{k: "compute" for k in COMPUTE_KINDS}, **{k: "p2p" for k in P2P_KINDS},
+                  **{k: "collective" for k in COLLECTIVE_KINDS}}
+GROUP_AXES = ("ep", "dp", "ep_dp")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Task:
+    """One unit of work in a stage program.
+
+    task_id: unique within the program (local id). kind: see *_KINDS. microbatch/chunk: -1 when not
+    tied to one. ops: for compute tasks, the model pieces it runs, in order (see workload/ops.py):
+    "embed", "attn:L", "router:L", "experts:L", "moe_out:L", "dense:L", "head". For backward kinds
+    the same ops are run backward. role: for comm tasks, what moves ("act", "grad", "dispatch",
+    "combine", "grad_dense", "grad_expert"); layer: the MoE layer of an all-to-all.
+    peer_stage: for send/recv, the pipeline stage of the other side; tag: matches a send with its recv.
+    group_axis: for collectives, the mesh axis whose ranks form the group ("ep", "dp", "ep_dp").
+    """
+
+    task_id: str
+    kind: str
+    microbatch: int = -1
+    chunk: int = -1
+    ops: tuple[str, ...] = ()
+    deps: tuple[str, ...] = ()
+    role: str = ""
+    layer: int = -1
+    peer_stage: int = -1
+    tag: str = ""
+    group_axis: str = ""
+
+    @property
+    def stream(self) -> str:
+        return STREAM_OF_KIND[self.kind]
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE_KINDS
+
+    @property
+    def is_collective(self) -> bool:
+        return self.kind in COLLECTIVE_KINDS
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Mesh:
+    """Rank layout: rank = ((pp_index * dp + dp_index) * ep + ep_index) * tp + tp_index.
+
+    tp is innermost, then ep, so an expert-parallel group is a block of consecutive ranks and lands
+    inside one node under contiguous placement.
+    """
+
+    pp: int
+    dp: int = 1
+    ep: int = 1
+    tp: int = 1
+
+    @property
+    def num_ranks(self) -> int:
+        return self.pp * self.dp * self.ep * self.tp
+
+    def coords(self, rank: int) -> dict[str, int]:
+        tp_index = rank % self.tp
+        ep_index = rank // self.tp % self.ep
+        dp_index = rank // (self.tp * self.ep) % self.dp
+        pp_index = rank // (self.tp * self.ep * self.dp)
+        return {"pp": pp_index, "dp": dp_index, "ep": ep_index, "tp": tp_index}
+
+    def rank_of(self, *, pp: int, dp: int = 0, ep: int = 0, tp: int = 0) -> int:
+        return ((pp * self.dp + dp) * self.ep + ep) * self.tp + tp
+
+    def stage_of(self, rank: int) -> int:
+        return rank // (self.tp * self.ep * self.dp)
+
+    def stage_ranks(self, pp_index: int) -> range:
+        size = self.tp * self.ep * self.dp
+        return range(pp_index * size, (pp_index + 1) * size)
+
+    def peer(self, rank: int, peer_stage: int) -> int:
+        """The rank at another pipeline stage with the same dp, ep and tp coordinates."""
+        c = self.coords(rank)
+        return self.rank_of(pp=peer_stage, dp=c["dp"], ep=c["ep"], tp=c["tp"])
+
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        """Ranks of the collective group of `rank` along `axis` ("ep", "dp" or "ep_dp")."""
+        c = self.coords(rank)
+        eps = range(self.ep) if axis in ("ep", "ep_dp") else (c["ep"],)
+        dps = range(self.dp) if axis in ("dp", "ep_dp") else (c["dp"],)
+        if axis not in GROUP_AXES:
+            raise ValueError(f"unknown group axis {axis!r}; allowed: {GROUP_AXES}")
+        return tuple(self.rank_of(pp=c["pp"], dp=d, ep=e, tp=c["tp"]) for d in dps for e in eps)
+
+    def groups(self, axis: str, pp_index: int) -> list[tuple[int, ...]]:
+        """All distinct groups along `axis` in one pipeline stage."""
+        seen: dict[tuple[int, ...], None] = {}
+        for rank in self.stage_ranks(pp_index):
+            seen.setdefault(self.group(rank, axis), None)
+        return list(seen)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """Per-stage programs of one training step over a mesh.
+
+    stage_programs[pp_index] is the ordered program every rank of that pipeline stage runs.
+    chunk c on pipeline stage p is the virtual stage c * pp + p (interleaved layout).
+    lowered: False for a generator's coarse output (forward/backward per chunk and microbatch),
+    True after the lowering passes (p2p, all-to-all, gradient reduction, optimizer).
+    """
+
+    name: str
+    mesh: Mesh
+    vpp: int
+    num_microbatches: int
+    stage_programs: tuple[tuple[Task, ...], ...]
+    lowered: bool = False
+    stage_layers: tuple[tuple[int, ...], ...] = field(default=())  # layers per virtual stage
+
+    @property
+    def pp(self) -> int:
+        return self.mesh.pp
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def virtual_stage(self, pp_index: int, chunk: int) -> int:
+        return chunk * self.pp + pp_index
+
+    def program(self, rank: int) -> tuple[Task, ...]:
+        return self.stage_programs[self.mesh.stage_of(rank)]
+
+    def num_tasks(self) -> int:
+        """Tasks over all ranks."""
+        ranks_per_stage = self.mesh.num_ranks // self.pp
+        return sum(len(p) for p in self.stage_programs) * ranks_per_stage
+
+    def rank_tasks(self, rank: int) -> list[dict]:
+        """Concrete tasks of one rank: global ids, concrete peers and group members."""
+        out = []
+        for task in self.program(rank):
+            peers: tuple[int, ...] = ()
+            if task.kind in ("send", "recv"):
+                peers = (self.mesh.peer(rank, task.peer_stage),)
+            elif task.is_collective:
+                peers = self.mesh.group(rank, task.group_axis)
+            out.append({
+                "task_id": global_task_id(rank, task.task_id), "rank": rank, "kind": task.kind,
+                "stream": task.stream, "microbatch": task.microbatch, "chunk": task.chunk,
+                "ops": task.ops, "deps": tuple(global_task_id(rank, d) for d in task.deps),
+                "role": task.role, "layer": task.layer, "peers": peers, "tag": task.tag,
+            })
+        return out
+
+
+def global_task_id(rank: int, local_id: str) -> str:
+    return f"r{rank}:{local_id}"
+
+
+def coarse_task_id(kind: str, chunk: int, microbatch: int) -> str:
+    short = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}[kind]
+    return f"{short}:c{chunk}:m{microbatch}"
