@@ -1,0 +1,129 @@
+"""Topology builders: registry plus the uniform cluster and the two-level fat-tree.
+
+A builder is `f(params: dict, num_gpus: int | None) -> Topology`; params are the raw YAML
+mapping (unit-suffixed keys), converted here with units.read_params. Builders for Frontier,
+dragonfly, LUMI and DGX SuperPOD live in their own modules and register here too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import networkx as nx
+
+from piper_sim.errors import ConfigError
+from piper_sim.registry import Registry
+from piper_sim.topology.graph import NetworkParams, Topology
+from piper_sim.units import positive_int, read_params
+
+Builder = Callable[[dict, "int | None"], Topology]
+BUILDERS: Registry[Builder] = Registry("topology.builder")
+register_builder = BUILDERS.register
+
+
+def add_duplex(graph: nx.DiGraph, a: str, b: str, *, bandwidth_bytes_per_s: float, latency_s: float,
+               link_kind: str) -> None:
+    """Two directed links a->b and b->a with the same capacity (full duplex)."""
+    for u, v in ((a, b), (b, a)):
+        graph.add_edge(u, v, bandwidth_bytes_per_s=bandwidth_bytes_per_s, latency_s=latency_s,
+                       link_kind=link_kind)
+
+
+def num_nodes_for(where: str, num_gpus: int | None, gpus_per_node: int, given: int | None) -> int:
+    if given is not None:
+        nodes = positive_int(f"{where}num_nodes", given)
+        if num_gpus is not None and num_gpus > nodes * gpus_per_node:
+            raise ConfigError(f"{where}num_nodes", nodes,
+                              f"at least {math.ceil(num_gpus / gpus_per_node)} nodes for {num_gpus} GPUs")
+        return nodes
+    if num_gpus is None:
+        raise ConfigError(f"{where}num_nodes", None, "a value when the GPU count is not known")
+    return math.ceil(num_gpus / gpus_per_node)
+
+
+def add_hosts(graph: nx.DiGraph, num_nodes: int, gpus_per_node: int, p: dict) -> list[str]:
+    """Hosts with a non-blocking node switch and one NIC per GPU; returns GPU names."""
+    gpus = []
+    for h in range(num_nodes):
+        switch = f"n{h}.sw"
+        graph.add_node(switch, kind="switch", host=h)
+        for g in range(gpus_per_node):
+            gpu, nic = f"n{h}.g{g}", f"n{h}.nic{g}"
+            graph.add_node(gpu, kind="gpu", host=h, local_index=g)
+            graph.add_node(nic, kind="nic", host=h, local_index=g)
+            add_duplex(graph, gpu, switch, bandwidth_bytes_per_s=p["intra_bandwidth_bytes_per_s"],
+                       latency_s=p["intra_latency_s"], link_kind="intra")
+            add_duplex(graph, gpu, nic, bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"], latency_s=0.0,
+                       link_kind="gpu_nic")
+            gpus.append(gpu)
+    return gpus
+
+
+HOST_SCHEMA = {
+    "num_nodes": None, "gpus_per_node": 8,
+    "intra_bandwidth_GBps": ..., "intra_latency_us": 1.0,
+    "nic_bandwidth_GBps": ..., "nic_latency_us": 1.0,
+    "switch_latency_us": 0.5, "message_overhead_us": 0.0,
+}
+
+
+@register_builder("uniform")
+def build_uniform(raw: dict, num_gpus: int | None) -> Topology:
+    """N nodes x G GPUs; a node switch inside each node; one NIC per GPU into one network switch."""
+    p = read_params(raw, HOST_SCHEMA, "topology.params.")
+    gpus_per_node = positive_int("topology.params.gpus_per_node", p["gpus_per_node"])
+    nodes = num_nodes_for("topology.params.", num_gpus, gpus_per_node, p["num_nodes"])
+    graph = nx.DiGraph()
+    gpus = add_hosts(graph, nodes, gpus_per_node, p)
+    graph.add_node("net.sw", kind="switch")
+    for h in range(nodes):
+        for g in range(gpus_per_node):
+            add_duplex(graph, f"n{h}.nic{g}", "net.sw", bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
+                       latency_s=p["nic_latency_s"] + p["switch_latency_s"], link_kind="nic")
+    return Topology(name="uniform", graph=graph, gpus=gpus,
+                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]))
+
+
+FAT_TREE_SCHEMA = {**HOST_SCHEMA, "nodes_per_leaf": 4, "num_spines": 4, "uplink_bandwidth_GBps": None,
+                   "uplink_latency_us": 1.0}
+
+
+@register_builder("fat-tree")
+def build_fat_tree(raw: dict, num_gpus: int | None) -> Topology:
+    """Two-level fat-tree: NICs into leaf switches, every leaf linked to every spine; ECMP over spines.
+
+    uplink_bandwidth_GBps is per leaf-spine link; by default the tree is non-blocking (leaf uplink
+    capacity equals its downlink capacity).
+    """
+    p = read_params(raw, FAT_TREE_SCHEMA, "topology.params.")
+    gpus_per_node = positive_int("topology.params.gpus_per_node", p["gpus_per_node"])
+    per_leaf = positive_int("topology.params.nodes_per_leaf", p["nodes_per_leaf"])
+    spines = positive_int("topology.params.num_spines", p["num_spines"])
+    nodes = num_nodes_for("topology.params.", num_gpus, gpus_per_node, p["num_nodes"])
+    uplink = p["uplink_bandwidth_bytes_per_s"] or per_leaf * gpus_per_node * p["nic_bandwidth_bytes_per_s"] / spines
+    graph = nx.DiGraph()
+    gpus = add_hosts(graph, nodes, gpus_per_node, p)
+    num_leaves = math.ceil(nodes / per_leaf)
+    for s in range(spines):
+        graph.add_node(f"spine{s}", kind="switch")
+    for leaf in range(num_leaves):
+        graph.add_node(f"leaf{leaf}", kind="switch")
+        for s in range(spines):
+            add_duplex(graph, f"leaf{leaf}", f"spine{s}", bandwidth_bytes_per_s=uplink,
+                       latency_s=p["uplink_latency_s"] + p["switch_latency_s"], link_kind="up")
+    for h in range(nodes):
+        for g in range(gpus_per_node):
+            add_duplex(graph, f"n{h}.nic{g}", f"leaf{h // per_leaf}",
+                       bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
+                       latency_s=p["nic_latency_s"] + p["switch_latency_s"], link_kind="nic")
+    return Topology(name="fat-tree", graph=graph, gpus=gpus, router=ecmp_router,
+                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]))
+
+
+def ecmp_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:
+    """Equal split over all shortest paths (by hop count), as ECMP hashing spreads many flows."""
+    paths = sorted(nx.all_shortest_paths(topo.graph, src, dst))
+    frac = 1.0 / len(paths)
+    return tuple((frac, tuple(topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False)))
+                 for nodes in paths)

@@ -1,0 +1,75 @@
+"""Load a topology from a preset name, a YAML path or an inline mapping.
+
+YAML form: {name: str, description: str, builder: registered builder, params: {unit-suffixed keys}}.
+A mapping may also be {preset: NAME, params: {overrides}}.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from piper_sim.errors import ConfigError
+from piper_sim.paths import data_dir
+from piper_sim.topology import builders as _builders  # noqa: F401  (registers uniform, fat-tree)
+from piper_sim.topology.builders import BUILDERS
+from piper_sim.topology.graph import Topology
+
+TOPOLOGY_KEYS = ("name", "description", "builder", "params", "preset", "sources")
+
+
+def topology_presets() -> list[str]:
+    return sorted(p.stem for p in data_dir("topologies").glob("*.yaml"))
+
+
+def read_topology_mapping(spec: str | dict | Path) -> dict:
+    """The YAML mapping of a topology (preset resolved, overrides merged), not yet built."""
+    if isinstance(spec, dict):
+        raw = dict(spec)
+        if "preset" in raw:
+            base = read_topology_mapping(str(raw.pop("preset")))
+            params = {**base.get("params", {}), **raw.pop("params", {})}
+            raw = {**base, **raw, "params": params}
+    else:
+        path = Path(spec)
+        if path.suffix not in (".yaml", ".yml"):
+            path = data_dir("topologies") / f"{spec}.yaml"
+            if not path.exists():
+                raise ConfigError("topology", spec, f"a preset ({', '.join(topology_presets())}) or a YAML path")
+        if not path.exists():
+            raise ConfigError("topology", str(spec), "an existing YAML file")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError("topology", str(spec), "a YAML mapping")
+        raw.setdefault("name", path.stem)
+    unknown = sorted(set(raw) - set(TOPOLOGY_KEYS))
+    if unknown:
+        raise ConfigError(f"topology.{unknown[0]}", raw[unknown[0]], f"known keys: {', '.join(TOPOLOGY_KEYS)}")
+    if "builder" not in raw:
+        raise ConfigError("topology.builder", None, f"one of {', '.join(BUILDERS.names())}")
+    return raw
+
+
+def load_topology(spec: str | dict | Path, num_gpus: int | None = None) -> Topology:
+    """Build the topology; num_gpus sizes it when the file does not fix the node count."""
+    _register_all()
+    raw = read_topology_mapping(spec)
+    builder = BUILDERS.get(raw["builder"], "topology.builder")
+    topo = builder(raw.get("params") or {}, num_gpus)
+    topo.name = raw.get("name", topo.name)
+    if num_gpus is not None and topo.num_gpus < num_gpus:
+        raise ConfigError("topology", topo.name, f"a machine with at least {num_gpus} GPUs (has {topo.num_gpus})")
+    return topo
+
+
+def _register_all() -> None:
+    """Import every builder module so its registrations run."""
+    import importlib
+    import pkgutil
+
+    import piper_sim.topology as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("build_"):
+            importlib.import_module(f"piper_sim.topology.{info.name}")

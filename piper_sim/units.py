@@ -1,0 +1,70 @@
+"""Unit-suffixed config keys, converted once at load to SI (bytes, seconds, FLOP/s).
+
+GB/s and TFLOPS are decimal (1e9, 1e12); GiB is binary.
+"""
+
+from __future__ import annotations
+
+from piper_sim.errors import ConfigError
+
+SUFFIX_SCALE = {
+    "GBps": 1e9, "MBps": 1e6, "Gbps": 1e9 / 8, "Mbps": 1e6 / 8,
+    "us": 1e-6, "ns": 1e-9, "ms": 1e-3, "s": 1.0,
+    "GiB": 2.0**30, "MiB": 2.0**20, "GB": 1e9,
+    "TFLOPS": 1e12,
+}
+SI_SUFFIX = {
+    "GBps": "bytes_per_s", "MBps": "bytes_per_s", "Gbps": "bytes_per_s", "Mbps": "bytes_per_s",
+    "us": "s", "ns": "s", "ms": "s", "s": "s", "GiB": "bytes", "MiB": "bytes", "GB": "bytes",
+    "TFLOPS": "flops_per_s",
+}
+
+
+def si_key(key: str) -> str:
+    """bandwidth_GBps -> bandwidth_bytes_per_s; latency_us -> latency_s; keys without a unit unchanged."""
+    base, _, suffix = key.rpartition("_")
+    return f"{base}_{SI_SUFFIX[suffix]}" if base and suffix in SI_SUFFIX else key
+
+
+def to_si(key: str, value: object, *, where: str = "") -> float:
+    """Convert a value whose key ends in a unit suffix (e.g. bandwidth_GBps) to SI."""
+    suffix = key.rsplit("_", 1)[-1]
+    if suffix not in SUFFIX_SCALE:
+        raise ConfigError(f"{where}{key}", value, f"a key ending in one of {sorted(SUFFIX_SCALE)}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}{key}", value, "a number")
+    if value < 0:
+        raise ConfigError(f"{where}{key}", value, "a non-negative number")
+    return float(value) * SUFFIX_SCALE[suffix]
+
+
+def read_params(raw: dict, schema: dict[str, object], where: str) -> dict[str, object]:
+    """Check a mapping against `schema` (key -> default; required when default is ...), convert units.
+
+    Keys with a unit suffix come back renamed and converted to SI (latency_us -> latency_s);
+    others as given. Unknown keys are an error.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(where.rstrip("."), raw, "a mapping")
+    unknown = sorted(set(raw) - set(schema))
+    if unknown:
+        raise ConfigError(f"{where}{unknown[0]}", raw[unknown[0]], f"known keys: {', '.join(sorted(schema))}")
+    out: dict[str, object] = {}
+    for key, default in schema.items():
+        if key not in raw:
+            if default is ...:
+                raise ConfigError(f"{where}{key}", None, "a value (required)")
+            value = default
+        else:
+            value = raw[key]
+        if si_key(key) != key:
+            out[si_key(key)] = None if value is None else to_si(key, value, where=where)
+        else:
+            out[key] = value
+    return out
+
+
+def positive_int(where: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(where, value, "a positive integer")
+    return value

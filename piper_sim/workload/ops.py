@@ -1,0 +1,28 @@
+"""The op vocabulary of compute tasks: the model pieces a compute task runs, in order.
+
+Pure data: names and parsing only. Both backends interpret the same ops:
+- "embed": token ids -> hidden states (first virtual stage only).
+- "attn:L": h = h + attention(norm1(h)) of layer L.
+- "dense:L": h = h + ffn(norm2(h)) of a dense (non-MoE) layer L.
+- "router:L": x = norm2(h); top-k gate over the routed experts; rows of x permuted and grouped by
+  destination EP rank, ready for the dispatch all-to-all.
+- "shared:L": shared experts of MoE layer L applied to x (local, no communication).
+- "experts:L": the local routed experts of layer L on the rows received by dispatch (kind
+  forward_expert / backward_expert), grouped by expert.
+- "moe_out:L": rows returned by combine are un-permuted, weighted by the gate and summed, plus the
+  shared-expert output; h = h + that.
+- "head": final norm, LM head and the cross-entropy loss (last virtual stage only).
+A backward task runs the same ops in reverse order.
+"""
+
+from __future__ import annotations
+
+OP_NAMES = ("embed", "attn", "dense", "router", "shared", "experts", "moe_out", "head")
+
+
+def parse_op(op: str) -> tuple[str, int]:
+    """'attn:3' -> ('attn', 3); 'embed' -> ('embed', -1)."""
+    name, _, layer = op.partition(":")
+    if name not in OP_NAMES:
+        raise ValueError(f"unknown op {op!r}; allowed: {OP_NAMES}")
+    return name, int(layer) if layer else -1
