@@ -1,0 +1,91 @@
+"""report.json: step time, MFU, bubble and exposed communication, memory, all-to-all bandwidth.
+
+Owns the metric definitions (docs/metrics.md repeats them):
+- step_time_s: mean over steps of (end of the step's last task - end of the previous step).
+- model_flops_per_step: FLOPs of the useful forward and backward work of one step, summed over
+  all ranks (active experts only, no recomputation), from the tasks' flops.
+- mfu: model_flops_per_step / (step_time_s x num_gpus x peak FLOP/s of one GPU).
+- bubble_fraction: mean over ranks of the time the rank is neither computing nor communicating.
+- exposed_comm_fraction: mean over ranks of communication time not hidden under compute.
+- all_to_all_bandwidth_bytes_per_s: mean over all-to-all calls of the mean bytes a member sends
+  divided by the call's duration from the last member's arrival to its end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def union_length_by_rank(df: pd.DataFrame, num_ranks: int) -> np.ndarray:
+    """Length of the union of [start, end) intervals of each rank."""
+    out = np.zeros(num_ranks)
+    if df.empty:
+        return out
+    span = float(df["end_s"].max() - df["start_s"].min()) + 1.0
+    offset = df["rank"].to_numpy() * span
+    start = df["start_s"].to_numpy() + offset
+    end = df["end_s"].to_numpy() + offset
+    order = np.argsort(start, kind="stable")
+    start, end, ranks = start[order], end[order], df["rank"].to_numpy()[order]
+    reach = np.maximum.accumulate(end)
+    prev = np.concatenate(([-np.inf], reach[:-1]))
+    length = np.clip(end - np.maximum(start, prev), 0, None)
+    np.add.at(out, ranks, length)
+    return out
+
+
+def step_times(df: pd.DataFrame) -> list[float]:
+    ends = df.groupby("step", observed=True)["end_s"].max().sort_index().to_numpy()
+    return np.diff(np.concatenate(([0.0], ends))).tolist()
+
+
+def a2a_bandwidth(df: pd.DataFrame) -> float:
+    a2a = df[df["kind"] == "all_to_all"]
+    if a2a.empty:
+        return 0.0
+    calls = a2a.groupby(["step", "task_id", "peers"], observed=True).agg(
+        last_arrival=("start_s", "max"), end=("end_s", "max"), sent=("bytes", "mean"))
+    duration = (calls["end"] - calls["last_arrival"]).to_numpy()
+    ok = duration > 0
+    return float(np.mean(calls["sent"].to_numpy()[ok] / duration[ok])) if ok.any() else 0.0
+
+
+def build_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tokens_per_step: int,
+                 peak_memory_by_stage: list[float], sim_wall_s: float | None = None) -> dict:
+    steps = step_times(df)
+    num_steps = len(steps)
+    step_time = float(np.mean(steps))
+    makespan = float(df["end_s"].max())
+    model_flops = float(df["flops"].sum()) / num_steps
+    compute = df[df["stream"] == "compute"]
+    comm = df[df["stream"] != "compute"]
+    busy_compute = union_length_by_rank(compute, num_gpus)
+    busy_any = union_length_by_rank(pd.concat([compute, comm]), num_gpus)
+    report = {
+        "num_gpus": num_gpus,
+        "num_steps": num_steps,
+        "step_time_s": step_time,
+        "step_times_s": steps,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_per_step / step_time,
+        "model_flops_per_step": model_flops,
+        "tflops_per_gpu": model_flops / step_time / num_gpus / 1e12,
+        "mfu": model_flops / (step_time * num_gpus * peak_flops_per_s),
+        "compute_fraction": float(np.mean(busy_compute) / makespan),
+        "bubble_fraction": float(np.mean(makespan - busy_any) / makespan),
+        "exposed_comm_fraction": float(np.mean(busy_any - busy_compute) / makespan),
+        "peak_memory_bytes": [float(x) for x in peak_memory_by_stage],
+        "all_to_all_bandwidth_bytes_per_s": a2a_bandwidth(df),
+    }
+    if sim_wall_s is not None:
+        report["sim_wall_s"] = sim_wall_s
+    return report
+
+
+def kind_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per task kind: count and mean/total duration (s), total bytes and FLOPs."""
+    dur = df["end_s"] - df["start_s"]
+    return (df.assign(duration_s=dur).groupby("kind", observed=True)
+            .agg(count=("duration_s", "size"), mean_s=("duration_s", "mean"), total_s=("duration_s", "sum"),
+                 bytes=("bytes", "sum"), flops=("flops", "sum")).reset_index())

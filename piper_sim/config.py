@@ -1,0 +1,162 @@
+"""The run configuration: one YAML file (or mapping) with the sections of DESIGN.md section 3.
+
+Owns reading, `--set a.b=value` overrides, defaults, key checking and resolution of every
+section into specs. Unknown keys are errors naming the key. No I/O beyond reading the files named.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from piper_sim.errors import ConfigError
+from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.parallel import ParallelSpec
+
+SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
+            "cost", "sim")
+DEFAULTS: dict = {
+    "schedule": "1f1b",
+    "topology": "uniform",
+    "placement": "contiguous",
+    "collectives": {"all_to_all": "flat", "all_reduce": "ring"},
+    "routing": {"kind": "uniform"},
+    "migration": {"enabled": False},
+    "cost": {"profile": "mi250x", "flash_attention": True},
+    "sim": {"steps": 1, "seed": 0},
+}
+SECTION_KEYS = {
+    "collectives": {"all_to_all", "all_reduce"},
+    "cost": {"profile", "flash_attention"},
+    "sim": {"steps", "seed", "trace_format"},
+    "parallel": {"pp", "ep", "dp", "tp", "vpp", "num_microbatches", "micro_batch_size"},
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """A resolved configuration: specs plus the raw sections that later stages interpret."""
+
+    model: ModelSpec
+    parallel: ParallelSpec
+    schedule: str
+    topology: str | dict
+    placement: str | list | dict
+    all_to_all: str
+    all_reduce: str
+    routing: dict
+    migration: dict
+    cost_profile: str | dict
+    flash_attention: bool
+    steps: int
+    seed: int
+    trace_format: str
+    raw: dict
+
+    def resolved(self) -> dict:
+        """The config as written to config.yaml: every section explicit, the model inline."""
+        out = copy.deepcopy(self.raw)
+        out["model"] = {k: v for k, v in asdict(self.model).items() if v not in (None, "")}
+        out["parallel"] = asdict(self.parallel)
+        return out
+
+
+def read_config_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("config", str(path), "an existing YAML file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", str(path), f"valid YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("config", str(path), "a YAML mapping of sections")
+    base = path.parent
+    for key in ("model", "topology"):  # relative paths in a config are relative to the config file
+        value = raw.get(key)
+        if isinstance(value, str) and value.endswith((".yaml", ".yml", ".json")) and not Path(value).is_absolute():
+            raw[key] = str(base / value)
+    return raw
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `a.b=value` overrides; values are parsed as YAML (numbers, lists, booleans)."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("--set", item, "KEY=VALUE, e.g. parallel.pp=4")
+        parts = key.split(".")
+        if parts[0] not in SECTIONS:
+            raise ConfigError(f"--set {key}", text, f"a key under one of {', '.join(SECTIONS)}")
+        node = out
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {} if part not in node or node[part] is None else _as_mapping(part, node[part])
+            node = node[part]
+        node[parts[-1]] = yaml.safe_load(text)
+    return out
+
+
+def _as_mapping(key: str, value: object) -> dict:
+    if isinstance(value, str):
+        return {"preset": value} if key in ("model", "topology") else {"profile": value} if key == "cost" else {
+            "policy": value}
+    raise ConfigError(key, value, "a mapping to set sub-keys on")
+
+
+def resolve(raw: dict) -> Config:
+    """Check keys and types and build the specs."""
+    from piper_sim.workload.presets import load_model
+
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(unknown[0], raw[unknown[0]], f"a section: {', '.join(SECTIONS)}")
+    full = {**copy.deepcopy(DEFAULTS), **copy.deepcopy(raw)}
+    for section, keys in SECTION_KEYS.items():
+        value = full.get(section)
+        if section == "cost" and isinstance(value, str):
+            value = full[section] = {"profile": value}
+        if not isinstance(value, dict):
+            raise ConfigError(section, value, f"a mapping with keys {', '.join(sorted(keys))}")
+        bad = sorted(set(value) - keys)
+        if bad:
+            raise ConfigError(f"{section}.{bad[0]}", value[bad[0]], f"one of {', '.join(sorted(keys))}")
+        if section in DEFAULTS and isinstance(DEFAULTS[section], dict):
+            full[section] = {**DEFAULTS[section], **value}
+    if "model" not in raw:
+        raise ConfigError("model", None, "a preset name, an inline mapping or a path (required)")
+    model = load_model(full["model"])
+    try:
+        parallel = ParallelSpec(**full.get("parallel", {}))
+    except TypeError as exc:
+        raise ConfigError("parallel", full.get("parallel"), str(exc)) from None
+    parallel.validate(model)
+    sim = full["sim"]
+    steps, seed = sim.get("steps", 1), sim.get("seed", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError("sim.steps", steps, "a positive integer")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError("sim.seed", seed, "an integer")
+    trace_format = sim.get("trace_format", "parquet")
+    if trace_format not in ("parquet", "csv"):
+        raise ConfigError("sim.trace_format", trace_format, "parquet or csv")
+    if not isinstance(full["schedule"], str):
+        raise ConfigError("schedule", full["schedule"], "a schedule name")
+    if not isinstance(full["cost"]["flash_attention"], bool):
+        raise ConfigError("cost.flash_attention", full["cost"]["flash_attention"], "true or false")
+    return Config(
+        model=model, parallel=parallel, schedule=full["schedule"], topology=full["topology"],
+        placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
+        all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
+        cost_profile=full["cost"]["profile"], flash_attention=full["cost"]["flash_attention"], steps=steps,
+        seed=seed, trace_format=trace_format, raw=full,
+    )
+
+
+def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> Config:
+    raw = path if isinstance(path, dict) else read_config_file(path)
+    return resolve(apply_overrides(raw, overrides or []))

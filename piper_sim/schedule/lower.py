@@ -1,0 +1,183 @@
+"""Lowering passes: coarse per-chunk forward/backward programs -> executable programs.
+
+Owns the expansion of each coarse task into compute segments split at MoE all-to-alls, the
+pipeline send/recv pairs, the gradient reductions and the optimizer step. Pure data: imports no
+simpy, torch or numpy.
+
+Segments of one chunk's forward (layers l0..l1): ops run until a MoE layer's router, then the
+dispatch all-to-all, the experts, the combine all-to-all, and the next segment starts with that
+layer's moe_out. Backward runs the segments in reverse; an all-to-all's backward moves data the
+other way, so its role flips ("dispatch" always means token owners -> expert owners).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.workload.model import ModelSpec
+
+BACKWARD_KIND = {
+    ("backward", False): "backward", ("backward", True): "backward_expert",
+    ("backward_input", False): "backward_input", ("backward_input", True): "backward_expert_input",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """A piece of a chunk's forward: compute ops, or an all-to-all of one MoE layer."""
+
+    ops: tuple[str, ...] = ()
+    expert: bool = False
+    role: str = ""  # "dispatch" / "combine" for all-to-all pieces
+    layer: int = -1
+
+
+def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool) -> list[Segment]:
+    """The forward of one chunk as compute segments and all-to-alls, in order."""
+    segments: list[Segment] = []
+    ops: list[str] = ["embed"] if first else []
+    for layer in layers:
+        ops.append(f"attn:{layer}")
+        if not model.is_moe_layer(layer):
+            ops.append(f"dense:{layer}")
+            continue
+        ops.append(f"router:{layer}")
+        if model.num_shared_experts:
+            ops.append(f"shared:{layer}")
+        segments.append(Segment(ops=tuple(ops)))
+        segments.append(Segment(role="dispatch", layer=layer))
+        segments.append(Segment(ops=(f"experts:{layer}",), expert=True))
+        segments.append(Segment(role="combine", layer=layer))
+        ops = [f"moe_out:{layer}"]
+    if last:
+        ops.append("head")
+    if ops:
+        segments.append(Segment(ops=tuple(ops)))
+    return segments
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoweringContext:
+    model: ModelSpec
+    pp: int
+    vpp: int
+    stage_layers: tuple[tuple[int, ...], ...]
+    expert_group: str  # group axis of MoE all-to-alls
+    reduce_dense_axis: str  # "" when there is nothing to reduce
+    reduce_expert_axis: str
+
+    @property
+    def num_virtual(self) -> int:
+        return self.pp * self.vpp
+
+    def segments(self, virtual_stage: int) -> list[Segment]:
+        return chunk_segments(self.model, self.stage_layers[virtual_stage], first=virtual_stage == 0,
+                              last=virtual_stage == self.num_virtual - 1)
+
+
+def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...]) -> Schedule:
+    """Lower a generator's coarse schedule into executable per-stage programs."""
+    mesh = coarse.mesh
+    ctx = LoweringContext(
+        model=model, pp=coarse.pp, vpp=coarse.vpp, stage_layers=stage_layers, expert_group="ep",
+        reduce_dense_axis="ep_dp" if mesh.ep * mesh.dp > 1 else "",
+        reduce_expert_axis="dp" if mesh.dp > 1 else "",
+    )
+    programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
+    return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
+
+
+def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) -> tuple[Task, ...]:
+    out: list[Task] = []
+    last_of: dict[str, str] = {}  # coarse id -> id of its last lowered task (local deps)
+    for task in coarse:
+        v = task.chunk * ctx.pp + pp_index
+        if task.kind == "forward":
+            new = _lower_forward(ctx, pp_index, v, task, last_of)
+        elif task.kind in ("backward", "backward_input"):
+            new = _lower_backward(ctx, pp_index, v, task, last_of)
+        elif task.kind == "backward_weight":
+            ops = tuple(op for s in ctx.segments(v) for op in s.ops)
+            deps = tuple(last_of[d] for d in task.deps)
+            new = [Task(task_id=task.task_id, kind="backward_weight", microbatch=task.microbatch,
+                        chunk=task.chunk, ops=ops, deps=deps)]
+        else:
+            raise ValueError(f"cannot lower coarse task kind {task.kind!r}")
+        last_of[task.task_id] = new[-1].task_id if new[-1].kind != "send" else new[-2].task_id
+        out.extend(new)
+    out.extend(_reduction_tasks(ctx, out))
+    return tuple(out)
+
+
+def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: dict[str, str]) -> list[Task]:
+    c, m = task.chunk, task.microbatch
+    prefix = f"F:c{c}:m{m}"
+    tasks: list[Task] = []
+    deps: tuple[str, ...] = ()
+    if v > 0:
+        prev_stage = (v - 1) % ctx.pp
+        if prev_stage != p:
+            tasks.append(Task(task_id=f"recv:act:c{c}:m{m}", kind="recv", microbatch=m, chunk=c, role="act",
+                              peer_stage=prev_stage, tag=f"act:v{v}:m{m}"))
+            deps = (tasks[-1].task_id,)
+        else:  # previous virtual stage on this same rank: a local dependency
+            deps = (last_of[f"F:c{(v - 1) // ctx.pp}:m{m}"],)
+    tasks.extend(_expand(ctx.segments(v), prefix, "forward", task, deps, ctx.expert_group))
+    if v < ctx.num_virtual - 1 and (v + 1) % ctx.pp != p:
+        tasks.append(Task(task_id=f"send:act:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="act",
+                          peer_stage=(v + 1) % ctx.pp, tag=f"act:v{v + 1}:m{m}", deps=(tasks[-1].task_id,)))
+    return tasks
+
+
+def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: dict[str, str]) -> list[Task]:
+    c, m = task.chunk, task.microbatch
+    prefix = f"B:c{c}:m{m}"
+    tasks: list[Task] = []
+    deps = tuple(last_of[d] for d in task.deps)
+    if v < ctx.num_virtual - 1:
+        next_stage = (v + 1) % ctx.pp
+        if next_stage != p:
+            tasks.append(Task(task_id=f"recv:grad:c{c}:m{m}", kind="recv", microbatch=m, chunk=c, role="grad",
+                              peer_stage=next_stage, tag=f"grad:v{v}:m{m}"))
+            deps = (*deps, tasks[-1].task_id)
+        else:
+            deps = (*deps, last_of[f"B:c{(v + 1) // ctx.pp}:m{m}"])
+    backward = [replace(s, role=_FLIP[s.role]) if s.role else s for s in reversed(ctx.segments(v))]
+    tasks.extend(_expand(backward, prefix, task.kind, task, deps, ctx.expert_group))
+    if v > 0 and (v - 1) % ctx.pp != p:
+        tasks.append(Task(task_id=f"send:grad:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="grad",
+                          peer_stage=(v - 1) % ctx.pp, tag=f"grad:v{v - 1}:m{m}", deps=(tasks[-1].task_id,)))
+    return tasks
+
+
+_FLIP = {"dispatch": "combine", "combine": "dispatch"}
+
+
+def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: tuple[str, ...],
+            expert_group: str) -> list[Task]:
+    tasks: list[Task] = []
+    for index, seg in enumerate(segments):
+        if seg.role:
+            new = Task(task_id=f"{prefix}:L{seg.layer}:{seg.role}", kind="all_to_all", microbatch=task.microbatch,
+                       chunk=task.chunk, role=seg.role, layer=seg.layer, group_axis=expert_group, deps=deps)
+        else:
+            seg_kind = kind if kind == "forward" and not seg.expert else (
+                "forward_expert" if kind == "forward" else BACKWARD_KIND[(kind, seg.expert)])
+            new = Task(task_id=f"{prefix}:s{index}", kind=seg_kind, microbatch=task.microbatch,
+                       chunk=task.chunk, ops=seg.ops, deps=deps)
+        tasks.append(new)
+        deps = (new.task_id,)
+    return tasks
+
+
+def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
+    last = program[-1].task_id
+    tasks: list[Task] = []
+    for role, axis in (("grad_dense", ctx.reduce_dense_axis), ("grad_expert", ctx.reduce_expert_axis)):
+        if axis:
+            tasks.append(Task(task_id=f"allreduce:{role}", kind="all_reduce", role=role, group_axis=axis,
+                              deps=(last,)))
+            last = tasks[-1].task_id
+    tasks.append(Task(task_id="optimizer", kind="optimizer", deps=(last,)))
+    return tasks

@@ -1,0 +1,91 @@
+"""Running a collective's phases on the flow network: latency, overhead, phase dependencies.
+
+Owns route lookup for flows between member GPUs (memoized per flow pattern) and the SimPy process
+that starts each phase once the phases it waits for have ended. A phase first pays, per message,
+the per-message overhead plus the largest path latency among its flows, then its flows enter the
+network together. Must not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from piper_sim.collectives.algorithms import Phase
+from piper_sim.sim.network import FlowNetwork
+from piper_sim.topology.graph import Topology
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """Sub-flows (one per path of a flow) and their link incidences."""
+
+    sub_flow: np.ndarray  # flow index of each sub-flow
+    sub_fraction: np.ndarray  # share of the flow's bytes on that path
+    entry_flow: np.ndarray  # sub-flow index of each incidence
+    entry_link: np.ndarray
+    latency_s: float  # largest path latency over the flows
+
+
+class RouteCache:
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self._cache: dict[Hashable, Routes] = {}
+
+    def routes(self, gpus: list[str] | tuple[str, ...], src: np.ndarray, dst: np.ndarray, key: Hashable) -> Routes:
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        sub_flow, sub_frac, entry_flow, entry_link = [], [], [], []
+        latency = 0.0
+        for f, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+            for frac, links in self.topo.paths(gpus[s], gpus[d]):
+                sub = len(sub_flow)
+                sub_flow.append(f)
+                sub_frac.append(frac)
+                entry_flow.extend([sub] * len(links))
+                entry_link.extend(links)
+                latency = max(latency, self.topo.path_latency_s(links))
+        routes = Routes(np.array(sub_flow, dtype=np.int64), np.array(sub_frac), np.array(entry_flow, dtype=np.int64),
+                        np.array(entry_link, dtype=np.int64), latency)
+        self._cache[key] = routes
+        return routes
+
+
+class CollectiveRunner:
+    """Starts the phases of collectives and p2p transfers on the flow network."""
+
+    def __init__(self, env: simpy.Environment, network: FlowNetwork, topo: Topology) -> None:
+        self.env, self.network, self.topo = env, network, topo
+        self.route_cache = RouteCache(topo)
+        self.overhead_s = topo.params.message_overhead_s
+
+    def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> simpy.Event:
+        """Event that fires when every phase has ended. key names (members, algorithm, pattern)."""
+        if not phases:
+            ev = self.env.event()
+            ev.succeed()
+            return ev
+        if len(phases) == 1:
+            return self.env.process(self._phase(phases[0], gpus, (key, 0), []))
+        done: list[simpy.Event] = []
+        for index, phase in enumerate(phases):
+            waits = [done[a] for a in phase.after]
+            done.append(self.env.process(self._phase(phase, gpus, (key, index), waits)))
+        return self.env.all_of(done)
+
+    def _phase(self, phase: Phase, gpus: tuple[str, ...], key: Hashable, waits: list[simpy.Event]):
+        if waits:
+            yield self.env.all_of(waits)
+        if phase.src.size == 0:
+            return
+        pattern = (key, phase.src.tobytes(), phase.dst.tobytes())
+        routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
+        delay = phase.messages * (self.overhead_s + routes.latency_s)
+        if delay > 0:
+            yield self.env.timeout(delay)
+        sizes = phase.sizes[routes.sub_flow] * routes.sub_fraction
+        yield self.network.start(routes.entry_flow, routes.entry_link, sizes, key=pattern)

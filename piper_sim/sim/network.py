@@ -1,0 +1,218 @@
+"""Flow-level network on SimPy: concurrent flows share link capacity max-min fairly.
+
+Owns the active flows, the fair-share solve (vectorized progressive filling with numpy) and
+completion events. Rates are recomputed when flows start or end, only for the component of flow
+sets that share links with the change. A set that runs alone on its links follows a timeline
+that depends only on its routes and sizes, so that timeline is memoized: identical collectives
+on idle links (the common case in a pipelined schedule) cost one cache lookup and one event.
+Latency and per-message overhead are paid by the caller before flows enter (see collective.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+import simpy
+
+EPS_BYTES = 1e-3
+
+
+def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray,
+                  capacity: np.ndarray) -> np.ndarray:
+    """Max-min fair rate per flow (bytes/s) by progressive filling.
+
+    entry_flow/entry_link list the (flow, link) incidences; weight[f] is how many identical flows
+    flow f stands for (each gets the returned rate). Flows with no link get an infinite rate.
+    """
+    num_flows = weight.shape[0]
+    rate = np.zeros(num_flows)
+    has_link = np.zeros(num_flows, dtype=bool)
+    has_link[entry_flow] = True
+    rate[~has_link] = np.inf
+    active = has_link.copy()
+    links, local_link = np.unique(entry_link, return_inverse=True)
+    cap = capacity[links].astype(float)
+    full = cap.copy()
+    while active.any():
+        load = np.bincount(local_link, weights=weight[entry_flow] * active[entry_flow], minlength=links.size)
+        used = load > 0
+        inc = np.min(cap[used] / load[used])
+        rate[active] += inc
+        cap -= inc * load
+        saturated = used & (cap <= 1e-9 * full)
+        frozen = np.zeros(num_flows, dtype=bool)
+        frozen[entry_flow[saturated[local_link]]] = True
+        active &= ~frozen
+    return rate
+
+
+class FlowSet:
+    """Flows that start together (one phase of a collective, or one p2p transfer)."""
+
+    __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
+                 "timeline", "t_start", "links")
+
+    def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
+                 done: simpy.Event, now: float) -> None:
+        self.entry_flow, self.entry_link, self.weight = entry_flow, entry_link, weight
+        self.remaining = sizes.astype(float).copy()
+        self.rate = np.zeros(sizes.shape[0])
+        self.t_last = self.t_start = now
+        self.done = done
+        self.version = 0
+        self.timeline: list[tuple[float, np.ndarray]] | None = None  # memoized isolated run
+        self.links = set(np.unique(entry_link).tolist())
+
+
+class FlowNetwork:
+    """All flows in flight on one topology."""
+
+    def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray) -> None:
+        self.env = env
+        self.capacity = capacity_bytes_per_s
+        self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
+        self.sets_on_link: dict[int, set[FlowSet]] = {}
+        self._timelines: dict[Hashable, list[tuple[float, np.ndarray]]] = {}
+        self.num_flows = 0
+        self.num_solves = 0
+
+    # ---- public ----------------------------------------------------------------------------------
+    def start(self, entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
+              weight: np.ndarray | None = None, key: Hashable | None = None) -> simpy.Event:
+        """Start flows now; the returned event fires when all have arrived.
+
+        key, when given, names the route structure (same key = same entry arrays) so that an
+        isolated run can be memoized by (key, sizes).
+        """
+        done = self.env.event()
+        weight = np.ones(sizes.shape[0]) if weight is None else weight
+        self.num_flows += int(weight.sum())
+        np.add.at(self.link_bytes, entry_link, (sizes * weight)[entry_flow])
+        keep = sizes > EPS_BYTES
+        if not keep.any():
+            done.succeed()
+            return done
+        fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now)
+        neighbours = self._touching(fs)
+        for link in fs.links:
+            self.sets_on_link.setdefault(link, set()).add(fs)
+        if not neighbours and key is not None:
+            self._run_isolated(fs, (key, sizes.tobytes()))
+        else:
+            self._resolve(self._component(fs))
+        return done
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _touching(self, fs: FlowSet) -> set[FlowSet]:
+        out: set[FlowSet] = set()
+        for link in fs.links:
+            out |= self.sets_on_link.get(link, set())
+        out.discard(fs)
+        return out
+
+    def _component(self, fs: FlowSet) -> list[FlowSet]:
+        seen, todo = {fs}, [fs]
+        while todo:
+            for other in self._touching(todo.pop()):
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
+        return list(seen)
+
+    def _run_isolated(self, fs: FlowSet, cache_key: Hashable) -> None:
+        timeline = self._timelines.get(cache_key)
+        if timeline is None:
+            timeline = self._timelines[cache_key] = self._isolated_timeline(fs)
+        fs.timeline = timeline
+        fs.version += 1
+        self._schedule(fs, timeline[-1][0] if timeline else 0.0)
+
+    def _isolated_timeline(self, fs: FlowSet) -> list[tuple[float, np.ndarray]]:
+        """[(end offset, rates during the segment ending there)] of fs running alone."""
+        remaining, t, out = fs.remaining.copy(), 0.0, []
+        while (live := remaining > EPS_BYTES).any():
+            rate = self._solve_arrays(fs.entry_flow, fs.entry_link, fs.weight * live, live)
+            dt = float(np.min(remaining[live] / rate[live]))
+            remaining = np.where(live, remaining - rate * dt, 0.0)
+            t += dt
+            out.append((t, rate))
+        return out
+
+    def _materialize(self, fs: FlowSet) -> None:
+        """Turn a memoized isolated run into explicit remaining bytes at the current time."""
+        if fs.timeline is None:
+            return
+        elapsed, t_prev = self.env.now - fs.t_start, 0.0
+        for t_end, rate in fs.timeline:
+            span = min(t_end, elapsed) - t_prev
+            if span <= 0:
+                break
+            fs.remaining = np.maximum(fs.remaining - rate * span, 0.0)
+            t_prev = t_end
+        fs.t_last = self.env.now
+        fs.timeline = None
+
+    def _solve_arrays(self, entry_flow, entry_link, weight, live) -> np.ndarray:
+        self.num_solves += 1
+        keep = live[entry_flow]
+        rate = max_min_rates(entry_flow[keep], entry_link[keep], weight, self.capacity)
+        return np.where(live, rate, 0.0)
+
+    def _advance(self, fs: FlowSet) -> None:
+        dt = self.env.now - fs.t_last
+        if dt > 0:
+            fs.remaining = np.maximum(fs.remaining - fs.rate * dt, 0.0)
+        fs.t_last = self.env.now
+
+    def _resolve(self, sets: list[FlowSet]) -> None:
+        for fs in sets:
+            self._materialize(fs)
+            self._advance(fs)
+        offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
+        entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, offsets, strict=False)])
+        entry_link = np.concatenate([fs.entry_link for fs in sets])
+        live = np.concatenate([fs.remaining > EPS_BYTES for fs in sets])
+        weight = np.concatenate([fs.weight for fs in sets]) * live
+        rate = self._solve_arrays(entry_flow, entry_link, weight, live)
+        for fs, off in zip(sets, offsets, strict=False):
+            fs.rate = rate[off:off + fs.remaining.shape[0]]
+            fs.version += 1
+            alive = fs.remaining > EPS_BYTES
+            dt = float(np.min(fs.remaining[alive] / fs.rate[alive])) if alive.any() else 0.0
+            self._schedule(fs, dt)
+
+    def _schedule(self, fs: FlowSet, delay: float) -> None:
+        version = fs.version
+        ev = self.env.timeout(delay)
+        ev.callbacks.append(lambda _ev: self._on_timer(fs, version))
+
+    def _on_timer(self, fs: FlowSet, version: int) -> None:
+        if version != fs.version:
+            return  # superseded by a later solve
+        if fs.timeline is not None:
+            self._finish(fs)
+            return
+        self._advance(fs)
+        if (fs.remaining > EPS_BYTES).any():
+            self._resolve(self._component(fs))
+            return
+        others = self._touching(fs)
+        self._finish(fs)
+        if others:
+            # the finished set frees capacity for every component it touched
+            done: set[FlowSet] = set()
+            for other in others:
+                if other not in done:
+                    comp = self._component(other)
+                    done.update(comp)
+                    self._resolve(comp)
+
+    def _finish(self, fs: FlowSet) -> None:
+        for link in fs.links:
+            bucket = self.sets_on_link[link]
+            bucket.discard(fs)
+            if not bucket:
+                del self.sets_on_link[link]
+        fs.version += 1
+        fs.done.succeed()

@@ -1,0 +1,82 @@
+"""Per-stage facts the simulator needs for every task, computed once before the run.
+
+Owns StagePlan: stream codes, which deps must be waited for (async p2p tasks), fixed compute
+costs of tasks whose work does not depend on routing, memory deltas and parameters held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_params
+from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.parallel import ParallelSpec
+
+STREAM_CODE = {"compute": 0, "p2p": 1, "collective": 2}
+EXPERT_KINDS = frozenset({"forward_expert", "backward_expert", "backward_expert_input", "backward_weight"})
+
+
+@dataclass(kw_only=True)
+class StagePlan:
+    program: tuple[Task, ...]
+    streams: list[int]
+    async_deps: list[tuple[int, ...]]
+    expert_layers: list[bool]
+    fixed_cost: list[tuple[float, float]]
+    mem_at_start: list[float]
+    mem_at_end: list[float]
+    params_dense: float
+    params_expert: float
+
+    @property
+    def static_bytes(self) -> float:
+        return STATE_BYTES_PER_PARAM * (self.params_dense + self.params_expert)
+
+
+def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSpec,
+                      flash_attention: bool) -> list[StagePlan]:
+    plans = []
+    num_virtual = schedule.num_virtual_stages
+    for p, program in enumerate(schedule.stage_programs):
+        index = {t.task_id: i for i, t in enumerate(program)}
+        chunks = [schedule.virtual_stage(p, c) for c in range(schedule.vpp)]
+        layers = tuple(layer for v in chunks for layer in schedule.stage_layers[v])
+        params = rank_params(model, layers, first=0 in chunks, last=num_virtual - 1 in chunks, ep=parallel.ep)
+        act = {c: activation_bytes(model, schedule.stage_layers[v], parallel.micro_batch_size,
+                                   last=v == num_virtual - 1, flash_attention=flash_attention)
+               for c, v in enumerate(chunks)}
+        mem_start, mem_end = _memory_deltas(program, act)
+        plans.append(StagePlan(
+            program=program,
+            streams=[STREAM_CODE[t.stream] for t in program],
+            async_deps=[tuple(index[d] for d in t.deps if program[index[d]].stream == "p2p") for t in program],
+            expert_layers=[t.kind in EXPERT_KINDS and any(op.startswith("experts:") for op in t.ops)
+                           for t in program],
+            fixed_cost=[(0.0, 0.0)] * len(program),
+            mem_at_start=mem_start, mem_at_end=mem_end,
+            params_dense=params["dense"], params_expert=params["expert"],
+        ))
+    return plans
+
+
+def _memory_deltas(program: tuple[Task, ...], act: dict[int, float]) -> tuple[list[float], list[float]]:
+    """Activations of (chunk, microbatch) live from its first forward task to its last backward task.
+
+    The last backward task is the backward_weight task in zero-bubble schedules (weight gradients
+    still need the layer inputs), else the last backward segment.
+    """
+    at_start, at_end = [0.0] * len(program), [0.0] * len(program)
+    first: dict[tuple[int, int], int] = {}
+    last: dict[tuple[int, int], int] = {}
+    for i, t in enumerate(program):
+        key = (t.chunk, t.microbatch)
+        if t.kind == "forward" and key not in first:
+            first[key] = i
+        if t.kind.startswith("backward"):
+            last[key] = i
+    for key, i in first.items():
+        at_start[i] += act[key[0]]
+    for key, i in last.items():
+        at_end[i] -= act[key[0]]
+    return at_start, at_end

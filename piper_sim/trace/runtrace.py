@@ -1,0 +1,104 @@
+"""RunTrace: one row per executed task, the same schema for simulated and measured runs.
+
+Owns the schema, building it from the simulator's arrays, and CSV/Parquet I/O. A task's global
+id is "r<rank>:<task_id>"; a comparison joins on (step, rank, task_id).
+Columns: step, rank, task_id, kind, stream, microbatch, chunk, layer, role, peers, start_s,
+end_s, bytes, flops. peers: the other rank of a send/recv, or "<axis>:<first rank>+<size>" for a
+collective's group. Times in seconds from the start of the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from piper_sim.errors import PiperError
+from piper_sim.schedule.ir import Schedule
+
+COLUMNS = ("step", "rank", "task_id", "kind", "stream", "microbatch", "chunk", "layer", "role", "peers",
+           "start_s", "end_s", "bytes", "flops")
+CATEGORICAL = ("task_id", "kind", "stream", "role", "peers")
+
+
+def stage_peer_labels(schedule: Schedule, rank: int) -> list[str]:
+    out = []
+    for task in schedule.program(rank):
+        if task.kind in ("send", "recv"):
+            out.append(str(schedule.mesh.peer(rank, task.peer_stage)))
+        elif task.is_collective:
+            group = schedule.mesh.group(rank, task.group_axis)
+            out.append(f"{task.group_axis}:{group[0]}+{len(group)}")
+        else:
+            out.append("")
+    return out
+
+
+def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list[np.ndarray],
+                      flops: list[np.ndarray], nbytes: list[np.ndarray]) -> pd.DataFrame:
+    """Build the trace from per-stage arrays indexed [step, rank within stage, task index]."""
+    mesh = schedule.mesh
+    per_stage = mesh.num_ranks // mesh.pp
+    frames = []
+    for p, program in enumerate(schedule.stage_programs):
+        steps, ranks, n = start_s[p].shape
+        meta = pd.DataFrame({
+            "task_id": [t.task_id for t in program], "kind": [t.kind for t in program],
+            "stream": [t.stream for t in program], "microbatch": [t.microbatch for t in program],
+            "chunk": [t.chunk for t in program], "layer": [t.layer for t in program],
+            "role": [t.role for t in program],
+        })
+        reps = steps * ranks
+        frame = meta.iloc[np.tile(np.arange(n), reps)].reset_index(drop=True)
+        frame.insert(0, "step", np.repeat(np.arange(steps), ranks * n))
+        local = np.tile(np.repeat(np.arange(ranks), n), steps)
+        frame.insert(1, "rank", p * per_stage + local)
+        labels = [np.array(stage_peer_labels(schedule, p * per_stage + r), dtype=object) for r in range(ranks)]
+        frame["peers"] = np.tile(np.concatenate(labels), steps)
+        frame["start_s"] = start_s[p].reshape(-1)
+        frame["end_s"] = end_s[p].reshape(-1)
+        frame["bytes"] = nbytes[p].reshape(-1)
+        frame["flops"] = flops[p].reshape(-1)
+        frames.append(frame)
+    return normalize(pd.concat(frames, ignore_index=True))
+
+
+def normalize(df: pd.DataFrame) -> pd.DataFrame:
+    """Column order and dtypes of the schema; sorted by (step, rank, start)."""
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise PiperError(f"trace is missing columns {missing}; the schema is {list(COLUMNS)}")
+    df = df[list(COLUMNS)].copy()
+    for col in ("step", "rank", "microbatch", "chunk", "layer"):
+        df[col] = df[col].astype(np.int64)
+    for col in ("start_s", "end_s", "bytes", "flops"):
+        df[col] = df[col].astype(float)
+    for col in CATEGORICAL:
+        df[col] = df[col].astype(str).astype("category")
+    return df
+
+
+def write_trace(df: pd.DataFrame, out_dir: Path, fmt: str = "parquet") -> Path:
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            fmt = "csv"
+    path = out_dir / f"trace.{fmt}"
+    if fmt == "parquet":
+        df.to_parquet(path, index=False)
+    else:
+        df.to_csv(path, index=False)
+    return path
+
+
+def read_trace(run_dir: Path) -> pd.DataFrame:
+    for name, reader in (("trace.parquet", pd.read_parquet), ("trace.csv", pd.read_csv)):
+        path = Path(run_dir) / name
+        if path.exists():
+            df = reader(path)
+            df["peers"] = df["peers"].fillna("")
+            df["role"] = df["role"].fillna("")
+            return normalize(df)
+    raise PiperError(f"{run_dir}: no trace.parquet or trace.csv (run `piper-sim simulate` or `run` first)")

@@ -1,0 +1,133 @@
+"""Compute cost model: time of a compute task from its ops' work and a device profile.
+
+Owns CostProfile (read from traces/profiles/NAME.yaml) and the roofline with efficiency curves.
+Must not import simpy or torch. Time of one GEMM = max(FLOPs / (peak x eff(rows)), bytes / HBM);
+attention core uses an efficiency curve over sequence length; elementwise work is bound by HBM
+bandwidth; each kernel pays a launch overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from piper_sim.errors import ConfigError
+from piper_sim.paths import data_dir
+from piper_sim.units import read_params
+from piper_sim.workload.flops import Gemm, OpWork, op_work
+from piper_sim.workload.model import ModelSpec
+
+BACKWARD_FACTOR = {
+    "forward": 1.0, "forward_expert": 1.0, "backward": 2.0, "backward_expert": 2.0,
+    "backward_input": 1.0, "backward_expert_input": 1.0, "backward_weight": 1.0,
+}
+
+PROFILE_SCHEMA = {
+    "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
+    "peak_bf16_TFLOPS": ..., "hbm_GiB": ..., "hbm_bandwidth_GBps": ..., "memory_efficiency": 0.8,
+    "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
+    "measurements": None,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Curve:
+    """Piecewise-linear efficiency in log2(x); flat beyond the ends."""
+
+    x: tuple[float, ...]
+    efficiency: tuple[float, ...]
+
+    def __call__(self, value: float) -> float:
+        return float(np.interp(math.log2(max(value, 1.0)), np.log2(self.x), self.efficiency))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostProfile:
+    name: str
+    device: str
+    peak_flops_per_s: float
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    memory_efficiency: float
+    kernel_launch_s: float
+    gemm_efficiency: Curve  # over GEMM rows (tokens)
+    attention_efficiency: Curve  # over sequence length
+    optimizer_bytes_per_param: float  # HBM traffic of one Adam update per parameter
+    source: str = ""
+
+    def gemm_time_s(self, gemm: Gemm, dtype_bytes: int) -> float:
+        flop_time = gemm.flops / (self.peak_flops_per_s * self.gemm_efficiency(gemm.rows))
+        traffic = gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
+        return max(flop_time, traffic / (self.hbm_bytes_per_s * self.memory_efficiency))
+
+    def work_time_s(self, work: OpWork, dtype_bytes: int) -> float:
+        t = sum(self.gemm_time_s(g, dtype_bytes) for g in work.gemms)
+        if work.attention_flops:
+            t += work.attention_flops / (self.peak_flops_per_s * self.attention_efficiency(work.attention_seq_len))
+        t += work.elementwise_bytes / (self.hbm_bytes_per_s * self.memory_efficiency)
+        return t + work.num_kernels * self.kernel_launch_s
+
+
+def _curve(raw: object, key: str, x_key: str) -> Curve:
+    if not isinstance(raw, dict) or set(raw) != {x_key, "efficiency"}:
+        raise ConfigError(f"cost profile {key}", raw, f"a mapping with keys {x_key} and efficiency")
+    xs, eff = raw[x_key], raw["efficiency"]
+    if (not isinstance(xs, list) or not isinstance(eff, list) or len(xs) != len(eff) or len(xs) < 1
+            or any(v <= 0 for v in xs) or any(not 0 < e <= 1 for e in eff) or xs != sorted(xs)):
+        raise ConfigError(f"cost profile {key}", raw,
+                          "equal-length lists; increasing positive x; efficiencies in (0, 1]")
+    return Curve(x=tuple(float(v) for v in xs), efficiency=tuple(float(e) for e in eff))
+
+
+def load_profile(spec: str | Path | dict) -> CostProfile:
+    """A profile by name (traces/profiles/NAME.yaml), path, or inline mapping."""
+    if isinstance(spec, dict):
+        raw = spec
+    else:
+        path = Path(spec)
+        if path.suffix not in (".yaml", ".yml"):
+            path = data_dir("traces/profiles") / f"{spec}.yaml"
+        if not path.exists():
+            names = sorted(p.stem for p in data_dir("traces/profiles").glob("*.yaml"))
+            raise ConfigError("cost.profile", str(spec), f"one of {', '.join(names)} or a YAML path")
+        raw = yaml.safe_load(path.read_text())
+    p = read_params(raw, PROFILE_SCHEMA, "cost.profile.")
+    return CostProfile(
+        name=p["name"], device=p["device"], source=p["source"], peak_flops_per_s=p["peak_bf16_flops_per_s"],
+        hbm_bytes=p["hbm_bytes"], hbm_bytes_per_s=p["hbm_bandwidth_bytes_per_s"],
+        memory_efficiency=p["memory_efficiency"], kernel_launch_s=p["kernel_launch_s"],
+        gemm_efficiency=_curve(p["gemm_efficiency"], "gemm_efficiency", "rows"),
+        attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
+        optimizer_bytes_per_param=float(p["optimizer_bytes_per_param"]),
+    )
+
+
+class TaskCoster:
+    """Time and FLOPs of compute tasks for one model, profile and micro-batch size, memoized."""
+
+    def __init__(self, model: ModelSpec, profile: CostProfile, tokens_per_microbatch: int) -> None:
+        self.model, self.profile, self.tokens = model, profile, tokens_per_microbatch
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
+    def cost(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
+        """(seconds, flops) of a compute task of this kind running these ops."""
+        key = (kind, ops, expert_rows)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        factor = BACKWARD_FACTOR[kind]
+        seconds = flops = 0.0
+        for op in ops:
+            work = op_work(self.model, op, self.tokens, expert_rows)
+            seconds += factor * self.profile.work_time_s(work, self.model.dtype_bytes)
+            flops += factor * work.flops
+        self._cache[key] = (seconds, flops)
+        return seconds, flops
+
+    def optimizer_time_s(self, num_params: float) -> float:
+        return num_params * self.profile.optimizer_bytes_per_param / (
+            self.profile.hbm_bytes_per_s * self.profile.memory_efficiency)

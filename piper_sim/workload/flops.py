@@ -1,0 +1,125 @@
+"""Work of each model op: GEMM shapes, attention core, elementwise bytes. Forward pass only.
+
+Owns the FLOP and byte formulas. Must not import simpy or torch. A GEMM (rows x k) @ (k x n)
+costs 2 * rows * k * n FLOPs (multiply-add = 2). Attention core (QK^T and PV) is counted causally:
+2 matmuls x 2 FLOPs x tokens x (seq/2) x heads x head_dim = 2 * tokens * seq * heads * head_dim,
+the useful work of a causal kernel. Backward is twice the forward (input and weight gradients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.ops import parse_op
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    rows: int
+    k: int
+    n: int
+    count: int = 1  # identical GEMMs (e.g. several experts with the same row count)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.rows * self.k * self.n * self.count
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpWork:
+    gemms: tuple[Gemm, ...] = ()
+    attention_flops: float = 0.0
+    attention_seq_len: int = 0
+    elementwise_bytes: float = 0.0
+    num_kernels: int = 0
+
+    @property
+    def flops(self) -> float:
+        return sum(g.flops for g in self.gemms) + self.attention_flops
+
+
+def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...] = ()) -> OpWork:
+    """Forward work of one op on `tokens` tokens (micro-batch x seq) of one rank.
+
+    expert_rows: for "experts:L", the rows each local expert receives.
+    """
+    name, _ = parse_op(op)
+    d, b = model.d_model, model.dtype_bytes
+    act = tokens * d * b  # bytes of one activation tensor
+    if name == "embed":
+        return OpWork(elementwise_bytes=2 * act, num_kernels=1)
+    if name == "attn":
+        return _attention(model, tokens)
+    if name == "dense":
+        width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
+        return _ffn(tokens, d, width, m, b, copies=1)
+    if name == "router":
+        return OpWork(gemms=(Gemm(tokens, d, model.num_experts),),
+                      elementwise_bytes=(2 + model.top_k) * act + 8 * tokens * model.num_experts,
+                      num_kernels=6)
+    if name == "shared":
+        return _ffn(tokens, d, model.shared_ffn_dim, model.expert_matrices, b, copies=model.num_shared_experts)
+    if name == "experts":
+        return _experts(model, expert_rows)
+    if name == "moe_out":
+        return OpWork(elementwise_bytes=(model.top_k + 3) * act, num_kernels=4)
+    if name == "head":
+        return OpWork(gemms=(Gemm(tokens, d, model.vocab_size),),
+                      elementwise_bytes=3 * act + 3 * tokens * model.vocab_size * 4, num_kernels=5)
+    raise ValueError(f"no work formula for op {op!r}")
+
+
+def _attention(model: ModelSpec, tokens: int) -> OpWork:
+    d, h, hd, kv, b = model.d_model, model.num_heads, model.attn_head_dim, model.kv_heads, model.dtype_bytes
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        gemms = [Gemm(tokens, d, m.kv_lora_rank + m.qk_rope_head_dim),
+                 Gemm(tokens, m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim)),
+                 Gemm(tokens, h * m.v_head_dim, d)]
+        gemms += [Gemm(tokens, d, m.q_lora_rank), Gemm(tokens, m.q_lora_rank, h * qk)] if m.q_lora_rank else [
+            Gemm(tokens, d, h * qk)]
+        core = tokens * model.seq_len * h * (qk + m.v_head_dim)
+    else:
+        gemms = [Gemm(tokens, d, (h + 2 * kv) * hd), Gemm(tokens, h * hd, d)]
+        core = 2.0 * tokens * model.seq_len * h * hd
+    return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
+                  elementwise_bytes=6 * tokens * d * b, num_kernels=8)
+
+
+def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copies: int) -> OpWork:
+    up = Gemm(tokens, d, width, count=copies * (matrices - 1))
+    down = Gemm(tokens, width, d, count=copies)
+    return OpWork(gemms=(up, down), elementwise_bytes=copies * 3 * tokens * width * dtype_bytes,
+                  num_kernels=copies * (matrices + 2))
+
+
+def _experts(model: ModelSpec, expert_rows: tuple[int, ...]) -> OpWork:
+    d, f, m, b = model.d_model, model.expert_ffn_dim, model.expert_matrices, model.dtype_bytes
+    by_rows: dict[int, int] = {}
+    for rows in expert_rows:
+        if rows > 0:
+            by_rows[rows] = by_rows.get(rows, 0) + 1
+    gemms: list[Gemm] = []
+    for rows, count in sorted(by_rows.items()):
+        gemms.append(Gemm(rows, d, f, count=count * (m - 1)))
+        gemms.append(Gemm(rows, f, d, count=count))
+    total_rows = sum(expert_rows)
+    return OpWork(gemms=tuple(gemms), elementwise_bytes=total_rows * (3 * f + 2 * d) * b,
+                  num_kernels=len(expert_rows) * (m + 2))
+
+
+def forward_flops_per_token(model: ModelSpec) -> float:
+    """Model FLOPs of one token's forward pass (active experts only), for MFU."""
+    tokens = model.seq_len
+    total = op_work(model, "embed", tokens).flops + op_work(model, "head", tokens).flops
+    for layer in range(model.num_layers):
+        total += op_work(model, f"attn:{layer}", tokens).flops
+        if model.is_moe_layer(layer):
+            total += op_work(model, f"router:{layer}", tokens).flops
+            total += op_work(model, f"shared:{layer}", tokens).flops
+            total += op_work(model, f"experts:{layer}", tokens, (tokens * model.top_k,)).flops
+        else:
+            total += op_work(model, f"dense:{layer}", tokens).flops
+    return total / tokens
