@@ -1,0 +1,155 @@
+"""Pure pipeline schedule generators: (pp, vpp, num_microbatches) -> one coarse program per stage.
+
+Owns the orders of gpipe, 1f1b, interleaved-1f1b (Megatron) and zb-h1 (Qi et al. 2023). Must not
+import simpy, torch, numpy or anything that runs; generators are pure functions of their arguments.
+
+A coarse program holds forward / backward (or backward_input + backward_weight) tasks per chunk and
+microbatch, ids from coarse_task_id, and same-rank deps only (B after its F, W after its B). Chunk c
+on stage p is virtual stage c * pp + p. Cross-stage dependencies are implicit (lowering adds
+send/recv); each order here runs without deadlock when every task blocks until its neighbours' data
+arrived (checked by validate.dry_run_coarse).
+"""
+
+from __future__ import annotations
+
+from piper_sim.errors import ConfigError
+from piper_sim.schedule.ir import Task, coarse_task_id
+from piper_sim.schedule.registry import register_schedule
+
+Program = tuple[Task, ...]
+Programs = tuple[Program, ...]
+# (kind, chunk, microbatch) of one coarse step, before it becomes a Task.
+Step = tuple[str, int, int]
+
+
+def _task(kind: str, chunk: int, microbatch: int) -> Task:
+    if kind == "forward":
+        deps: tuple[str, ...] = ()
+    elif kind == "backward_weight":
+        deps = (coarse_task_id("backward_input", chunk, microbatch),)
+    else:
+        deps = (coarse_task_id("forward", chunk, microbatch),)
+    return Task(task_id=coarse_task_id(kind, chunk, microbatch), kind=kind, microbatch=microbatch,
+                chunk=chunk, deps=deps)
+
+
+def _program(steps: list[Step]) -> Program:
+    return tuple(_task(kind, chunk, mb) for kind, chunk, mb in steps)
+
+
+def _check_sizes(pp: int, vpp: int, num_microbatches: int) -> None:
+    for key, value in (("parallel.pp", pp), ("parallel.vpp", vpp),
+                       ("parallel.num_microbatches", num_microbatches)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(key, value, "an integer >= 1")
+
+
+def _require_vpp_one(name: str, vpp: int) -> None:
+    if vpp != 1:
+        raise ConfigError("parallel.vpp", vpp, f"1 for schedule {name!r} (use interleaved-1f1b for vpp > 1)")
+
+
+@register_schedule("gpipe")
+def gpipe(pp: int, vpp: int, num_microbatches: int) -> Programs:
+    """GPipe (Huang et al. 2019): all forwards, then all backwards.
+
+    With vpp > 1 the forwards run chunk by chunk (chunk 0 for every microbatch, then chunk 1, ...)
+    and the backwards in reverse chunk order, which is deadlock-free and keeps the bubble at
+    (pp - 1) chunk-times; activations of all microbatches are held at the peak.
+    """
+    _check_sizes(pp, vpp, num_microbatches)
+    mbs = range(num_microbatches)
+    forwards = [("forward", c, m) for c in range(vpp) for m in mbs]
+    backwards = [("backward", c, m) for c in reversed(range(vpp)) for m in mbs]
+    return tuple(_program(forwards + backwards) for _ in range(pp))
+
+
+def _one_f_one_b_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
+    warmup = min(pp - stage - 1, num_microbatches)
+    steps: list[Step] = [("forward", 0, m) for m in range(warmup)]
+    for k in range(num_microbatches - warmup):
+        steps += [("forward", 0, warmup + k), ("backward", 0, k)]
+    steps += [("backward", 0, m) for m in range(num_microbatches - warmup, num_microbatches)]
+    return steps
+
+
+@register_schedule("1f1b")
+def one_f_one_b(pp: int, vpp: int, num_microbatches: int) -> Programs:
+    """1F1B (PipeDream-Flush, Narayanan et al. 2021): stage p runs min(pp - p - 1, m) warm-up
+    forwards, then alternates one forward and one backward, then drains the backwards.
+
+    At most pp - p microbatches are in flight on stage p.
+    """
+    _check_sizes(pp, vpp, num_microbatches)
+    _require_vpp_one("1f1b", vpp)
+    return tuple(_program(_one_f_one_b_steps(pp, p, num_microbatches)) for p in range(pp))
+
+
+def _interleaved_step(kind: str, k: int, pp: int, vpp: int) -> Step:
+    """The k-th forward (or backward) of a stage in Megatron's interleaved order."""
+    group, in_group = divmod(k, pp * vpp)
+    chunk = in_group // pp
+    if kind == "backward":
+        chunk = vpp - 1 - chunk
+    return (kind, chunk, group * pp + in_group % pp)
+
+
+def _interleaved_steps(pp: int, vpp: int, stage: int, num_microbatches: int) -> list[Step]:
+    total = num_microbatches * vpp
+    if num_microbatches == pp:
+        warmup = total
+    else:
+        warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+    steps = [_interleaved_step("forward", k, pp, vpp) for k in range(warmup)]
+    for k in range(total - warmup):
+        steps.append(_interleaved_step("forward", warmup + k, pp, vpp))
+        steps.append(_interleaved_step("backward", k, pp, vpp))
+    steps += [_interleaved_step("backward", k, pp, vpp) for k in range(total - warmup, total)]
+    return steps
+
+
+@register_schedule("interleaved-1f1b")
+def interleaved_one_f_one_b(pp: int, vpp: int, num_microbatches: int) -> Programs:
+    """Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021) over vpp chunks per stage.
+
+    Microbatches go in groups of pp: a stage runs forwards of chunk 0 for one group, then chunk 1,
+    ...; backwards run the chunks in reverse. Warm-up on stage p is (pp - p - 1) * 2 + (vpp - 1) * pp
+    forwards (all of them when num_microbatches == pp). The bubble is (pp - 1) / vpp of 1F1B's.
+    """
+    _check_sizes(pp, vpp, num_microbatches)
+    if vpp < 2:
+        raise ConfigError("parallel.vpp", vpp, "an integer >= 2 for interleaved-1f1b (use 1f1b for vpp = 1)")
+    if num_microbatches % pp:
+        raise ConfigError("parallel.num_microbatches", num_microbatches,
+                          f"a multiple of parallel.pp ({pp}) for interleaved-1f1b")
+    return tuple(_program(_interleaved_steps(pp, vpp, p, num_microbatches)) for p in range(pp))
+
+
+def _zb_h1_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
+    warmup = min(pp - stage - 1, num_microbatches)
+    weight_delay = pp - 1 - warmup  # = stage when num_microbatches >= pp
+    steps: list[Step] = [("forward", 0, m) for m in range(warmup)]
+    next_w = 0
+    for k in range(num_microbatches):
+        if warmup + k < num_microbatches:
+            steps.append(("forward", 0, warmup + k))
+        steps.append(("backward_input", 0, k))
+        if k >= weight_delay:
+            steps.append(("backward_weight", 0, next_w))
+            next_w += 1
+    steps += [("backward_weight", 0, m) for m in range(next_w, num_microbatches)]
+    return steps
+
+
+@register_schedule("zb-h1")
+def zb_h1(pp: int, vpp: int, num_microbatches: int) -> Programs:
+    """ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 2.1).
+
+    1F1B with the backward split into backward_input (B) and backward_weight (W). Warm-up is as in
+    1F1B, so at most pp - p forwards await their B on stage p (1F1B's peak activation memory); W on
+    stage p lags p microbatches behind B and the deferred W passes fill the cool-down bubble.
+    With equal F, B and W times the bubble is (pp - 1) * (t_F + t_B - t_W), a third of 1F1B's.
+    """
+    _check_sizes(pp, vpp, num_microbatches)
+    _require_vpp_one("zb-h1", vpp)
+    return tuple(_program(_zb_h1_steps(pp, p, num_microbatches)) for p in range(pp))
