@@ -32,7 +32,7 @@ SECTION_KEYS = {
     "collectives": {"all_to_all", "all_reduce"},
     "cost": {"profile", "flash_attention"},
     "sim": {"steps", "seed", "trace_format"},
-    "parallel": {"pp", "ep", "dp", "tp", "vpp", "num_microbatches", "micro_batch_size"},
+    "parallel": {"pp", "ep", "dp", "tp", "vpp", "num_microbatches", "micro_batch_size", "world_size"},
 }
 
 

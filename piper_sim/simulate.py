@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from piper_sim.analysis.report import build_report
 from piper_sim.config import Config
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule import generators as _generators  # noqa: F401  (registers the schedules)
@@ -21,20 +22,23 @@ from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.trace.runtrace import trace_from_arrays
-from piper_sim.analysis.report import build_report
 from piper_sim.workload.cost import TaskCoster, load_profile
 from piper_sim.workload.parallel import stage_layer_split
 
 
-def build_schedule(cfg: Config) -> Schedule:
-    """The lowered schedule of one training step for this config."""
+def build_coarse_schedule(cfg: Config) -> Schedule:
+    """The generator's schedule: forward/backward per chunk and microbatch, per pipeline stage."""
     par = cfg.parallel
     generator = SCHEDULES.get(cfg.schedule, "schedule")
     programs = generator(par.pp, par.vpp, par.num_microbatches)
-    coarse = Schedule(name=cfg.schedule, mesh=par.mesh, vpp=par.vpp, num_microbatches=par.num_microbatches,
-                      stage_programs=programs)
-    layers = stage_layer_split(cfg.model.num_layers, par.pp * par.vpp)
-    return lower(coarse, cfg.model, layers)
+    return Schedule(name=cfg.schedule, mesh=par.mesh, vpp=par.vpp, num_microbatches=par.num_microbatches,
+                    stage_programs=programs)
+
+
+def build_schedule(cfg: Config) -> Schedule:
+    """The lowered schedule of one training step for this config."""
+    layers = stage_layer_split(cfg.model.num_layers, cfg.parallel.pp * cfg.parallel.vpp)
+    return lower(build_coarse_schedule(cfg), cfg.model, layers)
 
 
 @dataclass(kw_only=True)

@@ -15,6 +15,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase
+from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective import CollectiveRunner
 from piper_sim.sim.network import FlowNetwork
@@ -23,7 +24,6 @@ from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
-from piper_sim.routing.models import RoutingModel
 
 
 @dataclass(kw_only=True)

@@ -21,12 +21,17 @@ class ParallelSpec:
     vpp: int = 1
     num_microbatches: int = 1
     micro_batch_size: int = 1
+    world_size: int = 0  # when given, must equal pp * ep * dp * tp
 
     def __post_init__(self) -> None:
         for key in ("pp", "ep", "dp", "tp", "vpp", "num_microbatches", "micro_batch_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"parallel.{key}", value, "a positive integer")
+        product = self.pp * self.ep * self.dp * self.tp
+        if self.world_size and self.world_size != product:
+            raise ConfigError("parallel.world_size", self.world_size,
+                              f"pp*ep*dp*tp = {self.pp}*{self.ep}*{self.dp}*{self.tp} = {product}")
 
     @property
     def num_gpus(self) -> int:

@@ -1,0 +1,128 @@
+"""The piper-sim command line. One entry point; every command takes --set a.b=value overrides.
+
+Errors a user can fix (PiperError) are printed as one line without a traceback, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from piper_sim.errors import PiperError
+
+
+def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
+    p.add_argument("config", help="YAML config (DESIGN.md section 3) or a shipped example name")
+    p.add_argument("--out", required=out_required, type=Path, help="output directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set parallel.pp=4 (repeatable)")
+
+
+def _config_path(name: str) -> str:
+    from piper_sim.paths import data_dir
+
+    path = Path(name)
+    if not path.exists() and not path.suffix:
+        example = data_dir("examples") / f"{name}.yaml"
+        if example.exists():
+            return str(example)
+    return name
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from piper_sim.config import load_config
+    from piper_sim.outputs import format_report, write_run
+    from piper_sim.simulate import run_simulation
+
+    cfg = load_config(_config_path(args.config), args.overrides)
+    print(f"simulating {cfg.model.name} on {cfg.parallel.num_gpus} GPUs "
+          f"(pp {cfg.parallel.pp} x ep {cfg.parallel.ep} x dp {cfg.parallel.dp}, {cfg.schedule}, "
+          f"{cfg.parallel.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
+    result = run_simulation(cfg)
+    write_run(args.out, resolved_config=cfg.resolved(), report=result.report, trace=result.trace,
+              trace_format=cfg.trace_format, topology=result.topology, link_bytes=result.link_bytes,
+              title=f"{cfg.model.name} {cfg.schedule} pp{cfg.parallel.pp} ep{cfg.parallel.ep} (simulated)")
+    print(format_report(result.report))
+    print(f"wrote {args.out}/ (report.json, config.yaml, trace, perfetto.json, links.csv, plots/)")
+    return 0
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from piper_sim.config import load_config
+    from piper_sim.schedule.grid import render_grid
+    from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
+    from piper_sim.schedule.validate import check_schedule, dry_run
+    from piper_sim.simulate import build_coarse_schedule, build_schedule
+
+    cfg = load_config(_config_path(args.config), args.overrides)
+    schedule = build_schedule(cfg)
+    check_schedule(schedule)
+    dry_run(schedule)
+    if args.action == "show":
+        print(f"{schedule.name}: pp {schedule.pp}, vpp {schedule.vpp}, {schedule.num_microbatches} microbatches, "
+              f"{schedule.num_tasks()} tasks over {schedule.mesh.num_ranks} ranks (validated, no deadlock)")
+        print(render_grid(build_coarse_schedule(cfg).stage_programs, max_width=args.width,
+                          durations={"forward": 1, "backward": 2, "backward_input": 1, "backward_weight": 1}))
+        return 0
+    if args.out is None:
+        raise PiperError("schedule export needs --out FILE (.json or .csv)")
+    if args.out.suffix == ".json":
+        args.out.write_text(schedule_to_json(schedule))
+    elif args.out.suffix == ".csv":
+        schedule_to_csv(schedule, args.out)
+    else:
+        raise PiperError(f"--out {args.out}: allowed suffixes are .json and .csv")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from piper_sim.topology.load import topology_presets
+    from piper_sim.workload.presets import list_presets, load_model
+
+    print("models:")
+    for name in list_presets():
+        m = load_model(name)
+        print(f"  {name:22s} {m.total_params() / 1e9:9.2f} B params, {m.active_params() / 1e9:8.2f} B active, "
+              f"L {m.num_layers}, d {m.d_model}, E {m.num_experts}, top-{m.top_k}")
+    print("topologies: " + ", ".join(topology_presets()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="piper-sim", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("simulate", help="simulate one config; writes report, trace, Perfetto JSON, plots")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_simulate)
+    p = sub.add_parser("schedule", help="show or export the lowered schedule of a config")
+    p.add_argument("action", choices=["show", "export"])
+    _add_config_args(p, out_required=False)
+    p.add_argument("--width", type=int, default=160, help="grid width in characters")
+    p.set_defaults(func=cmd_schedule)
+    p = sub.add_parser("presets", help="list model and topology presets")
+    p.set_defaults(func=cmd_presets)
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+_EXTRA_COMMANDS: list = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except PiperError as exc:
+        print(f"piper-sim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("piper-sim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Writing a run directory: config.yaml, report.json, trace, perfetto.json, links.csv, plots/*.png.
+
+The one place that writes a run's files; both `simulate` and `run` use it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from piper_sim.analysis.links import link_table
+from piper_sim.analysis.plots import plot_link_utilization, plot_timeline
+from piper_sim.trace.perfetto import write_perfetto
+from piper_sim.trace.runtrace import write_trace
+
+
+def write_run(out_dir: Path, *, resolved_config: dict, report: dict, trace: pd.DataFrame, trace_format: str,
+              topology=None, link_bytes: np.ndarray | None = None, title: str = "") -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "plots").mkdir(exist_ok=True)
+    paths = {"config": out_dir / "config.yaml", "report": out_dir / "report.json"}
+    paths["config"].write_text(yaml.safe_dump(resolved_config, sort_keys=False))
+    paths["trace"] = write_trace(trace, out_dir, trace_format)
+    paths["perfetto"] = out_dir / "perfetto.json"
+    write_perfetto(trace, paths["perfetto"])
+    paths["timeline"] = out_dir / "plots" / "timeline.png"
+    plot_timeline(trace, paths["timeline"], title)
+    if topology is not None and link_bytes is not None:
+        duration = float(trace["end_s"].max() - trace["start_s"].min())
+        links = link_table(topology, link_bytes, duration)
+        paths["links"] = out_dir / "links.csv"
+        links.to_csv(paths["links"], index=False)
+        if not links.empty:
+            paths["link_plot"] = out_dir / "plots" / "link_utilization.png"
+            plot_link_utilization(links, paths["link_plot"])
+            report["busiest_link"] = {k: (v.item() if hasattr(v, "item") else v)
+                                      for k, v in links.iloc[0].to_dict().items()}
+    paths["report"].write_text(json.dumps(report, indent=2))
+    return paths
+
+
+def format_report(report: dict) -> str:
+    """A short human summary of report.json."""
+    gib = 2.0**30
+    lines = [
+        f"GPUs                {report['num_gpus']}",
+        f"step time           {report['step_time_s'] * 1e3:.3f} ms",
+        f"tokens/s            {report['tokens_per_s']:,.0f}",
+        f"TFLOPS/GPU          {report['tflops_per_gpu']:.2f}",
+        f"MFU                 {report['mfu'] * 100:.2f} %",
+        f"bubble              {report['bubble_fraction'] * 100:.1f} %",
+        f"exposed comm        {report['exposed_comm_fraction'] * 100:.1f} %",
+        "peak memory/stage   " + ", ".join(f"{m / gib:.2f}" for m in report["peak_memory_bytes"]) + " GiB",
+        f"all-to-all bw       {report['all_to_all_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s per GPU",
+    ]
+    if "busiest_link" in report:
+        b = report["busiest_link"]
+        lines.append(f"busiest link        {b['link']} ({b['link_kind']}) {b['utilization'] * 100:.1f} % mean")
+    if "sim_wall_s" in report:
+        lines.append(f"simulated in        {report['sim_wall_s']:.2f} s")
+    return "\n".join(lines)
