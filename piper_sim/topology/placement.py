@@ -55,6 +55,8 @@ def place_explicit(topo: Topology, num_ranks: int, options: dict) -> list[str]:
 
 def place(topo: Topology, num_ranks: int, spec: str | list | dict) -> list[str]:
     """GPU name per rank for the config's placement value."""
+    import piper_sim.topology.placements  # noqa: F401  (registers switch-packed and scattered)
+
     if isinstance(spec, list):
         options: dict = {"policy": "explicit", "nodes": spec}
     elif isinstance(spec, str):
