@@ -21,6 +21,7 @@ Execution contract (both backends honour it; see docs/execution-contract.md):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 COMPUTE_KINDS = frozenset({
@@ -114,6 +115,9 @@ class Mesh:
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
         """Ranks of the collective group of `rank` along `axis` ("ep", "dp" or "ep_dp")."""
+        return _group(self, rank, axis)
+
+    def _group_uncached(self, rank: int, axis: str) -> tuple[int, ...]:
         c = self.coords(rank)
         eps = range(self.ep) if axis in ("ep", "ep_dp") else (c["ep"],)
         dps = range(self.dp) if axis in ("dp", "ep_dp") else (c["dp"],)
@@ -182,6 +186,11 @@ class Schedule:
                 "role": task.role, "layer": task.layer, "peers": peers, "tag": task.tag,
             })
         return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _group(mesh: Mesh, rank: int, axis: str) -> tuple[int, ...]:
+    return mesh._group_uncached(rank, axis)
 
 
 def global_task_id(rank: int, local_id: str) -> str:

@@ -64,6 +64,7 @@ class Simulation:
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
         self._counts: dict[tuple, np.ndarray] = {}
+        self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
         per_stage = self.mesh.num_ranks // self.mesh.pp
         shape = lambda p: (steps, per_stage, len(schedule.stage_programs[p]))  # noqa: E731
         self.records = SimRecords(
@@ -162,10 +163,17 @@ class Simulation:
         waiting[0] += 1
         if waiting[0] == len(group):
             del self._arrivals[key]
-            gpus = tuple(self.placement[r] for r in group)
+            gpus = self._group_gpus.get(group)
+            if gpus is None:
+                gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
             done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role))
             done.callbacks.append(lambda _ev, ev=waiting[1]: ev.succeed())
-        return waiting[1], float(waiting[3][group.index(rank)])
+        member = group.index(rank) if len(group) < 8 else self._member_index(rank, group)
+        return waiting[1], float(waiting[3][member])
+
+    def _member_index(self, rank: int, group: tuple[int, ...]) -> int:
+        # groups are arithmetic progressions of ranks (mesh layout)
+        return (rank - group[0]) // (group[1] - group[0])
 
     def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]
