@@ -54,7 +54,7 @@ class FlowSet:
                  "timeline", "t_start", "links")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                 done: simpy.Event, now: float) -> None:
+                 done: simpy.Event, now: float, links: tuple[int, ...]) -> None:
         self.entry_flow, self.entry_link, self.weight = entry_flow, entry_link, weight
         self.remaining = sizes.astype(float).copy()
         self.rate = np.zeros(sizes.shape[0])
@@ -62,7 +62,7 @@ class FlowSet:
         self.done = done
         self.version = 0
         self.timeline: list[tuple[float, np.ndarray]] | None = None  # memoized isolated run
-        self.links = set(np.unique(entry_link).tolist())
+        self.links = links  # distinct link ids
 
 
 class FlowNetwork:
@@ -74,6 +74,8 @@ class FlowNetwork:
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.sets_on_link: dict[int, set[FlowSet]] = {}
         self._timelines: dict[Hashable, list[tuple[float, np.ndarray]]] = {}
+        self._links_of: dict[Hashable, tuple[np.ndarray, tuple[int, ...]]] = {}
+        self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
         self.num_solves = 0
 
@@ -88,16 +90,24 @@ class FlowNetwork:
         done = self.env.event()
         weight = np.ones(sizes.shape[0]) if weight is None else weight
         self.num_flows += int(weight.sum())
-        np.add.at(self.link_bytes, entry_link, (sizes * weight)[entry_flow])
+        self.link_bytes += np.bincount(entry_link, weights=(sizes * weight)[entry_flow],
+                                       minlength=self.link_bytes.shape[0])
         keep = sizes > EPS_BYTES
         if not keep.any():
             done.succeed()
             return done
-        fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now)
-        neighbours = self._touching(fs)
+        distinct = self._links_of.get(key) if key is not None else None
+        if distinct is None:
+            unique = np.unique(entry_link)
+            distinct = (unique, tuple(unique.tolist()))
+            if key is not None:
+                self._links_of[key] = distinct
+        fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[1])
+        isolated = not self.busy[distinct[0]].any()
+        self.busy[distinct[0]] += 1
         for link in fs.links:
             self.sets_on_link.setdefault(link, set()).add(fs)
-        if not neighbours and key is not None:
+        if isolated and key is not None:
             self._run_isolated(fs, (key, sizes.tobytes()))
         else:
             self._resolve(self._component(fs))
@@ -209,6 +219,7 @@ class FlowNetwork:
                     self._resolve(comp)
 
     def _finish(self, fs: FlowSet) -> None:
+        self.busy[list(fs.links)] -= 1
         for link in fs.links:
             bucket = self.sets_on_link[link]
             bucket.discard(fs)

@@ -81,8 +81,24 @@ def build_uniform(raw: dict, num_gpus: int | None) -> Topology:
         for g in range(gpus_per_node):
             add_duplex(graph, f"n{h}.nic{g}", "net.sw", bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
                        latency_s=p["nic_latency_s"] + p["switch_latency_s"], link_kind="nic")
-    return Topology(name="uniform", graph=graph, gpus=gpus,
+    return Topology(name="uniform", graph=graph, gpus=gpus, router=uniform_router,
                     params=NetworkParams(message_overhead_s=p["message_overhead_s"]))
+
+
+def uniform_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:
+    """Structural routes of the uniform cluster (no graph search): through the node switch inside a
+    node, else GPU -> its NIC -> network switch -> NIC -> GPU. Non-GPU endpoints use shortest paths."""
+    graph = topo.graph
+    if graph.nodes[src].get("kind") != "gpu" or graph.nodes[dst].get("kind") != "gpu":
+        return ((1.0, topo._shortest_links(src, dst)),)
+    h_src, h_dst = graph.nodes[src]["host"], graph.nodes[dst]["host"]
+    if h_src == h_dst:
+        nodes = (src, f"n{h_src}.sw", dst)
+    else:
+        nic_src = f"n{h_src}.nic{graph.nodes[src]['local_index']}"
+        nic_dst = f"n{h_dst}.nic{graph.nodes[dst]['local_index']}"
+        nodes = (src, nic_src, "net.sw", nic_dst, dst)
+    return ((1.0, tuple(topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False))),)
 
 
 FAT_TREE_SCHEMA = {**HOST_SCHEMA, "nodes_per_leaf": 4, "num_spines": 4, "uplink_bandwidth_GBps": None,
