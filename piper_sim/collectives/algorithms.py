@@ -75,3 +75,7 @@ def all_reduce_ring(size_bytes: float, members: list[str], topo: Topology) -> li
     src = np.arange(n)
     return [Phase(src=src, dst=(src + 1) % n, sizes=np.full(n, 2.0 * (n - 1) / n * size_bytes),
                   messages=2 * (n - 1), name="ring")]
+
+
+# registers halo, 2dh, bruck (all-to-all) and tree, hierarchical (all-reduce)
+from piper_sim.collectives import hierarchical as _hierarchical  # noqa: E402, F401
