@@ -26,12 +26,12 @@ DEFAULTS: dict = {
     "routing": {"kind": "uniform"},
     "migration": {"enabled": False},
     "cost": {"profile": "mi250x", "flash_attention": True},
-    "sim": {"steps": 1, "seed": 0},
+    "sim": {"steps": 1, "seed": 0, "collapse": True},
 }
 SECTION_KEYS = {
     "collectives": {"all_to_all", "all_reduce"},
     "cost": {"profile", "flash_attention"},
-    "sim": {"steps", "seed", "trace_format"},
+    "sim": {"steps", "seed", "trace_format", "collapse"},
     "parallel": {"pp", "ep", "dp", "tp", "vpp", "num_microbatches", "micro_batch_size", "world_size"},
 }
 
@@ -54,6 +54,7 @@ class Config:
     steps: int
     seed: int
     trace_format: str
+    collapse: bool  # simulate interchangeable ranks of a stage as one lane (exact; checked at run time)
     raw: dict
 
     def resolved(self) -> dict:
@@ -144,6 +145,8 @@ def resolve(raw: dict) -> Config:
     trace_format = sim.get("trace_format", "parquet")
     if trace_format not in ("parquet", "csv"):
         raise ConfigError("sim.trace_format", trace_format, "parquet or csv")
+    if not isinstance(sim.get("collapse", True), bool):
+        raise ConfigError("sim.collapse", sim["collapse"], "true or false")
     if not isinstance(full["schedule"], str):
         raise ConfigError("schedule", full["schedule"], "a schedule name")
     if not isinstance(full["cost"]["flash_attention"], bool):
@@ -153,7 +156,7 @@ def resolve(raw: dict) -> Config:
         placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
         all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
         cost_profile=full["cost"]["profile"], flash_attention=full["cost"]["flash_attention"], steps=steps,
-        seed=seed, trace_format=trace_format, raw=full,
+        seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full,
     )
 
 

@@ -17,7 +17,7 @@ from piper_sim.schedule import generators as _generators  # noqa: F401  (registe
 from piper_sim.schedule.ir import Schedule
 from piper_sim.schedule.lower import lower
 from piper_sim.schedule.registry import SCHEDULES
-from piper_sim.sim.engine import Simulation
+from piper_sim.sim.engine import Asymmetry, Simulation
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
@@ -61,11 +61,18 @@ def run_simulation(cfg: Config) -> SimResult:
     profile = load_profile(cfg.cost_profile)
     coster = TaskCoster(cfg.model, profile, par.micro_batch_size * cfg.model.seq_len)
     routing = routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed)
-    sim = Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
-                     coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
-                     steps=cfg.steps, flash_attention=cfg.flash_attention)
+    def simulation(collapse: bool) -> Simulation:
+        return Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
+                          coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
+                          steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse)
+
     t1 = time.perf_counter()
-    records = sim.run()
+    fell_back = False
+    try:
+        records = simulation(cfg.collapse).run()
+    except Asymmetry:  # members of a lane diverged: simulate every rank on its own
+        fell_back = True
+        records = simulation(False).run()
     t2 = time.perf_counter()
     trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes)
     per_stage = par.num_gpus // par.pp
@@ -76,6 +83,7 @@ def run_simulation(cfg: Config) -> SimResult:
                           sim_wall_s=wall)
     report["hbm_bytes"] = profile.hbm_bytes
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,
-             "num_tasks": len(trace), "num_flows": records.num_flows, "num_solves": records.num_solves}
+             "num_tasks": len(trace), "num_flows": records.num_flows, "num_solves": records.num_solves,
+             "num_lanes": records.num_lanes, "lanes_fell_back": fell_back}
     return SimResult(schedule=schedule, topology=topo, placement=placement, trace=trace, report=report,
                      link_bytes=records.link_bytes, stats=stats)

@@ -28,6 +28,7 @@ class Routes:
     entry_flow: np.ndarray  # sub-flow index of each incidence
     entry_link: np.ndarray
     latency_s: float  # largest path latency over the flows
+    flow_latency_s: np.ndarray  # largest path latency of each flow
 
 
 class RouteCache:
@@ -40,7 +41,7 @@ class RouteCache:
         if hit is not None:
             return hit
         sub_flow, sub_frac, entry_flow, entry_link = [], [], [], []
-        latency = 0.0
+        flow_latency = np.zeros(src.size)
         for f, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
             for frac, links in self.topo.paths(gpus[s], gpus[d]):
                 sub = len(sub_flow)
@@ -48,9 +49,10 @@ class RouteCache:
                 sub_frac.append(frac)
                 entry_flow.extend([sub] * len(links))
                 entry_link.extend(links)
-                latency = max(latency, self.topo.path_latency_s(links))
+                flow_latency[f] = max(flow_latency[f], self.topo.path_latency_s(links))
+        latency = float(flow_latency.max()) if src.size else 0.0
         routes = Routes(np.array(sub_flow, dtype=np.int64), np.array(sub_frac), np.array(entry_flow, dtype=np.int64),
-                        np.array(entry_link, dtype=np.int64), latency)
+                        np.array(entry_link, dtype=np.int64), latency, flow_latency)
         self._cache[key] = routes
         return routes
 
@@ -64,10 +66,13 @@ class CollectiveRunner:
         self.overhead_s = topo.params.message_overhead_s
 
     def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> simpy.Event:
-        """Event that fires when every phase has ended. key names (members, algorithm, pattern)."""
+        """Event that fires when every phase has ended. key names (members, algorithm, pattern).
+
+        With a single phase the event's value is each flow's finish time (seconds, absolute).
+        """
         if not phases:
             ev = self.env.event()
-            ev.succeed()
+            ev.succeed(np.zeros(0))
             return ev
         if len(phases) == 1:
             return self.env.process(self._phase(phases[0], gpus, (key, 0), []))
@@ -77,15 +82,24 @@ class CollectiveRunner:
             done.append(self.env.process(self._phase(phase, gpus, (key, index), waits)))
         return self.env.all_of(done)
 
+    def latency_spread_s(self, phase: Phase, gpus: tuple[str, ...], key: Hashable) -> float:
+        """Largest minus smallest path latency over the flows of a single-phase run with this key."""
+        pattern = ((key, 0), phase.src.tobytes(), phase.dst.tobytes())
+        routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
+        return float(np.ptp(routes.flow_latency_s)) if phase.src.size else 0.0
+
     def _phase(self, phase: Phase, gpus: tuple[str, ...], key: Hashable, waits: list[simpy.Event]):
         if waits:
             yield self.env.all_of(waits)
         if phase.src.size == 0:
-            return
+            return np.zeros(0)
         pattern = (key, phase.src.tobytes(), phase.dst.tobytes())
         routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
         delay = phase.messages * (self.overhead_s + routes.latency_s)
         if delay > 0:
             yield self.env.timeout(delay)
         sizes = phase.sizes[routes.sub_flow] * routes.sub_fraction
-        yield self.network.start(routes.entry_flow, routes.entry_link, sizes, key=pattern)
+        sub_finish = yield self.network.start(routes.entry_flow, routes.entry_link, sizes, key=pattern)
+        finish = np.zeros(phase.src.size)
+        np.maximum.at(finish, routes.sub_flow, sub_finish)
+        return finish

@@ -1,10 +1,17 @@
-"""The SimPy backend: one process per rank walks its program under the execution contract.
+"""The SimPy backend: processes walk the stage programs under the execution contract.
 
 Owns the simulated run: compute durations from the cost model, collectives and p2p transfers
 on the flow network, memory tracking, and the per-task records that become the RunTrace.
 Contract (schedule/ir.py): one program counter per rank; compute and collective tasks block it;
 send/recv are issued asynchronously and end when their transfer ends; a collective starts when
 all members have reached it; a task waits for its deps.
+
+Lanes: one SimPy process drives a lane, a set of ranks of one pipeline stage that are known to
+behave identically (same program, same compute costs under uniform routing). A lane's p2p
+transfers still put every member's flow into the network, and its collectives count every member,
+so contention is modelled as with one process per rank. Members stay identical as long as their
+transfers end at the same time; the engine checks that on every transfer and raises Asymmetry
+when it does not, and the caller then reruns with one lane per rank (see simulate.py).
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 
 
+class Asymmetry(Exception):
+    """Members of a lane would diverge: the run must use one lane per rank."""
+
+
 @dataclass(kw_only=True)
 class SimRecords:
     """Per stage arrays indexed [step, rank within stage, task index]."""
@@ -38,18 +49,20 @@ class SimRecords:
     link_bytes: np.ndarray
     num_flows: int
     num_solves: int
+    num_lanes: int
 
 
 class Simulation:
     def __init__(self, *, schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, topology: Topology,
                  placement: list[str], coster: TaskCoster, routing: RoutingModel, all_to_all: str,
-                 all_reduce: str, steps: int = 1, flash_attention: bool = True) -> None:
+                 all_reduce: str, steps: int = 1, flash_attention: bool = True, collapse: bool = False) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
         self.a2a_name, self.ar_name = all_to_all, all_reduce
         self.all_reduce = ALL_REDUCE.get(all_reduce, "collectives.all_reduce")
         self.mesh = schedule.mesh
+        self.per_stage = self.mesh.num_ranks // self.mesh.pp
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, topology.capacity_bytes_per_s)
         self.runner = CollectiveRunner(self.env, self.network, topology)
@@ -60,25 +73,39 @@ class Simulation:
         self.tokens = parallel.micro_batch_size * model.seq_len
         self.experts_per_rank = model.num_experts // parallel.ep
         self.row_bytes = model.d_model * model.dtype_bytes
+        self.lanes = self._lanes(collapse)
+        self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
         self._counts: dict[tuple, np.ndarray] = {}
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
-        per_stage = self.mesh.num_ranks // self.mesh.pp
-        shape = lambda p: (steps, per_stage, len(schedule.stage_programs[p]))  # noqa: E731
+        self._lane_groups: dict[tuple[int, str], list] = {}
+        shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
         self.records = SimRecords(
             start_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
             end_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
             flops=[np.zeros(shape(p)) for p in range(self.mesh.pp)],
             bytes=[np.zeros(shape(p)) for p in range(self.mesh.pp)],
             peak_memory_bytes=np.zeros(self.mesh.num_ranks), link_bytes=self.network.link_bytes,
-            num_flows=0, num_solves=0)
+            num_flows=0, num_solves=0, num_lanes=len(self.lanes))
+
+    # ---- lanes ---------------------------------------------------------------------------------
+    def _lanes(self, collapse: bool) -> list[tuple[int, ...]]:
+        """Whole pipeline stages when members are interchangeable, else one lane per rank."""
+        singles = [(r,) for r in range(self.mesh.num_ranks)]
+        if not collapse or not self.routing.is_uniform or self.mesh.tp > 1:
+            return singles
+        counts = self.routing.counts(0, 0, 0, 0, self.parallel.ep, self.tokens)
+        rows = counts.sum(axis=0).reshape(self.parallel.ep, self.experts_per_rank)
+        if not all(tuple(r) == tuple(rows[0]) for r in rows):  # uneven expert rows: compute differs
+            return singles
+        return [tuple(self.mesh.stage_ranks(p)) for p in range(self.mesh.pp)]
 
     # ---- running -------------------------------------------------------------------------------
     def run(self) -> SimRecords:
-        for rank in range(self.mesh.num_ranks):
-            self.env.process(self._rank(rank))
+        for lane in self.lanes:
+            self.env.process(self._lane(lane))
         self.env.run()
         unfinished = [p for p, arr in enumerate(self.records.end_s) if np.isnan(arr).any()]
         if unfinished:
@@ -87,18 +114,19 @@ class Simulation:
         self.records.num_solves = self.network.num_solves
         return self.records
 
-    def _rank(self, rank: int):
+    def _lane(self, lane: tuple[int, ...]):
+        rank = lane[0]
         stage = self.mesh.stage_of(rank)
         plan = self.plans[stage]
-        local = rank - stage * (self.mesh.num_ranks // self.mesh.pp)
+        lane_id = self._lane_of[rank]
+        local = np.array(lane) - stage * self.per_stage
         rec = self.records
         start, end, flops, nbytes = rec.start_s[stage], rec.end_s[stage], rec.flops[stage], rec.bytes[stage]
-        memory = plan.static_bytes
-        peak = memory
+        memory = peak = plan.static_bytes
         for step in range(self.steps):
             for i, task in enumerate(plan.program):
                 for d in plan.async_deps[i]:
-                    ev = self._async_done[(rank, step, d)]
+                    ev = self._async_done[(lane_id, step, d)]
                     if not ev.triggered:
                         yield ev
                 memory += plan.mem_at_start[i]
@@ -112,14 +140,13 @@ class Simulation:
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
                     start[step, local, i] = self.env.now
-                    ev, sent = self._arrive(rank, step, i, task)
-                    nbytes[step, local, i] = sent
+                    ev = self._arrive(lane, step, i, task, nbytes[step])
                     yield ev
                     end[step, local, i] = self.env.now
                 else:
-                    self._post_p2p(rank, stage, local, step, i, task)
+                    self._post_p2p(lane, lane_id, stage, local, step, i, task)
                 memory += plan.mem_at_end[i]
-        rec.peak_memory_bytes[rank] = peak
+        rec.peak_memory_bytes[list(lane)] = peak
 
     # ---- compute -------------------------------------------------------------------------------
     def _compute_cost(self, rank: int, stage: int, step: int, i: int, task: Task) -> tuple[float, float]:
@@ -152,28 +179,40 @@ class Simulation:
         return counts
 
     # ---- collectives ---------------------------------------------------------------------------
-    def _arrive(self, rank: int, step: int, i: int, task: Task) -> tuple[simpy.Event, float]:
-        """Join collective i of this step; returns its end event and the bytes this member sends."""
-        group = self.mesh.group(rank, task.group_axis)
-        key = (step, group[0], i)
-        waiting = self._arrivals.get(key)
-        if waiting is None:
-            phases, sent, algo = self._phases(rank, step, task, group)
-            waiting = self._arrivals[key] = [0, self.env.event(), phases, sent, algo]
-        waiting[0] += 1
-        if waiting[0] == len(group):
-            del self._arrivals[key]
-            gpus = self._group_gpus.get(group)
-            if gpus is None:
-                gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
-            done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role))
-            done.callbacks.append(lambda _ev, ev=waiting[1]: ev.succeed())
-        member = group.index(rank) if len(group) < 8 else self._member_index(rank, group)
-        return waiting[1], float(waiting[3][member])
+    def _groups_of_lane(self, lane: tuple[int, ...], axis: str) -> list:
+        """[(group, lane-local stage indices of members in it, their indices in the group)]."""
+        key = (lane[0], axis)
+        hit = self._lane_groups.get(key)
+        if hit is None:
+            stage_base = self.mesh.stage_of(lane[0]) * self.per_stage
+            by_group: dict[tuple[int, ...], list[int]] = {}
+            for rank in lane:
+                by_group.setdefault(self.mesh.group(rank, axis), []).append(rank)
+            hit = self._lane_groups[key] = [
+                (group, np.array(members) - stage_base, np.array([group.index(r) for r in members]))
+                for group, members in by_group.items()]
+        return hit
 
-    def _member_index(self, rank: int, group: tuple[int, ...]) -> int:
-        # groups are arithmetic progressions of ranks (mesh layout)
-        return (rank - group[0]) // (group[1] - group[0])
+    def _arrive(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray) -> simpy.Event:
+        """Join collective i with every member of the lane; returns the event of its end."""
+        events = []
+        for group, stage_local, in_group in self._groups_of_lane(lane, task.group_axis):
+            key = (step, group[0], i)
+            waiting = self._arrivals.get(key)
+            if waiting is None:
+                phases, sent, algo = self._phases(group[0], step, task, group)
+                waiting = self._arrivals[key] = [0, self.env.event(), phases, sent, algo]
+            waiting[0] += len(in_group)
+            nbytes[stage_local, i] = waiting[3][in_group]
+            if waiting[0] == len(group):
+                del self._arrivals[key]
+                gpus = self._group_gpus.get(group)
+                if gpus is None:
+                    gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
+                done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role))
+                done.callbacks.append(lambda _ev, ev=waiting[1]: ev.succeed())
+            events.append(waiting[1])
+        return events[0] if len(events) == 1 else self.env.all_of(events)
 
     def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]
@@ -190,31 +229,36 @@ class Simulation:
         return self.all_reduce(size, gpus, self.topo), np.full(len(group), size), self.ar_name
 
     # ---- p2p -----------------------------------------------------------------------------------
-    def _post_p2p(self, rank: int, stage: int, local: int, step: int, i: int, task: Task) -> None:
-        done = self._async_done[(rank, step, i)] = self.env.event()
-        peer = self.mesh.peer(rank, task.peer_stage)
-        src, dst = (rank, peer) if task.kind == "send" else (peer, rank)
+    def _post_p2p(self, lane: tuple[int, ...], lane_id: int, stage: int, local: np.ndarray, step: int, i: int,
+                  task: Task) -> None:
+        done = self._async_done[(lane_id, step, i)] = self.env.event()
+        peer_lane = self._lane_of[self.mesh.peer(lane[0], task.peer_stage)]
+        src, dst = (lane_id, peer_lane) if task.kind == "send" else (peer_lane, lane_id)
         key = (step, src, dst, task.tag)
         mine = (stage, local, i, done)
         other = self._p2p.pop(key, None)
         if other is None:
             self._p2p[key] = mine
             return
+        senders = self.lanes[src]
+        receivers = tuple(self.mesh.peer(r, self.mesh.stage_of(self.lanes[dst][0])) for r in senders)
         size = float(self.tokens * self.row_bytes)
-        start = self.env.now
-        gpus = (self.placement[src], self.placement[dst])
-        phase_done = self.runner.run([_p2p_phase(size)], gpus, (gpus, "p2p", ""))
+        n = len(senders)
+        gpus = tuple(self.placement[r] for r in senders + receivers)
+        phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.full(n, size), name="p2p")
+        if n > 1 and self.runner.latency_spread_s(phase, gpus, (gpus, "p2p", "")) > 0:
+            raise Asymmetry(f"transfer {task.tag}: lane members' routes have different latencies")
+        transfer = self.runner.run([phase], gpus, (gpus, "p2p", ""))
+        started = self.env.now
 
-        def finish(_ev, ends=(mine, other)) -> None:
-            for st, lo, idx, ev in ends:
-                self.records.start_s[st][step, lo, idx] = start
+        def finish(ev, ends=(mine, other)) -> None:
+            member_end = ev.value
+            if member_end.size > 1 and np.ptp(member_end) > 1e-9 * max(self.env.now - started, 1e-12):
+                raise Asymmetry(f"transfer {task.tag} ends at different times across lane members")
+            for st, lo, idx, event in ends:
+                self.records.start_s[st][step, lo, idx] = started
                 self.records.end_s[st][step, lo, idx] = self.env.now
                 self.records.bytes[st][step, lo, idx] = size
-                ev.succeed()
+                event.succeed()
 
-        phase_done.callbacks.append(finish)
-
-
-def _p2p_phase(size: float) -> Phase:
-    return Phase(src=np.array([0]), dst=np.array([1]), sizes=np.array([size]), name="p2p")
-
+        transfer.callbacks.append(finish)

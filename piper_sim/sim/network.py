@@ -47,11 +47,24 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.nda
     return rate
 
 
+class Timeline:
+    """A flow set's run on otherwise idle links: rate segments and each flow's finish offset."""
+
+    __slots__ = ("segments", "finish_offset_s")
+
+    def __init__(self, segments: list[tuple[float, np.ndarray]], finish_offset_s: np.ndarray) -> None:
+        self.segments, self.finish_offset_s = segments, finish_offset_s
+
+    @property
+    def duration_s(self) -> float:
+        return self.segments[-1][0] if self.segments else 0.0
+
+
 class FlowSet:
     """Flows that start together (one phase of a collective, or one p2p transfer)."""
 
     __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
-                 "timeline", "t_start", "links")
+                 "timeline", "t_start", "links", "finish_s")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
                  done: simpy.Event, now: float, links: tuple[int, ...]) -> None:
@@ -61,8 +74,9 @@ class FlowSet:
         self.t_last = self.t_start = now
         self.done = done
         self.version = 0
-        self.timeline: list[tuple[float, np.ndarray]] | None = None  # memoized isolated run
+        self.timeline: Timeline | None = None  # memoized isolated run
         self.links = links  # distinct link ids
+        self.finish_s = np.where(sizes > EPS_BYTES, np.nan, now)  # per flow, filled as flows end
 
 
 class FlowNetwork:
@@ -73,7 +87,7 @@ class FlowNetwork:
         self.capacity = capacity_bytes_per_s
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.sets_on_link: dict[int, set[FlowSet]] = {}
-        self._timelines: dict[Hashable, list[tuple[float, np.ndarray]]] = {}
+        self._timelines: dict[Hashable, Timeline] = {}
         self._links_of: dict[Hashable, tuple[np.ndarray, tuple[int, ...]]] = {}
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
@@ -82,7 +96,7 @@ class FlowNetwork:
     # ---- public ----------------------------------------------------------------------------------
     def start(self, entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
               weight: np.ndarray | None = None, key: Hashable | None = None) -> simpy.Event:
-        """Start flows now; the returned event fires when all have arrived.
+        """Start flows now; the returned event fires when all have arrived, with each flow's finish time.
 
         key, when given, names the route structure (same key = same entry arrays) so that an
         isolated run can be memoized by (key, sizes).
@@ -94,7 +108,7 @@ class FlowNetwork:
                                        minlength=self.link_bytes.shape[0])
         keep = sizes > EPS_BYTES
         if not keep.any():
-            done.succeed()
+            done.succeed(np.full(sizes.shape[0], self.env.now))
             return done
         distinct = self._links_of.get(key) if key is not None else None
         if distinct is None:
@@ -136,25 +150,29 @@ class FlowNetwork:
             timeline = self._timelines[cache_key] = self._isolated_timeline(fs)
         fs.timeline = timeline
         fs.version += 1
-        self._schedule(fs, timeline[-1][0] if timeline else 0.0)
+        self._schedule(fs, timeline.duration_s)
 
-    def _isolated_timeline(self, fs: FlowSet) -> list[tuple[float, np.ndarray]]:
-        """[(end offset, rates during the segment ending there)] of fs running alone."""
+    def _isolated_timeline(self, fs: FlowSet) -> Timeline:
+        """Rate segments [(end offset, rates)] and finish offsets of fs running alone."""
         remaining, t, out = fs.remaining.copy(), 0.0, []
+        finish = np.where(remaining > EPS_BYTES, np.nan, 0.0)
         while (live := remaining > EPS_BYTES).any():
             rate = self._solve_arrays(fs.entry_flow, fs.entry_link, fs.weight * live, live)
             dt = float(np.min(remaining[live] / rate[live]))
             remaining = np.where(live, remaining - rate * dt, 0.0)
             t += dt
+            finish[live & (remaining <= EPS_BYTES)] = t
             out.append((t, rate))
-        return out
+        return Timeline(out, finish)
 
     def _materialize(self, fs: FlowSet) -> None:
         """Turn a memoized isolated run into explicit remaining bytes at the current time."""
         if fs.timeline is None:
             return
         elapsed, t_prev = self.env.now - fs.t_start, 0.0
-        for t_end, rate in fs.timeline:
+        ended = fs.timeline.finish_offset_s <= elapsed
+        fs.finish_s[ended] = fs.t_start + fs.timeline.finish_offset_s[ended]
+        for t_end, rate in fs.timeline.segments:
             span = min(t_end, elapsed) - t_prev
             if span <= 0:
                 break
@@ -173,6 +191,7 @@ class FlowNetwork:
         dt = self.env.now - fs.t_last
         if dt > 0:
             fs.remaining = np.maximum(fs.remaining - fs.rate * dt, 0.0)
+            fs.finish_s[(fs.remaining <= EPS_BYTES) & np.isnan(fs.finish_s)] = self.env.now
         fs.t_last = self.env.now
 
     def _resolve(self, sets: list[FlowSet]) -> None:
@@ -226,4 +245,6 @@ class FlowNetwork:
             if not bucket:
                 del self.sets_on_link[link]
         fs.version += 1
-        fs.done.succeed()
+        if fs.timeline is not None:
+            fs.finish_s = fs.t_start + fs.timeline.finish_offset_s
+        fs.done.succeed(fs.finish_s)
