@@ -81,6 +81,7 @@ class Simulation:
         self._counts: dict[tuple, np.ndarray] = {}
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
         self._lane_groups: dict[tuple[int, str], list] = {}
+        self._p2p_gpus: dict[tuple[int, int], tuple[str, ...]] = {}
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
         self.records = SimRecords(
             start_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
@@ -240,11 +241,13 @@ class Simulation:
         if other is None:
             self._p2p[key] = mine
             return
-        senders = self.lanes[src]
-        receivers = tuple(self.mesh.peer(r, self.mesh.stage_of(self.lanes[dst][0])) for r in senders)
+        gpus = self._p2p_gpus.get((src, dst))
+        if gpus is None:
+            senders = self.lanes[src]
+            receivers = tuple(self.mesh.peer(r, self.mesh.stage_of(self.lanes[dst][0])) for r in senders)
+            gpus = self._p2p_gpus[(src, dst)] = tuple(self.placement[r] for r in senders + receivers)
         size = float(self.tokens * self.row_bytes)
-        n = len(senders)
-        gpus = tuple(self.placement[r] for r in senders + receivers)
+        n = len(gpus) // 2
         phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.full(n, size), name="p2p")
         if n > 1 and self.runner.latency_spread_s(phase, gpus, (gpus, "p2p", "")) > 0:
             raise Asymmetry(f"transfer {task.tag}: lane members' routes have different latencies")

@@ -67,7 +67,7 @@ class FlowSet:
                  "timeline", "t_start", "links", "finish_s")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                 done: simpy.Event, now: float, links: tuple[int, ...]) -> None:
+                 done: simpy.Event, now: float, links: np.ndarray) -> None:
         self.entry_flow, self.entry_link, self.weight = entry_flow, entry_link, weight
         self.remaining = sizes.astype(float).copy()
         self.rate = np.zeros(sizes.shape[0])
@@ -75,7 +75,7 @@ class FlowSet:
         self.done = done
         self.version = 0
         self.timeline: Timeline | None = None  # memoized isolated run
-        self.links = links  # distinct link ids
+        self.links = links  # distinct link ids (int array)
         self.finish_s = np.where(sizes > EPS_BYTES, np.nan, now)  # per flow, filled as flows end
 
 
@@ -86,9 +86,9 @@ class FlowNetwork:
         self.env = env
         self.capacity = capacity_bytes_per_s
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
-        self.sets_on_link: dict[int, set[FlowSet]] = {}
+        self.active: set[FlowSet] = set()
         self._timelines: dict[Hashable, Timeline] = {}
-        self._links_of: dict[Hashable, tuple[np.ndarray, tuple[int, ...]]] = {}
+        self._links_of: dict[Hashable, tuple[np.ndarray]] = {}
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
         self.num_solves = 0
@@ -112,15 +112,13 @@ class FlowNetwork:
             return done
         distinct = self._links_of.get(key) if key is not None else None
         if distinct is None:
-            unique = np.unique(entry_link)
-            distinct = (unique, tuple(unique.tolist()))
+            distinct = (np.unique(entry_link),)
             if key is not None:
                 self._links_of[key] = distinct
-        fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[1])
+        fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[0])
         isolated = not self.busy[distinct[0]].any()
         self.busy[distinct[0]] += 1
-        for link in fs.links:
-            self.sets_on_link.setdefault(link, set()).add(fs)
+        self.active.add(fs)
         if isolated and key is not None:
             self._run_isolated(fs, (key, sizes.tobytes()))
         else:
@@ -129,11 +127,13 @@ class FlowNetwork:
 
     # ---- internals -------------------------------------------------------------------------------
     def _touching(self, fs: FlowSet) -> set[FlowSet]:
-        out: set[FlowSet] = set()
-        for link in fs.links:
-            out |= self.sets_on_link.get(link, set())
-        out.discard(fs)
-        return out
+        """Active sets sharing a link with fs (a scan: sharing is the rare case, isolation the common one)."""
+        own = 1 if fs in self.active else 0
+        if len(self.active) <= own or not (self.busy[fs.links] > own).any():
+            return set()
+        mask = np.zeros(self.busy.shape[0], dtype=bool)
+        mask[fs.links] = True
+        return {other for other in self.active if other is not fs and mask[other.links].any()}
 
     def _component(self, fs: FlowSet) -> list[FlowSet]:
         seen, todo = {fs}, [fs]
@@ -238,12 +238,8 @@ class FlowNetwork:
                     self._resolve(comp)
 
     def _finish(self, fs: FlowSet) -> None:
-        self.busy[list(fs.links)] -= 1
-        for link in fs.links:
-            bucket = self.sets_on_link[link]
-            bucket.discard(fs)
-            if not bucket:
-                del self.sets_on_link[link]
+        self.busy[fs.links] -= 1
+        self.active.discard(fs)
         fs.version += 1
         if fs.timeline is not None:
             fs.finish_s = fs.t_start + fs.timeline.finish_offset_s

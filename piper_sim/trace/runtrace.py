@@ -22,17 +22,33 @@ COLUMNS = ("step", "rank", "task_id", "kind", "stream", "microbatch", "chunk", "
 CATEGORICAL = ("task_id", "kind", "stream", "role", "peers")
 
 
-def stage_peer_labels(schedule: Schedule, rank: int) -> list[str]:
-    out = []
-    for task in schedule.program(rank):
+AXES = ("ep", "dp", "ep_dp")
+
+
+def peer_codes(schedule: Schedule, stage: int) -> tuple[np.ndarray, list[str]]:
+    """Codes [rank within stage, task] into the peer label categories, without a per-row Python loop.
+
+    Categories: "" (0), then each rank's number (1 + rank), then "<axis>:<first>+<size>" per axis
+    and first rank of a group (1 + N + axis_index * N + first).
+    """
+    mesh = schedule.mesh
+    n_ranks = mesh.num_ranks
+    ranks = np.array(mesh.stage_ranks(stage))
+    ep_index = ranks // mesh.tp % mesh.ep
+    dp_index = ranks // (mesh.tp * mesh.ep) % mesh.dp
+    first = {"ep": ranks - ep_index * mesh.tp, "dp": ranks - dp_index * mesh.ep * mesh.tp,
+             "ep_dp": ranks - (dp_index * mesh.ep + ep_index) * mesh.tp}
+    size = {"ep": mesh.ep, "dp": mesh.dp, "ep_dp": mesh.ep * mesh.dp}
+    program = schedule.stage_programs[stage]
+    codes = np.zeros((ranks.size, len(program)), dtype=np.int64)
+    for i, task in enumerate(program):
         if task.kind in ("send", "recv"):
-            out.append(str(schedule.mesh.peer(rank, task.peer_stage)))
+            codes[:, i] = 1 + ranks + (task.peer_stage - stage) * (n_ranks // mesh.pp)
         elif task.is_collective:
-            group = schedule.mesh.group(rank, task.group_axis)
-            out.append(f"{task.group_axis}:{group[0]}+{len(group)}")
-        else:
-            out.append("")
-    return out
+            codes[:, i] = 1 + n_ranks + AXES.index(task.group_axis) * n_ranks + first[task.group_axis]
+    categories = [""] + [str(r) for r in range(n_ranks)] + [
+        f"{axis}:{f}+{size[axis]}" for axis in AXES for f in range(n_ranks)]
+    return codes, categories
 
 
 def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list[np.ndarray],
@@ -54,8 +70,8 @@ def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list
         frame.insert(0, "step", np.repeat(np.arange(steps), ranks * n))
         local = np.tile(np.repeat(np.arange(ranks), n), steps)
         frame.insert(1, "rank", p * per_stage + local)
-        labels = [np.array(stage_peer_labels(schedule, p * per_stage + r), dtype=object) for r in range(ranks)]
-        frame["peers"] = np.tile(np.concatenate(labels), steps)
+        codes, categories = peer_codes(schedule, p)
+        frame["peers"] = pd.Categorical.from_codes(np.tile(codes.reshape(-1), steps), categories=categories)
         frame["start_s"] = start_s[p].reshape(-1)
         frame["end_s"] = end_s[p].reshape(-1)
         frame["bytes"] = nbytes[p].reshape(-1)
