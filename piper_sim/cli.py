@@ -90,6 +90,20 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from piper_sim.analysis.compare import compare_runs, format_comparison
+
+    comparison = compare_runs(args.predicted, args.measured)
+    print(format_comparison(comparison))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        comparison.by_kind.to_csv(args.out / "compare_by_kind.csv", index=False)
+        comparison.by_step.to_csv(args.out / "compare_by_step.csv", index=False)
+        comparison.headline.to_csv(args.out / "compare_headline.csv", index=False)
+        print(f"wrote {args.out}/compare_*.csv")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="piper-sim", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p, out_required=False)
     p.add_argument("--width", type=int, default=160, help="grid width in characters")
     p.set_defaults(func=cmd_schedule)
+    p = sub.add_parser("compare", help="predicted vs measured, joined task by task")
+    p.add_argument("predicted", type=Path, help="run directory of `simulate`")
+    p.add_argument("measured", type=Path, help="run directory of `run` (or another simulate)")
+    p.add_argument("--out", type=Path, help="write compare_*.csv here")
+    p.set_defaults(func=cmd_compare)
     p = sub.add_parser("presets", help="list model and topology presets")
     p.set_defaults(func=cmd_presets)
     for register in _EXTRA_COMMANDS:
