@@ -1,75 +1,105 @@
 """Expert routing models: how many tokens each source rank sends to each expert.
 
-Owns the registry of routing models. A model gives, for (step, layer, microbatch, group), an int
-array counts[source EP rank, expert] whose rows sum to tokens x top_k. Seeded and deterministic.
-Must not import simpy or torch.
+RoutingModel gives, for (step, layer, microbatch, group), an int array counts[source EP rank, expert]
+of the rows dispatched (kept after the capacity limit). route() also returns the dropped rows. Kinds
+live in the ROUTING registry (kinds.py; synthetic ones in samplers.py, `trace` in replay.py). Seeded
+and deterministic. Must not import simpy or torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from piper_sim.errors import ConfigError
-from piper_sim.registry import Registry
+from piper_sim.routing import replay as _replay  # noqa: F401  (registers kind "trace")
+from piper_sim.routing import samplers as _samplers  # noqa: F401  (registers the synthetic kinds)
+from piper_sim.routing.capacity import RoutedCounts, apply_capacity, even_split, expert_capacity
+from piper_sim.routing.kinds import ROUTING, RoutingContext, RoutingKind, register_kind
+from piper_sim.routing.samplers import sample_counts
 
-Sampler = Callable[[np.random.Generator, int, int, dict], np.ndarray]  # (rng, E, rows, params) -> probs
-ROUTING: Registry[Sampler] = Registry("routing.kind")
-register_routing = ROUTING.register
-
-
-def even_split(total: int, num_parts: int) -> np.ndarray:
-    """total split into num_parts integers differing by at most one (the first get the extra)."""
-    base, extra = divmod(total, num_parts)
-    out = np.full(num_parts, base, dtype=np.int64)
-    out[:extra] += 1
-    return out
-
-
-@register_routing("uniform")
-def uniform_probs(rng: np.random.Generator, num_experts: int, rows: int, params: dict) -> np.ndarray:
-    return np.full(num_experts, 1.0 / num_experts)
-
-
-@register_routing("zipf")
-def zipf_probs(rng: np.random.Generator, num_experts: int, rows: int, params: dict) -> np.ndarray:
-    """Expert popularity ~ 1 / rank^exponent, experts shuffled by the seed (which experts are hot)."""
-    exponent = float(params.get("exponent", 1.0))
-    weights = 1.0 / np.arange(1, num_experts + 1) ** exponent
-    return rng.permutation(weights / weights.sum())
+__all__ = ["ROUTING", "RoutingModel", "even_split", "register_routing", "routing_from_config"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class RoutingModel:
+    """A routing kind with checked parameters (defaults filled in) for one model's experts."""
+
     kind: str
-    params: dict
+    params: Mapping[str, Any]
     num_experts: int
     top_k: int
     seed: int = 0
+    _state: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        ROUTING.get(self.kind, "routing.kind")
+        spec = ROUTING.get(self.kind, "routing.kind")
+        if self.top_k > self.num_experts or self.top_k <= 0:
+            raise ConfigError("model.top_k", self.top_k, f"between 1 and num_experts ({self.num_experts})")
+        params = spec.read_params(dict(self.params))
+        object.__setattr__(self, "params", params)
+        if spec.setup is not None:
+            object.__setattr__(self, "_state", spec.setup(params, self.num_experts, self.top_k))
+
+    @property
+    def spec(self) -> RoutingKind:
+        return ROUTING.get(self.kind)
 
     @property
     def is_uniform(self) -> bool:
-        return self.kind == "uniform"
+        """Counts are identical for every (step, layer, microbatch, group): callers may compute them once."""
+        return self.spec.static
+
+    @property
+    def capacity_factor(self) -> float | None:
+        return self.params["capacity_factor"]
+
+    def capacity(self, tokens_per_source: int) -> int | None:
+        """Rows one source may send one expert per all-to-all; None in no-drop mode."""
+        return expert_capacity(self.capacity_factor, tokens_per_source, self.top_k, self.num_experts)
+
+    def context(self, step: int, layer: int, microbatch: int, group: int, num_sources: int,
+                tokens_per_source: int) -> RoutingContext:
+        return RoutingContext(step=step, layer=layer, microbatch=microbatch, group=group, num_sources=num_sources,
+                              tokens_per_source=tokens_per_source, num_experts=self.num_experts, top_k=self.top_k,
+                              seed=self.seed, params=self.params, state=self._state)
+
+    def route(self, step: int, layer: int, microbatch: int, group: int, num_sources: int,
+              tokens_per_source: int) -> RoutedCounts:
+        """Kept and dropped rows [source, expert] for one all-to-all; kept + dropped rows sum to tokens x top_k."""
+        ctx = self.context(step, layer, microbatch, group, num_sources, tokens_per_source)
+        raw = self.spec.counts(ctx)
+        return apply_capacity(raw, self.capacity(tokens_per_source))
 
     def counts(self, step: int, layer: int, microbatch: int, group: int, num_sources: int,
                tokens_per_source: int) -> np.ndarray:
-        """counts[source, expert] for one all-to-all; exact even split under uniform routing."""
-        rows = tokens_per_source * self.top_k
-        if self.is_uniform:
-            return np.tile(even_split(rows, self.num_experts), (num_sources, 1))
-        rng = np.random.default_rng([self.seed, step, layer, microbatch, group])
-        probs = ROUTING.get(self.kind)(np.random.default_rng([self.seed, layer]), self.num_experts, rows,
-                                       self.params)
-        return rng.multinomial(rows, probs, size=num_sources).astype(np.int64)
+        """counts[source, expert]: rows dispatched (after dropping); exact even split under uniform routing."""
+        return self.route(step, layer, microbatch, group, num_sources, tokens_per_source).kept
 
 
 def routing_from_config(raw: dict, num_experts: int, top_k: int, seed: int) -> RoutingModel:
+    """The `routing:` section -> RoutingModel. Unknown keys are ConfigErrors naming routing.<key>."""
     if not isinstance(raw, dict) or "kind" not in raw:
         raise ConfigError("routing", raw, f"a mapping with kind: one of {', '.join(ROUTING.names())}")
     params = {k: v for k, v in raw.items() if k != "kind"}
     return RoutingModel(kind=str(raw["kind"]), params=params, num_experts=num_experts, top_k=top_k, seed=seed)
+
+
+Sampler = Callable[[np.random.Generator, int, int, dict], np.ndarray]  # (rng, E, rows, params) -> probs
+
+
+def register_routing(name: str, params: Mapping[str, Any] | None = None) -> Callable[[Sampler], Sampler]:
+    """Register a popularity sampler (rng seeded per (seed, layer), E, rows, params) -> probabilities as a kind."""
+
+    def add(sampler: Sampler) -> Sampler:
+        def counts(ctx: RoutingContext) -> np.ndarray:
+            probs = sampler(ctx.layer_rng(1000), ctx.num_experts, ctx.rows_per_source, dict(ctx.params))
+            return sample_counts(ctx, probs)
+
+        register_kind(RoutingKind(name=name, counts=counts, params=dict(params or {})))
+        return sampler
+
+    return add
