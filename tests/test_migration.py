@@ -175,15 +175,20 @@ def test_migrator_interval_threshold_and_baselines():
     assert not any(e.migrated for e in run({"enabled": True, "policy": "none"}).events)
     assert not any(e.migrated for e in run({"enabled": False}).events)
     assert run({"enabled": False}).summary()["policy"] == "none"
+    # the first check lowers the max rank load 140 -> 72 (a 49% gain)
+    assert any(e.migrated for e in run({"enabled": True, "min_gain": 0.45}).events)
+    assert not any(e.migrated for e in run({"enabled": True, "min_gain": 0.5}).events)
 
 
 def test_migration_config_errors():
-    with pytest.raises(ConfigError, match=r"migration\.trigger.*interval, max_swaps, policy"):
+    with pytest.raises(ConfigError, match=r"migration\.trigger.*interval, max_swaps, min_gain, policy"):
         migration_from_config({"trigger": 1.2})
     with pytest.raises(ConfigError, match=r"migration\.policy.*greedy, lpt, none"):
         migration_from_config({"policy": "random"})
     with pytest.raises(ConfigError, match=r"migration\.threshold"):
         migration_from_config({"threshold": 0.5})
+    with pytest.raises(ConfigError, match=r"migration\.min_gain"):
+        migration_from_config({"min_gain": 1.0})
     with pytest.raises(ConfigError, match=r"migration\.interval"):
         migration_from_config({"interval": 0})
     assert migration_from_config(None) == migration_from_config({"enabled": False})

@@ -9,6 +9,8 @@ Config (`migration:` section; unknown keys are ConfigErrors naming migration.<ke
                          since the previous check
   max_swaps              swap limit per layer and check (greedy; lpt's refinement uses at least E)
   state_bytes_per_param  bytes moved per expert parameter (16: weight, grad, master, Adam m and v)
+  min_gain               keep a layer's map unless the policy lowers its max rank load by at least
+                         this fraction (0: Piper's rule, any improvement moves)
 Loads are the rows routed to each expert, summed over microbatches, sources and the EP groups that hold
 the layer (they share one map). Pure numpy: no simpy, no torch.
 """
@@ -36,6 +38,7 @@ class MigrationSpec:
     interval: int = 1
     max_swaps: int = 16
     state_bytes_per_param: int = 16
+    min_gain: float = 0.0
 
     @property
     def active(self) -> bool:
@@ -67,8 +70,12 @@ def migration_from_config(raw: Mapping[str, Any] | None) -> MigrationSpec:
     _check("max_swaps", spec["max_swaps"], _is_int(spec["max_swaps"]) and spec["max_swaps"] >= 0, "an integer >= 0")
     sbp = spec["state_bytes_per_param"]
     _check("state_bytes_per_param", sbp, _is_int(sbp) and sbp > 0, "a positive integer (16: Piper's convention)")
+    gain = spec["min_gain"]
+    _check("min_gain", gain, isinstance(gain, int | float) and not isinstance(gain, bool) and 0 <= gain < 1,
+           "a fraction in [0, 1)")
     return MigrationSpec(enabled=spec["enabled"], policy=str(spec["policy"]), threshold=float(threshold),
-                         interval=spec["interval"], max_swaps=spec["max_swaps"], state_bytes_per_param=sbp)
+                         interval=spec["interval"], max_swaps=spec["max_swaps"], state_bytes_per_param=sbp,
+                         min_gain=float(gain))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +123,8 @@ def migration_step(spec: MigrationSpec, placement: ExpertPlacement, loads: Mappi
         swaps, after, new_owners = 0, before, owners
         if triggered:
             result = rebalance(spec.policy, expert_loads, owners, placement.ep, spec.max_swaps)
-            new_owners, swaps = result.owners, result.swaps
+            if result.max_after <= (1 - spec.min_gain) * result.max_before:
+                new_owners, swaps = result.owners, result.swaps
             after = imbalance_factor(rank_loads(expert_loads, new_owners, placement.ep))
             if not np.array_equal(new_owners, owners):
                 new = new.with_owners(layer, new_owners)
