@@ -108,7 +108,8 @@ def cap_rows(counts: np.ndarray, limit: int, weights: np.ndarray) -> np.ndarray:
     """
     out = np.asarray(counts, dtype=np.int64).copy()
     weights = np.asarray(weights, dtype=np.float64) + 1e-12  # every expert with room can take rows
-    for row in out:
+    for i in np.flatnonzero(out.max(axis=1) > limit):
+        row = out[i]
         excess = int(np.maximum(row - limit, 0).sum())
         np.minimum(row, limit, out=row)
         while excess:  # terminates: each pass places >= 1 row, and rows <= limit x experts
