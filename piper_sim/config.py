@@ -80,6 +80,11 @@ def read_config_file(path: str | Path) -> dict:
         value = raw.get(key)
         if isinstance(value, str) and value.endswith((".yaml", ".yml", ".json")) and not Path(value).is_absolute():
             raw[key] = str(base / value)
+    routing = raw.get("routing")
+    if isinstance(routing, dict) and isinstance(routing.get("path"), str) and not Path(routing["path"]).is_absolute():
+        candidate = base / routing["path"]
+        if candidate.exists():
+            routing["path"] = str(candidate)
     return raw
 
 
@@ -147,6 +152,11 @@ def resolve(raw: dict) -> Config:
         raise ConfigError("sim.trace_format", trace_format, "parquet or csv")
     if not isinstance(sim.get("collapse", True), bool):
         raise ConfigError("sim.collapse", sim["collapse"], "true or false")
+    from piper_sim.migration.controller import migration_from_config
+    from piper_sim.routing.models import routing_from_config
+
+    migration_from_config(full["migration"])  # raises ConfigError naming migration.<key>
+    routing_from_config(full["routing"], model.num_experts, model.top_k, seed)
     if not isinstance(full["schedule"], str):
         raise ConfigError("schedule", full["schedule"], "a schedule name")
     if not isinstance(full["cost"]["flash_attention"], bool):

@@ -38,7 +38,8 @@ def build_coarse_schedule(cfg: Config) -> Schedule:
 def build_schedule(cfg: Config) -> Schedule:
     """The lowered schedule of one training step for this config."""
     layers = stage_layer_split(cfg.model.num_layers, cfg.parallel.pp * cfg.parallel.vpp)
-    return lower(build_coarse_schedule(cfg), cfg.model, layers)
+    migration = bool(cfg.migration.get("enabled")) and cfg.migration.get("policy", "greedy") != "none"
+    return lower(build_coarse_schedule(cfg), cfg.model, layers, migration=migration)
 
 
 @dataclass(kw_only=True)
@@ -64,15 +65,18 @@ def run_simulation(cfg: Config) -> SimResult:
     def simulation(collapse: bool) -> Simulation:
         return Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
                           coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
-                          steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse)
+                          steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse,
+                          migration=cfg.migration)
 
     t1 = time.perf_counter()
     fell_back = False
+    sim = simulation(cfg.collapse)
     try:
-        records = simulation(cfg.collapse).run()
+        records = sim.run()
     except Asymmetry:  # members of a lane diverged: simulate every rank on its own
         fell_back = True
-        records = simulation(False).run()
+        sim = simulation(False)
+        records = sim.run()
     t2 = time.perf_counter()
     trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes)
     per_stage = par.num_gpus // par.pp
@@ -82,6 +86,10 @@ def run_simulation(cfg: Config) -> SimResult:
                           tokens_per_step=par.sequences_per_step * cfg.model.seq_len, peak_memory_by_stage=peak,
                           sim_wall_s=wall)
     report["hbm_bytes"] = profile.hbm_bytes
+    report.update(sim.experts.summary())
+    migrate = trace[trace["role"] == "migrate"]
+    report["migration"]["time_fraction"] = float(
+        (migrate["end_s"] - migrate["start_s"]).sum() / max(len(trace["rank"].unique()), 1) / trace["end_s"].max())
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,
              "num_tasks": len(trace), "num_flows": records.num_flows, "num_solves": records.num_solves,
              "num_lanes": records.num_lanes, "lanes_fell_back": fell_back}

@@ -66,6 +66,7 @@ class LoweringContext:
     expert_group: str  # group axis of MoE all-to-alls
     reduce_dense_axis: str  # "" when there is nothing to reduce
     reduce_expert_axis: str
+    migration: bool = False
 
     @property
     def num_virtual(self) -> int:
@@ -76,13 +77,18 @@ class LoweringContext:
                               last=virtual_stage == self.num_virtual - 1)
 
 
-def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...]) -> Schedule:
-    """Lower a generator's coarse schedule into executable per-stage programs."""
+def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], *,
+          migration: bool = False) -> Schedule:
+    """Lower a generator's coarse schedule into executable per-stage programs.
+
+    migration: end each program with a `migrate` exchange over the EP group (expert migration
+    between steps), when there is more than one EP rank.
+    """
     mesh = coarse.mesh
     ctx = LoweringContext(
         model=model, pp=coarse.pp, vpp=coarse.vpp, stage_layers=stage_layers, expert_group="ep",
         reduce_dense_axis="ep_dp" if mesh.ep * mesh.dp > 1 else "",
-        reduce_expert_axis="dp" if mesh.dp > 1 else "",
+        reduce_expert_axis="dp" if mesh.dp > 1 else "", migration=migration and mesh.ep > 1,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
     return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
@@ -180,4 +186,6 @@ def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
                               deps=(last,)))
             last = tasks[-1].task_id
     tasks.append(Task(task_id="optimizer", kind="optimizer", deps=(last,)))
+    if ctx.migration:
+        tasks.append(Task(task_id="migrate", kind="all_to_all", role="migrate", group_axis="ep", deps=("optimizer",)))
     return tasks

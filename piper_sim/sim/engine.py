@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase
+from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase
 from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective import CollectiveRunner
+from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.plan import StagePlan, build_stage_plans
 from piper_sim.topology.graph import Topology
@@ -55,7 +56,8 @@ class SimRecords:
 class Simulation:
     def __init__(self, *, schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, topology: Topology,
                  placement: list[str], coster: TaskCoster, routing: RoutingModel, all_to_all: str,
-                 all_reduce: str, steps: int = 1, flash_attention: bool = True, collapse: bool = False) -> None:
+                 all_reduce: str, steps: int = 1, flash_attention: bool = True, collapse: bool = False,
+                 migration: dict | None = None) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
@@ -73,12 +75,12 @@ class Simulation:
         self.tokens = parallel.micro_batch_size * model.seq_len
         self.experts_per_rank = model.num_experts // parallel.ep
         self.row_bytes = model.d_model * model.dtype_bytes
+        self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.tokens)
         self.lanes = self._lanes(collapse)
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
-        self._counts: dict[tuple, np.ndarray] = {}
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
         self._lane_groups: dict[tuple[int, str], list] = {}
         self._p2p_gpus: dict[tuple[int, int], tuple[str, ...]] = {}
@@ -97,10 +99,11 @@ class Simulation:
         singles = [(r,) for r in range(self.mesh.num_ranks)]
         if not collapse or not self.routing.is_uniform or self.mesh.tp > 1:
             return singles
-        counts = self.routing.counts(0, 0, 0, 0, self.parallel.ep, self.tokens)
-        rows = counts.sum(axis=0).reshape(self.parallel.ep, self.experts_per_rank)
-        if not all(tuple(r) == tuple(rows[0]) for r in rows):  # uneven expert rows: compute differs
-            return singles
+        moe = self.model.moe_layer_indices
+        if moe:
+            rows = self.experts.dispatch(0, moe[0], 0, 0).expert_rows
+            if any(tuple(r) != tuple(rows[0]) for r in rows):  # uneven expert rows: compute differs
+                return singles
         return [tuple(self.mesh.stage_ranks(p)) for p in range(self.mesh.pp)]
 
     # ---- running -------------------------------------------------------------------------------
@@ -157,27 +160,17 @@ class Simulation:
         if not plan.expert_layers[i]:
             return plan.fixed_cost[i]
         ep_index = self.mesh.coords(rank)["ep"]
-        lo = ep_index * self.experts_per_rank
+        group_first = self.mesh.group(rank, "ep")[0]
         seconds = flops = 0.0
         for op in task.ops:
-            layer = int(op.rpartition(":")[2]) if op.startswith("experts:") else -1
             rows: tuple[int, ...] = ()
-            if layer >= 0:
-                counts = self._routing_counts(rank, step, layer, task.microbatch)
-                rows = tuple(counts[:, lo:lo + self.experts_per_rank].sum(axis=0).tolist())
+            if op.startswith("experts:"):
+                layer = int(op.rpartition(":")[2])
+                rows = tuple(self.experts.dispatch(step, layer, task.microbatch, group_first).expert_rows[ep_index])
             s, f = self.coster.cost(task.kind, (op,), rows)
             seconds += s
             flops += f
         return seconds, flops
-
-    def _routing_counts(self, rank: int, step: int, layer: int, microbatch: int) -> np.ndarray:
-        group = self.mesh.group(rank, "ep")
-        key = ("u",) if self.routing.is_uniform else (step, layer, microbatch, group[0])
-        counts = self._counts.get(key)
-        if counts is None:
-            counts = self._counts[key] = self.routing.counts(step, layer, microbatch, group[0], len(group),
-                                                              self.tokens)
-        return counts
 
     # ---- collectives ---------------------------------------------------------------------------
     def _groups_of_lane(self, lane: tuple[int, ...], axis: str) -> list:
@@ -217,12 +210,12 @@ class Simulation:
 
     def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]
+        if task.role == "migrate":  # expert state moves between members: direct point-to-point sends
+            matrix = self.experts.migrate(self.mesh.stage_of(rank), step)
+            return [matrix_phase(matrix, "migrate")], matrix.sum(axis=1) - np.diag(matrix), "direct"
         if task.kind == "all_to_all":
-            counts = self._routing_counts(rank, step, task.layer, task.microbatch)
-            per_dst = counts.reshape(len(group), len(group), self.experts_per_rank).sum(axis=2)
-            matrix = per_dst * self.row_bytes
-            if task.role == "combine":
-                matrix = matrix.T
+            d = self.experts.dispatch(step, task.layer, task.microbatch, group[0])
+            matrix = d.bytes_matrix(self.row_bytes, task.role).astype(float)
             return self.a2a(matrix, gpus, self.topo), matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
         plan = self.plans[self.mesh.stage_of(rank)]
         params = plan.params_dense if task.role == "grad_dense" else plan.params_expert

@@ -1,0 +1,223 @@
+"""Exact flow aggregation for the max-min flow network: merge identical flows, lump symmetric ones.
+
+Owns two reductions of a flow set (incidence arrays entry_flow/entry_link, bytes per flow) that leave
+every flow's completion time unchanged under progressive filling (piper_sim.sim.network):
+
+- `merge_identical`: flows with the same multiset of links and the same size become one flow whose
+  weight is the sum of their weights. FlowNetwork already treats weight w as w identical flows (each
+  gets the returned rate, links carry w times it), so this is exact. Drop-in for FlowNetwork.start,
+  same link ids, e.g. in CollectiveRunner._phase:
+      agg = merge_identical(routes.entry_flow, routes.entry_link, sizes)
+      yield self.network.start(agg.entry_flow, agg.entry_link, agg.sizes, weight=agg.weight, key=pattern)
+- `lump`: the quotient by the coarsest equitable partition (colour refinement, as in graph
+  isomorphism testing) of the bipartite flow/link incidence graph, starting from flows coloured by
+  (size, colour) and links by capacity. Equitable: every flow of class C crosses the same number
+  m(C, L) of links of class L, and every link of class L is crossed by the same number n(L, C) of
+  flows of class C. Progressive filling then keeps all flows of a class at one rate and all links of a
+  class at one load (induction over the filling steps: equal loads -> equal saturation times -> equal
+  freezing), and equal sizes give equal completion times, after which the active set is again a
+  union of classes. So the quotient -- one flow per class with weight |C|, one link per class with
+  capacity |L| x capacity, class C listed m(C, L) times on link L -- has the same rates, exactly:
+  its link load sum_C |C| m(C, L) r_C equals |L| times the per-link load sum_C n(L, C) r_C.
+  The quotient has its own link ids, so it needs its own FlowNetwork (piper_sim.studies.runner).
+
+Inputs may already be a quotient (a flow standing for `count` flows, a link for `link_count` links,
+e.g. host-symmetry orbits): refinement then uses the per-link counts n(L, C) = sum count / link_count.
+Signatures are hashed (sums of random integers below 2^20, exact in float64), and the final partition
+is checked exactly; a failed check (a hash collision) falls back to the identity partition.
+Pure numpy; must not import simpy or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+HASH_BITS = 20
+MAX_ROUNDS = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class Merged:
+    """Flows after merging identical ones; flow_of maps each input flow to its merged flow."""
+
+    entry_flow: np.ndarray
+    entry_link: np.ndarray
+    sizes: np.ndarray
+    weight: np.ndarray
+    flow_of: np.ndarray
+
+
+def dense_rows(*columns: np.ndarray) -> np.ndarray:
+    """Dense ids 0..k-1 of the distinct rows of the given equal-length columns (first column major)."""
+    n = columns[0].shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(columns[::-1])
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    for col in columns:
+        s = col[order]
+        new[1:] |= s[1:] != s[:-1]
+    ids = np.empty(n, dtype=np.int64)
+    ids[order] = np.cumsum(new) - 1
+    return ids
+
+
+def _canonical(ids: np.ndarray) -> np.ndarray:
+    """Renumber ids by first occurrence (deterministic class numbering)."""
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inverse]
+
+
+def merge_identical(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
+                    weight: np.ndarray | None = None) -> Merged:
+    """Merge flows whose sorted link lists and sizes are equal; weights add up."""
+    num = sizes.shape[0]
+    weight = np.ones(num) if weight is None else np.asarray(weight, dtype=float)
+    order = np.lexsort((entry_link, entry_flow))
+    flow_sorted, link_sorted = entry_flow[order], entry_link[order]
+    length = np.bincount(entry_flow, minlength=num)
+    width = int(length.max()) if num and entry_flow.size else 0
+    start = np.concatenate(([0], np.cumsum(length)[:-1]))
+    table = np.full((num, width), -1, dtype=np.int64)
+    table[flow_sorted, np.arange(flow_sorted.size) - start[flow_sorted]] = link_sorted
+    flow_of = _canonical(dense_rows(sizes.astype(float), *table.T))
+    k = int(flow_of.max()) + 1 if num else 0
+    rep = np.full(k, num, dtype=np.int64)
+    np.minimum.at(rep, flow_of, np.arange(num))
+    keep = np.isin(entry_flow, rep)
+    return Merged(entry_flow=flow_of[entry_flow[keep]], entry_link=entry_link[keep], sizes=sizes[rep].astype(float),
+                  weight=np.bincount(flow_of, weights=weight, minlength=k), flow_of=flow_of)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lumped:
+    """The quotient of a flow set by an equitable partition.
+
+    flow_class[f] / link_class[l]: class of input flow f / input link id l (-1: link unused).
+    Class arrays: weight (flows the class stands for), sizes, capacity (sum over member links),
+    link_count (real links per class). entry_flow/entry_link list class incidences with multiplicity.
+    """
+
+    flow_class: np.ndarray
+    link_class: np.ndarray
+    entry_flow: np.ndarray
+    entry_link: np.ndarray
+    sizes: np.ndarray
+    weight: np.ndarray
+    capacity: np.ndarray
+    link_count: np.ndarray
+    rounds: int
+    exact_check: bool
+
+    @property
+    def num_flow_classes(self) -> int:
+        return int(self.sizes.shape[0])
+
+    @property
+    def num_link_classes(self) -> int:
+        return int(self.capacity.shape[0])
+
+
+def _hash_table(k: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, 1 << HASH_BITS, size=k).astype(float)
+
+
+def _refine(colors: np.ndarray, entry_owner: np.ndarray, entry_other_color: np.ndarray, weight: np.ndarray,
+            divisor: np.ndarray, seed: int) -> np.ndarray:
+    """New colours: (old colour, two hashed multisets of neighbour colours weighted by `weight`)."""
+    k = int(entry_other_color.max()) + 1 if entry_other_color.size else 1
+    sig = []
+    for salt in (0, 1):
+        h = _hash_table(k, seed * 2 + salt)[entry_other_color] * weight
+        sig.append(np.rint(np.bincount(entry_owner, weights=h, minlength=colors.size) / divisor))
+    return dense_rows(colors, *sig)
+
+
+def _pair_counts(owner: np.ndarray, other: np.ndarray, weight: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct (owner, other colour) pairs and the summed weight of each."""
+    key = owner.astype(np.int64) * (int(other.max()) + 1 if other.size else 1) + other
+    uniq, inverse = np.unique(key, return_inverse=True)
+    total = np.bincount(inverse, weights=weight, minlength=uniq.size)
+    width = int(other.max()) + 1 if other.size else 1
+    return uniq // width, uniq % width, total
+
+
+def _is_equitable(colors: np.ndarray, owner: np.ndarray, other: np.ndarray, weight: np.ndarray,
+                  divisor: np.ndarray) -> bool:
+    """Every member of a class has the same count of neighbours of each colour (exact)."""
+    who, col, total = _pair_counts(owner, other, weight)
+    count = total / divisor[who]
+    cls = colors[who]
+    # (1) one count per (class, neighbour colour)
+    if dense_rows(cls, col).max(initial=-1) != dense_rows(cls, col, count).max(initial=-1):
+        return False
+    # (2) every member sees every neighbour colour of its class
+    per_member = np.bincount(who, minlength=colors.size)
+    pairs = np.unique(cls.astype(np.int64) * (int(col.max()) + 1 if col.size else 1) + col)
+    width = int(col.max()) + 1 if col.size else 1
+    per_class = np.bincount(pairs // width, minlength=int(colors.max()) + 1 if colors.size else 0)
+    return bool(np.all(per_member == per_class[colors]))
+
+
+def lump(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray, capacity: np.ndarray, *,
+         count: np.ndarray | None = None, link_count: np.ndarray | None = None,
+         color: np.ndarray | None = None, refine: bool = True, seed: int = 0) -> Lumped:
+    """Quotient of the flow set by the coarsest equitable partition refining (size, colour) / capacity.
+
+    capacity[l] is the capacity of one link with id l (all ids of the topology); count[f] the number of
+    identical flows f stands for (default 1); link_count[l] the number of real links id l stands for.
+    refine=False keeps every flow and link apart (the unreduced system in the same form).
+    """
+    num_flows = sizes.shape[0]
+    count = np.ones(num_flows) if count is None else np.asarray(count, dtype=float)
+    used, local_link = np.unique(entry_link, return_inverse=True)
+    lcount = np.ones(used.size) if link_count is None else np.asarray(link_count, dtype=float)[used]
+    fcol = dense_rows(np.asarray(sizes, dtype=float), np.zeros(num_flows) if color is None else color)
+    lcol = dense_rows(np.asarray(capacity, dtype=float)[used])
+    entry_count = count[entry_flow]
+    ones = np.ones(num_flows)
+    rounds = 0
+    if not refine:
+        return _quotient(entry_flow, local_link, used, sizes, capacity, count, lcount, np.arange(num_flows),
+                         np.arange(used.size), rounds, True)
+    for rounds in range(1, MAX_ROUNDS + 1):
+        new_l = _refine(lcol, local_link, fcol[entry_flow], entry_count, lcount, seed + rounds)
+        new_f = _refine(fcol, entry_flow, new_l[local_link], np.ones(entry_flow.size), ones, seed + 1000 + rounds)
+        stable = new_l.max(initial=-1) == lcol.max(initial=-1) and new_f.max(initial=-1) == fcol.max(initial=-1)
+        lcol, fcol = new_l, new_f
+        if stable:
+            break
+    exact = (_is_equitable(fcol, entry_flow, lcol[local_link], np.ones(entry_flow.size), ones)
+             and _is_equitable(lcol, local_link, fcol[entry_flow], entry_count, lcount))
+    if not exact:  # a hash collision merged unequal items: keep every flow and link apart
+        fcol, lcol = np.arange(num_flows), np.arange(used.size)
+    return _quotient(entry_flow, local_link, used, sizes, capacity, count, lcount, _canonical(fcol),
+                     _canonical(lcol), rounds, exact)
+
+
+def _quotient(entry_flow: np.ndarray, local_link: np.ndarray, used: np.ndarray, sizes: np.ndarray,
+              capacity: np.ndarray, count: np.ndarray, lcount: np.ndarray, fcls: np.ndarray, lcls: np.ndarray,
+              rounds: int, exact: bool) -> Lumped:
+    num_fc = int(fcls.max()) + 1 if fcls.size else 0
+    num_lc = int(lcls.max()) + 1 if lcls.size else 0
+    rep = np.full(num_fc, fcls.size, dtype=np.int64)
+    np.minimum.at(rep, fcls, np.arange(fcls.size))
+    is_rep = np.zeros(fcls.size, dtype=bool)
+    is_rep[rep] = True
+    keep = is_rep[entry_flow]
+    link_count = np.bincount(lcls, weights=lcount, minlength=num_lc)
+    cap_one = np.zeros(num_lc)
+    cap_one[lcls] = np.asarray(capacity, dtype=float)[used]
+    link_class = np.full(np.asarray(capacity).shape[0], -1, dtype=np.int64)
+    link_class[used] = lcls
+    order = np.argsort(fcls[entry_flow[keep]], kind="stable")
+    return Lumped(flow_class=fcls, link_class=link_class, entry_flow=fcls[entry_flow[keep]][order],
+                  entry_link=lcls[local_link[keep]][order], sizes=np.asarray(sizes, dtype=float)[rep],
+                  weight=np.bincount(fcls, weights=count, minlength=num_fc), capacity=cap_one * link_count,
+                  link_count=link_count, rounds=rounds, exact_check=exact)

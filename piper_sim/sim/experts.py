@@ -1,0 +1,88 @@
+"""Expert routing state of a simulated run: routed counts, expert placement per stage, migration.
+
+Owns, for the simulator, which rows each rank's experts get (from the routing model and the
+current expert placement), the imbalance tracker, and one Migrator per pipeline stage (a stage's
+MoE layers are only routed by its own ranks). Placement changes only between steps, at the
+stage's `migrate` task.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from piper_sim.migration.controller import MigrationEvent, Migrator, migration_from_config
+from piper_sim.migration.cost import expert_state_bytes, move_matrix
+from piper_sim.migration.placement import Dispatch, ExpertPlacement, dispatch
+from piper_sim.routing.metrics import ImbalanceTracker
+from piper_sim.routing.models import RoutingModel
+from piper_sim.schedule.ir import Schedule
+from piper_sim.workload.model import ModelSpec
+
+
+class ExpertState:
+    def __init__(self, model: ModelSpec, schedule: Schedule, routing: RoutingModel, migration: dict | None,
+                 ep: int, tokens_per_microbatch: int) -> None:
+        self.routing, self.ep, self.tokens = routing, ep, tokens_per_microbatch
+        self.spec = migration_from_config(migration)
+        state_bytes = expert_state_bytes(model, self.spec.state_bytes_per_param)
+        self.migrators: list[Migrator] = []
+        self.stage_of_layer: dict[int, int] = {}
+        for p in range(schedule.pp):
+            layers = [layer for c in range(schedule.vpp) for layer in schedule.stage_layers[schedule.virtual_stage(p, c)]
+                      if model.is_moe_layer(layer)]
+            self.stage_of_layer.update({layer: p for layer in layers})
+            placement = ExpertPlacement.contiguous(layers, model.num_experts, ep)
+            self.migrators.append(Migrator(self.spec, placement, state_bytes))
+        self.version = [0] * schedule.pp
+        self.tracker = ImbalanceTracker()
+        self._cache: dict[tuple, Dispatch] = {}
+        self._moves: dict[tuple[int, int], np.ndarray] = {}
+        self.events: list[tuple[int, MigrationEvent]] = []
+
+    def dispatch(self, step: int, layer: int, microbatch: int, group_first: int) -> Dispatch:
+        """Rows between the EP members of one group for one all-to-all (cached; observed once)."""
+        stage = self.stage_of_layer[layer]
+        if self.routing.is_uniform:
+            key: tuple = ("u", layer, self.version[stage])
+        else:
+            key = (step, layer, microbatch, group_first)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        routed = self.routing.route(step, layer, microbatch, group_first, self.ep, self.tokens)
+        migrator = self.migrators[stage]
+        result = self._cache[key] = dispatch(routed.kept, migrator.placement.owners(layer), self.ep)
+        if not self.routing.is_uniform:  # uniform routing has nothing to observe: every step is the same
+            self.tracker.add(step, layer, group_first, microbatch, result.tokens_per_rank)
+            migrator.observe(layer, routed.routed.sum(axis=0))
+        return result
+
+    def migrate(self, stage: int, step: int) -> np.ndarray:
+        """End of a step on one stage: rebalance its layers; bytes[src member, dst member] to move.
+
+        Every EP group of the stage asks; the decision is made once per (stage, step).
+        """
+        hit = self._moves.get((stage, step))
+        if hit is not None:
+            return hit
+        self._moves[(stage, step)] = matrix = self._decide(stage, step)
+        return matrix
+
+    def _decide(self, stage: int, step: int) -> np.ndarray:
+        migrator = self.migrators[stage]
+        event = migrator.end_of_step(step)
+        self.events.append((stage, event))
+        if event.migrated:
+            self.version[stage] += 1
+            return move_matrix(event.moves, self.ep).astype(float)
+        return np.zeros((self.ep, self.ep))
+
+    def summary(self) -> dict:
+        per_stage = [m.summary() for m in self.migrators]
+        return {
+            "imbalance": self.tracker.summary() if not self.routing.is_uniform else {"overall": {"lif": 1.0}},
+            "migration": {"policy": per_stage[0]["policy"] if per_stage else "none",
+                          "experts_moved": sum(s["experts_moved"] for s in per_stage),
+                          "bytes_moved_per_group": sum(s["bytes_moved_per_group"] for s in per_stage),
+                          "per_stage": per_stage},
+        }
