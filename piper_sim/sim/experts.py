@@ -28,8 +28,8 @@ class ExpertState:
         self.migrators: list[Migrator] = []
         self.stage_of_layer: dict[int, int] = {}
         for p in range(schedule.pp):
-            layers = [layer for c in range(schedule.vpp) for layer in schedule.stage_layers[schedule.virtual_stage(p, c)]
-                      if model.is_moe_layer(layer)]
+            chunks = [schedule.stage_layers[schedule.virtual_stage(p, c)] for c in range(schedule.vpp)]
+            layers = [layer for chunk in chunks for layer in chunk if model.is_moe_layer(layer)]
             self.stage_of_layer.update({layer: p for layer in layers})
             placement = ExpertPlacement.contiguous(layers, model.num_experts, ep)
             self.migrators.append(Migrator(self.spec, placement, state_bytes))
