@@ -90,6 +90,76 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from piper_sim.analysis.report import build_report
+    from piper_sim.config import load_config
+    from piper_sim.outputs import format_report, write_run
+    from piper_sim.torch_backend.run import launch
+    from piper_sim.trace.runtrace import normalize
+    from piper_sim.workload.cost import load_profile
+
+    cfg = load_config(_config_path(args.config), args.overrides)
+    par = cfg.parallel
+    print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
+          f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.all_to_all}) ...",
+          file=sys.stderr)
+    rows, losses, wall, rss = launch(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None))
+    trace = normalize(rows)
+    per_stage = par.num_gpus // par.pp
+    peak = [float(max(rss[p * per_stage:(p + 1) * per_stage])) for p in range(par.pp)]
+    profile = load_profile(cfg.cost_profile)
+    report = build_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
+                          tokens_per_step=par.sequences_per_step * cfg.model.seq_len, peak_memory_by_stage=peak)
+    report.update(backend="torch", device="cpu" if not _cuda() else "cuda", losses=losses, run_wall_s=wall,
+                  peak_memory_kind="process peak RSS (CPU)", mfu_peak_profile=profile.name)
+    write_run(args.out, resolved_config=cfg.resolved(), report=report, trace=trace, trace_format=cfg.trace_format,
+              title=f"{cfg.model.name} {cfg.schedule} pp{par.pp} ep{par.ep} (measured)")
+    print(format_report(report))
+    print("loss per step       " + ", ".join(f"{x:.4f}" for x in losses))
+    print(f"wrote {args.out}/")
+    return 0
+
+
+def cmd_testbed(args: argparse.Namespace) -> int:
+    import json as _json
+
+    from piper_sim import testbed
+
+    if args.action == "up":
+        if not args.target:
+            raise PiperError("testbed up needs a topology (a testbed YAML such as topologies/testbed-2g.yaml)")
+        bed = testbed.up(_topology_path(args.target), prefix=args.prefix)
+        for rank, (ns, ip) in sorted(bed.rank_map().items()):
+            print(f"rank {rank}: namespace {ns}, {ip}")
+        print(f"testbed {args.prefix} is up; `piper-sim testbed run CONFIG --out DIR` runs on it")
+    elif args.action == "down":
+        removed = testbed.down(prefix=args.prefix)
+        print(f"testbed {args.prefix} removed: " + ", ".join(f"{len(v)} {k}" for k, v in removed.items()))
+    elif args.action == "status":
+        print(_json.dumps(testbed.status(prefix=args.prefix), indent=2, default=str))
+    else:  # run
+        if not args.target or args.out is None:
+            raise PiperError("testbed run needs CONFIG and --out DIR")
+        args.config, args.testbed = args.target, args.prefix
+        return cmd_run(args)
+    return 0
+
+
+def _topology_path(name: str) -> str:
+    from piper_sim.paths import data_dir
+
+    path = Path(name)
+    if not path.exists() and not path.suffix and (data_dir("topologies") / f"{name}.yaml").exists():
+        return str(data_dir("topologies") / f"{name}.yaml")
+    return name
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from piper_sim.analysis.compare import compare_runs, format_comparison
 
@@ -115,6 +185,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p, out_required=False)
     p.add_argument("--width", type=int, default=160, help="grid width in characters")
     p.set_defaults(func=cmd_schedule)
+    p = sub.add_parser("run", help="run the config for real with torch.distributed (local ranks); same outputs")
+    _add_config_args(p)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before all ranks are stopped")
+    p.add_argument("--testbed", metavar="PREFIX", help="run inside the emulated cluster of `testbed up`")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("testbed", help="emulated multi-node cluster in network namespaces (root)")
+    p.add_argument("action", choices=["up", "down", "status", "run"])
+    p.add_argument("target", nargs="?", help="up: topology YAML or preset; run: CONFIG")
+    p.add_argument("--prefix", default="pst", help="name prefix of the namespaces (default pst)")
+    p.add_argument("--out", type=Path, help="run: output directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.set_defaults(func=cmd_testbed)
     p = sub.add_parser("compare", help="predicted vs measured, joined task by task")
     p.add_argument("predicted", type=Path, help="run directory of `simulate`")
     p.add_argument("measured", type=Path, help="run directory of `run` (or another simulate)")

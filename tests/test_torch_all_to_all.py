@@ -60,6 +60,30 @@ def expected(me: int, group: list[int], sizes: dict, seed: int, one_dim: bool) -
     return torch.cat(parts)
 
 
+PADDING_CHECK = {"on": False, "messages": 0}
+
+
+def install_padding_check() -> None:
+    """Wrap the collectives (in a child process) to assert every message of the non-flat algorithms
+    carries at least one row, i.e. no rank is ever sent or receives zero rows."""
+    all_to_all_single, batch_isend_irecv = dist.all_to_all_single, dist.batch_isend_irecv
+
+    def checked_all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, **kw):
+        if PADDING_CHECK["on"]:
+            assert min(output_split_sizes) >= 1 and min(input_split_sizes) >= 1
+            PADDING_CHECK["messages"] += len(output_split_sizes)
+        return all_to_all_single(output, input, output_split_sizes, input_split_sizes, **kw)
+
+    def checked_batch_isend_irecv(ops):
+        if PADDING_CHECK["on"]:
+            assert all(op.tensor.shape[0] >= 1 for op in ops)
+            PADDING_CHECK["messages"] += len(ops)
+        return batch_isend_irecv(ops)
+
+    dist.all_to_all_single = checked_all_to_all_single
+    dist.batch_isend_irecv = checked_batch_isend_irecv
+
+
 def check_case(rank: int, case_index: int, seed: int, one_dim: bool) -> None:
     _, groups, node_of, algorithms = CASES[case_index]
     group = next(g for g in groups if rank in g)
@@ -69,16 +93,20 @@ def check_case(rank: int, case_index: int, seed: int, one_dim: bool) -> None:
     want = expected(rank, group, sizes, seed, one_dim)
     want_splits = [sizes[(s, rank)] for s in group]
     for algorithm in algorithms:
+        PADDING_CHECK["on"] = algorithm != "flat"
         got, got_splits = all_to_all(rows, send_splits, group, node_of, algorithm)
+        PADDING_CHECK["on"] = False
         assert got_splits == want_splits, (algorithm, CASES[case_index][0], rank)
         assert got.dtype == want.dtype and got.shape == want.shape, (algorithm, CASES[case_index][0])
         assert torch.equal(got, want), (algorithm, CASES[case_index][0], rank)
 
 
 def worker(rank: int, world_size: int) -> None:
+    install_padding_check()
     for case_index in range(len(CASES)):
         for seed in (1, 2):
             check_case(rank, case_index, seed, one_dim=seed == 2)
+    assert PADDING_CHECK["messages"] > 0
     dist.barrier()
     zero_rows = torch.empty(0, 4)
     for algorithm in ALL:  # nobody sends anything

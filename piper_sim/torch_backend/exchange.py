@@ -1,0 +1,152 @@
+"""Building blocks of multi-phase all-to-all algorithms: keyed row chunks and padded exchange phases.
+
+Owns the bookkeeping shared by the algorithms in all_to_all.py. Every chunk of rows is named by its
+key (source rank, destination rank), global ranks; all ranks know every chunk's size (the gathered split
+matrix), so a phase is described by which keys each sender sends to each receiver, in order, and the
+receiver evaluates the same description to know what it gets. Every message carries at least one row
+(zero padding when empty), so no rank ever receives zero rows; the receiver strips the padding.
+Only piper_sim.torch_backend may import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+Key = tuple[int, int]
+KeysFn = Callable[[int, int], list[Key]]
+
+
+@dataclass
+class Holding:
+    """The row chunks a rank currently holds, by key, plus every chunk's size."""
+
+    sizes: dict[Key, int]
+    template: Tensor  # an empty (0, *row_shape) tensor giving dtype, device and row shape
+    chunks: dict[Key, Tensor] = field(default_factory=dict)
+
+    def count(self, keys: Sequence[Key]) -> int:
+        return sum(self.sizes[k] for k in keys)
+
+    def padded(self, keys: Sequence[Key]) -> int:
+        return max(self.count(keys), 1)
+
+    def pack(self, keys: Sequence[Key]) -> Tensor:
+        """Remove the chunks for keys and concatenate them; one zero row if they are all empty."""
+        parts = [self.chunks.pop(k) for k in keys]
+        if not self.count(keys):
+            return self.template.new_zeros((1, *self.template.shape[1:]))
+        return torch.cat(parts)
+
+    def unpack(self, keys: Sequence[Key], rows: Tensor) -> None:
+        """Store a received message's chunks, dropping the padding row if any."""
+        counts = [self.sizes[k] for k in keys]
+        for key, chunk in zip(keys, torch.split(rows[: sum(counts)], counts), strict=True):
+            self.chunks[key] = chunk
+
+    def take(self, keys: Sequence[Key]) -> Tensor:
+        parts = [self.chunks.pop(k) for k in keys]
+        return torch.cat(parts) if parts else self.template
+
+
+@dataclass
+class Pending:
+    """An issued phase; finish() waits for it and stores what it received."""
+
+    finish: Callable[[], None]
+
+
+def gather_split_matrix(send_splits: Sequence[int], ranks: Sequence[int], group: dist.ProcessGroup,
+                        device: torch.device) -> dict[Key, int]:
+    """All ranks' send splits (one all_gather): sizes[(source, destination)] in rows."""
+    mine = torch.tensor(list(send_splits), dtype=torch.int64, device=device)
+    members = sorted(ranks)
+    gathered = [torch.empty_like(mine) for _ in members]
+    dist.all_gather(gathered, mine, group=group)
+    by_rank = dict(zip(members, gathered, strict=True))
+    return {(s, d): int(n) for s in ranks for d, n in zip(ranks, by_rank[s].tolist(), strict=True)}
+
+
+def a2a_phase(hold: Holding, me: int, members: Sequence[int], keys_fn: KeysFn,
+              group: dist.ProcessGroup | None) -> Pending:
+    """All-to-all among members (sorted global ranks of `group`): keys_fn(sender, receiver) per pair."""
+    members = sorted(members)
+    send = [hold.pack(keys_fn(me, t)) for t in members]
+    recv_keys = [keys_fn(s, me) for s in members]
+    if len(members) == 1:
+        hold.unpack(recv_keys[0], send[0])
+        return Pending(lambda: None)
+    recv_sizes = [hold.padded(keys) for keys in recv_keys]
+    out = hold.template.new_empty((sum(recv_sizes), *hold.template.shape[1:]))
+    work = dist.all_to_all_single(out, torch.cat(send), recv_sizes, [len(c) for c in send],
+                                  group=group, async_op=True)
+
+    def finish() -> None:
+        work.wait()
+        for keys, chunk in zip(recv_keys, torch.split(out, recv_sizes), strict=True):
+            hold.unpack(keys, chunk)
+
+    return Pending(finish)
+
+
+def p2p_phase(hold: Holding, sends: dict[int, list[Key]], recvs: dict[int, list[Key]]) -> Pending:
+    """Batched asynchronous point-to-point messages: sends[peer] / recvs[peer] list the keys of each."""
+    ops = [dist.P2POp(dist.isend, hold.pack(keys), peer) for peer, keys in sends.items()]
+    buffers = {peer: hold.template.new_empty((hold.padded(keys), *hold.template.shape[1:]))
+               for peer, keys in recvs.items()}
+    ops += [dist.P2POp(dist.irecv, buf, peer) for peer, buf in buffers.items()]
+    works = dist.batch_isend_irecv(ops) if ops else []
+
+    def finish() -> None:
+        for work in works:
+            work.wait()
+        for peer, keys in recvs.items():
+            hold.unpack(keys, buffers[peer])
+
+    return Pending(finish)
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """An EP group seen through its nodes: local rank lists, peer nodes and HALO leaders."""
+
+    ranks: tuple[int, ...]
+    node_of: dict[int, int]
+    nodes: tuple[int, ...]
+    local_ranks: dict[int, tuple[int, ...]]  # node -> the group's ranks on it, in group order
+    leaders: dict[tuple[int, int], int]  # (node, peer node) -> rank of node carrying that traffic
+
+    @classmethod
+    def of(cls, ranks: Sequence[int], node_of: dict[int, int]) -> NodeLayout:
+        missing = [r for r in ranks if r not in node_of]
+        if missing:
+            raise ValueError(f"node_of has no node for ranks {missing}")
+        nodes = tuple(sorted({node_of[r] for r in ranks}))
+        local = {n: tuple(r for r in ranks if node_of[r] == n) for n in nodes}
+        leaders = {}
+        for n in nodes:  # peers are striped over the node's ranks
+            peers = [p for p in nodes if p != n]
+            leaders.update({(n, p): local[n][i % len(local[n])] for i, p in enumerate(peers)})
+        return cls(tuple(ranks), {r: node_of[r] for r in ranks}, nodes, local, leaders)
+
+    def local(self, node: int) -> tuple[int, ...]:
+        return self.local_ranks[node]
+
+    def peers(self, node: int) -> list[int]:
+        return [n for n in self.nodes if n != node]
+
+    def leader(self, node: int, peer: int) -> int:
+        """The rank of `node` that exchanges node's traffic with `peer`."""
+        return self.leaders[(node, peer)]
+
+    def led(self, rank: int) -> list[int]:
+        """Peer nodes whose traffic this rank carries, in node order."""
+        node = self.node_of[rank]
+        return [p for p in self.peers(node) if self.leaders[(node, p)] == rank]
+
+    def local_index(self, rank: int) -> int:
+        return self.local_ranks[self.node_of[rank]].index(rank)

@@ -1,0 +1,349 @@
+"""The torch executor: one rank walks its lowered Schedule program and runs every task for real.
+
+Owns the execution of tasks under the execution contract (docs/execution-contract.md): compute
+segments on StageModules, MoE dispatch/combine all-to-alls with the real router's uneven splits,
+pipeline send/recv with isend/irecv, gradient all-reduces, the optimizer step, and the timing of
+every task into RunTrace rows. The Schedule is the program: a task the executor cannot run is an
+error, never skipped.
+
+Autograd across segments: every differentiable tensor a segment leaves in the microbatch state is
+detached into a fresh leaf when the next segment starts, so each backward task runs autograd on
+exactly its own segment; gradients cross the all-to-alls and pipeline transfers explicitly, in the
+backward tasks the schedule names. Zero-bubble schedules split each segment's backward into input
+gradients (backward_input) and weight gradients (backward_weight, later, over the chunk's segments).
+Only piper_sim.torch_backend may import torch.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from piper_sim.errors import PiperError
+from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.workload.flops import op_work
+from piper_sim.workload.model import ModelSpec
+
+from .all_to_all import all_to_all, prepare_groups
+from .groups import DEFAULT_GROUPS
+from .model import StageModule, State
+
+FORWARD_KINDS = ("forward", "forward_expert")
+BACKWARD_KINDS = ("backward", "backward_expert", "backward_input", "backward_expert_input")
+SPLIT_BACKWARD = ("backward_input", "backward_expert_input")
+
+
+@dataclass
+class Segment:
+    """A forward piece of one (chunk, microbatch): input leaves and output tensors, or an all-to-all."""
+
+    inputs: dict[str, Tensor] = field(default_factory=dict)
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    output_grads: dict[str, Tensor] = field(default_factory=dict)  # kept for the weight pass (zero bubble)
+    chunk_module: StageModule | None = None
+    a2a: dict | None = None  # for all-to-all pieces: role, splits, layer
+    flops: float = 0.0  # forward FLOPs of the segment (with the real expert rows)
+
+
+@dataclass
+class MicroState:
+    state: State
+    segments: list[Segment] = field(default_factory=list)
+    pending: dict[str, Tensor] = field(default_factory=dict)  # gradients flowing backward, by state key
+    done_backward: list[Segment] = field(default_factory=list)
+
+
+def _leafify(state: State) -> dict[str, Tensor]:
+    """Replace every differentiable tensor in state by a detached leaf; return the leaves by key."""
+    leaves = {}
+    for key, value in list(state.items()):
+        if isinstance(value, Tensor) and value.requires_grad:
+            leaf = value.detach().requires_grad_(True)
+            state[key] = leaf
+            leaves[key] = leaf
+    return leaves
+
+
+def _differentiable(state: State) -> dict[str, Tensor]:
+    return {k: v for k, v in state.items() if isinstance(v, Tensor) and v.requires_grad}
+
+
+class Executor:
+    """Runs the program of one rank. Built inside an initialized torch.distributed process."""
+
+    def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
+                 all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
+                 dtype: torch.dtype = torch.float32) -> None:
+        if schedule.vpp > 1 and schedule.pp == 1:
+            raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
+        self.schedule, self.model, self.rank = schedule, model, rank
+        self.micro_batch_size = micro_batch_size
+        self.mesh = schedule.mesh
+        self.coords = self.mesh.coords(rank)
+        self.stage = self.mesh.stage_of(rank)
+        self.node_of, self.algorithm, self.batch_fn = node_of, all_to_all_algorithm, batch_fn
+        self.program = schedule.program(rank)
+        self.num_virtual = schedule.num_virtual_stages
+        self.modules: list[StageModule] = []
+        for c in range(schedule.vpp):
+            v = schedule.virtual_stage(self.stage, c)
+            last = v == self.num_virtual - 1
+            self.modules.append(StageModule(model, schedule.stage_layers[v], first=v == 0, last=last,
+                                            ep_rank=self.coords["ep"], ep_size=self.mesh.ep, seed=seed, dtype=dtype))
+        params = [p for m in self.modules for p in m.parameters()]
+        self.expert_params = [p for m in self.modules for n, p in m.named_parameters() if ".experts." in n]
+        expert_ids = {id(p) for p in self.expert_params}
+        self.dense_params = [p for p in params if id(p) not in expert_ids]
+        self.optimizer = torch.optim.Adam(params, lr=lr)
+        self.replicas = self.mesh.dp * self.mesh.ep
+        self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
+        self._prepare_groups()
+        self.records: list[dict] = []
+        self.captured_grads: dict[str, Tensor] | None = None  # set to {} to keep step 0's reduced gradients
+
+    def _prepare_groups(self) -> None:
+        ep_group = self.mesh.group(self.rank, "ep")
+        prepare_groups(ep_group, self.node_of)
+        for axis in ("ep_dp", "dp"):
+            group = self.mesh.group(self.rank, axis)
+            if len(group) > 1:
+                DEFAULT_GROUPS.get(group)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def run_step(self, step: int, t0: float) -> float:
+        """Execute the program once; returns the sum of this rank's scaled microbatch losses."""
+        self.micro: dict[tuple[int, int], MicroState] = {}
+        self.async_ops: dict[str, tuple] = {}  # task id -> (work, start, record, buffer, task)
+        self.step, self.t0 = step, t0
+        loss_total = 0.0
+        for task in self.program:
+            for dep in task.deps:
+                if dep in self.async_ops:
+                    self._wait(dep)
+            start = time.perf_counter()
+            flops, nbytes = self._run(task)
+            if task.kind not in ("send", "recv"):
+                self._record(task, start, time.perf_counter(), nbytes, flops)
+            self._poll()
+        for task_id in list(self.async_ops):
+            self._wait(task_id)
+        for ms in self.micro.values():
+            loss = ms.state.get("loss")
+            if loss is not None:
+                loss_total += float(loss.detach()) * self.loss_scale
+        return loss_total
+
+    def _run(self, task: Task) -> tuple[float, float]:
+        if task.kind in FORWARD_KINDS:
+            return self._forward(task), 0.0
+        if task.kind in BACKWARD_KINDS:
+            return self._backward(task), 0.0
+        if task.kind == "backward_weight":
+            return self._weight_pass(task), 0.0
+        if task.kind == "all_to_all" and task.role in ("dispatch", "combine"):
+            return 0.0, self._all_to_all(task)
+        if task.kind in ("send", "recv"):
+            self._post_p2p(task)
+            return 0.0, 0.0
+        if task.kind == "all_reduce":
+            return 0.0, self._all_reduce(task)
+        if task.kind == "optimizer":
+            if self.captured_grads is not None and self.step == 0:
+                self.captured_grads.update({n: p.grad.detach().clone() for m in self.modules
+                                            for n, p in m.named_parameters() if p.grad is not None})
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return 0.0, 0.0
+        raise PiperError(f"the torch backend cannot run task {task.task_id} (kind {task.kind}, role {task.role})")
+
+    def _micro(self, task: Task) -> MicroState:
+        key = (task.chunk, task.microbatch)
+        ms = self.micro.get(key)
+        if ms is None:
+            v = self.schedule.virtual_stage(self.stage, task.chunk)
+            replica = self.coords["dp"] * self.mesh.ep + self.coords["ep"]
+            state: State = {}
+            if v == 0 or v == self.num_virtual - 1:
+                tokens, targets = self.batch_fn(self.step, replica, task.microbatch)
+                if v == 0:
+                    state["tokens"] = tokens
+                if v == self.num_virtual - 1:
+                    state["targets"] = targets
+            ms = self.micro[key] = MicroState(state=state)
+        return ms
+
+    # ---- compute -------------------------------------------------------------------------------
+    def _forward(self, task: Task) -> float:
+        ms = self._micro(task)
+        module = self.modules[task.chunk]
+        seg = Segment(inputs=_leafify(ms.state), chunk_module=module)
+        flops = 0.0
+        with torch.enable_grad():
+            for op in task.ops:
+                module.run_op(op, ms.state)
+                flops += self._op_flops(op, ms.state)
+        if "loss" in ms.state and "head" in task.ops:
+            ms.state["loss_scaled"] = ms.state["loss"] * self.loss_scale
+        seg.outputs = _differentiable(ms.state)
+        seg.flops = flops
+        ms.segments.append(seg)
+        return flops
+
+    def _op_flops(self, op: str, state: State) -> float:
+        tokens = self.model.seq_len * (state["h"].shape[0] if "h" in state and state["h"].dim() == 3 else 1)
+        if op.startswith("experts:"):
+            ids = state["recv_expert_ids"] - self.modules[0].expert_range.start
+            rows = tuple(torch.bincount(ids, minlength=self.modules[0].experts_per_rank).tolist())
+            return op_work(self.model, op, tokens, rows).flops
+        return op_work(self.model, op, tokens).flops
+
+    def _backward(self, task: Task) -> float:
+        ms = self._micro(task)
+        seg = ms.segments.pop()
+        if seg.a2a is not None:
+            raise PiperError(f"task {task.task_id}: expected a compute segment, found an all-to-all (schedule order)")
+        if "loss_scaled" in seg.outputs:
+            ms.pending["loss_scaled"] = torch.ones(())
+        keys = [k for k in seg.outputs if k in ms.pending]
+        outputs = [seg.outputs[k] for k in keys]
+        grads = [ms.pending.pop(k) for k in keys]
+        leaves = list(seg.inputs.items())
+        if task.kind in SPLIT_BACKWARD:  # input gradients now, weight gradients in backward_weight
+            seg.output_grads = dict(zip(keys, grads, strict=True))
+            got = torch.autograd.grad(outputs, [leaf for _, leaf in leaves], grads, retain_graph=True,
+                                      allow_unused=True) if outputs and leaves else [None] * len(leaves)
+            ms.done_backward.append(seg)
+        else:
+            if outputs:
+                torch.autograd.backward(outputs, grads)
+            got = [leaf.grad for _, leaf in leaves]
+        for (key, _), grad in zip(leaves, got, strict=True):
+            if grad is not None:
+                ms.pending[key] = grad
+        return (1.0 if task.kind in SPLIT_BACKWARD else 2.0) * seg.flops
+
+    def _weight_pass(self, task: Task) -> float:
+        ms = self._micro(task)
+        flops = 0.0
+        for seg in ms.done_backward:
+            flops += seg.flops
+            keys = list(seg.output_grads)
+            if not keys:
+                continue
+            params = [p for p in seg.chunk_module.parameters() if p.requires_grad]
+            torch.autograd.backward([seg.outputs[k] for k in keys], [seg.output_grads[k] for k in keys],
+                                    inputs=params)
+        ms.done_backward.clear()
+        return flops
+
+    # ---- communication -------------------------------------------------------------------------
+    def _all_to_all(self, task: Task) -> float:
+        ms = self._micro(task)
+        group = self.mesh.group(self.rank, "ep")
+        forward = task.task_id.startswith("F:")
+        if forward:
+            return self._a2a_forward(task, ms, group)
+        seg = ms.segments.pop()
+        if seg.a2a is None:
+            raise PiperError(f"task {task.task_id}: expected an all-to-all record, found a compute segment")
+        a2a = seg.a2a
+        forward_dispatch = a2a["role"] == "dispatch"
+        grad_key, out_key = ("recv_rows", "send_rows") if forward_dispatch else ("combined_rows", "return_rows")
+        grad = ms.pending.pop(grad_key, None)
+        if grad is None:
+            grad = torch.zeros(sum(a2a["recv_splits"]), self.model.d_model)
+        rows, _ = all_to_all(grad.contiguous(), a2a["recv_splits"], group, self.node_of, self.algorithm)
+        ms.pending[out_key] = rows
+        return float(rows.numel() * rows.element_size())
+
+    def _a2a_forward(self, task: Task, ms: MicroState, group: tuple[int, ...]) -> float:
+        state = ms.state
+        if task.role == "dispatch":
+            splits = list(state["send_splits"])
+            rows, recv_splits = all_to_all(state["send_rows"].detach(), splits, group, self.node_of, self.algorithm)
+            ids, _ = all_to_all(state["send_expert_ids"].view(-1, 1), splits, group, self.node_of, self.algorithm)
+            state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids.view(-1))
+            record = {"role": "dispatch", "send_splits": splits, "recv_splits": recv_splits}
+            sent = state["send_rows"]
+            nbytes = (sum(splits) - splits[group.index(self.rank)]) * sent.shape[1] * sent.element_size()
+        else:
+            splits = list(state["recv_splits"])
+            rows, back = all_to_all(state["return_rows"].detach(), splits, group, self.node_of, self.algorithm)
+            state["combined_rows"] = rows.requires_grad_(True)
+            record = {"role": "combine", "send_splits": splits, "recv_splits": back}
+            nbytes = (sum(splits) - splits[group.index(self.rank)]) * rows.shape[1] * rows.element_size()
+        ms.segments.append(Segment(a2a=record))
+        return float(nbytes)
+
+    def _all_reduce(self, task: Task) -> float:
+        params = self.dense_params if task.role == "grad_dense" else self.expert_params
+        if not params:
+            return 0.0
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        group = DEFAULT_GROUPS.get(self.mesh.group(self.rank, task.group_axis))
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
+        return float(flat.numel() * flat.element_size())
+
+    def _post_p2p(self, task: Task) -> None:
+        ms = self._micro(task)
+        peer = self.mesh.peer(self.rank, task.peer_stage)
+        start = time.perf_counter()
+        shape = (self.micro_batch_size, self.model.seq_len, self.model.d_model)
+        if task.kind == "send":
+            tensor = ms.state["h"] if task.role == "act" else ms.pending.pop("h")
+            buffer = tensor.detach().contiguous()
+            work = dist.isend(buffer, dst=peer, tag=_tag(task))
+        else:
+            buffer = torch.empty(shape)
+            work = dist.irecv(buffer, src=peer, tag=_tag(task))
+        self.async_ops[task.task_id] = (work, start, buffer, task, ms)
+
+    def _wait(self, task_id: str) -> None:
+        work, start, buffer, task, ms = self.async_ops.pop(task_id)
+        work.wait()
+        self._finish_p2p(task, start, time.perf_counter(), buffer, ms)
+
+    def _poll(self) -> None:
+        now = time.perf_counter()
+        for task_id, (work, start, buffer, task, ms) in list(self.async_ops.items()):
+            if work.is_completed():
+                del self.async_ops[task_id]
+                work.wait()
+                self._finish_p2p(task, start, now, buffer, ms)
+
+    def _finish_p2p(self, task: Task, start: float, end: float, buffer: Tensor, ms: MicroState) -> None:
+        if task.kind == "recv":
+            if task.role == "act":
+                ms.state["h"] = buffer.requires_grad_(True)
+            else:
+                ms.pending["h"] = buffer
+        self._record(task, start, end, float(buffer.numel() * buffer.element_size()), 0.0)
+
+    # ---- records -------------------------------------------------------------------------------
+    def _record(self, task: Task, start: float, end: float, nbytes: float, flops: float) -> None:
+        peers = ""
+        if task.kind in ("send", "recv"):
+            peers = str(self.mesh.peer(self.rank, task.peer_stage))
+        elif task.is_collective:
+            group = self.mesh.group(self.rank, task.group_axis)
+            peers = f"{task.group_axis}:{group[0]}+{len(group)}"
+        self.records.append({
+            "step": self.step, "rank": self.rank, "task_id": task.task_id, "kind": task.kind, "stream": task.stream,
+            "microbatch": task.microbatch, "chunk": task.chunk, "layer": task.layer, "role": task.role,
+            "peers": peers, "start_s": start - self.t0, "end_s": end - self.t0, "bytes": nbytes, "flops": flops})
+
+
+def _tag(task: Task) -> int:
+    """A stable integer tag for a send/recv pair (both sides share the string tag)."""
+    return zlib.crc32(task.tag.encode()) & 0x7FFFFFFF

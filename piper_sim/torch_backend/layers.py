@@ -1,0 +1,169 @@
+"""Torch building blocks of the MoE transformer: norms, attention, FFN experts, router, seeded init.
+
+Owns the layer math and the deterministic parameter initialisation. Every parameter is drawn from a
+torch.Generator seeded from (seed, the parameter's global name, e.g. "layers.3.experts.17.w1"), so a
+shard holding any subset of the model has exactly the weights of the full single-process model.
+Only piper_sim.torch_backend may import torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from piper_sim.workload.model import ModelSpec
+
+NORM_EPS = 1e-6
+ROPE_BASE = 10000.0
+
+
+def name_seed(seed: int, name: str) -> int:
+    """A 63-bit generator seed from the run seed and a parameter's global name."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def init_std(name: str, shape: torch.Size, num_layers: int) -> float:
+    """Normal std of a parameter: 1/sqrt(fan_in), output projections shrunk by 1/sqrt(2 L)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if name == "embed.weight":
+        return 1.0
+    std = 1.0 / math.sqrt(shape[-1])
+    if leaf in ("wo", "w2"):
+        std /= math.sqrt(2 * num_layers)
+    return std
+
+
+@torch.no_grad()
+def init_parameters(module: nn.Module, seed: int, num_layers: int) -> None:
+    """Fill every parameter from its own generator; norms (names with 'norm') start at one.
+
+    Values are drawn in float32 on the CPU and then copied, so every dtype and device sees the same
+    numbers (up to the cast).
+    """
+    for name, param in module.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+            continue
+        gen = torch.Generator().manual_seed(name_seed(seed, name))
+        values = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+        param.copy_(values * init_std(name, param.shape, num_layers))
+
+
+def _param(*shape: int, device: torch.device | str | None, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, *, device: torch.device | str | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = _param(dim, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS)
+        return x * scale * self.weight
+
+
+def apply_rope(x: Tensor) -> Tensor:
+    """Rotary position embedding (rotate-half form) on (batch, heads, seq, head_dim); odd dims pass."""
+    head_dim, seq = x.shape[-1], x.shape[-2]
+    if head_dim % 2:
+        return x
+    half = head_dim // 2
+    freqs = ROPE_BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = torch.arange(seq, device=x.device, dtype=torch.float32)[:, None] * freqs[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped-query heads (kv heads < heads) via scaled_dot_product_attention."""
+
+    def __init__(self, spec: ModelSpec, *, device: torch.device | str | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads, self.kv_heads, self.head_dim = spec.num_heads, spec.kv_heads, spec.attn_head_dim
+        d, hd = spec.d_model, self.head_dim
+        self.wq = _param(self.num_heads * hd, d, device=device, dtype=dtype)
+        self.wk = _param(self.kv_heads * hd, d, device=device, dtype=dtype)
+        self.wv = _param(self.kv_heads * hd, d, device=device, dtype=dtype)
+        self.wo = _param(d, self.num_heads * hd, device=device, dtype=dtype)
+
+    def _heads(self, x: Tensor, weight: Tensor, heads: int) -> Tensor:
+        b, s, _ = x.shape
+        return F.linear(x, weight).view(b, s, heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        q = apply_rope(self._heads(x, self.wq, self.num_heads))
+        k = apply_rope(self._heads(x, self.wk, self.kv_heads))
+        v = self._heads(x, self.wv, self.kv_heads)
+        if self.kv_heads != self.num_heads:
+            repeat = self.num_heads // self.kv_heads
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(out.transpose(1, 2).reshape(b, s, -1), self.wo)
+
+
+class FFN(nn.Module):
+    """One expert (routed, shared) or a dense FFN: W2(gelu(W1 x)), or SwiGLU W2(silu(W1 x) * W3 x)."""
+
+    def __init__(self, d_model: int, ffn_dim: int, num_matrices: int, *,
+                 device: torch.device | str | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.w1 = _param(ffn_dim, d_model, device=device, dtype=dtype)
+        self.w2 = _param(d_model, ffn_dim, device=device, dtype=dtype)
+        self.w3 = _param(ffn_dim, d_model, device=device, dtype=dtype) if num_matrices == 3 else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.w3 is None:
+            return F.linear(F.gelu(F.linear(x, self.w1)), self.w2)
+        return F.linear(F.silu(F.linear(x, self.w1)) * F.linear(x, self.w3), self.w2)
+
+
+class Router(nn.Module):
+    """Linear gate, softmax over all routed experts, top-k, top-k weights renormalised to sum to one."""
+
+    def __init__(self, d_model: int, num_experts: int, top_k: int, *,
+                 device: torch.device | str | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.weight = _param(num_experts, d_model, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (tokens, d) -> (weights (tokens, k), expert ids (tokens, k))."""
+        logits = F.linear(x, self.weight)
+        probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+
+class Layer(nn.Module):
+    """One transformer layer's parameters: norms, attention and either a dense FFN or the MoE parts.
+
+    An MoE layer holds the router, the shared experts and only the routed experts in
+    [expert_begin, expert_end), keyed by their global expert id.
+    """
+
+    def __init__(self, spec: ModelSpec, layer_index: int, expert_range: range, *,
+                 device: torch.device | str | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        d, kw = spec.d_model, {"device": device, "dtype": dtype}
+        self.is_moe = spec.is_moe_layer(layer_index)
+        self.norm1 = RMSNorm(d, **kw)
+        self.attn = Attention(spec, **kw)
+        self.norm2 = RMSNorm(d, **kw)
+        if not self.is_moe:
+            width = spec.dense_ffn_dim or spec.expert_ffn_dim
+            self.dense = FFN(d, width, spec.dense_matrix_count, **kw)
+            return
+        self.router = Router(d, spec.num_experts, spec.top_k, **kw)
+        self.shared = nn.ModuleList(FFN(d, spec.shared_ffn_dim, spec.expert_matrices, **kw)
+                                    for _ in range(spec.num_shared_experts))
+        self.experts = nn.ModuleDict({str(e): FFN(d, spec.expert_ffn_dim, spec.expert_matrices, **kw)
+                                      for e in expert_range})

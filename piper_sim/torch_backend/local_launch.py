@@ -1,0 +1,66 @@
+"""Launch a function on N local processes joined in one torch.distributed group, with a deadline.
+
+Owns local multi-process runs (tests, single-machine runs): a free TCP port on 127.0.0.1, spawn,
+init_process_group in each child, destroy at the end, and killing the children it started when the
+deadline passes so a hung collective never hangs the caller.
+Only piper_sim.torch_backend may import torch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .groups import shutdown
+
+HOST = "127.0.0.1"
+
+
+def free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str,
+           collective_timeout_s: float, num_threads: int | None, args: tuple[Any, ...]) -> None:
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    os.environ.update(MASTER_ADDR=HOST, MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size))
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=collective_timeout_s))
+    fn(rank, world_size, *args)
+    shutdown()
+
+
+def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+              timeout_s: float = 60.0, num_threads: int | None = 1) -> None:
+    """Run fn(rank, world_size, *args) on world_size spawned processes; raise on failure or timeout.
+
+    fn must be importable (a module-level function). A child's exception is re-raised here
+    (torch.multiprocessing.ProcessRaisedException); past timeout_s the children are killed and
+    TimeoutError is raised. Each child uses num_threads intra-op threads (None: torch's default;
+    one avoids oversubscribing the cores when several processes share a machine).
+    """
+    port = free_port()
+    context = mp.start_processes(_child, args=(fn, world_size, port, backend, timeout_s, num_threads, args),
+                                 nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{world_size} local processes did not finish within {timeout_s} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()

@@ -1,0 +1,182 @@
+"""`piper-sim run`: the torch backend end to end on this machine (or under torchrun).
+
+Owns the launch of the ranks (spawned locally with gloo on CPU / nccl on GPU, or taken from torchrun's
+environment), the per-rank worker (Executor over the lowered Schedule, real text from the standard
+library), collecting every rank's RunTrace rows and losses, and turning a crash or a hang into one
+clear error naming the rank. Only piper_sim.torch_backend may import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from piper_sim.errors import PiperError
+
+from .corpus import ByteCorpus
+from .executor import Executor
+from .local_launch import run_local
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What each rank needs, picklable: the resolved config mapping and where to write."""
+
+    raw_config: dict
+    out_dir: str
+    node_of: dict[int, int]
+    corpus_bytes: int = 2_000_000
+    lr: float = 3e-3
+    capture_grads: bool = False  # tests: write step 0's reduced gradients per rank (ranks/rank<r>.grads.pt)
+    gather: bool = False  # multi-node (torchrun): no shared file system assumed, rank 0 gathers the rows
+
+
+def batch_source(corpus: ByteCorpus, seq_len: int, mbs: int, seed: int, replicas: int, num_microbatches: int):
+    """Deterministic (tokens, targets) for (step, replica, microbatch): the same on every rank that asks."""
+
+    def batch(step: int, replica: int, microbatch: int):
+        index = (step * replicas + replica) * num_microbatches + microbatch
+        return next(corpus.batches(seq_len, mbs, seed=seed * 1_000_003 + index, num_batches=1))
+
+    return batch
+
+
+def worker(rank: int, world_size: int, spec: RunSpec) -> None:
+    """One rank: build the executor, run the steps, write rows and losses under out_dir/ranks/."""
+    from piper_sim.config import load_config
+    from piper_sim.simulate import build_schedule
+
+    cfg = load_config(spec.raw_config)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores: no oversubscription
+    schedule = build_schedule(cfg)
+    par = cfg.parallel
+    corpus = ByteCorpus.from_stdlib(max_bytes=spec.corpus_bytes)
+    torch.manual_seed(cfg.seed)
+    batch_fn = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.dp * par.ep,
+                            par.num_microbatches)
+    executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of,
+                        all_to_all_algorithm=cfg.all_to_all, batch_fn=batch_fn,
+                        micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr)
+    if spec.capture_grads:
+        executor.captured_grads = {}
+    t0 = torch.tensor([time.perf_counter()], dtype=torch.float64)
+    dist.broadcast(t0, src=0)  # one clock origin (perf_counter is system-wide monotonic on one machine)
+    losses = []
+    if os.environ.get("PIPER_SIM_KILL_RANK") == str(rank):  # test hook: this rank dies as if killed
+        os.kill(os.getpid(), signal.SIGKILL)
+    for step in range(cfg.steps):
+        dist.barrier()
+        loss = torch.tensor([executor.run_step(step, float(t0))], dtype=torch.float64)
+        dist.all_reduce(loss)
+        losses.append(float(loss))
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rows = executor.records
+    if spec.gather:
+        gathered: list = [None] * world_size if rank == 0 else None
+        dist.gather_object((rows, peak_rss), gathered, dst=0)
+        if rank != 0:
+            return
+        parts = gathered
+    else:
+        parts = [(rows, peak_rss)]
+    out = Path(spec.out_dir) / "ranks"
+    out.mkdir(parents=True, exist_ok=True)
+    for r, (part_rows, rss) in enumerate(parts):
+        r = r if spec.gather else rank
+        pd.DataFrame(part_rows).to_parquet(out / f"rank{r}.parquet", index=False)
+        (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss}))
+    if executor.captured_grads is not None:
+        torch.save(executor.captured_grads, out / f"rank{rank}.grads.pt")
+    if rank == 0:
+        (out / "losses.json").write_text(json.dumps(losses))
+
+
+def node_map(cfg, num_ranks: int) -> dict[int, int]:
+    """Rank -> node index from the config's topology and placement (what HALO treats as a node)."""
+    from piper_sim.topology.load import load_topology
+    from piper_sim.topology.placement import place
+
+    topo = load_topology(cfg.topology, num_ranks)
+    gpus = place(topo, num_ranks, cfg.placement)
+    return {r: topo.host_of(g) for r, g in enumerate(gpus)}
+
+
+def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 2_000_000,
+           capture_grads: bool = False, testbed: str | None = None
+           ) -> tuple[pd.DataFrame, list[float], float, list[int]]:
+    """Run the ranks; returns (trace rows, loss per step, wall seconds, peak RSS per rank).
+
+    testbed: the prefix of a running `piper-sim testbed up`; each rank then runs inside its node's
+    network namespace and talks over the shaped links. Otherwise ranks are spawned on this machine.
+    """
+    world = cfg.parallel.num_gpus
+    if cfg.migration.get("enabled"):
+        raise PiperError("migration: expert migration is not run by the torch backend yet; set migration.enabled false")
+    spec = RunSpec(raw_config=cfg.resolved(), out_dir=str(out_dir), node_of=node_map(cfg, world),
+                   corpus_bytes=corpus_bytes, capture_grads=capture_grads)
+    t0 = time.perf_counter()
+    if testbed is not None:
+        _launch_in_testbed(spec, world, out_dir, testbed, timeout_s)
+    else:
+        _launch_local(spec, world, timeout_s)
+    wall = time.perf_counter() - t0
+    ranks = Path(out_dir) / "ranks"
+    frames = [pd.read_parquet(ranks / f"rank{r}.parquet") for r in range(world)]
+    losses = json.loads((ranks / "losses.json").read_text())
+    rss = [json.loads((ranks / f"rank{r}.json").read_text())["peak_rss_bytes"] for r in range(world)]
+    return pd.concat(frames, ignore_index=True), losses, wall, rss
+
+
+def _launch_local(spec: RunSpec, world: int, timeout_s: float) -> None:
+    try:
+        run_local(worker, world, spec, backend="nccl" if torch.cuda.is_available() else "gloo", timeout_s=timeout_s)
+    except TimeoutError:
+        raise PiperError(f"run: the {world} ranks did not finish within {timeout_s:.0f} s; all were stopped") from None
+    except Exception as exc:  # a rank raised or died: name it
+        raise PiperError(f"run: {_which_rank(exc)} failed: {_first_line(exc)}") from None
+
+
+def _launch_in_testbed(spec: RunSpec, world: int, out_dir: Path, prefix: str, timeout_s: float) -> None:
+    from piper_sim.testbed import load
+
+    from .process_launch import launch_processes
+
+    bed = load(prefix)
+    if bed is None:
+        raise PiperError(f"--testbed {prefix}: no testbed with that prefix is up (run `piper-sim testbed up` first)")
+    rank_map = bed.rank_map()
+    if len(rank_map) != world:
+        raise PiperError(f"--testbed {prefix}: it has {len(rank_map)} ranks, the config needs {world}")
+    placed = {r: host for r, host in spec.node_of.items()}
+    hosts = {r: bed.rank(r).host for r in range(world)}
+    if placed != hosts:
+        raise PiperError(f"--testbed {prefix}: the config places ranks on nodes {placed}, the testbed on {hosts}; "
+                         "use the testbed's topology file and contiguous placement")
+    launch_processes(spec, world, Path(out_dir), master_addr=rank_map[0][1], timeout_s=timeout_s,
+                     rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0"} for r in range(world)},
+                     rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _ip) in rank_map.items()})
+
+
+def _which_rank(exc: Exception) -> str:
+    match = re.search(r"[Pp]rocess (\d+)", str(exc))
+    return f"rank {match.group(1)}" if match else "a rank"
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    errors = [line for line in text if re.match(r"^\w*(Error|Exception)\b", line.strip())]
+    return (errors[-1] if errors else text[-1] if text else type(exc).__name__).strip()
+
+
+def running_under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
