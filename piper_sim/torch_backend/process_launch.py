@@ -19,12 +19,15 @@ from pathlib import Path
 from piper_sim.errors import PiperError
 
 
-def launch_processes(spec, world: int, out_dir: Path, *, rank_env: dict[int, dict[str, str]],
+def launch_processes(target: str, args: tuple, world: int, out_dir: Path, *, rank_env: dict[int, dict[str, str]],
                      rank_prefix: dict[int, list[str]], master_addr: str, timeout_s: float) -> None:
-    """Start world ranks; rank_prefix[r] wraps the command (e.g. `ip netns exec NS`)."""
+    """Run target ("module:function", called as function(rank, world, *args)) on world ranks.
+
+    rank_prefix[r] wraps rank r's command (e.g. `ip netns exec NS`); logs go to out_dir/logs/.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = out_dir / "run_spec.pkl"
-    spec_path.write_bytes(pickle.dumps(spec))
+    spec_path = out_dir / "job.pkl"
+    spec_path.write_bytes(pickle.dumps((target, args)))
     port = str(random.Random(os.getpid() ^ int(time.time())).randint(20000, 40000))
     logs = out_dir / "logs"
     logs.mkdir(exist_ok=True)
