@@ -1,0 +1,87 @@
+"""Flat vs HALO all-to-all on the emulated testbed, measured and predicted (needs root).
+
+    python benchmarks/bench_testbed_a2a.py [--topology topologies/testbed-2g.yaml] [--sizes 16384,65536,262144]
+
+Brings the testbed up (prefix pstb), runs a uniform all-to-all of each size (bytes each rank sends to
+each other rank) with each algorithm in the real ranks (gloo, one process per rank inside its node's
+namespace), takes it down, and simulates the same all-to-all on the same topology file. Prints measured
+and predicted times and the HALO-over-flat speedup of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import simpy
+
+from piper_sim.collectives.algorithms import ALL_TO_ALL
+from piper_sim.sim.collective import CollectiveRunner
+from piper_sim.sim.network import FlowNetwork
+from piper_sim.topology.load import load_topology
+from piper_sim.topology.placement import place
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def predict(topology: str, world: int, size: int, algorithm: str) -> float:
+    topo = load_topology(topology, world)
+    gpus = place(topo, world, "contiguous")
+    env = simpy.Environment()
+    runner = CollectiveRunner(env, FlowNetwork(env, topo.capacity_bytes_per_s), topo)
+    matrix = np.full((world, world), float(size))
+    done = runner.run(ALL_TO_ALL.get(algorithm)(matrix, gpus, topo), tuple(gpus), algorithm)
+    env.run(done)
+    return env.now
+
+
+def measure(topology: str, sizes: list[int], algorithms: list[str], repeats: int) -> list[dict]:
+    from piper_sim.testbed import down, up
+    from piper_sim.torch_backend.process_launch import launch_processes
+
+    bed = up(topology, prefix="pstb")
+    try:
+        rank_map = bed.rank_map()
+        node_of = {r: bed.rank(r).host for r in rank_map}
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "a2a.json"
+            launch_processes("piper_sim.torch_backend.a2a_timing:time_all_to_all",
+                             (node_of, sizes, algorithms, repeats, str(out)), len(rank_map), Path(tmp),
+                             rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0"} for r in rank_map},
+                             rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _) in rank_map.items()},
+                             master_addr=rank_map[0][1], timeout_s=900)
+            return json.loads(out.read_text())
+    finally:
+        down("pstb")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--topology", default=str(ROOT / "topologies" / "testbed-2g.yaml"))
+    parser.add_argument("--sizes", default="16384,65536,262144")
+    parser.add_argument("--algorithms", default="flat,halo")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    algorithms = args.algorithms.split(",")
+    rows = measure(args.topology, sizes, algorithms, args.repeats)
+    world = load_topology(args.topology).num_gpus
+    print(f"{'bytes/pair':>10s} {'algorithm':>9s} {'measured ms':>12s} {'predicted ms':>13s} {'error':>7s}")
+    by = {}
+    for r in rows:
+        pred = predict(args.topology, world, r["bytes_per_pair"], r["algorithm"])
+        by[(r["bytes_per_pair"], r["algorithm"])] = (r["median_s"], pred)
+        print(f"{r['bytes_per_pair']:10d} {r['algorithm']:>9s} {r['median_s'] * 1e3:12.2f} {pred * 1e3:13.2f} "
+              f"{(pred / r['median_s'] - 1) * 100:6.1f}%")
+    if "flat" in algorithms and "halo" in algorithms:
+        print(f"\n{'bytes/pair':>10s} {'measured halo/flat speedup':>27s} {'predicted':>10s} {'error':>7s}")
+        for size in sorted({k[0] for k in by}):
+            (mf, pf), (mh, ph) = by[(size, "flat")], by[(size, "halo")]
+            print(f"{size:10d} {mf / mh:27.2f} {pf / ph:10.2f} {((pf / ph) / (mf / mh) - 1) * 100:6.1f}%")
+
+
+if __name__ == "__main__":
+    main()
