@@ -103,8 +103,16 @@ class Executor:
         self.replicas = self.mesh.dp * self.mesh.ep
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
         self._prepare_groups()
+        self.routing_rows: list[tuple[int, int, int, int, list[int]]] = []  # (step, layer, mb, source, counts)
         self.records: list[dict] = []
         self.captured_grads: dict[str, Tensor] | None = None  # set to {} to keep step 0's reduced gradients
+
+    def skew_routers(self, expert_logit_bias) -> None:
+        """Add a fixed bias to every router's logits (expert_logit_bias(layer) -> list of E floats)."""
+        for module in self.modules:
+            for index, layer in module.layers.items():
+                if getattr(layer, "router", None) is not None:
+                    layer.router.logit_bias = torch.tensor(expert_logit_bias(int(index)), dtype=torch.float32)
 
     def _prepare_groups(self) -> None:
         ep_group = self.mesh.group(self.rank, "ep")
@@ -187,6 +195,10 @@ class Executor:
             for op in task.ops:
                 module.run_op(op, ms.state)
                 flops += self._op_flops(op, ms.state)
+                if op.startswith("router:"):
+                    layer = int(op.partition(":")[2])
+                    counts = ms.state["expert_counts"][layer].tolist()
+                    self.routing_rows.append((self.step, layer, task.microbatch, self.coords["ep"], counts))
         if "loss" in ms.state and "head" in task.ops:
             ms.state["loss_scaled"] = ms.state["loss"] * self.loss_scale
         seg.outputs = _differentiable(ms.state)

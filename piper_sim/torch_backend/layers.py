@@ -137,6 +137,9 @@ class Router(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (tokens, d) -> (weights (tokens, k), expert ids (tokens, k))."""
         logits = F.linear(x, self.weight)
+        bias = getattr(self, "logit_bias", None)  # set by the executor to make the real router skewed
+        if bias is not None:
+            logits = logits + bias
         probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)

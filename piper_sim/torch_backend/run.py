@@ -69,6 +69,9 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
                         micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr)
     if spec.capture_grads:
         executor.captured_grads = {}
+    bias = router_bias(cfg)
+    if bias is not None:
+        executor.skew_routers(bias)
     t0 = torch.tensor([time.perf_counter()], dtype=torch.float64)
     dist.broadcast(t0, src=0)  # one clock origin (perf_counter is system-wide monotonic on one machine)
     losses = []
@@ -95,10 +98,59 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         r = r if spec.gather else rank
         pd.DataFrame(part_rows).to_parquet(out / f"rank{r}.parquet", index=False)
         (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss}))
+    (out / f"rank{rank}.routing.json").write_text(json.dumps(executor.routing_rows))
     if executor.captured_grads is not None:
         torch.save(executor.captured_grads, out / f"rank{rank}.grads.pt")
     if rank == 0:
         (out / "losses.json").write_text(json.dumps(losses))
+
+
+STEERABLE = ("uniform", "zipf", "dirichlet", "hot")
+
+
+def router_bias(cfg):
+    """For a skewed routing kind, a fixed logit bias per layer that makes the real router skewed the same way.
+
+    bias_e = log(E x p_e) with p the kind's expert popularity for (seed, layer); uniform gives None (the
+    real router alone decides). Kinds that change over steps or replay traces cannot steer a real router.
+    """
+    import numpy as np
+
+    from piper_sim.routing.kinds import RoutingContext
+    from piper_sim.routing.samplers import popularity
+
+    kind = cfg.routing.get("kind", "uniform")
+    if kind not in STEERABLE:
+        raise PiperError(f"routing.kind: {kind!r} cannot steer the real router; "
+                         f"allowed for run: {', '.join(STEERABLE)}")
+    if kind == "uniform":
+        return None
+    params = {k: v for k, v in cfg.routing.items() if k not in ("kind", "capacity_factor")}
+    model = cfg.model
+
+    def bias(layer: int) -> list[float]:
+        ctx = RoutingContext(step=0, layer=layer, microbatch=0, group=0, num_sources=1, tokens_per_source=1,
+                             num_experts=model.num_experts, top_k=model.top_k, seed=cfg.seed, params=params)
+        p = np.clip(popularity(kind, ctx), 1e-9, None)
+        return np.log(p * model.num_experts).tolist()
+
+    return bias
+
+
+def merge_routing(cfg, ranks_dir: Path, out_path: Path) -> Path | None:
+    """The real router's decisions of every rank as one routing trace (traces format, per source)."""
+    from piper_sim.routing.trace import TraceRecorder
+
+    layers = list(cfg.model.moe_layer_indices)
+    if not layers:
+        return None
+    rec = TraceRecorder(model=cfg.model.name, num_experts=cfg.model.num_experts, top_k=cfg.model.top_k,
+                        layers=layers, num_microbatches=cfg.parallel.num_microbatches, num_sources=cfg.parallel.ep,
+                        source="captured by piper-sim run (torch backend): the real router's top-k choices")
+    for path in sorted(ranks_dir.glob("rank*.routing.json")):
+        for step, layer, mb, source, counts in json.loads(path.read_text()):
+            rec.record(step, layer, counts, microbatch=mb, source=source)
+    return rec.write(out_path)
 
 
 def node_map(cfg, num_ranks: int) -> dict[int, int]:
@@ -122,6 +174,7 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
     world = cfg.parallel.num_gpus
     if cfg.migration.get("enabled"):
         raise PiperError("migration: expert migration is not run by the torch backend yet; set migration.enabled false")
+    router_bias(cfg)  # refuse routing kinds a real router cannot follow before starting any rank
     spec = RunSpec(raw_config=cfg.resolved(), out_dir=str(out_dir), node_of=node_map(cfg, world),
                    corpus_bytes=corpus_bytes, capture_grads=capture_grads)
     t0 = time.perf_counter()
@@ -131,6 +184,7 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
         _launch_local(spec, world, timeout_s)
     wall = time.perf_counter() - t0
     ranks = Path(out_dir) / "ranks"
+    merge_routing(cfg, ranks, Path(out_dir) / "routing.npz")
     frames = [pd.read_parquet(ranks / f"rank{r}.parquet") for r in range(world)]
     losses = json.loads((ranks / "losses.json").read_text())
     rss = [json.loads((ranks / f"rank{r}.json").read_text())["peak_rss_bytes"] for r in range(world)]
