@@ -91,33 +91,70 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from piper_sim.analysis.report import build_report
     from piper_sim.config import load_config
-    from piper_sim.outputs import format_report, write_run
-    from piper_sim.torch_backend.run import launch
-    from piper_sim.trace.runtrace import normalize
-    from piper_sim.workload.cost import load_profile
+    from piper_sim.outputs import format_report
 
     cfg = load_config(_config_path(args.config), args.overrides)
     par = cfg.parallel
     print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
           f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.all_to_all}) ...",
           file=sys.stderr)
-    rows, losses, wall, rss = launch(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None))
+    report = write_measured_run(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None))
+    print(format_report(report))
+    print("loss per step       " + ", ".join(f"{x:.4f}" for x in report["losses"]))
+    print(f"wrote {args.out}/")
+    return 0
+
+
+def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None = None) -> dict:
+    """Run the config with the torch backend and write the same files as simulate (plus losses, routing)."""
+    from piper_sim.analysis.report import build_report
+    from piper_sim.outputs import write_run
+    from piper_sim.torch_backend.run import launch
+    from piper_sim.trace.runtrace import normalize
+    from piper_sim.workload.cost import load_profile
+
+    par = cfg.parallel
+    rows, losses, wall, rss = launch(cfg, out, timeout_s=timeout_s, testbed=testbed)
     trace = normalize(rows)
     per_stage = par.num_gpus // par.pp
     peak = [float(max(rss[p * per_stage:(p + 1) * per_stage])) for p in range(par.pp)]
     profile = load_profile(cfg.cost_profile)
     report = build_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
                           tokens_per_step=par.sequences_per_step * cfg.model.seq_len, peak_memory_by_stage=peak)
-    report.update(backend="torch", device="cpu" if not _cuda() else "cuda", losses=losses, run_wall_s=wall,
-                  peak_memory_kind="process peak RSS (CPU)", mfu_peak_profile=profile.name)
-    write_run(args.out, resolved_config=cfg.resolved(), report=report, trace=trace, trace_format=cfg.trace_format,
+    report.update(backend="torch", device="cuda" if _cuda() else "cpu", losses=losses, run_wall_s=wall,
+                  peak_memory_kind="process peak RSS", mfu_peak_profile=profile.name, testbed=testbed)
+    write_run(out, resolved_config=cfg.resolved(), report=report, trace=trace, trace_format=cfg.trace_format,
               title=f"{cfg.model.name} {cfg.schedule} pp{par.pp} ep{par.ep} (measured)")
-    print(format_report(report))
-    print("loss per step       " + ", ".join(f"{x:.4f}" for x in losses))
-    print(f"wrote {args.out}/")
-    return 0
+    return report
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from piper_sim.analysis.validation import (
+        find_cases,
+        format_validation,
+        remeasure,
+        score_case,
+        summarize,
+        write_validation,
+    )
+    from piper_sim.paths import data_dir
+
+    cases = find_cases(args.cases, data_dir("validation") / "cases")
+    if args.remeasure:
+        for i, case in enumerate(cases):
+            print(f"[{i + 1}/{len(cases)}] measuring {case.name} ...", file=sys.stderr)
+            remeasure(case)
+    scores = []
+    for i, case in enumerate(cases):
+        print(f"[{i + 1}/{len(cases)}] predicting {case.name} ...", file=sys.stderr)
+        scores.append(score_case(case, args.profile))
+    summary = summarize(scores)
+    print(format_validation(scores, summary))
+    if args.out is not None:
+        write_validation(args.out, scores, summary)
+        print(f"wrote {args.out}/ (validation.csv, phases.csv, summary.json, predicted_vs_measured.png)")
+    return 1 if summary["outside_tolerance"] else 0
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
@@ -190,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before all ranks are stopped")
     p.add_argument("--testbed", metavar="PREFIX", help="run inside the emulated cluster of `testbed up`")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("validate", help="predict measured validation cases from a profile; score the errors")
+    p.add_argument("cases", nargs="*", help="case names or directories (default: all in validation/cases)")
+    p.add_argument("--profile", required=True, help="calibrated cost profile (traces/profiles/NAME.yaml)")
+    p.add_argument("--remeasure", action="store_true", help="rerun the real side first (root for testbed cases)")
+    p.add_argument("--out", type=Path, help="write validation.csv, phases.csv, summary.json and a plot here")
+    p.set_defaults(func=cmd_validate)
     p = sub.add_parser("testbed", help="emulated multi-node cluster in network namespaces (root)")
     p.add_argument("action", choices=["up", "down", "status", "run"])
     p.add_argument("target", nargs="?", help="up: topology YAML or preset; run: CONFIG")

@@ -1,0 +1,224 @@
+"""Validation cases: predict each measured run from a calibrated profile alone and score the errors.
+
+Owns the case format (validation/cases/NAME/case.yaml plus measured/ from `piper-sim run`), the
+prediction of a case (its config, the given profile, and the measured run's own routing trace so the
+simulated experts see the loads the real router chose), the per-case comparison, the summary (MAPE,
+max error, rank correlation of the cases by step time, HALO-over-flat speedups of paired cases) and
+re-measurement on the testbed. Steady-state steps only: step 0 pays one-time warm-up costs (gloo
+connections, allocator) that no profile describes, so it is reported but not scored.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from piper_sim.errors import ConfigError, PiperError
+from piper_sim.trace.runtrace import read_trace
+
+CASE_KEYS = {"description", "config", "testbed", "tolerance", "pair", "measures"}
+KEEP = ("report.json", "config.yaml", "routing.npz", "trace.parquet", "trace.csv")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    name: str
+    path: Path
+    description: str
+    config: dict
+    testbed: str | None  # topology file the real run used for its emulated cluster, None = plain local ranks
+    tolerance: float
+    pair: str
+
+    @property
+    def measured(self) -> Path:
+        return self.path / "measured"
+
+
+def load_case(path: Path) -> Case:
+    raw = yaml.safe_load((path / "case.yaml").read_text())
+    bad = sorted(set(raw) - CASE_KEYS)
+    if bad:
+        raise ConfigError(f"{path.name}/case.yaml: {bad[0]}", raw[bad[0]], f"one of {', '.join(sorted(CASE_KEYS))}")
+    return Case(name=path.name, path=path, description=raw.get("description", ""), config=raw["config"],
+                testbed=raw.get("testbed"), tolerance=float(raw.get("tolerance", {}).get("step_time", 0.2)),
+                pair=str(raw.get("pair", "")))
+
+
+def find_cases(names: list[str], root: Path) -> list[Case]:
+    if not names:
+        dirs = sorted(p for p in root.iterdir() if (p / "case.yaml").exists())
+    else:
+        dirs = [Path(n) if Path(n).exists() else root / n for n in names]
+        missing = [str(d) for d in dirs if not (d / "case.yaml").exists()]
+        if missing:
+            raise PiperError(f"validate: no case.yaml in {', '.join(missing)}; cases are in {root}")
+    return [load_case(d) for d in dirs]
+
+
+def steady(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["step"] > 0] if df["step"].max() > 0 else df
+
+
+def step_time(df: pd.DataFrame) -> float:
+    ends = df.groupby("step", observed=True)["end_s"].max().sort_index()
+    times = ends.diff().dropna() if len(ends) > 1 else ends
+    return float(times.mean())
+
+
+def phase_times(df: pd.DataFrame) -> pd.Series:
+    """Mean per rank per step of the time in each task kind (steady steps)."""
+    s = steady(df)
+    ranks_steps = s[["rank", "step"]].drop_duplicates().shape[0]
+    return (s["end_s"] - s["start_s"]).groupby(s["kind"].astype(str)).sum() / ranks_steps
+
+
+def predict_case(case: Case, profile: str | dict):
+    """Simulate the case from the profile, replaying the measured run's routing decisions."""
+    from piper_sim.config import load_config
+    from piper_sim.simulate import run_simulation
+
+    raw = json.loads(json.dumps(case.config))
+    raw["cost"] = {**raw.get("cost", {}), "profile": profile}
+    if (case.measured / "routing.npz").exists():
+        raw["routing"] = {"kind": "trace", "path": str(case.measured / "routing.npz")}
+    base = case.path
+    if isinstance(raw.get("topology"), str) and raw["topology"].endswith(".yaml"):
+        raw["topology"] = str((base / raw["topology"]).resolve())
+    return run_simulation(load_config(raw))
+
+
+def score_case(case: Case, profile: str | dict) -> dict:
+    if not (case.measured / "report.json").exists():
+        raise PiperError(f"validate: case {case.name} has no measurement (run with --remeasure)")
+    result = predict_case(case, profile)
+    measured = read_trace(case.measured)
+    pred_step, meas_step = step_time(result.trace), step_time(measured)
+    phases = pd.DataFrame({"predicted_s": phase_times(result.trace), "measured_s": phase_times(measured)}).fillna(0)
+    phases["error"] = phases["predicted_s"] / phases["measured_s"].replace(0, np.nan) - 1
+    return {"case": case.name, "pair": case.pair, "description": case.description, "tolerance": case.tolerance,
+            "predicted_step_s": pred_step, "measured_step_s": meas_step, "error": pred_step / meas_step - 1,
+            "phases": phases, "prediction": result}
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    if len(a) < 2:
+        return 1.0
+    return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
+
+
+def summarize(scores: list[dict]) -> dict:
+    errors = np.array([abs(s["error"]) for s in scores])
+    pairs: dict[str, dict[str, dict]] = {}
+    for s in scores:
+        if s["pair"]:
+            algo = s["prediction"].report.get("all_to_all") or s["case"].rsplit("-", 1)[-1]
+            pairs.setdefault(s["pair"], {})[algo] = s
+    speedups = []
+    for label, members in sorted(pairs.items()):
+        if {"flat", "halo"} <= set(members):
+            f, h = members["flat"], members["halo"]
+            measured = f["measured_step_s"] / h["measured_step_s"]
+            predicted = f["predicted_step_s"] / h["predicted_step_s"]
+            speedups.append({"pair": label, "measured": measured, "predicted": predicted,
+                             "error": predicted / measured - 1})
+    return {
+        "cases": len(scores), "mape": float(errors.mean()) if len(errors) else 0.0,
+        "max_error": float(errors.max()) if len(errors) else 0.0,
+        "rank_correlation": spearman([s["predicted_step_s"] for s in scores], [s["measured_step_s"] for s in scores]),
+        "same_order": [s["case"] for s in sorted(scores, key=lambda s: s["predicted_step_s"])]
+        == [s["case"] for s in sorted(scores, key=lambda s: s["measured_step_s"])],
+        "outside_tolerance": [s["case"] for s in scores if abs(s["error"]) > s["tolerance"]],
+        "halo_over_flat": speedups,
+    }
+
+
+def format_validation(scores: list[dict], summary: dict) -> str:
+    lines = [f"{'case':28s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s}  worst phase"]
+    for s in scores:
+        ph = s["phases"].dropna(subset=["error"])
+        worst = ph.loc[ph["error"].abs().idxmax()] if not ph.empty else None
+        worst_text = f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else ""
+        flag = "" if abs(s["error"]) <= s["tolerance"] else "  OUTSIDE TOLERANCE"
+        lines.append(f"{s['case']:28s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
+                     f"{s['error'] * 100:+6.1f}%  {worst_text}{flag}")
+    lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
+              f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']}"]
+    for sp in summary["halo_over_flat"]:
+        lines.append(f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
+                     f"({sp['error'] * 100:+.1f}%)")
+    return "\n".join(lines)
+
+
+def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{k: v for k, v in s.items() if k not in ("phases", "prediction")} for s in scores]
+    pd.DataFrame(rows).to_csv(out / "validation.csv", index=False)
+    phases = pd.concat([s["phases"].assign(case=s["case"]) for s in scores])
+    phases.reset_index(names="kind").to_csv(out / "phases.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    fig, ax = plt.subplots(figsize=(6, 6))
+    meas = np.array([s["measured_step_s"] for s in scores]) * 1e3
+    pred = np.array([s["predicted_step_s"] for s in scores]) * 1e3
+    ax.loglog(meas, pred, "o")
+    for s, x, y in zip(scores, meas, pred, strict=True):
+        ax.annotate(s["case"], (x, y), fontsize=6)
+    lo, hi = min(meas.min(), pred.min()) * 0.8, max(meas.max(), pred.max()) * 1.25
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title(f"MAPE {summary['mape'] * 100:.1f}%, max {summary['max_error'] * 100:.1f}%")
+    fig.tight_layout()
+    fig.savefig(out / "predicted_vs_measured.png", dpi=110)
+    plt.close(fig)
+
+
+def remeasure(case: Case, *, timeout_s: float = 900.0) -> None:
+    """Run the case for real (on its testbed when it names one) and keep the measurement in measured/."""
+    from piper_sim.config import load_config
+    from piper_sim.outputs import write_run  # noqa: F401  (same files as `piper-sim run`)
+
+    raw = json.loads(json.dumps(case.config))
+    if isinstance(raw.get("topology"), str) and raw["topology"].endswith(".yaml"):
+        raw["topology"] = str((case.path / raw["topology"]).resolve())
+    cfg = load_config(raw)
+    work = case.path / "measured.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    prefix = None
+    if case.testbed:
+        from piper_sim import testbed
+
+        prefix = "pstv"
+        testbed.down(prefix)
+        testbed.up((case.path / case.testbed).resolve(), prefix=prefix)
+    try:
+        from piper_sim.cli import write_measured_run
+
+        write_measured_run(cfg, work, timeout_s=timeout_s, testbed=prefix)
+    finally:
+        if prefix:
+            from piper_sim import testbed
+
+            testbed.down(prefix)
+    info = {"command": f"piper-sim validate {case.name} --remeasure", "date": _dt.date.today().isoformat(),
+            "machine": platform.platform(), "python": platform.python_version(), "testbed": case.testbed}
+    shutil.rmtree(case.measured, ignore_errors=True)
+    case.measured.mkdir(parents=True)
+    for name in KEEP:
+        if (work / name).exists():
+            shutil.move(str(work / name), case.measured / name)
+    (case.measured / "measured.json").write_text(json.dumps(info, indent=2))
+    shutil.rmtree(work, ignore_errors=True)
