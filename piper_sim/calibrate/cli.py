@@ -1,0 +1,68 @@
+"""The `piper-sim calibrate` subcommand (registered through piper_sim.cli._EXTRA_COMMANDS)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from piper_sim.errors import PiperError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="micro-benchmark this machine (N ranks at once) and write a cost profile")
+    p.add_argument("--out", type=Path, help="profile to write, e.g. traces/profiles/cpu-dev.yaml")
+    p.add_argument("--ranks", type=int, default=1, help="ranks running every benchmark at once (default 1)")
+    p.add_argument("--quick", action="store_true", help="reduced sweep (under a minute), for tests and CI")
+    p.add_argument("--testbed", metavar="PREFIX", help="also measure communication inside this running testbed")
+    p.add_argument("--presets", default="tiny-moe,small-moe", help="model presets whose shapes are swept")
+    p.add_argument("--timeout", type=float, help="seconds before the ranks are stopped")
+    p.add_argument("--records", type=Path, help="also save the raw per-rank records (JSON) here")
+    p.add_argument("--refit", type=Path, metavar="RECORDS",
+                   help="instead of measuring: rebuild the --out profile from raw records saved with --records")
+    p.add_argument("--check", metavar="PROFILE",
+                   help="instead of calibrating: time real StageModule ops and compare with PROFILE's predictions")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    presets = tuple(s.strip() for s in args.presets.split(",") if s.strip())
+    if args.check:
+        from piper_sim.calibrate.crosscheck import crosscheck, format_table
+
+        rows = crosscheck(args.check, presets=presets, ranks=args.ranks)
+        print(format_table(rows))
+        return 0
+    if args.out is None:
+        raise PiperError("calibrate needs --out FILE.yaml (or --check PROFILE)")
+    if args.out.suffix not in (".yaml", ".yml"):
+        raise PiperError(f"--out {args.out}: a .yaml file")
+    from piper_sim.calibrate.runner import calibrate, refit_profile
+
+    if args.refit:
+        refit_profile(args.refit, args.out)
+        print(f"wrote {args.out}")
+        return 0
+
+    command = "piper-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] \
+        else f"piper-sim calibrate --out {args.out} --ranks {args.ranks}" + (" --quick" if args.quick else "")
+    print(f"calibrating with {args.ranks} rank(s), {'quick' if args.quick else 'full'} sweep ...", file=sys.stderr)
+    profile = calibrate(args.out, ranks=args.ranks, quick=args.quick, testbed=args.testbed, presets=presets,
+                        command=command, timeout_s=args.timeout,
+                        records_out=args.records)
+    print(f"peak {profile['peak_bf16_TFLOPS'] * 1e3:.1f} GFLOP/s, launch {profile['kernel_launch_us']} us, "
+          f"memory {profile['hbm_bandwidth_GBps']} GB/s, Adam {profile['optimizer_bytes_per_param']} B/param")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _install() -> None:
+    """Append `register` to the CLI's _EXTRA_COMMANDS (also when the CLI runs as `python -m piper_sim.cli`)."""
+    for name in ("piper_sim.cli", "__main__"):
+        extra = getattr(sys.modules.get(name), "_EXTRA_COMMANDS", None)
+        if isinstance(extra, list) and register not in extra:
+            extra.append(register)
+
+
+_install()

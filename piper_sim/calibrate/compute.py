@@ -1,0 +1,158 @@
+"""Compute micro-benchmarks run by every rank at once: per-op overhead, GEMMs, expert FFNs, attention,
+memory-bound elementwise ops and the Adam step.
+
+Owns the benchmark bodies; each returns records (flat dicts: bench, shape fields, work, time_s = this
+rank's median seconds per call). Ops run the way training runs them: weights require grad, so the
+forward records the autograd graph (its bookkeeping is part of every op's fixed cost). Imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from piper_sim.calibrate.sweep import Sweep, TimingPlan
+from piper_sim.calibrate.timing import Device, median_s, time_call
+from piper_sim.torch_backend.layers import FFN, RMSNorm
+
+Record = dict[str, object]
+Progress = Callable[[str], None]
+
+def _time(fn: Callable[[], object], plan: TimingPlan, device: Device) -> float:
+    return median_s(time_call(fn, plan, sync=device.sync))
+
+
+def _rand(device: Device, *shape: int, grad: bool = False) -> torch.Tensor:
+    return torch.randn(*shape, device=device.torch_device, dtype=device.dtype).requires_grad_(grad)
+
+
+def _rmsnorm_like(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+
+def bench_tiny_ops(device: Device, plan: TimingPlan, progress: Progress) -> list[Record]:
+    """Fixed per-op cost: one-element ops, with and without autograd recording. Many repeats (the
+    sample is long compared with one call), median."""
+    progress("per-op overhead (1-element ops)")
+    plan = plan.scaled(2.0)
+    out: list[Record] = []
+    for grad in (False, True):
+        a, b = _rand(device, 1, 1, grad=grad), _rand(device, 1, 1)
+        w = _rand(device, 1, 1, grad=grad)
+        x64, w64 = _rand(device, 1, 64), _rand(device, 64, 64, grad=grad)
+        norm_w = _rand(device, 1, grad=grad)
+        ops: dict[str, Callable[[], object]] = {
+            "add": lambda a=a, b=b: a + b, "mul": lambda a=a, b=b: a * b,
+            "softmax": lambda a=a: torch.softmax(a, -1), "linear": lambda b=b, w=w: F.linear(b, w),
+            "linear_1x64x64": lambda x=x64, w=w64: F.linear(x, w),
+            "rmsnorm_6ops": lambda a=a, w=norm_w: _rmsnorm_like(a, w),
+        }
+        for name, fn in ops.items():
+            out.append({"bench": "tiny", "op": name, "autograd": grad, "time_s": _time(fn, plan, device)})
+    return out
+
+
+def bench_gemms(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
+    """F.linear over rows x (k, n): one GEMM of 2 rows k n FLOPs."""
+    out: list[Record] = []
+    total = len(sweep.gemm_shapes) * len(sweep.gemm_rows)
+    for i, shape in enumerate(sweep.gemm_shapes):
+        w = _rand(device, shape.n, shape.k, grad=True)
+        for j, rows in enumerate(sweep.gemm_rows):
+            progress(f"gemm {i * len(sweep.gemm_rows) + j + 1}/{total}: rows {rows}, k {shape.k}, n {shape.n}")
+            x = _rand(device, rows, shape.k)
+            t = _time(lambda x=x, w=w: F.linear(x, w), sweep.timing, device)
+            out.append({"bench": "gemm", "rows": rows, "k": shape.k, "n": shape.n, "label": shape.label,
+                        "flops": 2.0 * rows * shape.k * shape.n, "time_s": t})
+    return out
+
+
+def bench_ffns(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
+    """Whole expert FFN (the torch backend's FFN module) and the sum of its GEMMs timed alone."""
+    out: list[Record] = []
+    total = len(sweep.ffn_shapes) * len(sweep.ffn_rows)
+    count = 0
+    for shape in sweep.ffn_shapes:
+        ffn = FFN(shape.d_model, shape.ffn_dim, shape.num_matrices, device=device.torch_device, dtype=device.dtype)
+        torch.nn.init.normal_(ffn.w1, std=shape.d_model**-0.5)
+        torch.nn.init.normal_(ffn.w2, std=shape.ffn_dim**-0.5)
+        if ffn.w3 is not None:
+            torch.nn.init.normal_(ffn.w3, std=shape.d_model**-0.5)
+        for rows in sweep.ffn_rows:
+            count += 1
+            progress(f"expert ffn {count}/{total}: {shape.label}, rows {rows}")
+            x = _rand(device, rows, shape.d_model)
+            h = _rand(device, rows, shape.ffn_dim)
+            whole = _time(lambda x=x, f=ffn: f(x), sweep.timing, device)
+            up = _time(lambda x=x, f=ffn: F.linear(x, f.w1), sweep.timing, device)
+            down = _time(lambda h=h, f=ffn: F.linear(h, f.w2), sweep.timing, device)
+            flops = 2.0 * rows * shape.d_model * shape.ffn_dim * shape.num_matrices
+            out.append({"bench": "ffn", "rows": rows, "d_model": shape.d_model, "ffn_dim": shape.ffn_dim,
+                        "matrices": shape.num_matrices, "label": shape.label, "flops": flops, "time_s": whole,
+                        "gemm_sum_s": (shape.num_matrices - 1) * up + down})
+    return out
+
+
+def bench_attention(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
+    """Causal scaled_dot_product_attention; useful (causal) FLOPs = 2 b s^2 h hd, as flops.py counts."""
+    out: list[Record] = []
+    total = len(sweep.attention_shapes) * len(sweep.attention_seq_lens)
+    count = 0
+    for shape in sweep.attention_shapes:
+        for seq in sweep.attention_seq_lens:
+            count += 1
+            progress(f"attention {count}/{total}: seq {seq}, heads {shape.heads}, head dim {shape.head_dim}")
+            q, k, v = (_rand(device, shape.batch, shape.heads, seq, shape.head_dim, grad=True) for _ in range(3))
+            t = _time(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                      sweep.timing, device)
+            flops = 2.0 * shape.batch * seq * seq * shape.heads * shape.head_dim
+            out.append({"bench": "attention", "seq_len": seq, "batch": shape.batch, "heads": shape.heads,
+                        "head_dim": shape.head_dim, "label": shape.label, "flops": flops, "time_s": t})
+    return out
+
+
+def bench_elementwise(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
+    """Memory-bound ops over tensor sizes; bytes = the minimal traffic (add/mul: 2 reads + 1 write;
+    softmax and RMSNorm: 1 read + 1 write). RMSNorm is the model's (6 ops) for its fixed cost."""
+    out: list[Record] = []
+    elem = torch.empty((), dtype=device.dtype).element_size()
+    total = 4 * len(sweep.elementwise_bytes)
+    count = 0
+    for size in sweep.elementwise_bytes:
+        numel = max(1, size // elem)
+        cols = min(numel, 1024)
+        a, b = _rand(device, numel // cols, cols, grad=True), _rand(device, numel // cols, cols)
+        norm = RMSNorm(cols, device=device.torch_device, dtype=device.dtype)
+        torch.nn.init.ones_(norm.weight)
+        ops = {"add": (lambda a=a, b=b: a + b, 3), "mul": (lambda a=a, b=b: a * b, 3),
+               "softmax": (lambda a=a: torch.softmax(a, -1), 2), "rmsnorm": (lambda a=a, n=norm: n(a), 2)}
+        for name, (fn, passes) in ops.items():
+            count += 1
+            progress(f"elementwise {count}/{total}: {name}, {a.numel() * elem / 1024:.0f} KiB")
+            out.append({"bench": "elementwise", "op": name, "tensor_bytes": a.numel() * elem,
+                        "bytes": passes * a.numel() * elem, "time_s": _time(fn, sweep.timing, device)})
+    return out
+
+
+def bench_optimizer(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
+    """torch.optim.Adam step (defaults, as the executor builds it) over P parameters in T tensors."""
+    out: list[Record] = []
+    for i, (num_params, num_tensors) in enumerate(sweep.optimizer_points):
+        progress(f"adam step {i + 1}/{len(sweep.optimizer_points)}: {num_params} params in {num_tensors} tensors")
+        params = [torch.nn.Parameter(_rand(device, num_params // num_tensors)) for _ in range(num_tensors)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.Adam(params, lr=1e-6)
+        t = _time(opt.step, sweep.timing, device)
+        out.append({"bench": "optimizer", "params": (num_params // num_tensors) * num_tensors,
+                    "tensors": num_tensors, "time_s": t})
+    return out
+
+
+def run_compute(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
+    records = bench_tiny_ops(device, sweep.timing, progress)
+    for bench in (bench_gemms, bench_ffns, bench_attention, bench_elementwise, bench_optimizer):
+        records += bench(device, sweep, progress)
+    return records

@@ -1,0 +1,235 @@
+"""From per-rank benchmark records to a cost profile (traces/profiles/NAME.yaml): aggregation over ranks,
+the fits, and the YAML with unit-suffixed keys that piper_sim.workload.cost.load_profile reads.
+
+Owns the choice of each profile number (see docs/calibration.md):
+- kernel_launch_us: median of the one-element ops (add, mul, softmax, 1x1 linear) with autograd on;
+- peak_bf16_TFLOPS: best GEMM FLOP/s over the sweep (fp32 on CPU), from times net of one launch;
+- gemm_efficiency over rows: per rows, the median over the (k, n) pairs of FLOPs / (peak x net time);
+- attention_efficiency over seq_len: the same over the head configurations;
+- hbm_bandwidth_GBps: the overhead + bytes / bandwidth fit of add and mul over the tensor sizes the
+  models use (on CPU these live in cache; the streaming DRAM fit is recorded beside it);
+- optimizer_bytes_per_param: the per-parameter slope of the Adam step times that bandwidth.
+Pure numpy and yaml: no torch.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from piper_sim.calibrate import fit
+from piper_sim.calibrate.sweep import TINY_OPS
+
+MODEL_RANGE_MAX_BYTES = 4 * 2**20  # largest activation tensors of the shipped small presets are ~2 MiB
+DRAM_MIN_BYTES = 16 * 2**20  # beyond per-core caches, and with several ranks beyond a shared L3
+COMM_BENCHES = ("p2p", "all_to_all", "all_reduce")
+
+
+def aggregate(per_rank: list[dict]) -> list[dict]:
+    """One record per benchmark point: compute times are the median over ranks (each rank's median
+    per call), communication times the max over ranks (a collective ends with its slowest rank).
+    rank_spread = slowest / fastest rank."""
+    groups: dict[tuple, list[dict]] = {}
+    for rank_payload in per_rank:
+        for rec in rank_payload["records"]:
+            key = tuple(sorted((k, v) for k, v in rec.items() if k not in ("time_s", "gemm_sum_s")))
+            groups.setdefault(key, []).append(rec)
+    out = []
+    for recs in groups.values():
+        times = [float(r["time_s"]) for r in recs]
+        pick: Callable[[list[float]], float] = max if recs[0]["bench"] in COMM_BENCHES else fit.median
+        merged = dict(recs[0], time_s=pick(times), rank_spread=max(times) / min(times), num_ranks=len(recs))
+        if "gemm_sum_s" in recs[0]:
+            merged["gemm_sum_s"] = fit.median([float(r["gemm_sum_s"]) for r in recs])
+        out.append(merged)
+    return out
+
+
+def _select(records: Iterable[dict], bench: str, **match: object) -> list[dict]:
+    return [r for r in records if r["bench"] == bench and all(r.get(k) == v for k, v in match.items())]
+
+
+def _r(value: float, digits: int = 4) -> float:
+    """Round to significant digits for a readable YAML."""
+    if value == 0 or not np.isfinite(value):
+        return float(value)
+    return float(f"{value:.{digits}g}")
+
+
+def _us(seconds: float) -> float:
+    return _r(seconds * 1e6)
+
+
+def _linear_fit_yaml(f: fit.LinearFit, *, scale: float = 1e9, unit: str = "GBps") -> dict:
+    return {"overhead_us": _us(f.overhead_s), f"bandwidth_{unit}": _r(f.bandwidth_per_s / scale),
+            "rms_relative_error": _r(f.rms_relative_error, 3), "num_points": f.num_points}
+
+
+def fit_launch(records: list[dict]) -> tuple[float, dict]:
+    tiny = _select(records, "tiny")
+    launch = fit.median([r["time_s"] for r in tiny if r["autograd"] and r["op"] in TINY_OPS])
+    table = {("autograd" if r["autograd"] else "no_grad"): {} for r in tiny}
+    for r in tiny:
+        table["autograd" if r["autograd"] else "no_grad"][f"{r['op']}_us"] = _us(r["time_s"])
+    return launch, table
+
+
+def fit_gemms(records: list[dict], launch_s: float) -> tuple[float, list[float], list[float], dict]:
+    gemms = _select(records, "gemm")
+    peak = fit.peak_rate([r["flops"] for r in gemms], [r["time_s"] for r in gemms], launch_s)
+    rows, eff = fit.efficiency_curve([r["rows"] for r in gemms], [r["flops"] for r in gemms],
+                                     [r["time_s"] for r in gemms], peak, launch_s)
+    best = max(gemms, key=lambda r: r["flops"] / fit.net_time_s(r["time_s"], launch_s))
+    by_shape = []
+    for k, n in dict.fromkeys((r["k"], r["n"]) for r in gemms):
+        pts = sorted(_select(gemms, "gemm", k=k, n=n), key=lambda r: r["rows"])
+        by_shape.append({"label": pts[0]["label"], "k": k, "n": n, "rows": [r["rows"] for r in pts],
+                         "time_us": [_us(r["time_s"]) for r in pts],
+                         "efficiency": [_r(r["flops"] / (peak * fit.net_time_s(r["time_s"], launch_s)), 3)
+                                        for r in pts]})
+    ffns = []
+    for label in dict.fromkeys(r["label"] for r in _select(records, "ffn")):
+        pts = sorted(_select(records, "ffn", label=label), key=lambda r: r["rows"])
+        ffns.append({"label": label, "d_model": pts[0]["d_model"], "ffn_dim": pts[0]["ffn_dim"],
+                     "matrices": pts[0]["matrices"], "rows": [r["rows"] for r in pts],
+                     "time_us": [_us(r["time_s"]) for r in pts], "gemm_sum_us": [_us(r["gemm_sum_s"]) for r in pts],
+                     "whole_over_gemm_sum": [_r(r["time_s"] / r["gemm_sum_s"], 3) for r in pts]})
+    detail = {"peak_at": {"rows": best["rows"], "k": best["k"], "n": best["n"]},
+              "curve": "per rows, median over the (k, n) pairs of flops / (peak x (time - kernel_launch))",
+              "by_shape": by_shape, "expert_ffn": ffns}
+    return peak, rows, eff, detail
+
+
+def fit_attention(records: list[dict], peak: float, launch_s: float) -> tuple[list[float], list[float], list[dict]]:
+    attn = _select(records, "attention")
+    seq, eff = fit.efficiency_curve([r["seq_len"] for r in attn], [r["flops"] for r in attn],
+                                    [r["time_s"] for r in attn], peak, launch_s)
+    detail = []
+    for label in dict.fromkeys(r["label"] for r in attn):
+        pts = sorted(_select(attn, "attention", label=label), key=lambda r: r["seq_len"])
+        detail.append({"label": label, "batch": pts[0]["batch"], "heads": pts[0]["heads"],
+                       "head_dim": pts[0]["head_dim"], "seq_len": [r["seq_len"] for r in pts],
+                       "time_us": [_us(r["time_s"]) for r in pts],
+                       "efficiency": [_r(min(1.0, r["flops"] / (peak * fit.net_time_s(r["time_s"], launch_s))), 3)
+                                      for r in pts]})
+    return seq, eff, detail
+
+
+def fit_memory(records: list[dict], cuda: bool) -> tuple[float, dict]:
+    elem = _select(records, "elementwise")
+    simple = [r for r in elem if r["op"] in ("add", "mul")]
+    in_model = [r for r in simple if cuda or r["tensor_bytes"] <= MODEL_RANGE_MAX_BYTES]
+    model_fit = fit.fit_overhead_bandwidth([r["bytes"] for r in in_model], [r["time_s"] for r in in_model])
+    detail: dict = {"chosen": "model_range" if not cuda else "all sizes",
+                    "model_range": {"max_tensor_bytes": MODEL_RANGE_MAX_BYTES if not cuda else None,
+                                    **_linear_fit_yaml(model_fit)}}
+    dram = [r for r in simple if r["tensor_bytes"] >= DRAM_MIN_BYTES]
+    if len(dram) >= 2:
+        dram_fit = fit.fit_overhead_bandwidth([r["bytes"] for r in dram], [r["time_s"] for r in dram])
+        detail["dram_streaming"] = {"min_tensor_bytes": DRAM_MIN_BYTES, **_linear_fit_yaml(dram_fit)}
+    by_op = {}
+    for op in dict.fromkeys(r["op"] for r in elem):
+        pts = sorted(_select(elem, "elementwise", op=op), key=lambda r: r["tensor_bytes"])
+        op_fit = fit.fit_overhead_bandwidth([r["bytes"] for r in pts], [r["time_s"] for r in pts])
+        by_op[op] = {"tensor_bytes": [r["tensor_bytes"] for r in pts], "time_us": [_us(r["time_s"]) for r in pts],
+                     "achieved_GBps": [_r(r["bytes"] / r["time_s"] / 1e9) for r in pts],
+                     "fit_all_sizes": _linear_fit_yaml(op_fit)}
+    detail["by_op"] = by_op
+    return model_fit.bandwidth_per_s, detail
+
+
+def fit_optimizer_records(records: list[dict], bandwidth: float) -> tuple[float, dict]:
+    pts = _select(records, "optimizer")
+    fixed, per_tensor, per_param, rms = fit.fit_optimizer([r["params"] for r in pts], [r["tensors"] for r in pts],
+                                                          [r["time_s"] for r in pts])
+    bytes_per_param = fit.optimizer_bytes_per_param(per_param, bandwidth)
+    return bytes_per_param, {
+        "model": "time = fixed + per_tensor x tensors + per_param x params (Adam, torch defaults)",
+        "fixed_us": _us(fixed), "per_tensor_us": _us(per_tensor), "per_param_ns": _r(per_param * 1e9),
+        "rms_relative_error": _r(rms, 3),
+        "points": [{"params": r["params"], "tensors": r["tensors"], "time_us": _us(r["time_s"])} for r in pts]}
+
+
+def network_summary(records: list[dict]) -> dict:
+    """Per level and benchmark: sizes, times and the per-message overhead + bandwidth fit."""
+    out: dict = {}
+    for r in records:
+        if r["bench"] not in COMM_BENCHES:
+            continue
+        series = f"pairs_{r['pairs']}" if r["bench"] == "p2p" else f"groups_of_{r['group_size']}"
+        out.setdefault(r.get("level", "local"), {}).setdefault(r["bench"], {}).setdefault(series, []).append(r)
+    for level in out.values():
+        for bench, by_series in level.items():
+            for series, pts in by_series.items():
+                pts.sort(key=lambda r: r["bytes"])
+                f = fit.fit_overhead_bandwidth([r["bytes"] for r in pts], [r["time_s"] for r in pts])
+                entry = {"bytes": [r["bytes"] for r in pts], "time_us": [_us(r["time_s"]) for r in pts],
+                         "fit": _linear_fit_yaml(f)}
+                if bench != "p2p":
+                    entry["concurrent_groups"] = pts[0]["groups"]
+                by_series[series] = entry
+    return out
+
+
+def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dict] | None, quick: bool,
+                  command: str, versions: dict, wall_s: float, load_average_before: list[float] | None = None
+                  ) -> dict:
+    machine = dict(per_rank[0]["machine"], load_average_before=load_average_before)
+    cuda = "accelerator" in machine
+    records = aggregate(per_rank)
+    launch, tiny = fit_launch(records)
+    peak, rows, gemm_eff, gemm_detail = fit_gemms(records, launch)
+    seq, attn_eff, attn_detail = fit_attention(records, peak, launch)
+    bandwidth, memory = fit_memory(records, cuda)
+    opt_bytes, opt_detail = fit_optimizer_records(records, bandwidth)
+    ranks = machine["ranks"]
+    hbm_gib = machine["accelerator_memory_GiB"] if cuda else machine["memory_GiB"] / ranks
+    kind = (f"{machine['accelerator']}, bf16" if cuda else
+            f"CPU ({machine['processor']}, {machine['cpu_count']} cores), {ranks} rank(s) x "
+            f"{machine['threads_per_rank']} thread(s), fp32")
+    network = {"local": network_summary(records).get("local", {})}
+    if testbed_per_rank:
+        network["testbed"] = network_summary(aggregate(testbed_per_rank))
+    spread = [r["rank_spread"] for r in records if r["bench"] not in COMM_BENCHES]
+    return {
+        "name": name, "device": kind,
+        "source": (f"measured by piper-sim calibrate ({'quick' if quick else 'full'} sweep) with {ranks} rank(s) "
+                   "running every benchmark at once (contention included; times are per rank). "
+                   + ("" if cuda else "On CPU peak_bf16_TFLOPS is the measured fp32 peak (key name kept for the "
+                      "schema) and hbm_bandwidth_GBps the bandwidth at the models' tensor sizes (cache). ")
+                   + "See docs/calibration.md."),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "versions": versions, "machine": machine,
+        "peak_bf16_TFLOPS": _r(peak / 1e12, 5), "hbm_GiB": _r(hbm_gib), "hbm_bandwidth_GBps": _r(bandwidth / 1e9),
+        "memory_efficiency": 1.0, "kernel_launch_us": _us(launch),
+        "gemm_efficiency": {"rows": [int(x) for x in rows], "efficiency": [_r(e, 3) for e in gemm_eff]},
+        "attention_efficiency": {"seq_len": [int(x) for x in seq], "efficiency": [_r(e, 3) for e in attn_eff]},
+        "optimizer_bytes_per_param": _r(opt_bytes),
+        "measurements": {
+            "command": command, "sweep": "quick" if quick else "full", "calibrate_wall_s": round(wall_s, 1),
+            "rank_spread_median": _r(fit.median(spread), 3) if spread else None,
+            "per_op_overhead": tiny, "gemm": gemm_detail, "attention": attn_detail, "memory": memory,
+            "optimizer": opt_detail, "network": network,
+        },
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(isinstance(v, int | float | str | bool) or v is None for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def write_profile(path: Path, profile: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = f"# Cost profile measured by `piper-sim calibrate` ({profile['date']}). Units are in the key names.\n"
+    path.write_text(header + yaml.dump(profile, Dumper=_Dumper, sort_keys=False, width=120))

@@ -1,0 +1,226 @@
+"""`piper-sim calibrate`: run the micro-benchmarks on N ranks at once and write a cost profile.
+
+Owns the job each rank runs (compute benchmarks, then communication), the progress line on stderr,
+collecting the per-rank records, the optional communication run inside a testbed, and writing the
+profile. Ranks are spawned with torch_backend.local_launch.run_local, each with cores // N intra-op
+threads as `piper-sim run` gives them. Imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from piper_sim.calibrate.comm import group_sizes, run_comm
+from piper_sim.calibrate.compute import run_compute
+from piper_sim.calibrate.profile import build_profile, write_profile
+from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
+from piper_sim.calibrate.timing import pick_device
+from piper_sim.errors import PiperError
+
+
+class Progress:
+    """Progress of rank 0 on stderr: '[calibrate  42%] gemm 12/143: rows 64, k 256, n 512'.
+
+    On a terminal the line is rewritten in place; otherwise a line is printed when the benchmark kind
+    changes or at most once a second."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.done = max(total, 1), enabled, 0
+        self.tty = sys.stderr.isatty()
+        self.last_print, self.last_kind = 0.0, ""
+
+    def __call__(self, what: str) -> None:
+        if not self.enabled:
+            return
+        self.done += 1
+        kind = what.split(" ", 1)[0]
+        line = f"[calibrate {min(100, 100 * self.done // self.total):3d}%] {what}"
+        now = time.monotonic()
+        if self.tty:
+            print(f"\r\033[K{line}", end="", file=sys.stderr, flush=True)
+        elif kind != self.last_kind or now - self.last_print >= 1.0:
+            print(line, file=sys.stderr, flush=True)
+            self.last_print = now
+        self.last_kind = kind
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class CalibrationJob:
+    """What each rank runs; picklable."""
+
+    records_dir: str
+    quick: bool
+    presets: tuple[str, ...] = DEFAULT_PRESETS
+    compute: bool = True
+    comm: bool = True
+    levels: dict[str, list[tuple[int, int]]] | None = None
+    tag: str = "local"
+    extra: dict = field(default_factory=dict)
+
+
+def _num_comm_items(world: int, sizes: int, levels: dict | None) -> int:
+    if world < 2:
+        return 0
+    pair_lists = (levels or {"local": [(0, 1)] * (world // 2)}).values()
+    p2p = sum(2 if len(p) > 1 else 1 for p in pair_lists) * sizes
+    return p2p + 2 * len(group_sizes(world)) * sizes
+
+
+def machine_facts(rank: int, world: int) -> dict:
+    device = pick_device(rank)
+    facts = {"platform": platform.platform(), "processor": _cpu_name(), "cpu_count": os.cpu_count(),
+             "ranks": world, "threads_per_rank": torch.get_num_threads(), "dtype": device.dtype_name,
+             "memory_GiB": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 2)}
+    if device.is_cuda:
+        props = torch.cuda.get_device_properties(device.torch_device)
+        facts.update(accelerator=props.name, accelerator_memory_GiB=round(props.total_memory / 2**30, 2),
+                     accelerator_count=torch.cuda.device_count())
+    return facts
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def worker(rank: int, world: int, job: CalibrationJob) -> None:
+    """One rank: the benchmarks in the same order as every other rank; records to records_dir."""
+    device = pick_device(rank)
+    sweep = make_sweep(job.quick, job.presets, cuda=device.is_cuda)
+    total = (sweep.num_compute_items() + 1 if job.compute else 0) + (
+        _num_comm_items(world, len(sweep.message_bytes), job.levels) if job.comm else 0)
+    progress = Progress(total, enabled=rank == 0)
+    records: list[dict] = []
+    if job.compute:
+        records += run_compute(device, sweep, progress)
+    if job.comm:
+        records += [dict(r, where=job.tag) for r in
+                    run_comm(rank, world, sweep.message_bytes, sweep.timing, progress, job.levels)]
+    progress.close()
+    payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records}
+    Path(job.records_dir, f"{job.tag}-rank{rank}.json").write_text(json.dumps(payload))
+
+
+def read_records(records_dir: Path, tag: str, world: int) -> list[list[dict]]:
+    out = []
+    for rank in range(world):
+        path = records_dir / f"{tag}-rank{rank}.json"
+        if not path.exists():
+            raise PiperError(f"calibrate: rank {rank} wrote no results ({path.name})")
+        out.append(json.loads(path.read_text()))
+    return out
+
+
+def _threads(world: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def run_local_job(job: CalibrationJob, world: int, timeout_s: float) -> list[dict]:
+    from piper_sim.torch_backend.local_launch import run_local
+
+    try:
+        run_local(worker, world, job, timeout_s=timeout_s, num_threads=_threads(world))
+    except TimeoutError:
+        raise PiperError(f"calibrate: the {world} ranks did not finish within {timeout_s:.0f} s") from None
+    return read_records(Path(job.records_dir), job.tag, world)
+
+
+def run_testbed_job(job: CalibrationJob, prefix: str, timeout_s: float) -> list[dict]:
+    """Communication benchmarks with each rank in its testbed node's namespace; levels 'intra-node'
+    (pairs on one node) and 'inter-node' (pairs on different nodes)."""
+    from piper_sim.testbed import load
+    from piper_sim.torch_backend.process_launch import launch_processes
+
+    bed = load(prefix)
+    if bed is None:
+        raise PiperError(f"--testbed {prefix}: no testbed with that prefix is up (run `piper-sim testbed up` first)")
+    rank_map = bed.rank_map()
+    world = len(rank_map)
+    hosts = {r: bed.rank(r).host for r in range(world)}
+    job = CalibrationJob(records_dir=job.records_dir, quick=job.quick, presets=job.presets, compute=False,
+                         comm=True, levels=testbed_levels(hosts), tag="testbed")
+    launch_processes("piper_sim.calibrate.runner:worker", (job,), world, Path(job.records_dir) / "testbed-logs",
+                     master_addr=rank_map[0][1], timeout_s=timeout_s,
+                     rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": str(_threads(world))}
+                               for r in range(world)},
+                     rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _ip) in rank_map.items()})
+    return read_records(Path(job.records_dir), job.tag, world)
+
+
+def testbed_levels(hosts: dict[int, int]) -> dict[str, list[tuple[int, int]]]:
+    """Disjoint rank pairs per level: on one node, and across nodes (greedy, lowest ranks first)."""
+    levels: dict[str, list[tuple[int, int]]] = {}
+    for level, same in (("intra-node", True), ("inter-node", False)):
+        used: set[int] = set()
+        pairs = []
+        for a in sorted(hosts):
+            for b in sorted(hosts):
+                if a < b and a not in used and b not in used and (hosts[a] == hosts[b]) == same:
+                    pairs.append((a, b))
+                    used |= {a, b}
+        if pairs:
+            levels[level] = pairs
+    return levels
+
+
+def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
+              presets: tuple[str, ...] = DEFAULT_PRESETS, command: str = "", timeout_s: float | None = None,
+              records_out: Path | None = None) -> dict:
+    """Run the benchmarks and write the profile to `out`; returns the profile mapping.
+
+    records_out: also save the raw per-rank records (JSON) there, for refitting (refit_profile)."""
+    if ranks < 1:
+        raise PiperError(f"--ranks {ranks}: a positive number of ranks")
+    timeout = timeout_s or (600.0 if quick else 7200.0)
+    started = time.perf_counter()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    if load_before[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"calibrate: warning: the machine is busy (load average {load_before[0]} on {os.cpu_count()} cores); "
+              "other processes' work will be measured as contention", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="piper-calibrate-") as tmp:
+        job = CalibrationJob(records_dir=tmp, quick=quick, presets=presets)
+        per_rank = run_local_job(job, ranks, timeout)
+        testbed_ranks = run_testbed_job(job, testbed, timeout) if testbed else None
+    raw = {"per_rank": per_rank, "testbed_per_rank": testbed_ranks, "quick": quick, "command": command,
+           "versions": _versions(), "wall_s": time.perf_counter() - started, "load_average_before": load_before}
+    if records_out is not None:
+        records_out.parent.mkdir(parents=True, exist_ok=True)
+        records_out.write_text(json.dumps(raw))
+    profile = build_profile(name=out.stem, **raw)
+    write_profile(out, profile)
+    return profile
+
+
+def refit_profile(records_path: Path, out: Path) -> dict:
+    """Rebuild a profile from raw records saved by calibrate(records_out=...), without measuring again."""
+    raw = json.loads(Path(records_path).read_text())
+    profile = build_profile(name=out.stem, **raw)
+    write_profile(out, profile)
+    return profile
+
+
+def _versions() -> dict[str, str]:
+    import numpy
+
+    from piper_sim import __version__ as piper_version
+
+    return {"piper_sim": str(piper_version), "torch": str(torch.__version__), "python": platform.python_version(),
+            "numpy": numpy.__version__}

@@ -1,0 +1,95 @@
+"""Timing of one benchmarked call, the same way on every rank, and the device the benchmarks run on.
+
+Owns the measurement protocol: warm-up, an inner loop long enough for the clock (the count agreed by
+all ranks, so they stay in step and contend for the machine together), several samples, the median.
+Imports torch (calibration runs benchmarks through torch).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from piper_sim.calibrate.sweep import TimingPlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """Where compute benchmarks run: CPU fp32, or one CUDA device in bf16."""
+
+    torch_device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.torch_device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.torch_device)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+
+def pick_device(rank: int) -> Device:
+    if torch.cuda.is_available():
+        index = rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return Device(torch_device=torch.device("cuda", index), dtype=torch.bfloat16)
+    return Device(torch_device=torch.device("cpu"), dtype=torch.float32)
+
+
+def _agree_max(value: float) -> float:
+    """The largest value over all ranks (every rank gets it); the value itself without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _probe_s(fn: Callable[[], object], sync: Callable[[], None], collective: bool) -> float:
+    """Rough seconds per call. Local calls: grow the loop until it lasts 1 ms. Collectives: one call
+    (a collective must be called the same number of times on every rank)."""
+    calls = 1
+    while True:
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        elapsed = time.perf_counter() - start
+        if collective or elapsed >= 1e-3 or calls >= 4096:
+            return elapsed / calls
+        calls *= 4
+
+
+def time_call(fn: Callable[[], object], plan: TimingPlan, *, sync: Callable[[], None] = lambda: None,
+              collective: bool = False) -> list[float]:
+    """Seconds per call of fn, one value per sample (use the median). All ranks must call this together
+    for the same benchmark: they agree on the inner-loop count, so they run it at the same time."""
+    for _ in range(plan.warmup_calls):
+        fn()
+    sync()
+    per_call = _agree_max(_probe_s(fn, sync, collective))
+    calls = max(1, min(plan.max_calls, round(plan.sample_s / max(per_call, 1e-9))))
+    samples = []
+    for _ in range(plan.num_samples):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - start) / calls)
+    return samples
+
+
+def median_s(samples: list[float]) -> float:
+    return statistics.median(samples)
