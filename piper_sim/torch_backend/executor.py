@@ -78,7 +78,7 @@ class Executor:
 
     def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
                  all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, migration: dict | None = None) -> None:
         if schedule.vpp > 1 and schedule.pp == 1:
             raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
         self.schedule, self.model, self.rank = schedule, model, rank
@@ -95,17 +95,36 @@ class Executor:
             last = v == self.num_virtual - 1
             self.modules.append(StageModule(model, schedule.stage_layers[v], first=v == 0, last=last,
                                             ep_rank=self.coords["ep"], ep_size=self.mesh.ep, seed=seed, dtype=dtype))
-        params = [p for m in self.modules for p in m.parameters()]
-        self.expert_params = [p for m in self.modules for n, p in m.named_parameters() if ".experts." in n]
-        expert_ids = {id(p) for p in self.expert_params}
-        self.dense_params = [p for p in params if id(p) not in expert_ids]
-        self.optimizer = torch.optim.Adam(params, lr=lr)
+        self.dtype, self.lr = dtype, lr
+        self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
+        self.pending_optimizer_state: dict = {}
+        self.rebuild_optimizer()
         self.replicas = self.mesh.dp * self.mesh.ep
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
         self._prepare_groups()
         self.routing_rows: list[tuple[int, int, int, int, list[int]]] = []  # (step, layer, mb, source, counts)
         self.records: list[dict] = []
         self.captured_grads: dict[str, Tensor] | None = None  # set to {} to keep step 0's reduced gradients
+        self.migration = None
+        if migration and migration.get("enabled") and migration.get("policy", "greedy") != "none":
+            from .migrate import ExpertMigration
+
+            self.migration = ExpertMigration(self, migration)
+
+    def rebuild_optimizer(self) -> None:
+        """(Re)collect parameters in name order and carry every parameter's Adam state over.
+
+        Name order keeps the gradient all-reduce buffers aligned across ranks after experts move.
+        """
+        named = sorted((n, p) for m in self.modules for n, p in m.named_parameters())
+        self.expert_params = [p for n, p in named if ".experts." in n]
+        self.dense_params = [p for n, p in named if ".experts." not in n]
+        old = self.optimizer.state
+        self.optimizer = torch.optim.Adam([p for _, p in named], lr=self.lr)
+        for _, p in named:
+            state = self.pending_optimizer_state.pop(p, None) or old.get(p)
+            if state:
+                self.optimizer.state[p] = state
 
     def skew_routers(self, expert_logit_bias) -> None:
         """Add a fixed bias to every router's logits (expert_logit_bias(layer) -> list of E floats)."""
@@ -153,6 +172,8 @@ class Executor:
             return self._backward(task), 0.0
         if task.kind == "backward_weight":
             return self._weight_pass(task), 0.0
+        if task.kind == "all_to_all" and task.role == "migrate" and self.migration is not None:
+            return 0.0, self.migration.run(self.step, self.routing_rows)
         if task.kind == "all_to_all" and task.role in ("dispatch", "combine"):
             return 0.0, self._all_to_all(task)
         if task.kind in ("send", "recv"):
@@ -209,8 +230,8 @@ class Executor:
     def _op_flops(self, op: str, state: State) -> float:
         tokens = self.model.seq_len * (state["h"].shape[0] if "h" in state and state["h"].dim() == 3 else 1)
         if op.startswith("experts:"):
-            ids = state["recv_expert_ids"] - self.modules[0].expert_range.start
-            rows = tuple(torch.bincount(ids, minlength=self.modules[0].experts_per_rank).tolist())
+            counts = torch.bincount(state["recv_expert_ids"], minlength=self.model.num_experts)
+            rows = tuple(int(c) for c in counts.tolist() if c > 0)
             return op_work(self.model, op, tokens, rows).flops
         return op_work(self.model, op, tokens).flops
 

@@ -101,6 +101,9 @@ class StageModule(nn.Module):
             self.embed = nn.Embedding(spec.vocab_size, spec.d_model, **kw)
         self.layers = nn.ModuleDict({str(i): Layer(spec, i, self.expert_range, **kw)
                                      for i in self.layer_indices})
+        # expert -> EP rank, per MoE layer; contiguous at start, changed by expert migration
+        self.owners = {i: torch.arange(spec.num_experts) // self.experts_per_rank
+                       for i in self.layer_indices if spec.is_moe_layer(i)}
         if last:
             self.norm = RMSNorm(spec.d_model, **kw)
             self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False, **kw)
@@ -136,8 +139,8 @@ class StageModule(nn.Module):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
-    def destination_rank(self, expert_ids: Tensor) -> Tensor:
-        return torch.div(expert_ids, self.experts_per_rank, rounding_mode="floor")
+    def destination_rank(self, expert_ids: Tensor, layer_index: int) -> Tensor:
+        return self.owners[layer_index].to(expert_ids.device)[expert_ids]
 
 
 def _attn(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:
@@ -154,14 +157,15 @@ def _router(stage: StageModule, layer: Layer, layer_index: int, state: State) ->
     x = layer.norm2(state["h"]).flatten(0, -2)
     weights, ids = layer.router(x)
     flat_ids = ids.flatten()
-    order = torch.argsort(flat_ids, stable=True)  # by expert, hence by destination EP rank
-    send_ids = flat_ids[order]
     num_experts = stage.spec.num_experts
+    owner = stage.destination_rank(flat_ids, layer_index)
+    order = torch.argsort(owner * num_experts + flat_ids, stable=True)  # by destination EP rank, then expert
+    send_ids = flat_ids[order]
     state.pop("shared_out", None)
     state.update(
         x=x,
         send_rows=x[torch.div(order, stage.spec.top_k, rounding_mode="floor")],
-        send_splits=torch.bincount(stage.destination_rank(send_ids), minlength=stage.ep_size).tolist(),
+        send_splits=torch.bincount(owner[order], minlength=stage.ep_size).tolist(),
         send_expert_ids=send_ids,
         gate_weights=weights,
         gate_order=order,
@@ -180,21 +184,24 @@ def _shared(stage: StageModule, layer: Layer, layer_index: int, state: State) ->
     state["shared_out"] = out
 
 
-def run_local_experts(experts: nn.ModuleDict, first_expert: int, rows: Tensor, expert_ids: Tensor) -> Tensor:
-    """Apply each local expert to its rows (grouped by expert) and return outputs in the input order."""
-    local_ids = expert_ids - first_expert
+def run_local_experts(experts: nn.ModuleDict, rows: Tensor, expert_ids: Tensor, num_experts: int) -> Tensor:
+    """Apply each local expert (keyed by global id) to its rows and return outputs in the input order."""
+    held = sorted(int(k) for k in experts)
+    local_of = torch.full((num_experts,), -1, dtype=torch.int64)
+    local_of[held] = torch.arange(len(held))
+    local_ids = local_of[expert_ids]
+    if (local_ids < 0).any():
+        raise ValueError(f"rows for experts this rank does not hold (holds {held})")
     order = torch.argsort(local_ids, stable=True)
-    counts = torch.bincount(local_ids, minlength=len(experts)).tolist()
-    if len(counts) > len(experts):
-        raise ValueError(f"rows for expert ids outside the local range starting at {first_expert}")
+    counts = torch.bincount(local_ids, minlength=len(held)).tolist()
     pieces = torch.split(rows[order], counts)
-    outs = [experts[str(first_expert + i)](piece) for i, piece in enumerate(pieces)]
+    outs = [experts[str(held[i])](piece) for i, piece in enumerate(pieces)]
     return torch.cat(outs)[torch.argsort(order)]
 
 
 def _experts(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:
-    first = stage.expert_range.start
-    state["return_rows"] = run_local_experts(layer.experts, first, state["recv_rows"], state["recv_expert_ids"])
+    state["return_rows"] = run_local_experts(layer.experts, state["recv_rows"], state["recv_expert_ids"],
+                                             stage.spec.num_experts)
 
 
 def _moe_out(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:

@@ -66,7 +66,7 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
                             par.num_microbatches)
     executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of,
                         all_to_all_algorithm=cfg.all_to_all, batch_fn=batch_fn,
-                        micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr)
+                        micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration)
     if spec.capture_grads:
         executor.captured_grads = {}
     bias = router_bias(cfg)
@@ -172,8 +172,6 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
     network namespace and talks over the shaped links. Otherwise ranks are spawned on this machine.
     """
     world = cfg.parallel.num_gpus
-    if cfg.migration.get("enabled"):
-        raise PiperError("migration: expert migration is not run by the torch backend yet; set migration.enabled false")
     router_bias(cfg)  # refuse routing kinds a real router cannot follow before starting any rank
     spec = RunSpec(raw_config=cfg.resolved(), out_dir=str(out_dir), node_of=node_map(cfg, world),
                    corpus_bytes=corpus_bytes, capture_grads=capture_grads)
