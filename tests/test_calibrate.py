@@ -1,0 +1,161 @@
+"""Calibration: fits recover known numbers from synthetic times; a quick measured calibration writes a
+profile that the cost model loads, with increasing curves and efficiencies in (0, 1]."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from piper_sim.calibrate import fit
+from piper_sim.calibrate.profile import aggregate, build_profile
+from piper_sim.workload.cost import load_profile
+
+SIZES = [2**p for p in range(10, 25, 2)]  # 1 KiB .. 16 MiB
+
+
+def test_overhead_and_bandwidth_are_recovered_exactly_from_a_linear_model():
+    times = [3e-6 + s / 20e9 for s in SIZES]
+    f = fit.fit_overhead_bandwidth(SIZES, times)
+    assert f.overhead_s == pytest.approx(3e-6, rel=1e-9)
+    assert f.bandwidth_per_s == pytest.approx(20e9, rel=1e-9)
+    assert f.rms_relative_error < 1e-9
+    assert f.time_s(1e6) == pytest.approx(3e-6 + 1e6 / 20e9)
+
+
+def test_overhead_and_bandwidth_survive_noise():
+    rng = np.random.default_rng(0)
+    times = [(40e-6 + s / 2.5e9) * rng.uniform(0.97, 1.03) for s in SIZES]
+    f = fit.fit_overhead_bandwidth(SIZES, times)
+    assert f.overhead_s == pytest.approx(40e-6, rel=0.1)
+    assert f.bandwidth_per_s == pytest.approx(2.5e9, rel=0.05)
+
+
+def test_a_negative_term_is_dropped_not_fitted():
+    # times fall with size: the best non-negative model is a constant (no bandwidth term)
+    f = fit.fit_overhead_bandwidth([1, 2, 4], [4e-6, 3e-6, 2e-6])
+    assert f.bandwidth_per_s == math.inf
+    assert f.overhead_s > 0
+
+
+def _gemm_points(peak: float, launch: float, curve: dict[int, float]) -> list[tuple[int, int, int, float, float]]:
+    """(rows, k, n, flops, time) of GEMMs that run at exactly curve[rows] x peak after a fixed launch."""
+    points = []
+    for k, n in ((64, 128), (256, 512), (512, 256)):
+        for rows, eff in curve.items():
+            flops = 2.0 * rows * k * n
+            points.append((rows, k, n, flops, launch + flops / (peak * eff)))
+    return points
+
+
+def test_peak_and_efficiency_curve_are_recovered_net_of_the_launch_overhead():
+    peak, launch = 80e9, 2e-6
+    curve = {1: 0.1, 16: 0.5, 256: 0.9, 4096: 1.0}
+    points = _gemm_points(peak, launch, curve)
+    rows, _, _, flops, times = zip(*points, strict=True)
+    assert fit.peak_rate(flops, times, launch) == pytest.approx(peak)
+    xs, eff = fit.efficiency_curve(rows, flops, times, peak, launch)
+    assert xs == sorted(curve)
+    assert eff == pytest.approx([curve[r] for r in xs])
+
+
+def test_optimizer_fit_recovers_per_tensor_and_per_parameter_costs():
+    params = [p for p in (16384, 262144, 4194304) for _ in (1, 16, 64)]
+    tensors = [t for _ in (16384, 262144, 4194304) for t in (1, 16, 64)]
+    times = [5e-6 + 12e-6 * t + 1.5e-9 * p for p, t in zip(params, tensors, strict=True)]
+    fixed, per_tensor, per_param, rms = fit.fit_optimizer(params, tensors, times)
+    assert (fixed, per_tensor, per_param) == pytest.approx((5e-6, 12e-6, 1.5e-9))
+    assert rms < 1e-9
+    assert fit.optimizer_bytes_per_param(per_param, 40e9) == pytest.approx(60.0)
+
+
+MACHINE = {"platform": "test", "processor": "synthetic", "cpu_count": 4, "ranks": 2, "threads_per_rank": 2,
+           "dtype": "float32", "memory_GiB": 16.0}
+
+
+def _synthetic_records(rank_scale: float) -> list[dict]:
+    """Records a machine with launch 2 us, peak 80 GFLOP/s, 40 GB/s and Adam at 1.5 ns/param would give."""
+    launch, peak, bw = 2e-6, 80e9, 40e9
+    recs: list[dict] = []
+    for grad in (False, True):
+        recs += [{"bench": "tiny", "op": op, "autograd": grad, "time_s": launch * rank_scale}
+                 for op in ("add", "mul", "softmax", "linear")]
+    for rows, k, n, flops, t in _gemm_points(peak, launch, {1: 0.1, 16: 0.5, 256: 0.9, 4096: 1.0}):
+        recs.append({"bench": "gemm", "rows": rows, "k": k, "n": n, "label": f"{k}x{n}", "flops": flops,
+                     "time_s": t * rank_scale})
+    for seq, eff in ((64, 0.2), (256, 0.4)):
+        flops = 2.0 * 2 * seq * seq * 4 * 16
+        recs.append({"bench": "attention", "seq_len": seq, "batch": 2, "heads": 4, "head_dim": 16, "label": "a",
+                     "flops": flops, "time_s": (launch + flops / (peak * eff)) * rank_scale})
+    for size in SIZES[:6]:
+        for op in ("add", "mul"):
+            recs.append({"bench": "elementwise", "op": op, "tensor_bytes": size, "bytes": 3 * size,
+                         "time_s": (launch + 3 * size / bw) * rank_scale})
+    for p, t in ((16384, 1), (16384, 16), (4194304, 1), (4194304, 16)):
+        recs.append({"bench": "optimizer", "params": p, "tensors": t, "time_s": (12e-6 * t + 1.5e-9 * p) * rank_scale})
+    for size in SIZES:
+        recs.append({"bench": "p2p", "level": "local", "pairs": 1, "bytes": size,
+                     "time_s": (30e-6 + size / 2e9) * rank_scale})
+    return recs
+
+
+def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
+    per_rank = [{"rank": r, "machine": MACHINE, "records": _synthetic_records(s)} for r, s in enumerate((1.0, 1.0))]
+    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
+                            versions={"torch": "x"}, wall_s=1.0)
+    assert profile["kernel_launch_us"] == pytest.approx(2.0)
+    assert profile["peak_bf16_TFLOPS"] == pytest.approx(0.08)
+    assert profile["hbm_bandwidth_GBps"] == pytest.approx(40.0, rel=1e-3)
+    assert profile["optimizer_bytes_per_param"] == pytest.approx(1.5e-9 * 40e9, rel=1e-3)
+    assert profile["gemm_efficiency"] == {"rows": [1, 16, 256, 4096], "efficiency": [0.1, 0.5, 0.9, 1.0]}
+    assert profile["attention_efficiency"]["efficiency"] == pytest.approx([0.2, 0.4], rel=1e-3)
+    p2p = profile["measurements"]["network"]["local"]["p2p"]["pairs_1"]["fit"]
+    assert p2p["overhead_us"] == pytest.approx(30.0, rel=1e-3)
+    assert p2p["bandwidth_GBps"] == pytest.approx(2.0, rel=1e-3)
+    cost = load_profile(profile)
+    assert cost.kernel_launch_s == pytest.approx(2e-6)
+    assert cost.hbm_bytes == pytest.approx(8 * 2**30)  # memory per rank
+
+
+def test_aggregate_takes_the_median_rank_for_compute_and_the_slowest_for_collectives():
+    recs = [[{"bench": "gemm", "rows": 1, "time_s": t}, {"bench": "all_reduce", "bytes": 8, "time_s": t}]
+            for t in (1.0, 2.0, 6.0)]
+    agg = {r["bench"]: r for r in aggregate([{"records": r} for r in recs])}
+    assert agg["gemm"]["time_s"] == 2.0
+    assert agg["all_reduce"]["time_s"] == 6.0
+    assert agg["gemm"]["rank_spread"] == 6.0
+
+
+def test_testbed_levels_pair_ranks_on_one_node_and_across_nodes():
+    from piper_sim.calibrate.runner import testbed_levels
+
+    levels = testbed_levels({0: 0, 1: 0, 2: 1, 3: 1})
+    assert levels == {"intra-node": [(0, 1), (2, 3)], "inter-node": [(0, 2), (1, 3)]}
+
+
+def _increasing(xs: list[float]) -> bool:
+    return all(a < b for a, b in zip(xs, xs[1:], strict=False))
+
+
+def test_quick_calibration_writes_a_loadable_profile(tmp_path):
+    out = tmp_path / "cpu-test.yaml"
+    proc = subprocess.run([sys.executable, "-m", "piper_sim.cli", "calibrate", "--quick", "--ranks", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    raw = yaml.safe_load(out.read_text())
+    profile = load_profile(out)
+    assert profile.name == "cpu-test"
+    assert profile.peak_flops_per_s > 1e8 and profile.hbm_bytes_per_s > 1e8 and profile.kernel_launch_s > 0
+    for curve in (profile.gemm_efficiency, profile.attention_efficiency):
+        assert _increasing(list(curve.x)) and len(curve.x) >= 3
+        assert all(0 < e <= 1 for e in curve.efficiency)
+    assert raw["source"].startswith("measured by piper-sim calibrate")
+    assert {"platform", "cpu_count", "ranks"} <= set(raw["machine"]) and raw["versions"]["torch"]
+    assert raw["measurements"]["command"].startswith("piper-sim calibrate")
+    network = raw["measurements"]["network"]["local"]
+    assert {"p2p", "all_to_all", "all_reduce"} <= set(network)
+    assert network["p2p"]["pairs_1"]["fit"]["bandwidth_GBps"] > 0
