@@ -115,15 +115,20 @@ def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None 
     from piper_sim.workload.cost import load_profile
 
     par = cfg.parallel
-    rows, losses, wall, rss = launch(cfg, out, timeout_s=timeout_s, testbed=testbed)
+    rows, losses, wall, memory = launch(cfg, out, timeout_s=timeout_s, testbed=testbed)
     trace = normalize(rows)
     per_stage = par.num_gpus // par.pp
-    peak = [float(max(rss[p * per_stage:(p + 1) * per_stage])) for p in range(par.pp)]
+
+    def per_stage_max(key: str) -> list[float]:
+        return [float(max(m[key] for m in memory[p * per_stage:(p + 1) * per_stage])) for p in range(par.pp)]
+
+    peak = per_stage_max("peak_tensor_bytes")
     profile = load_profile(cfg.cost_profile)
     report = build_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
                           tokens_per_step=par.sequences_per_step * cfg.model.seq_len, peak_memory_by_stage=peak)
     report.update(backend="torch", device="cuda" if _cuda() else "cpu", losses=losses, run_wall_s=wall,
-                  peak_memory_kind="process peak RSS", mfu_peak_profile=profile.name, testbed=testbed)
+                  peak_memory_kind="tensor accounting: params, grads, Adam moments, autograd-saved activations",
+                  peak_rss_bytes=per_stage_max("peak_rss_bytes"), mfu_peak_profile=profile.name, testbed=testbed)
     write_run(out, resolved_config=cfg.resolved(), report=report, trace=trace, trace_format=cfg.trace_format,
               title=f"{cfg.model.name} {cfg.schedule} pp{par.pp} ep{par.ep} (measured)")
     return report

@@ -48,6 +48,7 @@ class Segment:
     chunk_module: StageModule | None = None
     a2a: dict | None = None  # for all-to-all pieces: role, splits, layer
     flops: float = 0.0  # forward FLOPs of the segment (with the real expert rows)
+    saved_bytes: float = 0.0  # activations autograd keeps for the segment's backward (unique storages)
 
 
 @dataclass
@@ -99,6 +100,8 @@ class Executor:
         self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
         self.pending_optimizer_state: dict = {}
         self.rebuild_optimizer()
+        self.peak_tensor_bytes = 0.0
+        self._live_activation_bytes = 0.0
         self.replicas = self.mesh.dp * self.mesh.ep
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
         self._prepare_groups()
@@ -117,6 +120,7 @@ class Executor:
         Name order keeps the gradient all-reduce buffers aligned across ranks after experts move.
         """
         named = sorted((n, p) for m in self.modules for n, p in m.named_parameters())
+        self._param_ids = {id(p) for _, p in named}
         self.expert_params = [p for n, p in named if ".experts." in n]
         self.dense_params = [p for n, p in named if ".experts." not in n]
         old = self.optimizer.state
@@ -212,7 +216,15 @@ class Executor:
         module = self.modules[task.chunk]
         seg = Segment(inputs=_leafify(ms.state), chunk_module=module)
         flops = 0.0
-        with torch.enable_grad():
+        saved: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            if id(t) not in self._param_ids:
+                storage = t.untyped_storage()
+                saved[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             for op in task.ops:
                 module.run_op(op, ms.state)
                 flops += self._op_flops(op, ms.state)
@@ -224,8 +236,15 @@ class Executor:
             ms.state["loss_scaled"] = ms.state["loss"] * self.loss_scale
         seg.outputs = _differentiable(ms.state)
         seg.flops = flops
+        seg.saved_bytes = float(sum(saved.values()))
+        self._live_activation_bytes += seg.saved_bytes
+        self.peak_tensor_bytes = max(self.peak_tensor_bytes, self._static_bytes() + self._live_activation_bytes)
         ms.segments.append(seg)
         return flops
+
+    def _static_bytes(self) -> float:
+        """Parameters, their gradients and Adam's two moments (the training state of the rank)."""
+        return 4.0 * sum(p.numel() * p.element_size() for m in self.modules for p in m.parameters())
 
     def _op_flops(self, op: str, state: State) -> float:
         tokens = self.model.seq_len * (state["h"].shape[0] if "h" in state and state["h"].dim() == 3 else 1)
@@ -255,6 +274,7 @@ class Executor:
             if outputs:
                 torch.autograd.backward(outputs, grads)
             got = [leaf.grad for _, leaf in leaves]
+            self._live_activation_bytes -= seg.saved_bytes
         for (key, _), grad in zip(leaves, got, strict=True):
             if grad is not None:
                 ms.pending[key] = grad
@@ -271,6 +291,7 @@ class Executor:
             params = [p for p in seg.chunk_module.parameters() if p.requires_grad]
             torch.autograd.backward([seg.outputs[k] for k in keys], [seg.output_grads[k] for k in keys],
                                     inputs=params)
+            self._live_activation_bytes -= seg.saved_bytes
         ms.done_backward.clear()
         return flops
 

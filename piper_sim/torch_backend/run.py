@@ -86,18 +86,18 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     rows = executor.records
     if spec.gather:
         gathered: list = [None] * world_size if rank == 0 else None
-        dist.gather_object((rows, peak_rss), gathered, dst=0)
+        dist.gather_object((rows, peak_rss, executor.peak_tensor_bytes), gathered, dst=0)
         if rank != 0:
             return
         parts = gathered
     else:
-        parts = [(rows, peak_rss)]
+        parts = [(rows, peak_rss, executor.peak_tensor_bytes)]
     out = Path(spec.out_dir) / "ranks"
     out.mkdir(parents=True, exist_ok=True)
-    for r, (part_rows, rss) in enumerate(parts):
+    for r, (part_rows, rss, tensors) in enumerate(parts):
         r = r if spec.gather else rank
         pd.DataFrame(part_rows).to_parquet(out / f"rank{r}.parquet", index=False)
-        (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss}))
+        (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss, "peak_tensor_bytes": tensors}))
     (out / f"rank{rank}.routing.json").write_text(json.dumps(executor.routing_rows))
     if executor.captured_grads is not None:
         torch.save(executor.captured_grads, out / f"rank{rank}.grads.pt")
@@ -165,8 +165,11 @@ def node_map(cfg, num_ranks: int) -> dict[int, int]:
 
 def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 2_000_000,
            capture_grads: bool = False, testbed: str | None = None
-           ) -> tuple[pd.DataFrame, list[float], float, list[int]]:
-    """Run the ranks; returns (trace rows, loss per step, wall seconds, peak RSS per rank).
+           ) -> tuple[pd.DataFrame, list[float], float, list[dict]]:
+    """Run the ranks; returns (trace rows, loss per step, wall seconds, peak memory per rank).
+
+    Peak memory per rank: {"peak_tensor_bytes": training state (params, grads, Adam moments) plus the
+    activations autograd keeps, at its highest; "peak_rss_bytes": the process's peak resident size}.
 
     testbed: the prefix of a running `piper-sim testbed up`; each rank then runs inside its node's
     network namespace and talks over the shaped links. Otherwise ranks are spawned on this machine.
@@ -185,8 +188,8 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
     merge_routing(cfg, ranks, Path(out_dir) / "routing.npz")
     frames = [pd.read_parquet(ranks / f"rank{r}.parquet") for r in range(world)]
     losses = json.loads((ranks / "losses.json").read_text())
-    rss = [json.loads((ranks / f"rank{r}.json").read_text())["peak_rss_bytes"] for r in range(world)]
-    return pd.concat(frames, ignore_index=True), losses, wall, rss
+    memory = [json.loads((ranks / f"rank{r}.json").read_text()) for r in range(world)]
+    return pd.concat(frames, ignore_index=True), losses, wall, memory
 
 
 def _launch_local(spec: RunSpec, world: int, timeout_s: float) -> None:

@@ -5,7 +5,8 @@ Owns the byte formulas of Piper's resource model (DESIGN.md section 6; Dash and 
 activations per layer and micro-batch of b sequences of length s: 12 b s d for attention, plus
 4 b H s^2 for the score matrix when attention is not fused (flash attention keeps none), plus
 2 b s k (3 d_ffn + d) for routed experts (k copies of each token through the expert FFN);
-dense FFNs 2 b s (m d_ffn + d); the last stage also keeps fp32 logits, 4 b s V.
+dense FFNs 2 b s (m d_ffn + d); the last stage also keeps fp32 logits, 4 b s V. The formula's
+constants are for 2-byte (fp16/bf16) activations; other dtypes scale them by dtype_bytes / 2.
 Must not import simpy or torch.
 """
 
@@ -52,6 +53,7 @@ def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size
         else:
             width = model.dense_ffn_dim or model.expert_ffn_dim
             total += 2 * b * s * (model.dense_matrix_count * width + d)
+    total *= model.dtype_bytes / 2
     if last:
-        total += 2 * b * s * d + 4 * b * s * model.vocab_size
+        total += model.dtype_bytes * b * s * d + 4 * b * s * model.vocab_size
     return total
