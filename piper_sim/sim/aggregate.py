@@ -65,6 +65,16 @@ def dense_rows(*columns: np.ndarray) -> np.ndarray:
     return ids
 
 
+def compact_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct non-negative ids, position of every id among them), without sorting all ids."""
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    present = np.bincount(ids) > 0
+    used = np.flatnonzero(present)
+    remap = np.cumsum(present) - 1
+    return used, remap[ids]
+
+
 def _canonical(ids: np.ndarray) -> np.ndarray:
     """Renumber ids by first occurrence (deterministic class numbering)."""
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
@@ -123,46 +133,83 @@ class Lumped:
         return int(self.capacity.shape[0])
 
 
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer on uint64 arrays."""
+    with np.errstate(over="ignore"):
+        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return h ^ (h >> np.uint64(31))
+
+
+def _relabel(*cols: np.ndarray) -> np.ndarray:
+    """Dense ids of the distinct rows of integer-valued columns, via a 64-bit hash (checked later)."""
+    h = np.zeros(cols[0].shape[0], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for n, col in enumerate(cols):
+            salt = np.uint64((0x9E3779B97F4A7C15 * (n + 1)) % (1 << 64))
+            h = _mix(h + np.asarray(col).astype(np.int64).astype(np.uint64) + salt)
+    distinct = np.unique(h)  # hash-based for integers; the inverse by binary search over few classes
+    return np.searchsorted(distinct, h).astype(np.int64)
+
+
 def _hash_table(k: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, 1 << HASH_BITS, size=k).astype(float)
 
 
-def _refine(colors: np.ndarray, entry_owner: np.ndarray, entry_other_color: np.ndarray, weight: np.ndarray,
-            divisor: np.ndarray, seed: int) -> np.ndarray:
+def _refine(colors: np.ndarray, entry_owner: np.ndarray, entry_other_color: np.ndarray,
+            weight: np.ndarray | None, divisor: np.ndarray | None, seed: int) -> np.ndarray:
     """New colours: (old colour, two hashed multisets of neighbour colours weighted by `weight`)."""
     k = int(entry_other_color.max()) + 1 if entry_other_color.size else 1
     sig = []
     for salt in (0, 1):
-        h = _hash_table(k, seed * 2 + salt)[entry_other_color] * weight
-        sig.append(np.rint(np.bincount(entry_owner, weights=h, minlength=colors.size) / divisor))
-    return dense_rows(colors, *sig)
+        h = _hash_table(k, seed * 2 + salt)[entry_other_color]
+        total = np.bincount(entry_owner, weights=h if weight is None else h * weight, minlength=colors.size)
+        sig.append(np.rint(total / divisor) if divisor is not None else total)
+    return _relabel(colors, *sig)
 
 
-def _pair_counts(owner: np.ndarray, other: np.ndarray, weight: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (owner, other colour) pairs and the summed weight of each."""
-    key = owner.astype(np.int64) * (int(other.max()) + 1 if other.size else 1) + other
+def _first_of(classes: np.ndarray) -> np.ndarray:
+    """Index of the first member of every class."""
+    return np.unique(classes, return_index=True)[1]
+
+
+def _flows_equitable(fcls: np.ndarray, entry_flow: np.ndarray, entry_lcol: np.ndarray) -> bool:
+    """Every flow of a class crosses the same multiset of link classes (exact)."""
+    num = fcls.size
+    if entry_flow.size and not np.all(entry_flow[1:] >= entry_flow[:-1]):
+        order = np.argsort(entry_flow, kind="stable")
+        entry_flow, entry_lcol = entry_flow[order], entry_lcol[order]
+    length = np.bincount(entry_flow, minlength=num)
+    width = int(length.max()) if entry_flow.size else 0
+    table = np.full((num, max(width, 1)), -1, dtype=np.int64)
+    start = np.cumsum(length) - length
+    table[entry_flow, np.arange(entry_flow.size) - start[entry_flow]] = entry_lcol
+    table.sort(axis=1)
+    return bool(np.array_equal(table, table[_first_of(fcls)[fcls]]))
+
+
+def _links_equitable(lcls: np.ndarray, local_link: np.ndarray, entry_fcol: np.ndarray, entry_count: np.ndarray,
+                     lcount: np.ndarray) -> bool:
+    """Every link of a class carries the same number of flows of each flow class (exact)."""
+    num_l, num_f = lcls.size, int(entry_fcol.max()) + 1 if entry_fcol.size else 1
+    key = local_link * num_f + entry_fcol
+    if num_l * num_f <= 40_000_000:
+        hist = np.bincount(key, weights=entry_count, minlength=num_l * num_f).reshape(num_l, num_f)
+        hist /= lcount[:, None]
+        return bool(np.array_equal(hist, hist[_first_of(lcls)[lcls]]))
     uniq, inverse = np.unique(key, return_inverse=True)
-    total = np.bincount(inverse, weights=weight, minlength=uniq.size)
-    width = int(other.max()) + 1 if other.size else 1
-    return uniq // width, uniq % width, total
-
-
-def _is_equitable(colors: np.ndarray, owner: np.ndarray, other: np.ndarray, weight: np.ndarray,
-                  divisor: np.ndarray) -> bool:
-    """Every member of a class has the same count of neighbours of each colour (exact)."""
-    who, col, total = _pair_counts(owner, other, weight)
-    count = total / divisor[who]
-    cls = colors[who]
-    # (1) one count per (class, neighbour colour)
-    if dense_rows(cls, col).max(initial=-1) != dense_rows(cls, col, count).max(initial=-1):
+    who, col = uniq // num_f, uniq % num_f
+    per = np.bincount(inverse, weights=entry_count, minlength=uniq.size) / lcount[who]
+    cls_col = lcls[who] * num_f + col
+    if np.unique(cls_col).size != np.unique(np.stack([cls_col, per.view(np.int64)]), axis=1).shape[1]:
         return False
-    # (2) every member sees every neighbour colour of its class
-    per_member = np.bincount(who, minlength=colors.size)
-    pairs = np.unique(cls.astype(np.int64) * (int(col.max()) + 1 if col.size else 1) + col)
-    width = int(col.max()) + 1 if col.size else 1
-    per_class = np.bincount(pairs // width, minlength=int(colors.max()) + 1 if colors.size else 0)
-    return bool(np.all(per_member == per_class[colors]))
+    pairs = np.unique(cls_col)
+    return bool(np.all(np.bincount(who, minlength=num_l) == np.bincount(pairs // num_f)[lcls]))
+
+
+def _same_within(classes: np.ndarray, values: np.ndarray) -> bool:
+    """values are constant inside every class."""
+    return bool(np.array_equal(values, values[_first_of(classes)[classes]])) if classes.size else True
 
 
 def lump(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray, capacity: np.ndarray, *,
@@ -176,28 +223,30 @@ def lump(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray, capa
     """
     num_flows = sizes.shape[0]
     count = np.ones(num_flows) if count is None else np.asarray(count, dtype=float)
-    used, local_link = np.unique(entry_link, return_inverse=True)
+    used, local_link = compact_ids(entry_link)
     lcount = np.ones(used.size) if link_count is None else np.asarray(link_count, dtype=float)[used]
-    fcol = dense_rows(np.asarray(sizes, dtype=float), np.zeros(num_flows) if color is None else color)
-    lcol = dense_rows(np.asarray(capacity, dtype=float)[used])
-    entry_count = count[entry_flow]
-    ones = np.ones(num_flows)
-    rounds = 0
+    sizes_f = np.asarray(sizes, dtype=float)
+    cap_used = np.asarray(capacity, dtype=float)[used]
     if not refine:
-        return _quotient(entry_flow, local_link, used, sizes, capacity, count, lcount, np.arange(num_flows),
-                         np.arange(used.size), rounds, True)
+        return _quotient(entry_flow, local_link, used, sizes_f, capacity, count, lcount, np.arange(num_flows),
+                         np.arange(used.size), 0, True)
+    fcol = _relabel(sizes_f.view(np.int64), np.zeros(num_flows, dtype=np.int64) if color is None else color)
+    lcol = _relabel(cap_used.view(np.int64))
+    entry_count = count[entry_flow]
+    rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):
         new_l = _refine(lcol, local_link, fcol[entry_flow], entry_count, lcount, seed + rounds)
-        new_f = _refine(fcol, entry_flow, new_l[local_link], np.ones(entry_flow.size), ones, seed + 1000 + rounds)
+        new_f = _refine(fcol, entry_flow, new_l[local_link], None, None, seed + 1000 + rounds)
         stable = new_l.max(initial=-1) == lcol.max(initial=-1) and new_f.max(initial=-1) == fcol.max(initial=-1)
         lcol, fcol = new_l, new_f
         if stable:
             break
-    exact = (_is_equitable(fcol, entry_flow, lcol[local_link], np.ones(entry_flow.size), ones)
-             and _is_equitable(lcol, local_link, fcol[entry_flow], entry_count, lcount))
+    exact = (_same_within(fcol, sizes_f) and _same_within(lcol, cap_used)
+             and _flows_equitable(fcol, entry_flow, lcol[local_link])
+             and _links_equitable(lcol, local_link, fcol[entry_flow], entry_count, lcount))
     if not exact:  # a hash collision merged unequal items: keep every flow and link apart
         fcol, lcol = np.arange(num_flows), np.arange(used.size)
-    return _quotient(entry_flow, local_link, used, sizes, capacity, count, lcount, _canonical(fcol),
+    return _quotient(entry_flow, local_link, used, sizes_f, capacity, count, lcount, _canonical(fcol),
                      _canonical(lcol), rounds, exact)
 
 
@@ -206,8 +255,7 @@ def _quotient(entry_flow: np.ndarray, local_link: np.ndarray, used: np.ndarray, 
               rounds: int, exact: bool) -> Lumped:
     num_fc = int(fcls.max()) + 1 if fcls.size else 0
     num_lc = int(lcls.max()) + 1 if lcls.size else 0
-    rep = np.full(num_fc, fcls.size, dtype=np.int64)
-    np.minimum.at(rep, fcls, np.arange(fcls.size))
+    rep = _first_of(fcls)
     is_rep = np.zeros(fcls.size, dtype=bool)
     is_rep[rep] = True
     keep = is_rep[entry_flow]

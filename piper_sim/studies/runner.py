@@ -1,0 +1,171 @@
+"""One collective, alone on the machine, on an exactly reduced flow network.
+
+Owns `prepare` (phases -> sub-flows -> host-symmetry quotient -> equitable lumping) and `simulate`
+(SimPy + FlowNetwork on the lumped links, with CollectiveRunner's phase semantics: a phase waits for
+the phases in `after`, pays messages x (per-message overhead + largest path latency of its flows), then
+its flows enter together). Every reduction is exact (piper_sim.sim.aggregate): the completion time equals
+the one CollectiveRunner gives on the unreduced flows. Must not import torch.
+
+Reductions, in order:
+1. host symmetry (optional, `symmetric=True`): when the routing is host-symmetric (routes.host_classes)
+   and the phases are invariant under swapping interchangeable hosts (a uniform matrix through a
+   host-equivariant algorithm such as flat or 2dh), only one flow per orbit of GPU pairs is routed, with
+   count = orbit size, and links are replaced by their orbits. An orbit partition is equitable, so this
+   is exact; it is what makes 4096 GCDs tractable (16.7M pairs -> about 1M orbit representatives).
+2. lumping: the coarsest equitable partition of what is left (colour refinement), usually a few hundred
+   classes, on which each max-min solve costs next to nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from piper_sim.collectives.algorithms import Phase
+from piper_sim.errors import PiperError
+from piper_sim.sim.aggregate import Lumped, lump
+from piper_sim.sim.network import FlowNetwork
+from piper_sim.studies.routes import RouteTable, host_classes, link_orbits
+from piper_sim.topology.graph import Topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A collective reduced and ready to simulate (sizes can be rescaled without re-lumping)."""
+
+    phases: list[Phase]
+    lumped: Lumped
+    class_phase: np.ndarray  # phase of every flow class
+    latency_s: np.ndarray  # largest path latency per phase
+    link_class: np.ndarray  # class of every topology link (-1: unused)
+    num_pairs: int  # point-to-point flows of the collective
+    num_sub_flows: int  # flows the network would carry without aggregation (one per path)
+    num_routed: int  # sub-flows actually routed (after the host-symmetry reduction)
+    symmetric: bool
+    prepare_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveRun:
+    time_s: float
+    link_bytes: np.ndarray  # bytes carried by every topology link
+    num_solves: int
+    simulate_s: float
+
+
+def _orbit_reps(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, host: np.ndarray, hclass: np.ndarray,
+                hpos: np.ndarray, csize: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(indices of one flow per orbit, orbit sizes); raises if the flows are not orbit-invariant.
+
+    The representative of an orbit has its source on the first host of its class and its destination on
+    the first host of its class (the second one if both hosts share a class but differ).
+    """
+    first = np.flatnonzero(hpos[host[src]] == 0)
+    hs, hd = host[src[first]], host[dst[first]]
+    cs, cd, pd = hclass[hs], hclass[hd], hpos[hd]
+    rep = np.where(hs == hd, True, np.where(cs == cd, pd == 1, pd == 0))
+    idx = first[rep]
+    hs, hd, cs, cd = hs[rep], hd[rep], cs[rep], cd[rep]
+    count = np.where(hs == hd, csize[cs], np.where(cs == cd, csize[cs] * (csize[cs] - 1), csize[cs] * csize[cd]))
+    if int(count.sum()) != src.size or not np.isclose((count * sizes[idx]).sum(), sizes.sum()):
+        raise PiperError("flows are not invariant under host symmetry; run without the symmetry reduction")
+    return idx, count
+
+
+def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topology, *, symmetric: bool = False,
+            lump_flows: bool = True) -> Prepared:
+    """Route, reduce and lump the phases' flows. symmetric=True asserts the traffic is host-invariant."""
+    t0 = time.perf_counter()
+    table = RouteTable(topo, gpus)
+    classes = host_classes(topo, gpus) if symmetric else None
+    src, dst, sizes, count, phase_of = [], [], [], [], []
+    num_pairs = 0
+    for k, ph in enumerate(phases):
+        num_pairs += ph.src.size
+        idx, cnt = np.arange(ph.src.size), np.ones(ph.src.size)
+        if classes is not None and ph.src.size:
+            hclass, hpos, csize = _host_arrays(classes, int(table.host.max()) + 1)
+            idx, cnt = _orbit_reps(ph.src, ph.dst, ph.sizes, table.host, hclass, hpos, csize)
+        src.append(ph.src[idx])
+        dst.append(ph.dst[idx])
+        sizes.append(ph.sizes[idx].astype(float))
+        count.append(cnt.astype(float))
+        phase_of.append(np.full(idx.size, k, dtype=np.int64))
+    src_a, dst_a, size_a, count_a, phase_a = (np.concatenate(x) for x in (src, dst, sizes, count, phase_of))
+    sf = table.sub_flows(src_a, dst_a)
+    sub_phase, sub_count = phase_a[sf.pair], count_a[sf.pair]
+    latency = np.zeros(len(phases))
+    np.maximum.at(latency, sub_phase, sf.latency_s)
+    if classes is not None:
+        orbit, orbit_count = link_orbits(topo, classes)
+    else:
+        orbit, orbit_count = np.arange(len(topo.links)), np.ones(len(topo.links))
+    capacity = np.zeros(orbit_count.size)
+    capacity[orbit] = topo.capacity_bytes_per_s
+    lumped = lump(sf.entry_flow, orbit[sf.entry_link], size_a[sf.pair] * sf.fraction, capacity, count=sub_count,
+                  link_count=orbit_count, color=sub_phase, refine=lump_flows)
+    class_phase = np.zeros(lumped.num_flow_classes, dtype=np.int64)
+    class_phase[lumped.flow_class] = sub_phase
+    return Prepared(phases=phases, lumped=lumped, class_phase=class_phase, latency_s=latency,
+                    link_class=lumped.link_class[orbit], num_pairs=num_pairs,
+                    num_sub_flows=int(round(sub_count.sum())), num_routed=int(sf.pair.size),
+                    symmetric=classes is not None, prepare_s=time.perf_counter() - t0)
+
+
+def _host_arrays(classes: dict[int, int], num_hosts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    hclass = np.full(num_hosts, -1, dtype=np.int64)
+    hpos = np.full(num_hosts, -1, dtype=np.int64)
+    seen: dict[int, int] = {}
+    for h in sorted(classes):
+        c = classes[h]
+        hclass[h], hpos[h] = c, seen.get(c, 0)
+        seen[c] = hpos[h] + 1
+    csize = np.zeros(max(seen) + 1 if seen else 0, dtype=np.int64)
+    for c, n in seen.items():
+        csize[c] = n
+    return hclass, hpos, csize
+
+
+def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRun:
+    """Run the prepared collective alone; `scale` multiplies every flow's bytes."""
+    t0 = time.perf_counter()
+    lp = prep.lumped
+    env = simpy.Environment()
+    net = FlowNetwork(env, lp.capacity)
+    overhead = topo.params.message_overhead_s
+    done: list[simpy.Event] = []
+    for k, ph in enumerate(prep.phases):
+        classes = np.flatnonzero(prep.class_phase == k)
+        local = np.full(lp.num_flow_classes, -1, dtype=np.int64)
+        local[classes] = np.arange(classes.size)
+        mask = local[lp.entry_flow] >= 0
+        flows = (local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] * scale, lp.weight[classes])
+        delay = ph.messages * (overhead + prep.latency_s[k])
+        done.append(env.process(_phase(env, net, flows, delay, [done[a] for a in ph.after], ph.src.size > 0)))
+    if done:
+        env.run(env.all_of(done))
+    per_link = np.divide(net.link_bytes, lp.link_count, out=np.zeros_like(net.link_bytes), where=lp.link_count > 0)
+    link_bytes = np.where(prep.link_class >= 0, per_link[np.maximum(prep.link_class, 0)], 0.0)
+    return CollectiveRun(time_s=env.now, link_bytes=link_bytes, num_solves=net.num_solves,
+                         simulate_s=time.perf_counter() - t0)
+
+
+def _phase(env: simpy.Environment, net: FlowNetwork, flows: tuple, delay: float, waits: list[simpy.Event],
+           nonempty: bool):
+    if waits:
+        yield env.all_of(waits)
+    if not nonempty:
+        return
+    if delay > 0:
+        yield env.timeout(delay)
+    entry_flow, entry_link, sizes, weight = flows
+    yield net.start(entry_flow, entry_link, sizes, weight=weight)
+
+
+def run_collective(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topology, *,
+                   symmetric: bool = False, lump_flows: bool = True) -> tuple[Prepared, CollectiveRun]:
+    prep = prepare(phases, gpus, topo, symmetric=symmetric, lump_flows=lump_flows)
+    return prep, simulate(prep, topo)
