@@ -319,9 +319,11 @@ class Executor:
         state = ms.state
         if task.role == "dispatch":
             splits = list(state["send_splits"])
-            rows, recv_splits = all_to_all(state["send_rows"].detach(), splits, group, self.node_of, self.algorithm)
-            ids, _ = all_to_all(state["send_expert_ids"].view(-1, 1), splits, group, self.node_of, self.algorithm)
-            state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids.view(-1))
+            # expert ids travel as one extra column of the rows (exact in float32 below 2^24): one exchange
+            send = torch.cat([state["send_rows"].detach(), state["send_expert_ids"].to(torch.float32).unsqueeze(1)], 1)
+            both, recv_splits = all_to_all(send, splits, group, self.node_of, self.algorithm)
+            rows, ids = both[:, :-1].contiguous(), both[:, -1].round().to(torch.int64)
+            state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids)
             record = {"role": "dispatch", "send_splits": splits, "recv_splits": recv_splits}
             sent = state["send_rows"]
             nbytes = (sum(splits) - splits[group.index(self.rank)]) * sent.shape[1] * sent.element_size()
