@@ -65,11 +65,14 @@ class CollectiveRunner:
         self.route_cache = RouteCache(topo)
         self.overhead_s = topo.params.message_overhead_s
 
-    def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> simpy.Event:
+    def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0) -> simpy.Event:
         """Event that fires when every phase has ended. key names (members, algorithm, pattern).
 
+        delay_s: a host-side cost paid before the first phase (the profile's per-call overhead).
         With a single phase the event's value is each flow's finish time (seconds, absolute).
         """
+        if delay_s > 0:
+            return self.env.process(self._delayed(phases, gpus, key, delay_s))
         if not phases:
             ev = self.env.event()
             ev.succeed(np.zeros(0))
@@ -81,6 +84,10 @@ class CollectiveRunner:
             waits = [done[a] for a in phase.after]
             done.append(self.env.process(self._phase(phase, gpus, (key, index), waits)))
         return self.env.all_of(done)
+
+    def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float):
+        yield self.env.timeout(delay_s)
+        return (yield self.run(phases, gpus, key))
 
     def latency_spread_s(self, phase: Phase, gpus: tuple[str, ...], key: Hashable) -> float:
         """Largest minus smallest path latency over the flows of a single-phase run with this key."""

@@ -203,7 +203,8 @@ class Simulation:
                 gpus = self._group_gpus.get(group)
                 if gpus is None:
                     gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
-                done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role))
+                done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
+                                       delay_s=self.coster.profile.collective_overhead_s)
                 done.callbacks.append(lambda _ev, ev=waiting[1]: ev.succeed())
             events.append(waiting[1])
         return events[0] if len(events) == 1 else self.env.all_of(events)
@@ -244,7 +245,7 @@ class Simulation:
         phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.full(n, size), name="p2p")
         if n > 1 and self.runner.latency_spread_s(phase, gpus, (gpus, "p2p", "")) > 0:
             raise Asymmetry(f"transfer {task.tag}: lane members' routes have different latencies")
-        transfer = self.runner.run([phase], gpus, (gpus, "p2p", ""))
+        transfer = self.runner.run([phase], gpus, (gpus, "p2p", ""), delay_s=self.coster.profile.p2p_overhead_s)
         started = self.env.now
 
         def finish(ev, ends=(mine, other)) -> None:

@@ -30,7 +30,7 @@ PROFILE_SCHEMA = {
     "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
     "peak_bf16_TFLOPS": ..., "hbm_GiB": ..., "hbm_bandwidth_GBps": ..., "memory_efficiency": 0.8,
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
-    "measurements": None,
+    "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0,
 }
 
 
@@ -57,6 +57,8 @@ class CostProfile:
     gemm_efficiency: Curve  # over GEMM rows (tokens)
     attention_efficiency: Curve  # over sequence length
     optimizer_bytes_per_param: float  # HBM traffic of one Adam update per parameter
+    collective_overhead_s: float = 0.0  # host-side cost of one collective call (launch, split exchange)
+    p2p_overhead_s: float = 0.0  # host-side cost of posting one send/recv pair
     source: str = ""
 
     def gemm_time_s(self, gemm: Gemm, dtype_bytes: int) -> float:
@@ -103,6 +105,7 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
         gemm_efficiency=_curve(p["gemm_efficiency"], "gemm_efficiency", "rows"),
         attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
         optimizer_bytes_per_param=float(p["optimizer_bytes_per_param"]),
+        collective_overhead_s=p["collective_overhead_s"], p2p_overhead_s=p["p2p_overhead_s"],
     )
 
 
