@@ -133,8 +133,9 @@ def test_aggregate_takes_the_median_rank_for_compute_and_the_slowest_for_collect
 def test_testbed_levels_pair_ranks_on_one_node_and_across_nodes():
     from piper_sim.calibrate.runner import testbed_levels
 
-    levels = testbed_levels({0: 0, 1: 0, 2: 1, 3: 1})
-    assert levels == {"intra-node": [(0, 1), (2, 3)], "inter-node": [(0, 2), (1, 3)]}
+    levels = testbed_levels({0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2})
+    assert levels == {"intra-node": [(0, 1), (2, 3), (4, 5)], "node0-node1": [(0, 2), (1, 3)],
+                      "node0-node2": [(0, 4), (1, 5)]}
 
 
 def _increasing(xs: list[float]) -> bool:

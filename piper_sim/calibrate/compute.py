@@ -21,7 +21,7 @@ Record = dict[str, object]
 Progress = Callable[[str], None]
 
 def _time(fn: Callable[[], object], plan: TimingPlan, device: Device) -> float:
-    return median_s(time_call(fn, plan, sync=device.sync))
+    return median_s(time_call(fn, plan, sync=device.sync, window=not device.is_cuda))
 
 
 def _rand(device: Device, *shape: int, grad: bool = False) -> torch.Tensor:
@@ -41,13 +41,14 @@ def bench_tiny_ops(device: Device, plan: TimingPlan, progress: Progress) -> list
     for grad in (False, True):
         a, b = _rand(device, 1, 1, grad=grad), _rand(device, 1, 1)
         w = _rand(device, 1, 1, grad=grad)
-        x64, w64 = _rand(device, 1, 64), _rand(device, 64, 64, grad=grad)
+        x64, w64 = _rand(device, 1, 64, grad=grad), _rand(device, 64, 64, grad=grad)
         norm_w = _rand(device, 1, grad=grad)
         ops: dict[str, Callable[[], object]] = {
             "add": lambda a=a, b=b: a + b, "mul": lambda a=a, b=b: a * b,
             "softmax": lambda a=a: torch.softmax(a, -1), "linear": lambda b=b, w=w: F.linear(b, w),
             "linear_1x64x64": lambda x=x64, w=w64: F.linear(x, w),
             "rmsnorm_6ops": lambda a=a, w=norm_w: _rmsnorm_like(a, w),
+            "view": lambda x=x64: x.view(-1), "transpose": lambda x=x64: x.transpose(0, 1),
         }
         for name, fn in ops.items():
             out.append({"bench": "tiny", "op": name, "autograd": grad, "time_s": _time(fn, plan, device)})

@@ -46,7 +46,7 @@ class CheckJob:
     profile: str
     presets: tuple[str, ...]
     out_dir: str
-    sample_s: float = 0.01
+    sample_s: float = 0.05
 
 
 def _prepare(model_name: str, seed: int = 0):
@@ -88,8 +88,8 @@ def _measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:
     fwd_ops = counter.count
     with _CountOps() as counter:
         fwd_bwd()
-    t_fwd = median_s(time_call(fwd, plan))
-    t_all = median_s(time_call(fwd_bwd, plan))
+    t_fwd = median_s(time_call(fwd, plan, window=True))
+    t_all = median_s(time_call(fwd_bwd, plan, window=True))
     stage.zero_grad(set_to_none=True)
     return {"fwd_s": t_fwd, "bwd_s": max(t_all - t_fwd, 0.0), "fwd_aten_ops": fwd_ops,
             "bwd_aten_ops": counter.count - fwd_ops}

@@ -211,6 +211,8 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
         "measurements": {
             "command": command, "sweep": "quick" if quick else "full", "calibrate_wall_s": round(wall_s, 1),
             "rank_spread_median": _r(fit.median(spread), 3) if spread else None,
+            "compute_cpu_share_per_rank": [
+                _r(p["compute_cpu_share"], 3) if "compute_cpu_share" in p else None for p in per_rank],
             "per_op_overhead": tiny, "gemm": gemm_detail, "attention": attn_detail, "memory": memory,
             "optimizer": opt_detail, "network": network,
         },

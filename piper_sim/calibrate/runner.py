@@ -14,7 +14,7 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +25,8 @@ from piper_sim.calibrate.profile import build_profile, write_profile
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
 from piper_sim.calibrate.timing import pick_device
 from piper_sim.errors import PiperError
+
+TESTBED_MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB takes ~0.1 s over a 100 Mbit/s emulated NIC
 
 
 class Progress:
@@ -68,7 +70,7 @@ class CalibrationJob:
     comm: bool = True
     levels: dict[str, list[tuple[int, int]]] | None = None
     tag: str = "local"
-    extra: dict = field(default_factory=dict)
+    max_message_bytes: int | None = None  # emulated networks are slow: cap the message sizes
 
 
 def _num_comm_items(world: int, sizes: int, levels: dict | None) -> int:
@@ -105,17 +107,21 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     """One rank: the benchmarks in the same order as every other rank; records to records_dir."""
     device = pick_device(rank)
     sweep = make_sweep(job.quick, job.presets, cuda=device.is_cuda)
+    sizes = [s for s in sweep.message_bytes if job.max_message_bytes is None or s <= job.max_message_bytes]
     total = (sweep.num_compute_items() + 1 if job.compute else 0) + (
-        _num_comm_items(world, len(sweep.message_bytes), job.levels) if job.comm else 0)
+        _num_comm_items(world, len(sizes), job.levels) if job.comm else 0)
     progress = Progress(total, enabled=rank == 0)
     records: list[dict] = []
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     if job.compute:
         records += run_compute(device, sweep, progress)
+    cpu_share = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
     if job.comm:
         records += [dict(r, where=job.tag) for r in
-                    run_comm(rank, world, sweep.message_bytes, sweep.timing, progress, job.levels)]
+                    run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels)]
     progress.close()
-    payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records}
+    payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records,
+               "compute_cpu_share": cpu_share}
     Path(job.records_dir, f"{job.tag}-rank{rank}.json").write_text(json.dumps(payload))
 
 
@@ -156,7 +162,8 @@ def run_testbed_job(job: CalibrationJob, prefix: str, timeout_s: float) -> list[
     world = len(rank_map)
     hosts = {r: bed.rank(r).host for r in range(world)}
     job = CalibrationJob(records_dir=job.records_dir, quick=job.quick, presets=job.presets, compute=False,
-                         comm=True, levels=testbed_levels(hosts), tag="testbed")
+                         comm=True, levels=testbed_levels(hosts), tag="testbed",
+                         max_message_bytes=TESTBED_MAX_MESSAGE_BYTES)
     launch_processes("piper_sim.calibrate.runner:worker", (job,), world, Path(job.records_dir) / "testbed-logs",
                      master_addr=rank_map[0][1], timeout_s=timeout_s,
                      rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": str(_threads(world))}
@@ -166,18 +173,19 @@ def run_testbed_job(job: CalibrationJob, prefix: str, timeout_s: float) -> list[
 
 
 def testbed_levels(hosts: dict[int, int]) -> dict[str, list[tuple[int, int]]]:
-    """Disjoint rank pairs per level: on one node, and across nodes (greedy, lowest ranks first)."""
+    """Disjoint rank pairs per level: 'intra-node' (pairs on the same node, every node at once), then for
+    each other node h 'node0-node{h}' (the ranks of node 0 paired with those of node h): one level per
+    route class out of node 0 (same switch, same group, across the global link ...)."""
+    by_host: dict[int, list[int]] = {}
+    for rank in sorted(hosts):
+        by_host.setdefault(hosts[rank], []).append(rank)
     levels: dict[str, list[tuple[int, int]]] = {}
-    for level, same in (("intra-node", True), ("inter-node", False)):
-        used: set[int] = set()
-        pairs = []
-        for a in sorted(hosts):
-            for b in sorted(hosts):
-                if a < b and a not in used and b not in used and (hosts[a] == hosts[b]) == same:
-                    pairs.append((a, b))
-                    used |= {a, b}
-        if pairs:
-            levels[level] = pairs
+    intra = [(ranks[i], ranks[i + 1]) for ranks in by_host.values() for i in range(0, len(ranks) - 1, 2)]
+    if intra:
+        levels["intra-node"] = intra
+    first, *others = sorted(by_host)
+    for host in others:
+        levels[f"node{first}-node{host}"] = list(zip(by_host[first], by_host[host], strict=False))
     return levels
 
 

@@ -18,8 +18,8 @@ TINY_OPS = ("add", "mul", "softmax", "linear")  # kernel_launch_us is the median
 
 @dataclass(frozen=True, kw_only=True)
 class TimingPlan:
-    sample_s: float = 0.004  # one sample lasts about this long (inner loop of several calls)
-    num_samples: int = 9
+    sample_s: float = 0.04  # one sample lasts about this long (a window, or an inner loop of several calls)
+    num_samples: int = 5
     warmup_calls: int = 3
     max_calls: int = 20000  # inner-loop cap per sample
 
@@ -54,7 +54,8 @@ class AttentionShape:
 @dataclass(frozen=True, kw_only=True)
 class Sweep:
     quick: bool
-    timing: TimingPlan
+    timing: TimingPlan  # compute benchmarks (CPU: windows long against the scheduler's time slice)
+    comm_timing: TimingPlan
     gemm_rows: tuple[int, ...]
     gemm_shapes: tuple[GemmShape, ...]
     ffn_rows: tuple[int, ...]
@@ -109,13 +110,14 @@ def make_sweep(quick: bool = False, presets: tuple[str, ...] = DEFAULT_PRESETS, 
     top = 4 if cuda else 1  # GPUs need bigger problems to reach their peak
     if quick:
         experts = [s for s in gemms if "expert" in s.label]
-        return Sweep(quick=True, timing=TimingPlan(sample_s=0.001, num_samples=3, warmup_calls=2),
+        return Sweep(quick=True, timing=TimingPlan(sample_s=0.004, num_samples=3, warmup_calls=2),
+                     comm_timing=TimingPlan(sample_s=0.002, num_samples=3, warmup_calls=2),
                      gemm_rows=_powers(1, 1024, 4), gemm_shapes=tuple(experts), ffn_rows=(1, 16, 256),
                      ffn_shapes=tuple(s for s in ffns if s.num_matrices == 3), attention_seq_lens=(16, 64, 256),
                      attention_shapes=attn[:2], elementwise_bytes=_powers(KiB, 4096 * KiB, 8),
                      optimizer_points=((4096, 1), (262144, 1), (4096, 16), (262144, 16)),
                      message_bytes=_powers(KiB, 1024 * KiB, 16))
-    return Sweep(quick=False, timing=TimingPlan(),
+    return Sweep(quick=False, timing=TimingPlan(), comm_timing=TimingPlan(sample_s=0.01, num_samples=7),
                  gemm_rows=_powers(1, 4096 * top), gemm_shapes=gemms, ffn_rows=_powers(1, 4096 * top, 4),
                  ffn_shapes=ffns, attention_seq_lens=_powers(16, 2048 * top), attention_shapes=attn,
                  elementwise_bytes=_powers(KiB, 64 * 1024 * KiB * top, 4),

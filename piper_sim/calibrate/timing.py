@@ -71,14 +71,27 @@ def _probe_s(fn: Callable[[], object], sync: Callable[[], None], collective: boo
         calls *= 4
 
 
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def time_call(fn: Callable[[], object], plan: TimingPlan, *, sync: Callable[[], None] = lambda: None,
-              collective: bool = False) -> list[float]:
-    """Seconds per call of fn, one value per sample (use the median). All ranks must call this together
-    for the same benchmark: they agree on the inner-loop count, so they run it at the same time."""
+              collective: bool = False, window: bool = False) -> list[float]:
+    """Seconds per call of fn, one value per sample (use the median). All ranks call this together for
+    the same benchmark.
+
+    window=True (CPU compute): every sample is a wall-clock window of plan.sample_s that all ranks start
+    together (barrier) and fill with calls, so each rank is busy for the whole window and the time per
+    call includes its share of the cores (contention averaged over many scheduler slices).
+    Otherwise the ranks agree on an inner-loop count (collectives must be called equally often).
+    """
     for _ in range(plan.warmup_calls):
         fn()
     sync()
     per_call = _agree_max(_probe_s(fn, sync, collective))
+    if window and not collective:
+        return _windows(fn, plan, stride=max(1, round(plan.sample_s / 20 / max(per_call, 1e-9))))
     calls = max(1, min(plan.max_calls, round(plan.sample_s / max(per_call, 1e-9))))
     samples = []
     for _ in range(plan.num_samples):
@@ -88,6 +101,22 @@ def time_call(fn: Callable[[], object], plan: TimingPlan, *, sync: Callable[[], 
             fn()
         sync()
         samples.append((time.perf_counter() - start) / calls)
+    return samples
+
+
+def _windows(fn: Callable[[], object], plan: TimingPlan, stride: int) -> list[float]:
+    samples = []
+    for _ in range(plan.num_samples):
+        _barrier()
+        calls, start = 0, time.perf_counter()
+        while True:
+            for _ in range(stride):
+                fn()
+            calls += stride
+            elapsed = time.perf_counter() - start
+            if elapsed >= plan.sample_s:
+                break
+        samples.append(elapsed / calls)
     return samples
 
 
