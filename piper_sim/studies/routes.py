@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from piper_sim.studies.spread import spread_switch_paths
 from piper_sim.topology.build_dgx import RailFatTree
 from piper_sim.topology.build_dragonfly import DragonflyFabric
 from piper_sim.topology.builders import ecmp_router, uniform_router
@@ -44,13 +45,18 @@ def mix64_array(*values: np.ndarray | int) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class SubFlows:
-    """One row per path of a pair: pair index, share of the pair's bytes, path latency; incidences."""
+    """One row per path of a pair: pair index, share of the pair's bytes, path latency; incidences.
+
+    weight is how many flows the row counts as in the max-min sharing (1, or 1/K for a mean-field
+    detour); the row moves fraction x pair bytes x weight bytes.
+    """
 
     pair: np.ndarray
     fraction: np.ndarray
     latency_s: np.ndarray
     entry_flow: np.ndarray
     entry_link: np.ndarray
+    weight: np.ndarray
 
 
 def _pad(rows: Sequence[tuple[int, ...]]) -> np.ndarray:
@@ -61,23 +67,27 @@ def _pad(rows: Sequence[tuple[int, ...]]) -> np.ndarray:
     return out
 
 
-def _from_matrix(table: np.ndarray, pair: np.ndarray, fraction: np.ndarray, latency: np.ndarray) -> SubFlows:
+def _from_matrix(table: np.ndarray, pair: np.ndarray, fraction: np.ndarray, latency: np.ndarray,
+                 weight: np.ndarray | None = None) -> SubFlows:
     valid = table >= 0
     rows = np.repeat(np.arange(table.shape[0]), valid.sum(axis=1))
     links = table[valid]
     lat = np.bincount(rows, weights=latency[links], minlength=table.shape[0])
-    return SubFlows(pair=pair, fraction=fraction, latency_s=lat, entry_flow=rows, entry_link=links)
+    return SubFlows(pair=pair, fraction=fraction, latency_s=lat, entry_flow=rows, entry_link=links,
+                    weight=np.ones(pair.size) if weight is None else weight)
 
 
 class RouteTable:
     """Routes between members (GPU names in member order) of one topology."""
 
-    def __init__(self, topo: Topology, gpus: Sequence[str]) -> None:
+    def __init__(self, topo: Topology, gpus: Sequence[str], *, spread: bool = False) -> None:
+        """spread=True: mean-field Valiant detours on dragonflies (piper_sim.studies.spread)."""
         self.topo, self.gpus = topo, list(gpus)
         nodes = topo.graph.nodes
         self.host = np.array([int(nodes[g]["host"]) for g in self.gpus], dtype=np.int64)
         self.local = np.array([int(nodes[g].get("local_index", 0)) for g in self.gpus], dtype=np.int64)
         self.structured = isinstance(topo.router, StructuredRouter)
+        self.spread = spread and self.structured and isinstance(topo.router.fabric, DragonflyFabric)
 
     def sub_flows(self, src: np.ndarray, dst: np.ndarray) -> SubFlows:
         if self.structured:
@@ -120,20 +130,24 @@ class RouteTable:
         other_idx = np.flatnonzero(~same)
         key = mix64_array(router.seed, self.host[src[other_idx]], i[other_idx], self.host[dst[other_idx]],
                           j[other_idx])
-        choice = self._choice(fabric, switch_names, sw_s[other_idx], sw_d[other_idx], key)
+        choice = (np.full(other_idx.size, -1, dtype=np.int64) if self.spread
+                  else self._choice(fabric, switch_names, sw_s[other_idx], sw_d[other_idx], key))
         group = _dense(sw_s[other_idx], sw_d[other_idx], choice)
         first = np.unique(group, return_index=True)[1]
         chains: list[tuple[int, ...]] = []
         chain_frac: list[float] = []
+        chain_weight: list[float] = []
         start, count = np.zeros(first.size, dtype=np.int64), np.zeros(first.size, dtype=np.int64)
         for u, rep in enumerate(first.tolist()):
-            paths = fabric.switch_paths(str(switch_names[sw_s[other_idx[rep]]]),
-                                        str(switch_names[sw_d[other_idx[rep]]]), int(key[rep]))
+            a, b = str(switch_names[sw_s[other_idx[rep]]]), str(switch_names[sw_d[other_idx[rep]]])
+            paths = (spread_switch_paths(fabric, a, b) if self.spread
+                     else tuple((f, 1.0, seq) for f, seq in fabric.switch_paths(a, b, int(key[rep]))))
             start[u], count[u] = len(chains), len(paths)
-            for f, seq in paths:
+            for f, w, seq in paths:
                 chains.append(router._switch_chain(index, seq))
                 chain_frac.append(f)
-        chain, chain_frac_arr = _pad(chains), np.array(chain_frac)
+                chain_weight.append(w)
+        chain, chain_frac_arr, chain_weight_arr = _pad(chains), np.array(chain_frac), np.array(chain_weight)
         reps = count[group]
         sub_pair = np.repeat(other_idx, reps)
         path = np.repeat(start[group], reps) + np.arange(sub_pair.size) - np.repeat(np.cumsum(reps) - reps, reps)
@@ -142,8 +156,10 @@ class RouteTable:
                                 down[(p_d * k + kd[sub_pair]) * g + j[sub_pair]]], axis=1)
         inner = _from_matrix(intra[(hs[same_idx] * g + i[same_idx]) * g + j[same_idx]], same_idx,
                              np.ones(same_idx.size), self.topo.latency_s)
-        outer = _from_matrix(table, sub_pair, chain_frac_arr[path] if path.size else np.zeros(0), self.topo.latency_s)
+        outer = _from_matrix(table, sub_pair, chain_frac_arr[path] if path.size else np.zeros(0), self.topo.latency_s,
+                             chain_weight_arr[path] if path.size else np.zeros(0))
         return SubFlows(pair=np.concatenate([inner.pair, outer.pair]),
+                        weight=np.concatenate([inner.weight, outer.weight]),
                         fraction=np.concatenate([inner.fraction, outer.fraction]),
                         latency_s=np.concatenate([inner.latency_s, outer.latency_s]),
                         entry_flow=np.concatenate([inner.entry_flow, outer.entry_flow + inner.pair.size]),
@@ -181,20 +197,20 @@ def _dense(*cols: np.ndarray) -> np.ndarray:
 
 
 # ---- host symmetry ---------------------------------------------------------------------------
-def host_classes(topo: Topology, gpus: Sequence[str]) -> dict[int, int] | None:
+def host_classes(topo: Topology, gpus: Sequence[str], *, spread: bool = False) -> dict[int, int] | None:
     """Class of every host holding members, or None when routing is not host-symmetric.
 
     Two hosts are interchangeable when they hold members at the same local indices and their NICs
     (in local order) attach to the same network switches, and routes depend on hosts only through
     those switches: uniform and fat-tree (ECMP) clusters, and structured machines whose switch paths
-    ignore the per-pair key (dragonfly with minimal routing, DGX rail fat-tree). Swapping two such
+    ignore the per-pair key (dragonfly with minimal routing or with spread=True, DGX rail fat-tree). Swapping two such
     hosts maps the topology, the routes and a host-equivariant traffic pattern onto themselves.
     """
     router = topo.router
     symmetric = router in (uniform_router, ecmp_router) or (
         isinstance(router, StructuredRouter)
         and (isinstance(router.fabric, RailFatTree)
-             or (isinstance(router.fabric, DragonflyFabric) and router.fabric.spec.routing == "minimal")))
+             or (isinstance(router.fabric, DragonflyFabric) and (spread or router.fabric.spec.routing == "minimal"))))
     if not symmetric:
         return None
     graph = topo.graph

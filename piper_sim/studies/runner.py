@@ -18,6 +18,7 @@ Reductions, in order:
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ class Prepared:
 
     phases: list[Phase]
     lumped: Lumped
+    class_weight: np.ndarray  # flows every class stands for (lumped.weight / count scale)
     class_phase: np.ndarray  # phase of every flow class
     latency_s: np.ndarray  # largest path latency per phase
     link_class: np.ndarray  # class of every topology link (-1: unused)
@@ -76,11 +78,15 @@ def _orbit_reps(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, host: np.nd
 
 
 def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topology, *, symmetric: bool = False,
-            lump_flows: bool = True) -> Prepared:
-    """Route, reduce and lump the phases' flows. symmetric=True asserts the traffic is host-invariant."""
+            lump_flows: bool = True, spread: bool = False) -> Prepared:
+    """Route, reduce and lump the phases' flows.
+
+    symmetric=True asserts the traffic is host-invariant (the reduction is used when the routing is
+    host-symmetric too); spread=True routes dragonfly detours mean-field (piper_sim.studies.spread).
+    """
     t0 = time.perf_counter()
-    table = RouteTable(topo, gpus)
-    classes = host_classes(topo, gpus) if symmetric else None
+    table = RouteTable(topo, gpus, spread=spread)
+    classes = host_classes(topo, gpus, spread=table.spread) if symmetric else None
     src, dst, sizes, count, phase_of = [], [], [], [], []
     num_pairs = 0
     for k, ph in enumerate(phases):
@@ -96,7 +102,9 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
         phase_of.append(np.full(idx.size, k, dtype=np.int64))
     src_a, dst_a, size_a, count_a, phase_a = (np.concatenate(x) for x in (src, dst, sizes, count, phase_of))
     sf = table.sub_flows(src_a, dst_a)
-    sub_phase, sub_count = phase_a[sf.pair], count_a[sf.pair]
+    sub_phase = phase_a[sf.pair]
+    scale = _count_scale(sf.weight)  # integer counts keep the refinement's hashed sums exact
+    sub_count = np.rint(count_a[sf.pair] * sf.weight * scale)
     latency = np.zeros(len(phases))
     np.maximum.at(latency, sub_phase, sf.latency_s)
     if classes is not None:
@@ -109,10 +117,21 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
                   link_count=orbit_count, color=sub_phase, refine=lump_flows)
     class_phase = np.zeros(lumped.num_flow_classes, dtype=np.int64)
     class_phase[lumped.flow_class] = sub_phase
-    return Prepared(phases=phases, lumped=lumped, class_phase=class_phase, latency_s=latency,
-                    link_class=lumped.link_class[orbit], num_pairs=num_pairs,
-                    num_sub_flows=int(round(sub_count.sum())), num_routed=int(sf.pair.size),
+    return Prepared(phases=phases, lumped=lumped, class_weight=lumped.weight / scale, class_phase=class_phase,
+                    latency_s=latency, link_class=lumped.link_class[orbit], num_pairs=num_pairs,
+                    num_sub_flows=int(round(np.rint(count_a[sf.pair]).sum())), num_routed=int(sf.pair.size),
                     symmetric=classes is not None, prepare_s=time.perf_counter() - t0)
+
+
+def _count_scale(weight: np.ndarray) -> int:
+    """Smallest integer making every weight (1 or 1/K) times it an integer."""
+    scale = 1
+    for w in np.unique(weight).tolist():
+        den = round(1.0 / w) if w < 1 else 1
+        if not np.isclose(w * den, round(w * den)):
+            raise PiperError(f"flow weight {w} is not 1/K for an integer K")
+        scale = math.lcm(scale, den)
+    return scale
 
 
 def _host_arrays(classes: dict[int, int], num_hosts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -142,7 +161,7 @@ def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRu
         local = np.full(lp.num_flow_classes, -1, dtype=np.int64)
         local[classes] = np.arange(classes.size)
         mask = local[lp.entry_flow] >= 0
-        flows = (local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] * scale, lp.weight[classes])
+        flows = (local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] * scale, prep.class_weight[classes])
         delay = ph.messages * (overhead + prep.latency_s[k])
         done.append(env.process(_phase(env, net, flows, delay, [done[a] for a in ph.after], ph.src.size > 0)))
     if done:
@@ -166,6 +185,7 @@ def _phase(env: simpy.Environment, net: FlowNetwork, flows: tuple, delay: float,
 
 
 def run_collective(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topology, *,
-                   symmetric: bool = False, lump_flows: bool = True) -> tuple[Prepared, CollectiveRun]:
-    prep = prepare(phases, gpus, topo, symmetric=symmetric, lump_flows=lump_flows)
+                   symmetric: bool = False, lump_flows: bool = True, spread: bool = False
+                   ) -> tuple[Prepared, CollectiveRun]:
+    prep = prepare(phases, gpus, topo, symmetric=symmetric, lump_flows=lump_flows, spread=spread)
     return prep, simulate(prep, topo)
