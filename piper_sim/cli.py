@@ -254,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("presets", help="list model and topology presets")
     p.set_defaults(func=cmd_presets)
     import piper_sim.calibrate.cli  # noqa: F401  (appends the calibrate registration to _EXTRA_COMMANDS)
+    import piper_sim.studies.cli  # noqa: F401  (appends the study registration to _EXTRA_COMMANDS)
 
     for register in _EXTRA_COMMANDS:
         register(sub)

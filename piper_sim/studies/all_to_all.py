@@ -1,0 +1,185 @@
+"""The all-to-all study: one collective alone on the machine, over node counts, sizes and algorithms.
+
+Owns the study spec, the rows of study.csv and link_kinds.csv (written one run at a time, so an
+interrupted study keeps its completed rows) and the size/node-list parsing. Must not import torch.
+
+Sizes: with size_per "pair" (default) a size is the bytes each GPU sends to each other GPU; with "gpu"
+it is each GPU's whole send buffer (nccl-tests' convention: S bytes split into n equal blocks, one per
+rank, its own included). Bandwidths follow nccl-tests: algorithm bandwidth = per-GPU buffer (n blocks) /
+time, bus bandwidth = algorithm bandwidth x (n - 1) / n (the bytes each GPU really sends per second).
+Utilization of a link = bytes it carried / (capacity x collective time): 1.0 means busy throughout.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase
+from piper_sim.errors import ConfigError
+from piper_sim.studies.runner import CollectiveRun, Prepared, prepare, simulate
+from piper_sim.topology.graph import Topology
+from piper_sim.topology.load import load_topology, read_topology_mapping
+from piper_sim.topology.placement import place
+
+SIZE_UNITS = {"B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+HOST_EQUIVARIANT = frozenset({"flat", "2dh"})  # phases map onto themselves when same-class hosts swap
+SATURATED = 0.9  # a link busy at least this fraction of the collective counts as saturated
+STUDY_COLUMNS = [
+    "nodes", "gpus", "size", "size_per", "bytes_per_pair", "bytes_per_gpu", "algorithm", "routing", "valiant",
+    "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "busiest_link", "busiest_link_kind",
+    "busiest_utilization", "saturated_kinds", "messages_per_gpu", "pairs", "network_flows",
+    "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s",
+]
+KIND_COLUMNS = ["nodes", "size", "algorithm", "link_kind", "links_used", "bytes", "mean_utilization",
+                "max_utilization", "saturated_links"]
+
+
+def parse_size(text: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not m or (m.group(2) or "B") not in SIZE_UNITS:
+        raise ConfigError("--sizes", text, f"a number with a unit in {', '.join(SIZE_UNITS)} (e.g. 1MiB)")
+    return float(m.group(1)) * SIZE_UNITS[m.group(2) or "B"]
+
+
+def parse_list(text: str, key: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ConfigError(key, text, "a comma-separated list")
+    return items
+
+
+def parse_nodes(text: str) -> list[int]:
+    out = []
+    for item in parse_list(text, "--nodes"):
+        if not item.isdigit() or int(item) < 1:
+            raise ConfigError("--nodes", item, "positive integers, e.g. 1,2,4,8")
+        out.append(int(item))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudySpec:
+    topology: str | dict
+    nodes: tuple[int, ...]
+    sizes: tuple[str, ...]  # as given (labels), parsed with parse_size
+    algorithms: tuple[str, ...]
+    size_per: str = "pair"
+    placement: str = "contiguous"
+    routing: str | None = None  # overrides topology.params.routing (dragonfly machines)
+    valiant: str = "spread"  # dragonfly detours: "spread" (mean-field) or "hashed" (as the router does)
+    topology_params: dict = field(default_factory=dict)
+    lump: bool = True
+
+    def check(self) -> None:
+        for alg in self.algorithms:
+            ALL_TO_ALL.get(alg, "--algorithms")
+        if self.size_per not in ("pair", "gpu"):
+            raise ConfigError("--size-per", self.size_per, "pair or gpu")
+        if self.valiant not in ("spread", "hashed"):
+            raise ConfigError("--valiant", self.valiant, "spread or hashed")
+        for s in self.sizes:
+            parse_size(s)
+
+
+def build_topology(spec: StudySpec, nodes: int) -> tuple[Topology, list[str]]:
+    raw = read_topology_mapping(spec.topology)
+    params = {**(raw.get("params") or {}), **spec.topology_params, "num_nodes": nodes}
+    if spec.routing is not None:
+        params["routing"] = spec.routing
+    topo = load_topology({**raw, "params": params})
+    return topo, place(topo, topo.num_gpus, spec.placement)
+
+
+def messages_per_gpu(phases: list[Phase], n: int) -> int:
+    total = np.zeros(n)
+    for ph in phases:
+        total += np.bincount(ph.src, minlength=n) * ph.messages
+    return int(total.max()) if n else 0
+
+
+def _link_rows(topo: Topology, run: CollectiveRun) -> tuple[list[dict], dict]:
+    """Per link kind: usage and utilization; plus the busiest link."""
+    util = run.link_bytes / (topo.capacity_bytes_per_s * run.time_s) if run.time_s > 0 else run.link_bytes * 0
+    kinds = np.array(topo.link_kinds)
+    rows = []
+    for kind in sorted(set(kinds.tolist())):
+        sel = (kinds == kind) & (run.link_bytes > 0)
+        if not sel.any():
+            continue
+        rows.append({"link_kind": kind, "links_used": int(sel.sum()), "bytes": float(run.link_bytes[sel].sum()),
+                     "mean_utilization": float(util[sel].mean()), "max_utilization": float(util[sel].max()),
+                     "saturated_links": int((util[sel] >= SATURATED).sum())})
+    top = int(np.argmax(util)) if util.size else 0
+    busiest = {"busiest_link": "->".join(topo.links[top]), "busiest_link_kind": topo.link_kinds[top],
+               "busiest_utilization": float(util[top]) if util.size else 0.0,
+               "saturated_kinds": " ".join(r["link_kind"] for r in rows if r["saturated_links"])}
+    return rows, busiest
+
+
+def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
+              ) -> Iterator[tuple[dict, list[dict]]]:
+    """Yield (study row, link-kind rows) per (nodes, algorithm, size), smallest machines first."""
+    spec.check()
+    total, done = len(spec.nodes) * len(spec.algorithms) * len(spec.sizes), 0
+    for nodes in spec.nodes:
+        topo, gpus = build_topology(spec, nodes)
+        n = len(gpus)
+        routing = getattr(getattr(topo.router, "fabric", None), "spec", None)
+        routing_name = routing.routing if routing is not None else ""
+        per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in spec.sizes]
+        for alg in spec.algorithms:
+            log(f"[{done + 1}/{total}] {nodes} nodes ({n} GPUs), {alg}: routing and lumping ...")
+            phases = ALL_TO_ALL.get(alg)(np.full((n, n), per_pair[0]), gpus, topo)
+            prep = prepare(phases, gpus, topo, symmetric=alg in HOST_EQUIVARIANT, lump_flows=spec.lump,
+                           spread=spec.valiant == "spread")
+            msgs = messages_per_gpu(phases, n)
+            for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
+                run = simulate(prep, topo, pair_bytes / per_pair[0])
+                kinds, busiest = _link_rows(topo, run)
+                row = _row(spec, nodes, n, label, pair_bytes, alg, routing_name, prep, run, busiest, msgs)
+                done += 1
+                log(f"[{done}/{total}] {nodes} nodes, {label}/{spec.size_per}, {alg}: {run.time_s * 1e3:.4g} ms, "
+                    f"busbw {row['busbw_bytes_per_s'] / 1e9:.3g} GB/s/GPU, busiest {busiest['busiest_link_kind']} "
+                    f"{busiest['busiest_utilization']:.0%} ({prep.num_sub_flows} flows -> "
+                    f"{prep.lumped.num_flow_classes} classes, {prep.prepare_s + run.simulate_s:.1f} s)")
+                yield row, [{"nodes": nodes, "size": label, "algorithm": alg, **k} for k in kinds]
+            del prep, phases
+
+
+def _row(spec: StudySpec, nodes: int, n: int, label: str, pair_bytes: float, alg: str, routing: str,
+         prep: Prepared, run: CollectiveRun, busiest: dict, msgs: int) -> dict:
+    algbw = n * pair_bytes / run.time_s if run.time_s > 0 else float("inf")
+    return {"nodes": nodes, "gpus": n, "size": label, "size_per": spec.size_per, "bytes_per_pair": pair_bytes,
+            "bytes_per_gpu": n * pair_bytes, "algorithm": alg, "routing": routing,
+            "valiant": spec.valiant if routing in ("valiant", "adaptive") else "", "time_s": run.time_s,
+            "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * (n - 1) / n, **busiest,
+            "messages_per_gpu": msgs, "pairs": prep.num_pairs, "network_flows": prep.num_sub_flows,
+            "simulated_flows": prep.lumped.num_flow_classes, "simulated_links": prep.lumped.num_link_classes,
+            "solves": run.num_solves, "prepare_s": prep.prepare_s, "simulate_s": run.simulate_s}
+
+
+def write_study(spec: StudySpec, out: Path, log: Callable[[str], None] | None = None) -> tuple[Path, Path]:
+    """Run the study, appending each row to study.csv / link_kinds.csv as it completes."""
+    out.mkdir(parents=True, exist_ok=True)
+    study_path, kinds_path = out / "study.csv", out / "link_kinds.csv"
+    t0 = time.perf_counter()
+    with study_path.open("w", newline="") as fs, kinds_path.open("w", newline="") as fk:
+        ws, wk = csv.DictWriter(fs, STUDY_COLUMNS), csv.DictWriter(fk, KIND_COLUMNS)
+        ws.writeheader()
+        wk.writeheader()
+        for row, kinds in run_study(spec, **({"log": log} if log else {})):
+            ws.writerow(row)
+            wk.writerows(kinds)
+            fs.flush()
+            fk.flush()
+    if log:
+        log(f"study done in {time.perf_counter() - t0:.1f} s")
+    return study_path, kinds_path

@@ -1,0 +1,85 @@
+"""`piper-sim study all-to-all`: the command-line front of piper_sim.studies.all_to_all.
+
+Registered through cli._EXTRA_COMMANDS. Writes only under --out: study.csv, link_kinds.csv,
+study.yaml (the spec), bandwidth.png, speedup.png, link_kinds.png, tables.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from piper_sim.errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("study", help="what-if studies (all-to-all algorithms over machine sizes)")
+    studies = p.add_subparsers(dest="study", required=True)
+    a = studies.add_parser("all-to-all", help="one all-to-all alone on the machine: algorithms x nodes x sizes")
+    a.add_argument("--topology", default="frontier", help="topology preset or YAML path")
+    a.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256,512", help="node counts, e.g. 1,2,4,8")
+    a.add_argument("--sizes", default="1MiB,16MiB", help="message sizes with units (B, KiB, MiB, GiB, KB, MB, GB)")
+    a.add_argument("--size-per", choices=["pair", "gpu"], default="pair",
+                   help="pair: bytes each GPU sends to each other GPU (default); gpu: each GPU's whole buffer")
+    a.add_argument("--algorithms", default="flat,2dh,halo", help="all-to-all algorithms")
+    a.add_argument("--placement", default="contiguous", help="placement policy")
+    a.add_argument("--routing", choices=["minimal", "valiant", "adaptive"], default=None,
+                   help="dragonfly routing (default: the topology's)")
+    a.add_argument("--valiant", choices=["spread", "hashed"], default="spread",
+                   help="dragonfly detours: spread = mean-field over all detours (default; tractable at scale), "
+                        "hashed = one hashed detour per GPU pair as `simulate` routes (exact but slow past ~16 nodes)")
+    a.add_argument("--no-lump", action="store_true", help="simulate every flow (no exact aggregation; slow)")
+    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="topology.params.KEY=VALUE",
+                   help="override a topology parameter (repeatable)")
+    a.add_argument("--out", required=True, type=Path, help="output directory")
+    a.set_defaults(func=cmd_study_all_to_all)
+
+
+def _params(overrides: list[str]) -> dict:
+    out = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("topology.params.") or key == "topology.params.":
+            raise ConfigError("--set", item, "topology.params.KEY=VALUE")
+        out[key.removeprefix("topology.params.")] = yaml.safe_load(value)
+    return out
+
+
+def cmd_study_all_to_all(args: argparse.Namespace) -> int:
+    from piper_sim.studies.all_to_all import StudySpec, parse_list, parse_nodes, write_study
+    from piper_sim.studies.plots import write_plots
+
+    spec = StudySpec(topology=args.topology, nodes=tuple(parse_nodes(args.nodes)),
+                     sizes=tuple(parse_list(args.sizes, "--sizes")),
+                     algorithms=tuple(parse_list(args.algorithms, "--algorithms")), size_per=args.size_per,
+                     placement=args.placement, routing=args.routing, valiant=args.valiant,
+                     topology_params=_params(args.overrides), lump=not args.no_lump)
+    spec.check()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "study.yaml").write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v
+                                                        for k, v in spec.__dict__.items()}, sort_keys=False))
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        write_study(spec, args.out, log)
+    except KeyboardInterrupt:
+        log("interrupted: study.csv keeps the completed rows; writing plots from them")
+        write_plots(args.out)
+        raise
+    for path in write_plots(args.out):
+        print(f"wrote {path}")
+    print(f"wrote {args.out / 'study.csv'} and {args.out / 'link_kinds.csv'}")
+    return 0
+
+
+def _install() -> None:
+    """Append `register` to the CLI's _EXTRA_COMMANDS (also when the CLI runs as `python -m piper_sim.cli`)."""
+    for name in ("piper_sim.cli", "__main__"):
+        extra = getattr(sys.modules.get(name), "_EXTRA_COMMANDS", None)
+        if isinstance(extra, list) and register not in extra:
+            extra.append(register)
+
+
+_install()
