@@ -36,6 +36,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override a topology parameter (repeatable)")
     a.add_argument("--out", required=True, type=Path, help="output directory")
     a.set_defaults(func=cmd_study_all_to_all)
+    b = studies.add_parser("imbalance", help="MFU and step time vs routing skew, per migration policy; drift")
+    b.add_argument("config", help="YAML config (or example name) to vary")
+    b.add_argument("--kind", default="zipf", help="skewed routing kind: zipf (exponent), dirichlet (concentration), "
+                                                   "hot (share)")
+    b.add_argument("--skews", default="0,0.5,1,1.5,2", help="values of the kind's skew parameter")
+    b.add_argument("--policies", default="none,greedy,lpt", help="migration policies")
+    b.add_argument("--steps", type=int, default=4, help="simulated steps per point (step 0 is not scored)")
+    b.add_argument("--drift-steps", type=int, default=12, help="steps of the drifting-experts run (0: skip)")
+    b.add_argument("--drift-rate", type=float, default=0.5, help="experts the hot set moves per step")
+    b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    b.add_argument("--out", required=True, type=Path, help="output directory")
+    b.set_defaults(func=cmd_study_imbalance)
 
 
 def _params(overrides: list[str]) -> dict:
@@ -72,6 +84,37 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     print(f"wrote {args.out / 'study.csv'} and {args.out / 'link_kinds.csv'}")
     return 0
+
+
+def cmd_study_imbalance(args: argparse.Namespace) -> int:
+    from piper_sim.cli import _config_path
+    from piper_sim.config import apply_overrides, read_config_file
+    from piper_sim.studies.imbalance import drift, sweep, write_plots
+
+    raw = apply_overrides(read_config_file(_config_path(args.config)), args.overrides)
+    skews = [float(x) for x in parse_csv(args.skews, "--skews")]
+    policies = parse_csv(args.policies, "--policies")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        sweep(raw, kind=args.kind, skews=skews, policies=policies, steps=args.steps, out=args.out, log=log)
+        if args.drift_steps:
+            drift(raw, policies=policies, steps=args.drift_steps, rate=args.drift_rate, out=args.out, log=log)
+    finally:
+        for path in write_plots(args.out):
+            print(f"wrote {path}")
+    print(f"wrote {args.out / 'imbalance.csv'}" + (f" and {args.out / 'drift.csv'}" if args.drift_steps else ""))
+    return 0
+
+
+def parse_csv(text: str, key: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise ConfigError(key, text, "a comma-separated list")
+    try:
+        return items if key != "--skews" else [str(float(x)) for x in items]
+    except ValueError:
+        raise ConfigError(key, text, "comma-separated numbers") from None
 
 
 def _install() -> None:
