@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from piper_sim.analysis.links import link_table
+from piper_sim.analysis.links import link_kind_summary, link_table
 from piper_sim.analysis.plots import plot_link_utilization, plot_timeline
 from piper_sim.trace.perfetto import write_perfetto
 from piper_sim.trace.runtrace import write_trace
@@ -34,6 +34,8 @@ def write_run(out_dir: Path, *, resolved_config: dict, report: dict, trace: pd.D
         links = link_table(topology, link_bytes, duration)
         paths["links"] = out_dir / "links.csv"
         links.to_csv(paths["links"], index=False)
+        paths["link_kinds"] = out_dir / "link_kinds.csv"
+        link_kind_summary(links).to_csv(paths["link_kinds"], index=False)
         if not links.empty:
             paths["link_plot"] = out_dir / "plots" / "link_utilization.png"
             plot_link_utilization(links, paths["link_plot"])
