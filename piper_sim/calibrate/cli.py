@@ -14,6 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="micro-benchmark this machine (N ranks at once) and write a cost profile")
     p.add_argument("--out", type=Path, help="profile to write, e.g. traces/profiles/cpu-dev.yaml")
     p.add_argument("--ranks", type=int, default=1, help="ranks running every benchmark at once (default 1)")
+    p.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores // ranks, as `run` uses)")
     p.add_argument("--quick", action="store_true", help="reduced sweep (under a minute), for tests and CI")
     p.add_argument("--testbed", metavar="PREFIX", help="also measure communication inside this running testbed")
     p.add_argument("--presets", default="tiny-moe,small-moe", help="model presets whose shapes are swept")
@@ -31,7 +32,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.check:
         from piper_sim.calibrate.crosscheck import crosscheck, format_table
 
-        rows = crosscheck(args.check, presets=presets, ranks=args.ranks)
+        rows = crosscheck(args.check, presets=presets, ranks=args.ranks, threads=args.threads)
         print(format_table(rows))
         return 0
     if args.out is None:
@@ -49,7 +50,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         else f"piper-sim calibrate --out {args.out} --ranks {args.ranks}" + (" --quick" if args.quick else "")
     print(f"calibrating with {args.ranks} rank(s), {'quick' if args.quick else 'full'} sweep ...", file=sys.stderr)
     profile = calibrate(args.out, ranks=args.ranks, quick=args.quick, testbed=args.testbed, presets=presets,
-                        command=command, timeout_s=args.timeout,
+                        command=command, timeout_s=args.timeout, threads=args.threads,
                         records_out=args.records)
     print(f"peak {profile['peak_bf16_TFLOPS'] * 1e3:.1f} GFLOP/s, launch {profile['kernel_launch_us']} us, "
           f"memory {profile['hbm_bandwidth_GBps']} GB/s, Adam {profile['optimizer_bytes_per_param']} B/param")

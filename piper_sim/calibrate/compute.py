@@ -152,8 +152,27 @@ def bench_optimizer(device: Device, sweep: Sweep, progress: Progress) -> list[Re
     return out
 
 
+def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
+    """Fixed cost of real model code: each op of a micro MoE (d 8, 4 experts; next to no arithmetic) run
+    with the executor's forward_op / backward_op, with the ATen ops (kernels, views) it dispatched.
+    CPU only (the stage is built on the CPU)."""
+    from piper_sim.calibrate.stage_ops import CHECK_OPS, MICRO_MODEL, measure_op, prepare_stage
+
+    if device.is_cuda:
+        return []
+    _, stage, before = prepare_stage(dict(MICRO_MODEL), micro_batch_size=1)
+    out: list[Record] = []
+    for i, op in enumerate(CHECK_OPS):
+        progress(f"framework {i + 1}/{len(CHECK_OPS)}: micro-model {op} forward and backward")
+        m = measure_op(stage, op, before[op], sweep.timing)
+        for direction in ("fwd", "bwd"):
+            out.append({"bench": "framework", "op": op, "pass": direction, "kernels": m[f"{direction}_kernels"],
+                        "views": m[f"{direction}_views"], "time_s": m[f"{direction}_s"]})
+    return out
+
+
 def run_compute(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
     records = bench_tiny_ops(device, sweep.timing, progress)
-    for bench in (bench_gemms, bench_ffns, bench_attention, bench_elementwise, bench_optimizer):
+    for bench in (bench_framework, bench_gemms, bench_ffns, bench_attention, bench_elementwise, bench_optimizer):
         records += bench(device, sweep, progress)
     return records

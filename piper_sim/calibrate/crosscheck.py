@@ -12,33 +12,19 @@ prediction split into FLOP, memory and launch terms, and the number of ATen ops 
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+import yaml
 
-from piper_sim.calibrate.runner import _threads
+from piper_sim.calibrate.runner import threads_per_rank
+from piper_sim.calibrate.stage_ops import CHECK_OPS, MICRO_BATCH_SIZE, measure_op, prepare_stage
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, TimingPlan
-from piper_sim.calibrate.timing import median_s, time_call
 from piper_sim.workload.cost import CostProfile, load_profile
 from piper_sim.workload.flops import op_work
-
-MICRO_BATCH_SIZE = 2  # examples/tiny-moe.yaml and examples/small-moe.yaml
-CHECK_OPS = ("embed", "attn:0", "router:0", "experts:0", "moe_out:0", "head")
-
-
-class _CountOps(TorchDispatchMode):
-    """Counts the ATen ops dispatched below autograd (views included)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 @dataclass(frozen=True)
@@ -49,65 +35,19 @@ class CheckJob:
     sample_s: float = 0.05
 
 
-def _prepare(model_name: str, seed: int = 0):
-    """A one-layer, all-experts stage of the model and the state before each checked op."""
-    from piper_sim.torch_backend.model import StageModule
-    from piper_sim.workload.presets import load_model
-
-    spec = load_model(model_name)
-    stage = StageModule(spec, [0], first=True, last=True, seed=seed)
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, spec.vocab_size, (MICRO_BATCH_SIZE, spec.seq_len), generator=gen)
-    state = {"tokens": tokens, "targets": torch.roll(tokens, -1, dims=1)}
-    before: dict[str, dict] = {}
-    for op in stage.forward_ops():
-        if op.startswith("experts:"):
-            state.update(recv_rows=state["send_rows"].detach(), recv_splits=list(state["send_splits"]),
-                         recv_expert_ids=state["send_expert_ids"])
-        if op.startswith("moe_out:"):
-            state["combined_rows"] = state["return_rows"].detach()
-        before[op] = dict(state)
-        stage.run_op(op, state)
-    return spec, stage, before
-
-
-def _measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:
-    from piper_sim.torch_backend.op_autograd import backward_op, forward_op
-
-    probe = forward_op(stage, op, dict(state))
-    seeds = {k: torch.randn_like(v) for k, v in probe.outputs.items()}
-
-    def fwd() -> None:
-        forward_op(stage, op, dict(state))
-
-    def fwd_bwd() -> None:
-        backward_op(forward_op(stage, op, dict(state)), dict(seeds))
-
-    with _CountOps() as counter:
-        fwd()
-    fwd_ops = counter.count
-    with _CountOps() as counter:
-        fwd_bwd()
-    t_fwd = median_s(time_call(fwd, plan, window=True))
-    t_all = median_s(time_call(fwd_bwd, plan, window=True))
-    stage.zero_grad(set_to_none=True)
-    return {"fwd_s": t_fwd, "bwd_s": max(t_all - t_fwd, 0.0), "fwd_aten_ops": fwd_ops,
-            "bwd_aten_ops": counter.count - fwd_ops}
-
-
 def check_worker(rank: int, world: int, job: CheckJob) -> None:
     torch.manual_seed(0)
     plan = TimingPlan(sample_s=job.sample_s, num_samples=7)
     rows = []
     for name in job.presets:
-        spec, stage, before = _prepare(name)
+        spec, stage, before = prepare_stage(name)
         for op in CHECK_OPS:
             state = before[op]
             expert_rows = ()
             if op.startswith("experts:"):
                 expert_rows = tuple(torch.bincount(state["recv_expert_ids"], minlength=spec.num_experts).tolist())
             rows.append({"model": name, "op": op, "tokens": MICRO_BATCH_SIZE * spec.seq_len,
-                         "expert_rows": list(expert_rows), **_measure_op(stage, op, state, plan)})
+                         "expert_rows": list(expert_rows), **measure_op(stage, op, state, plan)})
     Path(job.out_dir, f"check-rank{rank}.json").write_text(json.dumps(rows))
 
 
@@ -128,24 +68,57 @@ def predict(profile: CostProfile, model_name: str, op: str, tokens: int, expert_
             "launch_s": launch, "num_kernels": work.num_kernels, "dtype_bytes": b}
 
 
+def _measurements(profile_spec: str) -> dict:
+    from piper_sim.paths import data_dir
+
+    path = Path(profile_spec)
+    if path.suffix not in (".yaml", ".yml"):
+        path = data_dir("traces/profiles") / f"{profile_spec}.yaml"
+    return yaml.safe_load(path.read_text()).get("measurements") or {}
+
+
+def _view_overhead_s(measurements: dict) -> float:
+    """Per-view fixed cost from the profile's measurements (autograd view/transpose), else 0."""
+    tiny = measurements.get("per_op_overhead", {}).get("autograd", {})
+    views = [tiny[k] for k in ("view_us", "transpose_us") if k in tiny]
+    return 1e-6 * sum(views) / len(views) if views else 0.0
+
+
+def _framework_s(measurements: dict, direction: str, aten_ops: int) -> float | None:
+    """Fixed cost of an op that dispatches aten_ops ATen ops, from the micro-model fit (None without one)."""
+    fw = (measurements.get("framework_overhead") or {}).get(direction)
+    return None if not fw else 1e-6 * (fw["per_op_us"] + fw["per_aten_op_us"] * aten_ops)
+
+
 def crosscheck(profile_spec: str, *, presets: tuple[str, ...] = DEFAULT_PRESETS, ranks: int = 1,
-               timeout_s: float = 1800.0) -> list[dict]:
-    """Measured vs predicted per op (medians over ranks)."""
+               timeout_s: float = 1800.0, threads: int | None = None) -> list[dict]:
+    """Measured vs predicted per op (medians over ranks). Each row also carries the prediction with the
+    counted ATen ops in place of flops.py's num_kernels (kernels x kernel_launch + views x view cost;
+    backward: twice the work terms plus its own counted ops)."""
     from piper_sim.torch_backend.local_launch import run_local
 
     profile = load_profile(profile_spec)
+    measurements = _measurements(profile_spec)
+    view_s = _view_overhead_s(measurements)
     with tempfile.TemporaryDirectory(prefix="piper-check-") as tmp:
         job = CheckJob(profile=str(profile_spec), presets=presets, out_dir=tmp)
-        run_local(check_worker, ranks, job, timeout_s=timeout_s, num_threads=_threads(ranks))
+        run_local(check_worker, ranks, job, timeout_s=timeout_s, num_threads=threads_per_rank(ranks, threads))
         per_rank = [json.loads(Path(tmp, f"check-rank{r}.json").read_text()) for r in range(ranks)]
     out = []
     for i, row in enumerate(per_rank[0]):
-        fwd = float(torch.tensor([p[i]["fwd_s"] for p in per_rank]).median())
-        bwd = float(torch.tensor([p[i]["bwd_s"] for p in per_rank]).median())
+        fwd = statistics.median(p[i]["fwd_s"] for p in per_rank)
+        bwd = statistics.median(p[i]["bwd_s"] for p in per_rank)
         pred = predict(profile, row["model"], row["op"], row["tokens"], tuple(row["expert_rows"]))
-        out.append({**row, "fwd_s": fwd, "bwd_s": bwd, "pred": pred,
-                    "pred_fp32": predict(profile, row["model"], row["op"], row["tokens"], tuple(row["expert_rows"]),
-                                         dtype_bytes=4)})
+        work_s = pred["total_s"] - pred["launch_s"]
+        launch = profile.kernel_launch_s
+        counted_fwd = work_s + row["fwd_kernels"] * launch + row["fwd_views"] * view_s
+        counted_bwd = 2 * work_s + row["bwd_kernels"] * launch + row["bwd_views"] * view_s
+        fw_fwd = _framework_s(measurements, "forward", row["fwd_kernels"] + row["fwd_views"])
+        fw_bwd = _framework_s(measurements, "backward", row["bwd_kernels"] + row["bwd_views"])
+        out.append({**row, "fwd_s": fwd, "bwd_s": bwd, "pred": pred, "view_s": view_s,
+                    "counted_fwd_s": counted_fwd, "counted_bwd_s": counted_bwd,
+                    "framework_fwd_s": None if fw_fwd is None else work_s + fw_fwd,
+                    "framework_bwd_s": None if fw_bwd is None else 2 * work_s + fw_bwd})
     return out
 
 
@@ -154,14 +127,30 @@ def _err(pred: float, meas: float) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """Markdown table of measured vs predicted microseconds."""
-    head = ("| model | op | measured fwd us | predicted fwd us | error | pred. parts gemm+attn / mem / launch us "
-            "| kernels (flops.py / ATen fwd) | measured bwd us | predicted bwd us | error |")
-    lines = [head, "|" + "---|" * 10]
+    """Two markdown tables (microseconds): the cost model as it is, and with the counted ATen ops."""
+    lines = ["As the cost model is (flops.py num_kernels x kernel_launch; backward = 2 x forward):", "",
+             "| model | op | measured fwd | predicted fwd | error | parts: gemm+attn / memory / launch "
+             "| measured bwd | predicted bwd | error |", "|" + "---|" * 9]
     for r in rows:
         p = r["pred"]
         parts = f"{(p['gemm_s'] + p['attention_s']) * 1e6:.1f} / {p['memory_s'] * 1e6:.1f} / {p['launch_s'] * 1e6:.1f}"
         lines.append(f"| {r['model']} | {r['op']} | {r['fwd_s'] * 1e6:.1f} | {p['total_s'] * 1e6:.1f} | "
-                     f"{_err(p['total_s'], r['fwd_s'])} | {parts} | {p['num_kernels']} / {r['fwd_aten_ops']} | "
-                     f"{r['bwd_s'] * 1e6:.1f} | {2 * p['total_s'] * 1e6:.1f} | {_err(2 * p['total_s'], r['bwd_s'])} |")
+                     f"{_err(p['total_s'], r['fwd_s'])} | {parts} | {r['bwd_s'] * 1e6:.1f} | "
+                     f"{2 * p['total_s'] * 1e6:.1f} | {_err(2 * p['total_s'], r['bwd_s'])} |")
+    lines += ["", "With the ATen ops each op really dispatches (kernels x kernel_launch + views x view cost):", "",
+              "| model | op | kernels flops.py / ATen fwd (+views) | predicted fwd | error "
+              "| ATen bwd kernels (+views) | predicted bwd | error |", "|" + "---|" * 8]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['op']} | {r['pred']['num_kernels']} / {r['fwd_kernels']} "
+                     f"(+{r['fwd_views']}) | {r['counted_fwd_s'] * 1e6:.1f} | {_err(r['counted_fwd_s'], r['fwd_s'])} | "
+                     f"{r['bwd_kernels']} (+{r['bwd_views']}) | {r['counted_bwd_s'] * 1e6:.1f} | "
+                     f"{_err(r['counted_bwd_s'], r['bwd_s'])} |")
+    if all(r["framework_fwd_s"] is not None for r in rows):
+        lines += ["", "Work terms + the framework overhead fitted on the micro model (per op + per ATen op):", "",
+                  "| model | op | measured fwd | predicted fwd | error | measured bwd | predicted bwd | error |",
+                  "|" + "---|" * 8]
+        for r in rows:
+            lines.append(f"| {r['model']} | {r['op']} | {r['fwd_s'] * 1e6:.1f} | {r['framework_fwd_s'] * 1e6:.1f} | "
+                         f"{_err(r['framework_fwd_s'], r['fwd_s'])} | {r['bwd_s'] * 1e6:.1f} | "
+                         f"{r['framework_bwd_s'] * 1e6:.1f} | {_err(r['framework_bwd_s'], r['bwd_s'])} |")
     return "\n".join(lines)

@@ -42,7 +42,7 @@ def aggregate(per_rank: list[dict]) -> list[dict]:
     for recs in groups.values():
         times = [float(r["time_s"]) for r in recs]
         pick: Callable[[list[float]], float] = max if recs[0]["bench"] in COMM_BENCHES else fit.median
-        merged = dict(recs[0], time_s=pick(times), rank_spread=max(times) / min(times), num_ranks=len(recs))
+        merged = dict(recs[0], time_s=pick(times), rank_spread=max(times) / min(times) if min(times) > 0 else None, num_ranks=len(recs))
         if "gemm_sum_s" in recs[0]:
             merged["gemm_sum_s"] = fit.median([float(r["gemm_sum_s"]) for r in recs])
         out.append(merged)
@@ -76,6 +76,25 @@ def fit_launch(records: list[dict]) -> tuple[float, dict]:
     for r in tiny:
         table["autograd" if r["autograd"] else "no_grad"][f"{r['op']}_us"] = _us(r["time_s"])
     return launch, table
+
+
+def fit_framework(records: list[dict]) -> dict | None:
+    """Per pass: time = per_op + per_aten_op x (kernels + views), over the micro-model's ops."""
+    pts = _select(records, "framework")
+    if not pts:
+        return None
+    out: dict = {"model": "time = per_op_us + per_aten_op_us x (ATen kernels + views), micro MoE (d 8, E 4), "
+                          "executor forward_op / backward_op"}
+    for direction, name in (("fwd", "forward"), ("bwd", "backward")):
+        sel = [r for r in pts if r["pass"] == direction and r["time_s"] > 0]
+        if not sel:
+            continue
+        counts = np.array([r["kernels"] + r["views"] for r in sel], dtype=float)
+        coef, rms = fit.fit_nonnegative(np.column_stack([np.ones_like(counts), counts]), [r["time_s"] for r in sel])
+        out[name] = {"per_op_us": _us(coef[0]), "per_aten_op_us": _us(coef[1]), "rms_relative_error": _r(rms, 3),
+                     "ops": {r["op"]: {"kernels": r["kernels"], "views": r["views"], "time_us": _us(r["time_s"])}
+                             for r in sel}}
+    return out
 
 
 def fit_gemms(records: list[dict], launch_s: float) -> tuple[float, list[float], list[float], dict]:
@@ -194,7 +213,7 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
     network = {"local": network_summary(records).get("local", {})}
     if testbed_per_rank:
         network["testbed"] = network_summary(aggregate(testbed_per_rank))
-    spread = [r["rank_spread"] for r in records if r["bench"] not in COMM_BENCHES]
+    spread = [r["rank_spread"] for r in records if r["bench"] not in COMM_BENCHES and r["rank_spread"]]
     return {
         "name": name, "device": kind,
         "source": (f"measured by piper-sim calibrate ({'quick' if quick else 'full'} sweep) with {ranks} rank(s) "
@@ -213,7 +232,8 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
             "rank_spread_median": _r(fit.median(spread), 3) if spread else None,
             "compute_cpu_share_per_rank": [
                 _r(p["compute_cpu_share"], 3) if "compute_cpu_share" in p else None for p in per_rank],
-            "per_op_overhead": tiny, "gemm": gemm_detail, "attention": attn_detail, "memory": memory,
+            "per_op_overhead": tiny, "framework_overhead": fit_framework(records), "gemm": gemm_detail,
+            "attention": attn_detail, "memory": memory,
             "optimizer": opt_detail, "network": network,
         },
     }

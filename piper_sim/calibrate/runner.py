@@ -135,15 +135,16 @@ def read_records(records_dir: Path, tag: str, world: int) -> list[list[dict]]:
     return out
 
 
-def _threads(world: int) -> int:
-    return max(1, (os.cpu_count() or 1) // world)
+def threads_per_rank(world: int, threads: int | None = None) -> int:
+    """Intra-op threads of each rank: as given, else cores // ranks (what `piper-sim run` uses)."""
+    return threads if threads else max(1, (os.cpu_count() or 1) // world)
 
 
-def run_local_job(job: CalibrationJob, world: int, timeout_s: float) -> list[dict]:
+def run_local_job(job: CalibrationJob, world: int, timeout_s: float, threads: int | None = None) -> list[dict]:
     from piper_sim.torch_backend.local_launch import run_local
 
     try:
-        run_local(worker, world, job, timeout_s=timeout_s, num_threads=_threads(world))
+        run_local(worker, world, job, timeout_s=timeout_s, num_threads=threads_per_rank(world, threads))
     except TimeoutError:
         raise PiperError(f"calibrate: the {world} ranks did not finish within {timeout_s:.0f} s") from None
     return read_records(Path(job.records_dir), job.tag, world)
@@ -166,7 +167,7 @@ def run_testbed_job(job: CalibrationJob, prefix: str, timeout_s: float) -> list[
                          max_message_bytes=TESTBED_MAX_MESSAGE_BYTES)
     launch_processes("piper_sim.calibrate.runner:worker", (job,), world, Path(job.records_dir) / "testbed-logs",
                      master_addr=rank_map[0][1], timeout_s=timeout_s,
-                     rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": str(_threads(world))}
+                     rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": str(threads_per_rank(world))}
                                for r in range(world)},
                      rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _ip) in rank_map.items()})
     return read_records(Path(job.records_dir), job.tag, world)
@@ -191,7 +192,7 @@ def testbed_levels(hosts: dict[int, int]) -> dict[str, list[tuple[int, int]]]:
 
 def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
               presets: tuple[str, ...] = DEFAULT_PRESETS, command: str = "", timeout_s: float | None = None,
-              records_out: Path | None = None) -> dict:
+              records_out: Path | None = None, threads: int | None = None) -> dict:
     """Run the benchmarks and write the profile to `out`; returns the profile mapping.
 
     records_out: also save the raw per-rank records (JSON) there, for refitting (refit_profile)."""
@@ -205,7 +206,7 @@ def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
               "other processes' work will be measured as contention", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="piper-calibrate-") as tmp:
         job = CalibrationJob(records_dir=tmp, quick=quick, presets=presets)
-        per_rank = run_local_job(job, ranks, timeout)
+        per_rank = run_local_job(job, ranks, timeout, threads)
         testbed_ranks = run_testbed_job(job, testbed, timeout) if testbed else None
     raw = {"per_rank": per_rank, "testbed_per_rank": testbed_ranks, "quick": quick, "command": command,
            "versions": _versions(), "wall_s": time.perf_counter() - started, "load_average_before": load_before}

@@ -1,0 +1,93 @@
+"""Timing of real StageModule ops the way the executor runs them, and counting the ATen ops they dispatch.
+
+Owns: the ATen op counter (kernels vs views), preparing a one-layer all-experts stage and the state
+before each op, and timing one op's forward (forward_op) and forward + backward (backward_op).
+Used by the framework-overhead benchmark (a micro model whose ops do almost no work, so their time is
+the per-op cost of the framework) and by the cross-check (the shipped presets). Imports torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from piper_sim.calibrate.sweep import TimingPlan
+from piper_sim.calibrate.timing import median_s, time_call
+
+MICRO_BATCH_SIZE = 2  # examples/tiny-moe.yaml and examples/small-moe.yaml
+# "shared:0" on a model without shared experts runs no tensor op: its time is the executor's fixed
+# per-op cost (forward_op / backward_op bookkeeping, StageModule.run_op dispatch)
+CHECK_OPS = ("embed", "attn:0", "router:0", "shared:0", "experts:0", "moe_out:0", "head")
+# ATen ops that only make a new view or alias (no pass over the data)
+VIEW_OPS = frozenset({"detach", "view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "slice", "expand",
+                      "split_with_sizes", "split", "lift_fresh", "alias", "as_strided", "permute", "select",
+                      "reshape", "unbind", "_reshape_alias"})
+# A model whose ops do next to no arithmetic: its op times are the framework's fixed costs
+MICRO_MODEL = {"name": "micro-moe", "num_layers": 1, "d_model": 8, "num_heads": 2, "vocab_size": 16, "seq_len": 8,
+               "expert_ffn_dim": 8, "num_experts": 4, "top_k": 2, "expert_matrices": 3, "dtype": "fp32"}
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the ATen ops dispatched below autograd: views/aliases and the others (kernels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+        self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func.overloadpacket.__name__ in VIEW_OPS:
+            self.views += 1
+        else:
+            self.kernels += 1
+        return func(*args, **(kwargs or {}))
+
+
+def prepare_stage(model: str | dict, seed: int = 0, micro_batch_size: int = MICRO_BATCH_SIZE):
+    """(spec, stage, state before each op) for a one-layer stage holding all experts (ep = 1, fp32)."""
+    from piper_sim.torch_backend.model import StageModule
+    from piper_sim.workload.presets import load_model
+
+    spec = load_model(model)
+    stage = StageModule(spec, [0], first=True, last=True, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, spec.vocab_size, (micro_batch_size, spec.seq_len), generator=gen)
+    state = {"tokens": tokens, "targets": torch.roll(tokens, -1, dims=1)}
+    before: dict[str, dict] = {}
+    for op in stage.forward_ops():
+        if op.startswith("experts:"):
+            state.update(recv_rows=state["send_rows"].detach(), recv_splits=list(state["send_splits"]),
+                         recv_expert_ids=state["send_expert_ids"])
+        if op.startswith("moe_out:"):
+            state["combined_rows"] = state["return_rows"].detach()
+        before[op] = dict(state)
+        stage.run_op(op, state)
+    for op in CHECK_OPS:  # shared:0 of a model without shared experts: the state after the router
+        before.setdefault(op, before["experts:0"])
+    return spec, stage, before
+
+
+def measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:
+    """Forward and backward seconds of one op (backward = forward+backward - forward) and ATen op counts.
+    All ranks must call this together (CPU windows start at a barrier)."""
+    from piper_sim.torch_backend.op_autograd import backward_op, forward_op
+
+    probe = forward_op(stage, op, dict(state))
+    seeds = {k: torch.randn_like(v) for k, v in probe.outputs.items()}
+
+    def fwd() -> None:
+        forward_op(stage, op, dict(state))
+
+    def fwd_bwd() -> None:
+        backward_op(forward_op(stage, op, dict(state)), dict(seeds))
+
+    with CountOps() as fwd_count:
+        fwd()
+    with CountOps() as all_count:
+        fwd_bwd()
+    t_fwd = median_s(time_call(fwd, plan, window=True))
+    t_all = median_s(time_call(fwd_bwd, plan, window=True))
+    stage.zero_grad(set_to_none=True)
+    return {"fwd_s": t_fwd, "bwd_s": max(t_all - t_fwd, 0.0), "fwd_kernels": fwd_count.kernels,
+            "fwd_views": fwd_count.views, "bwd_kernels": all_count.kernels - fwd_count.kernels,
+            "bwd_views": all_count.views - fwd_count.views}
