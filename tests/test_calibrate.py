@@ -97,6 +97,10 @@ def _synthetic_records(rank_scale: float) -> list[dict]:
                          "time_s": (launch + 3 * size / bw) * rank_scale})
     for p, t in ((16384, 1), (16384, 16), (4194304, 1), (4194304, 16)):
         recs.append({"bench": "optimizer", "params": p, "tensors": t, "time_s": (12e-6 * t + 1.5e-9 * p) * rank_scale})
+    for op, kernels, views in (("embed", 1, 0), ("attn:0", 43, 31), ("router:0", 22, 6), ("head", 10, 8)):
+        for direction, per_op, per_aten in (("fwd", 10e-6, 3e-6), ("bwd", 20e-6, 2e-6)):
+            recs.append({"bench": "framework", "op": op, "pass": direction, "kernels": kernels, "views": views,
+                         "time_s": (per_op + per_aten * (kernels + views)) * rank_scale})
     for size in SIZES:
         recs.append({"bench": "p2p", "level": "local", "pairs": 1, "bytes": size,
                      "time_s": (30e-6 + size / 2e9) * rank_scale})
@@ -116,6 +120,9 @@ def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     p2p = profile["measurements"]["network"]["local"]["p2p"]["pairs_1"]["fit"]
     assert p2p["overhead_us"] == pytest.approx(30.0, rel=1e-3)
     assert p2p["bandwidth_GBps"] == pytest.approx(2.0, rel=1e-3)
+    framework = profile["measurements"]["framework_overhead"]
+    assert (framework["forward"]["per_op_us"], framework["forward"]["per_aten_op_us"]) == pytest.approx((10, 3))
+    assert (framework["backward"]["per_op_us"], framework["backward"]["per_aten_op_us"]) == pytest.approx((20, 2))
     cost = load_profile(profile)
     assert cost.kernel_launch_s == pytest.approx(2e-6)
     assert cost.hbm_bytes == pytest.approx(8 * 2**30)  # memory per rank

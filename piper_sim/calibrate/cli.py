@@ -30,10 +30,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     presets = tuple(s.strip() for s in args.presets.split(",") if s.strip())
     if args.check:
-        from piper_sim.calibrate.crosscheck import crosscheck, format_table
+        import time
 
+        from piper_sim.calibrate.crosscheck import crosscheck, format_table
+        from piper_sim.calibrate.runner import _busy_core_s, _own_core_s, foreign_cpu_share
+
+        started, busy0, own0 = time.perf_counter(), _busy_core_s(), _own_core_s()
         rows = crosscheck(args.check, presets=presets, ranks=args.ranks, threads=args.threads)
+        foreign = foreign_cpu_share(busy0, own0, time.perf_counter() - started)
         print(format_table(rows))
+        if foreign is not None:
+            print(f"\nOther processes used {100 * foreign:.0f}% of the cores during this check.")
         return 0
     if args.out is None:
         raise PiperError("calibrate needs --out FILE.yaml (or --check PROFILE)")

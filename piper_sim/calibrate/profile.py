@@ -42,7 +42,8 @@ def aggregate(per_rank: list[dict]) -> list[dict]:
     for recs in groups.values():
         times = [float(r["time_s"]) for r in recs]
         pick: Callable[[list[float]], float] = max if recs[0]["bench"] in COMM_BENCHES else fit.median
-        merged = dict(recs[0], time_s=pick(times), rank_spread=max(times) / min(times) if min(times) > 0 else None, num_ranks=len(recs))
+        spread = max(times) / min(times) if min(times) > 0 else None
+        merged = dict(recs[0], time_s=pick(times), rank_spread=spread, num_ranks=len(recs))
         if "gemm_sum_s" in recs[0]:
             merged["gemm_sum_s"] = fit.median([float(r["gemm_sum_s"]) for r in recs])
         out.append(merged)
@@ -195,8 +196,8 @@ def network_summary(records: list[dict]) -> dict:
 
 
 def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dict] | None, quick: bool,
-                  command: str, versions: dict, wall_s: float, load_average_before: list[float] | None = None
-                  ) -> dict:
+                  command: str, versions: dict, wall_s: float, load_average_before: list[float] | None = None,
+                  foreign_cpu_share: float | None = None) -> dict:
     machine = dict(per_rank[0]["machine"], load_average_before=load_average_before)
     cuda = "accelerator" in machine
     records = aggregate(per_rank)
@@ -229,6 +230,7 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
         "optimizer_bytes_per_param": _r(opt_bytes),
         "measurements": {
             "command": command, "sweep": "quick" if quick else "full", "calibrate_wall_s": round(wall_s, 1),
+            "foreign_cpu_share": None if foreign_cpu_share is None else _r(foreign_cpu_share, 2),
             "rank_spread_median": _r(fit.median(spread), 3) if spread else None,
             "compute_cpu_share_per_rank": [
                 _r(p["compute_cpu_share"], 3) if "compute_cpu_share" in p else None for p in per_rank],

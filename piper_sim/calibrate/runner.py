@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -190,6 +191,30 @@ def testbed_levels(hosts: dict[int, int]) -> dict[str, list[tuple[int, int]]]:
     return levels
 
 
+def _busy_core_s() -> float | None:
+    """Core-seconds the whole machine spent busy so far (/proc/stat), None where unavailable."""
+    try:
+        fields = [float(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_core_s() -> float:
+    self_, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return self_.ru_utime + self_.ru_stime + children.ru_utime + children.ru_stime
+
+
+def foreign_cpu_share(busy0: float | None, own0: float, wall_s: float) -> float | None:
+    """Fraction of the machine's cores that other processes used while we measured (0 on a quiet machine)."""
+    busy1 = _busy_core_s()
+    if busy0 is None or busy1 is None or wall_s <= 0:
+        return None
+    foreign = (busy1 - busy0) - (_own_core_s() - own0)
+    return max(0.0, foreign) / (wall_s * (os.cpu_count() or 1))
+
+
 def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
               presets: tuple[str, ...] = DEFAULT_PRESETS, command: str = "", timeout_s: float | None = None,
               records_out: Path | None = None, threads: int | None = None) -> dict:
@@ -199,7 +224,7 @@ def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
     if ranks < 1:
         raise PiperError(f"--ranks {ranks}: a positive number of ranks")
     timeout = timeout_s or (600.0 if quick else 7200.0)
-    started = time.perf_counter()
+    started, busy0, own0 = time.perf_counter(), _busy_core_s(), _own_core_s()
     load_before = [round(x, 2) for x in os.getloadavg()]
     if load_before[0] > 0.5 * (os.cpu_count() or 1):
         print(f"calibrate: warning: the machine is busy (load average {load_before[0]} on {os.cpu_count()} cores); "
@@ -208,8 +233,13 @@ def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
         job = CalibrationJob(records_dir=tmp, quick=quick, presets=presets)
         per_rank = run_local_job(job, ranks, timeout, threads)
         testbed_ranks = run_testbed_job(job, testbed, timeout) if testbed else None
+    wall = time.perf_counter() - started
+    foreign = foreign_cpu_share(busy0, own0, wall)
+    if foreign is not None and foreign > 0.05:
+        print(f"calibrate: warning: other processes used {100 * foreign:.0f}% of the cores during the measurement",
+              file=sys.stderr)
     raw = {"per_rank": per_rank, "testbed_per_rank": testbed_ranks, "quick": quick, "command": command,
-           "versions": _versions(), "wall_s": time.perf_counter() - started, "load_average_before": load_before}
+           "versions": _versions(), "wall_s": wall, "load_average_before": load_before, "foreign_cpu_share": foreign}
     if records_out is not None:
         records_out.parent.mkdir(parents=True, exist_ok=True)
         records_out.write_text(json.dumps(raw))
