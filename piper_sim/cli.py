@@ -100,6 +100,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.all_to_all}) ...",
           file=sys.stderr)
     report = write_measured_run(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None))
+    if report.get("skip"):
+        return 0
     print(format_report(report))
     print("loss per step       " + ", ".join(f"{x:.4f}" for x in report["losses"]))
     print(f"wrote {args.out}/")
@@ -115,7 +117,10 @@ def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None 
     from piper_sim.workload.cost import load_profile
 
     par = cfg.parallel
-    rows, losses, wall, memory = launch(cfg, out, timeout_s=timeout_s, testbed=testbed)
+    launched = launch(cfg, out, timeout_s=timeout_s, testbed=testbed)
+    if launched is None:  # a torchrun rank other than 0: rank 0 writes the run
+        return {"losses": [], "skip": True}
+    rows, losses, wall, memory = launched
     trace = normalize(rows)
     per_stage = par.num_gpus // par.pp
 

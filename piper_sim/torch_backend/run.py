@@ -83,22 +83,19 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         dist.all_reduce(loss)
         losses.append(float(loss))
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    rows = executor.records
-    if spec.gather:
+    mine = (executor.records, peak_rss, executor.peak_tensor_bytes, executor.routing_rows)
+    if spec.gather:  # multi-node: no shared file system assumed, rank 0 writes every rank's files
         gathered: list = [None] * world_size if rank == 0 else None
-        dist.gather_object((rows, peak_rss, executor.peak_tensor_bytes), gathered, dst=0)
-        if rank != 0:
-            return
-        parts = gathered
+        dist.gather_object(mine, gathered, dst=0)
+        parts = dict(enumerate(gathered)) if rank == 0 else {}
     else:
-        parts = [(rows, peak_rss, executor.peak_tensor_bytes)]
+        parts = {rank: mine}
     out = Path(spec.out_dir) / "ranks"
     out.mkdir(parents=True, exist_ok=True)
-    for r, (part_rows, rss, tensors) in enumerate(parts):
-        r = r if spec.gather else rank
+    for r, (part_rows, rss, tensors, routing) in parts.items():
         pd.DataFrame(part_rows).to_parquet(out / f"rank{r}.parquet", index=False)
         (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss, "peak_tensor_bytes": tensors}))
-    (out / f"rank{rank}.routing.json").write_text(json.dumps(executor.routing_rows))
+        (out / f"rank{r}.routing.json").write_text(json.dumps(routing))
     if executor.captured_grads is not None:
         torch.save(executor.captured_grads, out / f"rank{rank}.grads.pt")
     if rank == 0:
@@ -179,7 +176,10 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
     spec = RunSpec(raw_config=cfg.resolved(), out_dir=str(out_dir), node_of=node_map(cfg, world),
                    corpus_bytes=corpus_bytes, capture_grads=capture_grads)
     t0 = time.perf_counter()
-    if testbed is not None:
+    if running_under_torchrun():
+        if not _launch_torchrun(spec, world):
+            return None  # not rank 0: rank 0 gathered everything and writes the outputs
+    elif testbed is not None:
         _launch_in_testbed(spec, world, out_dir, testbed, timeout_s)
     else:
         _launch_local(spec, world, timeout_s)
@@ -190,6 +190,21 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
     losses = json.loads((ranks / "losses.json").read_text())
     memory = [json.loads((ranks / f"rank{r}.json").read_text()) for r in range(world)]
     return pd.concat(frames, ignore_index=True), losses, wall, memory
+
+
+def _launch_torchrun(spec: RunSpec, world: int) -> bool:
+    """This process is one rank started by torchrun (multi-node): join, run, gather to rank 0."""
+    from dataclasses import replace
+
+    from .groups import shutdown
+
+    if int(os.environ["WORLD_SIZE"]) != world:
+        raise PiperError(f"run: torchrun started {os.environ['WORLD_SIZE']} ranks, the config needs {world}")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    worker(rank, world, replace(spec, gather=True))
+    shutdown()
+    return rank == 0
 
 
 def _launch_local(spec: RunSpec, world: int, timeout_s: float) -> None:
