@@ -1,10 +1,10 @@
 """Speed of one flat all-to-all on Frontier (prints figures; no assertions).
 
 Cases (each in its own process, so peak memory is its own), placement contiguous, 1 MiB per GPU pair:
-  min512   512 nodes (4096 GCDs), frontier preset with routing: minimal -- the 30 s target
-  spr256   256 nodes, frontier preset (adaptive), detours spread mean-field (--valiant spread)
+  spr512   512 nodes (4096 GCDs), frontier preset (adaptive routing), detours spread mean-field -- the 30 s target
+  min512   512 nodes, frontier preset with routing: minimal
   hash8    8 nodes, frontier preset exactly as `simulate` routes it (adaptive, one hashed detour per pair)
-  hash16   16 nodes, same
+  hash16   16 nodes, same (hashed detours break every symmetry: about one solve per flow)
 Reported: wall time by stage, simulated time, GPU pairs, network flows (one per path, what the flow
 network would carry without aggregation), flows actually routed (after the host-symmetry reduction),
 simulated flows (equitable classes) and fair-share solves.
@@ -22,8 +22,8 @@ import sys
 import time
 
 CASES = {
+    "spr512": {"nodes": 512, "routing": None, "valiant": "spread"},
     "min512": {"nodes": 512, "routing": "minimal", "valiant": "spread"},
-    "spr256": {"nodes": 256, "routing": None, "valiant": "spread"},
     "hash8": {"nodes": 8, "routing": None, "valiant": "hashed"},
     "hash16": {"nodes": 16, "routing": None, "valiant": "hashed"},
 }
@@ -52,6 +52,7 @@ def run_one(nodes: int, routing: str | None, valiant: str, algorithm: str = "fla
             "network_flows": prep.num_sub_flows, "routed_flows": prep.num_routed,
             "simulated_flows": prep.lumped.num_flow_classes, "simulated_links": prep.lumped.num_link_classes,
             "refinement_rounds": prep.lumped.rounds, "exact_check": prep.lumped.exact_check,
+            "automorphisms": prep.num_automorphisms,
             "fair_share_solves": run.num_solves,
             "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
@@ -83,7 +84,8 @@ def main() -> None:
               f"all-to-all takes {r['collective_time_s'] * 1e3:.4g} ms")
         print(f"    GPU pairs {r['pairs']:,}; network flows {r['network_flows']:,}; routed {r['routed_flows']:,}; "
               f"aggregated (simulated) flows {r['simulated_flows']:,} on {r['simulated_links']:,} link classes "
-              f"({r['refinement_rounds']} refinement rounds, exact check {r['exact_check']}); "
+              f"({r['refinement_rounds']} refinement rounds, exact check {r['exact_check']}, "
+              f"{r['automorphisms']} switch automorphisms); "
               f"fair-share solves {r['fair_share_solves']}; peak RSS {r['peak_rss_MiB']:.0f} MiB", flush=True)
 
 

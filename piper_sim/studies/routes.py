@@ -227,11 +227,11 @@ def host_classes(topo: Topology, gpus: Sequence[str], *, spread: bool = False) -
             for h in sorted(locals_of)}
 
 
-def link_orbits(topo: Topology, classes: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(orbit id of every link, links per orbit) under swaps of same-class hosts.
+def link_orbits(topo: Topology, classes: dict[int, int]) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+    """(orbit id of every link, links per orbit, orbit keys) under swaps of same-class hosts.
 
     A link inside host h or between h's NIC and a switch belongs to orbit (class of h, its local role);
-    every other link is its own orbit.
+    every other link is its own orbit ("link", u, v).
     """
     nodes = topo.graph.nodes
     keys: dict[tuple, int] = {}
@@ -243,5 +243,5 @@ def link_orbits(topo: Topology, classes: dict[int, int]) -> tuple[np.ndarray, np
             role = (u.removeprefix(prefix), v.removeprefix(prefix))
             orbit[n] = keys.setdefault((classes[host], role), len(keys))
         else:
-            orbit[n] = keys.setdefault(("link", n), len(keys))
-    return orbit, np.bincount(orbit)
+            orbit[n] = keys.setdefault(("link", u, v), len(keys))
+    return orbit, np.bincount(orbit), list(keys)

@@ -30,6 +30,7 @@ from piper_sim.errors import PiperError
 from piper_sim.sim.aggregate import Lumped, lump
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.studies.routes import RouteTable, host_classes, link_orbits
+from piper_sim.studies.symmetry import extend
 from piper_sim.topology.graph import Topology
 
 
@@ -47,6 +48,7 @@ class Prepared:
     num_sub_flows: int  # flows the network would carry without aggregation (one per path)
     num_routed: int  # sub-flows actually routed (after the host-symmetry reduction)
     symmetric: bool
+    num_automorphisms: int  # verified switch automorphisms used besides host swaps
     prepare_s: float
 
 
@@ -87,6 +89,7 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
     t0 = time.perf_counter()
     table = RouteTable(topo, gpus, spread=spread)
     classes = host_classes(topo, gpus, spread=table.spread) if symmetric else None
+    num_generators = 0
     src, dst, sizes, count, phase_of = [], [], [], [], []
     num_pairs = 0
     for k, ph in enumerate(phases):
@@ -100,6 +103,16 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
         sizes.append(ph.sizes[idx].astype(float))
         count.append(cnt.astype(float))
         phase_of.append(np.full(idx.size, k, dtype=np.int64))
+    if classes is not None:
+        orbit, orbit_count, orbit_keys = link_orbits(topo, classes)
+        wider = extend(topo, classes, table.spread, list(zip(src, dst, sizes, count, strict=True)), table.host,
+                       table.local, orbit, orbit_count, orbit_keys)
+        if wider is not None:
+            flows, orbit, orbit_count, num_generators = wider
+            src, dst, sizes, count = (list(x) for x in zip(*flows, strict=True))
+            phase_of = [np.full(s.size, k, dtype=np.int64) for k, s in enumerate(src)]
+    else:
+        orbit, orbit_count = np.arange(len(topo.links)), np.ones(len(topo.links))
     src_a, dst_a, size_a, count_a, phase_a = (np.concatenate(x) for x in (src, dst, sizes, count, phase_of))
     sf = table.sub_flows(src_a, dst_a)
     sub_phase = phase_a[sf.pair]
@@ -107,10 +120,6 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
     sub_count = np.rint(count_a[sf.pair] * sf.weight * scale)
     latency = np.zeros(len(phases))
     np.maximum.at(latency, sub_phase, sf.latency_s)
-    if classes is not None:
-        orbit, orbit_count = link_orbits(topo, classes)
-    else:
-        orbit, orbit_count = np.arange(len(topo.links)), np.ones(len(topo.links))
     capacity = np.zeros(orbit_count.size)
     capacity[orbit] = topo.capacity_bytes_per_s
     lumped = lump(sf.entry_flow, orbit[sf.entry_link], size_a[sf.pair] * sf.fraction, capacity, count=sub_count,
@@ -120,7 +129,8 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
     return Prepared(phases=phases, lumped=lumped, class_weight=lumped.weight / scale, class_phase=class_phase,
                     latency_s=latency, link_class=lumped.link_class[orbit], num_pairs=num_pairs,
                     num_sub_flows=int(round(np.rint(count_a[sf.pair]).sum())), num_routed=int(sf.pair.size),
-                    symmetric=classes is not None, prepare_s=time.perf_counter() - t0)
+                    symmetric=classes is not None, num_automorphisms=num_generators,
+                    prepare_s=time.perf_counter() - t0)
 
 
 def _count_scale(weight: np.ndarray) -> int:
