@@ -24,6 +24,7 @@ import numpy as np
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase
 from piper_sim.errors import ConfigError
+from piper_sim.studies.routes import TooManyFlows
 from piper_sim.studies.runner import CollectiveRun, Prepared, prepare, simulate
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, read_topology_mapping
@@ -36,7 +37,7 @@ STUDY_COLUMNS = [
     "nodes", "gpus", "size", "size_per", "bytes_per_pair", "bytes_per_gpu", "algorithm", "routing", "valiant",
     "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "busiest_link", "busiest_link_kind",
     "busiest_utilization", "saturated_kinds", "messages_per_gpu", "pairs", "network_flows",
-    "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s",
+    "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s", "note",
 ]
 KIND_COLUMNS = ["nodes", "size", "algorithm", "link_kind", "links_used", "bytes", "mean_utilization",
                 "max_utilization", "saturated_links"]
@@ -77,6 +78,7 @@ class StudySpec:
     valiant: str = "spread"  # dragonfly detours: "spread" (mean-field) or "hashed" (as the router does)
     topology_params: dict = field(default_factory=dict)
     lump: bool = True
+    max_flows: int | None = 20_000_000  # paths routed per run after the symmetry reductions (memory bound)
 
     def check(self) -> None:
         for alg in self.algorithms:
@@ -138,9 +140,16 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
         for alg in spec.algorithms:
             log(f"[{done + 1}/{total}] {nodes} nodes ({n} GPUs), {alg}: routing and lumping ...")
             phases = ALL_TO_ALL.get(alg)(np.full((n, n), per_pair[0]), gpus, topo)
-            prep = prepare(phases, gpus, topo, symmetric=alg in HOST_EQUIVARIANT, lump_flows=spec.lump,
-                           spread=spec.valiant == "spread")
             msgs = messages_per_gpu(phases, n)
+            try:
+                prep = prepare(phases, gpus, topo, symmetric=alg in HOST_EQUIVARIANT, lump_flows=spec.lump,
+                               spread=spec.valiant == "spread", max_sub_flows=spec.max_flows)
+            except TooManyFlows as exc:
+                for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
+                    done += 1
+                    log(f"[{done}/{total}] {nodes} nodes, {label}, {alg}: skipped ({exc})")
+                    yield _skipped(spec, nodes, n, label, pair_bytes, alg, routing_name, msgs, f"skipped: {exc}"), []
+                continue
             for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
                 run = simulate(prep, topo, pair_bytes / per_pair[0])
                 kinds, busiest = _link_rows(topo, run)
@@ -163,7 +172,16 @@ def _row(spec: StudySpec, nodes: int, n: int, label: str, pair_bytes: float, alg
             "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * (n - 1) / n, **busiest,
             "messages_per_gpu": msgs, "pairs": prep.num_pairs, "network_flows": prep.num_sub_flows,
             "simulated_flows": prep.lumped.num_flow_classes, "simulated_links": prep.lumped.num_link_classes,
-            "solves": run.num_solves, "prepare_s": prep.prepare_s, "simulate_s": run.simulate_s}
+            "solves": run.num_solves, "prepare_s": prep.prepare_s, "simulate_s": run.simulate_s,
+            "note": "" if prep.lumped.exact_check else "lumping fell back to no reduction (hash collision)"}
+
+
+def _skipped(spec: StudySpec, nodes: int, n: int, label: str, pair_bytes: float, alg: str, routing: str,
+             msgs: int, note: str) -> dict:
+    return {"nodes": nodes, "gpus": n, "size": label, "size_per": spec.size_per, "bytes_per_pair": pair_bytes,
+            "bytes_per_gpu": n * pair_bytes, "algorithm": alg, "routing": routing,
+            "valiant": spec.valiant if routing in ("valiant", "adaptive") else "", "messages_per_gpu": msgs,
+            "note": note}
 
 
 def write_study(spec: StudySpec, out: Path, log: Callable[[str], None] | None = None) -> tuple[Path, Path]:

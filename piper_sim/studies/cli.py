@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--valiant", choices=["spread", "hashed"], default="spread",
                    help="dragonfly detours: spread = mean-field over all detours (default; tractable at scale), "
                         "hashed = one hashed detour per GPU pair as `simulate` routes (exact but slow past ~16 nodes)")
+    a.add_argument("--max-flows", type=int, default=20_000_000,
+                   help="skip a run (row kept, with a note) that would route more paths than this (memory)")
     a.add_argument("--no-lump", action="store_true", help="simulate every flow (no exact aggregation; slow)")
     a.add_argument("--set", dest="overrides", action="append", default=[], metavar="topology.params.KEY=VALUE",
                    help="override a topology parameter (repeatable)")
@@ -68,7 +70,8 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
                      sizes=tuple(parse_list(args.sizes, "--sizes")),
                      algorithms=tuple(parse_list(args.algorithms, "--algorithms")), size_per=args.size_per,
                      placement=args.placement, routing=args.routing, valiant=args.valiant,
-                     topology_params=_params(args.overrides), lump=not args.no_lump)
+                     topology_params=_params(args.overrides), lump=not args.no_lump,
+                     max_flows=args.max_flows)
     spec.check()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "study.yaml").write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v

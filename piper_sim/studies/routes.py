@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from piper_sim.errors import PiperError
 from piper_sim.studies.spread import spread_switch_paths
 from piper_sim.topology.build_dgx import RailFatTree
 from piper_sim.topology.build_dragonfly import DragonflyFabric
@@ -41,6 +42,10 @@ def mix64_array(*values: np.ndarray | int) -> np.ndarray:
             z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
             state = z ^ (z >> U64(31))
     return state
+
+
+class TooManyFlows(PiperError):
+    """More flows than the caller's memory budget allows."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,9 +85,13 @@ def _from_matrix(table: np.ndarray, pair: np.ndarray, fraction: np.ndarray, late
 class RouteTable:
     """Routes between members (GPU names in member order) of one topology."""
 
-    def __init__(self, topo: Topology, gpus: Sequence[str], *, spread: bool = False) -> None:
-        """spread=True: mean-field Valiant detours on dragonflies (piper_sim.studies.spread)."""
-        self.topo, self.gpus = topo, list(gpus)
+    def __init__(self, topo: Topology, gpus: Sequence[str], *, spread: bool = False,
+                 max_sub_flows: int | None = None) -> None:
+        """spread=True: mean-field Valiant detours on dragonflies (piper_sim.studies.spread).
+
+        max_sub_flows: refuse (TooManyFlows) to route more paths than this (memory grows ~1 KB per path).
+        """
+        self.topo, self.gpus, self.max_sub_flows = topo, list(gpus), max_sub_flows
         nodes = topo.graph.nodes
         self.host = np.array([int(nodes[g]["host"]) for g in self.gpus], dtype=np.int64)
         self.local = np.array([int(nodes[g].get("local_index", 0)) for g in self.gpus], dtype=np.int64)
@@ -101,6 +110,8 @@ class RouteTable:
         frac: list[float] = []
         for p, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
             for f, links in self.topo.paths(self.gpus[s], self.gpus[d]):
+                if self.max_sub_flows is not None and len(rows) >= self.max_sub_flows:
+                    raise TooManyFlows(f"more than {self.max_sub_flows:,} paths to route")
                 rows.append(links)
                 pair.append(p)
                 frac.append(f)
@@ -149,6 +160,9 @@ class RouteTable:
                 chain_weight.append(w)
         chain, chain_frac_arr, chain_weight_arr = _pad(chains), np.array(chain_frac), np.array(chain_weight)
         reps = count[group]
+        total = int(reps.sum()) + same_idx.size
+        if self.max_sub_flows is not None and total > self.max_sub_flows:
+            raise TooManyFlows(f"{total:,} paths to route exceed the limit of {self.max_sub_flows:,}")
         sub_pair = np.repeat(other_idx, reps)
         path = np.repeat(start[group], reps) + np.arange(sub_pair.size) - np.repeat(np.cumsum(reps) - reps, reps)
         p_s, p_d = np.repeat(hs[other_idx], reps), np.repeat(hd[other_idx], reps)

@@ -80,14 +80,14 @@ def _orbit_reps(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, host: np.nd
 
 
 def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topology, *, symmetric: bool = False,
-            lump_flows: bool = True, spread: bool = False) -> Prepared:
+            lump_flows: bool = True, spread: bool = False, max_sub_flows: int | None = None) -> Prepared:
     """Route, reduce and lump the phases' flows.
 
     symmetric=True asserts the traffic is host-invariant (the reduction is used when the routing is
     host-symmetric too); spread=True routes dragonfly detours mean-field (piper_sim.studies.spread).
     """
     t0 = time.perf_counter()
-    table = RouteTable(topo, gpus, spread=spread)
+    table = RouteTable(topo, gpus, spread=spread, max_sub_flows=max_sub_flows)
     classes = host_classes(topo, gpus, spread=table.spread) if symmetric else None
     num_generators = 0
     src, dst, sizes, count, phase_of = [], [], [], [], []
