@@ -110,8 +110,9 @@ def _collective(name: str, size: int, group_size: int, mine: tuple[list[int], ob
 
 
 def run_comm(rank: int, world: int, sizes: Sequence[int], plan: TimingPlan, progress: Progress,
-             levels: dict[str, list[tuple[int, int]]] | None = None) -> list[Record]:
-    """All communication benchmarks. levels: topology level -> rank pairs (default: one level, 'local')."""
+             levels: dict[str, list[tuple[int, int]]] | None = None, collective_level: str = "local") -> list[Record]:
+    """All communication benchmarks. levels: topology level -> rank pairs (default: one level, 'local');
+    collectives span the groups of consecutive ranks and are recorded under collective_level."""
     if world < 2:
         return []
     levels = levels or {"local": local_pairs(world)}
@@ -120,4 +121,4 @@ def run_comm(rank: int, world: int, sizes: Sequence[int], plan: TimingPlan, prog
         if len(pairs) > 1:
             out += bench_p2p(rank, pairs[:1], level, sizes, plan, progress)
         out += bench_p2p(rank, pairs, level, sizes, plan, progress)
-    return out + bench_collectives(rank, world, sizes, plan, progress)
+    return out + bench_collectives(rank, world, sizes, plan, progress, level=collective_level)

@@ -119,7 +119,7 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     cpu_share = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
     if job.comm:
         records += [dict(r, where=job.tag) for r in
-                    run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels)]
+                    run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels, collective_level=job.tag)]
     progress.close()
     payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records,
                "compute_cpu_share": cpu_share}
