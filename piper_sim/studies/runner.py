@@ -158,10 +158,28 @@ def _host_arrays(classes: dict[int, int], num_hosts: int) -> tuple[np.ndarray, n
     return hclass, hpos, csize
 
 
+def time_unit(prep: Prepared, scale: float) -> float:
+    """A power of two near the collective's duration (its busiest link's bytes / capacity), at least 1.
+
+    The run is made in this unit: bytes and delays divided by it, the end time multiplied back. Powers of
+    two scale floats exactly, and max-min rates do not depend on sizes, so this is the same run; it keeps
+    simulated time near 1, where float time steps stay far below FlowNetwork's EPS_BYTES / rate. (At
+    hundreds of simulated seconds, flows at 200 GB/s leave byte residues above EPS_BYTES that no
+    representable time step can clear, and FlowNetwork re-solves forever at one instant.)
+    """
+    lp = prep.lumped
+    load = np.bincount(lp.entry_link, weights=(lp.sizes * prep.class_weight)[lp.entry_flow],
+                       minlength=lp.num_link_classes) * scale
+    est = float(np.max(load / lp.capacity, initial=0.0))
+    return float(2.0 ** max(0, math.ceil(math.log2(est)))) if est > 1.0 else 1.0
+
+
 def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRun:
     """Run the prepared collective alone; `scale` multiplies every flow's bytes."""
     t0 = time.perf_counter()
     lp = prep.lumped
+    unit = time_unit(prep, scale)
+    scale /= unit
     env = simpy.Environment()
     net = FlowNetwork(env, lp.capacity)
     overhead = topo.params.message_overhead_s
@@ -172,13 +190,14 @@ def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRu
         local[classes] = np.arange(classes.size)
         mask = local[lp.entry_flow] >= 0
         flows = (local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] * scale, prep.class_weight[classes])
-        delay = ph.messages * (overhead + prep.latency_s[k])
+        delay = ph.messages * (overhead + prep.latency_s[k]) / unit
         done.append(env.process(_phase(env, net, flows, delay, [done[a] for a in ph.after], ph.src.size > 0)))
     if done:
         env.run(env.all_of(done))
-    per_link = np.divide(net.link_bytes, lp.link_count, out=np.zeros_like(net.link_bytes), where=lp.link_count > 0)
+    per_link = np.divide(net.link_bytes * unit, lp.link_count, out=np.zeros_like(net.link_bytes),
+                         where=lp.link_count > 0)
     link_bytes = np.where(prep.link_class >= 0, per_link[np.maximum(prep.link_class, 0)], 0.0)
-    return CollectiveRun(time_s=env.now, link_bytes=link_bytes, num_solves=net.num_solves,
+    return CollectiveRun(time_s=env.now * unit, link_bytes=link_bytes, num_solves=net.num_solves,
                          simulate_s=time.perf_counter() - t0)
 
 
