@@ -204,7 +204,7 @@ class Simulation:
                 if gpus is None:
                     gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
                 done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
-                                       delay_s=self.coster.profile.collective_overhead_s)
+                                       delay_s=self.coster.profile.collective_call_s(task.kind, len(group)))
                 done.callbacks.append(lambda _ev, ev=waiting[1]: ev.succeed())
             events.append(waiting[1])
         return events[0] if len(events) == 1 else self.env.all_of(events)

@@ -9,7 +9,8 @@ bandwidth; each kernel pays a launch overhead.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,19 @@ class CostProfile:
     collective_overhead_s: float = 0.0  # host-side cost of one collective call (launch, split exchange)
     p2p_overhead_s: float = 0.0  # host-side cost of posting one send/recv pair
     source: str = ""
+    # measured by calibrate (measurements): fixed framework cost per (pass, op name), and per-call
+    # collective overhead by group size {kind: ((group size, seconds), ...)}
+    framework_s: dict = field(default_factory=dict)
+    framework_experts: int = 0
+    collective_overheads: dict = field(default_factory=dict)
+
+    def collective_call_s(self, kind: str, group_size: int) -> float:
+        """Host cost of one collective call of this kind and group size (interpolated in group size)."""
+        table = self.collective_overheads.get(kind)
+        if not table:
+            return self.collective_overhead_s
+        sizes, seconds = zip(*table, strict=True)
+        return float(np.interp(group_size, sizes, seconds))
 
     def gemm_time_s(self, gemm: Gemm, dtype_bytes: int) -> float:
         flop_time = gemm.flops / (self.peak_flops_per_s * self.gemm_efficiency(gemm.rows))
@@ -105,8 +119,35 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
         gemm_efficiency=_curve(p["gemm_efficiency"], "gemm_efficiency", "rows"),
         attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
         optimizer_bytes_per_param=float(p["optimizer_bytes_per_param"]),
-        collective_overhead_s=p["collective_overhead_s"], p2p_overhead_s=p["p2p_overhead_s"],
+        **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
+           **_measured(p.get("measurements") or {})},
     )
+
+
+def _measured(measurements: dict) -> dict:
+    """What calibrate measured that the cost model uses: framework overhead per op, call overheads."""
+    out: dict = {}
+    framework = measurements.get("framework_overhead") or {}
+    table = {}
+    for pass_name in ("forward", "backward"):
+        for op, entry in ((framework.get(pass_name) or {}).get("ops") or {}).items():
+            table[(pass_name, op.partition(":")[0])] = float(entry["time_us"]) * 1e-6
+    if table:
+        match = re.search(r"E (\d+)", str(framework.get("model", "")))
+        out.update(framework_s=table, framework_experts=int(match.group(1)) if match else 1)
+    local = (measurements.get("network") or {}).get("local") or {}
+    overheads = {}
+    for kind in ("all_to_all", "all_reduce"):
+        series = sorted((int(name.rpartition("_")[2]), float(v["fit"]["overhead_us"]) * 1e-6)
+                        for name, v in (local.get(kind) or {}).items() if name.startswith("groups_of_"))
+        if series:
+            overheads[kind] = tuple(series)
+    if overheads:
+        out["collective_overheads"] = overheads
+    p2p = ((local.get("p2p") or {}).get("pairs_1") or {}).get("fit")
+    if p2p:
+        out["p2p_overhead_s"] = float(p2p["overhead_us"]) * 1e-6
+    return out
 
 
 class TaskCoster:
@@ -126,10 +167,33 @@ class TaskCoster:
         seconds = flops = 0.0
         for op in ops:
             work = op_work(self.model, op, self.tokens, expert_rows)
-            seconds += factor * self.profile.work_time_s(work, self.model.dtype_bytes)
+            fixed = self._framework_s(kind, op, expert_rows)
+            if fixed is None:
+                seconds += factor * self.profile.work_time_s(work, self.model.dtype_bytes)
+            else:  # measured fixed cost of the op's code path, plus its arithmetic without per-kernel launches
+                arithmetic = replace(work, num_kernels=0)
+                seconds += fixed + factor * self.profile.work_time_s(arithmetic, self.model.dtype_bytes)
             flops += factor * work.flops
         self._cache[key] = (seconds, flops)
         return seconds, flops
+
+    def _framework_s(self, kind: str, op: str, expert_rows: tuple[int, ...]) -> float | None:
+        """Measured fixed cost of this op in this pass, or None when the profile has none.
+
+        Split backward (zero bubble) passes each take half of the backward cost; an experts op scales
+        with the experts that got rows against the number the measurement ran.
+        """
+        name = op.partition(":")[0]
+        pass_name = "forward" if kind.startswith("forward") else "backward"
+        base = self.profile.framework_s.get((pass_name, name))
+        if base is None:
+            return None
+        if kind in ("backward_input", "backward_expert_input", "backward_weight"):
+            base *= 0.5
+        if name == "experts":
+            active = sum(1 for r in expert_rows if r > 0)
+            base *= active / max(self.profile.framework_experts, 1)
+        return base
 
     def optimizer_time_s(self, num_params: float) -> float:
         return num_params * self.profile.optimizer_bytes_per_param / (
