@@ -110,9 +110,15 @@ def score_case(case: Case, profile: str | dict) -> dict:
     pred_step, meas_step = step_time(result.trace), step_time(measured)
     phases = pd.DataFrame({"predicted_s": phase_times(result.trace), "measured_s": phase_times(measured)}).fillna(0)
     phases["error"] = phases["predicted_s"] / phases["measured_s"].replace(0, np.nan) - 1
+    meas_report = json.loads((case.measured / "report.json").read_text())
+    pred_mem, meas_mem = result.report["peak_memory_bytes"], meas_report.get("peak_memory_bytes", [])
+    memory_ok = "tensor" in str(meas_report.get("peak_memory_kind", ""))
+    memory_error = max((p / m - 1 for p, m in zip(pred_mem, meas_mem, strict=False) if m > 0), key=abs,
+                       default=float("nan")) if memory_ok else float("nan")
     return {"case": case.name, "pair": case.pair, "description": case.description, "tolerance": case.tolerance,
             "predicted_step_s": pred_step, "measured_step_s": meas_step, "error": pred_step / meas_step - 1,
-            "phases": phases, "prediction": result}
+            "predicted_memory_bytes": pred_mem, "measured_memory_bytes": meas_mem if memory_ok else [],
+            "memory_error": memory_error, "phases": phases, "prediction": result}
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -136,7 +142,10 @@ def summarize(scores: list[dict]) -> dict:
             predicted = f["predicted_step_s"] / h["predicted_step_s"]
             speedups.append({"pair": label, "measured": measured, "predicted": predicted,
                              "error": predicted / measured - 1})
+    memory = [abs(s["memory_error"]) for s in scores if not np.isnan(s["memory_error"])]
     return {
+        "memory_max_error": float(max(memory)) if memory else None,
+        "memory_mean_error": float(np.mean(memory)) if memory else None,
         "cases": len(scores), "mape": float(errors.mean()) if len(errors) else 0.0,
         "max_error": float(errors.max()) if len(errors) else 0.0,
         "rank_correlation": spearman([s["predicted_step_s"] for s in scores], [s["measured_step_s"] for s in scores]),
@@ -148,16 +157,20 @@ def summarize(scores: list[dict]) -> dict:
 
 
 def format_validation(scores: list[dict], summary: dict) -> str:
-    lines = [f"{'case':28s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s}  worst phase"]
+    lines = [f"{'case':28s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s} {'mem err':>8s}  worst phase"]
     for s in scores:
         ph = s["phases"].dropna(subset=["error"])
         worst = ph.loc[ph["error"].abs().idxmax()] if not ph.empty else None
         worst_text = f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else ""
         flag = "" if abs(s["error"]) <= s["tolerance"] else "  OUTSIDE TOLERANCE"
+        mem = "n/a" if np.isnan(s["memory_error"]) else f"{s['memory_error'] * 100:+.1f}%"
         lines.append(f"{s['case']:28s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
-                     f"{s['error'] * 100:+6.1f}%  {worst_text}{flag}")
+                     f"{s['error'] * 100:+6.1f}% {mem:>8s}  {worst_text}{flag}")
     lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
               f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']}"]
+    if summary["memory_max_error"] is not None:
+        lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
+                     f"max {summary['memory_max_error'] * 100:.1f}%")
     for sp in summary["halo_over_flat"]:
         lines.append(f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
                      f"({sp['error'] * 100:+.1f}%)")
