@@ -8,6 +8,10 @@ it is each GPU's whole send buffer (nccl-tests' convention: S bytes split into n
 rank, its own included). Bandwidths follow nccl-tests: algorithm bandwidth = per-GPU buffer (n blocks) /
 time, bus bandwidth = algorithm bandwidth x (n - 1) / n (the bytes each GPU really sends per second).
 Utilization of a link = bytes it carried / (capacity x collective time): 1.0 means busy throughout.
+messages_per_gpu is the most messages any GPU sends over all phases; serial_overhead_s = that count x
+the topology's message_overhead_s is a what-if, NOT part of time_s: the cost if a GPU posted its messages
+one after another (the flow model charges the overhead once per phase, as all of a phase's messages
+leave concurrently).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ SATURATED = 0.9  # a link busy at least this fraction of the collective counts a
 STUDY_COLUMNS = [
     "nodes", "gpus", "size", "size_per", "bytes_per_pair", "bytes_per_gpu", "algorithm", "routing", "valiant",
     "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "busiest_link", "busiest_link_kind",
-    "busiest_utilization", "saturated_kinds", "messages_per_gpu", "pairs", "network_flows",
+    "busiest_utilization", "saturated_kinds", "messages_per_gpu", "serial_overhead_s", "pairs", "network_flows",
     "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s", "note",
 ]
 KIND_COLUMNS = ["nodes", "size", "algorithm", "link_kind", "links_used", "bytes", "mean_utilization",
@@ -153,7 +157,7 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
             for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
                 run = simulate(prep, topo, pair_bytes / per_pair[0])
                 kinds, busiest = _link_rows(topo, run)
-                row = _row(spec, nodes, n, label, pair_bytes, alg, routing_name, prep, run, busiest, msgs)
+                row = _row(spec, topo, nodes, label, pair_bytes, alg, routing_name, prep, run, busiest, msgs)
                 done += 1
                 log(f"[{done}/{total}] {nodes} nodes, {label}/{spec.size_per}, {alg}: {run.time_s * 1e3:.4g} ms, "
                     f"busbw {row['busbw_bytes_per_s'] / 1e9:.3g} GB/s/GPU, busiest {busiest['busiest_link_kind']} "
@@ -163,14 +167,16 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
             del prep, phases
 
 
-def _row(spec: StudySpec, nodes: int, n: int, label: str, pair_bytes: float, alg: str, routing: str,
+def _row(spec: StudySpec, topo: Topology, nodes: int, label: str, pair_bytes: float, alg: str, routing: str,
          prep: Prepared, run: CollectiveRun, busiest: dict, msgs: int) -> dict:
+    n = topo.num_gpus
     algbw = n * pair_bytes / run.time_s if run.time_s > 0 else float("inf")
     return {"nodes": nodes, "gpus": n, "size": label, "size_per": spec.size_per, "bytes_per_pair": pair_bytes,
             "bytes_per_gpu": n * pair_bytes, "algorithm": alg, "routing": routing,
             "valiant": spec.valiant if routing in ("valiant", "adaptive") else "", "time_s": run.time_s,
             "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * (n - 1) / n, **busiest,
-            "messages_per_gpu": msgs, "pairs": prep.num_pairs, "network_flows": prep.num_sub_flows,
+            "messages_per_gpu": msgs, "serial_overhead_s": msgs * topo.params.message_overhead_s,
+            "pairs": prep.num_pairs, "network_flows": prep.num_sub_flows,
             "simulated_flows": prep.lumped.num_flow_classes, "simulated_links": prep.lumped.num_link_classes,
             "solves": run.num_solves, "prepare_s": prep.prepare_s, "simulate_s": run.simulate_s,
             "note": "" if prep.lumped.exact_check else "lumping fell back to no reduction (hash collision)"}

@@ -2,7 +2,8 @@
 
 - bandwidth.png: bus bandwidth per GPU vs nodes, one panel per message size, one line per algorithm;
 - speedup.png: time(flat) / time(algorithm) vs nodes, one line per (algorithm, size) -- above 1 = faster
-  than flat;
+  than flat; dashed: the same with each GPU's messages paying the per-message overhead one after another
+  (serial_overhead_s, a what-if outside the simulated time);
 - link_kinds.png: highest utilization of each link kind vs nodes, one panel per algorithm (largest size).
 """
 
@@ -31,6 +32,7 @@ def plot_bandwidth(df: pd.DataFrame, path: Path) -> None:
             g = group.sort_values("nodes")
             ax.plot(g["nodes"], g["busbw_bytes_per_s"] / 1e9, marker="o", label=str(alg))
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("nodes")
         ax.set_ylabel("bus bandwidth per GPU (GB/s)")
         ax.set_title(f"{size} per {df['size_per'].iloc[0]}")
@@ -43,10 +45,14 @@ def plot_bandwidth(df: pd.DataFrame, path: Path) -> None:
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     """time(flat) / time(alg) per (nodes, size, algorithm); empty without flat rows."""
-    flat = df[df["algorithm"] == "flat"][["nodes", "size", "time_s"]].rename(columns={"time_s": "flat_time_s"})
+    flat = df[df["algorithm"] == "flat"][["nodes", "size", "time_s", "serial_overhead_s"]].rename(
+        columns={"time_s": "flat_time_s", "serial_overhead_s": "flat_serial_overhead_s"})
     merged = df.merge(flat, on=["nodes", "size"])
     merged["speedup_vs_flat"] = merged["flat_time_s"] / merged["time_s"]
-    return merged[["nodes", "size", "algorithm", "time_s", "flat_time_s", "speedup_vs_flat"]]
+    merged["speedup_if_serial_overhead"] = ((merged["flat_time_s"] + merged["flat_serial_overhead_s"])
+                                            / (merged["time_s"] + merged["serial_overhead_s"]))
+    return merged[["nodes", "size", "algorithm", "time_s", "flat_time_s", "speedup_vs_flat", "messages_per_gpu",
+                   "speedup_if_serial_overhead"]]
 
 
 def plot_speedup(df: pd.DataFrame, path: Path) -> None:
@@ -54,9 +60,11 @@ def plot_speedup(df: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for (alg, size), group in table[table["algorithm"] != "flat"].groupby(["algorithm", "size"], sort=False):
         g = group.sort_values("nodes")
-        ax.plot(g["nodes"], g["speedup_vs_flat"], marker="o", label=f"{alg} {size}")
+        line = ax.plot(g["nodes"], g["speedup_vs_flat"], marker="o", label=f"{alg} {size}")[0]
+        ax.plot(g["nodes"], g["speedup_if_serial_overhead"], ls="--", color=line.get_color(), lw=0.8)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("nodes")
     ax.set_ylabel("speedup over flat (time flat / time)")
     ax.grid(alpha=0.3)
