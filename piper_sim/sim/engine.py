@@ -34,6 +34,9 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 
 
+CORE_NS = 1e9  # compute work on shared cores is counted in core-nanoseconds
+
+
 class Asymmetry(Exception):
     """Members of a lane would diverge: the run must use one lane per rank."""
 
@@ -68,6 +71,7 @@ class Simulation:
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, topology.capacity_bytes_per_s)
         self.runner = CollectiveRunner(self.env, self.network, topology)
+        self.cores = topology.params.shared_cores
         self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention)
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
@@ -78,6 +82,11 @@ class Simulation:
         self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.tokens)
         self.lanes = self._lanes(collapse)
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
+        if self.cores:  # processor sharing: link i = lane i's cores (one per member), last link = the machine
+            # work in core-nanoseconds, capacities in core-nanoseconds per second (well above the
+            # network's byte-sized completion threshold)
+            capacity = np.array([float(len(lane)) for lane in self.lanes] + [float(self.cores)]) * CORE_NS
+            self.cpu = FlowNetwork(self.env, capacity)
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
@@ -139,7 +148,7 @@ class Simulation:
                 if stream == 0:  # compute
                     seconds, f = self._compute_cost(rank, stage, step, i, task)
                     start[step, local, i] = self.env.now
-                    yield self.env.timeout(seconds)
+                    yield self._compute(lane_id, len(lane), seconds)
                     end[step, local, i] = self.env.now
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
@@ -153,6 +162,14 @@ class Simulation:
         rec.peak_memory_bytes[list(lane)] = peak
 
     # ---- compute -------------------------------------------------------------------------------
+    def _compute(self, lane_id: int, members: int, seconds: float) -> simpy.Event:
+        """A compute task of `seconds` on one core; under shared cores, it runs at its fair share."""
+        if not self.cores or seconds <= 0:
+            return self.env.timeout(seconds)
+        links = np.array([lane_id, len(self.lanes)], dtype=np.int64)
+        return self.cpu.start(np.zeros(2, dtype=np.int64), links, np.array([seconds * CORE_NS]),
+                              weight=np.array([float(members)]))
+
     def _compute_cost(self, rank: int, stage: int, step: int, i: int, task: Task) -> tuple[float, float]:
         plan = self.plans[stage]
         if task.kind == "optimizer":

@@ -34,7 +34,7 @@ from piper_sim.units import positive_int, to_si
 
 BANDWIDTH_UNITS = ("GBps", "MBps", "Gbps", "Mbps")
 LATENCY_UNITS = ("s", "ms", "us", "ns")
-PARAM_KEYS = ("gpus_per_node", "switches", "nodes", "switch_links")
+PARAM_KEYS = ("gpus_per_node", "switches", "nodes", "switch_links", "shared_cores")
 QUANTITIES = {  # base key -> (units, default in SI or ... when required)
     "nic_bandwidth": (BANDWIDTH_UNITS, ...),
     "nic_latency": (LATENCY_UNITS, 0.0),
@@ -160,8 +160,11 @@ def build_testbed(raw: dict, num_gpus: int | None) -> Topology:
     net = graph.subgraph(switches).to_undirected()
     if not nx.is_connected(net):
         raise ConfigError(f"{where}switch_links", raw.get("switch_links"), "links that connect all switches")
+    cores = raw.get("shared_cores", 0)
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
+        raise ConfigError(f"{where}shared_cores", cores, "a non-negative integer (0: no shared cores)")
     return Topology(name="testbed", graph=graph, gpus=gpus, router=testbed_router,
-                    params=NetworkParams(message_overhead_s=q["message_overhead"]))
+                    params=NetworkParams(message_overhead_s=q["message_overhead"], shared_cores=cores))
 
 
 def testbed_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:

@@ -21,9 +21,15 @@ from piper_sim.errors import ConfigError
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkParams:
-    """Costs that are not per link: per-message software overhead, paid once per message."""
+    """Costs that are not per link: per-message software overhead, paid once per message.
+
+    shared_cores: when the ranks are processes on one machine (the emulated testbed), the number of
+    cores they share; compute then runs under processor sharing (a rank gets at most one core, all
+    computing ranks share shared_cores). 0: every rank has its own device.
+    """
 
     message_overhead_s: float = 0.0
+    shared_cores: int = 0
 
 
 @dataclass(eq=False, kw_only=True)
