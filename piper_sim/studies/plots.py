@@ -62,6 +62,7 @@ def plot_speedup(df: pd.DataFrame, path: Path) -> None:
         g = group.sort_values("nodes")
         line = ax.plot(g["nodes"], g["speedup_vs_flat"], marker="o", label=f"{alg} {size}")[0]
         ax.plot(g["nodes"], g["speedup_if_serial_overhead"], ls="--", color=line.get_color(), lw=0.8)
+    ax.plot([], [], ls="--", color="gray", lw=0.8, label="dashed: + serial message overhead (what-if)")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
