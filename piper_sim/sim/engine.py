@@ -33,7 +33,6 @@ from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 
-
 CORE_NS = 1e9  # compute work on shared cores is counted in core-nanoseconds
 
 
@@ -153,6 +152,10 @@ class Simulation:
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
                     start[step, local, i] = self.env.now
+                    if self.cores:  # the call's host-side work runs on the rank's share of the cores
+                        group_size = len(self.mesh.group(rank, task.group_axis))
+                        yield self._compute(lane_id, len(lane), self.coster.profile.collective_call_s(task.kind,
+                                                                                                     group_size))
                     ev = self._arrive(lane, step, i, task, nbytes[step])
                     yield ev
                     end[step, local, i] = self.env.now
@@ -220,8 +223,8 @@ class Simulation:
                 gpus = self._group_gpus.get(group)
                 if gpus is None:
                     gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
-                done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
-                                       delay_s=self.coster.profile.collective_call_s(task.kind, len(group)))
+                host = 0.0 if self.cores else self.coster.profile.collective_call_s(task.kind, len(group))
+                done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role), delay_s=host)
                 done.callbacks.append(lambda _ev, ev=waiting[1]: ev.succeed())
             events.append(waiting[1])
         return events[0] if len(events) == 1 else self.env.all_of(events)
