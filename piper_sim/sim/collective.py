@@ -1,9 +1,9 @@
 """Running a collective's phases on the flow network: latency, overhead, phase dependencies.
 
 Owns route lookup for flows between member GPUs (memoized per flow pattern) and the SimPy process
-that starts each phase once the phases it waits for have ended. A phase first pays, per message,
-the per-message overhead plus the largest path latency among its flows, then its flows enter the
-network together. Must not import torch.
+that starts each phase once the phases it waits for have ended. A phase first pays the per-message
+overhead once for each message its busiest source posts, plus the largest path latency among its
+flows (times the sequential messages per flow), then its flows enter the network together. Must not import torch.
 """
 
 from __future__ import annotations
@@ -102,7 +102,11 @@ class CollectiveRunner:
             return np.zeros(0)
         pattern = (key, phase.src.tobytes(), phase.dst.tobytes())
         routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
-        delay = phase.messages * (self.overhead_s + routes.latency_s)
+        # each source posts its messages one after another: the busiest source's count of messages pays
+        # the per-message overhead (message count matters, not only bytes); an upper bound, since the
+        # posting is not overlapped with the transfers already under way
+        per_source = int(np.bincount(phase.src).max())
+        delay = phase.messages * (self.overhead_s * per_source + routes.latency_s)
         if delay > 0:
             yield self.env.timeout(delay)
         sizes = phase.sizes[routes.sub_flow] * routes.sub_fraction

@@ -2,8 +2,8 @@
 
 Owns `prepare` (phases -> sub-flows -> host-symmetry quotient -> equitable lumping) and `simulate`
 (SimPy + FlowNetwork on the lumped links, with CollectiveRunner's phase semantics: a phase waits for
-the phases in `after`, pays messages x (per-message overhead + largest path latency of its flows), then
-its flows enter together). Every reduction is exact (piper_sim.sim.aggregate): the completion time equals
+the phases in `after`, pays messages x (per-message overhead x messages of its busiest source + largest
+path latency of its flows), then its flows enter together). Every reduction is exact (piper_sim.sim.aggregate): the completion time equals
 the one CollectiveRunner gives on the unreduced flows. Must not import torch.
 
 Reductions, in order:
@@ -190,7 +190,8 @@ def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRu
         local[classes] = np.arange(classes.size)
         mask = local[lp.entry_flow] >= 0
         flows = (local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] * scale, prep.class_weight[classes])
-        delay = ph.messages * (overhead + prep.latency_s[k]) / unit
+        per_source = int(np.bincount(ph.src).max()) if ph.src.size else 0
+        delay = ph.messages * (overhead * per_source + prep.latency_s[k]) / unit
         done.append(env.process(_phase(env, net, flows, delay, [done[a] for a in ph.after], ph.src.size > 0)))
     if done:
         env.run(env.all_of(done))
