@@ -3,8 +3,9 @@
 Owns `prepare` (phases -> sub-flows -> host-symmetry quotient -> equitable lumping) and `simulate`
 (SimPy + FlowNetwork on the lumped links, with CollectiveRunner's phase semantics: a phase waits for
 the phases in `after`, pays messages x (per-message overhead x messages of its busiest source + largest
-path latency of its flows), then its flows enter together). Every reduction is exact (piper_sim.sim.aggregate): the completion time equals
-the one CollectiveRunner gives on the unreduced flows. Must not import torch.
+path latency of its flows), then its flows enter together). Every reduction is exact
+(piper_sim.sim.aggregate): the completion time equals the one CollectiveRunner gives on the unreduced
+flows. Must not import torch.
 
 Reductions, in order:
 1. host symmetry (optional, `symmetric=True`): when the routing is host-symmetric (routes.host_classes)
