@@ -191,6 +191,10 @@ class FlowNetwork:
         dt = self.env.now - fs.t_last
         if dt > 0:
             fs.remaining = np.maximum(fs.remaining - fs.rate * dt, 0.0)
+            # bytes the clock cannot resolve any more (its spacing at `now` times the rate) count as sent,
+            # else a late, fast flow would be re-solved forever at one instant
+            resolution = fs.rate * 8 * np.spacing(self.env.now)
+            fs.remaining[fs.remaining <= np.maximum(EPS_BYTES, resolution)] = 0.0
             fs.finish_s[(fs.remaining <= EPS_BYTES) & np.isnan(fs.finish_s)] = self.env.now
         fs.t_last = self.env.now
 
