@@ -9,9 +9,8 @@ rank, its own included). Bandwidths follow nccl-tests: algorithm bandwidth = per
 time, bus bandwidth = algorithm bandwidth x (n - 1) / n (the bytes each GPU really sends per second).
 Utilization of a link = bytes it carried / (capacity x collective time): 1.0 means busy throughout.
 messages_per_gpu is the most messages any GPU sends over all phases; serial_overhead_s = that count x
-the topology's message_overhead_s is a what-if, NOT part of time_s: the cost if a GPU posted its messages
-one after another (the flow model charges the overhead once per phase, as all of a phase's messages
-leave concurrently).
+the topology's message_overhead_s, the part of time_s a GPU spends posting its messages one after another
+(the flow model charges each phase the overhead of its busiest source's messages).
 """
 
 from __future__ import annotations
