@@ -258,15 +258,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("presets", help="list model and topology presets")
     p.set_defaults(func=cmd_presets)
-    import piper_sim.calibrate.cli  # noqa: F401  (appends the calibrate registration to _EXTRA_COMMANDS)
-    import piper_sim.studies.cli  # noqa: F401  (appends the study registration to _EXTRA_COMMANDS)
+    from piper_sim.calibrate.cli import register as register_calibrate
+    from piper_sim.studies.cli import register as register_study
 
-    for register in _EXTRA_COMMANDS:
-        register(sub)
+    register_study(sub)
+    register_calibrate(sub)
     return parser
 
-
-_EXTRA_COMMANDS: list = []
 
 
 def main(argv: list[str] | None = None) -> int:

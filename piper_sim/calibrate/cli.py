@@ -1,4 +1,4 @@
-"""The `piper-sim calibrate` subcommand (registered through piper_sim.cli._EXTRA_COMMANDS)."""
+"""The `piper-sim calibrate` subcommand (its `register` is called by piper_sim.cli.build_parser)."""
 
 from __future__ import annotations
 
@@ -64,13 +64,3 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}")
     return 0
 
-
-def _install() -> None:
-    """Append `register` to the CLI's _EXTRA_COMMANDS (also when the CLI runs as `python -m piper_sim.cli`)."""
-    for name in ("piper_sim.cli", "__main__"):
-        extra = getattr(sys.modules.get(name), "_EXTRA_COMMANDS", None)
-        if isinstance(extra, list) and register not in extra:
-            extra.append(register)
-
-
-_install()

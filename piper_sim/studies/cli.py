@@ -1,6 +1,6 @@
 """`piper-sim study all-to-all`: the command-line front of piper_sim.studies.all_to_all.
 
-Registered through cli._EXTRA_COMMANDS. Writes only under --out: study.csv, link_kinds.csv,
+Registered by piper_sim.cli.build_parser. Writes only under --out: study.csv, link_kinds.csv,
 study.yaml (the spec), bandwidth.png, speedup.png, link_kinds.png, tables.md.
 """
 
@@ -119,13 +119,3 @@ def parse_csv(text: str, key: str) -> list[str]:
     except ValueError:
         raise ConfigError(key, text, "comma-separated numbers") from None
 
-
-def _install() -> None:
-    """Append `register` to the CLI's _EXTRA_COMMANDS (also when the CLI runs as `python -m piper_sim.cli`)."""
-    for name in ("piper_sim.cli", "__main__"):
-        extra = getattr(sys.modules.get(name), "_EXTRA_COMMANDS", None)
-        if isinstance(extra, list) and register not in extra:
-            extra.append(register)
-
-
-_install()
