@@ -116,10 +116,11 @@ def bench_attention(device: Device, sweep: Sweep, progress: Progress) -> list[Re
 
 def bench_elementwise(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
     """Memory-bound ops over tensor sizes; bytes = the minimal traffic (add/mul: 2 reads + 1 write;
-    softmax and RMSNorm: 1 read + 1 write). RMSNorm is the model's (6 ops) for its fixed cost."""
+    softmax, RMSNorm and gather: 1 read + 1 write). RMSNorm is the model's (6 ops) for its fixed cost;
+    gather is a row permutation x[index] of 256-wide rows, as the router and the combine do."""
     out: list[Record] = []
     elem = torch.empty((), dtype=device.dtype).element_size()
-    total = 4 * len(sweep.elementwise_bytes)
+    total = 5 * len(sweep.elementwise_bytes)
     count = 0
     for size in sweep.elementwise_bytes:
         numel = max(1, size // elem)
@@ -127,8 +128,11 @@ def bench_elementwise(device: Device, sweep: Sweep, progress: Progress) -> list[
         a, b = _rand(device, numel // cols, cols, grad=True), _rand(device, numel // cols, cols)
         norm = RMSNorm(cols, device=device.torch_device, dtype=device.dtype)
         torch.nn.init.ones_(norm.weight)
+        rows = _rand(device, max(1, numel // 256), min(numel, 256), grad=True)
+        index = torch.randperm(rows.shape[0], device=device.torch_device)
         ops = {"add": (lambda a=a, b=b: a + b, 3), "mul": (lambda a=a, b=b: a * b, 3),
-               "softmax": (lambda a=a: torch.softmax(a, -1), 2), "rmsnorm": (lambda a=a, n=norm: n(a), 2)}
+               "softmax": (lambda a=a: torch.softmax(a, -1), 2), "rmsnorm": (lambda a=a, n=norm: n(a), 2),
+               "gather": (lambda r=rows, i=index: r[i], 2)}
         for name, (fn, passes) in ops.items():
             count += 1
             progress(f"elementwise {count}/{total}: {name}, {a.numel() * elem / 1024:.0f} KiB")

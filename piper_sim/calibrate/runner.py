@@ -226,9 +226,11 @@ def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
     timeout = timeout_s or (600.0 if quick else 7200.0)
     started, busy0, own0 = time.perf_counter(), _busy_core_s(), _own_core_s()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    if load_before[0] > 0.5 * (os.cpu_count() or 1):
-        print(f"calibrate: warning: the machine is busy (load average {load_before[0]} on {os.cpu_count()} cores); "
-              "other processes' work will be measured as contention", file=sys.stderr)
+    time.sleep(0.5)
+    busy_now = foreign_cpu_share(busy0, own0, time.perf_counter() - started)
+    if busy_now is not None and busy_now > 0.2:
+        print(f"calibrate: warning: the machine is busy ({100 * busy_now:.0f}% of the cores in use by other "
+              "processes); their work will be measured as contention", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="piper-calibrate-") as tmp:
         job = CalibrationJob(records_dir=tmp, quick=quick, presets=presets)
         per_rank = run_local_job(job, ranks, timeout, threads)

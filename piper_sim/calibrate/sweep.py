@@ -68,7 +68,7 @@ class Sweep:
 
     def num_compute_items(self) -> int:
         return (len(self.gemm_rows) * len(self.gemm_shapes) + len(self.ffn_rows) * len(self.ffn_shapes) * 2
-                + len(self.attention_seq_lens) * len(self.attention_shapes) + 4 * len(self.elementwise_bytes)
+                + len(self.attention_seq_lens) * len(self.attention_shapes) + 5 * len(self.elementwise_bytes)
                 + len(self.optimizer_points) + 7)  # + framework ops
 
 
