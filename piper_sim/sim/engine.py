@@ -76,7 +76,6 @@ class Simulation:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
         self.tokens = parallel.micro_batch_size * model.seq_len
-        self.experts_per_rank = model.num_experts // parallel.ep
         self.row_bytes = model.d_model * model.dtype_bytes
         self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.tokens)
         self.lanes = self._lanes(collapse)

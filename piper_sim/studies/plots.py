@@ -44,8 +44,7 @@ def plot_bandwidth(df: pd.DataFrame, path: Path) -> None:
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     """time(flat) / time(alg) per (nodes, size, algorithm); empty without flat rows."""
-    flat = df[df["algorithm"] == "flat"][["nodes", "size", "time_s", "serial_overhead_s"]].rename(
-        columns={"time_s": "flat_time_s", "serial_overhead_s": "flat_serial_overhead_s"})
+    flat = df[df["algorithm"] == "flat"][["nodes", "size", "time_s"]].rename(columns={"time_s": "flat_time_s"})
     merged = df.merge(flat, on=["nodes", "size"])
     merged["speedup_vs_flat"] = merged["flat_time_s"] / merged["time_s"]
     return merged[["nodes", "size", "algorithm", "time_s", "flat_time_s", "speedup_vs_flat", "messages_per_gpu",
