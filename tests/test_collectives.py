@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import simpy
 
-from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase
+from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase, split_phases
 from piper_sim.collectives.hierarchical import halo_relays, host_groups
 from piper_sim.sim.collective import CollectiveRunner
 from piper_sim.sim.network import FlowNetwork
@@ -39,8 +39,9 @@ def simulate(phases: list[Phase], topo: Topology) -> float:
 
 
 def inter_node_messages(phases: list[Phase], topo: Topology) -> int:
+    """Inter-node data messages (the split-size exchange left out)."""
     host = np.array([topo.host_of(g) for g in topo.gpus])
-    return sum(int((host[p.src] != host[p.dst]).sum()) * p.messages for p in phases)
+    return sum(int((host[p.src] != host[p.dst]).sum()) * p.messages for p in split_phases(phases)[1])
 
 
 def assert_dag(phases: list[Phase]) -> None:
@@ -56,7 +57,7 @@ def member_flows(p: Phase, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("num_gpus", [8, 16])
-@pytest.mark.parametrize("name", ["flat", "pairwise", "2dh", "bruck"])
+@pytest.mark.parametrize("name", A2A)
 def test_store_and_forward_all_to_all_conserves_bytes(name, num_gpus):
     """Phases in order: nobody sends bytes it does not hold, and every member ends with its column."""
     topo = uniform(num_gpus)
@@ -64,7 +65,7 @@ def test_store_and_forward_all_to_all_conserves_bytes(name, num_gpus):
     phases = ALL_TO_ALL.get(name)(m, topo.gpus, topo)
     assert_dag(phases)
     held = m.sum(axis=1)
-    for p in phases:  # list order is a topological order (checked by assert_dag)
+    for p in split_phases(phases)[1]:  # list order is a topological order (checked by assert_dag)
         out, inn = member_flows(p, num_gpus)
         assert np.all(held - out >= -1e-6 * m.sum())
         held = held - out + inn
@@ -77,11 +78,22 @@ def test_halo_delivers_every_column(num_gpus):
     topo = uniform(num_gpus)
     m = uneven_matrix(num_gpus, seed=num_gpus)
     host, groups = host_groups(topo.gpus, topo)
-    intra, inter, redistribute = ALL_TO_ALL.get("halo")(m, topo.gpus, topo)
-    assert_dag([intra, inter, redistribute])
-    assert intra.after == () and inter.after == () and redistribute.after == (1,)
-    assert np.all(host[intra.src] == host[intra.dst]) and np.all(host[redistribute.src] == host[redistribute.dst])
+    phases = ALL_TO_ALL.get("halo")(m, topo.gpus, topo)
+    assert_dag(phases)
+    meta, (pack, intra, inter, redistribute) = split_phases(phases)
+    assert [p.name for p in meta] == ["splits:pack", "splits:intra", "splits:inter", "splits:redistribute",
+                                      "splits:node"]
+    assert [p.name for p in (pack, intra, inter, redistribute)] == ["pack", "intra", "inter", "redistribute"]
+    assert pack.after == () and intra.after == (0,) and inter.after == (0,) and redistribute.after == (2,)
+    for p in (pack, intra, redistribute):
+        assert np.all(host[p.src] == host[p.dst])
     assert np.all(host[inter.src] != host[inter.dst])
+    # packing hands each inter-node sender exactly the node peers' rows it carries
+    packed = member_flows(pack, num_gpus)[1]
+    for s in np.unique(inter.src):
+        peers = (host == host[s]) & (np.arange(num_gpus) != s)
+        dests = np.isin(host, host[inter.dst[inter.src == s]])
+        assert packed[s] == pytest.approx(m[np.ix_(peers, dests)].sum())
     # one message per ordered node pair
     h = len(groups)
     assert inter.src.size == h * (h - 1)
@@ -135,9 +147,43 @@ def test_halo_sends_fewer_inter_node_messages_than_flat():
     assert simulate(halo, topo) < 2 * simulate(flat, topo)
 
 
+@pytest.mark.parametrize("name", A2A)
+def test_split_sizes_are_exchanged_before_any_data(name):
+    """The counts (8 bytes per pair) go by the algorithm itself; pairwise, halo and 2dh then gather each
+    member's row and column inside its node (a ring of 4 members: 3 steps of 2 n int64), as the torch
+    backend does."""
+    n = 16
+    topo = uniform(n)
+    phases = ALL_TO_ALL.get(name)(uneven_matrix(n), topo.gpus, topo)
+    meta, data = split_phases(phases)
+    counts = ALL_TO_ALL.get(name)(np.full((n, n), 8.0), topo.gpus, topo)
+    counts_meta, counts_data = split_phases(counts)
+    assert [p.name for p in meta] == [p.name for p in counts_meta]
+    for m, c in zip(meta, counts_meta, strict=True):  # the exchange does not depend on the data's sizes
+        np.testing.assert_array_equal(m.sizes, c.sizes)
+    exchanged = [p for p in meta if p.name != "splits:node"]
+    assert [p.name for p in exchanged] == [f"splits:{p.name}" for p in counts_data]
+    for m, c in zip(exchanged, counts_data, strict=True):
+        np.testing.assert_array_equal(m.sizes, c.sizes)
+    if name in ("flat", "bruck"):
+        assert meta == exchanged
+    else:
+        ring = meta[-1]
+        assert ring.name == "splits:node" and ring.messages == 3 and ring.after == tuple(range(len(meta) - 1))
+        host = np.array([topo.host_of(g) for g in topo.gpus])
+        assert np.all(host[ring.src] == host[ring.dst]) and ring.src.size == n
+        assert np.all(ring.sizes == 2 * 8 * n * 3)
+    # every data phase waits for the whole exchange, directly or through the phases it waits for
+    ancestors: list[set[int]] = []
+    for p in phases:
+        ancestors.append(set(p.after).union(*(ancestors[a] for a in p.after)))
+    assert len(data) == len(phases) - len(meta)
+    assert all(set(range(len(meta))) <= ancestors[i] | {i} for i in range(len(meta), len(phases)))
+
+
 def test_bruck_takes_log_rounds():
     topo = uniform(16)
-    phases = ALL_TO_ALL.get("bruck")(np.ones((16, 16)), topo.gpus, topo)
+    phases = split_phases(ALL_TO_ALL.get("bruck")(np.ones((16, 16)), topo.gpus, topo))[1]
     assert len(phases) == 4
     for k, p in enumerate(phases):
         np.testing.assert_array_equal(p.dst, (p.src + 2**k) % 16)

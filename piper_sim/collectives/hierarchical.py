@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase, a2a_flat, all_reduce_ring, matrix_phase
+from piper_sim.collectives.algorithms import (ALL_REDUCE, ALL_TO_ALL, Phase, a2a_flat, all_reduce_ring, matrix_phase,
+                                              split_exchange)
 from piper_sim.topology.graph import Topology
 
 
@@ -56,24 +57,26 @@ def halo_relays(groups: list[np.ndarray]) -> dict[tuple[int, int], tuple[int, in
 
 
 @ALL_TO_ALL.register("halo")
+@split_exchange(node_gather=True)
 def a2a_halo(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
-    """Piper's HALO: hierarchical all-to-all in three phases (DESIGN.md section 6).
+    """Piper's HALO: hierarchical all-to-all in three phases (DESIGN.md section 6), after the split sizes.
 
-    Phase I ("intra"): direct all-to-all of the entries whose source and destination share a node.
-    Phase II ("inter", concurrent with I): for every ordered pair of distinct nodes (A, B), the rows
-    from all members on A to all members on B are packed into one message, sent from a member of A to
-    a member of B (`halo_relays`: round-robin striping, so each GPU uses its own NIC and all NICs are
-    busy). Packing is modelled as free: the sender reads its node peers' rows as part of the message
-    (no separate gather phase), as Piper's batched asynchronous point-to-point messages do.
-    Phase III ("redistribute", after II): the receiving member on B forwards the rows to their
-    destination members on B over the intra-node fabric; the receiver's own rows stay (dropped).
+    Packing ("pack", first): every member hands the rows it holds for peer node B to the member of its
+    node that sends to B (an intra-node exchange; on GPUs the same bytes cross the node fabric when the
+    sender reads its peers' rows). Phase I ("intra", after packing): direct all-to-all of the entries
+    whose source and destination share a node. Phase II ("inter", after packing, concurrent with I): for
+    every ordered pair of distinct nodes (A, B), the rows from all members on A to all members on B
+    travel as one message from a member of A to a member of B (`halo_relays`: round-robin striping, so
+    each GPU uses its own NIC and all NICs are busy). Phase III ("redistribute", after II): the
+    receiving member on B forwards the rows to their destination members on B over the intra-node
+    fabric; the receiver's own rows stay (dropped). The torch backend runs the same sequence.
     Every destination receives exactly its column of the matrix (less the diagonal) over I, II and III.
     """
     n = matrix.shape[0]
     host, groups = host_groups(members, topo)
     same = host[:, None] == host[None, :]
-    phases = [matrix_phase(np.where(same, matrix, 0.0), "intra")]
     h = len(groups)
+    pack = np.zeros((n, n))
     inter = np.zeros((n, n))
     forward = np.zeros((n, n))
     if h > 1:
@@ -82,11 +85,11 @@ def a2a_halo(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Pha
         np.add.at(from_node, host, np.where(same, 0.0, matrix))
         for (a, b), (sender, receiver) in halo_relays(groups).items():
             cols = groups[b]
+            pack[groups[a], sender] += matrix[np.ix_(groups[a], cols)].sum(axis=1)
             inter[sender, receiver] += from_node[a, cols].sum()
             forward[receiver, cols] += from_node[a, cols]
-    phases.append(matrix_phase(inter, "inter"))
-    phases.append(matrix_phase(forward, "redistribute", after=(1,)))
-    return phases
+    return [matrix_phase(pack, "pack"), matrix_phase(np.where(same, matrix, 0.0), "intra", after=(0,)),
+            matrix_phase(inter, "inter", after=(0,)), matrix_phase(forward, "redistribute", after=(2,))]
 
 
 # ---- 2D hierarchical -----------------------------------------------------------------------------
@@ -95,6 +98,7 @@ def _uniform_groups(groups: list[np.ndarray]) -> bool:
 
 
 @ALL_TO_ALL.register("2dh")
+@split_exchange(node_gather=True)
 def a2a_2dh(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
     """Tutel-style 2D hierarchical all-to-all, three sequential phases.
 
@@ -108,7 +112,7 @@ def a2a_2dh(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phas
     """
     host, groups = host_groups(members, topo)
     if not _uniform_groups(groups):
-        return a2a_flat(matrix, members, topo)
+        return a2a_flat.__wrapped__(matrix, members, topo)  # the 2dh split exchange stays
     n = matrix.shape[0]
     g = groups[0].size
     local = local_index(host, groups)
@@ -129,6 +133,7 @@ def a2a_2dh(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phas
 
 # ---- Bruck ---------------------------------------------------------------------------------------
 @ALL_TO_ALL.register("bruck")
+@split_exchange(node_gather=False)
 def a2a_bruck(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
     """Bruck's all-to-all: ceil(log2 n) sequential rounds for small messages.
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase
+from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase, split_phases
 from piper_sim.errors import ConfigError
 from piper_sim.studies.routes import TooManyFlows
 from piper_sim.studies.runner import CollectiveRun, Prepared, prepare, simulate
@@ -39,7 +39,7 @@ SATURATED = 0.9  # a link busy at least this fraction of the collective counts a
 STUDY_COLUMNS = [
     "nodes", "gpus", "size", "size_per", "bytes_per_pair", "bytes_per_gpu", "algorithm", "routing", "valiant",
     "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "busiest_link", "busiest_link_kind",
-    "busiest_utilization", "saturated_kinds", "messages_per_gpu", "serial_overhead_s", "pairs", "network_flows",
+    "busiest_utilization", "saturated_kinds", "split_exchange_s", "messages_per_gpu", "serial_overhead_s", "pairs", "network_flows",
     "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s", "note",
 ]
 KIND_COLUMNS = ["nodes", "size", "algorithm", "link_kind", "links_used", "bytes", "mean_utilization",
@@ -142,11 +142,12 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
         per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in spec.sizes]
         for alg in spec.algorithms:
             log(f"[{done + 1}/{total}] {nodes} nodes ({n} GPUs), {alg}: routing and lumping ...")
-            phases = ALL_TO_ALL.get(alg)(np.full((n, n), per_pair[0]), gpus, topo)
+            splits, phases = split_phases(ALL_TO_ALL.get(alg)(np.full((n, n), per_pair[0]), gpus, topo))
             msgs = messages_per_gpu(phases, n)
             try:
                 prep = prepare(phases, gpus, topo, symmetric=alg in HOST_EQUIVARIANT, lump_flows=spec.lump,
                                spread=spec.valiant == "spread", max_sub_flows=spec.max_flows)
+                splits_s = _split_exchange_s(spec, splits, alg, gpus, topo)
             except TooManyFlows as exc:
                 for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
                     done += 1
@@ -156,7 +157,7 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
             for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
                 run = simulate(prep, topo, pair_bytes / per_pair[0])
                 kinds, busiest = _link_rows(topo, run)
-                row = _row(spec, topo, nodes, label, pair_bytes, alg, routing_name, prep, run, busiest, msgs)
+                row = _row(spec, topo, nodes, label, pair_bytes, alg, routing_name, prep, run, busiest, msgs, splits_s)
                 done += 1
                 log(f"[{done}/{total}] {nodes} nodes, {label}/{spec.size_per}, {alg}: {run.time_s * 1e3:.4g} ms, "
                     f"busbw {row['busbw_bytes_per_s'] / 1e9:.3g} GB/s/GPU, busiest {busiest['busiest_link_kind']} "
@@ -166,14 +167,24 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
             del prep, phases
 
 
+def _split_exchange_s(spec: StudySpec, splits: list[Phase], alg: str, gpus: list[str], topo: Topology) -> float:
+    """Time of the split-size exchange alone (counts all-to-all, then per-node rings: host-invariant)."""
+    if not splits:
+        return 0.0
+    prep = prepare(splits, gpus, topo, symmetric=alg in HOST_EQUIVARIANT, lump_flows=spec.lump,
+                   spread=spec.valiant == "spread", max_sub_flows=spec.max_flows)
+    return simulate(prep, topo).time_s
+
+
 def _row(spec: StudySpec, topo: Topology, nodes: int, label: str, pair_bytes: float, alg: str, routing: str,
-         prep: Prepared, run: CollectiveRun, busiest: dict, msgs: int) -> dict:
+         prep: Prepared, run: CollectiveRun, busiest: dict, msgs: int, splits_s: float) -> dict:
     n = topo.num_gpus
-    algbw = n * pair_bytes / run.time_s if run.time_s > 0 else float("inf")
+    time_s = run.time_s + splits_s
+    algbw = n * pair_bytes / time_s if time_s > 0 else float("inf")
     return {"nodes": nodes, "gpus": n, "size": label, "size_per": spec.size_per, "bytes_per_pair": pair_bytes,
             "bytes_per_gpu": n * pair_bytes, "algorithm": alg, "routing": routing,
-            "valiant": spec.valiant if routing in ("valiant", "adaptive") else "", "time_s": run.time_s,
-            "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * (n - 1) / n, **busiest,
+            "valiant": spec.valiant if routing in ("valiant", "adaptive") else "", "time_s": time_s,
+            "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * (n - 1) / n, **busiest, "split_exchange_s": splits_s,
             "messages_per_gpu": msgs, "serial_overhead_s": msgs * topo.params.message_overhead_s,
             "pairs": prep.num_pairs, "network_flows": prep.num_sub_flows,
             "simulated_flows": prep.lumped.num_flow_classes, "simulated_links": prep.lumped.num_link_classes,

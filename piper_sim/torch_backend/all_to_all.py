@@ -11,7 +11,7 @@ Only piper_sim.torch_backend may import torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,7 @@ from torch import Tensor
 from piper_sim.errors import ConfigError
 from piper_sim.registry import Registry
 
-from .exchange import Holding, Key, NodeLayout, a2a_phase, gather_split_matrix, p2p_phase
+from .exchange import Holding, Key, NodeLayout, a2a_phase, node_split_sizes, p2p_phase
 from .groups import DEFAULT_GROUPS, GroupCache
 
 
@@ -33,6 +33,8 @@ class AllToAllCall:
     ranks: tuple[int, ...]  # the EP group, global ranks; split i goes to ranks[i]
     node_of: dict[int, int]
     groups: GroupCache
+    algorithm: AllToAllFn  # the algorithm running this call; it also carries the split sizes
+    counts_only: bool = False  # this call is the split-size exchange itself: every chunk is one row
 
     @property
     def me(self) -> int:
@@ -42,8 +44,19 @@ class AllToAllCall:
         return self.groups.get(ranks)
 
     def holding(self) -> Holding:
-        """This rank's chunks keyed (me, destination), with every chunk's size (one all_gather)."""
-        sizes = gather_split_matrix(self.send_splits, self.ranks, self.group(self.ranks), self.rows.device)
+        """This rank's chunks keyed (me, destination), with the size of every chunk to or from its node.
+
+        The counts go first by this same algorithm (one int64 row per pair, sizes known to all), then
+        inside the node by one all_gather (`node_split_sizes`); the simulator models both."""
+        if self.counts_only:
+            sizes = {(s, d): 1 for s in self.ranks for d in self.ranks}
+        else:
+            counts = torch.tensor(self.send_splits, dtype=torch.int64, device=self.rows.device).view(-1, 1)
+            column, _ = self.algorithm(replace(self, rows=counts, send_splits=(1,) * len(self.ranks),
+                                               counts_only=True))
+            local = NodeLayout.of(self.ranks, self.node_of).local(self.node_of[self.me])
+            sizes = node_split_sizes(self.send_splits, column.view(-1).tolist(), self.ranks, local,
+                                     self.group(local) if len(local) > 1 else None, self.rows.device)
         hold = Holding(sizes=sizes, template=self.rows[:0])
         chunks = torch.split(self.rows, list(self.send_splits))
         hold.chunks = {(self.me, d): c for d, c in zip(self.ranks, chunks, strict=True)}
@@ -76,7 +89,7 @@ def all_to_all(rows: Tensor, send_splits: Sequence[int], group_ranks: Sequence[i
     if dist.get_rank() not in ranks:
         raise ValueError(f"rank {dist.get_rank()} is not in group {ranks}")
     call = AllToAllCall(rows=rows.contiguous(), send_splits=splits, ranks=ranks, node_of=dict(node_of),
-                        groups=groups or DEFAULT_GROUPS)
+                        groups=groups or DEFAULT_GROUPS, algorithm=fn)
     return fn(call)
 
 

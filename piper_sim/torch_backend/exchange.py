@@ -1,8 +1,9 @@
 """Building blocks of multi-phase all-to-all algorithms: keyed row chunks and padded exchange phases.
 
 Owns the bookkeeping shared by the algorithms in all_to_all.py. Every chunk of rows is named by its
-key (source rank, destination rank), global ranks; all ranks know every chunk's size (the gathered split
-matrix), so a phase is described by which keys each sender sends to each receiver, in order, and the
+key (source rank, destination rank), global ranks; a rank knows the size of every chunk whose source or
+destination is on its node (`node_split_sizes`), which is every chunk it sends or receives in any
+phase, so a phase is described by which keys each sender sends to each receiver, in order, and the
 receiver evaluates the same description to know what it gets. Every message carries at least one row
 (zero padding when empty), so no rank ever receives zero rows; the receiver strips the padding.
 Only piper_sim.torch_backend may import torch.
@@ -60,15 +61,27 @@ class Pending:
     finish: Callable[[], None]
 
 
-def gather_split_matrix(send_splits: Sequence[int], ranks: Sequence[int], group: dist.ProcessGroup,
-                        device: torch.device) -> dict[Key, int]:
-    """All ranks' send splits (one all_gather): sizes[(source, destination)] in rows."""
-    mine = torch.tensor(list(send_splits), dtype=torch.int64, device=device)
-    members = sorted(ranks)
-    gathered = [torch.empty_like(mine) for _ in members]
-    dist.all_gather(gathered, mine, group=group)
-    by_rank = dict(zip(members, gathered, strict=True))
-    return {(s, d): int(n) for s in ranks for d, n in zip(ranks, by_rank[s].tolist(), strict=True)}
+def node_split_sizes(row: Sequence[int], column: Sequence[int], ranks: Sequence[int], local: Sequence[int],
+                     node_group: dist.ProcessGroup | None, device: torch.device) -> dict[Key, int]:
+    """sizes[(s, d)] for every chunk to or from this rank's node: one all_gather inside the node of each
+    member's row (what it sends to each group member) and column (what each member sends it), in
+    group order."""
+    me = dist.get_rank()
+    mine = torch.tensor([*row, *column], dtype=torch.int64, device=device)
+    owners = sorted(local)
+    if node_group is not None and len(owners) > 1:
+        gathered = [torch.empty_like(mine) for _ in owners]
+        dist.all_gather(gathered, mine, group=node_group)
+    else:
+        owners, gathered = [me], [mine]
+    n = len(ranks)
+    sizes: dict[Key, int] = {}
+    for owner, both in zip(owners, gathered, strict=True):
+        values = both.tolist()
+        for i, other in enumerate(ranks):
+            sizes[(owner, other)] = int(values[i])
+            sizes[(other, owner)] = int(values[n + i])
+    return sizes
 
 
 def a2a_phase(hold: Holding, me: int, members: Sequence[int], keys_fn: KeysFn,

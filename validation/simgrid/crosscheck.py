@@ -159,8 +159,9 @@ def case_incast() -> FlowCase:
 
 def collective_case(name: str, topology: dict, num_gpus: int, algorithm: str, bytes_per_pair: float,
                     latency: bool) -> FlowCase:
-    """The flows of an all-to-all's first phase exactly as piper-sim's CollectiveRunner routes them."""
-    from piper_sim.collectives.algorithms import ALL_TO_ALL
+    """The flows of an all-to-all's first data phase (after the split sizes) exactly as piper-sim's
+    CollectiveRunner routes them."""
+    from piper_sim.collectives.algorithms import ALL_TO_ALL, split_phases
     from piper_sim.sim.collective import CollectiveRunner, RouteCache
     from piper_sim.sim.network import FlowNetwork
     from piper_sim.topology.load import load_topology
@@ -173,7 +174,7 @@ def collective_case(name: str, topology: dict, num_gpus: int, algorithm: str, by
             edge["latency_s"] = 0.0
         topo.__dict__.pop("latency_s", None)
     n = topo.num_gpus
-    phase = ALL_TO_ALL.get(algorithm)(np.full((n, n), bytes_per_pair), topo.gpus, topo)[0]
+    phase = split_phases(ALL_TO_ALL.get(algorithm)(np.full((n, n), bytes_per_pair), topo.gpus, topo))[1][0]
     routes = RouteCache(topo).routes(topo.gpus, phase.src, phase.dst, "x")
     sizes = phase.sizes[routes.sub_flow] * routes.sub_fraction
     flows = [(tuple(routes.entry_link[routes.entry_flow == k].tolist()), float(sizes[k])) for k in range(sizes.size)]
