@@ -89,6 +89,7 @@ class Simulation:
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
+        self._host_cost: dict[tuple, float] = {}  # (kind, migrate?, group) -> seconds of host work per call
         self._lane_groups: dict[tuple[int, str], list] = {}
         self._p2p_gpus: dict[tuple[int, int], tuple[str, ...]] = {}
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
@@ -151,10 +152,9 @@ class Simulation:
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
                     start[step, local, i] = self.env.now
-                    if self.cores:  # the call's host-side work runs on the rank's share of the cores
-                        group_size = len(self.mesh.group(rank, task.group_axis))
-                        yield self._compute(lane_id, len(lane), self.coster.profile.collective_call_s(task.kind,
-                                                                                                     group_size))
+                    if self.cores:  # the calls' host-side work runs on the rank's share of the cores
+                        yield self._compute(lane_id, len(lane),
+                                            self._host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis))))
                     ev = self._arrive(lane, step, i, task, nbytes[step])
                     yield ev
                     end[step, local, i] = self.env.now
@@ -222,11 +222,28 @@ class Simulation:
                 gpus = self._group_gpus.get(group)
                 if gpus is None:
                     gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
-                host = 0.0 if self.cores else self.coster.profile.collective_call_s(task.kind, len(group))
+                host = 0.0 if self.cores else self._host_cost_s(task, group)
                 done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role), delay_s=host)
                 done.callbacks.append(lambda _ev, ev=waiting[1]: ev.succeed())
             events.append(waiting[1])
         return events[0] if len(events) == 1 else self.env.all_of(events)
+
+    def _host_cost_s(self, task: Task, group: tuple[int, ...]) -> float:
+        """Host-side cost of a collective: the profile's per-call cost for the group size, once per library
+        call, and an algorithm makes one call per phase (split-size exchange included), as the torch
+        backend does (one gloo call per phase)."""
+        key = (task.kind, task.role == "migrate", group)
+        hit = self._host_cost.get(key)
+        if hit is None:
+            gpus = [self.placement[r] for r in group]
+            if task.role == "migrate":
+                calls = 1
+            elif task.kind == "all_to_all":
+                calls = len(self.a2a(np.ones((len(group), len(group))), gpus, self.topo))
+            else:
+                calls = len(self.all_reduce(1.0, gpus, self.topo))
+            hit = self._host_cost[key] = calls * self.coster.profile.collective_call_s(task.kind, len(group))
+        return hit
 
     def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]
