@@ -205,3 +205,29 @@ def test_small_model_learns_stdlib_text(corpus: ByteCorpus) -> None:
     assert losses[0] > math.log(VOCAB_SIZE) - 0.5  # starts near uniform over bytes
     assert sum(losses[-10:]) / 10 < losses[0] - 2.0
     assert sum(val) / len(val) < losses[0] - 2.0
+
+
+def test_swiglu_matches_the_unfused_expression_and_saves_d_plus_3f_per_row():
+    from piper_sim.torch_backend.layers import FFN, SwiGLU
+
+    a = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(SwiGLU.apply, (a, b))
+    torch.testing.assert_close(SwiGLU.apply(a, b), torch.nn.functional.silu(a) * b)
+
+    rows, d, f = 16, 8, 24
+    ffn = FFN(d, f, 3, device="cpu", dtype=torch.float32)
+    x = torch.randn(rows, d, requires_grad=True)
+    saved: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in ffn.parameters()}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:  # activations, not the weights
+            saved[t.untyped_storage().data_ptr()] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = ffn(x)
+    assert sum(saved.values()) == rows * (d + 3 * f)
+    out.sum().backward()
+    assert x.grad is not None and ffn.w1.grad is not None and ffn.w3.grad is not None
