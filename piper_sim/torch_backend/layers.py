@@ -64,18 +64,40 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS)
-        return x * scale * self.weight
+        return RMSNormFunction.apply(x, self.weight)
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) * weight, saving only x and the per-row rsqrt for backward (as fused norm
+    kernels do); autograd on the expression would also keep x * rsqrt, one more activation per norm."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor) -> Tensor:  # noqa: ANN001
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS)
+        ctx.save_for_backward(x, rstd, weight)
+        return x * rstd * weight
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+        x, rstd, weight = ctx.saved_tensors
+        normed = x * rstd
+        grad_weight = (grad * normed).reshape(-1, x.shape[-1]).sum(0)
+        g = grad * weight
+        grad_x = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
+        return grad_x, grad_weight
 
 
 def apply_rope(x: Tensor) -> Tensor:
-    """Rotary position embedding (rotate-half form) on (batch, heads, seq, head_dim); odd dims pass."""
-    head_dim, seq = x.shape[-1], x.shape[-2]
+    """Rotary position embedding (rotate-half form) on (batch, seq, heads, head_dim); odd dims pass.
+
+    Token-major layout, so that attention's output transposed back is contiguous and the output
+    projection keeps a view of what attention saved, not a copy."""
+    head_dim, seq = x.shape[-1], x.shape[1]
     if head_dim % 2:
         return x
     half = head_dim // 2
     freqs = ROPE_BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = torch.arange(seq, device=x.device, dtype=torch.float32)[:, None] * freqs[None, :]
+    angles = (torch.arange(seq, device=x.device, dtype=torch.float32)[:, None] * freqs[None, :])[:, None, :]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -94,14 +116,15 @@ class Attention(nn.Module):
         self.wo = _param(d, self.num_heads * hd, device=device, dtype=dtype)
 
     def _heads(self, x: Tensor, weight: Tensor, heads: int) -> Tensor:
+        """(batch, seq, heads, head_dim), token-major."""
         b, s, _ = x.shape
-        return F.linear(x, weight).view(b, s, heads, self.head_dim).transpose(1, 2)
+        return F.linear(x, weight).view(b, s, heads, self.head_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, _ = x.shape
-        q = apply_rope(self._heads(x, self.wq, self.num_heads))
-        k = apply_rope(self._heads(x, self.wk, self.kv_heads))
-        v = self._heads(x, self.wv, self.kv_heads)
+        q = apply_rope(self._heads(x, self.wq, self.num_heads)).transpose(1, 2)
+        k = apply_rope(self._heads(x, self.wk, self.kv_heads)).transpose(1, 2)
+        v = self._heads(x, self.wv, self.kv_heads).transpose(1, 2)
         if self.kv_heads != self.num_heads:
             repeat = self.num_heads // self.kv_heads
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)

@@ -1,13 +1,19 @@
 """Memory model per rank: training state of the parameters it holds, activations per microbatch.
 
-Owns the byte formulas of Piper's resource model (DESIGN.md section 6; Dash and Wang 2026):
-16 bytes of training state per parameter (fp16 weight and grad, fp32 master, Adam m and v);
-activations per layer and micro-batch of b sequences of length s: 12 b s d for attention, plus
-4 b H s^2 for the score matrix when attention is not fused (flash attention keeps none), plus
-2 b s k (3 d_ffn + d) for routed experts (k copies of each token through the expert FFN);
-dense FFNs 2 b s (m d_ffn + d); the last stage also keeps fp32 logits, 4 b s V. The formula's
-constants are for 2-byte (fp16/bf16) activations; other dtypes scale them by dtype_bytes / 2.
-Must not import simpy or torch.
+Owns the byte formulas of Piper's resource model (DESIGN.md section 6; Dash and Wang 2026), with the
+activation terms spelled out as the tensors a layer keeps for its backward pass (as fused-kernel
+implementations keep them, and as the torch backend does; docs/metrics.md):
+- training state: 16 bytes per parameter (fp16 weight and grad, fp32 master, Adam m and v);
+- attention: Piper's 12 b s d bytes at 2-byte activations, i.e. 6 tensors of T = b s tokens x d (norm
+  input and output, q, k, v, attention output), plus 4 b H s^2 for the score matrix when attention is
+  not fused (flash attention keeps none);
+- the norm before the FFN/MoE: its input and output, 2 T d;
+- routed experts: each of the T k routed rows keeps its input (d) and the FFN's inner activations
+  (3 d_ffn for SwiGLU: both up-projections and their product; 2 d_ffn for GELU), and the combine keeps
+  each routed row's expert output (d) to weight it; the router's probabilities (T x E, fp32);
+- shared experts and dense FFNs: their inner activations (their input is the norm output);
+- the last stage: its final norm (2 T d) and the fp32 logits, 4 T V bytes.
+Activation elements are dtype_bytes each. Must not import simpy or torch.
 """
 
 from __future__ import annotations
@@ -37,23 +43,30 @@ def rank_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last:
     return {"dense": dense, "expert": expert}
 
 
+def ffn_inner(width: int, matrices: int) -> int:
+    """Activations per row an FFN keeps besides its input: SwiGLU (3 matrices) a, b and silu(a) * b;
+    GELU (2 matrices) a and gelu(a)."""
+    return (3 if matrices == 3 else 2) * width
+
+
 def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *, last: bool,
                      flash_attention: bool = True) -> float:
     """Activations one micro-batch leaves on a rank between its forward and backward for these layers."""
     b, s, d, k = micro_batch_size, model.seq_len, model.d_model, model.top_k
-    total = 0.0
+    tokens = b * s
+    elements = 0.0  # in the model's dtype
+    fp32_bytes = 0.0
     for layer in layers:
-        total += 12 * b * s * d
+        elements += 6 * tokens * d + 2 * tokens * d  # attention; the pre-FFN norm
         if not flash_attention:
-            total += 4 * b * model.num_heads * s * s
+            fp32_bytes += 4 * b * model.num_heads * s * s
         if model.is_moe_layer(layer):
-            total += 2 * b * s * k * (3 * model.expert_ffn_dim + d)
-            if model.num_shared_experts:
-                total += 2 * b * s * model.num_shared_experts * (3 * model.shared_ffn_dim + d)
+            elements += tokens * k * (d + ffn_inner(model.expert_ffn_dim, model.expert_matrices) + d)
+            elements += tokens * model.num_shared_experts * ffn_inner(model.shared_ffn_dim, model.expert_matrices)
+            fp32_bytes += 4 * tokens * model.num_experts
         else:
-            width = model.dense_ffn_dim or model.expert_ffn_dim
-            total += 2 * b * s * (model.dense_matrix_count * width + d)
-    total *= model.dtype_bytes / 2
+            elements += tokens * ffn_inner(model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count)
     if last:
-        total += model.dtype_bytes * b * s * d + 4 * b * s * model.vocab_size
-    return total
+        elements += 2 * tokens * d
+        fp32_bytes += 4 * tokens * model.vocab_size
+    return elements * model.dtype_bytes + fp32_bytes
