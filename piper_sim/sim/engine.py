@@ -30,6 +30,7 @@ from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.plan import StagePlan, build_stage_plans
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.memory import routed_row_bytes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 
@@ -135,6 +136,7 @@ class Simulation:
         rec = self.records
         start, end, flops, nbytes = rec.start_s[stage], rec.end_s[stage], rec.flops[stage], rec.bytes[stage]
         memory = peak = plan.static_bytes
+        routed_extra: dict[tuple[int, int], float] = {}  # (chunk, microbatch) -> bytes beyond a balanced load
         for step in range(self.steps):
             for i, task in enumerate(plan.program):
                 for d in plan.async_deps[i]:
@@ -142,6 +144,11 @@ class Simulation:
                     if not ev.triggered:
                         yield ev
                 memory += plan.mem_at_start[i]
+                if task.kind == "forward_expert":
+                    extra = self._routed_extra_bytes(rank, step, task)
+                    key = (task.chunk, task.microbatch)
+                    routed_extra[key] = routed_extra.get(key, 0.0) + extra
+                    memory += extra
                 peak = max(peak, memory)
                 stream = plan.streams[i]
                 if stream == 0:  # compute
@@ -161,6 +168,8 @@ class Simulation:
                 else:
                     self._post_p2p(lane, lane_id, stage, local, step, i, task)
                 memory += plan.mem_at_end[i]
+                if plan.mem_at_end[i] < 0:  # the (chunk, microbatch) releases its activations
+                    memory -= routed_extra.pop((task.chunk, task.microbatch), 0.0)
         rec.peak_memory_bytes[list(lane)] = peak
 
     # ---- compute -------------------------------------------------------------------------------
@@ -190,6 +199,19 @@ class Simulation:
             seconds += s
             flops += f
         return seconds, flops
+
+    def _routed_extra_bytes(self, rank: int, step: int, task: Task) -> float:
+        """Activations of the routed rows this rank's experts got, beyond the balanced tokens x top_k that
+        the stage plan counts (negative when it got fewer): skewed routing skews memory too."""
+        ep_index = self.mesh.coords(rank)["ep"]
+        group_first = self.mesh.group(rank, "ep")[0]
+        extra = 0.0
+        for op in task.ops:
+            if op.startswith("experts:"):
+                layer = int(op.rpartition(":")[2])
+                rows = sum(self.experts.dispatch(step, layer, task.microbatch, group_first).expert_rows[ep_index])
+                extra += (rows - self.tokens * self.model.top_k) * routed_row_bytes(self.model)
+        return extra
 
     # ---- collectives ---------------------------------------------------------------------------
     def _groups_of_lane(self, lane: tuple[int, ...], axis: str) -> list:

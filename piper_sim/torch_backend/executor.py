@@ -120,7 +120,8 @@ class Executor:
         Name order keeps the gradient all-reduce buffers aligned across ranks after experts move.
         """
         named = sorted((n, p) for m in self.modules for n, p in m.named_parameters())
-        self._param_ids = {id(p) for _, p in named}
+        # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
+        self._param_storages = {p.untyped_storage().data_ptr() for _, p in named}
         self.expert_params = [p for n, p in named if ".experts." in n]
         self.dense_params = [p for n, p in named if ".experts." not in n]
         old = self.optimizer.state
@@ -219,8 +220,8 @@ class Executor:
         saved: dict[int, int] = {}
 
         def pack(t: Tensor) -> Tensor:
-            if id(t) not in self._param_ids:
-                storage = t.untyped_storage()
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self._param_storages:
                 saved[storage.data_ptr()] = storage.nbytes()
             return t
 

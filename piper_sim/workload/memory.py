@@ -49,24 +49,33 @@ def ffn_inner(width: int, matrices: int) -> int:
     return (3 if matrices == 3 else 2) * width
 
 
+def routed_row_bytes(model: ModelSpec) -> float:
+    """Activations an expert keeps per routed row it computes: the row and the FFN's inner activations."""
+    return (model.d_model + ffn_inner(model.expert_ffn_dim, model.expert_matrices)) * model.dtype_bytes
+
+
 def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *, last: bool,
                      flash_attention: bool = True) -> float:
-    """Activations one micro-batch leaves on a rank between its forward and backward for these layers."""
+    """Activations one micro-batch leaves on a rank between its forward and backward for these layers.
+
+    Routed rows are counted as if balanced (tokens x top_k per rank); the simulator's engine adds the
+    difference for the rows a rank's experts actually get (`routed_row_bytes` each).
+    """
     b, s, d, k = micro_batch_size, model.seq_len, model.d_model, model.top_k
     tokens = b * s
     elements = 0.0  # in the model's dtype
-    fp32_bytes = 0.0
+    other_bytes = 0.0  # fp32 scores, probabilities and logits; routed rows
     for layer in layers:
         elements += 6 * tokens * d + 2 * tokens * d  # attention; the pre-FFN norm
         if not flash_attention:
-            fp32_bytes += 4 * b * model.num_heads * s * s
+            other_bytes += 4 * b * model.num_heads * s * s
         if model.is_moe_layer(layer):
-            elements += tokens * k * (d + ffn_inner(model.expert_ffn_dim, model.expert_matrices) + d)
+            other_bytes += tokens * k * routed_row_bytes(model) + 4 * tokens * model.num_experts
+            elements += tokens * k * d  # combine
             elements += tokens * model.num_shared_experts * ffn_inner(model.shared_ffn_dim, model.expert_matrices)
-            fp32_bytes += 4 * tokens * model.num_experts
         else:
             elements += tokens * ffn_inner(model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count)
     if last:
         elements += 2 * tokens * d
-        fp32_bytes += 4 * tokens * model.vocab_size
-    return elements * model.dtype_bytes + fp32_bytes
+        other_bytes += 4 * tokens * model.vocab_size
+    return elements * model.dtype_bytes + other_bytes
