@@ -259,3 +259,13 @@ def test_activation_formula_matches_the_tensors_autograd_saves(spec):
     fp32 = dataclasses.replace(spec, dtype="fp32")  # the reference model runs float32
     predicted = activation_bytes(fp32, tuple(range(spec.num_layers)), batch, last=True)
     assert predicted <= sum(saved.values()) <= 1.06 * predicted
+
+
+@pytest.mark.parametrize("spec", [SPEC_A, SPEC_B], ids=["A", "B"])
+def test_parameter_tensor_count_matches_the_model(spec):
+    """The optimizer's per-tensor cost is charged per parameter tensor the memory model counts."""
+    from piper_sim.workload.memory import rank_param_tensors
+
+    model = ReferenceModel(spec)
+    layers = tuple(range(spec.num_layers))
+    assert len(list(model.parameters())) == rank_param_tensors(spec, layers, first=True, last=True, ep=1)

@@ -184,7 +184,7 @@ class Simulation:
     def _compute_cost(self, rank: int, stage: int, step: int, i: int, task: Task) -> tuple[float, float]:
         plan = self.plans[stage]
         if task.kind == "optimizer":
-            return self.coster.optimizer_time_s(plan.params_dense + plan.params_expert), 0.0
+            return self.coster.optimizer_time_s(plan.params_dense + plan.params_expert, plan.param_tensors), 0.0
         if not plan.expert_layers[i]:
             return plan.fixed_cost[i]
         ep_index = self.mesh.coords(rank)["ep"]

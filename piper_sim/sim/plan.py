@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from piper_sim.schedule.ir import Schedule, Task
-from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_params
+from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_param_tensors, rank_params
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 
@@ -28,6 +28,7 @@ class StagePlan:
     mem_at_end: list[float]
     params_dense: float
     params_expert: float
+    param_tensors: int
 
     @property
     def static_bytes(self) -> float:
@@ -42,7 +43,8 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         index = {t.task_id: i for i, t in enumerate(program)}
         chunks = [schedule.virtual_stage(p, c) for c in range(schedule.vpp)]
         layers = tuple(layer for v in chunks for layer in schedule.stage_layers[v])
-        params = rank_params(model, layers, first=0 in chunks, last=num_virtual - 1 in chunks, ep=parallel.ep)
+        ends = {"first": 0 in chunks, "last": num_virtual - 1 in chunks, "ep": parallel.ep}
+        params = rank_params(model, layers, **ends)
         act = {c: activation_bytes(model, schedule.stage_layers[v], parallel.micro_batch_size,
                                    last=v == num_virtual - 1, flash_attention=flash_attention)
                for c, v in enumerate(chunks)}
@@ -56,6 +58,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
             fixed_cost=[(0.0, 0.0)] * len(program),
             mem_at_start=mem_start, mem_at_end=mem_end,
             params_dense=params["dense"], params_expert=params["expert"],
+            param_tensors=rank_param_tensors(model, layers, **ends),
         ))
     return plans
 

@@ -66,6 +66,8 @@ class CostProfile:
     framework_s: dict = field(default_factory=dict)
     framework_experts: int = 0
     collective_overheads: dict = field(default_factory=dict)
+    optimizer_fixed_s: float = 0.0  # measured: time = fixed + per_tensor x tensors + per_param x params
+    optimizer_per_tensor_s: float = 0.0
 
     def collective_call_s(self, kind: str, group_size: int) -> float:
         """Host cost of one collective call of this kind and group size (interpolated in group size)."""
@@ -144,6 +146,10 @@ def _measured(measurements: dict) -> dict:
             overheads[kind] = tuple(series)
     if overheads:
         out["collective_overheads"] = overheads
+    optimizer = measurements.get("optimizer") or {}
+    if "per_tensor_us" in optimizer:
+        out.update(optimizer_fixed_s=float(optimizer.get("fixed_us", 0.0)) * 1e-6,
+                   optimizer_per_tensor_s=float(optimizer["per_tensor_us"]) * 1e-6)
     p2p = ((local.get("p2p") or {}).get("pairs_1") or {}).get("fit")
     if p2p:
         out["p2p_overhead_s"] = float(p2p["overhead_us"]) * 1e-6
@@ -195,6 +201,9 @@ class TaskCoster:
             base *= active / max(self.profile.framework_experts, 1)
         return base
 
-    def optimizer_time_s(self, num_params: float) -> float:
-        return num_params * self.profile.optimizer_bytes_per_param / (
-            self.profile.hbm_bytes_per_s * self.profile.memory_efficiency)
+    def optimizer_time_s(self, num_params: float, num_tensors: int) -> float:
+        """Adam over a rank's parameters: the fixed and per-tensor costs calibrate measured (the update
+        runs tensor by tensor), plus the per-parameter traffic."""
+        p = self.profile
+        traffic = num_params * p.optimizer_bytes_per_param / (p.hbm_bytes_per_s * p.memory_efficiency)
+        return p.optimizer_fixed_s + p.optimizer_per_tensor_s * num_tensors + traffic

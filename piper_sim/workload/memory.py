@@ -43,6 +43,23 @@ def rank_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last:
     return {"dense": dense, "expert": expert}
 
 
+def rank_param_tensors(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int) -> int:
+    """Parameter tensors one rank holds (the optimizer pays a cost per tensor): per layer two norms, the
+    attention projections (q, k, v, o; MLA: its down/up projections and their norms), the router, the
+    rank's routed experts and the shared experts (one tensor per matrix) or the dense FFN's matrices;
+    the embedding on the first stage, the final norm and the head (unless tied to it) on the last."""
+    m = model.mla
+    attention = 4 if m is None else (6 if m.q_lora_rank else 4) + (2 if m.q_lora_rank else 1)
+    count = (1 if first else 0) + ((2 if not (model.tie_embeddings and first) else 1) if last else 0)
+    for layer in layers:
+        count += 2 + attention
+        if model.is_moe_layer(layer):
+            count += 1 + (model.num_experts // ep + model.num_shared_experts) * model.expert_matrices
+        else:
+            count += model.dense_matrix_count
+    return count
+
+
 def ffn_inner(width: int, matrices: int) -> int:
     """Activations per row an FFN keeps besides its input: SwiGLU (3 matrices) a, b and silu(a) * b;
     GELU (2 matrices) a and gelu(a)."""
