@@ -144,10 +144,10 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
             log(f"[{done + 1}/{total}] {nodes} nodes ({n} GPUs), {alg}: routing and lumping ...")
             splits, phases = split_phases(ALL_TO_ALL.get(alg)(np.full((n, n), per_pair[0]), gpus, topo))
             msgs = messages_per_gpu(phases, n)
-            try:
+            try:  # the split-size exchange first, so that its prepared flows are gone before the data's
+                splits_s = _split_exchange_s(spec, splits, alg, gpus, topo)
                 prep = prepare(phases, gpus, topo, symmetric=alg in HOST_EQUIVARIANT, lump_flows=spec.lump,
                                spread=spec.valiant == "spread", max_sub_flows=spec.max_flows)
-                splits_s = _split_exchange_s(spec, splits, alg, gpus, topo)
             except TooManyFlows as exc:
                 for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
                     done += 1
