@@ -122,6 +122,8 @@ class Executor:
         named = sorted((n, p) for m in self.modules for n, p in m.named_parameters())
         # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
         self._param_storages = {p.untyped_storage().data_ptr() for _, p in named}
+        # parameters, their gradients and Adam's two moments: the training state of the rank
+        self._static_bytes = 4.0 * sum(p.numel() * p.element_size() for _, p in named)
         self.expert_params = [p for n, p in named if ".experts." in n]
         self.dense_params = [p for n, p in named if ".experts." not in n]
         old = self.optimizer.state
@@ -239,13 +241,9 @@ class Executor:
         seg.flops = flops
         seg.saved_bytes = float(sum(saved.values()))
         self._live_activation_bytes += seg.saved_bytes
-        self.peak_tensor_bytes = max(self.peak_tensor_bytes, self._static_bytes() + self._live_activation_bytes)
+        self.peak_tensor_bytes = max(self.peak_tensor_bytes, self._static_bytes + self._live_activation_bytes)
         ms.segments.append(seg)
         return flops
-
-    def _static_bytes(self) -> float:
-        """Parameters, their gradients and Adam's two moments (the training state of the rank)."""
-        return 4.0 * sum(p.numel() * p.element_size() for m in self.modules for p in m.parameters())
 
     def _op_flops(self, op: str, state: State) -> float:
         tokens = self.model.seq_len * (state["h"].shape[0] if "h" in state and state["h"].dim() == 3 else 1)
