@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from piper_sim.collectives.algorithms import (ALL_REDUCE, ALL_TO_ALL, Phase, a2a_flat, all_reduce_ring, matrix_phase,
-                                              split_exchange)
+from piper_sim.collectives.algorithms import (
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    Phase,
+    a2a_flat,
+    all_reduce_ring,
+    matrix_phase,
+    split_exchange,
+)
 from piper_sim.topology.graph import Topology
 
 

@@ -39,8 +39,8 @@ SATURATED = 0.9  # a link busy at least this fraction of the collective counts a
 STUDY_COLUMNS = [
     "nodes", "gpus", "size", "size_per", "bytes_per_pair", "bytes_per_gpu", "algorithm", "routing", "valiant",
     "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "busiest_link", "busiest_link_kind",
-    "busiest_utilization", "saturated_kinds", "split_exchange_s", "messages_per_gpu", "serial_overhead_s", "pairs", "network_flows",
-    "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s", "note",
+    "busiest_utilization", "saturated_kinds", "split_exchange_s", "messages_per_gpu", "serial_overhead_s", "pairs",
+    "network_flows", "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s", "note",
 ]
 KIND_COLUMNS = ["nodes", "size", "algorithm", "link_kind", "links_used", "bytes", "mean_utilization",
                 "max_utilization", "saturated_links"]
@@ -184,7 +184,8 @@ def _row(spec: StudySpec, topo: Topology, nodes: int, label: str, pair_bytes: fl
     return {"nodes": nodes, "gpus": n, "size": label, "size_per": spec.size_per, "bytes_per_pair": pair_bytes,
             "bytes_per_gpu": n * pair_bytes, "algorithm": alg, "routing": routing,
             "valiant": spec.valiant if routing in ("valiant", "adaptive") else "", "time_s": time_s,
-            "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * (n - 1) / n, **busiest, "split_exchange_s": splits_s,
+            "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * (n - 1) / n, **busiest,
+            "split_exchange_s": splits_s,
             "messages_per_gpu": msgs, "serial_overhead_s": msgs * topo.params.message_overhead_s,
             "pairs": prep.num_pairs, "network_flows": prep.num_sub_flows,
             "simulated_flows": prep.lumped.num_flow_classes, "simulated_links": prep.lumped.num_link_classes,
