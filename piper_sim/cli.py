@@ -134,6 +134,8 @@ def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None 
     report.update(backend="torch", device="cuda" if _cuda() else "cpu", losses=losses, run_wall_s=wall,
                   peak_memory_kind="tensor accounting: params, grads, Adam moments, autograd-saved activations",
                   peak_rss_bytes=per_stage_max("peak_rss_bytes"), mfu_peak_profile=profile.name, testbed=testbed)
+    if all(m.get("peak_device_bytes") is not None for m in memory):  # on GPUs: torch.cuda.max_memory_allocated
+        report.update(peak_device_memory_bytes=per_stage_max("peak_device_bytes"))
     write_run(out, resolved_config=cfg.resolved(), report=report, trace=trace, trace_format=cfg.trace_format,
               title=f"{cfg.model.name} {cfg.schedule} pp{par.pp} ep{par.ep} (measured)")
     return report

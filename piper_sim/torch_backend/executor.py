@@ -79,11 +79,14 @@ class Executor:
 
     def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
                  all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
-                 dtype: torch.dtype = torch.float32, migration: dict | None = None) -> None:
+                 dtype: torch.dtype = torch.float32, migration: dict | None = None,
+                 device: torch.device | str = "cpu") -> None:
         if schedule.vpp > 1 and schedule.pp == 1:
             raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
         self.schedule, self.model, self.rank = schedule, model, rank
         self.micro_batch_size = micro_batch_size
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"  # kernels are asynchronous: task ends wait for the device
         self.mesh = schedule.mesh
         self.coords = self.mesh.coords(rank)
         self.stage = self.mesh.stage_of(rank)
@@ -95,7 +98,8 @@ class Executor:
             v = schedule.virtual_stage(self.stage, c)
             last = v == self.num_virtual - 1
             self.modules.append(StageModule(model, schedule.stage_layers[v], first=v == 0, last=last,
-                                            ep_rank=self.coords["ep"], ep_size=self.mesh.ep, seed=seed, dtype=dtype))
+                                            ep_rank=self.coords["ep"], ep_size=self.mesh.ep, seed=seed, dtype=dtype,
+                                            device=self.device))
         self.dtype, self.lr = dtype, lr
         self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
         self.pending_optimizer_state: dict = {}
@@ -138,7 +142,8 @@ class Executor:
         for module in self.modules:
             for index, layer in module.layers.items():
                 if getattr(layer, "router", None) is not None:
-                    layer.router.logit_bias = torch.tensor(expert_logit_bias(int(index)), dtype=torch.float32)
+                    layer.router.logit_bias = torch.tensor(expert_logit_bias(int(index)), dtype=torch.float32,
+                                                           device=self.device)
 
     def _prepare_groups(self) -> None:
         ep_group = self.mesh.group(self.rank, "ep")
@@ -162,6 +167,8 @@ class Executor:
             start = time.perf_counter()
             flops, nbytes = self._run(task)
             if task.kind not in ("send", "recv"):
+                if self.cuda:
+                    torch.cuda.synchronize(self.device)
                 self._record(task, start, time.perf_counter(), nbytes, flops)
             self._poll()
         for task_id in list(self.async_ops):
@@ -205,7 +212,7 @@ class Executor:
             replica = self.coords["dp"] * self.mesh.ep + self.coords["ep"]
             state: State = {}
             if v == 0 or v == self.num_virtual - 1:
-                tokens, targets = self.batch_fn(self.step, replica, task.microbatch)
+                tokens, targets = (t.to(self.device) for t in self.batch_fn(self.step, replica, task.microbatch))
                 if v == 0:
                     state["tokens"] = tokens
                 if v == self.num_virtual - 1:
@@ -259,7 +266,7 @@ class Executor:
         if seg.a2a is not None:
             raise PiperError(f"task {task.task_id}: expected a compute segment, found an all-to-all (schedule order)")
         if "loss_scaled" in seg.outputs:
-            ms.pending["loss_scaled"] = torch.ones(())
+            ms.pending["loss_scaled"] = torch.ones((), device=self.device)
         keys = [k for k in seg.outputs if k in ms.pending]
         outputs = [seg.outputs[k] for k in keys]
         grads = [ms.pending.pop(k) for k in keys]
@@ -309,7 +316,7 @@ class Executor:
         grad_key, out_key = ("recv_rows", "send_rows") if forward_dispatch else ("combined_rows", "return_rows")
         grad = ms.pending.pop(grad_key, None)
         if grad is None:
-            grad = torch.zeros(sum(a2a["recv_splits"]), self.model.d_model)
+            grad = torch.zeros(sum(a2a["recv_splits"]), self.model.d_model, device=self.device)
         rows, _ = all_to_all(grad.contiguous(), a2a["recv_splits"], group, self.node_of, self.algorithm)
         ms.pending[out_key] = rows
         return float(rows.numel() * rows.element_size())
@@ -321,7 +328,8 @@ class Executor:
             # expert ids travel as one extra column of the rows (exact in float32 below 2^24): one exchange
             send = torch.cat([state["send_rows"].detach(), state["send_expert_ids"].to(torch.float32).unsqueeze(1)], 1)
             both, recv_splits = all_to_all(send, splits, group, self.node_of, self.algorithm)
-            rows, ids = both[:, :-1].contiguous(), both[:, -1].round().to(torch.int64)
+            rows = both[:, :-1].to(state["send_rows"].dtype).contiguous()  # bf16 rows ride in float32 with the ids
+            ids = both[:, -1].round().to(torch.int64)
             state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids)
             record = {"role": "dispatch", "send_splits": splits, "recv_splits": recv_splits}
             sent = state["send_rows"]
@@ -360,7 +368,7 @@ class Executor:
             buffer = tensor.detach().contiguous()
             work = dist.isend(buffer, dst=peer, tag=_tag(task))
         else:
-            buffer = torch.empty(shape)
+            buffer = torch.empty(shape, device=self.device)
             work = dist.irecv(buffer, src=peer, tag=_tag(task))
         self.async_ops[task.task_id] = (work, start, buffer, task, ms)
 

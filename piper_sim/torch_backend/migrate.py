@@ -53,14 +53,14 @@ class ExpertMigration:
 
     def _loads(self, step: int, routing_rows: list) -> dict[int, np.ndarray]:
         layers = self.migrator.placement.layers
-        mine = torch.zeros(len(layers), self.ex.model.num_experts, dtype=torch.float64)
+        mine = torch.zeros(len(layers), self.ex.model.num_experts, dtype=torch.float64, device=self.ex.device)
         index = {layer: i for i, layer in enumerate(layers)}
         for s, layer, _mb, _source, counts in routing_rows:
             if s == step and layer in index:
-                mine[index[layer]] += torch.tensor(counts, dtype=torch.float64)
+                mine[index[layer]] += torch.tensor(counts, dtype=torch.float64, device=self.ex.device)
         if len(self.stage_group) > 1:
             dist.all_reduce(mine, group=DEFAULT_GROUPS.get(self.stage_group))
-        return {layer: mine[i].numpy() for layer, i in index.items()}
+        return {layer: mine[i].cpu().numpy() for layer, i in index.items()}
 
     def _holder(self, layer: int) -> nn.ModuleDict:
         for module in self.ex.modules:
@@ -94,7 +94,7 @@ class ExpertMigration:
 
     def _template(self) -> FFN:
         m = self.ex.model
-        return FFN(m.d_model, m.expert_ffn_dim, m.expert_matrices, device=None, dtype=self.ex.dtype)
+        return FFN(m.d_model, m.expert_ffn_dim, m.expert_matrices, device=self.ex.device, dtype=self.ex.dtype)
 
     def _state_tensors(self, expert: FFN) -> list[Tensor]:
         """Weights, gradients (zeros when none) and Adam state of one expert, in a fixed order."""
@@ -106,7 +106,8 @@ class ExpertMigration:
             state = self.ex.optimizer.state.get(p, {})
             out += [p.data, p.grad if p.grad is not None else torch.zeros_like(p),
                     state.get("exp_avg", torch.zeros_like(p)), state.get("exp_avg_sq", torch.zeros_like(p)),
-                    torch.as_tensor(state.get("step", torch.zeros(())), dtype=torch.float32).reshape(1)]
+                    torch.as_tensor(state.get("step", torch.zeros(())), dtype=torch.float32,
+                                    device=p.device).reshape(1)]
         return [t.contiguous() for t in out]
 
     def _install(self, expert: FFN, buffers: list[Tensor]) -> None:

@@ -187,8 +187,8 @@ def _shared(stage: StageModule, layer: Layer, layer_index: int, state: State) ->
 def run_local_experts(experts: nn.ModuleDict, rows: Tensor, expert_ids: Tensor, num_experts: int) -> Tensor:
     """Apply each local expert (keyed by global id) to its rows and return outputs in the input order."""
     held = sorted(int(k) for k in experts)
-    local_of = torch.full((num_experts,), -1, dtype=torch.int64)
-    local_of[held] = torch.arange(len(held))
+    local_of = torch.full((num_experts,), -1, dtype=torch.int64, device=expert_ids.device)
+    local_of[held] = torch.arange(len(held), device=expert_ids.device)
     local_ids = local_of[expert_ids]
     if (local_ids < 0).any():
         raise ValueError(f"rows for experts this rank does not hold (holds {held})")

@@ -64,9 +64,15 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     torch.manual_seed(cfg.seed)
     batch_fn = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.dp * par.ep,
                             par.num_microbatches)
+    device, dtype = torch.device("cpu"), torch.float32  # on CPU the backend computes in float32
+    if torch.cuda.is_available():  # one GPU per rank, round-robin over this host's GPUs (nccl), the model's dtype
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.model.dtype, torch.float32)
     executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of,
                         all_to_all_algorithm=cfg.all_to_all, batch_fn=batch_fn,
-                        micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration)
+                        micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration,
+                        device=device, dtype=dtype)
     if spec.capture_grads:
         executor.captured_grads = {}
     bias = router_bias(cfg)
@@ -83,7 +89,9 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         dist.all_reduce(loss)
         losses.append(float(loss))
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    mine = (executor.records, peak_rss, executor.peak_tensor_bytes, executor.routing_rows)
+    # on a GPU: the most the caching allocator held for tensors on the rank's device
+    peak_device = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    mine = (executor.records, peak_rss, executor.peak_tensor_bytes, executor.routing_rows, peak_device)
     if spec.gather:  # multi-node: no shared file system assumed, rank 0 writes every rank's files
         gathered: list = [None] * world_size if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -92,9 +100,10 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         parts = {rank: mine}
     out = Path(spec.out_dir) / "ranks"
     out.mkdir(parents=True, exist_ok=True)
-    for r, (part_rows, rss, tensors, routing) in parts.items():
+    for r, (part_rows, rss, tensors, routing, device_bytes) in parts.items():
         pd.DataFrame(part_rows).to_parquet(out / f"rank{r}.parquet", index=False)
-        (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss, "peak_tensor_bytes": tensors}))
+        (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss, "peak_tensor_bytes": tensors,
+                                                       "peak_device_bytes": device_bytes}))
         (out / f"rank{r}.routing.json").write_text(json.dumps(routing))
     if executor.captured_grads is not None:
         torch.save(executor.captured_grads, out / f"rank{rank}.grads.pt")
@@ -166,7 +175,8 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
     """Run the ranks; returns (trace rows, loss per step, wall seconds, peak memory per rank).
 
     Peak memory per rank: {"peak_tensor_bytes": training state (params, grads, Adam moments) plus the
-    activations autograd keeps, at its highest; "peak_rss_bytes": the process's peak resident size}.
+    activations autograd keeps, at its highest; "peak_rss_bytes": the process's peak resident size;
+    "peak_device_bytes": on a GPU, torch.cuda.max_memory_allocated, else None}.
 
     testbed: the prefix of a running `piper-sim testbed up`; each rank then runs inside its node's
     network namespace and talks over the shaped links. Otherwise ranks are spawned on this machine.
