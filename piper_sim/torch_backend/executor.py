@@ -316,7 +316,7 @@ class Executor:
         grad_key, out_key = ("recv_rows", "send_rows") if forward_dispatch else ("combined_rows", "return_rows")
         grad = ms.pending.pop(grad_key, None)
         if grad is None:
-            grad = torch.zeros(sum(a2a["recv_splits"]), self.model.d_model, device=self.device)
+            grad = torch.zeros(sum(a2a["recv_splits"]), self.model.d_model, device=self.device, dtype=self.dtype)
         rows, _ = all_to_all(grad.contiguous(), a2a["recv_splits"], group, self.node_of, self.algorithm)
         ms.pending[out_key] = rows
         return float(rows.numel() * rows.element_size())
@@ -368,7 +368,7 @@ class Executor:
             buffer = tensor.detach().contiguous()
             work = dist.isend(buffer, dst=peer, tag=_tag(task))
         else:
-            buffer = torch.empty(shape, device=self.device)
+            buffer = torch.empty(shape, device=self.device, dtype=self.dtype)
             work = dist.irecv(buffer, src=peer, tag=_tag(task))
         self.async_ops[task.task_id] = (work, start, buffer, task, ms)
 
