@@ -48,7 +48,7 @@ def predict(topology: str, world: int, size: int, algorithm: str, profile: str) 
 
 def measure(topology: str, sizes: list[int], algorithms: list[str], repeats: int) -> list[dict]:
     from piper_sim.testbed import down, up
-    from piper_sim.torch_backend.process_launch import launch_processes
+    from piper_sim.torch_backend.process_launch import launch_in_namespaces
 
     bed = up(topology, prefix="pstb")
     try:
@@ -56,11 +56,8 @@ def measure(topology: str, sizes: list[int], algorithms: list[str], repeats: int
         node_of = {r: bed.rank(r).host for r in rank_map}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "a2a.json"
-            launch_processes("piper_sim.torch_backend.a2a_timing:time_all_to_all",
-                             (node_of, sizes, algorithms, repeats, str(out)), len(rank_map), Path(tmp),
-                             rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0"} for r in rank_map},
-                             rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _) in rank_map.items()},
-                             master_addr=rank_map[0][1], timeout_s=900)
+            launch_in_namespaces("piper_sim.torch_backend.a2a_timing:time_all_to_all",
+                                 (node_of, sizes, algorithms, repeats, str(out)), rank_map, Path(tmp), timeout_s=900)
             return json.loads(out.read_text())
     finally:
         down("pstb")

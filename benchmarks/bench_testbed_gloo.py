@@ -92,18 +92,15 @@ def measure(topology: str, repeats: int) -> dict:
     import sys
 
     from piper_sim.testbed import down, up
-    from piper_sim.torch_backend.process_launch import launch_processes
+    from piper_sim.torch_backend.process_launch import launch_in_namespaces
 
     bed = up(topology, prefix="pstg")
     try:
         ranks = bed.rank_map()
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "gloo.json"
-            env = {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(Path(__file__).resolve().parent)}
-            launch_processes(f"{Path(__file__).stem}:worker", (repeats, str(out)), len(ranks), Path(tmp),
-                             rank_env={r: env for r in ranks},
-                             rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _) in ranks.items()},
-                             master_addr=ranks[0][1], timeout_s=600)
+            launch_in_namespaces(f"{Path(__file__).stem}:worker", (repeats, str(out)), ranks, Path(tmp),
+                                 timeout_s=600, env={"PYTHONPATH": str(Path(__file__).resolve().parent)})
             print(f"testbed {topology}: {len(ranks)} ranks", file=sys.stderr)
             return json.loads(out.read_text())
     finally:

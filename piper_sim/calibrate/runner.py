@@ -155,7 +155,7 @@ def run_testbed_job(job: CalibrationJob, prefix: str, timeout_s: float) -> list[
     """Communication benchmarks with each rank in its testbed node's namespace; levels 'intra-node'
     (pairs on one node) and 'inter-node' (pairs on different nodes)."""
     from piper_sim.testbed import load
-    from piper_sim.torch_backend.process_launch import launch_processes
+    from piper_sim.torch_backend.process_launch import launch_in_namespaces
 
     bed = load(prefix)
     if bed is None:
@@ -166,11 +166,8 @@ def run_testbed_job(job: CalibrationJob, prefix: str, timeout_s: float) -> list[
     job = CalibrationJob(records_dir=job.records_dir, quick=job.quick, presets=job.presets, compute=False,
                          comm=True, levels=testbed_levels(hosts), tag="testbed",
                          max_message_bytes=TESTBED_MAX_MESSAGE_BYTES)
-    launch_processes("piper_sim.calibrate.runner:worker", (job,), world, Path(job.records_dir) / "testbed-logs",
-                     master_addr=rank_map[0][1], timeout_s=timeout_s,
-                     rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": str(threads_per_rank(world))}
-                               for r in range(world)},
-                     rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _ip) in rank_map.items()})
+    launch_in_namespaces("piper_sim.calibrate.runner:worker", (job,), rank_map, Path(job.records_dir) / "testbed-logs",
+                         timeout_s=timeout_s, env={"OMP_NUM_THREADS": str(threads_per_rank(world))})
     return read_records(Path(job.records_dir), job.tag, world)
 
 

@@ -49,6 +49,15 @@ def launch_processes(target: str, args: tuple, world: int, out_dir: Path, *, ran
                 proc.wait()
 
 
+def launch_in_namespaces(target: str, args: tuple, rank_map: dict[int, tuple[str, str]], out_dir: Path, *,
+                         timeout_s: float, env: dict[str, str] | None = None) -> None:
+    """Run target on one process per testbed rank, each inside its node's network namespace, gloo over the
+    node's eth0. rank_map: rank -> (namespace, ip), as `Testbed.rank_map` gives it; env: added to every rank's."""
+    launch_processes(target, args, len(rank_map), out_dir, timeout_s=timeout_s, master_addr=rank_map[0][1],
+                     rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0", **(env or {})} for r in rank_map},
+                     rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _ip) in rank_map.items()})
+
+
 def _watch(procs: list[subprocess.Popen], logs: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -229,7 +229,7 @@ def _launch_local(spec: RunSpec, world: int, timeout_s: float) -> None:
 def _launch_in_testbed(spec: RunSpec, world: int, out_dir: Path, prefix: str, timeout_s: float) -> None:
     from piper_sim.testbed import load
 
-    from .process_launch import launch_processes
+    from .process_launch import launch_in_namespaces
 
     bed = load(prefix)
     if bed is None:
@@ -242,10 +242,7 @@ def _launch_in_testbed(spec: RunSpec, world: int, out_dir: Path, prefix: str, ti
     if placed != hosts:
         raise PiperError(f"--testbed {prefix}: the config places ranks on nodes {placed}, the testbed on {hosts}; "
                          "use the testbed's topology file and contiguous placement")
-    launch_processes("piper_sim.torch_backend.run:worker", (spec,), world, Path(out_dir),
-                     master_addr=rank_map[0][1], timeout_s=timeout_s,
-                     rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0"} for r in range(world)},
-                     rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _ip) in rank_map.items()})
+    launch_in_namespaces("piper_sim.torch_backend.run:worker", (spec,), rank_map, Path(out_dir), timeout_s=timeout_s)
 
 
 def _which_rank(exc: Exception) -> str:
