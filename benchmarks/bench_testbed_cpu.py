@@ -3,7 +3,8 @@
     python benchmarks/bench_testbed_cpu.py flat-zb-pp4ep2-flat [--steps 30]
 
 Runs the case's config for --steps steps on its testbed (prefix pstc) and samples the rank processes'
-CPU time (user + system, all threads, from /proc/PID/stat) every 0.25 s. Prints the CPU seconds the
+CPU time (user + system per thread, from /proc/PID/task/TID/stat), the delay line's and every other
+process's every 0.25 s. Prints the CPU seconds the
 ranks used per wall second over the last two thirds of the run (at most the machine's cores) and per
 rank per step, to compare with the compute and collective host time the simulator charges (reported by
 `piper-sim simulate` on the same config). Used by validation/README.md ("Known gaps").
@@ -25,21 +26,34 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def rank_cpu_s() -> tuple[float, int]:
-    """(CPU seconds used so far by all rank processes, how many there are)."""
-    total, count = 0, 0
+def _ticks(stat: Path) -> int:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+
+
+def cpu_by_part() -> tuple[dict[str, float], int]:
+    """(CPU seconds used so far by part: rank main threads, other rank threads by name, the delay line,
+    every other process; how many rank processes there are)."""
+    parts: dict[str, float] = {}
+    ranks = 0
+    tick = os.sysconf("SC_CLK_TCK")
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if b"torch_backend.rank_main" not in (proc / "cmdline").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes()
+            if b"torch_backend.rank_main" in cmdline:
+                ranks += 1
+                for task in (proc / "task").iterdir():
+                    kind = "main" if task.name == proc.name else "other"
+                    name = f"rank thread {kind} ({(task / 'comm').read_text().strip()})"
+                    parts[name] = parts.get(name, 0.0) + _ticks(task / "stat") / tick
                 continue
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            name = "delay line" if b"testbed.delayline" in cmdline else "other processes"
+            parts[name] = parts.get(name, 0.0) + _ticks(proc / "stat") / tick
+        except (OSError, IndexError, ValueError):
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
-        count += 1
-    return total / os.sysconf("SC_CLK_TCK"), count
+    return parts, ranks
 
 
 def main() -> None:
@@ -53,12 +67,12 @@ def main() -> None:
     config["sim"]["steps"] = args.steps
     config["topology"] = str((case_dir / config["topology"]).resolve())
     world = config["parallel"]["pp"] * config["parallel"]["ep"] * config["parallel"].get("dp", 1)
-    samples: list[tuple[float, float, int]] = []
+    samples: list[tuple[float, dict[str, float], int]] = []
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            samples.append((time.monotonic(), *rank_cpu_s()))
+            samples.append((time.monotonic(), *cpu_by_part()))
             time.sleep(0.25)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,12 +98,17 @@ def main() -> None:
     wall = time.monotonic() - t0
     alive = [s for s in samples if s[2] == world]
     a, b = alive[len(alive) // 3], alive[-2]
-    rate = (b[1] - a[1]) / (b[0] - a[0])
+    span = b[0] - a[0]
+    used = {k: (b[1].get(k, 0.0) - a[1].get(k, 0.0)) / span for k in b[1]}
+    rate = sum(v for k, v in used.items() if k.startswith("rank thread"))
     print(f"{args.case}: {world} ranks, {args.steps} steps in {wall:.1f} s (incl. start-up), "
           f"steady step {step_s * 1e3:.0f} ms")
     print(f"ranks' CPU seconds per wall second (steady): {rate:.2f} of {os.cpu_count()} cores")
     print(f"CPU per rank per step: {rate * step_s / world * 1e3:.0f} ms")
-
+    print("CPU seconds per wall second by part (steady):")
+    for name, value in sorted(used.items(), key=lambda kv: -kv[1]):
+        if value >= 0.005:
+            print(f"  {name:40s} {value:5.2f}   per rank per step {value * step_s / world * 1e3:6.1f} ms")
 
 if __name__ == "__main__":
     main()

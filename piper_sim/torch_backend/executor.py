@@ -16,6 +16,7 @@ Only piper_sim.torch_backend may import torch.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -234,7 +235,12 @@ class Executor:
                 saved[storage.data_ptr()] = storage.nbytes()
             return t
 
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        # Saved-tensor hooks make forward ops 1.4-2.3x slower on CPU (benchmarks/bench_saved_tensor_hooks.py), so
+        # activations are counted on step 0 only, which validation does not time; later steps keep the
+        # same tensors for the same shapes (routed rows aside) and run without hooks.
+        hooks = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if self.step == 0
+                 else contextlib.nullcontext())
+        with torch.enable_grad(), hooks:
             for op in task.ops:
                 module.run_op(op, ms.state)
                 flops += self._op_flops(op, ms.state)
