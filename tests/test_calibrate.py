@@ -99,8 +99,13 @@ def _synthetic_records(rank_scale: float) -> list[dict]:
         recs.append({"bench": "optimizer", "params": p, "tensors": t, "time_s": (12e-6 * t + 1.5e-9 * p) * rank_scale})
     for op, kernels, views in (("embed", 1, 0), ("attn:0", 43, 31), ("router:0", 22, 6), ("head", 10, 8)):
         for direction, per_op, per_aten in (("fwd", 10e-6, 3e-6), ("bwd", 20e-6, 2e-6)):
-            recs.append({"bench": "framework", "op": op, "pass": direction, "kernels": kernels, "views": views,
-                         "time_s": (per_op + per_aten * (kernels + views)) * rank_scale})
+            for tokens in (8, 256):  # index work grows with the tokens: 0.1 us per token
+                recs.append({"bench": "framework", "op": op, "pass": direction, "kernels": kernels, "views": views,
+                             "tokens": tokens, "time_s": (per_op + per_aten * (kernels + views) + 1e-7 * tokens)
+                             * rank_scale})
+    if rank_scale == 1.0:  # rank 0 only, as the benchmark records it
+        recs += [{"bench": "wake_latency", "competitors": k, "cores": 4, "time_s": t, "median_s": 60e-6,
+                  "window_means_s": [t], "messages": 100} for k, t in ((0, 80e-6), (4, 580e-6), (8, 1080e-6))]
     for size in SIZES:
         recs.append({"bench": "p2p", "level": "local", "pairs": 1, "bytes": size,
                      "time_s": (30e-6 + size / 2e9) * rank_scale})
@@ -121,11 +126,51 @@ def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     assert p2p["overhead_us"] == pytest.approx(30.0, rel=1e-3)
     assert p2p["bandwidth_GBps"] == pytest.approx(2.0, rel=1e-3)
     framework = profile["measurements"]["framework_overhead"]
-    assert (framework["forward"]["per_op_us"], framework["forward"]["per_aten_op_us"]) == pytest.approx((10, 3))
-    assert (framework["backward"]["per_op_us"], framework["backward"]["per_aten_op_us"]) == pytest.approx((20, 2))
+    assert (framework["forward"]["per_op_us"], framework["forward"]["per_aten_op_us"]) == pytest.approx(
+        (10.8, 3), rel=1e-3)  # fitted at the fewest tokens (8: 0.8 us of index work in every op)
+    assert (framework["backward"]["per_op_us"], framework["backward"]["per_aten_op_us"]) == pytest.approx(
+        (20.8, 2), rel=1e-3)
+    router = framework["forward"]["ops"]["router:0"]
+    assert router["tokens"] == [8, 256]
+    assert router["time_us_by_tokens"] == pytest.approx([10 + 3 * 28 + 0.8, 10 + 3 * 28 + 25.6])
+    wake = profile["measurements"]["wake_latency"]
+    assert wake["competitors"] == [0, 4, 8] and wake["extra_us"] == pytest.approx([0, 500, 1000])
     cost = load_profile(profile)
+    assert cost.wake_delay_s(2, 4) == pytest.approx(250e-6)
     assert cost.kernel_launch_s == pytest.approx(2e-6)
     assert cost.hbm_bytes == pytest.approx(8 * 2**30)  # memory per rank
+
+
+def test_framework_cost_follows_the_tokens_net_of_the_micro_models_own_work():
+    from piper_sim.workload.cost import TaskCoster
+    from piper_sim.workload.presets import load_model
+
+    per_rank = [{"rank": r, "machine": MACHINE, "records": _synthetic_records(1.0)} for r in range(2)]
+    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
+                            versions={"torch": "x"}, wall_s=1.0)
+    cost = load_profile(profile)
+    (op, series) = cost.framework_s[("forward", "router")]
+    assert op == "router:0" and [t for t, _ in series] == [8, 256]
+    raw_us = profile["measurements"]["framework_overhead"]["forward"]["ops"]["router:0"]["time_us_by_tokens"]
+    assert all(0 <= net <= raw * 1e-6 for (_, net), raw in zip(series, raw_us, strict=True))
+    model = load_model("tiny-moe")
+    at = {tokens: TaskCoster(model, cost, tokens)._framework_s("forward", "router:0", ())
+          for tokens in (8, 132, 256, 4096)}
+    assert at[132] == pytest.approx((at[8] + at[256]) / 2)  # linear between the measured token counts
+    assert at[4096] == pytest.approx(at[256])  # flat beyond them
+    assert at[256] > at[8]
+
+
+def test_cold_calls_time_each_call_after_flushing_the_caches():
+    from piper_sim.calibrate.sweep import TimingPlan
+    from piper_sim.calibrate.timing import COLD_CALLS_PER_SAMPLE, cold_calls, last_level_cache_bytes
+
+    assert last_level_cache_bytes() >= 1 << 20
+    calls = []
+    plan = TimingPlan(num_samples=2, warmup_calls=1)
+    samples = cold_calls(lambda: calls.append(1), plan)
+    assert len(samples) == 2 * COLD_CALLS_PER_SAMPLE and len(calls) == 1 + 2 * COLD_CALLS_PER_SAMPLE
+    assert all(t >= 0 for t in samples)
 
 
 def test_aggregate_takes_the_median_rank_for_compute_and_the_slowest_for_collectives():
@@ -167,3 +212,8 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     network = raw["measurements"]["network"]["local"]
     assert {"p2p", "all_to_all", "all_reduce"} <= set(network)
     assert network["p2p"]["pairs_1"]["fit"]["bandwidth_GBps"] > 0
+    wake = raw["measurements"]["wake_latency"]
+    assert wake["competitors"][0] == 0 and len(wake["competitors"]) >= 3 and wake["extra_us"][0] == 0
+    assert all(t > 0 for t in wake["one_way_mean_us"])
+    router = raw["measurements"]["framework_overhead"]["forward"]["ops"]["router:0"]
+    assert router["tokens"] == [8, 256, 1024] and all(t > 0 for t in router["time_us_by_tokens"])

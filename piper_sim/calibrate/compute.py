@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from piper_sim.calibrate.sweep import Sweep, TimingPlan
+from piper_sim.calibrate.sweep import MICRO_MODEL, MICRO_SHAPES, Sweep, TimingPlan
 from piper_sim.calibrate.timing import Device, median_s, time_call
 from piper_sim.torch_backend.layers import FFN, RMSNorm
 
@@ -158,20 +158,24 @@ def bench_optimizer(device: Device, sweep: Sweep, progress: Progress) -> list[Re
 
 def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
     """Fixed cost of real model code: each op of a micro MoE (d 8, 4 experts; next to no arithmetic) run
-    with the executor's forward_op / backward_op, with the ATen ops (kernels, views) it dispatched.
-    CPU only (the stage is built on the CPU)."""
-    from piper_sim.calibrate.stage_ops import CHECK_OPS, MICRO_MODEL, measure_op, prepare_stage
+    with the executor's forward_op / backward_op at each of MICRO_SHAPES, with the ATen ops (kernels,
+    views) it dispatched. CPU only (the stage is built on the CPU)."""
+    from piper_sim.calibrate.stage_ops import CHECK_OPS, measure_op, prepare_stage
 
     if device.is_cuda:
         return []
-    _, stage, before = prepare_stage(dict(MICRO_MODEL), micro_batch_size=1)
     out: list[Record] = []
-    for i, op in enumerate(CHECK_OPS):
-        progress(f"framework {i + 1}/{len(CHECK_OPS)}: micro-model {op} forward and backward")
-        m = measure_op(stage, op, before[op], sweep.timing)
-        for direction in ("fwd", "bwd"):
-            out.append({"bench": "framework", "op": op, "pass": direction, "kernels": m[f"{direction}_kernels"],
-                        "views": m[f"{direction}_views"], "time_s": m[f"{direction}_s"]})
+    for j, (seq_len, batch) in enumerate(MICRO_SHAPES):
+        _, stage, before = prepare_stage(dict(MICRO_MODEL, seq_len=seq_len), micro_batch_size=batch)
+        for i, op in enumerate(CHECK_OPS):
+            progress(f"framework {j * len(CHECK_OPS) + i + 1}/{len(CHECK_OPS) * len(MICRO_SHAPES)}: micro-model "
+                     f"{op} forward and backward, {seq_len * batch} tokens")
+            m = measure_op(stage, op, before[op], sweep.timing)
+            for direction in ("fwd", "bwd"):
+                out.append({"bench": "framework", "op": op, "pass": direction, "seq_len": seq_len,
+                            "micro_batch_size": batch, "tokens": seq_len * batch,
+                            "kernels": m[f"{direction}_kernels"], "views": m[f"{direction}_views"],
+                            "time_s": m[f"{direction}_s"]})
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from piper_sim.calibrate import fit
-from piper_sim.calibrate.sweep import TINY_OPS
+from piper_sim.calibrate.sweep import MICRO_MODEL, MICRO_SHAPES, TINY_OPS
 
 MODEL_RANGE_MAX_BYTES = 4 * 2**20  # largest activation tensors of the shipped small presets are ~2 MiB
 DRAM_MIN_BYTES = 16 * 2**20  # beyond per-core caches, and with several ranks beyond a shared L3
@@ -36,7 +36,7 @@ def aggregate(per_rank: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for rank_payload in per_rank:
         for rec in rank_payload["records"]:
-            key = tuple(sorted((k, v) for k, v in rec.items() if k not in ("time_s", "gemm_sum_s")))
+            key = tuple(sorted((k, v) for k, v in rec.items() if k not in ("time_s", "gemm_sum_s", "window_means_s")))
             groups.setdefault(key, []).append(rec)
     out = []
     for recs in groups.values():
@@ -80,21 +80,31 @@ def fit_launch(records: list[dict]) -> tuple[float, dict]:
 
 
 def fit_framework(records: list[dict]) -> dict | None:
-    """Per pass: time = per_op + per_aten_op x (kernels + views), over the micro-model's ops."""
+    """Per pass: each micro-model op's time at each token count, and time = per_op + per_aten_op x (kernels
+    + views) fitted over the ops at the fewest tokens."""
     pts = _select(records, "framework")
     if not pts:
         return None
+    fewest = min(r.get("tokens", 0) for r in pts)
     out: dict = {"model": "time = per_op_us + per_aten_op_us x (ATen kernels + views), micro MoE (d 8, E 4), "
-                          "executor forward_op / backward_op"}
+                          "executor forward_op / backward_op, caches flushed before each call; ops: time_us at "
+                          "the fewest tokens, time_us_by_tokens at each of tokens (seq_len x micro-batch size)",
+                 "micro_model": dict(MICRO_MODEL), "shapes": [list(s) for s in MICRO_SHAPES]}
     for direction, name in (("fwd", "forward"), ("bwd", "backward")):
         sel = [r for r in pts if r["pass"] == direction and r["time_s"] > 0]
         if not sel:
             continue
-        counts = np.array([r["kernels"] + r["views"] for r in sel], dtype=float)
-        coef, rms = fit.fit_nonnegative(np.column_stack([np.ones_like(counts), counts]), [r["time_s"] for r in sel])
+        base = [r for r in sel if r.get("tokens", 0) == fewest]
+        counts = np.array([r["kernels"] + r["views"] for r in base], dtype=float)
+        coef, rms = fit.fit_nonnegative(np.column_stack([np.ones_like(counts), counts]), [r["time_s"] for r in base])
+        ops: dict = {}
+        for r in sorted(sel, key=lambda r: r.get("tokens", 0)):
+            entry = ops.setdefault(r["op"], {"kernels": r["kernels"], "views": r["views"], "time_us": _us(r["time_s"]),
+                                             "tokens": [], "time_us_by_tokens": []})
+            entry["tokens"].append(int(r.get("tokens", 0)))
+            entry["time_us_by_tokens"].append(_us(r["time_s"]))
         out[name] = {"per_op_us": _us(coef[0]), "per_aten_op_us": _us(coef[1]), "rms_relative_error": _r(rms, 3),
-                     "ops": {r["op"]: {"kernels": r["kernels"], "views": r["views"], "time_us": _us(r["time_s"])}
-                             for r in sel}}
+                     "ops": ops}
     return out
 
 
@@ -195,6 +205,21 @@ def network_summary(records: list[dict]) -> dict:
     return out
 
 
+def wake_latency_summary(records: list[dict]) -> dict | None:
+    """Mean one-way time of a blocking message at each number of spinning competitors, and the extra
+    over none (what the simulator charges a blocking call on a host with shared cores)."""
+    pts = sorted(_select(records, "wake_latency"), key=lambda r: r["competitors"])
+    if not pts:
+        return None
+    base = pts[0]["time_s"]
+    return {"model": "a woken rank waits for a core: extra = mean one-way time with K spinning processes on the "
+                     "cores - mean with none (16-byte gloo ping-pong)",
+            "cores": pts[0]["cores"], "competitors": [r["competitors"] for r in pts],
+            "one_way_mean_us": [_us(r["time_s"]) for r in pts], "one_way_median_us": [_us(r["median_s"]) for r in pts],
+            "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
+            "extra_us": [_us(max(r["time_s"] - base, 0.0)) for r in pts]}
+
+
 def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dict] | None, quick: bool,
                   command: str, versions: dict, wall_s: float, load_average_before: list[float] | None = None,
                   foreign_cpu_share: float | None = None) -> dict:
@@ -214,7 +239,8 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
     network = {"local": network_summary(records).get("local", {})}
     if testbed_per_rank:
         network["testbed"] = network_summary(aggregate(testbed_per_rank))
-    spread = [r["rank_spread"] for r in records if r["bench"] not in COMM_BENCHES and r["rank_spread"]]
+    spread = [r["rank_spread"] for r in records
+              if r["bench"] not in (*COMM_BENCHES, "wake_latency") and r["rank_spread"]]
     return {
         "name": name, "device": kind,
         "source": (f"measured by piper-sim calibrate ({'quick' if quick else 'full'} sweep) with {ranks} rank(s) "
@@ -236,7 +262,7 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
                 _r(p["compute_cpu_share"], 3) if "compute_cpu_share" in p else None for p in per_rank],
             "per_op_overhead": tiny, "framework_overhead": fit_framework(records), "gemm": gemm_detail,
             "attention": attn_detail, "memory": memory,
-            "optimizer": opt_detail, "network": network,
+            "optimizer": opt_detail, "network": network, "wake_latency": wake_latency_summary(records),
         },
     }
 

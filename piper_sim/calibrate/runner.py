@@ -25,6 +25,7 @@ from piper_sim.calibrate.compute import run_compute
 from piper_sim.calibrate.profile import build_profile, write_profile
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
 from piper_sim.calibrate.timing import pick_device
+from piper_sim.calibrate.wake import ROUNDS, bench_wake_latency, competitor_levels
 from piper_sim.errors import PiperError
 
 TESTBED_MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB takes ~0.1 s over a 100 Mbit/s emulated NIC
@@ -79,7 +80,8 @@ def _num_comm_items(world: int, sizes: int, levels: dict | None) -> int:
         return 0
     pair_lists = (levels or {"local": [(0, 1)] * (world // 2)}).values()
     p2p = sum(2 if len(p) > 1 else 1 for p in pair_lists) * sizes
-    return p2p + 2 * len(group_sizes(world)) * sizes
+    wake = ROUNDS * len(competitor_levels(os.cpu_count() or 1)) if levels is None else 0
+    return p2p + 2 * len(group_sizes(world)) * sizes + wake
 
 
 def machine_facts(rank: int, world: int) -> dict:
@@ -120,6 +122,8 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     if job.comm:
         records += [dict(r, where=job.tag) for r in
                     run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels, collective_level=job.tag)]
+    if job.comm and job.levels is None and not device.is_cuda:  # a property of this host's scheduler
+        records += bench_wake_latency(rank, world, progress)
     progress.close()
     payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records,
                "compute_cpu_share": cpu_share}

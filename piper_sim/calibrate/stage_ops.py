@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from piper_sim.calibrate.sweep import TimingPlan
-from piper_sim.calibrate.timing import median_s, time_call
+from piper_sim.calibrate.timing import cold_calls, median_s
 
 MICRO_BATCH_SIZE = 2  # examples/tiny-moe.yaml and examples/small-moe.yaml
 # "shared:0" on a model without shared experts runs no tensor op: its time is the executor's fixed
@@ -22,9 +22,6 @@ CHECK_OPS = ("embed", "attn:0", "router:0", "shared:0", "experts:0", "moe_out:0"
 VIEW_OPS = frozenset({"detach", "view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "slice", "expand",
                       "split_with_sizes", "split", "lift_fresh", "alias", "as_strided", "permute", "select",
                       "reshape", "unbind", "_reshape_alias"})
-# A model whose ops do next to no arithmetic: its op times are the framework's fixed costs
-MICRO_MODEL = {"name": "micro-moe", "num_layers": 1, "d_model": 8, "num_heads": 2, "vocab_size": 16, "seq_len": 8,
-               "expert_ffn_dim": 8, "num_experts": 4, "top_k": 2, "expert_matrices": 3, "dtype": "fp32"}
 
 
 class CountOps(TorchDispatchMode):
@@ -68,8 +65,8 @@ def prepare_stage(model: str | dict, seed: int = 0, micro_batch_size: int = MICR
 
 
 def measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:
-    """Forward and backward seconds of one op (backward = forward+backward - forward) and ATen op counts.
-    All ranks must call this together (CPU windows start at a barrier)."""
+    """Forward and backward seconds of one op (backward = forward+backward - forward), each call timed
+    with cold caches (timing.cold_calls), and ATen op counts. All ranks must call this together."""
     from piper_sim.torch_backend.op_autograd import backward_op, forward_op
 
     probe = forward_op(stage, op, dict(state))
@@ -85,8 +82,8 @@ def measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:
         fwd()
     with CountOps() as all_count:
         fwd_bwd()
-    t_fwd = median_s(time_call(fwd, plan, window=True))
-    t_all = median_s(time_call(fwd_bwd, plan, window=True))
+    t_fwd = median_s(cold_calls(fwd, plan))
+    t_all = median_s(cold_calls(fwd_bwd, plan))
     stage.zero_grad(set_to_none=True)
     return {"fwd_s": t_fwd, "bwd_s": max(t_all - t_fwd, 0.0), "fwd_kernels": fwd_count.kernels,
             "fwd_views": fwd_count.views, "bwd_kernels": all_count.kernels - fwd_count.kernels,

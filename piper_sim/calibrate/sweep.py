@@ -14,6 +14,12 @@ from piper_sim.workload.presets import load_model
 DEFAULT_PRESETS = ("tiny-moe", "small-moe")
 KiB = 1024
 TINY_OPS = ("add", "mul", "softmax", "linear")  # kernel_launch_us is the median of these (autograd on)
+# A model whose ops do next to no arithmetic: its op times are the framework's fixed costs. It runs at
+# several (seq_len, micro-batch size) shapes, because index, sort and softmax-type work grows with the
+# tokens even when the arithmetic is negligible: 8, 256 and 1024 tokens.
+MICRO_MODEL = {"name": "micro-moe", "num_layers": 1, "d_model": 8, "num_heads": 2, "vocab_size": 16, "seq_len": 8,
+               "expert_ffn_dim": 8, "num_experts": 4, "top_k": 2, "expert_matrices": 3, "dtype": "fp32"}
+MICRO_SHAPES = ((8, 1), (128, 2), (256, 4))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +75,7 @@ class Sweep:
     def num_compute_items(self) -> int:
         return (len(self.gemm_rows) * len(self.gemm_shapes) + len(self.ffn_rows) * len(self.ffn_shapes) * 2
                 + len(self.attention_seq_lens) * len(self.attention_shapes) + 5 * len(self.elementwise_bytes)
-                + len(self.optimizer_points) + 7)  # + framework ops
+                + len(self.optimizer_points) + 7 * len(MICRO_SHAPES))  # + framework ops
 
 
 def model_gemm_shapes(model: ModelSpec) -> list[GemmShape]:

@@ -11,6 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -117,6 +118,45 @@ def _windows(fn: Callable[[], object], plan: TimingPlan, stride: int) -> list[fl
             if elapsed >= plan.sample_s:
                 break
         samples.append(elapsed / calls)
+    return samples
+
+
+COLD_CALLS_PER_SAMPLE = 6
+_flush_buffer: list[torch.Tensor] = []
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the CPU's largest cache (Linux sysfs), 32 MiB when it cannot be read."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        try:
+            sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (ValueError, KeyError):
+            continue
+    return max(sizes, default=32 << 20)
+
+
+def flush_caches() -> None:
+    """Write a buffer twice the last-level cache, so the next call finds none of its code or data cached."""
+    if not _flush_buffer:
+        _flush_buffer.append(torch.zeros(2 * last_level_cache_bytes() // 4))
+    _flush_buffer[0].add_(1.0)
+
+
+def cold_calls(fn: Callable[[], object], plan: TimingPlan) -> list[float]:
+    """Seconds of single calls of fn, each made after flush_caches(), as ops run inside a training step:
+    the ops before them (and on a shared host the other ranks) have evicted their code and data. All
+    ranks start together (barrier) and flush and call at the same time."""
+    for _ in range(plan.warmup_calls):
+        fn()
+    _barrier()
+    samples = []
+    for _ in range(plan.num_samples * COLD_CALLS_PER_SAMPLE):
+        flush_caches()
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
     return samples
 
 

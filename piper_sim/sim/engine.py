@@ -90,7 +90,7 @@ class Simulation:
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
-        self._host_cost: dict[tuple, float] = {}  # (kind, migrate?, group) -> seconds of host work per call
+        self._num_calls: dict[tuple, int] = {}  # (kind, migrate?, group) -> library calls per collective
         self._lane_groups: dict[tuple[int, str], list] = {}
         self._p2p_gpus: dict[tuple[int, int], tuple[str, ...]] = {}
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
@@ -141,8 +141,10 @@ class Simulation:
             for i, task in enumerate(plan.program):
                 for d in plan.async_deps[i]:
                     ev = self._async_done[(lane_id, step, d)]
-                    if not ev.triggered:
+                    if not ev.triggered:  # blocked on a p2p message: woken when it arrives
                         yield ev
+                        if self.cores:
+                            yield self.env.timeout(self._wake_delay_s(1))
                 memory += plan.mem_at_start[i]
                 if task.kind == "forward_expert":
                     extra = self._routed_extra_bytes(rank, step, task)
@@ -159,11 +161,13 @@ class Simulation:
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
                     start[step, local, i] = self.env.now
+                    group = tuple(self.mesh.group(rank, task.group_axis))
                     if self.cores:  # the calls' host-side work runs on the rank's share of the cores
-                        yield self._compute(lane_id, len(lane),
-                                            self._host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis))))
+                        yield self._compute(lane_id, len(lane), self._host_cost_s(task, group))
                     ev = self._arrive(lane, step, i, task, nbytes[step])
                     yield ev
+                    if self.cores and len(group) > 1:  # each blocking call wakes the rank once
+                        yield self.env.timeout(self._wake_delay_s(self._calls(task, group)))
                     end[step, local, i] = self.env.now
                 else:
                     self._post_p2p(lane, lane_id, stage, local, step, i, task)
@@ -250,22 +254,31 @@ class Simulation:
             events.append(waiting[1])
         return events[0] if len(events) == 1 else self.env.all_of(events)
 
-    def _host_cost_s(self, task: Task, group: tuple[int, ...]) -> float:
-        """Host-side cost of a collective: the profile's per-call cost for the group size, once per library
-        call, and an algorithm makes one call per phase (split-size exchange included), as the torch
-        backend does (one gloo call per phase)."""
+    def _calls(self, task: Task, group: tuple[int, ...]) -> int:
+        """Library calls a collective makes: one per phase (split-size exchange included), as the torch
+        backend does (one gloo call per phase); moving experts is one call."""
         key = (task.kind, task.role == "migrate", group)
-        hit = self._host_cost.get(key)
+        hit = self._num_calls.get(key)
         if hit is None:
             gpus = [self.placement[r] for r in group]
             if task.role == "migrate":
-                calls = 1
+                hit = 1
             elif task.kind == "all_to_all":
-                calls = len(self.a2a(np.ones((len(group), len(group))), gpus, self.topo))
+                hit = len(self.a2a(np.ones((len(group), len(group))), gpus, self.topo))
             else:
-                calls = len(self.all_reduce(1.0, gpus, self.topo))
-            hit = self._host_cost[key] = calls * self.coster.profile.collective_call_s(task.kind, len(group))
+                hit = len(self.all_reduce(1.0, gpus, self.topo))
+            self._num_calls[key] = hit
         return hit
+
+    def _host_cost_s(self, task: Task, group: tuple[int, ...]) -> float:
+        """Host-side cost of a collective: the profile's per-call cost for the group size, once per call."""
+        return self._calls(task, group) * self.coster.profile.collective_call_s(task.kind, len(group))
+
+    def _wake_delay_s(self, wakeups: int) -> float:
+        """A blocked rank woken by a message waits for a core while the other ranks compute on the shared
+        cores: the profile's measured extra wait for that many runnable processes, per wake-up."""
+        runnable = sum(float(fs.weight.sum()) for fs in self.cpu.active)
+        return wakeups * self.coster.profile.wake_delay_s(runnable, self.cores)
 
     def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]

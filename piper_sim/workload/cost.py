@@ -61,11 +61,14 @@ class CostProfile:
     collective_overhead_s: float = 0.0  # host-side cost of one collective call (launch, split exchange)
     p2p_overhead_s: float = 0.0  # host-side cost of posting one send/recv pair
     source: str = ""
-    # measured by calibrate (measurements): fixed framework cost per (pass, op name), and per-call
+    # measured by calibrate (measurements): fixed framework cost per (pass, op name) -> (op, ((tokens,
+    # seconds), ...)) net of the micro model's own arithmetic, and per-call
     # collective overhead by group size {kind: ((group size, seconds), ...)}
     framework_s: dict = field(default_factory=dict)
     framework_experts: int = 0
     collective_overheads: dict = field(default_factory=dict)
+    # measured on CPU hosts: extra wait of a woken blocking call, ((spinning processes per core, seconds), ...)
+    wake_extra: tuple[tuple[float, float], ...] = ()
     optimizer_fixed_s: float = 0.0  # measured: time = fixed + per_tensor x tensors + per_param x params
     optimizer_per_tensor_s: float = 0.0
 
@@ -76,6 +79,14 @@ class CostProfile:
             return self.collective_overhead_s
         sizes, seconds = zip(*table, strict=True)
         return float(np.interp(group_size, sizes, seconds))
+
+    def wake_delay_s(self, runnable: float, cores: int) -> float:
+        """Extra wait of a rank woken by a message while `runnable` other processes compute on `cores`
+        shared cores (interpolated in processes per core; 0 for profiles that did not measure it)."""
+        if not self.wake_extra or cores <= 0:
+            return 0.0
+        per_core, seconds = zip(*self.wake_extra, strict=True)
+        return float(np.interp(runnable / cores, per_core, seconds))
 
     def gemm_time_s(self, gemm: Gemm, dtype_bytes: int) -> float:
         flop_time = gemm.flops / (self.peak_flops_per_s * self.gemm_efficiency(gemm.rows))
@@ -114,7 +125,7 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
             raise ConfigError("cost.profile", str(spec), f"one of {', '.join(names)} or a YAML path")
         raw = yaml.safe_load(path.read_text())
     p = read_params(raw, PROFILE_SCHEMA, "cost.profile.")
-    return CostProfile(
+    profile = CostProfile(
         name=p["name"], device=p["device"], source=p["source"], peak_flops_per_s=p["peak_bf16_flops_per_s"],
         hbm_bytes=p["hbm_bytes"], hbm_bytes_per_s=p["hbm_bandwidth_bytes_per_s"],
         memory_efficiency=p["memory_efficiency"], kernel_launch_s=p["kernel_launch_s"],
@@ -124,6 +135,10 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
         **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
            **_measured(p.get("measurements") or {})},
     )
+    framework = (p.get("measurements") or {}).get("framework_overhead") or {}
+    if profile.framework_s and framework.get("micro_model"):
+        profile = replace(profile, framework_s=_net_of_work(profile, framework))
+    return profile
 
 
 def _measured(measurements: dict) -> dict:
@@ -133,7 +148,9 @@ def _measured(measurements: dict) -> dict:
     table = {}
     for pass_name in ("forward", "backward"):
         for op, entry in ((framework.get(pass_name) or {}).get("ops") or {}).items():
-            table[(pass_name, op.partition(":")[0])] = float(entry["time_us"]) * 1e-6
+            series = tuple(zip(entry.get("tokens") or [0], entry.get("time_us_by_tokens") or [entry["time_us"]],
+                               strict=True))
+            table[(pass_name, op.partition(":")[0])] = (op, tuple((int(t), float(us) * 1e-6) for t, us in series))
     if table:
         match = re.search(r"E (\d+)", str(framework.get("model", "")))
         out.update(framework_s=table, framework_experts=int(match.group(1)) if match else 1)
@@ -150,9 +167,33 @@ def _measured(measurements: dict) -> dict:
     if "per_tensor_us" in optimizer:
         out.update(optimizer_fixed_s=float(optimizer.get("fixed_us", 0.0)) * 1e-6,
                    optimizer_per_tensor_s=float(optimizer["per_tensor_us"]) * 1e-6)
+    wake = measurements.get("wake_latency") or {}
+    if wake.get("extra_us"):
+        cores = float(wake["cores"])
+        out["wake_extra"] = tuple((k / cores, float(us) * 1e-6)
+                                  for k, us in zip(wake["competitors"], wake["extra_us"], strict=True))
     p2p = ((local.get("p2p") or {}).get("pairs_1") or {}).get("fit")
     if p2p:
         out["p2p_overhead_s"] = float(p2p["overhead_us"]) * 1e-6
+    return out
+
+
+def _net_of_work(profile: CostProfile, framework: dict) -> dict:
+    """The framework table less the micro model's own arithmetic as this profile prices it (at d 8 it is
+    small but not nothing: attention at 256 tokens), so that a priced op does not count it twice."""
+    from piper_sim.workload.presets import load_model
+
+    micro = framework["micro_model"]
+    seq_of = {int(seq) * int(batch): int(seq) for seq, batch in framework.get("shapes") or []}
+    out = {}
+    for (pass_name, name), (op, series) in profile.framework_s.items():
+        factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR["backward"]
+        net = []
+        for tokens, seconds in series:
+            model = load_model(dict(micro, seq_len=seq_of.get(tokens, micro["seq_len"])))
+            work = replace(op_work(model, op, tokens), num_kernels=0)
+            net.append((tokens, max(seconds - factor * profile.work_time_s(work, model.dtype_bytes), 0.0)))
+        out[(pass_name, name)] = (op, tuple(net))
     return out
 
 
@@ -191,9 +232,11 @@ class TaskCoster:
         """
         name = op.partition(":")[0]
         pass_name = "forward" if kind.startswith("forward") else "backward"
-        base = self.profile.framework_s.get((pass_name, name))
-        if base is None:
+        entry = self.profile.framework_s.get((pass_name, name))
+        if entry is None:
             return None
+        tokens, seconds = zip(*entry[1], strict=True)  # flat beyond the measured token counts
+        base = float(np.interp(self.tokens, tokens, seconds))
         if kind in ("backward_input", "backward_expert_input", "backward_weight"):
             base *= 0.5
         if name == "experts":
