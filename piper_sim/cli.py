@@ -11,6 +11,9 @@ from pathlib import Path
 
 from piper_sim.errors import PiperError
 
+# activations are counted on step 0 only (docs/torch-backend.md)
+MEASURED_MEMORY_KIND = "tensor accounting on step 0: params, grads, Adam moments, autograd-saved activations"
+
 
 def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
     p.add_argument("config", help="YAML config (DESIGN.md section 3) or a shipped example name")
@@ -132,7 +135,7 @@ def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None 
     report = build_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
                           tokens_per_step=par.sequences_per_step * cfg.model.seq_len, peak_memory_by_stage=peak)
     report.update(backend="torch", device="cuda" if _cuda() else "cpu", losses=losses, run_wall_s=wall,
-                  peak_memory_kind="tensor accounting: params, grads, Adam moments, autograd-saved activations",
+                  peak_memory_kind=MEASURED_MEMORY_KIND,
                   peak_rss_bytes=per_stage_max("peak_rss_bytes"), mfu_peak_profile=profile.name, testbed=testbed)
     if all(m.get("peak_device_bytes") is not None for m in memory):  # on GPUs: torch.cuda.max_memory_allocated
         report.update(peak_device_memory_bytes=per_stage_max("peak_device_bytes"))

@@ -86,6 +86,8 @@ def run_simulation(cfg: Config) -> SimResult:
                           tokens_per_step=par.sequences_per_step * cfg.model.seq_len, peak_memory_by_stage=peak,
                           sim_wall_s=wall)
     report["hbm_bytes"] = profile.hbm_bytes
+    report["peak_memory_bytes_first_step"] = [
+        float(records.first_step_peak_memory_bytes[p * per_stage:(p + 1) * per_stage].max()) for p in range(par.pp)]
     report.update(sim.experts.summary())
     migrate = trace[trace["role"] == "migrate"]
     report["migration"]["time_fraction"] = float(

@@ -82,3 +82,19 @@ def test_same_config_and_seed_give_identical_trace(negligible_comm_config):
     pd.testing.assert_frame_equal(first, second)
     _, other_seed = simulate(dict(raw, sim={"seed": 1}))
     assert not first["end_s"].equals(other_seed["end_s"])
+
+
+def test_first_step_peak_memory_is_step_zeros_own_peak():
+    """The report's step-0 peak (what a run that counts activations on step 0 measures) is the whole run's
+    peak for a one-step run, and never above it when later steps route differently."""
+    from piper_sim.simulate import run_simulation
+
+    raw = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4},
+           "routing": {"kind": "dirichlet"}, "sim": {"steps": 3}}
+    report = run_simulation(load_config(raw)).report
+    assert all(f <= p for f, p in zip(report["peak_memory_bytes_first_step"], report["peak_memory_bytes"],
+                                      strict=True))
+    assert report["peak_memory_bytes_first_step"] != report["peak_memory_bytes"]  # later steps route differently
+    one = run_simulation(load_config({**raw, "sim": {"steps": 1}})).report
+    assert one["peak_memory_bytes_first_step"] == one["peak_memory_bytes"]
+    assert one["peak_memory_bytes_first_step"] == report["peak_memory_bytes_first_step"]

@@ -20,7 +20,7 @@ def case(name, bed, *, schedule="1f1b", pp=2, ep=4, dp=1, vpp=1, a2a="flat", rou
         "model": MODEL, "schedule": schedule, "topology": TOPO[bed], "placement": "contiguous",
         "parallel": {"pp": pp, "ep": ep, "dp": dp, "vpp": vpp, "num_microbatches": 4, "micro_batch_size": 2},
         "collectives": {"all_to_all": a2a, "all_reduce": "ring"},
-        "routing": routing or {"kind": "uniform"}, "sim": {"steps": 3, "seed": 0},
+        "routing": routing or {"kind": "uniform"}, "sim": {"steps": 6, "seed": 0},
     }
     return name, {"description": why, "config": config, "testbed": TOPO[bed],
                   "tolerance": {"step_time": 0.20}, "pair": pair}

@@ -50,6 +50,7 @@ class SimRecords:
     flops: list[np.ndarray]
     bytes: list[np.ndarray]
     peak_memory_bytes: np.ndarray  # per rank
+    first_step_peak_memory_bytes: np.ndarray  # per rank, over step 0 only (what a run that counts it on step 0 sees)
     link_bytes: np.ndarray
     num_flows: int
     num_solves: int
@@ -99,7 +100,8 @@ class Simulation:
             end_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
             flops=[np.zeros(shape(p)) for p in range(self.mesh.pp)],
             bytes=[np.zeros(shape(p)) for p in range(self.mesh.pp)],
-            peak_memory_bytes=np.zeros(self.mesh.num_ranks), link_bytes=self.network.link_bytes,
+            peak_memory_bytes=np.zeros(self.mesh.num_ranks),
+            first_step_peak_memory_bytes=np.zeros(self.mesh.num_ranks), link_bytes=self.network.link_bytes,
             num_flows=0, num_solves=0, num_lanes=len(self.lanes))
 
     # ---- lanes ---------------------------------------------------------------------------------
@@ -174,6 +176,8 @@ class Simulation:
                 memory += plan.mem_at_end[i]
                 if plan.mem_at_end[i] < 0:  # the (chunk, microbatch) releases its activations
                     memory -= routed_extra.pop((task.chunk, task.microbatch), 0.0)
+            if step == 0:
+                rec.first_step_peak_memory_bytes[list(lane)] = peak
         rec.peak_memory_bytes[list(lane)] = peak
 
     # ---- compute -------------------------------------------------------------------------------
