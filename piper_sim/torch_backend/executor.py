@@ -32,6 +32,7 @@ from piper_sim.workload.model import ModelSpec
 
 from .all_to_all import all_to_all, prepare_groups
 from .groups import DEFAULT_GROUPS
+from .layers import DeferredWeightGrads
 from .model import StageModule, State
 
 FORWARD_KINDS = ("forward", "forward_expert")
@@ -45,7 +46,7 @@ class Segment:
 
     inputs: dict[str, Tensor] = field(default_factory=dict)
     outputs: dict[str, Tensor] = field(default_factory=dict)
-    output_grads: dict[str, Tensor] = field(default_factory=dict)  # kept for the weight pass (zero bubble)
+    weight_grads: list = field(default_factory=list)  # deferred by the input pass (zero bubble), for the W pass
     chunk_module: StageModule | None = None
     a2a: dict | None = None  # for all-to-all pieces: role, splits, layer
     flops: float = 0.0  # forward FLOPs of the segment (with the real expert rows)
@@ -93,6 +94,8 @@ class Executor:
         self.stage = self.mesh.stage_of(rank)
         self.node_of, self.algorithm, self.batch_fn = node_of, all_to_all_algorithm, batch_fn
         self.program = schedule.program(rank)
+        # a split backward defers each linear's weight gradient to the W pass (layers.DeferredWeightGrads)
+        DeferredWeightGrads.enabled = any(t.kind in SPLIT_BACKWARD for t in self.program)
         self.num_virtual = schedule.num_virtual_stages
         self.modules: list[StageModule] = []
         for c in range(schedule.vpp):
@@ -277,10 +280,11 @@ class Executor:
         outputs = [seg.outputs[k] for k in keys]
         grads = [ms.pending.pop(k) for k in keys]
         leaves = list(seg.inputs.items())
-        if task.kind in SPLIT_BACKWARD:  # input gradients now, weight gradients in backward_weight
-            seg.output_grads = dict(zip(keys, grads, strict=True))
-            got = torch.autograd.grad(outputs, [leaf for _, leaf in leaves], grads, retain_graph=True,
-                                      allow_unused=True) if outputs and leaves else [None] * len(leaves)
+        if task.kind in SPLIT_BACKWARD:  # input gradients now, the linears' weight gradients in backward_weight
+            with DeferredWeightGrads.collect(seg.weight_grads):
+                if outputs:
+                    torch.autograd.backward(outputs, grads)
+            got = [leaf.grad for _, leaf in leaves]
             ms.done_backward.append(seg)
         else:
             if outputs:
@@ -293,16 +297,12 @@ class Executor:
         return (1.0 if task.kind in SPLIT_BACKWARD else 2.0) * seg.flops
 
     def _weight_pass(self, task: Task) -> float:
+        """ZB-H1's W: the weight gradients the input passes of this microbatch deferred (GEMMs only)."""
         ms = self._micro(task)
         flops = 0.0
         for seg in ms.done_backward:
             flops += seg.flops
-            keys = list(seg.output_grads)
-            if not keys:
-                continue
-            params = [p for p in seg.chunk_module.parameters() if p.requires_grad]
-            torch.autograd.backward([seg.outputs[k] for k in keys], [seg.output_grads[k] for k in keys],
-                                    inputs=params)
+            DeferredWeightGrads.apply(seg.weight_grads)
             self._live_activation_bytes -= seg.saved_bytes
         ms.done_backward.clear()
         return flops

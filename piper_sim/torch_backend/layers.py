@@ -8,6 +8,7 @@ Only piper_sim.torch_backend may import torch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 
@@ -56,6 +57,69 @@ def init_parameters(module: nn.Module, seed: int, num_layers: int) -> None:
 
 def _param(*shape: int, device: torch.device | str | None, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype))
+
+
+class DeferredWeightGrads:
+    """The zero-bubble split of a backward into B (input gradients) and W (weight gradients).
+
+    When the rank's schedule splits its backward (`enabled`), every linear layer runs through
+    LinearFunction. A backward run inside `collect(queue)` then computes input gradients (and the cheap
+    norm and embedding weight gradients) at once and queues each linear's (weight, input, output
+    gradient); `apply(queue)` computes the queued weight gradients later, as ZB-H1's W pass does.
+    Process-wide, like autograd's own state: one executor per rank process.
+    """
+
+    enabled = False
+    collecting: list | None = None
+
+    @staticmethod
+    @contextlib.contextmanager
+    def collect(queue: list):
+        previous, DeferredWeightGrads.collecting = DeferredWeightGrads.collecting, queue
+        try:
+            yield queue
+        finally:
+            DeferredWeightGrads.collecting = previous
+
+    @staticmethod
+    def apply(queue: list) -> None:
+        for weight, x, grad in queue:
+            dw = _weight_grad(x, grad)
+            weight.grad = dw if weight.grad is None else weight.grad + dw
+        queue.clear()
+
+
+def _weight_grad(x: Tensor, grad: Tensor) -> Tensor:
+    return grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+
+
+class LinearFunction(torch.autograd.Function):
+    """y = x W^T whose weight gradient can be deferred (DeferredWeightGrads); saves what F.linear saves."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor) -> Tensor:  # noqa: ANN001
+        ctx.save_for_backward(x, weight)
+        # the parameter object itself: what comes out of the saved tensors may be another tensor object
+        # on its storage (it is under saved-tensor hooks), and the deferred gradient must land on the parameter
+        ctx.param = weight
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:  # noqa: ANN001
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            if DeferredWeightGrads.collecting is not None:
+                DeferredWeightGrads.collecting.append((ctx.param, x, grad))
+            else:
+                grad_w = _weight_grad(x, grad)
+        return grad_x, grad_w
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """F.linear, or LinearFunction when this process's schedule splits the backward."""
+    return LinearFunction.apply(x, weight) if DeferredWeightGrads.enabled else F.linear(x, weight)
 
 
 class RMSNorm(nn.Module):
@@ -118,7 +182,7 @@ class Attention(nn.Module):
     def _heads(self, x: Tensor, weight: Tensor, heads: int) -> Tensor:
         """(batch, seq, heads, head_dim), token-major."""
         b, s, _ = x.shape
-        return F.linear(x, weight).view(b, s, heads, self.head_dim)
+        return linear(x, weight).view(b, s, heads, self.head_dim)
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, _ = x.shape
@@ -129,7 +193,7 @@ class Attention(nn.Module):
             repeat = self.num_heads // self.kv_heads
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return F.linear(out.transpose(1, 2).reshape(b, s, -1), self.wo)
+        return linear(out.transpose(1, 2).reshape(b, s, -1), self.wo)
 
 
 class FFN(nn.Module):
@@ -144,8 +208,8 @@ class FFN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.w3 is None:
-            return F.linear(F.gelu(F.linear(x, self.w1)), self.w2)
-        return F.linear(SwiGLU.apply(F.linear(x, self.w1), F.linear(x, self.w3)), self.w2)
+            return linear(F.gelu(linear(x, self.w1)), self.w2)
+        return linear(SwiGLU.apply(linear(x, self.w1), linear(x, self.w3)), self.w2)
 
 
 class SwiGLU(torch.autograd.Function):
@@ -178,7 +242,7 @@ class Router(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (tokens, d) -> (weights (tokens, k), expert ids (tokens, k))."""
-        logits = F.linear(x, self.weight)
+        logits = linear(x, self.weight)
         bias = getattr(self, "logit_bias", None)  # set by the executor to make the real router skewed
         if bias is not None:
             logits = logits + bias

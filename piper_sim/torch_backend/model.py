@@ -35,7 +35,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 
-from .layers import FFN, Layer, RMSNorm, init_parameters
+from .layers import FFN, Layer, RMSNorm, init_parameters, linear
 
 State = dict[str, Any]
 
@@ -135,7 +135,7 @@ class StageModule(nn.Module):
                              f"first={self.first}, last={self.last})")
 
     def _head(self, h: Tensor, targets: Tensor) -> Tensor:
-        logits = self.head(self.norm(h))
+        logits = linear(self.norm(h), self.head.weight)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 

@@ -215,6 +215,8 @@ class TaskCoster:
         for op in ops:
             work = op_work(self.model, op, self.tokens, expert_rows)
             fixed = self._framework_s(kind, op, expert_rows)
+            if fixed is not None and kind == "backward_weight":  # the deferred weight GEMMs, one launch each
+                fixed = self.profile.kernel_launch_s * sum(g.count for g in work.gemms)
             if fixed is None:
                 seconds += factor * self.profile.work_time_s(work, self.model.dtype_bytes)
             else:  # measured fixed cost of the op's code path, plus its arithmetic without per-kernel launches
@@ -227,8 +229,10 @@ class TaskCoster:
     def _framework_s(self, kind: str, op: str, expert_rows: tuple[int, ...]) -> float | None:
         """Measured fixed cost of this op in this pass, or None when the profile has none.
 
-        Split backward (zero bubble) passes each take half of the backward cost; an experts op scales
-        with the experts that got rows against the number the measurement ran.
+        A split backward (zero bubble) defers only the linears' weight GEMMs (torch backend:
+        layers.DeferredWeightGrads): its input pass runs the whole backward's code path, so it takes the
+        backward's fixed cost, and the weight pass pays one launch per GEMM (TaskCoster.cost). An experts
+        op scales with the experts that got rows against the number the measurement ran.
         """
         name = op.partition(":")[0]
         pass_name = "forward" if kind.startswith("forward") else "backward"
@@ -237,8 +241,6 @@ class TaskCoster:
             return None
         tokens, seconds = zip(*entry[1], strict=True)  # flat beyond the measured token counts
         base = float(np.interp(self.tokens, tokens, seconds))
-        if kind in ("backward_input", "backward_expert_input", "backward_weight"):
-            base *= 0.5
         if name == "experts":
             active = sum(1 for r in expert_rows if r > 0)
             base *= active / max(self.profile.framework_experts, 1)
