@@ -68,6 +68,19 @@ def predict(profile: CostProfile, model_name: str, op: str, tokens: int, expert_
             "launch_s": launch, "num_kernels": work.num_kernels, "dtype_bytes": b}
 
 
+def simulator_s(profile: CostProfile, model_name: str, op: str, tokens: int,
+                expert_rows: tuple[int, ...]) -> tuple[float, float]:
+    """Forward and backward seconds of one op as the simulator prices it (TaskCoster)."""
+    from piper_sim.workload.cost import TaskCoster
+    from piper_sim.workload.presets import load_model
+
+    coster = TaskCoster(load_model(model_name), profile, tokens)
+    expert = op.startswith("experts:")
+    rows = tuple(r for r in expert_rows if r > 0)
+    return (coster.cost("forward_expert" if expert else "forward", (op,), rows)[0],
+            coster.cost("backward_expert" if expert else "backward", (op,), rows)[0])
+
+
 def _measurements(profile_spec: str) -> dict:
     from piper_sim.paths import data_dir
 
@@ -115,7 +128,9 @@ def crosscheck(profile_spec: str, *, presets: tuple[str, ...] = DEFAULT_PRESETS,
         counted_bwd = 2 * work_s + row["bwd_kernels"] * launch + row["bwd_views"] * view_s
         fw_fwd = _framework_s(measurements, "forward", row["fwd_kernels"] + row["fwd_views"])
         fw_bwd = _framework_s(measurements, "backward", row["bwd_kernels"] + row["bwd_views"])
+        sim_fwd, sim_bwd = simulator_s(profile, row["model"], row["op"], row["tokens"], tuple(row["expert_rows"]))
         out.append({**row, "fwd_s": fwd, "bwd_s": bwd, "pred": pred, "view_s": view_s,
+                    "simulator_fwd_s": sim_fwd, "simulator_bwd_s": sim_bwd,
                     "counted_fwd_s": counted_fwd, "counted_bwd_s": counted_bwd,
                     "framework_fwd_s": None if fw_fwd is None else work_s + fw_fwd,
                     "framework_bwd_s": None if fw_bwd is None else 2 * work_s + fw_bwd})
@@ -127,7 +142,8 @@ def _err(pred: float, meas: float) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """Two markdown tables (microseconds): the cost model as it is, and with the counted ATen ops."""
+    """Markdown tables (microseconds): the bare cost model, with the counted ATen ops, with the fitted
+    framework overhead, and as the simulator prices each op."""
     lines = ["As the cost model is (flops.py num_kernels x kernel_launch; backward = 2 x forward):", "",
              "| model | op | measured fwd | predicted fwd | error | parts: gemm+attn / memory / launch "
              "| measured bwd | predicted bwd | error |", "|" + "---|" * 9]
@@ -153,4 +169,11 @@ def format_table(rows: list[dict]) -> str:
             lines.append(f"| {r['model']} | {r['op']} | {r['fwd_s'] * 1e6:.1f} | {r['framework_fwd_s'] * 1e6:.1f} | "
                          f"{_err(r['framework_fwd_s'], r['fwd_s'])} | {r['bwd_s'] * 1e6:.1f} | "
                          f"{r['framework_bwd_s'] * 1e6:.1f} | {_err(r['framework_bwd_s'], r['bwd_s'])} |")
+    lines += ["", "As the simulator prices it (TaskCoster: the profile's framework cost at the op's tokens + work):",
+              "", "| model | op | measured fwd | simulator fwd | error | measured bwd | simulator bwd | error |",
+              "|" + "---|" * 8]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['op']} | {r['fwd_s'] * 1e6:.1f} | {r['simulator_fwd_s'] * 1e6:.1f} | "
+                     f"{_err(r['simulator_fwd_s'], r['fwd_s'])} | {r['bwd_s'] * 1e6:.1f} | "
+                     f"{r['simulator_bwd_s'] * 1e6:.1f} | {_err(r['simulator_bwd_s'], r['bwd_s'])} |")
     return "\n".join(lines)
