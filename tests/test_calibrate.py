@@ -103,6 +103,13 @@ def _synthetic_records(rank_scale: float) -> list[dict]:
                 recs.append({"bench": "framework", "op": op, "pass": direction, "kernels": kernels, "views": views,
                              "tokens": tokens, "time_s": (per_op + per_aten * (kernels + views) + 1e-7 * tokens)
                              * rank_scale})
+    # the experts op (10 ATen ops) with 2, 4 and 8 experts: on the per-op law at 4 experts, 5 us per expert
+    for direction, per_op, per_aten in (("fwd", 10e-6, 3e-6), ("bwd", 20e-6, 2e-6)):
+        for experts in (2, 4, 8):
+            for tokens in (8, 256):
+                recs.append({"bench": "framework", "op": "experts:0", "pass": direction, "kernels": 10, "views": 0,
+                             "tokens": tokens, "num_experts": experts,
+                             "time_s": (per_op + per_aten * 10 + 5e-6 * (experts - 4) + 1e-7 * tokens) * rank_scale})
     if rank_scale == 1.0:  # rank 0 only, as the benchmark records it
         recs += [{"bench": "wake_latency", "competitors": k, "cores": 4, "time_s": t, "median_s": 60e-6,
                   "window_means_s": [t], "messages": 100} for k, t in ((0, 80e-6), (4, 580e-6), (8, 1080e-6))]
@@ -161,6 +168,26 @@ def test_framework_cost_follows_the_tokens_net_of_the_micro_models_own_work():
     assert at[256] > at[8]
 
 
+def test_experts_framework_cost_is_a_fixed_part_plus_a_part_per_expert_with_rows():
+    from piper_sim.workload.cost import TaskCoster
+    from piper_sim.workload.presets import load_model
+
+    per_rank = [{"rank": r, "machine": MACHINE, "records": _synthetic_records(1.0)} for r in range(2)]
+    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
+                            versions={"torch": "x"}, wall_s=1.0)
+    fit = profile["measurements"]["framework_overhead"]["forward"]["ops"]["experts:0"]["by_experts"]
+    assert fit["experts"] == [2, 4, 8]
+    # forward: 10 + 3 x 10 us at 4 experts, 5 us per expert, 0.1 us per token (8 and 256 tokens)
+    assert fit["time_us_by_tokens"] == [pytest.approx([30.8, 55.6]), pytest.approx([40.8, 65.6]),
+                                        pytest.approx([60.8, 85.6])]
+    coster = TaskCoster(load_model("tiny-moe"), load_profile(profile), 8)
+    one, five = (coster._framework_s("forward_expert", "experts:0", (64,) * n + (0,) * (8 - n)) for n in (1, 5))
+    # at 8 tokens: 20.8 us fixed + 5 us per expert with rows (the micro model's own GEMM work, netted out, is
+    # nanoseconds at d 8)
+    assert five - one == pytest.approx(4 * 5e-6, rel=0.02)
+    assert one == pytest.approx(25.8e-6, rel=0.02)
+
+
 def test_cold_calls_time_each_call_after_flushing_the_caches():
     from piper_sim.calibrate.sweep import TimingPlan
     from piper_sim.calibrate.timing import COLD_CALLS_PER_SAMPLE, cold_calls, last_level_cache_bytes
@@ -217,3 +244,5 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     assert all(t > 0 for t in wake["one_way_mean_us"])
     router = raw["measurements"]["framework_overhead"]["forward"]["ops"]["router:0"]
     assert router["tokens"] == [8, 256, 1024] and all(t > 0 for t in router["time_us_by_tokens"])
+    experts = raw["measurements"]["framework_overhead"]["forward"]["ops"]["experts:0"]["by_experts"]
+    assert experts["experts"] == [2, 4, 8] and all(len(t) == 3 for t in experts["time_us_by_tokens"])

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from piper_sim.calibrate.sweep import MICRO_MODEL, MICRO_SHAPES, Sweep, TimingPlan
+from piper_sim.calibrate.sweep import MICRO_EXPERTS, MICRO_MODEL, MICRO_SHAPES, Sweep, TimingPlan
 from piper_sim.calibrate.timing import Device, median_s, time_call
 from piper_sim.torch_backend.layers import FFN, RMSNorm
 
@@ -157,23 +157,30 @@ def bench_optimizer(device: Device, sweep: Sweep, progress: Progress) -> list[Re
 
 
 def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
-    """Fixed cost of real model code: each op of a micro MoE (d 8, 4 experts; next to no arithmetic) run
-    with the executor's forward_op / backward_op at each of MICRO_SHAPES, with the ATen ops (kernels,
-    views) it dispatched. CPU only (the stage is built on the CPU)."""
+    """Fixed cost of real model code: each op of a micro MoE (d 8; next to no arithmetic) run with the
+    executor's forward_op / backward_op at each of MICRO_SHAPES, with the ATen ops (kernels, views) it
+    dispatched; the experts op also with each of MICRO_EXPERTS experts. CPU only (the stage is built on
+    the CPU)."""
     from piper_sim.calibrate.stage_ops import CHECK_OPS, measure_op, prepare_stage
 
     if device.is_cuda:
         return []
+    runs = [(seq_len, batch, experts, CHECK_OPS if experts == MICRO_MODEL["num_experts"] else ("experts:0",))
+            for seq_len, batch in MICRO_SHAPES for experts in MICRO_EXPERTS]
+    total = sum(len(ops) for *_, ops in runs)
     out: list[Record] = []
-    for j, (seq_len, batch) in enumerate(MICRO_SHAPES):
-        _, stage, before = prepare_stage(dict(MICRO_MODEL, seq_len=seq_len), micro_batch_size=batch)
-        for i, op in enumerate(CHECK_OPS):
-            progress(f"framework {j * len(CHECK_OPS) + i + 1}/{len(CHECK_OPS) * len(MICRO_SHAPES)}: micro-model "
-                     f"{op} forward and backward, {seq_len * batch} tokens")
+    done = 0
+    for seq_len, batch, experts, ops in runs:
+        _, stage, before = prepare_stage(dict(MICRO_MODEL, seq_len=seq_len, num_experts=experts),
+                                         micro_batch_size=batch)
+        for op in ops:
+            done += 1
+            progress(f"framework {done}/{total}: micro-model {op} forward and backward, {seq_len * batch} tokens, "
+                     f"{experts} experts")
             m = measure_op(stage, op, before[op], sweep.timing)
             for direction in ("fwd", "bwd"):
                 out.append({"bench": "framework", "op": op, "pass": direction, "seq_len": seq_len,
-                            "micro_batch_size": batch, "tokens": seq_len * batch,
+                            "micro_batch_size": batch, "tokens": seq_len * batch, "num_experts": experts,
                             "kernels": m[f"{direction}_kernels"], "views": m[f"{direction}_views"],
                             "time_s": m[f"{direction}_s"]})
     return out

@@ -82,13 +82,16 @@ def fit_launch(records: list[dict]) -> tuple[float, dict]:
 def fit_framework(records: list[dict]) -> dict | None:
     """Per pass: each micro-model op's time at each token count, and time = per_op + per_aten_op x (kernels
     + views) fitted over the ops at the fewest tokens."""
-    pts = _select(records, "framework")
-    if not pts:
+    every = _select(records, "framework")
+    if not every:
         return None
+    base_experts = MICRO_MODEL["num_experts"]
+    pts = [r for r in every if r.get("num_experts", base_experts) == base_experts]
     fewest = min(r.get("tokens", 0) for r in pts)
     out: dict = {"model": "time = per_op_us + per_aten_op_us x (ATen kernels + views), micro MoE (d 8, E 4), "
                           "executor forward_op / backward_op, caches flushed before each call; ops: time_us at "
-                          "the fewest tokens, time_us_by_tokens at each of tokens (seq_len x micro-batch size)",
+                          "the fewest tokens, time_us_by_tokens at each of tokens (seq_len x micro-batch size); "
+                          "experts:0 by_experts: the same with each number of experts",
                  "micro_model": dict(MICRO_MODEL), "shapes": [list(s) for s in MICRO_SHAPES]}
     for direction, name in (("fwd", "forward"), ("bwd", "backward")):
         sel = [r for r in pts if r["pass"] == direction and r["time_s"] > 0]
@@ -103,6 +106,13 @@ def fit_framework(records: list[dict]) -> dict | None:
                                              "tokens": [], "time_us_by_tokens": []})
             entry["tokens"].append(int(r.get("tokens", 0)))
             entry["time_us_by_tokens"].append(_us(r["time_s"]))
+        by_experts: dict[int, list[float]] = {}
+        for r in sorted((r for r in every if r["pass"] == direction and r["op"].startswith("experts:")),
+                        key=lambda r: r.get("tokens", 0)):
+            by_experts.setdefault(int(r.get("num_experts", base_experts)), []).append(_us(r["time_s"]))
+        if len(by_experts) > 1 and "experts:0" in ops:
+            counts = sorted(by_experts)
+            ops["experts:0"]["by_experts"] = {"experts": counts, "time_us_by_tokens": [by_experts[e] for e in counts]}
         out[name] = {"per_op_us": _us(coef[0]), "per_aten_op_us": _us(coef[1]), "rms_relative_error": _r(rms, 3),
                      "ops": ops}
     return out

@@ -20,6 +20,9 @@ TINY_OPS = ("add", "mul", "softmax", "linear")  # kernel_launch_us is the median
 MICRO_MODEL = {"name": "micro-moe", "num_layers": 1, "d_model": 8, "num_heads": 2, "vocab_size": 16, "seq_len": 8,
                "expert_ffn_dim": 8, "num_experts": 4, "top_k": 2, "expert_matrices": 3, "dtype": "fp32"}
 MICRO_SHAPES = ((8, 1), (128, 2), (256, 4))
+# the experts op also runs with these numbers of experts: a fixed part (sort, split, gather) and a part
+# per expert (its GEMMs and activation), fitted as a line over them
+MICRO_EXPERTS = (2, 4, 8)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +78,7 @@ class Sweep:
     def num_compute_items(self) -> int:
         return (len(self.gemm_rows) * len(self.gemm_shapes) + len(self.ffn_rows) * len(self.ffn_shapes) * 2
                 + len(self.attention_seq_lens) * len(self.attention_shapes) + 5 * len(self.elementwise_bytes)
-                + len(self.optimizer_points) + 7 * len(MICRO_SHAPES))  # + framework ops
+                + len(self.optimizer_points) + (7 + len(MICRO_EXPERTS) - 1) * len(MICRO_SHAPES))  # + framework
 
 
 def model_gemm_shapes(model: ModelSpec) -> list[GemmShape]:

@@ -66,6 +66,8 @@ class CostProfile:
     # collective overhead by group size {kind: ((group size, seconds), ...)}
     framework_s: dict = field(default_factory=dict)
     framework_experts: int = 0
+    # the experts op at several numbers of experts: {pass: ((experts, ((tokens, seconds), ...)), ...)}
+    framework_by_experts: dict = field(default_factory=dict)
     collective_overheads: dict = field(default_factory=dict)
     # measured on CPU hosts: extra wait of a woken blocking call, ((spinning processes per core, seconds), ...)
     wake_extra: tuple[tuple[float, float], ...] = ()
@@ -137,7 +139,7 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
     )
     framework = (p.get("measurements") or {}).get("framework_overhead") or {}
     if profile.framework_s and framework.get("micro_model"):
-        profile = replace(profile, framework_s=_net_of_work(profile, framework))
+        profile = replace(profile, **_net_of_work(profile, framework))
     return profile
 
 
@@ -153,7 +155,18 @@ def _measured(measurements: dict) -> dict:
             table[(pass_name, op.partition(":")[0])] = (op, tuple((int(t), float(us) * 1e-6) for t, us in series))
     if table:
         match = re.search(r"E (\d+)", str(framework.get("model", "")))
-        out.update(framework_s=table, framework_experts=int(match.group(1)) if match else 1)
+        experts = (framework.get("micro_model") or {}).get("num_experts")
+        out.update(framework_s=table, framework_experts=int(experts or (match.group(1) if match else 1)))
+    by_experts = {}
+    for pass_name in ("forward", "backward"):
+        entry = ((framework.get(pass_name) or {}).get("ops") or {}).get("experts:0") or {}
+        fit = entry.get("by_experts")
+        if fit:
+            by_experts[pass_name] = tuple(
+                (int(e), tuple((int(t), float(us) * 1e-6) for t, us in zip(entry["tokens"], times, strict=True)))
+                for e, times in zip(fit["experts"], fit["time_us_by_tokens"], strict=True))
+    if by_experts:
+        out["framework_by_experts"] = by_experts
     local = (measurements.get("network") or {}).get("local") or {}
     overheads = {}
     for kind in ("all_to_all", "all_reduce"):
@@ -179,22 +192,31 @@ def _measured(measurements: dict) -> dict:
 
 
 def _net_of_work(profile: CostProfile, framework: dict) -> dict:
-    """The framework table less the micro model's own arithmetic as this profile prices it (at d 8 it is
+    """The framework tables less the micro model's own arithmetic as this profile prices it (at d 8 it is
     small but not nothing: attention at 256 tokens), so that a priced op does not count it twice."""
-    from piper_sim.workload.presets import load_model
-
     micro = framework["micro_model"]
     seq_of = {int(seq) * int(batch): int(seq) for seq, batch in framework.get("shapes") or []}
     out = {}
     for (pass_name, name), (op, series) in profile.framework_s.items():
         factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR["backward"]
-        net = []
-        for tokens, seconds in series:
-            model = load_model(dict(micro, seq_len=seq_of.get(tokens, micro["seq_len"])))
-            work = replace(op_work(model, op, tokens), num_kernels=0)
-            net.append((tokens, max(seconds - factor * profile.work_time_s(work, model.dtype_bytes), 0.0)))
+        experts = micro["num_experts"]
+        net = [(tokens, max(seconds - factor * _micro_work_s(profile, micro, seq_of, op, tokens, experts), 0.0))
+               for tokens, seconds in series]
         out[(pass_name, name)] = (op, tuple(net))
-    return out
+    by_experts = {}
+    for pass_name, series_by_e in profile.framework_by_experts.items():
+        factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR["backward"]
+        by_experts[pass_name] = tuple((experts, tuple(
+            (tokens, max(seconds - factor * _micro_work_s(profile, micro, seq_of, "experts:0", tokens, experts), 0.0))
+            for tokens, seconds in series)) for experts, series in series_by_e)
+    return {"framework_s": out, "framework_by_experts": by_experts}
+
+
+def _micro_work_s(profile: CostProfile, micro: dict, seq_of: dict, op: str, tokens: int, experts: int) -> float:
+    from piper_sim.workload.presets import load_model
+
+    model = load_model(dict(micro, seq_len=seq_of.get(tokens, micro["seq_len"]), num_experts=experts))
+    return profile.work_time_s(replace(op_work(model, op, tokens), num_kernels=0), model.dtype_bytes)
 
 
 class TaskCoster:
@@ -232,7 +254,8 @@ class TaskCoster:
         A split backward (zero bubble) defers only the linears' weight GEMMs (torch backend:
         layers.DeferredWeightGrads): its input pass runs the whole backward's code path, so it takes the
         backward's fixed cost, and the weight pass pays one launch per GEMM (TaskCoster.cost). An experts
-        op scales with the experts that got rows against the number the measurement ran.
+        op is a fixed part plus a part per expert that got rows, from the line over the numbers of experts
+        calibrate ran (profiles with one number scale it).
         """
         name = op.partition(":")[0]
         pass_name = "forward" if kind.startswith("forward") else "backward"
@@ -243,7 +266,13 @@ class TaskCoster:
         base = float(np.interp(self.tokens, tokens, seconds))
         if name == "experts":
             active = sum(1 for r in expert_rows if r > 0)
-            base *= active / max(self.profile.framework_experts, 1)
+            by_experts = self.profile.framework_by_experts.get(pass_name)
+            if not by_experts:  # one expert count measured: scale it
+                return base * active / max(self.profile.framework_experts, 1)
+            counts = [e for e, _ in by_experts]
+            at_tokens = [float(np.interp(self.tokens, *zip(*series, strict=True))) for _, series in by_experts]
+            per_expert, fixed = np.polyfit(counts, at_tokens, 1)  # a fixed part and a part per expert
+            return max(float(fixed + per_expert * active), 0.0)
         return base
 
     def optimizer_time_s(self, num_params: float, num_tensors: int) -> float:
