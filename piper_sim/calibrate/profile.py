@@ -217,7 +217,7 @@ def network_summary(records: list[dict]) -> dict:
 
 def wake_latency_summary(records: list[dict]) -> dict | None:
     """Mean one-way time of a blocking message at each number of spinning competitors, and the extra
-    over none (what the simulator charges a blocking call on a host with shared cores)."""
+    over none (recorded; the simulator does not charge it, see calibrate/wake.py)."""
     pts = sorted(_select(records, "wake_latency"), key=lambda r: r["competitors"])
     if not pts:
         return None

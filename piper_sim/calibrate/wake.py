@@ -2,11 +2,13 @@
 
 Owns the benchmark: ranks 0 and 1 ping-pong a 16-byte message over the process group while K
 competitor processes spin on the same cores, for K from 0 to three per core. Every message wakes a
-blocked receiver, which then waits for a core; the mean one-way time less the one at K = 0 is what a
-blocking library call pays for being woken on an oversubscribed host (docs/calibration.md). The mean,
-not the median: most wake-ups are served at once and a few wait for a whole scheduler slice, and the
-slow ones are what a rank's exchanges add up to. Imports torch.
+blocked receiver, which then waits for a core. The profile records the mean and median one-way time at
+each K (`measurements.wake_latency`), a fact about the host's scheduler. The simulator does not use
+it: spinning competitors never block, a rank's competitors block every millisecond, and charged at the
+processor-sharing load it moved predictions the wrong way (validation/README.md, "Known gaps").
+Imports torch.
 """
+
 
 from __future__ import annotations
 

@@ -143,10 +143,8 @@ class Simulation:
             for i, task in enumerate(plan.program):
                 for d in plan.async_deps[i]:
                     ev = self._async_done[(lane_id, step, d)]
-                    if not ev.triggered:  # blocked on a p2p message: woken when it arrives
+                    if not ev.triggered:
                         yield ev
-                        if self.cores:
-                            yield self.env.timeout(self._wake_delay_s(1))
                 memory += plan.mem_at_start[i]
                 if task.kind == "forward_expert":
                     extra = self._routed_extra_bytes(rank, step, task)
@@ -168,8 +166,6 @@ class Simulation:
                         yield self._compute(lane_id, len(lane), self._host_cost_s(task, group))
                     ev = self._arrive(lane, step, i, task, nbytes[step])
                     yield ev
-                    if self.cores and len(group) > 1:  # each blocking call wakes the rank once
-                        yield self.env.timeout(self._wake_delay_s(self._calls(task, group)))
                     end[step, local, i] = self.env.now
                 else:
                     self._post_p2p(lane, lane_id, stage, local, step, i, task)
@@ -277,12 +273,6 @@ class Simulation:
     def _host_cost_s(self, task: Task, group: tuple[int, ...]) -> float:
         """Host-side cost of a collective: the profile's per-call cost for the group size, once per call."""
         return self._calls(task, group) * self.coster.profile.collective_call_s(task.kind, len(group))
-
-    def _wake_delay_s(self, wakeups: int) -> float:
-        """A blocked rank woken by a message waits for a core while the other ranks compute on the shared
-        cores: the profile's measured extra wait for that many runnable processes, per wake-up."""
-        runnable = sum(float(fs.weight.sum()) for fs in self.cpu.active)
-        return wakeups * self.coster.profile.wake_delay_s(runnable, self.cores)
 
     def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]

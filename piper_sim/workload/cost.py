@@ -69,8 +69,6 @@ class CostProfile:
     # the experts op at several numbers of experts: {pass: ((experts, ((tokens, seconds), ...)), ...)}
     framework_by_experts: dict = field(default_factory=dict)
     collective_overheads: dict = field(default_factory=dict)
-    # measured on CPU hosts: extra wait of a woken blocking call, ((spinning processes per core, seconds), ...)
-    wake_extra: tuple[tuple[float, float], ...] = ()
     optimizer_fixed_s: float = 0.0  # measured: time = fixed + per_tensor x tensors + per_param x params
     optimizer_per_tensor_s: float = 0.0
 
@@ -81,14 +79,6 @@ class CostProfile:
             return self.collective_overhead_s
         sizes, seconds = zip(*table, strict=True)
         return float(np.interp(group_size, sizes, seconds))
-
-    def wake_delay_s(self, runnable: float, cores: int) -> float:
-        """Extra wait of a rank woken by a message while `runnable` other processes compute on `cores`
-        shared cores (interpolated in processes per core; 0 for profiles that did not measure it)."""
-        if not self.wake_extra or cores <= 0:
-            return 0.0
-        per_core, seconds = zip(*self.wake_extra, strict=True)
-        return float(np.interp(runnable / cores, per_core, seconds))
 
     def gemm_time_s(self, gemm: Gemm, dtype_bytes: int) -> float:
         flop_time = gemm.flops / (self.peak_flops_per_s * self.gemm_efficiency(gemm.rows))
@@ -180,11 +170,6 @@ def _measured(measurements: dict) -> dict:
     if "per_tensor_us" in optimizer:
         out.update(optimizer_fixed_s=float(optimizer.get("fixed_us", 0.0)) * 1e-6,
                    optimizer_per_tensor_s=float(optimizer["per_tensor_us"]) * 1e-6)
-    wake = measurements.get("wake_latency") or {}
-    if wake.get("extra_us"):
-        cores = float(wake["cores"])
-        out["wake_extra"] = tuple((k / cores, float(us) * 1e-6)
-                                  for k, us in zip(wake["competitors"], wake["extra_us"], strict=True))
     p2p = ((local.get("p2p") or {}).get("pairs_1") or {}).get("fit")
     if p2p:
         out["p2p_overhead_s"] = float(p2p["overhead_us"]) * 1e-6
