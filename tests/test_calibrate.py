@@ -100,9 +100,13 @@ def _synthetic_records(rank_scale: float) -> list[dict]:
     for op, kernels, views in (("embed", 1, 0), ("attn:0", 43, 31), ("router:0", 22, 6), ("head", 10, 8)):
         for direction, per_op, per_aten in (("fwd", 10e-6, 3e-6), ("bwd", 20e-6, 2e-6)):
             for tokens in (8, 256):  # index work grows with the tokens: 0.1 us per token
+                t = (per_op + per_aten * (kernels + views) + 1e-7 * tokens) * rank_scale
                 recs.append({"bench": "framework", "op": op, "pass": direction, "kernels": kernels, "views": views,
-                             "tokens": tokens, "time_s": (per_op + per_aten * (kernels + views) + 1e-7 * tokens)
-                             * rank_scale})
+                             "tokens": tokens, "time_s": t})
+                if direction == "bwd":  # the zero-bubble split: 90% in the input pass, 20% in the weight pass
+                    recs += [{"bench": "framework", "op": op, "pass": split, "kernels": 0, "views": 0,
+                              "tokens": tokens, "time_s": share * t}
+                             for split, share in (("bwd_input", 0.9), ("bwd_weight", 0.2))]
     # the experts op (10 ATen ops) with 2, 4 and 8 experts: on the per-op law at 4 experts, 5 us per expert
     for direction, per_op, per_aten in (("fwd", 10e-6, 3e-6), ("bwd", 20e-6, 2e-6)):
         for experts in (2, 4, 8):
@@ -185,6 +189,25 @@ def test_experts_framework_cost_is_a_fixed_part_plus_a_part_per_expert_with_rows
     # nanoseconds at d 8)
     assert five - one == pytest.approx(4 * 5e-6, rel=0.02)
     assert one == pytest.approx(25.8e-6, rel=0.02)
+
+
+def test_split_backward_passes_take_their_measured_share_of_the_backward():
+    from piper_sim.workload.cost import TaskCoster
+    from piper_sim.workload.presets import load_model
+
+    per_rank = [{"rank": r, "machine": MACHINE, "records": _synthetic_records(1.0)} for r in range(2)]
+    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
+                            versions={"torch": "x"}, wall_s=1.0)
+    attn = profile["measurements"]["framework_overhead"]["backward"]["ops"]["attn:0"]
+    assert attn["input_pass_us_by_tokens"] == pytest.approx([0.9 * t for t in attn["time_us_by_tokens"]], abs=0.1)
+    coster = TaskCoster(load_model("tiny-moe"), load_profile(profile), 100)
+    fused = coster._framework_s("backward", "attn:0", ())
+    assert coster._framework_s("backward_input", "attn:0", ()) == pytest.approx(0.9 * fused, rel=1e-3)
+    assert coster._framework_s("backward_weight", "attn:0", ()) == pytest.approx(0.2 * fused, rel=1e-3)
+    # an op without a measured split (experts here): the input pass takes all, the weight pass its GEMMs
+    rows = (64,) * 8
+    assert coster._framework_s("backward_expert_input", "experts:0", rows) == pytest.approx(
+        coster._framework_s("backward_expert", "experts:0", rows))
 
 
 def test_cold_calls_time_each_call_after_flushing_the_caches():

@@ -178,11 +178,11 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
             progress(f"framework {done}/{total}: micro-model {op} forward and backward, {seq_len * batch} tokens, "
                      f"{experts} experts")
             m = measure_op(stage, op, before[op], sweep.timing)
-            for direction in ("fwd", "bwd"):
+            for direction in ("fwd", "bwd", "bwd_input", "bwd_weight"):  # the last two: the zero-bubble split
+                counts = m.get(f"{direction}_kernels", 0), m.get(f"{direction}_views", 0)
                 out.append({"bench": "framework", "op": op, "pass": direction, "seq_len": seq_len,
                             "micro_batch_size": batch, "tokens": seq_len * batch, "num_experts": experts,
-                            "kernels": m[f"{direction}_kernels"], "views": m[f"{direction}_views"],
-                            "time_s": m[f"{direction}_s"]})
+                            "kernels": counts[0], "views": counts[1], "time_s": m[f"{direction}_s"]})
     return out
 
 

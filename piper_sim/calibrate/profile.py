@@ -91,7 +91,8 @@ def fit_framework(records: list[dict]) -> dict | None:
     out: dict = {"model": "time = per_op_us + per_aten_op_us x (ATen kernels + views), micro MoE (d 8, E 4), "
                           "executor forward_op / backward_op, caches flushed before each call; ops: time_us at "
                           "the fewest tokens, time_us_by_tokens at each of tokens (seq_len x micro-batch size); "
-                          "experts:0 by_experts: the same with each number of experts",
+                          "experts:0 by_experts: the same with each number of experts; backward ops: "
+                          "input_pass / weight_pass: the zero-bubble split of the backward",
                  "micro_model": dict(MICRO_MODEL), "shapes": [list(s) for s in MICRO_SHAPES]}
     for direction, name in (("fwd", "forward"), ("bwd", "backward")):
         sel = [r for r in pts if r["pass"] == direction and r["time_s"] > 0]
@@ -113,6 +114,11 @@ def fit_framework(records: list[dict]) -> dict | None:
         if len(by_experts) > 1 and "experts:0" in ops:
             counts = sorted(by_experts)
             ops["experts:0"]["by_experts"] = {"experts": counts, "time_us_by_tokens": [by_experts[e] for e in counts]}
+        if direction == "bwd":  # the zero-bubble split of each op's backward, at each token count
+            for split, key in (("bwd_input", "input_pass_us_by_tokens"), ("bwd_weight", "weight_pass_us_by_tokens")):
+                for r in sorted((r for r in pts if r["pass"] == split), key=lambda r: r.get("tokens", 0)):
+                    if r["op"] in ops:
+                        ops[r["op"]].setdefault(key, []).append(_us(r["time_s"]))
         out[name] = {"per_op_us": _us(coef[0]), "per_aten_op_us": _us(coef[1]), "rms_relative_error": _r(rms, 3),
                      "ops": ops}
     return out

@@ -84,7 +84,37 @@ def measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:
         fwd_bwd()
     t_fwd = median_s(cold_calls(fwd, plan))
     t_all = median_s(cold_calls(fwd_bwd, plan))
+    split = _measure_split(stage, op, state, seeds, plan)
     stage.zero_grad(set_to_none=True)
     return {"fwd_s": t_fwd, "bwd_s": max(t_all - t_fwd, 0.0), "fwd_kernels": fwd_count.kernels,
             "fwd_views": fwd_count.views, "bwd_kernels": all_count.kernels - fwd_count.kernels,
-            "bwd_views": all_count.views - fwd_count.views}
+            "bwd_views": all_count.views - fwd_count.views, **split}
+
+
+def _measure_split(stage, op: str, state: dict, seeds: dict, plan: TimingPlan) -> dict:
+    """The zero-bubble split of the op's backward as the executor runs it: the input pass (backward with
+    the linears' weight gradients deferred) and the weight pass (the deferred GEMMs), each cold."""
+    from piper_sim.torch_backend.layers import DeferredWeightGrads
+    from piper_sim.torch_backend.op_autograd import forward_op
+
+    queue: list = []
+
+    def fwd() -> object:
+        return forward_op(stage, op, dict(state))
+
+    def fwd_input() -> None:
+        record = fwd()
+        outputs = [record.outputs[k] for k in seeds if k in record.outputs]
+        with DeferredWeightGrads.collect(queue):
+            if outputs:
+                torch.autograd.backward(outputs, [seeds[k] for k in seeds if k in record.outputs])
+
+    previous, DeferredWeightGrads.enabled = DeferredWeightGrads.enabled, True
+    try:
+        t_fwd = median_s(cold_calls(fwd, plan))
+        t_input = median_s(cold_calls(fwd_input, plan, setup=queue.clear))
+        t_weight = median_s(cold_calls(lambda: DeferredWeightGrads.apply(queue), plan, setup=fwd_input))
+    finally:
+        DeferredWeightGrads.enabled = previous
+        queue.clear()
+    return {"bwd_input_s": max(t_input - t_fwd, 0.0), "bwd_weight_s": t_weight}

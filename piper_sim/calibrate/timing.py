@@ -144,15 +144,19 @@ def flush_caches() -> None:
     _flush_buffer[0].add_(1.0)
 
 
-def cold_calls(fn: Callable[[], object], plan: TimingPlan) -> list[float]:
+def cold_calls(fn: Callable[[], object], plan: TimingPlan,
+               setup: Callable[[], object] = lambda: None) -> list[float]:
     """Seconds of single calls of fn, each made after flush_caches(), as ops run inside a training step:
     the ops before them (and on a shared host the other ranks) have evicted their code and data. All
-    ranks start together (barrier) and flush and call at the same time."""
+    ranks start together (barrier) and flush and call at the same time. setup runs before each call's
+    flush, untimed."""
     for _ in range(plan.warmup_calls):
+        setup()
         fn()
     _barrier()
     samples = []
     for _ in range(plan.num_samples * COLD_CALLS_PER_SAMPLE):
+        setup()
         flush_caches()
         start = time.perf_counter()
         fn()

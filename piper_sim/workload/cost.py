@@ -68,6 +68,9 @@ class CostProfile:
     framework_experts: int = 0
     # the experts op at several numbers of experts: {pass: ((experts, ((tokens, seconds), ...)), ...)}
     framework_by_experts: dict = field(default_factory=dict)
+    # the zero-bubble split of each op's backward: {op name: ((tokens, input pass / backward, weight pass /
+    # backward), ...)}
+    framework_split: dict = field(default_factory=dict)
     collective_overheads: dict = field(default_factory=dict)
     optimizer_fixed_s: float = 0.0  # measured: time = fixed + per_tensor x tensors + per_param x params
     optimizer_per_tensor_s: float = 0.0
@@ -157,6 +160,15 @@ def _measured(measurements: dict) -> dict:
                 for e, times in zip(fit["experts"], fit["time_us_by_tokens"], strict=True))
     if by_experts:
         out["framework_by_experts"] = by_experts
+    split = {}
+    for op, entry in ((framework.get("backward") or {}).get("ops") or {}).items():
+        inputs, weights = entry.get("input_pass_us_by_tokens"), entry.get("weight_pass_us_by_tokens")
+        if inputs and weights:
+            split[op.partition(":")[0]] = tuple(
+                (int(t), i / b if b > 0 else 1.0, w / b if b > 0 else 0.0)
+                for t, b, i, w in zip(entry["tokens"], entry["time_us_by_tokens"], inputs, weights, strict=True))
+    if split:
+        out["framework_split"] = split
     local = (measurements.get("network") or {}).get("local") or {}
     overheads = {}
     for kind in ("all_to_all", "all_reduce"):
@@ -222,7 +234,8 @@ class TaskCoster:
         for op in ops:
             work = op_work(self.model, op, self.tokens, expert_rows)
             fixed = self._framework_s(kind, op, expert_rows)
-            if fixed is not None and kind == "backward_weight":  # the deferred weight GEMMs, one launch each
+            if fixed is not None and kind == "backward_weight" and op.partition(":")[0] not in (
+                    self.profile.framework_split):  # unmeasured: the deferred weight GEMMs, one launch each
                 fixed = self.profile.kernel_launch_s * sum(g.count for g in work.gemms)
             if fixed is None:
                 seconds += factor * self.profile.work_time_s(work, self.model.dtype_bytes)
@@ -237,8 +250,9 @@ class TaskCoster:
         """Measured fixed cost of this op in this pass, or None when the profile has none.
 
         A split backward (zero bubble) defers only the linears' weight GEMMs (torch backend:
-        layers.DeferredWeightGrads): its input pass runs the whole backward's code path, so it takes the
-        backward's fixed cost, and the weight pass pays one launch per GEMM (TaskCoster.cost). An experts
+        layers.DeferredWeightGrads): each pass takes the share of the backward's fixed cost calibrate
+        measured for it; without that measurement the input pass takes all of it and the weight pass one
+        launch per GEMM (TaskCoster.cost). An experts
         op is a fixed part plus a part per expert that got rows, from the line over the numbers of experts
         calibrate ran (profiles with one number scale it).
         """
@@ -253,11 +267,17 @@ class TaskCoster:
             active = sum(1 for r in expert_rows if r > 0)
             by_experts = self.profile.framework_by_experts.get(pass_name)
             if not by_experts:  # one expert count measured: scale it
-                return base * active / max(self.profile.framework_experts, 1)
-            counts = [e for e, _ in by_experts]
-            at_tokens = [float(np.interp(self.tokens, *zip(*series, strict=True))) for _, series in by_experts]
-            per_expert, fixed = np.polyfit(counts, at_tokens, 1)  # a fixed part and a part per expert
-            return max(float(fixed + per_expert * active), 0.0)
+                base *= active / max(self.profile.framework_experts, 1)
+            else:
+                counts = [e for e, _ in by_experts]
+                at_tokens = [float(np.interp(self.tokens, *zip(*series, strict=True))) for _, series in by_experts]
+                per_expert, fixed = np.polyfit(counts, at_tokens, 1)  # a fixed part and a part per expert
+                base = max(float(fixed + per_expert * active), 0.0)
+        split = self.profile.framework_split.get(name)
+        if split and kind in ("backward_input", "backward_expert_input", "backward_weight"):
+            tokens, inputs, weights = zip(*split, strict=True)
+            share = inputs if kind != "backward_weight" else weights
+            base *= float(np.interp(self.tokens, tokens, share))
         return base
 
     def optimizer_time_s(self, num_params: float, num_tensors: int) -> float:
