@@ -160,14 +160,15 @@ def summarize(scores: list[dict]) -> dict:
 
 
 def format_validation(scores: list[dict], summary: dict) -> str:
-    lines = [f"{'case':28s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s} {'mem err':>8s}  worst phase"]
+    width = max([28] + [len(s["case"]) for s in scores])
+    lines = [f"{'case':{width}s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s} {'mem err':>8s}  worst phase"]
     for s in scores:
         ph = s["phases"].dropna(subset=["error"])
         worst = ph.loc[ph["error"].abs().idxmax()] if not ph.empty else None
         worst_text = f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else ""
         flag = "" if abs(s["error"]) <= s["tolerance"] else "  OUTSIDE TOLERANCE"
         mem = "n/a" if np.isnan(s["memory_error"]) else f"{s['memory_error'] * 100:+.1f}%"
-        lines.append(f"{s['case']:28s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
+        lines.append(f"{s['case']:{width}s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
                      f"{s['error'] * 100:+6.1f}% {mem:>8s}  {worst_text}{flag}")
     lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
               f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']}"]
