@@ -104,10 +104,10 @@ def _measure_split(stage, op: str, state: dict, seeds: dict, plan: TimingPlan) -
 
     def fwd_input() -> None:
         record = fwd()
-        outputs = [record.outputs[k] for k in seeds if k in record.outputs]
+        keys = [k for k in seeds if k in record.outputs]
         with DeferredWeightGrads.collect(queue):
-            if outputs:
-                torch.autograd.backward(outputs, [seeds[k] for k in seeds if k in record.outputs])
+            if keys:
+                torch.autograd.backward([record.outputs[k] for k in keys], [seeds[k] for k in keys])
 
     previous, DeferredWeightGrads.enabled = DeferredWeightGrads.enabled, True
     try:

@@ -161,8 +161,8 @@ class Simulation:
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
                     start[step, local, i] = self.env.now
-                    group = tuple(self.mesh.group(rank, task.group_axis))
                     if self.cores:  # the calls' host-side work runs on the rank's share of the cores
+                        group = tuple(self.mesh.group(rank, task.group_axis))
                         yield self._compute(lane_id, len(lane), self._host_cost_s(task, group))
                     ev = self._arrive(lane, step, i, task, nbytes[step])
                     yield ev

@@ -143,9 +143,8 @@ def _measured(measurements: dict) -> dict:
     table = {}
     for pass_name in ("forward", "backward"):
         for op, entry in ((framework.get(pass_name) or {}).get("ops") or {}).items():
-            series = tuple(zip(entry.get("tokens") or [0], entry.get("time_us_by_tokens") or [entry["time_us"]],
-                               strict=True))
-            table[(pass_name, op.partition(":")[0])] = (op, tuple((int(t), float(us) * 1e-6) for t, us in series))
+            times = entry.get("time_us_by_tokens") or [entry["time_us"]]
+            table[(pass_name, op.partition(":")[0])] = (op, _series_s(entry.get("tokens") or [0], times))
     if table:
         match = re.search(r"E (\d+)", str(framework.get("model", "")))
         experts = (framework.get("micro_model") or {}).get("num_experts")
@@ -155,9 +154,8 @@ def _measured(measurements: dict) -> dict:
         entry = ((framework.get(pass_name) or {}).get("ops") or {}).get("experts:0") or {}
         fit = entry.get("by_experts")
         if fit:
-            by_experts[pass_name] = tuple(
-                (int(e), tuple((int(t), float(us) * 1e-6) for t, us in zip(entry["tokens"], times, strict=True)))
-                for e, times in zip(fit["experts"], fit["time_us_by_tokens"], strict=True))
+            by_experts[pass_name] = tuple((int(e), _series_s(entry["tokens"], times))
+                                          for e, times in zip(fit["experts"], fit["time_us_by_tokens"], strict=True))
     if by_experts:
         out["framework_by_experts"] = by_experts
     split = {}
@@ -188,25 +186,27 @@ def _measured(measurements: dict) -> dict:
     return out
 
 
+def _series_s(tokens: list, times_us: list) -> tuple[tuple[int, float], ...]:
+    """((tokens, seconds), ...) from a profile's token counts and microsecond times."""
+    return tuple((int(t), float(us) * 1e-6) for t, us in zip(tokens, times_us, strict=True))
+
+
 def _net_of_work(profile: CostProfile, framework: dict) -> dict:
     """The framework tables less the micro model's own arithmetic as this profile prices it (at d 8 it is
     small but not nothing: attention at 256 tokens), so that a priced op does not count it twice."""
     micro = framework["micro_model"]
     seq_of = {int(seq) * int(batch): int(seq) for seq, batch in framework.get("shapes") or []}
-    out = {}
-    for (pass_name, name), (op, series) in profile.framework_s.items():
+
+    def net(pass_name: str, op: str, experts: int, series: tuple) -> tuple:
         factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR["backward"]
-        experts = micro["num_experts"]
-        net = [(tokens, max(seconds - factor * _micro_work_s(profile, micro, seq_of, op, tokens, experts), 0.0))
-               for tokens, seconds in series]
-        out[(pass_name, name)] = (op, tuple(net))
-    by_experts = {}
-    for pass_name, series_by_e in profile.framework_by_experts.items():
-        factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR["backward"]
-        by_experts[pass_name] = tuple((experts, tuple(
-            (tokens, max(seconds - factor * _micro_work_s(profile, micro, seq_of, "experts:0", tokens, experts), 0.0))
-            for tokens, seconds in series)) for experts, series in series_by_e)
-    return {"framework_s": out, "framework_by_experts": by_experts}
+        return tuple((tokens, max(seconds - factor * _micro_work_s(profile, micro, seq_of, op, tokens, experts), 0.0))
+                     for tokens, seconds in series)
+
+    return {"framework_s": {key: (op, net(key[0], op, micro["num_experts"], series))
+                            for key, (op, series) in profile.framework_s.items()},
+            "framework_by_experts": {pass_name: tuple((e, net(pass_name, "experts:0", e, series))
+                                                      for e, series in series_by_e)
+                                     for pass_name, series_by_e in profile.framework_by_experts.items()}}
 
 
 def _micro_work_s(profile: CostProfile, micro: dict, seq_of: dict, op: str, tokens: int, experts: int) -> float:
@@ -233,10 +233,7 @@ class TaskCoster:
         seconds = flops = 0.0
         for op in ops:
             work = op_work(self.model, op, self.tokens, expert_rows)
-            fixed = self._framework_s(kind, op, expert_rows)
-            if fixed is not None and kind == "backward_weight" and op.partition(":")[0] not in (
-                    self.profile.framework_split):  # unmeasured: the deferred weight GEMMs, one launch each
-                fixed = self.profile.kernel_launch_s * sum(g.count for g in work.gemms)
+            fixed = self._framework_s(kind, op, expert_rows, work)
             if fixed is None:
                 seconds += factor * self.profile.work_time_s(work, self.model.dtype_bytes)
             else:  # measured fixed cost of the op's code path, plus its arithmetic without per-kernel launches
@@ -246,15 +243,15 @@ class TaskCoster:
         self._cache[key] = (seconds, flops)
         return seconds, flops
 
-    def _framework_s(self, kind: str, op: str, expert_rows: tuple[int, ...]) -> float | None:
+    def _framework_s(self, kind: str, op: str, expert_rows: tuple[int, ...],
+                     work: OpWork | None = None) -> float | None:
         """Measured fixed cost of this op in this pass, or None when the profile has none.
 
         A split backward (zero bubble) defers only the linears' weight GEMMs (torch backend:
         layers.DeferredWeightGrads): each pass takes the share of the backward's fixed cost calibrate
         measured for it; without that measurement the input pass takes all of it and the weight pass one
-        launch per GEMM (TaskCoster.cost). An experts
-        op is a fixed part plus a part per expert that got rows, from the line over the numbers of experts
-        calibrate ran (profiles with one number scale it).
+        launch per GEMM. An experts op is a fixed part plus a part per expert that got rows, from the line
+        over the numbers of experts calibrate ran (profiles with one number scale it).
         """
         name = op.partition(":")[0]
         pass_name = "forward" if kind.startswith("forward") else "backward"
@@ -273,12 +270,17 @@ class TaskCoster:
                 at_tokens = [float(np.interp(self.tokens, *zip(*series, strict=True))) for _, series in by_experts]
                 per_expert, fixed = np.polyfit(counts, at_tokens, 1)  # a fixed part and a part per expert
                 base = max(float(fixed + per_expert * active), 0.0)
+        if kind not in ("backward_input", "backward_expert_input", "backward_weight"):
+            return base
         split = self.profile.framework_split.get(name)
-        if split and kind in ("backward_input", "backward_expert_input", "backward_weight"):
-            tokens, inputs, weights = zip(*split, strict=True)
-            share = inputs if kind != "backward_weight" else weights
-            base *= float(np.interp(self.tokens, tokens, share))
-        return base
+        if not split:  # unmeasured: the input pass runs the whole backward, the weight pass its deferred GEMMs
+            if kind != "backward_weight":
+                return base
+            gemms = (work or op_work(self.model, op, self.tokens, expert_rows)).gemms
+            return self.profile.kernel_launch_s * sum(g.count for g in gemms)
+        tokens, inputs, weights = zip(*split, strict=True)
+        share = inputs if kind != "backward_weight" else weights
+        return base * float(np.interp(self.tokens, tokens, share))
 
     def optimizer_time_s(self, num_params: float, num_tensors: int) -> float:
         """Adam over a rank's parameters: the fixed and per-tensor costs calibrate measured (the update
