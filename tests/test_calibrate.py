@@ -117,6 +117,9 @@ def _synthetic_records(rank_scale: float) -> list[dict]:
     if rank_scale == 1.0:  # rank 0 only, as the benchmark records it
         recs += [{"bench": "wake_latency", "competitors": k, "cores": 4, "time_s": t, "median_s": 60e-6,
                   "window_means_s": [t], "messages": 100} for k, t in ((0, 80e-6), (4, 580e-6), (8, 1080e-6))]
+        recs += [{"bench": "core_sharing", "ranks_per_core": k, "cores": 4, "preset": "tiny-moe", "time_s": t,
+                  "window_means_s": [t], "cores_used": 3.98, "window_s": 2.0}
+                 for k, t in ((1, 4e-3), (2, 4.6e-3), (4, 5.2e-3))]
     for size in SIZES:
         recs.append({"bench": "p2p", "level": "local", "pairs": 1, "bytes": size,
                      "time_s": (30e-6 + size / 2e9) * rank_scale})
@@ -146,7 +149,12 @@ def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     assert router["time_us_by_tokens"] == pytest.approx([10 + 3 * 28 + 0.8, 10 + 3 * 28 + 25.6])
     wake = profile["measurements"]["wake_latency"]
     assert wake["competitors"] == [0, 4, 8] and wake["extra_us"] == pytest.approx([0, 500, 1000])
+    sharing = profile["measurements"]["core_sharing"]
+    assert sharing["ranks_per_core"] == [1, 2, 4] and sharing["cpu_time_factor"] == pytest.approx([1.0, 1.15, 1.3])
     cost = load_profile(profile)
+    assert cost.core_sharing_factor(1) == 1.0 and cost.core_sharing_factor(0.5) == 1.0
+    assert cost.core_sharing_factor(3) == pytest.approx(1.225)  # interpolated between the levels measured
+    assert cost.core_sharing_factor(8) == pytest.approx(1.3)  # flat beyond the last level
     assert cost.kernel_launch_s == pytest.approx(2e-6)
     assert cost.hbm_bytes == pytest.approx(8 * 2**30)  # memory per rank
 
@@ -264,6 +272,10 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     wake = raw["measurements"]["wake_latency"]
     assert wake["competitors"][0] == 0 and len(wake["competitors"]) >= 3 and wake["extra_us"][0] == 0
     assert all(t > 0 for t in wake["one_way_mean_us"])
+    sharing = raw["measurements"]["core_sharing"]
+    assert sharing["ranks_per_core"] == [1, 2] and sharing["cpu_time_factor"][0] == 1.0
+    assert all(t > 0 for t in sharing["cpu_us_per_iteration"]) and all(u > 0 for u in sharing["cores_used"])
+    assert profile.core_sharing_factor(2) == pytest.approx(sharing["cpu_time_factor"][1], rel=1e-3)
     router = raw["measurements"]["framework_overhead"]["forward"]["ops"]["router:0"]
     assert router["tokens"] == [8, 256, 1024] and all(t > 0 for t in router["time_us_by_tokens"])
     experts = raw["measurements"]["framework_overhead"]["forward"]["ops"]["experts:0"]["by_experts"]

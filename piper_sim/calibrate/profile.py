@@ -236,6 +236,22 @@ def wake_latency_summary(records: list[dict]) -> dict | None:
             "extra_us": [_us(max(r["time_s"] - base, 0.0)) for r in pts]}
 
 
+def core_sharing_summary(records: list[dict]) -> dict | None:
+    """CPU time of the same compute at K processes per core over the time at one per core (calibrate/sharing.py);
+    the simulator slows shared cores by it (workload/cost.py: CostProfile.core_sharing_factor)."""
+    pts = sorted(_select(records, "core_sharing"), key=lambda r: r["ranks_per_core"])
+    if not pts or pts[0]["ranks_per_core"] != 1:
+        return None
+    base = pts[0]["time_s"]
+    return {"model": "CPU time of compute with K processes taking turns on each core / CPU time at one per core "
+                     "(forward + backward of one layer, one thread per process, all cores busy)",
+            "preset": pts[0]["preset"], "cores": pts[0]["cores"], "ranks_per_core": [r["ranks_per_core"] for r in pts],
+            "cpu_time_factor": [_r(r["time_s"] / base, 3) for r in pts],
+            "cpu_us_per_iteration": [_us(r["time_s"]) for r in pts],
+            "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
+            "cores_used": [r["cores_used"] for r in pts]}
+
+
 def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dict] | None, quick: bool,
                   command: str, versions: dict, wall_s: float, load_average_before: list[float] | None = None,
                   foreign_cpu_share: float | None = None) -> dict:
@@ -256,7 +272,7 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
     if testbed_per_rank:
         network["testbed"] = network_summary(aggregate(testbed_per_rank))
     spread = [r["rank_spread"] for r in records
-              if r["bench"] not in (*COMM_BENCHES, "wake_latency") and r["rank_spread"]]
+              if r["bench"] not in (*COMM_BENCHES, "wake_latency", "core_sharing") and r["rank_spread"]]
     return {
         "name": name, "device": kind,
         "source": (f"measured by piper-sim calibrate ({'quick' if quick else 'full'} sweep) with {ranks} rank(s) "
@@ -279,6 +295,7 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
             "per_op_overhead": tiny, "framework_overhead": fit_framework(records), "gemm": gemm_detail,
             "attention": attn_detail, "memory": memory,
             "optimizer": opt_detail, "network": network, "wake_latency": wake_latency_summary(records),
+            "core_sharing": core_sharing_summary(records),
         },
     }
 

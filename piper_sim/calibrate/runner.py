@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from piper_sim.calibrate.comm import group_sizes, run_comm
 from piper_sim.calibrate.compute import run_compute
 from piper_sim.calibrate.profile import build_profile, write_profile
+from piper_sim.calibrate.sharing import bench_core_sharing
+from piper_sim.calibrate.sharing import num_items as core_sharing_items
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
 from piper_sim.calibrate.timing import pick_device
 from piper_sim.calibrate.wake import ROUNDS, bench_wake_latency, competitor_levels
@@ -111,14 +114,20 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     device = pick_device(rank)
     sweep = make_sweep(job.quick, job.presets, cuda=device.is_cuda)
     sizes = [s for s in sweep.message_bytes if job.max_message_bytes is None or s <= job.max_message_bytes]
-    total = (sweep.num_compute_items() + 1 if job.compute else 0) + (
-        _num_comm_items(world, len(sizes), job.levels) if job.comm else 0)
+    sharing = job.compute and not device.is_cuda  # a property of CPU hosts whose ranks share cores
+    total = ((sweep.num_compute_items() + 1 if job.compute else 0) + (core_sharing_items(job.quick) if sharing else 0)
+             + (_num_comm_items(world, len(sizes), job.levels) if job.comm else 0))
     progress = Progress(total, enabled=rank == 0)
     records: list[dict] = []
     wall0, cpu0 = time.perf_counter(), time.process_time()
     if job.compute:
         records += run_compute(device, sweep, progress)
     cpu_share = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+    if sharing:  # rank 0 runs it alone: the other ranks wait, blocked
+        if rank == 0:
+            records += bench_core_sharing(job.presets[0], job.quick, progress)
+        if dist.is_initialized():
+            dist.barrier()
     if job.comm:
         records += [dict(r, where=job.tag) for r in
                     run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels, collective_level=job.tag)]

@@ -86,7 +86,7 @@ class Simulation:
             # work in core-nanoseconds, capacities in core-nanoseconds per second (well above the
             # network's byte-sized completion threshold)
             capacity = np.array([float(len(lane)) for lane in self.lanes] + [float(self.cores)]) * CORE_NS
-            self.cpu = FlowNetwork(self.env, capacity)
+            self.cpu = FlowNetwork(self.env, capacity, slowdown=self._core_sharing_slowdown)
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
@@ -184,6 +184,13 @@ class Simulation:
         links = np.array([lane_id, len(self.lanes)], dtype=np.int64)
         return self.cpu.start(np.zeros(2, dtype=np.int64), links, np.array([seconds * CORE_NS]),
                               weight=np.array([float(members)]))
+
+    def _core_sharing_slowdown(self, load: np.ndarray) -> np.ndarray:
+        """Ranks taking turns on the cores pay for each other's cache state: the machine's cores deliver
+        1 / factor of their time as work at load / cores ranks per core (the profile's core_sharing)."""
+        divisor = np.ones(load.shape[0])
+        divisor[-1] = self.coster.profile.core_sharing_factor(load[-1] / self.cores)
+        return divisor
 
     def _compute_cost(self, rank: int, stage: int, step: int, i: int, task: Task) -> tuple[float, float]:
         plan = self.plans[stage]

@@ -10,7 +10,7 @@ Latency and per-message overhead are paid by the caller before flows enter (see 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import numpy as np
 import simpy
@@ -82,9 +82,13 @@ class FlowSet:
 class FlowNetwork:
     """All flows in flight on one topology."""
 
-    def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray) -> None:
+    def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray,
+                 slowdown: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """slowdown: load per link (the weights of its live flows) -> divisor of each link's capacity, for
+        resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity."""
         self.env = env
         self.capacity = capacity_bytes_per_s
+        self.slowdown = slowdown
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active: set[FlowSet] = set()
         self._timelines: dict[Hashable, Timeline] = {}
@@ -184,7 +188,11 @@ class FlowNetwork:
     def _solve_arrays(self, entry_flow, entry_link, weight, live) -> np.ndarray:
         self.num_solves += 1
         keep = live[entry_flow]
-        rate = max_min_rates(entry_flow[keep], entry_link[keep], weight, self.capacity)
+        capacity = self.capacity
+        if self.slowdown is not None:
+            load = np.bincount(entry_link[keep], weights=weight[entry_flow[keep]], minlength=capacity.shape[0])
+            capacity = capacity / self.slowdown(load)
+        rate = max_min_rates(entry_flow[keep], entry_link[keep], weight, capacity)
         return np.where(live, rate, 0.0)
 
     def _advance(self, fs: FlowSet) -> None:

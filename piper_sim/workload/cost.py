@@ -72,6 +72,8 @@ class CostProfile:
     # backward), ...)}
     framework_split: dict = field(default_factory=dict)
     collective_overheads: dict = field(default_factory=dict)
+    # CPU hosts whose ranks share cores: (ranks per core, CPU time factor), ...; 1 at one rank per core
+    core_sharing: tuple[tuple[float, float], ...] = ()
     optimizer_fixed_s: float = 0.0  # measured: time = fixed + per_tensor x tensors + per_param x params
     optimizer_per_tensor_s: float = 0.0
 
@@ -82,6 +84,14 @@ class CostProfile:
             return self.collective_overhead_s
         sizes, seconds = zip(*table, strict=True)
         return float(np.interp(group_size, sizes, seconds))
+
+    def core_sharing_factor(self, ranks_per_core: float) -> float:
+        """How much more CPU time the same compute takes when this many ranks take turns on each core
+        (measured; flat beyond the largest level measured, 1 where nothing was measured)."""
+        if not self.core_sharing or ranks_per_core <= 1.0:
+            return 1.0
+        levels, factors = zip(*self.core_sharing, strict=True)
+        return float(np.interp(ranks_per_core, levels, factors))
 
     def gemm_time_s(self, gemm: Gemm, dtype_bytes: int) -> float:
         flop_time = gemm.flops / (self.peak_flops_per_s * self.gemm_efficiency(gemm.rows))
@@ -176,6 +186,9 @@ def _measured(measurements: dict) -> dict:
             overheads[kind] = tuple(series)
     if overheads:
         out["collective_overheads"] = overheads
+    sharing = measurements.get("core_sharing")
+    if sharing:
+        out["core_sharing"] = _core_sharing(sharing)
     optimizer = measurements.get("optimizer") or {}
     if "per_tensor_us" in optimizer:
         out.update(optimizer_fixed_s=float(optimizer.get("fixed_us", 0.0)) * 1e-6,
@@ -184,6 +197,17 @@ def _measured(measurements: dict) -> dict:
     if p2p:
         out["p2p_overhead_s"] = float(p2p["overhead_us"]) * 1e-6
     return out
+
+
+def _core_sharing(raw: object) -> tuple[tuple[float, float], ...]:
+    levels = raw.get("ranks_per_core") if isinstance(raw, dict) else None
+    factors = raw.get("cpu_time_factor") if isinstance(raw, dict) else None
+    if (not isinstance(levels, list) or not isinstance(factors, list) or len(levels) != len(factors) or not levels
+            or any(not isinstance(v, int | float) or v < 1 for v in levels) or levels != sorted(set(levels))
+            or any(not isinstance(f, int | float) or f <= 0 for f in factors)):
+        raise ConfigError("cost profile measurements.core_sharing", raw,
+                          "ranks_per_core (increasing, from 1) and cpu_time_factor (positive) of equal length")
+    return tuple((float(v), float(f)) for v, f in zip(levels, factors, strict=True))
 
 
 def _series_s(tokens: list, times_us: list) -> tuple[tuple[int, float], ...]:

@@ -1,0 +1,134 @@
+"""CPU time of compute when more ranks than cores share a CPU host (time slicing costs cache state).
+
+Owns the benchmark and its worker processes. K x cores worker processes each run forward and backward
+of one layer of a model preset (the executor's op path, one intra-op thread, as the ranks of an
+oversubscribed testbed run) for a window of wall time and report their CPU time per iteration. Each
+time the kernel switches a core to another process, the one switched in finds the caches and TLB full
+of the other's state and pays to refill them, so the same work costs more CPU time the more processes
+take turns on a core. The factor at K per core is the CPU time per iteration there over the time at one
+per core (all cores busy, no sharing: how the compute benchmarks run). The simulator slows its shared
+cores by this factor at the number of ranks computing at once (workload/cost.py: core_sharing_factor).
+
+Workers are persistent (`python -m piper_sim.calibrate.sharing --worker PRESET`): they build the layer
+and warm up once, then answer 'run SECONDS' lines on stdin with a JSON line on stdout; idle workers
+block on stdin. Levels are interleaved round by round so a slow phase of the machine does not land on
+one level. Imports torch (the workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from piper_sim.errors import PiperError
+
+LEVELS_FULL = (1, 2, 3, 4)  # processes per core
+LEVELS_QUICK = (1, 2)
+MAX_CORES = 8  # on bigger hosts the workers are pinned to the first 8 cores
+WARMUP_ITERATIONS = 20
+
+
+def num_rounds(quick: bool) -> int:
+    return 1 if quick else 3
+
+
+def num_items(quick: bool) -> int:
+    """Progress items of the benchmark."""
+    return num_rounds(quick) * len(LEVELS_QUICK if quick else LEVELS_FULL)
+
+
+def bench_core_sharing(preset: str, quick: bool, progress: Callable[[str], None]) -> list[dict]:
+    """One record per level: ranks_per_core, cores, time_s the CPU seconds per iteration (mean over workers
+    and rounds), window_means_s each round's mean, and cores_used the CPU the workers used per wall second."""
+    cores = min(os.cpu_count() or 1, MAX_CORES)
+    levels = LEVELS_QUICK if quick else LEVELS_FULL
+    rounds, window_s = num_rounds(quick), (0.5 if quick else 2.0)
+    workers = [_start_worker(preset, cores) for _ in range(max(levels) * cores)]
+    try:
+        for w in workers:
+            _read_line(w, "ready")
+        per_round: dict[int, list[float]] = {k: [] for k in levels}
+        used: dict[int, list[float]] = {k: [] for k in levels}
+        for r in range(rounds):
+            for i, k in enumerate(levels):
+                progress(f"core sharing round {r + 1}/{rounds}, {i + 1}/{len(levels)}: {k} process(es) per core")
+                active = workers[:k * cores]
+                for w in active:
+                    w.stdin.write(f"run {window_s}\n")
+                    w.stdin.flush()
+                results = [json.loads(_read_line(w, "result")) for w in active]
+                per_round[k].append(statistics.fmean(x["cpu_s"] / x["iterations"] for x in results))
+                used[k].append(sum(x["cpu_s"] for x in results) / max(x["wall_s"] for x in results))
+    finally:
+        for w in workers:
+            w.stdin.close()
+        for w in workers:
+            try:
+                w.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+    return [{"bench": "core_sharing", "ranks_per_core": k, "cores": cores, "preset": preset,
+             "time_s": statistics.fmean(per_round[k]), "window_means_s": per_round[k],
+             "cores_used": round(statistics.fmean(used[k]), 3), "window_s": window_s} for k in levels]
+
+
+def _start_worker(preset: str, cores: int) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-m", "piper_sim.calibrate.sharing", "--worker", preset,
+                             "--cores", str(cores)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+
+def _read_line(worker: subprocess.Popen, what: str) -> str:
+    line = worker.stdout.readline()
+    if not line:
+        raise PiperError(f"calibrate: a core-sharing worker exited before its {what} (exit code {worker.poll()})")
+    return line
+
+
+def _worker(preset: str, cores: int) -> None:
+    import torch
+
+    from piper_sim.calibrate.stage_ops import prepare_stage
+    from piper_sim.torch_backend.op_autograd import backward_op, forward_op
+
+    torch.set_num_threads(1)
+    if cores < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, range(cores))
+    _, stage, before = prepare_stage(preset)
+    ops = list(stage.forward_ops())
+
+    def iteration() -> None:
+        records = [forward_op(stage, op, dict(before[op])) for op in ops]
+        for record in reversed(records):
+            backward_op(record, {k: torch.ones_like(v) for k, v in record.outputs.items()})
+        stage.zero_grad(set_to_none=True)
+
+    for _ in range(WARMUP_ITERATIONS):
+        iteration()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        window_s = float(line.split()[1])
+        count, cpu0, wall0 = 0, time.thread_time(), time.perf_counter()
+        while time.perf_counter() - wall0 < window_s:
+            iteration()
+            count += 1
+        print(json.dumps({"cpu_s": time.thread_time() - cpu0, "wall_s": time.perf_counter() - wall0,
+                          "iterations": count}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="core-sharing worker (started by piper-sim calibrate)")
+    parser.add_argument("--worker", required=True, metavar="PRESET")
+    parser.add_argument("--cores", type=int, required=True)
+    args = parser.parse_args()
+    _worker(args.worker, args.cores)
+
+
+if __name__ == "__main__":
+    main()
