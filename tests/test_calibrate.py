@@ -218,6 +218,20 @@ def test_split_backward_passes_take_their_measured_share_of_the_backward():
         coster._framework_s("backward_expert", "experts:0", rows))
 
 
+def test_a_backward_timed_at_zero_drops_its_split_at_that_token_count_too():
+    # on a busy machine forward + backward - forward can come out at 0; the profile must still load
+    records = _synthetic_records(1.0)
+    for r in records:
+        if r["bench"] == "framework" and r["op"] == "attn:0" and r["pass"] == "bwd" and r["tokens"] == 256:
+            r["time_s"] = 0.0
+    per_rank = [{"rank": r, "machine": MACHINE, "records": records} for r in range(2)]
+    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
+                            versions={"torch": "x"}, wall_s=1.0)
+    attn = profile["measurements"]["framework_overhead"]["backward"]["ops"]["attn:0"]
+    assert attn["tokens"] == [8] and len(attn["input_pass_us_by_tokens"]) == len(attn["weight_pass_us_by_tokens"]) == 1
+    assert load_profile(profile).framework_split["attn"][0][0] == 8
+
+
 def test_cold_calls_time_each_call_after_flushing_the_caches():
     from piper_sim.calibrate.sweep import TimingPlan
     from piper_sim.calibrate.timing import COLD_CALLS_PER_SAMPLE, cold_calls, last_level_cache_bytes

@@ -117,7 +117,8 @@ def fit_framework(records: list[dict]) -> dict | None:
         if direction == "bwd":  # the zero-bubble split of each op's backward, at each token count
             for split, key in (("bwd_input", "input_pass_us_by_tokens"), ("bwd_weight", "weight_pass_us_by_tokens")):
                 for r in sorted((r for r in pts if r["pass"] == split), key=lambda r: r.get("tokens", 0)):
-                    if r["op"] in ops:
+                    # only at the token counts the backward kept (a backward timed at 0 or less is dropped)
+                    if r["op"] in ops and int(r.get("tokens", 0)) in ops[r["op"]]["tokens"]:
                         ops[r["op"]].setdefault(key, []).append(_us(r["time_s"]))
         out[name] = {"per_op_us": _us(coef[0]), "per_aten_op_us": _us(coef[1]), "rms_relative_error": _r(rms, 3),
                      "ops": ops}
