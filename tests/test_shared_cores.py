@@ -55,3 +55,12 @@ def test_a_malformed_core_sharing_table_is_one_clear_error():
 
     with pytest.raises(ConfigError, match="core_sharing"):
         run_simulation(load_config({**RAW, "cost": {"profile": _profile_with_core_sharing([2, 1], [1.0, 1.2])}}))
+
+
+def test_an_all_to_all_in_a_group_of_one_costs_nothing():
+    # ep 1: the torch backend keeps the rows and makes no library call, so no host cost is charged
+    raw = {**RAW, "parallel": {"pp": 2, "ep": 1, "num_microbatches": 2},
+           "topology": {"preset": "testbed-flat", "params": {"shared_cores": 2}}, "cost": {"profile": "cpu-2rank"}}
+    trace = run_simulation(load_config(raw)).trace
+    a2a = trace[trace["kind"] == "all_to_all"]
+    assert len(a2a) > 0 and ((a2a["end_s"] - a2a["start_s"]) == 0).all()

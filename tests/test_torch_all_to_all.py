@@ -12,6 +12,7 @@ import torch.distributed as dist  # noqa: E402
 
 from piper_sim.errors import ConfigError  # noqa: E402
 from piper_sim.torch_backend.all_to_all import ALGORITHMS, all_to_all  # noqa: E402
+from piper_sim.torch_backend.groups import DEFAULT_GROUPS  # noqa: E402
 from piper_sim.torch_backend.local_launch import run_local  # noqa: E402
 
 WORLD = 4
@@ -112,6 +113,11 @@ def worker(rank: int, world_size: int) -> None:
     for algorithm in ALL:  # nobody sends anything
         got, splits = all_to_all(zero_rows, [0] * WORLD, list(range(WORLD)), TWO_NODES, algorithm)
         assert got.shape == (0, 4) and splits == [0] * WORLD
+    rows = torch.randn(5, 4)
+    for algorithm in ALL:  # a group of one: the rows stay, and no library call is made (not even a group)
+        got, splits = all_to_all(rows, [5], [rank], TWO_NODES, algorithm)
+        assert torch.equal(got, rows) and splits == [5]
+    assert (rank,) not in DEFAULT_GROUPS._groups
     with pytest.raises(ConfigError):  # 2dh needs equal EP ranks per node; raised before any collective
         all_to_all(torch.zeros(4, 1), [1] * 4, list(range(4)), {0: 0, 1: 0, 2: 0, 3: 1}, "2dh")
 

@@ -263,12 +263,15 @@ class Simulation:
 
     def _calls(self, task: Task, group: tuple[int, ...]) -> int:
         """Library calls a collective makes: one per phase (split-size exchange included), as the torch
-        backend does (one gloo call per phase); moving experts is one call."""
+        backend does (one gloo call per phase); moving experts is one call; an all-to-all in a group of
+        one moves nothing and makes none."""
         key = (task.kind, task.role == "migrate", group)
         hit = self._num_calls.get(key)
         if hit is None:
             gpus = [self.placement[r] for r in group]
-            if task.role == "migrate":
+            if task.kind == "all_to_all" and len(group) == 1:
+                hit = 0
+            elif task.role == "migrate":
                 hit = 1
             elif task.kind == "all_to_all":
                 hit = len(self.a2a(np.ones((len(group), len(group))), gpus, self.topo))

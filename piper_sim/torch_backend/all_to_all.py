@@ -88,6 +88,8 @@ def all_to_all(rows: Tensor, send_splits: Sequence[int], group_ranks: Sequence[i
         raise ValueError(f"send_splits {splits} do not add up to the {rows.shape[0]} rows")
     if dist.get_rank() not in ranks:
         raise ValueError(f"rank {dist.get_rank()} is not in group {ranks}")
+    if len(ranks) == 1:  # every row stays: no exchange, no library call
+        return rows.contiguous(), list(splits)
     call = AllToAllCall(rows=rows.contiguous(), send_splits=splits, ranks=ranks, node_of=dict(node_of),
                         groups=groups or DEFAULT_GROUPS, algorithm=fn)
     return fn(call)
