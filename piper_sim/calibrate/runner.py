@@ -1,9 +1,10 @@
 """`piper-sim calibrate`: run the micro-benchmarks on N ranks at once and write a cost profile.
 
-Owns the job each rank runs (compute benchmarks, then communication), the progress line on stderr,
-collecting the per-rank records, the optional communication run inside a testbed, and writing the
-profile. Ranks are spawned with torch_backend.local_launch.run_local, each with cores // N intra-op
-threads as `piper-sim run` gives them. Imports torch.
+Owns the job each rank runs (compute benchmarks, the core-sharing benchmark on CPU hosts, then
+communication), the progress line on stderr, collecting the per-rank records, the optional
+communication run inside a testbed, and writing the profile. Ranks are spawned with
+torch_backend.local_launch.run_local, each with cores // N intra-op threads as `piper-sim run` gives
+them. Imports torch.
 """
 
 from __future__ import annotations
