@@ -86,7 +86,8 @@ class Simulation:
             # work in core-nanoseconds, capacities in core-nanoseconds per second (well above the
             # network's byte-sized completion threshold)
             capacity = np.array([float(len(lane)) for lane in self.lanes] + [float(self.cores)]) * CORE_NS
-            self.cpu = FlowNetwork(self.env, capacity, slowdown=self._core_sharing_slowdown)
+            slowdown = self._core_sharing_slowdown if coster.profile.core_sharing else None  # none measured: none
+            self.cpu = FlowNetwork(self.env, capacity, slowdown=slowdown)
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
