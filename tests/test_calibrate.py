@@ -115,14 +115,20 @@ def _synthetic_records(rank_scale: float) -> list[dict]:
                              "tokens": tokens, "num_experts": experts,
                              "time_s": (per_op + per_aten * 10 + 5e-6 * (experts - 4) + 1e-7 * tokens) * rank_scale})
     if rank_scale == 1.0:  # rank 0 only, as the benchmark records it
-        recs += [{"bench": "wake_latency", "competitors": k, "cores": 4, "time_s": t, "median_s": 60e-6,
-                  "window_means_s": [t], "messages": 100} for k, t in ((0, 80e-6), (4, 580e-6), (8, 1080e-6))]
+        # a blocking exchange: 0.7 ms back to back, 1.3 and 2.3 ms at 0.7 and 1.3 ranks computing per core
+        recs += [{"bench": "blocking_wait", "preset": "tiny-moe", "ranks_per_core": k, "cores": 4, "processes": 4 * k,
+                  "computing_per_core": load, "time_s": t, "median_s": t, "window_means_s": [t], "exchanges": 50,
+                  "calls_per_exchange": 2, "hot_s": 700e-6, "hot_median_s": 600e-6, "count_bytes": 16,
+                  "row_bytes": 99984} for k, load, t in ((1, 0.7, 1.3e-3), (2, 1.3, 2.3e-3))]
+        recs.append({"bench": "scheduler_slice", "time_s": 4e-3})
         recs += [{"bench": "core_sharing", "ranks_per_core": k, "cores": 4, "preset": "tiny-moe", "time_s": t,
                   "window_means_s": [t], "cores_used": 3.98, "window_s": 2.0}
                  for k, t in ((1, 4e-3), (2, 4.6e-3), (4, 5.2e-3))]
     for size in SIZES:
         recs.append({"bench": "p2p", "level": "local", "pairs": 1, "bytes": size,
                      "time_s": (30e-6 + size / 2e9) * rank_scale})
+        recs.append({"bench": "all_to_all", "level": "local", "group_size": 2, "groups": 1, "bytes": size,
+                     "time_s": 100e-6 + size / 1e9})
     return recs
 
 
@@ -147,14 +153,22 @@ def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     router = framework["forward"]["ops"]["router:0"]
     assert router["tokens"] == [8, 256]
     assert router["time_us_by_tokens"] == pytest.approx([10 + 3 * 28 + 0.8, 10 + 3 * 28 + 25.6])
-    wake = profile["measurements"]["wake_latency"]
-    assert wake["competitors"] == [0, 4, 8] and wake["extra_us"] == pytest.approx([0, 500, 1000])
+    wait = profile["measurements"]["blocking_wait"]
+    # priced: two calls of 100 us + bytes at 1 GB/s (16 + 99984 bytes) = 300 us; the rest is the extra, per call
+    assert wait["priced_us"] == pytest.approx(300.0, rel=1e-3)
+    assert wait["computing_per_core"] == [0.0, 0.7, 1.3]
+    assert wait["extra_per_call_us"] == pytest.approx([200, 500, 1000], rel=1e-3)
+    assert wait["scheduler_slice_us"] == pytest.approx(4000)
     sharing = profile["measurements"]["core_sharing"]
     assert sharing["ranks_per_core"] == [1, 2, 4] and sharing["cpu_time_factor"] == pytest.approx([1.0, 1.15, 1.3])
     cost = load_profile(profile)
     assert cost.core_sharing_factor(1) == 1.0 and cost.core_sharing_factor(0.5) == 1.0
     assert cost.core_sharing_factor(3) == pytest.approx(1.225)  # interpolated between the levels measured
     assert cost.core_sharing_factor(8) == pytest.approx(1.3)  # flat beyond the last level
+    assert cost.scheduler_slice_s == pytest.approx(4e-3)
+    assert cost.blocking_wait_s(0) == pytest.approx(200e-6, rel=1e-3)
+    assert cost.blocking_wait_s(0.35) == pytest.approx(350e-6, rel=1e-3)  # interpolated in the load
+    assert cost.blocking_wait_s(5) == pytest.approx(1000e-6, rel=1e-3)  # flat beyond the last level
     assert cost.kernel_launch_s == pytest.approx(2e-6)
     assert cost.hbm_bytes == pytest.approx(8 * 2**30)  # memory per rank
 
@@ -283,9 +297,11 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     network = raw["measurements"]["network"]["local"]
     assert {"p2p", "all_to_all", "all_reduce"} <= set(network)
     assert network["p2p"]["pairs_1"]["fit"]["bandwidth_GBps"] > 0
-    wake = raw["measurements"]["wake_latency"]
-    assert wake["competitors"][0] == 0 and len(wake["competitors"]) >= 3 and wake["extra_us"][0] == 0
-    assert all(t > 0 for t in wake["one_way_mean_us"])
+    wait = raw["measurements"]["blocking_wait"]
+    assert wait["ranks_per_core"] == [0, 1, 2] and wait["computing_per_core"][0] == 0.0
+    assert all(t > 0 for t in wait["after_last_us"]) and all(e >= 0 for e in wait["extra_per_call_us"])
+    assert all(n > 0 for n in wait["exchanges"]) and wait["scheduler_slice_us"] > 0
+    assert profile.blocking_wait_s(0) == pytest.approx(wait["extra_per_call_us"][0] * 1e-6, rel=1e-3)
     sharing = raw["measurements"]["core_sharing"]
     assert sharing["ranks_per_core"] == [1, 2] and sharing["cpu_time_factor"][0] == 1.0
     assert all(t > 0 for t in sharing["cpu_us_per_iteration"]) and all(u > 0 for u in sharing["cores_used"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import yaml
 
@@ -64,3 +65,64 @@ def test_an_all_to_all_in_a_group_of_one_costs_nothing():
     trace = run_simulation(load_config(raw)).trace
     a2a = trace[trace["kind"] == "all_to_all"]
     assert len(a2a) > 0 and ((a2a["end_s"] - a2a["start_s"]) == 0).all()
+
+
+def _profile_with_blocking_wait(loads: list[float], extra_us: list[float], slice_us: float = 1000.0) -> dict:
+    raw = _profile_with_core_sharing([1], [1.0])
+    raw["measurements"]["blocking_wait"] = {"computing_per_core": loads, "extra_per_call_us": extra_us,
+                                            "scheduler_slice_us": slice_us}
+    return raw
+
+
+def _first_dispatch(profile: dict | None, parallel: dict | None = None) -> tuple[float, float, float]:
+    """(end of the first forward, end of the first dispatch all-to-all, step time) on testbed-flat's two cores."""
+    raw = {**RAW, "topology": {"preset": "testbed-flat", "params": {"shared_cores": 2}}}
+    if parallel:
+        raw["parallel"] = parallel
+    if profile is not None:
+        raw["cost"] = {"profile": profile}
+    result = run_simulation(load_config(raw))
+    trace = result.trace
+    forward = trace[(trace["kind"] == "forward") & (trace["rank"] == 0)].iloc[0]
+    a2a = trace[(trace["kind"] == "all_to_all") & (trace["rank"] == 0)].iloc[0]
+    return float(forward["end_s"]), float(a2a["end_s"]), float(trace["end_s"].max())
+
+
+def test_a_blocking_exchange_waits_the_measured_extra_per_call_at_the_recent_load():
+    w_s, slice_s = 100e-6, 1e-3
+    plain = _profile_with_core_sharing([1], [1.0])
+    forward_end, done, _ = _first_dispatch(plain)
+    # the extra grows linearly with the load (w per call at one rank computing per core)
+    _, waited, _ = _first_dispatch(_profile_with_blocking_wait([0, 10], [0, 10 * w_s * 1e6], slice_s * 1e6))
+    # 8 ranks computed together on 2 cores from 0 to forward_end; the load, averaged over the last scheduler
+    # slice, has decayed since, while the exchange ran
+    load = 4 * (1 - np.exp(-forward_end / slice_s)) * np.exp(-(done - forward_end) / slice_s)
+    assert 0 < load < 4
+    assert waited - done == pytest.approx(2 * w_s * load, rel=1e-6)  # flat: two library calls
+
+
+def test_a_constant_blocking_wait_adds_it_per_call_and_nothing_without_shared_cores():
+    plain = _profile_with_core_sharing([1], [1.0])
+    _, done, _ = _first_dispatch(plain)
+    _, waited, _ = _first_dispatch(_profile_with_blocking_wait([0, 10], [300, 300]))
+    assert waited - done == pytest.approx(2 * 300e-6, rel=1e-6)
+    raw = {**RAW, "cost": {"profile": _profile_with_blocking_wait([0, 10], [300, 300])}}  # no shared cores
+    ends = [run_simulation(load_config(r)).trace["end_s"].max() for r in (raw, {**RAW, "cost": {"profile": plain}})]
+    assert ends[0] == pytest.approx(ends[1], rel=1e-12)
+
+
+def test_a_rank_blocked_on_a_pipeline_transfer_waits_too():
+    # pp2 ep1: no library call in the all-to-alls (groups of one); the second stage blocks on its receives
+    parallel = {"pp": 2, "ep": 1, "num_microbatches": 2}
+    _, _, plain = _first_dispatch(_profile_with_core_sharing([1], [1.0]), parallel)
+    _, _, waited = _first_dispatch(_profile_with_blocking_wait([0, 10], [300, 300]), parallel)
+    assert waited >= plain + 300e-6
+
+
+def test_a_malformed_blocking_wait_table_is_one_clear_error():
+    from piper_sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="blocking_wait"):
+        run_simulation(load_config({**RAW, "cost": {"profile": _profile_with_blocking_wait([1, 0.5], [1, 2])}}))
+    with pytest.raises(ConfigError, match="blocking_wait"):
+        run_simulation(load_config({**RAW, "cost": {"profile": _profile_with_blocking_wait([0, 1], [1, 2], 0)}}))

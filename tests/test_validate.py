@@ -37,3 +37,13 @@ def test_summary_statistics():
     assert pair["measured"] == pytest.approx(1.0) and pair["predicted"] == pytest.approx(1.1 / 0.9)
     assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+
+
+def test_cases_out_of_order_are_listed_with_their_measured_gap():
+    scores = [_score("x", 1.05, 1.00), _score("y", 1.00, 1.02), _score("z", 2.0, 3.0)]
+    s = summarize(scores)
+    assert s["same_order"] is False
+    (swap,) = s["order_swaps"]
+    assert (swap["faster"], swap["slower"]) == ("x", "y") and swap["measured_gap"] == pytest.approx(0.02)
+    in_order = summarize([_score("x", 1.0, 1.0), _score("y", 1.1, 1.02)])
+    assert in_order["same_order"] is True and in_order["order_swaps"] == []

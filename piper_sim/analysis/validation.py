@@ -130,6 +130,19 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
 
 
+def order_swaps(scores: list[dict]) -> list[dict]:
+    """Every pair of cases the prediction orders differently from the measurement: the measured-faster case,
+    the measured-slower one, and how far apart they were measured (slower / faster - 1)."""
+    out = []
+    for i, a in enumerate(scores):
+        for b in scores[i + 1:]:
+            fast, slow = (a, b) if a["measured_step_s"] <= b["measured_step_s"] else (b, a)
+            if fast["predicted_step_s"] > slow["predicted_step_s"]:
+                out.append({"faster": fast["case"], "slower": slow["case"],
+                            "measured_gap": slow["measured_step_s"] / fast["measured_step_s"] - 1})
+    return sorted(out, key=lambda x: x["measured_gap"])
+
+
 def summarize(scores: list[dict]) -> dict:
     errors = np.array([abs(s["error"]) for s in scores])
     pairs: dict[str, dict[str, dict]] = {}
@@ -152,8 +165,7 @@ def summarize(scores: list[dict]) -> dict:
         "cases": len(scores), "mape": float(errors.mean()) if len(errors) else 0.0,
         "max_error": float(errors.max()) if len(errors) else 0.0,
         "rank_correlation": spearman([s["predicted_step_s"] for s in scores], [s["measured_step_s"] for s in scores]),
-        "same_order": [s["case"] for s in sorted(scores, key=lambda s: s["predicted_step_s"])]
-        == [s["case"] for s in sorted(scores, key=lambda s: s["measured_step_s"])],
+        "same_order": not order_swaps(scores), "order_swaps": order_swaps(scores),
         "outside_tolerance": [s["case"] for s in scores if abs(s["error"]) > s["tolerance"]],
         "halo_over_flat": speedups,
     }
@@ -172,6 +184,8 @@ def format_validation(scores: list[dict], summary: dict) -> str:
                      f"{s['error'] * 100:+6.1f}% {mem:>8s}  {worst_text}{flag}")
     lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
               f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']}"]
+    lines += [f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}, "
+              "predicted slower" for sw in summary.get("order_swaps", [])]
     if summary["memory_max_error"] is not None:
         lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
                      f"max {summary['memory_max_error'] * 100:.1f}%")

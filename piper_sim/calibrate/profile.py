@@ -27,6 +27,7 @@ from piper_sim.calibrate.sweep import MICRO_MODEL, MICRO_SHAPES, TINY_OPS
 MODEL_RANGE_MAX_BYTES = 4 * 2**20  # largest activation tensors of the shipped small presets are ~2 MiB
 DRAM_MIN_BYTES = 16 * 2**20  # beyond per-core caches, and with several ranks beyond a shared L3
 COMM_BENCHES = ("p2p", "all_to_all", "all_reduce")
+HOST_BENCHES = ("core_sharing", "blocking_wait", "scheduler_slice")  # one rank runs them for the host
 
 
 def aggregate(per_rank: list[dict]) -> list[dict]:
@@ -222,19 +223,34 @@ def network_summary(records: list[dict]) -> dict:
     return out
 
 
-def wake_latency_summary(records: list[dict]) -> dict | None:
-    """Mean one-way time of a blocking message at each number of spinning competitors, and the extra
-    over none (recorded; the simulator does not charge it, see calibrate/wake.py)."""
-    pts = sorted(_select(records, "wake_latency"), key=lambda r: r["competitors"])
-    if not pts:
+def blocking_wait_summary(records: list[dict], network: dict) -> dict | None:
+    """The blocking exchange after compute at K processes per core, and back to back with nothing else
+    running (load 0), less what the profile already prices for it (each call's overhead + bytes / bandwidth
+    from the local all_to_all fit of groups of 2), per call (calibrate/wake.py). The simulator charges the
+    extra at the load it sees (workload/cost.py: CostProfile.blocking_wait_s)."""
+    pts = sorted(_select(records, "blocking_wait"), key=lambda r: r["computing_per_core"])
+    slices = _select(records, "scheduler_slice")
+    fit_ = ((network.get("all_to_all") or {}).get("groups_of_2") or {}).get("fit")
+    if not pts or not slices or not fit_:
         return None
-    base = pts[0]["time_s"]
-    return {"model": "a woken rank waits for a core: extra = mean one-way time with K spinning processes on the "
-                     "cores - mean with none (16-byte gloo ping-pong)",
-            "cores": pts[0]["cores"], "competitors": [r["competitors"] for r in pts],
-            "one_way_mean_us": [_us(r["time_s"]) for r in pts], "one_way_median_us": [_us(r["median_s"]) for r in pts],
+    calls, hot = pts[0]["calls_per_exchange"], pts[0]["hot_s"]
+    call_bytes = [pts[0]["count_bytes"], pts[0]["row_bytes"]]
+    priced = sum(fit_["overhead_us"] * 1e-6 + b / (fit_["bandwidth_GBps"] * 1e9) for b in call_bytes)
+    return {"model": "a blocking exchange (pairs, flat all-to-all through the torch backend) costs more than its "
+                     "calls are priced, and more the more ranks compute, since each wake-up waits for a core: "
+                     "extra per library call = (mean time from the last arrival to return - priced) / calls; "
+                     "load 0 is the exchange back to back, the others follow one layer's forward + backward with "
+                     "K processes per core",
+            "preset": pts[0]["preset"], "cores": pts[0]["cores"], "calls_per_exchange": calls,
+            "call_bytes": call_bytes, "priced_us": _us(priced),
+            "ranks_per_core": [0] + [r["ranks_per_core"] for r in pts],
+            "computing_per_core": [0.0] + [_r(r["computing_per_core"], 3) for r in pts],
+            "after_last_us": [_us(hot)] + [_us(r["time_s"]) for r in pts],
+            "median_us": [_us(pts[0]["hot_median_s"])] + [_us(r["median_s"]) for r in pts],
             "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
-            "extra_us": [_us(max(r["time_s"] - base, 0.0)) for r in pts]}
+            "exchanges": [r["exchanges"] for r in pts],
+            "extra_per_call_us": [_us(max(t - priced, 0.0) / calls) for t in [hot] + [r["time_s"] for r in pts]],
+            "scheduler_slice_us": _us(slices[0]["time_s"])}
 
 
 def core_sharing_summary(records: list[dict]) -> dict | None:
@@ -273,7 +289,7 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
     if testbed_per_rank:
         network["testbed"] = network_summary(aggregate(testbed_per_rank))
     spread = [r["rank_spread"] for r in records
-              if r["bench"] not in (*COMM_BENCHES, "wake_latency", "core_sharing") and r["rank_spread"]]
+              if r["bench"] not in (*COMM_BENCHES, *HOST_BENCHES) and r["rank_spread"]]
     return {
         "name": name, "device": kind,
         "source": (f"measured by piper-sim calibrate ({'quick' if quick else 'full'} sweep) with {ranks} rank(s) "
@@ -295,7 +311,8 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
                 _r(p["compute_cpu_share"], 3) if "compute_cpu_share" in p else None for p in per_rank],
             "per_op_overhead": tiny, "framework_overhead": fit_framework(records), "gemm": gemm_detail,
             "attention": attn_detail, "memory": memory,
-            "optimizer": opt_detail, "network": network, "wake_latency": wake_latency_summary(records),
+            "optimizer": opt_detail, "network": network,
+            "blocking_wait": blocking_wait_summary(records, network["local"]),
             "core_sharing": core_sharing_summary(records),
         },
     }

@@ -1,7 +1,7 @@
 """`piper-sim calibrate`: run the micro-benchmarks on N ranks at once and write a cost profile.
 
-Owns the job each rank runs (compute benchmarks, the core-sharing benchmark on CPU hosts, then
-communication), the progress line on stderr, collecting the per-rank records, the optional
+Owns the job each rank runs (compute benchmarks, the core-sharing and blocking-wait benchmarks on CPU
+hosts, then communication), the progress line on stderr, collecting the per-rank records, the optional
 communication run inside a testbed, and writing the profile. Ranks are spawned with
 torch_backend.local_launch.run_local, each with cores // N intra-op threads as `piper-sim run` gives
 them. Imports torch.
@@ -29,7 +29,8 @@ from piper_sim.calibrate.sharing import bench_core_sharing
 from piper_sim.calibrate.sharing import num_items as core_sharing_items
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
 from piper_sim.calibrate.timing import pick_device
-from piper_sim.calibrate.wake import ROUNDS, bench_wake_latency, competitor_levels
+from piper_sim.calibrate.wake import bench_blocking_wait
+from piper_sim.calibrate.wake import num_items as blocking_wait_items
 from piper_sim.errors import PiperError
 
 TESTBED_MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB takes ~0.1 s over a 100 Mbit/s emulated NIC
@@ -84,8 +85,7 @@ def _num_comm_items(world: int, sizes: int, levels: dict | None) -> int:
         return 0
     pair_lists = (levels or {"local": [(0, 1)] * (world // 2)}).values()
     p2p = sum(2 if len(p) > 1 else 1 for p in pair_lists) * sizes
-    wake = ROUNDS * len(competitor_levels(os.cpu_count() or 1)) if levels is None else 0
-    return p2p + 2 * len(group_sizes(world)) * sizes + wake
+    return p2p + 2 * len(group_sizes(world)) * sizes
 
 
 def machine_facts(rank: int, world: int) -> dict:
@@ -116,7 +116,8 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     sweep = make_sweep(job.quick, job.presets, cuda=device.is_cuda)
     sizes = [s for s in sweep.message_bytes if job.max_message_bytes is None or s <= job.max_message_bytes]
     sharing = job.compute and not device.is_cuda  # a property of CPU hosts whose ranks share cores
-    total = ((sweep.num_compute_items() + 1 if job.compute else 0) + (core_sharing_items(job.quick) if sharing else 0)
+    sharing_items = core_sharing_items(job.quick) + blocking_wait_items(job.quick)
+    total = ((sweep.num_compute_items() + 1 if job.compute else 0) + (sharing_items if sharing else 0)
              + (_num_comm_items(world, len(sizes), job.levels) if job.comm else 0))
     progress = Progress(total, enabled=rank == 0)
     records: list[dict] = []
@@ -124,16 +125,15 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     if job.compute:
         records += run_compute(device, sweep, progress)
     cpu_share = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
-    if sharing:  # rank 0 runs it alone: the other ranks wait, blocked
+    if sharing:  # rank 0 runs them alone: the other ranks wait, blocked
         if rank == 0:
             records += bench_core_sharing(job.presets[0], job.quick, progress)
+            records += bench_blocking_wait(job.presets[0], job.quick, progress)
         if dist.is_initialized():
             dist.barrier()
     if job.comm:
         records += [dict(r, where=job.tag) for r in
                     run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels, collective_level=job.tag)]
-    if job.comm and job.levels is None and not device.is_cuda:  # a property of this host's scheduler
-        records += bench_wake_latency(rank, world, progress)
     progress.close()
     payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records,
                "compute_cpu_share": cpu_share}

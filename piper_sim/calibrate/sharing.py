@@ -91,15 +91,13 @@ def _read_line(worker: subprocess.Popen, what: str) -> str:
     return line
 
 
-def _worker(preset: str, cores: int) -> None:
+def layer_iteration(preset: str) -> Callable[[], None]:
+    """Forward and backward of one layer of the preset through the executor's op path (imports torch)."""
     import torch
 
     from piper_sim.calibrate.stage_ops import prepare_stage
     from piper_sim.torch_backend.op_autograd import backward_op, forward_op
 
-    torch.set_num_threads(1)
-    if cores < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, range(cores))
     _, stage, before = prepare_stage(preset)
     ops = list(stage.forward_ops())
 
@@ -108,6 +106,22 @@ def _worker(preset: str, cores: int) -> None:
         for record in reversed(records):
             backward_op(record, {k: torch.ones_like(v) for k, v in record.outputs.items()})
         stage.zero_grad(set_to_none=True)
+
+    return iteration
+
+
+def pin_to_cores(cores: int) -> None:
+    """Keep this process on the first `cores` cores (the benchmarks' view of a host with that many)."""
+    if cores < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, range(cores))
+
+
+def _worker(preset: str, cores: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    pin_to_cores(cores)
+    iteration = layer_iteration(preset)
 
     for _ in range(WARMUP_ITERATIONS):
         iteration()

@@ -1,90 +1,201 @@
-"""Wake-up latency of a blocked rank while other processes keep the host's cores busy (CPU hosts).
+"""What a blocking exchange costs on a CPU host whose cores are shared by more ranks than cores.
 
-Owns the benchmark: ranks 0 and 1 ping-pong a 16-byte message over the process group while K
-competitor processes spin on the same cores, for K from 0 to three per core. Every message wakes a
-blocked receiver, which then waits for a core. The profile records the mean and median one-way time at
-each K (`measurements.wake_latency`), a fact about the host's scheduler. The simulator does not use
-it: spinning competitors never block, a rank's competitors block every millisecond, and charged at the
-processor-sharing load it moved predictions the wrong way (validation/README.md, "Known gaps").
-Imports torch.
+Owns the blocking-wait benchmark and the scheduler-slice measurement. A rank that blocks in a
+collective sleeps; when the last partner's data arrives, the library's threads and then the rank are
+woken one after another, and each wake-up waits for a core if the cores are busy with other ranks'
+compute. The benchmark reproduces that: K x cores processes (pinned to the host's first cores, one
+intra-op thread each) in pairs, each running forward + backward of one layer of a model preset and then
+a flat all-to-all with its partner through the torch backend, as ranks of a training run do. Per level
+it records the mean time from the last member's arrival to a member's return (after_last), the mean
+number of processes computing per core while it ran, and the same exchange back to back with nothing
+else running (hot: what the profile's per-call host cost already prices). The simulator charges the
+extra over hot, per library call, at the load it sees (workload/cost.py: CostProfile.blocking_wait_s).
+
+The scheduler slice (how long a CPU-bound process runs before the kernel switches a core to another)
+is measured with two spinning processes on one core; the simulator averages its load over that time.
+Imports torch in the benchmark's processes only.
 """
-
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 import statistics
-import subprocess
-import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-import torch
-import torch.distributed as dist
+from piper_sim.calibrate.sharing import MAX_CORES, layer_iteration, pin_to_cores
+from piper_sim.errors import PiperError
 
-ROUNDS = 3
-SECONDS_PER_WINDOW = 1.0
-SPIN = "while True: pass"
-
-
-def competitor_levels(cores: int) -> list[int]:
-    """0, 1, 2, ... competitors up to one per core, then every half core up to three per core."""
-    levels = list(range(cores + 1))
-    step = max(1, cores // 2)
-    while levels[-1] + step <= 3 * cores:
-        levels.append(levels[-1] + step)
-    return levels
+LEVELS_FULL = (1, 2, 3, 4)  # processes per core
+LEVELS_QUICK = (1, 2)
+WARMUP_ITERATIONS = 10
+HOT_EXCHANGES = 200
+SKIPPED_EXCHANGES = 2  # each level's first exchanges wait for the partner to start
+CALLS_PER_EXCHANGE = 2  # flat: the split sizes (one int64 per member), then the rows (torch_backend/all_to_all.py)
+GAP_S = 50e-6  # a spinning loop that sees this much time pass between two iterations was switched out
 
 
-def _ping_pong(rank: int, seconds: float) -> list[float]:
-    """Round-trip seconds between ranks 0 and 1 for `seconds` (rank 0 decides when to stop)."""
-    buf = torch.zeros(4)
-    times: list[float] = []
-    stop_at = time.monotonic() + seconds
-    while True:
+def num_items(quick: bool) -> int:
+    """Progress items of the benchmark: the run, one per level summarized, the slice."""
+    return len(LEVELS_QUICK if quick else LEVELS_FULL) + 2
+
+
+def num_rounds(quick: bool) -> int:
+    return 1 if quick else 2
+
+
+def bench_blocking_wait(preset: str, quick: bool, progress: Callable[[str], None],
+                        timeout_s: float = 300.0) -> list[dict]:
+    """Records: one 'blocking_wait' per level (ranks_per_core, computing_per_core, time_s the mean time from
+    the last arrival to return, hot_s, exchanges) and one 'scheduler_slice' (time_s). Runs on the calling
+    rank alone."""
+    from piper_sim.torch_backend.local_launch import run_local
+
+    cores = min(os.cpu_count() or 1, MAX_CORES)
+    levels = LEVELS_QUICK if quick else LEVELS_FULL
+    world = _even(max(levels) * cores)
+    rounds, window_s = num_rounds(quick), (0.5 if quick else 2.0)
+    progress(f"blocking wait: {world} processes on {cores} core(s), {rounds} x {len(levels)} windows of "
+             f"{window_s} s (about {20 + rounds * len(levels) * window_s:.0f} s)")
+    with tempfile.TemporaryDirectory(prefix="piper-wake-") as tmp:
+        try:
+            run_local(_member, world, preset, cores, levels, rounds, window_s, tmp, timeout_s=timeout_s)
+        except TimeoutError:
+            raise PiperError(f"calibrate: the blocking-wait benchmark did not finish in {timeout_s:.0f} s") from None
+        logs = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+    hot_samples = _after_last(logs, 0, "hot")
+    hot, hot_median = statistics.fmean(hot_samples), statistics.median(hot_samples)
+    records = []
+    row_bytes = logs[0]["row_bytes"]
+    for k in levels:
+        records.append(dict(_level_record(logs, k, cores, preset), hot_s=hot, hot_median_s=hot_median,
+                            count_bytes=8 * 2, row_bytes=row_bytes))
+        progress(f"blocking wait: {k} process(es) per core: {records[-1]['time_s'] * 1e3:.2f} ms after the "
+                 f"last arrival (hot {hot * 1e3:.2f} ms)")
+    progress("blocking wait: scheduler slice")
+    records.append({"bench": "scheduler_slice", "time_s": measure_slice_s()})
+    return records
+
+
+def _even(n: int) -> int:
+    return n + n % 2
+
+
+def _member(rank: int, world: int, preset: str, cores: int, levels: tuple[int, ...], rounds: int,
+            window_s: float, out_dir: str) -> None:
+    """One process of the benchmark (spawned by run_local): pairs (0, 1), (2, 3), ..."""
+    import torch
+    import torch.distributed as dist
+
+    from piper_sim.calibrate.stage_ops import MICRO_BATCH_SIZE
+    from piper_sim.torch_backend.all_to_all import all_to_all
+    from piper_sim.torch_backend.groups import DEFAULT_GROUPS
+    from piper_sim.workload.presets import load_model
+
+    pin_to_cores(cores)
+    iteration = layer_iteration(preset)
+    spec = load_model(preset)
+    pair = (rank - rank % 2, rank - rank % 2 + 1)
+    node_of = dict.fromkeys(pair, 0)
+    rows = torch.randn(MICRO_BATCH_SIZE * spec.seq_len * spec.top_k, spec.d_model + 1)
+    half = rows.shape[0] // 2
+    splits = [half, rows.shape[0] - half]
+    DEFAULT_GROUPS.get(pair)
+
+    def exchange() -> tuple[float, float]:
+        arrive = time.perf_counter()
+        all_to_all(rows, splits, pair, node_of)
+        return arrive, time.perf_counter()
+
+    solo = []
+    for _ in range(WARMUP_ITERATIONS):
         t0 = time.perf_counter()
-        if rank == 0:
-            buf[0] = 1.0 if time.monotonic() > stop_at else 0.0
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        else:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
-        times.append(time.perf_counter() - t0)
-        if buf[0].item() == 1.0:
-            return times
+        iteration()
+        solo.append(time.perf_counter() - t0)
+        exchange()
+    agreed = torch.tensor([statistics.median(solo)], dtype=torch.float64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)  # every pair must run the same count of exchanges
+    per_iteration_s = float(agreed)
+    log: dict = {"hot": [], "levels": {}, "row_bytes": rows.numel() * rows.element_size()}
+    if rank < 2:  # the same exchange back to back, nothing else running
+        log["hot"] = [exchange() for _ in range(HOT_EXCHANGES)]
+    for _ in range(rounds):
+        for k in levels:
+            active = _even(k * cores)
+            # the window over the expected time per iteration (the same on every rank)
+            count = max(4, int(window_s / (per_iteration_s * max(1.0, active / cores))))
+            dist.barrier()
+            if rank < active:
+                entries = []
+                for _ in range(count):
+                    c0 = time.perf_counter()
+                    iteration()
+                    c1 = time.perf_counter()
+                    entries.append((c0, c1, *exchange()))
+                log["levels"].setdefault(str(k), []).append(entries)
+    dist.barrier()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(log))
 
 
-def bench_wake_latency(rank: int, world: int, progress: Callable[[str], None]) -> list[dict]:
-    """Records (rank 0 only) of the one-way message time at each number of spinning competitors, over
-    ROUNDS windows per level interleaved round by round (a slow phase of the machine does not land on one
-    level): time_s the mean of all messages, median_s their median, window_means_s each window's mean."""
-    if world < 2:
-        return []
-    cores = os.cpu_count() or 1
-    levels = competitor_levels(cores)
-    window_means: dict[int, list[float]] = {k: [] for k in levels}
-    samples: dict[int, list[float]] = {k: [] for k in levels}
-    for r in range(ROUNDS):
-        for i, competitors in enumerate(levels):
-            progress(f"wake-up latency round {r + 1}/{ROUNDS}, {i + 1}/{len(levels)}: {competitors} spinning "
-                     "process(es)")
-            spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(competitors if rank == 0 else 0)]
-            try:
-                time.sleep(0.2 if spinners else 0.0)
-                dist.barrier()
-                times = _ping_pong(rank, SECONDS_PER_WINDOW) if rank < 2 else []
-                dist.barrier()
-            finally:
-                for p in spinners:
-                    p.kill()
-                    p.wait()
-            one_way = [t / 2 for t in times[10:]]  # the first round trips warm the connection up
-            if rank == 0:
-                window_means[competitors].append(statistics.fmean(one_way))
-                samples[competitors] += one_way
-    if rank != 0:
-        return []
-    return [{"bench": "wake_latency", "competitors": k, "cores": cores, "time_s": statistics.fmean(samples[k]),
-             "median_s": statistics.median(samples[k]), "window_means_s": window_means[k],
-             "messages": len(samples[k])} for k in levels]
+def _after_last(logs: list[dict], pair_first: int, key: str, level: str | None = None, window: int = 0) -> list[float]:
+    """Seconds from the later member's arrival to each member's return, for one pair's exchanges."""
+    a, b = logs[pair_first], logs[pair_first + 1]
+    ea, eb = (a[key], b[key]) if level is None else (a[key][level][window], b[key][level][window])
+    out = []
+    for x, y in list(zip(ea, eb, strict=True))[SKIPPED_EXCHANGES:]:
+        last = max(x[-2], y[-2])
+        out += [x[-1] - last, y[-1] - last]
+    return out
+
+
+def _level_record(logs: list[dict], k: int, cores: int, preset: str) -> dict:
+    active = _even(k * cores)
+    level = str(k)
+    after, window_means, computing = [], [], []
+    for w in range(len(logs[0]["levels"][level])):
+        window = [v for p in range(0, active, 2) for v in _after_last(logs, p, "levels", level, w)]
+        window_means.append(statistics.fmean(window))
+        after += window
+        entries = [logs[r]["levels"][level][w] for r in range(active)]
+        start = min(e[0][0] for e in entries)
+        end = max(e[-1][-1] for e in entries)
+        busy = sum(c1 - c0 for e in entries for c0, c1, *_ in e)
+        computing.append(busy / (end - start) / cores)
+    return {"bench": "blocking_wait", "preset": preset, "ranks_per_core": k, "cores": cores, "processes": active,
+            "computing_per_core": statistics.fmean(computing), "time_s": statistics.fmean(after),
+            "median_s": statistics.median(after), "window_means_s": window_means, "exchanges": len(after) // 2,
+            "calls_per_exchange": CALLS_PER_EXCHANGE}
+
+
+def _spin(seconds: float, queue) -> None:  # noqa: ANN001
+    os.sched_setaffinity(0, {0})
+    runs: list[float] = []
+    t0 = start = last = time.perf_counter()
+    while last - t0 < seconds:
+        now = time.perf_counter()
+        if now - last > GAP_S:
+            runs.append(last - start)
+            start = now
+        last = now
+    queue.put(runs[1:])
+
+
+def measure_slice_s(seconds: float = 1.0) -> float:
+    """Median time a CPU-bound process runs on a core shared with another before being switched out."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise PiperError("calibrate: measuring the scheduler slice needs os.sched_setaffinity (Linux)")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_spin, args=(seconds, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    runs = [r for _ in procs for r in queue.get(timeout=seconds + 60)]
+    for p in procs:
+        p.join()
+    if not runs:
+        raise PiperError("calibrate: the two spinning processes were never switched out; no scheduler slice measured")
+    return statistics.median(runs)

@@ -88,6 +88,9 @@ class Simulation:
             capacity = np.array([float(len(lane)) for lane in self.lanes] + [float(self.cores)]) * CORE_NS
             slowdown = self._core_sharing_slowdown if coster.profile.core_sharing else None  # none measured: none
             self.cpu = FlowNetwork(self.env, capacity, slowdown=slowdown)
+        self.blocking_wait = bool(self.cores) and bool(coster.profile.blocking_wait)  # none measured: none charged
+        self._computing = 0  # ranks computing now
+        self._recent_load, self._load_at_s = 0.0, 0.0  # their average over the last scheduler slice, when
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
@@ -144,8 +147,10 @@ class Simulation:
             for i, task in enumerate(plan.program):
                 for d in plan.async_deps[i]:
                     ev = self._async_done[(lane_id, step, d)]
-                    if not ev.triggered:
+                    if not ev.triggered:  # blocked on a transfer: woken when it ends
                         yield ev
+                        if self.blocking_wait:
+                            yield self.env.timeout(self._blocking_wait_s(1))
                 memory += plan.mem_at_start[i]
                 if task.kind == "forward_expert":
                     extra = self._routed_extra_bytes(rank, step, task)
@@ -157,7 +162,9 @@ class Simulation:
                 if stream == 0:  # compute
                     seconds, f = self._compute_cost(rank, stage, step, i, task)
                     start[step, local, i] = self.env.now
+                    self._count_computing(len(lane))
                     yield self._compute(lane_id, len(lane), seconds)
+                    self._count_computing(-len(lane))
                     end[step, local, i] = self.env.now
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
@@ -185,6 +192,32 @@ class Simulation:
         links = np.array([lane_id, len(self.lanes)], dtype=np.int64)
         return self.cpu.start(np.zeros(2, dtype=np.int64), links, np.array([seconds * CORE_NS]),
                               weight=np.array([float(members)]))
+
+    def _count_computing(self, ranks: int) -> None:
+        if self.blocking_wait:
+            self._load_now()
+            self._computing += ranks
+
+    def _load_now(self) -> float:
+        """Ranks computing per core, averaged over the last scheduler slice (exponentially). The kernel's
+        time slicing keeps ranks out of the lockstep that processor sharing puts them in, so a woken rank
+        meets the machine's recent load, not the instant's."""
+        keep = np.exp(-(self.env.now - self._load_at_s) / self.coster.profile.scheduler_slice_s)
+        self._recent_load = self._recent_load * keep + self._computing / self.cores * (1.0 - keep)
+        self._load_at_s = self.env.now
+        return self._recent_load
+
+    def _blocking_wait_s(self, calls: int) -> float:
+        """What a rank woken from `calls` blocking library calls waits for a core (profile.blocking_wait)."""
+        return calls * self.coster.profile.blocking_wait_s(self._load_now())
+
+    def _wake(self, done: simpy.Event, calls: int) -> None:
+        """End a collective: at once, or after its members' blocking wait."""
+        wait = self._blocking_wait_s(calls) if calls else 0.0
+        if wait <= 0:
+            done.succeed()
+        else:
+            self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed())
 
     def _core_sharing_slowdown(self, load: np.ndarray) -> np.ndarray:
         """Ranks taking turns on the cores pay for each other's cache state: the machine's cores deliver
@@ -258,7 +291,8 @@ class Simulation:
                     gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
                 host = 0.0 if self.cores else self._host_cost_s(task, group)
                 done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role), delay_s=host)
-                done.callbacks.append(lambda _ev, ev=waiting[1]: ev.succeed())
+                calls = self._calls(task, group) if self.blocking_wait else 0
+                done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))
             events.append(waiting[1])
         return events[0] if len(events) == 1 else self.env.all_of(events)
 

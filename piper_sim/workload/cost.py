@@ -74,6 +74,10 @@ class CostProfile:
     collective_overheads: dict = field(default_factory=dict)
     # CPU hosts whose ranks share cores: (ranks per core, CPU time factor), ...; 1 at one rank per core
     core_sharing: tuple[tuple[float, float], ...] = ()
+    # CPU hosts whose ranks share cores: (ranks computing per core, extra seconds per library call of a
+    # blocking exchange), ...; and the scheduler slice the simulator averages that load over
+    blocking_wait: tuple[tuple[float, float], ...] = ()
+    scheduler_slice_s: float = 0.0
     optimizer_fixed_s: float = 0.0  # measured: time = fixed + per_tensor x tensors + per_param x params
     optimizer_per_tensor_s: float = 0.0
 
@@ -92,6 +96,14 @@ class CostProfile:
             return 1.0
         levels, factors = zip(*self.core_sharing, strict=True)
         return float(np.interp(ranks_per_core, levels, factors))
+
+    def blocking_wait_s(self, computing_per_core: float) -> float:
+        """Extra wait of one library call of a blocking exchange when this many ranks per core are computing
+        (measured from load 0; linear between the levels, flat beyond the last; 0 where nothing was measured)."""
+        if not self.blocking_wait:
+            return 0.0
+        levels, extra = zip(*self.blocking_wait, strict=True)
+        return float(np.interp(computing_per_core, levels, extra))
 
     def gemm_time_s(self, gemm: Gemm, dtype_bytes: int) -> float:
         flop_time = gemm.flops / (self.peak_flops_per_s * self.gemm_efficiency(gemm.rows))
@@ -189,6 +201,9 @@ def _measured(measurements: dict) -> dict:
     sharing = measurements.get("core_sharing")
     if sharing:
         out["core_sharing"] = _core_sharing(sharing)
+    blocking = measurements.get("blocking_wait")
+    if blocking:
+        out["blocking_wait"], out["scheduler_slice_s"] = _blocking_wait(blocking)
     optimizer = measurements.get("optimizer") or {}
     if "per_tensor_us" in optimizer:
         out.update(optimizer_fixed_s=float(optimizer.get("fixed_us", 0.0)) * 1e-6,
@@ -208,6 +223,20 @@ def _core_sharing(raw: object) -> tuple[tuple[float, float], ...]:
         raise ConfigError("cost profile measurements.core_sharing", raw,
                           "ranks_per_core (increasing, from 1) and cpu_time_factor (positive) of equal length")
     return tuple((float(v), float(f)) for v, f in zip(levels, factors, strict=True))
+
+
+def _blocking_wait(raw: object) -> tuple[tuple[tuple[float, float], ...], float]:
+    loads = raw.get("computing_per_core") if isinstance(raw, dict) else None
+    extra = raw.get("extra_per_call_us") if isinstance(raw, dict) else None
+    slice_us = raw.get("scheduler_slice_us") if isinstance(raw, dict) else None
+    if (not isinstance(loads, list) or not isinstance(extra, list) or len(loads) != len(extra) or not loads
+            or any(not isinstance(v, int | float) or v < 0 for v in loads) or loads != sorted(set(loads))
+            or any(not isinstance(e, int | float) or e < 0 for e in extra)
+            or not isinstance(slice_us, int | float) or slice_us <= 0):
+        raise ConfigError("cost profile measurements.blocking_wait", raw,
+                          "computing_per_core (>= 0, increasing) and extra_per_call_us (>= 0) of equal length, "
+                          "and scheduler_slice_us > 0")
+    return tuple((float(v), float(e) * 1e-6) for v, e in zip(loads, extra, strict=True)), float(slice_us) * 1e-6
 
 
 def _series_s(tokens: list, times_us: list) -> tuple[tuple[int, float], ...]:
