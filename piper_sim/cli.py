@@ -157,9 +157,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     cases = find_cases(args.cases, data_dir("validation") / "cases")
     if args.remeasure:
-        for i, case in enumerate(cases):
-            print(f"[{i + 1}/{len(cases)}] measuring {case.name} ...", file=sys.stderr)
-            remeasure(case)
+        remeasure(cases, repeats=args.repeats, progress=lambda msg: print(msg, file=sys.stderr))
+    elif args.repeats != 1:
+        raise PiperError("validate: --repeats applies to --remeasure only")
     scores = []
     for i, case in enumerate(cases):
         print(f"[{i + 1}/{len(cases)}] predicting {case.name} ...", file=sys.stderr)
@@ -246,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cases", nargs="*", help="case names or directories (default: all in validation/cases)")
     p.add_argument("--profile", required=True, help="calibrated cost profile (traces/profiles/NAME.yaml)")
     p.add_argument("--remeasure", action="store_true", help="rerun the real side first (root for testbed cases)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --remeasure: runs per case; the run with the median step time is kept (default 1)")
     p.add_argument("--out", type=Path, help="write validation.csv, phases.csv, summary.json and a plot here")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("testbed", help="emulated multi-node cluster in network namespaces (root)")

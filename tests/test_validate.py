@@ -47,3 +47,37 @@ def test_cases_out_of_order_are_listed_with_their_measured_gap():
     assert (swap["faster"], swap["slower"]) == ("x", "y") and swap["measured_gap"] == pytest.approx(0.02)
     in_order = summarize([_score("x", 1.0, 1.0), _score("y", 1.1, 1.02)])
     assert in_order["same_order"] is True and in_order["order_swaps"] == []
+
+
+def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
+    # a real local run (no testbed, no root): pp1 x ep2 of a 2-layer tiny-moe, 3 steps, twice
+    from piper_sim.analysis.validation import load_case, remeasure, score_case, step_time
+    from piper_sim.trace.runtrace import read_trace
+
+    case_dir = tmp_path / "local-pp1ep2"
+    case_dir.mkdir()
+    config = {"model": {"preset": "tiny-moe", "num_layers": 2, "seq_len": 32},
+              "parallel": {"pp": 1, "ep": 2, "num_microbatches": 2, "micro_batch_size": 1}, "sim": {"steps": 3}}
+    (case_dir / "case.yaml").write_text(json.dumps({"description": "local", "config": config}))
+    case = load_case(case_dir)
+    messages = []
+    remeasure([case], repeats=2, progress=messages.append)
+    assert messages == ["[run 1/2, 1/1] measuring local-pp1ep2 ...", "[run 2/2, 1/1] measuring local-pp1ep2 ..."]
+    info = json.loads((case.measured / "measured.json").read_text())
+    runs = info["run_step_times_s"]
+    assert len(runs) == 2 and all(t > 0 for t in runs)
+    assert step_time(read_trace(case.measured)) == pytest.approx(min(runs), rel=1e-5)  # the lower median of two
+    assert runs[info["kept_run"]] == min(runs)
+    assert sorted(p.name for p in case_dir.iterdir()) == ["case.yaml", "measured"]  # no run left behind
+    score = score_case(case, "cpu-2rank")
+    assert score["measured_runs_s"] == runs and score["measured_spread"] == pytest.approx(max(runs) / min(runs) - 1)
+
+
+def test_repeats_must_be_positive(tmp_path):
+    from piper_sim.analysis.validation import load_case, remeasure
+    from piper_sim.errors import PiperError
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "case.yaml").write_text(json.dumps({"config": {"model": "tiny-moe"}}))
+    with pytest.raises(PiperError, match="--repeats 0"):
+        remeasure([load_case(tmp_path / "c")], repeats=0)

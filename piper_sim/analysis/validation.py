@@ -111,6 +111,8 @@ def score_case(case: Case, profile: str | dict) -> dict:
     phases = pd.DataFrame({"predicted_s": phase_times(result.trace), "measured_s": phase_times(measured)}).fillna(0)
     phases["error"] = phases["predicted_s"] / phases["measured_s"].replace(0, np.nan) - 1
     meas_report = json.loads((case.measured / "report.json").read_text())
+    info_path = case.measured / "measured.json"
+    runs = (json.loads(info_path.read_text()).get("run_step_times_s") or []) if info_path.exists() else []
     kind = str(meas_report.get("peak_memory_kind", ""))
     memory_ok = "tensor" in kind
     # a run that counts activations on step 0 is compared with the prediction's step-0 peak
@@ -121,7 +123,9 @@ def score_case(case: Case, profile: str | dict) -> dict:
     return {"case": case.name, "pair": case.pair, "description": case.description, "tolerance": case.tolerance,
             "predicted_step_s": pred_step, "measured_step_s": meas_step, "error": pred_step / meas_step - 1,
             "predicted_memory_bytes": pred_mem, "measured_memory_bytes": meas_mem if memory_ok else [],
-            "memory_error": memory_error, "phases": phases, "prediction": result}
+            "memory_error": memory_error, "measured_runs_s": runs,
+            "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
+            "phases": phases, "prediction": result}
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -173,19 +177,26 @@ def summarize(scores: list[dict]) -> dict:
 
 def format_validation(scores: list[dict], summary: dict) -> str:
     width = max([28] + [len(s["case"]) for s in scores])
-    lines = [f"{'case':{width}s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s} {'mem err':>8s}  worst phase"]
+    lines = [f"{'case':{width}s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s} {'mem err':>8s} {'runs':>6s}"
+             "  worst phase"]
     for s in scores:
         ph = s["phases"].dropna(subset=["error"])
         worst = ph.loc[ph["error"].abs().idxmax()] if not ph.empty else None
         worst_text = f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else ""
         flag = "" if abs(s["error"]) <= s["tolerance"] else "  OUTSIDE TOLERANCE"
         mem = "n/a" if np.isnan(s["memory_error"]) else f"{s['memory_error'] * 100:+.1f}%"
+        spread = s.get("measured_spread", float("nan"))
+        runs = "1" if np.isnan(spread) else f"{spread * 100:.0f}%"
         lines.append(f"{s['case']:{width}s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
-                     f"{s['error'] * 100:+6.1f}% {mem:>8s}  {worst_text}{flag}")
+                     f"{s['error'] * 100:+6.1f}% {mem:>8s} {runs:>6s}  {worst_text}{flag}")
     lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
               f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']}"]
     lines += [f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}, "
               "predicted slower" for sw in summary.get("order_swaps", [])]
+    spreads = [s["measured_spread"] for s in scores if not np.isnan(s.get("measured_spread", float("nan")))]
+    if spreads:
+        lines.append(f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "
+                     f"max {max(spreads) * 100:.0f}%; the run with the median step time is scored")
     if summary["memory_max_error"] is not None:
         lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
                      f"max {summary['memory_max_error'] * 100:.1f}%")
@@ -200,6 +211,7 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     out.mkdir(parents=True, exist_ok=True)
     rows = [{k: v for k, v in s.items() if k not in ("phases", "prediction")} for s in scores]
@@ -210,7 +222,17 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 6))
     meas = np.array([s["measured_step_s"] for s in scores]) * 1e3
     pred = np.array([s["predicted_step_s"] for s in scores]) * 1e3
-    ax.loglog(meas, pred, "o")
+    spans = [(min(s["measured_runs_s"] or [m / 1e3]) * 1e3, max(s["measured_runs_s"] or [m / 1e3]) * 1e3)
+             for s, m in zip(scores, meas, strict=True)]
+    xerr = np.array([[m - lo for (lo, _), m in zip(spans, meas, strict=True)],
+                     [hi - m for (_, hi), m in zip(spans, meas, strict=True)]])
+    ax.errorbar(meas, pred, xerr=xerr, fmt="o", elinewidth=0.8, capsize=2)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
+        axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     for s, x, y in zip(scores, meas, pred, strict=True):
         ax.annotate(s["case"], (x, y), fontsize=6)
     lo, hi = min(meas.min(), pred.min()) * 0.8, max(meas.max(), pred.max()) * 1.25
@@ -223,10 +245,40 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
     plt.close(fig)
 
 
-def remeasure(case: Case, *, timeout_s: float = 900.0) -> None:
-    """Run the case for real (on its testbed when it names one) and keep the measurement in measured/."""
+def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0,
+              progress=lambda _msg: None) -> None:  # noqa: ANN001
+    """Run every case for real `repeats` times (round by round, so a slow phase of the machine does not land
+    on one case's runs) and keep, per case, the run whose steady-state step time is the median in measured/;
+    measured.json lists every run's step time. A case's previous measurement is replaced only once all
+    its runs are done."""
+    if repeats < 1:
+        raise PiperError(f"validate: --repeats {repeats}: give at least 1")
+    for case in cases:
+        for old in case.path.glob("measured.run*"):
+            shutil.rmtree(old)
+    for rep in range(repeats):
+        for i, case in enumerate(cases):
+            progress(f"[run {rep + 1}/{repeats}, {i + 1}/{len(cases)}] measuring {case.name} ...")
+            _measure_once(case, case.path / f"measured.run{rep}", timeout_s)
+    for case in cases:
+        runs = [case.path / f"measured.run{rep}" for rep in range(repeats)]
+        steps = [step_time(read_trace(run)) for run in runs]
+        kept = sorted(range(repeats), key=lambda r: steps[r])[(repeats - 1) // 2]
+        info = {"command": f"piper-sim validate {case.name} --remeasure --repeats {repeats}",
+                "date": _dt.date.today().isoformat(), "machine": platform.platform(),
+                "python": platform.python_version(), "testbed": case.testbed,
+                "run_step_times_s": [round(t, 6) for t in steps], "kept_run": kept}
+        shutil.rmtree(case.measured, ignore_errors=True)
+        runs[kept].rename(case.measured)
+        (case.measured / "measured.json").write_text(json.dumps(info, indent=2))
+        for run in runs:
+            shutil.rmtree(run, ignore_errors=True)
+
+
+def _measure_once(case: Case, out: Path, timeout_s: float) -> None:
+    """Run the case for real (on its testbed when it names one); keep `piper-sim run`'s files in out."""
+    from piper_sim.cli import write_measured_run
     from piper_sim.config import load_config
-    from piper_sim.outputs import write_run  # noqa: F401  (same files as `piper-sim run`)
 
     raw = json.loads(json.dumps(case.config))
     if isinstance(raw.get("topology"), str) and raw["topology"].endswith(".yaml"):
@@ -242,20 +294,15 @@ def remeasure(case: Case, *, timeout_s: float = 900.0) -> None:
         testbed.down(prefix)
         testbed.up((case.path / case.testbed).resolve(), prefix=prefix)
     try:
-        from piper_sim.cli import write_measured_run
-
         write_measured_run(cfg, work, timeout_s=timeout_s, testbed=prefix)
     finally:
         if prefix:
             from piper_sim import testbed
 
             testbed.down(prefix)
-    info = {"command": f"piper-sim validate {case.name} --remeasure", "date": _dt.date.today().isoformat(),
-            "machine": platform.platform(), "python": platform.python_version(), "testbed": case.testbed}
-    shutil.rmtree(case.measured, ignore_errors=True)
-    case.measured.mkdir(parents=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     for name in KEEP:
         if (work / name).exists():
-            shutil.move(str(work / name), case.measured / name)
-    (case.measured / "measured.json").write_text(json.dumps(info, indent=2))
+            shutil.move(str(work / name), out / name)
     shutil.rmtree(work, ignore_errors=True)
