@@ -310,3 +310,25 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     assert router["tokens"] == [8, 256, 1024] and all(t > 0 for t in router["time_us_by_tokens"])
     experts = raw["measurements"]["framework_overhead"]["forward"]["ops"]["experts:0"]["by_experts"]
     assert experts["experts"] == [2, 4, 8] and all(len(t) == 3 for t in experts["time_us_by_tokens"])
+
+
+def test_blocking_wait_level_from_known_timestamps():
+    from piper_sim.calibrate.wake import SKIPPED_EXCHANGES, _level_record
+
+    # one pair on one core, one window: each iteration computes 4 ms then exchanges; rank 1 arrives 1 ms
+    # after rank 0, and both return 2 ms after that (skipped first exchanges: same pattern)
+    def entries(rank: int) -> list:
+        out, t = [], 0.0
+        for _ in range(SKIPPED_EXCHANGES + 3):
+            arrive = t + 4e-3 + (1e-3 if rank else 0.0)
+            out.append((t + (1e-3 if rank else 0.0), arrive, arrive, t + 7e-3))
+            t += 7e-3
+        return out
+
+    logs = [{"levels": {"1": [entries(r)]}} for r in (0, 1)]
+    rec = _level_record(logs, 1, cores=2, preset="tiny-moe")
+    assert rec["time_s"] == pytest.approx(2e-3)  # from the later arrival to return
+    assert rec["exchanges"] == 3
+    # computing: 4 ms of every 7 ms on each of 2 ranks, over 2 cores
+    span = (SKIPPED_EXCHANGES + 3) * 7e-3
+    assert rec["computing_per_core"] == pytest.approx(2 * (SKIPPED_EXCHANGES + 3) * 4e-3 / span / 2)

@@ -14,6 +14,7 @@ import datetime as _dt
 import json
 import platform
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,7 +247,7 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
 
 
 def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0,
-              progress=lambda _msg: None) -> None:  # noqa: ANN001
+              progress: Callable[[str], None] = lambda _msg: None) -> None:
     """Run every case for real `repeats` times (round by round, so a slow phase of the machine does not land
     on one case's runs) and keep, per case, the run whose steady-state step time is the median in measured/;
     measured.json lists every run's step time. A case's previous measurement is replaced only once all

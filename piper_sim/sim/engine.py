@@ -90,7 +90,7 @@ class Simulation:
             self.cpu = FlowNetwork(self.env, capacity, slowdown=slowdown)
         self.blocking_wait = bool(self.cores) and bool(coster.profile.blocking_wait)  # none measured: none charged
         self._computing = 0  # ranks computing now
-        self._recent_load, self._load_at_s = 0.0, 0.0  # their average over the last scheduler slice, when
+        self._recent_load, self._load_at_s = 0.0, 0.0  # per core, averaged over the last slice; as of when
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
