@@ -116,7 +116,9 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     sweep = make_sweep(job.quick, job.presets, cuda=device.is_cuda)
     sizes = [s for s in sweep.message_bytes if job.max_message_bytes is None or s <= job.max_message_bytes]
     sharing = job.compute and not device.is_cuda  # a property of CPU hosts whose ranks share cores
-    sharing_items = core_sharing_items(job.quick) + blocking_wait_items(job.quick)
+    # the blocking wait is priced net of the all-to-all fit, which needs the local comm benchmarks
+    blocking = sharing and job.comm and job.levels is None and world >= 2
+    sharing_items = core_sharing_items(job.quick) + (blocking_wait_items(job.quick) if blocking else 0)
     total = ((sweep.num_compute_items() + 1 if job.compute else 0) + (sharing_items if sharing else 0)
              + (_num_comm_items(world, len(sizes), job.levels) if job.comm else 0))
     progress = Progress(total, enabled=rank == 0)
@@ -128,7 +130,8 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     if sharing:  # rank 0 runs them alone: the other ranks wait, blocked
         if rank == 0:
             records += bench_core_sharing(job.presets[0], job.quick, progress)
-            records += bench_blocking_wait(job.presets[0], job.quick, progress)
+            if blocking:
+                records += bench_blocking_wait(job.presets[0], job.quick, progress)
         if dist.is_initialized():
             dist.barrier()
     if job.comm:
