@@ -223,10 +223,8 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 6))
     meas = np.array([s["measured_step_s"] for s in scores]) * 1e3
     pred = np.array([s["predicted_step_s"] for s in scores]) * 1e3
-    spans = [(min(s["measured_runs_s"] or [m / 1e3]) * 1e3, max(s["measured_runs_s"] or [m / 1e3]) * 1e3)
-             for s, m in zip(scores, meas, strict=True)]
-    xerr = np.array([[m - lo for (lo, _), m in zip(spans, meas, strict=True)],
-                     [hi - m for (_, hi), m in zip(spans, meas, strict=True)]])
+    runs_ms = [np.array(s["measured_runs_s"] or [s["measured_step_s"]]) * 1e3 for s in scores]
+    xerr = np.array([meas - [r.min() for r in runs_ms], [r.max() for r in runs_ms] - meas])  # the runs' range
     ax.errorbar(meas, pred, xerr=xerr, fmt="o", elinewidth=0.8, capsize=2)
     ax.set_xscale("log")
     ax.set_yscale("log")

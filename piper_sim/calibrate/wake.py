@@ -27,15 +27,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from piper_sim.calibrate.sharing import MAX_CORES, layer_iteration, pin_to_cores
+from piper_sim.calibrate.sharing import LEVELS_FULL, LEVELS_QUICK, MAX_CORES, layer_iteration, pin_to_cores
 from piper_sim.errors import PiperError
 
-LEVELS_FULL = (1, 2, 3, 4)  # processes per core
-LEVELS_QUICK = (1, 2)
 WARMUP_ITERATIONS = 10
 HOT_EXCHANGES = 200
 SKIPPED_EXCHANGES = 2  # each level's first exchanges wait for the partner to start
-CALLS_PER_EXCHANGE = 2  # flat: the split sizes (one int64 per member), then the rows (torch_backend/all_to_all.py)
+CALLS_PER_EXCHANGE = 2  # flat: the split sizes, then the rows (torch_backend/all_to_all.py)
+COUNT_BYTES = 2 * 8  # the split sizes' message: one int64 per member of the pair
 GAP_S = 50e-6  # a spinning loop that sees this much time pass between two iterations was switched out
 
 
@@ -73,7 +72,7 @@ def bench_blocking_wait(preset: str, quick: bool, progress: Callable[[str], None
     row_bytes = logs[0]["row_bytes"]
     for k in levels:
         records.append(dict(_level_record(logs, k, cores, preset), hot_s=hot, hot_median_s=hot_median,
-                            count_bytes=8 * 2, row_bytes=row_bytes))
+                            count_bytes=COUNT_BYTES, row_bytes=row_bytes))
         progress(f"blocking wait: {k} process(es) per core: {records[-1]['time_s'] * 1e3:.2f} ms after the "
                  f"last arrival (hot {hot * 1e3:.2f} ms)")
     progress("blocking wait: scheduler slice")
