@@ -213,6 +213,58 @@ def test_experts_framework_cost_is_a_fixed_part_plus_a_part_per_expert_with_rows
     assert one == pytest.approx(25.8e-6, rel=0.02)
 
 
+def _layer_records(layer: dict) -> list[dict]:
+    """Framework records of one preset layer run at its own dimensions, at 8 x 1 and 128 x 2 tokens: ops
+    of 300-800 us (their arithmetic included), the experts op 400 us + 50 us per expert (forward)."""
+    import json
+
+    recs = []
+    tag = {"model": layer["name"], "layer": json.dumps(layer, sort_keys=True)}
+    for seq, batch in ((8, 1), (128, 2)):
+        tokens = seq * batch
+        shape = {**tag, "seq_len": seq, "micro_batch_size": batch, "tokens": tokens, "kernels": 20, "views": 5}
+        for direction, scale in (("fwd", 1.0), ("bwd", 2.0)):
+            for op, us in (("attn:0", 800.0), ("router:0", 300.0)):
+                recs.append({**shape, "bench": "framework", "op": op, "pass": direction, "num_experts": 8,
+                             "time_s": scale * (us + tokens) * 1e-6})
+            for experts in (2, 4, 8):
+                recs.append({**shape, "bench": "framework", "op": "experts:0", "pass": direction,
+                             "num_experts": experts, "time_s": scale * (400.0 + 50.0 * experts + tokens) * 1e-6})
+    return recs
+
+
+def test_a_layer_calibrated_at_its_own_dimensions_prices_that_model_at_the_measured_times():
+    from piper_sim.calibrate.sweep import model_layer
+    from piper_sim.errors import ConfigError
+    from piper_sim.workload.cost import TaskCoster
+    from piper_sim.workload.presets import load_model
+
+    layer = model_layer(load_model("tiny-moe"))
+    records = _synthetic_records(1.0) + _layer_records(layer)
+    per_rank = [{"rank": r, "machine": MACHINE, "records": records} for r in range(2)]
+    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
+                            versions={"torch": "x"}, wall_s=1.0)
+    entry = profile["measurements"]["framework_overhead_by_model"]["tiny-moe"]
+    assert entry["layer"] == layer and entry["shapes"] == [[8, 1], [128, 2]]
+    assert entry["forward"]["ops"]["experts:0"]["by_experts"]["experts"] == [2, 4, 8]
+    cost = load_profile(profile)
+    # the validation cases' model: tiny-moe's layer, 8 layers at seq 128; 256 tokens is a measured shape,
+    # so each op costs what was measured (its own arithmetic netted out of the table and priced back)
+    model = load_model({"preset": "tiny-moe", "num_layers": 8, "seq_len": 128})
+    coster = TaskCoster(model, cost, 256)
+    assert coster.cost("forward", ("router:0",))[0] == pytest.approx(556e-6, rel=1e-6)
+    assert coster.cost("backward", ("attn:0",))[0] == pytest.approx(2 * 1056e-6, rel=1e-6)
+    # the experts op with the router's 512 rows spread over all 8 experts, as measured (within 1%: the line
+    # over 2, 4 and 8 experts is fitted net of their GEMMs, whose rows per expert differ)
+    assert coster.cost("forward_expert", ("experts:0",), (64,) * 8)[0] == pytest.approx(1056e-6, rel=0.01)
+    # another model's layer (other dimensions) keeps the micro model's tables
+    other = TaskCoster(load_model("small-moe"), cost, 256)
+    assert other.profile.framework_s == cost.framework_s != coster.profile.framework_s
+    del profile["measurements"]["framework_overhead_by_model"]["tiny-moe"]["layer"]
+    with pytest.raises(ConfigError, match="framework_overhead_by_model.tiny-moe"):
+        load_profile(profile)
+
+
 def test_split_backward_passes_take_their_measured_share_of_the_backward():
     from piper_sim.workload.cost import TaskCoster
     from piper_sim.workload.presets import load_model
@@ -310,6 +362,14 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     assert router["tokens"] == [8, 256, 1024] and all(t > 0 for t in router["time_us_by_tokens"])
     experts = raw["measurements"]["framework_overhead"]["forward"]["ops"]["experts:0"]["by_experts"]
     assert experts["experts"] == [2, 4, 8] and all(len(t) == 3 for t in experts["time_us_by_tokens"])
+    # the quick sweep runs tiny-moe's own layer at 8 tokens; a tiny-moe model is priced with it
+    layer = raw["measurements"]["framework_overhead_by_model"]["tiny-moe"]
+    assert layer["layer"]["d_model"] == 64 and layer["shapes"] == [[8, 1]]
+    assert layer["forward"]["ops"]["experts:0"]["by_experts"]["experts"] == [2, 4, 8]
+    assert all(op["time_us_by_tokens"][0] > 0 for op in layer["forward"]["ops"].values())
+    from piper_sim.workload.presets import load_model
+    assert profile.for_model(load_model("tiny-moe")).framework_s != profile.framework_s
+    assert profile.for_model(load_model("small-moe")) is profile
 
 
 def test_blocking_wait_level_from_known_timestamps():

@@ -130,3 +130,17 @@ def test_registry_lists_algorithms_and_rejects_unknown() -> None:
     assert set(ALL) <= set(ALGORITHMS.names())
     with pytest.raises(ConfigError, match="halo"):
         all_to_all(torch.zeros(1, 1), [1], [0], {0: 0}, "nccl-magic")
+
+
+def test_local_launch_ports_are_below_the_kernels_ephemeral_range():
+    # a port the kernel picks (bind to 0) is free again once probed and can be handed to another socket
+    # before rank 0's store binds it; one chosen below the ephemeral range cannot be
+    import socket
+
+    from piper_sim.torch_backend.local_launch import HOST, LOWEST_PORT, _ephemeral_low, free_port
+
+    ports = {free_port() for _ in range(20)}
+    assert all(LOWEST_PORT <= p < _ephemeral_low() for p in ports) and len(ports) > 1
+    for port in list(ports)[:3]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, port))  # still free

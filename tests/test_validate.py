@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from piper_sim.analysis.validation import spearman, summarize
+from piper_sim.analysis.validation import format_validation, spearman, summarize
 from piper_sim.cli import main
 
 
@@ -25,6 +25,10 @@ def test_validate_scores_a_stored_case(tmp_path, capsys):
 def _score(case, pred, meas, pair=""):
     return {"case": case, "pair": pair, "predicted_step_s": pred, "measured_step_s": meas, "error": pred / meas - 1,
             "tolerance": 0.2, "memory_error": float("nan"), "prediction": type("R", (), {"report": {}})()}
+
+
+def _phases():
+    return pd.DataFrame({"predicted_s": [1.0], "measured_s": [1.0], "error": [0.0]}, index=["forward"])
 
 
 def test_summary_statistics():
@@ -45,8 +49,23 @@ def test_cases_out_of_order_are_listed_with_their_measured_gap():
     assert s["same_order"] is False
     (swap,) = s["order_swaps"]
     assert (swap["faster"], swap["slower"]) == ("x", "y") and swap["measured_gap"] == pytest.approx(0.02)
+    assert swap["runs_overlap"] is False  # run once each: nothing says the measurement cannot order them
     in_order = summarize([_score("x", 1.0, 1.0), _score("y", 1.1, 1.02)])
     assert in_order["same_order"] is True and in_order["order_swaps"] == []
+
+
+def test_a_swap_of_cases_whose_runs_overlap_is_marked_and_counted():
+    x, y = _score("x", 1.05, 1.00), _score("y", 1.00, 1.02)
+    x["measured_runs_s"], y["measured_runs_s"] = [0.95, 1.00, 1.04], [0.99, 1.02, 1.06]  # 1.04 >= 0.99
+    s = summarize([x, y])
+    assert s["same_order"] is False and s["order_swaps"][0]["runs_overlap"] is True
+    y["measured_runs_s"] = [1.01, 1.02, 1.06]  # x's slowest run (1.04) slower than y's fastest: still overlap
+    assert summarize([x, y])["order_swaps"][0]["runs_overlap"] is True
+    y["measured_runs_s"] = [1.045, 1.05, 1.06]  # every run of y slower than every run of x
+    s = summarize([x, y])
+    assert s["order_swaps"][0]["runs_overlap"] is False
+    assert "1 of 1 swapped pairs were measured apart" in format_validation(
+        [dict(x, phases=_phases()), dict(y, phases=_phases())], s)
 
 
 def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):

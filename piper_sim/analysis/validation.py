@@ -137,14 +137,19 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def order_swaps(scores: list[dict]) -> list[dict]:
     """Every pair of cases the prediction orders differently from the measurement: the measured-faster case,
-    the measured-slower one, and how far apart they were measured (slower / faster - 1)."""
+    the measured-slower one, how far apart they were measured (slower / faster - 1), and whether their
+    repeated runs overlap (the faster case's slowest run slower than the other's fastest: the measurement
+    itself does not order them; False when either was run once)."""
     out = []
     for i, a in enumerate(scores):
         for b in scores[i + 1:]:
             fast, slow = (a, b) if a["measured_step_s"] <= b["measured_step_s"] else (b, a)
             if fast["predicted_step_s"] > slow["predicted_step_s"]:
+                fast_runs, slow_runs = fast.get("measured_runs_s") or [], slow.get("measured_runs_s") or []
+                overlap = len(fast_runs) > 1 and len(slow_runs) > 1 and max(fast_runs) >= min(slow_runs)
                 out.append({"faster": fast["case"], "slower": slow["case"],
-                            "measured_gap": slow["measured_step_s"] / fast["measured_step_s"] - 1})
+                            "measured_gap": slow["measured_step_s"] / fast["measured_step_s"] - 1,
+                            "runs_overlap": overlap})
     return sorted(out, key=lambda x: x["measured_gap"])
 
 
@@ -192,8 +197,12 @@ def format_validation(scores: list[dict], summary: dict) -> str:
                      f"{s['error'] * 100:+6.1f}% {mem:>8s} {runs:>6s}  {worst_text}{flag}")
     lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
               f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']}"]
-    lines += [f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}, "
-              "predicted slower" for sw in summary.get("order_swaps", [])]
+    swaps = summary.get("order_swaps", [])
+    lines += [f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}"
+              f"{' (their runs overlap)' if sw.get('runs_overlap') else ''}, predicted slower" for sw in swaps]
+    if swaps:
+        apart = sum(1 for sw in swaps if not sw.get("runs_overlap"))
+        lines.append(f"  {apart} of {len(swaps)} swapped pairs were measured apart (runs not overlapping)")
     spreads = [s["measured_spread"] for s in scores if not np.isnan(s.get("measured_spread", float("nan")))]
     if spreads:
         lines.append(f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "

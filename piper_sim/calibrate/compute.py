@@ -8,12 +8,13 @@ forward records the autograd graph (its bookkeeping is part of every op's fixed 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from piper_sim.calibrate.sweep import MICRO_EXPERTS, MICRO_MODEL, MICRO_SHAPES, Sweep, TimingPlan
+from piper_sim.calibrate.sweep import MICRO_MODEL, Sweep, TimingPlan, layer_expert_counts
 from piper_sim.calibrate.timing import Device, median_s, time_call
 from piper_sim.torch_backend.layers import FFN, RMSNorm
 
@@ -159,30 +160,32 @@ def bench_optimizer(device: Device, sweep: Sweep, progress: Progress) -> list[Re
 def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
     """Fixed cost of real model code: each op of a micro MoE (d 8; next to no arithmetic) run with the
     executor's forward_op / backward_op at each of MICRO_SHAPES, with the ATen ops (kernels, views) it
-    dispatched; the experts op also with each of MICRO_EXPERTS experts. CPU only (the stage is built on
-    the CPU)."""
+    dispatched; then the same for one layer of each swept preset at its own dimensions (sweep.layers at
+    sweep.layer_shapes). The experts op also runs with fewer experts (layer_expert_counts). Records carry
+    the model's name. CPU only (the stage is built on the CPU)."""
     from piper_sim.calibrate.stage_ops import CHECK_OPS, measure_op, prepare_stage
 
     if device.is_cuda:
         return []
-    runs = [(seq_len, batch, experts, CHECK_OPS if experts == MICRO_MODEL["num_experts"] else ("experts:0",))
-            for seq_len, batch in MICRO_SHAPES for experts in MICRO_EXPERTS]
+    runs = [(model, seq_len, batch, experts, CHECK_OPS if experts == model["num_experts"] else ("experts:0",))
+            for model, (seq_len, batch) in sweep.framework_runs() for experts in layer_expert_counts(model)]
     total = sum(len(ops) for *_, ops in runs)
     out: list[Record] = []
     done = 0
-    for seq_len, batch, experts, ops in runs:
-        _, stage, before = prepare_stage(dict(MICRO_MODEL, seq_len=seq_len, num_experts=experts),
-                                         micro_batch_size=batch)
+    for model, seq_len, batch, experts, ops in runs:
+        _, stage, before = prepare_stage(dict(model, seq_len=seq_len, num_experts=experts), micro_batch_size=batch)
         for op in ops:
             done += 1
-            progress(f"framework {done}/{total}: micro-model {op} forward and backward, {seq_len * batch} tokens, "
-                     f"{experts} experts")
+            progress(f"framework {done}/{total}: {model['name']} {op} forward and backward, {seq_len * batch} "
+                     f"tokens, {experts} experts")
             m = measure_op(stage, op, before[op], sweep.timing)
             for direction in ("fwd", "bwd", "bwd_input", "bwd_weight"):  # the last two: the zero-bubble split
                 counts = m.get(f"{direction}_kernels", 0), m.get(f"{direction}_views", 0)
-                out.append({"bench": "framework", "op": op, "pass": direction, "seq_len": seq_len,
-                            "micro_batch_size": batch, "tokens": seq_len * batch, "num_experts": experts,
-                            "kernels": counts[0], "views": counts[1], "time_s": m[f"{direction}_s"]})
+                layer = {} if model is MICRO_MODEL else {"layer": json.dumps(model, sort_keys=True)}
+                out.append({"bench": "framework", "model": model["name"], **layer, "op": op, "pass": direction,
+                            "seq_len": seq_len, "micro_batch_size": batch, "tokens": seq_len * batch,
+                            "num_experts": experts, "kernels": counts[0], "views": counts[1],
+                            "time_s": m[f"{direction}_s"]})
     return out
 
 

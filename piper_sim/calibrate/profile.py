@@ -15,6 +15,7 @@ Pure numpy and yaml: no torch.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -80,21 +81,44 @@ def fit_launch(records: list[dict]) -> tuple[float, dict]:
     return launch, table
 
 
+FRAMEWORK_NOTE = ("executor forward_op / backward_op, caches flushed before each call; ops: time_us at the fewest "
+                  "tokens, time_us_by_tokens at each of tokens (seq_len x micro-batch size); experts:0 by_experts: "
+                  "the same with each number of experts; backward ops: input_pass / weight_pass: the zero-bubble "
+                  "split of the backward")
+
+
 def fit_framework(records: list[dict]) -> dict | None:
     """Per pass: each micro-model op's time at each token count, and time = per_op + per_aten_op x (kernels
     + views) fitted over the ops at the fewest tokens."""
-    every = _select(records, "framework")
+    out = _framework_tables(records, MICRO_MODEL)
+    if out is None:
+        return None
+    return {"model": "time = per_op_us + per_aten_op_us x (ATen kernels + views), micro MoE (d 8, E 4), "
+                     + FRAMEWORK_NOTE,
+            "micro_model": dict(MICRO_MODEL), "shapes": [list(s) for s in MICRO_SHAPES], **out}
+
+
+def fit_framework_by_model(records: list[dict]) -> dict:
+    """The same tables for one layer of each preset the framework benchmark ran at its own dimensions:
+    {preset name: {"layer": its model dict, "shapes", forward, backward}}."""
+    out = {}
+    layers = {r["model"]: json.loads(r["layer"]) for r in _select(records, "framework") if "layer" in r}
+    for name, layer in layers.items():
+        tables = _framework_tables(records, layer)
+        shapes = sorted({(r["seq_len"], r["micro_batch_size"]) for r in _select(records, "framework", model=name)})
+        out[name] = {"model": f"one layer of {name} at its own dimensions, " + FRAMEWORK_NOTE, "layer": layer,
+                     "shapes": [list(s) for s in shapes], **(tables or {})}
+    return out
+
+
+def _framework_tables(records: list[dict], model: dict) -> dict | None:
+    every = [r for r in _select(records, "framework") if r.get("model", MICRO_MODEL["name"]) == model["name"]]
     if not every:
         return None
-    base_experts = MICRO_MODEL["num_experts"]
+    base_experts = model["num_experts"]
     pts = [r for r in every if r.get("num_experts", base_experts) == base_experts]
     fewest = min(r.get("tokens", 0) for r in pts)
-    out: dict = {"model": "time = per_op_us + per_aten_op_us x (ATen kernels + views), micro MoE (d 8, E 4), "
-                          "executor forward_op / backward_op, caches flushed before each call; ops: time_us at "
-                          "the fewest tokens, time_us_by_tokens at each of tokens (seq_len x micro-batch size); "
-                          "experts:0 by_experts: the same with each number of experts; backward ops: "
-                          "input_pass / weight_pass: the zero-bubble split of the backward",
-                 "micro_model": dict(MICRO_MODEL), "shapes": [list(s) for s in MICRO_SHAPES]}
+    out: dict = {}
     for direction, name in (("fwd", "forward"), ("bwd", "backward")):
         sel = [r for r in pts if r["pass"] == direction and r["time_s"] > 0]
         if not sel:
@@ -309,7 +333,8 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
             "rank_spread_median": _r(fit.median(spread), 3) if spread else None,
             "compute_cpu_share_per_rank": [
                 _r(p["compute_cpu_share"], 3) if "compute_cpu_share" in p else None for p in per_rank],
-            "per_op_overhead": tiny, "framework_overhead": fit_framework(records), "gemm": gemm_detail,
+            "per_op_overhead": tiny, "framework_overhead": fit_framework(records),
+            "framework_overhead_by_model": fit_framework_by_model(records), "gemm": gemm_detail,
             "attention": attn_detail, "memory": memory,
             "optimizer": opt_detail, "network": network,
             "blocking_wait": blocking_wait_summary(records, network["local"]),

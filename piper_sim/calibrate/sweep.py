@@ -6,7 +6,7 @@ configurations, elementwise sizes, optimizer points, message sizes and group siz
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import load_model
@@ -23,6 +23,22 @@ MICRO_SHAPES = ((8, 1), (128, 2), (256, 4))
 # the experts op also runs with these numbers of experts: a fixed part (sort, split, gather) and a part
 # per expert (its GEMMs and activation), fitted as a line over them
 MICRO_EXPERTS = (2, 4, 8)
+
+
+def model_layer(model: ModelSpec) -> dict:
+    """One layer of a model preset at its own dimensions, as a model dict the framework benchmark runs
+    (its op times then include the memory traffic and cache misses of the model's real tensor sizes)."""
+    fields = ("d_model", "num_heads", "num_kv_heads", "head_dim", "vocab_size", "expert_ffn_dim", "num_experts",
+              "top_k", "num_shared_experts", "shared_expert_ffn_dim", "expert_matrices", "tie_embeddings", "dtype")
+    mla = {"mla": asdict(model.mla)} if model.mla else {}
+    return {"name": model.name, "num_layers": 1, "seq_len": MICRO_MODEL["seq_len"],
+            **{f: getattr(model, f) for f in fields}, **mla}
+
+
+def layer_expert_counts(layer: dict) -> tuple[int, ...]:
+    """Numbers of experts the framework benchmark runs the experts op with (MICRO_EXPERTS and the layer's
+    own): the line over them prices any number an EP rank holds."""
+    return tuple(sorted(set(MICRO_EXPERTS) | {layer["num_experts"]}))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,11 +90,21 @@ class Sweep:
     elementwise_bytes: tuple[int, ...]
     optimizer_points: tuple[tuple[int, int], ...]  # (parameters, tensors)
     message_bytes: tuple[int, ...]
+    # the framework benchmark: the micro model at MICRO_SHAPES, then one layer of each preset at these
+    # (seq_len, micro-batch size) shapes
+    layers: tuple[dict, ...]
+    layer_shapes: tuple[tuple[int, int], ...]
+
+    def framework_runs(self) -> list[tuple[dict, tuple[int, int]]]:
+        """(model dict, (seq_len, micro-batch size)) of every stage the framework benchmark builds."""
+        return ([(MICRO_MODEL, shape) for shape in MICRO_SHAPES]
+                + [(layer, shape) for layer in self.layers for shape in self.layer_shapes])
 
     def num_compute_items(self) -> int:
+        framework = sum(7 + len(layer_expert_counts(m)) - 1 for m, _ in self.framework_runs())
         return (len(self.gemm_rows) * len(self.gemm_shapes) + len(self.ffn_rows) * len(self.ffn_shapes) * 2
                 + len(self.attention_seq_lens) * len(self.attention_shapes) + 5 * len(self.elementwise_bytes)
-                + len(self.optimizer_points) + (7 + len(MICRO_EXPERTS) - 1) * len(MICRO_SHAPES))  # + framework
+                + len(self.optimizer_points) + framework)
 
 
 def model_gemm_shapes(model: ModelSpec) -> list[GemmShape]:
@@ -117,6 +143,7 @@ def make_sweep(quick: bool = False, presets: tuple[str, ...] = DEFAULT_PRESETS, 
                  for m in models)
     attn += (AttentionShape(batch=2, heads=8, head_dim=64, label="head dim 64"),)
     top = 4 if cuda else 1  # GPUs need bigger problems to reach their peak
+    layers = tuple(model_layer(m) for m in models)
     if quick:
         experts = [s for s in gemms if "expert" in s.label]
         return Sweep(quick=True, timing=TimingPlan(sample_s=0.004, num_samples=3, warmup_calls=2),
@@ -125,10 +152,10 @@ def make_sweep(quick: bool = False, presets: tuple[str, ...] = DEFAULT_PRESETS, 
                      ffn_shapes=tuple(s for s in ffns if s.num_matrices == 3), attention_seq_lens=(16, 64, 256),
                      attention_shapes=attn[:2], elementwise_bytes=_powers(KiB, 4096 * KiB, 8),
                      optimizer_points=((4096, 1), (262144, 1), (4096, 16), (262144, 16)),
-                     message_bytes=_powers(KiB, 1024 * KiB, 16))
+                     message_bytes=_powers(KiB, 1024 * KiB, 16), layers=layers[:1], layer_shapes=MICRO_SHAPES[:1])
     return Sweep(quick=False, timing=TimingPlan(), comm_timing=TimingPlan(sample_s=0.01, num_samples=7),
                  gemm_rows=_powers(1, 4096 * top), gemm_shapes=gemms, ffn_rows=_powers(1, 4096 * top, 4),
                  ffn_shapes=ffns, attention_seq_lens=_powers(16, 2048 * top), attention_shapes=attn,
                  elementwise_bytes=_powers(KiB, 64 * 1024 * KiB * top, 4),
                  optimizer_points=tuple((p, t) for p in (16384, 262144, 1048576, 4194304) for t in (1, 4, 16, 64)),
-                 message_bytes=_powers(KiB, 16 * 1024 * KiB, 4))
+                 message_bytes=_powers(KiB, 16 * 1024 * KiB, 4), layers=layers, layer_shapes=MICRO_SHAPES)

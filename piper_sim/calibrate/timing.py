@@ -158,6 +158,7 @@ def cold_calls(fn: Callable[[], object], plan: TimingPlan,
     for _ in range(plan.num_samples * COLD_CALLS_PER_SAMPLE):
         setup()
         flush_caches()
+        _barrier()
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)

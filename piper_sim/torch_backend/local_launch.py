@@ -9,10 +9,12 @@ Only piper_sim.torch_backend may import torch.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,10 +26,32 @@ from .groups import shutdown
 HOST = "127.0.0.1"
 
 
+LOWEST_PORT = 10000
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    """The lowest port the kernel hands out on its own (Linux ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing is bound to, chosen below the kernel's ephemeral range: a port the kernel picked
+    would be free again once probed, and could be handed to another socket (gloo's own connections,
+    another launch) before rank 0's store binds it."""
+    low = _ephemeral_low()
+    pool = range(LOWEST_PORT, max(low, LOWEST_PORT))
+    candidates = random.SystemRandom().sample(pool, min(64, len(pool)))
+    for port in [*candidates, 0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError(f"no free TCP port on {host}")
 
 
 def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str,

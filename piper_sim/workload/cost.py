@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +80,17 @@ class CostProfile:
     scheduler_slice_s: float = 0.0
     optimizer_fixed_s: float = 0.0  # measured: time = fixed + per_tensor x tensors + per_param x params
     optimizer_per_tensor_s: float = 0.0
+    # the framework fields measured on one layer of a preset at its own dimensions: ((layer_key, {field:
+    # table}), ...); a model with that key is priced with them (for_model) instead of the micro model's
+    framework_by_layer: tuple = ()
+
+    def for_model(self, model: ModelSpec) -> CostProfile:
+        """This profile with the framework tables measured on this model's layer, when calibrate ran one."""
+        key = layer_key(model)
+        for layer, tables in self.framework_by_layer:
+            if layer == key:
+                return replace(self, **tables)
+        return self
 
     def collective_call_s(self, kind: str, group_size: int) -> float:
         """Host cost of one collective call of this kind and group size (interpolated in group size)."""
@@ -152,43 +163,37 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
         **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
            **_measured(p.get("measurements") or {})},
     )
-    framework = (p.get("measurements") or {}).get("framework_overhead") or {}
+    measurements = p.get("measurements") or {}
+    framework = measurements.get("framework_overhead") or {}
     if profile.framework_s and framework.get("micro_model"):
-        profile = replace(profile, **_net_of_work(profile, framework))
-    return profile
+        profile = replace(profile, **_net_of_work(profile, profile.framework_s, profile.framework_by_experts,
+                                                  framework["micro_model"], framework))
+    from piper_sim.workload.presets import load_model
+
+    by_layer = []
+    for name, entry in (measurements.get("framework_overhead_by_model") or {}).items():
+        tables = _framework_tables(entry)
+        layer = entry.get("layer") if isinstance(entry, dict) else None
+        if not tables or not isinstance(layer, dict):
+            raise ConfigError(f"cost profile measurements.framework_overhead_by_model.{name}", entry,
+                              "a layer (model dict) and forward/backward op tables, as calibrate writes them")
+        tables.update(_net_of_work(profile, tables["framework_s"], tables.get("framework_by_experts", {}), layer,
+                                   entry))
+        by_layer.append((layer_key(load_model(layer)), tables))
+    return replace(profile, framework_by_layer=tuple(by_layer)) if by_layer else profile
+
+
+def layer_key(model: ModelSpec) -> tuple:
+    """What a layer's op times depend on besides tokens and experts per rank: two models with the same
+    key run the same ops on tensors of the same sizes."""
+    skip = {"name", "num_layers", "seq_len", "num_experts", "num_dense_layers", "moe_layer_freq", "moe_layer_offset",
+            "published_params", "published_active_params", "source"}
+    return tuple((f.name, getattr(model, f.name)) for f in fields(model) if f.name not in skip)
 
 
 def _measured(measurements: dict) -> dict:
     """What calibrate measured that the cost model uses: framework overhead per op, call overheads."""
-    out: dict = {}
-    framework = measurements.get("framework_overhead") or {}
-    table = {}
-    for pass_name in ("forward", "backward"):
-        for op, entry in ((framework.get(pass_name) or {}).get("ops") or {}).items():
-            times = entry.get("time_us_by_tokens") or [entry["time_us"]]
-            table[(pass_name, op.partition(":")[0])] = (op, _series_s(entry.get("tokens") or [0], times))
-    if table:
-        match = re.search(r"E (\d+)", str(framework.get("model", "")))
-        experts = (framework.get("micro_model") or {}).get("num_experts")
-        out.update(framework_s=table, framework_experts=int(experts or (match.group(1) if match else 1)))
-    by_experts = {}
-    for pass_name in ("forward", "backward"):
-        entry = ((framework.get(pass_name) or {}).get("ops") or {}).get("experts:0") or {}
-        fit = entry.get("by_experts")
-        if fit:
-            by_experts[pass_name] = tuple((int(e), _series_s(entry["tokens"], times))
-                                          for e, times in zip(fit["experts"], fit["time_us_by_tokens"], strict=True))
-    if by_experts:
-        out["framework_by_experts"] = by_experts
-    split = {}
-    for op, entry in ((framework.get("backward") or {}).get("ops") or {}).items():
-        inputs, weights = entry.get("input_pass_us_by_tokens"), entry.get("weight_pass_us_by_tokens")
-        if inputs and weights:
-            split[op.partition(":")[0]] = tuple(
-                (int(t), i / b if b > 0 else 1.0, w / b if b > 0 else 0.0)
-                for t, b, i, w in zip(entry["tokens"], entry["time_us_by_tokens"], inputs, weights, strict=True))
-    if split:
-        out["framework_split"] = split
+    out: dict = _framework_tables(measurements.get("framework_overhead") or {})
     local = (measurements.get("network") or {}).get("local") or {}
     overheads = {}
     for kind in ("all_to_all", "all_reduce"):
@@ -239,41 +244,76 @@ def _blocking_wait(raw: object) -> tuple[tuple[tuple[float, float], ...], float]
     return tuple((float(v), float(e) * 1e-6) for v, e in zip(loads, extra, strict=True)), float(slice_us) * 1e-6
 
 
+def _framework_tables(framework: dict) -> dict:
+    """CostProfile's framework fields from one framework_overhead table of a profile's measurements."""
+    out: dict = {}
+    table = {}
+    for pass_name in ("forward", "backward"):
+        for op, entry in ((framework.get(pass_name) or {}).get("ops") or {}).items():
+            times = entry.get("time_us_by_tokens") or [entry["time_us"]]
+            table[(pass_name, op.partition(":")[0])] = (op, _series_s(entry.get("tokens") or [0], times))
+    if table:
+        match = re.search(r"E (\d+)", str(framework.get("model", "")))
+        experts = (framework.get("micro_model") or framework.get("layer") or {}).get("num_experts")
+        out.update(framework_s=table, framework_experts=int(experts or (match.group(1) if match else 1)))
+    by_experts = {}
+    for pass_name in ("forward", "backward"):
+        entry = ((framework.get(pass_name) or {}).get("ops") or {}).get("experts:0") or {}
+        fit = entry.get("by_experts")
+        if fit:
+            by_experts[pass_name] = tuple((int(e), _series_s(entry["tokens"], times))
+                                          for e, times in zip(fit["experts"], fit["time_us_by_tokens"], strict=True))
+    if by_experts:
+        out["framework_by_experts"] = by_experts
+    split = {}
+    for op, entry in ((framework.get("backward") or {}).get("ops") or {}).items():
+        inputs, weights = entry.get("input_pass_us_by_tokens"), entry.get("weight_pass_us_by_tokens")
+        if inputs and weights:
+            split[op.partition(":")[0]] = tuple(
+                (int(t), i / b if b > 0 else 1.0, w / b if b > 0 else 0.0)
+                for t, b, i, w in zip(entry["tokens"], entry["time_us_by_tokens"], inputs, weights, strict=True))
+    if split:
+        out["framework_split"] = split
+    return out
+
+
 def _series_s(tokens: list, times_us: list) -> tuple[tuple[int, float], ...]:
     """((tokens, seconds), ...) from a profile's token counts and microsecond times."""
     return tuple((int(t), float(us) * 1e-6) for t, us in zip(tokens, times_us, strict=True))
 
 
-def _net_of_work(profile: CostProfile, framework: dict) -> dict:
-    """The framework tables less the micro model's own arithmetic as this profile prices it (at d 8 it is
-    small but not nothing: attention at 256 tokens), so that a priced op does not count it twice."""
-    micro = framework["micro_model"]
+def _net_of_work(profile: CostProfile, framework_s: dict, by_experts: dict, model: dict, framework: dict) -> dict:
+    """The framework tables less the arithmetic of the model they were measured on as this profile prices
+    it (the micro model's is small but not nothing: attention at 256 tokens; a preset layer's is most of
+    its time), so that a priced op does not count it twice."""
     seq_of = {int(seq) * int(batch): int(seq) for seq, batch in framework.get("shapes") or []}
 
     def net(pass_name: str, op: str, experts: int, series: tuple) -> tuple:
         factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR["backward"]
-        return tuple((tokens, max(seconds - factor * _micro_work_s(profile, micro, seq_of, op, tokens, experts), 0.0))
+        return tuple((tokens, max(seconds - factor * _layer_work_s(profile, model, seq_of, op, tokens, experts), 0.0))
                      for tokens, seconds in series)
 
-    return {"framework_s": {key: (op, net(key[0], op, micro["num_experts"], series))
-                            for key, (op, series) in profile.framework_s.items()},
+    return {"framework_s": {key: (op, net(key[0], op, model["num_experts"], series))
+                            for key, (op, series) in framework_s.items()},
             "framework_by_experts": {pass_name: tuple((e, net(pass_name, "experts:0", e, series))
                                                       for e, series in series_by_e)
-                                     for pass_name, series_by_e in profile.framework_by_experts.items()}}
+                                     for pass_name, series_by_e in by_experts.items()}}
 
 
-def _micro_work_s(profile: CostProfile, micro: dict, seq_of: dict, op: str, tokens: int, experts: int) -> float:
+def _layer_work_s(profile: CostProfile, layer: dict, seq_of: dict, op: str, tokens: int, experts: int) -> float:
     from piper_sim.workload.presets import load_model
 
-    model = load_model(dict(micro, seq_len=seq_of.get(tokens, micro["seq_len"]), num_experts=experts))
-    return profile.work_time_s(replace(op_work(model, op, tokens), num_kernels=0), model.dtype_bytes)
+    model = load_model(dict(layer, seq_len=seq_of.get(tokens, layer["seq_len"]), num_experts=experts))
+    # the experts op ran with the router's rows spread over its experts: priced as an even spread
+    rows = (tokens * model.top_k // experts,) * experts if op.startswith("experts:") else ()
+    return profile.work_time_s(replace(op_work(model, op, tokens, rows), num_kernels=0), model.dtype_bytes)
 
 
 class TaskCoster:
     """Time and FLOPs of compute tasks for one model, profile and micro-batch size, memoized."""
 
     def __init__(self, model: ModelSpec, profile: CostProfile, tokens_per_microbatch: int) -> None:
-        self.model, self.profile, self.tokens = model, profile, tokens_per_microbatch
+        self.model, self.profile, self.tokens = model, profile.for_model(model), tokens_per_microbatch
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def cost(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
