@@ -161,7 +161,7 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
     """Fixed cost of real model code: each op of a micro MoE (d 8; next to no arithmetic) run with the
     executor's forward_op / backward_op at each of MICRO_SHAPES, with the ATen ops (kernels, views) it
     dispatched; then the same for one layer of each swept preset at its own dimensions (sweep.layers at
-    sweep.layer_shapes). The experts op also runs with fewer experts (layer_expert_counts). Records carry
+    sweep.layer_shapes). The experts op also runs with other numbers of experts (layer_expert_counts). Records carry
     the model's name. CPU only (the stage is built on the CPU)."""
     from piper_sim.calibrate.stage_ops import CHECK_OPS, measure_op, prepare_stage
 
@@ -174,6 +174,7 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
     done = 0
     for model, seq_len, batch, experts, ops in runs:
         _, stage, before = prepare_stage(dict(model, seq_len=seq_len, num_experts=experts), micro_batch_size=batch)
+        layer = {} if model is MICRO_MODEL else {"layer": json.dumps(model, sort_keys=True)}
         for op in ops:
             done += 1
             progress(f"framework {done}/{total}: {model['name']} {op} forward and backward, {seq_len * batch} "
@@ -181,7 +182,6 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
             m = measure_op(stage, op, before[op], sweep.timing)
             for direction in ("fwd", "bwd", "bwd_input", "bwd_weight"):  # the last two: the zero-bubble split
                 counts = m.get(f"{direction}_kernels", 0), m.get(f"{direction}_views", 0)
-                layer = {} if model is MICRO_MODEL else {"layer": json.dumps(model, sort_keys=True)}
                 out.append({"bench": "framework", "model": model["name"], **layer, "op": op, "pass": direction,
                             "seq_len": seq_len, "micro_batch_size": batch, "tokens": seq_len * batch,
                             "num_experts": experts, "kernels": counts[0], "views": counts[1],

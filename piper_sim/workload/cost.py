@@ -172,7 +172,7 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
 
     by_layer = []
     for name, entry in (measurements.get("framework_overhead_by_model") or {}).items():
-        tables = _framework_tables(entry)
+        tables = _framework_tables(entry) if isinstance(entry, dict) else {}
         layer = entry.get("layer") if isinstance(entry, dict) else None
         if not tables or not isinstance(layer, dict):
             raise ConfigError(f"cost profile measurements.framework_overhead_by_model.{name}", entry,
