@@ -265,6 +265,19 @@ def test_a_layer_calibrated_at_its_own_dimensions_prices_that_model_at_the_measu
         load_profile(profile)
 
 
+def test_the_layer_benchmark_runs_only_layers_the_cpu_backend_can_build_at_their_size():
+    from piper_sim.calibrate.sweep import LAYER_BENCH_MAX_PARAMS, make_sweep, model_layer
+    from piper_sim.workload.presets import load_model
+
+    sweep = make_sweep(False, ("tiny-moe", "mixtral-8x7b", "deepseek-v2", "small-moe"))
+    # mixtral's layer is 1.45G parameters; deepseek-v2 uses MLA, which the torch backend does not build
+    assert [layer["name"] for layer in sweep.layers] == ["tiny-moe", "small-moe"]
+    assert model_layer(load_model("mixtral-8x7b")) is None and model_layer(load_model("deepseek-v2")) is None
+    tiny = load_model(model_layer(load_model("tiny-moe")))
+    assert tiny.num_layers == 1 and tiny.d_model == 64 and tiny.layer_params(0) < LAYER_BENCH_MAX_PARAMS
+    assert [layer["name"] for layer in make_sweep(True).layers] == ["tiny-moe"]
+
+
 def test_split_backward_passes_take_their_measured_share_of_the_backward():
     from piper_sim.workload.cost import TaskCoster
     from piper_sim.workload.presets import load_model
