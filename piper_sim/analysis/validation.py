@@ -275,7 +275,7 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0,
         info = {"command": f"piper-sim validate {case.name} --remeasure --repeats {repeats}",
                 "date": _dt.date.today().isoformat(), "machine": platform.platform(),
                 "python": platform.python_version(), "testbed": case.testbed,
-                "run_step_times_s": [round(t, 6) for t in steps], "kept_run": kept}
+                "run_step_times_s": [round(t, 9) for t in steps], "kept_run": kept}
         shutil.rmtree(case.measured, ignore_errors=True)
         runs[kept].rename(case.measured)
         (case.measured / "measured.json").write_text(json.dumps(info, indent=2))

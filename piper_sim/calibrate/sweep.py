@@ -6,8 +6,9 @@ configurations, elementwise sizes, optimizer points, message sizes and group siz
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from piper_sim.workload.cost import NOT_IN_LAYER_KEY
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import load_model
 
@@ -38,10 +39,9 @@ def model_layer(model: ModelSpec) -> dict | None:
     stage_params = max(model.layer_params(i) for i in range(model.num_layers)) + model.embedding_params()
     if model.mla is not None or stage_params > LAYER_BENCH_MAX_PARAMS:
         return None
-    fields = ("d_model", "num_heads", "num_kv_heads", "head_dim", "vocab_size", "expert_ffn_dim", "num_experts",
-              "top_k", "num_shared_experts", "shared_expert_ffn_dim", "expert_matrices", "tie_embeddings", "dtype")
-    return {"name": model.name, "num_layers": 1, "seq_len": MICRO_MODEL["seq_len"],
-            **{f: getattr(model, f) for f in fields}}
+    # every field the cost model matches layers on (cost.layer_key), so the preset's own runs find this layer
+    return {**{f.name: getattr(model, f.name) for f in fields(model) if f.name not in NOT_IN_LAYER_KEY},
+            "name": model.name, "num_layers": 1, "seq_len": MICRO_MODEL["seq_len"], "num_experts": model.num_experts}
 
 
 def layer_expert_counts(layer: dict) -> tuple[int, ...]:

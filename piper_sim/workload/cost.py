@@ -167,7 +167,7 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
     framework = measurements.get("framework_overhead") or {}
     if profile.framework_s and framework.get("micro_model"):
         profile = replace(profile, **_net_of_work(profile, profile.framework_s, profile.framework_by_experts,
-                                                  framework["micro_model"], framework))
+                                                  framework["micro_model"], framework.get("shapes")))
     from piper_sim.workload.presets import load_model
 
     by_layer = []
@@ -178,17 +178,20 @@ def load_profile(spec: str | Path | dict) -> CostProfile:
             raise ConfigError(f"cost profile measurements.framework_overhead_by_model.{name}", entry,
                               "a layer (model dict) and forward/backward op tables, as calibrate writes them")
         tables.update(_net_of_work(profile, tables["framework_s"], tables.get("framework_by_experts", {}), layer,
-                                   entry))
+                                   entry.get("shapes")))
         by_layer.append((layer_key(load_model(layer)), tables))
     return replace(profile, framework_by_layer=tuple(by_layer)) if by_layer else profile
+
+
+# ModelSpec fields a layer's op times do not depend on (or that vary by run: tokens, experts per rank)
+NOT_IN_LAYER_KEY = frozenset({"name", "num_layers", "seq_len", "num_experts", "num_dense_layers", "moe_layer_freq",
+                              "moe_layer_offset", "published_params", "published_active_params", "source"})
 
 
 def layer_key(model: ModelSpec) -> tuple:
     """What a layer's op times depend on besides tokens and experts per rank: two models with the same
     key run the same ops on tensors of the same sizes."""
-    skip = {"name", "num_layers", "seq_len", "num_experts", "num_dense_layers", "moe_layer_freq", "moe_layer_offset",
-            "published_params", "published_active_params", "source"}
-    return tuple((f.name, getattr(model, f.name)) for f in fields(model) if f.name not in skip)
+    return tuple((f.name, getattr(model, f.name)) for f in fields(model) if f.name not in NOT_IN_LAYER_KEY)
 
 
 def _measured(measurements: dict) -> dict:
@@ -282,11 +285,11 @@ def _series_s(tokens: list, times_us: list) -> tuple[tuple[int, float], ...]:
     return tuple((int(t), float(us) * 1e-6) for t, us in zip(tokens, times_us, strict=True))
 
 
-def _net_of_work(profile: CostProfile, framework_s: dict, by_experts: dict, model: dict, framework: dict) -> dict:
+def _net_of_work(profile: CostProfile, framework_s: dict, by_experts: dict, model: dict, shapes: list) -> dict:
     """The framework tables less the arithmetic of the model they were measured on as this profile prices
     it (the micro model's is small but not nothing: attention at 256 tokens; a preset layer's is most of
     its time), so that a priced op does not count it twice."""
-    seq_of = {int(seq) * int(batch): int(seq) for seq, batch in framework.get("shapes") or []}
+    seq_of = {int(seq) * int(batch): int(seq) for seq, batch in shapes or []}
 
     def net(pass_name: str, op: str, experts: int, series: tuple) -> tuple:
         factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR["backward"]
