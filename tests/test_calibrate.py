@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from piper_sim.calibrate import fit
-from piper_sim.calibrate.profile import aggregate, build_profile
+from piper_sim.calibrate.profile import aggregate, build_profile, core_sharing_summary
 from piper_sim.workload.cost import load_profile
 
 SIZES = [2**p for p in range(10, 25, 2)]  # 1 KiB .. 16 MiB
@@ -171,6 +171,20 @@ def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     assert cost.blocking_wait_s(5) == pytest.approx(1000e-6, rel=1e-3)  # flat beyond the last level
     assert cost.kernel_launch_s == pytest.approx(2e-6)
     assert cost.hbm_bytes == pytest.approx(8 * 2**30)  # memory per rank
+
+
+def test_core_sharing_factor_is_the_median_of_each_rounds_ratio_to_one_process_per_core():
+    # the machine ran twice as slow in round 2: the ratio of the means (7.0 / 6.0 ms at 2 per core) would mix
+    # that drift into the factor; each round's ratio is 1.1 or 1.2, and a third round's outlier does not move it
+    def level(k: int, means_ms: list[float]) -> dict:
+        return {"bench": "core_sharing", "ranks_per_core": k, "cores": 2, "preset": "tiny-moe",
+                "time_s": sum(means_ms) / len(means_ms) * 1e-3, "window_means_s": [m * 1e-3 for m in means_ms],
+                "cores_used": 2.0, "window_s": 1.0}
+
+    summary = core_sharing_summary([level(2, [4.4, 9.6, 6.0]), level(1, [4.0, 8.0, 4.0])])
+    assert summary["ranks_per_core"] == [1, 2]
+    assert summary["factor_by_round"] == [[1.0, 1.0, 1.0], [1.1, 1.2, 1.5]]
+    assert summary["cpu_time_factor"] == pytest.approx([1.0, 1.2])
 
 
 def test_framework_cost_follows_the_tokens_net_of_the_micro_models_own_work():

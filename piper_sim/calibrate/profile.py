@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -283,11 +284,17 @@ def core_sharing_summary(records: list[dict]) -> dict | None:
     pts = sorted(_select(records, "core_sharing"), key=lambda r: r["ranks_per_core"])
     if not pts or pts[0]["ranks_per_core"] != 1:
         return None
-    base = pts[0]["time_s"]
+    base = pts[0]
+    paired = all(len(r["window_means_s"]) == len(base["window_means_s"]) for r in pts)
+    # each round's ratio to level 1 of the same round (the machine drifts between rounds), median over rounds
+    per_round = [[r_t / b_t for r_t, b_t in zip(r["window_means_s"], base["window_means_s"], strict=True)]
+                 if paired else [r["time_s"] / base["time_s"]] for r in pts]
     return {"model": "CPU time of compute with K processes taking turns on each core / CPU time at one per core "
-                     "(forward + backward of one layer, one thread per process, all cores busy)",
+                     "(forward + backward of one layer, one thread per process, all cores busy); the median over "
+                     "rounds of the ratio to one per core in the same round",
             "preset": pts[0]["preset"], "cores": pts[0]["cores"], "ranks_per_core": [r["ranks_per_core"] for r in pts],
-            "cpu_time_factor": [_r(r["time_s"] / base, 3) for r in pts],
+            "cpu_time_factor": [_r(statistics.median(ratios), 3) for ratios in per_round],
+            "factor_by_round": [[_r(x, 3) for x in ratios] for ratios in per_round],
             "cpu_us_per_iteration": [_us(r["time_s"]) for r in pts],
             "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
             "cores_used": [r["cores_used"] for r in pts]}

@@ -11,8 +11,9 @@ cores by this factor at the number of ranks computing at once (workload/cost.py:
 
 Workers are persistent (`python -m piper_sim.calibrate.sharing --worker PRESET`): they build the layer
 and warm up once, then answer 'run SECONDS' lines on stdin with a JSON line on stdout; idle workers
-block on stdin. Levels are interleaved round by round so a slow phase of the machine does not land on
-one level. Imports torch (the workers).
+block on stdin. Levels are interleaved round by round, in alternating order (1..K, then K..1), so a slow
+phase of the machine does not land on one level; the profile takes each level's factor over level 1 in
+the same round and keeps the median over rounds (profile.core_sharing_summary). Imports torch (the workers).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ WARMUP_ITERATIONS = 20
 
 
 def num_rounds(quick: bool) -> int:
-    return 1 if quick else 3
+    return 1 if quick else 6
 
 
 def num_items(quick: bool) -> int:
@@ -45,10 +46,11 @@ def num_items(quick: bool) -> int:
 
 def bench_core_sharing(preset: str, quick: bool, progress: Callable[[str], None]) -> list[dict]:
     """One record per level: ranks_per_core, cores, time_s the CPU seconds per iteration (mean over workers
-    and rounds), window_means_s each round's mean, and cores_used the CPU the workers used per wall second."""
+    and rounds), window_means_s each round's mean (round by round, the same rounds for every level), and
+    cores_used the CPU the workers used per wall second."""
     cores = min(os.cpu_count() or 1, MAX_CORES)
     levels = LEVELS_QUICK if quick else LEVELS_FULL
-    rounds, window_s = num_rounds(quick), (0.5 if quick else 2.0)
+    rounds, window_s = num_rounds(quick), (0.5 if quick else 1.0)
     workers = [_start_worker(preset, cores) for _ in range(max(levels) * cores)]
     try:
         for w in workers:
@@ -56,7 +58,7 @@ def bench_core_sharing(preset: str, quick: bool, progress: Callable[[str], None]
         per_round: dict[int, list[float]] = {k: [] for k in levels}
         used: dict[int, list[float]] = {k: [] for k in levels}
         for r in range(rounds):
-            for i, k in enumerate(levels):
+            for i, k in enumerate(levels if r % 2 == 0 else levels[::-1]):
                 progress(f"core sharing round {r + 1}/{rounds}, {i + 1}/{len(levels)}: {k} process(es) per core")
                 active = workers[:k * cores]
                 for w in active:
