@@ -68,6 +68,21 @@ def test_a_swap_of_cases_whose_runs_overlap_is_marked_and_counted():
         [dict(x, phases=_phases()), dict(y, phases=_phases())], s)
 
 
+def test_a_swap_counts_the_rounds_in_which_the_faster_case_ran_faster():
+    x, y = _score("x", 1.05, 1.00), _score("y", 1.00, 1.02)
+    # round 2 was slow for both: x's runs overlap y's, but x was faster in every round
+    x["measured_runs_s"], y["measured_runs_s"] = [0.98, 1.20, 1.00], [1.00, 1.25, 1.02]
+    (swap,) = summarize([x, y])["order_swaps"]
+    assert swap["runs_overlap"] is True and swap["rounds_faster"] == [3, 3]
+    y["measured_runs_s"] = [0.97, 1.25, 1.02]
+    s = summarize([x, y])
+    assert s["order_swaps"][0]["rounds_faster"] == [2, 3]
+    assert "(faster in 2 of 3 rounds; their runs overlap)" in format_validation(
+        [dict(x, phases=_phases()), dict(y, phases=_phases())], s)
+    y["measured_runs_s"] = [1.02, 1.03]  # not the same rounds: no pairing
+    assert summarize([x, y])["order_swaps"][0]["rounds_faster"] is None
+
+
 def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     # a real local run (no testbed, no root): pp1 x ep2 of a 2-layer tiny-moe, 3 steps, twice
     from piper_sim.analysis.validation import load_case, remeasure, score_case, step_time

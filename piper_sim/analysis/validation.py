@@ -139,7 +139,9 @@ def order_swaps(scores: list[dict]) -> list[dict]:
     """Every pair of cases the prediction orders differently from the measurement: the measured-faster case,
     the measured-slower one, how far apart they were measured (slower / faster - 1), and whether their
     repeated runs overlap (the faster case's slowest run slower than the other's fastest: the measurement
-    itself does not order them; False when either was run once)."""
+    itself does not order them; False when either was run once). With the same number of runs (remeasure runs
+    the cases round by round, so run r of both ran minutes apart), rounds_faster is [rounds in which the
+    faster case was faster, rounds]: a pair the machine's drift cannot have swapped is faster in every round."""
     out = []
     for i, a in enumerate(scores):
         for b in scores[i + 1:]:
@@ -147,9 +149,12 @@ def order_swaps(scores: list[dict]) -> list[dict]:
             if fast["predicted_step_s"] > slow["predicted_step_s"]:
                 fast_runs, slow_runs = fast.get("measured_runs_s") or [], slow.get("measured_runs_s") or []
                 overlap = len(fast_runs) > 1 and len(slow_runs) > 1 and max(fast_runs) >= min(slow_runs)
+                paired = len(fast_runs) == len(slow_runs) > 1
                 out.append({"faster": fast["case"], "slower": slow["case"],
                             "measured_gap": slow["measured_step_s"] / fast["measured_step_s"] - 1,
-                            "runs_overlap": overlap})
+                            "runs_overlap": overlap,
+                            "rounds_faster": [sum(f < s for f, s in zip(fast_runs, slow_runs, strict=True)),
+                                              len(fast_runs)] if paired else None})
     return sorted(out, key=lambda x: x["measured_gap"])
 
 
@@ -199,7 +204,7 @@ def format_validation(scores: list[dict], summary: dict) -> str:
               f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']}"]
     swaps = summary.get("order_swaps", [])
     lines += [f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}"
-              f"{' (their runs overlap)' if sw.get('runs_overlap') else ''}, predicted slower" for sw in swaps]
+              f"{_swap_evidence(sw)}, predicted slower" for sw in swaps]
     if swaps:
         apart = sum(1 for sw in swaps if not sw.get("runs_overlap"))
         lines.append(f"  {apart} of {len(swaps)} swapped pairs were measured apart (runs not overlapping)")
@@ -214,6 +219,15 @@ def format_validation(scores: list[dict], summary: dict) -> str:
         lines.append(f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
                      f"({sp['error'] * 100:+.1f}%)")
     return "\n".join(lines)
+
+
+def _swap_evidence(swap: dict) -> str:
+    notes = []
+    if swap.get("rounds_faster"):
+        notes.append("faster in {} of {} rounds".format(*swap["rounds_faster"]))
+    if swap.get("runs_overlap"):
+        notes.append("their runs overlap")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
