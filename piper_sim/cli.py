@@ -154,10 +154,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         write_validation,
     )
     from piper_sim.paths import data_dir
+    from piper_sim.workload.cost import load_profile
 
     cases = find_cases(args.cases, data_dir("validation") / "cases")
+    profile = load_profile(args.profile)  # a bad profile fails before any measuring
     if args.remeasure:
-        remeasure(cases, repeats=args.repeats, progress=lambda msg: print(msg, file=sys.stderr))
+        remeasure(cases, repeats=args.repeats, reference_preset=profile.reference_preset,
+                  progress=lambda msg: print(msg, file=sys.stderr))
     elif args.repeats != 1:
         raise PiperError("validate: --repeats applies to --remeasure only")
     scores = []

@@ -13,6 +13,8 @@ import yaml
 
 from piper_sim.calibrate import fit
 from piper_sim.calibrate.profile import aggregate, build_profile, core_sharing_summary
+from piper_sim.errors import ConfigError
+from piper_sim.paths import data_dir
 from piper_sim.workload.cost import load_profile
 
 SIZES = [2**p for p in range(10, 25, 2)]  # 1 KiB .. 16 MiB
@@ -185,6 +187,14 @@ def test_core_sharing_factor_is_the_median_of_each_rounds_ratio_to_one_process_p
     assert summary["ranks_per_core"] == [1, 2]
     assert summary["factor_by_round"] == [[1.0, 1.0, 1.0], [1.1, 1.2, 1.5]]
     assert summary["cpu_time_factor"] == pytest.approx([1.0, 1.2])
+    # the machine's reference speed is one process per core's median round
+    raw = yaml.safe_load((data_dir("traces/profiles") / "cpu-2rank.yaml").read_text())
+    raw["measurements"]["core_sharing"] = summary
+    cost = load_profile(raw)
+    assert cost.reference_cpu_s == pytest.approx(4e-3) and cost.reference_preset == "tiny-moe"
+    summary["window_means_us"][0] = ["slow"]
+    with pytest.raises(ConfigError, match="core_sharing"):
+        load_profile(raw)
 
 
 def test_framework_cost_follows_the_tokens_net_of_the_micro_models_own_work():
@@ -249,7 +259,6 @@ def _layer_records(layer: dict) -> list[dict]:
 
 def test_a_layer_calibrated_at_its_own_dimensions_prices_that_model_at_the_measured_times():
     from piper_sim.calibrate.sweep import model_layer
-    from piper_sim.errors import ConfigError
     from piper_sim.workload.cost import TaskCoster
     from piper_sim.workload.presets import load_model
 

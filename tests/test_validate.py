@@ -95,9 +95,15 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     (case_dir / "case.yaml").write_text(json.dumps({"description": "local", "config": config}))
     case = load_case(case_dir)
     messages = []
-    remeasure([case], repeats=2, progress=messages.append)
-    assert messages == ["[run 1/2, 1/1] measuring local-pp1ep2 ...", "[run 2/2, 1/1] measuring local-pp1ep2 ..."]
+    remeasure([case], repeats=2, reference_preset="tiny-moe", progress=messages.append)
+    assert messages == ["[run 1/2] timing the machine's reference workload (tiny-moe) ...",
+                        "[run 1/2, 1/1] measuring local-pp1ep2 ...",
+                        "[run 2/2] timing the machine's reference workload (tiny-moe) ...",
+                        "[run 2/2, 1/1] measuring local-pp1ep2 ..."]
     info = json.loads((case.measured / "measured.json").read_text())
+    reference = info["reference"]
+    assert reference["preset"] == "tiny-moe" and len(reference["cpu_us_per_iteration_by_run"]) == 2
+    assert all(t > 0 for t in reference["cpu_us_per_iteration_by_run"])
     runs = info["run_step_times_s"]
     assert len(runs) == 2 and all(t > 0 for t in runs)
     assert step_time(read_trace(case.measured)) == pytest.approx(min(runs), rel=1e-5)  # the lower median of two
@@ -105,6 +111,25 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     assert sorted(p.name for p in case_dir.iterdir()) == ["case.yaml", "measured"]  # no run left behind
     score = score_case(case, "cpu-2rank")
     assert score["measured_runs_s"] == runs and score["measured_spread"] == pytest.approx(max(runs) / min(runs) - 1)
+    speed = summarize([score])["machine_speed"]  # cpu-2rank timed the same workload when it was calibrated
+    assert speed["preset"] == "tiny-moe" and speed["rounds"] == 2
+    assert speed["ratio"] == pytest.approx(speed["measured_median_s"] / speed["calibrated_s"])
+
+
+def test_machine_speed_compares_the_rounds_reference_with_the_profiles():
+    x, y = _score("x", 1.0, 1.0), _score("y", 1.0, 1.0)
+    for s in (x, y):
+        s.update(calibrated_reference_s=5e-3, calibrated_reference_preset="tiny-moe", reference_preset="tiny-moe",
+                 measured_reference_s=[5.5e-3, 6.5e-3, 6.0e-3], phases=_phases())
+    summary = summarize([x, y])
+    speed = summary["machine_speed"]
+    assert speed["rounds"] == 3 and speed["ratio"] == pytest.approx(1.2)
+    assert (speed["measured_min_s"], speed["measured_max_s"]) == (5.5e-3, 6.5e-3)
+    assert "5000 us at calibration, 6000 us during the measurement (median of 3 rounds, 5500-6500): +20%" in (
+        format_validation([x, y], summary))
+    y["reference_preset"] = x["reference_preset"] = "small-moe"  # another workload: not comparable
+    assert summarize([x, y])["machine_speed"] is None
+    assert summarize([_score("z", 1.0, 1.0)])["machine_speed"] is None  # measured without the reference
 
 
 def test_repeats_must_be_positive(tmp_path):

@@ -24,6 +24,7 @@ import yaml
 
 from piper_sim.errors import ConfigError, PiperError
 from piper_sim.trace.runtrace import read_trace
+from piper_sim.workload.cost import load_profile
 
 CASE_KEYS = {"description", "config", "testbed", "tolerance", "pair", "measures"}
 KEEP = ("report.json", "config.yaml", "routing.npz", "trace.parquet", "trace.csv")
@@ -107,13 +108,16 @@ def score_case(case: Case, profile: str | dict) -> dict:
     if not (case.measured / "report.json").exists():
         raise PiperError(f"validate: case {case.name} has no measurement (run with --remeasure)")
     result = predict_case(case, profile)
+    calibrated = load_profile(profile)
     measured = read_trace(case.measured)
     pred_step, meas_step = step_time(result.trace), step_time(measured)
     phases = pd.DataFrame({"predicted_s": phase_times(result.trace), "measured_s": phase_times(measured)}).fillna(0)
     phases["error"] = phases["predicted_s"] / phases["measured_s"].replace(0, np.nan) - 1
     meas_report = json.loads((case.measured / "report.json").read_text())
     info_path = case.measured / "measured.json"
-    runs = (json.loads(info_path.read_text()).get("run_step_times_s") or []) if info_path.exists() else []
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    runs = info.get("run_step_times_s") or []
+    reference = info.get("reference") or {}
     kind = str(meas_report.get("peak_memory_kind", ""))
     memory_ok = "tensor" in kind
     # a run that counts activations on step 0 is compared with the prediction's step-0 peak
@@ -125,6 +129,9 @@ def score_case(case: Case, profile: str | dict) -> dict:
             "predicted_step_s": pred_step, "measured_step_s": meas_step, "error": pred_step / meas_step - 1,
             "predicted_memory_bytes": pred_mem, "measured_memory_bytes": meas_mem if memory_ok else [],
             "memory_error": memory_error, "measured_runs_s": runs,
+            "measured_reference_s": [t * 1e-6 for t in reference.get("cpu_us_per_iteration_by_run") or []],
+            "reference_preset": reference.get("preset", ""), "calibrated_reference_s": calibrated.reference_cpu_s,
+            "calibrated_reference_preset": calibrated.reference_preset,
             "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
             "phases": phases, "prediction": result}
 
@@ -183,7 +190,24 @@ def summarize(scores: list[dict]) -> dict:
         "same_order": not order_swaps(scores), "order_swaps": order_swaps(scores),
         "outside_tolerance": [s["case"] for s in scores if abs(s["error"]) > s["tolerance"]],
         "halo_over_flat": speedups,
+        "machine_speed": machine_speed(scores),
     }
+
+
+def machine_speed(scores: list[dict]) -> dict | None:
+    """The reference workload timed during the measurement (each round, remeasure) against the profile's: the
+    median over the rounds of every case, and their range. None unless both sides timed the same preset."""
+    calibrated = {(s.get("calibrated_reference_s") or 0.0, s.get("calibrated_reference_preset")) for s in scores}
+    measured = sorted({t for s in scores for t in s.get("measured_reference_s") or []})
+    presets = {s.get("reference_preset") for s in scores if s.get("measured_reference_s")}
+    if len(calibrated) != 1 or not measured or len(presets) != 1:
+        return None
+    ((cal_s, preset),) = calibrated
+    if cal_s <= 0 or presets != {preset}:
+        return None
+    median = float(np.median(measured))
+    return {"preset": preset, "calibrated_s": cal_s, "measured_median_s": median, "measured_min_s": measured[0],
+            "measured_max_s": measured[-1], "rounds": len(measured), "ratio": median / cal_s}
 
 
 def format_validation(scores: list[dict], summary: dict) -> str:
@@ -212,6 +236,13 @@ def format_validation(scores: list[dict], summary: dict) -> str:
     if spreads:
         lines.append(f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "
                      f"max {max(spreads) * 100:.0f}%; the run with the median step time is scored")
+    speed = summary.get("machine_speed")
+    if speed:
+        lines.append(f"machine reference ({speed['preset']} layer forward + backward, one process per core): "
+                     f"{speed['calibrated_s'] * 1e6:.0f} us at calibration, {speed['measured_median_s'] * 1e6:.0f} us "
+                     f"during the measurement (median of {speed['rounds']} rounds, "
+                     f"{speed['measured_min_s'] * 1e6:.0f}-{speed['measured_max_s'] * 1e6:.0f}): "
+                     f"{(speed['ratio'] - 1) * 100:+.0f}% CPU time per iteration")
     if summary["memory_max_error"] is not None:
         lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
                      f"max {summary['memory_max_error'] * 100:.1f}%")
@@ -267,18 +298,25 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
     plt.close(fig)
 
 
-def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0,
+def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, reference_preset: str = "",
               progress: Callable[[str], None] = lambda _msg: None) -> None:
     """Run every case for real `repeats` times (round by round, so a slow phase of the machine does not land
     on one case's runs) and keep, per case, the run whose steady-state step time is the median in measured/;
-    measured.json lists every run's step time. A case's previous measurement is replaced only once all
-    its runs are done."""
+    measured.json lists every run's step time. With reference_preset, each round starts by timing the
+    machine's reference workload (calibrate.sharing.reference_speed, as calibrate times it), kept per run.
+    A case's previous measurement is replaced only once all its runs are done."""
     if repeats < 1:
         raise PiperError(f"validate: --repeats {repeats}: give at least 1")
     for case in cases:
         for old in case.path.glob("measured.run*"):
             shutil.rmtree(old)
+    references: list[dict] = []
     for rep in range(repeats):
+        if reference_preset:
+            from piper_sim.calibrate.sharing import reference_speed
+
+            progress(f"[run {rep + 1}/{repeats}] timing the machine's reference workload ({reference_preset}) ...")
+            references.append(reference_speed(reference_preset))
         for i, case in enumerate(cases):
             progress(f"[run {rep + 1}/{repeats}, {i + 1}/{len(cases)}] measuring {case.name} ...")
             _measure_once(case, case.path / f"measured.run{rep}", timeout_s)
@@ -290,6 +328,9 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0,
                 "date": _dt.date.today().isoformat(), "machine": platform.platform(),
                 "python": platform.python_version(), "testbed": case.testbed,
                 "run_step_times_s": [round(t, 9) for t in steps], "kept_run": kept}
+        if references:
+            info["reference"] = {"preset": references[0]["preset"], "cores": references[0]["cores"],
+                                 "cpu_us_per_iteration_by_run": [r["cpu_us_per_iteration"] for r in references]}
         shutil.rmtree(case.measured, ignore_errors=True)
         runs[kept].rename(case.measured)
         (case.measured / "measured.json").write_text(json.dumps(info, indent=2))

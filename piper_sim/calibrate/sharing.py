@@ -48,9 +48,29 @@ def bench_core_sharing(preset: str, quick: bool, progress: Callable[[str], None]
     """One record per level: ranks_per_core, cores, time_s the CPU seconds per iteration (mean over workers
     and rounds), window_means_s each round's mean (round by round, the same rounds for every level), and
     cores_used the CPU the workers used per wall second."""
-    cores = min(os.cpu_count() or 1, MAX_CORES)
     levels = LEVELS_QUICK if quick else LEVELS_FULL
-    rounds, window_s = num_rounds(quick), (0.5 if quick else 1.0)
+    return _run_levels(preset, levels, num_rounds(quick), 0.5 if quick else 1.0, progress)
+
+
+REFERENCE_ROUNDS = 3
+REFERENCE_WINDOW_S = 1.0
+
+
+def reference_speed(preset: str, progress: Callable[[str], None] = lambda _msg: None) -> dict:
+    """The machine's speed now, as calibrate saw it: the core-sharing benchmark's level 1 (one process per
+    core, forward + backward of one layer of the preset) for three 1-second windows. Returns
+    {preset, cores, cpu_us_per_iteration (median of the windows), window_means_us}. Used by validate
+    --remeasure before each round, so a measurement taken on a slower or faster machine than its profile
+    shows (about 6 s)."""
+    (record,) = _run_levels(preset, (1,), REFERENCE_ROUNDS, REFERENCE_WINDOW_S, progress)
+    means = [t * 1e6 for t in record["window_means_s"]]
+    return {"preset": preset, "cores": record["cores"], "cpu_us_per_iteration": round(statistics.median(means), 1),
+            "window_means_us": [round(t, 1) for t in means]}
+
+
+def _run_levels(preset: str, levels: tuple[int, ...], rounds: int, window_s: float,
+                progress: Callable[[str], None]) -> list[dict]:
+    cores = min(os.cpu_count() or 1, MAX_CORES)
     workers = [_start_worker(preset, cores) for _ in range(max(levels) * cores)]
     try:
         for w in workers:

@@ -83,6 +83,10 @@ class CostProfile:
     # the framework fields measured on one layer of a preset at its own dimensions: ((layer_key, {field:
     # table}), ...); a model with that key is priced with them (for_model) instead of the micro model's
     framework_by_layer: tuple = ()
+    # the machine's speed when calibrated: CPU seconds per iteration of one layer's forward + backward, one
+    # process per core (core_sharing at 1 per core, median over rounds); validate compares its runs' (0: none)
+    reference_cpu_s: float = 0.0
+    reference_preset: str = ""
 
     def for_model(self, model: ModelSpec) -> CostProfile:
         """This profile with the framework tables measured on this model's layer, when calibrate ran one."""
@@ -209,6 +213,7 @@ def _measured(measurements: dict) -> dict:
     sharing = measurements.get("core_sharing")
     if sharing:
         out["core_sharing"] = _core_sharing(sharing)
+        out.update(reference_cpu_s=_reference_s(sharing), reference_preset=str(sharing.get("preset", "")))
     blocking = measurements.get("blocking_wait")
     if blocking:
         out["blocking_wait"], out["scheduler_slice_s"] = _blocking_wait(blocking)
@@ -231,6 +236,15 @@ def _core_sharing(raw: object) -> tuple[tuple[float, float], ...]:
         raise ConfigError("cost profile measurements.core_sharing", raw,
                           "ranks_per_core (increasing, from 1) and cpu_time_factor (positive) of equal length")
     return tuple((float(v), float(f)) for v, f in zip(levels, factors, strict=True))
+
+
+def _reference_s(sharing: dict) -> float:
+    """Seconds per iteration at one process per core: the median of its rounds (older profiles: the mean)."""
+    rounds = (sharing.get("window_means_us") or [[]])[0] or (sharing.get("cpu_us_per_iteration") or [])[:1]
+    if not isinstance(rounds, list) or not rounds or any(not isinstance(v, int | float) or v <= 0 for v in rounds):
+        raise ConfigError("cost profile measurements.core_sharing", sharing,
+                          "window_means_us (a list per level of positive microseconds) or cpu_us_per_iteration")
+    return float(np.median(rounds)) * 1e-6
 
 
 def _blocking_wait(raw: object) -> tuple[tuple[tuple[float, float], ...], float]:
