@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from piper_sim.calibrate.sweep import MICRO_MODEL, Sweep, TimingPlan, layer_expert_counts
-from piper_sim.calibrate.timing import Device, median_s, time_call
+from piper_sim.calibrate.timing import Device, cold_calls, median_s, time_call
 from piper_sim.torch_backend.layers import FFN, RMSNorm
 
 Record = dict[str, object]
@@ -143,7 +143,10 @@ def bench_elementwise(device: Device, sweep: Sweep, progress: Progress) -> list[
 
 
 def bench_optimizer(device: Device, sweep: Sweep, progress: Progress) -> list[Record]:
-    """torch.optim.Adam step (defaults, as the executor builds it) over P parameters in T tensors."""
+    """torch.optim.Adam step (defaults, as the executor builds it) over P parameters in T tensors. On CPU each
+    step is timed after a cache flush (timing.cold_calls): in a training step the backward has evicted the
+    optimizer's state by the time it runs (cold / hot was 1.45, 1.29 and 1.11 for a tiny-moe stage of 1, 2
+    and 4 layers: benchmarks/bench_adam_cold.py)."""
     out: list[Record] = []
     for i, (num_params, num_tensors) in enumerate(sweep.optimizer_points):
         progress(f"adam step {i + 1}/{len(sweep.optimizer_points)}: {num_params} params in {num_tensors} tensors")
@@ -151,7 +154,7 @@ def bench_optimizer(device: Device, sweep: Sweep, progress: Progress) -> list[Re
         for p in params:
             p.grad = torch.randn_like(p)
         opt = torch.optim.Adam(params, lr=1e-6)
-        t = _time(opt.step, sweep.timing, device)
+        t = _time(opt.step, sweep.timing, device) if device.is_cuda else median_s(cold_calls(opt.step, sweep.timing))
         out.append({"bench": "optimizer", "params": (num_params // num_tensors) * num_tensors,
                     "tensors": num_tensors, "time_s": t})
     return out

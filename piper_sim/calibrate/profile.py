@@ -221,7 +221,8 @@ def fit_optimizer_records(records: list[dict], bandwidth: float) -> tuple[float,
                                                           [r["time_s"] for r in pts])
     bytes_per_param = fit.optimizer_bytes_per_param(per_param, bandwidth)
     return bytes_per_param, {
-        "model": "time = fixed + per_tensor x tensors + per_param x params (Adam, torch defaults)",
+        "model": "time = fixed + per_tensor x tensors + per_param x params (Adam, torch defaults; on CPU "
+                 "each step timed after a cache flush)",
         "fixed_us": _us(fixed), "per_tensor_us": _us(per_tensor), "per_param_ns": _r(per_param * 1e9),
         "rms_relative_error": _r(rms, 3),
         "points": [{"params": r["params"], "tensors": r["tensors"], "time_us": _us(r["time_s"])} for r in pts]}
