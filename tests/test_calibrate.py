@@ -334,6 +334,24 @@ def test_a_backward_timed_at_zero_drops_its_split_at_that_token_count_too():
     assert load_profile(profile).framework_split["attn"][0][0] == 8
 
 
+def test_an_ops_samples_pool_over_rounds_before_the_medians_are_taken():
+    from piper_sim.calibrate.stage_ops import op_times, pool_samples
+
+    counts = {"fwd_kernels": 5, "fwd_views": 2, "bwd_kernels": 9, "bwd_views": 3}
+
+    def samples(scale: float) -> dict:  # seconds of single calls, one round of the framework benchmark
+        return {"counts": counts, "fwd": [1.0 * scale, 1.2 * scale], "all": [3.0 * scale, 3.4 * scale],
+                "split_fwd": [1.1 * scale], "split_input": [2.5 * scale], "split_weight": [0.4 * scale]}
+
+    # a round on a machine 3x slower: pooled, the medians sit between the rounds
+    pooled = pool_samples(pool_samples(None, samples(1.0)), samples(3.0))
+    assert pooled["fwd"] == pytest.approx([1.0, 1.2, 3.0, 3.6]) and pooled["counts"] == counts
+    times = op_times(pooled)
+    assert times["fwd_s"] == pytest.approx(2.1) and times["bwd_s"] == pytest.approx(6.2 - 2.1)
+    assert times["bwd_input_s"] == pytest.approx(5.0 - 2.2) and times["bwd_weight_s"] == pytest.approx(0.8)
+    assert times["bwd_kernels"] == 9
+
+
 def test_cold_calls_time_each_call_after_flushing_the_caches():
     from piper_sim.calibrate.sweep import TimingPlan
     from piper_sim.calibrate.timing import COLD_CALLS_PER_SAMPLE, cold_calls, last_level_cache_bytes

@@ -8,6 +8,7 @@ forward records the autograd graph (its bookkeeping is part of every op's fixed 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -165,24 +166,34 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
     executor's forward_op / backward_op at each of MICRO_SHAPES, with the ATen ops (kernels, views) it
     dispatched; then the same for one layer of each swept preset at its own dimensions (sweep.layers at
     sweep.layer_shapes). The experts op also runs with other numbers of experts (layer_expert_counts). Records carry
-    the model's name. CPU only (the stage is built on the CPU)."""
-    from piper_sim.calibrate.stage_ops import CHECK_OPS, measure_op, prepare_stage
+    the model's name. The whole list runs in sweep.framework_rounds rounds, each with a share of the samples, and
+    each op's samples are pooled over the rounds: the machine drifts over minutes, and a slow stretch then
+    spreads over every op instead of landing on the few measured in it. CPU only (the stage is built on the CPU)."""
+    from piper_sim.calibrate.stage_ops import CHECK_OPS, op_samples, op_times, pool_samples, prepare_stage
 
     if device.is_cuda:
         return []
     runs = [(model, seq_len, batch, experts, CHECK_OPS if experts == model["num_experts"] else ("experts:0",))
             for model, (seq_len, batch) in sweep.framework_runs() for experts in layer_expert_counts(model)]
-    total = sum(len(ops) for *_, ops in runs)
-    out: list[Record] = []
+    rounds = sweep.framework_rounds
+    plan = dataclasses.replace(sweep.timing, num_samples=max(1, -(-sweep.timing.num_samples // rounds)))
+    total = rounds * sum(len(ops) for *_, ops in runs)
+    pooled: dict[tuple[int, str], dict] = {}
     done = 0
-    for model, seq_len, batch, experts, ops in runs:
-        _, stage, before = prepare_stage(dict(model, seq_len=seq_len, num_experts=experts), micro_batch_size=batch)
+    for r in range(rounds):
+        for index, (model, seq_len, batch, experts, ops) in enumerate(runs):
+            _, stage, before = prepare_stage(dict(model, seq_len=seq_len, num_experts=experts), micro_batch_size=batch)
+            for op in ops:
+                done += 1
+                progress(f"framework {done}/{total} (round {r + 1}/{rounds}): {model['name']} {op} forward and "
+                         f"backward, {seq_len * batch} tokens, {experts} experts")
+                key = (index, op)
+                pooled[key] = pool_samples(pooled.get(key), op_samples(stage, op, before[op], plan))
+    out: list[Record] = []
+    for index, (model, seq_len, batch, experts, ops) in enumerate(runs):
         layer = {} if model is MICRO_MODEL else {"layer": json.dumps(model, sort_keys=True)}
         for op in ops:
-            done += 1
-            progress(f"framework {done}/{total}: {model['name']} {op} forward and backward, {seq_len * batch} "
-                     f"tokens, {experts} experts")
-            m = measure_op(stage, op, before[op], sweep.timing)
+            m = op_times(pooled[(index, op)])
             for direction in ("fwd", "bwd", "bwd_input", "bwd_weight"):  # the last two: the zero-bubble split
                 counts = m.get(f"{direction}_kernels", 0), m.get(f"{direction}_views", 0)
                 out.append({"bench": "framework", "model": model["name"], **layer, "op": op, "pass": direction,

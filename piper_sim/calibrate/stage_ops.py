@@ -67,6 +67,13 @@ def prepare_stage(model: str | dict, seed: int = 0, micro_batch_size: int = MICR
 def measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:
     """Forward and backward seconds of one op (backward = forward+backward - forward), each call timed
     with cold caches (timing.cold_calls), and ATen op counts. All ranks must call this together."""
+    return op_times(op_samples(stage, op, state, plan))
+
+
+def op_samples(stage, op: str, state: dict, plan: TimingPlan) -> dict:
+    """The cold samples behind measure_op: seconds of single calls of the forward ("fwd"), forward +
+    backward ("all"), and the zero-bubble split as the executor runs it (_split_samples), with the ATen op
+    counts. Samples of the same op taken at different times pool by concatenation (pool_samples)."""
     from piper_sim.torch_backend.op_autograd import backward_op, forward_op
 
     probe = forward_op(stage, op, dict(state))
@@ -82,18 +89,34 @@ def measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:
         fwd()
     with CountOps() as all_count:
         fwd_bwd()
-    t_fwd = median_s(cold_calls(fwd, plan))
-    t_all = median_s(cold_calls(fwd_bwd, plan))
-    split = _measure_split(stage, op, state, seeds, plan)
+    out = {"counts": {"fwd_kernels": fwd_count.kernels, "fwd_views": fwd_count.views,
+                      "bwd_kernels": all_count.kernels - fwd_count.kernels,
+                      "bwd_views": all_count.views - fwd_count.views},
+           "fwd": cold_calls(fwd, plan), "all": cold_calls(fwd_bwd, plan),
+           **_split_samples(stage, op, state, seeds, plan)}
     stage.zero_grad(set_to_none=True)
-    return {"fwd_s": t_fwd, "bwd_s": max(t_all - t_fwd, 0.0), "fwd_kernels": fwd_count.kernels,
-            "fwd_views": fwd_count.views, "bwd_kernels": all_count.kernels - fwd_count.kernels,
-            "bwd_views": all_count.views - fwd_count.views, **split}
+    return out
 
 
-def _measure_split(stage, op: str, state: dict, seeds: dict, plan: TimingPlan) -> dict:
-    """The zero-bubble split of the op's backward as the executor runs it: the input pass (backward with
-    the linears' weight gradients deferred) and the weight pass (the deferred GEMMs), each cold."""
+def pool_samples(a: dict | None, b: dict) -> dict:
+    """Two op_samples of the same op, as one."""
+    if a is None:
+        return b
+    return {k: (v + b[k] if isinstance(v, list) else v) for k, v in a.items()}
+
+
+def op_times(samples: dict) -> dict:
+    """measure_op's record from op_samples: median seconds per pass (a backward as the median forward +
+    backward less the median forward, and likewise the input pass), and the ATen op counts."""
+    med = {k: median_s(v) for k, v in samples.items() if isinstance(v, list)}
+    return {"fwd_s": med["fwd"], "bwd_s": max(med["all"] - med["fwd"], 0.0), **samples["counts"],
+            "bwd_input_s": max(med["split_input"] - med["split_fwd"], 0.0), "bwd_weight_s": med["split_weight"]}
+
+
+def _split_samples(stage, op: str, state: dict, seeds: dict, plan: TimingPlan) -> dict:
+    """The zero-bubble split of the op's backward as the executor runs it: the forward with deferrable
+    linears, that forward + the input pass (backward with the linears' weight gradients deferred) and the
+    weight pass (the deferred GEMMs), each cold."""
     from piper_sim.torch_backend.layers import DeferredWeightGrads
     from piper_sim.torch_backend.op_autograd import forward_op
 
@@ -111,10 +134,8 @@ def _measure_split(stage, op: str, state: dict, seeds: dict, plan: TimingPlan) -
 
     previous, DeferredWeightGrads.enabled = DeferredWeightGrads.enabled, True
     try:
-        t_fwd = median_s(cold_calls(fwd, plan))
-        t_input = median_s(cold_calls(fwd_input, plan, setup=queue.clear))
-        t_weight = median_s(cold_calls(lambda: DeferredWeightGrads.apply(queue), plan, setup=fwd_input))
+        return {"split_fwd": cold_calls(fwd, plan), "split_input": cold_calls(fwd_input, plan, setup=queue.clear),
+                "split_weight": cold_calls(lambda: DeferredWeightGrads.apply(queue), plan, setup=fwd_input)}
     finally:
         DeferredWeightGrads.enabled = previous
         queue.clear()
-    return {"bwd_input_s": max(t_input - t_fwd, 0.0), "bwd_weight_s": t_weight}

@@ -103,6 +103,8 @@ class Sweep:
     # (seq_len, micro-batch size) shapes
     layers: tuple[dict, ...]
     layer_shapes: tuple[tuple[int, int], ...]
+    # the framework benchmark's list runs this many times, each with a share of the samples (pooled per op)
+    framework_rounds: int = 1
 
     def framework_runs(self) -> list[tuple[dict, tuple[int, int]]]:
         """(model dict, (seq_len, micro-batch size)) of every stage the framework benchmark builds."""
@@ -110,7 +112,7 @@ class Sweep:
                 + [(layer, shape) for layer in self.layers for shape in self.layer_shapes])
 
     def num_compute_items(self) -> int:
-        framework = sum(7 + len(layer_expert_counts(m)) - 1 for m, _ in self.framework_runs())
+        framework = self.framework_rounds * sum(7 + len(layer_expert_counts(m)) - 1 for m, _ in self.framework_runs())
         return (len(self.gemm_rows) * len(self.gemm_shapes) + len(self.ffn_rows) * len(self.ffn_shapes) * 2
                 + len(self.attention_seq_lens) * len(self.attention_shapes) + 5 * len(self.elementwise_bytes)
                 + len(self.optimizer_points) + framework)
@@ -167,4 +169,5 @@ def make_sweep(quick: bool = False, presets: tuple[str, ...] = DEFAULT_PRESETS, 
                  ffn_shapes=ffns, attention_seq_lens=_powers(16, 2048 * top), attention_shapes=attn,
                  elementwise_bytes=_powers(KiB, 64 * 1024 * KiB * top, 4),
                  optimizer_points=tuple((p, t) for p in (16384, 262144, 1048576, 4194304) for t in (1, 4, 16, 64)),
-                 message_bytes=_powers(KiB, 16 * 1024 * KiB, 4), layers=layers, layer_shapes=MICRO_SHAPES)
+                 message_bytes=_powers(KiB, 16 * 1024 * KiB, 4), layers=layers, layer_shapes=MICRO_SHAPES,
+                 framework_rounds=3)
