@@ -424,6 +424,18 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     from piper_sim.workload.presets import load_model
     assert profile.for_model(load_model("tiny-moe")).framework_s != profile.framework_s
     assert profile.for_model(load_model("small-moe")) is profile
+    # the host work around an exchange: forward only, priced for a dispatch and for a combine
+    from piper_sim.schedule.ir import Task
+    from piper_sim.workload.cost import TaskCoster
+
+    assert {"dispatch:0", "combine:0"} <= set(layer["forward"]["ops"]) - set(layer["backward"]["ops"])
+    coster = TaskCoster(load_model("tiny-moe"), profile, 8)
+    dispatch = Task(task_id="F:c0:m0:L0:dispatch", kind="all_to_all", role="dispatch", group_axis="ep")
+    combine = Task(task_id="B:c0:m0:L0:dispatch", kind="all_to_all", role="dispatch", group_axis="ep")
+    table = dict(profile.for_model(load_model("tiny-moe")).framework_s[("forward", "dispatch")][1])
+    assert coster.exchange_s(dispatch) >= table[8] > 0 and coster.exchange_s(combine) > 0
+    migrate = Task(task_id="M:L0", kind="all_to_all", role="migrate", group_axis="ep")
+    assert coster.exchange_s(migrate) == 0.0
 
 
 def test_blocking_wait_level_from_known_timestamps():

@@ -169,7 +169,15 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
     the model's name. The whole list runs in sweep.framework_rounds rounds, each with a share of the samples, and
     each op's samples are pooled over the rounds: the machine drifts over minutes, and a slow stretch then
     spreads over every op instead of landing on the few measured in it. CPU only (the stage is built on the CPU)."""
-    from piper_sim.calibrate.stage_ops import CHECK_OPS, op_samples, op_times, pool_samples, prepare_stage
+    from piper_sim.calibrate.stage_ops import (
+        CHECK_OPS,
+        EXCHANGE_OPS,
+        exchange_samples,
+        op_samples,
+        op_times,
+        pool_samples,
+        prepare_stage,
+    )
 
     if device.is_cuda:
         return []
@@ -177,7 +185,7 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
             for model, (seq_len, batch) in sweep.framework_runs() for experts in layer_expert_counts(model)]
     rounds = sweep.framework_rounds
     plan = dataclasses.replace(sweep.timing, num_samples=max(1, -(-sweep.timing.num_samples // rounds)))
-    total = rounds * sum(len(ops) for *_, ops in runs)
+    total = rounds * sum(len(ops) + (len(EXCHANGE_OPS) if ops == CHECK_OPS else 0) for *_, ops in runs)
     pooled: dict[tuple[int, str], dict] = {}
     done = 0
     for r in range(rounds):
@@ -189,12 +197,21 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
                          f"backward, {seq_len * batch} tokens, {experts} experts")
                 key = (index, op)
                 pooled[key] = pool_samples(pooled.get(key), op_samples(stage, op, before[op], plan))
+            if ops == CHECK_OPS:  # the host work around the layer's exchanges (forward records only)
+                done += len(EXCHANGE_OPS)
+                progress(f"framework {done}/{total} (round {r + 1}/{rounds}): {model['name']} exchange host work, "
+                         f"{seq_len * batch} tokens")
+                for op, samples in exchange_samples(before, plan).items():
+                    pooled[(index, op)] = pool_samples(pooled.get((index, op)), samples)
     out: list[Record] = []
     for index, (model, seq_len, batch, experts, ops) in enumerate(runs):
         layer = {} if model is MICRO_MODEL else {"layer": json.dumps(model, sort_keys=True)}
-        for op in ops:
-            m = op_times(pooled[(index, op)])
+        for op in ops + (EXCHANGE_OPS if ops == CHECK_OPS else ()):
+            samples = pooled[(index, op)]
+            m = op_times(samples) if "all" in samples else {"fwd_s": median_s(samples["fwd"]), **samples["counts"]}
             for direction in ("fwd", "bwd", "bwd_input", "bwd_weight"):  # the last two: the zero-bubble split
+                if f"{direction}_s" not in m:
+                    continue
                 counts = m.get(f"{direction}_kernels", 0), m.get(f"{direction}_views", 0)
                 out.append({"bench": "framework", "model": model["name"], **layer, "op": op, "pass": direction,
                             "seq_len": seq_len, "micro_batch_size": batch, "tokens": seq_len * batch,

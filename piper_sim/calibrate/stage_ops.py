@@ -18,6 +18,8 @@ MICRO_BATCH_SIZE = 2  # examples/tiny-moe.yaml and examples/small-moe.yaml
 # "shared:0" on a model without shared experts runs no tensor op: its time is the executor's fixed
 # per-op cost (forward_op / backward_op bookkeeping, StageModule.run_op dispatch)
 CHECK_OPS = ("embed", "attn:0", "router:0", "shared:0", "experts:0", "moe_out:0", "head")
+# the host work around a layer's all-to-alls, timed by exchange_samples (not model ops: no backward of their own)
+EXCHANGE_OPS = ("dispatch:0", "combine:0")
 # ATen ops that only make a new view or alias (no pass over the data)
 VIEW_OPS = frozenset({"detach", "view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "slice", "expand",
                       "split_with_sizes", "split", "lift_fresh", "alias", "as_strided", "permute", "select",
@@ -62,6 +64,29 @@ def prepare_stage(model: str | dict, seed: int = 0, micro_batch_size: int = MICR
     for op in CHECK_OPS:  # shared:0 of a model without shared experts: the state after the router
         before.setdefault(op, before["experts:0"])
     return spec, stage, before
+
+
+def exchange_samples(before: dict, plan: TimingPlan) -> dict[str, dict]:
+    """Cold samples of the host work around one MoE all-to-all as the executor runs it, in a group of one
+    (every row stays, no library call): "dispatch:0" packs the expert ids into the rows and unpacks them
+    (all_to_all.dispatch_rows); "combine:0" passes the returned rows, as the backward exchanges pass their
+    gradients. Each {"counts", "fwd": seconds of single calls}, as op_samples' forward."""
+    import torch.distributed as dist
+
+    from piper_sim.torch_backend.all_to_all import all_to_all, dispatch_rows
+
+    me = (dist.get_rank(),)
+    node_of = {me[0]: 0}
+    rows, ids = before["experts:0"]["send_rows"], before["experts:0"]["send_expert_ids"]
+    back = before["moe_out:0"]["return_rows"].detach()
+    calls = {"dispatch:0": lambda: dispatch_rows(rows, ids, [rows.shape[0]], me, node_of),
+             "combine:0": lambda: all_to_all(back, [back.shape[0]], me, node_of)}
+    out = {}
+    for name, fn in calls.items():
+        with CountOps() as count:
+            fn()
+        out[name] = {"counts": {"fwd_kernels": count.kernels, "fwd_views": count.views}, "fwd": cold_calls(fn, plan)}
+    return out
 
 
 def measure_op(stage, op: str, state: dict, plan: TimingPlan) -> dict:

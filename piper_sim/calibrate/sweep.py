@@ -112,7 +112,8 @@ class Sweep:
                 + [(layer, shape) for layer in self.layers for shape in self.layer_shapes])
 
     def num_compute_items(self) -> int:
-        framework = self.framework_rounds * sum(7 + len(layer_expert_counts(m)) - 1 for m, _ in self.framework_runs())
+        # per stage: its 7 ops, the 2 exchanges (stage_ops.EXCHANGE_OPS), the experts op at other expert counts
+        framework = self.framework_rounds * sum(9 + len(layer_expert_counts(m)) - 1 for m, _ in self.framework_runs())
         return (len(self.gemm_rows) * len(self.gemm_shapes) + len(self.ffn_rows) * len(self.ffn_shapes) * 2
                 + len(self.attention_seq_lens) * len(self.attention_shapes) + 5 * len(self.elementwise_bytes)
                 + len(self.optimizer_points) + framework)

@@ -66,6 +66,11 @@ class Task:
         return STREAM_OF_KIND[self.kind]
 
     @property
+    def in_forward(self) -> bool:
+        """Part of a forward pass (lowering names those tasks "F:..."): which way an all-to-all runs."""
+        return self.task_id.startswith("F:")
+
+    @property
     def is_compute(self) -> bool:
         return self.kind in COMPUTE_KINDS
 

@@ -316,8 +316,10 @@ class Simulation:
         return hit
 
     def _host_cost_s(self, task: Task, group: tuple[int, ...]) -> float:
-        """Host-side cost of a collective: the profile's per-call cost for the group size, once per call."""
-        return self._calls(task, group) * self.coster.profile.collective_call_s(task.kind, len(group))
+        """Host-side cost of a collective: the profile's per-call cost for the group size, once per call, and
+        an all-to-all's work around its calls (TaskCoster.exchange_s; also in a group of one)."""
+        calls = self._calls(task, group) * self.coster.profile.collective_call_s(task.kind, len(group))
+        return calls + (self.coster.exchange_s(task) if task.kind == "all_to_all" else 0.0)
 
     def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]

@@ -30,7 +30,7 @@ from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.workload.flops import op_work
 from piper_sim.workload.model import ModelSpec
 
-from .all_to_all import all_to_all, prepare_groups
+from .all_to_all import all_to_all, dispatch_rows, prepare_groups
 from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
 from .model import StageModule, State
@@ -311,8 +311,7 @@ class Executor:
     def _all_to_all(self, task: Task) -> float:
         ms = self._micro(task)
         group = self.mesh.group(self.rank, "ep")
-        forward = task.task_id.startswith("F:")
-        if forward:
+        if task.in_forward:
             return self._a2a_forward(task, ms, group)
         seg = ms.segments.pop()
         if seg.a2a is None:
@@ -331,11 +330,8 @@ class Executor:
         state = ms.state
         if task.role == "dispatch":
             splits = list(state["send_splits"])
-            # expert ids travel as one extra column of the rows (exact in float32 below 2^24): one exchange
-            send = torch.cat([state["send_rows"].detach(), state["send_expert_ids"].to(torch.float32).unsqueeze(1)], 1)
-            both, recv_splits = all_to_all(send, splits, group, self.node_of, self.algorithm)
-            rows = both[:, :-1].to(state["send_rows"].dtype).contiguous()  # bf16 rows ride in float32 with the ids
-            ids = both[:, -1].round().to(torch.int64)
+            rows, ids, recv_splits = dispatch_rows(state["send_rows"], state["send_expert_ids"], splits, group,
+                                                   self.node_of, self.algorithm)
             state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids)
             record = {"role": "dispatch", "send_splits": splits, "recv_splits": recv_splits}
             sent = state["send_rows"]

@@ -12,6 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
@@ -19,8 +20,11 @@ import yaml
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.units import read_params
-from piper_sim.workload.flops import Gemm, OpWork, op_work
+from piper_sim.workload.flops import EXCHANGE_OPS, Gemm, OpWork, exchange_work, op_work
 from piper_sim.workload.model import ModelSpec
+
+if TYPE_CHECKING:
+    from piper_sim.schedule.ir import Task
 
 BACKWARD_FACTOR = {
     "forward": 1.0, "forward_expert": 1.0, "backward": 2.0, "backward_expert": 2.0,
@@ -239,9 +243,12 @@ def _core_sharing(raw: object) -> tuple[tuple[float, float], ...]:
 
 
 def _reference_s(sharing: dict) -> float:
-    """Seconds per iteration at one process per core: the median of its rounds (older profiles: the mean)."""
+    """Seconds per iteration at one process per core: the median of its rounds (older profiles: the mean;
+    0 where the table has neither)."""
     rounds = (sharing.get("window_means_us") or [[]])[0] or (sharing.get("cpu_us_per_iteration") or [])[:1]
-    if not isinstance(rounds, list) or not rounds or any(not isinstance(v, int | float) or v <= 0 for v in rounds):
+    if rounds == []:
+        return 0.0
+    if not isinstance(rounds, list) or any(not isinstance(v, int | float) or v <= 0 for v in rounds):
         raise ConfigError("cost profile measurements.core_sharing", sharing,
                           "window_means_us (a list per level of positive microseconds) or cpu_us_per_iteration")
     return float(np.median(rounds)) * 1e-6
@@ -321,6 +328,8 @@ def _layer_work_s(profile: CostProfile, layer: dict, seq_of: dict, op: str, toke
     from piper_sim.workload.presets import load_model
 
     model = load_model(dict(layer, seq_len=seq_of.get(tokens, layer["seq_len"]), num_experts=experts))
+    if op.partition(":")[0] in EXCHANGE_OPS:
+        return profile.work_time_s(replace(exchange_work(model, op, tokens), num_kernels=0), model.dtype_bytes)
     # the experts op ran with the router's rows spread over its experts: priced as an even spread
     rows = (tokens * model.top_k // experts,) * experts if op.startswith("experts:") else ()
     return profile.work_time_s(replace(op_work(model, op, tokens, rows), num_kernels=0), model.dtype_bytes)
@@ -391,6 +400,26 @@ class TaskCoster:
         tokens, inputs, weights = zip(*split, strict=True)
         share = inputs if kind != "backward_weight" else weights
         return base * float(np.interp(self.tokens, tokens, share))
+
+    def exchange_s(self, task: Task) -> float:
+        """Host work around one MoE all-to-all (dispatch or combine) besides its library calls: the fixed cost
+        calibrate measured for it (the forward dispatch packs the expert ids into the rows and unpacks them;
+        every other exchange passes its rows) plus its memory traffic; 0 where the profile did not measure it,
+        and for expert migration."""
+        if task.role not in ("dispatch", "combine"):
+            return 0.0
+        op = "dispatch:0" if task.in_forward and task.role == "dispatch" else "combine:0"
+        hit = self._cache.get(op)
+        if hit is None:
+            entry = self.profile.framework_s.get(("forward", op.partition(":")[0]))
+            hit = (0.0, 0.0)
+            if entry is not None:
+                tokens, seconds = zip(*entry[1], strict=True)
+                work = replace(exchange_work(self.model, op, self.tokens), num_kernels=0)
+                hit = (float(np.interp(self.tokens, tokens, seconds))
+                       + self.profile.work_time_s(work, self.model.dtype_bytes), 0.0)
+            self._cache[op] = hit
+        return hit[0]
 
     def optimizer_time_s(self, num_params: float, num_tensors: int) -> float:
         """Adam over a rank's parameters: the fixed and per-tensor costs calibrate measured (the update

@@ -110,6 +110,22 @@ def _experts(model: ModelSpec, expert_rows: tuple[int, ...]) -> OpWork:
                   num_kernels=len(expert_rows) * (m + 2))
 
 
+EXCHANGE_OPS = ("dispatch", "combine")
+
+
+def exchange_work(model: ModelSpec, op: str, tokens: int) -> OpWork:
+    """Host work around one MoE all-to-all of a microbatch of `tokens` tokens, as the torch backend runs it.
+    "dispatch" (the forward dispatch) writes the tokens x top_k rows with the expert ids as one extra float32
+    column and reads them back out: two reads and two writes of the rows. "combine" (the forward combine
+    and every backward exchange) passes its rows as they are."""
+    name, _ = op.partition(":")[::2]
+    if name not in EXCHANGE_OPS:
+        raise ValueError(f"unknown exchange {op!r}; allowed: {EXCHANGE_OPS}")
+    if name == "combine":
+        return OpWork(num_kernels=1)
+    return OpWork(elementwise_bytes=4 * tokens * model.top_k * (model.d_model + 1) * 4, num_kernels=5)
+
+
 def forward_flops_per_token(model: ModelSpec) -> float:
     """Model FLOPs of one token's forward pass (active experts only), for MFU."""
     tokens = model.seq_len
