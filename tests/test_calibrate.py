@@ -3,6 +3,7 @@ profile that the cost model loads, with increasing curves and efficiencies in (0
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -195,6 +196,45 @@ def test_core_sharing_factor_is_the_median_of_each_rounds_ratio_to_one_process_p
     summary["window_means_us"][0] = ["slow"]
     with pytest.raises(ConfigError, match="core_sharing"):
         load_profile(raw)
+
+
+def test_calibrations_merge_into_the_median_of_each_measured_number(tmp_path):
+    from piper_sim.calibrate.runner import merge_calibrations, refit_profile
+    from piper_sim.errors import PiperError
+
+    def raw(scale: float, rounds: list[float]) -> dict:
+        per_rank = [{"rank": r, "machine": MACHINE, "records": [dict(rec, time_s=rec["time_s"] * scale)
+                                                                 for rec in _synthetic_records(s)],
+                     "compute_cpu_share": 0.9} for r, s in enumerate((1.0, 0.5))]
+        for rec in per_rank[0]["records"]:
+            if rec["bench"] == "core_sharing":
+                rec["window_means_s"] = [t * rec["time_s"] for t in rounds]
+        return {"per_rank": per_rank, "testbed_per_rank": None, "quick": True, "command": f"calibrate x{scale}",
+                "versions": {"torch": "x"}, "wall_s": 60.0}
+
+    # three calibrations, the machine 1x, 3x and 1.5x as slow: each number is the middle one
+    raws = [raw(1.0, [1.0]), raw(3.0, [2.0, 2.0]), raw(1.5, [1.0])]
+    merged = merge_calibrations(raws, ["a", "b", "c"])
+    for got, *each in zip(merged["per_rank"][1]["records"], *(r["per_rank"][1]["records"] for r in raws),
+                          strict=True):
+        assert got["time_s"] == pytest.approx(sorted(e["time_s"] for e in each)[1])
+    sharing = [r for r in merged["per_rank"][0]["records"] if r["bench"] == "core_sharing"]
+    assert all(len(r["window_means_s"]) == 4 for r in sharing)  # the rounds of all three, in order
+    assert merged["wall_s"] == 180.0 and merged["command"].startswith("median of 3 calibrations")
+    paths = []
+    for i, r in enumerate(raws):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    profile = refit_profile(paths, tmp_path / "merged.yaml")
+    alone = refit_profile(paths[2], tmp_path / "middle.yaml")  # the 1.5x calibration is the median everywhere
+    assert profile["kernel_launch_us"] == pytest.approx(alone["kernel_launch_us"])
+    assert load_profile(tmp_path / "merged.yaml").name == "merged"
+    raws[1]["per_rank"][0]["records"].pop()
+    with pytest.raises(PiperError, match="different numbers of benchmark records"):
+        merge_calibrations(raws, ["a", "b", "c"])
+    raws[1]["per_rank"].pop()
+    with pytest.raises(PiperError, match="different numbers of ranks"):
+        merge_calibrations(raws, ["a", "b", "c"])
 
 
 def test_framework_cost_follows_the_tokens_net_of_the_micro_models_own_work():

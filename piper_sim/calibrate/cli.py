@@ -20,8 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--presets", default="tiny-moe,small-moe", help="model presets whose shapes are swept")
     p.add_argument("--timeout", type=float, help="seconds before the ranks are stopped")
     p.add_argument("--records", type=Path, help="also save the raw per-rank records (JSON) here")
-    p.add_argument("--refit", type=Path, metavar="RECORDS",
-                   help="instead of measuring: rebuild the --out profile from raw records saved with --records")
+    p.add_argument("--refit", type=Path, nargs="+", metavar="RECORDS",
+                   help="instead of measuring: rebuild the --out profile from raw records saved with --records; "
+                        "several files (same sweep): the median of each measured number")
     p.add_argument("--check", metavar="PROFILE",
                    help="instead of calibrating: time real StageModule ops and compare with PROFILE's predictions")
     p.set_defaults(func=cmd_calibrate)

@@ -9,10 +9,12 @@ them. Imports torch.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -264,12 +266,68 @@ def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
     return profile
 
 
-def refit_profile(records_path: Path, out: Path) -> dict:
-    """Rebuild a profile from raw records saved by calibrate(records_out=...), without measuring again."""
-    raw = json.loads(Path(records_path).read_text())
+def refit_profile(records_paths: Path | list[Path], out: Path) -> dict:
+    """Rebuild a profile from raw records saved by calibrate(records_out=...), without measuring again. With
+    several files (calibrations of the same sweep and ranks, e.g. one before and one after a measurement),
+    every measured number is their median (merge_calibrations). Files ending in .gz are read gzipped."""
+    paths = [records_paths] if isinstance(records_paths, Path | str) else list(records_paths)
+    raws = []
+    for path in paths:
+        try:
+            text = gzip.decompress(Path(path).read_bytes()) if str(path).endswith(".gz") else Path(path).read_text()
+            raws.append(json.loads(text))
+        except (OSError, ValueError) as err:
+            raise PiperError(f"--refit {path}: cannot read calibrate's records ({err})") from None
+    raw = raws[0] if len(raws) == 1 else merge_calibrations(raws, [str(p) for p in paths])
     profile = build_profile(name=out.stem, **raw)
     write_profile(out, profile)
     return profile
+
+
+def merge_calibrations(raws: list[dict], names: list[str]) -> dict:
+    """One set of raw records from several calibrations of the same sweep (each rank's records match by
+    position): every float a record measured is the median over the calibrations, lists of rounds
+    (window_means_s) are joined, counts and labels come from the first. The machine drifts by tens of
+    percent over minutes (validation/README.md), so one calibration is a snapshot; calibrations that
+    bracket a measurement describe the machine it ran on."""
+    first = raws[0]
+
+    def merge_ranks(key: str) -> list[dict] | None:
+        per_calibration = [raw.get(key) for raw in raws]
+        if any(p is None for p in per_calibration):
+            return None
+        if len({len(p) for p in per_calibration}) != 1:
+            raise PiperError(f"--refit: {', '.join(names)} ran different numbers of ranks; merge calibrations of "
+                             "the same --ranks and sweep")
+        return [dict(ranks[0], records=_merge_records([r["records"] for r in ranks], names),
+                     compute_cpu_share=statistics.median(r.get("compute_cpu_share", 0.0) for r in ranks))
+                for ranks in zip(*per_calibration, strict=True)]
+
+    return dict(first, per_rank=merge_ranks("per_rank"), testbed_per_rank=merge_ranks("testbed_per_rank"),
+                command=f"median of {len(raws)} calibrations: " + " | ".join(str(r.get("command", "")) for r in raws),
+                wall_s=sum(float(r.get("wall_s") or 0.0) for r in raws),
+                foreign_cpu_share=max((r["foreign_cpu_share"] for r in raws if r.get("foreign_cpu_share") is not None),
+                                      default=None))
+
+
+def _merge_records(lists: list[list[dict]], names: list[str]) -> list[dict]:
+    if len({len(records) for records in lists}) != 1:
+        raise PiperError(f"--refit: {', '.join(names)} hold different numbers of benchmark records; merge "
+                         "calibrations of the same sweep (presets, --quick)")
+    out = []
+    for i, recs in enumerate(zip(*lists, strict=True)):
+        labels = [{k: v for k, v in r.items() if isinstance(v, str)} for r in recs]
+        if any(label != labels[0] for label in labels):
+            raise PiperError(f"--refit: record {i} differs between {', '.join(names)} ({labels[0]} vs another); "
+                             "merge calibrations of the same sweep")
+        merged = dict(recs[0])
+        for key, value in recs[0].items():
+            if isinstance(value, float):
+                merged[key] = statistics.median(float(r[key]) for r in recs)
+            elif isinstance(value, list) and key == "window_means_s":
+                merged[key] = [t for r in recs for t in r[key]]
+        out.append(merged)
+    return out
 
 
 def _versions() -> dict[str, str]:
