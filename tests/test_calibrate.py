@@ -229,6 +229,9 @@ def test_calibrations_merge_into_the_median_of_each_measured_number(tmp_path):
     alone = refit_profile(paths[2], tmp_path / "middle.yaml")  # the 1.5x calibration is the median everywhere
     assert profile["kernel_launch_us"] == pytest.approx(alone["kernel_launch_us"])
     assert load_profile(tmp_path / "merged.yaml").name == "merged"
+    (tmp_path / "bad.json").write_text(json.dumps({"per_rank": 3}))
+    with pytest.raises(PiperError, match="not the records calibrate --records writes"):
+        refit_profile(tmp_path / "bad.json", tmp_path / "bad.yaml")
     raws[1]["per_rank"][0]["records"].pop()
     with pytest.raises(PiperError, match="different numbers of benchmark records"):
         merge_calibrations(raws, ["a", "b", "c"])

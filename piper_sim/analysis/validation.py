@@ -198,7 +198,8 @@ def machine_speed(scores: list[dict]) -> dict | None:
     """The reference workload timed during the measurement (each round, remeasure) against the profile's: the
     median over the rounds of every case, and their range. None unless both sides timed the same preset."""
     calibrated = {(s.get("calibrated_reference_s") or 0.0, s.get("calibrated_reference_preset")) for s in scores}
-    measured = sorted({t for s in scores for t in s.get("measured_reference_s") or []})
+    # cases measured in the same rounds share one list of rounds: count each list once
+    measured = sorted(t for rounds in {tuple(s.get("measured_reference_s") or ()) for s in scores} for t in rounds)
     presets = {s.get("reference_preset") for s in scores if s.get("measured_reference_s")}
     if len(calibrated) != 1 or not measured or len(presets) != 1:
         return None

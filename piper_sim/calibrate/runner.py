@@ -278,8 +278,12 @@ def refit_profile(records_paths: Path | list[Path], out: Path) -> dict:
             raws.append(json.loads(text))
         except (OSError, ValueError) as err:
             raise PiperError(f"--refit {path}: cannot read calibrate's records ({err})") from None
-    raw = raws[0] if len(raws) == 1 else merge_calibrations(raws, [str(p) for p in paths])
-    profile = build_profile(name=out.stem, **raw)
+    try:
+        raw = raws[0] if len(raws) == 1 else merge_calibrations(raws, [str(p) for p in paths])
+        profile = build_profile(name=out.stem, **raw)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise PiperError(f"--refit {' '.join(map(str, paths))}: not the records calibrate --records writes "
+                         f"({type(err).__name__}: {err})") from None
     write_profile(out, profile)
     return profile
 
@@ -316,9 +320,9 @@ def _merge_records(lists: list[list[dict]], names: list[str]) -> list[dict]:
                          "calibrations of the same sweep (presets, --quick)")
     out = []
     for i, recs in enumerate(zip(*lists, strict=True)):
-        labels = [{k: v for k, v in r.items() if isinstance(v, str)} for r in recs]
+        labels = [({k: v for k, v in r.items() if isinstance(v, str)}, set(r)) for r in recs]
         if any(label != labels[0] for label in labels):
-            raise PiperError(f"--refit: record {i} differs between {', '.join(names)} ({labels[0]} vs another); "
+            raise PiperError(f"--refit: record {i} differs between {', '.join(names)} ({labels[0][0]} vs another); "
                              "merge calibrations of the same sweep")
         merged = dict(recs[0])
         for key, value in recs[0].items():
