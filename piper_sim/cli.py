@@ -146,6 +146,7 @@ def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from piper_sim.analysis.validation import (
+        calibrated_ranks,
         find_cases,
         format_validation,
         remeasure,
@@ -160,6 +161,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)  # a bad profile fails before any measuring
     if args.remeasure:
         remeasure(cases, repeats=args.repeats, reference_preset=profile.reference_preset,
+                  reference_profile=args.profile, reference_ranks=calibrated_ranks(args.profile),
                   progress=lambda msg: print(msg, file=sys.stderr))
     elif args.repeats != 1:
         raise PiperError("validate: --repeats applies to --remeasure only")

@@ -95,7 +95,8 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     (case_dir / "case.yaml").write_text(json.dumps({"description": "local", "config": config}))
     case = load_case(case_dir)
     messages = []
-    remeasure([case], repeats=2, reference_preset="tiny-moe", progress=messages.append)
+    remeasure([case], repeats=2, reference_preset="tiny-moe", reference_profile="cpu-2rank", reference_ranks=2,
+              progress=messages.append)
     assert messages == ["[run 1/2] timing the machine's reference workload (tiny-moe) ...",
                         "[run 1/2, 1/1] measuring local-pp1ep2 ...",
                         "[run 2/2] timing the machine's reference workload (tiny-moe) ...",
@@ -104,6 +105,10 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     reference = info["reference"]
     assert reference["preset"] == "tiny-moe" and len(reference["cpu_us_per_iteration_by_run"]) == 2
     assert all(t > 0 for t in reference["cpu_us_per_iteration_by_run"])
+    cold = reference["cold"]  # the layer's ops timed cold on 2 ranks, each round
+    assert cold["model"] == "tiny-moe" and cold["ranks"] == 2 and "experts:0" in cold["ops"]
+    assert len(cold["measured_us_by_run"]) == 2 and all(t > 0 for t in cold["measured_us_by_run"])
+    assert sum(cold["expert_rows"]) == cold["tokens"] * 2  # every token's top-2 rows reached an expert
     runs = info["run_step_times_s"]
     assert len(runs) == 2 and all(t > 0 for t in runs)
     assert step_time(read_trace(case.measured)) == pytest.approx(min(runs), rel=1e-5)  # the lower median of two
@@ -114,6 +119,8 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     speed = summarize([score])["machine_speed"]  # cpu-2rank timed the same workload when it was calibrated
     assert speed["preset"] == "tiny-moe" and speed["rounds"] == 2
     assert speed["ratio"] == pytest.approx(speed["measured_median_s"] / speed["calibrated_s"])
+    assert speed["cold"]["priced_s"] > 0 and speed["cold"]["rounds"] == 2
+    assert speed["cold"]["ratio"] == pytest.approx(speed["cold"]["measured_median_s"] / speed["cold"]["priced_s"])
 
 
 def test_machine_speed_compares_the_rounds_reference_with_the_profiles():
@@ -127,6 +134,14 @@ def test_machine_speed_compares_the_rounds_reference_with_the_profiles():
     assert (speed["measured_min_s"], speed["measured_max_s"]) == (5.5e-3, 6.5e-3)
     assert "5000 us at calibration, 6000 us during the measurement (median of 3 rounds, 5500-6500): +20%" in (
         format_validation([x, y], summary))
+    cold = {"model": "tiny-moe", "ranks": 2, "tokens": 128, "ops": ["attn:0"], "expert_rows": [],
+            "measured_us_by_run": [900.0, 1100.0, 1000.0], "priced_s": 800e-6}
+    x["cold_reference"] = y["cold_reference"] = cold
+    summary = summarize([x, y])
+    assert summary["machine_speed"]["cold"]["ratio"] == pytest.approx(1.25)
+    text = format_validation([x, y], summary)
+    assert ("cold reference (tiny-moe layer ops, forward + backward, cold on 2 ranks, 128 tokens): priced 800 us "
+            "by the profile, measured 1000 us (median of 3 rounds, 900-1100): +25%") in text
     y["reference_preset"] = x["reference_preset"] = "small-moe"  # another workload: not comparable
     assert summarize([x, y])["machine_speed"] is None
     assert summarize([_score("z", 1.0, 1.0)])["machine_speed"] is None  # measured without the reference

@@ -132,6 +132,8 @@ def score_case(case: Case, profile: str | dict) -> dict:
             "measured_reference_s": [t * 1e-6 for t in reference.get("cpu_us_per_iteration_by_run") or []],
             "reference_preset": reference.get("preset", ""), "calibrated_reference_s": calibrated.reference_cpu_s,
             "calibrated_reference_preset": calibrated.reference_preset,
+            "cold_reference": dict(reference["cold"], priced_s=cold_priced_s(profile, reference["cold"]))
+            if reference.get("cold") else None,
             "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
             "phases": phases, "prediction": result}
 
@@ -207,8 +209,17 @@ def machine_speed(scores: list[dict]) -> dict | None:
     if cal_s <= 0 or presets != {preset}:
         return None
     median = float(np.median(measured))
-    return {"preset": preset, "calibrated_s": cal_s, "measured_median_s": median, "measured_min_s": measured[0],
-            "measured_max_s": measured[-1], "rounds": len(measured), "ratio": median / cal_s}
+    out = {"preset": preset, "calibrated_s": cal_s, "measured_median_s": median, "measured_min_s": measured[0],
+           "measured_max_s": measured[-1], "rounds": len(measured), "ratio": median / cal_s}
+    colds = {json.dumps(s["cold_reference"], sort_keys=True) for s in scores if s.get("cold_reference")}
+    if len(colds) == 1:
+        cold = json.loads(colds.pop())
+        times = sorted(t * 1e-6 for t in cold["measured_us_by_run"])
+        out["cold"] = {"model": cold["model"], "ranks": cold["ranks"], "tokens": cold["tokens"],
+                       "priced_s": cold["priced_s"], "measured_median_s": float(np.median(times)),
+                       "measured_min_s": times[0], "measured_max_s": times[-1], "rounds": len(times),
+                       "ratio": float(np.median(times)) / cold["priced_s"]}
+    return out
 
 
 def format_validation(scores: list[dict], summary: dict) -> str:
@@ -244,6 +255,13 @@ def format_validation(scores: list[dict], summary: dict) -> str:
                      f"during the measurement (median of {speed['rounds']} rounds, "
                      f"{speed['measured_min_s'] * 1e6:.0f}-{speed['measured_max_s'] * 1e6:.0f}): "
                      f"{(speed['ratio'] - 1) * 100:+.0f}% CPU time per iteration")
+        cold = speed.get("cold")
+        if cold:
+            lines.append(f"cold reference ({cold['model']} layer ops, forward + backward, cold on {cold['ranks']} "
+                         f"ranks, {cold['tokens']} tokens): priced {cold['priced_s'] * 1e6:.0f} us by the profile, "
+                         f"measured {cold['measured_median_s'] * 1e6:.0f} us (median of {cold['rounds']} rounds, "
+                         f"{cold['measured_min_s'] * 1e6:.0f}-{cold['measured_max_s'] * 1e6:.0f}): "
+                         f"{(cold['ratio'] - 1) * 100:+.0f}%")
     if summary["memory_max_error"] is not None:
         lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
                      f"max {summary['memory_max_error'] * 100:.1f}%")
@@ -300,12 +318,15 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
 
 
 def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, reference_preset: str = "",
+              reference_profile: str | None = None, reference_ranks: int = 2,
               progress: Callable[[str], None] = lambda _msg: None) -> None:
     """Run every case for real `repeats` times (round by round, so a slow phase of the machine does not land
     on one case's runs) and keep, per case, the run whose steady-state step time is the median in measured/;
     measured.json lists every run's step time. With reference_preset, each round starts by timing the
-    machine's reference workload (calibrate.sharing.reference_speed, as calibrate times it), kept per run.
-    A case's previous measurement is replaced only once all its runs are done."""
+    machine's reference workload (calibrate.sharing.reference_speed, as calibrate times it), kept per run;
+    with reference_profile too, also the preset's layer ops cold on reference_ranks ranks, as the framework
+    benchmark times them (calibrate --check: cold_reference). A case's previous measurement is replaced
+    only once all its runs are done."""
     if repeats < 1:
         raise PiperError(f"validate: --repeats {repeats}: give at least 1")
     for case in cases:
@@ -318,6 +339,8 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, 
 
             progress(f"[run {rep + 1}/{repeats}] timing the machine's reference workload ({reference_preset}) ...")
             references.append(reference_speed(reference_preset))
+            if reference_profile is not None:
+                references[-1]["cold"] = cold_reference(reference_profile, reference_preset, reference_ranks)
         for i, case in enumerate(cases):
             progress(f"[run {rep + 1}/{repeats}, {i + 1}/{len(cases)}] measuring {case.name} ...")
             _measure_once(case, case.path / f"measured.run{rep}", timeout_s)
@@ -332,11 +355,43 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, 
         if references:
             info["reference"] = {"preset": references[0]["preset"], "cores": references[0]["cores"],
                                  "cpu_us_per_iteration_by_run": [r["cpu_us_per_iteration"] for r in references]}
+            if "cold" in references[0]:
+                info["reference"]["cold"] = {**{k: v for k, v in references[0]["cold"].items() if k != "measured_us"},
+                                             "measured_us_by_run": [r["cold"]["measured_us"] for r in references]}
         shutil.rmtree(case.measured, ignore_errors=True)
         runs[kept].rename(case.measured)
         (case.measured / "measured.json").write_text(json.dumps(info, indent=2))
         for run in runs:
             shutil.rmtree(run, ignore_errors=True)
+
+
+def calibrated_ranks(profile: str) -> int:
+    """How many ranks the profile's calibration ran at once (its machine facts; 1 when not recorded)."""
+    from piper_sim.workload.cost import profile_path
+
+    machine = (yaml.safe_load(profile_path(profile).read_text()) or {}).get("machine") or {}
+    return int(machine.get("ranks") or 1)
+
+
+def cold_reference(profile: str, preset: str, ranks: int) -> dict:
+    """The preset's one-layer ops (forward + backward each), timed cold on `ranks` ranks at once as calibrate's
+    framework benchmark times them (calibrate --check, about 15 s): {model, ranks, tokens, ops, expert_rows
+    (of the experts op), measured_us (the sum)}. The cold, memory-bound work is what drifts most on a shared host."""
+    from piper_sim.calibrate.crosscheck import crosscheck
+
+    rows = crosscheck(profile, presets=(preset,), ranks=ranks)
+    experts = next((r["expert_rows"] for r in rows if r["op"].startswith("experts:")), [])
+    return {"model": preset, "ranks": ranks, "tokens": rows[0]["tokens"], "ops": [r["op"] for r in rows],
+            "expert_rows": experts, "measured_us": round(sum(r["fwd_s"] + r["bwd_s"] for r in rows) * 1e6, 1)}
+
+
+def cold_priced_s(profile: str | dict, cold: dict) -> float:
+    """The cold reference's ops as the profile prices them (forward + backward, TaskCoster.op_s)."""
+    from piper_sim.workload.cost import TaskCoster
+    from piper_sim.workload.presets import load_model
+
+    coster = TaskCoster(load_model(cold["model"]), load_profile(profile), int(cold["tokens"]))
+    return sum(sum(coster.op_s(op, tuple(cold["expert_rows"]))) for op in cold["ops"])
 
 
 def _measure_once(case: Case, out: Path, timeout_s: float) -> None:

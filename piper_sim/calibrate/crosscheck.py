@@ -23,7 +23,7 @@ import yaml
 from piper_sim.calibrate.runner import threads_per_rank
 from piper_sim.calibrate.stage_ops import CHECK_OPS, MICRO_BATCH_SIZE, measure_op, prepare_stage
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, TimingPlan
-from piper_sim.workload.cost import CostProfile, load_profile
+from piper_sim.workload.cost import CostProfile, load_profile, profile_path
 from piper_sim.workload.flops import op_work
 
 
@@ -74,20 +74,11 @@ def simulator_s(profile: CostProfile, model_name: str, op: str, tokens: int,
     from piper_sim.workload.cost import TaskCoster
     from piper_sim.workload.presets import load_model
 
-    coster = TaskCoster(load_model(model_name), profile, tokens)
-    expert = op.startswith("experts:")
-    rows = tuple(r for r in expert_rows if r > 0)
-    return (coster.cost("forward_expert" if expert else "forward", (op,), rows)[0],
-            coster.cost("backward_expert" if expert else "backward", (op,), rows)[0])
+    return TaskCoster(load_model(model_name), profile, tokens).op_s(op, expert_rows)
 
 
 def _measurements(profile_spec: str) -> dict:
-    from piper_sim.paths import data_dir
-
-    path = Path(profile_spec)
-    if path.suffix not in (".yaml", ".yml"):
-        path = data_dir("traces/profiles") / f"{profile_spec}.yaml"
-    return yaml.safe_load(path.read_text()).get("measurements") or {}
+    return yaml.safe_load(profile_path(profile_spec).read_text()).get("measurements") or {}
 
 
 def _view_overhead_s(measurements: dict) -> float:

@@ -148,18 +148,20 @@ def _curve(raw: object, key: str, x_key: str) -> Curve:
     return Curve(x=tuple(float(v) for v in xs), efficiency=tuple(float(e) for e in eff))
 
 
+def profile_path(spec: str | Path) -> Path:
+    """The file of a profile given by name (traces/profiles/NAME.yaml) or path."""
+    path = Path(spec)
+    if path.suffix not in (".yaml", ".yml"):
+        path = data_dir("traces/profiles") / f"{spec}.yaml"
+    if not path.exists():
+        names = sorted(p.stem for p in data_dir("traces/profiles").glob("*.yaml"))
+        raise ConfigError("cost.profile", str(spec), f"one of {', '.join(names)} or a YAML path")
+    return path
+
+
 def load_profile(spec: str | Path | dict) -> CostProfile:
     """A profile by name (traces/profiles/NAME.yaml), path, or inline mapping."""
-    if isinstance(spec, dict):
-        raw = spec
-    else:
-        path = Path(spec)
-        if path.suffix not in (".yaml", ".yml"):
-            path = data_dir("traces/profiles") / f"{spec}.yaml"
-        if not path.exists():
-            names = sorted(p.stem for p in data_dir("traces/profiles").glob("*.yaml"))
-            raise ConfigError("cost.profile", str(spec), f"one of {', '.join(names)} or a YAML path")
-        raw = yaml.safe_load(path.read_text())
+    raw = spec if isinstance(spec, dict) else yaml.safe_load(profile_path(spec).read_text())
     p = read_params(raw, PROFILE_SCHEMA, "cost.profile.")
     profile = CostProfile(
         name=p["name"], device=p["device"], source=p["source"], peak_flops_per_s=p["peak_bf16_flops_per_s"],
@@ -400,6 +402,14 @@ class TaskCoster:
         tokens, inputs, weights = zip(*split, strict=True)
         share = inputs if kind != "backward_weight" else weights
         return base * float(np.interp(self.tokens, tokens, share))
+
+    def op_s(self, op: str, expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
+        """Forward and backward seconds of one op alone (an experts op as forward_expert / backward_expert),
+        as the simulator prices it; expert_rows are the rows each local expert gets (zeros dropped)."""
+        expert = op.startswith("experts:")
+        rows = tuple(r for r in expert_rows if r > 0) if expert else ()
+        return (self.cost("forward_expert" if expert else "forward", (op,), rows)[0],
+                self.cost("backward_expert" if expert else "backward", (op,), rows)[0])
 
     def exchange_s(self, task: Task) -> float:
         """Host work around one MoE all-to-all (dispatch or combine) besides its library calls: the fixed cost
