@@ -252,16 +252,12 @@ def format_validation(scores: list[dict], summary: dict) -> str:
     if speed:
         lines.append(f"machine reference ({speed['preset']} layer forward + backward, one process per core): "
                      f"{speed['calibrated_s'] * 1e6:.0f} us at calibration, {speed['measured_median_s'] * 1e6:.0f} us "
-                     f"during the measurement (median of {speed['rounds']} rounds, "
-                     f"{speed['measured_min_s'] * 1e6:.0f}-{speed['measured_max_s'] * 1e6:.0f}): "
-                     f"{(speed['ratio'] - 1) * 100:+.0f}% CPU time per iteration")
+                     f"during the measurement {_rounds_text(speed)} CPU time per iteration")
         cold = speed.get("cold")
         if cold:
             lines.append(f"cold reference ({cold['model']} layer ops, forward + backward, cold on {cold['ranks']} "
                          f"ranks, {cold['tokens']} tokens): priced {cold['priced_s'] * 1e6:.0f} us by the profile, "
-                         f"measured {cold['measured_median_s'] * 1e6:.0f} us (median of {cold['rounds']} rounds, "
-                         f"{cold['measured_min_s'] * 1e6:.0f}-{cold['measured_max_s'] * 1e6:.0f}): "
-                         f"{(cold['ratio'] - 1) * 100:+.0f}%")
+                         f"measured {cold['measured_median_s'] * 1e6:.0f} us {_rounds_text(cold)}")
     if summary["memory_max_error"] is not None:
         lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
                      f"max {summary['memory_max_error'] * 100:.1f}%")
@@ -269,6 +265,12 @@ def format_validation(scores: list[dict], summary: dict) -> str:
         lines.append(f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
                      f"({sp['error'] * 100:+.1f}%)")
     return "\n".join(lines)
+
+
+def _rounds_text(ref: dict) -> str:
+    """'(median of N rounds, MIN-MAX): +R%' of a machine reference (microseconds)."""
+    return (f"(median of {ref['rounds']} rounds, {ref['measured_min_s'] * 1e6:.0f}-{ref['measured_max_s'] * 1e6:.0f}): "
+            f"{(ref['ratio'] - 1) * 100:+.0f}%")
 
 
 def _swap_evidence(swap: dict) -> str:
