@@ -85,7 +85,8 @@ def test_a_swap_counts_the_rounds_in_which_the_faster_case_ran_faster():
 
 def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     # a real local run (no testbed, no root): pp1 x ep2 of a 2-layer tiny-moe, 3 steps, twice
-    from piper_sim.analysis.validation import load_case, remeasure, score_case, step_time
+    from piper_sim.analysis.validation import earlier_sessions, load_case, remeasure, score_case, step_time
+    from piper_sim.errors import PiperError
     from piper_sim.trace.runtrace import read_trace
 
     case_dir = tmp_path / "local-pp1ep2"
@@ -121,6 +122,21 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     assert speed["ratio"] == pytest.approx(speed["measured_median_s"] / speed["calibrated_s"])
     assert speed["cold"]["priced_s"] > 0 and speed["cold"]["rounds"] == 2
     assert speed["cold"]["ratio"] == pytest.approx(speed["cold"]["measured_median_s"] / speed["cold"]["priced_s"])
+    # a second session keeps the first one's rounds, by session id, for the measured order of cases
+    first = info["session"]
+    remeasure([case], repeats=1)
+    again = json.loads((case.measured / "measured.json").read_text())
+    assert again["session"] >= first and again["case_digest"] == info["case_digest"]
+    assert [(s["session"], s["run_step_times_s"]) for s in again["earlier_sessions"]] == [(first, runs)]
+    assert score_case(case, "cpu-2rank")["measured_sessions"] == {again["session"]: again["run_step_times_s"],
+                                                                   first: runs}
+    # a case whose config changed since: its measurement is refused, and a new session drops the old rounds
+    config["sim"]["steps"] = 4
+    (case_dir / "case.yaml").write_text(json.dumps({"description": "local", "config": config}))
+    changed = load_case(case_dir)
+    with pytest.raises(PiperError, match="changed .* since it was measured; measure it again with --remeasure"):
+        score_case(changed, "cpu-2rank")
+    assert earlier_sessions(changed) == []
 
 
 def test_machine_speed_compares_the_rounds_reference_with_the_profiles():

@@ -11,6 +11,7 @@ connections, allocator) that no profile describes, so it is reported but not sco
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import platform
 import shutil
@@ -22,6 +23,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from piper_sim.analysis.ordering import order_summary, order_swaps
 from piper_sim.errors import ConfigError, PiperError
 from piper_sim.trace.runtrace import read_trace
 from piper_sim.workload.cost import load_profile
@@ -116,6 +118,9 @@ def score_case(case: Case, profile: str | dict) -> dict:
     meas_report = json.loads((case.measured / "report.json").read_text())
     info_path = case.measured / "measured.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    if info.get("case_digest", case_digest(case)) != case_digest(case):
+        raise PiperError(f"validate: case {case.name} changed (its config or topology) since it was measured; "
+                         "measure it again with --remeasure")
     runs = info.get("run_step_times_s") or []
     reference = info.get("reference") or {}
     kind = str(meas_report.get("peak_memory_kind", ""))
@@ -128,7 +133,7 @@ def score_case(case: Case, profile: str | dict) -> dict:
     return {"case": case.name, "pair": case.pair, "description": case.description, "tolerance": case.tolerance,
             "predicted_step_s": pred_step, "measured_step_s": meas_step, "error": pred_step / meas_step - 1,
             "predicted_memory_bytes": pred_mem, "measured_memory_bytes": meas_mem if memory_ok else [],
-            "memory_error": memory_error, "measured_runs_s": runs,
+            "memory_error": memory_error, "measured_runs_s": runs, "measured_sessions": measured_sessions(info),
             "measured_reference_s": [t * 1e-6 for t in reference.get("cpu_us_per_iteration_by_run") or []],
             "reference_preset": reference.get("preset", ""), "calibrated_reference_s": calibrated.reference_cpu_s,
             "calibrated_reference_preset": calibrated.reference_preset,
@@ -138,33 +143,27 @@ def score_case(case: Case, profile: str | dict) -> dict:
             "phases": phases, "prediction": result}
 
 
+def case_digest(case: Case) -> str:
+    """A short hash of what a real run of the case depends on in the case: its config and the topology files
+    it names. measured.json records it; validate refuses a measurement whose case has changed since."""
+    digest = hashlib.sha256(json.dumps(case.config, sort_keys=True).encode())
+    for rel in sorted({case.testbed, case.config.get("topology")} - {None}):
+        if isinstance(rel, str) and rel.endswith(".yaml") and (case.path / rel).exists():
+            digest.update((case.path / rel).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def measured_sessions(info: dict) -> dict[str, list[float]]:
+    """The step time of each round of every measurement session in measured.json (the scored session and its
+    earlier_sessions), by session id; {} when it lists no runs."""
+    return {str(s.get("session", "")): list(s["run_step_times_s"])
+            for s in [info, *info.get("earlier_sessions", [])] if s.get("run_step_times_s")}
+
+
 def spearman(a: list[float], b: list[float]) -> float:
     if len(a) < 2:
         return 1.0
     return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
-
-
-def order_swaps(scores: list[dict]) -> list[dict]:
-    """Every pair of cases the prediction orders differently from the measurement: the measured-faster case,
-    the measured-slower one, how far apart they were measured (slower / faster - 1), and whether their
-    repeated runs overlap (the faster case's slowest run slower than the other's fastest: the measurement
-    itself does not order them; False when either was run once). With the same number of runs (remeasure runs
-    the cases round by round, so run r of both ran minutes apart), rounds_faster is [rounds in which the
-    faster case was faster, rounds]: a pair the machine's drift cannot have swapped is faster in every round."""
-    out = []
-    for i, a in enumerate(scores):
-        for b in scores[i + 1:]:
-            fast, slow = (a, b) if a["measured_step_s"] <= b["measured_step_s"] else (b, a)
-            if fast["predicted_step_s"] > slow["predicted_step_s"]:
-                fast_runs, slow_runs = fast.get("measured_runs_s") or [], slow.get("measured_runs_s") or []
-                overlap = len(fast_runs) > 1 and len(slow_runs) > 1 and max(fast_runs) >= min(slow_runs)
-                paired = len(fast_runs) == len(slow_runs) > 1
-                out.append({"faster": fast["case"], "slower": slow["case"],
-                            "measured_gap": slow["measured_step_s"] / fast["measured_step_s"] - 1,
-                            "runs_overlap": overlap,
-                            "rounds_faster": [sum(f < s for f, s in zip(fast_runs, slow_runs, strict=True)),
-                                              len(fast_runs)] if paired else None})
-    return sorted(out, key=lambda x: x["measured_gap"])
 
 
 def summarize(scores: list[dict]) -> dict:
@@ -183,13 +182,14 @@ def summarize(scores: list[dict]) -> dict:
             speedups.append({"pair": label, "measured": measured, "predicted": predicted,
                              "error": predicted / measured - 1})
     memory = [abs(s["memory_error"]) for s in scores if not np.isnan(s["memory_error"])]
+    swaps = order_swaps(scores)
     return {
         "memory_max_error": float(max(memory)) if memory else None,
         "memory_mean_error": float(np.mean(memory)) if memory else None,
         "cases": len(scores), "mape": float(errors.mean()) if len(errors) else 0.0,
         "max_error": float(errors.max()) if len(errors) else 0.0,
         "rank_correlation": spearman([s["predicted_step_s"] for s in scores], [s["measured_step_s"] for s in scores]),
-        "same_order": not order_swaps(scores), "order_swaps": order_swaps(scores),
+        "same_order": not swaps, "order_swaps": swaps, "measured_order": order_summary(scores, swaps),
         "outside_tolerance": [s["case"] for s in scores if abs(s["error"]) > s["tolerance"]],
         "halo_over_flat": speedups,
         "machine_speed": machine_speed(scores),
@@ -237,13 +237,20 @@ def format_validation(scores: list[dict], summary: dict) -> str:
         lines.append(f"{s['case']:{width}s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
                      f"{s['error'] * 100:+6.1f}% {mem:>8s} {runs:>6s}  {worst_text}{flag}")
     lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
-              f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']}"]
+              f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']} "
+              "(by the scored step times)"]
+    order = summary.get("measured_order")
+    if order:
+        lines.append(f"measured order: {order['ordered_pairs']} of {order['pairs']} pairs of cases ordered by the "
+                     f"measurement (one faster in every round both ran; {order['sessions']} session(s)), "
+                     f"{len(order['swapped'])} of them predicted the other way: same measured order: {order['same']}")
     swaps = summary.get("order_swaps", [])
     lines += [f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}"
               f"{_swap_evidence(sw)}, predicted slower" for sw in swaps]
     if swaps:
         apart = sum(1 for sw in swaps if not sw.get("runs_overlap"))
-        lines.append(f"  {apart} of {len(swaps)} swapped pairs were measured apart (runs not overlapping)")
+        lines.append(f"  {apart} of {len(swaps)} swapped pairs were measured apart (runs not overlapping), "
+                     f"{sum(1 for sw in swaps if sw.get('ordered'))} ordered by the measurement")
     spreads = [s["measured_spread"] for s in scores if not np.isnan(s.get("measured_spread", float("nan")))]
     if spreads:
         lines.append(f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "
@@ -276,9 +283,13 @@ def _rounds_text(ref: dict) -> str:
 def _swap_evidence(swap: dict) -> str:
     notes = []
     if swap.get("rounds_faster"):
-        notes.append("faster in {} of {} rounds".format(*swap["rounds_faster"]))
+        sessions = swap.get("sessions", 1)
+        notes.append("faster in {} of {} rounds".format(*swap["rounds_faster"])
+                     + (f" of {sessions} sessions" if sessions > 1 else ""))
     if swap.get("runs_overlap"):
         notes.append("their runs overlap")
+    if swap.get("ordered"):
+        notes.append("ORDERED BY THE MEASUREMENT")
     return f" ({'; '.join(notes)})" if notes else ""
 
 
@@ -335,6 +346,7 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, 
         for old in case.path.glob("measured.run*"):
             shutil.rmtree(old)
     references: list[dict] = []
+    session = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     for rep in range(repeats):
         if reference_preset:
             from piper_sim.calibrate.sharing import reference_speed
@@ -351,6 +363,7 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, 
         steps = [step_time(read_trace(run)) for run in runs]
         kept = sorted(range(repeats), key=lambda r: steps[r])[(repeats - 1) // 2]
         info = {"command": f"piper-sim validate {case.name} --remeasure --repeats {repeats}",
+                "session": session, "case_digest": case_digest(case),
                 "date": _dt.date.today().isoformat(), "machine": platform.platform(),
                 "python": platform.python_version(), "testbed": case.testbed,
                 "run_step_times_s": [round(t, 9) for t in steps], "kept_run": kept}
@@ -360,11 +373,22 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, 
             if "cold" in references[0]:
                 info["reference"]["cold"] = {**{k: v for k, v in references[0]["cold"].items() if k != "measured_us"},
                                              "measured_us_by_run": [r["cold"]["measured_us"] for r in references]}
+        info["earlier_sessions"] = earlier_sessions(case)
         shutil.rmtree(case.measured, ignore_errors=True)
         runs[kept].rename(case.measured)
         (case.measured / "measured.json").write_text(json.dumps(info, indent=2))
         for run in runs:
             shutil.rmtree(run, ignore_errors=True)
+
+
+def earlier_sessions(case: Case) -> list[dict]:
+    """The sessions of the case's current measurement (measured.json: its own and its earlier ones) that
+    measured the case as it is now (the same case_digest), newest first: what a new session keeps of them."""
+    path = case.measured / "measured.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    keys = ("session", "date", "command", "machine", "case_digest", "run_step_times_s")
+    return [{k: s[k] for k in keys if k in s} for s in [old, *old.get("earlier_sessions", [])]
+            if s.get("run_step_times_s") and s.get("case_digest") == case_digest(case)]
 
 
 def calibrated_ranks(profile: str) -> int:
