@@ -501,3 +501,14 @@ def test_blocking_wait_level_from_known_timestamps():
     # computing: 4 ms of every 7 ms on each of 2 ranks, over 2 cores
     span = (SKIPPED_EXCHANGES + 3) * 7e-3
     assert rec["computing_per_core"] == pytest.approx(2 * (SKIPPED_EXCHANGES + 3) * 4e-3 / span / 2)
+
+
+def test_core_sharing_workers_time_cold_iterations_without_their_flushes():
+    # real workers (benchmarks/bench_core_sharing_cold.py): each cold iteration writes twice the last-level
+    # cache first, untimed, so the workers' timed CPU per wall second drops well below the hot loop's
+    from piper_sim.calibrate.sharing import run_levels
+
+    (hot,) = run_levels("tiny-moe", (1,), 1, 0.5, lambda _m: None)
+    (cold,) = run_levels("tiny-moe", (1,), 1, 0.5, lambda _m: None, cold=True)
+    assert hot["time_s"] > 0 and cold["time_s"] > 0
+    assert cold["cores_used"] < 0.8 * hot["cores_used"]

@@ -49,7 +49,7 @@ def bench_core_sharing(preset: str, quick: bool, progress: Callable[[str], None]
     and rounds), window_means_s each round's mean (round by round, the same rounds for every level), and
     cores_used the CPU the workers used per wall second."""
     levels = LEVELS_QUICK if quick else LEVELS_FULL
-    return _run_levels(preset, levels, num_rounds(quick), 0.5 if quick else 1.0, progress)
+    return run_levels(preset, levels, num_rounds(quick), 0.5 if quick else 1.0, progress)
 
 
 REFERENCE_ROUNDS = 3
@@ -62,14 +62,16 @@ def reference_speed(preset: str, progress: Callable[[str], None] = lambda _msg: 
     {preset, cores, cpu_us_per_iteration (median of the windows), window_means_us}. Used by validate
     --remeasure before each round, so a measurement taken on a slower or faster machine than its profile
     shows (about 6 s)."""
-    (record,) = _run_levels(preset, (1,), REFERENCE_ROUNDS, REFERENCE_WINDOW_S, progress)
+    (record,) = run_levels(preset, (1,), REFERENCE_ROUNDS, REFERENCE_WINDOW_S, progress)
     means = [t * 1e6 for t in record["window_means_s"]]
     return {"preset": preset, "cores": record["cores"], "cpu_us_per_iteration": round(statistics.median(means), 1),
             "window_means_us": [round(t, 1) for t in means]}
 
 
-def _run_levels(preset: str, levels: tuple[int, ...], rounds: int, window_s: float,
-                progress: Callable[[str], None]) -> list[dict]:
+def run_levels(preset: str, levels: tuple[int, ...], rounds: int, window_s: float,
+                progress: Callable[[str], None], cold: bool = False) -> list[dict]:
+    """With cold, every iteration starts after a cache flush (timing.flush_caches, untimed): the CPU time of
+    the layer as the framework benchmark prices its ops (benchmarks/bench_core_sharing_cold.py)."""
     cores = min(os.cpu_count() or 1, MAX_CORES)
     workers = [_start_worker(preset, cores) for _ in range(max(levels) * cores)]
     try:
@@ -82,7 +84,7 @@ def _run_levels(preset: str, levels: tuple[int, ...], rounds: int, window_s: flo
                 progress(f"core sharing round {r + 1}/{rounds}, {i + 1}/{len(levels)}: {k} process(es) per core")
                 active = workers[:k * cores]
                 for w in active:
-                    w.stdin.write(f"run {window_s}\n")
+                    w.stdin.write(f"run {window_s}{' cold' if cold else ''}\n")
                     w.stdin.flush()
                 results = [json.loads(_read_line(w, "result")) for w in active]
                 per_round[k].append(statistics.fmean(x["cpu_s"] / x["iterations"] for x in results))
@@ -141,6 +143,8 @@ def pin_to_cores(cores: int) -> None:
 def _worker(preset: str, cores: int) -> None:
     import torch
 
+    from piper_sim.calibrate.timing import flush_caches
+
     torch.set_num_threads(1)
     pin_to_cores(cores)
     iteration = layer_iteration(preset)
@@ -149,13 +153,17 @@ def _worker(preset: str, cores: int) -> None:
         iteration()
     print("ready", flush=True)
     for line in sys.stdin:
-        window_s = float(line.split()[1])
-        count, cpu0, wall0 = 0, time.thread_time(), time.perf_counter()
+        words = line.split()
+        window_s, cold = float(words[1]), words[2:] == ["cold"]
+        count, cpu_s, wall0 = 0, 0.0, time.perf_counter()
         while time.perf_counter() - wall0 < window_s:
+            if cold:
+                flush_caches()
+            cpu0 = time.thread_time()
             iteration()
+            cpu_s += time.thread_time() - cpu0
             count += 1
-        print(json.dumps({"cpu_s": time.thread_time() - cpu0, "wall_s": time.perf_counter() - wall0,
-                          "iterations": count}), flush=True)
+        print(json.dumps({"cpu_s": cpu_s, "wall_s": time.perf_counter() - wall0, "iterations": count}), flush=True)
 
 
 def main() -> None:
