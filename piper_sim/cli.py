@@ -173,7 +173,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(format_validation(scores, summary))
     if args.out is not None:
         write_validation(args.out, scores, summary)
-        print(f"wrote {args.out}/ (validation.csv, phases.csv, summary.json, predicted_vs_measured.png)")
+        print(f"wrote {args.out}/ (validation.csv, phases.csv, concurrency.csv, summary.json, "
+              "predicted_vs_measured.png)")
     return 1 if summary["outside_tolerance"] else 0
 
 

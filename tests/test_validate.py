@@ -20,6 +20,9 @@ def test_validate_scores_a_stored_case(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "validation.csv")
     assert (table["measured_step_s"] > 0).all() and (table["predicted_step_s"] > 0).all()
     assert "MAPE" in capsys.readouterr().out
+    shares = pd.read_csv(tmp_path / "concurrency.csv").groupby("case")[["predicted_share", "measured_share"]].sum()
+    assert len(shares) == 2 and (shares - 1).abs().max().max() < 1e-9  # each case's span, covered once
+    assert 0 < summary["compute_concurrency"]["measured_mean_ranks_computing"] <= 8
 
 
 def _score(case, pred, meas, pair=""):

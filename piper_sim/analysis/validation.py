@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from piper_sim.analysis.concurrency import compute_concurrency, mean_computing
 from piper_sim.analysis.ordering import order_summary, order_swaps
 from piper_sim.errors import ConfigError, PiperError
 from piper_sim.trace.runtrace import read_trace
@@ -140,7 +141,9 @@ def score_case(case: Case, profile: str | dict) -> dict:
             "cold_reference": dict(reference["cold"], priced_s=cold_priced_s(profile, reference["cold"]))
             if reference.get("cold") else None,
             "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
-            "phases": phases, "prediction": result}
+            "phases": phases, "prediction": result,
+            "concurrency": pd.DataFrame({"predicted": compute_concurrency(steady(result.trace)),
+                                         "measured": compute_concurrency(steady(measured))}).fillna(0.0)}
 
 
 def case_digest(case: Case) -> str:
@@ -193,7 +196,19 @@ def summarize(scores: list[dict]) -> dict:
         "outside_tolerance": [s["case"] for s in scores if abs(s["error"]) > s["tolerance"]],
         "halo_over_flat": speedups,
         "machine_speed": machine_speed(scores),
+        "compute_concurrency": concurrency_summary(scores),
     }
+
+
+def concurrency_summary(scores: list[dict]) -> dict | None:
+    """Over the cases (each case's steady steps): the mean number of ranks inside a compute task, and the
+    share of time with none, predicted and measured (analysis.concurrency); None without them."""
+    tables = [s["concurrency"] for s in scores if s.get("concurrency") is not None]
+    if not tables:
+        return None
+    return {f"{side}_{what}": float(np.mean([fn(t[side]) for t in tables]))
+            for side in ("predicted", "measured")
+            for what, fn in (("mean_ranks_computing", mean_computing), ("share_none_computing", lambda c: c[0]))}
 
 
 def machine_speed(scores: list[dict]) -> dict | None:
@@ -265,6 +280,13 @@ def format_validation(scores: list[dict], summary: dict) -> str:
             lines.append(f"cold reference ({cold['model']} layer ops, forward + backward, cold on {cold['ranks']} "
                          f"ranks, {cold['tokens']} tokens): priced {cold['priced_s'] * 1e6:.0f} us by the profile, "
                          f"measured {cold['measured_median_s'] * 1e6:.0f} us {_rounds_text(cold)}")
+    conc = summary.get("compute_concurrency")
+    if conc:
+        mean_p, mean_m = conc["predicted_mean_ranks_computing"], conc["measured_mean_ranks_computing"]
+        none_p, none_m = conc["predicted_share_none_computing"], conc["measured_share_none_computing"]
+        lines.append(f"ranks computing at once (mean over the cases): predicted {mean_p:.2f}, measured {mean_m:.2f}; "
+                     f"no rank computing {none_p * 100:.0f}% of the time predicted, {none_m * 100:.0f}% measured "
+                     "(concurrency.csv)")
     if summary["memory_max_error"] is not None:
         lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
                      f"max {summary['memory_max_error'] * 100:.1f}%")
@@ -301,10 +323,13 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
     import matplotlib.ticker
 
     out.mkdir(parents=True, exist_ok=True)
-    rows = [{k: v for k, v in s.items() if k not in ("phases", "prediction")} for s in scores]
+    rows = [{k: v for k, v in s.items() if k not in ("phases", "prediction", "concurrency")} for s in scores]
     pd.DataFrame(rows).to_csv(out / "validation.csv", index=False)
     phases = pd.concat([s["phases"].assign(case=s["case"]) for s in scores])
     phases.reset_index(names="kind").to_csv(out / "phases.csv", index=False)
+    if all(s.get("concurrency") is not None for s in scores):
+        conc = pd.concat([s["concurrency"].add_suffix("_share").assign(case=s["case"]) for s in scores])
+        conc.reset_index(names="ranks_computing").to_csv(out / "concurrency.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     fig, ax = plt.subplots(figsize=(6, 6))
     meas = np.array([s["measured_step_s"] for s in scores]) * 1e3
