@@ -3,8 +3,10 @@
 Owns the case format (validation/cases/NAME/case.yaml plus measured/ from `piper-sim run`), the
 prediction of a case (its config, the given profile, and the measured run's own routing trace so the
 simulated experts see the loads the real router chose), the per-case comparison, the summary (MAPE,
-max error, rank correlation of the cases by step time, HALO-over-flat speedups of paired cases) and
-re-measurement on the testbed. Steady-state steps only: step 0 pays one-time warm-up costs (gloo
+max error, rank correlation of the cases by step time and the order their measurement sessions establish
+(analysis.ordering), HALO-over-flat speedups of paired cases, how many ranks compute at once
+(analysis.concurrency)) and re-measurement on the testbed, which keeps the earlier sessions' rounds of an
+unchanged case (case_digest). Steady-state steps only: step 0 pays one-time warm-up costs (gloo
 connections, allocator) that no profile describes, so it is reported but not scored.
 """
 
