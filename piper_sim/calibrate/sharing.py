@@ -69,7 +69,7 @@ def reference_speed(preset: str, progress: Callable[[str], None] = lambda _msg: 
 
 
 def run_levels(preset: str, levels: tuple[int, ...], rounds: int, window_s: float,
-                progress: Callable[[str], None], cold: bool = False) -> list[dict]:
+               progress: Callable[[str], None], cold: bool = False) -> list[dict]:
     """With cold, every iteration starts after a cache flush (timing.flush_caches, untimed): the CPU time of
     the layer as the framework benchmark prices its ops (benchmarks/bench_core_sharing_cold.py)."""
     cores = min(os.cpu_count() or 1, MAX_CORES)
