@@ -51,13 +51,14 @@ def order_swaps(scores: list[dict]) -> list[dict]:
             if fast["predicted_step_s"] <= slow["predicted_step_s"]:
                 continue
             fast_runs, slow_runs = fast.get("measured_runs_s") or [], slow.get("measured_runs_s") or []
-            rounds, sessions = shared_rounds(_sessions(fast), _sessions(slow))
+            fast_sessions, slow_sessions = _sessions(fast), _sessions(slow)
+            rounds, sessions = shared_rounds(fast_sessions, slow_sessions)
             out.append({"faster": fast["case"], "slower": slow["case"],
                         "measured_gap": slow["measured_step_s"] / fast["measured_step_s"] - 1,
                         "runs_overlap": len(fast_runs) > 1 and len(slow_runs) > 1 and max(fast_runs) >= min(slow_runs),
                         "rounds_faster": [sum(f < s for f, s in rounds), len(rounds)] if len(rounds) > 1 else None,
                         "sessions": sessions,
-                        "ordered": measured_order(_sessions(fast), _sessions(slow)) != 0})
+                        "ordered": measured_order(fast_sessions, slow_sessions) != 0})
     return sorted(out, key=lambda x: x["measured_gap"])
 
 

@@ -121,7 +121,8 @@ def score_case(case: Case, profile: str | dict) -> dict:
     meas_report = json.loads((case.measured / "report.json").read_text())
     info_path = case.measured / "measured.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
-    if info.get("case_digest", case_digest(case)) != case_digest(case):
+    digest = case_digest(case)
+    if info.get("case_digest", digest) != digest:
         raise PiperError(f"validate: case {case.name} changed (its config or topology) since it was measured; "
                          "measure it again with --remeasure")
     runs = info.get("run_step_times_s") or []
