@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from piper_sim.analysis.ordering import measured_order, shared_rounds
 from piper_sim.analysis.validation import format_validation, summarize
@@ -55,3 +56,17 @@ def test_the_summary_holds_the_prediction_to_the_pairs_the_measurement_orders():
     assert s["measured_order"]["same"] is False
     assert sorted(s["measured_order"]["swapped"]) == ["x < z", "y < z"]
     assert "ORDERED BY THE MEASUREMENT" in format_validation([x, y, z], s)
+
+
+def test_the_pooled_view_scores_each_case_against_the_median_of_every_round_of_every_session():
+    x = _score("x", 1.20, 1.00, {"now": [0.98, 1.00, 1.02], "then": [1.10, 1.12]})  # median of all five: 1.02
+    y = _score("y", 1.00, 1.03, {"now": [1.01, 1.03, 1.05], "then": [1.02, 1.04]})  # 1.03
+    s = summarize([x, y])
+    pooled = s["pooled"]
+    assert pooled["errors"]["x"] == 1.20 / 1.02 - 1 and pooled["errors"]["y"] == 1.00 / 1.03 - 1
+    assert (pooled["worst_case"], pooled["sessions"], pooled["rounds_min"]) == ("x", 2, 5)
+    assert pooled["mape"] == (abs(1.20 / 1.02 - 1) + abs(1.00 / 1.03 - 1)) / 2
+    assert s["max_error"] == pytest.approx(0.2)  # the scored run's verdict is unchanged by the pooled view
+    assert "MAPE 10.3%   max error 17.6% (x +17.6%)" in format_validation([x, y], s)
+    y["measured_sessions"] = {}  # a case without recorded rounds: no pooled view at all
+    assert summarize([x, y])["pooled"] is None

@@ -200,7 +200,23 @@ def summarize(scores: list[dict]) -> dict:
         "halo_over_flat": speedups,
         "machine_speed": machine_speed(scores),
         "compute_concurrency": concurrency_summary(scores),
+        "pooled": pooled_summary(scores),
     }
+
+
+def pooled_summary(scores: list[dict]) -> dict | None:
+    """The prediction against the median of every round of every kept session of each case (the scored
+    session's rounds and its earlier_sessions'), so that no one session's drift decides a case. A second
+    view beside the scored run, printed, never the verdict; None unless every case has rounds."""
+    pooled = {s["case"]: [t for runs in s.get("measured_sessions", {}).values() for t in runs] for s in scores}
+    if not scores or not all(pooled.values()):
+        return None
+    errors = {s["case"]: s["predicted_step_s"] / float(np.median(pooled[s["case"]])) - 1 for s in scores}
+    worst = max(errors, key=lambda c: abs(errors[c]))
+    return {"mape": float(np.mean([abs(e) for e in errors.values()])), "max_error": abs(errors[worst]),
+            "worst_case": worst, "errors": errors,
+            "sessions": max(len(s["measured_sessions"]) for s in scores),
+            "rounds_min": min(len(r) for r in pooled.values())}
 
 
 def concurrency_summary(scores: list[dict]) -> dict | None:
@@ -257,6 +273,12 @@ def format_validation(scores: list[dict], summary: dict) -> str:
     lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
               f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']} "
               "(by the scored step times)"]
+    pooled = summary.get("pooled")
+    if pooled:
+        worst = pooled["worst_case"]
+        lines.append(f"over every session's rounds (up to {pooled['sessions']} sessions, at least "
+                     f"{pooled['rounds_min']} rounds per case; the median of all): MAPE {pooled['mape'] * 100:.1f}%   "
+                     f"max error {pooled['max_error'] * 100:.1f}% ({worst} {pooled['errors'][worst] * 100:+.1f}%)")
     order = summary.get("measured_order")
     if order:
         lines.append(f"measured order: {order['ordered_pairs']} of {order['pairs']} pairs of cases ordered by the "
