@@ -64,11 +64,12 @@ class FlowSet:
     """Flows that start together (one phase of a collective, or one p2p transfer)."""
 
     __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
-                 "timeline", "t_start", "links", "finish_s")
+                 "timeline", "t_start", "links", "finish_s", "seq")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                 done: simpy.Event, now: float, links: np.ndarray) -> None:
+                 done: simpy.Event, now: float, links: np.ndarray, seq: int) -> None:
         self.entry_flow, self.entry_link, self.weight = entry_flow, entry_link, weight
+        self.seq = seq  # start order: sets are always handled in it, so runs repeat exactly
         self.remaining = sizes.astype(float).copy()
         self.rate = np.zeros(sizes.shape[0])
         self.t_last = self.t_start = now
@@ -96,6 +97,7 @@ class FlowNetwork:
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
         self.num_solves = 0
+        self.num_sets = 0
 
     # ---- public ----------------------------------------------------------------------------------
     def start(self, entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
@@ -119,7 +121,9 @@ class FlowNetwork:
             distinct = (np.unique(entry_link),)
             if key is not None:
                 self._links_of[key] = distinct
-        fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[0])
+        fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[0],
+                     self.num_sets)
+        self.num_sets += 1
         isolated = not self.busy[distinct[0]].any()
         self.busy[distinct[0]] += 1
         self.active.add(fs)
@@ -140,13 +144,15 @@ class FlowNetwork:
         return {other for other in self.active if other is not fs and mask[other.links].any()}
 
     def _component(self, fs: FlowSet) -> list[FlowSet]:
+        """The sets linked to fs through shared links, in start order (not the sets' hash order, which
+        changes from one process to the next and would order their timers, hence ties, differently)."""
         seen, todo = {fs}, [fs]
         while todo:
             for other in self._touching(todo.pop()):
                 if other not in seen:
                     seen.add(other)
                     todo.append(other)
-        return list(seen)
+        return sorted(seen, key=lambda x: x.seq)
 
     def _run_isolated(self, fs: FlowSet, cache_key: Hashable) -> None:
         timeline = self._timelines.get(cache_key)
@@ -243,7 +249,7 @@ class FlowNetwork:
         if others:
             # the finished set frees capacity for every component it touched
             done: set[FlowSet] = set()
-            for other in others:
+            for other in sorted(others, key=lambda x: x.seq):
                 if other not in done:
                     comp = self._component(other)
                     done.update(comp)
