@@ -6,8 +6,11 @@ Runs the case's config for --steps steps on its testbed (prefix pstc) and sample
 CPU time (user + system per thread, from /proc/PID/task/TID/stat), the delay line's and every other
 process's every 0.25 s. Prints the CPU seconds the
 ranks used per wall second over the last two thirds of the run (at most the machine's cores) and per
-rank per step, to compare with the compute and collective host time the simulator charges (reported by
-`piper-sim simulate` on the same config). Used by validation/README.md ("Known gaps").
+rank per step. Then, per task kind over the steps after the first: the CPU the ranks' main threads used
+inside the tasks (the executor's `cpu_s`), their wall time, and what the profile (--profile) prices the
+compute kinds at with no core sharing (the case simulated on its topology without `shared_cores`,
+replaying the run's routing). The rest of the main threads' CPU was spent outside any task. Used by
+validation/README.md ("Known gaps").
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("case")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--profile", default="cpu-2rank")
     args = parser.parse_args()
     case_dir = ROOT / "validation" / "cases" / args.case
     case = yaml.safe_load((case_dir / "case.yaml").read_text())
@@ -95,6 +100,7 @@ def main() -> None:
         if run.returncode != 0:
             raise SystemExit(run.stderr.strip().splitlines()[-1])
         step_s = json.loads((Path(tmp) / "out" / "report.json").read_text())["step_time_s"]
+        by_kind = task_cpu(Path(tmp) / "out", config, args.profile, world)
     wall = time.monotonic() - t0
     alive = [s for s in samples if s[2] == world]
     a, b = alive[len(alive) // 3], alive[-2]
@@ -109,6 +115,40 @@ def main() -> None:
     for name, value in sorted(used.items(), key=lambda kv: -kv[1]):
         if value >= 0.005:
             print(f"  {name:40s} {value:5.2f}   per rank per step {value * step_s / world * 1e3:6.1f} ms")
+    main_ms = sum(v for k, v in used.items() if k.startswith("rank thread main")) * step_s / world * 1e3
+    print("per rank per step, steps after the first (ms): main-thread CPU inside tasks, their wall, and the "
+          "profile's price with no core sharing")
+    for kind, row in by_kind.iterrows():
+        priced = "" if pd.isna(row["priced_ms"]) else (
+            f"{row['priced_ms']:8.1f}   CPU / priced {row['cpu_ms'] / row['priced_ms']:.2f}")
+        print(f"  {kind:16s} CPU {row['cpu_ms']:7.1f}   wall {row['wall_ms']:7.1f}   priced {priced}")
+    inside = float(by_kind["cpu_ms"].sum())
+    print(f"  {'all tasks':16s} CPU {inside:7.1f}   outside any task: {main_ms - inside:.1f} of the main threads' "
+          f"{main_ms:.1f} (sampled)")
+
+
+def task_cpu(out: Path, config: dict, profile: str, world: int) -> pd.DataFrame:
+    """Per kind, ms per rank-step over the steps after the first: measured CPU and wall inside tasks (the
+    executor's rows), and the compute kinds' price with no core sharing (NaN for the rest)."""
+    from piper_sim.config import load_config
+    from piper_sim.simulate import run_simulation
+
+    rows = pd.concat(pd.read_parquet(p) for p in sorted((out / "ranks").glob("rank*.parquet")))
+    rows = rows[(rows["step"] > 0) & rows["cpu_s"].notna()]
+    per = world * rows["step"].nunique() / 1e3  # rank-steps, in ms
+    measured = pd.DataFrame({"cpu_ms": rows.groupby("kind")["cpu_s"].sum() / per,
+                             "wall_ms": (rows["end_s"] - rows["start_s"]).groupby(rows["kind"]).sum() / per})
+    topo = yaml.safe_load(Path(config["topology"]).read_text())
+    topo.get("params", {}).pop("shared_cores", None)
+    path = out / "topology-unshared.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    raw = {**config, "topology": str(path), "cost": {**config.get("cost", {}), "profile": profile},
+           "routing": {"kind": "trace", "path": str(out / "routing.npz")}}
+    trace = run_simulation(load_config(raw)).trace
+    trace = trace[(trace["step"] > 0) & (trace["stream"] == "compute")]
+    sim_per = world * trace["step"].nunique() / 1e3
+    measured["priced_ms"] = (trace["end_s"] - trace["start_s"]).groupby(trace["kind"].astype(str)).sum() / sim_per
+    return measured
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -66,6 +67,14 @@ def test_distributed_equals_single_process(name, tmp_path):
         blocking = [t.task_id for t in schedule.program(rank) if t.kind not in ("send", "recv")]
         ran = rows[~rows["kind"].isin(["send", "recv"])].sort_values("start_s")["task_id"].tolist()
         assert ran == blocking
+    # each rank's own rows also carry the CPU its main thread used during each blocking task, at most the wall
+    rows = pd.concat(pd.read_parquet(tmp_path / "ranks" / f"rank{r}.parquet") for r in range(cfg.parallel.num_gpus))
+    p2p = rows["kind"].isin(["send", "recv"])
+    blocking_rows = rows[~p2p]
+    assert blocking_rows["cpu_s"].notna().all() and rows.loc[p2p, "cpu_s"].isna().all()
+    assert (blocking_rows["cpu_s"] >= 0).all()
+    assert (blocking_rows["cpu_s"] <= (blocking_rows["end_s"] - blocking_rows["start_s"]) + 1e-3).all()
+    assert blocking_rows.loc[blocking_rows["kind"] == "forward", "cpu_s"].sum() > 0
 
     # the simulator's memory model, replaying the real router's decisions (routed rows per rank), predicts
     # the executor's tensor accounting (training state + saved activations) per stage; what it leaves out

@@ -168,12 +168,12 @@ class Executor:
             for dep in task.deps:
                 if dep in self.async_ops:
                     self._wait(dep)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             flops, nbytes = self._run(task)
             if task.kind not in ("send", "recv"):
                 if self.cuda:
                     torch.cuda.synchronize(self.device)
-                self._record(task, start, time.perf_counter(), nbytes, flops)
+                self._record(task, start, time.perf_counter(), nbytes, flops, time.thread_time() - cpu)
             self._poll()
         for task_id in list(self.async_ops):
             self._wait(task_id)
@@ -396,7 +396,10 @@ class Executor:
         self._record(task, start, end, float(buffer.numel() * buffer.element_size()), 0.0)
 
     # ---- records -------------------------------------------------------------------------------
-    def _record(self, task: Task, start: float, end: float, nbytes: float, flops: float) -> None:
+    def _record(self, task: Task, start: float, end: float, nbytes: float, flops: float,
+                cpu_s: float = float("nan")) -> None:
+        """One trace row; cpu_s (kept in ranks/rank*.parquet, not in the RunTrace) is the CPU time of the
+        rank's main thread during a blocking task (NaN for a send/recv, which runs in the background)."""
         peers = ""
         if task.kind in ("send", "recv"):
             peers = str(self.mesh.peer(self.rank, task.peer_stage))
@@ -406,7 +409,8 @@ class Executor:
         self.records.append({
             "step": self.step, "rank": self.rank, "task_id": task.task_id, "kind": task.kind, "stream": task.stream,
             "microbatch": task.microbatch, "chunk": task.chunk, "layer": task.layer, "role": task.role,
-            "peers": peers, "start_s": start - self.t0, "end_s": end - self.t0, "bytes": nbytes, "flops": flops})
+            "peers": peers, "start_s": start - self.t0, "end_s": end - self.t0, "bytes": nbytes, "flops": flops,
+            "cpu_s": cpu_s})
 
 
 def _tag(task: Task) -> int:
