@@ -115,6 +115,7 @@ class Executor:
         self._prepare_groups()
         self.routing_rows: list[tuple[int, int, int, int, list[int]]] = []  # (step, layer, mb, source, counts)
         self.records: list[dict] = []
+        self.step_cpu_s: list[float] = []  # CPU of the main thread over each run_step (the tasks and between them)
         self.captured_grads: dict[str, Tensor] | None = None  # set to {} to keep step 0's reduced gradients
         self.migration = None
         if migration and migration.get("enabled") and migration.get("policy", "greedy") != "none":
@@ -163,6 +164,7 @@ class Executor:
         self.micro: dict[tuple[int, int], MicroState] = {}
         self.async_ops: dict[str, tuple] = {}  # task id -> (work, start, record, buffer, task)
         self.step, self.t0 = step, t0
+        step_cpu = time.thread_time()
         loss_total = 0.0
         for task in self.program:
             for dep in task.deps:
@@ -177,6 +179,7 @@ class Executor:
             self._poll()
         for task_id in list(self.async_ops):
             self._wait(task_id)
+        self.step_cpu_s.append(time.thread_time() - step_cpu)
         for ms in self.micro.values():
             loss = ms.state.get("loss")
             if loss is not None:

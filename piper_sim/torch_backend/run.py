@@ -91,7 +91,8 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     # on a GPU: the most the caching allocator held for tensors on the rank's device
     peak_device = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    mine = (executor.records, peak_rss, executor.peak_tensor_bytes, executor.routing_rows, peak_device)
+    mine = (executor.records, peak_rss, executor.peak_tensor_bytes, executor.routing_rows, peak_device,
+            executor.step_cpu_s)
     if spec.gather:  # multi-node: no shared file system assumed, rank 0 writes every rank's files
         gathered: list = [None] * world_size if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -100,10 +101,11 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         parts = {rank: mine}
     out = Path(spec.out_dir) / "ranks"
     out.mkdir(parents=True, exist_ok=True)
-    for r, (part_rows, rss, tensors, routing, device_bytes) in parts.items():
+    for r, (part_rows, rss, tensors, routing, device_bytes, step_cpu) in parts.items():
         pd.DataFrame(part_rows).to_parquet(out / f"rank{r}.parquet", index=False)
         (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss, "peak_tensor_bytes": tensors,
-                                                       "peak_device_bytes": device_bytes}))
+                                                       "peak_device_bytes": device_bytes,
+                                                       "step_cpu_s": step_cpu}))
         (out / f"rank{r}.routing.json").write_text(json.dumps(routing))
     if executor.captured_grads is not None:
         torch.save(executor.captured_grads, out / f"rank{rank}.grads.pt")
@@ -176,7 +178,8 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
 
     Peak memory per rank: {"peak_tensor_bytes": training state (params, grads, Adam moments) plus the
     activations autograd keeps, at its highest; "peak_rss_bytes": the process's peak resident size;
-    "peak_device_bytes": on a GPU, torch.cuda.max_memory_allocated, else None}.
+    "peak_device_bytes": on a GPU, torch.cuda.max_memory_allocated, else None; and "step_cpu_s": the CPU its main
+    thread used over each step}.
 
     testbed: the prefix of a running `piper-sim testbed up`; each rank then runs inside its node's
     network namespace and talks over the shaped links. Otherwise ranks are spawned on this machine.
