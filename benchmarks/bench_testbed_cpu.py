@@ -5,8 +5,8 @@
 Runs the case's config for --steps steps on its testbed (prefix pstc) and samples the rank processes'
 CPU time (user + system per thread, from /proc/PID/task/TID/stat), the delay line's and every other
 process's every 0.25 s. Prints the CPU seconds the
-ranks used per wall second over the last two thirds of the run (at most the machine's cores) and per
-rank per step. Then, per task kind over the steps after the first: the CPU the ranks' main threads used
+ranks used per wall second over the last two thirds of the ranks' life (at most the machine's cores;
+the window takes in their start-up, so it overstates the steps' rate) and per rank per step at it. Then, per task kind over the steps after the first: the CPU the ranks' main threads used
 inside the tasks (the executor's `cpu_s`), their wall time, and what the profile (--profile) prices the
 compute kinds at with no core sharing (the case simulated on its topology without `shared_cores`,
 replaying the run's routing), and the main threads' CPU over whole steps (the executor's `step_cpu_s`):
@@ -110,9 +110,10 @@ def main() -> None:
     rate = sum(v for k, v in used.items() if k.startswith("rank thread"))
     print(f"{args.case}: {world} ranks, {args.steps} steps in {wall:.1f} s (incl. start-up), "
           f"steady step {step_s * 1e3:.0f} ms")
-    print(f"ranks' CPU seconds per wall second (steady): {rate:.2f} of {os.cpu_count()} cores")
-    print(f"CPU per rank per step: {rate * step_s / world * 1e3:.0f} ms")
-    print("CPU seconds per wall second by part (steady):")
+    window = "/proc samples over the last two thirds of the ranks' life, start-up included"
+    print(f"ranks' CPU seconds per wall second ({window}): {rate:.2f} of {os.cpu_count()} cores")
+    print(f"CPU per rank per step at that rate: {rate * step_s / world * 1e3:.0f} ms")
+    print(f"CPU seconds per wall second by part ({window}):")
     for name, value in sorted(used.items(), key=lambda kv: -kv[1]):
         if value >= 0.005:
             print(f"  {name:40s} {value:5.2f}   per rank per step {value * step_s / world * 1e3:6.1f} ms")
