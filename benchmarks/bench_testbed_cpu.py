@@ -4,14 +4,15 @@
 
 Runs the case's config for --steps steps on its testbed (prefix pstc) and samples the rank processes'
 CPU time (user + system per thread, from /proc/PID/task/TID/stat), the delay line's and every other
-process's every 0.25 s. Prints the CPU seconds the
-ranks used per wall second over the last two thirds of the ranks' life (at most the machine's cores;
-the window takes in their start-up, so it overstates the steps' rate) and per rank per step at it. Then, per task kind over the steps after the first: the CPU the ranks' main threads used
-inside the tasks (the executor's `cpu_s`), their wall time, and what the profile (--profile) prices the
-compute kinds at with no core sharing (the case simulated on its topology without `shared_cores`,
-replaying the run's routing), and the main threads' CPU over whole steps (the executor's `step_cpu_s`):
-what is not inside a task was spent between tasks. Used by
-validation/README.md ("Known gaps").
+process's every 0.25 s. Prints the CPU seconds the ranks used per wall second over the last two thirds
+of the ranks' life (at most the machine's cores; the window takes in their start-up, so it overstates
+the steps' rate) and per rank per step at that rate.
+
+Then, per task kind over the steps after the first: the CPU the ranks' main threads used inside the
+tasks (the executor's `cpu_s`), their wall time, and what the profile (--profile) prices the compute
+kinds at with no core sharing (the case simulated on its topology without `shared_cores`, replaying the
+run's routing); and the main threads' CPU over whole steps (the executor's `step_cpu_s`): what is not
+inside a task was spent between tasks. Used by validation/README.md ("Known gaps").
 """
 
 from __future__ import annotations
