@@ -78,7 +78,7 @@ def run_simulation(cfg: Config) -> SimResult:
         sim = simulation(False)
         records = sim.run()
     t2 = time.perf_counter()
-    trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes)
+    trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes, records.cpu_s)
     per_stage = par.num_gpus // par.pp
     peak = [float(records.peak_memory_bytes[p * per_stage:(p + 1) * per_stage].max()) for p in range(par.pp)]
     wall = time.perf_counter() - t0

@@ -146,3 +146,23 @@ def test_a_malformed_blocking_wait_table_is_one_clear_error():
         run_simulation(load_config({**RAW, "cost": {"profile": _profile_with_blocking_wait([1, 0.5], [1, 2])}}))
     with pytest.raises(ConfigError, match="blocking_wait"):
         run_simulation(load_config({**RAW, "cost": {"profile": _profile_with_blocking_wait([0, 1], [1, 2], 0)}}))
+
+
+def test_the_trace_carries_the_cpu_priced_for_each_task_before_sharing():
+    raw = {**RAW, "topology": {"preset": "testbed-flat", "params": {"shared_cores": 0}}}
+    alone = run_simulation(load_config(raw)).trace
+    compute = alone[alone["stream"] == "compute"]
+    # with nothing sharing the cores a compute task lasts exactly the work priced for it
+    assert np.allclose(compute["cpu_s"], compute["end_s"] - compute["start_s"], rtol=1e-9, atol=0)
+    assert (compute["cpu_s"] > 0).all()
+    assert alone.loc[alone["kind"].isin(["send", "recv"]), "cpu_s"].isna().all()
+    collectives = alone[alone["stream"] == "collective"]
+    assert collectives["cpu_s"].notna().all() and (collectives["cpu_s"] >= 0).all()
+    # two ranks per core: the same work priced, in more wall time
+    raw["topology"]["params"]["shared_cores"] = 4
+    shared = run_simulation(load_config(raw)).trace
+    keys = ["step", "rank", "task_id"]
+    both = compute.merge(shared[shared["stream"] == "compute"], on=keys, suffixes=("", "_shared"))
+    assert len(both) == len(compute)
+    assert np.allclose(both["cpu_s_shared"], both["cpu_s"], rtol=1e-12)
+    assert ((both["end_s_shared"] - both["start_s_shared"]) > (both["end_s"] - both["start_s"]) * 1.5).all()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -14,6 +13,7 @@ from piper_sim.simulate import build_schedule, run_simulation
 from piper_sim.torch_backend.corpus import ByteCorpus
 from piper_sim.torch_backend.model import ReferenceModel
 from piper_sim.torch_backend.run import batch_source, launch
+from piper_sim.trace.runtrace import normalize
 
 CORPUS_BYTES = 200_000
 BASE = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2, "num_microbatches": 4, "micro_batch_size": 2},
@@ -67,14 +67,17 @@ def test_distributed_equals_single_process(name, tmp_path):
         blocking = [t.task_id for t in schedule.program(rank) if t.kind not in ("send", "recv")]
         ran = rows[~rows["kind"].isin(["send", "recv"])].sort_values("start_s")["task_id"].tolist()
         assert ran == blocking
-    # each rank's own rows also carry the CPU its main thread used during each blocking task, at most the wall
-    rows = pd.concat(pd.read_parquet(tmp_path / "ranks" / f"rank{r}.parquet") for r in range(cfg.parallel.num_gpus))
+    # the trace carries the CPU each rank's main thread used during each blocking task, at most the wall
+    rows = normalize(trace)
     p2p = rows["kind"].isin(["send", "recv"])
     blocking_rows = rows[~p2p]
     assert blocking_rows["cpu_s"].notna().all() and rows.loc[p2p, "cpu_s"].isna().all()
     assert (blocking_rows["cpu_s"] >= 0).all()
     assert (blocking_rows["cpu_s"] <= (blocking_rows["end_s"] - blocking_rows["start_s"]) + 1e-3).all()
     assert blocking_rows.loc[blocking_rows["kind"] == "forward", "cpu_s"].sum() > 0
+    for rank in range(cfg.parallel.num_gpus):  # a step's CPU holds its tasks' and what ran between them
+        (step_cpu,) = memory[rank]["step_cpu_s"]
+        assert blocking_rows.loc[blocking_rows["rank"] == rank, "cpu_s"].sum() <= step_cpu + 1e-4
 
     # the simulator's memory model, replaying the real router's decisions (routed rows per rank), predicts
     # the executor's tensor accounting (training state + saved activations) per stage; what it leaves out

@@ -88,10 +88,24 @@ def phase_times(df: pd.DataFrame) -> pd.Series:
     end, the simulator from when both sides are posted until the data arrives; their cost shows in the
     step time and in the waits of the tasks that depend on them.
     """
+    return _per_rank_step(df, df["end_s"] - df["start_s"])
+
+
+def phase_cpu(df: pd.DataFrame) -> pd.Series:
+    """Mean per rank per step of the CPU seconds in each blocking task kind (steady steps; the trace's cpu_s:
+    measured on a real run, the work priced on one unshared core in a simulated one). NaN for a kind with a
+    row without CPU (a run measured before the column existed)."""
+    return _per_rank_step(df, df["cpu_s"])
+
+
+def _per_rank_step(df: pd.DataFrame, values: pd.Series) -> pd.Series:
     s = steady(df)
     s = s[~s["kind"].isin(["send", "recv"])]
     ranks_steps = s[["rank", "step"]].drop_duplicates().shape[0]
-    return (s["end_s"] - s["start_s"]).groupby(s["kind"].astype(str)).sum() / ranks_steps
+    v = values.loc[s.index]
+    kind = s["kind"].astype(str)
+    sums = v.groupby(kind).sum() / ranks_steps
+    return sums.where(~v.isna().groupby(kind).any())
 
 
 def predict_case(case: Case, profile: str | dict):
@@ -118,6 +132,7 @@ def score_case(case: Case, profile: str | dict) -> dict:
     pred_step, meas_step = step_time(result.trace), step_time(measured)
     phases = pd.DataFrame({"predicted_s": phase_times(result.trace), "measured_s": phase_times(measured)}).fillna(0)
     phases["error"] = phases["predicted_s"] / phases["measured_s"].replace(0, np.nan) - 1
+    phases["priced_cpu_s"], phases["measured_cpu_s"] = phase_cpu(result.trace), phase_cpu(measured)
     meas_report = json.loads((case.measured / "report.json").read_text())
     info_path = case.measured / "measured.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}

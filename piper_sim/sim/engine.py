@@ -49,6 +49,7 @@ class SimRecords:
     end_s: list[np.ndarray]
     flops: list[np.ndarray]
     bytes: list[np.ndarray]
+    cpu_s: list[np.ndarray]  # the work priced for a blocking task on one unshared core (NaN: send/recv)
     peak_memory_bytes: np.ndarray  # per rank
     first_step_peak_memory_bytes: np.ndarray  # per rank, over step 0 only (what a run that counts it on step 0 sees)
     link_bytes: np.ndarray
@@ -104,6 +105,7 @@ class Simulation:
             end_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
             flops=[np.zeros(shape(p)) for p in range(self.mesh.pp)],
             bytes=[np.zeros(shape(p)) for p in range(self.mesh.pp)],
+            cpu_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
             peak_memory_bytes=np.zeros(self.mesh.num_ranks),
             first_step_peak_memory_bytes=np.zeros(self.mesh.num_ranks), link_bytes=self.network.link_bytes,
             num_flows=0, num_solves=0, num_lanes=len(self.lanes))
@@ -141,6 +143,7 @@ class Simulation:
         local = np.array(lane) - stage * self.per_stage
         rec = self.records
         start, end, flops, nbytes = rec.start_s[stage], rec.end_s[stage], rec.flops[stage], rec.bytes[stage]
+        cpu = rec.cpu_s[stage]
         memory = peak = plan.static_bytes
         routed_extra: dict[tuple[int, int], float] = {}  # (chunk, microbatch) -> bytes beyond a balanced load
         for step in range(self.steps):
@@ -162,6 +165,7 @@ class Simulation:
                 if stream == 0:  # compute
                     seconds, f = self._compute_cost(rank, stage, step, i, task)
                     start[step, local, i] = self.env.now
+                    cpu[step, local, i] = seconds
                     self._count_computing(len(lane))
                     yield self._compute(lane_id, len(lane), seconds)
                     self._count_computing(-len(lane))
@@ -169,9 +173,10 @@ class Simulation:
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
                     start[step, local, i] = self.env.now
+                    host = self._host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
+                    cpu[step, local, i] = host
                     if self.cores:  # the calls' host-side work runs on the rank's share of the cores
-                        group = tuple(self.mesh.group(rank, task.group_axis))
-                        yield self._compute(lane_id, len(lane), self._host_cost_s(task, group))
+                        yield self._compute(lane_id, len(lane), host)
                     ev = self._arrive(lane, step, i, task, nbytes[step])
                     yield ev
                     end[step, local, i] = self.env.now

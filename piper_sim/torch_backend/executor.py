@@ -401,8 +401,8 @@ class Executor:
     # ---- records -------------------------------------------------------------------------------
     def _record(self, task: Task, start: float, end: float, nbytes: float, flops: float,
                 cpu_s: float = float("nan")) -> None:
-        """One trace row; cpu_s (kept in ranks/rank*.parquet, not in the RunTrace) is the CPU time of the
-        rank's main thread during a blocking task (NaN for a send/recv, which runs in the background)."""
+        """One trace row; cpu_s is the CPU time of the rank's main thread during a blocking task (NaN for a
+        send/recv, which runs in the background)."""
         peers = ""
         if task.kind in ("send", "recv"):
             peers = str(self.mesh.peer(self.rank, task.peer_stage))

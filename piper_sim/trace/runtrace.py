@@ -3,8 +3,11 @@
 Owns the schema, building it from the simulator's arrays, and CSV/Parquet I/O. A task's global
 id is "r<rank>:<task_id>"; a comparison joins on (step, rank, task_id).
 Columns: step, rank, task_id, kind, stream, microbatch, chunk, layer, role, peers, start_s,
-end_s, bytes, flops. peers: the other rank of a send/recv, or "<axis>:<first rank>+<size>" for a
-collective's group. Times in seconds from the start of the run.
+end_s, bytes, flops, cpu_s. peers: the other rank of a send/recv, or "<axis>:<first rank>+<size>" for a
+collective's group. Times in seconds from the start of the run. cpu_s: CPU seconds of a blocking task --
+on a real run, what the rank's main thread used during it; on a simulated one, the work priced for it
+on one core with nothing sharing it (a collective: its host work); NaN for send/recv and for traces
+written before the column existed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Schedule
 
 COLUMNS = ("step", "rank", "task_id", "kind", "stream", "microbatch", "chunk", "layer", "role", "peers",
-           "start_s", "end_s", "bytes", "flops")
+           "start_s", "end_s", "bytes", "flops", "cpu_s")
 CATEGORICAL = ("task_id", "kind", "stream", "role", "peers")
 
 
@@ -52,7 +55,7 @@ def peer_codes(schedule: Schedule, stage: int) -> tuple[np.ndarray, list[str]]:
 
 
 def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list[np.ndarray],
-                      flops: list[np.ndarray], nbytes: list[np.ndarray]) -> pd.DataFrame:
+                      flops: list[np.ndarray], nbytes: list[np.ndarray], cpu_s: list[np.ndarray]) -> pd.DataFrame:
     """Build the trace from per-stage arrays indexed [step, rank within stage, task index]."""
     mesh = schedule.mesh
     per_stage = mesh.num_ranks // mesh.pp
@@ -76,19 +79,22 @@ def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list
         frame["end_s"] = end_s[p].reshape(-1)
         frame["bytes"] = nbytes[p].reshape(-1)
         frame["flops"] = flops[p].reshape(-1)
+        frame["cpu_s"] = cpu_s[p].reshape(-1)
         frames.append(frame)
     return normalize(pd.concat(frames, ignore_index=True))
 
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
     """Column order and dtypes of the schema; sorted by (step, rank, start)."""
+    if "cpu_s" not in df.columns:  # a trace written before the column existed
+        df = df.assign(cpu_s=np.nan)
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise PiperError(f"trace is missing columns {missing}; the schema is {list(COLUMNS)}")
     df = df[list(COLUMNS)].copy()
     for col in ("step", "rank", "microbatch", "chunk", "layer"):
         df[col] = df[col].astype(np.int64)
-    for col in ("start_s", "end_s", "bytes", "flops"):
+    for col in ("start_s", "end_s", "bytes", "flops", "cpu_s"):
         df[col] = df[col].astype(float)
     for col in CATEGORICAL:
         df[col] = df[col].astype(str).astype("category")
