@@ -145,15 +145,8 @@ def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None 
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from piper_sim.analysis.validation import (
-        calibrated_ranks,
-        find_cases,
-        format_validation,
-        remeasure,
-        score_case,
-        summarize,
-        write_validation,
-    )
+    from piper_sim.analysis.validation import calibrated_ranks, find_cases, remeasure, score_case, summarize
+    from piper_sim.analysis.validation_report import format_validation, write_validation
     from piper_sim.paths import data_dir
     from piper_sim.workload.cost import load_profile
 

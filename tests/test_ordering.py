@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from piper_sim.analysis.ordering import measured_order, shared_rounds
-from piper_sim.analysis.validation import format_validation, summarize
+from piper_sim.analysis.validation import summarize
+from piper_sim.analysis.validation_report import format_validation
 
 
 def test_a_pair_is_ordered_when_one_case_was_faster_in_every_shared_round():

@@ -7,7 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from piper_sim.analysis.validation import format_validation, spearman, summarize
+from piper_sim.analysis.validation import spearman, summarize
+from piper_sim.analysis.validation_report import format_validation
 from piper_sim.cli import main
 
 

@@ -7,7 +7,8 @@ max error, rank correlation of the cases by step time and the order their measur
 (analysis.ordering), HALO-over-flat speedups of paired cases, how many ranks compute at once
 (analysis.concurrency)) and re-measurement on the testbed, which keeps the earlier sessions' rounds of an
 unchanged case (case_digest). Steady-state steps only: step 0 pays one-time warm-up costs (gloo
-connections, allocator) that no profile describes, so it is reported but not scored.
+connections, allocator) that no profile describes, so it is reported but not scored. What validate
+prints and writes is analysis.validation_report.
 """
 
 from __future__ import annotations
@@ -269,130 +270,6 @@ def machine_speed(scores: list[dict]) -> dict | None:
                        "measured_min_s": times[0], "measured_max_s": times[-1], "rounds": len(times),
                        "ratio": float(np.median(times)) / cold["priced_s"]}
     return out
-
-
-def format_validation(scores: list[dict], summary: dict) -> str:
-    width = max([28] + [len(s["case"]) for s in scores])
-    lines = [f"{'case':{width}s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s} {'mem err':>8s} {'runs':>6s}"
-             "  worst phase"]
-    for s in scores:
-        ph = s["phases"].dropna(subset=["error"])
-        worst = ph.loc[ph["error"].abs().idxmax()] if not ph.empty else None
-        worst_text = f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else ""
-        flag = "" if abs(s["error"]) <= s["tolerance"] else "  OUTSIDE TOLERANCE"
-        mem = "n/a" if np.isnan(s["memory_error"]) else f"{s['memory_error'] * 100:+.1f}%"
-        spread = s.get("measured_spread", float("nan"))
-        runs = "1" if np.isnan(spread) else f"{spread * 100:.0f}%"
-        lines.append(f"{s['case']:{width}s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
-                     f"{s['error'] * 100:+6.1f}% {mem:>8s} {runs:>6s}  {worst_text}{flag}")
-    lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
-              f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']} "
-              "(by the scored step times)"]
-    pooled = summary.get("pooled")
-    if pooled:
-        worst = pooled["worst_case"]
-        lines.append(f"over every session's rounds (up to {pooled['sessions']} sessions, at least "
-                     f"{pooled['rounds_min']} rounds per case; the median of all): MAPE {pooled['mape'] * 100:.1f}%   "
-                     f"max error {pooled['max_error'] * 100:.1f}% ({worst} {pooled['errors'][worst] * 100:+.1f}%)")
-    order = summary.get("measured_order")
-    if order:
-        lines.append(f"measured order: {order['ordered_pairs']} of {order['pairs']} pairs of cases ordered by the "
-                     f"measurement (one faster in every round both ran; {order['sessions']} session(s)), "
-                     f"{len(order['swapped'])} of them predicted the other way: same measured order: {order['same']}")
-    swaps = summary.get("order_swaps", [])
-    lines += [f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}"
-              f"{_swap_evidence(sw)}, predicted slower" for sw in swaps]
-    if swaps:
-        apart = sum(1 for sw in swaps if not sw.get("runs_overlap"))
-        lines.append(f"  {apart} of {len(swaps)} swapped pairs were measured apart (runs not overlapping), "
-                     f"{sum(1 for sw in swaps if sw.get('ordered'))} ordered by the measurement")
-    spreads = [s["measured_spread"] for s in scores if not np.isnan(s.get("measured_spread", float("nan")))]
-    if spreads:
-        lines.append(f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "
-                     f"max {max(spreads) * 100:.0f}%; the run with the median step time is scored")
-    speed = summary.get("machine_speed")
-    if speed:
-        lines.append(f"machine reference ({speed['preset']} layer forward + backward, one process per core): "
-                     f"{speed['calibrated_s'] * 1e6:.0f} us at calibration, {speed['measured_median_s'] * 1e6:.0f} us "
-                     f"during the measurement {_rounds_text(speed)} CPU time per iteration")
-        cold = speed.get("cold")
-        if cold:
-            lines.append(f"cold reference ({cold['model']} layer ops, forward + backward, cold on {cold['ranks']} "
-                         f"ranks, {cold['tokens']} tokens): priced {cold['priced_s'] * 1e6:.0f} us by the profile, "
-                         f"measured {cold['measured_median_s'] * 1e6:.0f} us {_rounds_text(cold)}")
-    conc = summary.get("compute_concurrency")
-    if conc:
-        mean_p, mean_m = conc["predicted_mean_ranks_computing"], conc["measured_mean_ranks_computing"]
-        none_p, none_m = conc["predicted_share_none_computing"], conc["measured_share_none_computing"]
-        lines.append(f"ranks computing at once (mean over the cases): predicted {mean_p:.2f}, measured {mean_m:.2f}; "
-                     f"no rank computing {none_p * 100:.0f}% of the time predicted, {none_m * 100:.0f}% measured "
-                     "(concurrency.csv)")
-    if summary["memory_max_error"] is not None:
-        lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
-                     f"max {summary['memory_max_error'] * 100:.1f}%")
-    for sp in summary["halo_over_flat"]:
-        lines.append(f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
-                     f"({sp['error'] * 100:+.1f}%)")
-    return "\n".join(lines)
-
-
-def _rounds_text(ref: dict) -> str:
-    """'(median of N rounds, MIN-MAX): +R%' of a machine reference (microseconds)."""
-    return (f"(median of {ref['rounds']} rounds, {ref['measured_min_s'] * 1e6:.0f}-{ref['measured_max_s'] * 1e6:.0f}): "
-            f"{(ref['ratio'] - 1) * 100:+.0f}%")
-
-
-def _swap_evidence(swap: dict) -> str:
-    notes = []
-    if swap.get("rounds_faster"):
-        sessions = swap.get("sessions", 1)
-        notes.append("faster in {} of {} rounds".format(*swap["rounds_faster"])
-                     + (f" of {sessions} sessions" if sessions > 1 else ""))
-    if swap.get("runs_overlap"):
-        notes.append("their runs overlap")
-    if swap.get("ordered"):
-        notes.append("ORDERED BY THE MEASUREMENT")
-    return f" ({'; '.join(notes)})" if notes else ""
-
-
-def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    out.mkdir(parents=True, exist_ok=True)
-    rows = [{k: v for k, v in s.items() if k not in ("phases", "prediction", "concurrency")} for s in scores]
-    pd.DataFrame(rows).to_csv(out / "validation.csv", index=False)
-    phases = pd.concat([s["phases"].assign(case=s["case"]) for s in scores])
-    phases.reset_index(names="kind").to_csv(out / "phases.csv", index=False)
-    if all(s.get("concurrency") is not None for s in scores):
-        conc = pd.concat([s["concurrency"].add_suffix("_share").assign(case=s["case"]) for s in scores])
-        conc.reset_index(names="ranks_computing").to_csv(out / "concurrency.csv", index=False)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    fig, ax = plt.subplots(figsize=(6, 6))
-    meas = np.array([s["measured_step_s"] for s in scores]) * 1e3
-    pred = np.array([s["predicted_step_s"] for s in scores]) * 1e3
-    runs_ms = [np.array(s["measured_runs_s"] or [s["measured_step_s"]]) * 1e3 for s in scores]
-    xerr = np.array([meas - [r.min() for r in runs_ms], [r.max() for r in runs_ms] - meas])  # the runs' range
-    ax.errorbar(meas, pred, xerr=xerr, fmt="o", elinewidth=0.8, capsize=2)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
-        axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    for s, x, y in zip(scores, meas, pred, strict=True):
-        ax.annotate(s["case"], (x, y), fontsize=6)
-    lo, hi = min(meas.min(), pred.min()) * 0.8, max(meas.max(), pred.max()) * 1.25
-    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
-    ax.set_xlabel("measured step time (ms)")
-    ax.set_ylabel("predicted step time (ms)")
-    ax.set_title(f"MAPE {summary['mape'] * 100:.1f}%, max {summary['max_error'] * 100:.1f}%")
-    fig.tight_layout()
-    fig.savefig(out / "predicted_vs_measured.png", dpi=110)
-    plt.close(fig)
 
 
 def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, reference_preset: str = "",

@@ -177,7 +177,7 @@ class Simulation:
                     cpu[step, local, i] = host
                     if self.cores:  # the calls' host-side work runs on the rank's share of the cores
                         yield self._compute(lane_id, len(lane), host)
-                    ev = self._arrive(lane, step, i, task, nbytes[step])
+                    ev = self._arrive(lane, step, i, task, nbytes[step], host)
                     yield ev
                     end[step, local, i] = self.env.now
                 else:
@@ -278,8 +278,10 @@ class Simulation:
                 for group, members in by_group.items()]
         return hit
 
-    def _arrive(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray) -> simpy.Event:
-        """Join collective i with every member of the lane; returns the event of its end."""
+    def _arrive(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray,
+                host_s: float) -> simpy.Event:
+        """Join collective i with every member of the lane (host_s: its host work, the same in each of the
+        lane's groups); returns the event of its end."""
         events = []
         for group, stage_local, in_group in self._groups_of_lane(lane, task.group_axis):
             key = (step, group[0], i)
@@ -294,8 +296,9 @@ class Simulation:
                 gpus = self._group_gpus.get(group)
                 if gpus is None:
                     gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
-                host = 0.0 if self.cores else self._host_cost_s(task, group)
-                done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role), delay_s=host)
+                # on shared cores the host work already ran on the rank's share of them
+                done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
+                                       delay_s=0.0 if self.cores else host_s)
                 calls = self._calls(task, group) if self.blocking_wait else 0
                 done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))
             events.append(waiting[1])
