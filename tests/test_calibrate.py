@@ -490,7 +490,7 @@ def test_blocking_wait_level_from_known_timestamps():
         out, t = [], 0.0
         for _ in range(SKIPPED_EXCHANGES + 3):
             arrive = t + 4e-3 + (1e-3 if rank else 0.0)
-            out.append((t + (1e-3 if rank else 0.0), arrive, arrive, t + 7e-3))
+            out.append((t + (1e-3 if rank else 0.0), arrive, 2.5e-3 + rank * 1e-3, arrive, t + 7e-3))
             t += 7e-3
         return out
 
@@ -498,6 +498,8 @@ def test_blocking_wait_level_from_known_timestamps():
     rec = _level_record(logs, 1, cores=2, preset="tiny-moe")
     assert rec["time_s"] == pytest.approx(2e-3)  # from the later arrival to return
     assert rec["exchanges"] == 3
+    # each iteration: 4 ms of wall on both ranks; CPU 2.5 and 3.5 ms
+    assert rec["iteration_s"] == pytest.approx(4e-3) and rec["iteration_cpu_s"] == pytest.approx(3e-3)
     # computing: 4 ms of every 7 ms on each of 2 ranks, over 2 cores
     span = (SKIPPED_EXCHANGES + 3) * 7e-3
     assert rec["computing_per_core"] == pytest.approx(2 * (SKIPPED_EXCHANGES + 3) * 4e-3 / span / 2)

@@ -275,6 +275,10 @@ def blocking_wait_summary(records: list[dict], network: dict) -> dict | None:
             "median_us": [_us(pts[0]["hot_median_s"])] + [_us(r["median_s"]) for r in pts],
             "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
             "exchanges": [r["exchanges"] for r in pts],
+            # recorded, not charged: one iteration of the compute between exchanges, wall and main-thread CPU
+            # (older records lack them)
+            "iteration_us": [_us(r["iteration_s"]) if "iteration_s" in r else None for r in pts],
+            "iteration_cpu_us": [_us(r["iteration_cpu_s"]) if "iteration_cpu_s" in r else None for r in pts],
             "extra_per_call_us": [_us(max(t - priced, 0.0) / calls) for t in [hot] + [r["time_s"] for r in pts]],
             "scheduler_slice_us": _us(slices[0]["time_s"])}
 

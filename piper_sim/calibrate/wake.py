@@ -7,7 +7,9 @@ compute. The benchmark reproduces that: K x cores processes (pinned to the host'
 intra-op thread each) in pairs, each running forward + backward of one layer of a model preset and then
 a flat all-to-all with its partner through the torch backend, as ranks of a training run do. Per level
 it records the mean time from the last member's arrival to a member's return (after_last), the mean
-number of processes computing per core while it ran, and the same exchange back to back with nothing
+number of processes computing per core while it ran, the wall and the CPU time (the process's main
+thread) of one iteration of the compute (recorded, not charged: the CPU a rank that blocks between
+computes uses per iteration, at each load), and the same exchange back to back with nothing
 else running (hot: what the profile's per-call host cost already prices). The simulator charges the
 extra over hot, per library call, at the load it sees (workload/cost.py: CostProfile.blocking_wait_s).
 
@@ -131,10 +133,10 @@ def _member(rank: int, world: int, preset: str, cores: int, levels: tuple[int, .
             if rank < active:
                 entries = []
                 for _ in range(count):
-                    c0 = time.perf_counter()
+                    c0, cpu0 = time.perf_counter(), time.thread_time()
                     iteration()
-                    c1 = time.perf_counter()
-                    entries.append((c0, c1, *exchange()))
+                    c1, cpu1 = time.perf_counter(), time.thread_time()
+                    entries.append((c0, c1, cpu1 - cpu0, *exchange()))
                 log["levels"].setdefault(str(k), []).append(entries)
     dist.barrier()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(log))
@@ -154,7 +156,7 @@ def _after_last(logs: list[dict], pair_first: int, key: str, level: str | None =
 def _level_record(logs: list[dict], k: int, cores: int, preset: str) -> dict:
     active = _even(k * cores)
     level = str(k)
-    after, window_means, computing = [], [], []
+    after, window_means, computing, wall, cpu = [], [], [], [], []
     for w in range(len(logs[0]["levels"][level])):
         window = [v for p in range(0, active, 2) for v in _after_last(logs, p, "levels", level, w)]
         window_means.append(statistics.fmean(window))
@@ -163,10 +165,13 @@ def _level_record(logs: list[dict], k: int, cores: int, preset: str) -> dict:
         start = min(e[0][0] for e in entries)
         end = max(e[-1][-1] for e in entries)
         busy = sum(c1 - c0 for e in entries for c0, c1, *_ in e)
+        wall += [c1 - c0 for e in entries for c0, c1, *_ in e[SKIPPED_EXCHANGES:]]
+        cpu += [c for e in entries for _c0, _c1, c, *_ in e[SKIPPED_EXCHANGES:]]
         computing.append(busy / (end - start) / cores)
     return {"bench": "blocking_wait", "preset": preset, "ranks_per_core": k, "cores": cores, "processes": active,
             "computing_per_core": statistics.fmean(computing), "time_s": statistics.fmean(after),
             "median_s": statistics.median(after), "window_means_s": window_means, "exchanges": len(after) // 2,
+            "iteration_s": statistics.fmean(wall), "iteration_cpu_s": statistics.fmean(cpu),
             "calls_per_exchange": CALLS_PER_EXCHANGE}
 
 
