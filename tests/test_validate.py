@@ -24,6 +24,10 @@ def test_validate_scores_a_stored_case(tmp_path, capsys):
     shares = pd.read_csv(tmp_path / "concurrency.csv").groupby("case")[["predicted_share", "measured_share"]].sum()
     assert len(shares) == 2 and (shares - 1).abs().max().max() < 1e-9  # each case's span, covered once
     assert 0 < summary["compute_concurrency"]["measured_mean_ranks_computing"] <= 8
+    # the stored runs carry CPU per task: the share of compute tasks with a core to themselves, both sides
+    conc = summary["compute_concurrency"]
+    assert 0 < conc["measured_share_uninterrupted"] < 1 and 0 <= conc["predicted_share_uninterrupted"] <= 1
+    assert table["measured_uninterrupted_share"].between(0, 1).all()
 
 
 def _score(case, pred, meas, pair=""):

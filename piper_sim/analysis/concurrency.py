@@ -4,6 +4,9 @@ On a host whose ranks share cores, this is how the cores were used. Ranks of a r
 kernel runs some while others wait, so the counts spread over 0, 1, 2, ... The simulator's processor
 sharing runs identical ranks in lockstep: all of them compute together, then all of them wait together.
 `validate` prints the two side by side and `--out` writes them per case (concurrency.csv).
+
+The same difference shows inside the tasks: a compute task the kernel runs whole uses about as much CPU as
+wall time, one that shares a core with others uses less (uninterrupted_share).
 """
 
 from __future__ import annotations
@@ -34,3 +37,19 @@ def compute_concurrency(trace: pd.DataFrame) -> pd.Series:
 def mean_computing(share: pd.Series) -> float:
     """Time-weighted mean number of ranks inside a compute task."""
     return float((share.index.to_numpy() * share.to_numpy()).sum())
+
+
+WHOLE_CPU_OVER_WALL = 0.9  # a compute task with at least this CPU per wall second had a core to itself
+
+
+def uninterrupted_share(trace: pd.DataFrame) -> float:
+    """Share of the trace's compute tasks that had a core to themselves: CPU (the trace's cpu_s) at least
+    0.9 x the task's wall time. A real run's cpu_s is the CPU the rank's main thread used; a simulated one's
+    is the work priced on one unshared core, so under processor sharing a task among n > cores busy ranks
+    gets cores / n. NaN without cpu_s (runs measured before the column existed)."""
+    compute = trace[trace["kind"].astype(str).isin(COMPUTE_KINDS)]
+    wall = compute["end_s"] - compute["start_s"]
+    keep = wall > 0
+    if not keep.any() or compute["cpu_s"].isna().any():
+        return float("nan")
+    return float((compute["cpu_s"][keep] >= WHOLE_CPU_OVER_WALL * wall[keep]).mean())

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from piper_sim.analysis.concurrency import compute_concurrency, mean_computing
+from piper_sim.analysis.concurrency import compute_concurrency, mean_computing, uninterrupted_share
 from piper_sim.analysis.ordering import order_summary, order_swaps
 from piper_sim.errors import ConfigError, PiperError
 from piper_sim.trace.runtrace import read_trace
@@ -161,6 +161,8 @@ def score_case(case: Case, profile: str | dict) -> dict:
             if reference.get("cold") else None,
             "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
             "phases": phases, "prediction": result,
+            "predicted_uninterrupted_share": uninterrupted_share(steady(result.trace)),
+            "measured_uninterrupted_share": uninterrupted_share(steady(measured)),
             "concurrency": pd.DataFrame({"predicted": compute_concurrency(steady(result.trace)),
                                          "measured": compute_concurrency(steady(measured))}).fillna(0.0)}
 
@@ -241,9 +243,15 @@ def concurrency_summary(scores: list[dict]) -> dict | None:
     tables = [s["concurrency"] for s in scores if s.get("concurrency") is not None]
     if not tables:
         return None
-    return {f"{side}_{what}": float(np.mean([fn(t[side]) for t in tables]))
-            for side in ("predicted", "measured")
-            for what, fn in (("mean_ranks_computing", mean_computing), ("share_none_computing", lambda c: c[0]))}
+    out = {f"{side}_{what}": float(np.mean([fn(t[side]) for t in tables]))
+           for side in ("predicted", "measured")
+           for what, fn in (("mean_ranks_computing", mean_computing), ("share_none_computing", lambda c: c[0]))}
+    # compute tasks with a core to themselves: over the cases whose measurement has CPU per task
+    whole = [(s["predicted_uninterrupted_share"], s["measured_uninterrupted_share"]) for s in scores
+             if not np.isnan(s.get("measured_uninterrupted_share", np.nan))]
+    if whole:
+        out["predicted_share_uninterrupted"], out["measured_share_uninterrupted"] = map(float, np.mean(whole, axis=0))
+    return out
 
 
 def machine_speed(scores: list[dict]) -> dict | None:

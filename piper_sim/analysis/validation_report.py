@@ -69,6 +69,10 @@ def format_validation(scores: list[dict], summary: dict) -> str:
         lines.append(f"ranks computing at once (mean over the cases): predicted {mean_p:.2f}, measured {mean_m:.2f}; "
                      f"no rank computing {none_p * 100:.0f}% of the time predicted, {none_m * 100:.0f}% measured "
                      "(concurrency.csv)")
+        if "measured_share_uninterrupted" in conc:
+            lines.append(f"compute tasks with a core to themselves (CPU >= 0.9 x wall; validation.csv): predicted "
+                         f"{conc['predicted_share_uninterrupted'] * 100:.0f}%, measured "
+                         f"{conc['measured_share_uninterrupted'] * 100:.0f}% (mean over the cases)")
     if summary["memory_max_error"] is not None:
         lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
                      f"max {summary['memory_max_error'] * 100:.1f}%")
