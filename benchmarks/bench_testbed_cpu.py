@@ -4,9 +4,13 @@
 
 Runs the case's config for --steps steps on its testbed (prefix pstc) and samples the rank processes'
 CPU time (user + system per thread, from /proc/PID/task/TID/stat), the delay line's and every other
-process's every 0.25 s. Prints the CPU seconds the ranks used per wall second over the last two thirds
-of the ranks' life (at most the machine's cores; the window takes in their start-up, so it overstates
-the steps' rate) and per rank per step at that rate.
+process's every 0.25 s, and the machine's time by state (/proc/stat: user, system, softirq, ...). Prints
+the CPU seconds the ranks used per wall second over the last two thirds of the ranks' life (at most the
+machine's cores; the window takes in their start-up, so it overstates the steps' rate) and per rank per
+step at that rate, and the machine's cores by state over the same window. Softirq is the kernel's work
+for the emulated network's packets (veth, tbf/netem, TCP); on a kernel without separate interrupt time
+accounting (CONFIG_IRQ_TIME_ACCOUNTING off) it is also counted in the CPU time of the thread it
+interrupted, compute tasks' included.
 
 Then, per task kind over the steps after the first: the CPU the ranks' main threads used inside the
 tasks (the executor's `cpu_s`), their wall time, and what the profile (--profile) prices the compute
@@ -62,6 +66,16 @@ def cpu_by_part() -> tuple[dict[str, float], int]:
     return parts, ranks
 
 
+STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_states() -> dict[str, float]:
+    """Seconds the machine's cores spent in each state so far (/proc/stat's cpu line, in clock ticks)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:1 + len(STATES)]
+    return {name: int(v) / tick for name, v in zip(STATES, fields, strict=True)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("case")
@@ -79,7 +93,7 @@ def main() -> None:
 
     def sample() -> None:
         while not done.is_set():
-            samples.append((time.monotonic(), *cpu_by_part()))
+            samples.append((time.monotonic(), *cpu_by_part(), machine_states()))
             time.sleep(0.25)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,6 +132,10 @@ def main() -> None:
     for name, value in sorted(used.items(), key=lambda kv: -kv[1]):
         if value >= 0.005:
             print(f"  {name:40s} {value:5.2f}   per rank per step {value * step_s / world * 1e3:6.1f} ms")
+    states = {k: (b[3][k] - a[3][k]) / span for k in STATES}
+    print("the machine's cores by state (/proc/stat, same window): " +
+          ", ".join(f"{k} {v:.2f}" for k, v in states.items() if v >= 0.005))
+    print(f"  softirq per rank per step {states['softirq'] * step_s / world * 1e3:.1f} ms")
     main_ms = sum(v for k, v in used.items() if k.startswith("rank thread main")) * step_s / world * 1e3
     print("per rank per step, steps after the first (ms): main-thread CPU inside tasks, their wall, and the "
           "profile's price with no core sharing")
