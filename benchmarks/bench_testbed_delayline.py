@@ -1,6 +1,6 @@
 """CPU the testbed's userspace delay line uses per byte and per message it forwards (needs root).
 
-    python benchmarks/bench_testbed_delayline.py [--topology topologies/testbed-2g.yaml] [--seconds 3]
+    python benchmarks/bench_testbed_delayline.py [--topology topologies/testbed-2g.yaml]
 
 On a kernel without sch_netem every emulated link (node to switch, switch to switch) is a TAP pair whose
 frames one process copies across after the link's delay, at a real-time priority
@@ -25,13 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FLOATS_4MIB = 1 << 20
 FLOATS_4KIB = 1 << 10
-# (name, source rank, destination rank, floats per message, links crossed); ranks 0-1 sit on node 0
-# (switch s0), 2-3 on node 1 (s1, same group), 4-5 on node 2 (s2, the other group)
+IDLE_S = 3.0
+# (name, source rank, destination rank, floats per message, links crossed, messages): about 3 s each; ranks
+# 0-1 sit on node 0 (switch s0), 2-3 on node 1 (s1, same group), 4-5 on node 2 (s2, the other group)
 PATTERNS = (
-    ("idle", None, None, 0, 0),
-    ("4 MiB messages, node 0 -> node 1", 0, 2, FLOATS_4MIB, 3),
-    ("4 MiB messages, node 0 -> node 2 (global link)", 0, 4, FLOATS_4MIB, 4),
-    ("4 KiB messages, node 0 -> node 1", 0, 2, FLOATS_4KIB, 3),
+    ("idle", None, None, 0, 0, 0),
+    ("4 MiB messages, node 0 -> node 1", 0, 2, FLOATS_4MIB, 3, 10),
+    ("4 MiB messages, node 0 -> node 2 (global link)", 0, 4, FLOATS_4MIB, 4, 5),
+    ("4 KiB messages, node 0 -> node 1", 0, 2, FLOATS_4KIB, 3, 1000),
 )
 
 
@@ -40,39 +41,38 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def worker(rank: int, world: int, delayline_pid: int, seconds: float, out_path: str) -> None:
-    """Runs in every rank (launched by measure): each pattern for about `seconds`, rank 0 timing it."""
+def worker(rank: int, world: int, delayline_pid: int, out_path: str) -> None:
+    """Runs in every rank (launched by measure). Rank 0 is every pattern's source and reads the delay line's
+    CPU around it; no other traffic runs meanwhile (the destination's one-float reply tells rank 0 that
+    the last message arrived)."""
     import torch
     import torch.distributed as dist
 
     del world
-    buffer = torch.randn(FLOATS_4MIB)
+    buffer, reply = torch.randn(FLOATS_4MIB), torch.zeros(1)
     results = []
-    for name, src, dst, floats, links in PATTERNS:
+    for name, src, dst, floats, links, messages in PATTERNS:
         dist.barrier()
-        t0, cpu0 = time.perf_counter(), _cpu_s(delayline_pid) if rank == 0 else 0.0
-        messages = 0
-        while True:
-            go = torch.tensor([1.0 if time.perf_counter() - t0 < seconds else 0.0])
-            dist.broadcast(go, 0)  # rank 0 decides when the pattern has run long enough
-            if not go.item():
-                break
-            if rank == src:
-                dist.send(buffer[:floats], dst)
-            elif rank == dst:
-                dist.recv(buffer[:floats], src)
-            elif src is None:
-                time.sleep(0.1)
-            messages += 1
         if rank == 0:
-            results.append({"pattern": name, "messages": messages if src is not None else 0,
-                            "payload_bytes": messages * floats * 4 if src is not None else 0, "links": links,
-                            "wall_s": time.perf_counter() - t0, "delayline_cpu_s": _cpu_s(delayline_pid) - cpu0})
+            t0, cpu0 = time.perf_counter(), _cpu_s(delayline_pid)
+            if src is None:
+                time.sleep(IDLE_S)
+            for _ in range(messages):
+                dist.send(buffer[:floats], dst)
+            if src is not None:
+                dist.recv(reply, dst)
+            results.append({"pattern": name, "messages": messages, "payload_bytes": messages * floats * 4,
+                            "links": links, "wall_s": time.perf_counter() - t0,
+                            "delayline_cpu_s": _cpu_s(delayline_pid) - cpu0})
+        elif rank == dst:
+            for _ in range(messages):
+                dist.recv(buffer[:floats], src)
+            dist.send(reply, src)
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
 
 
-def measure(topology: str, seconds: float) -> list[dict]:
+def measure(topology: str) -> list[dict]:
     from piper_sim.testbed import down, up
     from piper_sim.torch_backend.process_launch import launch_in_namespaces
 
@@ -84,7 +84,7 @@ def measure(topology: str, seconds: float) -> list[dict]:
                              "nothing to measure")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "delayline.json"
-            launch_in_namespaces(f"{Path(__file__).stem}:worker", (bed.delayline_pid, seconds, str(out)),
+            launch_in_namespaces(f"{Path(__file__).stem}:worker", (bed.delayline_pid, str(out)),
                                  bed.rank_map(), Path(tmp), timeout_s=600,
                                  env={"PYTHONPATH": str(Path(__file__).resolve().parent)})
             return json.loads(out.read_text())
@@ -95,10 +95,9 @@ def measure(topology: str, seconds: float) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topology", default=str(ROOT / "topologies" / "testbed-2g.yaml"))
-    parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    results = measure(args.topology, args.seconds)
-    print(f"the delay line's CPU, {args.seconds:.0f} s per pattern (CPU time in clock ticks of "
+    results = measure(args.topology)
+    print(f"the delay line's CPU, about 3 s per pattern (CPU time in clock ticks of "
           f"{1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms)")
     for r in results:
         line = (f"  {r['pattern']:48s} {r['payload_bytes'] / 1e6:7.1f} MB in {r['wall_s']:5.2f} s   "
