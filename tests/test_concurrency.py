@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from piper_sim.analysis.concurrency import compute_concurrency, mean_computing, uninterrupted_share
+from piper_sim.validation.concurrency import compute_concurrency, mean_computing, uninterrupted_share
 
 
 def _trace(rows):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from piper_sim.analysis.ordering import measured_order, shared_rounds
-from piper_sim.analysis.validation import summarize
-from piper_sim.analysis.validation_report import format_validation
+from piper_sim.validation.ordering import measured_order, shared_rounds
+from piper_sim.validation.report import format_validation
+from piper_sim.validation.summary import summarize
 
 
 def test_a_pair_is_ordered_when_one_case_was_faster_in_every_shared_round():

@@ -7,9 +7,9 @@ import json
 import pandas as pd
 import pytest
 
-from piper_sim.analysis.validation import spearman, summarize
-from piper_sim.analysis.validation_report import format_validation
 from piper_sim.cli import main
+from piper_sim.validation.report import format_validation
+from piper_sim.validation.summary import spearman, summarize
 
 
 def test_validate_scores_a_stored_case(tmp_path, capsys):
@@ -93,9 +93,11 @@ def test_a_swap_counts_the_rounds_in_which_the_faster_case_ran_faster():
 
 def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     # a real local run (no testbed, no root): pp1 x ep2 of a 2-layer tiny-moe, 3 steps, twice
-    from piper_sim.analysis.validation import earlier_sessions, load_case, remeasure, score_case, step_time
     from piper_sim.errors import PiperError
     from piper_sim.trace.runtrace import read_trace
+    from piper_sim.validation.cases import load_case
+    from piper_sim.validation.remeasure import earlier_sessions, remeasure
+    from piper_sim.validation.scoring import score_case, step_time
 
     case_dir = tmp_path / "local-pp1ep2"
     case_dir.mkdir()
@@ -172,8 +174,9 @@ def test_machine_speed_compares_the_rounds_reference_with_the_profiles():
 
 
 def test_repeats_must_be_positive(tmp_path):
-    from piper_sim.analysis.validation import load_case, remeasure
     from piper_sim.errors import PiperError
+    from piper_sim.validation.cases import load_case
+    from piper_sim.validation.remeasure import remeasure
 
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "case.yaml").write_text(json.dumps({"config": {"model": "tiny-moe"}}))

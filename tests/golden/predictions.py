@@ -43,8 +43,8 @@ def summary(result) -> dict:
 
 
 def validation_predictions() -> dict:
-    from piper_sim.analysis.validation import find_cases, predict_case
     from piper_sim.paths import data_dir
+    from piper_sim.validation.cases import find_cases, predict_case
 
     return {case.name: summary(predict_case(case, VALIDATION_PROFILE))
             for case in find_cases([], data_dir("validation") / "cases")}

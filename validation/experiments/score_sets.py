@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from piper_sim.analysis.validation import find_cases, score_case, summarize
+from piper_sim.validation.cases import find_cases
+from piper_sim.validation.scoring import score_case
+from piper_sim.validation.summary import summarize
 
 
 def line(name: str, scores: list[dict]) -> str:

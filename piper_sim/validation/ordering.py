@@ -7,7 +7,7 @@ they share. Cases that share no round (measured in different sessions, or once e
 every run of one was faster than every run of the other. Pairs the measurement does not order are near-ties
 on the machine: their order changed from round to round or from session to session, so no prediction can be
 held to one order for them. The strict check (any pair the prediction orders unlike the scored medians) is
-kept beside this one.
+kept beside this one. Pure: reads score dicts, imports nothing of piper-sim.
 """
 
 from __future__ import annotations

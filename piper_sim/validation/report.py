@@ -1,7 +1,8 @@
 """The output of `piper-sim validate`: the printed table and summary lines, and the files of --out
 (validation.csv, phases.csv, concurrency.csv, summary.json, predicted_vs_measured.png).
 
-Reads the scores and summary that analysis.validation builds; computes nothing of its own.
+Reads the scores (validation.scoring) and summary (validation.summary); computes nothing of its own. Must
+not import torch or the CLI; matplotlib is imported only when --out writes the plot.
 """
 
 from __future__ import annotations
@@ -14,6 +15,33 @@ import pandas as pd
 
 
 def format_validation(scores: list[dict], summary: dict) -> str:
+    lines = _case_table(scores)
+    lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
+              f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']} "
+              "(by the scored step times)"]
+    pooled = summary.get("pooled")
+    if pooled:
+        worst = pooled["worst_case"]
+        lines.append(f"over every session's rounds (up to {pooled['sessions']} sessions, at least "
+                     f"{pooled['rounds_min']} rounds per case; the median of all): MAPE {pooled['mape'] * 100:.1f}%   "
+                     f"max error {pooled['max_error'] * 100:.1f}% ({worst} {pooled['errors'][worst] * 100:+.1f}%)")
+    lines += _order_lines(summary)
+    spreads = [s["measured_spread"] for s in scores if not np.isnan(s.get("measured_spread", float("nan")))]
+    if spreads:
+        lines.append(f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "
+                     f"max {max(spreads) * 100:.0f}%; the run with the median step time is scored")
+    lines += _reference_lines(summary.get("machine_speed")) + _concurrency_lines(summary.get("compute_concurrency"))
+    if summary["memory_max_error"] is not None:
+        lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
+                     f"max {summary['memory_max_error'] * 100:.1f}%")
+    for sp in summary["halo_over_flat"]:
+        lines.append(f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
+                     f"({sp['error'] * 100:+.1f}%)")
+    return "\n".join(lines)
+
+
+def _case_table(scores: list[dict]) -> list[str]:
+    """One line per case: predicted and measured step time, errors, the runs' spread and the worst phase."""
     width = max([28] + [len(s["case"]) for s in scores])
     lines = [f"{'case':{width}s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s} {'mem err':>8s} {'runs':>6s}"
              "  worst phase"]
@@ -27,15 +55,12 @@ def format_validation(scores: list[dict], summary: dict) -> str:
         runs = "1" if np.isnan(spread) else f"{spread * 100:.0f}%"
         lines.append(f"{s['case']:{width}s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
                      f"{s['error'] * 100:+6.1f}% {mem:>8s} {runs:>6s}  {worst_text}{flag}")
-    lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
-              f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']} "
-              "(by the scored step times)"]
-    pooled = summary.get("pooled")
-    if pooled:
-        worst = pooled["worst_case"]
-        lines.append(f"over every session's rounds (up to {pooled['sessions']} sessions, at least "
-                     f"{pooled['rounds_min']} rounds per case; the median of all): MAPE {pooled['mape'] * 100:.1f}%   "
-                     f"max error {pooled['max_error'] * 100:.1f}% ({worst} {pooled['errors'][worst] * 100:+.1f}%)")
+    return lines
+
+
+def _order_lines(summary: dict) -> list[str]:
+    """The measured order of the cases, and every pair the prediction orders against the scored runs."""
+    lines = []
     order = summary.get("measured_order")
     if order:
         lines.append(f"measured order: {order['ordered_pairs']} of {order['pairs']} pairs of cases ordered by the "
@@ -48,38 +73,38 @@ def format_validation(scores: list[dict], summary: dict) -> str:
         apart = sum(1 for sw in swaps if not sw.get("runs_overlap"))
         lines.append(f"  {apart} of {len(swaps)} swapped pairs were measured apart (runs not overlapping), "
                      f"{sum(1 for sw in swaps if sw.get('ordered'))} ordered by the measurement")
-    spreads = [s["measured_spread"] for s in scores if not np.isnan(s.get("measured_spread", float("nan")))]
-    if spreads:
-        lines.append(f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "
-                     f"max {max(spreads) * 100:.0f}%; the run with the median step time is scored")
-    speed = summary.get("machine_speed")
-    if speed:
-        lines.append(f"machine reference ({speed['preset']} layer forward + backward, one process per core): "
-                     f"{speed['calibrated_s'] * 1e6:.0f} us at calibration, {speed['measured_median_s'] * 1e6:.0f} us "
-                     f"during the measurement {_rounds_text(speed)} CPU time per iteration")
-        cold = speed.get("cold")
-        if cold:
-            lines.append(f"cold reference ({cold['model']} layer ops, forward + backward, cold on {cold['ranks']} "
-                         f"ranks, {cold['tokens']} tokens): priced {cold['priced_s'] * 1e6:.0f} us by the profile, "
-                         f"measured {cold['measured_median_s'] * 1e6:.0f} us {_rounds_text(cold)}")
-    conc = summary.get("compute_concurrency")
-    if conc:
-        mean_p, mean_m = conc["predicted_mean_ranks_computing"], conc["measured_mean_ranks_computing"]
-        none_p, none_m = conc["predicted_share_none_computing"], conc["measured_share_none_computing"]
-        lines.append(f"ranks computing at once (mean over the cases): predicted {mean_p:.2f}, measured {mean_m:.2f}; "
-                     f"no rank computing {none_p * 100:.0f}% of the time predicted, {none_m * 100:.0f}% measured "
-                     "(concurrency.csv)")
-        if "measured_share_uninterrupted" in conc:
-            lines.append(f"compute tasks with a core to themselves (CPU >= 0.9 x wall; validation.csv): predicted "
-                         f"{conc['predicted_share_uninterrupted'] * 100:.0f}%, measured "
-                         f"{conc['measured_share_uninterrupted'] * 100:.0f}% (mean over the cases)")
-    if summary["memory_max_error"] is not None:
-        lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
-                     f"max {summary['memory_max_error'] * 100:.1f}%")
-    for sp in summary["halo_over_flat"]:
-        lines.append(f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
-                     f"({sp['error'] * 100:+.1f}%)")
-    return "\n".join(lines)
+    return lines
+
+
+def _reference_lines(speed: dict | None) -> list[str]:
+    """The machine's hot and cold references during the measurement against the profile's."""
+    if not speed:
+        return []
+    lines = [f"machine reference ({speed['preset']} layer forward + backward, one process per core): "
+             f"{speed['calibrated_s'] * 1e6:.0f} us at calibration, {speed['measured_median_s'] * 1e6:.0f} us "
+             f"during the measurement {_rounds_text(speed)} CPU time per iteration"]
+    cold = speed.get("cold")
+    if cold:
+        lines.append(f"cold reference ({cold['model']} layer ops, forward + backward, cold on {cold['ranks']} "
+                     f"ranks, {cold['tokens']} tokens): priced {cold['priced_s'] * 1e6:.0f} us by the profile, "
+                     f"measured {cold['measured_median_s'] * 1e6:.0f} us {_rounds_text(cold)}")
+    return lines
+
+
+def _concurrency_lines(conc: dict | None) -> list[str]:
+    """Ranks computing at once and compute tasks with a core to themselves, predicted and measured."""
+    if not conc:
+        return []
+    mean_p, mean_m = conc["predicted_mean_ranks_computing"], conc["measured_mean_ranks_computing"]
+    none_p, none_m = conc["predicted_share_none_computing"], conc["measured_share_none_computing"]
+    lines = [f"ranks computing at once (mean over the cases): predicted {mean_p:.2f}, measured {mean_m:.2f}; "
+             f"no rank computing {none_p * 100:.0f}% of the time predicted, {none_m * 100:.0f}% measured "
+             "(concurrency.csv)"]
+    if "measured_share_uninterrupted" in conc:
+        lines.append(f"compute tasks with a core to themselves (CPU >= 0.9 x wall; validation.csv): predicted "
+                     f"{conc['predicted_share_uninterrupted'] * 100:.0f}%, measured "
+                     f"{conc['measured_share_uninterrupted'] * 100:.0f}% (mean over the cases)")
+    return lines
 
 
 def _rounds_text(ref: dict) -> str:

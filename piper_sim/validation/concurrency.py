@@ -6,7 +6,8 @@ sharing runs identical ranks in lockstep: all of them compute together, then all
 `validate` prints the two side by side and `--out` writes them per case (concurrency.csv).
 
 The same difference shows inside the tasks: a compute task the kernel runs whole uses about as much CPU as
-wall time, one that shares a core with others uses less (uninterrupted_share).
+wall time, one that shares a core with others uses less (uninterrupted_share). Reads traces only: imports
+the task kinds of the schedule and nothing else of piper-sim.
 """
 
 from __future__ import annotations

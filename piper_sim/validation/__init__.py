@@ -1,0 +1,14 @@
+"""Validation: predictions from a calibrated profile alone, scored against measured runs of the cases in
+validation/cases/ (`piper-sim validate`).
+
+- cases: the case format, finding cases, case_digest, predict_case
+- scoring: step and phase times of a trace, score_case (one case against its measurement)
+- summary: the statistics over the cases (MAPE, max error, order, HALO over flat, memory, references)
+- ordering: the order of cases as their measurements establish it
+- concurrency: how many ranks compute at once, and compute tasks with a core to themselves
+- remeasure: measuring the cases for real (`--remeasure`) and measured.json
+- report: what validate prints and the files of --out
+
+The package never imports torch: the real runs and the machine references are reached through the torch
+backend's and calibrate's entry points, imported only when a measurement starts (remeasure).
+"""
