@@ -114,10 +114,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None = None) -> dict:
     """Run the config with the torch backend and write the same files as simulate (plus losses, routing)."""
     from piper_sim.analysis.report import build_report
+    from piper_sim.calibrate.load import load_profile
     from piper_sim.outputs import write_run
     from piper_sim.torch_backend.run import launch
     from piper_sim.trace.runtrace import normalize
-    from piper_sim.workload.cost import load_profile
 
     par = cfg.parallel
     launched = launch(cfg, out, timeout_s=timeout_s, testbed=testbed)
@@ -145,15 +145,19 @@ def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None 
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from piper_sim.analysis.validation import calibrated_ranks, find_cases, remeasure, score_case, summarize
-    from piper_sim.analysis.validation_report import format_validation, write_validation
+    from piper_sim.calibrate.load import load_profiles
     from piper_sim.paths import data_dir
-    from piper_sim.workload.cost import load_profile
+    from piper_sim.validation.cases import find_cases
+    from piper_sim.validation.remeasure import calibrated_ranks, remeasure
+    from piper_sim.validation.report import format_validation, write_validation
+    from piper_sim.validation.scoring import score_case
+    from piper_sim.validation.summary import summarize
+    from piper_sim.workload.profile import HostProfile
 
     cases = find_cases(args.cases, data_dir("validation") / "cases")
-    profile = load_profile(args.profile)  # a bad profile fails before any measuring
+    host = load_profiles(args.profile)[1] or HostProfile()  # a bad profile fails before any measuring
     if args.remeasure:
-        remeasure(cases, repeats=args.repeats, reference_preset=profile.reference_preset,
+        remeasure(cases, repeats=args.repeats, reference_preset=host.reference_preset,
                   reference_profile=args.profile, reference_ranks=calibrated_ranks(args.profile),
                   progress=lambda msg: print(msg, file=sys.stderr))
     elif args.repeats != 1:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from piper_sim.analysis.report import build_report
+from piper_sim.calibrate.load import load_profiles
 from piper_sim.config import Config
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule import generators as _generators  # noqa: F401  (registers the schedules)
@@ -22,7 +23,7 @@ from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.trace.runtrace import trace_from_arrays
-from piper_sim.workload.cost import TaskCoster, load_profile
+from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.parallel import stage_layer_split
 
 
@@ -59,14 +60,14 @@ def run_simulation(cfg: Config) -> SimResult:
     par = cfg.parallel
     topo = load_topology(cfg.topology, par.num_gpus)
     placement = place(topo, par.num_gpus, cfg.placement)
-    profile = load_profile(cfg.cost_profile)
+    profile, host_profile = load_profiles(cfg.cost_profile)
     coster = TaskCoster(cfg.model, profile, par.micro_batch_size * cfg.model.seq_len)
     routing = routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed)
     def simulation(collapse: bool) -> Simulation:
         return Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
                           coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
                           steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse,
-                          migration=cfg.migration)
+                          migration=cfg.migration, host_profile=host_profile)
 
     t1 = time.perf_counter()
     fell_back = False

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from piper_sim.calibrate import fit
+from piper_sim.calibrate.load import load_profile
 from piper_sim.calibrate.profile import aggregate, build_profile, core_sharing_summary
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.workload.cost import load_profile
 
 SIZES = [2**p for p in range(10, 25, 2)]  # 1 KiB .. 16 MiB
 
@@ -396,8 +396,9 @@ def test_an_ops_samples_pool_over_rounds_before_the_medians_are_taken():
 
 
 def test_cold_calls_time_each_call_after_flushing_the_caches():
-    from piper_sim.calibrate.sweep import TimingPlan
     from piper_sim.calibrate.timing import COLD_CALLS_PER_SAMPLE, cold_calls, last_level_cache_bytes
+
+    from piper_sim.calibrate.sweep import TimingPlan
 
     assert last_level_cache_bytes() >= 1 << 20
     calls = []

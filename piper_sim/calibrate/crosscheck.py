@@ -1,4 +1,4 @@
-"""Cross-check of a profile: real StageModule ops timed on this machine vs CostProfile.work_time_s.
+"""Cross-check of a profile: real StageModule ops timed on this machine vs the cost model's work_time_s.
 
 Owns `piper-sim calibrate --check PROFILE`: for each model preset, one layer's ops (embed, attn, router,
 experts, moe_out, head) run through the torch backend's forward_op / backward_op exactly as the
@@ -20,11 +20,13 @@ from pathlib import Path
 import torch
 import yaml
 
+from piper_sim.calibrate.load import load_profile, profile_path
 from piper_sim.calibrate.runner import threads_per_rank
 from piper_sim.calibrate.stage_ops import CHECK_OPS, MICRO_BATCH_SIZE, measure_op, prepare_stage
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, TimingPlan
-from piper_sim.workload.cost import CostProfile, load_profile, profile_path
+from piper_sim.workload.cost import gemm_time_s, work_time_s
 from piper_sim.workload.flops import op_work
+from piper_sim.workload.profile import DeviceProfile
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def check_worker(rank: int, world: int, job: CheckJob) -> None:
     Path(job.out_dir, f"check-rank{rank}.json").write_text(json.dumps(rows))
 
 
-def predict(profile: CostProfile, model_name: str, op: str, tokens: int, expert_rows: tuple[int, ...],
+def predict(profile: DeviceProfile, model_name: str, op: str, tokens: int, expert_rows: tuple[int, ...],
             dtype_bytes: int | None = None) -> dict:
     """The cost model's forward time of one op, and its parts."""
     from piper_sim.workload.presets import load_model
@@ -59,16 +61,16 @@ def predict(profile: CostProfile, model_name: str, op: str, tokens: int, expert_
     spec = load_model(model_name)
     b = spec.dtype_bytes if dtype_bytes is None else dtype_bytes
     work = op_work(spec, op, tokens, expert_rows)
-    gemm = sum(profile.gemm_time_s(g, b) for g in work.gemms)
+    gemm = sum(gemm_time_s(profile, g, b) for g in work.gemms)
     attention = work.attention_flops / (profile.peak_flops_per_s * profile.attention_efficiency(
         work.attention_seq_len)) if work.attention_flops else 0.0
     memory = work.elementwise_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
     launch = work.num_kernels * profile.kernel_launch_s
-    return {"total_s": profile.work_time_s(work, b), "gemm_s": gemm, "attention_s": attention, "memory_s": memory,
+    return {"total_s": work_time_s(profile, work, b), "gemm_s": gemm, "attention_s": attention, "memory_s": memory,
             "launch_s": launch, "num_kernels": work.num_kernels, "dtype_bytes": b}
 
 
-def simulator_s(profile: CostProfile, model_name: str, op: str, tokens: int,
+def simulator_s(profile: DeviceProfile, model_name: str, op: str, tokens: int,
                 expert_rows: tuple[int, ...]) -> tuple[float, float]:
     """Forward and backward seconds of one op as the simulator prices it (TaskCoster)."""
     from piper_sim.workload.cost import TaskCoster

@@ -1,5 +1,5 @@
 """From per-rank benchmark records to a cost profile (traces/profiles/NAME.yaml): aggregation over ranks,
-the fits, and the YAML with unit-suffixed keys that piper_sim.workload.cost.load_profile reads.
+the fits, and the YAML with unit-suffixed keys that piper_sim.calibrate.load.load_profile reads.
 
 Owns the choice of each profile number (see docs/calibration.md):
 - kernel_launch_us: median of the one-element ops (add, mul, softmax, 1x1 linear) with autograd on;
@@ -253,7 +253,7 @@ def blocking_wait_summary(records: list[dict], network: dict) -> dict | None:
     """The blocking exchange after compute at K processes per core, and back to back with nothing else
     running (load 0), less what the profile already prices for it (each call's overhead + bytes / bandwidth
     from the local all_to_all fit of groups of 2), per call (calibrate/wake.py). The simulator charges the
-    extra at the load it sees (workload/cost.py: CostProfile.blocking_wait_s)."""
+    extra at the load it sees (workload/profile.py: HostProfile.blocking_wait_s)."""
     pts = sorted(_select(records, "blocking_wait"), key=lambda r: r["computing_per_core"])
     slices = _select(records, "scheduler_slice")
     fit_ = ((network.get("all_to_all") or {}).get("groups_of_2") or {}).get("fit")
@@ -285,7 +285,7 @@ def blocking_wait_summary(records: list[dict], network: dict) -> dict | None:
 
 def core_sharing_summary(records: list[dict]) -> dict | None:
     """CPU time of the same compute at K processes per core over the time at one per core (calibrate/sharing.py);
-    the simulator slows shared cores by it (workload/cost.py: CostProfile.core_sharing_factor)."""
+    the simulator slows shared cores by it (workload/profile.py: HostProfile.core_sharing_factor)."""
     pts = sorted(_select(records, "core_sharing"), key=lambda r: r["ranks_per_core"])
     if not pts or pts[0]["ranks_per_core"] != 1:
         return None

@@ -26,6 +26,7 @@ from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective import CollectiveRunner
 from piper_sim.sim.experts import ExpertState
+from piper_sim.sim.host import host_model
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.plan import StagePlan, build_stage_plans
 from piper_sim.topology.graph import Topology
@@ -33,8 +34,7 @@ from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import routed_row_bytes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
-
-CORE_NS = 1e9  # compute work on shared cores is counted in core-nanoseconds
+from piper_sim.workload.profile import HostProfile
 
 
 class Asymmetry(Exception):
@@ -62,7 +62,7 @@ class Simulation:
     def __init__(self, *, schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, topology: Topology,
                  placement: list[str], coster: TaskCoster, routing: RoutingModel, all_to_all: str,
                  all_reduce: str, steps: int = 1, flash_attention: bool = True, collapse: bool = False,
-                 migration: dict | None = None) -> None:
+                 migration: dict | None = None, host_profile: HostProfile | None = None) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
@@ -73,7 +73,6 @@ class Simulation:
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, topology.capacity_bytes_per_s)
         self.runner = CollectiveRunner(self.env, self.network, topology)
-        self.cores = topology.params.shared_cores
         self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention)
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
@@ -83,15 +82,7 @@ class Simulation:
         self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.tokens)
         self.lanes = self._lanes(collapse)
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
-        if self.cores:  # processor sharing: link i = lane i's cores (one per member), last link = the machine
-            # work in core-nanoseconds, capacities in core-nanoseconds per second (well above the
-            # network's byte-sized completion threshold)
-            capacity = np.array([float(len(lane)) for lane in self.lanes] + [float(self.cores)]) * CORE_NS
-            slowdown = self._core_sharing_slowdown if coster.profile.core_sharing else None  # none measured: none
-            self.cpu = FlowNetwork(self.env, capacity, slowdown=slowdown)
-        self.blocking_wait = bool(self.cores) and bool(coster.profile.blocking_wait)  # none measured: none charged
-        self._computing = 0  # ranks computing now
-        self._recent_load, self._load_at_s = 0.0, 0.0  # per core, averaged over the last slice; as of when
+        self.host = host_model(self.env, topology, host_profile, [len(lane) for lane in self.lanes])
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
@@ -152,8 +143,8 @@ class Simulation:
                     ev = self._async_done[(lane_id, step, d)]
                     if not ev.triggered:  # blocked on a transfer: woken when it ends
                         yield ev
-                        if self.blocking_wait:
-                            yield self.env.timeout(self._blocking_wait_s(1))
+                        if self.host.charges_wakeups:
+                            yield self.env.timeout(self.host.wake_wait_s(1))
                 memory += plan.mem_at_start[i]
                 if task.kind == "forward_expert":
                     extra = self._routed_extra_bytes(rank, step, task)
@@ -166,17 +157,17 @@ class Simulation:
                     seconds, f = self._compute_cost(rank, stage, step, i, task)
                     start[step, local, i] = self.env.now
                     cpu[step, local, i] = seconds
-                    self._count_computing(len(lane))
-                    yield self._compute(lane_id, len(lane), seconds)
-                    self._count_computing(-len(lane))
+                    self.host.begin_compute(len(lane))
+                    yield self.host.compute(lane_id, len(lane), seconds)
+                    self.host.end_compute(len(lane))
                     end[step, local, i] = self.env.now
                     flops[step, local, i] = f
                 elif stream == 2:  # collective
                     start[step, local, i] = self.env.now
                     host = self._host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
                     cpu[step, local, i] = host
-                    if self.cores:  # the calls' host-side work runs on the rank's share of the cores
-                        yield self._compute(lane_id, len(lane), host)
+                    if self.host.runs_host_work:  # the calls' host-side work runs on the rank's cores
+                        yield self.host.compute(lane_id, len(lane), host)
                     ev = self._arrive(lane, step, i, task, nbytes[step], host)
                     yield ev
                     end[step, local, i] = self.env.now
@@ -190,46 +181,13 @@ class Simulation:
         rec.peak_memory_bytes[list(lane)] = peak
 
     # ---- compute -------------------------------------------------------------------------------
-    def _compute(self, lane_id: int, members: int, seconds: float) -> simpy.Event:
-        """A compute task of `seconds` on one core; under shared cores, it runs at its fair share."""
-        if not self.cores or seconds <= 0:
-            return self.env.timeout(seconds)
-        links = np.array([lane_id, len(self.lanes)], dtype=np.int64)
-        return self.cpu.start(np.zeros(2, dtype=np.int64), links, np.array([seconds * CORE_NS]),
-                              weight=np.array([float(members)]))
-
-    def _count_computing(self, ranks: int) -> None:
-        if self.blocking_wait:
-            self._load_now()
-            self._computing += ranks
-
-    def _load_now(self) -> float:
-        """Ranks computing per core, averaged over the last scheduler slice (exponentially). The kernel's
-        time slicing keeps ranks out of the lockstep that processor sharing puts them in, so a woken rank
-        meets the machine's recent load, not the instant's."""
-        keep = np.exp(-(self.env.now - self._load_at_s) / self.coster.profile.scheduler_slice_s)
-        self._recent_load = self._recent_load * keep + self._computing / self.cores * (1.0 - keep)
-        self._load_at_s = self.env.now
-        return self._recent_load
-
-    def _blocking_wait_s(self, calls: int) -> float:
-        """What a rank woken from `calls` blocking library calls waits for a core (profile.blocking_wait)."""
-        return calls * self.coster.profile.blocking_wait_s(self._load_now())
-
     def _wake(self, done: simpy.Event, calls: int) -> None:
-        """End a collective: at once, or after its members' blocking wait."""
-        wait = self._blocking_wait_s(calls) if calls else 0.0
+        """End a collective: at once, or after its members' wait for a core (the host model's)."""
+        wait = self.host.wake_wait_s(calls) if calls else 0.0
         if wait <= 0:
             done.succeed()
         else:
             self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed())
-
-    def _core_sharing_slowdown(self, load: np.ndarray) -> np.ndarray:
-        """Ranks taking turns on the cores pay for each other's cache state: the machine's cores deliver
-        1 / factor of their time as work at load / cores ranks per core (the profile's core_sharing)."""
-        divisor = np.ones(load.shape[0])
-        divisor[-1] = self.coster.profile.core_sharing_factor(load[-1] / self.cores)
-        return divisor
 
     def _compute_cost(self, rank: int, stage: int, step: int, i: int, task: Task) -> tuple[float, float]:
         plan = self.plans[stage]
@@ -298,8 +256,8 @@ class Simulation:
                     gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
                 # on shared cores the host work already ran on the rank's share of them
                 done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
-                                       delay_s=0.0 if self.cores else host_s)
-                calls = self._calls(task, group) if self.blocking_wait else 0
+                                       delay_s=0.0 if self.host.runs_host_work else host_s)
+                calls = self._calls(task, group) if self.host.charges_wakeups else 0
                 done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))
             events.append(waiting[1])
         return events[0] if len(events) == 1 else self.env.all_of(events)

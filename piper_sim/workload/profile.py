@@ -1,0 +1,123 @@
+"""Device and host profiles: the fitted numbers the cost model and the host model read.
+
+Owns DeviceProfile (what one GPU-like device does: peak FLOP/s, efficiency curves, memory size and
+bandwidth, kernel launch and framework costs per op, collective and p2p call costs, the optimizer's
+traffic) and HostProfile (only for ranks that are processes sharing a machine's cores, as on the
+emulated testbed: how shared cores slow compute and how long a woken rank waits for a core). Both hold
+fitted values only; reading a profile file and fitting its measurements is piper_sim.calibrate.load's.
+Pure data and lookups: must not import simpy or torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+
+from piper_sim.workload.model import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Curve:
+    """Piecewise-linear efficiency in log2(x); flat beyond the ends."""
+
+    x: tuple[float, ...]
+    efficiency: tuple[float, ...]
+
+    def __call__(self, value: float) -> float:
+        return float(np.interp(math.log2(max(value, 1.0)), np.log2(self.x), self.efficiency))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceProfile:
+    name: str
+    device: str
+    peak_flops_per_s: float
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    memory_efficiency: float
+    kernel_launch_s: float
+    gemm_efficiency: Curve  # over GEMM rows (tokens)
+    attention_efficiency: Curve  # over sequence length
+    optimizer_bytes_per_param: float  # HBM traffic of one Adam update per parameter
+    collective_overhead_s: float = 0.0  # host-side cost of one collective call (launch, split exchange)
+    p2p_overhead_s: float = 0.0  # host-side cost of posting one send/recv pair
+    source: str = ""
+    # measured by calibrate: fixed framework cost per (pass, op name) -> (op, ((tokens, seconds), ...)), net of
+    # the measured model's own arithmetic
+    framework_s: dict = field(default_factory=dict)
+    framework_experts: int = 0  # experts of the model framework_s was measured on
+    # the experts op's fixed cost as a line over the number of experts that got rows, fitted at each token
+    # count: {pass: ((tokens, fixed seconds, seconds per expert), ...)}
+    framework_expert_lines: dict = field(default_factory=dict)
+    # the zero-bubble split of each op's backward: {op name: ((tokens, input pass / backward, weight pass /
+    # backward), ...)}
+    framework_split: dict = field(default_factory=dict)
+    # per-call collective overhead by group size {kind: ((group size, seconds), ...)}
+    collective_overheads: dict = field(default_factory=dict)
+    optimizer_fixed_s: float = 0.0  # measured: time = fixed + per_tensor x tensors + per_param x params
+    optimizer_per_tensor_s: float = 0.0
+    # the framework fields measured on one layer of a preset at its own dimensions: ((layer_key, {field:
+    # table}), ...); a model with that key is priced with them (for_model) instead of the micro model's
+    framework_by_layer: tuple = ()
+
+    def for_model(self, model: ModelSpec) -> DeviceProfile:
+        """This profile with the framework tables measured on this model's layer, when calibrate ran one."""
+        key = layer_key(model)
+        for layer, tables in self.framework_by_layer:
+            if layer == key:
+                return replace(self, **tables)
+        return self
+
+    def collective_call_s(self, kind: str, group_size: int) -> float:
+        """Host cost of one collective call of this kind and group size (interpolated in group size)."""
+        table = self.collective_overheads.get(kind)
+        if not table:
+            return self.collective_overhead_s
+        sizes, seconds = zip(*table, strict=True)
+        return float(np.interp(group_size, sizes, seconds))
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostProfile:
+    """Shared-core terms of a machine whose ranks are processes taking turns on its cores (calibrate measures
+    them on CPU hosts; GPU profiles have none)."""
+
+    # (ranks per core, CPU time factor), ...; 1 at one rank per core
+    core_sharing: tuple[tuple[float, float], ...] = ()
+    # (ranks computing per core, extra seconds per library call of a blocking exchange), ...; and the
+    # scheduler slice the simulator averages that load over
+    blocking_wait: tuple[tuple[float, float], ...] = ()
+    scheduler_slice_s: float = 0.0
+    # the machine's speed when calibrated: CPU seconds per iteration of one layer's forward + backward, one
+    # process per core (core_sharing at 1 per core, median over rounds); validate compares its runs' (0: none)
+    reference_cpu_s: float = 0.0
+    reference_preset: str = ""
+
+    def core_sharing_factor(self, ranks_per_core: float) -> float:
+        """How much more CPU time the same compute takes when this many ranks take turns on each core
+        (measured; flat beyond the largest level measured, 1 where nothing was measured)."""
+        if not self.core_sharing or ranks_per_core <= 1.0:
+            return 1.0
+        levels, factors = zip(*self.core_sharing, strict=True)
+        return float(np.interp(ranks_per_core, levels, factors))
+
+    def blocking_wait_s(self, computing_per_core: float) -> float:
+        """Extra wait of one library call of a blocking exchange when this many ranks per core are computing
+        (measured from load 0; linear between the levels, flat beyond the last; 0 where nothing was measured)."""
+        if not self.blocking_wait:
+            return 0.0
+        levels, extra = zip(*self.blocking_wait, strict=True)
+        return float(np.interp(computing_per_core, levels, extra))
+
+
+# ModelSpec fields a layer's op times do not depend on (or that vary by run: tokens, experts per rank)
+NOT_IN_LAYER_KEY = frozenset({"name", "num_layers", "seq_len", "num_experts", "num_dense_layers", "moe_layer_freq",
+                              "moe_layer_offset", "published_params", "published_active_params", "source"})
+
+
+def layer_key(model: ModelSpec) -> tuple:
+    """What a layer's op times depend on besides tokens and experts per rank: two models with the same
+    key run the same ops on tensors of the same sizes."""
+    return tuple((f.name, getattr(model, f.name)) for f in fields(model) if f.name not in NOT_IN_LAYER_KEY)
