@@ -3,11 +3,10 @@
     python validation/experiments/score_sets.py PROFILE DIR [DIR ...] [--session ID]
 
 Each DIR holds validation/ and topologies/ of one stored set (`git archive COMMIT validation topologies |
-tar -x -C DIR`). Prints, per set, MAPE, max error (and which case), the largest HALO-over-flat error, dp2's
-error, the strict order swaps and the share of time with no rank computing, then each case's error. With
---session ID, each case is also scored against the median of that session's rounds from its
-earlier_sessions, in the sets that have it (the eighth session's repeat: 2026-11-30T08:58:12+00:00, whose
-traces were not kept).
+tar -x -C DIR`; sets.txt lists them). Prints, per set, MAPE, max error (and which case), the largest
+HALO-over-flat error, dp2's error, the strict order swaps and the share of time with no rank computing,
+then each case's error. With --session ID, each case is also scored against the median of the rounds of
+that earlier measurement (its `session` id in measured.json), in the sets that have it.
 Run it from the repository root with the experiment's patch applied (validation/experiments/README.md).
 """
 
@@ -40,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("profile")
     ap.add_argument("sets", nargs="+")
-    ap.add_argument("--session", default="")
+    ap.add_argument("--session", default="", help="id of an earlier measurement to score too")
     args = ap.parse_args()
     for d in args.sets:
         root = Path(d)
