@@ -1,4 +1,4 @@
-"""The prepared device check of issue 6 (item 5): calibrate compute on this machine's GPU, then run
+"""The single-GPU check: calibrate compute on this machine's GPU, then run
 compute-bound single-GPU cases for real and predict them from that profile alone.
 
     python3 validation/gpu/device_check.py --out DIR [--quick] [--steps N]
@@ -7,7 +7,7 @@ On the device machine run it through validation/gpu/device_check.sh (it installs
 Writes DIR/profile.yaml (the calibrated profile), DIR/runs/NAME/ (each measured run) and
 DIR/gpu-validation.md: device, versions, and per case predicted vs measured step time and peak memory
 (tensor accounting and, on a GPU, torch.cuda.max_memory_allocated). Runs on a CPU too (then it
-validates the CPU), which is how it was tested before any device was lent.
+validates the CPU; `--quick` calibrates with a reduced sweep).
 """
 
 from __future__ import annotations

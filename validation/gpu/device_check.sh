@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 6, item 5: the one prepared device check. On the device machine, from the repo root:
+# The single-GPU check (device_check.py): calibrate compute on the GPU, run compute-bound cases, predict
+# them from that profile. On a machine with a GPU, from the repo root:
 #   here, once:  echo /.whl/ >> .git/info/exclude
 #                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #                    --platform manylinux2014_x86_64 --platform any -d .whl simpy==4.1.1
