@@ -32,7 +32,7 @@ WORKLOADS = {
 
 def run_one(name: str, profile: bool) -> dict:
     from piper_sim.config import load_config
-    from piper_sim.simulate import run_simulation
+    from piper_sim.simulate import simulate
 
     raw = {**WORKLOADS[name], "schedule": "1f1b", "topology": CLUSTER, "cost": {"profile": "mi250x"}}
     cfg = load_config(raw)
@@ -43,15 +43,15 @@ def run_one(name: str, profile: bool) -> dict:
         import pstats
 
         prof = cProfile.Profile()
-        result = prof.runcall(run_simulation, cfg)
+        result = prof.runcall(simulate, cfg)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
     else:
-        result = run_simulation(cfg)
+        result = simulate(cfg)
     wall = time.perf_counter() - t0
     s = result.stats
     return {
-        "workload": name, "gpus": cfg.parallel.num_gpus, "step_time_ms": result.report["step_time_s"] * 1e3,
-        "tflops_per_gpu": result.report["tflops_per_gpu"], "mfu": result.report["mfu"], "wall_s": wall,
+        "workload": name, "gpus": cfg.parallel.num_gpus, "step_time_ms": result.report.step_time_s * 1e3,
+        "tflops_per_gpu": result.report.tflops_per_gpu, "mfu": result.report.mfu, "wall_s": wall,
         "event_loop_s": s["event_loop_s"], "setup_s": s["setup_s"], "trace_report_s": s["trace_and_report_s"],
         "tasks": s["num_tasks"], "tasks_per_s": s["num_tasks"] / wall, "flows": s["num_flows"],
         "flows_per_s": s["num_flows"] / wall, "fair_share_solves": s["num_solves"],

@@ -153,7 +153,7 @@ def task_cpu(out: Path, config: dict, profile: str, world: int) -> pd.DataFrame:
     """Per kind, ms per rank-step over the steps after the first: measured CPU and wall inside tasks (the
     executor's rows), and the compute kinds' price with no core sharing (NaN for the rest)."""
     from piper_sim.config import load_config
-    from piper_sim.simulate import run_simulation
+    from piper_sim.simulate import simulate
 
     rows = pd.concat(pd.read_parquet(p) for p in sorted((out / "ranks").glob("rank*.parquet")))
     rows = rows[(rows["step"] > 0) & rows["cpu_s"].notna()]
@@ -166,7 +166,7 @@ def task_cpu(out: Path, config: dict, profile: str, world: int) -> pd.DataFrame:
     path.write_text(yaml.safe_dump(topo))
     raw = {**config, "topology": str(path), "cost": {**config.get("cost", {}), "profile": profile},
            "routing": {"kind": "trace", "path": str(out / "routing.npz")}}
-    trace = run_simulation(load_config(raw)).trace
+    trace = simulate(load_config(raw)).trace
     trace = trace[(trace["step"] > 0) & (trace["stream"] == "compute")]
     sim_per = world * trace["step"].nunique() / 1e3
     measured["priced_ms"] = (trace["end_s"] - trace["start_s"]).groupby(trace["kind"].astype(str)).sum() / sim_per

@@ -11,9 +11,6 @@ from pathlib import Path
 
 from piper_sim.errors import PiperError
 
-# activations are counted on step 0 only (docs/torch-backend.md)
-MEASURED_MEMORY_KIND = "tensor accounting on step 0: params, grads, Adam moments, autograd-saved activations"
-
 
 def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
     p.add_argument("config", help="YAML config (DESIGN.md section 3) or a shipped example name")
@@ -36,16 +33,14 @@ def _config_path(name: str) -> str:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from piper_sim.config import load_config
     from piper_sim.outputs import format_report, write_run
-    from piper_sim.simulate import run_simulation
+    from piper_sim.simulate import simulate
 
     cfg = load_config(_config_path(args.config), args.overrides)
     print(f"simulating {cfg.model.name} on {cfg.parallel.num_gpus} GPUs "
           f"(pp {cfg.parallel.pp} x ep {cfg.parallel.ep} x dp {cfg.parallel.dp}, {cfg.schedule}, "
           f"{cfg.parallel.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
-    result = run_simulation(cfg)
-    write_run(args.out, resolved_config=cfg.resolved(), report=result.report, trace=result.trace,
-              trace_format=cfg.trace_format, topology=result.topology, link_bytes=result.link_bytes,
-              title=f"{cfg.model.name} {cfg.schedule} pp{cfg.parallel.pp} ep{cfg.parallel.ep} (simulated)")
+    result = simulate(cfg)
+    write_run(args.out, result)
     print(format_report(result.report))
     print(f"wrote {args.out}/ (report.json, config.yaml, trace, perfetto.json, links.csv, plots/)")
     return 0
@@ -53,10 +48,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_schedule(args: argparse.Namespace) -> int:
     from piper_sim.config import load_config
+    from piper_sim.schedule.build import build_coarse_schedule, build_schedule
     from piper_sim.schedule.grid import render_grid
     from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
     from piper_sim.schedule.validate import check_schedule, dry_run
-    from piper_sim.simulate import build_coarse_schedule, build_schedule
 
     cfg = load_config(_config_path(args.config), args.overrides)
     schedule = build_schedule(cfg)
@@ -95,53 +90,22 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from piper_sim.config import load_config
-    from piper_sim.outputs import format_report
+    from piper_sim.measure import measure
+    from piper_sim.outputs import format_report, write_run
 
     cfg = load_config(_config_path(args.config), args.overrides)
     par = cfg.parallel
     print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
           f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.all_to_all}) ...",
           file=sys.stderr)
-    report = write_measured_run(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None))
-    if report.get("skip"):
+    result = measure(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None))
+    if result is None:  # a torchrun rank other than 0: rank 0 writes the run
         return 0
-    print(format_report(report))
-    print("loss per step       " + ", ".join(f"{x:.4f}" for x in report["losses"]))
+    write_run(args.out, result)
+    print(format_report(result.report))
+    print("loss per step       " + ", ".join(f"{x:.4f}" for x in result.report.losses))
     print(f"wrote {args.out}/")
     return 0
-
-
-def write_measured_run(cfg, out: Path, *, timeout_s: float, testbed: str | None = None) -> dict:
-    """Run the config with the torch backend and write the same files as simulate (plus losses, routing)."""
-    from piper_sim.analysis.report import build_report
-    from piper_sim.calibrate.load import load_profile
-    from piper_sim.outputs import write_run
-    from piper_sim.torch_backend.run import launch
-    from piper_sim.trace.runtrace import normalize
-
-    par = cfg.parallel
-    launched = launch(cfg, out, timeout_s=timeout_s, testbed=testbed)
-    if launched is None:  # a torchrun rank other than 0: rank 0 writes the run
-        return {"losses": [], "skip": True}
-    rows, losses, wall, memory = launched
-    trace = normalize(rows)
-    per_stage = par.num_gpus // par.pp
-
-    def per_stage_max(key: str) -> list[float]:
-        return [float(max(m[key] for m in memory[p * per_stage:(p + 1) * per_stage])) for p in range(par.pp)]
-
-    peak = per_stage_max("peak_tensor_bytes")
-    profile = load_profile(cfg.cost_profile)
-    report = build_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
-                          tokens_per_step=par.sequences_per_step * cfg.model.seq_len, peak_memory_by_stage=peak)
-    report.update(backend="torch", device="cuda" if _cuda() else "cpu", losses=losses, run_wall_s=wall,
-                  peak_memory_kind=MEASURED_MEMORY_KIND,
-                  peak_rss_bytes=per_stage_max("peak_rss_bytes"), mfu_peak_profile=profile.name, testbed=testbed)
-    if all(m.get("peak_device_bytes") is not None for m in memory):  # on GPUs: torch.cuda.max_memory_allocated
-        report.update(peak_device_memory_bytes=per_stage_max("peak_device_bytes"))
-    write_run(out, resolved_config=cfg.resolved(), report=report, trace=trace, trace_format=cfg.trace_format,
-              title=f"{cfg.model.name} {cfg.schedule} pp{par.pp} ep{par.ep} (measured)")
-    return report
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -207,12 +171,6 @@ def _topology_path(name: str) -> str:
     if not path.exists() and not path.suffix and (data_dir("topologies") / f"{name}.yaml").exists():
         return str(data_dir("topologies") / f"{name}.yaml")
     return name
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -8,30 +8,32 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import yaml
 
-from piper_sim.analysis.links import link_kind_summary, link_table
+from piper_sim.analysis.links import link_kind_summary
 from piper_sim.analysis.plots import plot_link_utilization, plot_timeline
+from piper_sim.analysis.report import Report
+from piper_sim.result import RunResult
 from piper_sim.trace.perfetto import write_perfetto
 from piper_sim.trace.runtrace import write_trace
 
 
-def write_run(out_dir: Path, *, resolved_config: dict, report: dict, trace: pd.DataFrame, trace_format: str,
-              topology=None, link_bytes: np.ndarray | None = None, title: str = "") -> dict[str, Path]:
+def write_run(out_dir: Path, result: RunResult) -> dict[str, Path]:
+    """Write a run's files (either backend): config.yaml (resolved), report.json, the trace, perfetto.json,
+    plots/timeline.png, and where the simulator loaded links, links.csv, link_kinds.csv and
+    plots/link_utilization.png."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "plots").mkdir(exist_ok=True)
+    trace = result.trace
     paths = {"config": out_dir / "config.yaml", "report": out_dir / "report.json"}
-    paths["config"].write_text(yaml.safe_dump(resolved_config, sort_keys=False))
-    paths["trace"] = write_trace(trace, out_dir, trace_format)
+    paths["config"].write_text(yaml.safe_dump(result.config.resolved(), sort_keys=False))
+    paths["trace"] = write_trace(trace, out_dir, result.config.trace_format)
     paths["perfetto"] = out_dir / "perfetto.json"
     write_perfetto(trace, paths["perfetto"])
     paths["timeline"] = out_dir / "plots" / "timeline.png"
-    plot_timeline(trace, paths["timeline"], title)
-    if topology is not None and link_bytes is not None:
-        duration = float(trace["end_s"].max() - trace["start_s"].min())
-        links = link_table(topology, link_bytes, duration)
+    plot_timeline(trace, paths["timeline"], result.title)
+    links = result.links
+    if links is not None:
         paths["links"] = out_dir / "links.csv"
         links.to_csv(paths["links"], index=False)
         paths["link_kinds"] = out_dir / "link_kinds.csv"
@@ -39,14 +41,14 @@ def write_run(out_dir: Path, *, resolved_config: dict, report: dict, trace: pd.D
         if not links.empty:
             paths["link_plot"] = out_dir / "plots" / "link_utilization.png"
             plot_link_utilization(links, paths["link_plot"])
-            report["busiest_link"] = {k: (v.item() if hasattr(v, "item") else v)
-                                      for k, v in links.iloc[0].to_dict().items()}
-    paths["report"].write_text(json.dumps(report, indent=2))
+    paths["report"].write_text(json.dumps(result.report.to_dict(), indent=2))
     return paths
 
 
-def format_report(report: dict) -> str:
-    """A short human summary of report.json."""
+def format_report(report: Report | dict) -> str:
+    """A short human summary of a report (or of report.json read back)."""
+    if isinstance(report, Report):
+        report = report.to_dict()
     gib = 2.0**30
     lines = [
         f"GPUs                {report['num_gpus']}",

@@ -30,10 +30,10 @@ BASE = {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches":
     ({**BASE, "model": {"preset": "small-moe", "top_k": 99}}, "model.top_k"),
 ])
 def test_bad_config_names_the_key(raw, key, tmp_path):
-    from piper_sim.simulate import run_simulation
+    from piper_sim.simulate import simulate
 
     with pytest.raises(ConfigError) as err:
-        run_simulation(load_config(raw))
+        simulate(load_config(raw))
     assert err.value.key.startswith(key)
 
 
@@ -75,7 +75,7 @@ def test_cli_schedule_show_and_export(tmp_path, capsys):
     assert "stage 0 | F0" in shown and "no deadlock" in shown
     path = tmp_path / "s.json"
     assert main(["schedule", "export", "small-moe", "--out", str(path)]) == 0
+    from piper_sim.schedule.build import build_schedule
     from piper_sim.schedule.io import schedule_from_json
-    from piper_sim.simulate import build_schedule
 
     assert schedule_from_json(path.read_text()) == build_schedule(load_config("examples/small-moe.yaml"))

@@ -12,7 +12,7 @@ from piper_sim.calibrate.load import load_profiles, profile_path
 from piper_sim.config import load_config
 from piper_sim.paths import data_dir
 from piper_sim.sim.host import DedicatedDevice, SharedCores, host_model
-from piper_sim.simulate import run_simulation
+from piper_sim.simulate import simulate
 from piper_sim.topology.load import load_topology
 
 
@@ -27,7 +27,7 @@ def _profile_with_host_terms() -> dict:
 def _run(profile, topology: str = "uniform"):
     raw = yaml.safe_load((data_dir("examples") / "testbed-2g.yaml").read_text())
     raw.update(topology=topology, cost={"profile": profile})
-    return run_simulation(load_config(raw))
+    return simulate(load_config(raw))
 
 
 @pytest.mark.parametrize("name", ["mi250x", "h100"])
@@ -43,7 +43,7 @@ def test_host_terms_do_not_enter_a_dedicated_device_prediction():
     assert isinstance(host_model(simpy.Environment(), load_topology("uniform", 8), host, [4, 4]), DedicatedDevice)
     plain, hosted = _run("mi250x"), _run(with_host)
     pd.testing.assert_frame_equal(plain.trace, hosted.trace)
-    assert plain.report["step_time_s"] == hosted.report["step_time_s"]
+    assert plain.report.step_time_s == hosted.report.step_time_s
 
 
 def test_shared_cores_bring_the_host_terms_in():
@@ -51,4 +51,4 @@ def test_shared_cores_bring_the_host_terms_in():
     host = load_profiles(_profile_with_host_terms())[1]
     assert isinstance(host_model(simpy.Environment(), load_topology(testbed, 8), host, [4, 4]), SharedCores)
     plain, hosted = _run("mi250x", testbed), _run(_profile_with_host_terms(), testbed)
-    assert hosted.report["step_time_s"] > plain.report["step_time_s"]  # slowed cores and wake-up waits
+    assert hosted.report.step_time_s > plain.report.step_time_s  # slowed cores and wake-up waits

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from piper_sim.config import load_config
-from piper_sim.simulate import run_simulation
+from piper_sim.simulate import simulate
 
 CASES = {
     "uniform-cluster": {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
@@ -21,18 +21,18 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_lanes_match_one_process_per_rank(name):
-    collapsed = run_simulation(load_config(CASES[name]))
-    per_rank = run_simulation(load_config(CASES[name], ["sim.collapse=false"]))
-    assert per_rank.stats["num_lanes"] == per_rank.report["num_gpus"]
+    collapsed = simulate(load_config(CASES[name]))
+    per_rank = simulate(load_config(CASES[name], ["sim.collapse=false"]))
+    assert per_rank.stats["num_lanes"] == per_rank.report.num_gpus
     pd.testing.assert_frame_equal(collapsed.trace, per_rank.trace)
-    assert collapsed.report["peak_memory_bytes"] == per_rank.report["peak_memory_bytes"]
+    assert collapsed.report.peak_memory_bytes == per_rank.report.peak_memory_bytes
 
 
 def test_lanes_are_used_on_a_symmetric_cluster():
-    result = run_simulation(load_config(CASES["uniform-cluster"]))
+    result = simulate(load_config(CASES["uniform-cluster"]))
     assert result.stats["num_lanes"] == 2 and not result.stats["lanes_fell_back"]
 
 
 def test_skewed_routing_uses_one_lane_per_rank():
-    result = run_simulation(load_config({**CASES["uniform-cluster"], "routing": {"kind": "zipf", "exponent": 1.0}}))
-    assert result.stats["num_lanes"] == result.report["num_gpus"]
+    result = simulate(load_config({**CASES["uniform-cluster"], "routing": {"kind": "zipf", "exponent": 1.0}}))
+    assert result.stats["num_lanes"] == result.report.num_gpus

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from piper_sim.config import load_config
-from piper_sim.simulate import run_simulation
+from piper_sim.simulate import simulate
 
 RAW = {"model": "tiny-moe", "parallel": {"pp": 1, "ep": 8, "num_microbatches": 2}}
 
@@ -16,7 +16,7 @@ def first_forward_s(cores: int, profile: str | dict | None = None) -> float:
     raw = {**RAW, "topology": {"preset": "testbed-flat", "params": {"shared_cores": cores}}}
     if profile is not None:
         raw["cost"] = {"profile": profile}
-    trace = run_simulation(load_config(raw)).trace
+    trace = simulate(load_config(raw)).trace
     first = trace[(trace["task_id"] == "F:c0:m0:s0")]
     assert len(first) == 8 and first["start_s"].nunique() == 1  # all eight ranks start it together
     return float((first["end_s"] - first["start_s"]).iloc[0])
@@ -55,7 +55,7 @@ def test_a_malformed_core_sharing_table_is_one_clear_error():
     from piper_sim.errors import ConfigError
 
     with pytest.raises(ConfigError, match="core_sharing"):
-        run_simulation(load_config({**RAW, "cost": {"profile": _profile_with_core_sharing([2, 1], [1.0, 1.2])}}))
+        simulate(load_config({**RAW, "cost": {"profile": _profile_with_core_sharing([2, 1], [1.0, 1.2])}}))
 
 
 def test_an_all_to_all_in_a_group_of_one_costs_its_measured_host_work():
@@ -72,7 +72,7 @@ def test_an_all_to_all_in_a_group_of_one_costs_its_measured_host_work():
            "topology": {"preset": "testbed-flat", "params": {"shared_cores": 2}}, "cost": {"profile": profile}}
 
     def durations() -> dict[bool, np.ndarray]:
-        trace = run_simulation(load_config(raw)).trace
+        trace = simulate(load_config(raw)).trace
         a2a = trace[trace["kind"] == "all_to_all"]
         forward_dispatch = a2a["task_id"].str.startswith("F:") & (a2a["role"] == "dispatch")
         return {f: (a2a["end_s"] - a2a["start_s"])[forward_dispatch == f].to_numpy() for f in (True, False)}
@@ -101,7 +101,7 @@ def _first_dispatch(profile: dict | None, parallel: dict | None = None) -> tuple
         raw["parallel"] = parallel
     if profile is not None:
         raw["cost"] = {"profile": profile}
-    result = run_simulation(load_config(raw))
+    result = simulate(load_config(raw))
     trace = result.trace
     forward = trace[(trace["kind"] == "forward") & (trace["rank"] == 0)].iloc[0]
     a2a = trace[(trace["kind"] == "all_to_all") & (trace["rank"] == 0)].iloc[0]
@@ -127,7 +127,7 @@ def test_a_constant_blocking_wait_adds_it_per_call_and_nothing_without_shared_co
     _, waited, _ = _first_dispatch(_profile_with_blocking_wait([0, 10], [300, 300]))
     assert waited - done == pytest.approx(2 * 300e-6, rel=1e-6)
     raw = {**RAW, "cost": {"profile": _profile_with_blocking_wait([0, 10], [300, 300])}}  # no shared cores
-    ends = [run_simulation(load_config(r)).trace["end_s"].max() for r in (raw, {**RAW, "cost": {"profile": plain}})]
+    ends = [simulate(load_config(r)).trace["end_s"].max() for r in (raw, {**RAW, "cost": {"profile": plain}})]
     assert ends[0] == pytest.approx(ends[1], rel=1e-12)
 
 
@@ -143,14 +143,14 @@ def test_a_malformed_blocking_wait_table_is_one_clear_error():
     from piper_sim.errors import ConfigError
 
     with pytest.raises(ConfigError, match="blocking_wait"):
-        run_simulation(load_config({**RAW, "cost": {"profile": _profile_with_blocking_wait([1, 0.5], [1, 2])}}))
+        simulate(load_config({**RAW, "cost": {"profile": _profile_with_blocking_wait([1, 0.5], [1, 2])}}))
     with pytest.raises(ConfigError, match="blocking_wait"):
-        run_simulation(load_config({**RAW, "cost": {"profile": _profile_with_blocking_wait([0, 1], [1, 2], 0)}}))
+        simulate(load_config({**RAW, "cost": {"profile": _profile_with_blocking_wait([0, 1], [1, 2], 0)}}))
 
 
 def test_the_trace_carries_the_cpu_priced_for_each_task_before_sharing():
     raw = {**RAW, "topology": {"preset": "testbed-flat", "params": {"shared_cores": 0}}}
-    alone = run_simulation(load_config(raw)).trace
+    alone = simulate(load_config(raw)).trace
     compute = alone[alone["stream"] == "compute"]
     # with nothing sharing the cores a compute task lasts exactly the work priced for it
     assert np.allclose(compute["cpu_s"], compute["end_s"] - compute["start_s"], rtol=1e-9, atol=0)
@@ -160,7 +160,7 @@ def test_the_trace_carries_the_cpu_priced_for_each_task_before_sharing():
     assert collectives["cpu_s"].notna().all() and (collectives["cpu_s"] >= 0).all()
     # two ranks per core: the same work priced, in more wall time
     raw["topology"]["params"]["shared_cores"] = 4
-    shared = run_simulation(load_config(raw)).trace
+    shared = simulate(load_config(raw)).trace
     keys = ["step", "rank", "task_id"]
     both = compute.merge(shared[shared["stream"] == "compute"], on=keys, suffixes=("", "_shared"))
     assert len(both) == len(compute)

@@ -9,28 +9,28 @@ import pytest
 from piper_sim.calibrate.load import load_profile
 from piper_sim.config import load_config
 from piper_sim.routing.trace import TraceRecorder
-from piper_sim.simulate import run_simulation
+from piper_sim.simulate import simulate
 from piper_sim.workload.cost import TaskCoster
 
 BASE = {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4, "micro_batch_size": 1}}
 
 
 def test_uniform_multi_step_equals_single_step():
-    one = run_simulation(load_config(BASE)).report
-    many = run_simulation(load_config(BASE, ["sim.steps=3"])).report
-    assert many["step_times_s"] == pytest.approx([one["step_time_s"]] * 3, rel=1e-9)
-    assert many["mfu"] == pytest.approx(one["mfu"], rel=1e-9)
+    one = simulate(load_config(BASE)).report
+    many = simulate(load_config(BASE, ["sim.steps=3"])).report
+    assert many.step_times_s == pytest.approx([one.step_time_s] * 3, rel=1e-9)
+    assert many.mfu == pytest.approx(one.mfu, rel=1e-9)
 
 
 def test_skew_slows_the_step_and_expert_time_follows_the_rows():
-    uniform = run_simulation(load_config(BASE))
-    skewed = run_simulation(load_config({**BASE, "routing": {"kind": "zipf", "exponent": 1.5}}))
-    assert skewed.report["step_time_s"] > uniform.report["step_time_s"]
-    assert skewed.report["imbalance"]["overall"]["lif"] > 1.3
+    uniform = simulate(load_config(BASE))
+    skewed = simulate(load_config({**BASE, "routing": {"kind": "zipf", "exponent": 1.5}}))
+    assert skewed.report.step_time_s > uniform.report.step_time_s
+    assert skewed.report.imbalance["overall"]["lif"] > 1.3
     # every expert task lasts exactly what the cost model says for that rank's rows
     cfg = load_config({**BASE, "routing": {"kind": "zipf", "exponent": 1.5}})
     coster = TaskCoster(cfg.model, load_profile("mi250x"), cfg.model.seq_len)
-    experts = run_simulation(cfg)
+    experts = simulate(cfg)
     trace = experts.trace
     rows = trace[(trace["kind"] == "forward_expert")]
     program = {t.task_id: t for t in experts.schedule.stage_programs[0]}
@@ -51,16 +51,16 @@ def test_skew_slows_the_step_and_expert_time_follows_the_rows():
 def test_greedy_migration_lowers_imbalance_and_moves_real_bytes():
     raw = {**BASE, "model": {"preset": "small-moe", "num_experts": 16},
            "routing": {"kind": "zipf", "exponent": 1.2}, "sim": {"steps": 4}}
-    none = run_simulation(load_config(raw))
-    greedy = run_simulation(load_config({**raw, "migration": {"enabled": True, "policy": "greedy"}}))
-    mig = greedy.report["migration"]
+    none = simulate(load_config(raw))
+    greedy = simulate(load_config({**raw, "migration": {"enabled": True, "policy": "greedy"}}))
+    mig = greedy.report.migration
     assert mig["experts_moved"] > 0
     moved = greedy.trace[greedy.trace["role"] == "migrate"]
     # bytes on the wire = what the policy says, per EP group (2 stages, one group each)
     assert moved["bytes"].sum() == pytest.approx(mig["bytes_moved_per_group"], rel=1e-9)
     later = slice(1, None)
-    assert np.mean(greedy.report["step_times_s"][later]) < np.mean(none.report["step_times_s"][later])
-    assert none.report["migration"]["experts_moved"] == 0
+    assert np.mean(greedy.report.step_times_s[later]) < np.mean(none.report.step_times_s[later])
+    assert none.report.migration["experts_moved"] == 0
 
 
 def test_routing_trace_replays_to_identical_simulations(tmp_path):
@@ -73,7 +73,7 @@ def test_routing_trace_replays_to_identical_simulations(tmp_path):
             rec.record(step, layer, rng.multinomial(256 * 2 * 4 * 4, rng.dirichlet(np.full(8, 5.0))))
     path = rec.write(tmp_path / "t.npz")
     raw = {**BASE, "routing": {"kind": "trace", "path": str(path)}, "sim": {"steps": 2}}
-    first = run_simulation(load_config(raw)).trace
-    again = run_simulation(load_config(raw)).trace
+    first = simulate(load_config(raw)).trace
+    again = simulate(load_config(raw)).trace
     pd.testing.assert_frame_equal(first, again)
-    assert run_simulation(load_config(raw)).report["imbalance"]["overall"]["lif"] > 1.0
+    assert simulate(load_config(raw)).report.imbalance["overall"]["lif"] > 1.0

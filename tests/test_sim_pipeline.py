@@ -7,11 +7,12 @@ import copy
 import pandas as pd
 import pytest
 
+from piper_sim.analysis.report import Report
 from piper_sim.config import load_config
-from piper_sim.simulate import run_simulation
+from piper_sim.simulate import simulate as simulate_config
 
 
-def simulate(raw: dict, **overrides) -> tuple[dict, pd.DataFrame]:
+def simulate(raw: dict, **overrides) -> tuple[Report, pd.DataFrame]:
     raw = copy.deepcopy(raw)
     for key, value in overrides.items():
         section, _, sub = key.partition("__")
@@ -19,7 +20,7 @@ def simulate(raw: dict, **overrides) -> tuple[dict, pd.DataFrame]:
             raw[section][sub] = value
         else:
             raw[section] = value
-    result = run_simulation(load_config(raw))
+    result = simulate_config(load_config(raw))
     return result.report, result.trace
 
 
@@ -38,9 +39,9 @@ def test_step_time_and_bubble_match_closed_form(negligible_comm_config, schedule
     report, trace = simulate(negligible_comm_config, schedule=schedule, parallel__pp=pp, parallel__num_microbatches=m)
     t_f, t_b = per_microbatch_times(trace, rank=trace["rank"].max())
     expected_step = (m + pp - 1) * (t_f + t_b)
-    assert report["step_time_s"] == pytest.approx(expected_step, rel=0.01)
-    assert report["bubble_fraction"] == pytest.approx((pp - 1) / (m + pp - 1), rel=0.01)
-    assert report["exposed_comm_fraction"] < 0.001
+    assert report.step_time_s == pytest.approx(expected_step, rel=0.01)
+    assert report.bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1), rel=0.01)
+    assert report.exposed_comm_fraction < 0.001
 
 
 def test_interleaving_shrinks_bubble_by_about_vpp(negligible_comm_config):
@@ -48,20 +49,20 @@ def test_interleaving_shrinks_bubble_by_about_vpp(negligible_comm_config):
     inter, _ = simulate(negligible_comm_config, schedule="interleaved-1f1b", parallel__vpp=2,
                         parallel__num_microbatches=8)
     # bubble time (not fraction) shrinks by vpp: (p-1)/vpp chunks of F+B instead of (p-1)
-    base_bubble = base["bubble_fraction"] * base["step_time_s"]
-    inter_bubble = inter["bubble_fraction"] * inter["step_time_s"]
+    base_bubble = base.bubble_fraction * base.step_time_s
+    inter_bubble = inter.bubble_fraction * inter.step_time_s
     assert base_bubble / inter_bubble == pytest.approx(2.0, rel=0.1)
 
 
 def test_zero_bubble_h1_has_smaller_bubble_at_equal_memory(negligible_comm_config):
     one_f_one_b, _ = simulate(negligible_comm_config)
     zb, _ = simulate(negligible_comm_config, schedule="zb-h1")
-    assert zb["bubble_fraction"] < 0.6 * one_f_one_b["bubble_fraction"]
-    assert zb["step_time_s"] < one_f_one_b["step_time_s"]
+    assert zb.bubble_fraction < 0.6 * one_f_one_b.bubble_fraction
+    assert zb.step_time_s < one_f_one_b.step_time_s
     # ZB-H1 keeps at most pp microbatches of activations on every stage, as 1F1B does on stage 0;
     # its last stage then holds pp microbatches too, whose extra fp32 logits add a fraction of a percent.
-    assert max(zb["peak_memory_bytes"]) == pytest.approx(max(one_f_one_b["peak_memory_bytes"]), rel=0.01)
-    assert zb["peak_memory_bytes"][0] == pytest.approx(one_f_one_b["peak_memory_bytes"][0], rel=1e-9)
+    assert max(zb.peak_memory_bytes) == pytest.approx(max(one_f_one_b.peak_memory_bytes), rel=0.01)
+    assert zb.peak_memory_bytes[0] == pytest.approx(one_f_one_b.peak_memory_bytes[0], rel=1e-9)
 
 
 def test_mfu_is_model_flops_over_time_and_peak(negligible_comm_config):
@@ -71,8 +72,8 @@ def test_mfu_is_model_flops_over_time_and_peak(negligible_comm_config):
     from piper_sim.workload.flops import forward_flops_per_token
 
     tokens = cfg.parallel.sequences_per_step * cfg.model.seq_len
-    assert report["model_flops_per_step"] == pytest.approx(3 * forward_flops_per_token(cfg.model) * tokens, rel=1e-6)
-    assert report["mfu"] == pytest.approx(report["model_flops_per_step"] / (report["step_time_s"] * 8 * 100e12))
+    assert report.model_flops_per_step == pytest.approx(3 * forward_flops_per_token(cfg.model) * tokens, rel=1e-6)
+    assert report.mfu == pytest.approx(report.model_flops_per_step / (report.step_time_s * 8 * 100e12))
 
 
 def test_same_config_and_seed_give_identical_trace(negligible_comm_config):
@@ -87,14 +88,13 @@ def test_same_config_and_seed_give_identical_trace(negligible_comm_config):
 def test_first_step_peak_memory_is_step_zeros_own_peak():
     """The report's step-0 peak (what a run that counts activations on step 0 measures) is the whole run's
     peak for a one-step run, and never above it when later steps route differently."""
-    from piper_sim.simulate import run_simulation
 
     raw = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4},
            "routing": {"kind": "dirichlet"}, "sim": {"steps": 3}}
-    report = run_simulation(load_config(raw)).report
-    assert all(f <= p for f, p in zip(report["peak_memory_bytes_first_step"], report["peak_memory_bytes"],
+    report = simulate_config(load_config(raw)).report
+    assert all(f <= p for f, p in zip(report.peak_memory_bytes_first_step, report.peak_memory_bytes,
                                       strict=True))
-    assert report["peak_memory_bytes_first_step"] != report["peak_memory_bytes"]  # later steps route differently
-    one = run_simulation(load_config({**raw, "sim": {"steps": 1}})).report
-    assert one["peak_memory_bytes_first_step"] == one["peak_memory_bytes"]
-    assert one["peak_memory_bytes_first_step"] == report["peak_memory_bytes_first_step"]
+    assert report.peak_memory_bytes_first_step != report.peak_memory_bytes  # later steps route differently
+    one = simulate_config(load_config({**raw, "sim": {"steps": 1}})).report
+    assert one.peak_memory_bytes_first_step == one.peak_memory_bytes
+    assert one.peak_memory_bytes_first_step == report.peak_memory_bytes_first_step

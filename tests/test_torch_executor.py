@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from piper_sim.config import load_config
-from piper_sim.simulate import build_schedule, run_simulation
+from piper_sim.schedule.build import build_schedule
+from piper_sim.simulate import simulate
 from piper_sim.torch_backend.corpus import ByteCorpus
 from piper_sim.torch_backend.model import ReferenceModel
 from piper_sim.torch_backend.run import batch_source, launch
@@ -48,7 +49,8 @@ def reference(cfg) -> tuple[float, dict[str, torch.Tensor]]:
 def test_distributed_equals_single_process(name, tmp_path):
     raw = {**BASE, **CASES[name]}
     cfg = load_config(raw)
-    trace, losses, _, memory = launch(cfg, tmp_path, timeout_s=240, corpus_bytes=CORPUS_BYTES, capture_grads=True)
+    trace, losses, _, memory, _ = launch(cfg, build_schedule(cfg), tmp_path, timeout_s=240, corpus_bytes=CORPUS_BYTES,
+                                         capture_grads=True)
     ref_loss, ref_grads = reference(cfg)
     assert losses[0] == pytest.approx(ref_loss, rel=1e-5)
     seen = set()
@@ -83,7 +85,7 @@ def test_distributed_equals_single_process(name, tmp_path):
     # the executor's tensor accounting (training state + saved activations) per stage; what it leaves out
     # (RoPE tables, expert ids, norm scales) is under 3%
     replay = load_config({**raw, "routing": {"kind": "trace", "path": str(tmp_path / "routing.npz")}})
-    predicted = run_simulation(replay).report["peak_memory_bytes"]
+    predicted = simulate(replay).report.peak_memory_bytes
     measured = [0.0] * cfg.parallel.pp
     for rank in range(cfg.parallel.num_gpus):  # per stage, the largest over its ranks, as the report gives it
         stage = schedule.mesh.stage_of(rank)

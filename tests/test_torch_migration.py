@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from piper_sim.config import load_config
+from piper_sim.schedule.build import build_schedule
 from piper_sim.torch_backend.run import launch
 
 RAW = {"model": {"preset": "tiny-moe", "num_layers": 2}, "routing": {"kind": "zipf", "exponent": 1.5},
@@ -15,8 +16,9 @@ MIGRATE = {"enabled": True, "policy": "greedy", "threshold": 1.0, "interval": 1}
 
 @pytest.mark.slow
 def test_migration_moves_experts_without_changing_the_training(tmp_path):
-    base = launch(load_config(RAW), tmp_path / "none", timeout_s=240, corpus_bytes=100_000)
-    moved = launch(load_config({**RAW, "migration": MIGRATE}), tmp_path / "greedy", timeout_s=240,
+    base_cfg, moved_cfg = load_config(RAW), load_config({**RAW, "migration": MIGRATE})
+    base = launch(base_cfg, build_schedule(base_cfg), tmp_path / "none", timeout_s=240, corpus_bytes=100_000)
+    moved = launch(moved_cfg, build_schedule(moved_cfg), tmp_path / "greedy", timeout_s=240,
                    corpus_bytes=100_000)
     trace = moved[0]
     migrate = trace[trace["role"] == "migrate"]

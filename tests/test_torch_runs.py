@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
+from piper_sim.schedule.build import build_schedule
 from piper_sim.torch_backend.all_to_all import all_to_all, prepare_groups
 from piper_sim.torch_backend.run import launch
 
@@ -28,7 +29,7 @@ def test_killed_rank_ends_the_run_with_an_error_naming_it(tmp_path, monkeypatch)
     cfg = load_config("examples/tiny-moe.yaml", ["sim.steps=1"])
     start = time.monotonic()
     with pytest.raises(PiperError, match="rank 1"):
-        launch(cfg, tmp_path, timeout_s=120, corpus_bytes=100_000)
+        launch(cfg, build_schedule(cfg), tmp_path, timeout_s=120, corpus_bytes=100_000)
     assert time.monotonic() - start < 120
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -32,7 +33,8 @@ def test_validate_scores_a_stored_case(tmp_path, capsys):
 
 def _score(case, pred, meas, pair=""):
     return {"case": case, "pair": pair, "predicted_step_s": pred, "measured_step_s": meas, "error": pred / meas - 1,
-            "tolerance": 0.2, "memory_error": float("nan"), "prediction": type("R", (), {"report": {}})()}
+            "tolerance": 0.2, "memory_error": float("nan"),
+            "prediction": SimpleNamespace(config=SimpleNamespace(all_to_all=case.rsplit("-", 1)[-1]))}
 
 
 def _phases():

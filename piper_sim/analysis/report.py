@@ -9,9 +9,13 @@ Owns the metric definitions (docs/metrics.md repeats them):
 - exposed_comm_fraction: mean over ranks of communication time not hidden under compute.
 - all_to_all_bandwidth_bytes_per_s: mean over all-to-all calls of the mean bytes a member sends
   divided by the call's duration from the last member's arrival to its end.
+Report is the typed record of all of them; make_report builds it for either backend, and Report.to_dict
+gives report.json.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -51,8 +55,50 @@ def a2a_bandwidth(df: pd.DataFrame) -> float:
     return float(np.mean(calls["sent"].to_numpy()[ok] / duration[ok])) if ok.any() else 0.0
 
 
-def build_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tokens_per_step: int,
-                 peak_memory_by_stage: list[float], sim_wall_s: float | None = None) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    """report.json as a record (docs/metrics.md defines every key); backend-only figures are None elsewhere."""
+
+    num_gpus: int
+    num_steps: int
+    step_time_s: float
+    step_times_s: list[float]
+    tokens_per_step: int
+    tokens_per_s: float
+    model_flops_per_step: float
+    tflops_per_gpu: float
+    mfu: float
+    compute_fraction: float
+    bubble_fraction: float
+    exposed_comm_fraction: float
+    peak_memory_bytes: list[float]  # per stage
+    all_to_all_bandwidth_bytes_per_s: float
+    busiest_link: dict | None = None  # the links table's first row, where the run has a topology's link loads
+    # simulator
+    sim_wall_s: float | None = None
+    hbm_bytes: float | None = None
+    peak_memory_bytes_first_step: list[float] | None = None
+    imbalance: dict | None = None
+    migration: dict | None = None
+    # torch backend
+    backend: str | None = None
+    device: str | None = None
+    losses: list[float] | None = None
+    run_wall_s: float | None = None
+    peak_memory_kind: str | None = None
+    peak_rss_bytes: list[float] | None = None
+    peak_device_memory_bytes: list[float] | None = None
+    mfu_peak_profile: str | None = None
+    testbed: str | None = None
+
+    def to_dict(self) -> dict:
+        """report.json: every figure the run has (None fields left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tokens_per_step: int,
+                peak_memory_by_stage: list[float], links: pd.DataFrame | None = None, **backend_figures) -> Report:
+    """The report of one run's trace; backend_figures are the Report fields only one backend has."""
     steps = step_times(df)
     num_steps = len(steps)
     step_time = float(np.mean(steps))
@@ -62,25 +108,19 @@ def build_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, to
     comm = df[df["stream"] != "compute"]
     busy_compute = union_length_by_rank(compute, num_gpus)
     busy_any = union_length_by_rank(pd.concat([compute, comm]), num_gpus)
-    report = {
-        "num_gpus": num_gpus,
-        "num_steps": num_steps,
-        "step_time_s": step_time,
-        "step_times_s": steps,
-        "tokens_per_step": tokens_per_step,
-        "tokens_per_s": tokens_per_step / step_time,
-        "model_flops_per_step": model_flops,
-        "tflops_per_gpu": model_flops / step_time / num_gpus / 1e12,
-        "mfu": model_flops / (step_time * num_gpus * peak_flops_per_s),
-        "compute_fraction": float(np.mean(busy_compute) / makespan),
-        "bubble_fraction": float(np.mean(makespan - busy_any) / makespan),
-        "exposed_comm_fraction": float(np.mean(busy_any - busy_compute) / makespan),
-        "peak_memory_bytes": [float(x) for x in peak_memory_by_stage],
-        "all_to_all_bandwidth_bytes_per_s": a2a_bandwidth(df),
-    }
-    if sim_wall_s is not None:
-        report["sim_wall_s"] = sim_wall_s
-    return report
+    busiest = None
+    if links is not None and not links.empty:
+        busiest = {k: (v.item() if hasattr(v, "item") else v) for k, v in links.iloc[0].to_dict().items()}
+    return Report(
+        num_gpus=num_gpus, num_steps=num_steps, step_time_s=step_time, step_times_s=steps,
+        tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_step / step_time,
+        model_flops_per_step=model_flops, tflops_per_gpu=model_flops / step_time / num_gpus / 1e12,
+        mfu=model_flops / (step_time * num_gpus * peak_flops_per_s),
+        compute_fraction=float(np.mean(busy_compute) / makespan),
+        bubble_fraction=float(np.mean(makespan - busy_any) / makespan),
+        exposed_comm_fraction=float(np.mean(busy_any - busy_compute) / makespan),
+        peak_memory_bytes=[float(x) for x in peak_memory_by_stage],
+        all_to_all_bandwidth_bytes_per_s=a2a_bandwidth(df), busiest_link=busiest, **backend_figures)
 
 
 def kind_summary(df: pd.DataFrame) -> pd.DataFrame:

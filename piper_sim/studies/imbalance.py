@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from piper_sim.analysis.report import Report
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
-from piper_sim.simulate import run_simulation
+from piper_sim.simulate import simulate
 
 SKEW_PARAM = {"zipf": "exponent", "dirichlet": "concentration", "hot": "share"}
 COLUMNS = ("kind", "skew", "policy", "step_time_s", "mfu", "tflops_per_gpu", "lif", "experts_moved",
@@ -34,13 +35,13 @@ def config_for(raw: dict, kind: str, skew: float | None, policy: str, steps: int
     return out
 
 
-def summarize_run(report: dict) -> dict:
-    steps = report["step_times_s"]
+def summarize_run(report: Report) -> dict:
+    steps = report.step_times_s
     steady = steps[1:] if len(steps) > 1 else steps  # step 0 runs on the unmigrated placement
-    mig = report.get("migration", {})
-    return {"step_time_s": float(np.mean(steady)), "mfu": report["mfu"] * report["step_time_s"] / np.mean(steady),
-            "tflops_per_gpu": report["tflops_per_gpu"] * report["step_time_s"] / np.mean(steady),
-            "lif": report.get("imbalance", {}).get("overall", {}).get("lif", 1.0),
+    mig = report.migration or {}
+    return {"step_time_s": float(np.mean(steady)), "mfu": report.mfu * report.step_time_s / np.mean(steady),
+            "tflops_per_gpu": report.tflops_per_gpu * report.step_time_s / np.mean(steady),
+            "lif": (report.imbalance or {}).get("overall", {}).get("lif", 1.0),
             "experts_moved": mig.get("experts_moved", 0), "bytes_moved_per_group": mig.get("bytes_moved_per_group", 0),
             "migration_time_fraction": mig.get("time_fraction", 0.0)}
 
@@ -56,7 +57,7 @@ def sweep(raw: dict, *, kind: str, skews: list[float], policies: list[str], step
         total = len(skews) * len(policies)
         for i, (skew, policy) in enumerate((s, p) for s in skews for p in policies):
             log(f"[{i + 1}/{total}] {kind} {SKEW_PARAM[kind]}={skew} policy={policy}")
-            result = run_simulation(load_config(config_for(raw, kind, skew, policy, steps)))
+            result = simulate(load_config(config_for(raw, kind, skew, policy, steps)))
             writer.writerow({"kind": kind, "skew": skew, "policy": policy, **summarize_run(result.report)})
             fh.flush()
     return path
@@ -71,7 +72,7 @@ def drift(raw: dict, *, policies: list[str], steps: int, rate: float, out: Path,
         for policy in policies:
             log(f"drift: policy={policy}, {steps} steps")
             cfg = load_config(config_for(raw, "drift", None, policy, steps, {"rate": rate}))
-            for step, t in enumerate(run_simulation(cfg).report["step_times_s"]):
+            for step, t in enumerate(simulate(cfg).report.step_times_s):
                 writer.writerow([policy, step, t])
             fh.flush()
     return path

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from piper_sim.errors import PiperError
+from piper_sim.schedule.ir import Schedule
 
 from .corpus import ByteCorpus
 from .executor import Executor
@@ -30,9 +31,11 @@ from .local_launch import run_local
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What each rank needs, picklable: the resolved config mapping and where to write."""
+    """What each rank needs, picklable: the resolved config mapping, the lowered schedule to run, and where
+    to write."""
 
     raw_config: dict
+    schedule: Schedule
     out_dir: str
     node_of: dict[int, int]
     corpus_bytes: int = 2_000_000
@@ -54,11 +57,10 @@ def batch_source(corpus: ByteCorpus, seq_len: int, mbs: int, seed: int, replicas
 def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     """One rank: build the executor, run the steps, write rows and losses under out_dir/ranks/."""
     from piper_sim.config import load_config
-    from piper_sim.simulate import build_schedule
 
     cfg = load_config(spec.raw_config)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores: no oversubscription
-    schedule = build_schedule(cfg)
+    schedule = spec.schedule
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=spec.corpus_bytes)
     torch.manual_seed(cfg.seed)
@@ -171,10 +173,11 @@ def node_map(cfg, num_ranks: int) -> dict[int, int]:
     return {r: topo.host_of(g) for r, g in enumerate(gpus)}
 
 
-def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 2_000_000,
+def launch(cfg, schedule: Schedule, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 2_000_000,
            capture_grads: bool = False, testbed: str | None = None
-           ) -> tuple[pd.DataFrame, list[float], float, list[dict]]:
-    """Run the ranks; returns (trace rows, loss per step, wall seconds, peak memory per rank).
+           ) -> tuple[pd.DataFrame, list[float], float, list[dict], str] | None:
+    """Run the schedule on the ranks; returns (trace rows, loss per step, wall seconds, peak memory per rank,
+    device kind "cuda" or "cpu").
 
     Peak memory per rank: {"peak_tensor_bytes": training state (params, grads, Adam moments) plus the
     activations autograd keeps, at its highest; "peak_rss_bytes": the process's peak resident size;
@@ -186,7 +189,7 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
     """
     world = cfg.parallel.num_gpus
     router_bias(cfg)  # refuse routing kinds a real router cannot follow before starting any rank
-    spec = RunSpec(raw_config=cfg.resolved(), out_dir=str(out_dir), node_of=node_map(cfg, world),
+    spec = RunSpec(raw_config=cfg.resolved(), schedule=schedule, out_dir=str(out_dir), node_of=node_map(cfg, world),
                    corpus_bytes=corpus_bytes, capture_grads=capture_grads)
     t0 = time.perf_counter()
     if running_under_torchrun():
@@ -202,7 +205,8 @@ def launch(cfg, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 
     frames = [pd.read_parquet(ranks / f"rank{r}.parquet") for r in range(world)]
     losses = json.loads((ranks / "losses.json").read_text())
     memory = [json.loads((ranks / f"rank{r}.json").read_text()) for r in range(world)]
-    return pd.concat(frames, ignore_index=True), losses, wall, memory
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return pd.concat(frames, ignore_index=True), losses, wall, memory, device
 
 
 def _launch_torchrun(spec: RunSpec, world: int) -> bool:

@@ -17,7 +17,8 @@ import yaml
 
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError
-from piper_sim.simulate import SimResult, run_simulation
+from piper_sim.result import RunResult
+from piper_sim.simulate import simulate
 
 CASE_KEYS = {"description", "config", "testbed", "tolerance", "pair", "measures"}
 
@@ -76,10 +77,10 @@ def case_config(case: Case) -> dict:
     return raw
 
 
-def predict_case(case: Case, profile: str | dict) -> SimResult:
+def predict_case(case: Case, profile: str | dict) -> RunResult:
     """Simulate the case from the profile, replaying the measured run's routing decisions."""
     raw = case_config(case)
     raw["cost"] = {**raw.get("cost", {}), "profile": profile}
     if (case.measured / "routing.npz").exists():
         raw["routing"] = {"kind": "trace", "path": str(case.measured / "routing.npz")}
-    return run_simulation(load_config(raw))
+    return simulate(load_config(raw))

@@ -23,6 +23,8 @@ from piper_sim import testbed
 from piper_sim.calibrate.load import profile_path
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
+from piper_sim.measure import measure
+from piper_sim.outputs import write_run
 from piper_sim.trace.runtrace import read_trace
 from piper_sim.validation.cases import Case, case_config, case_digest
 from piper_sim.validation.scoring import step_time
@@ -129,8 +131,6 @@ def cold_reference(profile: str, preset: str, ranks: int) -> dict:
 
 def _measure_once(case: Case, out: Path, timeout_s: float) -> None:
     """Run the case for real (on its testbed when it names one); keep `piper-sim run`'s files in out."""
-    from piper_sim.cli import write_measured_run
-
     cfg = load_config(case_config(case))
     work = case.path / "measured.tmp"
     shutil.rmtree(work, ignore_errors=True)
@@ -140,7 +140,7 @@ def _measure_once(case: Case, out: Path, timeout_s: float) -> None:
         testbed.down(prefix)
         testbed.up((case.path / case.testbed).resolve(), prefix=prefix)
     try:
-        write_measured_run(cfg, work, timeout_s=timeout_s, testbed=prefix)
+        write_run(work, measure(cfg, work, timeout_s=timeout_s, testbed=prefix))
     finally:
         if prefix:
             testbed.down(prefix)

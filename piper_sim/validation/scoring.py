@@ -16,7 +16,7 @@ import pandas as pd
 
 from piper_sim.calibrate.load import load_host_profile, load_profile
 from piper_sim.errors import PiperError
-from piper_sim.simulate import SimResult
+from piper_sim.result import RunResult
 from piper_sim.trace.runtrace import read_trace
 from piper_sim.validation.cases import Case, case_digest, predict_case
 from piper_sim.validation.concurrency import compute_concurrency, uninterrupted_share
@@ -104,13 +104,13 @@ def _phase_table(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFram
     return phases
 
 
-def _memory_scores(result: SimResult, meas_report: dict) -> dict:
+def _memory_scores(result: RunResult, meas_report: dict) -> dict:
     """Peak memory per stage, predicted and measured, and the largest error; only for a measured run that
     counted tensors (NaN error and no measured figures otherwise)."""
     kind = str(meas_report.get("peak_memory_kind", ""))
     memory_ok = "tensor" in kind
     # a run that counts activations on step 0 is compared with the prediction's step-0 peak
-    pred_mem = result.report["peak_memory_bytes_first_step" if "step 0" in kind else "peak_memory_bytes"]
+    pred_mem = result.report.peak_memory_bytes_first_step if "step 0" in kind else result.report.peak_memory_bytes
     meas_mem = meas_report.get("peak_memory_bytes", [])
     memory_error = max((p / m - 1 for p, m in zip(pred_mem, meas_mem, strict=False) if m > 0), key=abs,
                        default=float("nan")) if memory_ok else float("nan")

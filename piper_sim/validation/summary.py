@@ -48,7 +48,7 @@ def halo_over_flat(scores: list[dict]) -> list[dict]:
     pairs: dict[str, dict[str, dict]] = {}
     for s in scores:
         if s["pair"]:
-            algo = s["prediction"].report.get("all_to_all") or s["case"].rsplit("-", 1)[-1]
+            algo = s["prediction"].config.all_to_all
             pairs.setdefault(s["pair"], {})[algo] = s
     speedups = []
     for label, members in sorted(pairs.items()):

@@ -38,7 +38,7 @@ def trace_digest(trace: pd.DataFrame) -> str:
 
 def summary(result) -> dict:
     r = result.report
-    return {"step_time_s": r["step_time_s"], "mfu": r["mfu"], "peak_memory_bytes": r["peak_memory_bytes"],
+    return {"step_time_s": r.step_time_s, "mfu": r.mfu, "peak_memory_bytes": r.peak_memory_bytes,
             "num_tasks": len(result.trace), "trace_sha256": trace_digest(result.trace)}
 
 
@@ -53,9 +53,9 @@ def validation_predictions() -> dict:
 def gpu_predictions(names: list[str] | None = None) -> dict:
     from piper_sim.cli import _config_path
     from piper_sim.config import load_config
-    from piper_sim.simulate import run_simulation
+    from piper_sim.simulate import simulate
 
-    return {name: summary(run_simulation(load_config(_config_path(example), overrides)))
+    return {name: summary(simulate(load_config(_config_path(example), overrides)))
             for name, example, overrides in GPU_CASES if names is None or name in names}
 
 

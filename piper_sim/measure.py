@@ -1,0 +1,53 @@
+"""The real backend: a Config (and its lowered Schedule) run by torch.distributed ranks, to a RunResult.
+
+Owns turning what the ranks recorded (task rows, losses, memory) into the same RunResult the simulator
+returns. The ranks receive the schedule built here; they do not rebuild it. torch is reached only
+through piper_sim.torch_backend.run (imported when a run starts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from piper_sim.analysis.report import make_report
+from piper_sim.calibrate.load import load_profile
+from piper_sim.config import Config
+from piper_sim.result import RunResult, steps_frame
+from piper_sim.schedule.build import build_schedule
+from piper_sim.schedule.ir import Schedule
+from piper_sim.trace.runtrace import normalize
+
+# activations are counted on step 0 only (docs/torch-backend.md)
+MEASURED_MEMORY_KIND = "tensor accounting on step 0: params, grads, Adam moments, autograd-saved activations"
+
+
+def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, timeout_s: float = 600.0,
+            testbed: str | None = None) -> RunResult | None:
+    """Run the config's steps on real ranks (local gloo/nccl, under torchrun, or in the emulated testbed
+    named by its prefix); the ranks write their records under work_dir/ranks/ and the real router's
+    decisions to work_dir/routing.npz. None on a torchrun rank other than 0 (rank 0 returns the run)."""
+    from piper_sim.torch_backend.run import launch
+
+    schedule = schedule or build_schedule(cfg)
+    par = cfg.parallel
+    launched = launch(cfg, schedule, work_dir, timeout_s=timeout_s, testbed=testbed)
+    if launched is None:
+        return None
+    rows, losses, wall, memory, device = launched
+    trace = normalize(rows)
+    per_stage = par.num_gpus // par.pp
+
+    def per_stage_max(key: str) -> list[float]:
+        return [float(max(m[key] for m in memory[p * per_stage:(p + 1) * per_stage])) for p in range(par.pp)]
+
+    profile = load_profile(cfg.cost_profile)
+    on_gpus = all(m.get("peak_device_bytes") is not None for m in memory)  # torch.cuda.max_memory_allocated
+    report = make_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
+                         tokens_per_step=par.sequences_per_step * cfg.model.seq_len,
+                         peak_memory_by_stage=per_stage_max("peak_tensor_bytes"), backend="torch", device=device,
+                         losses=losses, run_wall_s=wall, peak_memory_kind=MEASURED_MEMORY_KIND,
+                         peak_rss_bytes=per_stage_max("peak_rss_bytes"), mfu_peak_profile=profile.name,
+                         testbed=testbed,
+                         peak_device_memory_bytes=per_stage_max("peak_device_bytes") if on_gpus else None)
+    return RunResult(backend="torch", config=cfg, schedule=schedule, report=report, trace=trace,
+                     steps=steps_frame(report))

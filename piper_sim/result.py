@@ -1,0 +1,43 @@
+"""RunResult: what either backend returns for one config (simulate.simulate and measure.measure).
+
+Owns the record only; the report is analysis.report's, the files outputs.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from piper_sim.analysis.report import Report
+from piper_sim.config import Config
+from piper_sim.schedule.ir import Schedule
+from piper_sim.topology.graph import Topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    backend: str  # "sim" or "torch"
+    config: Config
+    schedule: Schedule  # the lowered schedule the backend ran
+    report: Report
+    trace: pd.DataFrame  # the RunTrace: one row per executed task (piper_sim.trace.runtrace)
+    steps: pd.DataFrame  # one row per step: step, step_time_s (and loss, on a measured run)
+    topology: Topology | None = None
+    placement: tuple[str, ...] = ()  # device of each rank
+    links: pd.DataFrame | None = None  # per link that carried traffic (simulator): bytes, utilization
+    stats: dict = field(default_factory=dict)  # the simulator's own counters (tasks, flows, lanes, phase times)
+
+    @property
+    def title(self) -> str:
+        cfg = self.config
+        side = "simulated" if self.backend == "sim" else "measured"
+        return f"{cfg.model.name} {cfg.schedule} pp{cfg.parallel.pp} ep{cfg.parallel.ep} ({side})"
+
+
+def steps_frame(report: Report) -> pd.DataFrame:
+    """Per step records of a report: step time, and the loss where the run trained."""
+    frame = pd.DataFrame({"step": range(report.num_steps), "step_time_s": report.step_times_s})
+    if report.losses is not None:
+        frame["loss"] = report.losses
+    return frame
