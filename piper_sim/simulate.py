@@ -15,7 +15,6 @@ from piper_sim.calibrate.load import load_profiles
 from piper_sim.config import Config
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.routing.models import routing_from_config
-from piper_sim.schedule import generators as _generators  # noqa: F401  (registers the schedules)
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.sim.engine import Asymmetry, Simulation
