@@ -23,16 +23,55 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-COMPUTE_KINDS = frozenset({
-    "forward", "forward_expert", "backward", "backward_expert", "backward_input",
-    "backward_expert_input", "backward_weight", "optimizer",
-})
-P2P_KINDS = frozenset({"send", "recv"})
-COLLECTIVE_KINDS = frozenset({"all_to_all", "all_reduce"})
-COARSE_KINDS = frozenset({"forward", "backward", "backward_input", "backward_weight"})
-STREAM_OF_KIND = {**{k: "compute" for k in COMPUTE_KINDS}, **{k: "p2p" for k in P2P_KINDS},
-                  **{k: "collective" for k in COLLECTIVE_KINDS}}
+
+class TaskKind(StrEnum):
+    """What a task does. Values are the strings of schedules' JSON/CSV and of the RunTrace."""
+
+    FORWARD = "forward"
+    FORWARD_EXPERT = "forward_expert"
+    BACKWARD = "backward"
+    BACKWARD_EXPERT = "backward_expert"
+    BACKWARD_INPUT = "backward_input"
+    BACKWARD_EXPERT_INPUT = "backward_expert_input"
+    BACKWARD_WEIGHT = "backward_weight"
+    OPTIMIZER = "optimizer"
+    SEND = "send"
+    RECV = "recv"
+    ALL_TO_ALL = "all_to_all"
+    ALL_REDUCE = "all_reduce"
+
+
+class Stream(StrEnum):
+    """Where a task runs on its rank (docs/execution-contract.md)."""
+
+    COMPUTE = "compute"
+    P2P = "p2p"
+    COLLECTIVE = "collective"
+
+
+class Role(StrEnum):
+    """What a communication task moves ("" for compute tasks)."""
+
+    NONE = ""
+    ACT = "act"
+    GRAD = "grad"
+    DISPATCH = "dispatch"
+    COMBINE = "combine"
+    GRAD_DENSE = "grad_dense"
+    GRAD_EXPERT = "grad_expert"
+    MIGRATE = "migrate"
+
+
+K = TaskKind
+COMPUTE_KINDS = frozenset({K.FORWARD, K.FORWARD_EXPERT, K.BACKWARD, K.BACKWARD_EXPERT, K.BACKWARD_INPUT,
+                           K.BACKWARD_EXPERT_INPUT, K.BACKWARD_WEIGHT, K.OPTIMIZER})
+P2P_KINDS = frozenset({K.SEND, K.RECV})
+COLLECTIVE_KINDS = frozenset({K.ALL_TO_ALL, K.ALL_REDUCE})
+COARSE_KINDS = frozenset({K.FORWARD, K.BACKWARD, K.BACKWARD_INPUT, K.BACKWARD_WEIGHT})
+STREAM_OF_KIND = {**{k: Stream.COMPUTE for k in COMPUTE_KINDS}, **{k: Stream.P2P for k in P2P_KINDS},
+                  **{k: Stream.COLLECTIVE for k in COLLECTIVE_KINDS}}
 GROUP_AXES = ("ep", "dp", "ep_dp")
 
 
@@ -50,19 +89,26 @@ class Task:
     """
 
     task_id: str
-    kind: str
+    kind: TaskKind
     microbatch: int = -1
     chunk: int = -1
     ops: tuple[str, ...] = ()
     deps: tuple[str, ...] = ()
-    role: str = ""
+    role: Role = Role.NONE
     layer: int = -1
     peer_stage: int = -1
     tag: str = ""
     group_axis: str = ""
 
+    def __post_init__(self) -> None:
+        """Kinds and roles given as strings (generators, JSON) become their enums; an unknown one is an error."""
+        object.__setattr__(self, "kind", TaskKind(self.kind))
+        object.__setattr__(self, "role", Role(self.role))
+        if self.group_axis and self.group_axis not in GROUP_AXES:
+            raise ValueError(f"task {self.task_id}: unknown group axis {self.group_axis!r}; allowed: {GROUP_AXES}")
+
     @property
-    def stream(self) -> str:
+    def stream(self) -> Stream:
         return STREAM_OF_KIND[self.kind]
 
     @property

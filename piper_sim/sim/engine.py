@@ -33,6 +33,7 @@ from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import routed_row_bytes
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.profile import HostProfile
 
@@ -200,9 +201,10 @@ class Simulation:
         seconds = flops = 0.0
         for op in task.ops:
             rows: tuple[int, ...] = ()
-            if op.startswith("experts:"):
-                layer = int(op.rpartition(":")[2])
-                rows = tuple(self.experts.dispatch(step, layer, task.microbatch, group_first).expert_rows[ep_index])
+            parsed = parse_op(op)
+            if parsed.is_experts:
+                rows = tuple(self.experts.dispatch(step, parsed.layer, task.microbatch,
+                                                   group_first).expert_rows[ep_index])
             s, f = self.coster.cost(task.kind, (op,), rows)
             seconds += s
             flops += f
@@ -215,9 +217,10 @@ class Simulation:
         group_first = self.mesh.group(rank, "ep")[0]
         extra = 0.0
         for op in task.ops:
-            if op.startswith("experts:"):
-                layer = int(op.rpartition(":")[2])
-                rows = sum(self.experts.dispatch(step, layer, task.microbatch, group_first).expert_rows[ep_index])
+            parsed = parse_op(op)
+            if parsed.is_experts:
+                dispatch = self.experts.dispatch(step, parsed.layer, task.microbatch, group_first)
+                rows = sum(dispatch.expert_rows[ep_index])
                 extra += (rows - self.tokens * self.model.top_k) * routed_row_bytes(self.model)
         return extra
 

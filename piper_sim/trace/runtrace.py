@@ -63,10 +63,10 @@ def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list
     for p, program in enumerate(schedule.stage_programs):
         steps, ranks, n = start_s[p].shape
         meta = pd.DataFrame({
-            "task_id": [t.task_id for t in program], "kind": [t.kind for t in program],
-            "stream": [t.stream for t in program], "microbatch": [t.microbatch for t in program],
+            "task_id": [t.task_id for t in program], "kind": [t.kind.value for t in program],
+            "stream": [t.stream.value for t in program], "microbatch": [t.microbatch for t in program],
             "chunk": [t.chunk for t in program], "layer": [t.layer for t in program],
-            "role": [t.role for t in program],
+            "role": [t.role.value for t in program],
         })
         reps = steps * ranks
         frame = meta.iloc[np.tile(np.arange(n), reps)].reset_index(drop=True)

@@ -17,12 +17,27 @@ A backward task runs the same ops in reverse order.
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 OP_NAMES = ("embed", "attn", "dense", "router", "shared", "experts", "moe_out", "head")
 
 
-def parse_op(op: str) -> tuple[str, int]:
-    """'attn:3' -> ('attn', 3); 'embed' -> ('embed', -1)."""
+class Op(NamedTuple):
+    """One parsed op: its name (OP_NAMES) and its layer (-1 for embed and head)."""
+
+    name: str
+    layer: int
+
+    @property
+    def is_experts(self) -> bool:
+        return self.name == "experts"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def parse_op(op: str) -> Op:
+    """'attn:3' -> Op('attn', 3); 'embed' -> Op('embed', -1)."""
     name, _, layer = op.partition(":")
     if name not in OP_NAMES:
         raise ValueError(f"unknown op {op!r}; allowed: {OP_NAMES}")
-    return name, int(layer) if layer else -1
+    return Op(name, int(layer) if layer else -1)
