@@ -9,6 +9,6 @@ validation/cases/ (`piper-sim validate`).
 - remeasure: measuring the cases for real (`--remeasure`) and measured.json
 - report: what validate prints and the files of --out
 
-The package never imports torch: the real runs and the machine references are reached through the torch
-backend's and calibrate's entry points, imported only when a measurement starts (remeasure).
+The package never imports torch: remeasure reaches the real runs through the measuring backend's entry
+point (measure.measure) and the machine references through calibrate's; they load torch only while they run.
 """

@@ -3,9 +3,9 @@
 Owns running every case on the testbed (or as plain local ranks) round by round, keeping the run with the
 median step time in the case's measured/, and measured.json: every run's step time, the machine
 references timed with each round, and the rounds of the earlier measurements of the case as it is now
-(case_digest). Must not import torch: the real runs go through the torch backend's entry point (the
-measured run that `piper-sim run` writes) and the references through calibrate's, each imported when a
-measurement starts, so that scoring never loads torch.
+(case_digest). Must not import torch: the real runs go through the measuring backend's entry point
+(measure.measure, which loads torch only in the ranks it launches) and the machine references through
+calibrate's (calibrate.sharing.reference_speed, calibrate.crosscheck), which load it only while timing.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from pathlib import Path
 import yaml
 
 from piper_sim import testbed
+from piper_sim.calibrate.crosscheck import crosscheck
 from piper_sim.calibrate.load import profile_path
+from piper_sim.calibrate.sharing import reference_speed
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
 from piper_sim.measure import measure
@@ -63,8 +65,6 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, 
 
 def _reference_round(preset: str, profile: str | None, ranks: int) -> dict:
     """The machine's reference workload timed once (and, with a profile, the cold reference too)."""
-    from piper_sim.torch_backend.bench.sharing import reference_speed
-
     reference = reference_speed(preset)
     if profile is not None:
         reference["cold"] = cold_reference(profile, preset, ranks)
@@ -121,8 +121,6 @@ def cold_reference(profile: str, preset: str, ranks: int) -> dict:
     """The preset's one-layer ops (forward + backward each), timed cold on `ranks` ranks at once as calibrate's
     framework benchmark times them (calibrate --check, about 15 s): {model, ranks, tokens, ops, expert_rows
     (of the experts op), measured_us (the sum)}. The cold, memory-bound work is what drifts most on a shared host."""
-    from piper_sim.calibrate.crosscheck import crosscheck
-
     rows = crosscheck(profile, presets=(preset,), ranks=ranks)
     experts = next((r["expert_rows"] for r in rows if r["op"].startswith("experts:")), [])
     return {"model": preset, "ranks": ranks, "tokens": rows[0]["tokens"], "ops": [r["op"] for r in rows],
