@@ -13,7 +13,7 @@ from piper_sim.errors import ConfigError, PiperError
 from piper_sim.schedule.generators import gpipe, interleaved_one_f_one_b, one_f_one_b, zb_h1
 from piper_sim.schedule.grid import render_grid
 from piper_sim.schedule.io import schedule_from_csv, schedule_from_json, schedule_to_csv, schedule_to_json
-from piper_sim.schedule.ir import Mesh, Schedule, Task, coarse_task_id
+from piper_sim.schedule.ir import Schedule, Task, coarse_task_id
 from piper_sim.schedule.registry import SCHEDULES
 from piper_sim.schedule.validate import (
     ScheduleError,
@@ -24,6 +24,7 @@ from piper_sim.schedule.validate import (
     dry_run_coarse,
     max_in_flight,
 )
+from piper_sim.workload.mesh import Mesh
 
 PAPER_UNITS = {"forward": 1, "backward": 2}
 SPLIT_UNITS = {"forward": 1, "backward_input": 1, "backward_weight": 1}

@@ -23,7 +23,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from piper_sim.errors import PiperError
-from piper_sim.schedule.ir import COARSE_KINDS, Mesh, Schedule, Task, global_task_id
+from piper_sim.schedule.ir import COARSE_KINDS, Schedule, Task, global_task_id
+from piper_sim.workload.mesh import Mesh
 
 FORMAT = "piper-sim-schedule"
 VERSION = 1

@@ -1,6 +1,7 @@
 """ParallelSpec: the parallel plan (pp x dp x ep x tp mesh, virtual stages, microbatches).
 
-Owns plan validation against a model and a GPU count. Pure data.
+Owns plan validation against a model and a GPU count, and the mesh it lays out (mesh.py). Pure data;
+must not import piper_sim.schedule.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from piper_sim.errors import ConfigError
-from piper_sim.schedule.ir import Mesh
+from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
 
 
