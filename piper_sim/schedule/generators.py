@@ -1,7 +1,8 @@
 """Pure pipeline schedule generators: (pp, vpp, num_microbatches) -> one coarse program per stage.
 
-Owns the orders of gpipe, 1f1b, interleaved-1f1b (Megatron) and zb-h1 (Qi et al. 2023). Must not
-import simpy, torch, numpy or anything that runs; generators are pure functions of their arguments.
+Owns the orders of gpipe, 1f1b, interleaved-1f1b (Megatron) and zb-h1 (Qi et al. 2023); registry.py
+names them. Must not import simpy, torch, numpy or anything that runs, nor the registry; generators are
+pure functions of their arguments.
 
 A coarse program holds forward / backward (or backward_input + backward_weight) tasks per chunk and
 microbatch, ids from coarse_task_id, and same-rank deps only (B after its F, W after its B). Chunk c
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 from piper_sim.errors import ConfigError
 from piper_sim.schedule.ir import Task, coarse_task_id
-from piper_sim.schedule.registry import register_schedule
 
 Program = tuple[Task, ...]
 Programs = tuple[Program, ...]
@@ -49,7 +49,6 @@ def _require_vpp_one(name: str, vpp: int) -> None:
         raise ConfigError("parallel.vpp", vpp, f"1 for schedule {name!r} (use interleaved-1f1b for vpp > 1)")
 
 
-@register_schedule("gpipe")
 def gpipe(pp: int, vpp: int, num_microbatches: int) -> Programs:
     """GPipe (Huang et al. 2019): all forwards, then all backwards.
 
@@ -73,7 +72,6 @@ def _one_f_one_b_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]
     return steps
 
 
-@register_schedule("1f1b")
 def one_f_one_b(pp: int, vpp: int, num_microbatches: int) -> Programs:
     """1F1B (PipeDream-Flush, Narayanan et al. 2021): stage p runs min(pp - p - 1, m) warm-up
     forwards, then alternates one forward and one backward, then drains the backwards.
@@ -108,7 +106,6 @@ def _interleaved_steps(pp: int, vpp: int, stage: int, num_microbatches: int) -> 
     return steps
 
 
-@register_schedule("interleaved-1f1b")
 def interleaved_one_f_one_b(pp: int, vpp: int, num_microbatches: int) -> Programs:
     """Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021) over vpp chunks per stage.
 
@@ -141,7 +138,6 @@ def _zb_h1_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
     return steps
 
 
-@register_schedule("zb-h1")
 def zb_h1(pp: int, vpp: int, num_microbatches: int) -> Programs:
     """ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", section 2.1).
 

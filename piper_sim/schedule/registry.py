@@ -1,10 +1,16 @@
-"""Registry of schedule generators: name -> pure function (pp, vpp, num_microbatches) -> stage programs."""
+"""Registry of schedule generators: name -> pure function (pp, vpp, num_microbatches) -> stage programs.
+
+Owns the schedule names. The shipped generators (generators.py) are plain functions, named here, so the
+registry is complete as soon as this module is imported (no import for its side effects). A schedule
+defined elsewhere registers with register_schedule. Must not import simpy, torch or numpy.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from piper_sim.registry import Registry
+from piper_sim.schedule import generators
 from piper_sim.schedule.ir import Task
 
 # A generator returns, per pipeline stage, the ordered coarse program: Tasks of kind forward,
@@ -14,3 +20,8 @@ Generator = Callable[[int, int, int], tuple[tuple[Task, ...], ...]]
 
 SCHEDULES: Registry[Generator] = Registry("schedule")
 register_schedule = SCHEDULES.register
+
+register_schedule("gpipe")(generators.gpipe)
+register_schedule("1f1b")(generators.one_f_one_b)
+register_schedule("interleaved-1f1b")(generators.interleaved_one_f_one_b)
+register_schedule("zb-h1")(generators.zb_h1)
