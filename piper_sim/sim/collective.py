@@ -1,14 +1,16 @@
 """Running a collective's phases on the flow network: latency, overhead, phase dependencies.
 
-Owns route lookup for flows between member GPUs (memoized per flow pattern) and the SimPy process
-that starts each phase once the phases it waits for have ended. A phase first pays the per-message
-overhead once for each message its busiest source posts, plus the largest path latency among its
-flows (times the sequential messages per flow), then its flows enter the network together. Must not import torch.
+Owns the timing of a collective, the one implementation the engine (CollectiveRunner) and the collective
+studies (piper_sim.studies.runner, on a reduced network) both run: start_phases starts each phase once
+the phases in its `after` have ended; run_phase then pays phase_delay_s (the per-message overhead once
+for each message its busiest source posts, plus the largest path latency among its flows, times the
+sequential messages per flow) and lets its flows enter the network together. Also owns route lookup for
+flows between member GPUs (memoized per flow pattern). Must not import torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +19,54 @@ import simpy
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.topology.graph import Topology
+
+PhaseProcess = Generator[simpy.Event, object, object]
+
+
+def phase_delay_s(phase: Phase, overhead_s: float, latency_s: float) -> float:
+    """What a phase pays before its flows enter the network: each source posts its messages one after
+    another, so the busiest source's count of messages pays the per-message overhead (message count
+    matters, not only bytes; an upper bound, since the posting is not overlapped with the transfers
+    already under way), and each of the phase's sequential messages pays the largest path latency."""
+    per_source = int(np.bincount(phase.src).max()) if phase.src.size else 0
+    return phase.messages * (overhead_s * per_source + latency_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseFlows:
+    """A phase's flows as the network takes them (FlowNetwork.start)."""
+
+    entry_flow: np.ndarray
+    entry_link: np.ndarray
+    sizes: np.ndarray
+    weight: np.ndarray | None = None  # flows each one stands for (a reduced network); None: one each
+    key: Hashable | None = None  # names the route structure, for the network's memo
+
+
+def run_phase(env: simpy.Environment, network: FlowNetwork, waits: list[simpy.Event], delay_s: float,
+              flows: PhaseFlows | None) -> PhaseProcess:
+    """One phase (a SimPy process body): wait for the phases before it, pay delay_s, start its flows
+    together. Its value: each flow's finish time (seconds, absolute); an empty array for an empty phase
+    (flows None), which pays nothing."""
+    if waits:
+        yield env.all_of(waits)
+    if flows is None:
+        return np.zeros(0)
+    if delay_s > 0:
+        yield env.timeout(delay_s)
+    return (yield network.start(flows.entry_flow, flows.entry_link, flows.sizes, weight=flows.weight,
+                                key=flows.key))
+
+
+def start_phases(env: simpy.Environment, phases: list[Phase],
+                 process: Callable[[int, Phase, list[simpy.Event]], PhaseProcess]) -> list[simpy.Event]:
+    """Start one process per phase, in order; process(index, phase, waits) gets the done events of the
+    phases in the phase's `after`. Returns each phase's done event."""
+    done: list[simpy.Event] = []
+    for index, phase in enumerate(phases):
+        done.append(env.process(process(index, phase, [done[a] for a in phase.after])))
+    return done
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +127,8 @@ class CollectiveRunner:
             ev = self.env.event()
             ev.succeed(np.zeros(0))
             return ev
-        if len(phases) == 1:
-            return self.env.process(self._phase(phases[0], gpus, (key, 0), []))
-        done: list[simpy.Event] = []
-        for index, phase in enumerate(phases):
-            waits = [done[a] for a in phase.after]
-            done.append(self.env.process(self._phase(phase, gpus, (key, index), waits)))
-        return self.env.all_of(done)
+        done = start_phases(self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits))
+        return done[0] if len(done) == 1 else self.env.all_of(done)
 
     def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float):
         yield self.env.timeout(delay_s)
@@ -95,22 +140,15 @@ class CollectiveRunner:
         routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
         return float(np.ptp(routes.flow_latency_s)) if phase.src.size else 0.0
 
-    def _phase(self, phase: Phase, gpus: tuple[str, ...], key: Hashable, waits: list[simpy.Event]):
-        if waits:
-            yield self.env.all_of(waits)
+    def _phase(self, phase: Phase, gpus: tuple[str, ...], key: Hashable, waits: list[simpy.Event]) -> PhaseProcess:
         if phase.src.size == 0:
-            return np.zeros(0)
+            return (yield from run_phase(self.env, self.network, waits, 0.0, None))
         pattern = (key, phase.src.tobytes(), phase.dst.tobytes())
         routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
-        # each source posts its messages one after another: the busiest source's count of messages pays
-        # the per-message overhead (message count matters, not only bytes); an upper bound, since the
-        # posting is not overlapped with the transfers already under way
-        per_source = int(np.bincount(phase.src).max())
-        delay = phase.messages * (self.overhead_s * per_source + routes.latency_s)
-        if delay > 0:
-            yield self.env.timeout(delay)
-        sizes = phase.sizes[routes.sub_flow] * routes.sub_fraction
-        sub_finish = yield self.network.start(routes.entry_flow, routes.entry_link, sizes, key=pattern)
+        flows = PhaseFlows(routes.entry_flow, routes.entry_link, phase.sizes[routes.sub_flow] * routes.sub_fraction,
+                           key=pattern)
+        delay = phase_delay_s(phase, self.overhead_s, routes.latency_s)
+        sub_finish = yield from run_phase(self.env, self.network, waits, delay, flows)
         finish = np.zeros(phase.src.size)
         np.maximum.at(finish, routes.sub_flow, sub_finish)
         return finish

@@ -1,11 +1,11 @@
 """One collective, alone on the machine, on an exactly reduced flow network.
 
 Owns `prepare` (phases -> sub-flows -> host-symmetry quotient -> equitable lumping) and `simulate`
-(SimPy + FlowNetwork on the lumped links, with CollectiveRunner's phase semantics: a phase waits for
-the phases in `after`, pays messages x (per-message overhead x messages of its busiest source + largest
-path latency of its flows), then its flows enter together). Every reduction is exact
-(piper_sim.sim.aggregate): the completion time equals the one CollectiveRunner gives on the unreduced
-flows. Must not import torch.
+(SimPy + FlowNetwork on the lumped links). The collective's timing is not here: simulate runs the
+engine's own (piper_sim.sim.collective: start_phases, run_phase, phase_delay_s; a phase waits for the
+phases in `after`, pays its messages' overhead and latency, then its flows enter together) on the
+reduced flows. Every reduction is exact (piper_sim.sim.aggregate): the completion time equals the one
+CollectiveRunner gives on the unreduced flows. Must not import torch.
 
 Reductions, in order:
 1. host symmetry (optional, `symmetric=True`): when the routing is host-symmetric (routes.host_classes)
@@ -29,6 +29,7 @@ import simpy
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.errors import PiperError
 from piper_sim.sim.aggregate import Lumped, lump
+from piper_sim.sim.collective import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.studies.routes import RouteTable, host_classes, link_orbits
 from piper_sim.studies.symmetry import extend
@@ -184,16 +185,19 @@ def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRu
     env = simpy.Environment()
     net = FlowNetwork(env, lp.capacity)
     overhead = topo.params.message_overhead_s
-    done: list[simpy.Event] = []
-    for k, ph in enumerate(prep.phases):
+
+    def phase(k: int, ph: Phase, waits: list[simpy.Event]) -> PhaseProcess:
+        if ph.src.size == 0:
+            return run_phase(env, net, waits, 0.0, None)
         classes = np.flatnonzero(prep.class_phase == k)
         local = np.full(lp.num_flow_classes, -1, dtype=np.int64)
         local[classes] = np.arange(classes.size)
         mask = local[lp.entry_flow] >= 0
-        flows = (local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] * scale, prep.class_weight[classes])
-        per_source = int(np.bincount(ph.src).max()) if ph.src.size else 0
-        delay = ph.messages * (overhead * per_source + prep.latency_s[k]) / unit
-        done.append(env.process(_phase(env, net, flows, delay, [done[a] for a in ph.after], ph.src.size > 0)))
+        flows = PhaseFlows(local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] * scale,
+                           weight=prep.class_weight[classes])
+        return run_phase(env, net, waits, phase_delay_s(ph, overhead, prep.latency_s[k]) / unit, flows)
+
+    done = start_phases(env, prep.phases, phase)
     if done:
         env.run(env.all_of(done))
     per_link = np.divide(net.link_bytes * unit, lp.link_count, out=np.zeros_like(net.link_bytes),
@@ -201,18 +205,6 @@ def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRu
     link_bytes = np.where(prep.link_class >= 0, per_link[np.maximum(prep.link_class, 0)], 0.0)
     return CollectiveRun(time_s=env.now * unit, link_bytes=link_bytes, num_solves=net.num_solves,
                          simulate_s=time.perf_counter() - t0)
-
-
-def _phase(env: simpy.Environment, net: FlowNetwork, flows: tuple, delay: float, waits: list[simpy.Event],
-           nonempty: bool):
-    if waits:
-        yield env.all_of(waits)
-    if not nonempty:
-        return
-    if delay > 0:
-        yield env.timeout(delay)
-    entry_flow, entry_link, sizes, weight = flows
-    yield net.start(entry_flow, entry_link, sizes, weight=weight)
 
 
 def run_collective(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topology, *,
