@@ -7,7 +7,6 @@ simpy, numpy or torch.
 from __future__ import annotations
 
 from piper_sim.config import Config
-from piper_sim.schedule import generators  # noqa: F401  (the generators register themselves in SCHEDULES)
 from piper_sim.schedule.ir import Schedule
 from piper_sim.schedule.lower import lower
 from piper_sim.schedule.registry import SCHEDULES
