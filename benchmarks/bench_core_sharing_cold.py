@@ -5,7 +5,7 @@ calibrate measures the factor on a hot loop (forward + backward of one layer, re
 simulator multiplies the shared cores' work by it; the layer's ops are priced from their cold times
 (each call after a cache flush). If the factor is mostly refilling caches after a switch, an iteration
 that starts cold pays most of it already at one process per core. This prints both factors, measured
-in alternating rounds with the same workers' code (calibrate.sharing), flushes untimed.
+in alternating rounds with the same workers' code (torch_backend/bench/sharing.py), flushes untimed.
 
     python benchmarks/bench_core_sharing_cold.py [--preset tiny-moe] [--rounds 3] [--window-s 1.0]
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from piper_sim.calibrate.sharing import LEVELS_FULL, run_levels
+from piper_sim.torch_backend.bench.sharing import LEVELS_FULL, run_levels
 
 
 def main() -> None:

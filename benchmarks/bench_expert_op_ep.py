@@ -3,9 +3,9 @@
     python benchmarks/bench_expert_op_ep.py [--samples 60]
 
 calibrate prices the experts op from one-layer models with 2, 4 and 8 experts (ep 1, all experts local;
-calibrate/compute.py). An EP rank of the 8-expert model holds 8 / ep experts and runs the same op on rows
+torch_backend/bench/compute.py). An EP rank of the 8-expert model holds 8 / ep experts and runs the same op on rows
 it received. This times both on tiny-moe's layer at the validation cases' size (seq 128, micro-batch 2,
-top-2: 512 routed rows), each call after a cache flush (calibrate/timing.py), forward and backward
+top-2: 512 routed rows), each call after a cache flush (torch_backend/bench/timing.py), forward and backward
 (forward + backward - forward), median of --samples calls. Used by validation/README.md ("Known gaps").
 """
 
@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from piper_sim.calibrate.stage_ops import prepare_stage
-from piper_sim.calibrate.timing import flush_caches
+from piper_sim.torch_backend.bench.stage_ops import prepare_stage
+from piper_sim.torch_backend.bench.timing import flush_caches
 from piper_sim.torch_backend.model import StageModule
 from piper_sim.torch_backend.op_autograd import backward_op, forward_op
 from piper_sim.workload.presets import load_model, spec_to_mapping

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from piper_sim.calibrate.stage_ops import prepare_stage
+from piper_sim.torch_backend.bench.stage_ops import prepare_stage
 
 
 def forward_times_us(stage, before: dict, hooks, repeats: int) -> dict[str, float]:

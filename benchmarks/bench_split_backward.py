@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from piper_sim.calibrate.stage_ops import CHECK_OPS, prepare_stage
+from piper_sim.torch_backend.bench.stage_ops import CHECK_OPS, prepare_stage
 from piper_sim.torch_backend.layers import DeferredWeightGrads
 from piper_sim.torch_backend.op_autograd import forward_op
 

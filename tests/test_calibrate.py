@@ -378,7 +378,7 @@ def test_a_backward_timed_at_zero_drops_its_split_at_that_token_count_too():
 
 
 def test_an_ops_samples_pool_over_rounds_before_the_medians_are_taken():
-    from piper_sim.calibrate.stage_ops import op_times, pool_samples
+    from piper_sim.torch_backend.bench.stage_ops import op_times, pool_samples
 
     counts = {"fwd_kernels": 5, "fwd_views": 2, "bwd_kernels": 9, "bwd_views": 3}
 
@@ -396,9 +396,8 @@ def test_an_ops_samples_pool_over_rounds_before_the_medians_are_taken():
 
 
 def test_cold_calls_time_each_call_after_flushing_the_caches():
-    from piper_sim.calibrate.timing import COLD_CALLS_PER_SAMPLE, cold_calls, last_level_cache_bytes
-
-    from piper_sim.calibrate.sweep import TimingPlan
+    from piper_sim.torch_backend.bench.plan import TimingPlan
+    from piper_sim.torch_backend.bench.timing import COLD_CALLS_PER_SAMPLE, cold_calls, last_level_cache_bytes
 
     assert last_level_cache_bytes() >= 1 << 20
     calls = []
@@ -418,7 +417,7 @@ def test_aggregate_takes_the_median_rank_for_compute_and_the_slowest_for_collect
 
 
 def test_testbed_levels_pair_ranks_on_one_node_and_across_nodes():
-    from piper_sim.calibrate.runner import testbed_levels
+    from piper_sim.torch_backend.bench.runner import testbed_levels
 
     levels = testbed_levels({0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2})
     assert levels == {"intra-node": [(0, 1), (2, 3), (4, 5)], "node0-node1": [(0, 2), (1, 3)],
@@ -483,7 +482,7 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
 
 
 def test_blocking_wait_level_from_known_timestamps():
-    from piper_sim.calibrate.wake import SKIPPED_EXCHANGES, _level_record
+    from piper_sim.torch_backend.bench.wake import SKIPPED_EXCHANGES, _level_record
 
     # one pair on one core, one window: each iteration computes 4 ms then exchanges; rank 1 arrives 1 ms
     # after rank 0, and both return 2 ms after that (skipped first exchanges: same pattern)
@@ -509,7 +508,7 @@ def test_blocking_wait_level_from_known_timestamps():
 def test_core_sharing_workers_time_cold_iterations_without_their_flushes():
     # real workers (benchmarks/bench_core_sharing_cold.py): each cold iteration writes twice the last-level
     # cache first, untimed, so the workers' timed CPU per wall second drops well below the hot loop's
-    from piper_sim.calibrate.sharing import run_levels
+    from piper_sim.torch_backend.bench.sharing import run_levels
 
     (hot,) = run_levels("tiny-moe", (1,), 1, 0.5, lambda _m: None)
     (cold,) = run_levels("tiny-moe", (1,), 1, 0.5, lambda _m: None, cold=True)

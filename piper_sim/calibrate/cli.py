@@ -1,10 +1,15 @@
-"""The `piper-sim calibrate` subcommand (its `register` is called by piper_sim.cli.build_parser)."""
+"""The `piper-sim calibrate` subcommand (its `register` is called by piper_sim.cli.build_parser).
+
+Owns the arguments and what is printed; imports what runs a command only when it runs (so `piper-sim --help`
+loads neither numpy nor torch). Must not import torch.
+"""
 
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from piper_sim.errors import PiperError
@@ -31,9 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     presets = tuple(s.strip() for s in args.presets.split(",") if s.strip())
     if args.check:
-        import time
-
-        from piper_sim.calibrate.crosscheck import crosscheck, format_table
+        from piper_sim.calibrate.crosscheck import crosscheck, format_table  # numpy, yaml: not for --help
         from piper_sim.calibrate.runner import _busy_core_s, _own_core_s, foreign_cpu_share
 
         started, busy0, own0 = time.perf_counter(), _busy_core_s(), _own_core_s()
@@ -47,7 +50,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise PiperError("calibrate needs --out FILE.yaml (or --check PROFILE)")
     if args.out.suffix not in (".yaml", ".yml"):
         raise PiperError(f"--out {args.out}: a .yaml file")
-    from piper_sim.calibrate.runner import calibrate, refit_profile
+    from piper_sim.calibrate.runner import calibrate, refit_profile  # numpy, yaml: not for --help
 
     if args.refit:
         refit_profile(args.refit, args.out)

@@ -6,58 +6,27 @@ executor runs them (autograd on, fp32 on CPU), on N ranks at once like the calib
 examples' micro-batch size; the real router's per-expert rows feed the prediction. Reported per op:
 measured forward and backward, predicted (backward = 2 x forward, as the cost model has it), the
 prediction split into FLOP, memory and launch terms, and the number of ATen ops the op dispatched
-(the kernels a per-op overhead is paid for) next to flops.py's num_kernels. Imports torch.
+(the kernels a per-op overhead is paid for) next to flops.py's num_kernels. The measuring is
+piper_sim.torch_backend.bench.check (measure_ops); this module prices and compares, and must not import torch.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 
-import torch
 import yaml
 
 from piper_sim.calibrate.load import load_profile, profile_path
-from piper_sim.calibrate.runner import threads_per_rank
-from piper_sim.calibrate.stage_ops import CHECK_OPS, MICRO_BATCH_SIZE, measure_op, prepare_stage
-from piper_sim.calibrate.sweep import DEFAULT_PRESETS, TimingPlan
-from piper_sim.workload.cost import gemm_time_s, work_time_s
+from piper_sim.calibrate.sweep import DEFAULT_PRESETS
+from piper_sim.workload.cost import TaskCoster, gemm_time_s, work_time_s
 from piper_sim.workload.flops import op_work
+from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import DeviceProfile
-
-
-@dataclass(frozen=True)
-class CheckJob:
-    profile: str
-    presets: tuple[str, ...]
-    out_dir: str
-    sample_s: float = 0.05
-
-
-def check_worker(rank: int, world: int, job: CheckJob) -> None:
-    torch.manual_seed(0)
-    plan = TimingPlan(sample_s=job.sample_s, num_samples=7)
-    rows = []
-    for name in job.presets:
-        spec, stage, before = prepare_stage(name)
-        for op in CHECK_OPS:
-            state = before[op]
-            expert_rows = ()
-            if op.startswith("experts:"):
-                expert_rows = tuple(torch.bincount(state["recv_expert_ids"], minlength=spec.num_experts).tolist())
-            rows.append({"model": name, "op": op, "tokens": MICRO_BATCH_SIZE * spec.seq_len,
-                         "expert_rows": list(expert_rows), **measure_op(stage, op, state, plan)})
-    Path(job.out_dir, f"check-rank{rank}.json").write_text(json.dumps(rows))
 
 
 def predict(profile: DeviceProfile, model_name: str, op: str, tokens: int, expert_rows: tuple[int, ...],
             dtype_bytes: int | None = None) -> dict:
     """The cost model's forward time of one op, and its parts."""
-    from piper_sim.workload.presets import load_model
-
     spec = load_model(model_name)
     b = spec.dtype_bytes if dtype_bytes is None else dtype_bytes
     work = op_work(spec, op, tokens, expert_rows)
@@ -73,9 +42,6 @@ def predict(profile: DeviceProfile, model_name: str, op: str, tokens: int, exper
 def simulator_s(profile: DeviceProfile, model_name: str, op: str, tokens: int,
                 expert_rows: tuple[int, ...]) -> tuple[float, float]:
     """Forward and backward seconds of one op as the simulator prices it (TaskCoster)."""
-    from piper_sim.workload.cost import TaskCoster
-    from piper_sim.workload.presets import load_model
-
     return TaskCoster(load_model(model_name), profile, tokens).op_s(op, expert_rows)
 
 
@@ -101,15 +67,12 @@ def crosscheck(profile_spec: str, *, presets: tuple[str, ...] = DEFAULT_PRESETS,
     """Measured vs predicted per op (medians over ranks). Each row also carries the prediction with the
     counted ATen ops in place of flops.py's num_kernels (kernels x kernel_launch + views x view cost;
     backward: twice the work terms plus its own counted ops)."""
-    from piper_sim.torch_backend.local_launch import run_local
+    from piper_sim.torch_backend.bench.check import measure_ops  # torch: loaded only when measuring
 
     profile = load_profile(profile_spec)
     measurements = _measurements(profile_spec)
     view_s = _view_overhead_s(measurements)
-    with tempfile.TemporaryDirectory(prefix="piper-check-") as tmp:
-        job = CheckJob(profile=str(profile_spec), presets=presets, out_dir=tmp)
-        run_local(check_worker, ranks, job, timeout_s=timeout_s, num_threads=threads_per_rank(ranks, threads))
-        per_rank = [json.loads(Path(tmp, f"check-rank{r}.json").read_text()) for r in range(ranks)]
+    per_rank = measure_ops(profile_spec, presets, ranks, timeout_s, threads)
     out = []
     for i, row in enumerate(per_rank[0]):
         fwd = statistics.median(p[i]["fwd_s"] for p in per_rank)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from piper_sim.workload.profile import NOT_IN_LAYER_KEY
 from piper_sim.torch_backend.bench.plan import (
     MICRO_MODEL,
     MICRO_SHAPES,
@@ -22,6 +21,7 @@ from piper_sim.torch_backend.bench.plan import (
 )
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.profile import NOT_IN_LAYER_KEY
 
 DEFAULT_PRESETS = ("tiny-moe", "small-moe")
 KiB = 1024

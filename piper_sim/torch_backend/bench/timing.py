@@ -2,7 +2,7 @@
 
 Owns the measurement protocol: warm-up, an inner loop long enough for the clock (the count agreed by
 all ranks, so they stay in step and contend for the machine together), several samples, the median.
-Imports torch (calibration runs benchmarks through torch).
+Imports torch; must not import piper_sim.calibrate.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from piper_sim.calibrate.sweep import TimingPlan
+from .plan import TimingPlan
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,16 +3,24 @@
 Owns: the ATen op counter (kernels vs views), preparing a one-layer all-experts stage and the state
 before each op, and timing one op's forward (forward_op) and forward + backward (backward_op).
 Used by the framework-overhead benchmark (a micro model whose ops do almost no work, so their time is
-the per-op cost of the framework) and by the cross-check (the shipped presets). Imports torch.
+the per-op cost of the framework) and by the cross-check (the shipped presets). Imports torch; must not
+import piper_sim.calibrate.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from piper_sim.calibrate.sweep import TimingPlan
-from piper_sim.calibrate.timing import cold_calls, median_s
+from piper_sim.torch_backend.all_to_all import all_to_all, dispatch_rows
+from piper_sim.torch_backend.layers import DeferredWeightGrads
+from piper_sim.torch_backend.model import StageModule
+from piper_sim.torch_backend.op_autograd import backward_op, forward_op
+from piper_sim.workload.presets import load_model
+
+from .plan import TimingPlan
+from .timing import cold_calls, median_s
 
 MICRO_BATCH_SIZE = 2  # examples/tiny-moe.yaml and examples/small-moe.yaml
 # "shared:0" on a model without shared experts runs no tensor op: its time is the executor's fixed
@@ -44,9 +52,6 @@ class CountOps(TorchDispatchMode):
 
 def prepare_stage(model: str | dict, seed: int = 0, micro_batch_size: int = MICRO_BATCH_SIZE):
     """(spec, stage, state before each op) for a one-layer stage holding all experts (ep = 1, fp32)."""
-    from piper_sim.torch_backend.model import StageModule
-    from piper_sim.workload.presets import load_model
-
     spec = load_model(model)
     stage = StageModule(spec, [0], first=True, last=True, seed=seed)
     gen = torch.Generator().manual_seed(seed)
@@ -71,10 +76,6 @@ def exchange_samples(before: dict, plan: TimingPlan) -> dict[str, dict]:
     (every row stays, no library call): "dispatch:0" packs the expert ids into the rows and unpacks them
     (all_to_all.dispatch_rows); "combine:0" passes the returned rows, as the backward exchanges pass their
     gradients. Each {"counts", "fwd": seconds of single calls}, as op_samples' forward."""
-    import torch.distributed as dist
-
-    from piper_sim.torch_backend.all_to_all import all_to_all, dispatch_rows
-
     me = (dist.get_rank(),)
     node_of = {me[0]: 0}
     rows, ids = before["experts:0"]["send_rows"], before["experts:0"]["send_expert_ids"]
@@ -99,8 +100,6 @@ def op_samples(stage, op: str, state: dict, plan: TimingPlan) -> dict:
     """The cold samples behind measure_op: seconds of single calls of the forward ("fwd"), forward +
     backward ("all"), and the zero-bubble split as the executor runs it (_split_samples), with the ATen op
     counts. Samples of the same op taken at different times pool by concatenation (pool_samples)."""
-    from piper_sim.torch_backend.op_autograd import backward_op, forward_op
-
     probe = forward_op(stage, op, dict(state))
     seeds = {k: torch.randn_like(v) for k, v in probe.outputs.items()}
 
@@ -142,9 +141,6 @@ def _split_samples(stage, op: str, state: dict, seeds: dict, plan: TimingPlan) -
     """The zero-bubble split of the op's backward as the executor runs it: the forward with deferrable
     linears, that forward + the input pass (backward with the linears' weight gradients deferred) and the
     weight pass (the deferred GEMMs), each cold."""
-    from piper_sim.torch_backend.layers import DeferredWeightGrads
-    from piper_sim.torch_backend.op_autograd import forward_op
-
     queue: list = []
 
     def fwd() -> object:

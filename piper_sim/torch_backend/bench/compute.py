@@ -3,7 +3,8 @@ memory-bound elementwise ops and the Adam step.
 
 Owns the benchmark bodies; each returns records (flat dicts: bench, shape fields, work, time_s = this
 rank's median seconds per call). Ops run the way training runs them: weights require grad, so the
-forward records the autograd graph (its bookkeeping is part of every op's fixed cost). Imports torch.
+forward records the autograd graph (its bookkeeping is part of every op's fixed cost). Imports torch;
+must not import piper_sim.calibrate.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from piper_sim.calibrate.sweep import MICRO_MODEL, Sweep, TimingPlan, layer_expert_counts
-from piper_sim.calibrate.timing import Device, cold_calls, median_s, time_call
 from piper_sim.torch_backend.layers import FFN, RMSNorm
+
+from .plan import MICRO_MODEL, Sweep, TimingPlan, layer_expert_counts
+from .stage_ops import CHECK_OPS, EXCHANGE_OPS, exchange_samples, op_samples, op_times, pool_samples, prepare_stage
+from .timing import Device, cold_calls, median_s, time_call
 
 Record = dict[str, object]
 Progress = Callable[[str], None]
@@ -169,16 +172,6 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
     the model's name. The whole list runs in sweep.framework_rounds rounds, each with a share of the samples, and
     each op's samples are pooled over the rounds: the machine drifts over minutes, and a slow stretch then
     spreads over every op instead of landing on the few measured in it. CPU only (the stage is built on the CPU)."""
-    from piper_sim.calibrate.stage_ops import (
-        CHECK_OPS,
-        EXCHANGE_OPS,
-        exchange_samples,
-        op_samples,
-        op_times,
-        pool_samples,
-        prepare_stage,
-    )
-
     if device.is_cuda:
         return []
     runs = [(model, seq_len, batch, experts, CHECK_OPS if experts == model["num_experts"] else ("experts:0",))

@@ -1,6 +1,6 @@
 """What a blocking exchange costs on a CPU host whose cores are shared by more ranks than cores.
 
-Owns the blocking-wait benchmark and the scheduler-slice measurement. A rank that blocks in a
+Owns the blocking-wait benchmark. A rank that blocks in a
 collective sleeps; when the last partner's data arrives, the library's threads and then the rank are
 woken one after another, and each wake-up waits for a core if the cores are busy with other ranks'
 compute. The benchmark reproduces that: K x cores processes (pinned to the host's first cores, one
@@ -11,17 +11,16 @@ number of processes computing per core while it ran, the wall and the CPU time (
 thread) of one iteration of the compute (recorded, not charged: the CPU a rank that blocks between
 computes uses per iteration, at each load), and the same exchange back to back with nothing
 else running (hot: what the profile's per-call host cost already prices). The simulator charges the
-extra over hot, per library call, at the load it sees (workload/cost.py: CostProfile.blocking_wait_s).
+extra over hot, per library call, at the load it sees (workload/profile.py: HostProfile.blocking_wait_s).
 
-The scheduler slice (how long a CPU-bound process runs before the kernel switches a core to another)
-is measured with two spinning processes on one core; the simulator averages its load over that time.
-Imports torch in the benchmark's processes only.
+The benchmark also records the scheduler slice (sharing.measure_slice_s: how long a CPU-bound process
+runs before the kernel switches a core to another); the simulator averages its load over that time.
+Imports torch; must not import piper_sim.calibrate.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import statistics
 import tempfile
@@ -29,15 +28,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from piper_sim.calibrate.sharing import LEVELS_FULL, LEVELS_QUICK, MAX_CORES, layer_iteration, pin_to_cores
+import torch
+import torch.distributed as dist
+
 from piper_sim.errors import PiperError
+from piper_sim.torch_backend.all_to_all import all_to_all
+from piper_sim.torch_backend.groups import DEFAULT_GROUPS
+from piper_sim.torch_backend.local_launch import run_local
+from piper_sim.workload.presets import load_model
+
+from .sharing import LEVELS_FULL, LEVELS_QUICK, MAX_CORES, measure_slice_s, pin_to_cores
+from .sharing_worker import layer_iteration
+from .stage_ops import MICRO_BATCH_SIZE
 
 WARMUP_ITERATIONS = 10
 HOT_EXCHANGES = 200
 SKIPPED_EXCHANGES = 2  # each level's first exchanges wait for the partner to start
 CALLS_PER_EXCHANGE = 2  # flat: the split sizes, then the rows (torch_backend/all_to_all.py)
 COUNT_BYTES = 2 * 8  # the split sizes' message: one int64 per member of the pair
-GAP_S = 50e-6  # a spinning loop that sees this much time pass between two iterations was switched out
 
 
 def num_items(quick: bool) -> int:
@@ -54,8 +62,6 @@ def bench_blocking_wait(preset: str, quick: bool, progress: Callable[[str], None
     """Records: one 'blocking_wait' per level (ranks_per_core, computing_per_core, time_s the mean time from
     the last arrival to return, hot_s, exchanges) and one 'scheduler_slice' (time_s). Runs on the calling
     rank alone."""
-    from piper_sim.torch_backend.local_launch import run_local
-
     cores = min(os.cpu_count() or 1, MAX_CORES)
     levels = LEVELS_QUICK if quick else LEVELS_FULL
     world = _even(max(levels) * cores)
@@ -89,14 +95,6 @@ def _even(n: int) -> int:
 def _member(rank: int, world: int, preset: str, cores: int, levels: tuple[int, ...], rounds: int,
             window_s: float, out_dir: str) -> None:
     """One process of the benchmark (spawned by run_local): pairs (0, 1), (2, 3), ..."""
-    import torch
-    import torch.distributed as dist
-
-    from piper_sim.calibrate.stage_ops import MICRO_BATCH_SIZE
-    from piper_sim.torch_backend.all_to_all import all_to_all
-    from piper_sim.torch_backend.groups import DEFAULT_GROUPS
-    from piper_sim.workload.presets import load_model
-
     pin_to_cores(cores)
     iteration = layer_iteration(preset)
     spec = load_model(preset)
@@ -173,33 +171,3 @@ def _level_record(logs: list[dict], k: int, cores: int, preset: str) -> dict:
             "median_s": statistics.median(after), "window_means_s": window_means, "exchanges": len(after) // 2,
             "iteration_s": statistics.fmean(wall), "iteration_cpu_s": statistics.fmean(cpu),
             "calls_per_exchange": CALLS_PER_EXCHANGE}
-
-
-def _spin(seconds: float, queue) -> None:  # noqa: ANN001
-    os.sched_setaffinity(0, {0})
-    runs: list[float] = []
-    t0 = start = last = time.perf_counter()
-    while last - t0 < seconds:
-        now = time.perf_counter()
-        if now - last > GAP_S:
-            runs.append(last - start)
-            start = now
-        last = now
-    queue.put(runs[1:])
-
-
-def measure_slice_s(seconds: float = 1.0) -> float:
-    """Median time a CPU-bound process runs on a core shared with another before being switched out."""
-    if not hasattr(os, "sched_setaffinity"):
-        raise PiperError("calibrate: measuring the scheduler slice needs os.sched_setaffinity (Linux)")
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_spin, args=(seconds, queue)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    runs = [r for _ in procs for r in queue.get(timeout=seconds + 60)]
-    for p in procs:
-        p.join()
-    if not runs:
-        raise PiperError("calibrate: the two spinning processes were never switched out; no scheduler slice measured")
-    return statistics.median(runs)

@@ -5,7 +5,7 @@ Owns the benchmark bodies; each returns this rank's records (bench, level, group
 Point-to-point is a ping-pong (time = half the round trip) between the rank pairs of one topology
 level, all pairs at once (contention) and one pair alone. Collectives run in disjoint groups of
 group_size ranks at the same time. Every rank calls every function (collectives need all of them).
-Imports torch.
+Imports torch; must not import piper_sim.calibrate.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from piper_sim.calibrate.sweep import TimingPlan
-from piper_sim.calibrate.timing import median_s, time_call
+from .plan import TimingPlan
+from .timing import median_s, time_call
 
 Record = dict[str, object]
 Progress = Callable[[str], None]
