@@ -9,7 +9,7 @@ over sequence length; elementwise work is bound by HBM bandwidth; each kernel pa
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -17,8 +17,16 @@ from piper_sim.workload.flops import Gemm, OpWork, exchange_work, op_work
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.profile import DeviceProfile
 
-if TYPE_CHECKING:
-    from piper_sim.schedule.ir import Task
+
+class ExchangeTask(Protocol):
+    """What exchange_s reads of a schedule task (piper_sim.schedule.ir.Task; workload must not import schedule)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def in_forward(self) -> bool: ...
+
 
 BACKWARD_FACTOR = {
     "forward": 1.0, "forward_expert": 1.0, "backward": 2.0, "backward_expert": 2.0,
@@ -113,7 +121,7 @@ class TaskCoster:
         return (self.cost("forward_expert" if expert else "forward", (op,), rows)[0],
                 self.cost("backward_expert" if expert else "backward", (op,), rows)[0])
 
-    def exchange_s(self, task: Task) -> float:
+    def exchange_s(self, task: ExchangeTask) -> float:
         """Host work around one MoE all-to-all (dispatch or combine) besides its library calls: the fixed cost
         calibrate measured for it (the forward dispatch packs the expert ids into the rows and unpacks them;
         every other exchange passes its rows) plus its memory traffic; 0 where the profile did not measure it,
