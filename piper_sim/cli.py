@@ -1,15 +1,28 @@
 """The piper-sim command line. One entry point; every command takes --set a.b=value overrides.
 
 Errors a user can fix (PiperError) are printed as one line without a traceback, exit status 2.
+What a command needs is imported at the top where it is cheap; what loads numpy, pandas, matplotlib,
+simpy, networkx or torch is imported by the command that runs it, so `piper-sim --help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from piper_sim import testbed
+from piper_sim.calibrate.cli import register as register_calibrate
+from piper_sim.config import load_config
 from piper_sim.errors import PiperError
+from piper_sim.paths import config_path, data_dir
+from piper_sim.schedule.build import build_coarse_schedule, build_schedule
+from piper_sim.schedule.grid import render_grid
+from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
+from piper_sim.schedule.validate import check_schedule, dry_run
+from piper_sim.studies.cli import register as register_study
+from piper_sim.workload.presets import list_presets, load_model
 
 
 def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
@@ -19,23 +32,11 @@ def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> N
                    help="override a config value, e.g. --set parallel.pp=4 (repeatable)")
 
 
-def _config_path(name: str) -> str:
-    from piper_sim.paths import data_dir
-
-    path = Path(name)
-    if not path.exists() and not path.suffix:
-        example = data_dir("examples") / f"{name}.yaml"
-        if example.exists():
-            return str(example)
-    return name
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from piper_sim.config import load_config
-    from piper_sim.outputs import format_report, write_run
-    from piper_sim.simulate import simulate
+    from piper_sim.outputs import format_report, write_run  # numpy, pandas, matplotlib: not for --help
+    from piper_sim.simulate import simulate  # simpy, numpy
 
-    cfg = load_config(_config_path(args.config), args.overrides)
+    cfg = load_config(config_path(args.config), args.overrides)
     print(f"simulating {cfg.model.name} on {cfg.parallel.num_gpus} GPUs "
           f"(pp {cfg.parallel.pp} x ep {cfg.parallel.ep} x dp {cfg.parallel.dp}, {cfg.schedule}, "
           f"{cfg.parallel.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
@@ -47,13 +48,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from piper_sim.config import load_config
-    from piper_sim.schedule.build import build_coarse_schedule, build_schedule
-    from piper_sim.schedule.grid import render_grid
-    from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
-    from piper_sim.schedule.validate import check_schedule, dry_run
-
-    cfg = load_config(_config_path(args.config), args.overrides)
+    cfg = load_config(config_path(args.config), args.overrides)
     schedule = build_schedule(cfg)
     check_schedule(schedule)
     dry_run(schedule)
@@ -77,7 +72,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from piper_sim.topology.load import topology_presets
-    from piper_sim.workload.presets import list_presets, load_model
 
     print("models:")
     for name in list_presets():
@@ -89,11 +83,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from piper_sim.config import load_config
     from piper_sim.measure import measure
     from piper_sim.outputs import format_report, write_run
 
-    cfg = load_config(_config_path(args.config), args.overrides)
+    cfg = load_config(config_path(args.config), args.overrides)
     par = cfg.parallel
     print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
           f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.all_to_all}) ...",
@@ -110,7 +103,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from piper_sim.calibrate.load import load_profiles
-    from piper_sim.paths import data_dir
     from piper_sim.validation.cases import find_cases
     from piper_sim.validation.remeasure import calibrated_ranks, remeasure
     from piper_sim.validation.report import format_validation, write_validation
@@ -140,10 +132,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
-    import json as _json
-
-    from piper_sim import testbed
-
     if args.action == "up":
         if not args.target:
             raise PiperError("testbed up needs a topology (a testbed YAML such as topologies/testbed-2g.yaml)")
@@ -155,7 +143,7 @@ def cmd_testbed(args: argparse.Namespace) -> int:
         removed = testbed.down(prefix=args.prefix)
         print(f"testbed {args.prefix} removed: " + ", ".join(f"{len(v)} {k}" for k, v in removed.items()))
     elif args.action == "status":
-        print(_json.dumps(testbed.status(prefix=args.prefix), indent=2, default=str))
+        print(json.dumps(testbed.status(prefix=args.prefix), indent=2, default=str))
     else:  # run
         if not args.target or args.out is None:
             raise PiperError("testbed run needs CONFIG and --out DIR")
@@ -165,8 +153,6 @@ def cmd_testbed(args: argparse.Namespace) -> int:
 
 
 def _topology_path(name: str) -> str:
-    from piper_sim.paths import data_dir
-
     path = Path(name)
     if not path.exists() and not path.suffix and (data_dir("topologies") / f"{name}.yaml").exists():
         return str(data_dir("topologies") / f"{name}.yaml")
@@ -226,9 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("presets", help="list model and topology presets")
     p.set_defaults(func=cmd_presets)
-    from piper_sim.calibrate.cli import register as register_calibrate
-    from piper_sim.studies.cli import register as register_study
-
     register_study(sub)
     register_calibrate(sub)
     return parser

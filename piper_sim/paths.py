@@ -1,6 +1,7 @@
-"""Where shipped data lives: topologies/, traces/, validation/ at the repository root.
+"""Where shipped data lives: examples/, topologies/, traces/, validation/ at the repository root.
 
-The package runs from a clone (pip install -e .); PIPER_SIM_HOME overrides the root.
+The package runs from a clone (pip install -e .); PIPER_SIM_HOME overrides the root. Owns finding a
+shipped file by its short name (config_path). Imports nothing of piper_sim.
 """
 
 from __future__ import annotations
@@ -16,3 +17,14 @@ def project_root() -> Path:
 
 def data_dir(name: str) -> Path:
     return project_root() / name
+
+
+def config_path(name: str) -> str:
+    """A config as the user named it: the path itself, or where no such file exists and the name has no
+    suffix, the shipped example of that name (examples/NAME.yaml) when there is one."""
+    path = Path(name)
+    if not path.exists() and not path.suffix:
+        example = data_dir("examples") / f"{name}.yaml"
+        if example.exists():
+            return str(example)
+    return name

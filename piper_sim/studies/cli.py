@@ -12,7 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from piper_sim.config import apply_overrides, read_config_file
 from piper_sim.errors import ConfigError
+from piper_sim.paths import config_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,8 +65,8 @@ def _params(overrides: list[str]) -> dict:
 
 
 def cmd_study_all_to_all(args: argparse.Namespace) -> int:
-    from piper_sim.studies.all_to_all import StudySpec, parse_list, parse_nodes, write_study
-    from piper_sim.studies.plots import write_plots
+    from piper_sim.studies.all_to_all import StudySpec, parse_list, parse_nodes, write_study  # numpy, simpy
+    from piper_sim.studies.plots import write_plots  # matplotlib: not for --help
 
     spec = StudySpec(topology=args.topology, nodes=tuple(parse_nodes(args.nodes)),
                      sizes=tuple(parse_list(args.sizes, "--sizes")),
@@ -90,11 +92,9 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
 
 
 def cmd_study_imbalance(args: argparse.Namespace) -> int:
-    from piper_sim.cli import _config_path
-    from piper_sim.config import apply_overrides, read_config_file
-    from piper_sim.studies.imbalance import drift, sweep, write_plots
+    from piper_sim.studies.imbalance import drift, sweep, write_plots  # numpy, pandas, matplotlib: not for --help
 
-    raw = apply_overrides(read_config_file(_config_path(args.config)), args.overrides)
+    raw = apply_overrides(read_config_file(config_path(args.config)), args.overrides)
     skews = [float(x) for x in parse_csv(args.skews, "--skews")]
     policies = parse_csv(args.policies, "--policies")
     args.out.mkdir(parents=True, exist_ok=True)
