@@ -11,12 +11,9 @@ Must not import simpy, torch or numpy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from piper_sim.schedule.dryrun import Durations, Timing, coarse_timing, lowered_timing
 from piper_sim.schedule.ir import Schedule, Task
-
-if TYPE_CHECKING:
-    from piper_sim.schedule.validate import Durations, Timing
 
 LETTERS = {
     "forward": "F", "forward_expert": "F", "backward": "B", "backward_input": "B",
@@ -80,18 +77,16 @@ def render_grid(programs: Sequence[Sequence[Task]] | Schedule, *, max_width: int
 
     Bubbles come from the dry run with unit-time tasks unless `durations` (kind -> time) is given.
     """
-    from piper_sim.schedule import validate  # validate renders grids in its errors: import lazily
-
     if isinstance(programs, Schedule) and programs.lowered:
         schedule = programs
-        timing = validate.lowered_timing(schedule, durations)
+        timing = lowered_timing(schedule, durations)
         rows = [schedule.mesh.stage_ranks(p)[0] for p in range(schedule.pp)]
         rank_programs = [schedule.program(rank) for rank in range(schedule.mesh.num_ranks)]
         labels = [f"stage {schedule.mesh.stage_of(r)}" for r in range(schedule.mesh.num_ranks)]
         return render_timing(rank_programs, timing, max_width=max_width, rows=rows, labels=labels)
     if isinstance(programs, Schedule):
         vpp, programs = programs.vpp, programs.stage_programs
-    timing = validate.coarse_timing(programs, vpp=vpp, durations=durations)
+    timing = coarse_timing(programs, vpp=vpp, durations=durations)
     return render_timing(programs, timing, max_width=max_width)
 
 

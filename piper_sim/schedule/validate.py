@@ -1,141 +1,31 @@
-"""Schedule validation and deadlock dry runs. Pure Python.
+"""Schedule validation and deadlock checks. Pure Python.
 
-Owns ScheduleError, the structural checks of coarse and lowered schedules and the dry runs that
-execute the execution contract of ir.py with given task durations (default: 1 per compute task,
-0 per send, recv and collective). A dry run's result is the makespan in those units, i.e. the
-number of unit compute steps (rounds) the step takes. Must not import simpy, torch or numpy.
+Owns ScheduleError, the structural checks of coarse and lowered schedules, and the dry runs that fail
+with the rank x step grid: dry_run and dry_run_coarse run the execution contract (dryrun.py's timings)
+and return the makespan, i.e. the number of unit compute steps (rounds) the step takes with the default
+durations. Must not import simpy, torch or numpy.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Sequence
 from itertools import product
 from typing import NoReturn
 
 from piper_sim.errors import PiperError
 from piper_sim.schedule import ir
+from piper_sim.schedule.dryrun import Durations, Programs, Timing, coarse_timing, lowered_timing
 from piper_sim.schedule.grid import render_timing
 from piper_sim.schedule.ir import Schedule, Task, coarse_task_id
 
 KNOWN_KINDS = ir.COMPUTE_KINDS | ir.P2P_KINDS | ir.COLLECTIVE_KINDS
-Programs = Sequence[Sequence[Task]]
-Durations = Mapping[str, float] | None
-_CLASS = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 _MAX_PROBLEMS = 20
 _MAX_GRID_ROWS = 32
 
 
 class ScheduleError(PiperError):
     """An invalid or deadlocking schedule; the message shows the rank x step grid."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Timing:
-    """Start and end of every task of every row (a stage or a rank), in program order.
-
-    None: the task never ran. blocked[row]: what the row waits for ("" when it finished).
-    """
-
-    starts: tuple[tuple[float | None, ...], ...]
-    ends: tuple[tuple[float | None, ...], ...]
-    blocked: tuple[str, ...]
-    row_labels: tuple[str, ...]
-
-    @property
-    def makespan(self) -> float:
-        return max((e for row in self.ends for e in row if e is not None), default=0)
-
-    @property
-    def deadlocked(self) -> bool:
-        return any(self.blocked)
-
-    def stuck_rows(self) -> list[int]:
-        return [row for row, why in enumerate(self.blocked) if why]
-
-
-def duration(durations: Durations, kind: str) -> float:
-    """Duration of a task kind: durations[kind], else 1 for compute and 0 for communication."""
-    if durations is not None and kind in durations:
-        return durations[kind]
-    return 1 if kind in ir.COMPUTE_KINDS else 0
-
-
-class _Board:
-    """Completion times by key and the waiters of keys not yet done."""
-
-    def __init__(self) -> None:
-        self.done: dict[tuple, float] = {}
-        self.waiters: dict[tuple, list] = defaultdict(list)
-
-    def first_missing(self, keys: Sequence[tuple]) -> tuple | None:
-        return next((k for k in keys if k not in self.done), None)
-
-    def finish(self, key: tuple, end: float) -> list:
-        self.done.setdefault(key, end)
-        return self.waiters.pop(key, [])
-
-
-# ---------------------------------------------------------------- coarse dry run
-
-
-def _cross_key(task: Task, stage: int, pp: int, num_virtual: int) -> tuple | None:
-    """The task of the neighbouring virtual stage whose data `task` needs (implicit send/recv)."""
-    virtual = task.chunk * pp + stage
-    if task.kind == "forward" and virtual > 0:
-        return ("F", (virtual - 1) % pp, (virtual - 1) // pp, task.microbatch)
-    if task.kind in ("backward", "backward_input") and virtual < num_virtual - 1:
-        return ("B", (virtual + 1) % pp, (virtual + 1) // pp, task.microbatch)
-    return None
-
-
-def _describe(key: tuple) -> str:
-    if key[0] == "id":
-        return f"{key[2]} (same stage)"
-    return f"{key[0]}:c{key[2]}:m{key[3]} on stage {key[1]}"
-
-
-def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Durations = None) -> Timing:
-    """Event-driven run of coarse programs, one blocking program counter per stage.
-
-    Cross-stage data deps are implicit: F of virtual stage v needs F of v - 1 (same microbatch), B
-    (or backward_input) of v needs B of v + 1; the last virtual stage's B needs only its own F.
-    Never raises on deadlock: stuck stages get a `blocked` reason.
-    """
-    pp = len(programs)
-    vpp = vpp or 1 + max((t.chunk for p in programs for t in p), default=0)
-    board = _Board()
-    starts = [[None] * len(p) for p in programs]
-    ends = [[None] * len(p) for p in programs]
-    pc, clock, blocked = [0] * pp, [0] * pp, [""] * pp
-    ready = deque(range(pp))
-    while ready:
-        stage = ready.popleft()
-        program = programs[stage]
-        while pc[stage] < len(program):
-            task = program[pc[stage]]
-            needs = [("id", stage, dep) for dep in task.deps]
-            cross = _cross_key(task, stage, pp, pp * vpp)
-            needs += [cross] if cross else []
-            missing = board.first_missing(needs)
-            if missing is not None:
-                board.waiters[missing].append(stage)
-                blocked[stage] = f"{task.task_id} waits for {_describe(missing)}"
-                break
-            start = max([clock[stage]] + [board.done[k] for k in needs])
-            end = start + duration(durations, task.kind)
-            starts[stage][pc[stage]], ends[stage][pc[stage]] = start, end
-            pc[stage], clock[stage], blocked[stage] = pc[stage] + 1, end, ""
-            ready.extend(board.finish(("id", stage, task.task_id), end))
-            cls = _CLASS.get(task.kind, task.kind)
-            ready.extend(board.finish((cls, stage, task.chunk, task.microbatch), end))
-    return Timing(starts=_freeze(starts), ends=_freeze(ends), blocked=tuple(blocked),
-                  row_labels=tuple(f"stage {p}" for p in range(pp)))
-
-
-def _freeze(rows: list[list]) -> tuple[tuple, ...]:
-    return tuple(tuple(row) for row in rows)
 
 
 def dry_run_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int, *,
@@ -277,125 +167,6 @@ def check_schedule(schedule: Schedule) -> None:
         check_lowered(schedule)
     else:
         check_coarse(schedule.stage_programs, schedule.pp, schedule.vpp, schedule.num_microbatches)
-
-
-# ---------------------------------------------------------------- lowered dry run
-
-
-class _LoweredRun:
-    """Event-driven execution of the contract over all ranks of a lowered schedule."""
-
-    def __init__(self, schedule: Schedule, durations: Durations) -> None:
-        self.mesh, self.durations = schedule.mesh, durations
-        self.programs = [schedule.program(rank) for rank in range(self.mesh.num_ranks)]
-        num_ranks = len(self.programs)
-        self.starts = [[None] * len(p) for p in self.programs]
-        self.ends = [[None] * len(p) for p in self.programs]
-        self.pc, self.clock = [0] * num_ranks, [0] * num_ranks
-        self.blocked, self.arrived = [""] * num_ranks, [False] * num_ranks
-        self.board = _Board()
-        self.p2p: dict[tuple, deque] = defaultdict(deque)
-        self.collectives: dict[tuple, list] = defaultdict(list)
-        self.queue: deque[tuple] = deque(("rank", rank) for rank in range(num_ranks))
-
-    def run(self) -> Timing:
-        while self.queue:
-            item = self.queue.popleft()
-            if item[0] == "rank":
-                self._step(item[1])
-            else:
-                self._issue(*item[1:])
-        for rank, row in enumerate(self.ends):
-            index = next((i for i, end in enumerate(row) if end is None), None)
-            if index is None:
-                self.blocked[rank] = ""
-            elif not self.blocked[rank] or self.pc[rank] >= len(row):
-                task = self.programs[rank][index]
-                self.blocked[rank] = f"{task.task_id} ({task.kind}) never completed"
-        return Timing(starts=_freeze(self.starts), ends=_freeze(self.ends), blocked=tuple(self.blocked),
-                      row_labels=tuple(f"rank {r}" for r in range(len(self.programs))))
-
-    def _deps_ready(self, rank: int, task: Task, waiter: tuple) -> float | None:
-        """Time when all deps are done, or None after registering `waiter` on a missing one."""
-        keys = [(rank, dep) for dep in task.deps]
-        missing = self.board.first_missing(keys)
-        if missing is not None:
-            self.board.waiters[missing].append(waiter)
-            self.blocked[rank] = f"{task.task_id} waits for {missing[1]}"
-            return None
-        return max((self.board.done[k] for k in keys), default=0)
-
-    def _step(self, rank: int) -> None:
-        program = self.programs[rank]
-        while self.pc[rank] < len(program) and not self.arrived[rank]:
-            index, task = self.pc[rank], program[self.pc[rank]]
-            if task.kind in ir.P2P_KINDS:
-                self.queue.append(("issue", rank, index, self.clock[rank]))
-                self.pc[rank] += 1
-                continue
-            deps_at = self._deps_ready(rank, task, ("rank", rank))
-            if deps_at is None:
-                return
-            at = max(self.clock[rank], deps_at)
-            if task.is_collective:
-                self._arrive(rank, index, at)
-                continue
-            self._finish(rank, index, at, at + duration(self.durations, task.kind))
-            self.pc[rank], self.clock[rank], self.blocked[rank] = index + 1, self.ends[rank][index], ""
-
-    def _arrive(self, rank: int, index: int, at: float) -> None:
-        task = self.programs[rank][index]
-        self.arrived[rank] = True
-        self.blocked[rank] = f"{task.task_id} ({task.kind}) waits for its {task.group_axis!r} group"
-        try:
-            group = self.mesh.group(rank, task.group_axis)
-        except ValueError:
-            return
-        arrivals = self.collectives[(group, task.task_id)]
-        arrivals.append((rank, index, at))
-        if len(arrivals) < len(group):
-            return
-        start = max(a[2] for a in arrivals)
-        end = start + duration(self.durations, task.kind)
-        del self.collectives[(group, task.task_id)]
-        for member, member_index, _ in arrivals:
-            self._finish(member, member_index, start, end)
-            self.pc[member], self.clock[member] = member_index + 1, end
-            self.arrived[member], self.blocked[member] = False, ""
-            if member != rank:
-                self.queue.append(("rank", member))
-
-    def _issue(self, rank: int, index: int, pc_at: float) -> None:
-        task = self.programs[rank][index]
-        deps_at = self._deps_ready(rank, task, ("issue", rank, index, pc_at))
-        if deps_at is None or not 0 <= task.peer_stage < self.mesh.pp:
-            return
-        at = max(pc_at, deps_at)
-        peer = self.mesh.peer(rank, task.peer_stage)
-        link = (rank, peer, task.tag) if task.kind == "send" else (peer, rank, task.tag)
-        other = self.p2p[(link, "recv" if task.kind == "send" else "send")]
-        if not other:
-            self.p2p[(link, task.kind)].append((rank, index, at))
-            return
-        peer_rank, peer_index, peer_at = other.popleft()
-        start = max(at, peer_at)
-        end = start + max(duration(self.durations, "send"), duration(self.durations, "recv"))
-        self._finish(rank, index, start, end)
-        self._finish(peer_rank, peer_index, start, end)
-
-    def _finish(self, rank: int, index: int, start: float, end: float) -> None:
-        self.starts[rank][index], self.ends[rank][index] = start, end
-        self.queue.extend(self.board.finish((rank, self.programs[rank][index].task_id), end))
-
-
-def lowered_timing(schedule: Schedule, durations: Durations = None) -> Timing:
-    """Run a lowered schedule on every rank of its mesh (rows are ranks); never raises on deadlock.
-
-    Compute and collective tasks block the program counter; send/recv are issued asynchronously
-    and a pair (matched by the two ranks and the tag, first issued first matched) completes when
-    both sides are issued; a collective starts when its whole group (Mesh.group) reached it.
-    """
-    return _LoweredRun(schedule, durations).run()
 
 
 def _lowered_grid(schedule: Schedule, timing: Timing) -> str:
