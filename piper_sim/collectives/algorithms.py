@@ -1,136 +1,14 @@
-"""Collective algorithms: a collective becomes phases of point-to-point flows with dependencies.
+"""The collective algorithms by name: ALL_TO_ALL and ALL_REDUCE with every algorithm registered.
 
-Owns the registries of all-to-all and all-reduce algorithms. Pure numpy; no simpy or torch.
-An all-to-all algorithm maps (traffic matrix bytes[src member, dst member], member GPUs, topology)
-to phases; an all-reduce algorithm maps (bytes per member, member GPUs, topology) to phases.
-Every phase's flows are (src member, dst member, bytes); `messages` is how many messages each flow
-sends one after another (each pays latency and per-message overhead); `after` lists the phases
-that must end before this one starts. Flows from a member to itself are local copies and dropped.
-
-Uneven all-to-alls first tell the receivers how many rows come (`split_exchange`), as the torch
-backend's implementations do: the counts (one int64 per pair) go by the same algorithm; pairwise, halo
-and 2dh then also gather, inside each node, every member's row and column of the split matrix (a ring).
-These metadata phases are latency-bound and precede the data phases.
+Owns nothing of its own: the registries, Phase and the single-level algorithms are phases.py, the
+topology-aware ones (halo, 2dh, bruck; tree, hierarchical) hierarchical.py. Importing this module imports
+both, so the registries it exports are complete; the simulator and the studies look algorithms up here.
+Pure numpy; no simpy or torch.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from piper_sim.collectives import hierarchical
+from piper_sim.collectives.phases import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase, split_exchange, split_phases
 
-import numpy as np
-
-from piper_sim.registry import Registry
-from piper_sim.topology.graph import Topology
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class Phase:
-    src: np.ndarray  # member indices
-    dst: np.ndarray
-    sizes: np.ndarray  # bytes per flow
-    messages: int = 1
-    after: tuple[int, ...] = ()
-    name: str = ""
-
-
-AllToAll = Callable[[np.ndarray, list[str], Topology], list[Phase]]
-AllReduce = Callable[[float, list[str], Topology], list[Phase]]
-ALL_TO_ALL: Registry[AllToAll] = Registry("collectives.all_to_all")
-ALL_REDUCE: Registry[AllReduce] = Registry("collectives.all_reduce")
-
-
-def matrix_phase(matrix: np.ndarray, name: str = "", after: tuple[int, ...] = (), messages: int = 1) -> Phase:
-    """One phase moving every off-diagonal nonzero entry of a bytes matrix."""
-    src, dst = np.nonzero(matrix)
-    off = src != dst
-    src, dst = src[off], dst[off]
-    return Phase(src=src, dst=dst, sizes=matrix[src, dst].astype(float), name=name, after=after, messages=messages)
-
-
-SPLIT_BYTES = 8  # one int64 row count per (source, destination)
-
-
-def split_exchange(node_gather: bool) -> Callable[[AllToAll], AllToAll]:
-    """Decorator: the algorithm's phases run after the exchange of split sizes, as the torch backend does.
-
-    The counts (one int64 per pair) travel by the algorithm itself (phases named "splits:<phase>"): a
-    fixed-size exchange needs no sizes of its own. With node_gather, a ring all_gather inside every node
-    of each member's row and column of the split matrix (2 n int64, phase "splits:node") follows, so
-    each member knows every chunk to or from its node, as the multi-phase algorithms need
-    (`torch_backend.all_to_all.AllToAllCall.holding`). Phases that waited for nothing now wait for it.
-    """
-    def wrap(algorithm: AllToAll) -> AllToAll:
-        @functools.wraps(algorithm)
-        def with_splits(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
-            phases = algorithm(matrix, members, topo)
-            n = matrix.shape[0]
-            if n < 2 or not phases:
-                return phases
-            meta = [replace(p, name=f"splits:{p.name}") for p in algorithm(np.full((n, n), float(SPLIT_BYTES)),
-                                                                          members, topo)]
-            if node_gather:
-                host = np.array([topo.host_of(m) for m in members])
-                rings = [g for g in (np.flatnonzero(host == h) for h in dict.fromkeys(host.tolist())) if g.size > 1]
-                if rings:
-                    steps = max(g.size for g in rings) - 1
-                    src = np.concatenate(rings)
-                    dst = np.concatenate([np.roll(g, -1) for g in rings])
-                    meta.append(Phase(src=src, dst=dst, sizes=np.full(src.size, 2.0 * SPLIT_BYTES * n * steps),
-                                      messages=steps, after=tuple(range(len(meta))), name="splits:node"))
-            last = tuple(range(len(meta)))
-            return meta + [replace(p, after=tuple(a + len(meta) for a in p.after) or last) for p in phases]
-        return with_splits
-    return wrap
-
-
-def split_phases(phases: list[Phase]) -> tuple[list[Phase], list[Phase]]:
-    """(the split-size exchange phases, the data phases with `after` renumbered among themselves).
-
-    Every data phase waits for the exchange, so a collective alone takes the exchange's time plus the
-    data phases' time; studies time the two apart (the exchange does not scale with the buffer)."""
-    k = 0
-    while k < len(phases) and phases[k].name.startswith("splits:"):
-        k += 1
-    return phases[:k], [replace(p, after=tuple(a - k for a in p.after if a >= k)) for p in phases[k:]]
-
-
-@ALL_TO_ALL.register("flat")
-@split_exchange(node_gather=False)
-def a2a_flat(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
-    """Direct all-to-all as vendor libraries run it: every pair at once, each GPU through its own path."""
-    return [matrix_phase(matrix, "direct")]
-
-
-@ALL_TO_ALL.register("pairwise")
-@split_exchange(node_gather=True)
-def a2a_pairwise(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
-    """n-1 rounds; in round r member i sends to (i + r) mod n, each round after the previous."""
-    n = matrix.shape[0]
-    phases: list[Phase] = []
-    for r in range(1, n):
-        src = np.arange(n)
-        dst = (src + r) % n
-        after = (len(phases) - 1,) if phases else ()
-        phases.append(Phase(src=src, dst=dst, sizes=matrix[src, dst].astype(float), after=after, name=f"round{r}"))
-    return phases
-
-
-@ALL_REDUCE.register("ring")
-def all_reduce_ring(size_bytes: float, members: list[str], topo: Topology) -> list[Phase]:
-    """Ring all-reduce: reduce-scatter then all-gather, 2(n-1) steps of size/n to the next member.
-
-    The steps are sequential but keep every ring link busy, so they are one phase whose flows
-    carry 2(n-1)/n of the buffer and pay 2(n-1) message latencies.
-    """
-    n = len(members)
-    if n < 2:
-        return []
-    src = np.arange(n)
-    return [Phase(src=src, dst=(src + 1) % n, sizes=np.full(n, 2.0 * (n - 1) / n * size_bytes),
-                  messages=2 * (n - 1), name="ring")]
-
-
-# registers halo, 2dh, bruck (all-to-all) and tree, hierarchical (all-reduce)
-from piper_sim.collectives import hierarchical as _hierarchical  # noqa: E402, F401
+__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "Phase", "hierarchical", "matrix_phase", "split_exchange", "split_phases"]

@@ -1,6 +1,6 @@
 """Topology-aware collectives: HALO, 2D hierarchical and Bruck all-to-all; tree and hierarchical all-reduce.
 
-Registered into the registries of `piper_sim.collectives.algorithms` (imported at its end). Members are
+Registered into the registries of `piper_sim.collectives.phases` (algorithms.py imports this module). Members are
 grouped by host (`graph.nodes[gpu]["host"]`); a member's local index is its rank among the members of
 its host, in member order. Pure numpy; no simpy or torch.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from piper_sim.collectives.algorithms import (
+from piper_sim.collectives.phases import (
     ALL_REDUCE,
     ALL_TO_ALL,
     Phase,

@@ -12,7 +12,9 @@ import yaml
 
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.topology import builders as _builders  # noqa: F401  (registers uniform, fat-tree)
+
+# the builder modules register their builders in BUILDERS when imported: all are imported here, where they are looked up
+from piper_sim.topology import build_dgx, build_dragonfly, build_frontier, build_testbed  # noqa: F401
 from piper_sim.topology.builders import BUILDERS
 from piper_sim.topology.graph import Topology
 
@@ -53,7 +55,6 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
 
 def load_topology(spec: str | dict | Path, num_gpus: int | None = None) -> Topology:
     """Build the topology; num_gpus sizes it when the file does not fix the node count."""
-    _register_all()
     raw = read_topology_mapping(spec)
     builder = BUILDERS.get(raw["builder"], "topology.builder")
     topo = builder(raw.get("params") or {}, num_gpus)
@@ -61,15 +62,3 @@ def load_topology(spec: str | dict | Path, num_gpus: int | None = None) -> Topol
     if num_gpus is not None and topo.num_gpus < num_gpus:
         raise ConfigError("topology", topo.name, f"a machine with at least {num_gpus} GPUs (has {topo.num_gpus})")
     return topo
-
-
-def _register_all() -> None:
-    """Import every builder module so its registrations run."""
-    import importlib
-    import pkgutil
-
-    import piper_sim.topology as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name.startswith("build_"):
-            importlib.import_module(f"piper_sim.topology.{info.name}")
