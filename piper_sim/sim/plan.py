@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.schedule.liveness import activation_deltas
 from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_param_tensors, rank_params
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
@@ -48,7 +49,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         act = {c: activation_bytes(model, schedule.stage_layers[v], parallel.micro_batch_size,
                                    last=v == num_virtual - 1, flash_attention=flash_attention)
                for c, v in enumerate(chunks)}
-        mem_start, mem_end = _memory_deltas(program, act)
+        mem_start, mem_end = activation_deltas(program, act)
         plans.append(StagePlan(
             program=program,
             streams=[STREAM_CODE[t.stream] for t in program],
@@ -61,25 +62,3 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
             param_tensors=rank_param_tensors(model, layers, **ends),
         ))
     return plans
-
-
-def _memory_deltas(program: tuple[Task, ...], act: dict[int, float]) -> tuple[list[float], list[float]]:
-    """Activations of (chunk, microbatch) live from its first forward task to its last backward task.
-
-    The last backward task is the backward_weight task in zero-bubble schedules (weight gradients
-    still need the layer inputs), else the last backward segment.
-    """
-    at_start, at_end = [0.0] * len(program), [0.0] * len(program)
-    first: dict[tuple[int, int], int] = {}
-    last: dict[tuple[int, int], int] = {}
-    for i, t in enumerate(program):
-        key = (t.chunk, t.microbatch)
-        if t.kind == "forward" and key not in first:
-            first[key] = i
-        if t.kind.startswith("backward"):
-            last[key] = i
-    for key, i in first.items():
-        at_start[i] += act[key[0]]
-    for key, i in last.items():
-        at_end[i] -= act[key[0]]
-    return at_start, at_end
