@@ -15,6 +15,7 @@ import yaml
 from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
+from piper_sim.workload.presets import load_model
 
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
             "cost", "sim")
@@ -116,8 +117,6 @@ def _as_mapping(key: str, value: object) -> dict:
 
 def resolve(raw: dict) -> Config:
     """Check keys and types and build the specs."""
-    from piper_sim.workload.presets import load_model
-
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(unknown[0], raw[unknown[0]], f"a section: {', '.join(SECTIONS)}")
@@ -152,8 +151,8 @@ def resolve(raw: dict) -> Config:
         raise ConfigError("sim.trace_format", trace_format, "parquet or csv")
     if not isinstance(sim.get("collapse", True), bool):
         raise ConfigError("sim.collapse", sim["collapse"], "true or false")
-    from piper_sim.migration.controller import migration_from_config
-    from piper_sim.routing.models import routing_from_config
+    from piper_sim.migration.controller import migration_from_config  # numpy: not loaded by `piper-sim --help`
+    from piper_sim.routing.models import routing_from_config  # numpy
 
     migration_from_config(full["migration"])  # raises ConfigError naming migration.<key>
     routing_from_config(full["routing"], model.num_experts, model.top_k, seed)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from piper_sim.errors import PiperError
+from piper_sim.sim.aggregate import dense_rows
 from piper_sim.studies.spread import spread_switch_paths
 from piper_sim.topology.build_dgx import RailFatTree
 from piper_sim.topology.build_dragonfly import DragonflyFabric
@@ -205,8 +206,6 @@ class RouteTable:
 
 
 def _dense(*cols: np.ndarray) -> np.ndarray:
-    from piper_sim.sim.aggregate import dense_rows
-
     return dense_rows(*cols) if cols[0].size else np.zeros(0, dtype=np.int64)
 
 

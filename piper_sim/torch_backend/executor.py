@@ -33,6 +33,7 @@ from piper_sim.workload.model import ModelSpec
 from .all_to_all import all_to_all, dispatch_rows, prepare_groups
 from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
+from .migrate import ExpertMigration
 from .model import StageModule, State
 
 FORWARD_KINDS = ("forward", "forward_expert")
@@ -119,8 +120,6 @@ class Executor:
         self.captured_grads: dict[str, Tensor] | None = None  # set to {} to keep step 0's reduced gradients
         self.migration = None
         if migration and migration.get("enabled") and migration.get("policy", "greedy") != "none":
-            from .migrate import ExpertMigration
-
             self.migration = ExpertMigration(self, migration)
 
     def rebuild_optimizer(self) -> None:

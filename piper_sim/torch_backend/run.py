@@ -14,26 +14,35 @@ import re
 import resource
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.distributed as dist
 
+from piper_sim.config import load_config
 from piper_sim.errors import PiperError
+from piper_sim.routing.kinds import RoutingContext
+from piper_sim.routing.samplers import popularity
+from piper_sim.routing.trace import TraceRecorder
 from piper_sim.schedule.ir import Schedule
+from piper_sim.testbed import load
+from piper_sim.topology.load import load_topology
+from piper_sim.topology.placement import place
 
 from .corpus import ByteCorpus
 from .executor import Executor
+from .groups import shutdown
 from .local_launch import run_local
+from .process_launch import launch_in_namespaces
 
 
 @dataclass(frozen=True)
 class RunSpec:
     """What each rank needs, picklable: the resolved config mapping, the lowered schedule to run, and where
     to write."""
-
     raw_config: dict
     schedule: Schedule
     out_dir: str
@@ -56,8 +65,6 @@ def batch_source(corpus: ByteCorpus, seq_len: int, mbs: int, seed: int, replicas
 
 def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     """One rank: build the executor, run the steps, write rows and losses under out_dir/ranks/."""
-    from piper_sim.config import load_config
-
     cfg = load_config(spec.raw_config)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores: no oversubscription
     schedule = spec.schedule
@@ -124,11 +131,6 @@ def router_bias(cfg):
     bias_e = log(E x p_e) with p the kind's expert popularity for (seed, layer); uniform gives None (the
     real router alone decides). Kinds that change over steps or replay traces cannot steer a real router.
     """
-    import numpy as np
-
-    from piper_sim.routing.kinds import RoutingContext
-    from piper_sim.routing.samplers import popularity
-
     kind = cfg.routing.get("kind", "uniform")
     if kind not in STEERABLE:
         raise PiperError(f"routing.kind: {kind!r} cannot steer the real router; "
@@ -149,8 +151,6 @@ def router_bias(cfg):
 
 def merge_routing(cfg, ranks_dir: Path, out_path: Path) -> Path | None:
     """The real router's decisions of every rank as one routing trace (traces format, per source)."""
-    from piper_sim.routing.trace import TraceRecorder
-
     layers = list(cfg.model.moe_layer_indices)
     if not layers:
         return None
@@ -165,9 +165,6 @@ def merge_routing(cfg, ranks_dir: Path, out_path: Path) -> Path | None:
 
 def node_map(cfg, num_ranks: int) -> dict[int, int]:
     """Rank -> node index from the config's topology and placement (what HALO treats as a node)."""
-    from piper_sim.topology.load import load_topology
-    from piper_sim.topology.placement import place
-
     topo = load_topology(cfg.topology, num_ranks)
     gpus = place(topo, num_ranks, cfg.placement)
     return {r: topo.host_of(g) for r, g in enumerate(gpus)}
@@ -211,10 +208,6 @@ def launch(cfg, schedule: Schedule, out_dir: Path, *, timeout_s: float = 600.0, 
 
 def _launch_torchrun(spec: RunSpec, world: int) -> bool:
     """This process is one rank started by torchrun (multi-node): join, run, gather to rank 0."""
-    from dataclasses import replace
-
-    from .groups import shutdown
-
     if int(os.environ["WORLD_SIZE"]) != world:
         raise PiperError(f"run: torchrun started {os.environ['WORLD_SIZE']} ranks, the config needs {world}")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -234,10 +227,6 @@ def _launch_local(spec: RunSpec, world: int, timeout_s: float) -> None:
 
 
 def _launch_in_testbed(spec: RunSpec, world: int, out_dir: Path, prefix: str, timeout_s: float) -> None:
-    from piper_sim.testbed import load
-
-    from .process_launch import launch_in_namespaces
-
     bed = load(prefix)
     if bed is None:
         raise PiperError(f"--testbed {prefix}: no testbed with that prefix is up (run `piper-sim testbed up` first)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from piper_sim.errors import ConfigError
+
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
 
@@ -61,8 +63,6 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        from piper_sim.errors import ConfigError
-
         positive = ("num_layers", "d_model", "num_heads", "vocab_size", "seq_len", "expert_ffn_dim",
                     "num_experts", "top_k", "moe_layer_freq")
         for key in positive:
