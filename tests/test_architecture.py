@@ -1,0 +1,225 @@
+"""The import rules of docs/architecture.md, read from the source with ast (every import statement:
+module level, function-local and under TYPE_CHECKING alike).
+
+- torch is imported only inside piper_sim/torch_backend/;
+- the schedule layer imports neither simpy, numpy nor torch (directly, or through what it imports);
+- the package import graph has no cycle. A node is a first-level subpackage of piper_sim (schedule,
+  workload, sim, ...) or a top-level module (cli, simulate, config, ...); an edge is any import between
+  two nodes, so a cycle closed only by a late import counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "piper_sim"
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, e.g. piper_sim.calibrate.runner
+    target: str  # the imported module, e.g. piper_sim.torch_backend.bench.runner
+    line: int
+    late: bool  # inside a function
+
+    def where(self) -> str:
+        return f"{self.module.replace('.', '/')}.py:{self.line}{' (function-local)' if self.late else ''}"
+
+
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str, package: Path) -> bool:
+    """Whether a dotted piper_sim name is a module or package of the source tree."""
+    path = package.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, package: Path) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from the importing module's package, one level up per extra dot
+        parts = module.split(".") if is_package else module.split(".")[:-1]
+        parts = parts[:len(parts) - node.level + 1]
+        base = ".".join(parts + ([node.module] if node.module else []))
+    # `from piper_sim import testbed` imports the module piper_sim.testbed, not only piper_sim
+    subs = [f"{base}.{alias.name}" for alias in node.names if _is_module(f"{base}.{alias.name}", package)]
+    return subs or [base]
+
+
+def _late_nodes(tree: ast.Module) -> set[int]:
+    return {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            for n in ast.walk(f) if isinstance(n, ast.Import | ast.ImportFrom)}
+
+
+def imports(package: Path = PACKAGE) -> Iterator[Import]:
+    """Every import statement of every module of the package."""
+    for path in sorted(package.rglob("*.py")):
+        module = _module_name(path, package)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        late = _late_nodes(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for target in _targets(node, module, path.name == "__init__.py", package):
+                    yield Import(module, target, node.lineno, id(node) in late)
+
+
+def node_of(module: str) -> str | None:
+    """The graph node of a piper_sim module (its first-level subpackage, or the top-level module)."""
+    parts = module.split(".")
+    if parts[0] != "piper_sim":
+        return None
+    return parts[1] if len(parts) > 1 else "piper_sim"
+
+
+def package_graph() -> dict[tuple[str, str], list[Import]]:
+    """(importing node, imported node) -> the imports that make that edge."""
+    edges: dict[tuple[str, str], list[Import]] = {}
+    for imp in imports():
+        a, b = node_of(imp.module), node_of(imp.target)
+        if b is not None and a != b:
+            edges.setdefault((a, b), []).append(imp)
+    return edges
+
+
+def _successors(edges: dict[tuple[str, str], list[Import]]) -> dict[str, list[str]]:
+    succ: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        succ.setdefault(a, []).append(b)
+        succ.setdefault(b, [])
+    return succ
+
+
+def tangles(edges: dict[tuple[str, str], list[Import]]) -> list[list[str]]:
+    """The strongly connected sets of two or more nodes (Tarjan): every cycle lies inside one."""
+    succ = _successors(edges)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in succ[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(succ):
+        if v not in index:
+            visit(v)
+    return components
+
+
+def find_cycles(edges: dict[tuple[str, str], list[Import]]) -> list[list[str]]:
+    """One shortest cycle through the first node of each tangle."""
+    succ = _successors(edges)
+    return [_cycle_in(component, succ) for component in tangles(edges)]
+
+
+def _cycle_in(component: list[str], succ: dict[str, list[str]]) -> list[str]:
+    """A shortest cycle through the component's first node (breadth-first, inside the component)."""
+    start, inside = component[0], set(component)
+    parent: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in succ[v]:
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(parent[path[-1]])
+                    return path[::-1] + [start]
+                if w in inside and w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle through {start}")
+
+
+def _describe(component: list[str], edges: dict[tuple[str, str], list[Import]]) -> str:
+    cycle = _cycle_in(component, _successors(edges))
+    lines = [f"{', '.join(component)}: for example {' -> '.join(cycle)}; the imports between them:"]
+    for (a, b), found in sorted(edges.items()):
+        if a in component and b in component:
+            lines += [f"    {a} -> {b}: {imp.where()} imports {imp.target}" for imp in found]
+    return "\n".join(lines)
+
+
+def test_nothing_outside_torch_backend_imports_torch():
+    offenders = [imp for imp in imports() if imp.target.split(".")[0] == "torch"
+                 and not imp.module.startswith("piper_sim.torch_backend")]
+    assert not offenders, "torch imported outside piper_sim/torch_backend/:\n" + "\n".join(
+        f"  {imp.where()}: {imp.target}" for imp in offenders)
+
+
+FORBIDDEN_IN_SCHEDULE = ("simpy", "numpy", "torch")
+
+
+def test_schedule_imports_neither_simpy_numpy_nor_torch():
+    offenders = [imp for imp in imports() if imp.module.startswith("piper_sim.schedule")
+                 and imp.target.split(".")[0] in FORBIDDEN_IN_SCHEDULE]
+    assert not offenders, "the schedule layer imports " + ", ".join(
+        f"{imp.target} ({imp.where()})" for imp in offenders)
+
+
+def test_schedule_modules_load_neither_simpy_numpy_nor_torch():
+    # what the schedule modules import must not bring these in either (a fresh interpreter)
+    modules = [_module_name(p) for p in sorted((PACKAGE / "schedule").glob("*.py"))]
+    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+            f"print(' '.join(m for m in {FORBIDDEN_IN_SCHEDULE!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert not out, f"importing piper_sim.schedule loads {out}"
+
+
+def test_the_package_import_graph_has_no_cycle():
+    edges = package_graph()
+    found = tangles(edges)
+    assert not found, "import cycles between packages (all imports, function-local included):\n" + "\n".join(
+        _describe(component, edges) for component in found)
+
+
+@pytest.mark.parametrize(("edges", "expected"), [
+    ({("a", "b"): [], ("b", "c"): []}, []),
+    ({("a", "b"): [], ("b", "a"): []}, [["a", "b", "a"]]),
+    ({("a", "b"): [], ("b", "c"): [], ("c", "a"): [], ("d", "a"): []}, [["a", "b", "c", "a"]]),
+])
+def test_find_cycles_reports_one_cycle_per_tangle(edges, expected):
+    assert find_cycles(edges) == expected
+
+
+def test_the_analyser_sees_late_relative_and_submodule_imports(tmp_path):
+    pkg = tmp_path / "piper_sim"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "other.py").write_text("")
+    (pkg / "sub" / "mod.py").write_text(
+        "from . import sibling\nfrom piper_sim import other\n\ndef f():\n    import torch\n")
+    (pkg / "sub" / "sibling.py").write_text("")
+    found = {(i.target, i.late) for i in imports(pkg)}
+    assert found == {("piper_sim.sub.sibling", False), ("piper_sim.other", False), ("torch", True)}
