@@ -1,0 +1,219 @@
+"""The analytic tier of the planner: a plan's step time in well under a millisecond, no event loop.
+
+Owns Estimator. It prices with the simulator's own functions, so there is no second cost model:
+- compute: TaskCoster.cost on the ops of each chunk (schedule.lower.chunk_segments), expert rows from the
+  routing model and the contiguous expert placement exactly as the engine takes them (balanced routing);
+- communication: the same collective algorithms (collectives registries) on the same topology routes;
+  each phase pays the engine's delay (sim.collective.phase_delay_s) plus its flows' time on the busiest
+  link (bytes on the link / its capacity), phases chained by their `after` (a lower bound: the simulator
+  adds contention between concurrent phases and max-min sharing);
+- pipeline: closed forms over per-stage times (F, B, W per microbatch, all-to-alls included since they
+  block the compute stream): 1F1B and GPipe sum_p (F+B)_p + (M - 1) max_p (F+B)_p; interleaved
+  (sum_p (F+B)_p) / vpp + (M - 1/vpp) max_p (F+B)_p; ZB-H1 sum_p (F+Bi)_p + (M - 1) max_p (F+Bi+W)_p +
+  W - min(pp - 1, M - 1) W (Qi et al. 2023: the weight passes fill the bubble); plus the activations'
+  p2p on the fill and drain path (2 (pp vpp - 1) hops), the gradient all-reduces and the optimizer.
+Pure: no simpy, torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase
+from piper_sim.migration.placement import contiguous_owners, dispatch
+from piper_sim.planning.space import PlanPoint
+from piper_sim.routing.models import routing_from_config
+from piper_sim.schedule.lower import chunk_segments
+from piper_sim.sim.collective import phase_delay_s
+from piper_sim.topology.graph import Topology
+from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.memory import rank_param_tensors, rank_params
+from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.ops import parse_op
+from piper_sim.workload.parallel import stage_layer_split
+from piper_sim.workload.profile import DeviceProfile
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    step_time_s: float
+    pipeline_s: float  # the forward/backward pipeline of all microbatches, all-to-alls and p2p included
+    bubble_s: float  # pipeline_s less the busiest stage's own work
+    all_to_all_s: float  # per step on the busiest stage (blocking: on the critical path)
+    p2p_s: float  # activations and gradients on the fill and drain path
+    grad_reduce_s: float
+    optimizer_s: float
+    model_flops_per_step: float
+    tflops_per_gpu: float
+    mfu: float
+
+    def as_row(self) -> dict:
+        return {f"est_{k}": v for k, v in self.__dict__.items()}
+
+
+class Estimator:
+    """Prices plans of one model on one topology (built for all the plans' GPUs) with one device profile."""
+
+    def __init__(self, model: ModelSpec, topology: Topology, placement: list[str], profile: DeviceProfile,
+                 *, collectives_all_reduce: str = "ring") -> None:
+        self.model, self.topo, self.gpus, self.profile = model, topology, placement, profile
+        self.all_reduce = collectives_all_reduce
+        self._costers: dict[int, TaskCoster] = {}
+        self._memo: dict[tuple, object] = {}  # (what, key) -> value: plans share stages, groups and messages
+
+    def _cached(self, key: tuple, compute):
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def coster(self, tokens: int) -> TaskCoster:
+        if tokens not in self._costers:
+            self._costers[tokens] = TaskCoster(self.model, self.profile, tokens)
+        return self._costers[tokens]
+
+    def estimate(self, point: PlanPoint) -> Estimate:
+        m = self.model
+        tokens = point.micro_batch_size * m.seq_len
+        coster = self.coster(tokens)
+        num_virtual = point.pp * point.vpp
+        layers = stage_layer_split(m.num_layers, num_virtual)
+        a2a = self._cached(("a2a", point.ep, point.all_to_all, tokens), lambda: self._all_to_all_s(point, tokens))
+        zb = point.schedule == "zb-h1"
+        per_stage, flops_per_rank_mb = [], []
+        for p in range(point.pp):
+            f = b = w = a2a_s = flops = 0.0
+            for c in range(point.vpp):
+                v = c * point.pp + p
+                key = ("chunk", tokens, point.ep, layers[v], v == 0, v == num_virtual - 1, zb)
+                cf, cb, cw, cflops, moe = self._cached(
+                    key, lambda v=v: self._chunk(coster, point.ep, layers[v], v == 0, v == num_virtual - 1, zb))
+                f, b, w, flops = f + cf, b + cb, w + cw, flops + cflops
+                a2a_s += 4 * moe * a2a
+            per_stage.append((f + a2a_s / 2, b + a2a_s / 2, w, a2a_s))
+            flops_per_rank_mb.append(flops)
+        pipeline = _pipeline_s(point, per_stage)
+        p2p = 2 * (num_virtual - 1) * self._cached(("p2p", point.pp, tokens), lambda: self._p2p_s(point, tokens))
+        grad, optimizer = self._cached(("reduce", point.pp, point.vpp, point.ep, point.dp),
+                                       lambda: self._reduce_s(point, layers))
+        step = pipeline + p2p + grad + optimizer
+        ranks_per_stage = point.ep * point.dp
+        model_flops = sum(flops_per_rank_mb) * ranks_per_stage * point.num_microbatches
+        busiest = max(point.num_microbatches * (f + b + w) for f, b, w, _ in per_stage)
+        return Estimate(
+            step_time_s=step, pipeline_s=pipeline + p2p, bubble_s=max(pipeline - busiest, 0.0),
+            all_to_all_s=point.num_microbatches * max(s[3] for s in per_stage), p2p_s=p2p, grad_reduce_s=grad,
+            optimizer_s=optimizer, model_flops_per_step=model_flops,
+            tflops_per_gpu=model_flops / step / point.num_gpus / 1e12,
+            mfu=model_flops / (step * point.num_gpus * self.profile.peak_flops_per_s))
+
+    # ---- compute -------------------------------------------------------------------------------
+    def _chunk(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, last: bool, zb: bool
+               ) -> tuple[float, float, float, float, int]:
+        """(forward s, backward s (input pass for ZB), weight pass s, FLOPs, MoE layers) of one microbatch."""
+        f = b = w = flops = 0.0
+        moe = 0
+        for seg in chunk_segments(self.model, layers, first=first, last=last):
+            if seg.role:
+                moe += seg.role == "dispatch"
+                continue
+            rows = self._expert_rows(ep, seg.ops[0], coster.tokens) if seg.expert else ()
+            fs, ff = coster.cost("forward_expert" if seg.expert else "forward", seg.ops, rows)
+            if zb:
+                bs, bf = coster.cost("backward_expert_input" if seg.expert else "backward_input", seg.ops, rows)
+                ws, wf = coster.cost("backward_weight", seg.ops, rows)
+            else:
+                bs, bf = coster.cost("backward_expert" if seg.expert else "backward", seg.ops, rows)
+                ws, wf = 0.0, 0.0
+            f, b, w, flops = f + fs, b + bs, w + ws, flops + ff + bf + wf
+        return f, b, w, flops, moe
+
+    def _expert_rows(self, ep: int, op: str, tokens: int) -> tuple[int, ...]:
+        """Rows each local expert of EP rank 0 gets under balanced routing (as the engine dispatches)."""
+        return _rows_cached(self.model.num_experts, self.model.top_k, ep, parse_op(op).layer, tokens)
+
+    # ---- communication -------------------------------------------------------------------------
+    def _all_to_all_s(self, point: PlanPoint, tokens: int) -> float:
+        """One dispatch (or combine) of one microbatch in the first EP group."""
+        if point.ep == 1:
+            return 0.0
+        per_pair = tokens * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
+        matrix = np.full((point.ep, point.ep), per_pair)
+        np.fill_diagonal(matrix, 0.0)
+        gpus = tuple(self.gpus[:point.ep])
+        return self.phases_s(ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all")(matrix, list(gpus), self.topo))
+
+    def _p2p_s(self, point: PlanPoint, tokens: int) -> float:
+        if point.pp == 1:
+            return 0.0
+        per_stage = point.num_gpus // point.pp
+        size = tokens * self.model.d_model * self.model.dtype_bytes
+        phase = Phase(src=np.array([0]), dst=np.array([1]), sizes=np.array([float(size)]), name="p2p")
+        return self.profile.p2p_overhead_s + self._phase_s(phase, (self.gpus[0], self.gpus[per_stage]))
+
+    def _reduce_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
+        """(gradient all-reduces, optimizer) of the slowest stage."""
+        num_virtual = point.pp * point.vpp
+        worst_grad = worst_opt = 0.0
+        per_stage = point.num_gpus // point.pp
+        for p in range(point.pp):
+            chunks = [c * point.pp + p for c in range(point.vpp)]
+            held = tuple(layer for v in chunks for layer in layers[v])
+            ends = {"first": 0 in chunks, "last": num_virtual - 1 in chunks, "ep": point.ep}
+            params = rank_params(self.model, held, **ends)
+            grad = 0.0
+            base = p * per_stage
+            if point.ep * point.dp > 1:  # dense gradients over every replica of the stage
+                grad += self._all_reduce_s(params["dense"], self.gpus[base:base + per_stage])
+            if point.dp > 1:  # expert gradients over the data-parallel copies of the same experts
+                grad += self._all_reduce_s(params["expert"], self.gpus[base:base + per_stage:point.ep])
+            tensors = rank_param_tensors(self.model, held, **ends)
+            worst_grad = max(worst_grad, grad)
+            worst_opt = max(worst_opt, self.coster(1).optimizer_time_s(params["dense"] + params["expert"], tensors))
+        return worst_grad, worst_opt
+
+    def _all_reduce_s(self, params: float, gpus: list[str]) -> float:
+        phases = ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(
+            params * self.model.dtype_bytes, list(gpus), self.topo)
+        return self.phases_s(phases, tuple(gpus))
+
+    def phases_s(self, phases: list[Phase], gpus: tuple[str, ...] | None = None) -> float:
+        """End of the last phase, each after the phases in its `after`."""
+        ends: list[float] = []
+        for phase in phases:
+            start = max((ends[a] for a in phase.after), default=0.0)
+            ends.append(start + self._phase_s(phase, gpus if gpus is not None else tuple(self.gpus)))
+        return max(ends, default=0.0)
+
+    def _phase_s(self, phase: Phase, gpus: tuple[str, ...]) -> float:
+        if phase.sizes.size == 0:
+            return 0.0
+        load = np.zeros(len(self.topo.links))
+        latency = 0.0
+        for s, d, size in zip(phase.src.tolist(), phase.dst.tolist(), phase.sizes.tolist(), strict=True):
+            for fraction, links in self.topo.paths(gpus[s], gpus[d]):
+                load[list(links)] += fraction * size
+                latency = max(latency, self.topo.path_latency_s(links))
+        delay = phase_delay_s(phase, self.topo.params.message_overhead_s, latency)
+        return delay + float(np.max(load / self.topo.capacity_bytes_per_s))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rows_cached(num_experts: int, top_k: int, ep: int, layer: int, tokens: int) -> tuple[int, ...]:
+    """Rows each local expert of EP rank 0 gets under balanced routing, as the engine dispatches them."""
+    routed = routing_from_config({"kind": "uniform"}, num_experts, top_k, 0).route(0, layer, 0, 0, ep, tokens)
+    return tuple(int(r) for r in dispatch(routed.kept, contiguous_owners(num_experts, ep), ep).expert_rows[0])
+
+
+def _pipeline_s(point: PlanPoint, per_stage: list[tuple[float, float, float, float]]) -> float:
+    m = point.num_microbatches
+    if point.schedule == "zb-h1":
+        fb = [f + b for f, b, _, _ in per_stage]
+        w = max(s[2] for s in per_stage)
+        return sum(fb) + (m - 1) * max(f + b + ww for f, b, ww, _ in per_stage) + w - min(point.pp - 1, m - 1) * w
+    work = [f + b for f, b, _, _ in per_stage]
+    if point.schedule == "interleaved-1f1b":
+        return sum(work) / point.vpp + (m - 1 / point.vpp) * max(work)
+    return sum(work) + (m - 1) * max(work)

@@ -1,0 +1,74 @@
+"""Memory per pipeline stage of a plan: Piper's resource model with the simulator's own formulas.
+
+Owns stage_memory: per stage, the training state of the parameters the stage's ranks hold (16 bytes per
+parameter in mixed precision: fp16 weight and grad, fp32 master, Adam m and v; workload/memory.py) plus the
+peak of the activations alive at once under the plan's schedule (schedule/liveness.py: from a
+(chunk, microbatch)'s first forward to its last backward, walked over the generator's own program, so
+1F1B's stage i holds min(pp - i, M) microbatches, GPipe all M, interleaved and ZB-H1 by their orders).
+These are the functions the simulator's memory tracker uses (sim/plan.py), so under balanced routing the
+model and the tracker agree exactly; skewed routing adds the rows a rank's experts really get, which only
+the simulator sees.
+
+fits: peak <= HBM - reserve. The reserve (FRAMEWORK_RESERVE_FRACTION of HBM unless given) stands for what
+the model does not count: the runtime's context and kernels, the communication library's buffers, the
+transient dispatch/combine buffers of one all-to-all and the allocator's fragmentation. It is an
+assumption, stated in docs/planning.md, not a measurement.
+Pure: no simpy, torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from piper_sim.planning.space import PlanPoint
+from piper_sim.schedule.ir import Task
+from piper_sim.schedule.liveness import peak_live_bytes
+from piper_sim.schedule.registry import SCHEDULES
+from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_params
+from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.parallel import stage_layer_split
+
+FRAMEWORK_RESERVE_FRACTION = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMemory:
+    state_bytes: float  # weights, gradients and optimizer state of the parameters held
+    activation_bytes: float  # peak of the activations alive at once
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes
+
+
+@functools.lru_cache(maxsize=4096)
+def coarse_programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> tuple[tuple[Task, ...], ...]:
+    """The generator's per-stage programs (cached: many plans share a schedule shape)."""
+    return SCHEDULES.get(schedule, "schedule")(pp, vpp, num_microbatches)
+
+
+def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = True) -> list[StageMemory]:
+    """Per pipeline stage: state and peak activation bytes of one of its ranks."""
+    num_virtual = point.pp * point.vpp
+    layers = stage_layer_split(model.num_layers, num_virtual)
+    programs = coarse_programs(point.schedule, point.pp, point.vpp, point.num_microbatches)
+    out = []
+    for p, program in enumerate(programs):
+        chunks = [c * point.pp + p for c in range(point.vpp)]
+        held = tuple(layer for v in chunks for layer in layers[v])
+        params = rank_params(model, held, first=0 in chunks, last=num_virtual - 1 in chunks, ep=point.ep)
+        act = {c: activation_bytes(model, layers[v], point.micro_batch_size, last=v == num_virtual - 1,
+                                   flash_attention=flash_attention) for c, v in enumerate(chunks)}
+        out.append(StageMemory(state_bytes=STATE_BYTES_PER_PARAM * (params["dense"] + params["expert"]),
+                               activation_bytes=peak_live_bytes(program, act)))
+    return out
+
+
+def reserve_bytes(hbm_bytes: float, reserve_bytes_given: float | None = None) -> float:
+    return FRAMEWORK_RESERVE_FRACTION * hbm_bytes if reserve_bytes_given is None else reserve_bytes_given
+
+
+def headroom_bytes(peaks: list[float], hbm_bytes: float, reserve: float) -> list[float]:
+    """Per stage: what is left of HBM after the reserve and the stage's peak (negative: does not fit)."""
+    return [hbm_bytes - reserve - peak for peak in peaks]

@@ -1,0 +1,144 @@
+"""The plan space: every knob of a parallel plan, Piper's constraints on it, and its enumeration.
+
+Owns PlanPoint (one candidate), Knobs (the values each knob may take, after --fix), enumerate_plans and the
+constraints that need no memory model: the mesh uses all GPUs, ep divides the experts, pp x vpp <= layers,
+the global batch splits into whole microbatches, an EP group fits the locality domain asked for (node,
+switch or dragonfly group of the topology), and each schedule's own rules (interleaved needs vpp >= 2 and
+microbatches a multiple of pp; the others vpp = 1). Memory (the stage-0 bottleneck) is resource.py's.
+Pure: no simpy, torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from piper_sim.errors import ConfigError
+from piper_sim.workload.model import ModelSpec
+
+SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1")
+A2A_NAMES = ("flat", "halo")
+DOMAINS = ("node", "switch", "group", "any")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanPoint:
+    pp: int
+    ep: int
+    dp: int
+    vpp: int
+    micro_batch_size: int
+    num_microbatches: int
+    schedule: str
+    all_to_all: str
+
+    @property
+    def num_gpus(self) -> int:
+        return self.pp * self.ep * self.dp
+
+    def label(self) -> str:
+        vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
+        return (f"pp{self.pp} ep{self.ep} dp{self.dp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
+                f"{self.schedule} {self.all_to_all}")
+
+    def config_sections(self) -> dict:
+        """The config sections this point sets (merged over the base config)."""
+        return {"parallel": {"pp": self.pp, "ep": self.ep, "dp": self.dp, "tp": 1, "vpp": self.vpp,
+                             "num_microbatches": self.num_microbatches, "micro_batch_size": self.micro_batch_size},
+                "schedule": self.schedule, "collectives": {"all_to_all": self.all_to_all}}
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+KNOB_NAMES = tuple(f.name for f in fields(PlanPoint))
+# --fix keys as users write them (config keys) -> knob
+FIX_KEYS = {"parallel.pp": "pp", "parallel.ep": "ep", "parallel.dp": "dp", "parallel.vpp": "vpp",
+            "parallel.micro_batch_size": "micro_batch_size", "parallel.num_microbatches": "num_microbatches",
+            "schedule": "schedule", "collectives.all_to_all": "all_to_all"}
+DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4)
+DEFAULT_VPP = (1, 2, 4)
+
+
+def parse_fixes(items: list[str]) -> dict[str, tuple]:
+    """--fix KEY=VALUE[,VALUE...] -> {knob: allowed values}; KEY is a config key (parallel.pp) or a knob (pp)."""
+    out: dict[str, tuple] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        knob = FIX_KEYS.get(key, key if key in KNOB_NAMES else None)
+        if not sep or knob is None or not value:
+            raise ConfigError("--fix", item, f"KEY=VALUE[,VALUE...] with KEY one of {', '.join(FIX_KEYS)}")
+        values = tuple(v.strip() for v in value.split(","))
+        if knob in ("schedule", "all_to_all"):
+            allowed = SCHEDULE_NAMES if knob == "schedule" else A2A_NAMES
+            bad = [v for v in values if v not in allowed]
+            if bad:
+                raise ConfigError(f"--fix {key}", bad[0], f"one of {', '.join(allowed)}")
+            out[knob] = values
+        else:
+            try:
+                ints = tuple(int(v) for v in values)
+            except ValueError:
+                raise ConfigError(f"--fix {key}", value, "positive integers") from None
+            if any(v <= 0 for v in ints):
+                raise ConfigError(f"--fix {key}", value, "positive integers")
+            out[knob] = ints
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domain_gpus: int,
+                    fixed: dict[str, tuple] | None = None, schedules: tuple[str, ...] = SCHEDULE_NAMES,
+                    all_to_alls: tuple[str, ...] = A2A_NAMES) -> list[PlanPoint]:
+    """Every plan that satisfies the structural constraints, in a fixed order.
+
+    global_batch: sequences per step (= micro_batch_size x num_microbatches x dp x ep). domain_gpus: the
+    largest EP group allowed (the locality domain's GPU count; num_gpus for "any")."""
+    fixed = fixed or {}
+    _check_fixed(fixed, num_gpus, global_batch)
+
+    def allowed(knob: str, values) -> list:
+        return [v for v in values if knob not in fixed or v in fixed[knob]]
+
+    out = []
+    for pp in allowed("pp", [d for d in divisors(num_gpus) if d <= model.num_layers]):
+        for ep in allowed("ep", [d for d in divisors(num_gpus // pp)
+                                 if model.num_experts % d == 0 and d <= domain_gpus]):
+            dp = num_gpus // (pp * ep)
+            if "dp" in fixed and dp not in fixed["dp"]:
+                continue
+            replicas = dp * ep
+            if global_batch % replicas:
+                continue
+            for mbs in allowed("micro_batch_size", [b for b in DEFAULT_MICRO_BATCH_SIZES + tuple(fixed.get(
+                    "micro_batch_size", ())) if (global_batch // replicas) % b == 0]):
+                m = global_batch // replicas // mbs
+                if "num_microbatches" in fixed and m not in fixed["num_microbatches"]:
+                    continue
+                for schedule in allowed("schedule", schedules):
+                    for vpp in allowed("vpp", sorted(set(DEFAULT_VPP + tuple(fixed.get("vpp", ()))))):
+                        if not _schedule_allows(schedule, pp, vpp, m, model.num_layers):
+                            continue
+                        for a2a in allowed("all_to_all", all_to_alls):
+                            out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
+                                                 num_microbatches=m, schedule=schedule, all_to_all=a2a))
+    return out
+
+
+def _schedule_allows(schedule: str, pp: int, vpp: int, m: int, num_layers: int) -> bool:
+    if pp * vpp > num_layers:
+        return False
+    if schedule == "interleaved-1f1b":
+        return vpp >= 2 and pp > 1 and m % pp == 0
+    return vpp == 1
+
+
+def _check_fixed(fixed: dict[str, tuple], num_gpus: int, global_batch: int) -> None:
+    for knob in ("pp", "ep", "dp"):
+        for v in fixed.get(knob, ()):
+            if num_gpus % v:
+                raise ConfigError(f"--fix parallel.{knob}", v, f"a divisor of the GPU count ({num_gpus})")
+    if global_batch <= 0:
+        raise ConfigError("--global-batch", global_batch, "a positive number of sequences")
