@@ -128,7 +128,8 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
 
 
 def _schedule_allows(schedule: str, pp: int, vpp: int, m: int, num_layers: int) -> bool:
-    if pp * vpp > num_layers:
+    """The schedule's own rules; at pp 1, ZB-H1 is 1F1B (nothing to fill), so only 1F1B is kept."""
+    if pp * vpp > num_layers or (pp == 1 and schedule == "zb-h1"):
         return False
     if schedule == "interleaved-1f1b":
         return vpp >= 2 and pp > 1 and m % pp == 0

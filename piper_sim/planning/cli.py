@@ -1,0 +1,74 @@
+"""`piper-sim plan` (and the planner's other fronts): argument parsing and printing only.
+
+Registered by piper_sim.cli.build_parser. Writes only under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from piper_sim.errors import ConfigError
+from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
+from piper_sim.planning.space import parse_fixes
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler (tcp://host:8786); default: "
+                   "a LocalCluster of one single-threaded worker process per core")
+    p.add_argument("--workers", type=int, default=None,
+                   help="LocalCluster workers (default: one per core; 0: run in this process, no Dask)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="choose the parallel plan of a model on N GPUs (memory, estimate, simulation)",
+                       description="Enumerate the plans of MODEL on --gpus GPUs that Piper's constraints allow, "
+                                   "score each with the resource model and the analytic estimator, simulate the "
+                                   "top K that fit, and rank them. See docs/planning.md.")
+    p.add_argument("model", help="model preset (piper-sim presets), a model YAML or a Hugging Face config.json")
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs (GCDs on Frontier)")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per training step")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
+    p.add_argument("--topology", default="frontier", help="topology preset or YAML path (default frontier)")
+    p.add_argument("--profile", default="mi250x", help="device cost profile (traces/profiles/NAME.yaml)")
+    p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
+                   help="fix or bound a knob, e.g. --fix parallel.pp=4 --fix schedule=1f1b,zb-h1 (repeatable)")
+    p.add_argument("--top", type=int, default=16, help="plans refined with the simulator (default 16)")
+    p.add_argument("--ep-domain", choices=DOMAINS, default="node",
+                   help="locality domain an EP group must fit in (default node)")
+    p.add_argument("--reserve-GiB", type=float, default=None,
+                   help="framework reserve per GPU in GiB (default 10%% of HBM; docs/planning.md)")
+    add_engine_args(p)
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from piper_sim.planning.plan_outputs import format_plan_table, write_plan
+
+    for key, value in (("--gpus", args.gpus), ("--global-batch", args.global_batch), ("--top", args.top)):
+        if value <= 0:
+            raise ConfigError(key, value, "a positive integer")
+    if args.seq_len is not None and args.seq_len <= 0:
+        raise ConfigError("--seq-len", args.seq_len, "a positive integer")
+    if args.reserve_GiB is not None and not (0 <= args.reserve_GiB < 1e6):
+        raise ConfigError("--reserve-GiB", args.reserve_GiB, "a non-negative number of GiB")
+    request = PlanRequest(model=args.model, num_gpus=args.gpus, global_batch=args.global_batch,
+                          topology=args.topology, profile=args.profile, seq_len=args.seq_len,
+                          fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain,
+                          reserve_bytes=None if args.reserve_GiB is None else args.reserve_GiB * 2**30)
+    result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers)
+    print(format_plan_table(result))
+    if not math.isnan(result.rank_correlation):
+        print(f"rank correlation (estimate vs simulation, {int(result.table['refined'].sum())} refined plans): "
+              f"{result.rank_correlation:.2f}")
+    paths = write_plan(args.out, result)
+    if result.best is None:
+        print("piper-sim: warning: no plan fits in memory; see why.md for the closest", file=sys.stderr)
+        print(f"wrote {args.out}/ ({', '.join(p.name for p in paths.values())})")
+        return 1
+    print(f"chosen: {result.best['label']} -> {paths['best']}")
+    print(f"wrote {args.out}/ ({', '.join(p.name for p in paths.values())})")
+    return 0

@@ -1,0 +1,86 @@
+"""Running many independent points: in this process, or on Dask (a LocalCluster by default, an existing
+cluster by its scheduler address), storing each result as it finishes, with a progress bar and an ETA.
+
+Owns run_points and the Dask client's life. A point already in the store is not run again. Work functions
+must be importable module-level functions of piper_sim (Dask workers import them by name).
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+
+from tqdm import tqdm
+
+from piper_sim.errors import ConfigError
+from piper_sim.planning.store import ResultStore
+
+CONNECT_TIMEOUT_S = 10
+
+
+@contextmanager
+def dask_client(scheduler: str | None, workers: int | None):
+    """A distributed.Client: to `scheduler` when given, else on a LocalCluster of `workers` single-threaded
+    processes (default: one per core)."""
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ConfigError("--scheduler", scheduler,
+                              f"a reachable Dask scheduler address such as tcp://host:8786 ({type(exc).__name__})"
+                              ) from None
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    n = workers or os.cpu_count() or 1
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        yield client
+
+
+def run_points(fn: Callable[[dict], dict], points: Iterable[tuple[str, dict]], store: ResultStore, *,
+               scheduler: str | None = None, workers: int | None = None, label: str = "points",
+               progress: bool = True) -> dict[str, dict]:
+    """fn(payload) -> row for every (digest, payload) not yet stored; returns {digest: row} for all points.
+
+    workers=0 runs in this process (no Dask); otherwise on Dask as dask_client says."""
+    todo, out = [], {}
+    for digest, payload in points:
+        row = store.get(digest)
+        if row is None:
+            todo.append((digest, payload))
+        else:
+            out[digest] = row
+    bar = tqdm(total=len(todo), desc=label, unit="pt", file=sys.stderr, disable=not progress or not todo,
+               bar_format="{desc}: {n}/{total} [{elapsed}<{remaining}, {rate_fmt}]")
+    start = time.perf_counter()
+    if workers == 0 or not todo:
+        for digest, payload in todo:
+            out[digest] = _finish(store, digest, fn(payload), bar)
+    else:
+        from distributed import as_completed
+
+        with dask_client(scheduler, workers) as client:
+            futures = {client.submit(fn, payload, key=f"{label}-{digest}", pure=False): digest
+                       for digest, payload in todo}
+            for future in as_completed(futures):
+                out[futures[future]] = _finish(store, futures[future], future.result(), bar)
+    bar.close()
+    if todo and progress:
+        print(f"{label}: {len(todo)} computed in {time.perf_counter() - start:.1f} s, "
+              f"{len(out) - len(todo)} reused", file=sys.stderr)
+    return out
+
+
+def _finish(store: ResultStore, digest: str, row: dict, bar: tqdm) -> dict:
+    store.put(digest, row)
+    bar.update(1)
+    return row

@@ -1,0 +1,180 @@
+"""`piper-sim plan`: the valid plans of a model on N GPUs, screened analytically, the best refined with the
+simulator, ranked.
+
+Owns the plan flow: enumerate (space.py), memory and fit per stage (resource.py), the analytic estimate of
+every candidate (estimate.py), the discrete-event refinement of the top K that fit (on Dask through
+engine.py, stored by store.py), the ranking (simulated step time where refined, else estimated), and the
+rank correlation of the two tiers on the refined set. Writing the outputs is plan_outputs.py's.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from piper_sim.calibrate.load import load_profile
+from piper_sim.config import load_config
+from piper_sim.errors import ConfigError
+from piper_sim.planning.engine import run_points
+from piper_sim.planning.estimate import Estimator
+from piper_sim.planning.resource import headroom_bytes, reserve_bytes, stage_memory
+from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans
+from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.simulate import simulate
+from piper_sim.topology.load import load_topology, read_topology_mapping
+from piper_sim.topology.placement import place
+from piper_sim.validation.summary import spearman
+from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.presets import load_model
+
+DOMAINS = ("node", "switch", "group", "any")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    model: str | dict  # preset name, YAML / HF config.json path, or mapping (as the config's model section)
+    num_gpus: int
+    global_batch: int  # sequences per step
+    topology: str | dict = "frontier"
+    profile: str = "mi250x"
+    seq_len: int | None = None
+    fixed: dict | None = None  # knob -> allowed values (space.parse_fixes)
+    top_k: int = 16
+    domain: str = "node"  # the locality domain an EP group must fit in
+    reserve_bytes: float | None = None  # framework reserve per GPU (default: resource.FRAMEWORK_RESERVE_FRACTION)
+    flash_attention: bool = True
+
+    def model_section(self) -> str | dict:
+        if self.seq_len is None:
+            return self.model
+        base = self.model if isinstance(self.model, dict) else {"preset": self.model}
+        if isinstance(self.model, str) and ("/" in self.model or self.model.endswith((".yaml", ".json"))):
+            base = {"preset": str(Path(self.model).resolve())}
+        return {**base, "seq_len": self.seq_len}
+
+    def config(self, point: PlanPoint) -> dict:
+        """The full config of one candidate, ready for `simulate` or `run`."""
+        return {"model": self.model_section(), "topology": self.topology, "placement": "contiguous",
+                "cost": {"profile": self.profile, "flash_attention": self.flash_attention}, **point.config_sections()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    request: PlanRequest
+    model: ModelSpec
+    table: pd.DataFrame  # one row per candidate, ranked
+    hbm_bytes: float
+    reserve_bytes: float
+    rank_correlation: float  # Spearman of estimated and simulated step times on the refined set (nan: < 3)
+    screen_s: float
+    refine_s: float
+
+    @property
+    def best(self) -> pd.Series | None:
+        fits = self.table[self.table["fits"]]
+        return None if fits.empty else fits.iloc[0]
+
+    def best_config(self) -> dict:
+        best = self.best
+        return self.request.config(PlanPoint(**{k: _py(best[k]) for k in PlanPoint.__dataclass_fields__}))
+
+
+def domain_gpus(topology_spec: str | dict, num_gpus: int, domain: str) -> int:
+    """GPUs in one locality domain of the topology: a node, the nodes on one switch, a dragonfly group."""
+    if domain not in DOMAINS:
+        raise ConfigError("--ep-domain", domain, f"one of {', '.join(DOMAINS)}")
+    topo = load_topology(topology_spec, num_gpus)
+    host0 = topo.host_of(topo.gpus[0])
+    per_node = sum(1 for g in topo.gpus if topo.host_of(g) == host0)
+    params = read_topology_mapping(topology_spec).get("params") or {}
+    per_switch = per_node * int(params.get("nodes_per_switch", 1))
+    sizes = {"node": per_node, "switch": per_switch,
+             "group": per_switch * int(params.get("switches_per_group", 0)) or num_gpus, "any": num_gpus}
+    return min(sizes[domain], num_gpus)
+
+
+def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]:
+    """Every candidate with its memory per stage, fit and analytic estimate (not yet ranked)."""
+    model = load_model(request.model_section())
+    topo = load_topology(request.topology, request.num_gpus)
+    gpus = place(topo, request.num_gpus, "contiguous")
+    profile = load_profile(request.profile)
+    points = enumerate_plans(model, request.num_gpus, request.global_batch, fixed=request.fixed,
+                             domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
+                             schedules=SCHEDULE_NAMES, all_to_alls=A2A_NAMES)
+    if not points:
+        raise ConfigError("plan", f"{model.name} on {request.num_gpus} GPUs, global batch {request.global_batch}",
+                          "a GPU count, batch and --fix values that admit at least one plan (ep must divide "
+                          f"{model.num_experts} experts and fit the {request.domain}, pp <= {model.num_layers} "
+                          "layers, the batch must split into whole microbatches)")
+    reserve = reserve_bytes(profile.hbm_bytes, request.reserve_bytes)
+    estimator = Estimator(model, topo, gpus, profile)
+    rows = []
+    for point in points:
+        memory = stage_memory(model, point, flash_attention=request.flash_attention)
+        peaks = [m.peak_bytes for m in memory]
+        headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
+        worst = int(np.argmin(headroom))
+        rows.append({**point.as_row(), "label": point.label(), "peak_memory_bytes": max(peaks),
+                     "stage0_memory_bytes": peaks[0], "memory_headroom_bytes": min(headroom),
+                     "fits": min(headroom) >= 0,
+                     "why_not": "" if min(headroom) >= 0 else
+                     f"stage {worst} needs {peaks[worst] / 2**30:.1f} GiB, "
+                     f"{(profile.hbm_bytes - reserve) / 2**30:.1f} GiB usable",
+                     **estimator.estimate(point).as_row()})
+    return model, pd.DataFrame(rows), profile.hbm_bytes, reserve
+
+
+def simulate_point(payload: dict) -> dict:
+    """One config simulated (a Dask task): the figures the planner and sweeps keep."""
+    t0 = time.perf_counter()
+    result = simulate(load_config(payload["config"]))
+    r = result.report
+    return {"sim_step_time_s": r.step_time_s, "sim_mfu": r.mfu, "sim_tflops_per_gpu": r.tflops_per_gpu,
+            "sim_tokens_per_s": r.tokens_per_s, "sim_bubble_fraction": r.bubble_fraction,
+            "sim_exposed_comm_fraction": r.exposed_comm_fraction,
+            "sim_peak_memory_bytes": max(r.peak_memory_bytes), "sim_all_to_all_bandwidth_bytes_per_s":
+            r.all_to_all_bandwidth_bytes_per_s, "sim_wall_s": time.perf_counter() - t0}
+
+
+def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, workers: int | None = None,
+         progress: bool = True) -> PlanResult:
+    """Screen every candidate, refine the top K that fit with the simulator, rank."""
+    t0 = time.perf_counter()
+    model, table, hbm, reserve = screen(request)
+    screen_s = time.perf_counter() - t0
+    table = table.sort_values(["fits", "est_step_time_s"], ascending=[False, True], kind="stable")
+    refine = table[table["fits"]].head(request.top_k)
+    points = []
+    for _, row in refine.iterrows():
+        config = request.config(PlanPoint(**{k: _py(row[k]) for k in PlanPoint.__dataclass_fields__}))
+        points.append((point_digest(config), {"config": config}))
+    if progress:
+        print(f"plan: {len(table)} candidates, {int(table['fits'].sum())} fit in memory; screened in "
+              f"{screen_s:.2f} s; simulating the top {len(points)}", file=sys.stderr)
+    t1 = time.perf_counter()
+    results = run_points(simulate_point, points, ResultStore(out), scheduler=scheduler, workers=workers,
+                         label="simulating plans", progress=progress)
+    refine_s = time.perf_counter() - t1
+    sim = pd.DataFrame([{"label": row["label"], **results[digest]}
+                        for (digest, _), (_, row) in zip(points, refine.iterrows(), strict=True)])
+    table = table.merge(sim, on="label", how="left") if not sim.empty else table.assign(sim_step_time_s=np.nan)
+    table["step_time_s"] = table["sim_step_time_s"].fillna(table["est_step_time_s"])
+    table["refined"] = table["sim_step_time_s"].notna()
+    table = table.sort_values(["fits", "refined", "step_time_s"], ascending=[False, False, True], kind="stable")
+    table.insert(0, "rank", range(1, len(table) + 1))
+    refined = table[table["refined"]]
+    rho = (spearman(refined["est_step_time_s"].tolist(), refined["sim_step_time_s"].tolist())
+           if len(refined) >= 3 else float("nan"))
+    return PlanResult(request=request, model=model, table=table.reset_index(drop=True), hbm_bytes=hbm,
+                      reserve_bytes=reserve, rank_correlation=rho, screen_s=screen_s, refine_s=refine_s)
+
+
+def _py(value: object) -> object:
+    return value.item() if hasattr(value, "item") else value
