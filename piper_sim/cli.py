@@ -44,6 +44,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(cfg)
     write_run(args.out, result)
     print(format_report(result.report))
+    unfit = [p for p, fits in enumerate(result.report.fits_memory or []) if not fits]
+    if unfit:
+        print(f"piper-sim: warning: stage(s) {', '.join(map(str, unfit))} need more memory than the device has "
+              f"({result.report.hbm_bytes / 2**30:.1f} GiB HBM less the framework reserve; docs/planning.md): "
+              "this plan would not run; `piper-sim plan` lists plans that fit", file=sys.stderr)
     print(f"wrote {args.out}/ (report.json, config.yaml, trace, perfetto.json, links.csv, plots/)")
     return 0
 

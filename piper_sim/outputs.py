@@ -61,9 +61,14 @@ def format_report(report: Report | dict) -> str:
         "peak memory/stage   " + ", ".join(f"{m / gib:.2f}" for m in report["peak_memory_bytes"]) + " GiB",
         f"all-to-all bw       {report['all_to_all_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s per GPU",
     ]
+    if "memory_headroom_bytes" in report:
+        lines.append("memory headroom     " + ", ".join(f"{h / gib:.2f}" for h in report["memory_headroom_bytes"])
+                     + " GiB per stage (HBM less the framework reserve" + ("" if all(report["fits_memory"])
+                                                                          else "; DOES NOT FIT") + ")")
     if "busiest_link" in report:
         b = report["busiest_link"]
-        lines.append(f"busiest link        {b['link']} ({b['link_kind']}) {b['utilization'] * 100:.1f} % mean")
+        lines.append(f"busiest link        {b['link']} ({b['link_kind']}) "
+                     f"{b['utilization'] * 100:.1f} % mean utilization")
     if "sim_wall_s" in report:
         lines.append(f"simulated in        {report['sim_wall_s']:.2f} s")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
 
 def simulate(cfg: Config, schedule: Schedule | None = None) -> RunResult:
@@ -57,9 +58,12 @@ def simulate(cfg: Config, schedule: Schedule | None = None) -> RunResult:
     migrate = trace[trace["role"] == "migrate"]
     experts["migration"]["time_fraction"] = float(
         (migrate["end_s"] - migrate["start_s"]).sum() / max(len(trace["rank"].unique()), 1) / trace["end_s"].max())
+    peaks = _per_stage_max(records.peak_memory_bytes, par.pp)
+    headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve_bytes(profile.hbm_bytes))
     report = make_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
                          tokens_per_step=par.sequences_per_step * cfg.model.seq_len,
-                         peak_memory_by_stage=_per_stage_max(records.peak_memory_bytes, par.pp), links=links,
+                         peak_memory_by_stage=peaks, links=links, memory_headroom_bytes=headroom,
+                         fits_memory=[h >= 0 for h in headroom],
                          sim_wall_s=time.perf_counter() - t0, hbm_bytes=profile.hbm_bytes, backend="sim",
                          peak_memory_bytes_first_step=_per_stage_max(records.first_step_peak_memory_bytes, par.pp),
                          **experts)

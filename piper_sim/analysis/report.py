@@ -77,6 +77,9 @@ class Report:
     # simulator
     sim_wall_s: float | None = None
     hbm_bytes: float | None = None
+    # per stage, against hbm_bytes less the framework reserve (workload/memory.py)
+    memory_headroom_bytes: list[float] | None = None
+    fits_memory: list[bool] | None = None
     peak_memory_bytes_first_step: list[float] | None = None
     imbalance: dict | None = None
     migration: dict | None = None

@@ -23,13 +23,14 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.engine import run_points
 from piper_sim.planning.estimate import Estimator
-from piper_sim.planning.resource import headroom_bytes, reserve_bytes, stage_memory
+from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans
 from piper_sim.planning.store import ResultStore, point_digest
 from piper_sim.simulate import simulate
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import place
 from piper_sim.validation.summary import spearman
+from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import load_model
 

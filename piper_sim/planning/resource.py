@@ -9,10 +9,7 @@ These are the functions the simulator's memory tracker uses (sim/plan.py), so un
 model and the tracker agree exactly; skewed routing adds the rows a rank's experts really get, which only
 the simulator sees.
 
-fits: peak <= HBM - reserve. The reserve (FRAMEWORK_RESERVE_FRACTION of HBM unless given) stands for what
-the model does not count: the runtime's context and kernels, the communication library's buffers, the
-transient dispatch/combine buffers of one all-to-all and the allocator's fragmentation. It is an
-assumption, stated in docs/planning.md, not a measurement.
+A plan fits when every stage's peak is within HBM less the framework reserve (workload/memory.py).
 Pure: no simpy, torch.
 """
 
@@ -28,8 +25,6 @@ from piper_sim.schedule.registry import SCHEDULES
 from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_params
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import stage_layer_split
-
-FRAMEWORK_RESERVE_FRACTION = 0.10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,12 +58,3 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
         out.append(StageMemory(state_bytes=STATE_BYTES_PER_PARAM * (params["dense"] + params["expert"]),
                                activation_bytes=peak_live_bytes(program, act)))
     return out
-
-
-def reserve_bytes(hbm_bytes: float, reserve_bytes_given: float | None = None) -> float:
-    return FRAMEWORK_RESERVE_FRACTION * hbm_bytes if reserve_bytes_given is None else reserve_bytes_given
-
-
-def headroom_bytes(peaks: list[float], hbm_bytes: float, reserve: float) -> list[float]:
-    """Per stage: what is left of HBM after the reserve and the stage's peak (negative: does not fit)."""
-    return [hbm_bytes - reserve - peak for peak in peaks]

@@ -13,7 +13,12 @@ implementations keep them, and as the torch backend does; docs/metrics.md):
   each routed row's expert output (d) to weight it; the router's probabilities (T x E, fp32);
 - shared experts and dense FFNs: their inner activations (their input is the norm output);
 - the last stage: its final norm (2 T d) and the fp32 logits, 4 T V bytes.
-Activation elements are dtype_bytes each. Must not import simpy or torch.
+Activation elements are dtype_bytes each.
+A plan fits when each stage's peak is within HBM less a framework reserve: FRAMEWORK_RESERVE_FRACTION of
+HBM unless given. The reserve stands for what the formulas do not count: the runtime's context and
+kernels, the communication library's buffers, the transient dispatch/combine buffers of one all-to-all and
+the allocator's fragmentation. It is an assumption (docs/planning.md), not a measurement.
+Must not import simpy or torch.
 """
 
 from __future__ import annotations
@@ -21,6 +26,17 @@ from __future__ import annotations
 from piper_sim.workload.model import ModelSpec
 
 STATE_BYTES_PER_PARAM = 16
+FRAMEWORK_RESERVE_FRACTION = 0.10
+
+
+def reserve_bytes(hbm_bytes: float, given_bytes: float | None = None) -> float:
+    """The framework reserve of one device: given_bytes, else FRAMEWORK_RESERVE_FRACTION of its HBM."""
+    return FRAMEWORK_RESERVE_FRACTION * hbm_bytes if given_bytes is None else given_bytes
+
+
+def headroom_bytes(peaks: list[float], hbm_bytes: float, reserve: float) -> list[float]:
+    """Per stage: what is left of HBM after the reserve and the stage's peak (negative: does not fit)."""
+    return [hbm_bytes - reserve - peak for peak in peaks]
 
 
 def rank_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int) -> dict[str, float]:
