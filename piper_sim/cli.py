@@ -18,6 +18,7 @@ from piper_sim.config import load_config
 from piper_sim.errors import PiperError
 from piper_sim.paths import config_path, data_dir
 from piper_sim.planning.cli import register as register_plan
+from piper_sim.planning.cli import register_sweep
 from piper_sim.schedule.build import build_coarse_schedule, build_schedule
 from piper_sim.schedule.grid import render_grid
 from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
@@ -221,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_study(sub)
     register_calibrate(sub)
     register_plan(sub)
+    register_sweep(sub)
     return parser
 
 

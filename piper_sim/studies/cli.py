@@ -15,6 +15,7 @@ import yaml
 from piper_sim.config import apply_overrides, read_config_file
 from piper_sim.errors import ConfigError
 from piper_sim.paths import config_path
+from piper_sim.planning.cli import register_scaling
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     b.add_argument("--out", required=True, type=Path, help="output directory")
     b.set_defaults(func=cmd_study_imbalance)
+    register_scaling(studies)
 
 
 def _params(overrides: list[str]) -> dict:
