@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from piper_sim.errors import ConfigError
+from piper_sim.planning.engine import check_scheduler
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.space import parse_fixes
 
@@ -59,6 +60,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           topology=args.topology, profile=args.profile, seq_len=args.seq_len,
                           fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain,
                           reserve_bytes=None if args.reserve_GiB is None else args.reserve_GiB * 2**30)
+    check_scheduler(args.scheduler)
     result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers)
     print(format_plan_table(result))
     if not math.isnan(result.rank_correlation):
@@ -90,6 +92,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from piper_sim.paths import config_path
     from piper_sim.planning.sweep import run_sweep
 
+    check_scheduler(args.scheduler)
     table = run_sweep(config_path(args.config), args.grid, args.out, overrides=args.overrides,
                       scheduler=args.scheduler, workers=args.workers)
     print(table.drop(columns=["digest"]).to_string(index=False, max_rows=40))
@@ -130,6 +133,7 @@ def cmd_study_scaling(args: argparse.Namespace) -> int:
                        topology=args.topology, profile=args.profile, seq_len=args.seq_len,
                        fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain)
     requests = scaling_requests(base, counts, weak=args.weak, sequences_per_gpu=args.sequences_per_gpu)
+    check_scheduler(args.scheduler)
     table = run_scaling(requests, args.out, weak=args.weak is not None, scheduler=args.scheduler,
                         workers=args.workers)
     print(table.to_string(index=False))

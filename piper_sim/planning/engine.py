@@ -22,6 +22,13 @@ from piper_sim.planning.store import ResultStore
 CONNECT_TIMEOUT_S = 10
 
 
+def check_scheduler(scheduler: str | None) -> None:
+    """Fail at once, before any work, when --scheduler names no reachable Dask scheduler."""
+    if scheduler:
+        with dask_client(scheduler, None):
+            pass
+
+
 @contextmanager
 def dask_client(scheduler: str | None, workers: int | None):
     """A distributed.Client: to `scheduler` when given, else on a LocalCluster of `workers` single-threaded
