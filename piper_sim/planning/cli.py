@@ -37,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
                    help="fix or bound a knob, e.g. --fix parallel.pp=4 --fix schedule=1f1b,zb-h1 (repeatable)")
     p.add_argument("--top", type=int, default=16, help="plans refined with the simulator (default 16)")
-    p.add_argument("--ep-domain", choices=DOMAINS, default="node",
-                   help="locality domain an EP group must fit in (default node)")
+    p.add_argument("--ep-domain", choices=DOMAINS, default="switch",
+                   help="locality domain an EP group must fit in: a node, the nodes on one switch (default), a "
+                        "dragonfly group, or any")
     p.add_argument("--reserve-GiB", type=float, default=None,
                    help="framework reserve per GPU in GiB (default 10%% of HBM; docs/planning.md)")
     add_engine_args(p)
@@ -115,7 +116,7 @@ def register_scaling(studies: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default="mi250x")
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]")
     p.add_argument("--top", type=int, default=4, help="plans simulated per point (default 4; 0: estimate only)")
-    p.add_argument("--ep-domain", choices=DOMAINS, default="node")
+    p.add_argument("--ep-domain", choices=DOMAINS, default="switch")
     add_engine_args(p)
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_study_scaling)

@@ -181,24 +181,41 @@ class Estimator:
 
     def phases_s(self, phases: list[Phase], gpus: tuple[str, ...] | None = None) -> float:
         """End of the last phase, each after the phases in its `after`."""
+        gpus = gpus if gpus is not None else tuple(self.gpus)
         ends: list[float] = []
         for phase in phases:
             start = max((ends[a] for a in phase.after), default=0.0)
-            ends.append(start + self._phase_s(phase, gpus if gpus is not None else tuple(self.gpus)))
+            ends.append(start + self._phase_s(phase, gpus))
         return max(ends, default=0.0)
 
     def _phase_s(self, phase: Phase, gpus: tuple[str, ...]) -> float:
+        """The engine's delay before the flows (phase_delay_s), then the busiest link's bytes over its capacity.
+        Link loads are linear in the flows' sizes, so the load per byte is memoized per flow pattern."""
         if phase.sizes.size == 0:
             return 0.0
-        load = np.zeros(len(self.topo.links))
-        latency = 0.0
-        for s, d, size in zip(phase.src.tolist(), phase.dst.tolist(), phase.sizes.tolist(), strict=True):
-            for fraction, links in self.topo.paths(gpus[s], gpus[d]):
-                load[list(links)] += fraction * size
-                latency = max(latency, self.topo.path_latency_s(links))
+        pattern = (gpus, phase.src.tobytes(), phase.dst.tobytes())
+        hit = self._memo.get(pattern)
+        if hit is None:
+            hit = self._memo[pattern] = self._link_matrix(phase, gpus)
+        link, flow, fraction, capacity, latency = hit
+        load = np.bincount(link, weights=fraction * phase.sizes[flow], minlength=capacity.size)
         delay = phase_delay_s(phase, self.topo.params.message_overhead_s, latency)
-        return delay + float(np.max(load / self.topo.capacity_bytes_per_s))
+        return delay + float(np.max(load / capacity))
 
+    def _link_matrix(self, phase: Phase, gpus: tuple[str, ...]) -> tuple:
+        """The phase's flows on the links they touch: (link index among them, flow, share of the flow,
+        capacity of each touched link, the largest path latency)."""
+        links, flows, fractions = [], [], []
+        latency = 0.0
+        for j, (s, d) in enumerate(zip(phase.src.tolist(), phase.dst.tolist(), strict=True)):
+            for fraction, path in self.topo.paths(gpus[s], gpus[d]):
+                links.extend(path)
+                flows.extend([j] * len(path))
+                fractions.extend([fraction] * len(path))
+                latency = max(latency, self.topo.path_latency_s(path))
+        touched, index = np.unique(np.array(links, dtype=np.int64), return_inverse=True)
+        return (index, np.array(flows, dtype=np.int64), np.array(fractions),
+                self.topo.capacity_bytes_per_s[touched], latency)
 
 @functools.lru_cache(maxsize=4096)
 def _rows_cached(num_experts: int, top_k: int, ep: int, layer: int, tokens: int) -> tuple[int, ...]:

@@ -47,7 +47,7 @@ class PlanRequest:
     seq_len: int | None = None
     fixed: dict | None = None  # knob -> allowed values (space.parse_fixes)
     top_k: int = 16
-    domain: str = "node"  # the locality domain an EP group must fit in
+    domain: str = "switch"  # the locality domain an EP group must fit in (Piper: a node or a switch group)
     reserve_bytes: float | None = None  # framework reserve per GPU (default: resource.FRAMEWORK_RESERVE_FRACTION)
     flash_attention: bool = True
 

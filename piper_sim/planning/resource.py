@@ -10,7 +10,7 @@ model and the tracker agree exactly; skewed routing adds the rows a rank's exper
 the simulator sees.
 
 A plan fits when every stage's peak is within HBM less the framework reserve (workload/memory.py).
-Pure: no simpy, torch.
+Pure: no simpy, torch (the live counts per schedule shape are cached; peak = counts @ bytes per chunk).
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 from piper_sim.planning.space import PlanPoint
 from piper_sim.schedule.ir import Task
-from piper_sim.schedule.liveness import peak_live_bytes
+from piper_sim.schedule.liveness import activation_deltas
 from piper_sim.schedule.registry import SCHEDULES
 from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_params
 from piper_sim.workload.model import ModelSpec
@@ -47,14 +49,32 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
     """Per pipeline stage: state and peak activation bytes of one of its ranks."""
     num_virtual = point.pp * point.vpp
     layers = stage_layer_split(model.num_layers, num_virtual)
-    programs = coarse_programs(point.schedule, point.pp, point.vpp, point.num_microbatches)
     out = []
-    for p, program in enumerate(programs):
+    for p in range(point.pp):
         chunks = [c * point.pp + p for c in range(point.vpp)]
         held = tuple(layer for v in chunks for layer in layers[v])
         params = rank_params(model, held, first=0 in chunks, last=num_virtual - 1 in chunks, ep=point.ep)
         act = {c: activation_bytes(model, layers[v], point.micro_batch_size, last=v == num_virtual - 1,
                                    flash_attention=flash_attention) for c, v in enumerate(chunks)}
+        counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
+        peak = float(np.max(counts @ np.array([act[c] for c in range(point.vpp)])))
         out.append(StageMemory(state_bytes=STATE_BYTES_PER_PARAM * (params["dense"] + params["expert"]),
-                               activation_bytes=peak_live_bytes(program, act)))
+                               activation_bytes=peak))
     return out
+
+
+@functools.lru_cache(maxsize=16384)
+def live_counts(schedule: str, pp: int, vpp: int, num_microbatches: int, stage: int) -> np.ndarray:
+    """[position, chunk]: microbatches of each chunk alive at each task of the stage's program, counted as the
+    tracker counts them (a task's additions before its releases), so that the peak of live bytes is
+    max(counts @ bytes per chunk) (schedule.liveness.peak_live_bytes, computed once per schedule shape)."""
+    program = coarse_programs(schedule, pp, vpp, num_microbatches)[stage]
+    columns = []
+    for chunk in range(vpp):
+        at_start, at_end = activation_deltas(program, {c: float(c == chunk) for c in range(vpp)})
+        added = np.cumsum(at_start)
+        released = np.concatenate(([0.0], np.cumsum(at_end)[:-1]))
+        columns.append(added + released)
+    counts = np.column_stack(columns)
+    counts.setflags(write=False)
+    return counts
