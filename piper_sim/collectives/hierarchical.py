@@ -1,4 +1,4 @@
-"""Topology-aware collectives: HALO, 2D hierarchical and Bruck all-to-all; tree and hierarchical all-reduce.
+"""Topology-aware collectives: 2D hierarchical and Bruck all-to-all; tree and hierarchical all-reduce (HALO: halo.py).
 
 Registered into the registries of `piper_sim.collectives.phases` (algorithms.py imports this module). Members are
 grouped by host (`graph.nodes[gpu]["host"]`); a member's local index is its rank among the members of
@@ -42,61 +42,6 @@ def local_index(host: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
 def _empty(name: str, after: tuple[int, ...] = ()) -> Phase:
     return Phase(src=np.zeros(0, dtype=np.int64), dst=np.zeros(0, dtype=np.int64), sizes=np.zeros(0),
                  name=name, after=after)
-
-
-# ---- HALO ----------------------------------------------------------------------------------------
-def halo_relays(groups: list[np.ndarray]) -> dict[tuple[int, int], tuple[int, int]]:
-    """(sender member on A, receiver member on B) of every ordered node pair (A, B), A != B.
-
-    Node A's outgoing pairs, ordered B = A+1, A+2, ... (mod H), are striped round-robin over A's
-    members; node B's incoming pairs, ordered A = B-1, B-2, ..., are striped over B's members, so
-    every NIC sends and receives when there are at least as many nodes as members per node.
-    """
-    h = len(groups)
-    relays: dict[tuple[int, int], tuple[int, int]] = {}
-    for a in range(h):
-        for t in range(h - 1):
-            b = (a + 1 + t) % h
-            sender = int(groups[a][t % groups[a].size])
-            receiver = int(groups[b][t % groups[b].size])  # t is also A's position among B's incoming pairs
-            relays[(a, b)] = (sender, receiver)
-    return relays
-
-
-@ALL_TO_ALL.register("halo")
-@split_exchange(node_gather=True)
-def a2a_halo(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
-    """Piper's HALO: hierarchical all-to-all in three phases (DESIGN.md section 6), after the split sizes.
-
-    Packing ("pack", first): every member hands the rows it holds for peer node B to the member of its
-    node that sends to B (an intra-node exchange; on GPUs the same bytes cross the node fabric when the
-    sender reads its peers' rows). Phase I ("intra", after packing): direct all-to-all of the entries
-    whose source and destination share a node. Phase II ("inter", after packing, concurrent with I): for
-    every ordered pair of distinct nodes (A, B), the rows from all members on A to all members on B
-    travel as one message from a member of A to a member of B (`halo_relays`: round-robin striping, so
-    each GPU uses its own NIC and all NICs are busy). Phase III ("redistribute", after II): the
-    receiving member on B forwards the rows to their destination members on B over the intra-node
-    fabric; the receiver's own rows stay (dropped). The torch backend runs the same sequence.
-    Every destination receives exactly its column of the matrix (less the diagonal) over I, II and III.
-    """
-    n = matrix.shape[0]
-    host, groups = host_groups(members, topo)
-    same = host[:, None] == host[None, :]
-    h = len(groups)
-    pack = np.zeros((n, n))
-    inter = np.zeros((n, n))
-    forward = np.zeros((n, n))
-    if h > 1:
-        # node-to-member bytes: rows from all members of node A to member d
-        from_node = np.zeros((h, n))
-        np.add.at(from_node, host, np.where(same, 0.0, matrix))
-        for (a, b), (sender, receiver) in halo_relays(groups).items():
-            cols = groups[b]
-            pack[groups[a], sender] += matrix[np.ix_(groups[a], cols)].sum(axis=1)
-            inter[sender, receiver] += from_node[a, cols].sum()
-            forward[receiver, cols] += from_node[a, cols]
-    return [matrix_phase(pack, "pack"), matrix_phase(np.where(same, matrix, 0.0), "intra", after=(0,)),
-            matrix_phase(inter, "inter", after=(0,)), matrix_phase(forward, "redistribute", after=(2,))]
 
 
 # ---- 2D hierarchical -----------------------------------------------------------------------------

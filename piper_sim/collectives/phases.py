@@ -8,6 +8,9 @@ to phases; an all-reduce algorithm maps (bytes per member, member GPUs, topology
 Every phase's flows are (src member, dst member, bytes); `messages` is how many messages each flow
 sends one after another (each pays latency and per-message overhead); `after` lists the phases
 that must end before this one starts. Flows from a member to itself are local copies and dropped.
+A phase may name its own costs: `overhead_s` replaces the topology's per-message overhead (a library
+model that prices its messages itself sets 0), and `delay_s` is a fixed cost paid before the flows
+(sim.collective.phase_delay_s).
 
 Uneven all-to-alls first tell the receivers how many rows come (`split_exchange`), as the torch
 backend's implementations do: the counts (one int64 per pair) go by the same algorithm; pairwise, halo
@@ -35,6 +38,8 @@ class Phase:
     messages: int = 1
     after: tuple[int, ...] = ()
     name: str = ""
+    overhead_s: float | None = None  # per-message overhead; None: the topology's message_overhead_s
+    delay_s: float = 0.0  # a fixed cost before the flows start (e.g. a library's host-side posting)
 
 
 AllToAll = Callable[[np.ndarray, list[str], Topology], list[Phase]]

@@ -27,9 +27,11 @@ def phase_delay_s(phase: Phase, overhead_s: float, latency_s: float) -> float:
     """What a phase pays before its flows enter the network: each source posts its messages one after
     another, so the busiest source's count of messages pays the per-message overhead (message count
     matters, not only bytes; an upper bound, since the posting is not overlapped with the transfers
-    already under way), and each of the phase's sequential messages pays the largest path latency."""
+    already under way), and each of the phase's sequential messages pays the largest path latency.
+    A phase's own `overhead_s` replaces the topology's; its `delay_s` is added."""
     per_source = int(np.bincount(phase.src).max()) if phase.src.size else 0
-    return phase.messages * (overhead_s * per_source + latency_s)
+    overhead = overhead_s if phase.overhead_s is None else phase.overhead_s
+    return phase.delay_s + phase.messages * (overhead * per_source + latency_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ class Topology:
     gpus: list[str]
     params: NetworkParams = field(default_factory=NetworkParams)
     router: Callable[[Topology, str, str], tuple[tuple[float, tuple[int, ...]], ...]] | None = None
+    # the YAML `collectives` mapping (algorithm name -> unit-suffixed parameters); piper_sim.collectives reads it
+    collectives: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._route_cache: dict[tuple[str, str], tuple[tuple[float, tuple[int, ...]], ...]] = {}

@@ -1,7 +1,9 @@
 """Load a topology from a preset name, a YAML path or an inline mapping.
 
-YAML form: {name: str, description: str, builder: registered builder, params: {unit-suffixed keys}}.
-A mapping may also be {preset: NAME, params: {overrides}}.
+YAML form: {name: str, description: str, builder: registered builder, params: {unit-suffixed keys},
+collectives: {algorithm: {unit-suffixed keys}}, sources: [...]}. `collectives` holds the parameters of the
+machine's collective algorithms (the vendor libraries' models, HALO's pipelining), read and checked by
+piper_sim.collectives. A mapping may also be {preset: NAME, params: {overrides}, collectives: {overrides}}.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from piper_sim.topology import build_dgx, build_dragonfly, build_frontier, build
 from piper_sim.topology.builders import BUILDERS
 from piper_sim.topology.graph import Topology
 
-TOPOLOGY_KEYS = ("name", "description", "builder", "params", "preset", "sources")
+TOPOLOGY_KEYS = ("name", "description", "builder", "params", "preset", "sources", "collectives")
 
 
 def topology_presets() -> list[str]:
@@ -32,7 +34,8 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
         if "preset" in raw:
             base = read_topology_mapping(str(raw.pop("preset")))
             params = {**base.get("params", {}), **raw.pop("params", {})}
-            raw = {**base, **raw, "params": params}
+            collectives = _merge_collectives(base.get("collectives") or {}, raw.pop("collectives", None) or {})
+            raw = {**base, **raw, "params": params, "collectives": collectives}
     else:
         path = Path(spec)
         if path.suffix not in (".yaml", ".yml"):
@@ -53,12 +56,24 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
     return raw
 
 
+def _merge_collectives(base: dict, over: dict) -> dict:
+    """Per-algorithm override of the preset's collective parameters (key by key)."""
+    for key, value in (("topology.collectives", base), ("topology.collectives", over)):
+        if not isinstance(value, dict):
+            raise ConfigError(key, value, "a mapping of algorithm name to parameters")
+    return {name: {**(base.get(name) or {}), **(over.get(name) or {})} for name in {*base, *over}}
+
+
 def load_topology(spec: str | dict | Path, num_gpus: int | None = None) -> Topology:
     """Build the topology; num_gpus sizes it when the file does not fix the node count."""
     raw = read_topology_mapping(spec)
     builder = BUILDERS.get(raw["builder"], "topology.builder")
     topo = builder(raw.get("params") or {}, num_gpus)
     topo.name = raw.get("name", topo.name)
+    collectives = raw.get("collectives") or {}
+    if not isinstance(collectives, dict) or not all(isinstance(v, dict) for v in collectives.values()):
+        raise ConfigError("topology.collectives", collectives, "a mapping of algorithm name to parameters")
+    topo.collectives = {str(k): dict(v) for k, v in collectives.items()}
     if num_gpus is not None and topo.num_gpus < num_gpus:
         raise ConfigError("topology", topo.name, f"a machine with at least {num_gpus} GPUs (has {topo.num_gpus})")
     return topo
