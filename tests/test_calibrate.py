@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from piper_sim.calibrate import fit
-from piper_sim.calibrate.load import load_profile
+from piper_sim.calibrate.load import load_host_profile, load_profile, load_profiles
 from piper_sim.calibrate.profile import aggregate, build_profile, core_sharing_summary
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
@@ -164,14 +164,14 @@ def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     assert wait["scheduler_slice_us"] == pytest.approx(4000)
     sharing = profile["measurements"]["core_sharing"]
     assert sharing["ranks_per_core"] == [1, 2, 4] and sharing["cpu_time_factor"] == pytest.approx([1.0, 1.15, 1.3])
-    cost = load_profile(profile)
-    assert cost.core_sharing_factor(1) == 1.0 and cost.core_sharing_factor(0.5) == 1.0
-    assert cost.core_sharing_factor(3) == pytest.approx(1.225)  # interpolated between the levels measured
-    assert cost.core_sharing_factor(8) == pytest.approx(1.3)  # flat beyond the last level
-    assert cost.scheduler_slice_s == pytest.approx(4e-3)
-    assert cost.blocking_wait_s(0) == pytest.approx(200e-6, rel=1e-3)
-    assert cost.blocking_wait_s(0.35) == pytest.approx(350e-6, rel=1e-3)  # interpolated in the load
-    assert cost.blocking_wait_s(5) == pytest.approx(1000e-6, rel=1e-3)  # flat beyond the last level
+    cost, host = load_profiles(profile)
+    assert host.core_sharing_factor(1) == 1.0 and host.core_sharing_factor(0.5) == 1.0
+    assert host.core_sharing_factor(3) == pytest.approx(1.225)  # interpolated between the levels measured
+    assert host.core_sharing_factor(8) == pytest.approx(1.3)  # flat beyond the last level
+    assert host.scheduler_slice_s == pytest.approx(4e-3)
+    assert host.blocking_wait_s(0) == pytest.approx(200e-6, rel=1e-3)
+    assert host.blocking_wait_s(0.35) == pytest.approx(350e-6, rel=1e-3)  # interpolated in the load
+    assert host.blocking_wait_s(5) == pytest.approx(1000e-6, rel=1e-3)  # flat beyond the last level
     assert cost.kernel_launch_s == pytest.approx(2e-6)
     assert cost.hbm_bytes == pytest.approx(8 * 2**30)  # memory per rank
 
@@ -191,8 +191,8 @@ def test_core_sharing_factor_is_the_median_of_each_rounds_ratio_to_one_process_p
     # the machine's reference speed is one process per core's median round
     raw = yaml.safe_load((data_dir("traces/profiles") / "cpu-2rank.yaml").read_text())
     raw["measurements"]["core_sharing"] = summary
-    cost = load_profile(raw)
-    assert cost.reference_cpu_s == pytest.approx(4e-3) and cost.reference_preset == "tiny-moe"
+    host = load_host_profile(raw)
+    assert host.reference_cpu_s == pytest.approx(4e-3) and host.reference_preset == "tiny-moe"
     summary["window_means_us"][0] = ["slow"]
     with pytest.raises(ConfigError, match="core_sharing"):
         load_profile(raw)
@@ -450,11 +450,12 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     assert wait["ranks_per_core"] == [0, 1, 2] and wait["computing_per_core"][0] == 0.0
     assert all(t > 0 for t in wait["after_last_us"]) and all(e >= 0 for e in wait["extra_per_call_us"])
     assert all(n > 0 for n in wait["exchanges"]) and wait["scheduler_slice_us"] > 0
-    assert profile.blocking_wait_s(0) == pytest.approx(wait["extra_per_call_us"][0] * 1e-6, rel=1e-3)
+    host = load_host_profile(raw)
+    assert host.blocking_wait_s(0) == pytest.approx(wait["extra_per_call_us"][0] * 1e-6, rel=1e-3)
     sharing = raw["measurements"]["core_sharing"]
     assert sharing["ranks_per_core"] == [1, 2] and sharing["cpu_time_factor"][0] == 1.0
     assert all(t > 0 for t in sharing["cpu_us_per_iteration"]) and all(u > 0 for u in sharing["cores_used"])
-    assert profile.core_sharing_factor(2) == pytest.approx(sharing["cpu_time_factor"][1], rel=1e-3)
+    assert host.core_sharing_factor(2) == pytest.approx(sharing["cpu_time_factor"][1], rel=1e-3)
     router = raw["measurements"]["framework_overhead"]["forward"]["ops"]["router:0"]
     assert router["tokens"] == [8, 256, 1024] and all(t > 0 for t in router["time_us_by_tokens"])
     experts = raw["measurements"]["framework_overhead"]["forward"]["ops"]["experts:0"]["by_experts"]
