@@ -18,7 +18,9 @@ from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.presets import load_model
 
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
-            "cost", "sim")
+            "cost", "sim", "recompute", "recompute_layers", "optimizer")
+RECOMPUTE_MODES = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2)
 DEFAULTS: dict = {
     "schedule": "1f1b",
     "topology": "uniform",
@@ -28,11 +30,15 @@ DEFAULTS: dict = {
     "migration": {"enabled": False},
     "cost": {"profile": "mi250x", "flash_attention": True},
     "sim": {"steps": 1, "seed": 0, "collapse": True},
+    "recompute": "none",
+    "recompute_layers": None,
+    "optimizer": {"zero": 0},
 }
 SECTION_KEYS = {
     "collectives": {"all_to_all", "all_reduce"},
     "cost": {"profile", "flash_attention"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
+    "optimizer": {"zero"},
     "parallel": {"pp", "ep", "dp", "tp", "vpp", "num_microbatches", "micro_batch_size", "world_size"},
 }
 
@@ -56,6 +62,9 @@ class Config:
     seed: int
     trace_format: str
     collapse: bool  # simulate interchangeable ranks of a stage as one lane (exact; checked at run time)
+    recompute: str = "none"  # activation recomputation: none | selective | full
+    recompute_layers: int | None = None  # full: layers of each pipeline chunk recomputed (None: all)
+    zero: int = 0  # optimizer-state sharding over the data-parallel replicas (ZeRO stage 0, 1 or 2)
     raw: dict
 
     def resolved(self) -> dict:
@@ -160,13 +169,32 @@ def resolve(raw: dict) -> Config:
         raise ConfigError("schedule", full["schedule"], "a schedule name")
     if not isinstance(full["cost"]["flash_attention"], bool):
         raise ConfigError("cost.flash_attention", full["cost"]["flash_attention"], "true or false")
+    recompute, recompute_layers, zero = _plan_features(full, parallel)
     return Config(
-        model=model, parallel=parallel, schedule=full["schedule"], topology=full["topology"],
+        model=model, parallel=parallel, recompute=recompute, recompute_layers=recompute_layers, zero=zero,
+        schedule=full["schedule"], topology=full["topology"],
         placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
         all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
         cost_profile=full["cost"]["profile"], flash_attention=full["cost"]["flash_attention"], steps=steps,
         seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full,
     )
+
+
+def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None, int]:
+    """recompute, recompute_layers and optimizer.zero, checked."""
+    recompute, layers, zero = full["recompute"], full["recompute_layers"], full["optimizer"]["zero"]
+    if recompute not in RECOMPUTE_MODES:
+        raise ConfigError("recompute", recompute, f"one of {', '.join(RECOMPUTE_MODES)}")
+    if layers is not None:
+        if recompute != "full":
+            raise ConfigError("recompute_layers", layers, "unset unless recompute is full")
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise ConfigError("recompute_layers", layers, "a positive integer (layers of each chunk recomputed)")
+    if zero not in ZERO_STAGES or isinstance(zero, bool):
+        raise ConfigError("optimizer.zero", zero, "0, 1 or 2")
+    if zero and parallel.dp * parallel.ep == 1:
+        raise ConfigError("optimizer.zero", zero, "0 when there is one data-parallel replica (dp x ep = 1)")
+    return recompute, layers, zero
 
 
 def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> Config:

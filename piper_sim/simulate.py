@@ -40,7 +40,8 @@ def simulate(cfg: Config, schedule: Schedule | None = None) -> RunResult:
         return Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
                           coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
                           steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse,
-                          migration=cfg.migration, host_profile=host_profile)
+                          migration=cfg.migration, host_profile=host_profile, recompute=cfg.recompute,
+                          recompute_layers=cfg.recompute_layers, zero=cfg.zero)
 
     t1 = time.perf_counter()
     fell_back = False

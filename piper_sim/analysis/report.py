@@ -5,6 +5,8 @@ Owns the metric definitions (docs/metrics.md repeats them):
 - model_flops_per_step: FLOPs of the useful forward and backward work of one step, summed over
   all ranks (active experts only, no recomputation), from the tasks' flops.
 - mfu: model_flops_per_step / (step_time_s x num_gpus x peak FLOP/s of one GPU).
+- hfu: the same with the FLOPs of activation recomputation included (hardware FLOPs; equal to mfu
+  without recomputation).
 - bubble_fraction: mean over ranks of the time the rank is neither computing nor communicating.
 - exposed_comm_fraction: mean over ranks of communication time not hidden under compute.
 - all_to_all_bandwidth_bytes_per_s: mean over all-to-all calls of the mean bytes a member sends
@@ -19,6 +21,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
+
+from piper_sim.schedule.ir import RECOMPUTE_KINDS
 
 
 def union_length_by_rank(df: pd.DataFrame, num_ranks: int) -> np.ndarray:
@@ -68,6 +72,7 @@ class Report:
     model_flops_per_step: float
     tflops_per_gpu: float
     mfu: float
+    hfu: float
     compute_fraction: float
     bubble_fraction: float
     exposed_comm_fraction: float
@@ -106,7 +111,10 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
     num_steps = len(steps)
     step_time = float(np.mean(steps))
     makespan = float(df["end_s"].max())
-    model_flops = float(df["flops"].sum()) / num_steps
+    hardware_flops = float(df["flops"].sum()) / num_steps
+    recompute = df["kind"].isin(sorted(RECOMPUTE_KINDS))
+    model_flops = hardware_flops - float(df.loc[recompute, "flops"].sum()) / num_steps if recompute.any() \
+        else hardware_flops
     compute = df[df["stream"] == "compute"]
     comm = df[df["stream"] != "compute"]
     busy_compute = union_length_by_rank(compute, num_gpus)
@@ -119,6 +127,7 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
         tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_step / step_time,
         model_flops_per_step=model_flops, tflops_per_gpu=model_flops / step_time / num_gpus / 1e12,
         mfu=model_flops / (step_time * num_gpus * peak_flops_per_s),
+        hfu=hardware_flops / (step_time * num_gpus * peak_flops_per_s),
         compute_fraction=float(np.mean(busy_compute) / makespan),
         bubble_fraction=float(np.mean(makespan - busy_any) / makespan),
         exposed_comm_fraction=float(np.mean(busy_any - busy_compute) / makespan),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase
+from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
 from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
@@ -90,13 +91,16 @@ class Estimator:
                 key = ("chunk", tokens, point.ep, layers[v], v == 0, v == num_virtual - 1, zb)
                 cf, cb, cw, cflops, moe = self._cached(
                     key, lambda v=v: self._chunk(coster, point.ep, layers[v], v == 0, v == num_virtual - 1, zb))
-                f, b, w, flops = f + cf, b + cb, w + cw, flops + cflops
-                a2a_s += 4 * moe * a2a
+                key = ("redo", tokens, point.ep, layers[v], v == 0, point.recompute)
+                rs, redo_moe = self._cached(
+                    key, lambda v=v: self._recompute(coster, point.ep, layers[v], v == 0, point.recompute))
+                f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
+                a2a_s += (4 * moe + 2 * redo_moe) * a2a
             per_stage.append((f + a2a_s / 2, b + a2a_s / 2, w, a2a_s))
             flops_per_rank_mb.append(flops)
         pipeline = _pipeline_s(point, per_stage)
         p2p = 2 * (num_virtual - 1) * self._cached(("p2p", point.pp, tokens), lambda: self._p2p_s(point, tokens))
-        grad, optimizer = self._cached(("reduce", point.pp, point.vpp, point.ep, point.dp),
+        grad, optimizer = self._cached(("reduce", point.pp, point.vpp, point.ep, point.dp, point.zero),
                                        lambda: self._reduce_s(point, layers))
         step = pipeline + p2p + grad + optimizer
         ranks_per_stage = point.ep * point.dp
@@ -129,6 +133,23 @@ class Estimator:
                 ws, wf = 0.0, 0.0
             f, b, w, flops = f + fs, b + bs, w + ws, flops + ff + bf + wf
         return f, b, w, flops, moe
+
+    def _recompute(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, recompute: str
+                   ) -> tuple[float, int]:
+        """(seconds, MoE layers whose all-to-alls run again) of what a chunk re-runs before its backward: full,
+        the forward of its layers; selective, each layer's attention core (as schedule.lower emits them)."""
+        if recompute == "selective":
+            return coster.cost("recompute", tuple(f"attn_core:{layer}" for layer in layers))[0], 0
+        if recompute != "full":
+            return 0.0, 0
+        seconds, moe = 0.0, 0
+        for seg in chunk_segments(self.model, layers, first=first, last=False):
+            if seg.role:
+                moe += seg.role == "dispatch"
+                continue
+            rows = self._expert_rows(ep, seg.ops[0], coster.tokens) if seg.expert else ()
+            seconds += coster.cost("recompute_expert" if seg.expert else "recompute", seg.ops, rows)[0]
+        return seconds, moe
 
     def _expert_rows(self, ep: int, op: str, tokens: int) -> tuple[int, ...]:
         """Rows each local expert of EP rank 0 gets under balanced routing (as the engine dispatches)."""
@@ -165,19 +186,27 @@ class Estimator:
             params = rank_params(self.model, held, **ends)
             grad = 0.0
             base = p * per_stage
-            if point.ep * point.dp > 1:  # dense gradients over every replica of the stage
-                grad += self._all_reduce_s(params["dense"], self.gpus[base:base + per_stage])
-            if point.dp > 1:  # expert gradients over the data-parallel copies of the same experts
-                grad += self._all_reduce_s(params["expert"], self.gpus[base:base + per_stage:point.ep])
+            dense_shards, expert_shards = point.ep * point.dp, point.dp
+            if dense_shards > 1:  # dense gradients over every replica of the stage
+                grad += self._reduce_group_s(params["dense"], self.gpus[base:base + per_stage], point.zero)
+            if expert_shards > 1:  # expert gradients over the data-parallel copies of the same experts
+                grad += self._reduce_group_s(params["expert"], self.gpus[base:base + per_stage:point.ep], point.zero)
+            if not point.zero:
+                dense_shards = expert_shards = 1
+            updated = params["dense"] / dense_shards + params["expert"] / expert_shards
             tensors = rank_param_tensors(self.model, held, **ends)
             worst_grad = max(worst_grad, grad)
-            worst_opt = max(worst_opt, self.coster(1).optimizer_time_s(params["dense"] + params["expert"], tensors))
+            worst_opt = max(worst_opt, self.coster(1).optimizer_time_s(updated, tensors))
         return worst_grad, worst_opt
 
-    def _all_reduce_s(self, params: float, gpus: list[str]) -> float:
-        phases = ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(
-            params * self.model.dtype_bytes, list(gpus), self.topo)
-        return self.phases_s(phases, tuple(gpus))
+    def _reduce_group_s(self, params: float, gpus: list[str], zero: int) -> float:
+        """One all-reduce of the gradients, or with ZeRO their reduce-scatter and the parameters' all-gather."""
+        size = params * self.model.dtype_bytes
+        if not zero:
+            return self.phases_s(ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),
+                                 tuple(gpus))
+        return sum(self.phases_s(registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),
+                                 tuple(gpus)) for registry in (REDUCE_SCATTER, ALL_GATHER))
 
     def phases_s(self, phases: list[Phase], gpus: tuple[str, ...] | None = None) -> float:
         """End of the last phase, each after the phases in its `after`."""

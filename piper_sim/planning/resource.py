@@ -24,15 +24,16 @@ from piper_sim.planning.space import PlanPoint
 from piper_sim.schedule.ir import Task
 from piper_sim.schedule.liveness import activation_deltas
 from piper_sim.schedule.registry import SCHEDULES
-from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_params
+from piper_sim.sim.plan import stage_memory_terms
+from piper_sim.workload.memory import rank_params
 from piper_sim.workload.model import ModelSpec
-from piper_sim.workload.parallel import stage_layer_split
+from piper_sim.workload.parallel import ParallelSpec, stage_layer_split
 
 
 @dataclass(frozen=True, kw_only=True)
 class StageMemory:
-    state_bytes: float  # weights, gradients and optimizer state of the parameters held
-    activation_bytes: float  # peak of the activations alive at once
+    state_bytes: float  # weights, gradients and optimizer state of the parameters held (ZeRO-sharded)
+    activation_bytes: float  # peak of the activations alive at once (with a recomputed layer's transient)
 
     @property
     def peak_bytes(self) -> float:
@@ -49,17 +50,18 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
     """Per pipeline stage: state and peak activation bytes of one of its ranks."""
     num_virtual = point.pp * point.vpp
     layers = stage_layer_split(model.num_layers, num_virtual)
+    parallel = ParallelSpec(pp=point.pp, ep=point.ep, dp=point.dp, vpp=point.vpp,
+                            num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size)
     out = []
     for p in range(point.pp):
         chunks = [c * point.pp + p for c in range(point.vpp)]
         held = tuple(layer for v in chunks for layer in layers[v])
         params = rank_params(model, held, first=0 in chunks, last=num_virtual - 1 in chunks, ep=point.ep)
-        act = {c: activation_bytes(model, layers[v], point.micro_batch_size, last=v == num_virtual - 1,
-                                   flash_attention=flash_attention) for c, v in enumerate(chunks)}
+        terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
+                                   recompute=point.recompute, recompute_layers=None, zero=point.zero)
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
-        peak = float(np.max(counts @ np.array([act[c] for c in range(point.vpp)])))
-        out.append(StageMemory(state_bytes=STATE_BYTES_PER_PARAM * (params["dense"] + params["expert"]),
-                               activation_bytes=peak))
+        peak = float(np.max(counts @ np.array([terms["act"][c] for c in range(point.vpp)])))
+        out.append(StageMemory(state_bytes=terms["state"], activation_bytes=peak + terms["transient"]))
     return out
 
 

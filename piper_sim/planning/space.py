@@ -1,17 +1,19 @@
 """The plan space: every knob of a parallel plan, Piper's constraints on it, and its enumeration.
 
-Owns PlanPoint (one candidate), Knobs (the values each knob may take, after --fix), enumerate_plans and the
-constraints that need no memory model: the mesh uses all GPUs, ep divides the experts, pp x vpp <= layers,
-the global batch splits into whole microbatches, an EP group fits the locality domain asked for (node,
-switch or dragonfly group of the topology), and each schedule's own rules (interleaved needs vpp >= 2 and
-microbatches a multiple of pp; the others vpp = 1). Memory (the stage-0 bottleneck) is resource.py's.
-Pure: no simpy, torch.
+Owns PlanPoint (one candidate: pp, ep, dp, vpp, micro-batch size, microbatches, schedule, all-to-all,
+activation recomputation, ZeRO stage), parse_fixes (--fix) and enumerate_plans with the constraints that
+need no memory model: the mesh uses all GPUs, ep divides the experts, pp x vpp <= layers, the global batch
+splits into whole microbatches, an EP group fits the locality domain asked for (node, switch or dragonfly
+group of the topology), optimizer sharding only with more than one replica, and each schedule's own rules
+(interleaved needs vpp >= 2 and microbatches a multiple of pp; the others vpp = 1; duplicates
+dropped: ZB-H1 at pp 1 is 1F1B). Memory (the stage-0 bottleneck) is resource.py's. Pure: no simpy, torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES
 from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 
@@ -30,6 +32,8 @@ class PlanPoint:
     num_microbatches: int
     schedule: str
     all_to_all: str
+    recompute: str = "none"
+    zero: int = 0
 
     @property
     def num_gpus(self) -> int:
@@ -37,14 +41,16 @@ class PlanPoint:
 
     def label(self) -> str:
         vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
+        extra = (f" rc-{self.recompute}" if self.recompute != "none" else "") + (f" z{self.zero}" if self.zero else "")
         return (f"pp{self.pp} ep{self.ep} dp{self.dp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
-                f"{self.schedule} {self.all_to_all}")
+                f"{self.schedule} {self.all_to_all}{extra}")
 
     def config_sections(self) -> dict:
         """The config sections this point sets (merged over the base config)."""
         return {"parallel": {"pp": self.pp, "ep": self.ep, "dp": self.dp, "tp": 1, "vpp": self.vpp,
                              "num_microbatches": self.num_microbatches, "micro_batch_size": self.micro_batch_size},
-                "schedule": self.schedule, "collectives": {"all_to_all": self.all_to_all}}
+                "schedule": self.schedule, "collectives": {"all_to_all": self.all_to_all},
+                "recompute": self.recompute, "optimizer": {"zero": self.zero}}
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -54,7 +60,8 @@ KNOB_NAMES = tuple(f.name for f in fields(PlanPoint))
 # --fix keys as users write them (config keys) -> knob
 FIX_KEYS = {"parallel.pp": "pp", "parallel.ep": "ep", "parallel.dp": "dp", "parallel.vpp": "vpp",
             "parallel.micro_batch_size": "micro_batch_size", "parallel.num_microbatches": "num_microbatches",
-            "schedule": "schedule", "collectives.all_to_all": "all_to_all"}
+            "schedule": "schedule", "collectives.all_to_all": "all_to_all", "recompute": "recompute",
+            "optimizer.zero": "zero"}
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4)
 DEFAULT_VPP = (1, 2, 4)
 
@@ -68,8 +75,8 @@ def parse_fixes(items: list[str]) -> dict[str, tuple]:
         if not sep or knob is None or not value:
             raise ConfigError("--fix", item, f"KEY=VALUE[,VALUE...] with KEY one of {', '.join(FIX_KEYS)}")
         values = tuple(v.strip() for v in value.split(","))
-        if knob in ("schedule", "all_to_all"):
-            allowed = SCHEDULE_NAMES if knob == "schedule" else A2A_NAMES
+        if knob in ("schedule", "all_to_all", "recompute"):
+            allowed = {"schedule": SCHEDULE_NAMES, "all_to_all": A2A_NAMES, "recompute": RECOMPUTE_MODES}[knob]
             bad = [v for v in values if v not in allowed]
             if bad:
                 raise ConfigError(f"--fix {key}", bad[0], f"one of {', '.join(allowed)}")
@@ -79,7 +86,9 @@ def parse_fixes(items: list[str]) -> dict[str, tuple]:
                 ints = tuple(int(v) for v in values)
             except ValueError:
                 raise ConfigError(f"--fix {key}", value, "positive integers") from None
-            if any(v <= 0 for v in ints):
+            if knob == "zero" and any(v not in ZERO_STAGES for v in ints):
+                raise ConfigError(f"--fix {key}", value, "0, 1 or 2")
+            if knob != "zero" and any(v <= 0 for v in ints):
                 raise ConfigError(f"--fix {key}", value, "positive integers")
             out[knob] = ints
     return out
@@ -91,7 +100,8 @@ def divisors(n: int) -> list[int]:
 
 def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domain_gpus: int,
                     fixed: dict[str, tuple] | None = None, schedules: tuple[str, ...] = SCHEDULE_NAMES,
-                    all_to_alls: tuple[str, ...] = A2A_NAMES) -> list[PlanPoint]:
+                    all_to_alls: tuple[str, ...] = A2A_NAMES, recomputes: tuple[str, ...] = ("none",),
+                    zeros: tuple[int, ...] = (0,)) -> list[PlanPoint]:
     """Every plan that satisfies the structural constraints, in a fixed order.
 
     global_batch: sequences per step (= micro_batch_size x num_microbatches x dp x ep). domain_gpus: the
@@ -122,8 +132,11 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
                         if not _schedule_allows(schedule, pp, vpp, m, model.num_layers):
                             continue
                         for a2a in allowed("all_to_all", all_to_alls):
-                            out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
-                                                 num_microbatches=m, schedule=schedule, all_to_all=a2a))
+                            for recompute in allowed("recompute", recomputes):
+                                for zero in allowed("zero", zeros if replicas > 1 else (0,)):
+                                    out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
+                                                         num_microbatches=m, schedule=schedule, all_to_all=a2a,
+                                                         recompute=recompute, zero=zero))
     return out
 
 

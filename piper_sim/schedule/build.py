@@ -26,4 +26,5 @@ def build_schedule(cfg: Config) -> Schedule:
     """The lowered schedule of one training step for this config."""
     layers = stage_layer_split(cfg.model.num_layers, cfg.parallel.pp * cfg.parallel.vpp)
     migration = bool(cfg.migration.get("enabled")) and cfg.migration.get("policy", "greedy") != "none"
-    return lower(build_coarse_schedule(cfg), cfg.model, layers, migration=migration)
+    return lower(build_coarse_schedule(cfg), cfg.model, layers, migration=migration, recompute=cfg.recompute,
+                 recomputed=cfg.recompute_layers, zero=cfg.zero)

@@ -39,10 +39,14 @@ class TaskKind(StrEnum):
     BACKWARD_EXPERT_INPUT = "backward_expert_input"
     BACKWARD_WEIGHT = "backward_weight"
     OPTIMIZER = "optimizer"
+    RECOMPUTE = "recompute"  # a forward re-run before a backward (activation recomputation)
+    RECOMPUTE_EXPERT = "recompute_expert"
     SEND = "send"
     RECV = "recv"
     ALL_TO_ALL = "all_to_all"
     ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"  # sharded optimizer state (ZeRO): gradients
+    ALL_GATHER = "all_gather"  # sharded optimizer state (ZeRO): updated parameters
 
 
 class Stream(StrEnum):
@@ -63,14 +67,17 @@ class Role(StrEnum):
     COMBINE = "combine"
     GRAD_DENSE = "grad_dense"
     GRAD_EXPERT = "grad_expert"
+    PARAM_DENSE = "param_dense"
+    PARAM_EXPERT = "param_expert"
     MIGRATE = "migrate"
 
 
 K = TaskKind
 COMPUTE_KINDS = frozenset({K.FORWARD, K.FORWARD_EXPERT, K.BACKWARD, K.BACKWARD_EXPERT, K.BACKWARD_INPUT,
-                           K.BACKWARD_EXPERT_INPUT, K.BACKWARD_WEIGHT, K.OPTIMIZER})
+                           K.BACKWARD_EXPERT_INPUT, K.BACKWARD_WEIGHT, K.OPTIMIZER, K.RECOMPUTE, K.RECOMPUTE_EXPERT})
+RECOMPUTE_KINDS = frozenset({K.RECOMPUTE, K.RECOMPUTE_EXPERT})  # hardware FLOPs, not model FLOPs
 P2P_KINDS = frozenset({K.SEND, K.RECV})
-COLLECTIVE_KINDS = frozenset({K.ALL_TO_ALL, K.ALL_REDUCE})
+COLLECTIVE_KINDS = frozenset({K.ALL_TO_ALL, K.ALL_REDUCE, K.REDUCE_SCATTER, K.ALL_GATHER})
 COARSE_KINDS = frozenset({K.FORWARD, K.BACKWARD, K.BACKWARD_INPUT, K.BACKWARD_WEIGHT})
 STREAM_OF_KIND = {**{k: Stream.COMPUTE for k in COMPUTE_KINDS}, **{k: Stream.P2P for k in P2P_KINDS},
                   **{k: Stream.COLLECTIVE for k in COLLECTIVE_KINDS}}
@@ -114,8 +121,8 @@ class Task:
 
     @property
     def in_forward(self) -> bool:
-        """Part of a forward pass (lowering names those tasks "F:..."): which way an all-to-all runs."""
-        return self.task_id.startswith("F:")
+        """Part of a forward pass or its recomputation (lowering names those tasks "F:..." and "R:...")."""
+        return self.task_id.startswith(("F:", "R:"))
 
     @property
     def is_compute(self) -> bool:

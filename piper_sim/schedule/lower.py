@@ -20,6 +20,7 @@ from piper_sim.workload.model import ModelSpec
 BACKWARD_KIND = {
     ("backward", False): "backward", ("backward", True): "backward_expert",
     ("backward_input", False): "backward_input", ("backward_input", True): "backward_expert_input",
+    ("recompute", False): "recompute", ("recompute", True): "recompute_expert",
 }
 
 
@@ -67,6 +68,9 @@ class LoweringContext:
     reduce_dense_axis: str  # "" when there is nothing to reduce
     reduce_expert_axis: str
     migration: bool = False
+    recompute: str = "none"  # none | selective | full
+    recomputed: int | None = None  # full: layers of each chunk recomputed (None: all)
+    zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
 
     @property
     def num_virtual(self) -> int:
@@ -78,17 +82,23 @@ class LoweringContext:
 
 
 def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], *,
-          migration: bool = False) -> Schedule:
+          migration: bool = False, recompute: str = "none", recomputed: int | None = None,
+          zero: int = 0) -> Schedule:
     """Lower a generator's coarse schedule into executable per-stage programs.
 
     migration: end each program with a `migrate` exchange over the EP group (expert migration
-    between steps), when there is more than one EP rank.
+    between steps), when there is more than one EP rank. recompute: before each chunk's backward,
+    "full" re-runs the forward of its first `recomputed` layers (all when None; their all-to-alls too),
+    "selective" the attention core of each layer (kinds recompute / recompute_expert, after the gradient
+    arrives). zero > 0: gradients are reduce-scattered before the optimizer step and the updated
+    parameters all-gathered after it, in place of one all-reduce.
     """
     mesh = coarse.mesh
     ctx = LoweringContext(
         model=model, pp=coarse.pp, vpp=coarse.vpp, stage_layers=stage_layers, expert_group="ep",
         reduce_dense_axis="ep_dp" if mesh.ep * mesh.dp > 1 else "",
         reduce_expert_axis="dp" if mesh.dp > 1 else "", migration=migration and mesh.ep > 1,
+        recompute=recompute, recomputed=recomputed, zero=zero,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
     return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
@@ -149,6 +159,10 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
             deps = (*deps, tasks[-1].task_id)
         else:
             deps = (*deps, last_of[f"B:c{(v + 1) // ctx.pp}:m{m}"])
+    redo = _recompute_segments(ctx, v) if task.kind != "backward_weight" else []
+    if redo:
+        tasks.extend(_expand(redo, f"R:c{c}:m{m}", "recompute", task, deps, ctx.expert_group))
+        deps = (tasks[-1].task_id,)
     backward = [replace(s, role=_FLIP[s.role]) if s.role else s for s in reversed(ctx.segments(v))]
     tasks.extend(_expand(backward, prefix, task.kind, task, deps, ctx.expert_group))
     if v > 0 and (v - 1) % ctx.pp != p:
@@ -158,6 +172,18 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
 
 
 _FLIP = {"dispatch": "combine", "combine": "dispatch"}
+
+
+def _recompute_segments(ctx: LoweringContext, v: int) -> list[Segment]:
+    """What a chunk re-runs before its backward: full, the forward of its first recomputed layers (their
+    all-to-alls included); selective, each layer's attention core."""
+    layers = ctx.stage_layers[v]
+    if ctx.recompute == "selective":
+        return [Segment(ops=tuple(f"attn_core:{layer}" for layer in layers))] if layers else []
+    if ctx.recompute == "full":
+        redo = layers if ctx.recomputed is None else layers[:ctx.recomputed]
+        return chunk_segments(ctx.model, redo, first=v == 0, last=False) if redo else []
+    return []
 
 
 def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: tuple[str, ...],
@@ -180,12 +206,22 @@ def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: t
 def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
     last = program[-1].task_id
     tasks: list[Task] = []
-    for role, axis in (("grad_dense", ctx.reduce_dense_axis), ("grad_expert", ctx.reduce_expert_axis)):
-        if axis:
-            tasks.append(Task(task_id=f"allreduce:{role}", kind="all_reduce", role=role, group_axis=axis,
-                              deps=(last,)))
-            last = tasks[-1].task_id
+    axes = [(kind, axis) for kind, axis in (("dense", ctx.reduce_dense_axis), ("expert", ctx.reduce_expert_axis))
+            if axis]
+    for kind, axis in axes:
+        if ctx.zero:
+            tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind="reduce_scatter", role=f"grad_{kind}",
+                              group_axis=axis, deps=(last,)))
+        else:
+            tasks.append(Task(task_id=f"allreduce:grad_{kind}", kind="all_reduce", role=f"grad_{kind}",
+                              group_axis=axis, deps=(last,)))
+        last = tasks[-1].task_id
     tasks.append(Task(task_id="optimizer", kind="optimizer", deps=(last,)))
+    last = "optimizer"
+    for kind, axis in axes if ctx.zero else ():
+        tasks.append(Task(task_id=f"allgather:param_{kind}", kind="all_gather", role=f"param_{kind}",
+                          group_axis=axis, deps=(last,)))
+        last = tasks[-1].task_id
     if ctx.migration:
-        tasks.append(Task(task_id="migrate", kind="all_to_all", role="migrate", group_axis="ep", deps=("optimizer",)))
+        tasks.append(Task(task_id="migrate", kind="all_to_all", role="migrate", group_axis="ep", deps=(last,)))
     return tasks

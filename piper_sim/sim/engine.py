@@ -22,6 +22,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase
+from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective import CollectiveRunner
@@ -63,7 +64,8 @@ class Simulation:
     def __init__(self, *, schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, topology: Topology,
                  placement: list[str], coster: TaskCoster, routing: RoutingModel, all_to_all: str,
                  all_reduce: str, steps: int = 1, flash_attention: bool = True, collapse: bool = False,
-                 migration: dict | None = None, host_profile: HostProfile | None = None) -> None:
+                 migration: dict | None = None, host_profile: HostProfile | None = None,
+                 recompute: str = "none", recompute_layers: int | None = None, zero: int = 0) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
@@ -74,7 +76,11 @@ class Simulation:
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, topology.capacity_bytes_per_s)
         self.runner = CollectiveRunner(self.env, self.network, topology)
-        self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention)
+        self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention,
+                                                        recompute=recompute, recompute_layers=recompute_layers,
+                                                        zero=zero)
+        self.sharded = {"reduce_scatter": REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
+                        "all_gather": ALL_GATHER.get(all_reduce, "collectives.all_reduce")} if zero else {}
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
@@ -193,7 +199,7 @@ class Simulation:
     def _compute_cost(self, rank: int, stage: int, step: int, i: int, task: Task) -> tuple[float, float]:
         plan = self.plans[stage]
         if task.kind == "optimizer":
-            return self.coster.optimizer_time_s(plan.params_dense + plan.params_expert, plan.param_tensors), 0.0
+            return self.coster.optimizer_time_s(plan.optimizer_params, plan.param_tensors), 0.0
         if not plan.expert_layers[i]:
             return plan.fixed_cost[i]
         ep_index = self.mesh.coords(rank)["ep"]
@@ -300,9 +306,10 @@ class Simulation:
             matrix = d.bytes_matrix(self.row_bytes, task.role).astype(float)
             return self.a2a(matrix, gpus, self.topo), matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
         plan = self.plans[self.mesh.stage_of(rank)]
-        params = plan.params_dense if task.role == "grad_dense" else plan.params_expert
+        params = plan.params_dense if task.role in ("grad_dense", "param_dense") else plan.params_expert
         size = params * self.model.dtype_bytes
-        return self.all_reduce(size, gpus, self.topo), np.full(len(group), size), self.ar_name
+        algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
+        return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name
 
     # ---- p2p -----------------------------------------------------------------------------------
     def _post_p2p(self, lane: tuple[int, ...], lane_id: int, stage: int, local: np.ndarray, step: int, i: int,

@@ -10,12 +10,19 @@ from dataclasses import dataclass
 
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.schedule.liveness import activation_deltas
-from piper_sim.workload.memory import STATE_BYTES_PER_PARAM, activation_bytes, rank_param_tensors, rank_params
+from piper_sim.workload.memory import (
+    activation_bytes,
+    rank_param_tensors,
+    rank_params,
+    recompute_transient_bytes,
+    state_bytes,
+)
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 
 STREAM_CODE = {"compute": 0, "p2p": 1, "collective": 2}
-EXPERT_KINDS = frozenset({"forward_expert", "backward_expert", "backward_expert_input", "backward_weight"})
+EXPERT_KINDS = frozenset({"forward_expert", "backward_expert", "backward_expert_input", "backward_weight",
+                          "recompute_expert"})
 
 
 @dataclass(kw_only=True)
@@ -30,14 +37,18 @@ class StagePlan:
     params_dense: float
     params_expert: float
     param_tensors: int
+    state_bytes: float  # training state of the parameters held (sharded as the optimizer's ZeRO stage says)
+    transient_bytes: float  # full recomputation: one recomputed layer's activations during its backward
+    optimizer_params: float  # parameters this rank's optimizer step updates (its shard under ZeRO)
 
     @property
     def static_bytes(self) -> float:
-        return STATE_BYTES_PER_PARAM * (self.params_dense + self.params_expert)
+        return self.state_bytes + self.transient_bytes
 
 
-def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSpec,
-                      flash_attention: bool) -> list[StagePlan]:
+def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, flash_attention: bool, *,
+                      recompute: str = "none", recompute_layers: int | None = None, zero: int = 0
+                      ) -> list[StagePlan]:
     plans = []
     num_virtual = schedule.num_virtual_stages
     for p, program in enumerate(schedule.stage_programs):
@@ -46,9 +57,10 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         layers = tuple(layer for v in chunks for layer in schedule.stage_layers[v])
         ends = {"first": 0 in chunks, "last": num_virtual - 1 in chunks, "ep": parallel.ep}
         params = rank_params(model, layers, **ends)
-        act = {c: activation_bytes(model, schedule.stage_layers[v], parallel.micro_batch_size,
-                                   last=v == num_virtual - 1, flash_attention=flash_attention)
-               for c, v in enumerate(chunks)}
+        memory = stage_memory_terms(model, schedule.stage_layers, chunks, parallel, params,
+                                    flash_attention=flash_attention, recompute=recompute,
+                                    recompute_layers=recompute_layers, zero=zero)
+        act = memory["act"]
         mem_start, mem_end = activation_deltas(program, act)
         plans.append(StagePlan(
             program=program,
@@ -59,6 +71,29 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
             fixed_cost=[(0.0, 0.0)] * len(program),
             mem_at_start=mem_start, mem_at_end=mem_end,
             params_dense=params["dense"], params_expert=params["expert"],
-            param_tensors=rank_param_tensors(model, layers, **ends),
+            param_tensors=rank_param_tensors(model, layers, **ends), state_bytes=memory["state"],
+            transient_bytes=memory["transient"], optimizer_params=memory["optimizer_params"],
         ))
     return plans
+
+
+def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
+                       parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
+                       recompute: str, recompute_layers: int | None, zero: int) -> dict:
+    """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state,
+    the recomputation transient, and the parameters its optimizer updates."""
+    num_virtual = len(stage_layers)
+    recomputed = {c: len(stage_layers[v]) if recompute_layers is None else recompute_layers
+                  for c, v in enumerate(chunks)}
+    act = {c: activation_bytes(model, stage_layers[v], parallel.micro_batch_size, last=v == num_virtual - 1,
+                               flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c])
+           for c, v in enumerate(chunks)}
+    transient = max(recompute_transient_bytes(model, stage_layers[v], parallel.micro_batch_size,
+                                              recompute=recompute, recomputed=recomputed[c],
+                                              flash_attention=flash_attention) for c, v in enumerate(chunks))
+    dense_shards, expert_shards = parallel.ep * parallel.dp, parallel.dp
+    if not zero:  # every replica updates all of its parameters
+        dense_shards = expert_shards = 1
+    return {"act": act, "transient": transient,
+            "state": state_bytes(params, zero=zero, dense_shards=dense_shards, expert_shards=expert_shards),
+            "optimizer_params": params["dense"] / dense_shards + params["expert"] / expert_shards}

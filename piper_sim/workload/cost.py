@@ -31,6 +31,7 @@ class ExchangeTask(Protocol):
 BACKWARD_FACTOR = {
     "forward": 1.0, "forward_expert": 1.0, "backward": 2.0, "backward_expert": 2.0,
     "backward_input": 1.0, "backward_expert_input": 1.0, "backward_weight": 1.0,
+    "recompute": 1.0, "recompute_expert": 1.0,
 }
 
 
@@ -86,7 +87,7 @@ class TaskCoster:
         over the numbers of experts calibrate ran (profiles with one number scale it).
         """
         name = op.partition(":")[0]
-        pass_name = "forward" if kind.startswith("forward") else "backward"
+        pass_name = "forward" if kind.startswith(("forward", "recompute")) else "backward"
         entry = self.profile.framework_s.get((pass_name, name))
         if entry is None:
             return None

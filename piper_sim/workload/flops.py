@@ -51,6 +51,9 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
         return OpWork(elementwise_bytes=2 * act, num_kernels=1)
     if name == "attn":
         return _attention(model, tokens)
+    if name == "attn_core":  # the core alone: its FLOPs, softmax's traffic over the scores is fused away
+        full = _attention(model, tokens)
+        return OpWork(attention_flops=full.attention_flops, attention_seq_len=full.attention_seq_len, num_kernels=1)
     if name == "dense":
         width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
         return _ffn(tokens, d, width, m, b, copies=1)

@@ -3,7 +3,9 @@
 Owns the byte formulas of Piper's resource model (DESIGN.md section 6; Dash and Wang 2026), with the
 activation terms spelled out as the tensors a layer keeps for its backward pass (as fused-kernel
 implementations keep them, and as the torch backend does; docs/metrics.md):
-- training state: 16 bytes per parameter (fp16 weight and grad, fp32 master, Adam m and v);
+- training state: 16 bytes per parameter (fp16 weight and grad, fp32 master, Adam m and v); with optimizer
+  state sharded over N replicas (ZeRO, Rajbhandari et al. 2020, section 5.1 with K = 12): stage 1 keeps
+  2 + 2 + 12 / N bytes per parameter, stage 2 keeps 2 + 14 / N (gradients sharded too);
 - attention: Piper's 12 b s d bytes at 2-byte activations, i.e. 6 tensors of T = b s tokens x d (norm
   input and output, q, k, v, attention output), plus 4 b H s^2 for the score matrix when attention is
   not fused (flash attention keeps none);
@@ -13,6 +15,10 @@ implementations keep them, and as the torch backend does; docs/metrics.md):
   each routed row's expert output (d) to weight it; the router's probabilities (T x E, fp32);
 - shared experts and dense FFNs: their inner activations (their input is the norm output);
 - the last stage: its final norm (2 T d) and the fp32 logits, 4 T V bytes.
+Activation recomputation (Korthikanti et al. 2022): "selective" re-runs the attention core before the
+backward, so the score matrix is not kept (as with flash attention); "full" keeps only each recomputed
+layer's input (T d) and re-runs the layer's forward before its backward, when one layer's activations are
+alive again at a time (recompute_transient_bytes).
 Activation elements are dtype_bytes each.
 A plan fits when each stage's peak is within HBM less a framework reserve: FRAMEWORK_RESERVE_FRACTION of
 HBM unless given. The reserve stands for what the formulas do not count: the runtime's context and
@@ -27,6 +33,23 @@ from piper_sim.workload.model import ModelSpec
 
 STATE_BYTES_PER_PARAM = 16
 FRAMEWORK_RESERVE_FRACTION = 0.10
+
+
+def state_bytes_per_param(zero: int, shards: int) -> float:
+    """Training-state bytes per parameter held, with optimizer state sharded over `shards` replicas (ZeRO
+    stage 0, 1 or 2; mixed-precision Adam: fp16 weight 2, fp16 gradient 2, fp32 master + m + v 12)."""
+    if zero == 0 or shards <= 1:
+        return float(STATE_BYTES_PER_PARAM)
+    if zero == 1:
+        return 2 + 2 + 12 / shards
+    return 2 + (2 + 12) / shards
+
+
+def state_bytes(params: dict[str, float], *, zero: int, dense_shards: int, expert_shards: int) -> float:
+    """Training state of a rank's parameters: dense parameters are replicated over dense_shards ranks (ep x dp),
+    routed experts over expert_shards (dp)."""
+    return (params["dense"] * state_bytes_per_param(zero, dense_shards)
+            + params["expert"] * state_bytes_per_param(zero, expert_shards))
 
 
 def reserve_bytes(hbm_bytes: float, given_bytes: float | None = None) -> float:
@@ -88,27 +111,45 @@ def routed_row_bytes(model: ModelSpec) -> float:
 
 
 def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *, last: bool,
-                     flash_attention: bool = True) -> float:
+                     flash_attention: bool = True, recompute: str = "none", recomputed: int = 0) -> float:
     """Activations one micro-batch leaves on a rank between its forward and backward for these layers.
 
+    recompute "full": the first `recomputed` layers keep only their input; "selective" keeps no scores.
     Routed rows are counted as if balanced (tokens x top_k per rank); the simulator's engine adds the
     difference for the rows a rank's experts actually get (`routed_row_bytes` each).
     """
+    tokens = micro_batch_size * model.seq_len
+    total = 0.0
+    for i, layer in enumerate(layers):
+        if recompute == "full" and i < recomputed:
+            total += tokens * model.d_model * model.dtype_bytes
+        else:
+            total += layer_activation_bytes(model, layer, micro_batch_size,
+                                            keep_scores=not flash_attention and recompute == "none")
+    if last:
+        total += 2 * tokens * model.d_model * model.dtype_bytes + 4 * tokens * model.vocab_size
+    return total
+
+
+def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, *, keep_scores: bool) -> float:
+    """What one layer keeps for its backward pass, per micro-batch (the terms of the module docstring)."""
     b, s, d, k = micro_batch_size, model.seq_len, model.d_model, model.top_k
     tokens = b * s
-    elements = 0.0  # in the model's dtype
-    other_bytes = 0.0  # fp32 scores, probabilities and logits; routed rows
-    for layer in layers:
-        elements += 6 * tokens * d + 2 * tokens * d  # attention; the pre-FFN norm
-        if not flash_attention:
-            other_bytes += 4 * b * model.num_heads * s * s
-        if model.is_moe_layer(layer):
-            other_bytes += tokens * k * routed_row_bytes(model) + 4 * tokens * model.num_experts
-            elements += tokens * k * d  # combine
-            elements += tokens * model.num_shared_experts * ffn_inner(model.shared_ffn_dim, model.expert_matrices)
-        else:
-            elements += tokens * ffn_inner(model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count)
-    if last:
-        elements += 2 * tokens * d
-        other_bytes += 4 * tokens * model.vocab_size
+    elements = 6 * tokens * d + 2 * tokens * d  # attention; the pre-FFN norm
+    other_bytes = 4 * b * model.num_heads * s * s if keep_scores else 0.0
+    if model.is_moe_layer(layer):
+        other_bytes += tokens * k * routed_row_bytes(model) + 4 * tokens * model.num_experts
+        elements += tokens * k * d  # combine
+        elements += tokens * model.num_shared_experts * ffn_inner(model.shared_ffn_dim, model.expert_matrices)
+    else:
+        elements += tokens * ffn_inner(model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count)
     return elements * model.dtype_bytes + other_bytes
+
+
+def recompute_transient_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *,
+                              recompute: str, recomputed: int, flash_attention: bool = True) -> float:
+    """Full recomputation: the most one recomputed layer's activations take while its backward runs."""
+    if recompute != "full":
+        return 0.0
+    return max((layer_activation_bytes(model, layer, micro_batch_size, keep_scores=not flash_attention)
+                for layer in layers[:recomputed]), default=0.0)

@@ -3,6 +3,8 @@
 Pure data: names and parsing only. Both backends interpret the same ops:
 - "embed": token ids -> hidden states (first virtual stage only).
 - "attn:L": h = h + attention(norm1(h)) of layer L.
+- "attn_core:L": the attention core of layer L alone (QK^T, softmax, times V) from kept q, k, v: what
+  selective recomputation re-runs before the layer's backward (Korthikanti et al. 2022).
 - "dense:L": h = h + ffn(norm2(h)) of a dense (non-MoE) layer L.
 - "router:L": x = norm2(h); top-k gate over the routed experts; rows of x permuted and grouped by
   destination EP rank, ready for the dispatch all-to-all.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-OP_NAMES = ("embed", "attn", "dense", "router", "shared", "experts", "moe_out", "head")
+OP_NAMES = ("embed", "attn", "attn_core", "dense", "router", "shared", "experts", "moe_out", "head")
 
 
 class Op(NamedTuple):

@@ -1,0 +1,113 @@
+"""Activation recomputation and sharded optimizer state in the schedule, the memory model and the simulator,
+against closed forms."""
+
+from __future__ import annotations
+
+import pytest
+
+from piper_sim.collectives.phases import all_reduce_ring
+from piper_sim.collectives.sharded import all_gather_ring, reduce_scatter_ring
+from piper_sim.config import load_config
+from piper_sim.errors import ConfigError
+from piper_sim.measure import measure
+from piper_sim.schedule.build import build_schedule
+from piper_sim.schedule.validate import check_schedule, dry_run
+from piper_sim.simulate import simulate
+from piper_sim.workload.memory import activation_bytes, state_bytes_per_param
+from piper_sim.workload.presets import load_model
+
+BASE = "examples/small-moe.yaml"  # 8 layers, pp 2 x ep 4, 8 microbatches
+
+
+def _kinds(schedule, stage=0):
+    return [t.kind for t in schedule.stage_programs[stage]]
+
+
+def test_zero_state_bytes_are_the_zero_paper_formulas():
+    # Rajbhandari et al. 2020, section 5.1, mixed-precision Adam (K = 12): Pos 4 + K/Nd, Pos+g 2 + (2 + K)/Nd
+    assert state_bytes_per_param(0, 8) == 16
+    assert state_bytes_per_param(1, 8) == pytest.approx(4 + 12 / 8)
+    assert state_bytes_per_param(2, 8) == pytest.approx(2 + 14 / 8)
+    assert state_bytes_per_param(2, 1) == 16  # one replica: nothing to shard
+
+
+def test_zero_memory_per_rank_in_the_simulator():
+    plain = simulate(load_config(BASE)).report
+    sharded = simulate(load_config(BASE, ["optimizer.zero=2"])).report
+    cfg = load_config(BASE)
+    from piper_sim.sim.plan import build_stage_plans
+
+    plan = build_stage_plans(build_schedule(cfg), cfg.model, cfg.parallel, True)[0]
+    dense, expert = plan.params_dense, plan.params_expert
+    saved = dense * (16 - state_bytes_per_param(2, 4)) + expert * 0  # ep 4 x dp 1: experts have one replica
+    assert plain.peak_memory_bytes[0] - sharded.peak_memory_bytes[0] == pytest.approx(saved, rel=1e-12)
+
+
+def test_reduce_scatter_plus_all_gather_move_what_one_all_reduce_moves():
+    members = [f"g{i}" for i in range(8)]
+    size = 1e9
+    (ar,) = all_reduce_ring(size, members, None)
+    (rs,) = reduce_scatter_ring(size, members, None)
+    (ag,) = all_gather_ring(size, members, None)
+    assert rs.sizes.sum() + ag.sizes.sum() == pytest.approx(ar.sizes.sum())
+    assert rs.sizes[0] == pytest.approx(7 / 8 * size) and rs.messages + ag.messages == ar.messages
+
+
+def test_zero_lowers_to_reduce_scatter_optimizer_all_gather():
+    kinds = _kinds(build_schedule(load_config(BASE, ["optimizer.zero=1"])))
+    tail = kinds[-3:]
+    assert tail == ["reduce_scatter", "optimizer", "all_gather"] and "all_reduce" not in kinds
+
+
+def test_recomputation_memory_is_the_published_rule():
+    """Korthikanti et al. 2022 (Reducing Activation Recomputation in Large Transformer Models), sections 4.1 and
+    5: selective recomputation keeps no attention score matrix; full recomputation keeps only each layer's
+    input, 2 s b h bytes in 16-bit. Assumptions that differ from the paper's GPT: fused kernels and no dropout,
+    so the scores are the only s^2 term (4 b H s^2 bytes, fp32) and no dropout masks are kept."""
+    model = load_model("small-moe")
+    layers, b = (0, 1, 2, 3), 2
+    none = activation_bytes(model, layers, b, last=False, flash_attention=False)
+    selective = activation_bytes(model, layers, b, last=False, flash_attention=False, recompute="selective")
+    full = activation_bytes(model, layers, b, last=False, flash_attention=False, recompute="full", recomputed=4)
+    s, h = model.seq_len, model.d_model
+    assert none - selective == pytest.approx(len(layers) * 4 * b * model.num_heads * s * s, rel=0.02)
+    assert full == pytest.approx(len(layers) * s * b * h * model.dtype_bytes, rel=0.02)
+
+
+def test_full_recomputation_reruns_the_forward_and_its_all_to_alls():
+    plain, full = build_schedule(load_config(BASE)), build_schedule(load_config(BASE, ["recompute=full"]))
+    moe_layers_stage0 = sum(load_model("small-moe").is_moe_layer(layer) for layer in range(4))
+    extra_a2a = _kinds(full).count("all_to_all") - _kinds(plain).count("all_to_all")
+    assert extra_a2a == 2 * moe_layers_stage0 * 8  # dispatch and combine again, per MoE layer and microbatch
+    first_backward = next(i for i, t in enumerate(full.stage_programs[0]) if t.kind.startswith("backward"))
+    assert full.stage_programs[0][first_backward - 1].kind in ("recompute", "recompute_expert")
+    for schedule in (full, build_schedule(load_config(BASE, ["recompute=selective", "schedule=zb-h1"]))):
+        check_schedule(schedule)
+        dry_run(schedule)
+
+
+def test_mfu_excludes_recomputation_and_hfu_includes_it():
+    plain = simulate(load_config(BASE)).report
+    full = simulate(load_config(BASE, ["recompute=full"])).report
+    assert plain.mfu == plain.hfu
+    assert full.model_flops_per_step == pytest.approx(plain.model_flops_per_step, rel=1e-12)
+    assert full.hfu > full.mfu and full.step_time_s > plain.step_time_s
+    assert max(full.peak_memory_bytes) < max(plain.peak_memory_bytes)
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["optimizer.zero=1", "parallel.ep=1", "parallel.pp=1", "parallel.dp=1"], "optimizer.zero"),
+    (["optimizer.zero=3"], "optimizer.zero"),
+    (["recompute=some"], "recompute"),
+    (["recompute_layers=2"], "recompute_layers"),
+    (["recompute=full", "recompute_layers=0"], "recompute_layers"),
+])
+def test_bad_plan_features_name_their_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(BASE, overrides)
+    assert err.value.key == key
+
+
+def test_the_torch_backend_refuses_what_it_does_not_run(tmp_path):
+    with pytest.raises(ConfigError, match="recompute"):
+        measure(load_config(BASE, ["recompute=full"]), tmp_path)
