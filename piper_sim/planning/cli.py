@@ -36,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default="mi250x", help="device cost profile (traces/profiles/NAME.yaml)")
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
                    help="fix or bound a knob, e.g. --fix parallel.pp=4 --fix schedule=1f1b,zb-h1 (repeatable)")
-    p.add_argument("--top", type=int, default=16, help="plans refined with the simulator (default 16)")
+    p.add_argument("--top", type=int, default=16,
+                   help="plans refined with the simulator (default 16; 0: estimate only)")
     p.add_argument("--ep-domain", choices=DOMAINS, default="switch",
                    help="locality domain an EP group must fit in: a node, the nodes on one switch (default), a "
                         "dragonfly group, or any")
@@ -50,9 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from piper_sim.planning.plan_outputs import format_plan_table, write_plan
 
-    for key, value in (("--gpus", args.gpus), ("--global-batch", args.global_batch), ("--top", args.top)):
+    for key, value in (("--gpus", args.gpus), ("--global-batch", args.global_batch)):
         if value <= 0:
             raise ConfigError(key, value, "a positive integer")
+    if args.top < 0:
+        raise ConfigError("--top", args.top, "0 (estimate only) or a positive integer")
     if args.seq_len is not None and args.seq_len <= 0:
         raise ConfigError("--seq-len", args.seq_len, "a positive integer")
     if args.reserve_GiB is not None and not (0 <= args.reserve_GiB < 1e6):

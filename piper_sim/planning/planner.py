@@ -148,11 +148,12 @@ def simulate_point(payload: dict) -> dict:
 
 def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, workers: int | None = None,
          progress: bool = True) -> PlanResult:
-    """Screen every candidate, refine the top K that fit with the simulator, rank."""
+    """Screen every candidate, refine the top K that fit with the simulator, rank (ties: less memory first)."""
     t0 = time.perf_counter()
     model, table, hbm, reserve = screen(request)
     screen_s = time.perf_counter() - t0
-    table = table.sort_values(["fits", "est_step_time_s"], ascending=[False, True], kind="stable")
+    table = table.sort_values(["fits", "est_step_time_s", "peak_memory_bytes"], ascending=[False, True, True],
+                              kind="stable")
     refine = table[table["fits"]].head(request.top_k)
     points = []
     for _, row in refine.iterrows():
@@ -170,7 +171,8 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
     table = table.merge(sim, on="label", how="left") if not sim.empty else table.assign(sim_step_time_s=np.nan)
     table["step_time_s"] = table["sim_step_time_s"].fillna(table["est_step_time_s"])
     table["refined"] = table["sim_step_time_s"].notna()
-    table = table.sort_values(["fits", "refined", "step_time_s"], ascending=[False, False, True], kind="stable")
+    table = table.sort_values(["fits", "refined", "step_time_s", "peak_memory_bytes"],
+                              ascending=[False, False, True, True], kind="stable")
     table.insert(0, "rank", range(1, len(table) + 1))
     refined = table[table["refined"]]
     rho = (spearman(refined["est_step_time_s"].tolist(), refined["sim_step_time_s"].tolist())
