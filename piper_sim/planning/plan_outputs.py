@@ -107,12 +107,13 @@ def why_markdown(result: PlanResult) -> str:
 def format_plan_table(result: PlanResult, rows: int = 10) -> str:
     t = result.table.head(rows)
     mfu = mfu_column(t) * 100
-    head = (f"{'rank':>4}  {'plan':44s} {'fits':>4} {'peak GiB':>9} {'est step s':>10} {'sim step s':>10} "
+    width = max(44, *(len(label) for label in t["label"]))
+    head = (f"{'rank':>4}  {'plan':{width}s} {'fits':>4} {'peak GiB':>9} {'est step s':>10} {'sim step s':>10} "
             f"{'TFLOPS/GPU':>10} {'MFU %':>6}")
     lines = [head]
     for (_, r), m in zip(t.iterrows(), mfu, strict=True):
         sim = f"{r['sim_step_time_s']:10.3f}" if r["refined"] else f"{'-':>10}"
         tflops = r["sim_tflops_per_gpu"] if r["refined"] else r["est_tflops_per_gpu"]
-        lines.append(f"{int(r['rank']):>4}  {r['label']:44s} {'yes' if r['fits'] else 'no':>4} "
+        lines.append(f"{int(r['rank']):>4}  {r['label']:{width}s} {'yes' if r['fits'] else 'no':>4} "
                      f"{r['peak_memory_bytes'] / GIB:9.1f} {r['est_step_time_s']:10.3f} {sim} {tflops:10.1f} {m:6.1f}")
     return "\n".join(lines)

@@ -171,8 +171,10 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
     table = table.merge(sim, on="label", how="left") if not sim.empty else table.assign(sim_step_time_s=np.nan)
     table["step_time_s"] = table["sim_step_time_s"].fillna(table["est_step_time_s"])
     table["refined"] = table["sim_step_time_s"].notna()
-    table = table.sort_values(["fits", "refined", "step_time_s", "peak_memory_bytes"],
-                              ascending=[False, False, True, True], kind="stable")
+    # step times equal to 9 significant digits are a tie (e.g. ZeRO-1 and ZeRO-2): less memory first
+    table["_step"] = table["step_time_s"].map(lambda t: float(f"{t:.9g}"))
+    table = table.sort_values(["fits", "refined", "_step", "peak_memory_bytes"],
+                              ascending=[False, False, True, True], kind="stable").drop(columns="_step")
     table.insert(0, "rank", range(1, len(table) + 1))
     refined = table[table["refined"]]
     rho = (spearman(refined["est_step_time_s"].tolist(), refined["sim_step_time_s"].tolist())
