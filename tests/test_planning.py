@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from piper_sim.calibrate.load import load_profile
@@ -51,10 +52,12 @@ def test_every_emitted_plan_validates_and_dry_runs():
 
 
 GRID = [PlanPoint(pp=pp, ep=ep, dp=8 // (pp * ep), vpp=vpp, micro_batch_size=mbs, num_microbatches=m, schedule=s,
-                  all_to_all="flat")
-        for pp, ep, vpp, mbs, m, s in [(1, 8, 1, 2, 4, "1f1b"), (2, 4, 1, 1, 8, "1f1b"), (2, 4, 1, 1, 8, "gpipe"),
-                                       (2, 2, 2, 1, 8, "interleaved-1f1b"), (4, 2, 1, 2, 4, "zb-h1"),
-                                       (8, 1, 1, 1, 8, "1f1b")]]
+                  all_to_all="flat", recompute=rc, zero=zero)
+        for pp, ep, vpp, mbs, m, s, rc, zero in [
+            (1, 8, 1, 2, 4, "1f1b", "none", 0), (2, 4, 1, 1, 8, "1f1b", "none", 0), (2, 4, 1, 1, 8, "gpipe", "none", 0),
+            (2, 2, 2, 1, 8, "interleaved-1f1b", "none", 0), (4, 2, 1, 2, 4, "zb-h1", "none", 0),
+            (8, 1, 1, 1, 8, "1f1b", "none", 0), (2, 2, 1, 1, 8, "1f1b", "full", 2), (4, 1, 1, 2, 4, "zb-h1", "full", 1),
+            (2, 4, 2, 1, 8, "interleaved-1f1b", "selective", 2)]]
 
 
 @pytest.mark.parametrize("point", GRID, ids=lambda p: p.label())
@@ -152,7 +155,10 @@ def test_plan_cli_writes_its_outputs(tmp_path, capsys):
     assert code == 0
     for name in ("plans.parquet", "plans.csv", "best.yaml", "pareto.png", "why.md"):
         assert (out / name).exists(), name
-    assert "rank correlation" in capsys.readouterr().out
+    table = pd.read_csv(out / "plans.csv")
+    assert table["refined"].sum() == 3 and table["sim_step_time_s"].notna().sum() == 3
+    assert table["rank"].tolist() == list(range(1, len(table) + 1)) and table.iloc[0]["refined"]
+    assert "chosen:" in capsys.readouterr().out
     best = load_config(str(out / "best.yaml"))
     assert best.parallel.num_gpus == 8 and best.parallel.sequences_per_step == 16
 
