@@ -252,7 +252,7 @@ def network_summary(records: list[dict]) -> dict:
 def blocking_wait_summary(records: list[dict], network: dict) -> dict | None:
     """The blocking exchange after compute at K processes per core, and back to back with nothing else
     running (load 0), less what the profile already prices for it (each call's overhead + bytes / bandwidth
-    from the local all_to_all fit of groups of 2), per call (calibrate/wake.py). The simulator charges the
+    from the local all_to_all fit of groups of 2), per call (torch_backend/bench/wake.py). The simulator charges the
     extra at the load it sees (workload/profile.py: HostProfile.blocking_wait_s)."""
     pts = sorted(_select(records, "blocking_wait"), key=lambda r: r["computing_per_core"])
     slices = _select(records, "scheduler_slice")
@@ -284,8 +284,9 @@ def blocking_wait_summary(records: list[dict], network: dict) -> dict | None:
 
 
 def core_sharing_summary(records: list[dict]) -> dict | None:
-    """CPU time of the same compute at K processes per core over the time at one per core (calibrate/sharing.py);
-    the simulator slows shared cores by it (workload/profile.py: HostProfile.core_sharing_factor)."""
+    """CPU time of the same compute at K processes per core over the time at one per core
+    (torch_backend/bench/sharing.py); the simulator slows shared cores by it (workload/profile.py:
+    HostProfile.core_sharing_factor)."""
     pts = sorted(_select(records, "core_sharing"), key=lambda r: r["ranks_per_core"])
     if not pts or pts[0]["ranks_per_core"] != 1:
         return None
