@@ -12,7 +12,6 @@ from pathlib import Path
 from piper_sim.analysis.report import make_report
 from piper_sim.calibrate.load import load_profile
 from piper_sim.config import Config
-from piper_sim.errors import ConfigError
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
@@ -29,9 +28,6 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     decisions to work_dir/routing.npz. None on a torchrun rank other than 0 (rank 0 returns the run)."""
     from piper_sim.torch_backend.run import launch
 
-    for key, value, off in (("recompute", cfg.recompute, "none"), ("optimizer.zero", cfg.zero, 0)):
-        if value != off:
-            raise ConfigError(key, value, f"{off!r} for `run`: the torch backend does not run it yet (simulate does)")
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
     launched = launch(cfg, schedule, work_dir, timeout_s=timeout_s, testbed=testbed)

@@ -26,6 +26,9 @@ CASES = {
                                                                 "nic_bandwidth_GBps": 10}}},
     "interleaved": {"schedule": "interleaved-1f1b", "parallel": {**BASE["parallel"], "vpp": 2}},
     "zb-h1": {"schedule": "zb-h1"},
+    "recompute-full": {"recompute": "full"},
+    "recompute-full-1-layer-zb-h1": {"recompute": "full", "recompute_layers": 1, "schedule": "zb-h1"},
+    "recompute-selective": {"recompute": "selective"},
 }
 
 
@@ -83,7 +86,11 @@ def test_distributed_equals_single_process(name, tmp_path):
 
     # the simulator's memory model, replaying the real router's decisions (routed rows per rank), predicts
     # the executor's tensor accounting (training state + saved activations) per stage; what it leaves out
-    # (RoPE tables, expert ids, norm scales) is under 3%
+    # (RoPE tables, expert ids, norm scales) is under 3%. Not with recomputation or ZeRO: the model's
+    # recomputation transient is one layer (the schedule recomputes a whole chunk before its backward) and
+    # its ZeRO formulas are mixed precision (the CPU run is fp32); test_torch_memory.py covers those.
+    if cfg.recompute != "none" or cfg.zero:
+        return
     replay = load_config({**raw, "routing": {"kind": "trace", "path": str(tmp_path / "routing.npz")}})
     predicted = simulate(replay).report.peak_memory_bytes
     measured = [0.0] * cfg.parallel.pp

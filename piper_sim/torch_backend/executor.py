@@ -11,6 +11,12 @@ detached into a fresh leaf when the next segment starts, so each backward task r
 exactly its own segment; gradients cross the all-to-alls and pipeline transfers explicitly, in the
 backward tasks the schedule names. Zero-bubble schedules split each segment's backward into input
 gradients (backward_input) and weight gradients (backward_weight, later, over the chunk's segments).
+Activation recomputation (the schedule's recompute tasks, docs/torch-backend.md): with full
+recomputation the forward of a chunk's recomputed ops runs without autograd and keeps only its input
+(the checkpoint); the recompute tasks re-run those ops and all-to-alls from it with grad, right before
+the chunk's backward, into segments of their own that the backward tasks then consume. Selective
+recomputation keeps each attention core's q, k, v and re-runs the core in its recompute task
+(layers.CoreRecompute). ZeRO (zero.py): reduce-scatter, Adam on the rank's shard, all-gather.
 Only piper_sim.torch_backend may import torch.
 """
 
@@ -39,6 +45,7 @@ from .model import StageModule, State
 FORWARD_KINDS = ("forward", "forward_expert")
 BACKWARD_KINDS = ("backward", "backward_expert", "backward_input", "backward_expert_input")
 SPLIT_BACKWARD = ("backward_input", "backward_expert_input")
+RECOMPUTE_KINDS = ("recompute", "recompute_expert")
 
 
 @dataclass
@@ -52,6 +59,8 @@ class Segment:
     a2a: dict | None = None  # for all-to-all pieces: role, splits, layer
     flops: float = 0.0  # forward FLOPs of the segment (with the real expert rows)
     saved_bytes: float = 0.0  # activations autograd keeps for the segment's backward (unique storages)
+    ops: tuple[str, ...] = ()
+    redo: bool = False  # its recomputed part (ops run without autograd) is rebuilt on MicroState.recomputed
 
 
 @dataclass
@@ -60,13 +69,19 @@ class MicroState:
     segments: list[Segment] = field(default_factory=list)
     pending: dict[str, Tensor] = field(default_factory=dict)  # gradients flowing backward, by state key
     done_backward: list[Segment] = field(default_factory=list)
+    checkpoint: State | None = None  # full recomputation: the state the recomputed ops start from
+    checkpoint_bytes: float = 0.0
+    redo_state: State | None = None  # the recompute tasks' own state, from the checkpoint
+    recomputed: list[Segment] = field(default_factory=list)  # what the recompute tasks rebuilt, in forward order
 
 
-def _leafify(state: State) -> dict[str, Tensor]:
-    """Replace every differentiable tensor in state by a detached leaf; return the leaves by key."""
+def _leafify(state: State, *, floats: bool = False) -> dict[str, Tensor]:
+    """Replace every differentiable tensor in state by a detached leaf; return the leaves by key.
+
+    floats: every floating-point tensor (after ops that ran without autograd)."""
     leaves = {}
     for key, value in list(state.items()):
-        if isinstance(value, Tensor) and value.requires_grad:
+        if isinstance(value, Tensor) and (value.requires_grad or (floats and value.is_floating_point())):
             leaf = value.detach().requires_grad_(True)
             state[key] = leaf
             leaves[key] = leaf
@@ -75,6 +90,17 @@ def _leafify(state: State) -> dict[str, Tensor]:
 
 def _differentiable(state: State) -> dict[str, Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, Tensor) and v.requires_grad}
+
+
+def recomputed_ops(program: list[Task]) -> dict[int, set[str]]:
+    """Per chunk, what its recompute tasks re-run: ops, and all-to-alls as "dispatch:L" / "combine:L"."""
+    redo: dict[int, set[str]] = {}
+    for task in program:
+        if task.kind in RECOMPUTE_KINDS:
+            redo.setdefault(task.chunk, set()).update(task.ops)
+        elif task.kind == "all_to_all" and task.task_id.startswith("R:"):
+            redo.setdefault(task.chunk, set()).add(f"{task.role}:{task.layer}")
+    return redo
 
 
 class Executor:
@@ -95,6 +121,7 @@ class Executor:
         self.stage = self.mesh.stage_of(rank)
         self.node_of, self.algorithm, self.batch_fn = node_of, all_to_all_algorithm, batch_fn
         self.program = schedule.program(rank)
+        self.redo = recomputed_ops(self.program)  # chunk -> what its recompute tasks re-run
         # a split backward defers each linear's weight gradient to the W pass (layers.DeferredWeightGrads)
         DeferredWeightGrads.enabled = any(t.kind in SPLIT_BACKWARD for t in self.program)
         self.num_virtual = schedule.num_virtual_stages
@@ -105,6 +132,10 @@ class Executor:
             self.modules.append(StageModule(model, schedule.stage_layers[v], first=v == 0, last=last,
                                             ep_rank=self.coords["ep"], ep_size=self.mesh.ep, seed=seed, dtype=dtype,
                                             device=self.device))
+        for c, ops in self.redo.items():  # selective recomputation: those layers keep only q, k, v of the core
+            for op in ops:
+                if op.startswith("attn_core:"):
+                    self.modules[c].layers[op.partition(":")[2]].attn.selective = True
         self.dtype, self.lr = dtype, lr
         self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
         self.pending_optimizer_state: dict = {}
@@ -190,6 +221,8 @@ class Executor:
             return self._forward(task), 0.0
         if task.kind in BACKWARD_KINDS:
             return self._backward(task), 0.0
+        if task.kind in RECOMPUTE_KINDS:
+            return self._recompute(task), 0.0
         if task.kind == "backward_weight":
             return self._weight_pass(task), 0.0
         if task.kind == "all_to_all" and task.role == "migrate" and self.migration is not None:
@@ -228,10 +261,48 @@ class Executor:
 
     # ---- compute -------------------------------------------------------------------------------
     def _forward(self, task: Task) -> float:
+        """The task's ops; with full recomputation its recomputed ops (a prefix of the chunk's forward) first,
+        without autograd, from a checkpoint of the chunk's input the recompute tasks start from."""
         ms = self._micro(task)
-        module = self.modules[task.chunk]
-        seg = Segment(inputs=_leafify(ms.state), chunk_module=module)
+        redo = self.redo.get(task.chunk, set())
+        split = next((i for i, op in enumerate(task.ops) if op not in redo), len(task.ops))
+        prefix, rest = task.ops[:split], task.ops[split:]
+        if any(op in redo for op in rest):
+            raise PiperError(f"task {task.task_id}: recomputed ops {sorted(redo)} are not a prefix of the forward")
         flops = 0.0
+        if prefix:
+            if ms.checkpoint is None:
+                self._take_checkpoint(ms)
+            with torch.no_grad():
+                flops = self._run_ops(task, prefix, ms.state, record_routing=True)
+        seg = self._segment(task, rest, ms.state, record_routing=True, floats=bool(prefix))
+        seg.redo = bool(prefix)
+        ms.segments.append(seg)
+        return flops + seg.flops
+
+    def _segment(self, task: Task, ops: tuple[str, ...], state: State, *, record_routing: bool,
+                 floats: bool = False) -> Segment:
+        """Run ops with autograd on the state as one segment: inputs as fresh leaves, the activations it keeps
+        counted (step 0)."""
+        if not ops:
+            return Segment()
+        seg = Segment(inputs=_leafify(state, floats=floats), ops=ops)
+        with torch.enable_grad(), self._count_saved() as saved:
+            seg.flops = self._run_ops(task, ops, state, record_routing=record_routing)
+        if "loss" in state and "head" in ops:
+            state["loss_scaled"] = state["loss"] * self.loss_scale
+        seg.outputs = _differentiable(state)
+        seg.saved_bytes = float(sum(saved.values()))
+        self._account(seg.saved_bytes)
+        return seg
+
+    @contextlib.contextmanager
+    def _count_saved(self):
+        """Yields {storage: bytes} of the activations autograd saves inside (parameters excluded), on step 0.
+
+        Saved-tensor hooks make forward ops 1.4-2.3x slower on CPU (benchmarks/bench_saved_tensor_hooks.py), so
+        activations are counted on step 0 only, which validation does not time; later steps keep the same
+        tensors for the same shapes (routed rows aside) and run without hooks."""
         saved: dict[int, int] = {}
 
         def pack(t: Tensor) -> Tensor:
@@ -240,27 +311,71 @@ class Executor:
                 saved[storage.data_ptr()] = storage.nbytes()
             return t
 
-        # Saved-tensor hooks make forward ops 1.4-2.3x slower on CPU (benchmarks/bench_saved_tensor_hooks.py), so
-        # activations are counted on step 0 only, which validation does not time; later steps keep the
-        # same tensors for the same shapes (routed rows aside) and run without hooks.
         hooks = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if self.step == 0
                  else contextlib.nullcontext())
-        with torch.enable_grad(), hooks:
-            for op in task.ops:
-                module.run_op(op, ms.state)
-                flops += self._op_flops(op, ms.state)
-                if op.startswith("router:"):
-                    layer = int(op.partition(":")[2])
-                    counts = ms.state["expert_counts"][layer].tolist()
-                    self.routing_rows.append((self.step, layer, task.microbatch, self.coords["ep"], counts))
-        if "loss" in ms.state and "head" in task.ops:
-            ms.state["loss_scaled"] = ms.state["loss"] * self.loss_scale
-        seg.outputs = _differentiable(ms.state)
-        seg.flops = flops
-        seg.saved_bytes = float(sum(saved.values()))
-        self._live_activation_bytes += seg.saved_bytes
+        with hooks:
+            yield saved
+
+    def _account(self, delta: float) -> None:
+        """Activations alive change by delta bytes; the peak follows."""
+        self._live_activation_bytes += delta
         self.peak_tensor_bytes = max(self.peak_tensor_bytes, self._static_bytes + self._live_activation_bytes)
-        ms.segments.append(seg)
+
+    def _run_ops(self, task: Task, ops: tuple[str, ...], state: State, *, record_routing: bool) -> float:
+        """Run ops of the task's chunk on the state; their FLOPs. record_routing: the router's choices go to the
+        routing trace (forward only: a recompute repeats them)."""
+        flops = 0.0
+        module = self.modules[task.chunk]
+        for op in ops:
+            module.run_op(op, state)
+            flops += self._op_flops(op, state)
+            if record_routing and op.startswith("router:"):
+                layer = int(op.partition(":")[2])
+                counts = state["expert_counts"][layer].tolist()
+                self.routing_rows.append((self.step, layer, task.microbatch, self.coords["ep"], counts))
+        return flops
+
+    def _take_checkpoint(self, ms: MicroState) -> None:
+        """Full recomputation keeps the chunk's input state (all but the targets: the head, their only
+        reader, is never recomputed)."""
+        ms.checkpoint = {k: v for k, v in ms.state.items() if k != "targets"}
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in ms.checkpoint.values() if isinstance(t, Tensor)}
+        ms.checkpoint_bytes = float(sum(storages.values()))
+        self._account(ms.checkpoint_bytes)
+
+    def _recompute(self, task: Task) -> float:
+        """A recompute task: selective, the attention cores of its ops; full, its forward ops with autograd on
+        the state rebuilt from the chunk's checkpoint, as a segment the backward consumes."""
+        ms = self._micro(task)
+        if all(op.startswith("attn_core:") for op in task.ops):
+            return self._recompute_cores(task, ms)
+        state = self._redo_state(task, ms)
+        seg = self._segment(task, task.ops, state, record_routing=False)
+        ms.recomputed.append(seg)
+        return seg.flops
+
+    def _redo_state(self, task: Task, ms: MicroState) -> State:
+        if ms.redo_state is None:
+            if ms.checkpoint is None:
+                raise PiperError(f"task {task.task_id}: nothing to recompute from (no checkpoint of the chunk)")
+            ms.redo_state, ms.checkpoint = ms.checkpoint, None
+            self._account(-ms.checkpoint_bytes)  # the recomputed segments count what they keep of it
+        return ms.redo_state
+
+    def _recompute_cores(self, task: Task, ms: MicroState) -> float:
+        """Selective: each layer's attention core from its kept q, k, v; what the recomputed graph keeps is
+        charged to the segment holding the layer's attention until that segment's backward."""
+        flops = 0.0
+        cores = ms.state.get("attn_cores", {})
+        for op in task.ops:
+            layer = int(op.partition(":")[2])
+            with self._count_saved() as saved:
+                cores.pop(layer).recompute()
+            owner = next(seg for seg in ms.segments if f"attn:{layer}" in seg.ops)
+            owner.saved_bytes += float(sum(saved.values()))
+            self._account(float(sum(saved.values())))
+            flops += self._op_flops(op, ms.state)
         return flops
 
     def _op_flops(self, op: str, state: State) -> float:
@@ -272,31 +387,36 @@ class Executor:
         return op_work(self.model, op, tokens).flops
 
     def _backward(self, task: Task) -> float:
+        """Autograd over the segment the task's forward made (then over its recomputed part, if any)."""
         ms = self._micro(task)
         seg = ms.segments.pop()
         if seg.a2a is not None:
             raise PiperError(f"task {task.task_id}: expected a compute segment, found an all-to-all (schedule order)")
         if "loss_scaled" in seg.outputs:
             ms.pending["loss_scaled"] = torch.ones((), device=self.device)
+        pieces = [seg, ms.recomputed.pop()] if seg.redo else [seg]
+        for piece in pieces:
+            self._backprop(piece, ms, split=task.kind in SPLIT_BACKWARD)
+        return (1.0 if task.kind in SPLIT_BACKWARD else 2.0) * sum(piece.flops for piece in pieces)
+
+    def _backprop(self, seg: Segment, ms: MicroState, *, split: bool) -> None:
+        """The segment's outputs with their pending gradients back to its input leaves (pending by key)."""
         keys = [k for k in seg.outputs if k in ms.pending]
         outputs = [seg.outputs[k] for k in keys]
         grads = [ms.pending.pop(k) for k in keys]
         leaves = list(seg.inputs.items())
-        if task.kind in SPLIT_BACKWARD:  # input gradients now, the linears' weight gradients in backward_weight
+        if split:  # input gradients now, the linears' weight gradients in backward_weight
             with DeferredWeightGrads.collect(seg.weight_grads):
                 if outputs:
                     torch.autograd.backward(outputs, grads)
-            got = [leaf.grad for _, leaf in leaves]
             ms.done_backward.append(seg)
         else:
             if outputs:
                 torch.autograd.backward(outputs, grads)
-            got = [leaf.grad for _, leaf in leaves]
-            self._live_activation_bytes -= seg.saved_bytes
-        for (key, _), grad in zip(leaves, got, strict=True):
-            if grad is not None:
-                ms.pending[key] = grad
-        return (1.0 if task.kind in SPLIT_BACKWARD else 2.0) * seg.flops
+            self._account(-seg.saved_bytes)
+        for key, leaf in leaves:
+            if leaf.grad is not None:
+                ms.pending[key] = leaf.grad
 
     def _weight_pass(self, task: Task) -> float:
         """ZB-H1's W: the weight gradients the input passes of this microbatch deferred (GEMMs only)."""
@@ -305,7 +425,7 @@ class Executor:
         for seg in ms.done_backward:
             flops += seg.flops
             DeferredWeightGrads.apply(seg.weight_grads)
-            self._live_activation_bytes -= seg.saved_bytes
+            self._account(-seg.saved_bytes)
         ms.done_backward.clear()
         return flops
 
@@ -313,9 +433,14 @@ class Executor:
     def _all_to_all(self, task: Task) -> float:
         ms = self._micro(task)
         group = self.mesh.group(self.rank, "ep")
+        if task.task_id.startswith("R:"):  # recomputed: exchanged again, from the recompute tasks' state
+            return self._a2a_forward(task, self._redo_state(task, ms), group, ms.recomputed)
         if task.in_forward:
-            return self._a2a_forward(task, ms, group)
+            redo = f"{task.role}:{task.layer}" in self.redo.get(task.chunk, set())
+            return self._a2a_forward(task, ms.state, group, ms.segments, redo=redo)
         seg = ms.segments.pop()
+        if seg.redo:
+            seg = ms.recomputed.pop()
         if seg.a2a is None:
             raise PiperError(f"task {task.task_id}: expected an all-to-all record, found a compute segment")
         a2a = seg.a2a
@@ -328,8 +453,9 @@ class Executor:
         ms.pending[out_key] = rows
         return float(rows.numel() * rows.element_size())
 
-    def _a2a_forward(self, task: Task, ms: MicroState, group: tuple[int, ...]) -> float:
-        state = ms.state
+    def _a2a_forward(self, task: Task, state: State, group: tuple[int, ...], segments: list[Segment], *,
+                     redo: bool = False) -> float:
+        """The forward exchange on state; its record goes on segments (redo: a stand-in for the recomputed one)."""
         if task.role == "dispatch":
             splits = list(state["send_splits"])
             rows, ids, recv_splits = dispatch_rows(state["send_rows"], state["send_expert_ids"], splits, group,
@@ -344,7 +470,7 @@ class Executor:
             state["combined_rows"] = rows.requires_grad_(True)
             record = {"role": "combine", "send_splits": splits, "recv_splits": back}
             nbytes = (sum(splits) - splits[group.index(self.rank)]) * rows.shape[1] * rows.element_size()
-        ms.segments.append(Segment(a2a=record))
+        segments.append(Segment(a2a=record, redo=redo))
         return float(nbytes)
 
     def _all_reduce(self, task: Task) -> float:

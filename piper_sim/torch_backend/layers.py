@@ -178,13 +178,15 @@ class Attention(nn.Module):
         self.wk = _param(self.kv_heads * hd, d, device=device, dtype=dtype)
         self.wv = _param(self.kv_heads * hd, d, device=device, dtype=dtype)
         self.wo = _param(d, self.num_heads * hd, device=device, dtype=dtype)
+        self.selective = False  # selective recomputation of the core (set by the executor from its schedule)
 
     def _heads(self, x: Tensor, weight: Tensor, heads: int) -> Tensor:
         """(batch, seq, heads, head_dim), token-major."""
         b, s, _ = x.shape
         return linear(x, weight).view(b, s, heads, self.head_dim)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, core: CoreRecompute | None = None) -> Tensor:
+        """With core (selective recomputation) the attention core keeps only q, k, v for its backward."""
         b, s, _ = x.shape
         q = apply_rope(self._heads(x, self.wq, self.num_heads)).transpose(1, 2)
         k = apply_rope(self._heads(x, self.wk, self.kv_heads)).transpose(1, 2)
@@ -192,8 +194,48 @@ class Attention(nn.Module):
         if self.kv_heads != self.num_heads:
             repeat = self.num_heads // self.kv_heads
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = attention_core(q, k, v) if core is None else AttentionCore.apply(q, k, v, core)
         return linear(out.transpose(1, 2).reshape(b, s, -1), self.wo)
+
+
+def attention_core(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v, causal: the part selective recomputation re-runs."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class CoreRecompute:
+    """Selective recomputation of one attention core (Korthikanti et al. 2022, section 5): the forward keeps
+    q, k and v only (AttentionCore); `recompute()`, the schedule's recompute task, re-runs the core with grad
+    before the backward, and the backward then runs through that graph."""
+
+    def __init__(self) -> None:
+        self.node = None  # AttentionCore's autograd node: its saved q, k, v
+        self.graph: tuple[tuple[Tensor, ...], Tensor] | None = None
+
+    def recompute(self) -> None:
+        if self.node is None:
+            raise RuntimeError("attention core recomputed before its forward ran")
+        inputs = tuple(t.detach().requires_grad_(True) for t in self.node.saved_tensors)
+        with torch.enable_grad():
+            self.graph = inputs, attention_core(*inputs)
+
+
+class AttentionCore(torch.autograd.Function):
+    """The attention core without its autograd state: saves q, k, v; its backward needs CoreRecompute's graph."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, core: CoreRecompute) -> Tensor:  # noqa: ANN001
+        ctx.save_for_backward(q, k, v)
+        ctx.core, core.node = core, ctx  # ctx is the autograd node: the recompute reads its saved q, k, v
+        return attention_core(q, k, v)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+        if ctx.core.graph is None:
+            raise RuntimeError("attention core backward before its recompute task ran")
+        inputs, out = ctx.core.graph
+        ctx.core.graph = ctx.core.node = None
+        return (*torch.autograd.grad(out, inputs, grad), None)
 
 
 class FFN(nn.Module):

@@ -8,7 +8,8 @@ send_rows/send_splits/send_expert_ids to recv_rows/recv_splits/recv_expert_ids (
 
 State keys read (r) and written (w) by each op:
 - "embed": r tokens (b, s) int64; w h (b, s, d).
-- "attn:L", "dense:L": r h; w h.
+- "attn:L", "dense:L": r h; w h. With selective recomputation (the layer's attn.selective) "attn:L" also
+  writes attn_cores[L], the core's CoreRecompute, which the "attn_core:L" recompute task runs.
 - "router:L": r h; w x (tokens, d) = norm2(h) flattened, send_rows (tokens*k, d) grouped by destination
   EP rank then by expert, send_splits list[int] (rows per destination EP rank), send_expert_ids (int64,
   global expert id per row), gate_weights (tokens, k), gate_order (int64: pair index n*k+j of each
@@ -35,7 +36,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 
-from .layers import FFN, Layer, RMSNorm, init_parameters, linear
+from .layers import FFN, CoreRecompute, Layer, RMSNorm, init_parameters, linear
 
 State = dict[str, Any]
 
@@ -145,7 +146,10 @@ class StageModule(nn.Module):
 
 def _attn(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:
     h = state["h"]
-    state["h"] = h + layer.attn(layer.norm1(h))
+    core = None
+    if layer.attn.selective:  # the core's recompute task finds it under "attn_cores"
+        core = state.setdefault("attn_cores", {})[layer_index] = CoreRecompute()
+    state["h"] = h + layer.attn(layer.norm1(h), core)
 
 
 def _dense(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:
