@@ -13,7 +13,7 @@ from piper_sim.schedule.build import build_schedule
 from piper_sim.simulate import simulate
 from piper_sim.torch_backend.corpus import ByteCorpus
 from piper_sim.torch_backend.model import ReferenceModel
-from piper_sim.torch_backend.run import batch_source, launch
+from piper_sim.torch_backend.run import RunSpec, batch_source, launch
 from piper_sim.trace.runtrace import normalize
 
 CORPUS_BYTES = 200_000
@@ -29,6 +29,9 @@ CASES = {
     "recompute-full": {"recompute": "full"},
     "recompute-full-1-layer-zb-h1": {"recompute": "full", "recompute_layers": 1, "schedule": "zb-h1"},
     "recompute-selective": {"recompute": "selective"},
+    "zero-1": {"optimizer": {"zero": 1}},
+    "zero-2-dp2": {"optimizer": {"zero": 2}, "parallel": {"pp": 1, "ep": 2, "dp": 2, "num_microbatches": 2,
+                                                          "micro_batch_size": 2}},
 }
 
 
@@ -47,6 +50,22 @@ def reference(cfg) -> tuple[float, dict[str, torch.Tensor]]:
     return float(loss.detach()), grads
 
 
+def assert_adam_step(cfg, run_dir: Path) -> None:
+    """Every rank's parameters after step 0 are one Adam step from the initial ones with the reduced
+    gradients (ZeRO: each rank updated its shard, the all-gathers brought the rest)."""
+    grads: dict[str, torch.Tensor] = {}
+    for rank in range(cfg.parallel.num_gpus):
+        grads.update(torch.load(run_dir / "ranks" / f"rank{rank}.grads.pt"))
+    model = ReferenceModel(cfg.model, seed=cfg.seed).stage
+    for name, p in model.named_parameters():
+        p.grad = grads[name]
+    torch.optim.Adam(model.parameters(), lr=RunSpec.lr).step()
+    expected = dict(model.named_parameters())
+    for rank in range(cfg.parallel.num_gpus):
+        for name, param in torch.load(run_dir / "ranks" / f"rank{rank}.params.pt").items():
+            torch.testing.assert_close(param, expected[name].detach(), rtol=1e-5, atol=1e-7, msg=f"{name} on {rank}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_distributed_equals_single_process(name, tmp_path):
@@ -63,6 +82,7 @@ def test_distributed_equals_single_process(name, tmp_path):
             torch.testing.assert_close(grad, ref_grads[pname], rtol=1e-4, atol=1e-6, msg=f"{pname} on rank {rank}")
             seen.add(pname)
     assert seen == set(ref_grads), sorted(set(ref_grads) - seen)[:5]
+    assert_adam_step(cfg, tmp_path)
     # every task of the schedule ran exactly once, in program order, and is in the trace
     schedule = build_schedule(cfg)
     for rank in range(cfg.parallel.num_gpus):

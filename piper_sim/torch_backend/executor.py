@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Schedule, Task
@@ -41,6 +41,7 @@ from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
 from .migrate import ExpertMigration
 from .model import StageModule, State
+from .zero import ShardedGroup
 
 FORWARD_KINDS = ("forward", "forward_expert")
 BACKWARD_KINDS = ("backward", "backward_expert", "backward_input", "backward_expert_input")
@@ -109,9 +110,13 @@ class Executor:
     def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
                  all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
                  dtype: torch.dtype = torch.float32, migration: dict | None = None,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", zero: int = 0) -> None:
         if schedule.vpp > 1 and schedule.pp == 1:
             raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
+        migrates = bool(migration and migration.get("enabled") and migration.get("policy", "greedy") != "none")
+        if zero and migrates:
+            raise PiperError("the torch backend does not run expert migration with optimizer.zero > 0 "
+                             "(migration moves whole Adam moments, ZeRO shards them)")
         self.schedule, self.model, self.rank = schedule, model, rank
         self.micro_batch_size = micro_batch_size
         self.device = torch.device(device)
@@ -136,9 +141,10 @@ class Executor:
             for op in ops:
                 if op.startswith("attn_core:"):
                     self.modules[c].layers[op.partition(":")[2]].attn.selective = True
-        self.dtype, self.lr = dtype, lr
+        self.dtype, self.lr, self.zero = dtype, lr, zero
         self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
         self.pending_optimizer_state: dict = {}
+        self.sharded: dict[str, ShardedGroup] = {}  # ZeRO: "dense" / "expert" -> its sharded group
         self.rebuild_optimizer()
         self.peak_tensor_bytes = 0.0
         self._live_activation_bytes = 0.0
@@ -149,9 +155,8 @@ class Executor:
         self.records: list[dict] = []
         self.step_cpu_s: list[float] = []  # CPU of the main thread over each run_step (the tasks and between them)
         self.captured_grads: dict[str, Tensor] | None = None  # set to {} to keep step 0's reduced gradients
-        self.migration = None
-        if migration and migration.get("enabled") and migration.get("policy", "greedy") != "none":
-            self.migration = ExpertMigration(self, migration)
+        self.captured_params: dict[str, Tensor] | None = None  # with captured_grads: parameters after step 0
+        self.migration = ExpertMigration(self, migration) if migrates else None
 
     def rebuild_optimizer(self) -> None:
         """(Re)collect parameters in name order and carry every parameter's Adam state over.
@@ -159,18 +164,36 @@ class Executor:
         Name order keeps the gradient all-reduce buffers aligned across ranks after experts move.
         """
         named = sorted((n, p) for m in self.modules for n, p in m.named_parameters())
-        # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
-        self._param_storages = {p.untyped_storage().data_ptr() for _, p in named}
-        # parameters, their gradients and Adam's two moments: the training state of the rank
-        self._static_bytes = 4.0 * sum(p.numel() * p.element_size() for _, p in named)
         self.expert_params = [p for n, p in named if ".experts." in n]
         self.dense_params = [p for n, p in named if ".experts." not in n]
+        if self.zero and not self.sharded:  # once (no migration with ZeRO): parameters become flat views
+            self.sharded = self._shard(named)
+        # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
+        self._param_storages = {p.untyped_storage().data_ptr() for _, p in named}
+        in_shards = {id(p) for group in self.sharded.values() for p in group.params}
+        whole = [p for _, p in named if id(p) not in in_shards]
+        # parameters, their gradients and Adam's two moments: the training state of the rank
+        self._static_bytes = (4.0 * sum(p.numel() * p.element_size() for p in whole)
+                              + sum(group.state_bytes() for group in self.sharded.values()))
+        trainable = whole + [group.shard for group in self.sharded.values()]
         old = self.optimizer.state
-        self.optimizer = torch.optim.Adam([p for _, p in named], lr=self.lr)
-        for _, p in named:
+        self.optimizer = torch.optim.Adam(trainable, lr=self.lr)
+        for p in trainable:
             state = self.pending_optimizer_state.pop(p, None) or old.get(p)
             if state:
                 self.optimizer.state[p] = state
+
+    def _shard(self, named: list[tuple[str, nn.Parameter]]) -> dict[str, ShardedGroup]:
+        """ZeRO: each parameter kind the schedule reduce-scatters, sharded over that task's group."""
+        groups = {}
+        for task in self.program:
+            if task.kind != "reduce_scatter":
+                continue
+            kind = task.role.removeprefix("grad_")
+            members = [(n, p) for n, p in named if (".experts." in n) == (kind == "expert")]
+            if members:
+                groups[kind] = ShardedGroup(members, self.mesh.group(self.rank, task.group_axis), stage=self.zero)
+        return groups
 
     def skew_routers(self, expert_logit_bias) -> None:
         """Add a fixed bias to every router's logits (expert_logit_bias(layer) -> list of E floats)."""
@@ -210,6 +233,8 @@ class Executor:
         for task_id in list(self.async_ops):
             self._wait(task_id)
         self.step_cpu_s.append(time.thread_time() - step_cpu)
+        if self.captured_grads is not None and step == 0:
+            self.captured_params = {n: p.detach().clone() for m in self.modules for n, p in m.named_parameters()}
         for ms in self.micro.values():
             loss = ms.state.get("loss")
             if loss is not None:
@@ -235,13 +260,28 @@ class Executor:
         if task.kind == "all_reduce":
             return 0.0, self._all_reduce(task)
         if task.kind == "optimizer":
-            if self.captured_grads is not None and self.step == 0:
-                self.captured_grads.update({n: p.grad.detach().clone() for m in self.modules
-                                            for n, p in m.named_parameters() if p.grad is not None})
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self._optimizer_step()
             return 0.0, 0.0
+        if task.kind == "reduce_scatter":
+            group = self.sharded.get(task.role.removeprefix("grad_"))
+            return 0.0, group.reduce_scatter() if group else 0.0
+        if task.kind == "all_gather":
+            group = self.sharded.get(task.role.removeprefix("param_"))
+            return 0.0, group.all_gather() if group else 0.0
         raise PiperError(f"the torch backend cannot run task {task.task_id} (kind {task.kind}, role {task.role})")
+
+    def _optimizer_step(self) -> None:
+        """Adam on what this rank updates (whole parameters, or its ZeRO shards); then no gradient is left."""
+        if self.captured_grads is not None and self.step == 0:
+            self.captured_grads.update({n: p.grad.detach().clone() for m in self.modules
+                                        for n, p in m.named_parameters() if p.grad is not None})
+            for group in self.sharded.values():  # what the rank holds of them unreduced is replaced
+                self.captured_grads.update(group.reduced_grads())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for group in self.sharded.values():  # ZeRO-1 kept the full (unreduced) gradients until now
+            for p in group.params:
+                p.grad = None
 
     def _micro(self, task: Task) -> MicroState:
         key = (task.chunk, task.microbatch)

@@ -49,7 +49,8 @@ class RunSpec:
     node_of: dict[int, int]
     corpus_bytes: int = 2_000_000
     lr: float = 3e-3
-    capture_grads: bool = False  # tests: write step 0's reduced gradients per rank (ranks/rank<r>.grads.pt)
+    capture_grads: bool = False  # tests: step 0's reduced gradients and updated parameters per rank
+    # (ranks/rank<r>.grads.pt, ranks/rank<r>.params.pt)
     gather: bool = False  # multi-node (torchrun): no shared file system assumed, rank 0 gathers the rows
 
 
@@ -81,7 +82,7 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of,
                         all_to_all_algorithm=cfg.all_to_all, batch_fn=batch_fn,
                         micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration,
-                        device=device, dtype=dtype)
+                        device=device, dtype=dtype, zero=cfg.zero)
     if spec.capture_grads:
         executor.captured_grads = {}
     bias = router_bias(cfg)
@@ -118,6 +119,7 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         (out / f"rank{r}.routing.json").write_text(json.dumps(routing))
     if executor.captured_grads is not None:
         torch.save(executor.captured_grads, out / f"rank{rank}.grads.pt")
+        torch.save(executor.captured_params, out / f"rank{rank}.params.pt")
     if rank == 0:
         (out / "losses.json").write_text(json.dumps(losses))
 
