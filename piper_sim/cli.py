@@ -62,7 +62,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if args.action == "show":
         print(f"{schedule.name}: pp {schedule.pp}, vpp {schedule.vpp}, {schedule.num_microbatches} microbatches, "
               f"{schedule.num_tasks()} tasks over {schedule.mesh.num_ranks} ranks (validated, no deadlock)")
-        print(render_grid(build_coarse_schedule(cfg).stage_programs, max_width=args.width,
+        print(render_grid(build_coarse_schedule(cfg), max_width=args.width,
                           durations={"forward": 1, "backward": 2, "backward_input": 1, "backward_weight": 1}))
         return 0
     if args.out is None:

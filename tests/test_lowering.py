@@ -9,9 +9,10 @@ from piper_sim.schedule.validate import check_schedule, dry_run
 from piper_sim.simulate import build_schedule
 
 GRID = [(sched, pp, vpp, m) for sched, vpps in (("gpipe", (1, 2)), ("1f1b", (1,)), ("interleaved-1f1b", (2, 3)),
-                                                  ("zb-h1", (1,)))
+                                                  ("zb-h1", (1,)), ("dualpipe", (2,)))
         for pp in (1, 2, 4) for vpp in vpps for m in (1, 4, 8)
-        if not (sched == "interleaved-1f1b" and m % pp)]
+        if not (sched == "interleaved-1f1b" and m % pp)
+        and not (sched == "dualpipe" and (pp % 2 or m < 2 * pp))]
 
 
 @pytest.mark.parametrize("schedule,pp,vpp,m", GRID)
@@ -26,5 +27,6 @@ def test_generators_lower_validate_and_dry_run(schedule, pp, vpp, m):
     assert "all_to_all" in kinds and "optimizer" in kinds and "all_reduce" in kinds
     # four all-to-alls per MoE layer per microbatch (dispatch and combine, forward and backward)
     a2a = sum(t.kind == "all_to_all" for t in program)
-    layers = sum(len(lowered.stage_layers[lowered.virtual_stage(0, c)]) for c in range(vpp))
-    assert a2a == 4 * layers * m
+    stages = lowered.stages  # a microbatch runs the chunks of its pipeline (all of them but in dualpipe)
+    assert a2a == 4 * sum(len(lowered.stage_layers[stages.of(0, c)]) * stages.runs(0, c, mb, m)
+                          for c in range(vpp) for mb in range(m))

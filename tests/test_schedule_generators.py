@@ -13,8 +13,8 @@ from piper_sim.errors import ConfigError, PiperError
 from piper_sim.schedule.generators import gpipe, interleaved_one_f_one_b, one_f_one_b, zb_h1
 from piper_sim.schedule.grid import render_grid
 from piper_sim.schedule.io import schedule_from_csv, schedule_from_json, schedule_to_csv, schedule_to_json
-from piper_sim.schedule.ir import Schedule, Task, coarse_task_id
-from piper_sim.schedule.registry import SCHEDULES
+from piper_sim.schedule.ir import Schedule, Task, VirtualStages, coarse_task_id
+from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.validate import (
     ScheduleError,
     check_coarse,
@@ -36,6 +36,8 @@ def _supported(name: str, pp: int, vpp: int, m: int) -> bool:
         return vpp == 1
     if name == "interleaved-1f1b":
         return vpp > 1 and m % pp == 0
+    if name == "dualpipe":
+        return pp % 2 == 0 and vpp == 2 and m % 2 == 0 and m >= 2 * pp
     return True
 
 
@@ -49,7 +51,7 @@ def _bubble_per_microbatch_work(programs, pp: int, vpp: int, m: int, durations: 
 # ---------------------------------------------------------------- generators
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"])
 @pytest.mark.parametrize(("pp", "vpp", "m"), GRID)
 def test_generators_validate_and_run_without_deadlock(name: str, pp: int, vpp: int, m: int) -> None:
     generator = SCHEDULES.get(name)
@@ -58,10 +60,12 @@ def test_generators_validate_and_run_without_deadlock(name: str, pp: int, vpp: i
             generator(pp, vpp, m)
         return
     programs = generator(pp, vpp, m)
-    check_coarse(programs, pp, vpp, m)
-    tasks_per_chunk = 3 if name == "zb-h1" else 2
-    assert [len(p) for p in programs] == [tasks_per_chunk * vpp * m] * pp
-    assert dry_run_coarse(programs, pp, vpp, m) >= tasks_per_chunk * vpp * m
+    layout = schedule_layout(name)
+    check_coarse(programs, pp, vpp, m, layout=layout)
+    tasks_per_chunk = 3 if name in ("zb-h1", "dualpipe") else 2
+    chunks_per_microbatch = vpp // VirtualStages(layout, pp, vpp).num_pipelines  # dualpipe: one per rank
+    assert [len(p) for p in programs] == [tasks_per_chunk * chunks_per_microbatch * m] * pp
+    assert dry_run_coarse(programs, pp, vpp, m, layout=layout) >= tasks_per_chunk * chunks_per_microbatch * m
 
 
 def test_coarse_tasks_follow_the_ir() -> None:
@@ -122,10 +126,11 @@ def test_gpipe_interleaves_chunks_with_smaller_bubble() -> None:
     assert _bubble_per_microbatch_work(gpipe(4, 2, 8), 4, 2, 8, PAPER_UNITS) == pytest.approx(3 / 2)
 
 
-@pytest.mark.parametrize(("name", "vpp"), [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
+@pytest.mark.parametrize(("name", "vpp"), [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1),
+                                         ("dualpipe", 2)])
 def test_large_dry_run(name: str, vpp: int) -> None:
     programs = SCHEDULES.get(name)(32, vpp, 128)
-    makespan = dry_run_coarse(programs, 32, vpp, 128)
+    makespan = dry_run_coarse(programs, 32, vpp, 128, layout=schedule_layout(name))
     if name == "1f1b":
         assert makespan == (128 + 31) * 2
 

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from piper_sim.planning.space import PlanPoint
-from piper_sim.schedule.ir import Task
+from piper_sim.schedule.build import split_layers
+from piper_sim.schedule.ir import Task, VirtualStages
 from piper_sim.schedule.liveness import activation_deltas
-from piper_sim.schedule.registry import SCHEDULES
+from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.plan import stage_memory_terms
 from piper_sim.workload.memory import rank_params
 from piper_sim.workload.model import ModelSpec
-from piper_sim.workload.parallel import ParallelSpec, stage_layer_split
+from piper_sim.workload.parallel import ParallelSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,17 +49,19 @@ def coarse_programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> 
 
 def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = True) -> list[StageMemory]:
     """Per pipeline stage: state and peak activation bytes of one of its ranks."""
-    num_virtual = point.pp * point.vpp
-    layers = stage_layer_split(model.num_layers, num_virtual)
+    stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
+    layers = split_layers(model.num_layers, stages)
     parallel = ParallelSpec(pp=point.pp, ep=point.ep, dp=point.dp, vpp=point.vpp,
                             num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size)
     out = []
     for p in range(point.pp):
-        chunks = [c * point.pp + p for c in range(point.vpp)]
+        chunks = [stages.of(p, c) for c in range(point.vpp)]
         held = tuple(layer for v in chunks for layer in layers[v])
-        params = rank_params(model, held, first=0 in chunks, last=num_virtual - 1 in chunks, ep=point.ep)
+        params = rank_params(model, held, first=any(map(stages.is_first, chunks)),
+                             last=any(map(stages.is_last, chunks)), ep=point.ep)
         terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
-                                   recompute=point.recompute, recompute_layers=None, zero=point.zero)
+                                   recompute=point.recompute, recompute_layers=None, zero=point.zero,
+                                   stages=stages)
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
         peak = float(np.max(counts @ np.array([terms["act"][c] for c in range(point.vpp)])))
         out.append(StageMemory(state_bytes=terms["state"], activation_bytes=peak + terms["transient"]))

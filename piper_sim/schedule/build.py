@@ -7,10 +7,16 @@ simpy, numpy or torch.
 from __future__ import annotations
 
 from piper_sim.config import Config
-from piper_sim.schedule.ir import Schedule
+from piper_sim.schedule.ir import Schedule, VirtualStages
 from piper_sim.schedule.lower import lower
-from piper_sim.schedule.registry import SCHEDULES
+from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.workload.parallel import stage_layer_split
+
+
+def split_layers(num_layers: int, stages: VirtualStages) -> tuple[tuple[int, ...], ...]:
+    """Layers per virtual stage: the model split over one pipeline's virtual stages, repeated for each
+    pipeline of the layout (a bidirectional layout's second pipeline holds a copy of the same layers)."""
+    return stage_layer_split(num_layers, stages.pipeline_length) * stages.num_pipelines
 
 
 def build_coarse_schedule(cfg: Config) -> Schedule:
@@ -19,12 +25,13 @@ def build_coarse_schedule(cfg: Config) -> Schedule:
     generator = SCHEDULES.get(cfg.schedule, "schedule")
     programs = generator(par.pp, par.vpp, par.num_microbatches)
     return Schedule(name=cfg.schedule, mesh=par.mesh, vpp=par.vpp, num_microbatches=par.num_microbatches,
-                    stage_programs=programs)
+                    stage_programs=programs, layout=schedule_layout(cfg.schedule))
 
 
 def build_schedule(cfg: Config) -> Schedule:
     """The lowered schedule of one training step for this config."""
-    layers = stage_layer_split(cfg.model.num_layers, cfg.parallel.pp * cfg.parallel.vpp)
+    coarse = build_coarse_schedule(cfg)
+    layers = split_layers(cfg.model.num_layers, coarse.stages)
     migration = bool(cfg.migration.get("enabled")) and cfg.migration.get("policy", "greedy") != "none"
-    return lower(build_coarse_schedule(cfg), cfg.model, layers, migration=migration, recompute=cfg.recompute,
+    return lower(coarse, cfg.model, layers, migration=migration, recompute=cfg.recompute,
                  recomputed=cfg.recompute_layers, zero=cfg.zero)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from piper_sim.schedule import ir
-from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 
 Programs = Sequence[Sequence[Task]]
 Durations = Mapping[str, float] | None
@@ -68,14 +68,16 @@ class _Board:
         return self.waiters.pop(key, [])
 
 
-def _cross_key(task: Task, stage: int, pp: int, num_virtual: int) -> tuple | None:
+def _cross_key(task: Task, stage: int, stages: VirtualStages) -> tuple | None:
     """The task of the neighbouring virtual stage whose data `task` needs (implicit send/recv)."""
-    virtual = task.chunk * pp + stage
-    if task.kind == "forward" and virtual > 0:
-        return ("F", (virtual - 1) % pp, (virtual - 1) // pp, task.microbatch)
-    if task.kind in ("backward", "backward_input") and virtual < num_virtual - 1:
-        return ("B", (virtual + 1) % pp, (virtual + 1) // pp, task.microbatch)
-    return None
+    virtual = stages.of(stage, task.chunk)
+    if task.kind == "forward":
+        other, cls = stages.previous(virtual), "F"
+    elif task.kind in ("backward", "backward_input"):
+        other, cls = stages.next(virtual), "B"
+    else:
+        return None
+    return None if other is None else (cls, *stages.where(other), task.microbatch)
 
 
 def _describe(key: tuple) -> str:
@@ -84,15 +86,18 @@ def _describe(key: tuple) -> str:
     return f"{key[0]}:c{key[2]}:m{key[3]} on stage {key[1]}"
 
 
-def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Durations = None) -> Timing:
+def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Durations = None,
+                  layout: Layout = Layout.INTERLEAVED) -> Timing:
     """Event-driven run of coarse programs, one blocking program counter per stage.
 
-    Cross-stage data deps are implicit: F of virtual stage v needs F of v - 1 (same microbatch), B
-    (or backward_input) of v needs B of v + 1; the last virtual stage's B needs only its own F.
-    Never raises on deadlock: stuck stages get a `blocked` reason.
+    Cross-stage data deps are implicit: F of virtual stage v needs F of the virtual stage before it in
+    its pipeline (same microbatch), B (or backward_input) of v needs B of the one after it; a
+    pipeline's last virtual stage's B needs only its own F. Never raises on deadlock: stuck stages get
+    a `blocked` reason.
     """
     pp = len(programs)
     vpp = vpp or 1 + max((t.chunk for p in programs for t in p), default=0)
+    stages = VirtualStages(layout, pp, vpp)
     board = _Board()
     starts = [[None] * len(p) for p in programs]
     ends = [[None] * len(p) for p in programs]
@@ -104,7 +109,7 @@ def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Dura
         while pc[stage] < len(program):
             task = program[pc[stage]]
             needs = [("id", stage, dep) for dep in task.deps]
-            cross = _cross_key(task, stage, pp, pp * vpp)
+            cross = _cross_key(task, stage, stages)
             needs += [cross] if cross else []
             missing = board.first_missing(needs)
             if missing is not None:

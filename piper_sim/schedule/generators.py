@@ -1,8 +1,8 @@
 """Pure pipeline schedule generators: (pp, vpp, num_microbatches) -> one coarse program per stage.
 
-Owns the orders of gpipe, 1f1b, interleaved-1f1b (Megatron) and zb-h1 (Qi et al. 2023); registry.py
-names them. Must not import simpy, torch, numpy or anything that runs, nor the registry; generators are
-pure functions of their arguments.
+Owns the orders of gpipe, 1f1b, interleaved-1f1b (Megatron), zb-h1 (Qi et al. 2023) and dualpipe
+(DeepSeek-V3); registry.py names them and gives each its layout (ir.Layout). Must not import simpy,
+torch, numpy or anything that runs, nor the registry; generators are pure functions of their arguments.
 
 A coarse program holds forward / backward (or backward_input + backward_weight) tasks per chunk and
 microbatch, ids from coarse_task_id, and same-rank deps only (B after its F, W after its B). Chunk c
@@ -149,3 +149,102 @@ def zb_h1(pp: int, vpp: int, num_microbatches: int) -> Programs:
     _check_sizes(pp, vpp, num_microbatches)
     _require_vpp_one("zb-h1", vpp)
     return tuple(_program(_zb_h1_steps(pp, p, num_microbatches)) for p in range(pp))
+
+
+class _DualPipeRank:
+    """Builds one rank's DualPipe program from the report's phases.
+
+    phase 0 is the direction in which this rank sits in the first half of the pipeline (down for ranks
+    < pp / 2, up for the others), phase 1 the other one; chunk = direction (ir.Layout.BIDIRECTIONAL).
+    Each direction runs its microbatches in order; split backwards queue their weight pass, which
+    w() runs first in, first out (the reference implementation's WeightGradStore).
+    """
+
+    def __init__(self, pp: int, stage: int, num_microbatches: int) -> None:
+        self.second_half = int(stage >= pp // 2)
+        half = num_microbatches // 2
+        self.next_f = [0, half]  # next microbatch per chunk: chunk 0 runs 0..half-1, chunk 1 the rest
+        self.next_b = [0, half]
+        self.weights: list[tuple[int, int]] = []
+        self.steps: list[Step] = []
+
+    def _chunk(self, phase: int) -> int:
+        return phase ^ self.second_half
+
+    def f(self, phase: int) -> None:
+        chunk = self._chunk(phase)
+        self.steps.append(("forward", chunk, self.next_f[chunk]))
+        self.next_f[chunk] += 1
+
+    def b(self, phase: int, split: bool = False) -> None:
+        """Backward; split: its weight pass waits in the queue for w(), else it follows at once."""
+        chunk = self._chunk(phase)
+        mb = self.next_b[chunk]
+        self.next_b[chunk] += 1
+        self.steps.append(("backward_input", chunk, mb))
+        if split:
+            self.weights.append((chunk, mb))
+        else:
+            self.steps.append(("backward_weight", chunk, mb))
+
+    def w(self) -> None:
+        chunk, mb = self.weights.pop(0)
+        self.steps.append(("backward_weight", chunk, mb))
+
+
+def _dualpipe_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
+    """The eight phases of one rank (h: distance to the nearer end, n = pp / 2 - h - 1)."""
+    r = _DualPipeRank(pp, stage, num_microbatches)
+    h = min(stage, pp - 1 - stage)
+    n = pp // 2 - h - 1
+    for _ in range(2 * n):  # 1: warm-up forwards of phase 0
+        r.f(0)
+    for _ in range(h + 1):  # 2: forwards of both phases
+        r.f(0)
+        r.f(1)
+    for _ in range(n):  # 3: B1 (split), W, F1
+        r.b(1, split=True)
+        r.w()
+        r.f(1)
+    for _ in range(num_microbatches // 2 - pp + h + 1):  # 4, steady state: the pairs (F0, B1), (F1, B0)
+        r.f(0)
+        r.b(1)
+        r.f(1)
+        r.b(0)
+    for _ in range(n):  # 5: B1, then the pair (F1, B0)
+        r.b(1)
+        r.f(1)
+        r.b(0)
+    for i in range(h + 1):  # 6: backwards of both phases, split from the middle of the phase on
+        r.b(1, split=i > (h + 1) // 2 or (i == (h + 1) // 2 and h % 2 == 1))
+        r.b(0, split=i >= (h + 1) // 2)
+    for _ in range(n):  # 7: W, B0 (split)
+        r.w()
+        r.b(0, split=True)
+    for _ in range(h + 1):  # 8: the remaining weight passes
+        r.w()
+    return r.steps
+
+
+def dualpipe(pp: int, vpp: int, num_microbatches: int) -> Programs:
+    """DualPipe (DeepSeek-AI 2024, DeepSeek-V3 Technical Report, section 3.2.1 and figure 5; the order of
+    github.com/deepseek-ai/DualPipe, dualpipe.py `DualPipe.step`).
+
+    Two pipelines over the same layers, fed from both ends (layout "bidirectional": chunk 0 of stage p
+    is stage p of the down pipeline, chunk 1 stage pp - 1 - p of the up pipeline); microbatches
+    0..m/2-1 run down, the others up. Rank p and rank pp - 1 - p run the same order with the two
+    directions swapped. Backwards are split into backward_input and backward_weight; where the
+    reference runs a whole backward, the weight pass follows its input pass at once. The steady state
+    alternates forward/backward pairs of the two directions, (F0, B1) and (F1, B0), the pairs whose
+    compute and all-to-all DualPipe overlaps. Needs pp even, vpp 2 (two chunks per rank) and
+    num_microbatches even and >= 2 pp, as the reference does.
+    """
+    _check_sizes(pp, vpp, num_microbatches)
+    if pp % 2:
+        raise ConfigError("parallel.pp", pp, "an even number for dualpipe (ranks pair up from both ends)")
+    if vpp != 2:
+        raise ConfigError("parallel.vpp", vpp, "2 for dualpipe (each rank holds one chunk per direction)")
+    if num_microbatches % 2 or num_microbatches < 2 * pp:
+        raise ConfigError("parallel.num_microbatches", num_microbatches,
+                          f"an even number >= 2 * parallel.pp ({2 * pp}) for dualpipe")
+    return tuple(_program(_dualpipe_steps(pp, p, num_microbatches)) for p in range(pp))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from piper_sim.schedule.dryrun import Durations, Timing, coarse_timing, lowered_timing
-from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.schedule.ir import Layout, Schedule, Task
 
 LETTERS = {
     "forward": "F", "forward_expert": "F", "backward": "B", "backward_input": "B",
@@ -73,7 +73,8 @@ def render_timing(programs: Sequence[Sequence[Task]], timing: Timing, *, max_wid
 
 def render_grid(programs: Sequence[Sequence[Task]] | Schedule, *, max_width: int = 120,
                 durations: Durations = None, vpp: int | None = None) -> str:
-    """Grid of coarse stage programs, or of a Schedule (coarse, or lowered: first rank of each stage).
+    """Grid of coarse stage programs (interleaved layout), or of a Schedule (coarse, or lowered: first rank
+    of each stage; its layout).
 
     Bubbles come from the dry run with unit-time tasks unless `durations` (kind -> time) is given.
     """
@@ -84,9 +85,10 @@ def render_grid(programs: Sequence[Sequence[Task]] | Schedule, *, max_width: int
         rank_programs = [schedule.program(rank) for rank in range(schedule.mesh.num_ranks)]
         labels = [f"stage {schedule.mesh.stage_of(r)}" for r in range(schedule.mesh.num_ranks)]
         return render_timing(rank_programs, timing, max_width=max_width, rows=rows, labels=labels)
+    layout = Layout.INTERLEAVED
     if isinstance(programs, Schedule):
-        vpp, programs = programs.vpp, programs.stage_programs
-    timing = coarse_timing(programs, vpp=vpp, durations=durations)
+        vpp, layout, programs = programs.vpp, programs.layout, programs.stage_programs
+    timing = coarse_timing(programs, vpp=vpp, durations=durations, layout=layout)
     return render_timing(programs, timing, max_width=max_width)
 
 

@@ -2,17 +2,18 @@
 
 Owns the on-disk forms behind `piper-sim schedule export`. Must not import simpy, torch or numpy.
 
-JSON holds everything: name, mesh, vpp, num_microbatches, lowered, stage_layers and every Task
+JSON holds everything: name, mesh, vpp, num_microbatches, lowered, layout (when not interleaved), stage_layers
+and every Task
 field of every stage program (fields equal to their default are left out), so
 schedule_from_json(schedule_to_json(s)) == s.
 
 CSV has one row per (rank, task) from Schedule.rank_tasks (global task ids "r<rank>:<local id>",
 concrete peers), plus the columns local_id, stage, peer_stage and group_axis that make it
 readable back. Lists (ops, deps, peers) are joined with ";". What CSV does not carry: the schedule
-name, the mesh shape (dp, ep, tp: pass `mesh`), stage_layers, and vpp, num_microbatches and lowered
-unless given (otherwise inferred: 1 + the largest chunk and microbatch; lowered when any kind is not
-a coarse kind). An op equal to "" cannot be told from no op. The program of each stage is read from
-the first rank of that stage; every other rank of the stage must agree with it.
+name, the mesh shape (dp, ep, tp: pass `mesh`), stage_layers, the layout (pass `layout`), and vpp,
+num_microbatches and lowered unless given (otherwise inferred: 1 + the largest chunk and microbatch;
+lowered when any kind is not a coarse kind). An op equal to "" cannot be told from no op. The program
+of each stage is read from the first rank of that stage; every other rank of the stage must agree with it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from piper_sim.errors import PiperError
-from piper_sim.schedule.ir import COARSE_KINDS, Schedule, Task, global_task_id
+from piper_sim.schedule.ir import COARSE_KINDS, Layout, Schedule, Task, global_task_id
 from piper_sim.workload.mesh import Mesh
 
 FORMAT = "piper-sim-schedule"
@@ -56,12 +57,14 @@ def task_from_dict(data: dict) -> Task:
 
 
 def schedule_to_json(schedule: Schedule, *, indent: int | None = None) -> str:
+    """The schedule as JSON; "layout" only when it is not the default interleaved one."""
     mesh = schedule.mesh
+    layout = {} if schedule.layout == Layout.INTERLEAVED else {"layout": str(schedule.layout)}
     return json.dumps({
         "format": FORMAT, "version": VERSION, "name": schedule.name,
         "mesh": {"pp": mesh.pp, "dp": mesh.dp, "ep": mesh.ep, "tp": mesh.tp},
         "vpp": schedule.vpp, "num_microbatches": schedule.num_microbatches, "lowered": schedule.lowered,
-        "stage_layers": [list(layers) for layers in schedule.stage_layers],
+        **layout, "stage_layers": [list(layers) for layers in schedule.stage_layers],
         "stage_programs": [[task_to_dict(t) for t in program] for program in schedule.stage_programs],
     }, indent=indent)
 
@@ -79,11 +82,12 @@ def schedule_from_json(text: str) -> Schedule:
         return Schedule(
             name=data["name"], mesh=Mesh(**data["mesh"]), vpp=data["vpp"],
             num_microbatches=data["num_microbatches"], lowered=data["lowered"],
+            layout=Layout(data.get("layout", Layout.INTERLEAVED)),
             stage_layers=tuple(tuple(layers) for layers in data["stage_layers"]),
             stage_programs=tuple(tuple(task_from_dict(t) for t in program)
                                  for program in data["stage_programs"]),
         )
-    except (KeyError, TypeError) as error:
+    except (KeyError, TypeError, ValueError) as error:
         raise PiperError(f"schedule file: missing or bad field ({error})") from error
 
 
@@ -135,7 +139,8 @@ def _read_rank_programs(path: str | Path) -> dict[int, list[Task]]:
 
 
 def schedule_from_csv(path: str | Path, mesh: Mesh, *, name: str = "", vpp: int | None = None,
-                      num_microbatches: int | None = None, lowered: bool | None = None) -> Schedule:
+                      num_microbatches: int | None = None, lowered: bool | None = None,
+                      layout: Layout = Layout.INTERLEAVED) -> Schedule:
     """Read a CSV written by schedule_to_csv back; see the module docstring for what CSV loses."""
     by_rank = _read_rank_programs(path)
     if sorted(by_rank) != list(range(mesh.num_ranks)):
@@ -148,7 +153,7 @@ def schedule_from_csv(path: str | Path, mesh: Mesh, *, name: str = "", vpp: int 
                              f"first rank of stage {mesh.stage_of(rank)}")
     all_tasks = [t for program in programs for t in program]
     return Schedule(
-        name=name, mesh=mesh, stage_programs=programs,
+        name=name, mesh=mesh, stage_programs=programs, layout=layout,
         vpp=vpp if vpp is not None else 1 + max((t.chunk for t in all_tasks), default=0),
         num_microbatches=(num_microbatches if num_microbatches is not None
                           else 1 + max((t.microbatch for t in all_tasks), default=0)),

@@ -18,6 +18,17 @@ Execution contract (both backends honour it; see docs/execution-contract.md):
   transfer starts when both sides are issued, and the task ends when the transfer ends; a task that
   depends on a recv waits for it;
 - a collective starts when every member of its group has reached it.
+
+Layouts (which virtual stage chunk c of pipeline stage p runs; Schedule.layout, docs/schedules.md):
+- "interleaved" (Megatron, Narayanan et al. 2021): virtual stage c * pp + p; one pipeline of pp * vpp.
+- "v" (vpp 2; DualPipeV, Zero Bubble's V schedules): chunk 0 is virtual stage p, chunk 1 is 2pp - 1 - p;
+  one pipeline of 2pp virtual stages that goes down the ranks and back up.
+- "bidirectional" (vpp 2; DualPipe, DeepSeek-V3 technical report section 3.2.1): two pipelines over
+  the same layers, each of pp virtual stages. Chunk 0 of stage p is stage p of the "down" pipeline
+  (virtual stage p, fed at rank 0), chunk 1 is stage pp - 1 - p of the "up" pipeline (virtual stage
+  2pp - 1 - p, fed at rank pp - 1); virtual stage pp + s holds the same layers as s (a second copy of
+  the parameters, as the report says DualPipe keeps). The first half of the microbatches runs down,
+  the second half up; a microbatch's tasks use the chunk of its pipeline on every rank.
 """
 
 from __future__ import annotations
@@ -47,6 +58,14 @@ class TaskKind(StrEnum):
     ALL_REDUCE = "all_reduce"
     REDUCE_SCATTER = "reduce_scatter"  # sharded optimizer state (ZeRO): gradients
     ALL_GATHER = "all_gather"  # sharded optimizer state (ZeRO): updated parameters
+
+
+class Layout(StrEnum):
+    """Chunk -> virtual stage mapping of a schedule (module docstring)."""
+
+    INTERLEAVED = "interleaved"
+    V = "v"
+    BIDIRECTIONAL = "bidirectional"
 
 
 class Stream(StrEnum):
@@ -133,12 +152,75 @@ class Task:
         return self.kind in COLLECTIVE_KINDS
 
 
+@dataclass(frozen=True)
+class VirtualStages:
+    """The virtual stages of a layout over pp pipeline stages with vpp chunks each, and their pipelines."""
+
+    layout: Layout
+    pp: int
+    vpp: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layout", Layout(self.layout))
+        if self.layout != Layout.INTERLEAVED and self.vpp != 2:
+            raise ValueError(f"layout {self.layout.value!r} needs 2 chunks per stage, got vpp {self.vpp}")
+
+    @property
+    def num_virtual(self) -> int:
+        return self.pp * self.vpp
+
+    @property
+    def num_pipelines(self) -> int:
+        return 2 if self.layout == Layout.BIDIRECTIONAL else 1
+
+    @property
+    def pipeline_length(self) -> int:
+        return self.num_virtual // self.num_pipelines
+
+    def of(self, pp_index: int, chunk: int) -> int:
+        """The virtual stage chunk `chunk` of pipeline stage `pp_index` runs."""
+        if self.layout == Layout.INTERLEAVED:
+            return chunk * self.pp + pp_index
+        return pp_index if chunk == 0 else 2 * self.pp - 1 - pp_index
+
+    def where(self, virtual: int) -> tuple[int, int]:
+        """(pipeline stage, chunk) of a virtual stage."""
+        if self.layout == Layout.INTERLEAVED:
+            return virtual % self.pp, virtual // self.pp
+        return (virtual, 0) if virtual < self.pp else (2 * self.pp - 1 - virtual, 1)
+
+    def is_first(self, virtual: int) -> bool:
+        """Holds the embedding: the start of a pipeline."""
+        return virtual % self.pipeline_length == 0
+
+    def is_last(self, virtual: int) -> bool:
+        """Holds the head and the loss: the end of a pipeline."""
+        return virtual % self.pipeline_length == self.pipeline_length - 1
+
+    def previous(self, virtual: int) -> int | None:
+        return None if self.is_first(virtual) else virtual - 1
+
+    def next(self, virtual: int) -> int | None:
+        return None if self.is_last(virtual) else virtual + 1
+
+    def position(self, virtual: int) -> int:
+        """Which slice of the model a virtual stage holds (virtual stages of one position share layers)."""
+        return virtual % self.pipeline_length
+
+    def runs(self, pp_index: int, chunk: int, microbatch: int, num_microbatches: int) -> bool:
+        """Whether that chunk of that stage runs the microbatch: the first num_microbatches / pipelines
+        microbatches enter pipeline 0, the next ones pipeline 1."""
+        pipeline = self.of(pp_index, chunk) // self.pipeline_length
+        return microbatch * self.num_pipelines // num_microbatches == pipeline
+
+
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
     """Per-stage programs of one training step over a mesh.
 
     stage_programs[pp_index] is the ordered program every rank of that pipeline stage runs.
-    chunk c on pipeline stage p is the virtual stage c * pp + p (interleaved layout).
+    layout: which virtual stage chunk c on pipeline stage p runs (VirtualStages; default interleaved,
+    c * pp + p).
     lowered: False for a generator's coarse output (forward/backward per chunk and microbatch),
     True after the lowering passes (p2p, all-to-all, gradient reduction, optimizer).
     """
@@ -150,6 +232,7 @@ class Schedule:
     stage_programs: tuple[tuple[Task, ...], ...]
     lowered: bool = False
     stage_layers: tuple[tuple[int, ...], ...] = field(default=())  # layers per virtual stage
+    layout: Layout = Layout.INTERLEAVED
 
     @property
     def pp(self) -> int:
@@ -159,8 +242,12 @@ class Schedule:
     def num_virtual_stages(self) -> int:
         return self.pp * self.vpp
 
+    @property
+    def stages(self) -> VirtualStages:
+        return VirtualStages(self.layout, self.pp, self.vpp)
+
     def virtual_stage(self, pp_index: int, chunk: int) -> int:
-        return chunk * self.pp + pp_index
+        return self.stages.of(pp_index, chunk)
 
     def program(self, rank: int) -> tuple[Task, ...]:
         return self.stage_programs[self.mesh.stage_of(rank)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.model import ModelSpec
 
 BACKWARD_KIND = {
@@ -71,14 +71,15 @@ class LoweringContext:
     recompute: str = "none"  # none | selective | full
     recomputed: int | None = None  # full: layers of each chunk recomputed (None: all)
     zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
+    layout: Layout = Layout.INTERLEAVED
 
     @property
-    def num_virtual(self) -> int:
-        return self.pp * self.vpp
+    def stages(self) -> VirtualStages:
+        return VirtualStages(self.layout, self.pp, self.vpp)
 
     def segments(self, virtual_stage: int) -> list[Segment]:
-        return chunk_segments(self.model, self.stage_layers[virtual_stage], first=virtual_stage == 0,
-                              last=virtual_stage == self.num_virtual - 1)
+        return chunk_segments(self.model, self.stage_layers[virtual_stage], first=self.stages.is_first(virtual_stage),
+                              last=self.stages.is_last(virtual_stage))
 
 
 def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], *,
@@ -98,7 +99,7 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
         model=model, pp=coarse.pp, vpp=coarse.vpp, stage_layers=stage_layers, expert_group="ep",
         reduce_dense_axis="ep_dp" if mesh.ep * mesh.dp > 1 else "",
         reduce_expert_axis="dp" if mesh.dp > 1 else "", migration=migration and mesh.ep > 1,
-        recompute=recompute, recomputed=recomputed, zero=zero,
+        recompute=recompute, recomputed=recomputed, zero=zero, layout=coarse.layout,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
     return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
@@ -108,7 +109,7 @@ def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) 
     out: list[Task] = []
     last_of: dict[str, str] = {}  # coarse id -> id of its last lowered task (local deps)
     for task in coarse:
-        v = task.chunk * ctx.pp + pp_index
+        v = ctx.stages.of(pp_index, task.chunk)
         if task.kind == "forward":
             new = _lower_forward(ctx, pp_index, v, task, last_of)
         elif task.kind in ("backward", "backward_input"):
@@ -131,18 +132,20 @@ def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: di
     prefix = f"F:c{c}:m{m}"
     tasks: list[Task] = []
     deps: tuple[str, ...] = ()
-    if v > 0:
-        prev_stage = (v - 1) % ctx.pp
+    prev, after = ctx.stages.previous(v), ctx.stages.next(v)
+    if prev is not None:
+        prev_stage, prev_chunk = ctx.stages.where(prev)
         if prev_stage != p:
             tasks.append(Task(task_id=f"recv:act:c{c}:m{m}", kind="recv", microbatch=m, chunk=c, role="act",
                               peer_stage=prev_stage, tag=f"act:v{v}:m{m}"))
             deps = (tasks[-1].task_id,)
         else:  # previous virtual stage on this same rank: a local dependency
-            deps = (last_of[f"F:c{(v - 1) // ctx.pp}:m{m}"],)
+            deps = (last_of[f"F:c{prev_chunk}:m{m}"],)
     tasks.extend(_expand(ctx.segments(v), prefix, "forward", task, deps, ctx.expert_group))
-    if v < ctx.num_virtual - 1 and (v + 1) % ctx.pp != p:
+    if after is not None and ctx.stages.where(after)[0] != p:
         tasks.append(Task(task_id=f"send:act:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="act",
-                          peer_stage=(v + 1) % ctx.pp, tag=f"act:v{v + 1}:m{m}", deps=(tasks[-1].task_id,)))
+                          peer_stage=ctx.stages.where(after)[0], tag=f"act:v{after}:m{m}",
+                          deps=(tasks[-1].task_id,)))
     return tasks
 
 
@@ -151,23 +154,25 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
     prefix = f"B:c{c}:m{m}"
     tasks: list[Task] = []
     deps = tuple(last_of[d] for d in task.deps)
-    if v < ctx.num_virtual - 1:
-        next_stage = (v + 1) % ctx.pp
+    prev, after = ctx.stages.previous(v), ctx.stages.next(v)
+    if after is not None:
+        next_stage, next_chunk = ctx.stages.where(after)
         if next_stage != p:
             tasks.append(Task(task_id=f"recv:grad:c{c}:m{m}", kind="recv", microbatch=m, chunk=c, role="grad",
                               peer_stage=next_stage, tag=f"grad:v{v}:m{m}"))
             deps = (*deps, tasks[-1].task_id)
         else:
-            deps = (*deps, last_of[f"B:c{(v + 1) // ctx.pp}:m{m}"])
+            deps = (*deps, last_of[f"B:c{next_chunk}:m{m}"])
     redo = _recompute_segments(ctx, v) if task.kind != "backward_weight" else []
     if redo:
         tasks.extend(_expand(redo, f"R:c{c}:m{m}", "recompute", task, deps, ctx.expert_group))
         deps = (tasks[-1].task_id,)
     backward = [replace(s, role=_FLIP[s.role]) if s.role else s for s in reversed(ctx.segments(v))]
     tasks.extend(_expand(backward, prefix, task.kind, task, deps, ctx.expert_group))
-    if v > 0 and (v - 1) % ctx.pp != p:
+    if prev is not None and ctx.stages.where(prev)[0] != p:
         tasks.append(Task(task_id=f"send:grad:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="grad",
-                          peer_stage=(v - 1) % ctx.pp, tag=f"grad:v{v - 1}:m{m}", deps=(tasks[-1].task_id,)))
+                          peer_stage=ctx.stages.where(prev)[0], tag=f"grad:v{prev}:m{m}",
+                          deps=(tasks[-1].task_id,)))
     return tasks
 
 
@@ -182,7 +187,7 @@ def _recompute_segments(ctx: LoweringContext, v: int) -> list[Segment]:
         return [Segment(ops=tuple(f"attn_core:{layer}" for layer in layers))] if layers else []
     if ctx.recompute == "full":
         redo = layers if ctx.recomputed is None else layers[:ctx.recomputed]
-        return chunk_segments(ctx.model, redo, first=v == 0, last=False) if redo else []
+        return chunk_segments(ctx.model, redo, first=ctx.stages.is_first(v), last=False) if redo else []
     return []
 
 

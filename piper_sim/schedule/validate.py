@@ -17,7 +17,7 @@ from piper_sim.errors import PiperError
 from piper_sim.schedule import ir
 from piper_sim.schedule.dryrun import Durations, Programs, Timing, coarse_timing, lowered_timing
 from piper_sim.schedule.grid import render_timing
-from piper_sim.schedule.ir import Schedule, Task, coarse_task_id
+from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages, coarse_task_id
 
 KNOWN_KINDS = ir.COMPUTE_KINDS | ir.P2P_KINDS | ir.COLLECTIVE_KINDS
 _MAX_PROBLEMS = 20
@@ -29,14 +29,15 @@ class ScheduleError(PiperError):
 
 
 def dry_run_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int, *,
-                   durations: Durations = None) -> float:
+                   durations: Durations = None, layout: Layout = Layout.INTERLEAVED) -> float:
     """Check coarse programs (check_coarse), run them and return the makespan.
 
     With the default unit durations the makespan is the number of steps (rounds); pass e.g.
-    {"forward": 1, "backward": 2} for the papers' units. Raises ScheduleError on deadlock.
+    {"forward": 1, "backward": 2} for the papers' units. layout: the schedule's (ir.Layout). Raises
+    ScheduleError on deadlock.
     """
-    check_coarse(programs, pp, vpp, num_microbatches)
-    timing = coarse_timing(programs, vpp=vpp, durations=durations)
+    check_coarse(programs, pp, vpp, num_microbatches, layout=layout)
+    timing = coarse_timing(programs, vpp=vpp, durations=durations, layout=layout)
     if timing.deadlocked:
         grid = render_timing(programs, timing)
         raise ScheduleError(f"deadlock: {len(timing.stuck_rows())} of {pp} stages are stuck\n{grid}")
@@ -87,8 +88,9 @@ def _program_problems(where: str, program: Sequence[Task], kinds: frozenset[str]
     return problems
 
 
-def _coarse_stage_problems(stage: int, program: Sequence[Task], vpp: int, num_microbatches: int,
+def _coarse_stage_problems(stage: int, program: Sequence[Task], stages: VirtualStages, num_microbatches: int,
                            backward_kinds: tuple[str, ...]) -> list[str]:
+    vpp = stages.vpp
     where = f"stage {stage}"
     problems = _program_problems(where, program, ir.COARSE_KINDS)
     for task in (t for t in program if t.kind in ir.COARSE_KINDS):  # other kinds: reported above
@@ -100,12 +102,17 @@ def _coarse_stage_problems(stage: int, program: Sequence[Task], vpp: int, num_mi
     counts = Counter((t.kind, t.chunk, t.microbatch) for t in program)
     problems += [f"{where}: {coarse_task_id(*key)} ({key[0]}) appears {counts[key]} times; expected once"
                  for key in product(("forward", *backward_kinds), range(vpp), range(num_microbatches))
-                 if counts[key] != 1]
+                 if stages.runs(stage, key[1], key[2], num_microbatches) and counts[key] != 1]
+    problems += [f"{where}: {coarse_task_id(*key)} runs microbatch {key[2]} on a chunk of another pipeline"
+                 for key in counts if not stages.runs(stage, key[1], key[2], num_microbatches)
+                 and 0 <= key[1] < vpp and 0 <= key[2] < num_microbatches]
     return problems
 
 
-def check_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int) -> None:
-    """Every (kind, chunk, microbatch) once per stage; deps exist and come earlier.
+def check_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int, *,
+                 layout: Layout = Layout.INTERLEAVED) -> None:
+    """Every (kind, chunk, microbatch) once per stage (the chunks of the microbatch's pipeline, under a
+    bidirectional layout); deps exist and come earlier.
 
     A schedule uses either backward or backward_input + backward_weight, decided by whether any
     stage has a split backward. Raises ScheduleError with the grid.
@@ -114,11 +121,12 @@ def check_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int) -
         raise ScheduleError(f"expected {pp} stage programs, got {len(programs)}")
     split = any(t.kind in ("backward_input", "backward_weight") for p in programs for t in p)
     backward_kinds = ("backward_input", "backward_weight") if split else ("backward",)
+    stages = VirtualStages(layout, pp, vpp)
     problems = [problem for stage, program in enumerate(programs)
-                for problem in _coarse_stage_problems(stage, program, vpp, num_microbatches, backward_kinds)]
+                for problem in _coarse_stage_problems(stage, program, stages, num_microbatches, backward_kinds)]
     if problems:
         _fail("invalid coarse schedule", problems,
-              lambda: render_timing(programs, coarse_timing(programs, vpp=vpp)))
+              lambda: render_timing(programs, coarse_timing(programs, vpp=vpp, layout=layout)))
 
 
 def _p2p_problems(schedule: Schedule) -> list[str]:
@@ -166,7 +174,8 @@ def check_schedule(schedule: Schedule) -> None:
     if schedule.lowered:
         check_lowered(schedule)
     else:
-        check_coarse(schedule.stage_programs, schedule.pp, schedule.vpp, schedule.num_microbatches)
+        check_coarse(schedule.stage_programs, schedule.pp, schedule.vpp, schedule.num_microbatches,
+                     layout=schedule.layout)
 
 
 def _lowered_grid(schedule: Schedule, timing: Timing) -> str:
@@ -186,7 +195,7 @@ def dry_run(schedule: Schedule, durations: Durations = None) -> float:
     """
     if not schedule.lowered:
         return dry_run_coarse(schedule.stage_programs, schedule.pp, schedule.vpp,
-                              schedule.num_microbatches, durations=durations)
+                              schedule.num_microbatches, durations=durations, layout=schedule.layout)
     timing = lowered_timing(schedule, durations)
     if timing.deadlocked:
         stuck = timing.stuck_rows()

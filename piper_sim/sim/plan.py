@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.schedule.liveness import activation_deltas
 from piper_sim.workload.memory import (
     activation_bytes,
@@ -50,16 +50,17 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
                       recompute: str = "none", recompute_layers: int | None = None, zero: int = 0
                       ) -> list[StagePlan]:
     plans = []
-    num_virtual = schedule.num_virtual_stages
+    stages = schedule.stages
     for p, program in enumerate(schedule.stage_programs):
         index = {t.task_id: i for i, t in enumerate(program)}
         chunks = [schedule.virtual_stage(p, c) for c in range(schedule.vpp)]
         layers = tuple(layer for v in chunks for layer in schedule.stage_layers[v])
-        ends = {"first": 0 in chunks, "last": num_virtual - 1 in chunks, "ep": parallel.ep}
+        ends = {"first": any(map(stages.is_first, chunks)), "last": any(map(stages.is_last, chunks)),
+                "ep": parallel.ep}
         params = rank_params(model, layers, **ends)
         memory = stage_memory_terms(model, schedule.stage_layers, chunks, parallel, params,
                                     flash_attention=flash_attention, recompute=recompute,
-                                    recompute_layers=recompute_layers, zero=zero)
+                                    recompute_layers=recompute_layers, zero=zero, stages=stages)
         act = memory["act"]
         mem_start, mem_end = activation_deltas(program, act)
         plans.append(StagePlan(
@@ -79,13 +80,17 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
 
 def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
                        parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
-                       recompute: str, recompute_layers: int | None, zero: int) -> dict:
+                       recompute: str, recompute_layers: int | None, zero: int,
+                       stages: VirtualStages | None = None) -> dict:
     """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state,
-    the recomputation transient, and the parameters its optimizer updates."""
+    the recomputation transient, and the parameters its optimizer updates. stages: the schedule's layout
+    (which virtual stages end a pipeline; default interleaved)."""
     num_virtual = len(stage_layers)
+    if stages is None:  # interleaved: the last virtual stage ends the one pipeline
+        stages = VirtualStages(Layout.INTERLEAVED, num_virtual, 1)
     recomputed = {c: len(stage_layers[v]) if recompute_layers is None else recompute_layers
                   for c, v in enumerate(chunks)}
-    act = {c: activation_bytes(model, stage_layers[v], parallel.micro_batch_size, last=v == num_virtual - 1,
+    act = {c: activation_bytes(model, stage_layers[v], parallel.micro_batch_size, last=stages.is_last(v),
                                flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c])
            for c, v in enumerate(chunks)}
     transient = max(recompute_transient_bytes(model, stage_layers[v], parallel.micro_batch_size,
