@@ -1,5 +1,5 @@
-"""DualPipe (DeepSeek-V3 technical report, section 3.2.1; github.com/deepseek-ai/DualPipe): the bidirectional
-layout, the generator's order, lowering, the simulator, the planner."""
+"""DualPipe (DeepSeek-V3 technical report, section 3.2.1; github.com/deepseek-ai/DualPipe) and DualPipeV: the
+bidirectional and V layouts, the generators' orders, lowering, the simulator, the planner."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint, _schedule_allows
 from piper_sim.schedule.build import build_schedule, split_layers
 from piper_sim.schedule.dryrun import coarse_timing
-from piper_sim.schedule.generators import dualpipe, one_f_one_b, zb_h1
+from piper_sim.schedule.generators import dualpipe, dualpipe_v, one_f_one_b, zb_h1
 from piper_sim.schedule.io import schedule_from_json, schedule_to_json
 from piper_sim.schedule.ir import Layout, VirtualStages
 from piper_sim.schedule.registry import schedule_layout
@@ -87,6 +87,27 @@ def test_dualpipe_constraints_name_the_key(pp: int, vpp: int, m: int, key: str) 
     assert not _schedule_allows("dualpipe", max(pp, 1), vpp, m, 64)
 
 
+@pytest.mark.parametrize(("pp", "vpp", "m", "key"), [
+    (4, 1, 8, "parallel.vpp"), (4, 2, 7, "parallel.num_microbatches"), (2, 2, 0, "parallel.num_microbatches"),
+])
+def test_dualpipe_v_constraints_name_the_key(pp: int, vpp: int, m: int, key: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        dualpipe_v(pp, vpp, m)
+    assert error.value.key == key
+    assert not _schedule_allows("dualpipe-v", pp, vpp, m, 64)
+
+
+@pytest.mark.parametrize(("pp", "m"), [(1, 2), (2, 4), (3, 6), (3, 7), (4, 8), (4, 13), (8, 16)])
+def test_dualpipe_v_validates_and_its_bubble_is_below_zb_h1(pp: int, m: int) -> None:
+    """DualPipeV on pp ranks runs 2 pp half-size stages: chunk tasks of half a stage's time."""
+    programs = dualpipe_v(pp, 2, m)
+    check_coarse(programs, pp, 2, m, layout=Layout.V)
+    half = {kind: t / 2 for kind, t in SPLIT_UNITS.items()}
+    bubble = _makespan(programs, pp, 2, m, half, Layout.V) - 3 * m
+    assert bubble == pytest.approx((pp - 1) / 2)  # measured: half of ZB-H1's pp - 1
+    assert bubble <= _makespan(zb_h1(pp, 1, m), pp, 1, m, SPLIT_UNITS) - 3 * m
+
+
 def test_dualpipe_order_follows_the_reference_at_pp_4() -> None:
     """DualPipe.step on rank 0 of 4, 8 microbatches (0-3 down, 4-7 up), worked by hand: 1 (nF0) F0 F1;
     2 (nF0F1) F2 F4; 3 (nB1W1F1) B4 W4 F5; 4 (nF0B1F1B0) F3 B5 F6 B0; 5 (nB1F1B0) B6 F7 B1; 6 (nB1B0) B7
@@ -137,6 +158,7 @@ def test_simulated_dualpipe_bubble_is_below_1f1b() -> None:
         return simulate(cfg).report.bubble_fraction
 
     assert bubble("dualpipe", 2) < bubble("1f1b", 1)
+    assert bubble("dualpipe-v", 2) < bubble("1f1b", 1)
 
 
 def test_memory_model_counts_both_copies_of_the_parameters() -> None:
@@ -152,11 +174,19 @@ def test_memory_model_counts_both_copies_of_the_parameters() -> None:
 # ---------------------------------------------------------------- planner
 
 
-@pytest.mark.parametrize(("pp", "m"), [(2, 4), (2, 16), (4, 8), (4, 24), (8, 16), (8, 40)])
+@pytest.mark.parametrize(("schedule", "pp", "m"), [
+    ("dualpipe", 2, 4), ("dualpipe", 2, 16), ("dualpipe", 4, 8), ("dualpipe", 4, 24), ("dualpipe", 8, 16),
+    ("dualpipe", 8, 40), ("dualpipe-v", 2, 4), ("dualpipe-v", 3, 7), ("dualpipe-v", 4, 20), ("dualpipe-v", 8, 16),
+])
 @pytest.mark.parametrize(("f", "b", "w"), [(1.0, 1.0, 1.0), (1.0, 2.0, 0.5), (2.0, 1.0, 1.0)])
-def test_dualpipe_pipeline_time_equals_the_dry_run(pp: int, m: int, f: float, b: float, w: float) -> None:
-    point = PlanPoint(pp=pp, ep=1, dp=1, vpp=2, micro_batch_size=1, num_microbatches=m, schedule="dualpipe",
+def test_pipeline_time_equals_the_dry_run(schedule: str, pp: int, m: int, f: float, b: float, w: float) -> None:
+    """The estimator's per-rank times per microbatch: dualpipe runs one chunk task of each kind on each rank
+    (durations f, b, w), dualpipe-v two (f / 2, b / 2, w / 2 each)."""
+    point = PlanPoint(pp=pp, ep=1, dp=1, vpp=2, micro_batch_size=1, num_microbatches=m, schedule=schedule,
                       all_to_all="flat")
-    durations = {"forward": f, "backward_input": b, "backward_weight": w}
-    makespan = coarse_timing(dualpipe(pp, 2, m), vpp=2, durations=durations, layout=BI).makespan
+    per_task = 1 if schedule == "dualpipe" else 2
+    durations = {"forward": f / per_task, "backward_input": b / per_task, "backward_weight": w / per_task}
+    generator = dualpipe if schedule == "dualpipe" else dualpipe_v
+    makespan = coarse_timing(generator(pp, 2, m), vpp=2, durations=durations,
+                             layout=schedule_layout(schedule)).makespan
     assert _pipeline_s(point, [(f, b, w, 0.0)] * pp) == pytest.approx(makespan, rel=1e-9)

@@ -9,10 +9,10 @@ from piper_sim.schedule.validate import check_schedule, dry_run
 from piper_sim.simulate import build_schedule
 
 GRID = [(sched, pp, vpp, m) for sched, vpps in (("gpipe", (1, 2)), ("1f1b", (1,)), ("interleaved-1f1b", (2, 3)),
-                                                  ("zb-h1", (1,)), ("dualpipe", (2,)))
+                                                  ("zb-h1", (1,)), ("dualpipe", (2,)), ("dualpipe-v", (2,)))
         for pp in (1, 2, 4) for vpp in vpps for m in (1, 4, 8)
         if not (sched == "interleaved-1f1b" and m % pp)
-        and not (sched == "dualpipe" and (pp % 2 or m < 2 * pp))]
+        and not (sched == "dualpipe" and (pp % 2 or m < 2 * pp)) and not (sched == "dualpipe-v" and m < 2 * pp)]
 
 
 @pytest.mark.parametrize("schedule,pp,vpp,m", GRID)

@@ -38,6 +38,8 @@ def _supported(name: str, pp: int, vpp: int, m: int) -> bool:
         return vpp > 1 and m % pp == 0
     if name == "dualpipe":
         return pp % 2 == 0 and vpp == 2 and m % 2 == 0 and m >= 2 * pp
+    if name == "dualpipe-v":
+        return vpp == 2 and m >= 2 * pp
     return True
 
 
@@ -51,7 +53,7 @@ def _bubble_per_microbatch_work(programs, pp: int, vpp: int, m: int, durations: 
 # ---------------------------------------------------------------- generators
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe"])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipe-v"])
 @pytest.mark.parametrize(("pp", "vpp", "m"), GRID)
 def test_generators_validate_and_run_without_deadlock(name: str, pp: int, vpp: int, m: int) -> None:
     generator = SCHEDULES.get(name)
@@ -62,7 +64,7 @@ def test_generators_validate_and_run_without_deadlock(name: str, pp: int, vpp: i
     programs = generator(pp, vpp, m)
     layout = schedule_layout(name)
     check_coarse(programs, pp, vpp, m, layout=layout)
-    tasks_per_chunk = 3 if name in ("zb-h1", "dualpipe") else 2
+    tasks_per_chunk = 3 if name in ("zb-h1", "dualpipe", "dualpipe-v") else 2
     chunks_per_microbatch = vpp // VirtualStages(layout, pp, vpp).num_pipelines  # dualpipe: one per rank
     assert [len(p) for p in programs] == [tasks_per_chunk * chunks_per_microbatch * m] * pp
     assert dry_run_coarse(programs, pp, vpp, m, layout=layout) >= tasks_per_chunk * chunks_per_microbatch * m
@@ -127,7 +129,7 @@ def test_gpipe_interleaves_chunks_with_smaller_bubble() -> None:
 
 
 @pytest.mark.parametrize(("name", "vpp"), [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1),
-                                         ("dualpipe", 2)])
+                                         ("dualpipe", 2), ("dualpipe-v", 2)])
 def test_large_dry_run(name: str, vpp: int) -> None:
     programs = SCHEDULES.get(name)(32, vpp, 128)
     makespan = dry_run_coarse(programs, 32, vpp, 128, layout=schedule_layout(name))

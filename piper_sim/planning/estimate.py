@@ -261,29 +261,36 @@ def _rows_cached(num_experts: int, top_k: int, ep: int, layer: int, tokens: int)
     return tuple(int(r) for r in dispatch(routed.kept, contiguous_owners(num_experts, ep), ep).expert_rows[0])
 
 
-SPLIT_BACKWARD = frozenset({"zb-h1", "dualpipe"})  # schedules whose backward is input pass + weight pass
+SPLIT_BACKWARD = frozenset({"zb-h1", "dualpipe", "dualpipe-v"})  # backward = input pass + weight pass
+DRY_RUN_PRICED = frozenset({"dualpipe", "dualpipe-v"})  # no closed form in the execution contract's terms
+
+
+def _chunks_per_microbatch(schedule: str, pp: int, vpp: int) -> int:
+    """Chunk tasks of one kind a microbatch runs on each rank (vpp, but one in a bidirectional layout)."""
+    return vpp // VirtualStages(schedule_layout(schedule), pp, vpp).num_pipelines
 
 
 @functools.lru_cache(maxsize=4096)
 def _dry_run_bubble_s(schedule: str, pp: int, vpp: int, f: float, b: float, w: float) -> float:
-    """Makespan less the work of a schedule without a closed form, from the coarse dry run with chunk times
-    f, b, w at its fewest microbatches (2 pp for dualpipe); the bubble does not grow with more microbatches,
-    whose steady-state rounds add only work (tests/test_planning.py checks it against the full dry run)."""
+    """Makespan less a rank's work for chunk times f, b, w, from the coarse dry run of the schedule at its
+    fewest microbatches (2 pp); the bubble does not grow with more microbatches, whose steady-state rounds
+    add only work (tests/test_dualpipe.py checks it against the full dry run)."""
     m = 2 * pp
     programs = SCHEDULES.get(schedule, "schedule")(pp, vpp, m)
     durations = {"forward": f, "backward": b, "backward_input": b, "backward_weight": w}
     timing = coarse_timing(programs, vpp=vpp, durations=durations, layout=schedule_layout(schedule))
-    return timing.makespan - m * (f + b + w)
+    return timing.makespan - m * _chunks_per_microbatch(schedule, pp, vpp) * (f + b + w)
 
 
 def _pipeline_s(point: PlanPoint, per_stage: list[tuple[float, float, float, float]]) -> float:
     m = point.num_microbatches
-    if point.schedule == "dualpipe":
+    if point.schedule in DRY_RUN_PRICED:
         # The report's bubble (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3 table 2) assumes overlapped F&B pairs,
         # which the execution contract does not run; the dry run of the generator's order prices it instead,
-        # with the slowest rank's times (per microbatch, which runs one chunk on each rank).
-        f, b, w = (max(s[i] for s in per_stage) for i in range(3))
-        return m * (f + b + w) + _dry_run_bubble_s(point.schedule, point.pp, point.vpp, f, b, w)
+        # with the slowest rank's times per chunk task.
+        chunks = _chunks_per_microbatch(point.schedule, point.pp, point.vpp)
+        f, b, w = (max(s[i] for s in per_stage) / chunks for i in range(3))
+        return m * chunks * (f + b + w) + _dry_run_bubble_s(point.schedule, point.pp, point.vpp, f, b, w)
     if point.schedule == "zb-h1":
         fb = [f + b for f, b, _, _ in per_stage]
         w = max(s[2] for s in per_stage)

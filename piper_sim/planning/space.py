@@ -17,7 +17,7 @@ from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES
 from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 
-SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "dualpipe")
+SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipe-v")
 A2A_NAMES = ("flat", "halo")
 DOMAINS = ("node", "switch", "group", "any")
 
@@ -142,13 +142,16 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
 
 def _schedule_allows(schedule: str, pp: int, vpp: int, m: int, num_layers: int) -> bool:
     """The schedule's own rules; at pp 1, ZB-H1 is 1F1B (nothing to fill), so only 1F1B is kept. DualPipe
-    (generators.dualpipe): even pp, two chunks per rank, an even number of microbatches >= 2 pp."""
+    (generators.dualpipe): even pp, two chunks per rank, an even number of microbatches >= 2 pp; DualPipeV the
+    same but any pp > 1 and any number of microbatches >= 2 pp."""
     if pp * vpp > num_layers or (pp == 1 and schedule == "zb-h1"):
         return False
     if schedule == "interleaved-1f1b":
         return vpp >= 2 and pp > 1 and m % pp == 0
     if schedule == "dualpipe":
         return pp % 2 == 0 and vpp == 2 and m % 2 == 0 and m >= 2 * pp
+    if schedule == "dualpipe-v":
+        return pp > 1 and vpp == 2 and m >= 2 * pp
     return vpp == 1
 
 

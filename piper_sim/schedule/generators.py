@@ -1,7 +1,7 @@
 """Pure pipeline schedule generators: (pp, vpp, num_microbatches) -> one coarse program per stage.
 
-Owns the orders of gpipe, 1f1b, interleaved-1f1b (Megatron), zb-h1 (Qi et al. 2023) and dualpipe
-(DeepSeek-V3); registry.py names them and gives each its layout (ir.Layout). Must not import simpy,
+Owns the orders of gpipe, 1f1b, interleaved-1f1b (Megatron), zb-h1 (Qi et al. 2023), dualpipe
+(DeepSeek-V3) and dualpipe-v; registry.py names them and gives each its layout (ir.Layout). Must not import simpy,
 torch, numpy or anything that runs, nor the registry; generators are pure functions of their arguments.
 
 A coarse program holds forward / backward (or backward_input + backward_weight) tasks per chunk and
@@ -152,24 +152,24 @@ def zb_h1(pp: int, vpp: int, num_microbatches: int) -> Programs:
 
 
 class _DualPipeRank:
-    """Builds one rank's DualPipe program from the report's phases.
+    """Builds one rank's program in DualPipe's phases (dualpipe and dualpipe-v).
 
-    phase 0 is the direction in which this rank sits in the first half of the pipeline (down for ranks
-    < pp / 2, up for the others), phase 1 the other one; chunk = direction (ir.Layout.BIDIRECTIONAL).
-    Each direction runs its microbatches in order; split backwards queue their weight pass, which
-    w() runs first in, first out (the reference implementation's WeightGradStore).
+    phase 0 is the chunk this rank runs first in its pipeline's order (dualpipe: the direction in which
+    the rank sits in the first half, so chunk = phase ^ flip, flip for ranks >= pp / 2; dualpipe-v: chunk
+    0, the down arm of the V). Each chunk runs its microbatches in order from starts[chunk]; split
+    backwards queue their weight pass, which w() runs first in, first out (the reference
+    implementation's WeightGradStore).
     """
 
-    def __init__(self, pp: int, stage: int, num_microbatches: int) -> None:
-        self.second_half = int(stage >= pp // 2)
-        half = num_microbatches // 2
-        self.next_f = [0, half]  # next microbatch per chunk: chunk 0 runs 0..half-1, chunk 1 the rest
-        self.next_b = [0, half]
+    def __init__(self, flip: int, starts: tuple[int, int]) -> None:
+        self.flip = flip
+        self.next_f = list(starts)
+        self.next_b = list(starts)
         self.weights: list[tuple[int, int]] = []
         self.steps: list[Step] = []
 
     def _chunk(self, phase: int) -> int:
-        return phase ^ self.second_half
+        return phase ^ self.flip
 
     def f(self, phase: int) -> None:
         chunk = self._chunk(phase)
@@ -192,11 +192,10 @@ class _DualPipeRank:
         self.steps.append(("backward_weight", chunk, mb))
 
 
-def _dualpipe_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
-    """The eight phases of one rank (h: distance to the nearer end, n = pp / 2 - h - 1)."""
-    r = _DualPipeRank(pp, stage, num_microbatches)
-    h = min(stage, pp - 1 - stage)
-    n = pp // 2 - h - 1
+def _dualpipe_phases(r: _DualPipeRank, ranks: int, h: int, per_phase: int) -> list[Step]:
+    """The eight phases of `step` in the reference: `ranks` in one direction of the pipeline (pp / 2 for
+    dualpipe, pp for dualpipe-v), h the rank's place among them, per_phase microbatches per chunk."""
+    n = ranks - h - 1
     for _ in range(2 * n):  # 1: warm-up forwards of phase 0
         r.f(0)
     for _ in range(h + 1):  # 2: forwards of both phases
@@ -206,7 +205,7 @@ def _dualpipe_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
         r.b(1, split=True)
         r.w()
         r.f(1)
-    for _ in range(num_microbatches // 2 - pp + h + 1):  # 4, steady state: the pairs (F0, B1), (F1, B0)
+    for _ in range(per_phase - 2 * ranks + h + 1):  # 4, steady state: the pairs (F0, B1), (F1, B0)
         r.f(0)
         r.b(1)
         r.f(1)
@@ -226,6 +225,18 @@ def _dualpipe_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
     return r.steps
 
 
+def _dualpipe_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
+    """Rank `stage` of DualPipe: ranks p and pp - 1 - p are at the same distance h from their ends."""
+    half = num_microbatches // 2
+    rank = _DualPipeRank(flip=int(stage >= pp // 2), starts=(0, half))
+    return _dualpipe_phases(rank, pp // 2, min(stage, pp - 1 - stage), half)
+
+
+def _check_two_chunks(name: str, vpp: int) -> None:
+    if vpp != 2:
+        raise ConfigError("parallel.vpp", vpp, f"2 for {name} (each rank holds two chunks)")
+
+
 def dualpipe(pp: int, vpp: int, num_microbatches: int) -> Programs:
     """DualPipe (DeepSeek-AI 2024, DeepSeek-V3 Technical Report, section 3.2.1 and figure 5; the order of
     github.com/deepseek-ai/DualPipe, dualpipe.py `DualPipe.step`).
@@ -242,9 +253,24 @@ def dualpipe(pp: int, vpp: int, num_microbatches: int) -> Programs:
     _check_sizes(pp, vpp, num_microbatches)
     if pp % 2:
         raise ConfigError("parallel.pp", pp, "an even number for dualpipe (ranks pair up from both ends)")
-    if vpp != 2:
-        raise ConfigError("parallel.vpp", vpp, "2 for dualpipe (each rank holds one chunk per direction)")
+    _check_two_chunks("dualpipe", vpp)
     if num_microbatches % 2 or num_microbatches < 2 * pp:
         raise ConfigError("parallel.num_microbatches", num_microbatches,
                           f"an even number >= 2 * parallel.pp ({2 * pp}) for dualpipe")
     return tuple(_program(_dualpipe_steps(pp, p, num_microbatches)) for p in range(pp))
+
+
+def dualpipe_v(pp: int, vpp: int, num_microbatches: int) -> Programs:
+    """DualPipeV ("cut-in-half" DualPipe, Sea AI Lab; the order of github.com/deepseek-ai/DualPipe,
+    dualpipev.py `DualPipeV.step`): DualPipe's eight phases on one pipeline of 2 pp virtual stages in a V
+    (layout "v": chunk 0 of stage p is virtual stage p, chunk 1 is 2pp - 1 - p), every microbatch entering
+    at rank 0 and running both chunks of each rank; one copy of the parameters. Needs vpp 2 and
+    num_microbatches >= 2 pp.
+    """
+    _check_sizes(pp, vpp, num_microbatches)
+    _check_two_chunks("dualpipe-v", vpp)
+    if num_microbatches < 2 * pp:
+        raise ConfigError("parallel.num_microbatches", num_microbatches,
+                          f"a number >= 2 * parallel.pp ({2 * pp}) for dualpipe-v")
+    return tuple(_program(_dualpipe_phases(_DualPipeRank(flip=0, starts=(0, 0)), pp, p, num_microbatches))
+                 for p in range(pp))
