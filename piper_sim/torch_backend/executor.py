@@ -337,8 +337,9 @@ class Executor:
         return seg
 
     @contextlib.contextmanager
-    def _count_saved(self):
-        """Yields {storage: bytes} of the activations autograd saves inside (parameters excluded), on step 0.
+    def _count_saved(self, counted: frozenset[int] = frozenset()):
+        """Yields {storage: bytes} of the activations autograd saves inside (parameters and the storages
+        already counted excluded), on step 0.
 
         Saved-tensor hooks make forward ops 1.4-2.3x slower on CPU (benchmarks/bench_saved_tensor_hooks.py), so
         activations are counted on step 0 only, which validation does not time; later steps keep the same
@@ -347,7 +348,7 @@ class Executor:
 
         def pack(t: Tensor) -> Tensor:
             storage = t.untyped_storage()
-            if storage.data_ptr() not in self._param_storages:
+            if storage.data_ptr() not in self._param_storages and storage.data_ptr() not in counted:
                 saved[storage.data_ptr()] = storage.nbytes()
             return t
 
@@ -410,8 +411,10 @@ class Executor:
         cores = ms.state.get("attn_cores", {})
         for op in task.ops:
             layer = int(op.partition(":")[2])
-            with self._count_saved() as saved:
-                cores.pop(layer).recompute()
+            core = cores.pop(layer)
+            kept = frozenset(t.untyped_storage().data_ptr() for t in core.kept())  # counted by the forward
+            with self._count_saved(kept) as saved:
+                core.recompute()
             owner = next(seg for seg in ms.segments if f"attn:{layer}" in seg.ops)
             owner.saved_bytes += float(sum(saved.values()))
             self._account(float(sum(saved.values())))

@@ -212,10 +212,14 @@ class CoreRecompute:
         self.node = None  # AttentionCore's autograd node: its saved q, k, v
         self.graph: tuple[tuple[Tensor, ...], Tensor] | None = None
 
-    def recompute(self) -> None:
+    def kept(self) -> tuple[Tensor, ...]:
+        """q, k, v as the forward kept them."""
         if self.node is None:
             raise RuntimeError("attention core recomputed before its forward ran")
-        inputs = tuple(t.detach().requires_grad_(True) for t in self.node.saved_tensors)
+        return self.node.saved_tensors
+
+    def recompute(self) -> None:
+        inputs = tuple(t.detach().requires_grad_(True) for t in self.kept())
         with torch.enable_grad():
             self.graph = inputs, attention_core(*inputs)
 
