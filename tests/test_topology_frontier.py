@@ -135,9 +135,18 @@ def test_dragonfly_link_counts_closed_form(groups: int, switches: int, per_switc
 
 
 def test_frontier_512_nodes_fabric(frontier512: Topology) -> None:
-    groups = 512 // 128
-    assert fabric_counts(frontier512) == {"switches": groups * 32, "local": groups * 32 * 31,
-                                          "global": groups * (groups - 1) * 4, "nic": 2 * 512 * 4}
+    """The job's 4 groups whole; each of the other 70 of the machine's 74 groups as the 16 switches its
+    links to the 4 job groups land on (all-to-all joined) and those 16 x 2 directed global links."""
+    groups, outside = 512 // 128, 74 - 512 // 128
+    assert fabric_counts(frontier512) == {"switches": groups * 32 + outside * 16,
+                                          "local": groups * 32 * 31 + outside * 16 * 15,
+                                          "global": groups * (groups - 1) * 4 + outside * groups * 4 * 2,
+                                          "nic": 2 * 512 * 4}
+    job = frontier(network_scope="job")
+    assert fabric_counts(job) == {"switches": groups * 32, "local": groups * 32 * 31,
+                                  "global": groups * (groups - 1) * 4, "nic": 2 * 512 * 4}
+    assert job.notes and "4 of the machine's 74 groups" in job.notes[0]
+    assert frontier512.notes == []
     g = frontier512.graph
     for switch in ("g0.sw0", "g2.sw17", "g3.sw31"):
         assert sum(1 for n in g.successors(switch) if g.nodes[n]["kind"] == "nic") == 16
@@ -148,7 +157,10 @@ def test_frontier_512_nodes_fabric(frontier512: Topology) -> None:
         assert {s.split(".")[0] for s in switches} == {f"g{host // 128}"}
     per_switch = [sum(1 for n in g.successors(f"g1.sw{s}") if g.nodes[n]["kind"] == "switch"
                       and g.edges[f"g1.sw{s}", n]["link_kind"] == "global") for s in range(32)]
-    assert sum(per_switch) == 3 * 4 and max(per_switch) == 1  # spread, one per switch here
+    assert sum(per_switch) == 73 * 4 and max(per_switch) - min(per_switch) <= 1  # 292 links spread over 32
+    job_links = [sum(1 for n in job.graph.successors(f"g1.sw{s}") if job.graph.nodes[n]["kind"] == "switch"
+                     and job.graph.edges[f"g1.sw{s}", n]["link_kind"] == "global") for s in range(32)]
+    assert sum(job_links) == 3 * 4 and max(job_links) == 1  # spread, one per switch here
 
 
 def sample_pairs(topo: Topology, n: int, seed: int = 1) -> list[tuple[str, str]]:
@@ -187,7 +199,13 @@ def test_valiant_routes_go_through_another_group() -> None:
             mids = groups - {g1, g2}
             assert len(mids) == 1 and switch_hops(topo, links) <= 5
             seen_mid.setdefault((g1, g2), set()).update(mids)
-    assert len(seen_mid) == 12 and all(len(m) == 2 for m in seen_mid.values())  # both other groups used
+    # the whole machine's other 72 groups serve as intermediates (600 pairs: many of them per group pair)
+    assert len(seen_mid) == 12 and all(len(m) > 10 for m in seen_mid.values())
+    assert set().union(*seen_mid.values()) - {0, 1, 2, 3}
+    job = frontier(routing="valiant", network_scope="job")
+    for src, dst in sample_pairs(job, 200):
+        (_, links), = job.paths(src, dst)
+        assert {group_of(job, n) for n in check_path(job, src, dst, links)} - {None} <= {0, 1, 2, 3}
     again = frontier(routing="valiant")
     other_seed = frontier(routing="valiant", seed=7)
     pairs = sample_pairs(topo, 200, seed=3)

@@ -10,7 +10,15 @@ Pure numpy; no simpy or torch.
 from __future__ import annotations
 
 from piper_sim.collectives import halo, hierarchical, vendor
-from piper_sim.collectives.phases import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase, split_exchange, split_phases
+from piper_sim.collectives.phases import (
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    Phase,
+    data_phases,
+    matrix_phase,
+    split_exchange,
+    split_phases,
+)
 
-__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "Phase", "halo", "hierarchical", "matrix_phase", "split_exchange",
-           "split_phases", "vendor"]
+__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "Phase", "data_phases", "halo", "hierarchical", "matrix_phase",
+           "split_exchange", "split_phases", "vendor"]

@@ -92,6 +92,11 @@ def split_exchange(node_gather: bool) -> Callable[[AllToAll], AllToAll]:
     return wrap
 
 
+def data_phases(algorithm: AllToAll, matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
+    """The algorithm's data phases alone (without the split-size exchange its registered form adds)."""
+    return getattr(algorithm, "__wrapped__", algorithm)(matrix, members, topo)
+
+
 def split_phases(phases: list[Phase]) -> tuple[list[Phase], list[Phase]]:
     """(the split-size exchange phases, the data phases with `after` renumbered among themselves).
 

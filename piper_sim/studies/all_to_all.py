@@ -25,16 +25,19 @@ from pathlib import Path
 
 import numpy as np
 
-from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase, split_phases
+from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase, data_phases, split_phases
 from piper_sim.errors import ConfigError
+from piper_sim.studies.prepcache import PreparedCache
 from piper_sim.studies.routes import TooManyFlows
-from piper_sim.studies.runner import CollectiveRun, Prepared, prepare, simulate
+from piper_sim.studies.runner import CollectiveRun, Prepared, simulate
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import place
 
+DRAGONFLIES = ("frontier", "lumi", "dragonfly")  # builders with a dragonfly fabric (outside_groups parameter)
 SIZE_UNITS = {"B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-HOST_EQUIVARIANT = frozenset({"flat", "2dh"})  # phases map onto themselves when same-class hosts swap
+HOST_EQUIVARIANT = frozenset({"flat", "2dh", "halo", "rccl", "nccl"})  # uniform phases map onto themselves
+# when same-class hosts swap (halo: its relays follow the NICs' switches; rccl, nccl: flat's flows)
 SATURATED = 0.9  # a link busy at least this fraction of the collective counts as saturated
 STUDY_COLUMNS = [
     "nodes", "gpus", "size", "size_per", "bytes_per_pair", "bytes_per_gpu", "algorithm", "routing", "valiant",
@@ -79,6 +82,7 @@ class StudySpec:
     placement: str = "contiguous"
     routing: str | None = None  # overrides topology.params.routing (dragonfly machines)
     valiant: str = "spread"  # dragonfly detours: "spread" (mean-field) or "hashed" (as the router does)
+    scope: str | None = None  # overrides topology.params.network_scope (dragonfly: "machine" or "job")
     topology_params: dict = field(default_factory=dict)
     lump: bool = True
     max_flows: int | None = 20_000_000  # paths routed per run after the symmetry reductions (memory bound)
@@ -90,15 +94,23 @@ class StudySpec:
             raise ConfigError("--size-per", self.size_per, "pair or gpu")
         if self.valiant not in ("spread", "hashed"):
             raise ConfigError("--valiant", self.valiant, "spread or hashed")
+        if self.scope not in (None, "machine", "job"):
+            raise ConfigError("--scope", self.scope, "machine or job")
         for s in self.sizes:
             parse_size(s)
 
 
 def build_topology(spec: StudySpec, nodes: int) -> tuple[Topology, list[str]]:
+    """The machine for `nodes` nodes. With mean-field detours the outside groups of a dragonfly's whole
+    machine are aggregated by class (exact for that routing; piper_sim.topology.dragonfly), unless set."""
     raw = read_topology_mapping(spec.topology)
     params = {**(raw.get("params") or {}), **spec.topology_params, "num_nodes": nodes}
     if spec.routing is not None:
         params["routing"] = spec.routing
+    if spec.scope is not None:
+        params["network_scope"] = spec.scope
+    if spec.valiant == "spread" and "outside_groups" not in spec.topology_params and raw.get("builder") in DRAGONFLIES:
+        params["outside_groups"] = "aggregate"
     topo = load_topology({**raw, "params": params})
     return topo, place(topo, topo.num_gpus, spec.placement)
 
@@ -136,49 +148,70 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
     total, done = len(spec.nodes) * len(spec.algorithms) * len(spec.sizes), 0
     for nodes in spec.nodes:
         topo, gpus = build_topology(spec, nodes)
-        n = len(gpus)
-        routing = getattr(getattr(topo.router, "fabric", None), "spec", None)
-        routing_name = routing.routing if routing is not None else ""
-        per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in spec.sizes]
+        for note in topo.notes:
+            log(f"{nodes} nodes: {note}")
+        cache = PreparedCache(gpus, topo, lump_flows=spec.lump, spread=spec.valiant == "spread",
+                              max_sub_flows=spec.max_flows)
         for alg in spec.algorithms:
-            log(f"[{done + 1}/{total}] {nodes} nodes ({n} GPUs), {alg}: routing and lumping ...")
-            splits, phases = split_phases(ALL_TO_ALL.get(alg)(np.full((n, n), per_pair[0]), gpus, topo))
-            msgs = messages_per_gpu(phases, n)
-            try:  # the split-size exchange first, so that its prepared flows are gone before the data's
-                splits_s = _split_exchange_s(spec, splits, alg, gpus, topo)
-                prep = prepare(phases, gpus, topo, symmetric=alg in HOST_EQUIVARIANT, lump_flows=spec.lump,
-                               spread=spec.valiant == "spread", max_sub_flows=spec.max_flows)
-            except TooManyFlows as exc:
-                for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
-                    done += 1
-                    log(f"[{done}/{total}] {nodes} nodes, {label}, {alg}: skipped ({exc})")
-                    yield _skipped(spec, nodes, n, label, pair_bytes, alg, routing_name, msgs, f"skipped: {exc}"), []
-                continue
-            for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
-                run = simulate(prep, topo, pair_bytes / per_pair[0])
-                kinds, busiest = _link_rows(topo, run)
-                row = _row(spec, topo, nodes, label, pair_bytes, alg, routing_name, prep, run, busiest, msgs, splits_s)
+            log(f"[{done + 1}/{total}] {nodes} nodes ({len(gpus)} GPUs), {alg}: routing and lumping ...")
+            for row, kinds in _algorithm_rows(spec, topo, gpus, alg, cache, nodes):
                 done += 1
-                log(f"[{done}/{total}] {nodes} nodes, {label}/{spec.size_per}, {alg}: {run.time_s * 1e3:.4g} ms, "
-                    f"busbw {row['busbw_bytes_per_s'] / 1e9:.3g} GB/s/GPU, busiest {busiest['busiest_link_kind']} "
-                    f"{busiest['busiest_utilization']:.0%} ({prep.num_sub_flows} flows -> "
-                    f"{prep.lumped.num_flow_classes} classes, {prep.prepare_s + run.simulate_s:.1f} s)")
-                yield row, [{"nodes": nodes, "size": label, "algorithm": alg, **k} for k in kinds]
-            del prep, phases
+                log(_progress(done, total, row))
+                yield row, kinds
+        del cache
 
 
-def _split_exchange_s(spec: StudySpec, splits: list[Phase], alg: str, gpus: list[str], topo: Topology) -> float:
-    """Time of the split-size exchange alone (counts all-to-all, then per-node rings: host-invariant)."""
-    if not splits:
+def _algorithm_rows(spec: StudySpec, topo: Topology, gpus: list[str], alg: str, cache: PreparedCache,
+                    nodes: int) -> Iterator[tuple[dict, list[dict]]]:
+    n = len(gpus)
+    per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in spec.sizes]
+    symmetric = alg in HOST_EQUIVARIANT
+    algorithm = ALL_TO_ALL.get(alg)
+    splits, _ = split_phases(algorithm(np.full((n, n), per_pair[0]), gpus, topo))
+    try:  # the split-size exchange does not depend on the buffer: timed once
+        splits_s = _time(cache, splits, symmetric)
+    except TooManyFlows as exc:
+        for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
+            yield _skipped(spec, topo, nodes, n, label, pair_bytes, alg, 0, f"skipped: {exc}"), []
+        return
+    for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
+        phases = data_phases(algorithm, np.full((n, n), pair_bytes), gpus, topo)
+        msgs = messages_per_gpu(phases, n)
+        try:
+            prep, factor = cache.get(phases, symmetric)
+        except TooManyFlows as exc:
+            yield _skipped(spec, topo, nodes, n, label, pair_bytes, alg, msgs, f"skipped: {exc}"), []
+            continue
+        run = simulate(prep, topo, factor)
+        kinds, busiest = _link_rows(topo, run)
+        row = _row(spec, topo, nodes, label, pair_bytes, alg, prep, run, busiest, msgs, splits_s)
+        yield row, [{"nodes": nodes, "size": label, "algorithm": alg, **k} for k in kinds]
+
+
+def _time(cache: PreparedCache, phases: list[Phase], symmetric: bool) -> float:
+    if not phases:
         return 0.0
-    prep = prepare(splits, gpus, topo, symmetric=alg in HOST_EQUIVARIANT, lump_flows=spec.lump,
-                   spread=spec.valiant == "spread", max_sub_flows=spec.max_flows)
-    return simulate(prep, topo).time_s
+    prep, factor = cache.get(phases, symmetric)
+    return simulate(prep, cache.topo, factor).time_s
 
 
-def _row(spec: StudySpec, topo: Topology, nodes: int, label: str, pair_bytes: float, alg: str, routing: str,
+def _progress(done: int, total: int, row: dict) -> str:
+    if row.get("note", "").startswith("skipped"):
+        return f"[{done}/{total}] {row['nodes']} nodes, {row['size']}, {row['algorithm']}: {row['note']}"
+    return (f"[{done}/{total}] {row['nodes']} nodes, {row['size']}/{row['size_per']}, {row['algorithm']}: "
+            f"{row['time_s'] * 1e3:.4g} ms, busbw {row['busbw_bytes_per_s'] / 1e9:.3g} GB/s/GPU, busiest "
+            f"{row['busiest_link_kind']} {row['busiest_utilization']:.0%} ({row['network_flows']} flows -> "
+            f"{row['simulated_flows']} classes, {row['prepare_s'] + row['simulate_s']:.1f} s)")
+
+
+def _routing_name(topo: Topology) -> str:
+    fabric_spec = getattr(getattr(topo.router, "fabric", None), "spec", None)
+    return fabric_spec.routing if fabric_spec is not None else ""
+
+
+def _row(spec: StudySpec, topo: Topology, nodes: int, label: str, pair_bytes: float, alg: str,
          prep: Prepared, run: CollectiveRun, busiest: dict, msgs: int, splits_s: float) -> dict:
-    n = topo.num_gpus
+    n, routing = topo.num_gpus, _routing_name(topo)
     time_s = run.time_s + splits_s
     algbw = n * pair_bytes / time_s if time_s > 0 else float("inf")
     return {"nodes": nodes, "gpus": n, "size": label, "size_per": spec.size_per, "bytes_per_pair": pair_bytes,
@@ -190,11 +223,13 @@ def _row(spec: StudySpec, topo: Topology, nodes: int, label: str, pair_bytes: fl
             "pairs": prep.num_pairs, "network_flows": prep.num_sub_flows,
             "simulated_flows": prep.lumped.num_flow_classes, "simulated_links": prep.lumped.num_link_classes,
             "solves": run.num_solves, "prepare_s": prep.prepare_s, "simulate_s": run.simulate_s,
-            "note": "" if prep.lumped.exact_check else "lumping fell back to no reduction (hash collision)"}
+            "note": "; ".join(topo.notes + ([] if prep.lumped.exact_check
+                                           else ["lumping fell back to no reduction (hash collision)"]))}
 
 
-def _skipped(spec: StudySpec, nodes: int, n: int, label: str, pair_bytes: float, alg: str, routing: str,
+def _skipped(spec: StudySpec, topo: Topology, nodes: int, n: int, label: str, pair_bytes: float, alg: str,
              msgs: int, note: str) -> dict:
+    routing = _routing_name(topo)
     return {"nodes": nodes, "gpus": n, "size": label, "size_per": spec.size_per, "bytes_per_pair": pair_bytes,
             "bytes_per_gpu": n * pair_bytes, "algorithm": alg, "routing": routing,
             "valiant": spec.valiant if routing in ("valiant", "adaptive") else "", "messages_per_gpu": msgs,

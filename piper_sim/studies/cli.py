@@ -24,13 +24,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = studies.add_parser("all-to-all", help="one all-to-all alone on the machine: algorithms x nodes x sizes")
     a.add_argument("--topology", default="frontier", help="topology preset or YAML path")
     a.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256,512", help="node counts, e.g. 1,2,4,8")
-    a.add_argument("--sizes", default="1MiB,16MiB", help="message sizes with units (B, KiB, MiB, GiB, KB, MB, GB)")
+    a.add_argument("--sizes", default="1MiB,64MiB", help="message sizes with units (B, KiB, MiB, GiB, KB, MB, GB)")
     a.add_argument("--size-per", choices=["pair", "gpu"], default="pair",
                    help="pair: bytes each GPU sends to each other GPU (default); gpu: each GPU's whole buffer")
-    a.add_argument("--algorithms", default="flat,2dh,halo", help="all-to-all algorithms")
+    a.add_argument("--algorithms", default="flat,rccl,halo", help="all-to-all algorithms (flat, rccl, nccl, halo, "
+                   "2dh, pairwise, bruck)")
     a.add_argument("--placement", default="contiguous", help="placement policy")
     a.add_argument("--routing", choices=["minimal", "valiant", "adaptive"], default=None,
                    help="dragonfly routing (default: the topology's)")
+    a.add_argument("--scope", choices=["machine", "job"], default=None,
+                   help="dragonfly network behind the job: machine = every group of the machine carries its "
+                        "non-minimal routes (default: the topology's), job = only the groups the job occupies")
     a.add_argument("--valiant", choices=["spread", "hashed"], default="spread",
                    help="dragonfly detours: spread = mean-field over all detours (default; tractable at scale), "
                         "hashed = one hashed detour per GPU pair as `simulate` routes (exact but slow past ~16 nodes)")
@@ -73,7 +77,7 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
     spec = StudySpec(topology=args.topology, nodes=tuple(parse_nodes(args.nodes)),
                      sizes=tuple(parse_list(args.sizes, "--sizes")),
                      algorithms=tuple(parse_list(args.algorithms, "--algorithms")), size_per=args.size_per,
-                     placement=args.placement, routing=args.routing, valiant=args.valiant,
+                     placement=args.placement, routing=args.routing, valiant=args.valiant, scope=args.scope,
                      topology_params=_params(args.overrides), lump=not args.no_lump,
                      max_flows=args.max_flows)
     spec.check()

@@ -21,10 +21,10 @@ import numpy as np
 
 from piper_sim.errors import PiperError
 from piper_sim.sim.aggregate import dense_rows
-from piper_sim.studies.spread import spread_switch_paths
+from piper_sim.studies.spread import Closures, closure_blocks, spread_switch_paths
 from piper_sim.topology.build_dgx import RailFatTree
-from piper_sim.topology.build_dragonfly import DragonflyFabric
 from piper_sim.topology.builders import ecmp_router, uniform_router
+from piper_sim.topology.dragonfly import DragonflyFabric
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.structured import StructuredRouter, _chain_ids
 
@@ -98,6 +98,14 @@ class RouteTable:
         self.local = np.array([int(nodes[g].get("local_index", 0)) for g in self.gpus], dtype=np.int64)
         self.structured = isinstance(topo.router, StructuredRouter)
         self.spread = spread and self.structured and isinstance(topo.router.fabric, DragonflyFabric)
+        self.closures: Closures = {}
+
+    def merge_detours(self, generators: list[dict[str, str]]) -> None:
+        """Merge each pair's mean-field detours that these automorphisms of the whole flow set (verified,
+        studies.symmetry) map onto each other (studies.spread.all_detours); the caller's link orbits must be
+        those of the same automorphisms."""
+        if self.spread:
+            self.closures = closure_blocks(self.topo.router.fabric, generators)
 
     def sub_flows(self, src: np.ndarray, dst: np.ndarray) -> SubFlows:
         if self.structured:
@@ -152,7 +160,7 @@ class RouteTable:
         start, count = np.zeros(first.size, dtype=np.int64), np.zeros(first.size, dtype=np.int64)
         for u, rep in enumerate(first.tolist()):
             a, b = str(switch_names[sw_s[other_idx[rep]]]), str(switch_names[sw_d[other_idx[rep]]])
-            paths = (spread_switch_paths(fabric, a, b) if self.spread
+            paths = (spread_switch_paths(fabric, a, b, self.closures) if self.spread
                      else tuple((f, 1.0, seq) for f, seq in fabric.switch_paths(a, b, int(key[rep]))))
             start[u], count[u] = len(chains), len(paths)
             for f, w, seq in paths:
@@ -194,8 +202,15 @@ class RouteTable:
         g1, s1, g2, s2 = loc[sw_s, 0], loc[sw_s, 1], loc[sw_d, 0], loc[sw_d, 1]
         links = U64(spec.global_links_per_group_pair)
         out = np.full(sw_s.size, -1, dtype=np.int64)
-        if spec.num_groups >= 3:  # valiant_path: intermediate group and the two global links
-            mid = (key % U64(spec.num_groups - 2)).astype(np.int64)
+        transit = np.array(fabric.transit, dtype=np.int64)
+        if transit.size >= 3:  # valiant_path: intermediate group (DragonflyFabric.intermediate) and two links
+            pos = np.full(spec.num_groups, -1, dtype=np.int64)
+            pos[transit] = np.arange(transit.size)
+            lo, hi = np.minimum(pos[g1], pos[g2]), np.maximum(pos[g1], pos[g2])
+            n = (key % U64(transit.size - 2)).astype(np.int64)
+            n = n + (n >= lo)
+            n = n + (n >= hi)
+            mid = transit[np.minimum(n, transit.size - 1)]
             a = ((key >> U64(20)) % links).astype(np.int64)
             b = ((key >> U64(40)) % links).astype(np.int64)
             out = np.where(g1 != g2, (mid * int(links) + a) * int(links) + b, out)

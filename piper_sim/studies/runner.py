@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import simpy
@@ -110,7 +111,9 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
         wider = extend(topo, classes, table.spread, list(zip(src, dst, sizes, count, strict=True)), table.host,
                        table.local, orbit, orbit_count, orbit_keys)
         if wider is not None:
-            flows, orbit, orbit_count, num_generators = wider
+            flows, orbit, orbit_count, generators = wider
+            num_generators = len(generators)
+            table.merge_detours(generators)
             src, dst, sizes, count = (list(x) for x in zip(*flows, strict=True))
             phase_of = [np.full(s.size, k, dtype=np.int64) for k, s in enumerate(src)]
     else:
@@ -136,13 +139,13 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
 
 
 def _count_scale(weight: np.ndarray) -> int:
-    """Smallest integer making every weight (1 or 1/K) times it an integer."""
+    """Smallest integer making every weight (1, 1/K or a class's size/K) times it an integer."""
     scale = 1
     for w in np.unique(weight).tolist():
-        den = round(1.0 / w) if w < 1 else 1
-        if not np.isclose(w * den, round(w * den)):
-            raise PiperError(f"flow weight {w} is not 1/K for an integer K")
-        scale = math.lcm(scale, den)
+        frac = Fraction(w).limit_denominator(1 << 20)
+        if not np.isclose(float(frac), w, rtol=1e-12, atol=0.0):
+            raise PiperError(f"flow weight {w} is not a ratio of small integers")
+        scale = math.lcm(scale, frac.denominator)
     return scale
 
 

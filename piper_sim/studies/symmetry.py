@@ -25,23 +25,55 @@ from collections.abc import Sequence
 import numpy as np
 
 from piper_sim.studies.spread import spread_switch_paths
-from piper_sim.topology.build_dragonfly import DragonflyFabric
+from piper_sim.topology.dragonfly import DragonflyFabric
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.structured import StructuredRouter
 
 SwitchMap = dict[str, str]
 
 
-def _candidates(fabric: DragonflyFabric) -> list[SwitchMap]:
+def _block_size(fabric: DragonflyFabric) -> int:
+    spec = fabric.spec
+    return spec.nics_per_node if spec.nic_switch_spread and spec.switches_per_group % spec.nics_per_node == 0 else 1
+
+
+def _rotation_closure(fabric: DragonflyFabric, graph, group: int, block: int) -> SwitchMap | None:
+    """Rotate block `block` of `group` and, transitively, every block a global link from a rotated block
+    lands in (with the whole machine behind the job, the outside groups' landing blocks); None when a block
+    to rotate is not built whole."""
+    sw, k = fabric.switch_name, _block_size(fabric)
+    todo, done, sigma = [(group, block)], set(), {}
+    while todo:
+        g, b = todo.pop()
+        if (g, b) in done:
+            continue
+        done.add((g, b))
+        names = [sw(g, b * k + s) for s in range(k)]
+        if not all(name in graph for name in names):
+            return None
+        for s, name in enumerate(names):
+            sigma[name] = names[(s + 1) % k]
+            for peer in graph.successors(name):
+                if graph.edges[name, peer].get("link_kind") == "global":
+                    pg, ps = fabric.locate(peer)
+                    todo.append((pg, ps // k))
+    return sigma
+
+
+def _candidates(fabric: DragonflyFabric, graph) -> list[SwitchMap]:
     spec, sw = fabric.spec, fabric.switch_name
-    k = spec.nics_per_node if spec.nic_switch_spread and spec.switches_per_group % spec.nics_per_node == 0 else 1
+    k = _block_size(fabric)
     blocks = spec.switches_per_group // k
+    whole = fabric.job_groups  # outside groups are built in part: no block of theirs is whole
+    if fabric.outside and k > 1:  # every block has global links to the machine: rotate closures of blocks
+        closures = (_rotation_closure(fabric, graph, g, b) for g in whole for b in range(blocks))
+        return [c for c in closures if c]
     rot = [{sw(g, b * k + s): sw(g, b * k + (s + 1) % k) for s in range(k)}
-           for g in range(spec.num_groups) for b in range(blocks)] if k > 1 else []
+           for g in whole for b in range(blocks)] if k > 1 else []
     out: list[SwitchMap] = list(rot)
     out += [a | b for n, a in enumerate(rot) for b in rot[n + 1:]
             if fabric.locate(next(iter(a)))[0] != fabric.locate(next(iter(b)))[0]]
-    for g in range(spec.num_groups):
+    for g in whole:
         for b in range(blocks - 1):
             swap = {}
             for s in range(k):
@@ -82,8 +114,10 @@ def _paths(fabric: DragonflyFabric, a: str, b: str, spread: bool, cache: dict) -
 
 
 def _routes_commute(fabric: DragonflyFabric, sigma: SwitchMap, sample: list[str], spread: bool, cache: dict) -> bool:
-    """Routes from/to every moved switch and a fixed sample of switches map onto the image routes."""
-    pairs = [(a, b) for a in sigma for b in sample]
+    """Routes from/to every moved switch of a job group (the only ends of traffic) and a fixed sample of
+    switches map onto the image routes."""
+    ends = set(fabric.job_groups)
+    pairs = [(a, b) for a in sigma if fabric.locate(a)[0] in ends for b in sample]
     for a, b in pairs + [(b, a) for a, b in pairs]:
         mapped = sorted((f, w, tuple(sigma.get(x, x) for x in seq))
                         for f, w, seq in _paths(fabric, a, b, spread, cache))
@@ -110,7 +144,7 @@ def class_automorphisms(topo: Topology, classes: dict[int, int], spread: bool) -
     sample = random.Random(0).sample(switches, min(8, len(switches)))
     cache: dict = {}
     found = []
-    for sigma in _candidates(fabric):
+    for sigma in _candidates(fabric, topo.graph):
         perm = np.array([by_signature.get(tuple(sigma.get(x, x) for x in signature[c]), -1)
                          for c in range(len(signature))])
         if (perm < 0).any() or len(set(perm.tolist())) != perm.size or (size[perm] != size).any():
@@ -146,15 +180,16 @@ PhaseFlows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # src, dst, 
 
 def extend(topo: Topology, classes: dict[int, int], spread: bool, flows: list[PhaseFlows], host: np.ndarray,
            local: np.ndarray, orbit: np.ndarray, orbit_count: np.ndarray, orbit_keys: list[tuple]
-           ) -> tuple[list[PhaseFlows], np.ndarray, np.ndarray, int] | None:
+           ) -> tuple[list[PhaseFlows], np.ndarray, np.ndarray, list[SwitchMap]] | None:
     """Merge host-swap orbits of flows and links further under verified switch automorphisms.
 
     flows are the host-swap representatives per phase (one per orbit, count = orbit size), of a traffic
     pattern invariant under every host permutation that keeps local GPU indices (the caller's promise,
     as for host_classes; spot-checked here). Automorphisms act on hosts only, so the orbit of a pair
     (class s, GPU i, class d, GPU j) is the orbit of its class pair (with same-host / same-class / other
-    kind) times (i, j). Returns the new representatives, the link orbit of every link, links per orbit
-    and the number of generators used; None when nothing is gained or the spot check fails.
+    kind) times (i, j). Returns the new representatives, the link orbit of every link under the group of
+    all verified automorphisms, links per orbit and those automorphisms (the caller may merge a pair's
+    paths that they map onto each other: studies.spread); None when none is found or the spot check fails.
     """
     gens = class_automorphisms(topo, classes, spread)
     if not gens:
@@ -170,8 +205,6 @@ def extend(topo: Topology, classes: dict[int, int], spread: bool, flows: list[Ph
             kept.append((sigma, perm))
             images.append(img)
             label = new
-    if not kept:
-        return None
     hclass = np.full(int(host.max()) + 1, -1, dtype=np.int64)
     for h, c in classes.items():
         hclass[h] = c
@@ -183,16 +216,16 @@ def extend(topo: Topology, classes: dict[int, int], spread: bool, flows: list[Ph
             continue
         a, b = hclass[host[src]], hclass[host[dst]]
         k = np.where(host[src] == host[dst], 0, np.where(a == b, 1, 2))
-        if not _spot_check(kept, a, b, k, local[src], local[dst], sizes, num_c, num_g):
+        if not _spot_check(gens, a, b, k, local[src], local[dst], sizes, num_c, num_g):
             return None
         code = (label[(a * num_c + b) * 3 + k] * num_g + local[src]) * num_g + local[dst]
         first, dense = np.unique(code, return_index=True, return_inverse=True)[1:]
         out.append((src[first], dst[first], sizes[first], np.bincount(dense.reshape(-1), weights=count)))
-    link_images = _link_images(kept, orbit_keys)
+    link_images = _link_images(gens, orbit_keys)
     if link_images is None:
         return None
     merged = np.unique(orbit_labels(link_images), return_inverse=True)[1].reshape(-1)
-    return out, merged[orbit], np.bincount(merged, weights=orbit_count), len(kept)
+    return out, merged[orbit], np.bincount(merged, weights=orbit_count), [sigma for sigma, _ in gens]
 
 
 def _spot_check(gens: list, a: np.ndarray, b: np.ndarray, k: np.ndarray, i: np.ndarray, j: np.ndarray,

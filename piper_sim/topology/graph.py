@@ -43,6 +43,8 @@ class Topology:
     router: Callable[[Topology, str, str], tuple[tuple[float, tuple[int, ...]], ...]] | None = None
     # the YAML `collectives` mapping (algorithm name -> unit-suffixed parameters); piper_sim.collectives reads it
     collectives: dict = field(default_factory=dict)
+    # what a reader of results must know about what the model leaves out (e.g. a network smaller than the machine)
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._route_cache: dict[tuple[str, str], tuple[tuple[float, tuple[int, ...]], ...]] = {}

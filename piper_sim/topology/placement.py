@@ -16,6 +16,16 @@ first network switch a host's NIC is wired to, group 0.
   empty machine this is the contiguous order.
 - scattered: a seeded random set of nodes, as a busy machine's allocation; ranks fill the chosen
   nodes in node-index order (as Slurm numbers them). Options: `seed` (default 0).
+
+Allocation (which nodes of the whole machine the job gets; the dragonfly builders' `allocation` parameter;
+the machine has num_groups groups of nodes_per_group nodes, positions numbered group by group):
+- "contiguous": the first nodes of the machine (an idle machine);
+- {policy: spread, groups: K, seed: S}: K groups drawn (seeded) from the machine, the job's nodes split
+  evenly over them, each group's share from its first node on (a busy scheduler placing a job in the
+  fragments left in several cabinets);
+- {policy: random, seed: S}: nodes drawn (seeded) from the whole machine (a fully fragmented machine);
+- a list of machine node positions.
+The topology's hosts are the allocated nodes in machine order.
 """
 
 from __future__ import annotations
@@ -171,3 +181,67 @@ def place(topo: Topology, num_ranks: int, spec: str | list | dict) -> list[str]:
     if num_ranks > topo.num_gpus:
         raise ConfigError("placement", num_ranks, f"at most {topo.num_gpus} ranks on {topo.name}")
     return policy(topo, num_ranks, options)
+
+
+# ---- allocation on the machine -------------------------------------------------------------------
+Allocation = Callable[[int, int | None, int, dict, str], list[int]]
+ALLOCATIONS: Registry[Allocation] = Registry("allocation")
+
+
+def _machine_groups(num_groups: int | None, policy: str, where: str) -> int:
+    if num_groups is None:
+        raise ConfigError(where, policy, "num_groups (the machine's size) for a spread or random allocation")
+    return num_groups
+
+
+def _seed(options: dict, where: str) -> int:
+    seed = options.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"{where}.seed", seed, "an integer")
+    return seed
+
+
+@ALLOCATIONS.register("contiguous")
+def allocate_contiguous(num_nodes: int, num_groups: int | None, per_group: int, options: dict,
+                        where: str) -> list[int]:
+    return list(range(num_nodes))
+
+
+@ALLOCATIONS.register("spread")
+def allocate_spread(num_nodes: int, num_groups: int | None, per_group: int, options: dict, where: str) -> list[int]:
+    machine = _machine_groups(num_groups, "spread", where)
+    k = options.get("groups")
+    if isinstance(k, bool) or not isinstance(k, int) or not -(-num_nodes // per_group) <= k <= min(machine, num_nodes):
+        raise ConfigError(f"{where}.groups", k, f"an integer from {-(-num_nodes // per_group)} (the groups "
+                          f"{num_nodes} nodes need) to {min(machine, num_nodes)}")
+    groups = sorted(random.Random(_seed(options, where)).sample(range(machine), k))
+    share = [num_nodes // k + (i < num_nodes % k) for i in range(k)]
+    return [g * per_group + n for g, count in zip(groups, share, strict=True) for n in range(count)]
+
+
+@ALLOCATIONS.register("random")
+def allocate_random(num_nodes: int, num_groups: int | None, per_group: int, options: dict, where: str) -> list[int]:
+    machine = _machine_groups(num_groups, "random", where)
+    return sorted(random.Random(_seed(options, where)).sample(range(machine * per_group), num_nodes))
+
+
+def allocate(spec: str | list | dict, num_nodes: int, num_groups: int | None, per_group: int,
+             where: str) -> list[int]:
+    """Machine node positions of the job's nodes, ascending (see the module docstring)."""
+    if isinstance(spec, list):
+        total = None if num_groups is None else num_groups * per_group
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 and (total is None or n < total)
+                   for n in spec) or len(set(spec)) != len(spec) or len(spec) != num_nodes:
+            raise ConfigError(where, spec, f"{num_nodes} distinct machine node positions"
+                              + (f" in 0..{total - 1}" if total else ""))
+        return sorted(spec)
+    options = {"policy": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, dict) else None
+    if options is None:
+        raise ConfigError(where, spec, "contiguous, {policy: spread, groups, seed}, {policy: random, seed} "
+                          "or a list of machine node positions")
+    policy = str(options.pop("policy", "contiguous"))
+    allowed = {"contiguous": set(), "spread": {"groups", "seed"}, "random": {"seed"}}.get(policy, set())
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", options[unknown[0]], f"options of {policy}: {sorted(allowed)}")
+    return ALLOCATIONS.get(policy, where)(num_nodes, num_groups, per_group, options, where)
