@@ -29,6 +29,8 @@ CASES = {
     "recompute-full": {"recompute": "full"},
     "recompute-full-1-layer-zb-h1": {"recompute": "full", "recompute_layers": 1, "schedule": "zb-h1"},
     "recompute-selective": {"recompute": "selective"},
+    "recompute-full-interleaved": {"recompute": "full", "schedule": "interleaved-1f1b",
+                                   "parallel": {**BASE["parallel"], "vpp": 2}},
     "zero-1": {"optimizer": {"zero": 1}},
     "zero-2-dp2": {"optimizer": {"zero": 2}, "parallel": {"pp": 1, "ep": 2, "dp": 2, "num_microbatches": 2,
                                                           "micro_batch_size": 2}},
