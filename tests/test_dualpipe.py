@@ -3,6 +3,8 @@ bidirectional and V layouts, the generators' orders, lowering, the simulator, th
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from piper_sim.config import load_config
@@ -190,3 +192,18 @@ def test_pipeline_time_equals_the_dry_run(schedule: str, pp: int, m: int, f: flo
     makespan = coarse_timing(generator(pp, 2, m), vpp=2, durations=durations,
                              layout=schedule_layout(schedule)).makespan
     assert _pipeline_s(point, [(f, b, w, 0.0)] * pp) == pytest.approx(makespan, rel=1e-9)
+
+
+def test_a_microbatch_on_the_other_pipelines_chunk_is_reported() -> None:
+    programs = dualpipe(2, 2, 4)
+    moved = tuple(tuple(dataclasses.replace(t, chunk=1, task_id=t.task_id.replace(":c0:", ":c1:"),
+                                            deps=tuple(d.replace(":c0:", ":c1:") for d in t.deps))
+                        if t.microbatch == 0 else t for t in program) for program in programs)
+    with pytest.raises(ScheduleError, match="runs microbatch 0 on a chunk of another pipeline"):
+        check_coarse(moved, 2, 2, 4, layout=BI)
+
+
+def test_interleaved_schedule_files_do_not_carry_a_layout() -> None:
+    cfg = load_config("examples/small-moe.yaml", [])
+    text = schedule_to_json(build_schedule(cfg))
+    assert '"layout"' not in text and schedule_from_json(text).layout == Layout.INTERLEAVED

@@ -57,7 +57,8 @@ GRID = [PlanPoint(pp=pp, ep=ep, dp=8 // (pp * ep), vpp=vpp, micro_batch_size=mbs
             (1, 8, 1, 2, 4, "1f1b", "none", 0), (2, 4, 1, 1, 8, "1f1b", "none", 0), (2, 4, 1, 1, 8, "gpipe", "none", 0),
             (2, 2, 2, 1, 8, "interleaved-1f1b", "none", 0), (4, 2, 1, 2, 4, "zb-h1", "none", 0),
             (8, 1, 1, 1, 8, "1f1b", "none", 0), (2, 2, 1, 1, 8, "1f1b", "full", 2), (4, 1, 1, 2, 4, "zb-h1", "full", 1),
-            (2, 4, 2, 1, 8, "interleaved-1f1b", "selective", 2)]]
+            (2, 4, 2, 1, 8, "interleaved-1f1b", "selective", 2), (4, 2, 2, 1, 8, "dualpipe", "none", 0),
+            (2, 4, 2, 1, 8, "dualpipe", "none", 0), (4, 2, 2, 1, 8, "dualpipe-v", "none", 0)]]
 
 
 @pytest.mark.parametrize("point", GRID, ids=lambda p: p.label())
