@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import time
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -93,7 +94,7 @@ def _differentiable(state: State) -> dict[str, Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, Tensor) and v.requires_grad}
 
 
-def recomputed_ops(program: list[Task]) -> dict[int, set[str]]:
+def recomputed_ops(program: Sequence[Task]) -> dict[int, set[str]]:
     """Per chunk, what its recompute tasks re-run: ops, and all-to-alls as "dispatch:L" / "combine:L"."""
     redo: dict[int, set[str]] = {}
     for task in program:
@@ -337,7 +338,7 @@ class Executor:
         return seg
 
     @contextlib.contextmanager
-    def _count_saved(self, counted: frozenset[int] = frozenset()):
+    def _count_saved(self, counted: frozenset[int] = frozenset()) -> Iterator[dict[int, int]]:
         """Yields {storage: bytes} of the activations autograd saves inside (parameters and the storages
         already counted excluded), on step 0.
 
