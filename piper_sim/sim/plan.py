@@ -100,5 +100,6 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
     if not zero:  # every replica updates all of its parameters
         dense_shards = expert_shards = 1
     return {"act": act, "transient": transient,
-            "state": state_bytes(params, zero=zero, dense_shards=dense_shards, expert_shards=expert_shards),
+            "state": state_bytes(params, zero=zero, dense_shards=dense_shards, expert_shards=expert_shards,
+                                 dtype_bytes=model.dtype_bytes),
             "optimizer_params": params["dense"] / dense_shards + params["expert"] / expert_shards}

@@ -3,9 +3,12 @@
 Owns the byte formulas of Piper's resource model (DESIGN.md section 6; Dash and Wang 2026), with the
 activation terms spelled out as the tensors a layer keeps for its backward pass (as fused-kernel
 implementations keep them, and as the torch backend does; docs/metrics.md):
-- training state: 16 bytes per parameter (fp16 weight and grad, fp32 master, Adam m and v); with optimizer
-  state sharded over N replicas (ZeRO, Rajbhandari et al. 2020, section 5.1 with K = 12): stage 1 keeps
-  2 + 2 + 12 / N bytes per parameter, stage 2 keeps 2 + 14 / N (gradients sharded too);
+- training state: 16 bytes per parameter (fp16 weight and grad, fp32 master, Adam m and v; fp32 models: fp32
+  weight and grad, Adam m and v); with optimizer state sharded over N replicas (ZeRO, Rajbhandari et al.
+  2020, section 5.1): stage 1 keeps 2 + 2 + 12 / N bytes per parameter (fp32: 4 + 4 + 8 / N). Stage 2's
+  2 + 14 / N needs the gradients reduce-scattered bucket by bucket during the backward; the lowered schedule
+  reduce-scatters once after the step's last backward (as pipelined trainers accumulate gradients over
+  microbatches), so full gradients are alive through the backward and stage 2 peaks as stage 1;
 - attention: Piper's 12 b s d bytes at 2-byte activations, i.e. 6 tensors of T = b s tokens x d (norm
   input and output, q, k, v, attention output), plus 4 b H s^2 for the score matrix when attention is
   not fused (flash attention keeps none);
@@ -16,9 +19,11 @@ implementations keep them, and as the torch backend does; docs/metrics.md):
 - shared experts and dense FFNs: their inner activations (their input is the norm output);
 - the last stage: its final norm (2 T d) and the fp32 logits, 4 T V bytes.
 Activation recomputation (Korthikanti et al. 2022): "selective" re-runs the attention core before the
-backward, so the score matrix is not kept (as with flash attention); "full" keeps only each recomputed
-layer's input (T d) and re-runs the layer's forward before its backward, when one layer's activations are
-alive again at a time (recompute_transient_bytes).
+backward, so the score matrix is not kept (as with flash attention); "full" keeps only the chunk's input
+(T d) for its recomputed layers and re-runs their forward before the chunk's backward (the lowered
+schedule's recompute tasks), so while that backward runs the recomputed layers' activations are alive
+again, all of them at once (recompute_transient_bytes). With one layer per chunk this is Korthikanti's
+per-layer checkpoint.
 Activation elements are dtype_bytes each.
 A plan fits when each stage's peak is within HBM less a framework reserve: FRAMEWORK_RESERVE_FRACTION of
 HBM unless given. The reserve stands for what the formulas do not count: the runtime's context and
@@ -35,21 +40,23 @@ STATE_BYTES_PER_PARAM = 16
 FRAMEWORK_RESERVE_FRACTION = 0.10
 
 
-def state_bytes_per_param(zero: int, shards: int) -> float:
-    """Training-state bytes per parameter held, with optimizer state sharded over `shards` replicas (ZeRO
-    stage 0, 1 or 2; mixed-precision Adam: fp16 weight 2, fp16 gradient 2, fp32 master + m + v 12)."""
+def state_bytes_per_param(zero: int, shards: int, dtype_bytes: int = 2) -> float:
+    """Training-state bytes per parameter held at the step's peak, with optimizer state sharded over `shards`
+    replicas (ZeRO stage 0, 1 or 2). Mixed-precision Adam (16-bit models): weight and gradient 2 each, fp32
+    master + m + v 12; fp32 models: weight and gradient 4 each, m + v 8. Stage 2 peaks as stage 1 (module
+    docstring)."""
+    optimizer = 12 if dtype_bytes < 4 else 8
     if zero == 0 or shards <= 1:
-        return float(STATE_BYTES_PER_PARAM)
-    if zero == 1:
-        return 2 + 2 + 12 / shards
-    return 2 + (2 + 12) / shards
+        return float(2 * dtype_bytes + optimizer)
+    return 2 * dtype_bytes + optimizer / shards
 
 
-def state_bytes(params: dict[str, float], *, zero: int, dense_shards: int, expert_shards: int) -> float:
+def state_bytes(params: dict[str, float], *, zero: int, dense_shards: int, expert_shards: int,
+                dtype_bytes: int = 2) -> float:
     """Training state of a rank's parameters: dense parameters are replicated over dense_shards ranks (ep x dp),
     routed experts over expert_shards (dp)."""
-    return (params["dense"] * state_bytes_per_param(zero, dense_shards)
-            + params["expert"] * state_bytes_per_param(zero, expert_shards))
+    return (params["dense"] * state_bytes_per_param(zero, dense_shards, dtype_bytes)
+            + params["expert"] * state_bytes_per_param(zero, expert_shards, dtype_bytes))
 
 
 def reserve_bytes(hbm_bytes: float, given_bytes: float | None = None) -> float:
@@ -119,13 +126,11 @@ def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size
     difference for the rows a rank's experts actually get (`routed_row_bytes` each).
     """
     tokens = micro_batch_size * model.seq_len
-    total = 0.0
-    for i, layer in enumerate(layers):
-        if recompute == "full" and i < recomputed:
-            total += tokens * model.d_model * model.dtype_bytes
-        else:
-            total += layer_activation_bytes(model, layer, micro_batch_size,
-                                            keep_scores=not flash_attention and recompute == "none")
+    total = tokens * model.d_model * model.dtype_bytes if recompute == "full" and recomputed and layers else 0.0
+    kept = layers[recomputed:] if recompute == "full" else layers  # the rest are re-run from the chunk's input
+    for layer in kept:
+        total += layer_activation_bytes(model, layer, micro_batch_size,
+                                        keep_scores=not flash_attention and recompute == "none")
     if last:
         total += 2 * tokens * model.d_model * model.dtype_bytes + 4 * tokens * model.vocab_size
     return total
@@ -148,8 +153,8 @@ def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, 
 
 def recompute_transient_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *,
                               recompute: str, recomputed: int, flash_attention: bool = True) -> float:
-    """Full recomputation: the most one recomputed layer's activations take while its backward runs."""
+    """Full recomputation: the chunk's recomputed layers' activations, alive again while its backward runs."""
     if recompute != "full":
         return 0.0
-    return max((layer_activation_bytes(model, layer, micro_batch_size, keep_scores=not flash_attention)
-                for layer in layers[:recomputed]), default=0.0)
+    return sum(layer_activation_bytes(model, layer, micro_batch_size, keep_scores=not flash_attention)
+               for layer in layers[:recomputed])
