@@ -108,15 +108,20 @@ def _switch_ids(members: list[str], topo: Topology) -> np.ndarray:
 
 # ---- phases -------------------------------------------------------------------------------------
 def _uniform_relays(groups: list[np.ndarray], switch_id: np.ndarray) -> np.ndarray:
-    """recv[A, B, i]: position in B's group of the relay of member i of A (A == B: -1), all groups of size g."""
+    """recv[A, B, i]: position in B's group of the relay of member i of A (A == B: -1), all groups of size g.
+
+    The pairing depends on A and B only through their members' NIC switches: it is solved once per pair of
+    distinct switch lists and looked up for every node pair."""
     g, h = groups[0].size, len(groups)
-    gm = np.stack(groups)
-    sw = switch_id[gm]  # (h, g)
-    eq = sw[:, None, :, None] == sw[None, :, None, :]  # (h, h, g, g)
-    flat = eq.reshape(h * h, g * g)
-    keys, inverse = np.unique(flat, axis=0, return_inverse=True)
-    perms = np.array([_pairing(g, g, tuple(map(tuple, k.reshape(g, g).tolist()))) for k in keys], dtype=np.int64)
-    recv = perms[inverse.reshape(-1)].reshape(h, h, g)
+    sw = switch_id[np.stack(groups)]  # (h, g)
+    kinds, kind = np.unique(sw, axis=0, return_inverse=True)
+    kind = kind.reshape(-1)
+    table = np.empty((kinds.shape[0], kinds.shape[0], g), dtype=np.int64)
+    for a, sa in enumerate(kinds):
+        for b, sb in enumerate(kinds):
+            eq = sa[:, None] == sb[None, :]
+            table[a, b] = _pairing(g, g, tuple(map(tuple, eq.tolist())))
+    recv = table[kind[:, None], kind[None, :]]
     recv[np.arange(h), np.arange(h)] = -1
     return recv
 

@@ -30,11 +30,12 @@ plus the library's costs, which are what separate it from the ideal `flat`.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
 from piper_sim.collectives.params import algorithm_params
-from piper_sim.collectives.phases import ALL_TO_ALL, Phase, split_exchange
+from piper_sim.collectives.phases import ALL_TO_ALL, Phase, matrix_phase, split_exchange
 from piper_sim.topology.graph import Topology
 
 VENDOR_SCHEMA: dict[str, object] = {
@@ -44,16 +45,14 @@ VENDOR_SCHEMA: dict[str, object] = {
 LIBRARIES = ("rccl", "nccl")
 
 
-def vendor_costs(matrix: np.ndarray, members: list[str], topo: Topology, library: str) -> tuple[float, int]:
-    """(host-side cost before the flows, rounds of peers) of the library's all-to-all of this matrix."""
+def vendor_costs(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, members: list[str], topo: Topology,
+                 library: str) -> tuple[float, int]:
+    """(host-side cost before the flows, rounds of peers) of the library's all-to-all of these flows."""
     p = algorithm_params(topo, library, VENDOR_SCHEMA, integers=("peers_in_flight",))
-    n = matrix.shape[0]
+    n = len(members)
     host = np.array([topo.host_of(m) for m in members])
-    src, dst = np.nonzero(matrix)
-    off = src != dst
-    src, dst = src[off], dst[off]
     chunk = np.where(host[src] != host[dst], float(p["net_chunk_bytes"]), float(p["intra_chunk_bytes"]))
-    chunks = np.ceil(matrix[src, dst] / chunk)
+    chunks = np.ceil(sizes / chunk)
     busiest = float(np.bincount(src, weights=chunks, minlength=n).max(initial=0.0))
     peers = n - 1
     rounds = math.ceil(peers / int(p["peers_in_flight"])) if peers else 0
@@ -64,12 +63,9 @@ def vendor_all_to_all(library: str):
     """The registered model of one library (the same decomposition; the parameters are the library's)."""
 
     def model(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
-        src, dst = np.nonzero(matrix)
-        off = src != dst
-        src, dst = src[off], dst[off]
-        delay, rounds = vendor_costs(matrix, members, topo, library)
-        return [Phase(src=src, dst=dst, sizes=matrix[src, dst].astype(float), name="p2p", overhead_s=0.0,
-                      delay_s=delay, messages=max(rounds, 1))]
+        flows = matrix_phase(matrix, "p2p")
+        delay, rounds = vendor_costs(flows.src, flows.dst, flows.sizes, members, topo, library)
+        return [replace(flows, overhead_s=0.0, delay_s=delay, messages=max(rounds, 1))]
 
     model.__name__ = model.__qualname__ = f"a2a_{library}"
     model.__doc__ = f"{library.upper()}'s all-to-all: grouped point-to-point per peer (module docstring)."

@@ -99,6 +99,7 @@ class RouteTable:
         self.structured = isinstance(topo.router, StructuredRouter)
         self.spread = spread and self.structured and isinstance(topo.router.fabric, DragonflyFabric)
         self.closures: Closures = {}
+        self._closures_key: frozenset = frozenset()
 
     def merge_detours(self, generators: list[dict[str, str]]) -> None:
         """Merge each pair's mean-field detours that these automorphisms of the whole flow set (verified,
@@ -106,6 +107,7 @@ class RouteTable:
         those of the same automorphisms."""
         if self.spread:
             self.closures = closure_blocks(self.topo.router.fabric, generators)
+            self._closures_key = frozenset(frozenset(sigma.items()) for sigma in generators)
 
     def sub_flows(self, src: np.ndarray, dst: np.ndarray) -> SubFlows:
         if self.structured:
@@ -160,7 +162,7 @@ class RouteTable:
         start, count = np.zeros(first.size, dtype=np.int64), np.zeros(first.size, dtype=np.int64)
         for u, rep in enumerate(first.tolist()):
             a, b = str(switch_names[sw_s[other_idx[rep]]]), str(switch_names[sw_d[other_idx[rep]]])
-            paths = (spread_switch_paths(fabric, a, b, self.closures) if self.spread
+            paths = (self._spread_paths(fabric, a, b) if self.spread
                      else tuple((f, 1.0, seq) for f, seq in fabric.switch_paths(a, b, int(key[rep]))))
             start[u], count[u] = len(chains), len(paths)
             for f, w, seq in paths:
@@ -187,6 +189,15 @@ class RouteTable:
                         latency_s=np.concatenate([inner.latency_s, outer.latency_s]),
                         entry_flow=np.concatenate([inner.entry_flow, outer.entry_flow + inner.pair.size]),
                         entry_link=np.concatenate([inner.entry_link, outer.entry_link]))
+
+    def _spread_paths(self, fabric: DragonflyFabric, a: str, b: str) -> tuple:
+        """spread_switch_paths, cached on the fabric for these closures (shared by every collective on it)."""
+        cache = fabric.__dict__.setdefault("_spread_cache", {})
+        key = (a, b, self._closures_key)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = spread_switch_paths(fabric, a, b, self.closures)
+        return hit
 
     @staticmethod
     def _choice(fabric: object, switch_names: np.ndarray, sw_s: np.ndarray, sw_d: np.ndarray,

@@ -131,7 +131,7 @@ def spread_switch_paths(fabric: DragonflyFabric, src: str, dst: str, closures: C
     minimal = _minimal(fabric, src, dst, closures)
     mode = fabric.spec.routing
     detours = all_detours(fabric, src, dst, closures) if mode != "minimal" else ()
-    frac = 0.0 if mode == "valiant" else fabric.spec.adaptive_minimal_fraction
+    frac = 0.0 if mode == "valiant" else fabric.minimal_fraction(fabric.locate(src)[0], fabric.locate(dst)[0])
     if not detours or frac >= 1.0:
         return minimal
     total = sum(w for _, w in detours)

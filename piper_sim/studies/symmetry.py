@@ -20,6 +20,7 @@ generated group are an equitable partition: exact.
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -126,8 +127,20 @@ def _routes_commute(fabric: DragonflyFabric, sigma: SwitchMap, sample: list[str]
     return True
 
 
+_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def class_automorphisms(topo: Topology, classes: dict[int, int], spread: bool) -> list[tuple[SwitchMap, np.ndarray]]:
-    """Verified switch automorphisms and the permutation of host classes each induces."""
+    """Verified switch automorphisms and the permutation of host classes each induces (cached per topology,
+    host classes and routing model: every collective on one machine and member list shares them)."""
+    per_topo = _VERIFIED.setdefault(topo, {})
+    key = (tuple(sorted(classes.items())), spread)
+    if key not in per_topo:
+        per_topo[key] = _verify(topo, classes, spread)
+    return per_topo[key]
+
+
+def _verify(topo: Topology, classes: dict[int, int], spread: bool) -> list[tuple[SwitchMap, np.ndarray]]:
     router = topo.router
     if not (isinstance(router, StructuredRouter) and isinstance(router.fabric, DragonflyFabric)):
         return []

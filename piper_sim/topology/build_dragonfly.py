@@ -74,11 +74,13 @@ def _background(value: object, where: str) -> float | tuple[float, int]:
     return float(value)
 
 
-def _check_routing(p: dict, where: str) -> float:
+def _check_routing(p: dict, where: str) -> float | str:
     _choice(p, "routing", ROUTING_MODES, where)
     frac = p["adaptive_minimal_fraction"]
+    if frac == "auto":
+        return "auto"
     if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0.0 <= frac <= 1.0:
-        raise ConfigError(f"{where}adaptive_minimal_fraction", frac, "a number in [0, 1]")
+        raise ConfigError(f"{where}adaptive_minimal_fraction", frac, "a number in [0, 1] or auto")
     if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):
         raise ConfigError(f"{where}seed", p["seed"], "an integer")
     if not isinstance(p["nic_switch_spread"], bool):

@@ -32,8 +32,9 @@ Background load: other jobs' traffic on global links, as a fraction of each link
 Routing (switch-to-switch hops): "minimal" = local, global, local (<= 3), split equally over the L global
 links of the group pair; "valiant" = through an intermediate group of the transit set (machine scope: every
 other group of the machine; job scope: the other job groups), <= 5 hops, chosen per GPU pair by a seeded
-hash (inside one group: through an intermediate switch); "adaptive" = a fixed split, adaptive_minimal_fraction
-on the minimal paths and the rest on the Valiant path. With no intermediate group Valiant falls back to minimal.
+hash (inside one group: through an intermediate switch); "adaptive" = a split, adaptive_minimal_fraction on the
+minimal paths and the rest on the Valiant path: a fixed share, or "auto", the share that balances the minimal
+and the idle non-minimal links (minimal_fraction). With no intermediate group Valiant falls back to minimal.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class DragonflySpec:
     nic_switch_spread: bool
     global_links_per_group_pair: int
     routing: str = "minimal"
-    adaptive_minimal_fraction: float = 0.5
+    adaptive_minimal_fraction: float | str = 0.5  # or "auto" (DragonflyFabric.minimal_fraction)
     positions: tuple[int, ...] = ()  # machine node position of every host (empty: host h at position h)
     network_scope: str = "machine"
     outside_groups: str = "exact"
@@ -207,7 +208,7 @@ class DragonflyFabric:
             return self.minimal_paths(src, dst)
         if mode == "valiant":
             return ((1.0, detour),)
-        frac = self.spec.adaptive_minimal_fraction
+        frac = self.minimal_fraction(self._where[src][0], self._where[dst][0])
         if frac >= 1.0:
             return self.minimal_paths(src, dst)
         if frac <= 0.0:
@@ -228,6 +229,38 @@ class DragonflyFabric:
             paths = tuple((n / links, seq) for seq, n in sorted(counts.items()))
         self._minimal_cache[(src, dst)] = paths
         return paths
+
+    def minimal_fraction(self, g1: int, g2: int) -> float:
+        """Share of a pair's bytes on its minimal paths under adaptive routing.
+
+        A number: that share. "auto": the share that loads the minimal links and the non-minimal ones
+        alike when the job alone loads them uniformly, a fluid stand-in for UGAL-style adaptive routing in
+        its steady state. Between groups: the L minimal links of a group pair against, per idle group of
+        the transit set (not the job's), L links out of g1 shared by g1's traffic to the J - 1 other job
+        groups, each with the capacity other jobs leave: f = (J - 1) / ((J - 1) + (T - J)(1 - b)), T
+        groups in the transit set, b the mean background share (1 when no idle group: minimal only).
+        Inside a group, the same with switches: J the switches the job's NICs use, T the group's switches.
+        """
+        frac = self.spec.adaptive_minimal_fraction
+        if frac != "auto":
+            return float(frac)
+        if g1 != g2:
+            jobs, transit = len(self.job_groups), len(self.transit)
+            bg = self.spec.background
+            idle = (transit - jobs) * (1.0 - (bg[0] if isinstance(bg, tuple) else bg))
+        else:
+            jobs, idle = self.job_switches[g1], self.spec.switches_per_group - self.job_switches[g1]
+        return (jobs - 1) / ((jobs - 1) + idle) if jobs > 1 and idle > 0 else 1.0
+
+    @cached_property
+    def job_switches(self) -> dict[int, int]:
+        """Switches of each job group that the job's NICs attach to."""
+        used: dict[int, set[int]] = {}
+        for h in range(len(self.positions)):
+            for k in range(self.spec.nics_per_node):
+                g, s = self._where[self.nic_switch(h, k)]
+                used.setdefault(g, set()).add(s)
+        return {g: len(s) for g, s in used.items()}
 
     def intermediate(self, g1: int, g2: int, index: int) -> int:
         """The index-th group of the transit set other than g1 and g2 (the hashed Valiant choice)."""
