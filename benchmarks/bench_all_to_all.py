@@ -1,7 +1,12 @@
-"""Speed of one flat all-to-all on Frontier (prints figures; no assertions).
+"""Speed of the all-to-all study and of one all-to-all on Frontier (prints figures; no assertions).
 
-Cases (each in its own process, so peak memory is its own), placement contiguous, 1 MiB per GPU pair:
-  spr512   512 nodes (4096 GCDs), frontier preset (adaptive routing), detours spread mean-field -- the 30 s target
+`--study` runs the issue's study line in a child process and prints its wall time and peak memory:
+    piper-sim study all-to-all --topology frontier --nodes 1,2,4,...,512 --sizes 1MiB,64MiB --size-per gpu
+        --algorithms flat,rccl,halo   (target: 60 s and 2 GB on the 2-core development machine)
+
+Single-collective cases (each in its own process, so peak memory is its own), placement contiguous,
+1 MiB per GPU pair, the whole machine (74 groups) behind the job:
+  spr512   512 nodes (4096 GCDs), frontier preset (adaptive routing), detours spread mean-field
   min512   512 nodes, frontier preset with routing: minimal
   hash8    8 nodes, frontier preset exactly as `simulate` routes it (adaptive, one hashed detour per pair)
   hash16   16 nodes, same (hashed detours break every symmetry: about one solve per flow)
@@ -9,13 +14,14 @@ Reported: wall time by stage, simulated time, GPU pairs, network flows (one per 
 network would carry without aggregation), flows actually routed (after the host-symmetry reduction),
 simulated flows (equitable classes) and fair-share solves.
 
-    python benchmarks/bench_all_to_all.py [--only min512,hash8] [--nodes 512 --routing minimal]
+    python benchmarks/bench_all_to_all.py [--study] [--only min512,hash8] [--nodes 512 --routing minimal]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -57,8 +63,29 @@ def run_one(nodes: int, routing: str | None, valiant: str, algorithm: str = "fla
             "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+STUDY = ["study", "all-to-all", "--topology", "frontier", "--nodes", "1,2,4,8,16,32,64,128,256,512",
+         "--sizes", "1MiB,64MiB", "--size-per", "gpu", "--algorithms", "flat,rccl,halo"]
+
+
+def run_study(out: str) -> None:
+    """The study line in a child process: wall time and the child's peak RSS."""
+    code = ("import sys, resource; from piper_sim.cli import main; rc = main(sys.argv[1:]); "
+            "print('PEAK_MIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr); "
+            "sys.exit(rc)")
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, *STUDY, "--out", out], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    peak = [line.split()[1] for line in done.stderr.splitlines() if line.startswith("PEAK_MIB")]
+    print(f"study ({' '.join(STUDY)}): exit {done.returncode}, wall {wall:.1f} s, "
+          f"peak RSS {float(peak[0]) if peak else float('nan'):.0f} MiB; rows in {out}/study.csv", flush=True)
+    print(f"    on {len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.1f} after the run "
+          "(other processes sharing the cores slow it down)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--study", action="store_true", help="time the whole study line (see the module docstring)")
+    ap.add_argument("--study-out", default="/tmp/bench-all-to-all-study", help="where the study writes")
     ap.add_argument("--only", default=",".join(CASES), help="comma-separated case names")
     ap.add_argument("--nodes", type=int, help="run one custom case with this many nodes")
     ap.add_argument("--routing", choices=["minimal", "valiant", "adaptive"])
@@ -68,6 +95,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         print(json.dumps(run_one(**json.loads(args.child))))
+        return
+    if args.study:
+        run_study(args.study_out)
         return
     cases = ({"custom": {"nodes": args.nodes, "routing": args.routing, "valiant": args.valiant,
                          "algorithm": args.algorithm}} if args.nodes
