@@ -106,6 +106,13 @@ def test_a_plan_the_model_calls_infeasible_is_flagged_by_simulate():
     assert not all(report.fits_memory) and min(report.memory_headroom_bytes) < 0
 
 
+def test_a_fixed_knob_outside_the_default_search_is_honoured():
+    request = PlanRequest(model="tiny-moe", num_gpus=8, global_batch=8, topology="uniform",
+                          fixed=parse_fixes(["optimizer.zero=2"]))
+    _, table, _, _ = screen(request)
+    assert len(table) > 0 and set(table["zero"]) == {2}
+
+
 def test_frontier_locality_domains():
     assert [domain_gpus("frontier", 1024, d) for d in ("node", "switch", "group", "any")] == [8, 32, 1024, 1024]
     assert domain_gpus("frontier", 2048, "group") == 1024

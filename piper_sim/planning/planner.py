@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from piper_sim.calibrate.load import load_profile
-from piper_sim.config import RECOMPUTE_MODES, load_config
+from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.engine import run_points
 from piper_sim.planning.estimate import Estimator
@@ -110,7 +110,8 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
                              domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
                              schedules=SCHEDULE_NAMES, all_to_alls=A2A_NAMES,
                              recomputes=("none", "full") if request.flash_attention else RECOMPUTE_MODES,
-                             zeros=(0, 1))  # ZeRO-2 peaks as ZeRO-1 here (workload/memory.py)
+                             # ZeRO-2 peaks as ZeRO-1 here (workload/memory.py): searched only when --fix asks
+                             zeros=ZERO_STAGES if "zero" in (request.fixed or {}) else (0, 1))
     if not points:
         raise ConfigError("plan", f"{model.name} on {request.num_gpus} GPUs, global batch {request.global_batch}",
                           "a GPU count, batch and --fix values that admit at least one plan (ep must divide "
