@@ -428,10 +428,11 @@ def _increasing(xs: list[float]) -> bool:
     return all(a < b for a, b in zip(xs, xs[1:], strict=False))
 
 
+@pytest.mark.slow  # the whole quick sweep (about 5 minutes on 2 cores)
 def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     out = tmp_path / "cpu-test.yaml"
     proc = subprocess.run([sys.executable, "-m", "piper_sim.cli", "calibrate", "--quick", "--ranks", "2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--out", str(out)], capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     raw = yaml.safe_load(out.read_text())
     profile = load_profile(out)

@@ -93,6 +93,7 @@ def test_a_swap_counts_the_rounds_in_which_the_faster_case_ran_faster():
     assert summarize([x, y])["order_swaps"][0]["rounds_faster"] is None
 
 
+@pytest.mark.slow  # measures validation cases on the testbed several times (about 5 minutes)
 def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     # a real local run (no testbed, no root): pp1 x ep2 of a 2-layer tiny-moe, 3 steps, twice
     from piper_sim.errors import PiperError

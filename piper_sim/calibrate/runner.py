@@ -59,7 +59,7 @@ def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
 
     if ranks < 1:
         raise PiperError(f"--ranks {ranks}: a positive number of ranks")
-    timeout = timeout_s or (600.0 if quick else 7200.0)
+    timeout = timeout_s or (1800.0 if quick else 7200.0)
     started, busy0, own0 = time.perf_counter(), _busy_core_s(), _own_core_s()
     load_before = [round(x, 2) for x in os.getloadavg()]
     time.sleep(0.5)

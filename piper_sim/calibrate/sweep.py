@@ -71,7 +71,7 @@ def _powers(lo: int, hi: int, step: int = 2) -> tuple[int, ...]:
 
 
 def make_sweep(quick: bool = False, presets: tuple[str, ...] = DEFAULT_PRESETS, cuda: bool = False) -> Sweep:
-    """The full sweep (minutes) or the quick one (well under a minute on a laptop, for tests and CI)."""
+    """The full sweep (tens of minutes) or the quick one (about 5 minutes on 2 cores: fewer shapes and samples)."""
     models = [load_model(name) for name in presets]
     gemms = _dedupe_gemms([s for m in models for s in model_gemm_shapes(m)])
     ffns = tuple(FfnShape(d_model=m.d_model, ffn_dim=m.expert_ffn_dim, num_matrices=nm,
