@@ -1,12 +1,19 @@
-"""Simulator speed on the three standard workloads (prints figures; no assertions).
+"""Simulator speed on the standard workloads (prints figures; no assertions).
 
 W1: X-MoE Small on 8 GPUs, EP 8, micro-batch 4 x 8 microbatches.
 W2: 110B (d 5120, d_ffn 20480, 16 experts, top-2) on 64 GPUs, PP 8 x EP 8, 1 x 32 microbatches, 1F1B.
 W3: 1.7T (as W2 with 256 experts) on 1024 GPUs, PP 32 x EP 32, 1 x 128 microbatches, 1F1B.
 Cluster: 8 GPUs per node, 100 GB/s per GPU inside a node, 12.5 GB/s per GPU off-node; bf16,
-2-matrix experts, no shared experts. Each workload runs in its own process so peak memory is its own.
+2-matrix experts, no shared experts.
+W1Z, W2Z, W3Z: the same with zipf 1.0 routing (every rank's expert rows differ).
+W2M: W2 for 12 steps with drifting hot routing and greedy expert migration after every step.
+W3F-halo, W3F-flat: W3 on 1024 Frontier GCDs (topologies/frontier.yaml) with HALO and with the flat all-to-all.
+W4F: X-MoE Super on 512 Frontier GCDs, PP 16 x EP 32, 1 x 64 microbatches, HALO, full recomputation, ZeRO-1.
+DSV3: DeepSeek-V3 on 256 GPUs, PP 8 x EP 32, 1 x 32 microbatches (the uniform cluster).
+MIX: Mixtral 8x7B on 128 GPUs, PP 4 x EP 8 x DP 4, 1 x 16 microbatches (the uniform cluster).
+Each workload runs in its own process, so peak memory is its own, and is stopped after --timeout seconds.
 
-    python benchmarks/bench_sim.py [--only W3] [--profile]
+    python benchmarks/bench_sim.py [--only W3 W3Z ...] [--profile] [--timeout 900]
 """
 
 from __future__ import annotations
@@ -20,13 +27,28 @@ import time
 
 CLUSTER = {"builder": "uniform", "params": {"gpus_per_node": 8, "intra_bandwidth_GBps": 100,
                                             "nic_bandwidth_GBps": 12.5}}
+ZIPF = {"routing": {"kind": "zipf", "exponent": 1.0}}
+FRONTIER = {"topology": "frontier"}
+W1 = {"model": {"preset": "x-moe-small", "num_heads": 16},
+      "parallel": {"pp": 1, "ep": 8, "num_microbatches": 8, "micro_batch_size": 4}}
+W2 = {"model": {"preset": "weak-110b", "num_heads": 40},
+      "parallel": {"pp": 8, "ep": 8, "num_microbatches": 32, "micro_batch_size": 1}}
+W3 = {"model": {"preset": "weak-1.7t", "num_heads": 40},
+      "parallel": {"pp": 32, "ep": 32, "num_microbatches": 128, "micro_batch_size": 1}}
 WORKLOADS = {
-    "W1": {"model": {"preset": "x-moe-small", "num_heads": 16},
-           "parallel": {"pp": 1, "ep": 8, "num_microbatches": 8, "micro_batch_size": 4}},
-    "W2": {"model": {"preset": "weak-110b", "num_heads": 40},
-           "parallel": {"pp": 8, "ep": 8, "num_microbatches": 32, "micro_batch_size": 1}},
-    "W3": {"model": {"preset": "weak-1.7t", "num_heads": 40},
-           "parallel": {"pp": 32, "ep": 32, "num_microbatches": 128, "micro_batch_size": 1}},
+    "W1": W1, "W2": W2, "W3": W3,
+    "W1Z": {**W1, **ZIPF}, "W2Z": {**W2, **ZIPF}, "W3Z": {**W3, **ZIPF},
+    "W2M": {**W2, "routing": {"kind": "drift", "shape": "hot", "rate": 0.5},
+            "migration": {"enabled": True, "policy": "greedy", "interval": 1}, "sim": {"steps": 12}},
+    "W3F-halo": {**W3, **FRONTIER, "collectives": {"all_to_all": "halo"}},
+    "W3F-flat": {**W3, **FRONTIER, "collectives": {"all_to_all": "flat"}},
+    "W4F": {"model": {"preset": "x-moe-super"}, **FRONTIER, "collectives": {"all_to_all": "halo"},
+            "parallel": {"pp": 16, "ep": 32, "num_microbatches": 64, "micro_batch_size": 1},
+            "recompute": "full", "optimizer": {"zero": 1}},
+    "DSV3": {"model": {"preset": "deepseek-v3"},
+             "parallel": {"pp": 8, "ep": 32, "num_microbatches": 32, "micro_batch_size": 1}},
+    "MIX": {"model": {"preset": "mixtral-8x7b"},
+            "parallel": {"pp": 4, "ep": 8, "dp": 4, "num_microbatches": 16, "micro_batch_size": 1}},
 }
 
 
@@ -34,9 +56,8 @@ def run_one(name: str, profile: bool) -> dict:
     from piper_sim.config import load_config
     from piper_sim.simulate import simulate
 
-    raw = {**WORKLOADS[name], "schedule": "1f1b", "topology": CLUSTER, "cost": {"profile": "mi250x"}}
+    raw = {"schedule": "1f1b", "topology": CLUSTER, "cost": {"profile": "mi250x"}, **WORKLOADS[name]}
     cfg = load_config(raw)
-    assert cfg.model.expert_matrices == 2 and cfg.model.num_shared_experts == 0 and cfg.model.dtype == "bf16"
     t0 = time.perf_counter()
     if profile:
         import cProfile
@@ -56,29 +77,38 @@ def run_one(name: str, profile: bool) -> dict:
         "tasks": s["num_tasks"], "tasks_per_s": s["num_tasks"] / wall, "flows": s["num_flows"],
         "flows_per_s": s["num_flows"] / wall, "fair_share_solves": s["num_solves"],
         "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "lanes": s["num_lanes"], "fell_back": s["lanes_fell_back"],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=sorted(WORKLOADS))
+    parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), metavar="NAME",
+                        help=f"workloads to run (default: all): {', '.join(WORKLOADS)}")
     parser.add_argument("--profile", action="store_true", help="cProfile the run (stderr)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per workload before it is stopped")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.only, args.profile)))
+        print(json.dumps(run_one(args.only[0], args.profile)))
         return
-    names = [args.only] if args.only else list(WORKLOADS)
-    header = (f"{'':4s} {'GPUs':>5s} {'step ms':>10s} {'TFLOPS/GPU':>10s} {'MFU %':>6s} {'wall s':>7s} "
-              f"{'loop s':>7s} {'tasks':>9s} {'tasks/s':>9s} {'flows':>10s} {'flows/s':>10s} {'RSS MiB':>8s}")
-    print(header)
+    names = args.only or list(WORKLOADS)
+    print(f"{'':8s} {'GPUs':>5s} {'step ms':>10s} {'MFU %':>6s} {'wall s':>7s} {'loop s':>7s} {'tasks':>9s} "
+          f"{'tasks/s':>9s} {'flows':>10s} {'lanes':>6s} {'RSS MiB':>8s}")
     for name in names:
         cmd = [sys.executable, __file__, "--child", "--only", name] + (["--profile"] if args.profile else [])
-        out = subprocess.run(cmd, text=True, check=True, stdout=subprocess.PIPE)
+        t0 = time.perf_counter()
+        try:
+            out = subprocess.run(cmd, text=True, check=True, stdout=subprocess.PIPE, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{name:8s} stopped after {time.perf_counter() - t0:.0f} s (--timeout)", flush=True)
+            continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{name:4s} {r['gpus']:5d} {r['step_time_ms']:10.2f} {r['tflops_per_gpu']:10.2f} {r['mfu'] * 100:6.2f} "
-              f"{r['wall_s']:7.2f} {r['event_loop_s']:7.2f} {r['tasks']:9d} {r['tasks_per_s']:9.0f} "
-              f"{r['flows']:10d} {r['flows_per_s']:10.0f} {r['peak_rss_MiB']:8.0f}", flush=True)
+        lanes = f"{r['lanes']}" + ("*" if r["fell_back"] else "")
+        print(f"{name:8s} {r['gpus']:5d} {r['step_time_ms']:10.2f} {r['mfu'] * 100:6.2f} {r['wall_s']:7.2f} "
+              f"{r['event_loop_s']:7.2f} {r['tasks']:9d} {r['tasks_per_s']:9.0f} {r['flows']:10d} {lanes:>6s} "
+              f"{r['peak_rss_MiB']:8.0f}", flush=True)
+    print("lanes: SimPy processes of the run (* after falling back to one per rank); step ms: the mean over steps")
 
 
 if __name__ == "__main__":
