@@ -8,6 +8,7 @@ import pytest
 from piper_sim.config import load_config
 from piper_sim.simulate import simulate
 
+ZIPF = {"routing": {"kind": "zipf", "exponent": 1.0}}
 CASES = {
     "uniform-cluster": {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
     "interleaved-zb": {"model": "small-moe", "schedule": "zb-h1",
@@ -16,6 +17,18 @@ CASES = {
                       "parallel": {"pp": 2, "ep": 8, "dp": 4, "num_microbatches": 4}},
     "frontier-shared-nics": {"model": "small-moe", "topology": "frontier", "collectives": {"all_to_all": "halo"},
                              "parallel": {"pp": 4, "ep": 8, "num_microbatches": 4}},
+    "frontier-across-nodes": {"model": {"preset": "small-moe", "num_experts": 16}, "topology": "frontier",
+                              "collectives": {"all_to_all": "halo"},
+                              "parallel": {"pp": 4, "ep": 16, "dp": 2, "num_microbatches": 4}},
+    "zipf-dp2": {"model": "small-moe", **ZIPF, "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
+    "zipf-frontier": {"model": {"preset": "small-moe", "num_experts": 16}, "topology": "frontier", **ZIPF,
+                      "collectives": {"all_to_all": "halo"},
+                      "parallel": {"pp": 2, "ep": 16, "num_microbatches": 4}},
+    "drift-migration-steps": {"model": "small-moe", "routing": {"kind": "drift", "rate": 0.5},
+                              "migration": {"enabled": True, "policy": "greedy"}, "sim": {"steps": 4},
+                              "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
+    "zipf-dualpipe-v": {"model": "small-moe", "schedule": "dualpipe-v", **ZIPF,
+                        "parallel": {"pp": 2, "ep": 4, "vpp": 2, "num_microbatches": 4}},
 }
 
 
@@ -33,6 +46,13 @@ def test_lanes_are_used_on_a_symmetric_cluster():
     assert result.stats["num_lanes"] == 2 and not result.stats["lanes_fell_back"]
 
 
-def test_skewed_routing_uses_one_lane_per_rank():
-    result = simulate(load_config({**CASES["uniform-cluster"], "routing": {"kind": "zipf", "exponent": 1.0}}))
-    assert result.stats["num_lanes"] == result.report.num_gpus
+def test_skewed_routing_uses_a_lane_per_expert_parallel_group():
+    result = simulate(load_config(CASES["zipf-dp2"]))
+    assert result.stats["num_lanes"] == 4 and not result.stats["lanes_fell_back"]  # pp 2 x dp 2 groups of 4
+
+
+def test_lanes_do_not_fall_back_on_frontier():
+    for name in ("frontier-shared-nics", "frontier-across-nodes", "zipf-frontier"):
+        result = simulate(load_config(CASES[name]))
+        assert not result.stats["lanes_fell_back"], name
+        assert result.stats["num_lanes"] < result.report.num_gpus, name

@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="profile to write, e.g. traces/profiles/cpu-dev.yaml")
     p.add_argument("--ranks", type=int, default=1, help="ranks running every benchmark at once (default 1)")
     p.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores // ranks, as `run` uses)")
-    p.add_argument("--quick", action="store_true", help="reduced sweep (about 5 minutes on 2 cores), for tests and a first profile")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced sweep (about 5 minutes on 2 cores), for tests and a first profile")
     p.add_argument("--testbed", metavar="PREFIX", help="also measure communication inside this running testbed")
     p.add_argument("--presets", default="tiny-moe,small-moe", help="model presets whose shapes are swept")
     p.add_argument("--timeout", type=float, help="seconds before the ranks are stopped")

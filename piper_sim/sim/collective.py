@@ -109,13 +109,65 @@ class RouteCache:
         return routes
 
 
+@dataclass(slots=True)
+class PhaseRecord:
+    """One phase of a collective's run on otherwise idle links (times from the collective's start)."""
+
+    wait_end_s: float = 0.0  # its predecessors have ended
+    start_s: float = 0.0  # its flows enter the network
+    end_s: float = 0.0
+    flows: PhaseFlows | None = None
+    rates: list = None  # [(time, rate per sub-flow)] as the run's solves set them
+    finish_s: np.ndarray | None = None  # per sub-flow
+
+    def state_at(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes each sub-flow still has to send at time t, and the finish times of those that have ended."""
+        remaining = self.flows.sizes.astype(float).copy()
+        times = [time for time, _ in self.rates] + [self.end_s]
+        for (t_from, rate), t_to in zip(self.rates, times[1:], strict=True):
+            span = min(t_to, t) - t_from
+            if span <= 0:
+                break
+            remaining = np.maximum(remaining - rate * span, 0.0)
+        ended = self.finish_s <= t
+        remaining[ended] = 0.0
+        return remaining, np.where(ended, self.finish_s, np.nan)
+
+
+@dataclass(slots=True)
+class IsolatedRun:
+    """A multi-phase collective's run on otherwise idle links: what a reservation stands in for."""
+
+    duration_s: float
+    links: np.ndarray
+    link_bytes: np.ndarray
+    num_flows: int
+    phases: list[PhaseRecord]
+
+
+MAX_RECORDED_RUNS = 4096  # skewed routing makes most all-to-alls unique: keep only recent ones
+
+
 class CollectiveRunner:
-    """Starts the phases of collectives and p2p transfers on the flow network."""
+    """Starts the phases of collectives and p2p transfers on the flow network.
+
+    A collective of several phases that starts on idle links runs as a reservation: its course on
+    otherwise idle links is recorded once per (members, algorithm, phases) in a private network (the same
+    flow network and phase code) and the main network holds its links until it ends, one event instead of
+    one per phase and per rate change. When another flow set is about to start on one of its links, the
+    reservation turns into the flow sets running at that moment (bytes still to send from the recorded
+    rates) and the phases not started yet, which then run as any others: the result is that of running
+    every phase, up to float rounding.
+    """
+
+    reserves = True  # False: every phase runs on the network (tests compare the two)
 
     def __init__(self, env: simpy.Environment, network: FlowNetwork, topo: Topology) -> None:
         self.env, self.network, self.topo = env, network, topo
         self.route_cache = RouteCache(topo)
         self.overhead_s = topo.params.message_overhead_s
+        self._runs: dict[Hashable, IsolatedRun] = {}
+        self.num_reserved = self.num_broken = 0
 
     def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0) -> simpy.Event:
         """Event that fires when every phase has ended. key names (members, algorithm, pattern).
@@ -129,6 +181,10 @@ class CollectiveRunner:
             ev = self.env.event()
             ev.succeed(np.zeros(0))
             return ev
+        if len(phases) > 1 and self.reserves:
+            recorded = self._isolated_run(phases, gpus, key)
+            if not self.network.busy[recorded.links].any():
+                return self._reserve(recorded, phases, gpus, key)
         done = start_phases(self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits))
         return done[0] if len(done) == 1 else self.env.all_of(done)
 
@@ -136,21 +192,129 @@ class CollectiveRunner:
         yield self.env.timeout(delay_s)
         return (yield self.run(phases, gpus, key))
 
-    def latency_spread_s(self, phase: Phase, gpus: tuple[str, ...], key: Hashable) -> float:
-        """Largest minus smallest path latency over the flows of a single-phase run with this key."""
+    def flow_latency_s(self, phase: Phase, gpus: tuple[str, ...], key: Hashable) -> np.ndarray:
+        """Each flow's largest path latency in a single-phase run of this phase with this key."""
         pattern = ((key, 0), phase.src.tobytes(), phase.dst.tobytes())
-        routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
-        return float(np.ptp(routes.flow_latency_s)) if phase.src.size else 0.0
+        return self.route_cache.routes(gpus, phase.src, phase.dst, pattern).flow_latency_s
 
-    def _phase(self, phase: Phase, gpus: tuple[str, ...], key: Hashable, waits: list[simpy.Event]) -> PhaseProcess:
-        if phase.src.size == 0:
-            return (yield from run_phase(self.env, self.network, waits, 0.0, None))
+    def _phase_flows(self, phase: Phase, gpus: tuple[str, ...], key: Hashable) -> tuple[Routes, PhaseFlows, float]:
         pattern = (key, phase.src.tobytes(), phase.dst.tobytes())
         routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
         flows = PhaseFlows(routes.entry_flow, routes.entry_link, phase.sizes[routes.sub_flow] * routes.sub_fraction,
                            key=pattern)
-        delay = phase_delay_s(phase, self.overhead_s, routes.latency_s)
+        return routes, flows, phase_delay_s(phase, self.overhead_s, routes.latency_s)
+
+    def _phase(self, phase: Phase, gpus: tuple[str, ...], key: Hashable, waits: list[simpy.Event]) -> PhaseProcess:
+        if phase.src.size == 0:
+            return (yield from run_phase(self.env, self.network, waits, 0.0, None))
+        routes, flows, delay = self._phase_flows(phase, gpus, key)
         sub_finish = yield from run_phase(self.env, self.network, waits, delay, flows)
         finish = np.zeros(phase.src.size)
         np.maximum.at(finish, routes.sub_flow, sub_finish)
         return finish
+
+    # ---- reservations ----------------------------------------------------------------------------
+    def _isolated_run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> IsolatedRun:
+        """The collective's course alone on the network (recorded in a private one; memoized)."""
+        memo = (key, tuple((p.src.tobytes(), p.dst.tobytes(), p.sizes.tobytes(), p.after, p.messages, p.overhead_s,
+                            p.delay_s) for p in phases))
+        hit = self._runs.get(memo)
+        if hit is not None:
+            return hit
+        env = simpy.Environment()
+        net = FlowNetwork(env, self.network.capacity)
+        net.log = {}
+        records = [PhaseRecord() for _ in phases]
+
+        def process(index: int, phase: Phase, waits: list[simpy.Event]) -> PhaseProcess:
+            if waits:
+                yield env.all_of(waits)
+            rec = records[index]
+            rec.wait_end_s = rec.start_s = rec.end_s = env.now
+            if phase.src.size == 0:
+                return
+            _, rec.flows, delay = self._phase_flows(phase, gpus, (key, index))
+            if delay > 0:
+                yield env.timeout(delay)
+            rec.start_s = env.now
+            net.last_set = None
+            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes)
+            flow_set = net.last_set
+            finish = yield done
+            rec.end_s, rec.finish_s = env.now, np.asarray(finish)
+            rec.rates = net.log.get(flow_set, []) if flow_set is not None else []
+
+        start_phases(env, phases, process)
+        env.run()
+        started = [r.flows for r in records if r.flows is not None]
+        entry_links = [f.entry_link for f in started]
+        links = np.unique(np.concatenate(entry_links)) if entry_links else np.zeros(0, dtype=np.int64)
+        link_bytes = np.zeros(self.network.capacity.shape[0])
+        for f in started:
+            link_bytes += np.bincount(f.entry_link, weights=f.sizes[f.entry_flow], minlength=link_bytes.shape[0])
+        run = IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
+                          num_flows=sum(f.sizes.shape[0] for f in started), phases=records)
+        if len(self._runs) >= MAX_RECORDED_RUNS:
+            self._runs.pop(next(iter(self._runs)))
+        self._runs[memo] = run
+        return run
+
+    def _reserve(self, recorded: IsolatedRun, phases: list[Phase], gpus: tuple[str, ...],
+                 key: Hashable) -> simpy.Event:
+        t0, done = self.env.now, self.env.event()
+        self.network.count(recorded.link_bytes, recorded.num_flows)
+        self.num_reserved += 1
+        reservation = self.network.reserve(recorded.links,
+                                           lambda: self._break(recorded, phases, gpus, key, t0, done))
+
+        def end(_ev) -> None:
+            if reservation.live:
+                self.network.release(reservation)
+                done.succeed()
+
+        self.env.timeout(recorded.duration_s).callbacks.append(end)
+        return done
+
+    def _break(self, recorded: IsolatedRun, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, t0: float,
+               done: simpy.Event) -> None:
+        """Another flow set needs the reserved links: the phases running now become flow sets with the bytes they
+        still have to send, those not started wait and start as in a run of every phase."""
+        self.num_broken += 1
+        t = self.env.now - t0
+        events: list[simpy.Event | None] = []
+        adopted = []
+        for index, rec in enumerate(recorded.phases):
+            if rec.end_s <= t:
+                events.append(None)
+            elif rec.flows is not None and rec.start_s <= t:
+                remaining, finish = rec.state_at(t)
+                ev = self.env.event()
+                adopted.append(self.network.adopt(rec.flows.entry_flow, rec.flows.entry_link, remaining,
+                                                  finish + t0, t0 + rec.start_s, ev))
+                events.append(ev)
+            else:
+                events.append(self.env.process(self._resume(index, phases[index], rec, events, t0, gpus, key)))
+        self.network.resolve_sets(adopted)
+        pending = [ev for ev in events if ev is not None]
+        if pending:
+            self.env.all_of(pending).callbacks.append(lambda _ev: done.succeed())
+        else:
+            done.succeed()
+
+    def _resume(self, index: int, phase: Phase, rec: PhaseRecord, events: list, t0: float, gpus: tuple[str, ...],
+                key: Hashable) -> PhaseProcess:
+        """A phase of a broken reservation that had not started: its predecessors still running, or its delay."""
+        waits = [events[a] for a in phase.after if events[a] is not None]
+        if phase.src.size == 0:
+            if waits:
+                yield self.env.all_of(waits)
+            return
+        _, flows, delay = self._phase_flows(phase, gpus, (key, index))
+        if waits:
+            yield self.env.all_of(waits)
+            wait = delay
+        else:
+            wait = t0 + rec.start_s - self.env.now
+        if wait > 0:
+            yield self.env.timeout(wait)
+        yield self.network.start(flows.entry_flow, flows.entry_link, flows.sizes, key=flows.key, counted=False)

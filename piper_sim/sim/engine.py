@@ -6,12 +6,15 @@ Contract (schedule/ir.py): one program counter per rank; compute and collective 
 send/recv are issued asynchronously and end when their transfer ends; a collective starts when
 all members have reached it; a task waits for its deps.
 
-Lanes: one SimPy process drives a lane, a set of ranks of one pipeline stage that are known to
-behave identically (same program, same compute costs under uniform routing). A lane's p2p
-transfers still put every member's flow into the network, and its collectives count every member,
-so contention is modelled as with one process per rank. Members stay identical as long as their
-transfers end at the same time; the engine checks that on every transfer and raises Asymmetry
-when it does not, and the caller then reruns with one lane per rank (see simulate.py).
+Lanes: one SimPy process drives a lane, ranks of one pipeline stage that run the same program: the whole
+stage under uniform routing, each EP group of it under skewed routing. Each member keeps a clock of its own:
+compute needs no event (a member's expert rows, hence its compute time and memory, are its own), and a
+member's network action (its arrival at a collective, its half of a p2p transfer) is scheduled at its clock.
+Every member's flow enters the network and collectives count every member, so contention is modelled as
+with one process per rank. A lane only goes wrong when a member's action would fall behind the simulated
+time (it would have changed what the network already did); the engine raises Asymmetry then, and the
+caller reruns with one lane per rank (see simulate.py). On shared cores (the CPU testbed) the host model
+times compute per lane, so members must agree; lanes are used there only when their compute is equal.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class SimRecords:
     num_flows: int
     num_solves: int
     num_lanes: int
+    num_reserved: int = 0  # collectives run as reservations (piper_sim.sim.collective)
+    num_broken: int = 0  # of those, turned into their flow sets when other flows came onto their links
 
 
 class Simulation:
@@ -86,7 +91,10 @@ class Simulation:
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
         self.tokens = parallel.micro_batch_size * model.seq_len
         self.row_bytes = model.d_model * model.dtype_bytes
-        self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.tokens)
+        ep_groups = [sorted({self.mesh.group(r, "ep")[0] for r in self.mesh.stage_ranks(p)})
+                     for p in range(self.mesh.pp)]
+        self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.tokens, ep_groups)
+        self.shared_host = bool(topology.params.shared_cores)  # compute timed per lane on shared cores
         self.lanes = self._lanes(collapse)
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
         self.host = host_model(self.env, topology, host_profile, [len(lane) for lane in self.lanes])
@@ -110,16 +118,22 @@ class Simulation:
 
     # ---- lanes ---------------------------------------------------------------------------------
     def _lanes(self, collapse: bool) -> list[tuple[int, ...]]:
-        """Whole pipeline stages when members are interchangeable, else one lane per rank."""
+        """Ranks simulated by one process (a lane): a whole pipeline stage under uniform routing, a stage's EP
+        group under skewed routing (the groups' all-to-alls end apart); one lane per rank when cores are
+        shared and members' compute differs (the host model times compute per lane)."""
         singles = [(r,) for r in range(self.mesh.num_ranks)]
-        if not collapse or not self.routing.is_uniform or self.mesh.tp > 1:
+        if not collapse or self.mesh.tp > 1:
             return singles
-        moe = self.model.moe_layer_indices
-        if moe:
-            rows = self.experts.dispatch(0, moe[0], 0, 0).expert_rows
-            if any(tuple(r) != tuple(rows[0]) for r in rows):  # uneven expert rows: compute differs
-                return singles
-        return [tuple(self.mesh.stage_ranks(p)) for p in range(self.mesh.pp)]
+        stages = [tuple(self.mesh.stage_ranks(p)) for p in range(self.mesh.pp)]
+        if self.routing.is_uniform:
+            moe = self.model.moe_layer_indices
+            rows = self.experts.dispatch(0, moe[0], 0, 0).expert_rows if moe else [()]
+            if all(tuple(r) == tuple(rows[0]) for r in rows) or not self.shared_host:
+                return stages
+            return singles
+        if self.shared_host:
+            return singles
+        return sorted({self.mesh.group(r, "ep") for stage in stages for r in stage})
 
     # ---- running -------------------------------------------------------------------------------
     def run(self) -> SimRecords:
@@ -131,7 +145,32 @@ class Simulation:
             raise RuntimeError(f"simulation stalled: stage(s) {unfinished} did not finish (schedule deadlock)")
         self.records.num_flows = self.network.num_flows
         self.records.num_solves = self.network.num_solves
+        self.records.num_reserved, self.records.num_broken = self.runner.num_reserved, self.runner.num_broken
         return self.records
+
+    def _at(self, time_s: float, action) -> None:
+        """Run action at simulated time time_s, or now when that has passed. A lane's members keep clocks of their
+        own (compute needs no event), so a member's network action may lie ahead of the simulation."""
+        if time_s > self.env.now:
+            self.env.timeout(time_s - self.env.now).callbacks.append(lambda _ev: action())
+        else:
+            action()
+
+    def _check_on_time(self, time_s: float) -> None:
+        """Something starts on the network at time_s: if that has passed, it would have changed what the network
+        already did (members of a lane fell apart), and the run needs one lane per rank."""
+        if time_s < self.env.now - 1e-12 * max(self.env.now, 1e-9):
+            raise Asymmetry(f"a lane member's network action at {time_s:.9g} s falls behind the simulated time")
+
+    def _sync(self, clock: np.ndarray):
+        """Shared cores time compute per lane: the members' clocks must agree; the lane goes on at the later of
+        them and now (a rank that waited on an event that had already happened goes on at once)."""
+        t = float(clock.max())
+        if float(clock.min()) < t - 1e-12 * max(t, 1e-9):
+            raise Asymmetry("lane members' clocks differ on shared cores")
+        if t > self.env.now:
+            yield self.env.timeout(t - self.env.now)
+        clock[:] = self.env.now
 
     def _lane(self, lane: tuple[int, ...]):
         rank = lane[0]
@@ -139,11 +178,14 @@ class Simulation:
         plan = self.plans[stage]
         lane_id = self._lane_of[rank]
         local = np.array(lane) - stage * self.per_stage
+        n = len(lane)
         rec = self.records
         start, end, flops, nbytes = rec.start_s[stage], rec.end_s[stage], rec.flops[stage], rec.bytes[stage]
         cpu = rec.cpu_s[stage]
-        memory = peak = plan.static_bytes
-        routed_extra: dict[tuple[int, int], float] = {}  # (chunk, microbatch) -> bytes beyond a balanced load
+        clock = np.zeros(n)  # each member's simulated time
+        memory = np.full(n, float(plan.static_bytes))
+        peak = memory.copy()
+        routed_extra: dict[tuple[int, int], np.ndarray] = {}  # (chunk, microbatch) -> bytes beyond a balanced load
         for step in range(self.steps):
             for i, task in enumerate(plan.program):
                 for d in plan.async_deps[i]:
@@ -152,34 +194,48 @@ class Simulation:
                         yield ev
                         if self.host.charges_wakeups:
                             yield self.env.timeout(self.host.wake_wait_s(1))
+                            np.maximum(clock, self.env.now, out=clock)
+                    np.maximum(clock, ev.value, out=clock)
                 memory += plan.mem_at_start[i]
                 if task.kind == "forward_expert":
-                    extra = self._routed_extra_bytes(rank, step, task)
+                    extra = self._routed_extra_bytes(lane, step, task)
                     key = (task.chunk, task.microbatch)
                     routed_extra[key] = routed_extra.get(key, 0.0) + extra
                     memory += extra
-                peak = max(peak, memory)
+                np.maximum(peak, memory, out=peak)
                 stream = plan.streams[i]
                 if stream == 0:  # compute
-                    seconds, f = self._compute_cost(rank, stage, step, i, task)
-                    start[step, local, i] = self.env.now
+                    seconds, f = self._compute_cost(lane, stage, step, i, task)
                     cpu[step, local, i] = seconds
-                    self.host.begin_compute(len(lane))
-                    yield self.host.compute(lane_id, len(lane), seconds)
-                    self.host.end_compute(len(lane))
-                    end[step, local, i] = self.env.now
                     flops[step, local, i] = f
+                    if self.shared_host:
+                        yield from self._sync(clock)
+                        start[step, local, i] = self.env.now
+                        self.host.begin_compute(n)
+                        yield self.host.compute(lane_id, n, float(np.max(seconds)))
+                        self.host.end_compute(n)
+                        clock[:] = self.env.now
+                    else:
+                        start[step, local, i] = clock
+                        clock += seconds
+                    end[step, local, i] = clock
                 elif stream == 2:  # collective
-                    start[step, local, i] = self.env.now
                     host = self._host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
                     cpu[step, local, i] = host
                     if self.host.runs_host_work:  # the calls' host-side work runs on the rank's cores
-                        yield self.host.compute(lane_id, len(lane), host)
-                    ev = self._arrive(lane, step, i, task, nbytes[step], host)
-                    yield ev
-                    end[step, local, i] = self.env.now
+                        yield from self._sync(clock)
+                        start[step, local, i] = clock
+                        yield self.host.compute(lane_id, n, host)
+                        clock[:] = self.env.now
+                    else:
+                        start[step, local, i] = clock
+                    for members, ev in self._arrive(lane, step, i, task, nbytes[step], host, clock):
+                        if not ev.triggered:
+                            yield ev
+                        clock[members] = ev.value
+                    end[step, local, i] = clock
                 else:
-                    self._post_p2p(lane, lane_id, stage, local, step, i, task)
+                    self._post_p2p(lane, lane_id, stage, local, step, i, task, clock)
                 memory += plan.mem_at_end[i]
                 if plan.mem_at_end[i] < 0:  # the (chunk, microbatch) releases its activations
                     memory -= routed_extra.pop((task.chunk, task.microbatch), 0.0)
@@ -189,87 +245,107 @@ class Simulation:
 
     # ---- compute -------------------------------------------------------------------------------
     def _wake(self, done: simpy.Event, calls: int) -> None:
-        """End a collective: at once, or after its members' wait for a core (the host model's)."""
+        """End a collective: at once, or after its members' wait for a core (the host model's); the event's
+        value is the time it ends."""
         wait = self.host.wake_wait_s(calls) if calls else 0.0
         if wait <= 0:
-            done.succeed()
+            done.succeed(self.env.now)
         else:
-            self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed())
+            self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed(self.env.now))
 
-    def _compute_cost(self, rank: int, stage: int, step: int, i: int, task: Task) -> tuple[float, float]:
+    def _member_rows(self, lane: tuple[int, ...], step: int, layer: int, microbatch: int) -> list[tuple[int, ...]]:
+        """Rows each lane member's experts get for one MoE layer and microbatch."""
+        out = []
+        for rank in lane:
+            dispatch = self.experts.dispatch(step, layer, microbatch, self.mesh.group(rank, "ep")[0])
+            out.append(tuple(dispatch.expert_rows[self.mesh.coords(rank)["ep"]]))
+        return out
+
+    def _compute_cost(self, lane: tuple[int, ...], stage: int, step: int, i: int,
+                      task: Task) -> tuple[float | np.ndarray, float | np.ndarray]:
+        """(seconds, flops) of a compute task: one value for all members, or one per member (expert ops)."""
         plan = self.plans[stage]
         if task.kind == "optimizer":
             return self.coster.optimizer_time_s(plan.optimizer_params, plan.param_tensors), 0.0
         if not plan.expert_layers[i]:
             return plan.fixed_cost[i]
-        ep_index = self.mesh.coords(rank)["ep"]
-        group_first = self.mesh.group(rank, "ep")[0]
-        seconds = flops = 0.0
+        seconds, flops = np.zeros(len(lane)), np.zeros(len(lane))
         for op in task.ops:
-            rows: tuple[int, ...] = ()
             parsed = parse_op(op)
-            if parsed.is_experts:
-                rows = tuple(self.experts.dispatch(step, parsed.layer, task.microbatch,
-                                                   group_first).expert_rows[ep_index])
-            s, f = self.coster.cost(task.kind, (op,), rows)
-            seconds += s
-            flops += f
+            if not parsed.is_experts:
+                s, f = self.coster.cost(task.kind, (op,))
+                seconds += s
+                flops += f
+                continue
+            for m, rows in enumerate(self._member_rows(lane, step, parsed.layer, task.microbatch)):
+                s, f = self.coster.cost(task.kind, (op,), rows)
+                seconds[m] += s
+                flops[m] += f
         return seconds, flops
 
-    def _routed_extra_bytes(self, rank: int, step: int, task: Task) -> float:
-        """Activations of the routed rows this rank's experts got, beyond the balanced tokens x top_k that
+    def _routed_extra_bytes(self, lane: tuple[int, ...], step: int, task: Task) -> np.ndarray:
+        """Activations of the routed rows each member's experts got, beyond the balanced tokens x top_k that
         the stage plan counts (negative when it got fewer): skewed routing skews memory too."""
-        ep_index = self.mesh.coords(rank)["ep"]
-        group_first = self.mesh.group(rank, "ep")[0]
-        extra = 0.0
+        extra = np.zeros(len(lane))
         for op in task.ops:
             parsed = parse_op(op)
             if parsed.is_experts:
-                dispatch = self.experts.dispatch(step, parsed.layer, task.microbatch, group_first)
-                rows = sum(dispatch.expert_rows[ep_index])
+                rows = np.array([sum(r) for r in self._member_rows(lane, step, parsed.layer, task.microbatch)])
                 extra += (rows - self.tokens * self.model.top_k) * routed_row_bytes(self.model)
         return extra
 
     # ---- collectives ---------------------------------------------------------------------------
     def _groups_of_lane(self, lane: tuple[int, ...], axis: str) -> list:
-        """[(group, lane-local stage indices of members in it, their indices in the group)]."""
+        """[(group, members' indices in the lane, in their stage, in the group)] of the lane's groups."""
         key = (lane[0], axis)
         hit = self._lane_groups.get(key)
         if hit is None:
             stage_base = self.mesh.stage_of(lane[0]) * self.per_stage
             by_group: dict[tuple[int, ...], list[int]] = {}
-            for rank in lane:
-                by_group.setdefault(self.mesh.group(rank, axis), []).append(rank)
+            for position, rank in enumerate(lane):
+                by_group.setdefault(self.mesh.group(rank, axis), []).append(position)
             hit = self._lane_groups[key] = [
-                (group, np.array(members) - stage_base, np.array([group.index(r) for r in members]))
-                for group, members in by_group.items()]
+                (group, np.array(at), np.array([lane[p] for p in at]) - stage_base,
+                 np.array([group.index(lane[p]) for p in at])) for group, at in by_group.items()]
         return hit
 
-    def _arrive(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray,
-                host_s: float) -> simpy.Event:
-        """Join collective i with every member of the lane (host_s: its host work, the same in each of the
-        lane's groups); returns the event of its end."""
-        events = []
-        for group, stage_local, in_group in self._groups_of_lane(lane, task.group_axis):
+    def _arrive(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray, host_s: float,
+                clock: np.ndarray) -> list[tuple[np.ndarray, simpy.Event]]:
+        """Join collective i with every member of the lane, each group at its last member's clock (host_s: its
+        host work, the same in each of the lane's groups); returns (members' lane indices, end event) per
+        group, the event's value the time the group's collective ends."""
+        out = []
+        for group, at, stage_local, in_group in self._groups_of_lane(lane, task.group_axis):
             key = (step, group[0], i)
             waiting = self._arrivals.get(key)
             if waiting is None:
                 phases, sent, algo = self._phases(group[0], step, task, group)
                 waiting = self._arrivals[key] = [0, self.env.event(), phases, sent, algo]
-            waiting[0] += len(in_group)
             nbytes[stage_local, i] = waiting[3][in_group]
-            if waiting[0] == len(group):
-                del self._arrivals[key]
-                gpus = self._group_gpus.get(group)
-                if gpus is None:
-                    gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
-                # on shared cores the host work already ran on the rank's share of them
-                done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
-                                       delay_s=0.0 if self.host.runs_host_work else host_s)
-                calls = self._calls(task, group) if self.host.charges_wakeups else 0
-                done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))
-            events.append(waiting[1])
-        return events[0] if len(events) == 1 else self.env.all_of(events)
+            arrival = float(clock[at].max())
+            members = len(at)
+            self._at(arrival, lambda g=group, w=waiting, k=key, m=members, t=arrival: self._join(g, w, k, m, t,
+                                                                                                  task, host_s))
+            out.append((at, waiting[1]))
+        return out
+
+    def _join(self, group: tuple[int, ...], waiting: list, key: tuple, members: int, arrival_s: float, task: Task,
+              host_s: float) -> None:
+        """`members` of the group arrive at arrival_s (now, or earlier when they start nothing); the last start
+        the collective."""
+        waiting[0] += members
+        if waiting[0] < len(group):
+            return
+        self._check_on_time(arrival_s)
+        del self._arrivals[key]
+        gpus = self._group_gpus.get(group)
+        if gpus is None:
+            gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
+        # on shared cores the host work already ran on the rank's share of them
+        done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
+                               delay_s=0.0 if self.host.runs_host_work else host_s)
+        calls = self._calls(task, group) if self.host.charges_wakeups else 0
+        done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))
 
     def _calls(self, task: Task, group: tuple[int, ...]) -> int:
         """Library calls a collective makes: one per phase (split-size exchange included), as the torch
@@ -313,37 +389,65 @@ class Simulation:
 
     # ---- p2p -----------------------------------------------------------------------------------
     def _post_p2p(self, lane: tuple[int, ...], lane_id: int, stage: int, local: np.ndarray, step: int, i: int,
-                  task: Task) -> None:
+                  task: Task, clock: np.ndarray) -> None:
+        """Post the members' sends (or receives) of task i at their clocks; a member's transfer starts when both
+        its ends are posted. The task's done event's value: each member's end time."""
         done = self._async_done[(lane_id, step, i)] = self.env.event()
         peer_lane = self._lane_of[self.mesh.peer(lane[0], task.peer_stage)]
         src, dst = (lane_id, peer_lane) if task.kind == "send" else (peer_lane, lane_id)
         key = (step, src, dst, task.tag)
-        mine = (stage, local, i, done)
+        mine = (stage, local, i, done, clock.copy())
         other = self._p2p.pop(key, None)
         if other is None:
             self._p2p[key] = mine
             return
-        gpus = self._p2p_gpus.get((src, dst))
-        if gpus is None:
-            senders = self.lanes[src]
-            receivers = tuple(self.mesh.peer(r, self.mesh.stage_of(self.lanes[dst][0])) for r in senders)
-            gpus = self._p2p_gpus[(src, dst)] = tuple(self.placement[r] for r in senders + receivers)
+        sender, receiver = (mine, other) if task.kind == "send" else (other, mine)
+        gpus, to_receiver, latency = self._p2p_route(src, dst)
+        starts = np.maximum(sender[4], receiver[4][to_receiver])  # per sender member
+        ends = np.full(starts.size, np.nan)
         size = float(self.tokens * self.row_bytes)
-        n = len(gpus) // 2
-        phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.full(n, size), name="p2p")
-        if n > 1 and self.runner.latency_spread_s(phase, gpus, (gpus, "p2p", "")) > 0:
-            raise Asymmetry(f"transfer {task.tag}: lane members' routes have different latencies")
-        transfer = self.runner.run([phase], gpus, (gpus, "p2p", ""), delay_s=self.coster.profile.p2p_overhead_s)
-        started = self.env.now
+        pending = [0]
 
-        def finish(ev, ends=(mine, other)) -> None:
-            member_end = ev.value
-            if member_end.size > 1 and np.ptp(member_end) > 1e-9 * max(self.env.now - started, 1e-12):
-                raise Asymmetry(f"transfer {task.tag} ends at different times across lane members")
-            for st, lo, idx, event in ends:
-                self.records.start_s[st][step, lo, idx] = started
-                self.records.end_s[st][step, lo, idx] = self.env.now
+        def finish() -> None:
+            for (st, lo, idx, event, _), order in ((sender, slice(None)), (receiver, np.argsort(to_receiver))):
+                self.records.start_s[st][step, lo, idx] = starts[order]
+                self.records.end_s[st][step, lo, idx] = ends[order]
                 self.records.bytes[st][step, lo, idx] = size
-                event.succeed()
+                event.succeed(ends[order])
 
-        transfer.callbacks.append(finish)
+        def launch(members: np.ndarray, start_s: float) -> None:
+            self._check_on_time(start_s)
+            n = len(gpus) // 2
+            phase = Phase(src=members, dst=members + n, sizes=np.full(members.size, size), name="p2p")
+            transfer = self.runner.run([phase], gpus, (gpus, "p2p", ""), delay_s=self.coster.profile.p2p_overhead_s)
+
+            def landed(ev) -> None:
+                ends[members] = ev.value
+                pending[0] -= 1
+                if not pending[0]:
+                    finish()
+            transfer.callbacks.append(landed)
+
+        # members whose transfers start together on routes of one latency share one flow set
+        if np.ptp(starts) == 0 and np.ptp(latency) == 0:
+            batches = [np.arange(starts.size)]
+        else:
+            _, batch = np.unique(np.stack([starts, latency]), axis=1, return_inverse=True)
+            batches = [np.flatnonzero(batch.ravel() == b) for b in range(int(batch.max()) + 1)]
+        pending[0] = len(batches)
+        for members in sorted(batches, key=lambda m: starts[m[0]]):
+            self._at(float(starts[members[0]]), lambda m=members: launch(m, float(starts[m[0]])))
+
+    def _p2p_route(self, src: int, dst: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
+        """GPUs of a p2p between two lanes (senders, then their receivers in sender order), each sender's
+        receiver's index in the receiving lane, and each member's path latency."""
+        hit = self._p2p_gpus.get((src, dst))
+        if hit is None:
+            senders, receivers = self.lanes[src], self.lanes[dst]
+            peers = [self.mesh.peer(r, self.mesh.stage_of(receivers[0])) for r in senders]
+            gpus = tuple(self.placement[r] for r in tuple(senders) + tuple(peers))
+            n = len(senders)
+            phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.ones(n), name="p2p")
+            hit = self._p2p_gpus[(src, dst)] = (gpus, np.array([receivers.index(p) for p in peers]),
+                                                self.runner.flow_latency_s(phase, gpus, (gpus, "p2p", "")))
+        return hit

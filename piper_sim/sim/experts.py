@@ -21,8 +21,14 @@ from piper_sim.workload.model import ModelSpec
 
 class ExpertState:
     def __init__(self, model: ModelSpec, schedule: Schedule, routing: RoutingModel, migration: dict | None,
-                 ep: int, tokens_per_microbatch: int) -> None:
+                 ep: int, tokens_per_microbatch: int, ep_groups: list[list[int]] | None = None) -> None:
+        """ep_groups[stage]: the first rank of each of the stage's EP groups (what a migration decision waits
+        for: every group's routing of the step)."""
         self.routing, self.ep, self.tokens = routing, ep, tokens_per_microbatch
+        self.ep_groups = ep_groups or [[] for _ in range(schedule.pp)]
+        self.routed_by_stage = [sorted({(t.layer, t.microbatch) for t in program
+                                        if t.kind == "all_to_all" and t.layer >= 0 and t.role != "migrate"})
+                                for program in schedule.stage_programs]
         self.spec = migration_from_config(migration)
         state_bytes = expert_state_bytes(model, self.spec.state_bytes_per_param)
         self.migrators: list[Migrator] = []
@@ -69,6 +75,10 @@ class ExpertState:
         return matrix
 
     def _decide(self, stage: int, step: int) -> np.ndarray:
+        # the step's loads of every EP group of the stage, whichever group asks first (dispatch observes once)
+        for layer, microbatch in self.routed_by_stage[stage]:
+            for group_first in self.ep_groups[stage]:
+                self.dispatch(step, layer, microbatch, group_first)
         migrator = self.migrators[stage]
         event = migrator.end_of_step(step)
         self.events.append((stage, event))

@@ -80,6 +80,13 @@ class FlowSet:
         self.finish_s = np.where(sizes > EPS_BYTES, np.nan, now)  # per flow, filled as flows end
 
 
+class Reservation:
+    __slots__ = ("links", "on_break", "live")
+
+    def __init__(self, links: np.ndarray, on_break: Callable[[], None]) -> None:
+        self.links, self.on_break, self.live = links, on_break, True
+
+
 class FlowNetwork:
     """All flows in flight on one topology."""
 
@@ -98,20 +105,25 @@ class FlowNetwork:
         self.num_flows = 0
         self.num_solves = 0
         self.num_sets = 0
+        self.reserved = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # reservations per link
+        self.reservations: list[Reservation] = []
+        self.log: dict | None = None  # {set: [(time, rates)]} of every solve, when a caller records a run
+        self.last_set: FlowSet | None = None
 
     # ---- public ----------------------------------------------------------------------------------
     def start(self, entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
-              weight: np.ndarray | None = None, key: Hashable | None = None) -> simpy.Event:
+              weight: np.ndarray | None = None, key: Hashable | None = None, counted: bool = True) -> simpy.Event:
         """Start flows now; the returned event fires when all have arrived, with each flow's finish time.
 
         key, when given, names the route structure (same key = same entry arrays) so that an
-        isolated run can be memoized by (key, sizes).
+        isolated run can be memoized by (key, sizes). counted: False for flows a reservation already
+        counted (their bytes and number).
         """
         done = self.env.event()
         weight = np.ones(sizes.shape[0]) if weight is None else weight
-        self.num_flows += int(weight.sum())
-        self.link_bytes += np.bincount(entry_link, weights=(sizes * weight)[entry_flow],
-                                       minlength=self.link_bytes.shape[0])
+        if counted:
+            self.count(np.bincount(entry_link, weights=(sizes * weight)[entry_flow],
+                                   minlength=self.link_bytes.shape[0]), int(weight.sum()))
         keep = sizes > EPS_BYTES
         if not keep.any():
             done.succeed(np.full(sizes.shape[0], self.env.now))
@@ -121,8 +133,11 @@ class FlowNetwork:
             distinct = (np.unique(entry_link),)
             if key is not None:
                 self._links_of[key] = distinct
+        if self.reservations and self.reserved[distinct[0]].any():
+            self._break_reservations(distinct[0])
         fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[0],
                      self.num_sets)
+        self.last_set = fs
         self.num_sets += 1
         isolated = not self.busy[distinct[0]].any()
         self.busy[distinct[0]] += 1
@@ -132,6 +147,57 @@ class FlowNetwork:
         else:
             self._resolve(self._component(fs))
         return done
+
+    def count(self, link_bytes: np.ndarray, num_flows: int) -> None:
+        """Account bytes per link and a number of flows (at the start of what carries them)."""
+        self.link_bytes += link_bytes
+        self.num_flows += num_flows
+
+    # ---- reservations: a recorded run standing in for its flow sets while nothing else shares its links ----
+    def reserve(self, links: np.ndarray, on_break: Callable[[], None]) -> Reservation:
+        """Hold links for a run whose course is known while they stay otherwise idle. When a flow set is about
+        to start on one of them, on_break is called first (the holder turns the run into real flow sets)."""
+        r = Reservation(links, on_break)
+        self.reserved[links] += 1
+        self.busy[links] += 1
+        self.reservations.append(r)
+        return r
+
+    def release(self, r: Reservation) -> None:
+        if r.live:
+            r.live = False
+            self.reserved[r.links] -= 1
+            self.busy[r.links] -= 1
+            self.reservations.remove(r)
+
+    def _break_reservations(self, links: np.ndarray) -> None:
+        mask = np.zeros(self.busy.shape[0], dtype=bool)
+        mask[links] = True
+        for r in [r for r in self.reservations if mask[r.links].any()]:
+            self.release(r)
+            r.on_break()
+
+    def adopt(self, entry_flow: np.ndarray, entry_link: np.ndarray, remaining: np.ndarray, finish_s: np.ndarray,
+              t_start: float, done: simpy.Event) -> FlowSet:
+        """Add a flow set that has been running since t_start (bytes still to send, finish times of the flows that
+        have ended, NaN for the others); the caller resolves it (resolve_sets)."""
+        links = np.unique(entry_link)
+        fs = FlowSet(entry_flow, entry_link, np.ones(remaining.shape[0]), remaining, done, self.env.now, links,
+                     self.num_sets)
+        fs.t_start, fs.finish_s = t_start, finish_s
+        self.num_sets += 1
+        self.busy[links] += 1
+        self.active.add(fs)
+        return fs
+
+    def resolve_sets(self, sets: list[FlowSet]) -> None:
+        """Solve the components of these sets (once each)."""
+        done: set[FlowSet] = set()
+        for fs in sets:
+            if fs not in done and fs in self.active:
+                comp = self._component(fs)
+                done.update(comp)
+                self._resolve(comp)
 
     # ---- internals -------------------------------------------------------------------------------
     def _touching(self, fs: FlowSet) -> set[FlowSet]:
@@ -224,6 +290,8 @@ class FlowNetwork:
         rate = self._solve_arrays(entry_flow, entry_link, weight, live)
         for fs, off in zip(sets, offsets, strict=False):
             fs.rate = rate[off:off + fs.remaining.shape[0]]
+            if self.log is not None:
+                self.log.setdefault(fs, []).append((self.env.now, fs.rate))
             fs.version += 1
             alive = fs.remaining > EPS_BYTES
             dt = float(np.min(fs.remaining[alive] / fs.rate[alive])) if alive.any() else 0.0
