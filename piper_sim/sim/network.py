@@ -27,24 +27,27 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.nda
     """
     num_flows = weight.shape[0]
     rate = np.zeros(num_flows)
-    has_link = np.zeros(num_flows, dtype=bool)
-    has_link[entry_flow] = True
-    rate[~has_link] = np.inf
-    active = has_link.copy()
+    active = np.zeros(num_flows, dtype=bool)
+    active[entry_flow] = True
+    rate[~active] = np.inf
+    if not entry_flow.size:
+        return rate
     links, local_link = np.unique(entry_link, return_inverse=True)
     cap = capacity[links].astype(float)
-    full = cap.copy()
-    while active.any():
-        load = np.bincount(local_link, weights=weight[entry_flow] * active[entry_flow], minlength=links.size)
+    floor = 1e-9 * cap  # a link whose spare capacity falls below this is saturated
+    entry_weight = weight[entry_flow]
+    load_weight = entry_weight
+    while True:
+        load = np.bincount(local_link, weights=load_weight, minlength=links.size)
         used = load > 0
         inc = np.min(cap[used] / load[used])
         rate[active] += inc
         cap -= inc * load
-        saturated = used & (cap <= 1e-9 * full)
-        frozen = np.zeros(num_flows, dtype=bool)
-        frozen[entry_flow[saturated[local_link]]] = True
-        active &= ~frozen
-    return rate
+        saturated = used & (cap <= floor)
+        active[entry_flow[saturated[local_link]]] = False
+        if not active.any():
+            return rate
+        load_weight = entry_weight * active[entry_flow]
 
 
 class Timeline:
