@@ -145,14 +145,14 @@ class IsolatedRun:
     phases: list[PhaseRecord]
 
 
-MAX_RECORDED_RUNS = 4096  # skewed routing makes most all-to-alls unique: keep only recent ones
+MAX_RECORDED_RUNS = 1024  # runs of collectives that do not repeat (skewed routing) are dropped oldest first
 
 
 class CollectiveRunner:
     """Starts the phases of collectives and p2p transfers on the flow network.
 
     A collective of several phases that starts on idle links runs as a reservation: its course on
-    otherwise idle links is recorded once per (members, algorithm, phases) in a private network (the same
+    otherwise idle links is recorded once per (key, phase list) in a private network (the same
     flow network and phase code) and the main network holds its links until it ends, one event instead of
     one per phase and per rate change. When another flow set is about to start on one of its links, the
     reservation turns into the flow sets running at that moment (bytes still to send from the recorded
@@ -166,7 +166,7 @@ class CollectiveRunner:
         self.env, self.network, self.topo = env, network, topo
         self.route_cache = RouteCache(topo)
         self.overhead_s = topo.params.message_overhead_s
-        self._runs: dict[Hashable, IsolatedRun] = {}
+        self._runs: dict[Hashable, tuple[list[Phase], IsolatedRun]] = {}
         self.num_reserved = self.num_broken = 0
 
     def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0) -> simpy.Event:
@@ -216,11 +216,10 @@ class CollectiveRunner:
     # ---- reservations ----------------------------------------------------------------------------
     def _isolated_run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> IsolatedRun:
         """The collective's course alone on the network (recorded in a private one; memoized)."""
-        memo = (key, tuple((p.src.tobytes(), p.dst.tobytes(), p.sizes.tobytes(), p.after, p.messages, p.overhead_s,
-                            p.delay_s) for p in phases))
+        memo = (key, id(phases))  # callers pass the same list again for a collective that repeats
         hit = self._runs.get(memo)
-        if hit is not None:
-            return hit
+        if hit is not None and hit[0] is phases:
+            return hit[1]
         env = simpy.Environment()
         net = FlowNetwork(env, self.network.capacity)
         net.log = {}
@@ -256,7 +255,7 @@ class CollectiveRunner:
                           num_flows=sum(f.sizes.shape[0] for f in started), phases=records)
         if len(self._runs) >= MAX_RECORDED_RUNS:
             self._runs.pop(next(iter(self._runs)))
-        self._runs[memo] = run
+        self._runs[memo] = (phases, run)  # the list is kept, so its id is not reused while the entry lives
         return run
 
     def _reserve(self, recorded: IsolatedRun, phases: list[Phase], gpus: tuple[str, ...],

@@ -104,7 +104,9 @@ class Simulation:
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
         self._num_calls: dict[tuple, int] = {}  # (kind, migrate?, group) -> library calls per collective
         self._lane_groups: dict[tuple[int, str], list] = {}
-        self._p2p_gpus: dict[tuple[int, int], tuple[str, ...]] = {}
+        self._p2p_gpus: dict[tuple[int, int], tuple] = {}
+        self._phase_cache: dict[tuple, tuple] = {}  # repeating collectives' phases (see _phases)
+        self._rows: dict[tuple, tuple] = {}  # member rows per (lane, layer, placement) under uniform routing
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
         self.records = SimRecords(
             start_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
@@ -253,13 +255,21 @@ class Simulation:
         else:
             self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed(self.env.now))
 
-    def _member_rows(self, lane: tuple[int, ...], step: int, layer: int, microbatch: int) -> list[tuple[int, ...]]:
-        """Rows each lane member's experts get for one MoE layer and microbatch."""
-        out = []
-        for rank in lane:
-            dispatch = self.experts.dispatch(step, layer, microbatch, self.mesh.group(rank, "ep")[0])
-            out.append(tuple(dispatch.expert_rows[self.mesh.coords(rank)["ep"]]))
-        return out
+    def _member_rows(self, lane: tuple[int, ...], step: int, layer: int,
+                     microbatch: int) -> tuple[tuple[int, ...], ...]:
+        """Rows each lane member's experts get for one MoE layer and microbatch (under uniform routing the same
+        for every step and microbatch until the placement changes, so computed once per placement)."""
+        key = None
+        if self.routing.is_uniform:
+            key = (lane[0], layer, self.experts.version[self.experts.stage_of_layer[layer]])
+            hit = self._rows.get(key)
+            if hit is not None:
+                return hit
+        rows = tuple(tuple(self.experts.dispatch(step, layer, microbatch, self.mesh.group(rank, "ep")[0])
+                           .expert_rows[self.mesh.coords(rank)["ep"]]) for rank in lane)
+        if key is not None:
+            self._rows[key] = rows
+        return rows
 
     def _compute_cost(self, lane: tuple[int, ...], stage: int, step: int, i: int,
                       task: Task) -> tuple[float | np.ndarray, float | np.ndarray]:
@@ -277,7 +287,13 @@ class Simulation:
                 seconds += s
                 flops += f
                 continue
-            for m, rows in enumerate(self._member_rows(lane, step, parsed.layer, task.microbatch)):
+            member_rows = self._member_rows(lane, step, parsed.layer, task.microbatch)
+            if all(rows == member_rows[0] for rows in member_rows):
+                s, f = self.coster.cost(task.kind, (op,), member_rows[0])
+                seconds += s
+                flops += f
+                continue
+            for m, rows in enumerate(member_rows):
                 s, f = self.coster.cost(task.kind, (op,), rows)
                 seconds[m] += s
                 flops[m] += f
@@ -373,15 +389,28 @@ class Simulation:
         return calls + (self.coster.exchange_s(task) if task.kind == "all_to_all" else 0.0)
 
     def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
-        gpus = [self.placement[r] for r in group]
+        """(phases, bytes each member sends, algorithm name) of a collective; the same objects again for a
+        collective that repeats (an all-reduce, an all-to-all under uniform routing until the experts move),
+        so the runner's recorded runs are found by identity."""
         if task.role == "migrate":  # expert state moves between members: direct point-to-point sends
             matrix = self.experts.migrate(self.mesh.stage_of(rank), step)
             return [matrix_phase(matrix, "migrate")], matrix.sum(axis=1) - np.diag(matrix), "direct"
+        if task.kind == "all_to_all" and not self.routing.is_uniform:
+            return self._build_phases(step, task, group)
+        version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == "all_to_all" else 0
+        key = (group, task.kind, task.role, task.layer, version)
+        hit = self._phase_cache.get(key)
+        if hit is None:
+            hit = self._phase_cache[key] = self._build_phases(step, task, group)
+        return hit
+
+    def _build_phases(self, step: int, task: Task, group: tuple[int, ...]):
+        gpus = [self.placement[r] for r in group]
         if task.kind == "all_to_all":
             d = self.experts.dispatch(step, task.layer, task.microbatch, group[0])
             matrix = d.bytes_matrix(self.row_bytes, task.role).astype(float)
             return self.a2a(matrix, gpus, self.topo), matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
-        plan = self.plans[self.mesh.stage_of(rank)]
+        plan = self.plans[self.mesh.stage_of(group[0])]
         params = plan.params_dense if task.role in ("grad_dense", "param_dense") else plan.params_expert
         size = params * self.model.dtype_bytes
         algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
