@@ -5,6 +5,8 @@ GB/s and TFLOPS are decimal (1e9, 1e12); GiB is binary.
 
 from __future__ import annotations
 
+import math
+
 from piper_sim.errors import ConfigError
 
 SUFFIX_SCALE = {
@@ -26,16 +28,27 @@ def si_key(key: str) -> str:
     return f"{base}_{SI_SUFFIX[suffix]}" if base and suffix in SI_SUFFIX else key
 
 
+# the largest value a unit-suffixed key may take, in SI: beyond any machine (a PB/s link, an hour's latency,
+# an exabyte, a zettaFLOP/s), so that a typo cannot stall the flow network or overflow a size
+SI_LIMIT = {"bytes_per_s": 1e15, "s": 3600.0, "bytes": 1e18, "flops_per_s": 1e21}
+
+
 def to_si(key: str, value: object, *, where: str = "") -> float:
-    """Convert a value whose key ends in a unit suffix (e.g. bandwidth_GBps) to SI."""
+    """Convert a value whose key ends in a unit suffix (e.g. bandwidth_GBps) to SI: a finite, non-negative
+    number no larger than SI_LIMIT of its unit."""
     suffix = key.rsplit("_", 1)[-1]
     if suffix not in SUFFIX_SCALE:
         raise ConfigError(f"{where}{key}", value, f"a key ending in one of {sorted(SUFFIX_SCALE)}")
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}{key}", value, "a number")
-    if value < 0:
-        raise ConfigError(f"{where}{key}", value, "a non-negative number")
-    return float(value) * SUFFIX_SCALE[suffix]
+    scale, limit = SUFFIX_SCALE[suffix], SI_LIMIT[SI_SUFFIX[suffix]]
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < 0 or number * scale > limit:
+        raise ConfigError(f"{where}{key}", value, f"a finite number from 0 to {limit / scale:g}")
+    return number * scale
 
 
 def read_params(raw: dict, schema: dict[str, object], where: str) -> dict[str, object]:
