@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from piper_sim import testbed
+from piper_sim import __version__, testbed
 from piper_sim.calibrate.cli import register as register_calibrate
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
@@ -28,7 +28,7 @@ from piper_sim.workload.presets import list_presets, load_model
 
 
 def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
-    p.add_argument("config", help="YAML config (DESIGN.md section 3) or a shipped example name")
+    p.add_argument("config", help="YAML config (README.md, Configuration) or a shipped example name")
     p.add_argument("--out", required=out_required, type=Path, help="output directory")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set parallel.pp=4 (repeatable)")
@@ -182,6 +182,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="piper-sim", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"piper-sim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("simulate", help="simulate one config; writes report, trace, Perfetto JSON, plots")
     _add_config_args(p)

@@ -79,3 +79,11 @@ def test_cli_schedule_show_and_export(tmp_path, capsys):
     from piper_sim.schedule.io import schedule_from_json
 
     assert schedule_from_json(path.read_text()) == build_schedule(load_config("examples/small-moe.yaml"))
+
+
+def test_version_is_printed(capsys):
+    from piper_sim import __version__
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"piper-sim {__version__}"
