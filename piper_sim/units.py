@@ -28,9 +28,10 @@ def si_key(key: str) -> str:
     return f"{base}_{SI_SUFFIX[suffix]}" if base and suffix in SI_SUFFIX else key
 
 
-# the largest value a unit-suffixed key may take, in SI: beyond any machine (a PB/s link, an hour's latency,
-# an exabyte, a zettaFLOP/s), so that a typo cannot stall the flow network or overflow a size
-SI_LIMIT = {"bytes_per_s": 1e15, "s": 3600.0, "bytes": 1e18, "flops_per_s": 1e21}
+# the largest value a unit-suffixed key may take, in SI: far beyond any machine (1e9 GB/s stands for an
+# ideal network in tests; an hour's latency, an exabyte, a zettaFLOP/s), so that a typo cannot stall the flow
+# network or overflow a size
+SI_LIMIT = {"bytes_per_s": 1e18, "s": 3600.0, "bytes": 1e18, "flops_per_s": 1e21}
 
 
 def to_si(key: str, value: object, *, where: str = "") -> float:

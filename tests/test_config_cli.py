@@ -87,3 +87,13 @@ def test_version_is_printed(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"piper-sim {__version__}"
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["model.num_heads=512", "model.d_model=256"], "model.num_heads"),
+    (["model.moe_layer_freq=100"], "model.moe_layer_freq"),
+])
+def test_shapes_that_make_no_sense_are_refused(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        load_config({"model": "tiny-moe", "parallel": {"pp": 1, "ep": 1, "num_microbatches": 1}}, overrides)
+    assert str(err.value).startswith(key)

@@ -83,6 +83,14 @@ class ModelSpec:
         if self.num_dense_layers and self.dense_ffn_dim <= 0:
             raise ConfigError("model.dense_ffn_dim", self.dense_ffn_dim,
                               "a positive integer when num_dense_layers > 0")
+        if not self.head_dim and self.num_heads > self.d_model:
+            raise ConfigError("model.num_heads", self.num_heads,
+                              f"at most d_model ({self.d_model}) unless model.head_dim is set (head_dim would be 0)")
+        moe_layers = self.num_layers - self.num_dense_layers - self.moe_layer_offset
+        if self.num_experts > 1 and moe_layers > 0 and self.moe_layer_freq > moe_layers:
+            raise ConfigError("model.moe_layer_freq", self.moe_layer_freq,
+                              f"at most the layers after the dense ones and the offset ({moe_layers}); "
+                              "beyond it only the first of them would be MoE")
         if self.num_kv_heads and self.num_heads % self.num_kv_heads:
             raise ConfigError("model.num_kv_heads", self.num_kv_heads,
                               f"a divisor of num_heads ({self.num_heads})")
