@@ -148,11 +148,17 @@ class IsolatedRun:
 MAX_RECORDED_RUNS = 1024  # runs of collectives that do not repeat (skewed routing) are dropped oldest first
 
 
+def _bounded_put(memo: dict, key: Hashable, value: object) -> None:
+    if len(memo) >= MAX_RECORDED_RUNS:
+        memo.pop(next(iter(memo)))
+    memo[key] = value
+
+
 class CollectiveRunner:
     """Starts the phases of collectives and p2p transfers on the flow network.
 
     A collective of several phases that starts on idle links runs as a reservation: its course on
-    otherwise idle links is recorded once per (key, phase list) in a private network (the same
+    otherwise idle links is recorded once per (key, phases) in a private network (the same
     flow network and phase code) and the main network holds its links until it ends, one event instead of
     one per phase and per rate change. When another flow set is about to start on one of its links, the
     reservation turns into the flow sets running at that moment (bytes still to send from the recorded
@@ -167,6 +173,7 @@ class CollectiveRunner:
         self.route_cache = RouteCache(topo)
         self.overhead_s = topo.params.message_overhead_s
         self._runs: dict[Hashable, tuple[list[Phase], IsolatedRun]] = {}
+        self._by_signature: dict[Hashable, IsolatedRun] = {}
         self.num_reserved = self.num_broken = 0
 
     def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0) -> simpy.Event:
@@ -220,6 +227,17 @@ class CollectiveRunner:
         hit = self._runs.get(memo)
         if hit is not None and hit[0] is phases:
             return hit[1]
+        # a new list may still describe a run seen before (a backward all-to-all moves its forward's matrix)
+        signature = (key, tuple((p.src.tobytes(), p.dst.tobytes(), p.sizes.tobytes(), p.after, p.messages,
+                                 p.overhead_s, p.delay_s) for p in phases))
+        run = self._by_signature.get(signature)
+        if run is None:
+            run = self._record(phases, gpus, key)
+            _bounded_put(self._by_signature, signature, run)
+        _bounded_put(self._runs, memo, (phases, run))  # the list is kept, so its id is not reused meanwhile
+        return run
+
+    def _record(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> IsolatedRun:
         env = simpy.Environment()
         net = FlowNetwork(env, self.network.capacity)
         net.log = {}
@@ -251,12 +269,8 @@ class CollectiveRunner:
         link_bytes = np.zeros(self.network.capacity.shape[0])
         for f in started:
             link_bytes += np.bincount(f.entry_link, weights=f.sizes[f.entry_flow], minlength=link_bytes.shape[0])
-        run = IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
-                          num_flows=sum(f.sizes.shape[0] for f in started), phases=records)
-        if len(self._runs) >= MAX_RECORDED_RUNS:
-            self._runs.pop(next(iter(self._runs)))
-        self._runs[memo] = (phases, run)  # the list is kept, so its id is not reused while the entry lives
-        return run
+        return IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
+                           num_flows=sum(f.sizes.shape[0] for f in started), phases=records)
 
     def _reserve(self, recorded: IsolatedRun, phases: list[Phase], gpus: tuple[str, ...],
                  key: Hashable) -> simpy.Event:
