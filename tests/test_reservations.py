@@ -40,3 +40,17 @@ def test_reservations_give_the_run_of_every_phase(name, monkeypatch):
 def test_a_reservation_is_broken_when_other_flows_need_its_links():
     result = simulate(load_config(CASES["halo-frontier"]))
     assert 0 < result.stats["num_broken"] < result.stats["num_reserved"]
+
+
+def test_a_recorded_phase_counts_every_rate_it_ran_at():
+    import numpy as np
+
+    from piper_sim.sim.collective import PhaseFlows, PhaseRecord
+
+    flows = PhaseFlows(np.array([0, 1]), np.array([0, 0]), np.array([100.0, 10.0]))
+    # 5 B/s each until t = 2, when flow 1 ends; two solves at that instant set 10, then 20 B/s for flow 0
+    rec = PhaseRecord(start_s=0.0, end_s=6.5, flows=flows, finish_s=np.array([6.5, 2.0]),
+                      rates=[(0.0, np.array([5.0, 5.0])), (2.0, np.array([10.0, 0.0])), (2.0, np.array([20.0, 0.0]))])
+    remaining, finish = rec.state_at(4.0)
+    assert remaining.tolist() == [100.0 - 10.0 - 40.0, 0.0]
+    assert np.isnan(finish[0]) and finish[1] == 2.0

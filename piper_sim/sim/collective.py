@@ -125,10 +125,11 @@ class PhaseRecord:
         remaining = self.flows.sizes.astype(float).copy()
         times = [time for time, _ in self.rates] + [self.end_s]
         for (t_from, rate), t_to in zip(self.rates, times[1:], strict=True):
-            span = min(t_to, t) - t_from
-            if span <= 0:
+            if t_from >= t:
                 break
-            remaining = np.maximum(remaining - rate * span, 0.0)
+            span = min(t_to, t) - t_from  # 0 for a rate replaced at the same instant
+            if span > 0:
+                remaining = np.maximum(remaining - rate * span, 0.0)
         ended = self.finish_s <= t
         remaining[ended] = 0.0
         return remaining, np.where(ended, self.finish_s, np.nan)
