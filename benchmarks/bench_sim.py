@@ -7,7 +7,8 @@ Cluster: 8 GPUs per node, 100 GB/s per GPU inside a node, 12.5 GB/s per GPU off-
 2-matrix experts, no shared experts.
 W1Z, W2Z, W3Z: the same with zipf 1.0 routing (every rank's expert rows differ).
 W2M: W2 for 12 steps with drifting hot routing and greedy expert migration after every step.
-W3F-halo, W3F-flat: W3 on 1024 Frontier GCDs (topologies/frontier.yaml) with HALO and with the flat all-to-all.
+W3F-halo, W3F-flat, W3F-rccl: W3 on 1024 Frontier GCDs (topologies/frontier.yaml) with HALO, the flat
+all-to-all and the RCCL model.
 W4F: X-MoE Super on 512 Frontier GCDs, PP 16 x EP 32, 1 x 64 microbatches, HALO, full recomputation, ZeRO-1.
 DSV3: DeepSeek-V3 on 256 GPUs, PP 8 x EP 32, 1 x 32 microbatches (the uniform cluster).
 MIX: Mixtral 8x7B on 128 GPUs, PP 4 x EP 8 x DP 4, 1 x 16 microbatches (the uniform cluster).
@@ -42,6 +43,7 @@ WORKLOADS = {
             "migration": {"enabled": True, "policy": "greedy", "interval": 1}, "sim": {"steps": 12}},
     "W3F-halo": {**W3, **FRONTIER, "collectives": {"all_to_all": "halo"}},
     "W3F-flat": {**W3, **FRONTIER, "collectives": {"all_to_all": "flat"}},
+    "W3F-rccl": {**W3, **FRONTIER, "collectives": {"all_to_all": "rccl"}},
     "W4F": {"model": {"preset": "x-moe-super"}, **FRONTIER, "collectives": {"all_to_all": "halo"},
             "parallel": {"pp": 16, "ep": 32, "num_microbatches": 64, "micro_batch_size": 1},
             "recompute": "full", "optimizer": {"zero": 1}},
