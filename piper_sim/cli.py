@@ -149,8 +149,10 @@ def cmd_testbed(args: argparse.Namespace) -> int:
     elif args.action == "down":
         removed = testbed.down(prefix=args.prefix)
         print(f"testbed {args.prefix} removed: " + ", ".join(f"{len(v)} {k}" for k, v in removed.items()))
-    elif args.action == "status":
-        print(json.dumps(testbed.status(prefix=args.prefix), indent=2, default=str))
+    elif args.action == "status":  # exit status 0 only when the testbed is up and complete
+        state = testbed.status(prefix=args.prefix)
+        print(json.dumps(state, indent=2, default=str))
+        return 0 if state["healthy"] else 1
     else:  # run
         if not args.target or args.out is None:
             raise PiperError("testbed run needs CONFIG and --out DIR")
@@ -205,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --remeasure: runs per case; the run with the median step time is kept (default 1)")
     p.add_argument("--out", type=Path, help="write validation.csv, phases.csv, summary.json and a plot here")
     p.set_defaults(func=cmd_validate)
-    p = sub.add_parser("testbed", help="emulated multi-node cluster in network namespaces (root)")
+    p = sub.add_parser("testbed", help="emulated multi-node cluster in network namespaces (root); status exits 0 "
+                                       "only when it is up and complete, 1 otherwise")
     p.add_argument("action", choices=["up", "down", "status", "run"])
     p.add_argument("target", nargs="?", help="up: topology YAML or preset; run: CONFIG")
     p.add_argument("--prefix", default="pst", help="name prefix of the namespaces (default pst)")

@@ -138,3 +138,10 @@ def test_global_link_is_slower_than_inside_a_group(clean) -> None:
         assert 0.8 * want <= m.rtt_min_s <= 1.5 * want + 0.2e-3, (want, m)
     assert remote.rtt_min_s > local.rtt_min_s + 1.5e-3
 
+
+
+def test_status_of_a_testbed_that_is_down_exits_non_zero(capsys):
+    from piper_sim.cli import main
+
+    assert main(["testbed", "status", "--prefix", "pstz"]) == 1
+    assert json.loads(capsys.readouterr().out)["up"] is False
