@@ -22,11 +22,8 @@ Only piper_sim.torch_backend may import torch.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import zlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -37,72 +34,18 @@ from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.workload.flops import op_work
 from piper_sim.workload.model import ModelSpec
 
+from .activations import ActivationMeter
 from .all_to_all import all_to_all, dispatch_rows, prepare_groups
 from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
 from .migrate import ExpertMigration
 from .model import StageModule, State
+from .segments import RECOMPUTE_KINDS, MicroState, Segment, differentiable, leafify, recomputed_ops
 from .zero import ShardedGroup
 
 FORWARD_KINDS = ("forward", "forward_expert")
 BACKWARD_KINDS = ("backward", "backward_expert", "backward_input", "backward_expert_input")
 SPLIT_BACKWARD = ("backward_input", "backward_expert_input")
-RECOMPUTE_KINDS = ("recompute", "recompute_expert")
-
-
-@dataclass
-class Segment:
-    """A forward piece of one (chunk, microbatch): input leaves and output tensors, or an all-to-all."""
-
-    inputs: dict[str, Tensor] = field(default_factory=dict)
-    outputs: dict[str, Tensor] = field(default_factory=dict)
-    weight_grads: list = field(default_factory=list)  # deferred by the input pass (zero bubble), for the W pass
-    chunk_module: StageModule | None = None
-    a2a: dict | None = None  # for all-to-all pieces: role, splits, layer
-    flops: float = 0.0  # forward FLOPs of the segment (with the real expert rows)
-    saved_bytes: float = 0.0  # activations autograd keeps for the segment's backward (unique storages)
-    ops: tuple[str, ...] = ()
-    redo: bool = False  # its recomputed part (ops run without autograd) is rebuilt on MicroState.recomputed
-
-
-@dataclass
-class MicroState:
-    state: State
-    segments: list[Segment] = field(default_factory=list)
-    pending: dict[str, Tensor] = field(default_factory=dict)  # gradients flowing backward, by state key
-    done_backward: list[Segment] = field(default_factory=list)
-    checkpoint: State | None = None  # full recomputation: the state the recomputed ops start from
-    checkpoint_bytes: float = 0.0
-    redo_state: State | None = None  # the recompute tasks' own state, from the checkpoint
-    recomputed: list[Segment] = field(default_factory=list)  # what the recompute tasks rebuilt, in forward order
-
-
-def _leafify(state: State, *, floats: bool = False) -> dict[str, Tensor]:
-    """Replace every differentiable tensor in state by a detached leaf; return the leaves by key.
-
-    floats: every floating-point tensor (after ops that ran without autograd)."""
-    leaves = {}
-    for key, value in list(state.items()):
-        if isinstance(value, Tensor) and (value.requires_grad or (floats and value.is_floating_point())):
-            leaf = value.detach().requires_grad_(True)
-            state[key] = leaf
-            leaves[key] = leaf
-    return leaves
-
-
-def _differentiable(state: State) -> dict[str, Tensor]:
-    return {k: v for k, v in state.items() if isinstance(v, Tensor) and v.requires_grad}
-
-
-def recomputed_ops(program: Sequence[Task]) -> dict[int, set[str]]:
-    """Per chunk, what its recompute tasks re-run: ops, and all-to-alls as "dispatch:L" / "combine:L"."""
-    redo: dict[int, set[str]] = {}
-    for task in program:
-        if task.kind in RECOMPUTE_KINDS:
-            redo.setdefault(task.chunk, set()).update(task.ops)
-        elif task.kind == "all_to_all" and task.task_id.startswith("R:"):
-            redo.setdefault(task.chunk, set()).add(f"{task.role}:{task.layer}")
-    return redo
 
 
 class Executor:
@@ -146,9 +89,8 @@ class Executor:
         self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
         self.pending_optimizer_state: dict = {}
         self.sharded: dict[str, ShardedGroup] = {}  # ZeRO: "dense" / "expert" -> its sharded group
+        self.meter = ActivationMeter()
         self.rebuild_optimizer()
-        self.peak_tensor_bytes = 0.0
-        self._live_activation_bytes = 0.0
         self.replicas = self.mesh.dp * self.mesh.ep
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
         self._prepare_groups()
@@ -158,6 +100,10 @@ class Executor:
         self.captured_grads: dict[str, Tensor] | None = None  # set to {} to keep step 0's reduced gradients
         self.captured_params: dict[str, Tensor] | None = None  # with captured_grads: parameters after step 0
         self.migration = ExpertMigration(self, migration) if migrates else None
+
+    @property
+    def peak_tensor_bytes(self) -> float:
+        return self.meter.peak_bytes
 
     def rebuild_optimizer(self) -> None:
         """(Re)collect parameters in name order and carry every parameter's Adam state over.
@@ -170,12 +116,12 @@ class Executor:
         if self.zero and not self.sharded:  # once (no migration with ZeRO): parameters become flat views
             self.sharded = self._shard(named)
         # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
-        self._param_storages = {p.untyped_storage().data_ptr() for _, p in named}
+        self.meter.param_storages = {p.untyped_storage().data_ptr() for _, p in named}
         in_shards = {id(p) for group in self.sharded.values() for p in group.params}
         whole = [p for _, p in named if id(p) not in in_shards]
         # parameters, their gradients and Adam's two moments: the training state of the rank
-        self._static_bytes = (4.0 * sum(p.numel() * p.element_size() for p in whole)
-                              + sum(group.state_bytes() for group in self.sharded.values()))
+        self.meter.static_bytes = (4.0 * sum(p.numel() * p.element_size() for p in whole)
+                                   + sum(group.state_bytes() for group in self.sharded.values()))
         trainable = whole + [group.shard for group in self.sharded.values()]
         old = self.optimizer.state
         self.optimizer = torch.optim.Adam(trainable, lr=self.lr)
@@ -327,41 +273,15 @@ class Executor:
         counted (step 0)."""
         if not ops:
             return Segment()
-        seg = Segment(inputs=_leafify(state, floats=floats), ops=ops)
-        with torch.enable_grad(), self._count_saved() as saved:
+        seg = Segment(inputs=leafify(state, floats=floats), ops=ops)
+        with torch.enable_grad(), self.meter.count_saved(self.step == 0) as saved:
             seg.flops = self._run_ops(task, ops, state, record_routing=record_routing)
         if "loss" in state and "head" in ops:
             state["loss_scaled"] = state["loss"] * self.loss_scale
-        seg.outputs = _differentiable(state)
+        seg.outputs = differentiable(state)
         seg.saved_bytes = float(sum(saved.values()))
-        self._account(seg.saved_bytes)
+        self.meter.account(seg.saved_bytes)
         return seg
-
-    @contextlib.contextmanager
-    def _count_saved(self, counted: frozenset[int] = frozenset()) -> Iterator[dict[int, int]]:
-        """Yields {storage: bytes} of the activations autograd saves inside (parameters and the storages
-        already counted excluded), on step 0.
-
-        Saved-tensor hooks make forward ops 1.4-2.3x slower on CPU (benchmarks/bench_saved_tensor_hooks.py), so
-        activations are counted on step 0 only, which validation does not time; later steps keep the same
-        tensors for the same shapes (routed rows aside) and run without hooks."""
-        saved: dict[int, int] = {}
-
-        def pack(t: Tensor) -> Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in self._param_storages and storage.data_ptr() not in counted:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        hooks = (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if self.step == 0
-                 else contextlib.nullcontext())
-        with hooks:
-            yield saved
-
-    def _account(self, delta: float) -> None:
-        """Activations alive change by delta bytes; the peak follows."""
-        self._live_activation_bytes += delta
-        self.peak_tensor_bytes = max(self.peak_tensor_bytes, self._static_bytes + self._live_activation_bytes)
 
     def _run_ops(self, task: Task, ops: tuple[str, ...], state: State, *, record_routing: bool) -> float:
         """Run ops of the task's chunk on the state; their FLOPs. record_routing: the router's choices go to the
@@ -384,7 +304,7 @@ class Executor:
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                     for t in ms.checkpoint.values() if isinstance(t, Tensor)}
         ms.checkpoint_bytes = float(sum(storages.values()))
-        self._account(ms.checkpoint_bytes)
+        self.meter.account(ms.checkpoint_bytes)
 
     def _recompute(self, task: Task) -> float:
         """A recompute task: selective, the attention cores of its ops; full, its forward ops with autograd on
@@ -402,7 +322,7 @@ class Executor:
             if ms.checkpoint is None:
                 raise PiperError(f"task {task.task_id}: nothing to recompute from (no checkpoint of the chunk)")
             ms.redo_state, ms.checkpoint = ms.checkpoint, None
-            self._account(-ms.checkpoint_bytes)  # the recomputed segments count what they keep of it
+            self.meter.account(-ms.checkpoint_bytes)  # the recomputed segments count what they keep of it
         return ms.redo_state
 
     def _recompute_cores(self, task: Task, ms: MicroState) -> float:
@@ -414,11 +334,11 @@ class Executor:
             layer = int(op.partition(":")[2])
             core = cores.pop(layer)
             kept = frozenset(t.untyped_storage().data_ptr() for t in core.kept())  # counted by the forward
-            with self._count_saved(kept) as saved:
+            with self.meter.count_saved(self.step == 0, kept) as saved:
                 core.recompute()
             owner = next(seg for seg in ms.segments if f"attn:{layer}" in seg.ops)
             owner.saved_bytes += float(sum(saved.values()))
-            self._account(float(sum(saved.values())))
+            self.meter.account(float(sum(saved.values())))
             flops += self._op_flops(op, ms.state)
         return flops
 
@@ -457,7 +377,7 @@ class Executor:
         else:
             if outputs:
                 torch.autograd.backward(outputs, grads)
-            self._account(-seg.saved_bytes)
+            self.meter.account(-seg.saved_bytes)
         for key, leaf in leaves:
             if leaf.grad is not None:
                 ms.pending[key] = leaf.grad
@@ -469,7 +389,7 @@ class Executor:
         for seg in ms.done_backward:
             flops += seg.flops
             DeferredWeightGrads.apply(seg.weight_grads)
-            self._account(-seg.saved_bytes)
+            self.meter.account(-seg.saved_bytes)
         ms.done_backward.clear()
         return flops
 
