@@ -23,7 +23,6 @@ Only piper_sim.torch_backend may import torch.
 from __future__ import annotations
 
 import time
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -40,6 +39,7 @@ from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
 from .migrate import ExpertMigration
 from .model import StageModule, State
+from .p2p import Transfers
 from .segments import RECOMPUTE_KINDS, MicroState, Segment, differentiable, leafify, recomputed_ops
 from .zero import ShardedGroup
 
@@ -162,23 +162,21 @@ class Executor:
     def run_step(self, step: int, t0: float) -> float:
         """Execute the program once; returns the sum of this rank's scaled microbatch losses."""
         self.micro: dict[tuple[int, int], MicroState] = {}
-        self.async_ops: dict[str, tuple] = {}  # task id -> (work, start, record, buffer, task)
+        self.transfers = Transfers(self._finish_p2p)
         self.step, self.t0 = step, t0
         step_cpu = time.thread_time()
         loss_total = 0.0
         for task in self.program:
             for dep in task.deps:
-                if dep in self.async_ops:
-                    self._wait(dep)
+                self.transfers.wait(dep)
             start, cpu = time.perf_counter(), time.thread_time()
             flops, nbytes = self._run(task)
             if task.kind not in ("send", "recv"):
                 if self.cuda:
                     torch.cuda.synchronize(self.device)
                 self._record(task, start, time.perf_counter(), nbytes, flops, time.thread_time() - cpu)
-            self._poll()
-        for task_id in list(self.async_ops):
-            self._wait(task_id)
+            self.transfers.poll()
+        self.transfers.wait_all()
         self.step_cpu_s.append(time.thread_time() - step_cpu)
         if self.captured_grads is not None and step == 0:
             self.captured_params = {n: p.detach().clone() for m in self.modules for n, p in m.named_parameters()}
@@ -454,32 +452,16 @@ class Executor:
 
     def _post_p2p(self, task: Task) -> None:
         ms = self._micro(task)
-        peer = self.mesh.peer(self.rank, task.peer_stage)
         start = time.perf_counter()
-        shape = (self.micro_batch_size, self.model.seq_len, self.model.d_model)
         if task.kind == "send":
             tensor = ms.state["h"] if task.role == "act" else ms.pending.pop("h")
             buffer = tensor.detach().contiguous()
-            work = dist.isend(buffer, dst=peer, tag=_tag(task))
         else:
+            shape = (self.micro_batch_size, self.model.seq_len, self.model.d_model)
             buffer = torch.empty(shape, device=self.device, dtype=self.dtype)
-            work = dist.irecv(buffer, src=peer, tag=_tag(task))
-        self.async_ops[task.task_id] = (work, start, buffer, task, ms)
+        self.transfers.post(task, ms, self.mesh.peer(self.rank, task.peer_stage), buffer, start)
 
-    def _wait(self, task_id: str) -> None:
-        work, start, buffer, task, ms = self.async_ops.pop(task_id)
-        work.wait()
-        self._finish_p2p(task, start, time.perf_counter(), buffer, ms)
-
-    def _poll(self) -> None:
-        now = time.perf_counter()
-        for task_id, (work, start, buffer, task, ms) in list(self.async_ops.items()):
-            if work.is_completed():
-                del self.async_ops[task_id]
-                work.wait()
-                self._finish_p2p(task, start, now, buffer, ms)
-
-    def _finish_p2p(self, task: Task, start: float, end: float, buffer: Tensor, ms: MicroState) -> None:
+    def _finish_p2p(self, task: Task, ms: MicroState, start: float, end: float, buffer: Tensor) -> None:
         if task.kind == "recv":
             if task.role == "act":
                 ms.state["h"] = buffer.requires_grad_(True)
@@ -504,7 +486,3 @@ class Executor:
             "peers": peers, "start_s": start - self.t0, "end_s": end - self.t0, "bytes": nbytes, "flops": flops,
             "cpu_s": cpu_s})
 
-
-def _tag(task: Task) -> int:
-    """A stable integer tag for a send/recv pair (both sides share the string tag)."""
-    return zlib.crc32(task.tag.encode()) & 0x7FFFFFFF

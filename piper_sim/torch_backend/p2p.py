@@ -1,0 +1,56 @@
+"""Pipeline sends and receives of one rank in the torch executor: posted with isend/irecv, finished when the
+program waits on them (a task's dependency, or the end of the step) or when polling finds them done.
+Only piper_sim.torch_backend may import torch.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+
+import torch.distributed as dist
+from torch import Tensor
+
+from piper_sim.schedule.ir import Task
+
+# (task, its microbatch's state, posted at, ended at, the buffer sent or received)
+Finish = Callable[[Task, object, float, float, Tensor], None]
+
+
+class Transfers:
+    def __init__(self, finish: Finish) -> None:
+        self.finish = finish
+        self.pending: dict[str, tuple] = {}  # task id -> (work, posted at, buffer, task, microbatch state)
+
+    def post(self, task: Task, micro: object, peer: int, buffer: Tensor, start: float) -> None:
+        if task.kind == "send":
+            work = dist.isend(buffer, dst=peer, tag=tag(task))
+        else:
+            work = dist.irecv(buffer, src=peer, tag=tag(task))
+        self.pending[task.task_id] = (work, start, buffer, task, micro)
+
+    def wait(self, task_id: str) -> None:
+        """Finish the transfer of task_id (if it is pending)."""
+        entry = self.pending.pop(task_id, None)
+        if entry is not None:
+            work, start, buffer, task, micro = entry
+            work.wait()
+            self.finish(task, micro, start, time.perf_counter(), buffer)
+
+    def poll(self) -> None:
+        now = time.perf_counter()
+        for task_id, (work, start, buffer, task, micro) in list(self.pending.items()):
+            if work.is_completed():
+                del self.pending[task_id]
+                work.wait()
+                self.finish(task, micro, start, now, buffer)
+
+    def wait_all(self) -> None:
+        for task_id in list(self.pending):
+            self.wait(task_id)
+
+
+def tag(task: Task) -> int:
+    """A stable integer tag for a send/recv pair (both sides share the string tag)."""
+    return zlib.crc32(task.tag.encode()) & 0x7FFFFFFF
