@@ -1,9 +1,9 @@
 """The machine's reference speed: how fast this host runs the core-sharing benchmark's level 1 now.
 
 Owns reference_speed, which `validate --remeasure` times before each round so that a measurement taken on
-a slower or faster machine than its profile shows. The benchmark itself (its worker processes, which
-import torch) is piper_sim.torch_backend.bench.sharing; this module and the driver it calls import no
-torch.
+a slower or faster machine than its profile shows. The benchmark itself is
+piper_sim.torch_backend.bench.sharing: only its worker processes load torch; this module and the driver
+it calls do not.
 """
 
 from __future__ import annotations
