@@ -104,7 +104,7 @@ class Simulation:
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
         self._num_calls: dict[tuple, int] = {}  # (kind, migrate?, group) -> library calls per collective
         self._lane_groups: dict[tuple[int, str], list] = {}
-        self._p2p_gpus: dict[tuple[int, int], tuple] = {}
+        self._p2p_routes: dict[tuple[int, int], tuple] = {}
         self._phase_cache: dict[tuple, tuple] = {}  # repeating collectives' phases (see _phases)
         self._rows: dict[tuple, tuple] = {}  # member rows per (lane, layer, placement) under uniform routing
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
@@ -470,13 +470,13 @@ class Simulation:
     def _p2p_route(self, src: int, dst: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
         """GPUs of a p2p between two lanes (senders, then their receivers in sender order), each sender's
         receiver's index in the receiving lane, and each member's path latency."""
-        hit = self._p2p_gpus.get((src, dst))
+        hit = self._p2p_routes.get((src, dst))
         if hit is None:
             senders, receivers = self.lanes[src], self.lanes[dst]
             peers = [self.mesh.peer(r, self.mesh.stage_of(receivers[0])) for r in senders]
             gpus = tuple(self.placement[r] for r in tuple(senders) + tuple(peers))
             n = len(senders)
             phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.ones(n), name="p2p")
-            hit = self._p2p_gpus[(src, dst)] = (gpus, np.array([receivers.index(p) for p in peers]),
+            hit = self._p2p_routes[(src, dst)] = (gpus, np.array([receivers.index(p) for p in peers]),
                                                 self.runner.flow_latency_s(phase, gpus, (gpus, "p2p", "")))
         return hit
