@@ -14,7 +14,7 @@ import yaml
 
 from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
-from piper_sim.workload.parallel import ParallelSpec
+from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
 from piper_sim.workload.presets import load_model
 
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
@@ -39,7 +39,8 @@ SECTION_KEYS = {
     "cost": {"profile", "flash_attention"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
     "optimizer": {"zero"},
-    "parallel": {"pp", "ep", "dp", "tp", "vpp", "num_microbatches", "micro_batch_size", "world_size"},
+    "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
+                 "convention"},
 }
 
 
@@ -144,10 +145,7 @@ def resolve(raw: dict) -> Config:
     if "model" not in raw:
         raise ConfigError("model", None, "a preset name, an inline mapping or a path (required)")
     model = load_model(full["model"])
-    try:
-        parallel = ParallelSpec(**full.get("parallel", {}))
-    except TypeError as exc:
-        raise ConfigError("parallel", full.get("parallel"), str(exc)) from None
+    parallel = parallel_from_section(full.get("parallel", {}))
     parallel.validate(model)
     sim = full["sim"]
     steps, seed = sim.get("steps", 1), sim.get("seed", 0)
@@ -192,8 +190,8 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
             raise ConfigError("recompute_layers", layers, "a positive integer (layers of each chunk recomputed)")
     if zero not in ZERO_STAGES or isinstance(zero, bool):
         raise ConfigError("optimizer.zero", zero, "0, 1 or 2")
-    if zero and parallel.dp * parallel.ep == 1:
-        raise ConfigError("optimizer.zero", zero, "0 when there is one data-parallel replica (dp x ep = 1)")
+    if zero and parallel.data_parallel == 1 and parallel.dp == 1:
+        raise ConfigError("optimizer.zero", zero, "0 when there is one data-parallel replica (dp x ep x etp / tp = 1)")
     return recompute, layers, zero
 
 

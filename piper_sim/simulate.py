@@ -19,7 +19,7 @@ from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.sim.engine import Asymmetry, Simulation
 from piper_sim.topology.load import load_topology
-from piper_sim.topology.placement import place
+from piper_sim.topology.placement import check_tensor_groups, place
 from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes, reserve_bytes
@@ -32,8 +32,9 @@ def simulate(cfg: Config, schedule: Schedule | None = None) -> RunResult:
     par = cfg.parallel
     topo = load_topology(cfg.topology, par.num_gpus)
     placement = place(topo, par.num_gpus, cfg.placement)
+    check_tensor_groups(topo, placement, par.tp)
     profile, host_profile = load_profiles(cfg.cost_profile)
-    coster = TaskCoster(cfg.model, profile, par.micro_batch_size * cfg.model.seq_len)
+    coster = TaskCoster(cfg.model, profile, par.micro_batch_size * cfg.model.seq_len, par.split)
     routing = routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed)
 
     def simulation(collapse: bool) -> Simulation:

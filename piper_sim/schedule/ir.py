@@ -88,6 +88,9 @@ class Role(StrEnum):
     GRAD_EXPERT = "grad_expert"
     PARAM_DENSE = "param_dense"
     PARAM_EXPERT = "param_expert"
+    GRAD_REPLICATED = "grad_replicated"  # tp > 1: parameters the stage's ranks hold whole (norms, router)
+    PARAM_REPLICATED = "param_replicated"
+    TP = "tp"  # a tensor-parallel collective on the layer's activations (forward) or their gradients
     MIGRATE = "migrate"
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 
 BACKWARD_KIND = {
     ("backward", False): "backward", ("backward", True): "backward_expert",
@@ -26,35 +27,79 @@ BACKWARD_KIND = {
 
 @dataclass(frozen=True, kw_only=True)
 class Segment:
-    """A piece of a chunk's forward: compute ops, or an all-to-all of one MoE layer."""
+    """A piece of a chunk's forward: compute ops, an all-to-all of one MoE layer, or a tensor-parallel
+    collective (tp: its kind in the forward and in the backward, "" where that pass has none)."""
 
     ops: tuple[str, ...] = ()
     expert: bool = False
     role: str = ""  # "dispatch" / "combine" for all-to-all pieces
     layer: int = -1
+    tp: tuple[str, str] = ("", "")
 
 
-def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool) -> list[Segment]:
-    """The forward of one chunk as compute segments and all-to-alls, in order."""
+def around_split(split: TensorSplit, layer: int) -> tuple[Segment, Segment]:
+    """The collectives around a region split over the tensor-parallel group (Megatron's f and g: an all-reduce
+    in the backward before it and in the forward after it; with sequence parallelism an all-gather before and
+    a reduce-scatter after, each the other's backward)."""
+    if split.sp:
+        return (Segment(tp=("all_gather", "reduce_scatter"), layer=layer),
+                Segment(tp=("reduce_scatter", "all_gather"), layer=layer))
+    return Segment(tp=("", "all_reduce"), layer=layer), Segment(tp=("all_reduce", ""), layer=layer)
+
+
+def around_moe(split: TensorSplit, layer: int) -> tuple[Segment | None, Segment | None]:
+    """Around a MoE block: split like a dense FFN when the experts are (etp == tp); with whole experts (etp 1)
+    each rank routes its slice of the tokens, gathered after the block unless the sequence stays split (sp);
+    the slice's gradients are gathered in the backward."""
+    if split.etp == split.tp:
+        return around_split(split, layer)
+    if split.sp:
+        return None, None
+    return Segment(tp=("", "all_gather"), layer=layer), Segment(tp=("all_gather", ""), layer=layer)
+
+
+def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool,
+                   split: TensorSplit = NO_SPLIT) -> list[Segment]:
+    """The forward of one chunk as compute segments, all-to-alls and tensor-parallel collectives, in order."""
     segments: list[Segment] = []
-    ops: list[str] = ["embed"] if first else []
+    ops: list[str] = []
+
+    def flush() -> None:
+        if ops:
+            segments.append(Segment(ops=tuple(ops)))
+            ops.clear()
+
+    def region(before: Segment | None, body: list[str], after: Segment | None) -> None:
+        if split.tp == 1:  # nothing between the ops: they run as one segment
+            ops.extend(body)
+            return
+        flush()
+        if before is not None:
+            segments.append(before)
+        ops.extend(body)
+        if after is not None:
+            flush()
+            segments.append(after)
+
+    if first:  # a vocabulary-parallel embedding sums its shards' lookups
+        region(None, ["embed"], around_split(split, -1)[1])
     for layer in layers:
-        ops.append(f"attn:{layer}")
+        before, after = around_split(split, layer)
+        region(before, [f"attn:{layer}"], after)
         if not model.is_moe_layer(layer):
-            ops.append(f"dense:{layer}")
+            before, after = around_split(split, layer)
+            region(before, [f"dense:{layer}"], after)
             continue
-        ops.append(f"router:{layer}")
-        if model.num_shared_experts:
-            ops.append(f"shared:{layer}")
-        segments.append(Segment(ops=tuple(ops)))
+        before, after = around_moe(split, layer)
+        region(before, [f"router:{layer}"] + ([f"shared:{layer}"] if model.num_shared_experts else []), None)
+        flush()
         segments.append(Segment(role="dispatch", layer=layer))
         segments.append(Segment(ops=(f"experts:{layer}",), expert=True))
         segments.append(Segment(role="combine", layer=layer))
-        ops = [f"moe_out:{layer}"]
-    if last:
-        ops.append("head")
-    if ops:
-        segments.append(Segment(ops=tuple(ops)))
+        region(None, [f"moe_out:{layer}"], after)
+    if last:  # a vocabulary-parallel head: its input is replicated (gathered under sp)
+        region(around_split(split, -1)[0], ["head"], None)
+    flush()
     return segments
 
 
@@ -67,6 +112,8 @@ class LoweringContext:
     expert_group: str  # group axis of MoE all-to-alls
     reduce_dense_axis: str  # "" when there is nothing to reduce
     reduce_expert_axis: str
+    reduce_replicated_axis: str = ""  # tp > 1: parameters every rank of the stage holds whole (norms, router)
+    split: TensorSplit = NO_SPLIT
     migration: bool = False
     recompute: str = "none"  # none | selective | full
     recomputed: int | None = None  # full: layers of each chunk recomputed (None: all)
@@ -79,12 +126,12 @@ class LoweringContext:
 
     def segments(self, virtual_stage: int) -> list[Segment]:
         return chunk_segments(self.model, self.stage_layers[virtual_stage], first=self.stages.is_first(virtual_stage),
-                              last=self.stages.is_last(virtual_stage))
+                              last=self.stages.is_last(virtual_stage), split=self.split)
 
 
 def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], *,
           migration: bool = False, recompute: str = "none", recomputed: int | None = None,
-          zero: int = 0) -> Schedule:
+          zero: int = 0, sp: bool = False) -> Schedule:
     """Lower a generator's coarse schedule into executable per-stage programs.
 
     migration: end each program with a `migrate` exchange over the EP group (expert migration
@@ -92,13 +139,15 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
     "full" re-runs the forward of its first `recomputed` layers (all when None; their all-to-alls too),
     "selective" the attention core of each layer (kinds recompute / recompute_expert, after the gradient
     arrives). zero > 0: gradients are reduce-scattered before the optimizer step and the updated
-    parameters all-gathered after it, in place of one all-reduce.
+    parameters all-gathered after it, in place of one all-reduce. The mesh's tp and etp, and sp, place the
+    tensor-parallel collectives (TensorSplit; docs/tensor-parallel.md).
     """
     mesh = coarse.mesh
     ctx = LoweringContext(
         model=model, pp=coarse.pp, vpp=coarse.vpp, stage_layers=stage_layers, expert_group="ep",
-        reduce_dense_axis="ep_dp" if mesh.ep * mesh.dp > 1 else "",
-        reduce_expert_axis="dp" if mesh.dp > 1 else "", migration=migration and mesh.ep > 1,
+        reduce_dense_axis="ep_dp" if mesh.data_parallel > 1 else "",
+        reduce_expert_axis="dp" if mesh.dp > 1 else "", reduce_replicated_axis="stage" if mesh.tp > 1 else "",
+        split=TensorSplit(tp=mesh.tp, sp=sp, etp=mesh.etp), migration=migration and mesh.ep > 1,
         recompute=recompute, recomputed=recomputed, zero=zero, layout=coarse.layout,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
@@ -187,15 +236,23 @@ def _recompute_segments(ctx: LoweringContext, v: int) -> list[Segment]:
         return [Segment(ops=tuple(f"attn_core:{layer}" for layer in layers))] if layers else []
     if ctx.recompute == "full":
         redo = layers if ctx.recomputed is None else layers[:ctx.recomputed]
-        return chunk_segments(ctx.model, redo, first=ctx.stages.is_first(v), last=False) if redo else []
+        return chunk_segments(ctx.model, redo, first=ctx.stages.is_first(v), last=False,
+                              split=ctx.split) if redo else []
     return []
 
 
 def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: tuple[str, ...],
             expert_group: str) -> list[Task]:
     tasks: list[Task] = []
+    forward = kind in ("forward", "recompute")
     for index, seg in enumerate(segments):
-        if seg.role:
+        if seg.tp != ("", ""):
+            tp_kind = seg.tp[0] if forward else seg.tp[1]
+            if not tp_kind:
+                continue
+            new = Task(task_id=f"{prefix}:s{index}:tp", kind=tp_kind, microbatch=task.microbatch, chunk=task.chunk,
+                       role="tp", layer=seg.layer, group_axis="tp", deps=deps)
+        elif seg.role:
             new = Task(task_id=f"{prefix}:L{seg.layer}:{seg.role}", kind="all_to_all", microbatch=task.microbatch,
                        chunk=task.chunk, role=seg.role, layer=seg.layer, group_axis=expert_group, deps=deps)
         else:
@@ -211,8 +268,8 @@ def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: t
 def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
     last = program[-1].task_id
     tasks: list[Task] = []
-    axes = [(kind, axis) for kind, axis in (("dense", ctx.reduce_dense_axis), ("expert", ctx.reduce_expert_axis))
-            if axis]
+    axes = [(kind, axis) for kind, axis in (("dense", ctx.reduce_dense_axis), ("expert", ctx.reduce_expert_axis),
+                                            ("replicated", ctx.reduce_replicated_axis)) if axis]
     for kind, axis in axes:
         if ctx.zero:
             tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind="reduce_scatter", role=f"grad_{kind}",

@@ -85,15 +85,20 @@ class Simulation:
                                                         recompute=recompute, recompute_layers=recompute_layers,
                                                         zero=zero)
         self.sharded = {"reduce_scatter": REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
-                        "all_gather": ALL_GATHER.get(all_reduce, "collectives.all_reduce")} if zero else {}
+                        "all_gather": ALL_GATHER.get(all_reduce, "collectives.all_reduce")
+                        } if any(t.kind in ("reduce_scatter", "all_gather") for prog in schedule.stage_programs
+                                 for t in prog) else {}
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
         self.tokens = parallel.micro_batch_size * model.seq_len
+        self.routed_tokens = int(self.tokens * parallel.split.dispatch_share)  # tokens a rank routes
         self.row_bytes = model.d_model * model.dtype_bytes
+        self.activation_bytes = float(self.tokens * self.row_bytes)  # a micro-batch's activations, whole
+        self.p2p_bytes = self.activation_bytes * parallel.split.sequence_share  # what a rank sends a stage on
         ep_groups = [sorted({self.mesh.group(r, "ep")[0] for r in self.mesh.stage_ranks(p)})
                      for p in range(self.mesh.pp)]
-        self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.tokens, ep_groups)
+        self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.routed_tokens, ep_groups)
         self.shared_host = bool(topology.params.shared_cores)  # compute timed per lane on shared cores
         self.lanes = self._lanes(collapse)
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
@@ -124,7 +129,7 @@ class Simulation:
         group under skewed routing (the groups' all-to-alls end apart); one lane per rank when cores are
         shared and members' compute differs (the host model times compute per lane)."""
         singles = [(r,) for r in range(self.mesh.num_ranks)]
-        if not collapse or self.mesh.tp > 1:
+        if not collapse:
             return singles
         stages = [tuple(self.mesh.stage_ranks(p)) for p in range(self.mesh.pp)]
         if self.routing.is_uniform:
@@ -307,7 +312,8 @@ class Simulation:
             parsed = parse_op(op)
             if parsed.is_experts:
                 rows = np.array([sum(r) for r in self._member_rows(lane, step, parsed.layer, task.microbatch)])
-                extra += (rows - self.tokens * self.model.top_k) * routed_row_bytes(self.model)
+                extra += ((rows - self.routed_tokens * self.model.top_k)
+                          * routed_row_bytes(self.model, self.parallel.etp))
         return extra
 
     # ---- collectives ---------------------------------------------------------------------------
@@ -411,8 +417,11 @@ class Simulation:
             matrix = d.bytes_matrix(self.row_bytes, task.role).astype(float)
             return self.a2a(matrix, gpus, self.topo), matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
         plan = self.plans[self.mesh.stage_of(group[0])]
-        params = plan.params_dense if task.role in ("grad_dense", "param_dense") else plan.params_expert
-        size = params * self.model.dtype_bytes
+        if task.role == "tp":  # a micro-batch's activations (or their gradients), whole
+            size = self.activation_bytes
+        else:
+            size = self.model.dtype_bytes * {"dense": plan.params_dense, "expert": plan.params_expert,
+                                             "replicated": plan.params_replicated}[task.role.partition("_")[2]]
         algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
         return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name
 
@@ -434,7 +443,7 @@ class Simulation:
         gpus, to_receiver, latency = self._p2p_route(src, dst)
         starts = np.maximum(sender[4], receiver[4][to_receiver])  # per sender member
         ends = np.full(starts.size, np.nan)
-        size = float(self.tokens * self.row_bytes)
+        size = self.p2p_bytes
         pending = [0]
 
         def finish() -> None:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.schedule.liveness import activation_deltas
 from piper_sim.workload.memory import (
+    PARAM_CLASSES,
     activation_bytes,
+    param_shards,
     rank_param_tensors,
     rank_params,
     recompute_transient_bytes,
@@ -36,6 +38,7 @@ class StagePlan:
     mem_at_end: list[float]
     params_dense: float
     params_expert: float
+    params_replicated: float  # tp > 1: parameters every rank of the stage holds whole (memory.rank_params)
     param_tensors: int
     state_bytes: float  # training state of the parameters held (sharded as the optimizer's ZeRO stage says)
     transient_bytes: float  # full recomputation: one recomputed layer's activations during its backward
@@ -57,7 +60,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         layers = tuple(layer for v in chunks for layer in schedule.stage_layers[v])
         ends = {"first": any(map(stages.is_first, chunks)), "last": any(map(stages.is_last, chunks)),
                 "ep": parallel.ep}
-        params = rank_params(model, layers, **ends)
+        params = rank_params(model, layers, **ends, split=parallel.split)
         memory = stage_memory_terms(model, schedule.stage_layers, chunks, parallel, params,
                                     flash_attention=flash_attention, recompute=recompute,
                                     recompute_layers=recompute_layers, zero=zero, stages=stages)
@@ -71,7 +74,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
                            for t in program],
             fixed_cost=[(0.0, 0.0)] * len(program),
             mem_at_start=mem_start, mem_at_end=mem_end,
-            params_dense=params["dense"], params_expert=params["expert"],
+            params_dense=params["dense"], params_expert=params["expert"], params_replicated=params["replicated"],
             param_tensors=rank_param_tensors(model, layers, **ends), state_bytes=memory["state"],
             transient_bytes=memory["transient"], optimizer_params=memory["optimizer_params"],
         ))
@@ -90,16 +93,17 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
         stages = VirtualStages(Layout.INTERLEAVED, num_virtual, 1)
     recomputed = {c: len(stage_layers[v]) if recompute_layers is None else recompute_layers
                   for c, v in enumerate(chunks)}
+    split = parallel.split
     act = {c: activation_bytes(model, stage_layers[v], parallel.micro_batch_size, last=stages.is_last(v),
-                               flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c])
+                               flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c],
+                               split=split)
            for c, v in enumerate(chunks)}
     transient = max(recompute_transient_bytes(model, stage_layers[v], parallel.micro_batch_size,
                                               recompute=recompute, recomputed=recomputed[c],
-                                              flash_attention=flash_attention) for c, v in enumerate(chunks))
-    dense_shards, expert_shards = parallel.ep * parallel.dp, parallel.dp
-    if not zero:  # every replica updates all of its parameters
-        dense_shards = expert_shards = 1
+                                              flash_attention=flash_attention, split=split)
+                    for c, v in enumerate(chunks))
+    shards = param_shards(zero=zero, data_parallel=parallel.data_parallel, dp=parallel.dp,
+                          stage_size=parallel.num_gpus // parallel.pp)
     return {"act": act, "transient": transient,
-            "state": state_bytes(params, zero=zero, dense_shards=dense_shards, expert_shards=expert_shards,
-                                 dtype_bytes=model.dtype_bytes),
-            "optimizer_params": params["dense"] / dense_shards + params["expert"] / expert_shards}
+            "state": state_bytes(params, zero=zero, shards=shards, dtype_bytes=model.dtype_bytes),
+            "optimizer_params": sum(params[kind] / shards[kind] for kind in PARAM_CLASSES)}

@@ -183,6 +183,21 @@ def place(topo: Topology, num_ranks: int, spec: str | list | dict) -> list[str]:
     return policy(topo, num_ranks, options)
 
 
+def check_tensor_groups(topo: Topology, placement: list[str], tp: int) -> None:
+    """Refuse a placement that splits a tensor-parallel group (tp consecutive ranks) over nodes: its
+    collectives run once per layer and are meant for the node's links (docs/tensor-parallel.md)."""
+    if tp == 1:
+        return
+    for first in range(0, len(placement), tp):
+        hosts = {topo.host_of(gpu) for gpu in placement[first:first + tp]}
+        if len(hosts) > 1:
+            per_node = len(gpus_by_host(topo)[topo.host_of(placement[first])])
+            raise ConfigError("parallel.tp", tp, f"a tensor-parallel group inside one node: ranks {first}.."
+                              f"{first + tp - 1} land on nodes {sorted(hosts)} of {topo.name} ({per_node} GPUs "
+                              "per node); use a tp that divides the GPUs of a node and a placement that fills "
+                              "nodes in rank order")
+
+
 # ---- allocation on the machine -------------------------------------------------------------------
 Allocation = Callable[[int, int | None, int, dict, str], list[int]]
 ALLOCATIONS: Registry[Allocation] = Registry("allocation")

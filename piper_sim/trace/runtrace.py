@@ -19,30 +19,29 @@ import pandas as pd
 
 from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Schedule
+from piper_sim.workload.mesh import GROUP_AXES
 
 COLUMNS = ("step", "rank", "task_id", "kind", "stream", "microbatch", "chunk", "layer", "role", "peers",
            "start_s", "end_s", "bytes", "flops", "cpu_s")
 CATEGORICAL = ("task_id", "kind", "stream", "role", "peers")
 
 
-AXES = ("ep", "dp", "ep_dp")
+AXES = GROUP_AXES
 
 
 def peer_codes(schedule: Schedule, stage: int) -> tuple[np.ndarray, list[str]]:
     """Codes [rank within stage, task] into the peer label categories, without a per-row Python loop.
 
     Categories: "" (0), then each rank's number (1 + rank), then "<axis>:<first>+<size>" per axis
-    and first rank of a group (1 + N + axis_index * N + first).
+    and first rank of a group (1 + N + axis_index * N + first); a group's ranks need not be consecutive.
     """
     mesh = schedule.mesh
     n_ranks = mesh.num_ranks
     ranks = np.array(mesh.stage_ranks(stage))
-    ep_index = ranks // mesh.tp % mesh.ep
-    dp_index = ranks // (mesh.tp * mesh.ep) % mesh.dp
-    first = {"ep": ranks - ep_index * mesh.tp, "dp": ranks - dp_index * mesh.ep * mesh.tp,
-             "ep_dp": ranks - (dp_index * mesh.ep + ep_index) * mesh.tp}
-    size = {"ep": mesh.ep, "dp": mesh.dp, "ep_dp": mesh.ep * mesh.dp}
     program = schedule.stage_programs[stage]
+    used = {t.group_axis for t in program if t.is_collective}
+    first = {axis: np.array([mesh.group(int(r), axis)[0] for r in ranks]) for axis in used}
+    size = {axis: len(mesh.group(0, axis)) for axis in AXES}
     codes = np.zeros((ranks.size, len(program)), dtype=np.int64)
     for i, task in enumerate(program):
         if task.kind in ("send", "recv"):

@@ -15,6 +15,7 @@ import numpy as np
 
 from piper_sim.workload.flops import Gemm, OpWork, exchange_work, op_work
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.profile import DeviceProfile
 
 
@@ -52,8 +53,10 @@ def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int) -> float
 class TaskCoster:
     """Time and FLOPs of compute tasks for one model, profile and micro-batch size, memoized."""
 
-    def __init__(self, model: ModelSpec, profile: DeviceProfile, tokens_per_microbatch: int) -> None:
+    def __init__(self, model: ModelSpec, profile: DeviceProfile, tokens_per_microbatch: int,
+                 split: TensorSplit = NO_SPLIT) -> None:
         self.model, self.profile, self.tokens = model, profile.for_model(model), tokens_per_microbatch
+        self.split = split
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def cost(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
@@ -65,7 +68,7 @@ class TaskCoster:
         factor = BACKWARD_FACTOR[kind]
         seconds = flops = 0.0
         for op in ops:
-            work = op_work(self.model, op, self.tokens, expert_rows)
+            work = op_work(self.model, op, self.tokens, expert_rows, self.split)
             fixed = self._framework_s(kind, op, expert_rows, work)
             if fixed is None:
                 seconds += factor * work_time_s(self.profile, work, self.model.dtype_bytes)
@@ -108,7 +111,7 @@ class TaskCoster:
         if not split:  # unmeasured: the input pass runs the whole backward, the weight pass its deferred GEMMs
             if kind != "backward_weight":
                 return base
-            gemms = (work or op_work(self.model, op, self.tokens, expert_rows)).gemms
+            gemms = (work or op_work(self.model, op, self.tokens, expert_rows, self.split)).gemms
             return self.profile.kernel_launch_s * sum(g.count for g in gemms)
         tokens, inputs, weights = zip(*split, strict=True)
         share = inputs if kind != "backward_weight" else weights
@@ -136,7 +139,8 @@ class TaskCoster:
             hit = (0.0, 0.0)
             if entry is not None:
                 tokens, seconds = zip(*entry[1], strict=True)
-                work = replace(exchange_work(self.model, op, self.tokens), num_kernels=0)
+                routed = int(self.tokens * self.split.dispatch_share)
+                work = replace(exchange_work(self.model, op, routed), num_kernels=0)
                 hit = (float(np.interp(self.tokens, tokens, seconds))
                        + work_time_s(self.profile, work, self.model.dtype_bytes), 0.0)
             self._cache[op] = hit

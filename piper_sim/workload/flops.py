@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
+from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,42 +40,52 @@ class OpWork:
         return sum(g.flops for g in self.gemms) + self.attention_flops
 
 
-def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...] = ()) -> OpWork:
+def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...] = (),
+            split: TensorSplit = NO_SPLIT) -> OpWork:
     """Forward work of one op on `tokens` tokens (micro-batch x seq) of one rank.
 
-    expert_rows: for "experts:L", the rows each local expert receives.
+    expert_rows: for "experts:L", the rows each local expert receives. split: the plan's tensor parallelism
+    (docs/tensor-parallel.md): attention heads, dense FFN width and the vocabulary are divided by tp; a rank
+    routes tokens x dispatch_share of them; experts' and shared experts' widths are divided by etp; under
+    sequence parallelism the norms run on the rank's 1/tp of the tokens.
     """
     name, _ = parse_op(op)
-    d, b = model.d_model, model.dtype_bytes
+    d, b, tp = model.d_model, model.dtype_bytes, split.tp
     act = tokens * d * b  # bytes of one activation tensor
+    routed = int(tokens * split.dispatch_share)  # tokens a rank routes
     if name == "embed":
         return OpWork(elementwise_bytes=2 * act, num_kernels=1)
     if name == "attn":
-        return _attention(model, tokens)
+        return _attention(model, tokens, split)
     if name == "attn_core":  # the core alone: its FLOPs, softmax's traffic over the scores is fused away
-        full = _attention(model, tokens)
+        full = _attention(model, tokens, split)
         return OpWork(attention_flops=full.attention_flops, attention_seq_len=full.attention_seq_len, num_kernels=1)
     if name == "dense":
         width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
-        return _ffn(tokens, d, width, m, b, copies=1)
+        return _ffn(tokens, d, width // tp, m, b, copies=1)
     if name == "router":
-        return OpWork(gemms=(Gemm(tokens, d, model.num_experts),),
-                      elementwise_bytes=(2 + model.top_k) * act + 8 * tokens * model.num_experts,
+        return OpWork(gemms=(Gemm(routed, d, model.num_experts),),
+                      elementwise_bytes=(2 + model.top_k) * routed * d * b + 8 * routed * model.num_experts,
                       num_kernels=6)
     if name == "shared":
-        return _ffn(tokens, d, model.shared_ffn_dim, model.expert_matrices, b, copies=model.num_shared_experts)
+        return _ffn(routed, d, model.shared_ffn_dim // split.etp, model.expert_matrices, b,
+                    copies=model.num_shared_experts)
     if name == "experts":
-        return _experts(model, expert_rows)
+        return _experts(model, expert_rows, split.etp)
     if name == "moe_out":
-        return OpWork(elementwise_bytes=(model.top_k + 3) * act, num_kernels=4)
+        return OpWork(elementwise_bytes=(model.top_k + 3) * routed * d * b, num_kernels=4)
     if name == "head":
-        return OpWork(gemms=(Gemm(tokens, d, model.vocab_size),),
-                      elementwise_bytes=3 * act + 3 * tokens * model.vocab_size * 4, num_kernels=5)
+        vocab = -(-model.vocab_size // tp)  # a vocabulary-parallel head: the rank's shard of the logits
+        return OpWork(gemms=(Gemm(tokens, d, vocab),),
+                      elementwise_bytes=3 * act * split.sequence_share + 3 * tokens * vocab * 4, num_kernels=5)
     raise ValueError(f"no work formula for op {op!r}")
 
 
-def _attention(model: ModelSpec, tokens: int) -> OpWork:
-    d, h, hd, kv, b = model.d_model, model.num_heads, model.attn_head_dim, model.kv_heads, model.dtype_bytes
+def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT) -> OpWork:
+    """One layer's attention on a rank: its heads (num_heads / tp), the norm's traffic on the tokens it holds
+    (all of them, or 1/tp under sp); MLA's down projections are replicated over the group (run whole)."""
+    d, hd, b, tp = model.d_model, model.attn_head_dim, model.dtype_bytes, split.tp
+    h, kv = model.num_heads // tp, max(model.kv_heads // tp, 1)
     if model.mla is not None:
         m = model.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -87,8 +98,9 @@ def _attention(model: ModelSpec, tokens: int) -> OpWork:
     else:
         gemms = [Gemm(tokens, d, (h + 2 * kv) * hd), Gemm(tokens, h * hd, d)]
         core = 2.0 * tokens * model.seq_len * h * hd
+    elementwise = (2 * split.sequence_share + 4 / tp) * tokens * d * b  # the norm's in and out; q, k, v, output
     return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
-                  elementwise_bytes=6 * tokens * d * b, num_kernels=8)
+                  elementwise_bytes=elementwise, num_kernels=8)
 
 
 def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copies: int) -> OpWork:
@@ -98,8 +110,8 @@ def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copie
                   num_kernels=copies * (matrices + 2))
 
 
-def _experts(model: ModelSpec, expert_rows: tuple[int, ...]) -> OpWork:
-    d, f, m, b = model.d_model, model.expert_ffn_dim, model.expert_matrices, model.dtype_bytes
+def _experts(model: ModelSpec, expert_rows: tuple[int, ...], etp: int = 1) -> OpWork:
+    d, f, m, b = model.d_model, model.expert_ffn_dim // etp, model.expert_matrices, model.dtype_bytes
     by_rows: dict[int, int] = {}
     for rows in expert_rows:
         if rows > 0:

@@ -35,6 +35,7 @@ Must not import simpy or torch.
 from __future__ import annotations
 
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 
 STATE_BYTES_PER_PARAM = 16
 FRAMEWORK_RESERVE_FRACTION = 0.10
@@ -51,12 +52,22 @@ def state_bytes_per_param(zero: int, shards: int, dtype_bytes: int = 2) -> float
     return 2 * dtype_bytes + optimizer / shards
 
 
-def state_bytes(params: dict[str, float], *, zero: int, dense_shards: int, expert_shards: int,
-                dtype_bytes: int = 2) -> float:
-    """Training state of a rank's parameters: dense parameters are replicated over dense_shards ranks (ep x dp),
-    routed experts over expert_shards (dp)."""
-    return (params["dense"] * state_bytes_per_param(zero, dense_shards, dtype_bytes)
-            + params["expert"] * state_bytes_per_param(zero, expert_shards, dtype_bytes))
+def state_bytes(params: dict[str, float], *, zero: int, shards: dict[str, int], dtype_bytes: int = 2) -> float:
+    """Training state of a rank's parameters, each class ("dense", "replicated", "expert"; rank_params)
+    sharded over its replicas as shards[class] says (ZeRO; 1 when the optimizer state is not sharded)."""
+    return sum(params[kind] * state_bytes_per_param(zero, shards[kind], dtype_bytes) for kind in PARAM_CLASSES)
+
+
+PARAM_CLASSES = ("dense", "replicated", "expert")
+
+
+def param_shards(*, zero: int, data_parallel: int, dp: int, stage_size: int) -> dict[str, int]:
+    """Replicas over which each class of parameters is sharded under ZeRO (all 1 without it): a tensor-parallel
+    shard of the dense layers over the data-parallel replicas, the parameters every rank holds whole over the
+    stage, an expert shard over dp."""
+    if not zero:
+        return dict.fromkeys(PARAM_CLASSES, 1)
+    return {"dense": data_parallel, "replicated": stage_size, "expert": dp}
 
 
 def reserve_bytes(hbm_bytes: float, given_bytes: float | None = None) -> float:
@@ -69,24 +80,37 @@ def headroom_bytes(peaks: list[float], hbm_bytes: float, reserve: float) -> list
     return [hbm_bytes - reserve - peak for peak in peaks]
 
 
-def rank_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int) -> dict[str, float]:
-    """Parameters one rank holds for these layers: replicated ("dense") and sharded experts ("expert")."""
-    dense = expert = 0.0
+def rank_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int,
+                split: TensorSplit = NO_SPLIT) -> dict[str, float]:
+    """Parameters one rank holds for these layers, by class: "dense" (attention, dense FFNs, the vocabulary:
+    split over tp; replicated over the data-parallel replicas), "replicated" (tp > 1: what every rank of the
+    stage holds whole, as Megatron does: norms, the router, MLA's down projections, and shared experts when
+    etp is 1; with tp 1 they count as dense) and "expert" (the rank's routed experts, split over etp)."""
+    tp, etp = split.tp, split.etp
+    dense = whole = expert = 0.0
     emb = model.vocab_size * model.d_model
     if first:
-        dense += emb
+        dense += emb / tp
     if last:
-        dense += model.d_model + (0 if model.tie_embeddings and first else emb)
+        whole += model.d_model
+        dense += 0 if model.tie_embeddings and first else emb / tp
     for layer in layers:
-        dense += model.attention_params()
+        replicated = model.attention_replicated_params()
+        whole += replicated
+        dense += (model.attention_params() - replicated) / tp
         if model.is_moe_layer(layer):
-            moe = model.moe_layer_ffn_params()
-            routed = model.num_experts * model.expert_params()
-            dense += moe - routed
-            expert += routed / ep
+            shared = model.num_shared_experts * model.expert_matrices * model.d_model * model.shared_ffn_dim
+            whole += model.d_model * model.num_experts
+            if etp == 1 and tp > 1:
+                whole += shared
+            else:
+                dense += shared / etp
+            expert += model.num_experts * model.expert_params() / (ep * etp)
         else:
-            dense += model.dense_ffn_params()
-    return {"dense": dense, "expert": expert}
+            dense += model.dense_ffn_params() / tp
+    if tp == 1:  # nothing is split: the stage's replicas of all of it are the data-parallel ones
+        dense, whole = dense + whole, 0.0
+    return {"dense": dense, "replicated": whole, "expert": expert}
 
 
 def rank_param_tensors(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int) -> int:
@@ -112,49 +136,64 @@ def ffn_inner(width: int, matrices: int) -> int:
     return (3 if matrices == 3 else 2) * width
 
 
-def routed_row_bytes(model: ModelSpec) -> float:
-    """Activations an expert keeps per routed row it computes: the row and the FFN's inner activations."""
-    return (model.d_model + ffn_inner(model.expert_ffn_dim, model.expert_matrices)) * model.dtype_bytes
+def routed_row_bytes(model: ModelSpec, etp: int = 1) -> float:
+    """Activations an expert keeps per routed row it computes: the row and the FFN's inner activations (its
+    1/etp of them)."""
+    return (model.d_model + ffn_inner(model.expert_ffn_dim, model.expert_matrices) / etp) * model.dtype_bytes
 
 
 def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *, last: bool,
-                     flash_attention: bool = True, recompute: str = "none", recomputed: int = 0) -> float:
+                     flash_attention: bool = True, recompute: str = "none", recomputed: int = 0,
+                     split: TensorSplit = NO_SPLIT) -> float:
     """Activations one micro-batch leaves on a rank between its forward and backward for these layers.
 
     recompute "full": the first `recomputed` layers keep only their input; "selective" keeps no scores.
     Routed rows are counted as if balanced (tokens x top_k per rank); the simulator's engine adds the
-    difference for the rows a rank's experts actually get (`routed_row_bytes` each).
+    difference for the rows a rank's experts actually get (`routed_row_bytes` each). split: tensor
+    parallelism (layer_activation_bytes).
     """
     tokens = micro_batch_size * model.seq_len
-    total = tokens * model.d_model * model.dtype_bytes if recompute == "full" and recomputed and layers else 0.0
+    held = tokens * split.sequence_share  # the tokens a rank's residual stream holds
+    total = held * model.d_model * model.dtype_bytes if recompute == "full" and recomputed and layers else 0.0
     kept = layers[recomputed:] if recompute == "full" else layers  # the rest are re-run from the chunk's input
     for layer in kept:
         total += layer_activation_bytes(model, layer, micro_batch_size,
-                                        keep_scores=not flash_attention and recompute == "none")
+                                        keep_scores=not flash_attention and recompute == "none", split=split)
     if last:
-        total += 2 * tokens * model.d_model * model.dtype_bytes + 4 * tokens * model.vocab_size
+        total += 2 * held * model.d_model * model.dtype_bytes + 4 * tokens * model.vocab_size / split.tp
     return total
 
 
-def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, *, keep_scores: bool) -> float:
-    """What one layer keeps for its backward pass, per micro-batch (the terms of the module docstring)."""
-    b, s, d, k = micro_batch_size, model.seq_len, model.d_model, model.top_k
+def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, *, keep_scores: bool,
+                           split: TensorSplit = NO_SPLIT) -> float:
+    """What one layer keeps for its backward pass, per micro-batch (the terms of the module docstring).
+
+    Tensor parallelism (Korthikanti et al. 2022, section 4.2): q, k, v, the attention output, the scores and
+    the dense FFN's inner activations are split over tp; the norms' inputs and outputs are whole on every rank
+    unless sequence parallelism splits them too. A rank keeps the routed rows of the tokens it routes
+    (dispatch_share), each expert's inner activations split over etp.
+    """
+    b, s, d, k, tp = micro_batch_size, model.seq_len, model.d_model, model.top_k, split.tp
     tokens = b * s
-    elements = 6 * tokens * d + 2 * tokens * d  # attention; the pre-FFN norm
-    other_bytes = 4 * b * model.num_heads * s * s if keep_scores else 0.0
+    seq = split.sequence_share
+    elements = (2 * seq + 4 / tp) * tokens * d + 2 * seq * tokens * d  # attention; the pre-FFN norm
+    other_bytes = 4 * b * model.num_heads * s * s / tp if keep_scores else 0.0
     if model.is_moe_layer(layer):
-        other_bytes += tokens * k * routed_row_bytes(model) + 4 * tokens * model.num_experts
-        elements += tokens * k * d  # combine
-        elements += tokens * model.num_shared_experts * ffn_inner(model.shared_ffn_dim, model.expert_matrices)
+        routed = tokens * split.dispatch_share
+        other_bytes += routed * k * routed_row_bytes(model, split.etp) + 4 * routed * model.num_experts
+        elements += routed * k * d  # combine
+        elements += (routed * model.num_shared_experts
+                     * ffn_inner(model.shared_ffn_dim, model.expert_matrices) / split.etp)
     else:
-        elements += tokens * ffn_inner(model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count)
+        elements += tokens * ffn_inner(model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count) / tp
     return elements * model.dtype_bytes + other_bytes
 
 
 def recompute_transient_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *,
-                              recompute: str, recomputed: int, flash_attention: bool = True) -> float:
+                              recompute: str, recomputed: int, flash_attention: bool = True,
+                              split: TensorSplit = NO_SPLIT) -> float:
     """Full recomputation: the chunk's recomputed layers' activations, alive again while its backward runs."""
     if recompute != "full":
         return 0.0
-    return sum(layer_activation_bytes(model, layer, micro_batch_size, keep_scores=not flash_attention)
+    return sum(layer_activation_bytes(model, layer, micro_batch_size, keep_scores=not flash_attention, split=split)
                for layer in layers[:recomputed])

@@ -1,8 +1,18 @@
-"""Mesh: the pp x dp x ep x tp rank layout of a parallel plan, and the rank <-> coordinate map.
+"""Mesh: the pp x dp x ep x etp rank layout of a parallel plan, its tensor-parallel groups, and the rank <->
+coordinate map.
 
-Owns rank numbering (tp innermost, then ep, dp, pp), a rank's pipeline stage and peers, and its collective
-groups along an axis (cached). Pure data: the schedule IR (piper_sim.schedule.ir) and ParallelSpec use it.
-Must not import piper_sim.schedule, simpy, torch or numpy.
+Owns rank numbering, a rank's pipeline stage and peers, and its collective groups along an axis (cached).
+Pure data: the schedule IR (piper_sim.schedule.ir) and ParallelSpec use it. Must not import
+piper_sim.schedule, simpy, torch or numpy.
+
+Layout (docs/tensor-parallel.md): rank = ((pp_index * dp + dp_index) * ep + ep_index) * etp + etp_index.
+A pipeline stage holds dp x ep x etp ranks. The routed experts of a layer are spread over the ep ranks of an
+expert-parallel group, each expert's FFN split over etp ranks. Attention and dense FFNs are split over tp
+consecutive ranks (a tensor-parallel group), so a rank's tp index is rank % tp:
+- etp == tp: an expert-parallel group holds the ranks of one tp index (experts are split like the FFNs);
+- etp == 1 (tp divides ep): a tensor-parallel group lies inside an expert-parallel group, whose tp ranks
+  hold different experts.
+With tp == etp == 1 the layout is pp x dp x ep.
 """
 
 from __future__ import annotations
@@ -10,59 +20,81 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-GROUP_AXES = ("ep", "dp", "ep_dp")
+GROUP_AXES = ("ep", "dp", "ep_dp", "tp", "stage")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Mesh:
-    """Rank layout: rank = ((pp_index * dp + dp_index) * ep + ep_index) * tp + tp_index.
-
-    tp is innermost, then ep, so an expert-parallel group is a block of consecutive ranks and lands
-    inside one node under contiguous placement.
-    """
+    """Rank layout (module docstring). Group axes: "ep" (expert parallel: an all-to-all's members), "dp" (the
+    replicas of an expert shard: expert gradients), "ep_dp" (the replicas of a tensor-parallel shard of the
+    dense layers: dense gradients), "tp" (a tensor-parallel group), "stage" (every rank of the stage: the
+    gradients of parameters every rank of the stage holds whole when tp > 1)."""
 
     pp: int
     dp: int = 1
     ep: int = 1
     tp: int = 1
+    etp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.etp not in (1, self.tp):
+            raise ValueError(f"etp must be 1 or tp ({self.tp}), not {self.etp}")
+        if self.etp == 1 and self.ep % self.tp:
+            raise ValueError(f"with etp 1, tp ({self.tp}) must divide ep ({self.ep})")
+
+    @property
+    def stage_size(self) -> int:
+        return self.dp * self.ep * self.etp
 
     @property
     def num_ranks(self) -> int:
-        return self.pp * self.dp * self.ep * self.tp
+        return self.pp * self.stage_size
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks of a stage that feed distinct micro-batches (one per tensor-parallel group)."""
+        return self.stage_size // self.tp
 
     def coords(self, rank: int) -> dict[str, int]:
-        tp_index = rank % self.tp
-        ep_index = rank // self.tp % self.ep
-        dp_index = rank // (self.tp * self.ep) % self.dp
-        pp_index = rank // (self.tp * self.ep * self.dp)
-        return {"pp": pp_index, "dp": dp_index, "ep": ep_index, "tp": tp_index}
+        """pp, dp, ep, etp indices of the layout, and tp: the rank's index in its tensor-parallel group."""
+        etp_index = rank % self.etp
+        ep_index = rank // self.etp % self.ep
+        dp_index = rank // (self.etp * self.ep) % self.dp
+        pp_index = rank // self.stage_size
+        return {"pp": pp_index, "dp": dp_index, "ep": ep_index, "etp": etp_index, "tp": rank % self.tp}
 
-    def rank_of(self, *, pp: int, dp: int = 0, ep: int = 0, tp: int = 0) -> int:
-        return ((pp * self.dp + dp) * self.ep + ep) * self.tp + tp
+    def rank_of(self, *, pp: int, dp: int = 0, ep: int = 0, etp: int = 0) -> int:
+        return ((pp * self.dp + dp) * self.ep + ep) * self.etp + etp
 
     def stage_of(self, rank: int) -> int:
-        return rank // (self.tp * self.ep * self.dp)
+        return rank // self.stage_size
 
     def stage_ranks(self, pp_index: int) -> range:
-        size = self.tp * self.ep * self.dp
-        return range(pp_index * size, (pp_index + 1) * size)
+        return range(pp_index * self.stage_size, (pp_index + 1) * self.stage_size)
 
     def peer(self, rank: int, peer_stage: int) -> int:
-        """The rank at another pipeline stage with the same dp, ep and tp coordinates."""
-        c = self.coords(rank)
-        return self.rank_of(pp=peer_stage, dp=c["dp"], ep=c["ep"], tp=c["tp"])
+        """The rank at another pipeline stage with the same dp, ep and etp (hence tp) coordinates."""
+        return rank + (peer_stage - self.stage_of(rank)) * self.stage_size
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
-        """Ranks of the collective group of `rank` along `axis` ("ep", "dp" or "ep_dp")."""
+        """Ranks of the collective group of `rank` along `axis` (GROUP_AXES)."""
         return _group(self, rank, axis)
 
     def _group_uncached(self, rank: int, axis: str) -> tuple[int, ...]:
-        c = self.coords(rank)
-        eps = range(self.ep) if axis in ("ep", "ep_dp") else (c["ep"],)
-        dps = range(self.dp) if axis in ("dp", "ep_dp") else (c["dp"],)
         if axis not in GROUP_AXES:
             raise ValueError(f"unknown group axis {axis!r}; allowed: {GROUP_AXES}")
-        return tuple(self.rank_of(pp=c["pp"], dp=d, ep=e, tp=c["tp"]) for d in dps for e in eps)
+        stage = self.stage_ranks(self.stage_of(rank))
+        if axis == "stage":
+            return tuple(stage)
+        if axis == "tp":
+            first = rank - rank % self.tp
+            return tuple(range(first, first + self.tp))
+        if axis == "ep_dp":
+            return tuple(r for r in stage if r % self.tp == rank % self.tp)
+        c = self.coords(rank)
+        eps = range(self.ep) if axis == "ep" else (c["ep"],)
+        dps = range(self.dp) if axis == "dp" else (c["dp"],)
+        return tuple(self.rank_of(pp=c["pp"], dp=d, ep=e, etp=c["etp"]) for d in dps for e in eps)
 
     def groups(self, axis: str, pp_index: int) -> list[tuple[int, ...]]:
         """All distinct groups along `axis` in one pipeline stage."""
@@ -70,7 +102,6 @@ class Mesh:
         for rank in self.stage_ranks(pp_index):
             seen.setdefault(self.group(rank, axis), None)
         return list(seen)
-
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -143,6 +143,16 @@ class ModelSpec:
         hd = self.attn_head_dim
         return d * h * hd + 2 * d * self.kv_heads * hd + h * hd * d + norms
 
+    def attention_replicated_params(self) -> int:
+        """The part of attention_params a tensor-parallel group holds whole on each rank (as Megatron-core does):
+        the two norms and, for MLA, the down projections and their norms."""
+        norms = 2 * self.d_model
+        m = self.mla
+        if m is None:
+            return norms
+        q = self.d_model * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
+        return norms + q + self.d_model * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+
     def expert_params(self) -> int:
         """One routed expert."""
         return self.expert_matrices * self.d_model * self.expert_ffn_dim

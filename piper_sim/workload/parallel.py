@@ -1,4 +1,4 @@
-"""ParallelSpec: the parallel plan (pp x dp x ep x tp mesh, virtual stages, microbatches).
+"""ParallelSpec: the parallel plan (pp x dp x ep x etp mesh with tp groups, virtual stages, microbatches).
 
 Owns plan validation against a model and a GPU count, and the mesh it lays out (mesh.py). Pure data;
 must not import piper_sim.schedule.
@@ -14,51 +14,157 @@ from piper_sim.workload.model import ModelSpec
 
 
 @dataclass(frozen=True, kw_only=True)
+class TensorSplit:
+    """How a plan splits each layer over its tensor-parallel group (docs/tensor-parallel.md): attention heads,
+    dense FFNs, the embedding's and head's vocabulary over tp ranks; each expert's FFN (and the shared experts')
+    over etp ranks; sp: the activations between the split regions split by sequence."""
+
+    tp: int = 1
+    sp: bool = False
+    etp: int = 1
+
+    @property
+    def dispatch_share(self) -> float:
+        """Share of a micro-batch's tokens a rank routes: all of them when the experts are split like the
+        dense layers (etp == tp), its 1/tp slice when the group's ranks hold different experts (etp 1)."""
+        return self.etp / self.tp
+
+    @property
+    def sequence_share(self) -> float:
+        """Share of the tokens' activations a rank keeps between the split regions (1/tp under sp)."""
+        return 1 / self.tp if self.sp else 1.0
+
+
+NO_SPLIT = TensorSplit()
+
+
+@dataclass(frozen=True, kw_only=True)
 class ParallelSpec:
+    """A parallel plan in piper-sim's own form (docs/tensor-parallel.md): pp stages of dp x ep x etp ranks;
+    ep expert-parallel ranks per group, each expert split over etp ranks; attention and dense FFNs split over
+    tp ranks (tp consecutive ranks; etp is 1 or tp); sp: sequence parallelism inside the tp group."""
+
     pp: int = 1
     ep: int = 1
     dp: int = 1
     tp: int = 1
+    etp: int = 1
+    sp: bool = False
     vpp: int = 1
     num_microbatches: int = 1
     micro_batch_size: int = 1
-    world_size: int = 0  # when given, must equal pp * ep * dp * tp
+    world_size: int = 0  # when given, must equal pp * dp * ep * etp
 
     def __post_init__(self) -> None:
-        for key in ("pp", "ep", "dp", "tp", "vpp", "num_microbatches", "micro_batch_size"):
+        for key in ("pp", "ep", "dp", "tp", "etp", "vpp", "num_microbatches", "micro_batch_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"parallel.{key}", value, "a positive integer")
-        product = self.pp * self.ep * self.dp * self.tp
+            if value > MAX_DEGREE:
+                raise ConfigError(f"parallel.{key}", value, f"at most {MAX_DEGREE}")
+        if not isinstance(self.sp, bool):
+            raise ConfigError("parallel.sp", self.sp, "true or false")
+        if self.sp and self.tp == 1:
+            raise ConfigError("parallel.sp", self.sp, "false unless parallel.tp > 1 (sequence parallelism splits "
+                              "the tensor-parallel group's activations)")
+        if self.etp not in (1, self.tp):
+            raise ConfigError("parallel.etp", self.etp, f"1 or parallel.tp ({self.tp})")
+        if self.etp == 1 and self.ep % self.tp:
+            raise ConfigError("parallel.tp", self.tp, f"a divisor of parallel.ep ({self.ep}) when parallel.etp is 1 "
+                              "(a tensor-parallel group lies inside an expert-parallel group); or set etp to tp")
+        product = self.num_gpus
         if self.world_size and self.world_size != product:
             raise ConfigError("parallel.world_size", self.world_size,
-                              f"pp*ep*dp*tp = {self.pp}*{self.ep}*{self.dp}*{self.tp} = {product}")
+                              f"pp*dp*ep*etp = {self.pp}*{self.dp}*{self.ep}*{self.etp} = {product}")
 
     @property
     def num_gpus(self) -> int:
-        return self.pp * self.ep * self.dp * self.tp
+        return self.pp * self.dp * self.ep * self.etp
 
     @property
     def mesh(self) -> Mesh:
-        return Mesh(pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp)
+        return Mesh(pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp, etp=self.etp)
+
+    @property
+    def data_parallel(self) -> int:
+        """Replicas of the dense layers' tensor-parallel shards: the stage's ranks over tp."""
+        return self.dp * self.ep * self.etp // self.tp
 
     @property
     def sequences_per_step(self) -> int:
-        """Global batch in sequences: every (dp, ep) rank of a stage feeds its own micro-batches."""
-        return self.micro_batch_size * self.num_microbatches * self.dp * self.ep
+        """Global batch in sequences: every tensor-parallel group of a stage feeds its own micro-batches."""
+        return self.micro_batch_size * self.num_microbatches * self.data_parallel
+
+    @property
+    def split(self) -> TensorSplit:
+        return TensorSplit(tp=self.tp, sp=self.sp, etp=self.etp)
 
     def validate(self, model: ModelSpec, num_gpus: int | None = None) -> None:
         """Raise ConfigError naming the key when the plan cannot run this model."""
         if num_gpus is not None and self.num_gpus != num_gpus:
-            raise ConfigError("parallel", f"pp*ep*dp*tp = {self.num_gpus}", f"equal to the GPU count ({num_gpus})")
+            raise ConfigError("parallel", f"pp*dp*ep*etp = {self.num_gpus}", f"equal to the GPU count ({num_gpus})")
         if model.num_experts % self.ep:
             raise ConfigError("parallel.ep", self.ep, f"a divisor of model.num_experts ({model.num_experts})")
         if self.pp * self.vpp > model.num_layers:
             raise ConfigError("parallel.pp", self.pp,
                               f"pp * vpp <= model.num_layers ({model.num_layers}); vpp is {self.vpp}")
         if self.tp > 1:
-            raise ConfigError("parallel.tp", self.tp,
-                              "1 (tensor parallelism is described in the plan but not yet lowered)")
+            for what, width in tensor_split_widths(model):
+                if width % self.tp:
+                    raise ConfigError("parallel.tp", self.tp, f"a divisor of {what} ({width})")
+        if self.etp > 1 and model.expert_ffn_dim % self.etp:
+            raise ConfigError("parallel.etp", self.etp, f"a divisor of model.expert_ffn_dim ({model.expert_ffn_dim})")
+        tokens = self.micro_batch_size * model.seq_len
+        if self.tp > 1 and tokens % self.tp and (self.sp or self.etp == 1):
+            raise ConfigError("parallel.tp", self.tp, f"a divisor of a micro-batch's tokens ({tokens}) when the "
+                              "tensor-parallel group splits them (sp, or etp 1)")
+
+
+MAX_DEGREE = 1 << 20
+CONVENTIONS = ("piper", "megatron")
+
+
+def parallel_from_section(section: dict) -> ParallelSpec:
+    """The parallel section as written: piper-sim's own form, or `convention: megatron` with Megatron-core's
+    degrees (docs/tensor-parallel.md): dp is then the data-parallel size (GPUs over tp x pp), the experts are
+    carved out of the tp x dp ranks of a stage (ep x etp x expert-dp), and etp defaults to tp as in
+    Megatron-core. Both give the same ParallelSpec."""
+    values = dict(section)
+    convention = values.pop("convention", "piper")
+    if convention not in CONVENTIONS:
+        raise ConfigError("parallel.convention", convention, " or ".join(CONVENTIONS))
+    if convention == "megatron":
+        values = _from_megatron(values)
+    try:
+        return ParallelSpec(**values)
+    except TypeError as exc:
+        raise ConfigError("parallel", section, str(exc)) from None
+
+
+def _from_megatron(values: dict) -> dict:
+    out = dict(values)
+    tp, dp, ep = out.get("tp", 1), out.get("dp", 1), out.get("ep", 1)
+    etp = out.setdefault("etp", tp)
+    for key, value in (("tp", tp), ("dp", dp), ("ep", ep), ("etp", etp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"parallel.{key}", value, "a positive integer")
+    if (tp * dp) % (ep * etp):
+        raise ConfigError("parallel.dp", dp, f"a data-parallel size whose tp x dp ranks per stage ({tp} x {dp}) "
+                          f"ep x etp ({ep} x {etp}) divides (Megatron-core carves the experts out of them)")
+    out["dp"] = tp * dp // (ep * etp)
+    return out
+
+
+def tensor_split_widths(model: ModelSpec) -> list[tuple[str, int]]:
+    """The widths tensor parallelism splits (Megatron: attention heads and the FFNs' inner width)."""
+    widths = [("model.num_heads", model.num_heads)]
+    if model.mla is None:
+        widths.append(("the key/value heads (model.num_kv_heads)", model.kv_heads))
+    if any(not model.is_moe_layer(layer) for layer in range(model.num_layers)):
+        widths.append(("the dense FFN width", model.dense_ffn_dim or model.expert_ffn_dim))
+    if model.num_shared_experts:
+        widths.append(("model.shared_ffn_dim", model.shared_ffn_dim))
+    return widths
 
 
 def stage_layer_split(num_layers: int, num_virtual_stages: int) -> tuple[tuple[int, ...], ...]:
