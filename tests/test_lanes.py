@@ -27,6 +27,10 @@ CASES = {
     "drift-migration-steps": {"model": "small-moe", "routing": {"kind": "drift", "rate": 0.5},
                               "migration": {"enabled": True, "policy": "greedy"}, "sim": {"steps": 4},
                               "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
+    "tp2-sp-zipf": {"model": "small-moe", **ZIPF,
+                    "parallel": {"pp": 2, "ep": 4, "tp": 2, "sp": True, "num_microbatches": 4}},
+    "tp2-etp2-frontier": {"model": "small-moe", "topology": "frontier", "collectives": {"all_to_all": "halo"},
+                          "parallel": {"pp": 2, "ep": 4, "tp": 2, "etp": 2, "num_microbatches": 4}},
     "zipf-dualpipe-v": {"model": "small-moe", "schedule": "dualpipe-v", **ZIPF,
                         "parallel": {"pp": 2, "ep": 4, "vpp": 2, "num_microbatches": 4}},
 }

@@ -149,8 +149,8 @@ def _from_megatron(values: dict) -> dict:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(f"parallel.{key}", value, "a positive integer")
     if (tp * dp) % (ep * etp):
-        raise ConfigError("parallel.dp", dp, f"a data-parallel size whose tp x dp ranks per stage ({tp} x {dp}) "
-                          f"ep x etp ({ep} x {etp}) divides (Megatron-core carves the experts out of them)")
+        raise ConfigError("parallel.dp", dp, f"a data-parallel size such that ep x etp ({ep} x {etp}) divides the "
+                          f"tp x dp ranks of a stage ({tp} x {dp}): Megatron-core carves the experts out of them")
     out["dp"] = tp * dp // (ep * etp)
     return out
 
