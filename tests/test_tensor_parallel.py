@@ -167,3 +167,24 @@ def test_a_tp_group_split_over_nodes_is_refused():
     with pytest.raises(ConfigError) as err:
         simulate(cfg)
     assert err.value.key == "parallel.tp" and "inside one node" in str(err.value)
+
+
+@pytest.mark.parametrize(("tp", "etp", "sp"), [(2, 1, True), (2, 1, False), (2, 2, True)])
+def test_the_planner_prices_tensor_parallel_plans_as_the_simulator_does(tp, etp, sp):
+    """The resource model equals the simulator's peak memory; the estimator is within 15% of the DES step."""
+    from piper_sim.calibrate.load import load_profile
+    from piper_sim.planning.estimate import Estimator
+    from piper_sim.planning.resource import stage_memory
+    from piper_sim.planning.space import PlanPoint
+    from piper_sim.topology.load import load_topology
+    from piper_sim.topology.placement import place
+
+    model = load_model("small-moe")
+    point = PlanPoint(pp=2, ep=4, dp=1, vpp=1, micro_batch_size=2, num_microbatches=8, schedule="1f1b",
+                      all_to_all="flat", tp=tp, etp=etp, sp=sp)
+    topo = load_topology("frontier", point.num_gpus)
+    estimate = Estimator(model, topo, place(topo, point.num_gpus, "contiguous"), load_profile("mi250x")).estimate(point)
+    result = simulate(load_config({"model": "small-moe", "topology": "frontier", **point.config_sections()}))
+    assert max(m.peak_bytes for m in stage_memory(model, point)) == pytest.approx(
+        max(result.report.peak_memory_bytes), rel=1e-9)
+    assert estimate.step_time_s == pytest.approx(result.report.step_time_s, rel=0.15)

@@ -35,9 +35,10 @@ from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.collective import phase_delay_s
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
-from piper_sim.workload.memory import rank_param_tensors, rank_params
+from piper_sim.workload.memory import PARAM_CLASSES, param_shards, rank_param_tensors, rank_params
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
+from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.profile import DeviceProfile
 
 
@@ -73,18 +74,20 @@ class Estimator:
             self._memo[key] = compute()
         return self._memo[key]
 
-    def coster(self, tokens: int) -> TaskCoster:
-        if tokens not in self._costers:
-            self._costers[tokens] = TaskCoster(self.model, self.profile, tokens)
-        return self._costers[tokens]
+    def coster(self, tokens: int, split: TensorSplit = NO_SPLIT) -> TaskCoster:
+        if (tokens, split) not in self._costers:
+            self._costers[(tokens, split)] = TaskCoster(self.model, self.profile, tokens, split)
+        return self._costers[(tokens, split)]
 
     def estimate(self, point: PlanPoint) -> Estimate:
         m = self.model
         tokens = point.micro_batch_size * m.seq_len
-        coster = self.coster(tokens)
+        split = point.parallel.split
+        coster = self.coster(tokens, split)
         stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
         layers = split_layers(m.num_layers, stages)
-        a2a = self._cached(("a2a", point.ep, point.all_to_all, tokens), lambda: self._all_to_all_s(point, tokens))
+        a2a = self._cached(("a2a", point.ep, point.all_to_all, tokens, split),
+                           lambda: self._all_to_all_s(point, tokens))
         zb = point.schedule in SPLIT_BACKWARD
         per_stage, flops_per_rank_mb = [], []
         for p in range(point.pp):
@@ -92,10 +95,10 @@ class Estimator:
             for c in range(point.vpp):
                 v = stages.of(p, c)
                 first, last = stages.is_first(v), stages.is_last(v)
-                key = ("chunk", tokens, point.ep, layers[v], first, last, zb)
+                key = ("chunk", tokens, split, point.ep, layers[v], first, last, zb)
                 cf, cb, cw, cflops, moe = self._cached(
                     key, lambda v=v, first=first, last=last: self._chunk(coster, point.ep, layers[v], first, last, zb))
-                key = ("redo", tokens, point.ep, layers[v], first, point.recompute)
+                key = ("redo", tokens, split, point.ep, layers[v], first, point.recompute)
                 rs, redo_moe = self._cached(
                     key, lambda v=v, first=first: self._recompute(coster, point.ep, layers[v], first, point.recompute))
                 f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
@@ -105,12 +108,12 @@ class Estimator:
             per_stage.append((f + a2a_s / 2, b + a2a_s / 2, w, a2a_s))
             flops_per_rank_mb.append(flops)
         pipeline = _pipeline_s(point, per_stage)
-        hop = self._cached(("p2p", point.pp, tokens), lambda: self._p2p_s(point, tokens))
+        hop = self._cached(("p2p", point.pp, tokens, split), lambda: self._p2p_s(point, tokens))
         p2p = 2 * (stages.pipeline_length - 1) * hop  # dualpipe: its two pipelines' hops overlap
-        grad, optimizer = self._cached(("reduce", point.pp, point.vpp, stages.layout, point.ep, point.dp, point.zero),
-                                       lambda: self._reduce_s(point, layers))
+        grad, optimizer = self._cached(("reduce", point.pp, point.vpp, stages.layout, point.ep, point.dp, point.zero,
+                                        split), lambda: self._reduce_s(point, layers))
         step = pipeline + p2p + grad + optimizer
-        ranks_per_stage = point.ep * point.dp
+        ranks_per_stage = point.num_gpus // point.pp
         model_flops = sum(flops_per_rank_mb) * ranks_per_stage * point.num_microbatches
         busiest = max(point.num_microbatches * (f + b + w) for f, b, w, _ in per_stage)
         return Estimate(
@@ -126,11 +129,15 @@ class Estimator:
         """(forward s, backward s (input pass for ZB), weight pass s, FLOPs, MoE layers) of one microbatch."""
         f = b = w = flops = 0.0
         moe = 0
-        for seg in chunk_segments(self.model, layers, first=first, last=last):
+        for seg in chunk_segments(self.model, layers, first=first, last=last, split=coster.split):
+            if seg.tp != ("", ""):  # a tensor-parallel collective blocks the compute stream
+                forward, backward = (self._tp_s(kind, coster) for kind in seg.tp)
+                f, b = f + forward, b + backward
+                continue
             if seg.role:
                 moe += seg.role == "dispatch"
                 continue
-            rows = self._expert_rows(ep, seg.ops[0], coster.tokens) if seg.expert else ()
+            rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
             fs, ff = coster.cost("forward_expert" if seg.expert else "forward", seg.ops, rows)
             if zb:
                 bs, bf = coster.cost("backward_expert_input" if seg.expert else "backward_input", seg.ops, rows)
@@ -150,11 +157,14 @@ class Estimator:
         if recompute != "full":
             return 0.0, 0
         seconds, moe = 0.0, 0
-        for seg in chunk_segments(self.model, layers, first=first, last=False):
+        for seg in chunk_segments(self.model, layers, first=first, last=False, split=coster.split):
+            if seg.tp != ("", ""):
+                seconds += self._tp_s(seg.tp[0], coster)
+                continue
             if seg.role:
                 moe += seg.role == "dispatch"
                 continue
-            rows = self._expert_rows(ep, seg.ops[0], coster.tokens) if seg.expert else ()
+            rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
             seconds += coster.cost("recompute_expert" if seg.expert else "recompute", seg.ops, rows)[0]
         return seconds, moe
 
@@ -163,21 +173,33 @@ class Estimator:
         return _rows_cached(self.model.num_experts, self.model.top_k, ep, parse_op(op).layer, tokens)
 
     # ---- communication -------------------------------------------------------------------------
+    def _tp_s(self, kind: str, coster: TaskCoster) -> float:
+        """One tensor-parallel collective ("" for none) of a micro-batch's activations in the first TP group."""
+        if not kind:
+            return 0.0
+        split = coster.split
+        size = coster.tokens * self.model.d_model * self.model.dtype_bytes
+        registry = {"all_reduce": ALL_REDUCE, "reduce_scatter": REDUCE_SCATTER, "all_gather": ALL_GATHER}[kind]
+        gpus = tuple(self.gpus[:split.tp])
+        return self._cached(("tp", kind, split.tp, size), lambda: self.phases_s(
+            registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), gpus))
+
     def _all_to_all_s(self, point: PlanPoint, tokens: int) -> float:
-        """One dispatch (or combine) of one microbatch in the first EP group."""
+        """One dispatch (or combine) of one microbatch in the first EP group (its ranks of one TP index)."""
         if point.ep == 1:
             return 0.0
-        per_pair = tokens * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
+        routed = tokens * point.parallel.split.dispatch_share
+        per_pair = routed * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
         matrix = np.full((point.ep, point.ep), per_pair)
         np.fill_diagonal(matrix, 0.0)
-        gpus = tuple(self.gpus[:point.ep])
+        gpus = tuple(self.gpus[:point.ep * point.etp:point.etp])
         return self.phases_s(ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all")(matrix, list(gpus), self.topo))
 
     def _p2p_s(self, point: PlanPoint, tokens: int) -> float:
         if point.pp == 1:
             return 0.0
         per_stage = point.num_gpus // point.pp
-        size = tokens * self.model.d_model * self.model.dtype_bytes
+        size = tokens * self.model.d_model * self.model.dtype_bytes * point.parallel.split.sequence_share
         phase = Phase(src=np.array([0]), dst=np.array([1]), sizes=np.array([float(size)]), name="p2p")
         return self.profile.p2p_overhead_s + self._phase_s(phase, (self.gpus[0], self.gpus[per_stage]))
 
@@ -191,17 +213,17 @@ class Estimator:
             held = tuple(layer for v in chunks for layer in layers[v])
             ends = {"first": any(map(stages.is_first, chunks)), "last": any(map(stages.is_last, chunks)),
                     "ep": point.ep}
-            params = rank_params(self.model, held, **ends)
+            params = rank_params(self.model, held, **ends, split=point.parallel.split)
             grad = 0.0
-            base = p * per_stage
-            dense_shards, expert_shards = point.ep * point.dp, point.dp
-            if dense_shards > 1:  # dense gradients over every replica of the stage
-                grad += self._reduce_group_s(params["dense"], self.gpus[base:base + per_stage], point.zero)
-            if expert_shards > 1:  # expert gradients over the data-parallel copies of the same experts
-                grad += self._reduce_group_s(params["expert"], self.gpus[base:base + per_stage:point.ep], point.zero)
-            if not point.zero:
-                dense_shards = expert_shards = 1
-            updated = params["dense"] / dense_shards + params["expert"] / expert_shards
+            stage = self.gpus[p * per_stage:(p + 1) * per_stage]
+            groups = {"dense": stage[::point.tp], "replicated": stage if point.tp > 1 else [],
+                      "expert": stage[::point.ep * point.etp]}  # the replicas of rank 0's parameters of each class
+            for kind, gpus in groups.items():
+                if len(gpus) > 1:
+                    grad += self._reduce_group_s(params[kind], gpus, point.zero)
+            shards = param_shards(zero=point.zero, data_parallel=point.parallel.data_parallel, dp=point.dp,
+                                  stage_size=per_stage)
+            updated = sum(params[kind] / shards[kind] for kind in PARAM_CLASSES)
             tensors = rank_param_tensors(self.model, held, **ends)
             worst_grad = max(worst_grad, grad)
             worst_opt = max(worst_opt, self.coster(1).optimizer_time_s(updated, tensors))
@@ -259,6 +281,11 @@ def _rows_cached(num_experts: int, top_k: int, ep: int, layer: int, tokens: int)
     """Rows each local expert of EP rank 0 gets under balanced routing, as the engine dispatches them."""
     routed = routing_from_config({"kind": "uniform"}, num_experts, top_k, 0).route(0, layer, 0, 0, ep, tokens)
     return tuple(int(r) for r in dispatch(routed.kept, contiguous_owners(num_experts, ep), ep).expert_rows[0])
+
+
+def _routed(coster: TaskCoster) -> int:
+    """Tokens of a micro-batch one rank routes (all, or its 1/tp slice when etp is 1)."""
+    return int(coster.tokens * coster.split.dispatch_share)
 
 
 SPLIT_BACKWARD = frozenset({"zb-h1", "dualpipe", "dualpipe-v"})  # backward = input pass + weight pass

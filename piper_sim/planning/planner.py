@@ -108,6 +108,7 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
     profile = load_profile(request.profile)
     points = enumerate_plans(model, request.num_gpus, request.global_batch, fixed=request.fixed,
                              domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
+                             node_gpus=domain_gpus(request.topology, request.num_gpus, "node"),
                              schedules=SCHEDULE_NAMES, all_to_alls=A2A_NAMES,
                              recomputes=("none", "full") if request.flash_attention else RECOMPUTE_MODES,
                              # ZeRO-2 peaks as ZeRO-1 here (workload/memory.py): searched only when --fix asks

@@ -28,7 +28,6 @@ from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.plan import stage_memory_terms
 from piper_sim.workload.memory import rank_params
 from piper_sim.workload.model import ModelSpec
-from piper_sim.workload.parallel import ParallelSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,14 +50,13 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
     """Per pipeline stage: state and peak activation bytes of one of its ranks."""
     stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
     layers = split_layers(model.num_layers, stages)
-    parallel = ParallelSpec(pp=point.pp, ep=point.ep, dp=point.dp, vpp=point.vpp,
-                            num_microbatches=point.num_microbatches, micro_batch_size=point.micro_batch_size)
+    parallel = point.parallel
     out = []
     for p in range(point.pp):
         chunks = [stages.of(p, c) for c in range(point.vpp)]
         held = tuple(layer for v in chunks for layer in layers[v])
         params = rank_params(model, held, first=any(map(stages.is_first, chunks)),
-                             last=any(map(stages.is_last, chunks)), ep=point.ep)
+                             last=any(map(stages.is_last, chunks)), ep=point.ep, split=parallel.split)
         terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
                                    recompute=point.recompute, recompute_layers=None, zero=point.zero,
                                    stages=stages)

@@ -75,7 +75,7 @@ class TaskCoster:
             else:  # measured fixed cost of the op's code path, plus its arithmetic without per-kernel launches
                 arithmetic = replace(work, num_kernels=0)
                 seconds += fixed + factor * work_time_s(self.profile, arithmetic, self.model.dtype_bytes)
-            flops += factor * work.flops
+            flops += factor * work.model_flops(self.split.tp)
         self._cache[key] = (seconds, flops)
         return seconds, flops
 

@@ -34,10 +34,17 @@ class OpWork:
     attention_seq_len: int = 0
     elementwise_bytes: float = 0.0
     num_kernels: int = 0
+    repeated_gemms: int = 0  # the first GEMMs every rank of the tensor-parallel group runs whole (replicated)
 
     @property
     def flops(self) -> float:
         return sum(g.flops for g in self.gemms) + self.attention_flops
+
+    def model_flops(self, tp: int) -> float:
+        """The rank's share of the model's FLOPs: work repeated on every rank of its tensor-parallel group
+        counts once per group."""
+        repeated = sum(g.flops for g in self.gemms[:self.repeated_gemms])
+        return self.flops - repeated * (1 - 1 / tp)
 
 
 def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...] = (),
@@ -66,7 +73,7 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
     if name == "router":
         return OpWork(gemms=(Gemm(routed, d, model.num_experts),),
                       elementwise_bytes=(2 + model.top_k) * routed * d * b + 8 * routed * model.num_experts,
-                      num_kernels=6)
+                      num_kernels=6, repeated_gemms=int(tp > 1 and split.dispatch_share == 1))
     if name == "shared":
         return _ffn(routed, d, model.shared_ffn_dim // split.etp, model.expert_matrices, b,
                     copies=model.num_shared_experts)
@@ -89,18 +96,20 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT) -> 
     if model.mla is not None:
         m = model.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        gemms = [Gemm(tokens, d, m.kv_lora_rank + m.qk_rope_head_dim),
-                 Gemm(tokens, m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim)),
-                 Gemm(tokens, h * m.v_head_dim, d)]
-        gemms += [Gemm(tokens, d, m.q_lora_rank), Gemm(tokens, m.q_lora_rank, h * qk)] if m.q_lora_rank else [
-            Gemm(tokens, d, h * qk)]
+        down = [Gemm(tokens, d, m.kv_lora_rank + m.qk_rope_head_dim)]  # replicated over the group
+        down += [Gemm(tokens, d, m.q_lora_rank)] if m.q_lora_rank else []
+        gemms = down + [Gemm(tokens, m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim)),
+                        Gemm(tokens, h * m.v_head_dim, d)]
+        gemms += [Gemm(tokens, m.q_lora_rank, h * qk)] if m.q_lora_rank else [Gemm(tokens, d, h * qk)]
         core = tokens * model.seq_len * h * (qk + m.v_head_dim)
+        repeated = len(down) if tp > 1 else 0
     else:
         gemms = [Gemm(tokens, d, (h + 2 * kv) * hd), Gemm(tokens, h * hd, d)]
         core = 2.0 * tokens * model.seq_len * h * hd
+        repeated = 0
     elementwise = (2 * split.sequence_share + 4 / tp) * tokens * d * b  # the norm's in and out; q, k, v, output
     return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
-                  elementwise_bytes=elementwise, num_kernels=8)
+                  elementwise_bytes=elementwise, num_kernels=8, repeated_gemms=repeated)
 
 
 def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copies: int) -> OpWork:
