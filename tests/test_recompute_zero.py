@@ -28,23 +28,43 @@ def test_zero_state_bytes_are_the_zero_paper_formulas():
     assert state_bytes_per_param(0, 8) == 16 and state_bytes_per_param(0, 8, dtype_bytes=4) == 16
     assert state_bytes_per_param(1, 8) == pytest.approx(4 + 12 / 8)
     assert state_bytes_per_param(1, 8, dtype_bytes=4) == pytest.approx(8 + 8 / 8)
-    # P_os+g (2 + 14/Nd) needs the gradients reduce-scattered during the backward; the lowered schedule
-    # reduce-scatters once after the last backward, so full gradients are alive at the peak: stage 2 = stage 1
-    assert state_bytes_per_param(2, 8) == state_bytes_per_param(1, 8)
+    # P_os+g: 2 + 14/Nd (fp32: 4 + 12/Nd); the full gradients of the chunk whose backward runs are the
+    # stage plan's transient (test_zero2_reduce_scatters_each_chunk_and_micro_batch)
+    assert state_bytes_per_param(2, 8) == pytest.approx(2 + 14 / 8)
+    assert state_bytes_per_param(2, 8, dtype_bytes=4) == pytest.approx(4 + 12 / 8)
     assert state_bytes_per_param(2, 1) == 16  # one replica: nothing to shard
 
 
 def test_zero_memory_per_rank_in_the_simulator():
     plain = simulate(load_config(BASE)).report
-    sharded = simulate(load_config(BASE, ["optimizer.zero=2"])).report
     cfg = load_config(BASE)
     from piper_sim.sim.plan import build_stage_plans
 
     plan = build_stage_plans(build_schedule(cfg), cfg.model, cfg.parallel, True)[0]
     dense, expert = plan.params_dense, plan.params_expert
-    saved = dense * (16 - state_bytes_per_param(2, 4)) + expert * 0  # ep 4 x dp 1: experts have one replica
-    assert saved == dense * 9
-    assert plain.peak_memory_bytes[0] - sharded.peak_memory_bytes[0] == pytest.approx(saved, rel=1e-12)
+    for zero, bucket in ((1, 0.0), (2, 2 * (dense + expert))):  # ZeRO-2: one chunk's (here all) gradients alive
+        sharded = simulate(load_config(BASE, [f"optimizer.zero={zero}"])).report
+        saved = dense * (16 - state_bytes_per_param(zero, 4)) + expert * 0  # ep 4 x dp 1: experts have one replica
+        assert saved == dense * (9 if zero == 1 else 10.5)  # 16 - (4 + 12/4); 16 - (2 + 14/4)
+        assert plain.peak_memory_bytes[0] - sharded.peak_memory_bytes[0] == pytest.approx(saved - bucket, rel=1e-12)
+
+
+def test_zero2_reduce_scatters_each_chunk_and_micro_batch():
+    """ZeRO-2 (Rajbhandari et al. 2020, section 5.2): gradients reduce-scattered as the backward produces them; the
+    lowered schedule does it after each chunk's backward (or weight pass) of each micro-batch, then only the
+    parameters' all-gather follows the optimizer."""
+    for schedule in ("1f1b", "zb-h1"):
+        cfg = load_config(BASE, ["optimizer.zero=2", f"schedule={schedule}"])
+        program = build_schedule(cfg).stage_programs[0]
+        scatters = [t for t in program if t.kind == "reduce_scatter"]
+        assert len(scatters) == cfg.parallel.num_microbatches and all(t.chunk == 0 for t in scatters)
+        producer = "backward_weight" if schedule == "zb-h1" else "backward"
+        index = {t.task_id: i for i, t in enumerate(program)}
+        for t in scatters:
+            assert program[index[t.deps[0]]].kind.value.startswith(producer)
+        assert [t.kind for t in program[-2:]] == ["optimizer", "all_gather"]
+        check_schedule(build_schedule(cfg))
+        dry_run(build_schedule(cfg))
 
 
 def test_reduce_scatter_plus_all_gather_move_what_one_all_reduce_moves():

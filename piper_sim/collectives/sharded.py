@@ -3,7 +3,8 @@
 Owns the registries REDUCE_SCATTER and ALL_GATHER: (bytes of the whole buffer per member, member GPUs,
 topology) -> phases. "ring": the two halves of the ring all-reduce (collectives.phases.all_reduce_ring),
 n - 1 steps of size/n each to the next member, so a reduce-scatter plus an all-gather moves exactly what
-one ring all-reduce moves (Rajbhandari et al. 2020: ZeRO-1 and ZeRO-2 keep data parallelism's volume).
+one ring all-reduce moves (Rajbhandari et al. 2020: ZeRO-1 keeps data parallelism's volume; ZeRO-2 reduce-scatters
+each micro-batch's gradients, and tensor/sequence parallelism uses the same halves on activations).
 Pure numpy; no simpy or torch.
 """
 

@@ -102,6 +102,9 @@ class Estimator:
                 rs, redo_moe = self._cached(
                     key, lambda v=v, first=first: self._recompute(coster, point.ep, layers[v], first, point.recompute))
                 f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
+                if point.zero == 2:  # the chunk's gradients reduce-scattered after its backward of each micro-batch
+                    bucket = self._cached(("bucket", point, v), lambda v=v, p=p: self._bucket_s(point, layers, p, v))
+                    b, w = (b, w + bucket) if zb else (b + bucket, w)
                 a2a_s += (4 * moe + 2 * redo_moe) * a2a
             share = 1 / stages.num_pipelines  # bidirectional: a microbatch runs one of the two chunks
             f, b, w, a2a_s, flops = (x * share for x in (f, b, w, a2a_s, flops))
@@ -215,10 +218,7 @@ class Estimator:
                     "ep": point.ep}
             params = rank_params(self.model, held, **ends, split=point.parallel.split)
             grad = 0.0
-            stage = self.gpus[p * per_stage:(p + 1) * per_stage]
-            groups = {"dense": stage[::point.tp], "replicated": stage if point.tp > 1 else [],
-                      "expert": stage[::point.ep * point.etp]}  # the replicas of rank 0's parameters of each class
-            for kind, gpus in groups.items():
+            for kind, gpus in self._replica_groups(point, p).items():
                 if len(gpus) > 1:
                     grad += self._reduce_group_s(params[kind], gpus, point.zero)
             shards = param_shards(zero=point.zero, data_parallel=point.parallel.data_parallel, dp=point.dp,
@@ -229,14 +229,34 @@ class Estimator:
             worst_opt = max(worst_opt, self.coster(1).optimizer_time_s(updated, tensors))
         return worst_grad, worst_opt
 
+    def _replica_groups(self, point: PlanPoint, p: int) -> dict[str, list[str]]:
+        """The replicas of stage p's rank 0's parameters of each class (memory.PARAM_CLASSES)."""
+        per_stage = point.num_gpus // point.pp
+        stage = self.gpus[p * per_stage:(p + 1) * per_stage]
+        return {"dense": stage[::point.tp], "replicated": stage if point.tp > 1 else [],
+                "expert": stage[::point.ep * point.etp]}
+
+    def _bucket_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int) -> float:
+        """ZeRO-2: one micro-batch's reduce-scatter of a chunk's gradients, every class."""
+        stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
+        params = rank_params(self.model, layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=point.ep,
+                             split=point.parallel.split)
+        return sum(self._sharded_s(REDUCE_SCATTER, params[kind] * self.model.dtype_bytes, gpus)
+                   for kind, gpus in self._replica_groups(point, p).items() if len(gpus) > 1)
+
+    def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
+        return self.phases_s(registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),
+                             tuple(gpus))
+
     def _reduce_group_s(self, params: float, gpus: list[str], zero: int) -> float:
-        """One all-reduce of the gradients, or with ZeRO their reduce-scatter and the parameters' all-gather."""
+        """One all-reduce of the gradients, or with ZeRO their reduce-scatter (ZeRO-1; ZeRO-2's are per chunk,
+        _bucket_s) and the parameters' all-gather."""
         size = params * self.model.dtype_bytes
         if not zero:
             return self.phases_s(ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),
                                  tuple(gpus))
-        return sum(self.phases_s(registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),
-                                 tuple(gpus)) for registry in (REDUCE_SCATTER, ALL_GATHER))
+        registries = (ALL_GATHER,) if zero == 2 else (REDUCE_SCATTER, ALL_GATHER)
+        return sum(self._sharded_s(registry, size, gpus) for registry in registries)
 
     def phases_s(self, phases: list[Phase], gpus: tuple[str, ...] | None = None) -> float:
         """End of the last phase, each after the phases in its `after`."""

@@ -111,8 +111,7 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
                              node_gpus=domain_gpus(request.topology, request.num_gpus, "node"),
                              schedules=SCHEDULE_NAMES, all_to_alls=A2A_NAMES,
                              recomputes=("none", "full") if request.flash_attention else RECOMPUTE_MODES,
-                             # ZeRO-2 peaks as ZeRO-1 here (workload/memory.py): searched only when --fix asks
-                             zeros=ZERO_STAGES if "zero" in (request.fixed or {}) else (0, 1))
+                             zeros=ZERO_STAGES)
     if not points:
         raise ConfigError("plan", f"{model.name} on {request.num_gpus} GPUs, global batch {request.global_batch}",
                           "a GPU count, batch and --fix values that admit at least one plan (ep must divide "

@@ -138,8 +138,9 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
     between steps), when there is more than one EP rank. recompute: before each chunk's backward,
     "full" re-runs the forward of its first `recomputed` layers (all when None; their all-to-alls too),
     "selective" the attention core of each layer (kinds recompute / recompute_expert, after the gradient
-    arrives). zero > 0: gradients are reduce-scattered before the optimizer step and the updated
-    parameters all-gathered after it, in place of one all-reduce. The mesh's tp and etp, and sp, place the
+    arrives). zero > 0: gradients are reduce-scattered and the updated parameters all-gathered after the
+    optimizer step, in place of one all-reduce: zero 1 reduce-scatters once before the optimizer, zero 2 each
+    chunk's gradients as each micro-batch's backward finishes them. The mesh's tp and etp, and sp, place the
     tensor-parallel collectives (TensorSplit; docs/tensor-parallel.md).
     """
     mesh = coarse.mesh
@@ -172,8 +173,27 @@ def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) 
             raise ValueError(f"cannot lower coarse task kind {task.kind!r}")
         last_of[task.task_id] = new[-1].task_id if new[-1].kind != "send" else new[-2].task_id
         out.extend(new)
+        if ctx.zero == 2 and task.kind in ("backward", "backward_weight"):  # the chunk's weight gradients are done
+            out.extend(_bucket_reduce_scatters(ctx, task, last_of[task.task_id]))
     out.extend(_reduction_tasks(ctx, out))
     return tuple(out)
+
+
+def _reduction_axes(ctx: LoweringContext) -> list[tuple[str, str]]:
+    return [(kind, axis) for kind, axis in (("dense", ctx.reduce_dense_axis), ("expert", ctx.reduce_expert_axis),
+                                            ("replicated", ctx.reduce_replicated_axis)) if axis]
+
+
+def _bucket_reduce_scatters(ctx: LoweringContext, task: Task, after: str) -> list[Task]:
+    """ZeRO-2 (Rajbhandari et al. 2020, section 5.2): each micro-batch's gradients of a chunk are reduce-scattered
+    as its backward finishes them, into the rank's gradient shard; the full gradients do not outlive the chunk's
+    backward."""
+    c, m = task.chunk, task.microbatch
+    tasks: list[Task] = []
+    for kind, axis in _reduction_axes(ctx):
+        tasks.append(Task(task_id=f"reducescatter:grad_{kind}:c{c}:m{m}", kind="reduce_scatter", role=f"grad_{kind}",
+                          chunk=c, microbatch=m, group_axis=axis, deps=(after,)))
+    return tasks
 
 
 def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: dict[str, str]) -> list[Task]:
@@ -268,9 +288,8 @@ def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: t
 def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
     last = program[-1].task_id
     tasks: list[Task] = []
-    axes = [(kind, axis) for kind, axis in (("dense", ctx.reduce_dense_axis), ("expert", ctx.reduce_expert_axis),
-                                            ("replicated", ctx.reduce_replicated_axis)) if axis]
-    for kind, axis in axes:
+    axes = _reduction_axes(ctx)
+    for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
         if ctx.zero:
             tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind="reduce_scatter", role=f"grad_{kind}",
                               group_axis=axis, deps=(last,)))

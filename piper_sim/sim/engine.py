@@ -404,7 +404,7 @@ class Simulation:
         if task.kind == "all_to_all" and not self.routing.is_uniform:
             return self._build_phases(step, task, group)
         version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == "all_to_all" else 0
-        key = (group, task.kind, task.role, task.layer, version)
+        key = (group, task.kind, task.role, task.layer, task.chunk, version)
         hit = self._phase_cache.get(key)
         if hit is None:
             hit = self._phase_cache[key] = self._build_phases(step, task, group)
@@ -419,9 +419,10 @@ class Simulation:
         plan = self.plans[self.mesh.stage_of(group[0])]
         if task.role == "tp":  # a micro-batch's activations (or their gradients), whole
             size = self.activation_bytes
-        else:
-            size = self.model.dtype_bytes * {"dense": plan.params_dense, "expert": plan.params_expert,
-                                             "replicated": plan.params_replicated}[task.role.partition("_")[2]]
+        else:  # gradients or parameters of one class: the stage's, or one chunk's (ZeRO-2's buckets)
+            kind = task.role.partition("_")[2]
+            size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0 else {
+                "dense": plan.params_dense, "expert": plan.params_expert, "replicated": plan.params_replicated}[kind])
         algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
         return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name
 

@@ -39,6 +39,7 @@ class StagePlan:
     params_dense: float
     params_expert: float
     params_replicated: float  # tp > 1: parameters every rank of the stage holds whole (memory.rank_params)
+    chunk_params: dict[int, dict[str, float]]  # per chunk, its parameters by class (ZeRO-2's per-chunk buckets)
     param_tensors: int
     state_bytes: float  # training state of the parameters held (sharded as the optimizer's ZeRO stage says)
     transient_bytes: float  # full recomputation: one recomputed layer's activations during its backward
@@ -61,6 +62,9 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         ends = {"first": any(map(stages.is_first, chunks)), "last": any(map(stages.is_last, chunks)),
                 "ep": parallel.ep}
         params = rank_params(model, layers, **ends, split=parallel.split)
+        chunk_params = {c: rank_params(model, schedule.stage_layers[v], first=stages.is_first(v),
+                                       last=stages.is_last(v), ep=parallel.ep, split=parallel.split)
+                        for c, v in enumerate(chunks)}
         memory = stage_memory_terms(model, schedule.stage_layers, chunks, parallel, params,
                                     flash_attention=flash_attention, recompute=recompute,
                                     recompute_layers=recompute_layers, zero=zero, stages=stages)
@@ -75,6 +79,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
             fixed_cost=[(0.0, 0.0)] * len(program),
             mem_at_start=mem_start, mem_at_end=mem_end,
             params_dense=params["dense"], params_expert=params["expert"], params_replicated=params["replicated"],
+            chunk_params=chunk_params,
             param_tensors=rank_param_tensors(model, layers, **ends), state_bytes=memory["state"],
             transient_bytes=memory["transient"], optimizer_params=memory["optimizer_params"],
         ))
@@ -104,6 +109,10 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
                     for c, v in enumerate(chunks))
     shards = param_shards(zero=zero, data_parallel=parallel.data_parallel, dp=parallel.dp,
                           stage_size=parallel.num_gpus // parallel.pp)
+    if zero == 2:  # a chunk's full gradients live while its backward runs, until they are reduce-scattered
+        transient += max(model.dtype_bytes * sum(
+            rank_params(model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,
+                        split=split).values()) for v in chunks)
     return {"act": act, "transient": transient,
             "state": state_bytes(params, zero=zero, shards=shards, dtype_bytes=model.dtype_bytes),
             "optimizer_params": sum(params[kind] / shards[kind] for kind in PARAM_CLASSES)}

@@ -5,8 +5,10 @@ replicas, or its routed experts, replicated over dp) become views of one flat bu
 of the replicas; the rank's slice of it is the one parameter its Adam updates (so Adam's two moments
 exist for that slice only). The gradients are reduce-scattered into that slice's gradient
 (dist.reduce_scatter_tensor: gloo and nccl both run it), and the updated slices all-gathered back into
-the buffer (dist.all_gather_into_tensor), which updates every replica's parameters in place. ZeRO-2
-drops the full gradients once they are reduced; ZeRO-1 keeps them until the optimizer step ends.
+the buffer (dist.all_gather_into_tensor), which updates every replica's parameters in place. ZeRO-1
+reduce-scatters once before the optimizer step and keeps the full gradients until it ends; ZeRO-2's schedule
+reduce-scatters after each chunk's backward of each micro-batch (the group's whole buffer: what is not yet
+computed is zero), adds the result into the shard's gradient and drops the full gradients.
 Only piper_sim.torch_backend may import torch.
 """
 
@@ -55,7 +57,10 @@ class ShardedGroup:
                 view.copy_(p.grad)
         shard_grad = torch.empty(self.shard_numel, dtype=grads.dtype, device=grads.device)
         dist.reduce_scatter_tensor(shard_grad, grads, group=self.group)
-        self.shard.grad = shard_grad
+        if self.stage >= 2 and self.shard.grad is not None:  # ZeRO-2: once per chunk and micro-batch, accumulated
+            self.shard.grad += shard_grad
+        else:
+            self.shard.grad = shard_grad
         if self.stage >= 2:  # only the reduced shard stays
             for p in self.params:
                 p.grad = None
