@@ -19,6 +19,7 @@ from piper_sim.errors import PiperError
 from piper_sim.paths import config_path, data_dir
 from piper_sim.planning.cli import register as register_plan
 from piper_sim.planning.cli import register_sweep
+from piper_sim.reproduce.cli import register as register_reproduce
 from piper_sim.schedule.build import build_coarse_schedule, build_schedule
 from piper_sim.schedule.grid import render_grid
 from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_calibrate(sub)
     register_plan(sub)
     register_sweep(sub)
+    register_reproduce(sub)
     return parser
 
 

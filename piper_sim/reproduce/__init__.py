@@ -1,0 +1,1 @@
+"""`piper-sim reproduce`: the Piper paper's experiments as one command (run.py)."""

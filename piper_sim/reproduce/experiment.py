@@ -1,0 +1,48 @@
+"""What one experiment of `piper-sim reproduce` is: its points, and the report section made from their results.
+
+Owns Experiment (name, title, the paper's claim, points(quick) -> payloads, section(results, out) -> Section),
+Section (a table, a plot, what the simulator predicts, the mechanism behind it) and figure (a plot saved under
+DIR/figures). Must not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+
+@dataclass(frozen=True, kw_only=True)
+class Section:
+    table: pd.DataFrame
+    plot: str  # path relative to the report
+    prediction: str  # the simulator's figures beside the claim, from this run
+    mechanism: str  # why: the links, memory or compute terms behind the figures
+    notes: str = ""  # what each point used (plans, machine sizes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    name: str
+    title: str
+    claim: str  # the paper's claim as DESIGN.md states it ("" where the paper gives none)
+    points: Callable[[bool], list[dict]]
+    section: Callable[[list[tuple[dict, dict]], Path], Section]
+
+
+def figure(out: Path, name: str, draw: Callable) -> str:
+    """Draw on a fresh axes and save DIR/figures/NAME.png; the path relative to DIR."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    draw(ax)
+    fig.tight_layout()
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / "figures" / f"{name}.png", dpi=120)
+    plt.close(fig)
+    return f"figures/{name}.png"
