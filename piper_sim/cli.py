@@ -118,6 +118,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from piper_sim.validation.summary import summarize
     from piper_sim.workload.profile import HostProfile
 
+    if args.published or any(c.startswith("published/") for c in args.cases):
+        return _validate_published(args)
+    if not args.profile:
+        raise PiperError("validate: --profile is required for testbed cases (e.g. --profile cpu-2rank)")
     cases = find_cases(args.cases, data_dir("validation") / "cases")
     host = load_profiles(args.profile)[1] or HostProfile()  # a bad profile fails before any measuring
     if args.remeasure:
@@ -137,6 +141,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}/ (validation.csv, phases.csv, concurrency.csv, summary.json, "
               "predicted_vs_measured.png)")
     return 1 if summary["outside_tolerance"] else 0
+
+
+def _validate_published(args: argparse.Namespace) -> int:
+    from piper_sim.validation.published import (
+        find_published,
+        format_published,
+        score_published,
+        summarize_published,
+        write_published,
+    )
+
+    if args.remeasure or args.profile:
+        raise PiperError("validate --published: --remeasure and --profile apply to testbed cases only")
+    names = [c.removeprefix("published/") for c in args.cases]
+    runs = find_published(names, data_dir("validation") / "published")
+    scores = []
+    for i, run in enumerate(runs):
+        print(f"[{i + 1}/{len(runs)}] simulating {run.name} ...", file=sys.stderr)
+        scores.append(score_published(run))
+    summary = summarize_published(scores)
+    print(format_published(scores, summary))
+    if args.out is not None:
+        write_published(args.out, scores, summary)
+        print(f"wrote {args.out}/ (published.csv, published_summary.json, published_vs_predicted.png)")
+    return 0
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
@@ -201,8 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--testbed", metavar="PREFIX", help="run inside the emulated cluster of `testbed up`")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="predict measured validation cases from a profile; score the errors")
-    p.add_argument("cases", nargs="*", help="case names or directories (default: all in validation/cases)")
-    p.add_argument("--profile", required=True, help="calibrated cost profile (traces/profiles/NAME.yaml)")
+    p.add_argument("cases", nargs="*", help="case names or directories (default: all in validation/cases); with "
+                   "--published, run names of validation/published (published/NAME also works)")
+    p.add_argument("--profile", help="calibrated cost profile (traces/profiles/NAME.yaml); required for testbed "
+                   "cases, not with --published (each run names its own)")
+    p.add_argument("--published", action="store_true", help="score the simulator on the published training runs "
+                   "of validation/published instead of the testbed cases")
     p.add_argument("--remeasure", action="store_true", help="rerun the real side first (root for testbed cases)")
     p.add_argument("--repeats", type=int, default=1,
                    help="with --remeasure: runs per case; the run with the median step time is kept (default 1)")

@@ -1,0 +1,169 @@
+"""`piper-sim validate --published`: the simulator against training runs published with their plans
+(validation/published/NAME.yaml: name, source, measured, config, notes; validation/published/README.md).
+
+Owns reading the runs, the measured step time of each (stated, or from a published throughput through the
+publication's own FLOP formula, so no FLOP convention of piper-sim's enters the measured side), scoring and the
+summary: error per run, MAPE, worst run, and the share of run pairs whose order by per-GPU throughput the
+prediction keeps. Must not import torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+import yaml
+
+from piper_sim.config import load_config
+from piper_sim.errors import ConfigError, PiperError
+
+PUBLISHED_DIR = "published"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedRun:
+    name: str
+    source: str
+    measured: dict
+    config: dict
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.measured["global_batch"]) * int(self.measured["seq_len"])
+
+
+def find_published(names: list[str], root: Path) -> list[PublishedRun]:
+    """The named runs (NAME or published/NAME), or every run under root."""
+    if not names:
+        paths = sorted(root.glob("*.yaml"))
+    else:
+        paths = []
+        for name in names:
+            path = root / f"{Path(name).name.removesuffix('.yaml')}.yaml"
+            if not path.exists():
+                raise ConfigError("validate --published", name,
+                                  f"a run of {root} ({', '.join(p.stem for p in sorted(root.glob('*.yaml')))})")
+            paths.append(path)
+    return [load_published(p) for p in paths]
+
+
+def load_published(path: Path) -> PublishedRun:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise PiperError(f"{path}: not a readable YAML file ({type(exc).__name__})") from None
+    for key in ("name", "source", "measured", "config"):
+        if not isinstance(data, dict) or key not in data:
+            raise ConfigError(f"{path.name}: {key}", None, "name, source, measured and config sections")
+    source = data["source"]
+    text = (f"{source.get('title', '')} ({source.get('year', '')}), {source.get('where', '')}"
+            if isinstance(source, dict) else str(source))
+    return PublishedRun(name=str(data["name"]), source=text, measured=data["measured"], config=data["config"])
+
+
+def measured_step_s(run: PublishedRun) -> float:
+    """The published step time, or the FLOPs of one step by the publication's formula over its throughput."""
+    m = run.measured
+    if "iteration_time_s" in m:
+        return float(m["iteration_time_s"])
+    formula = FLOP_FORMULAS.get(m.get("flops_formula"))
+    if formula is None:
+        raise ConfigError(f"{run.name}: measured.flops_formula", m.get("flops_formula"), ", ".join(FLOP_FORMULAS))
+    return formula(run) / (float(m["throughput_TFLOPS_per_gpu"]) * 1e12 * int(m["num_gpus"]))
+
+
+def _narayanan2021(run: PublishedRun) -> float:
+    """Narayanan et al. 2021, equation 3 (with activation recomputation): 96 B s l h^2 (1 + s/6h + V/16lh)."""
+    model = load_config(run.config).model
+    b, s, layers, h, v = (int(run.measured["global_batch"]), model.seq_len, model.num_layers, model.d_model,
+                          model.vocab_size)
+    return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def _megatron_core(run: PublishedRun) -> float:
+    """Megatron-LM's num_floating_point_operations (megatron/training/training.py, 2024): 12 B s l h^2 x
+    (attention ((1 + groups/heads + s/h) x q/h) + FFN (d_ffn/h x top_k x 3/2 for SwiGLU) + shared experts
+    + logits V / (2 l h)), no recomputation counted."""
+    model = load_config(run.config).model
+    b, s, layers, h = int(run.measured["global_batch"]), model.seq_len, model.num_layers, model.d_model
+    q_ratio = model.num_heads * model.attn_head_dim / h
+    gated = 1.5 if model.expert_matrices == 3 else 1.0
+    attention = (1 + model.kv_heads / model.num_heads + s / h) * q_ratio
+    ffn = model.expert_ffn_dim / h * model.top_k * gated
+    shared = model.num_shared_experts * model.shared_ffn_dim / h * gated
+    return 12 * b * s * layers * h * h * (attention + ffn + shared + model.vocab_size / (2 * layers * h))
+
+
+FLOP_FORMULAS = {"narayanan2021-eq3": _narayanan2021, "megatron-core": _megatron_core}
+
+
+def score_published(run: PublishedRun) -> dict:
+    """Simulate the run's config; its step time against the measured one."""
+    from piper_sim.simulate import simulate
+
+    t0 = time.perf_counter()
+    cfg = load_config(run.config)
+    if cfg.parallel.num_gpus != int(run.measured["num_gpus"]):
+        raise ConfigError(f"{run.name}: config.parallel", cfg.parallel.num_gpus,
+                          f"the published GPU count ({run.measured['num_gpus']})")
+    report = simulate(cfg).report
+    measured = measured_step_s(run)
+    gpus = cfg.parallel.num_gpus
+    return {"name": run.name, "num_gpus": gpus, "measured_step_s": measured, "predicted_step_s": report.step_time_s,
+            "error": report.step_time_s / measured - 1,
+            "measured_tokens_per_s_per_gpu": run.tokens_per_step / measured / gpus,
+            "predicted_tokens_per_s_per_gpu": run.tokens_per_step / report.step_time_s / gpus,
+            "predicted_mfu": report.mfu, "bubble_fraction": report.bubble_fraction,
+            "exposed_comm_fraction": report.exposed_comm_fraction, "fits_memory": all(report.fits_memory or [True]),
+            "sim_wall_s": time.perf_counter() - t0, "source": run.source}
+
+
+def summarize_published(scores: list[dict]) -> dict:
+    errors = [abs(s["error"]) for s in scores]
+    worst = max(scores, key=lambda s: abs(s["error"]))
+    pairs = [(a, b) for a, b in combinations(scores, 2)
+             if a["measured_tokens_per_s_per_gpu"] != b["measured_tokens_per_s_per_gpu"]]
+    kept = sum((a["measured_tokens_per_s_per_gpu"] > b["measured_tokens_per_s_per_gpu"])
+               == (a["predicted_tokens_per_s_per_gpu"] > b["predicted_tokens_per_s_per_gpu"]) for a, b in pairs)
+    return {"runs": len(scores), "mape": sum(errors) / len(errors), "worst": worst["name"],
+            "worst_error": worst["error"], "beyond_30pct": sum(e > 0.30 for e in errors),
+            "order_kept": kept / len(pairs) if pairs else 1.0, "pairs": len(pairs)}
+
+
+def format_published(scores: list[dict], summary: dict) -> str:
+    lines = [f"{'run':<38} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8} {'memory':>7}"]
+    for s in scores:
+        lines.append(f"{s['name']:<38} {s['num_gpus']:>5} {s['measured_step_s']:>11.3f} {s['predicted_step_s']:>12.3f} "
+                     f"{100 * s['error']:>+7.1f}% {'fits' if s['fits_memory'] else 'OVER':>7}")
+    lines.append(f"MAPE {100 * summary['mape']:.1f}% over {summary['runs']} runs; worst {summary['worst']} "
+                 f"{100 * summary['worst_error']:+.1f}%; {summary['beyond_30pct']} beyond 30%; order by throughput "
+                 f"kept on {100 * summary['order_kept']:.0f}% of {summary['pairs']} pairs")
+    return "\n".join(lines)
+
+
+def write_published(out: Path, scores: list[dict], summary: dict) -> None:
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(scores).to_csv(out / "published.csv", index=False)
+    (out / "published_summary.json").write_text(json.dumps(summary, indent=2))
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    measured = [s["measured_step_s"] for s in scores]
+    ax.loglog(measured, [s["predicted_step_s"] for s in scores], "o")
+    lo, hi = min(measured) / 1.5, max(measured) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, label="predicted = measured")
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title(f"Published runs: MAPE {100 * summary['mape']:.1f}%")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "published_vs_predicted.png", dpi=120)
+    plt.close(fig)
