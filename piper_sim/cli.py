@@ -159,7 +159,7 @@ def _validate_published(args: argparse.Namespace) -> int:
     scores = []
     for i, run in enumerate(runs):
         print(f"[{i + 1}/{len(runs)}] simulating {run.name} ...", file=sys.stderr)
-        scores.append(score_published(run))
+        scores.append(score_published(run, args.tier))
     summary = summarize_published(scores)
     print(format_published(scores, summary))
     if args.out is not None:
@@ -236,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "cases, not with --published (each run names its own)")
     p.add_argument("--published", action="store_true", help="score the simulator on the published training runs "
                    "of validation/published instead of the testbed cases")
+    p.add_argument("--tier", choices=["des", "estimate"], default="des", help="with --published: simulate each "
+                   "run (des, default) or price it with the planner's estimator (estimate: seconds for the whole set)")
     p.add_argument("--remeasure", action="store_true", help="rerun the real side first (root for testbed cases)")
     p.add_argument("--repeats", type=int, default=1,
                    help="with --remeasure: runs per case; the run with the median step time is kept (default 1)")

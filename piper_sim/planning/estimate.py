@@ -63,8 +63,9 @@ class Estimator:
     """Prices plans of one model on one topology (built for all the plans' GPUs) with one device profile."""
 
     def __init__(self, model: ModelSpec, topology: Topology, placement: list[str], profile: DeviceProfile,
-                 *, collectives_all_reduce: str = "ring") -> None:
+                 *, collectives_all_reduce: str = "ring", flash_attention: bool = True) -> None:
         self.model, self.topo, self.gpus, self.profile = model, topology, placement, profile
+        self.flash = flash_attention
         self.all_reduce = collectives_all_reduce
         self._costers: dict[int, TaskCoster] = {}
         self._memo: dict[tuple, object] = {}  # (what, key) -> value: plans share stages, groups and messages
@@ -76,7 +77,7 @@ class Estimator:
 
     def coster(self, tokens: int, split: TensorSplit = NO_SPLIT) -> TaskCoster:
         if (tokens, split) not in self._costers:
-            self._costers[(tokens, split)] = TaskCoster(self.model, self.profile, tokens, split)
+            self._costers[(tokens, split)] = TaskCoster(self.model, self.profile, tokens, split, self.flash)
         return self._costers[(tokens, split)]
 
     def estimate(self, point: PlanPoint) -> Estimate:

@@ -118,7 +118,7 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
                           f"{model.num_experts} experts and fit the {request.domain}, pp <= {model.num_layers} "
                           "layers, the batch must split into whole microbatches)")
     reserve = reserve_bytes(profile.hbm_bytes, request.reserve_bytes)
-    estimator = Estimator(model, topo, gpus, profile)
+    estimator = Estimator(model, topo, gpus, profile, flash_attention=request.flash_attention)
     rows = []
     for point in points:
         memory = stage_memory(model, point, flash_attention=request.flash_attention)

@@ -99,25 +99,60 @@ def _megatron_core(run: PublishedRun) -> float:
 FLOP_FORMULAS = {"narayanan2021-eq3": _narayanan2021, "megatron-core": _megatron_core}
 
 
-def score_published(run: PublishedRun) -> dict:
-    """Simulate the run's config; its step time against the measured one."""
-    from piper_sim.simulate import simulate
+TIERS = ("des", "estimate")
 
+
+def score_published(run: PublishedRun, tier: str = "des") -> dict:
+    """The run's config simulated (tier "des") or priced by the planner's estimator ("estimate"); its step time
+    against the measured one."""
     t0 = time.perf_counter()
     cfg = load_config(run.config)
     if cfg.parallel.num_gpus != int(run.measured["num_gpus"]):
         raise ConfigError(f"{run.name}: config.parallel", cfg.parallel.num_gpus,
                           f"the published GPU count ({run.measured['num_gpus']})")
-    report = simulate(cfg).report
+    if tier not in TIERS:
+        raise ConfigError("--tier", tier, " or ".join(TIERS))
+    figures = _simulated(cfg) if tier == "des" else _estimated(cfg)
     measured = measured_step_s(run)
     gpus = cfg.parallel.num_gpus
-    return {"name": run.name, "num_gpus": gpus, "measured_step_s": measured, "predicted_step_s": report.step_time_s,
-            "error": report.step_time_s / measured - 1,
+    return {"name": run.name, "num_gpus": gpus, "tier": tier, "measured_step_s": measured, **figures,
+            "error": figures["predicted_step_s"] / measured - 1,
             "measured_tokens_per_s_per_gpu": run.tokens_per_step / measured / gpus,
-            "predicted_tokens_per_s_per_gpu": run.tokens_per_step / report.step_time_s / gpus,
-            "predicted_mfu": report.mfu, "bubble_fraction": report.bubble_fraction,
-            "exposed_comm_fraction": report.exposed_comm_fraction, "fits_memory": all(report.fits_memory or [True]),
-            "sim_wall_s": time.perf_counter() - t0, "source": run.source}
+            "predicted_tokens_per_s_per_gpu": run.tokens_per_step / figures["predicted_step_s"] / gpus,
+            "wall_s": time.perf_counter() - t0, "source": run.source}
+
+
+def _simulated(cfg) -> dict:
+    from piper_sim.simulate import simulate
+
+    report = simulate(cfg).report
+    return {"predicted_step_s": report.step_time_s, "predicted_mfu": report.mfu,
+            "bubble_fraction": report.bubble_fraction, "exposed_comm_fraction": report.exposed_comm_fraction,
+            "fits_memory": all(report.fits_memory or [True])}
+
+
+def _estimated(cfg) -> dict:
+    from piper_sim.calibrate.load import load_profile
+    from piper_sim.planning.estimate import Estimator
+    from piper_sim.planning.resource import stage_memory
+    from piper_sim.planning.space import PlanPoint
+    from piper_sim.topology.load import load_topology
+    from piper_sim.topology.placement import place
+    from piper_sim.workload.memory import headroom_bytes, reserve_bytes
+
+    par, n = cfg.parallel, cfg.parallel.num_gpus
+    point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
+                      num_microbatches=par.num_microbatches, schedule=cfg.schedule, all_to_all=cfg.all_to_all,
+                      recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp)
+    topo = load_topology(cfg.topology, n)
+    profile = load_profile(cfg.cost_profile)
+    estimate = Estimator(cfg.model, topo, place(topo, n, cfg.placement), profile, collectives_all_reduce=cfg.all_reduce,
+                         flash_attention=cfg.flash_attention).estimate(point)
+    peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention)]
+    fits = min(headroom_bytes(peaks, profile.hbm_bytes, reserve_bytes(profile.hbm_bytes))) >= 0
+    return {"predicted_step_s": estimate.step_time_s, "predicted_mfu": estimate.mfu,
+            "bubble_fraction": estimate.bubble_s / estimate.step_time_s, "exposed_comm_fraction": float("nan"),
+            "fits_memory": fits}
 
 
 def summarize_published(scores: list[dict]) -> dict:
@@ -133,10 +168,10 @@ def summarize_published(scores: list[dict]) -> dict:
 
 
 def format_published(scores: list[dict], summary: dict) -> str:
-    lines = [f"{'run':<38} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8} {'memory':>7}"]
+    lines = [f"{'run':<38} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8} {'memory':>7}  tier"]
     for s in scores:
         lines.append(f"{s['name']:<38} {s['num_gpus']:>5} {s['measured_step_s']:>11.3f} {s['predicted_step_s']:>12.3f} "
-                     f"{100 * s['error']:>+7.1f}% {'fits' if s['fits_memory'] else 'OVER':>7}")
+                     f"{100 * s['error']:>+7.1f}% {'fits' if s['fits_memory'] else 'OVER':>7}  {s['tier']}")
     lines.append(f"MAPE {100 * summary['mape']:.1f}% over {summary['runs']} runs; worst {summary['worst']} "
                  f"{100 * summary['worst_error']:+.1f}%; {summary['beyond_30pct']} beyond 30%; order by throughput "
                  f"kept on {100 * summary['order_kept']:.0f}% of {summary['pairs']} pairs")

@@ -44,7 +44,10 @@ def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float:
 
 def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int) -> float:
     t = sum(gemm_time_s(profile, g, dtype_bytes) for g in work.gemms)
-    if work.attention_flops:
+    if work.unfused_gemms:  # the core as batched GEMMs and the score matrix's traffic
+        t += sum(gemm_time_s(profile, g, dtype_bytes) for g in work.unfused_gemms)
+        t += work.score_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+    elif work.attention_flops:
         t += work.attention_flops / (profile.peak_flops_per_s * profile.attention_efficiency(work.attention_seq_len))
     t += work.elementwise_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
     return t + work.num_kernels * profile.kernel_launch_s
@@ -54,9 +57,9 @@ class TaskCoster:
     """Time and FLOPs of compute tasks for one model, profile and micro-batch size, memoized."""
 
     def __init__(self, model: ModelSpec, profile: DeviceProfile, tokens_per_microbatch: int,
-                 split: TensorSplit = NO_SPLIT) -> None:
+                 split: TensorSplit = NO_SPLIT, flash_attention: bool = True) -> None:
         self.model, self.profile, self.tokens = model, profile.for_model(model), tokens_per_microbatch
-        self.split = split
+        self.split, self.flash = split, flash_attention
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     def cost(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
@@ -68,7 +71,7 @@ class TaskCoster:
         factor = BACKWARD_FACTOR[kind]
         seconds = flops = 0.0
         for op in ops:
-            work = op_work(self.model, op, self.tokens, expert_rows, self.split)
+            work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
             fixed = self._framework_s(kind, op, expert_rows, work)
             if fixed is None:
                 seconds += factor * work_time_s(self.profile, work, self.model.dtype_bytes)
@@ -111,7 +114,7 @@ class TaskCoster:
         if not split:  # unmeasured: the input pass runs the whole backward, the weight pass its deferred GEMMs
             if kind != "backward_weight":
                 return base
-            gemms = (work or op_work(self.model, op, self.tokens, expert_rows, self.split)).gemms
+            gemms = (work or op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)).gemms
             return self.profile.kernel_launch_s * sum(g.count for g in gemms)
         tokens, inputs, weights = zip(*split, strict=True)
         share = inputs if kind != "backward_weight" else weights

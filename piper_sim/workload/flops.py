@@ -35,6 +35,10 @@ class OpWork:
     elementwise_bytes: float = 0.0
     num_kernels: int = 0
     repeated_gemms: int = 0  # the first GEMMs every rank of the tensor-parallel group runs whole (replicated)
+    # an attention core run without flash attention: its two batched GEMMs over the whole (masked) score matrix,
+    # and the matrix's traffic; they time the core in place of attention_flops (which stays the model's count)
+    unfused_gemms: tuple[Gemm, ...] = ()
+    score_bytes: float = 0.0
 
     @property
     def flops(self) -> float:
@@ -48,13 +52,15 @@ class OpWork:
 
 
 def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...] = (),
-            split: TensorSplit = NO_SPLIT) -> OpWork:
+            split: TensorSplit = NO_SPLIT, flash: bool = True) -> OpWork:
     """Forward work of one op on `tokens` tokens (micro-batch x seq) of one rank.
 
     expert_rows: for "experts:L", the rows each local expert receives. split: the plan's tensor parallelism
     (docs/tensor-parallel.md): attention heads, dense FFN width and the vocabulary are divided by tp; a rank
     routes tokens x dispatch_share of them; experts' and shared experts' widths are divided by etp; under
-    sequence parallelism the norms run on the rank's 1/tp of the tokens.
+    sequence parallelism the norms run on the rank's 1/tp of the tokens. flash: whether the attention core is
+    one fused kernel (FlashAttention) or, as before it, two batched GEMMs around a softmax over the whole score
+    matrix (unfused_attention).
     """
     name, _ = parse_op(op)
     d, b, tp = model.d_model, model.dtype_bytes, split.tp
@@ -63,10 +69,11 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
     if name == "embed":
         return OpWork(elementwise_bytes=2 * act, num_kernels=1)
     if name == "attn":
-        return _attention(model, tokens, split)
-    if name == "attn_core":  # the core alone: its FLOPs, softmax's traffic over the scores is fused away
-        full = _attention(model, tokens, split)
-        return OpWork(attention_flops=full.attention_flops, attention_seq_len=full.attention_seq_len, num_kernels=1)
+        return _attention(model, tokens, split, flash)
+    if name == "attn_core":  # the core alone: its FLOPs (and without flash attention, the score matrix's work)
+        full = _attention(model, tokens, split, flash)
+        return OpWork(attention_flops=full.attention_flops, attention_seq_len=full.attention_seq_len, num_kernels=1,
+                      unfused_gemms=full.unfused_gemms, score_bytes=full.score_bytes)
     if name == "dense":
         width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
         return _ffn(tokens, d, width // tp, m, b, copies=1)
@@ -88,7 +95,7 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
     raise ValueError(f"no work formula for op {op!r}")
 
 
-def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT) -> OpWork:
+def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT, flash: bool = True) -> OpWork:
     """One layer's attention on a rank: its heads (num_heads / tp), the norm's traffic on the tokens it holds
     (all of them, or 1/tp under sp); MLA's down projections are replicated over the group (run whole)."""
     d, hd, b, tp = model.d_model, model.attn_head_dim, model.dtype_bytes, split.tp
@@ -108,8 +115,23 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT) -> 
         core = 2.0 * tokens * model.seq_len * h * hd
         repeated = 0
     elementwise = (2 * split.sequence_share + 4 / tp) * tokens * d * b  # the norm's in and out; q, k, v, output
+    unfused, scores = ((), 0.0) if flash else unfused_attention(model, tokens, h)
     return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
-                  elementwise_bytes=elementwise, num_kernels=8, repeated_gemms=repeated)
+                  elementwise_bytes=elementwise, num_kernels=8, repeated_gemms=repeated, unfused_gemms=unfused,
+                  score_bytes=scores)
+
+
+def unfused_attention(model: ModelSpec, tokens: int, heads: int) -> tuple[tuple[Gemm, ...], float]:
+    """The attention core without flash attention (Megatron-LM before it; Korthikanti et al. 2022 section 4.1):
+    per sequence and head, Q K^T and softmax(scores) V as batched GEMMs over the whole s x s matrix (the causal
+    mask is applied to it, not skipped), and the matrix in 16-bit memory written by the first GEMM, read and
+    written by the fused softmax, read by the second: 8 bytes per score."""
+    s = model.seq_len
+    m = model.mla
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim if m is not None else model.attn_head_dim
+    v = m.v_head_dim if m is not None else model.attn_head_dim
+    batch = max(tokens // s, 1) * heads
+    return (Gemm(s, qk, s, count=batch), Gemm(s, s, v, count=batch)), 8.0 * batch * s * s
 
 
 def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copies: int) -> OpWork:
