@@ -12,6 +12,7 @@ from pathlib import Path
 from piper_sim.analysis.report import make_report
 from piper_sim.calibrate.load import load_profile
 from piper_sim.config import Config
+from piper_sim.errors import ConfigError
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
@@ -28,6 +29,8 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     decisions to work_dir/routing.npz. None on a torchrun rank other than 0 (rank 0 returns the run)."""
     from piper_sim.torch_backend.run import launch
 
+    if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator
+        raise ConfigError("model.dropout", cfg.model.dropout, "0 for real runs (the torch backend runs no dropout)")
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
     launched = launch(cfg, schedule, work_dir, timeout_s=timeout_s, testbed=testbed)

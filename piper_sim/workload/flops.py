@@ -8,7 +8,7 @@ the useful work of a causal kernel. Backward is twice the forward (input and wei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
@@ -76,7 +76,8 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
                       unfused_gemms=full.unfused_gemms, score_bytes=full.score_bytes)
     if name == "dense":
         width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
-        return _ffn(tokens, d, width // tp, m, b, copies=1)
+        ffn = _ffn(tokens, d, width // tp, m, b, copies=1)
+        return replace(ffn, elementwise_bytes=ffn.elementwise_bytes + hidden_dropout_bytes(model, tokens, split))
     if name == "router":
         return OpWork(gemms=(Gemm(routed, d, model.num_experts),),
                       elementwise_bytes=(2 + model.top_k) * routed * d * b + 8 * routed * model.num_experts,
@@ -87,7 +88,8 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
     if name == "experts":
         return _experts(model, expert_rows, split.etp)
     if name == "moe_out":
-        return OpWork(elementwise_bytes=(model.top_k + 3) * routed * d * b, num_kernels=4)
+        dropout = hidden_dropout_bytes(model, routed, NO_SPLIT)
+        return OpWork(elementwise_bytes=(model.top_k + 3) * routed * d * b + dropout, num_kernels=4)
     if name == "head":
         vocab = -(-model.vocab_size // tp)  # a vocabulary-parallel head: the rank's shard of the logits
         return OpWork(gemms=(Gemm(tokens, d, vocab),),
@@ -115,6 +117,7 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT, fla
         core = 2.0 * tokens * model.seq_len * h * hd
         repeated = 0
     elementwise = (2 * split.sequence_share + 4 / tp) * tokens * d * b  # the norm's in and out; q, k, v, output
+    elementwise += hidden_dropout_bytes(model, tokens, split)
     unfused, scores = ((), 0.0) if flash else unfused_attention(model, tokens, h)
     return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
                   elementwise_bytes=elementwise, num_kernels=8, repeated_gemms=repeated, unfused_gemms=unfused,
@@ -131,7 +134,16 @@ def unfused_attention(model: ModelSpec, tokens: int, heads: int) -> tuple[tuple[
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim if m is not None else model.attn_head_dim
     v = m.v_head_dim if m is not None else model.attn_head_dim
     batch = max(tokens // s, 1) * heads
-    return (Gemm(s, qk, s, count=batch), Gemm(s, s, v, count=batch)), 8.0 * batch * s * s
+    per_score = 8.0 + (5.0 if model.dropout else 0.0)
+    return (Gemm(s, qk, s, count=batch), Gemm(s, s, v, count=batch)), per_score * batch * s * s
+
+
+def hidden_dropout_bytes(model: ModelSpec, tokens: int, split: TensorSplit) -> float:
+    """Dropout on a block's output (after attention, after the FFN or MoE block): it reads the activations, writes
+    them and a 1-byte mask, on the tokens the rank holds (1/tp of them under sequence parallelism)."""
+    if not model.dropout:
+        return 0.0
+    return (2 * model.dtype_bytes + 1) * tokens * split.sequence_share * model.d_model
 
 
 def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copies: int) -> OpWork:

@@ -17,6 +17,8 @@ implementations keep them, and as the torch backend does; docs/metrics.md):
   each routed row's expert output (d) to weight it; the router's probabilities (T x E, fp32);
 - shared experts and dense FFNs: their inner activations (their input is the norm output);
 - the last stage: its final norm (2 T d) and the fp32 logits, 4 T V bytes.
+With dropout, each block's output keeps a 1-byte mask, and a kept score matrix one more byte per score (Korthikanti
+et al. 2022, section 4.1: their 34 s b h + 5 a s^2 b per layer counts these masks).
 Activation recomputation (Korthikanti et al. 2022): "selective" re-runs the attention core before the
 backward, so the score matrix is not kept (as with flash attention); "full" keeps only the chunk's input
 (T d) for its recomputed layers and re-runs their forward before the chunk's backward (the lowered
@@ -180,6 +182,8 @@ def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, 
     seq = split.sequence_share
     elements = (2 * seq + 4 / tp) * tokens * d + 2 * seq * tokens * d  # attention; the pre-FFN norm
     other_bytes = 4 * b * model.num_heads * s * s / tp if keep_scores else 0.0
+    if model.dropout:  # 1-byte masks: the two blocks' outputs and, with the score matrix kept, its probabilities
+        other_bytes += 2 * seq * tokens * d + (b * model.num_heads * s * s / tp if keep_scores else 0.0)
     if model.is_moe_layer(layer):
         routed = tokens * split.dispatch_share
         other_bytes += routed * k * routed_row_bytes(model, split.etp) + 4 * routed * model.num_experts

@@ -56,6 +56,7 @@ class ModelSpec:
     moe_layer_offset: int = 0
     dense_matrices: int = 0  # 0 means expert_matrices
     tie_embeddings: bool = False
+    dropout: float = 0.0  # attention-probability and hidden-state dropout (Megatron-LM's defaults are 0.1)
     mla: MLASpec | None = None
     dtype: str = "bf16"
     published_params: float = 0.0  # total parameters as published, for reference checks
@@ -91,6 +92,8 @@ class ModelSpec:
             raise ConfigError("model.moe_layer_freq", self.moe_layer_freq,
                               f"at most the layers after the dense ones and the offset ({moe_layers}); "
                               "beyond it only the first of them would be MoE")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float) or not 0 <= self.dropout < 1:
+            raise ConfigError("model.dropout", self.dropout, "a probability from 0 up to (not including) 1")
         if self.num_kv_heads and self.num_heads % self.num_kv_heads:
             raise ConfigError("model.num_kv_heads", self.num_kv_heads,
                               f"a divisor of num_heads ({self.num_heads})")
