@@ -21,7 +21,7 @@ def test_every_experiment_has_quick_points_that_are_a_subset_of_its_full_ones():
     for name, experiment in EXPERIMENTS.items():
         quick, full = experiment.points(True), experiment.points(False)
         assert quick and len(quick) <= len(full), name
-        assert {p["kind"] for p in quick} <= {"a2a", "a2a_study", "memory_map", "simulate", "plan"}, name
+        assert {p["kind"] for p in quick} <= {"a2a", "a2a_study", "memory_map", "simulate", "estimate", "plan"}, name
 
 
 def test_a_rerun_recomputes_nothing_and_the_report_is_rewritten(tmp_path):

@@ -347,3 +347,24 @@ def _pipeline_s(point: PlanPoint, per_stage: list[tuple[float, float, float, flo
     if point.schedule == "interleaved-1f1b":
         return sum(work) / point.vpp + (m - 1 / point.vpp) * max(work)
     return sum(work) + (m - 1) * max(work)
+
+
+def estimate_config(cfg) -> tuple[Estimate, bool]:
+    """A whole config (piper_sim.config.Config) priced by the estimator: (its estimate, whether every stage's peak
+    fits HBM less the framework reserve, by the resource model)."""
+    from piper_sim.calibrate.load import load_profile
+    from piper_sim.planning.resource import stage_memory
+    from piper_sim.topology.load import load_topology
+    from piper_sim.topology.placement import place
+    from piper_sim.workload.memory import headroom_bytes, reserve_bytes
+
+    par, n = cfg.parallel, cfg.parallel.num_gpus
+    point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
+                      num_microbatches=par.num_microbatches, schedule=cfg.schedule, all_to_all=cfg.all_to_all,
+                      recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp)
+    topo = load_topology(cfg.topology, n)
+    profile = load_profile(cfg.cost_profile)
+    estimate = Estimator(cfg.model, topo, place(topo, n, cfg.placement), profile, collectives_all_reduce=cfg.all_reduce,
+                         flash_attention=cfg.flash_attention).estimate(point)
+    peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention)]
+    return estimate, min(headroom_bytes(peaks, profile.hbm_bytes, reserve_bytes(profile.hbm_bytes))) >= 0

@@ -186,7 +186,8 @@ def xmoe_points(quick: bool) -> list[dict]:
     out = []
     for model, piper_gpus, base_gpus in XMOE:
         out.append({**_plan_payload(model, model, piper_gpus, GLOBAL_BATCH, 0 if quick else 2), "side": "piper"})
-        out.append({"kind": "simulate", "name": model, "side": "x-moe", "config": baseline_config(model, base_gpus)})
+        out.append({"kind": "estimate" if quick else "simulate", "name": model, "side": "x-moe",
+                    "config": baseline_config(model, base_gpus)})
     return out
 
 
@@ -214,7 +215,8 @@ def xmoe_section(results: list[tuple[dict, dict]], out: Path) -> Section:
                   "cross the NICs and block compute; Piper's plans keep EP inside a node or switch and pipeline "
                   "the layers, trading a bubble for local all-to-alls.",
         notes="Piper: the planner's choice at global batch 1024 (tier as in models). X-MoE-style: the rule in "
-              "reproduce/training.py baseline_config; X-MoE's own tensor-parallel split is not modelled here.")
+              "reproduce/training.py baseline_config, simulated (estimated with --quick); X-MoE's own "
+              "tensor-parallel split is not modelled here.")
 
 
 # ---- weak-scaling ----------------------------------------------------------------------------------------

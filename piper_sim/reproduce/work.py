@@ -7,6 +7,7 @@ Owns run_point, which dispatches on payload["kind"]:
 - "a2a_study": one node count of the all-to-all study (studies.all_to_all.run_study) -> its rows;
 - "memory_map": stage-0 peak memory of every PP x EP mesh of a model (planning.resource.stage_memory);
 - "simulate": one config simulated -> the report's figures (and per-step times for multi-step runs);
+- "estimate": one config priced by the planner's estimator (planning.estimate.estimate_config);
 - "plan": the planner on one model and GPU count -> its chosen plan, estimated or simulated.
 Must not import torch.
 """
@@ -84,6 +85,17 @@ def _simulate(payload: dict) -> dict:
             "wall_s": time.perf_counter() - t0}
 
 
+def _estimate(payload: dict) -> dict:
+    """One config priced by the planner's estimator (the quick tier of a "simulate" point)."""
+    from piper_sim.planning.estimate import estimate_config
+
+    t0 = time.perf_counter()
+    estimate, fits = estimate_config(load_config(payload["config"]))
+    return {"step_time_s": estimate.step_time_s, "mfu": estimate.mfu, "tflops_per_gpu": estimate.tflops_per_gpu,
+            "fits_memory": fits, "all_to_all_fraction": estimate.all_to_all_s / estimate.step_time_s,
+            "wall_s": time.perf_counter() - t0}
+
+
 def _a2a_fraction(trace, report) -> float:
     """Share of a rank's step time in MoE all-to-alls (dispatch and combine), averaged over ranks."""
     rows = trace[(trace["kind"] == "all_to_all") & trace["role"].isin(["dispatch", "combine"])]
@@ -109,4 +121,5 @@ def _plan(payload: dict) -> dict:
             "peak_memory_bytes": float(best["peak_memory_bytes"]), "wall_s": time.perf_counter() - t0}
 
 
-KINDS = {"a2a": _a2a, "a2a_study": _a2a_study, "memory_map": _memory_map, "simulate": _simulate, "plan": _plan}
+KINDS = {"a2a": _a2a, "a2a_study": _a2a_study, "memory_map": _memory_map, "simulate": _simulate,
+         "estimate": _estimate, "plan": _plan}
