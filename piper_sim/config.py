@@ -1,4 +1,4 @@
-"""The run configuration: one YAML file (or mapping) with the sections of DESIGN.md section 3.
+"""The run configuration: one YAML file (or mapping) with the sections of the README's Configuration.
 
 Owns reading, `--set a.b=value` overrides, defaults, key checking and resolution of every
 section into specs. Unknown keys are errors naming the key. No I/O beyond reading the files named.
@@ -10,12 +10,13 @@ import copy
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
+from piper_sim.bounds import check_int_bounds
 from piper_sim.errors import ConfigError
+from piper_sim.paths import config_path
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
 from piper_sim.workload.presets import load_model
+from piper_sim.yamlio import parse_yaml, read_yaml
 
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
             "cost", "sim", "recompute", "recompute_layers", "optimizer")
@@ -41,6 +42,16 @@ SECTION_KEYS = {
     "optimizer": {"zero"},
     "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
                  "convention"},
+}
+# sections that are not a mapping of known keys: the types they may take
+SECTION_TYPES = {
+    "model": ((str, dict), "a preset name, an inline mapping or a path"),
+    "topology": ((str, dict), "a preset name, a YAML path or a mapping {builder, params} or {preset, params}"),
+    "placement": ((str, list, dict), "a policy name, a list of node indices or a mapping {policy, ...}"),
+    "routing": ((dict,), "a mapping with kind"),
+    "migration": ((dict,), "a mapping of migration keys"),
+    "schedule": ((str,), "a schedule name"),
+    "recompute": ((str,), ", ".join(RECOMPUTE_MODES)),
 }
 
 
@@ -78,12 +89,7 @@ class Config:
 
 def read_config_file(path: str | Path) -> dict:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError("config", str(path), "an existing YAML file")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError("config", str(path), f"valid YAML ({exc})") from None
+    raw = read_yaml(path, "config")
     if not isinstance(raw, dict):
         raise ConfigError("config", str(path), "a YAML mapping of sections")
     base = path.parent
@@ -114,7 +120,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if not isinstance(node.get(part), dict):
                 node[part] = {} if part not in node or node[part] is None else _as_mapping(part, node[part])
             node = node[part]
-        node[parts[-1]] = yaml.safe_load(text)
+        node[parts[-1]] = parse_yaml(text, f"--set {key}")
     return out
 
 
@@ -130,7 +136,11 @@ def resolve(raw: dict) -> Config:
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(unknown[0], raw[unknown[0]], f"a section: {', '.join(SECTIONS)}")
+    check_int_bounds(raw)
     full = {**copy.deepcopy(DEFAULTS), **copy.deepcopy(raw)}
+    for section, (types, allowed) in SECTION_TYPES.items():
+        if section in full and not isinstance(full[section], types):
+            raise ConfigError(section, full[section], allowed)
     for section, keys in SECTION_KEYS.items():
         value = full.get(section)
         if section == "cost" and isinstance(value, str):
@@ -196,5 +206,7 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
 
 
 def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> Config:
-    raw = path if isinstance(path, dict) else read_config_file(path)
+    """The resolved config of a YAML file, a shipped example's name (examples/NAME.yaml) or a mapping, with
+    `a.b=value` overrides."""
+    raw = path if isinstance(path, dict) else read_config_file(config_path(str(path)))
     return resolve(apply_overrides(raw, overrides or []))

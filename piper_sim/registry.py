@@ -27,7 +27,7 @@ class Registry(Generic[T]):
         return add
 
     def get(self, name: str, key: str | None = None) -> T:
-        if name not in self._entries:
+        if not isinstance(name, str) or name not in self._entries:
             raise ConfigError(key or self.what, name, f"one of {', '.join(sorted(self._entries))}")
         return self._entries[name]
 
@@ -35,4 +35,4 @@ class Registry(Generic[T]):
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return isinstance(name, str) and name in self._entries

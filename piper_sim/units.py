@@ -32,23 +32,27 @@ def si_key(key: str) -> str:
 # ideal network in tests; an hour's latency, an exabyte, a zettaFLOP/s), so that a typo cannot stall the flow
 # network or overflow a size
 SI_LIMIT = {"bytes_per_s": 1e18, "s": 3600.0, "bytes": 1e18, "flops_per_s": 1e21}
+# rates must be above zero: a link or a device that moves or computes nothing stalls whatever uses it
+POSITIVE_UNITS = frozenset({"bytes_per_s", "flops_per_s"})
 
 
 def to_si(key: str, value: object, *, where: str = "") -> float:
     """Convert a value whose key ends in a unit suffix (e.g. bandwidth_GBps) to SI: a finite, non-negative
-    number no larger than SI_LIMIT of its unit."""
+    number (positive for a rate) no larger than SI_LIMIT of its unit."""
     suffix = key.rsplit("_", 1)[-1]
     if suffix not in SUFFIX_SCALE:
         raise ConfigError(f"{where}{key}", value, f"a key ending in one of {sorted(SUFFIX_SCALE)}")
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}{key}", value, "a number")
     scale, limit = SUFFIX_SCALE[suffix], SI_LIMIT[SI_SUFFIX[suffix]]
+    positive = SI_SUFFIX[suffix] in POSITIVE_UNITS
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
-    if not math.isfinite(number) or number < 0 or number * scale > limit:
-        raise ConfigError(f"{where}{key}", value, f"a finite number from 0 to {limit / scale:g}")
+    if not math.isfinite(number) or number < 0 or (positive and number == 0) or number * scale > limit:
+        span = f"above 0, at most {limit / scale:g}" if positive else f"from 0 to {limit / scale:g}"
+        raise ConfigError(f"{where}{key}", value, f"a finite number {span}")
     return number * scale
 
 
@@ -71,6 +75,9 @@ def read_params(raw: dict, schema: dict[str, object], where: str) -> dict[str, o
             value = default
         else:
             value = raw[key]
+            if value is None and default is not None:  # null only where leaving the key out means null
+                raise ConfigError(f"{where}{key}", None, "a value" + (" (required)" if default is ... else
+                                                                      f" (leave the key out for {default!r})"))
         if si_key(key) != key:
             out[si_key(key)] = None if value is None else to_si(key, value, where=where)
         else:
@@ -78,7 +85,10 @@ def read_params(raw: dict, schema: dict[str, object], where: str) -> dict[str, o
     return out
 
 
-def positive_int(where: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(where, value, "a positive integer")
+COUNT_LIMIT = 2**20  # nodes, GPUs per node, switches: a million of anything is beyond every machine
+
+
+def positive_int(where: str, value: object, limit: int = COUNT_LIMIT) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+        raise ConfigError(where, value, f"a positive integer up to {limit:,}")
     return value

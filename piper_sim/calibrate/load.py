@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from piper_sim.calibrate.fit import expert_lines
 from piper_sim.errors import ConfigError
@@ -24,6 +23,7 @@ from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import Curve, DeviceProfile, HostProfile, layer_key
+from piper_sim.yamlio import read_yaml
 
 PROFILE_SCHEMA = {
     "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
@@ -55,8 +55,11 @@ def load_host_profile(spec: str | Path | dict) -> HostProfile | None:
 
 
 def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile | None]:
-    raw = spec if isinstance(spec, dict) else yaml.safe_load(profile_path(spec).read_text())
+    if not isinstance(spec, str | Path | dict):
+        raise ConfigError("cost.profile", spec, "a profile name (traces/profiles/NAME.yaml), a YAML path or a mapping")
+    raw = spec if isinstance(spec, dict) else read_yaml(profile_path(spec), "cost.profile")
     p = read_params(raw, PROFILE_SCHEMA, "cost.profile.")
+    _check_device_numbers(p)
     measurements = p.get("measurements") or {}
     profile = DeviceProfile(
         name=p["name"], device=p["device"], source=p["source"], peak_flops_per_s=p["peak_bf16_flops_per_s"],
@@ -77,7 +80,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         tables = _framework_tables(entry) if isinstance(entry, dict) else {}
         layer = entry.get("layer") if isinstance(entry, dict) else None
         if not tables or not isinstance(layer, dict):
-            raise ConfigError(f"cost profile measurements.framework_overhead_by_model.{name}", entry,
+            raise ConfigError(f"cost.profile.measurements.framework_overhead_by_model.{name}", entry,
                               "a layer (model dict) and forward/backward op tables, as calibrate writes them")
         by_layer.append((layer_key(load_model(layer)), _fitted(profile, tables, layer, entry.get("shapes"))))
     if by_layer:
@@ -85,15 +88,34 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
     return profile, _host_measured(measurements)
 
 
+def _check_device_numbers(p: dict) -> None:
+    """Sizes and rates a device cannot be without (read_params has checked units: finite, non-negative)."""
+    for key, si in (("peak_bf16_TFLOPS", "peak_bf16_flops_per_s"), ("hbm_GiB", "hbm_bytes"),
+                    ("hbm_bandwidth_GBps", "hbm_bandwidth_bytes_per_s")):
+        if not p[si] > 0:
+            raise ConfigError(f"cost.profile.{key}", p[si], "a positive number")
+    efficiency = p["memory_efficiency"]
+    if isinstance(efficiency, bool) or not isinstance(efficiency, int | float) or not 0 < efficiency <= 1:
+        raise ConfigError("cost.profile.memory_efficiency", efficiency, "a fraction in (0, 1]")
+    per_param = p["optimizer_bytes_per_param"]
+    if isinstance(per_param, bool) or not isinstance(per_param, int | float) or not 0 <= per_param < 1e6:
+        raise ConfigError("cost.profile.optimizer_bytes_per_param", per_param, "a number of bytes from 0 to 1e6")
+
+
 def _curve(raw: object, key: str, x_key: str) -> Curve:
     if not isinstance(raw, dict) or set(raw) != {x_key, "efficiency"}:
-        raise ConfigError(f"cost profile {key}", raw, f"a mapping with keys {x_key} and efficiency")
+        raise ConfigError(f"cost.profile.{key}", raw, f"a mapping with keys {x_key} and efficiency")
     xs, eff = raw[x_key], raw["efficiency"]
     if (not isinstance(xs, list) or not isinstance(eff, list) or len(xs) != len(eff) or len(xs) < 1
-            or any(v <= 0 for v in xs) or any(not 0 < e <= 1 for e in eff) or xs != sorted(xs)):
-        raise ConfigError(f"cost profile {key}", raw,
+            or not all(_is_number(v) for v in xs + eff)
+            or any(not 0 < v < 1e18 for v in xs) or any(not 0 < e <= 1 for e in eff) or xs != sorted(xs)):
+        raise ConfigError(f"cost.profile.{key}", raw,
                           "equal-length lists; increasing positive x; efficiencies in (0, 1]")
     return Curve(x=tuple(float(v) for v in xs), efficiency=tuple(float(e) for e in eff))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _device_measured(measurements: dict) -> dict:
@@ -138,7 +160,7 @@ def _core_sharing(raw: object) -> tuple[tuple[float, float], ...]:
     if (not isinstance(levels, list) or not isinstance(factors, list) or len(levels) != len(factors) or not levels
             or any(not isinstance(v, int | float) or v < 1 for v in levels) or levels != sorted(set(levels))
             or any(not isinstance(f, int | float) or f <= 0 for f in factors)):
-        raise ConfigError("cost profile measurements.core_sharing", raw,
+        raise ConfigError("cost.profile.measurements.core_sharing", raw,
                           "ranks_per_core (increasing, from 1) and cpu_time_factor (positive) of equal length")
     return tuple((float(v), float(f)) for v, f in zip(levels, factors, strict=True))
 
@@ -150,7 +172,7 @@ def _reference_s(sharing: dict) -> float:
     if rounds == []:
         return 0.0
     if not isinstance(rounds, list) or any(not isinstance(v, int | float) or v <= 0 for v in rounds):
-        raise ConfigError("cost profile measurements.core_sharing", sharing,
+        raise ConfigError("cost.profile.measurements.core_sharing", sharing,
                           "window_means_us (a list per level of positive microseconds) or cpu_us_per_iteration")
     return float(np.median(rounds)) * 1e-6
 
@@ -163,7 +185,7 @@ def _blocking_wait(raw: object) -> tuple[tuple[tuple[float, float], ...], float]
             or any(not isinstance(v, int | float) or v < 0 for v in loads) or loads != sorted(set(loads))
             or any(not isinstance(e, int | float) or e < 0 for e in extra)
             or not isinstance(slice_us, int | float) or slice_us <= 0):
-        raise ConfigError("cost profile measurements.blocking_wait", raw,
+        raise ConfigError("cost.profile.measurements.blocking_wait", raw,
                           "computing_per_core (>= 0, increasing) and extra_per_call_us (>= 0) of equal length, "
                           "and scheduler_slice_us > 0")
     return tuple((float(v), float(e) * 1e-6) for v, e in zip(loads, extra, strict=True)), float(slice_us) * 1e-6

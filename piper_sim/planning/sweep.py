@@ -15,7 +15,7 @@ import pandas as pd
 import yaml
 
 from piper_sim.config import apply_overrides, load_config, read_config_file
-from piper_sim.errors import ConfigError
+from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.engine import run_points
 from piper_sim.planning.planner import simulate_point
 from piper_sim.planning.store import ResultStore, point_digest
@@ -50,9 +50,9 @@ def sweep_points(base: dict, grid: list[tuple[str, list[str]]]) -> list[tuple[di
     out = []
     for combo in itertools.product(*(values for _, values in grid)):
         overrides = [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
-        raw = apply_overrides(base, overrides)
-        cfg = load_config(raw)  # a bad value names its key here, before anything runs
-        cfg.parallel.validate(cfg.model)
+        with named_by("--grid"):  # a bad value names its option and key here, before anything runs
+            cfg = load_config(apply_overrides(base, overrides))
+            cfg.parallel.validate(cfg.model)
         out.append((dict(zip(keys, combo, strict=True)), cfg.resolved()))
     return out
 

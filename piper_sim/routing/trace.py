@@ -14,6 +14,8 @@ Must not import simpy or torch.
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,11 @@ class TraceError(PiperError):
     """A routing trace file is missing, unreadable or inconsistent."""
 
     def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"routing trace {where}: {message}")
+        self.where, self.message = where, message
+        super().__init__(where, message)  # args rebuild the error (simpy re-raises type(e)(*e.args); pickle)
+
+    def __str__(self) -> str:
+        return f"routing trace {self.where}: {' '.join(self.message.split())[:300]}"
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -161,8 +167,8 @@ def read_trace(path: str | Path, *, num_experts: int | None = None) -> RoutingTr
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise TraceError(where, f"not a readable .npz file ({exc})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as exc:
+        raise TraceError(where, f"not a readable .npz file ({type(exc).__name__}: {exc})") from None
     for key in ("meta", "layers", "counts"):
         if key not in arrays:
             raise TraceError(where, f"missing array {key!r} (has {sorted(arrays)})")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 
@@ -19,6 +17,7 @@ from piper_sim.paths import data_dir
 from piper_sim.topology import build_dgx, build_dragonfly, build_frontier, build_testbed  # noqa: F401
 from piper_sim.topology.builders import BUILDERS
 from piper_sim.topology.graph import Topology
+from piper_sim.yamlio import read_yaml
 
 TOPOLOGY_KEYS = ("name", "description", "builder", "params", "preset", "sources", "collectives")
 
@@ -31,12 +30,17 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
     """The YAML mapping of a topology (preset resolved, overrides merged), not yet built."""
     if isinstance(spec, dict):
         raw = dict(spec)
+        _check_mapping("topology.params", raw.get("params"))
         if "preset" in raw:
-            base = read_topology_mapping(str(raw.pop("preset")))
-            params = {**base.get("params", {}), **raw.pop("params", {})}
+            preset = raw.pop("preset")
+            if not isinstance(preset, str):
+                raise ConfigError("topology.preset", preset,
+                                  f"a preset ({', '.join(topology_presets())}) or a YAML path")
+            base = read_topology_mapping(preset)
+            params = {**(base.get("params") or {}), **(raw.pop("params", None) or {})}
             collectives = _merge_collectives(base.get("collectives") or {}, raw.pop("collectives", None) or {})
             raw = {**base, **raw, "params": params, "collectives": collectives}
-    else:
+    elif isinstance(spec, str | Path):
         path = Path(spec)
         if path.suffix not in (".yaml", ".yml"):
             path = data_dir("topologies") / f"{spec}.yaml"
@@ -44,16 +48,24 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
                 raise ConfigError("topology", spec, f"a preset ({', '.join(topology_presets())}) or a YAML path")
         if not path.exists():
             raise ConfigError("topology", str(spec), "an existing YAML file")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path, "topology")
         if not isinstance(raw, dict):
             raise ConfigError("topology", str(spec), "a YAML mapping")
         raw.setdefault("name", path.stem)
+        _check_mapping("topology.params", raw.get("params"))
+    else:
+        raise ConfigError("topology", spec, "a preset name, a YAML path or a mapping")
     unknown = sorted(set(raw) - set(TOPOLOGY_KEYS))
     if unknown:
         raise ConfigError(f"topology.{unknown[0]}", raw[unknown[0]], f"known keys: {', '.join(TOPOLOGY_KEYS)}")
     if "builder" not in raw:
         raise ConfigError("topology.builder", None, f"one of {', '.join(BUILDERS.names())}")
     return raw
+
+
+def _check_mapping(key: str, value: object) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(key, value, "a mapping of parameter names to values")
 
 
 def _merge_collectives(base: dict, over: dict) -> dict:

@@ -40,7 +40,13 @@ from piper_sim.topology.graph import Topology
 
 Policy = Callable[[Topology, int, dict], list[str]]
 PLACEMENTS: Registry[Policy] = Registry("placement")
-register_placement = PLACEMENTS.register
+OPTIONS: dict[str, tuple[str, ...]] = {}  # policy -> the keys its mapping may hold besides `policy`
+
+
+def register_placement(name: str, options: tuple[str, ...] = ()) -> Callable[[Policy], Policy]:
+    """Register a policy under `name`; `options`: the keys of its placement mapping (others are refused)."""
+    OPTIONS[name] = options
+    return PLACEMENTS.register(name)
 
 
 def gpus_by_host(topo: Topology) -> dict[int, list[str]]:
@@ -68,7 +74,7 @@ def place_contiguous(topo: Topology, num_ranks: int, options: dict) -> list[str]
     return fill_hosts(topo, num_ranks, sorted(gpus_by_host(topo)))
 
 
-@register_placement("explicit")
+@register_placement("explicit", ("nodes",))
 def place_explicit(topo: Topology, num_ranks: int, options: dict) -> list[str]:
     nodes = options.get("nodes")
     if not isinstance(nodes, list) or not all(isinstance(n, int) for n in nodes):
@@ -129,10 +135,9 @@ def _candidate_hosts(topo: Topology, options: dict) -> list[int]:
     return sorted(nodes)
 
 
-@register_placement("switch-packed")
+@register_placement("switch-packed", ("nodes",))
 def place_switch_packed(topo: Topology, num_ranks: int, options: dict) -> list[str]:
     """Fill nodes switch by switch, group by group, fullest group and switch first."""
-    _check_options(options, ("nodes",), "switch-packed")
     hosts = _candidate_hosts(topo, options)
     locality = host_locality(topo)
     per_group = Counter(locality[h][0] for h in hosts)
@@ -148,10 +153,9 @@ def place_switch_packed(topo: Topology, num_ranks: int, options: dict) -> list[s
     return fill_hosts(topo, num_ranks, sorted(hosts, key=order))
 
 
-@register_placement("scattered")
+@register_placement("scattered", ("seed",))
 def place_scattered(topo: Topology, num_ranks: int, options: dict) -> list[str]:
     """A seeded random choice of just enough nodes; ranks fill them in node-index order."""
-    _check_options(options, ("seed",), "scattered")
     seed = options.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError("placement.seed", seed, "an integer")
@@ -177,7 +181,12 @@ def place(topo: Topology, num_ranks: int, spec: str | list | dict) -> list[str]:
         options = dict(spec)
     else:
         raise ConfigError("placement", spec, "a policy name, a list of node indices or a mapping")
-    policy = PLACEMENTS.get(str(options.get("policy", "contiguous")), "placement")
+    name = options.get("policy", "contiguous")
+    key = "placement.policy" if isinstance(spec, dict) else "placement"
+    if not isinstance(name, str):
+        raise ConfigError(key, name, f"one of {', '.join(PLACEMENTS.names())}")
+    policy = PLACEMENTS.get(name, key)
+    _check_options(options, OPTIONS.get(name, ()), name)
     if num_ranks > topo.num_gpus:
         raise ConfigError("placement", num_ranks, f"at most {topo.num_gpus} ranks on {topo.name}")
     return policy(topo, num_ranks, options)

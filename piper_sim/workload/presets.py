@@ -16,17 +16,22 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from piper_sim.errors import ConfigError
 from piper_sim.workload.hf_import import model_from_hf_config
 from piper_sim.workload.model import MLASpec, ModelSpec, mla_field_names, model_field_names
+from piper_sim.yamlio import read_yaml
 
 PRESET_DIR = Path(__file__).parent / "presets"
 PRESET_KEY = "preset"
 # Keys whose change leaves the parameter count alone; overriding anything else drops published_* figures.
 _NON_STRUCTURAL = {"name", "seq_len", "dtype", "source", "published_params", "published_active_params"}
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
+# Upper bounds of the integer fields, far beyond any published model, so that a typo is refused before an array
+# or a schedule is sized by it (other integer fields: DIM_LIMIT)
+DIM_LIMIT = 2**22
+FIELD_LIMITS = {"num_layers": 2**14, "num_dense_layers": 2**14, "moe_layer_freq": 2**14, "moe_layer_offset": 2**14,
+                "num_experts": 2**16, "num_shared_experts": 2**10, "top_k": 2**10, "seq_len": 2**24,
+                "vocab_size": 2**24, "d_model": 2**20, "num_heads": 2**14, "num_kv_heads": 2**14}
 
 
 class _Missing:
@@ -63,11 +68,13 @@ def load_model_file(path: Path, key: str = "model") -> ModelSpec:
     """Read a YAML mapping of ModelSpec fields, or a JSON file (HF config.json when it has model_type)."""
     if not path.is_file():
         raise ConfigError(key, str(path), "an existing .yaml file or HF config.json")
-    try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(key, str(path), f"a readable YAML/JSON file ({exc})") from exc
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            raise ConfigError(key, str(path), f"a readable JSON file ({' '.join(str(exc).split())[:120]})") from None
+    else:
+        data = read_yaml(path, key)
     if not isinstance(data, Mapping):
         raise ConfigError(key, str(path), "a file holding a mapping")
     if "model_type" in data:
@@ -162,10 +169,11 @@ def _coerce(value: Any, kind: Any, key: str) -> Any:
         if isinstance(value, bool):
             return value
     elif kind is int:  # ModelSpec checks which ints must be positive; none may be negative
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        limit = FIELD_LIMITS.get(key.rpartition(".")[2], DIM_LIMIT)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit:
             return value
         if isinstance(value, int) and not isinstance(value, bool):
-            raise ConfigError(key, value, "a non-negative integer")
+            raise ConfigError(key, value, f"a non-negative integer up to {limit:,}")
     elif kind is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
