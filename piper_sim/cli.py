@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 from piper_sim import __version__, testbed
 from piper_sim.calibrate.cli import register as register_calibrate
 from piper_sim.config import load_config
-from piper_sim.errors import PiperError
+from piper_sim.errors import ConfigError, PiperError
 from piper_sim.paths import config_path, data_dir
 from piper_sim.planning.cli import register as register_plan
 from piper_sim.planning.cli import register_sweep
 from piper_sim.reproduce.cli import register as register_reproduce
+from piper_sim.rundir import finish, open_out_dir, out_file
 from piper_sim.schedule.build import build_coarse_schedule, build_schedule
 from piper_sim.schedule.grid import render_grid
 from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
@@ -43,8 +45,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"simulating {cfg.model.name} on {cfg.parallel.num_gpus} GPUs "
           f"(pp {cfg.parallel.pp} x ep {cfg.parallel.ep} x dp {cfg.parallel.dp}, {cfg.schedule}, "
           f"{cfg.parallel.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
+    open_out_dir(args.out, "simulate")
     result = simulate(cfg)
     write_run(args.out, result)
+    finish(args.out)
     print(format_report(result.report))
     unfit = [p for p, fits in enumerate(result.report.fits_memory or []) if not fits]
     if unfit:
@@ -55,7 +59,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+MIN_GRID_WIDTH = 20
+
+
 def cmd_schedule(args: argparse.Namespace) -> int:
+    if args.width < MIN_GRID_WIDTH:
+        raise ConfigError("--width", args.width, f"at least {MIN_GRID_WIDTH} characters")
+    if args.action == "export":
+        if args.out is None:
+            raise PiperError("schedule export needs --out FILE (.json or .csv)")
+        out_file(args.out, (".json", ".csv"))
     cfg = load_config(config_path(args.config), args.overrides)
     schedule = build_schedule(cfg)
     check_schedule(schedule)
@@ -66,14 +79,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         print(render_grid(build_coarse_schedule(cfg), max_width=args.width,
                           durations={"forward": 1, "backward": 2, "backward_input": 1, "backward_weight": 1}))
         return 0
-    if args.out is None:
-        raise PiperError("schedule export needs --out FILE (.json or .csv)")
     if args.out.suffix == ".json":
         args.out.write_text(schedule_to_json(schedule))
-    elif args.out.suffix == ".csv":
-        schedule_to_csv(schedule, args.out)
     else:
-        raise PiperError(f"--out {args.out}: allowed suffixes are .json and .csv")
+        schedule_to_csv(schedule, args.out)
     print(f"wrote {args.out}")
     return 0
 
@@ -94,8 +103,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from piper_sim.measure import measure
     from piper_sim.outputs import format_report, write_run
 
+    check_seconds("--timeout", args.timeout)
     cfg = load_config(config_path(args.config), args.overrides)
     par = cfg.parallel
+    open_out_dir(args.out, "run")
     print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
           f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.all_to_all}) ...",
           file=sys.stderr)
@@ -103,6 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result is None:  # a torchrun rank other than 0: rank 0 writes the run
         return 0
     write_run(args.out, result)
+    finish(args.out)
     print(format_report(result.report))
     print("loss per step       " + ", ".join(f"{x:.4f}" for x in result.report.losses))
     print(f"wrote {args.out}/")
@@ -122,6 +134,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _validate_published(args)
     if not args.profile:
         raise PiperError("validate: --profile is required for testbed cases (e.g. --profile cpu-2rank)")
+    if args.repeats < 1:
+        raise ConfigError("--repeats", args.repeats, "a positive integer")
     cases = find_cases(args.cases, data_dir("validation") / "cases")
     host = load_profiles(args.profile)[1] or HostProfile()  # a bad profile fails before any measuring
     if args.remeasure:
@@ -137,7 +151,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     summary = summarize(scores)
     print(format_validation(scores, summary))
     if args.out is not None:
+        open_out_dir(args.out, "validate")
         write_validation(args.out, scores, summary)
+        finish(args.out)
         print(f"wrote {args.out}/ (validation.csv, phases.csv, concurrency.csv, summary.json, "
               "predicted_vs_measured.png)")
     return 1 if summary["outside_tolerance"] else 0
@@ -163,7 +179,9 @@ def _validate_published(args: argparse.Namespace) -> int:
     summary = summarize_published(scores)
     print(format_published(scores, summary))
     if args.out is not None:
+        open_out_dir(args.out, "validate --published")
         write_published(args.out, scores, summary)
+        finish(args.out)
         print(f"wrote {args.out}/ (published.csv, published_summary.json, published_vs_predicted.png)")
     return 0
 
@@ -201,15 +219,23 @@ def _topology_path(name: str) -> str:
 def cmd_compare(args: argparse.Namespace) -> int:
     from piper_sim.analysis.compare import compare_runs, format_comparison
 
+    if args.out is not None:
+        open_out_dir(args.out, "compare")
     comparison = compare_runs(args.predicted, args.measured)
     print(format_comparison(comparison))
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         comparison.by_kind.to_csv(args.out / "compare_by_kind.csv", index=False)
         comparison.by_step.to_csv(args.out / "compare_by_step.csv", index=False)
         comparison.headline.to_csv(args.out / "compare_headline.csv", index=False)
+        finish(args.out)
         print(f"wrote {args.out}/compare_*.csv")
     return 0
+
+
+def check_seconds(flag: str, value: float | None) -> None:
+    """A time limit given on the command line: a positive, finite number of seconds."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(flag, value, "a positive, finite number of seconds")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -275,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except PiperError as exc:
         print(f"piper-sim: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the machine refused a file operation (disk full, permissions): name the file
+        where = exc.filename if exc.filename is not None else type(exc).__name__
+        print(f"piper-sim: error: {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("piper-sim: interrupted", file=sys.stderr)

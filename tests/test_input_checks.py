@@ -1,5 +1,5 @@
 """The mechanisms behind "one clear error per bad input": user YAML, integer bounds, rates, nulls, registries,
-short error values and placement options."""
+short error values, placement options, output folders and comparable runs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.registry import Registry
+from piper_sim.rundir import UNFINISHED, finish, open_out_dir
 from piper_sim.units import read_params
 from piper_sim.yamlio import MAX_VALUES, parse_yaml, read_yaml
 
@@ -74,3 +75,32 @@ def test_unknown_placement_keys_are_refused_for_every_policy(tmp_path):
     for placement in ({"policy": "contiguous", "bogus": 1}, {"policy": "explicit", "nodes": [0], "seed": 1}):
         assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "o"), "--set",
                      f"placement={placement}"]) == 2
+
+
+def test_out_folders_are_claimed_by_one_command(tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert "notes.txt" in str(error_of(open_out_dir, foreign, "simulate"))
+    out = open_out_dir(tmp_path / "run", "simulate")
+    (out / "trace.parquet").write_text("old")
+    assert (out / UNFINISHED).exists()
+    finish(out)
+    open_out_dir(out, "simulate")  # the same command again: the old files go
+    assert not (out / "trace.parquet").exists() and (out / UNFINISHED).exists()
+    assert "simulate" in str(error_of(open_out_dir, out, "run"))
+    assert error_of(open_out_dir, foreign / "notes.txt", "simulate").key == "--out"
+
+
+def test_compare_refuses_runs_of_different_configs_and_unfinished_runs(tmp_path, capsys):
+    a, b, c = (tmp_path / n for n in "abc")
+    assert main(["simulate", "tiny-moe", "--out", str(a)]) == 0
+    assert main(["simulate", "tiny-moe", "--out", str(b), "--set", "schedule=gpipe"]) == 0
+    assert main(["simulate", "tiny-moe", "--out", str(c), "--set", "sim.seed=3"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "schedule differ" in capsys.readouterr().err
+    assert main(["compare", str(a), str(c)]) == 0
+    (c / UNFINISHED).write_text("")
+    assert main(["compare", str(a), str(c)]) == 2
+    assert "did not finish" in capsys.readouterr().err

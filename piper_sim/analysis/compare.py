@@ -1,7 +1,9 @@
 """Predicted vs measured: join two RunTraces on (step, rank, task_id) and summarize the errors.
 
-Owns the comparison tables: per task kind, per step, and the headline metrics of both reports.
-Error is (predicted - measured) / measured.
+Owns reading the two run folders (each must be a finished output of `simulate` or `run`), the check that they
+are comparable (the same model, plan, schedule, recompute, optimizer and all-to-all; a prediction of a run on
+CPU made with a CPU profile), and the comparison tables: per task kind, per step, and the headline metrics of
+both reports. Error is (predicted - measured) / measured.
 """
 
 from __future__ import annotations
@@ -12,9 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from piper_sim.errors import PiperError
+from piper_sim.rundir import is_unfinished
 from piper_sim.trace.runtrace import read_trace
+
+# config sections that must be equal for two runs' tasks to be the same tasks
+MUST_MATCH = ("model", "parallel", "schedule", "recompute", "recompute_layers", "optimizer", "collectives")
 
 KEYS = ["step", "rank", "task_id"]
 HEADLINE = ("step_time_s", "tokens_per_s", "mfu", "bubble_fraction", "exposed_comm_fraction",
@@ -41,8 +48,67 @@ def join_traces(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame
     return joined
 
 
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+    trace: pd.DataFrame
+    report: dict
+    config: dict
+
+
+def read_run(path: Path) -> RunDir:
+    """A finished run folder: its trace, report.json and config.yaml, each checked."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PiperError(f"{path}: not a run folder (run `piper-sim simulate` or `run` with --out {path})")
+    if is_unfinished(path):
+        raise PiperError(f"{path}: the run that wrote it did not finish (it holds UNFINISHED); rerun it")
+    parts = {}
+    for name, parse in (("report.json", json.loads), ("config.yaml", yaml.safe_load)):
+        try:
+            parts[name] = parse((path / name).read_text())
+        except OSError as exc:
+            raise PiperError(f"{path / name}: cannot read it ({exc.strerror}); is {path} a run folder?") from None
+        except (ValueError, yaml.YAMLError) as exc:
+            raise PiperError(f"{path / name}: not valid {name.rsplit('.', 1)[1].upper()} "
+                             f"({' '.join(str(exc).split())[:100]})") from None
+        if not isinstance(parts[name], dict):
+            raise PiperError(f"{path / name}: not a mapping, as piper-sim writes it")
+    try:
+        trace = read_trace(path)
+    except PiperError:
+        raise
+    except Exception as exc:  # pyarrow and pandas raise many types for a torn or foreign file
+        raise PiperError(f"{path}: its trace cannot be read ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:100]})") from None
+    return RunDir(path=path, trace=trace, report=parts["report.json"], config=parts["config.yaml"])
+
+
+def check_comparable(predicted: RunDir, measured: RunDir) -> None:
+    """Refuse runs whose tasks are not the same tasks, and a CPU run predicted with a profile of another device."""
+    differ = [k for k in MUST_MATCH if predicted.config.get(k) != measured.config.get(k)]
+    if differ:
+        raise PiperError(f"{predicted.path} and {measured.path} are runs of different configs ({', '.join(differ)} "
+                         "differ): compare a prediction with a run of the same config")
+    profile = (predicted.config.get("cost") or {}).get("profile")
+    if measured.report.get("device") == "cpu" and predicted.report.get("backend") == "sim":
+        from piper_sim.calibrate.load import load_profile
+
+        device = load_profile(profile).device if profile is not None else ""
+        if not device.upper().startswith("CPU"):
+            raise PiperError(f"{predicted.path} was predicted with cost profile {short_name(profile)} ({device}), "
+                             f"{measured.path} ran on CPU: predict with a profile calibrated on that machine "
+                             "(--set cost.profile=NAME, traces/profiles/cpu-*.yaml)")
+
+
+def short_name(profile: object) -> str:
+    return profile if isinstance(profile, str) else str((profile or {}).get("name", "inline"))
+
+
 def compare_runs(pred_dir: Path, meas_dir: Path) -> Comparison:
-    predicted, measured = read_trace(pred_dir), read_trace(meas_dir)
+    pred, meas = read_run(pred_dir), read_run(meas_dir)
+    check_comparable(pred, meas)
+    predicted, measured = pred.trace, meas.trace
     joined = join_traces(predicted, measured)
     if joined.empty:
         raise PiperError(f"no task of {pred_dir} matches one of {meas_dir}: are they runs of the same config?")
@@ -54,7 +120,7 @@ def compare_runs(pred_dir: Path, meas_dir: Path) -> Comparison:
     by_step = pd.DataFrame({
         "predicted_s": _step_times(predicted), "measured_s": _step_times(measured)}).dropna()
     by_step["error"] = by_step["predicted_s"] / by_step["measured_s"] - 1.0
-    reports = [json.loads((Path(d) / "report.json").read_text()) for d in (pred_dir, meas_dir)]
+    reports = [pred.report, meas.report]
     rows = [(k, reports[0].get(k), reports[1].get(k)) for k in HEADLINE if k in reports[0] and k in reports[1]]
     headline = pd.DataFrame(rows, columns=["metric", "predicted", "measured"])
     with np.errstate(divide="ignore", invalid="ignore"):

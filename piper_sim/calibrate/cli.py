@@ -7,12 +7,14 @@ loads neither numpy nor torch). Must not import torch.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from piper_sim.errors import PiperError
+from piper_sim.errors import ConfigError, PiperError
+from piper_sim.rundir import out_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +36,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Every option checked before anything is measured."""
+    for flag, value in (("--ranks", args.ranks), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            raise ConfigError(flag, value, "a positive integer")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigError("--timeout", args.timeout, "a positive, finite number of seconds")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    check_options(args)
     presets = tuple(s.strip() for s in args.presets.split(",") if s.strip())
     if args.check:
         from piper_sim.calibrate.crosscheck import crosscheck, format_table  # numpy, yaml: not for --help
@@ -49,8 +61,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise PiperError("calibrate needs --out FILE.yaml (or --check PROFILE)")
-    if args.out.suffix not in (".yaml", ".yml"):
-        raise PiperError(f"--out {args.out}: a .yaml file")
+    out_file(args.out, (".yaml", ".yml"))
     from piper_sim.calibrate.runner import calibrate, refit_profile  # numpy, yaml: not for --help
 
     if args.refit:

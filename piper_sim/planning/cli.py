@@ -10,10 +10,13 @@ import math
 import sys
 from pathlib import Path
 
+from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError
 from piper_sim.planning.engine import check_scheduler
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.space import parse_fixes
+from piper_sim.rundir import finish, open_out_dir
+from piper_sim.workload.presets import FIELD_LIMITS
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -21,6 +24,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "a LocalCluster of one single-threaded worker process per core")
     p.add_argument("--workers", type=int, default=None,
                    help="LocalCluster workers (default: one per core; 0: run in this process, no Dask)")
+
+
+def check_workers(workers: int | None) -> None:
+    if workers is not None and workers < 0:
+        raise ConfigError("--workers", workers, "0 (run in this process) or a positive number of workers")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,12 +60,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from piper_sim.planning.plan_outputs import format_plan_table, write_plan
 
     for key, value in (("--gpus", args.gpus), ("--global-batch", args.global_batch)):
-        if value <= 0:
-            raise ConfigError(key, value, "a positive integer")
+        if not 0 < value <= GPUS_LIMIT * 2**16:
+            raise ConfigError(key, value, f"a positive integer up to {GPUS_LIMIT * 2**16:,}")
+    if args.gpus > GPUS_LIMIT:
+        raise ConfigError("--gpus", args.gpus, f"a positive integer up to {GPUS_LIMIT:,}")
+    check_workers(args.workers)
     if args.top < 0:
         raise ConfigError("--top", args.top, "0 (estimate only) or a positive integer")
-    if args.seq_len is not None and args.seq_len <= 0:
-        raise ConfigError("--seq-len", args.seq_len, "a positive integer")
+    if args.seq_len is not None and not 0 < args.seq_len <= FIELD_LIMITS["seq_len"]:
+        raise ConfigError("--seq-len", args.seq_len, f"a positive integer up to {FIELD_LIMITS['seq_len']:,}")
     if args.reserve_GiB is not None and not (0 <= args.reserve_GiB < 1e6):
         raise ConfigError("--reserve-GiB", args.reserve_GiB, "a non-negative number of GiB")
     request = PlanRequest(model=args.model, num_gpus=args.gpus, global_batch=args.global_batch,
@@ -65,12 +76,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain,
                           reserve_bytes=None if args.reserve_GiB is None else args.reserve_GiB * 2**30)
     check_scheduler(args.scheduler)
+    open_out_dir(args.out, "plan", resume=True)
     result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers)
     print(format_plan_table(result))
     if not math.isnan(result.rank_correlation):
         print(f"rank correlation (estimate vs simulation, {int(result.table['refined'].sum())} refined plans): "
               f"{result.rank_correlation:.2f}")
     paths = write_plan(args.out, result)
+    finish(args.out)
     if result.best is None:
         print("piper-sim: warning: no plan fits in memory; see why.md for the closest", file=sys.stderr)
         print(f"wrote {args.out}/ ({', '.join(p.name for p in paths.values())})")
@@ -97,8 +110,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from piper_sim.planning.sweep import run_sweep
 
     check_scheduler(args.scheduler)
+    check_workers(args.workers)
+    open_out_dir(args.out, "sweep", resume=True)
     table = run_sweep(config_path(args.config), args.grid, args.out, overrides=args.overrides,
                       scheduler=args.scheduler, workers=args.workers)
+    finish(args.out)
     print(table.drop(columns=["digest"]).to_string(index=False, max_rows=40))
     print(f"wrote {args.out}/ (sweep.csv, sweep.parquet, sweep.yaml, points/)")
     return 0
@@ -129,6 +145,7 @@ def cmd_study_scaling(args: argparse.Namespace) -> int:
     from piper_sim.planning.scaling import parse_counts, run_scaling, scaling_requests
 
     counts = parse_counts(args.gpus)
+    check_workers(args.workers)
     if args.strong and (args.global_batch is None or args.global_batch <= 0):
         raise ConfigError("--global-batch", args.global_batch, "a positive number of sequences (strong scaling)")
     if args.top < 0:
@@ -138,8 +155,10 @@ def cmd_study_scaling(args: argparse.Namespace) -> int:
                        fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain)
     requests = scaling_requests(base, counts, weak=args.weak, sequences_per_gpu=args.sequences_per_gpu)
     check_scheduler(args.scheduler)
+    open_out_dir(args.out, "study scaling", resume=True)
     table = run_scaling(requests, args.out, weak=args.weak is not None, scheduler=args.scheduler,
                         workers=args.workers)
+    finish(args.out)
     print(table.to_string(index=False))
     print(f"wrote {args.out}/ (scaling.csv, scaling.png, store/)")
     return 0
