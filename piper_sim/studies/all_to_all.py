@@ -26,13 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase, data_phases, split_phases
-from piper_sim.errors import ConfigError
+from piper_sim.errors import ConfigError, named_by
+from piper_sim.planning.store import ResultStore, point_digest
 from piper_sim.studies.prepcache import PreparedCache
 from piper_sim.studies.routes import TooManyFlows
 from piper_sim.studies.runner import CollectiveRun, Prepared, simulate
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, read_topology_mapping
-from piper_sim.topology.placement import place
+from piper_sim.topology.placement import PLACEMENTS, place
+from piper_sim.units import COUNT_LIMIT
 
 DRAGONFLIES = ("frontier", "lumi", "dragonfly")  # builders with a dragonfly fabric (outside_groups parameter)
 SIZE_UNITS = {"B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
@@ -49,11 +51,16 @@ KIND_COLUMNS = ["nodes", "size", "algorithm", "link_kind", "links_used", "bytes"
                 "max_utilization", "saturated_links"]
 
 
+MAX_SIZE_BYTES = 2.0**50  # a PiB per message: far beyond any buffer
+
+
 def parse_size(text: str) -> float:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    if not m or (m.group(2) or "B") not in SIZE_UNITS:
-        raise ConfigError("--sizes", text, f"a number with a unit in {', '.join(SIZE_UNITS)} (e.g. 1MiB)")
-    return float(m.group(1)) * SIZE_UNITS[m.group(2) or "B"]
+    size = float(m.group(1)) * SIZE_UNITS[m.group(2) or "B"] if m and (m.group(2) or "B") in SIZE_UNITS else None
+    if size is None or not 0 < size <= MAX_SIZE_BYTES:
+        raise ConfigError("--sizes", text, f"a size above 0 B, at most 1 PiB, with a unit in {', '.join(SIZE_UNITS)} "
+                                           "(e.g. 1MiB)")
+    return size
 
 
 def parse_list(text: str, key: str) -> list[str]:
@@ -66,8 +73,8 @@ def parse_list(text: str, key: str) -> list[str]:
 def parse_nodes(text: str) -> list[int]:
     out = []
     for item in parse_list(text, "--nodes"):
-        if not item.isdigit() or int(item) < 1:
-            raise ConfigError("--nodes", item, "positive integers, e.g. 1,2,4,8")
+        if not item.isdigit() or not 1 <= int(item) <= COUNT_LIMIT:
+            raise ConfigError("--nodes", item, f"positive integers up to {COUNT_LIMIT:,}, e.g. 1,2,4,8")
         out.append(int(item))
     return out
 
@@ -98,6 +105,19 @@ class StudySpec:
             raise ConfigError("--scope", self.scope, "machine or job")
         for s in self.sizes:
             parse_size(s)
+        if self.max_flows is not None and self.max_flows < 1:
+            raise ConfigError("--max-flows", self.max_flows, "a positive number of paths")
+        with named_by("--topology"):
+            read_topology_mapping(self.topology)
+        with named_by("--placement"):
+            PLACEMENTS.get(self.placement)
+        build_topology(self, min(self.nodes))  # topology parameters (--set) checked before the first run
+
+    def point_digest(self, nodes: int, algorithm: str, size: str) -> str:
+        """The key of one row in the result store: everything the row depends on."""
+        fields = {k: v for k, v in self.__dict__.items() if k not in ("nodes", "sizes", "algorithms", "topology")}
+        return point_digest({"study": "all-to-all", **fields, "topology": read_topology_mapping(self.topology),
+                             "nodes": nodes, "algorithm": algorithm, "bytes": parse_size(size), "size": size})
 
 
 def build_topology(spec: StudySpec, nodes: int) -> tuple[Topology, list[str]]:
@@ -141,40 +161,57 @@ def _link_rows(topo: Topology, run: CollectiveRun) -> tuple[list[dict], dict]:
     return rows, busiest
 
 
-def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)
-              ) -> Iterator[tuple[dict, list[dict]]]:
-    """Yield (study row, link-kind rows) per (nodes, algorithm, size), smallest machines first."""
+def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+              store: ResultStore | None = None) -> Iterator[tuple[dict, list[dict]]]:
+    """Yield (study row, link-kind rows) per (nodes, algorithm, size), smallest machines first. With a store,
+    rows it holds are yielded from it (nothing finished is recomputed) and new rows are put in it."""
     spec.check()
     total, done = len(spec.nodes) * len(spec.algorithms) * len(spec.sizes), 0
     for nodes in spec.nodes:
-        topo, gpus = build_topology(spec, nodes)
-        for note in topo.notes:
-            log(f"{nodes} nodes: {note}")
-        cache = PreparedCache(gpus, topo, lump_flows=spec.lump, spread=spec.valiant == "spread",
-                              max_sub_flows=spec.max_flows)
+        keys = {(alg, size): spec.point_digest(nodes, alg, size) for alg in spec.algorithms for size in spec.sizes}
+        stored = {point: store.get(key) for point, key in keys.items()} if store is not None else {}
+        todo = {point for point in keys if stored.get(point) is None}
+        if todo:
+            topo, gpus = build_topology(spec, nodes)
+            for note in topo.notes:
+                log(f"{nodes} nodes: {note}")
+            cache = PreparedCache(gpus, topo, lump_flows=spec.lump, spread=spec.valiant == "spread",
+                                  max_sub_flows=spec.max_flows)
         for alg in spec.algorithms:
-            log(f"[{done + 1}/{total}] {nodes} nodes ({len(gpus)} GPUs), {alg}: routing and lumping ...")
-            for row, kinds in _algorithm_rows(spec, topo, gpus, alg, cache, nodes):
+            sizes = [size for size in spec.sizes if (alg, size) in todo]
+            computed = iter(())
+            if sizes:
+                log(f"[{done + 1}/{total}] {nodes} nodes ({len(gpus)} GPUs), {alg}: routing and lumping ...")
+                computed = _algorithm_rows(spec, topo, gpus, alg, cache, nodes, sizes)
+            for size in spec.sizes:
                 done += 1
-                log(_progress(done, total, row))
+                if (alg, size) in todo:
+                    row, kinds = next(computed)
+                    if store is not None:
+                        store.put(keys[(alg, size)], {"row": row, "kinds": kinds})
+                    log(_progress(done, total, row))
+                else:
+                    row, kinds = stored[(alg, size)]["row"], stored[(alg, size)]["kinds"]
+                    log(f"[{done}/{total}] {nodes} nodes, {size}, {alg}: stored")
                 yield row, kinds
-        del cache
+        if todo:
+            del cache
 
 
 def _algorithm_rows(spec: StudySpec, topo: Topology, gpus: list[str], alg: str, cache: PreparedCache,
-                    nodes: int) -> Iterator[tuple[dict, list[dict]]]:
+                    nodes: int, sizes: list[str]) -> Iterator[tuple[dict, list[dict]]]:
     n = len(gpus)
-    per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in spec.sizes]
+    per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in sizes]
     symmetric = alg in HOST_EQUIVARIANT
     algorithm = ALL_TO_ALL.get(alg)
     splits, _ = split_phases(algorithm(np.full((n, n), per_pair[0]), gpus, topo))
     try:  # the split-size exchange does not depend on the buffer: timed once
         splits_s = _time(cache, splits, symmetric)
     except TooManyFlows as exc:
-        for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
+        for label, pair_bytes in zip(sizes, per_pair, strict=True):
             yield _skipped(spec, topo, nodes, n, label, pair_bytes, alg, 0, f"skipped: {exc}"), []
         return
-    for label, pair_bytes in zip(spec.sizes, per_pair, strict=True):
+    for label, pair_bytes in zip(sizes, per_pair, strict=True):
         phases = data_phases(algorithm, np.full((n, n), pair_bytes), gpus, topo)
         msgs = messages_per_gpu(phases, n)
         try:
@@ -237,7 +274,8 @@ def _skipped(spec: StudySpec, topo: Topology, nodes: int, n: int, label: str, pa
 
 
 def write_study(spec: StudySpec, out: Path, log: Callable[[str], None] | None = None) -> tuple[Path, Path]:
-    """Run the study, appending each row to study.csv / link_kinds.csv as it completes."""
+    """Run the study, appending each row to study.csv / link_kinds.csv as it completes; every row is also kept
+    in the result store under out/points/, so that a rerun into the same folder recomputes nothing finished."""
     out.mkdir(parents=True, exist_ok=True)
     study_path, kinds_path = out / "study.csv", out / "link_kinds.csv"
     t0 = time.perf_counter()
@@ -245,7 +283,7 @@ def write_study(spec: StudySpec, out: Path, log: Callable[[str], None] | None = 
         ws, wk = csv.DictWriter(fs, STUDY_COLUMNS), csv.DictWriter(fk, KIND_COLUMNS)
         ws.writeheader()
         wk.writeheader()
-        for row, kinds in run_study(spec, **({"log": log} if log else {})):
+        for row, kinds in run_study(spec, **({"log": log} if log else {}), store=ResultStore(out)):
             ws.writerow(row)
             wk.writerows(kinds)
             fs.flush()

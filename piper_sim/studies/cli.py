@@ -7,6 +7,7 @@ study.yaml (the spec), bandwidth.png, speedup.png, link_kinds.png, tables.md.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from piper_sim.config import apply_overrides, read_config_file
 from piper_sim.errors import ConfigError
 from piper_sim.paths import config_path
 from piper_sim.planning.cli import register_scaling
+from piper_sim.rundir import finish, open_out_dir
+from piper_sim.yamlio import parse_yaml
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +69,7 @@ def _params(overrides: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.startswith("topology.params.") or key == "topology.params.":
             raise ConfigError("--set", item, "topology.params.KEY=VALUE")
-        out[key.removeprefix("topology.params.")] = yaml.safe_load(value)
+        out[key.removeprefix("topology.params.")] = parse_yaml(value, f"--set {key}")
     return out
 
 
@@ -81,7 +84,7 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
                      topology_params=_params(args.overrides), lump=not args.no_lump,
                      max_flows=args.max_flows)
     spec.check()
-    args.out.mkdir(parents=True, exist_ok=True)
+    open_out_dir(args.out, "study all-to-all", resume=True)
     (args.out / "study.yaml").write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v
                                                         for k, v in spec.__dict__.items()}, sort_keys=False))
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -93,26 +96,27 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
         raise
     for path in write_plots(args.out):
         print(f"wrote {path}")
+    finish(args.out)
     print(f"wrote {args.out / 'study.csv'} and {args.out / 'link_kinds.csv'}")
     return 0
 
 
 def cmd_study_imbalance(args: argparse.Namespace) -> int:
-    from piper_sim.studies.imbalance import drift, sweep, write_plots  # numpy, pandas, matplotlib: not for --help
+    from piper_sim.studies.imbalance import run_points, study_points, write_plots  # numpy, pandas, matplotlib
 
     raw = apply_overrides(read_config_file(config_path(args.config)), args.overrides)
-    skews = [float(x) for x in parse_csv(args.skews, "--skews")]
-    policies = parse_csv(args.policies, "--policies")
-    args.out.mkdir(parents=True, exist_ok=True)
+    points = study_points(raw, kind=args.kind, skews=[float(x) for x in parse_csv(args.skews, "--skews")],
+                          policies=parse_csv(args.policies, "--policies"), steps=args.steps,
+                          drift_steps=args.drift_steps, drift_rate=args.drift_rate)
+    open_out_dir(args.out, "study imbalance", resume=True)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        sweep(raw, kind=args.kind, skews=skews, policies=policies, steps=args.steps, out=args.out, log=log)
-        if args.drift_steps:
-            drift(raw, policies=policies, steps=args.drift_steps, rate=args.drift_rate, out=args.out, log=log)
+        paths = run_points(points, args.out, log)
     finally:
         for path in write_plots(args.out):
             print(f"wrote {path}")
-    print(f"wrote {args.out / 'imbalance.csv'}" + (f" and {args.out / 'drift.csv'}" if args.drift_steps else ""))
+    finish(args.out)
+    print("wrote " + " and ".join(str(p) for p in paths.values()))
     return 0
 
 
@@ -120,8 +124,13 @@ def parse_csv(text: str, key: str) -> list[str]:
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:
         raise ConfigError(key, text, "a comma-separated list")
+    if key != "--skews":
+        return items
     try:
-        return items if key != "--skews" else [str(float(x)) for x in items]
+        numbers = [float(x) for x in items]
     except ValueError:
         raise ConfigError(key, text, "comma-separated numbers") from None
+    if not all(math.isfinite(x) for x in numbers):
+        raise ConfigError(key, text, "comma-separated finite numbers")
+    return [str(x) for x in numbers]
 

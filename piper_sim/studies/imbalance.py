@@ -1,27 +1,34 @@
 """`piper-sim study imbalance`: MFU and step time against routing skew, per migration policy.
 
-Owns the sweep (skew values x policies, each a multi-step simulation of one config), the drift run
-(step time over steps under a routing whose hot experts move, per policy), the incremental CSVs and
-the plots. Writes only under the output directory; an interrupted sweep keeps its finished rows.
+Owns the points of the study (skew values x policies, each a multi-step simulation of one config; and the drift
+run, step time over steps under a routing whose hot experts move, per policy), their checks before anything
+runs (errors name the option that set the bad value), the CSVs and the plots. Each finished point is stored at
+once in the planner's ResultStore under the output directory, keyed by the digest of its resolved config, and the
+CSVs are rewritten as points finish: a rerun recomputes nothing finished.
 """
 
 from __future__ import annotations
 
 import copy
 import csv
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from piper_sim.analysis.report import Report
-from piper_sim.config import load_config
-from piper_sim.errors import ConfigError
+from piper_sim.bounds import int_limit
+from piper_sim.config import Config, load_config
+from piper_sim.errors import ConfigError, named_by
+from piper_sim.planning.store import ResultStore, point_digest
 from piper_sim.simulate import simulate
 
 SKEW_PARAM = {"zipf": "exponent", "dirichlet": "concentration", "hot": "share"}
 COLUMNS = ("kind", "skew", "policy", "step_time_s", "mfu", "tflops_per_gpu", "lif", "experts_moved",
            "bytes_moved_per_group", "migration_time_fraction")
+DRIFT_COLUMNS = ("policy", "step", "step_time_s")
 
 
 def config_for(raw: dict, kind: str, skew: float | None, policy: str, steps: int, extra: dict | None = None) -> dict:
@@ -30,8 +37,8 @@ def config_for(raw: dict, kind: str, skew: float | None, policy: str, steps: int
     if skew is not None:
         routing[SKEW_PARAM[kind]] = skew
     out["routing"] = routing
-    out["migration"] = {**out.get("migration", {}), "enabled": policy != "none", "policy": policy}
-    out["sim"] = {**out.get("sim", {}), "steps": steps}
+    out["migration"] = {**(out.get("migration") or {}), "enabled": policy != "none", "policy": policy}
+    out["sim"] = {**(out.get("sim") or {}), "steps": steps}
     return out
 
 
@@ -46,36 +53,89 @@ def summarize_run(report: Report) -> dict:
             "migration_time_fraction": mig.get("time_fraction", 0.0)}
 
 
-def sweep(raw: dict, *, kind: str, skews: list[float], policies: list[str], steps: int, out: Path,
-          log: Callable[[str], None]) -> Path:
+@dataclass(frozen=True)
+class Point:
+    table: str  # "imbalance" or "drift"
+    labels: dict  # the CSV columns that name the point
+    config: Config
+
+    @property
+    def digest(self) -> str:
+        return point_digest({"study": f"imbalance/{self.table}", "config": self.config.resolved()})
+
+
+def _count(flag: str, value: int, low: int) -> int:
+    limit = int_limit("sim.steps")
+    if not low <= value <= limit:
+        raise ConfigError(flag, value, f"an integer from {low} to {limit:,}")
+    return value
+
+
+def study_points(raw: dict, *, kind: str, skews: list[float], policies: list[str], steps: int, drift_steps: int,
+                 drift_rate: float) -> list[Point]:
+    """Every point of the study, its config resolved and checked; errors name the option that set the value."""
     if kind not in SKEW_PARAM:
         raise ConfigError("--kind", kind, f"one of {', '.join(SKEW_PARAM)}")
-    path = out / "imbalance.csv"
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+    _count("--steps", steps, 1)
+    _count("--drift-steps", drift_steps, 0)
+    if not (math.isfinite(drift_rate) and drift_rate >= 0):
+        raise ConfigError("--drift-rate", drift_rate, "a finite number of experts per step, >= 0")
+    for skew in skews:
+        with named_by("--skews"):
+            load_config(config_for(raw, kind, skew, "none", steps))
+    for policy in policies:
+        with named_by("--policies"):
+            load_config(config_for(raw, kind, skews[0], policy, steps))
+    points = [Point("imbalance", {"kind": kind, "skew": skew, "policy": policy},
+                    load_config(config_for(raw, kind, skew, policy, steps))) for skew in skews for policy in policies]
+    if drift_steps:
+        with named_by("--drift-rate"):
+            points += [Point("drift", {"policy": policy},
+                             load_config(config_for(raw, "drift", None, policy, drift_steps, {"rate": drift_rate})))
+                       for policy in policies]
+    return points
+
+
+def _result(point: Point) -> dict:
+    report = simulate(point.config).report
+    if point.table == "drift":
+        return {"step_times_s": list(report.step_times_s)}
+    return summarize_run(report)
+
+
+def _rows(point: Point, result: dict) -> list[dict]:
+    if point.table == "drift":
+        return [{**point.labels, "step": step, "step_time_s": t} for step, t in enumerate(result["step_times_s"])]
+    return [{**point.labels, **result}]
+
+
+def run_points(points: list[Point], out: Path, log: Callable[[str], None]) -> dict[str, Path]:
+    """Simulate the points not yet in the store, store each as it finishes, rewrite the CSVs after each point
+    (imbalance.csv, drift.csv where the study has a drift run)."""
+    store = ResultStore(out)
+    tables = {"imbalance": (out / "imbalance.csv", COLUMNS), "drift": (out / "drift.csv", DRIFT_COLUMNS)}
+    rows: dict[str, list[dict]] = {t: [] for t in tables if any(p.table == t for p in points)}
+    for i, point in enumerate(points):
+        result = store.get(point.digest)
+        what = ", ".join(f"{k}={v}" for k, v in point.labels.items())
+        if result is None:
+            log(f"[{i + 1}/{len(points)}] {point.table}: {what}")
+            result = _result(point)
+            store.put(point.digest, result)
+        else:
+            log(f"[{i + 1}/{len(points)}] {point.table}: {what} (stored)")
+        rows[point.table] += _rows(point, result)
+        _write_csv(*tables[point.table], rows[point.table])
+    return {t: tables[t][0] for t in rows}
+
+
+def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()
-        total = len(skews) * len(policies)
-        for i, (skew, policy) in enumerate((s, p) for s in skews for p in policies):
-            log(f"[{i + 1}/{total}] {kind} {SKEW_PARAM[kind]}={skew} policy={policy}")
-            result = simulate(load_config(config_for(raw, kind, skew, policy, steps)))
-            writer.writerow({"kind": kind, "skew": skew, "policy": policy, **summarize_run(result.report)})
-            fh.flush()
-    return path
-
-
-def drift(raw: dict, *, policies: list[str], steps: int, rate: float, out: Path, log: Callable[[str], None]) -> Path:
-    """Step time of every step under drifting hot experts, per policy."""
-    path = out / "drift.csv"
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["policy", "step", "step_time_s"])
-        for policy in policies:
-            log(f"drift: policy={policy}, {steps} steps")
-            cfg = load_config(config_for(raw, "drift", None, policy, steps, {"rate": rate}))
-            for step, t in enumerate(simulate(cfg).report.step_times_s):
-                writer.writerow([policy, step, t])
-            fh.flush()
-    return path
+        writer.writerows(rows)
+    tmp.replace(path)
 
 
 def write_plots(out: Path) -> list[Path]:
