@@ -232,10 +232,10 @@ def cli_option(rng: random.Random) -> Case:
 
     def replace(argv: list[str], flag: str, value: str) -> list[str]:
         argv = list(argv)
-        if flag in argv:
+        if flag in argv and flag != "--set":
             argv[argv.index(flag) + 1] = value
         else:
-            argv[-2:-2] = [flag, value]
+            argv += [flag, value]
         return argv
 
     options = [
@@ -246,7 +246,7 @@ def cli_option(rng: random.Random) -> Case:
         (a2a, "--algorithms", ("bogus", ",")),
         (a2a, "--placement", ("bogus", "5")),
         (a2a, "--topology", ("bogus", "5", "/nonexistent.yaml")),
-        (a2a + ["--set"], "--set", ("topology.params.bogus=1", "topology.params.nic_bandwidth_GBps=.nan",
+        (a2a, "--set", ("topology.params.bogus=1", "topology.params.nic_bandwidth_GBps=.nan",
                                      "topology.params.nic_bandwidth_GBps=[1", "nic=1")),
         (imb, "--skews", ("-1", "abc", "nan", "inf", ",", "1e400")),
         (imb, "--policies", ("bogus", ",")),
@@ -274,10 +274,7 @@ def cli_option(rng: random.Random) -> Case:
     ]
     argv, flag, values = rng.choice(options)
     value = rng.choice(values)
-    if flag == "--set":
-        argv = [*argv[:-1], value]
-    else:
-        argv = replace(argv, flag, value)
+    argv = replace(argv, flag, value)
     files = {"bad.json": b"{not json"} if value == "bad.json" else {}
     return Case("cli-option", argv, True, flag, files, note=f"{argv[0]} {flag} {value[:40]}")
 
@@ -338,13 +335,14 @@ FAMILIES = (
 )
 
 
-def generate(count: int, seed: int) -> list[Case]:
-    """`count` cases drawn with this seed (the same seed gives the same cases)."""
+def generate(count: int, seed: int, *, spread: bool = False) -> list[Case]:
+    """`count` cases drawn with this seed (the same seed gives the same cases): families drawn by weight, or with
+    `spread`, taken in turn (a few cases still cover every family)."""
     rng = random.Random(seed)
     makers = [(f, kw) for f, weight, kw in FAMILIES for _ in range(weight)]
     cases = []
-    for _ in range(count):
-        maker, kwargs = rng.choice(makers)
+    for i in range(count):
+        maker, kwargs = (FAMILIES[i % len(FAMILIES)][::2]) if spread else rng.choice(makers)
         cases.append(maker(rng, **kwargs))
     return cases
 
