@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from piper_sim import __version__, testbed
@@ -294,9 +296,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
+class Terminated(BaseException):
+    """SIGTERM: unwinds like Ctrl-C, so that what a command started (rank processes) is stopped on the way out."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
         return args.func(args)
     except PiperError as exc:
@@ -309,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("piper-sim: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("piper-sim: terminated", file=sys.stderr)
+        return 143
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

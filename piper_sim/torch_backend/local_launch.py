@@ -2,7 +2,7 @@
 
 Owns local multi-process runs (tests, single-machine runs): a free TCP port on 127.0.0.1, spawn,
 init_process_group in each child, destroy at the end, and killing the children it started when the
-deadline passes so a hung collective never hangs the caller.
+deadline passes so a hung collective never hangs the caller. The children die with this process (lifetime.py).
 Only piper_sim.torch_backend may import torch.
 """
 
@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .groups import shutdown
+from .lifetime import children_ignore_interrupts, rank_process_setup
 
 HOST = "127.0.0.1"
 
@@ -55,7 +56,8 @@ def free_port(host: str = HOST) -> int:
 
 
 def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str,
-           collective_timeout_s: float, num_threads: int | None, args: tuple[Any, ...]) -> None:
+           collective_timeout_s: float, num_threads: int | None, parent_pid: int, args: tuple[Any, ...]) -> None:
+    rank_process_setup(parent_pid)
     if num_threads:
         torch.set_num_threads(num_threads)
     os.environ.update(MASTER_ADDR=HOST, MASTER_PORT=str(port), RANK=str(rank),
@@ -76,8 +78,10 @@ def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     one avoids oversubscribing the cores when several processes share a machine).
     """
     port = free_port()
-    context = mp.start_processes(_child, args=(fn, world_size, port, backend, timeout_s, num_threads, args),
-                                 nprocs=world_size, join=False, start_method="spawn")
+    with children_ignore_interrupts():  # Ctrl-C reaches this process only; it stops the ranks (finally)
+        context = mp.start_processes(_child, args=(fn, world_size, port, backend, timeout_s, num_threads,
+                                                   os.getpid(), args),
+                                     nprocs=world_size, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):

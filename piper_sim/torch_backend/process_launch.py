@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from piper_sim.errors import PiperError
+from piper_sim.torch_backend.lifetime import children_ignore_interrupts, preexec_rank
 
 
 def launch_processes(target: str, args: tuple, world: int, out_dir: Path, *, rank_env: dict[int, dict[str, str]],
@@ -38,9 +39,9 @@ def launch_processes(target: str, args: tuple, world: int, out_dir: Path, *, ran
                    "WORLD_SIZE": str(world), **rank_env.get(rank, {})}
             cmd = [*rank_prefix.get(rank, []), sys.executable, "-m", "piper_sim.torch_backend.rank_main",
                    str(spec_path)]
-            with open(logs / f"rank{rank}.log", "w") as log:
+            with open(logs / f"rank{rank}.log", "w") as log, children_ignore_interrupts():
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
+                                              start_new_session=True, preexec_fn=preexec_rank))
         _watch(procs, logs, timeout_s)
     finally:
         for proc in procs:
