@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 
 import yaml
@@ -137,3 +138,52 @@ def _estimated(cfg) -> dict:
     return {"predicted_step_s": estimate.step_time_s, "predicted_mfu": estimate.mfu,
             "bubble_fraction": estimate.bubble_s / estimate.step_time_s, "exposed_comm_fraction": float("nan"),
             "fits_memory": fits}
+
+
+def summarize_published(scores: list[dict]) -> dict:
+    errors = [abs(s["error"]) for s in scores]
+    worst = max(scores, key=lambda s: abs(s["error"]))
+    pairs = [(a, b) for a, b in combinations(scores, 2)
+             if a["measured_tokens_per_s_per_gpu"] != b["measured_tokens_per_s_per_gpu"]]
+    kept = sum((a["measured_tokens_per_s_per_gpu"] > b["measured_tokens_per_s_per_gpu"])
+               == (a["predicted_tokens_per_s_per_gpu"] > b["predicted_tokens_per_s_per_gpu"]) for a, b in pairs)
+    return {"runs": len(scores), "mape": sum(errors) / len(errors), "worst": worst["name"],
+            "worst_error": worst["error"], "beyond_30pct": sum(e > 0.30 for e in errors),
+            "order_kept": kept / len(pairs) if pairs else 1.0, "pairs": len(pairs)}
+
+
+def format_published(scores: list[dict], summary: dict) -> str:
+    lines = [f"{'run':<38} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8} {'memory':>7}  tier"]
+    for s in scores:
+        lines.append(f"{s['name']:<38} {s['num_gpus']:>5} {s['measured_step_s']:>11.3f} {s['predicted_step_s']:>12.3f} "
+                     f"{100 * s['error']:>+7.1f}% {'fits' if s['fits_memory'] else 'OVER':>7}  {s['tier']}")
+    lines.append(f"MAPE {100 * summary['mape']:.1f}% over {summary['runs']} runs; worst {summary['worst']} "
+                 f"{100 * summary['worst_error']:+.1f}%; {summary['beyond_30pct']} beyond 30%; order by throughput "
+                 f"kept on {100 * summary['order_kept']:.0f}% of {summary['pairs']} pairs")
+    return "\n".join(lines)
+
+
+def write_published(out: Path, scores: list[dict], summary: dict) -> None:
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(scores).to_csv(out / "published.csv", index=False)
+    (out / "published_summary.json").write_text(json.dumps(summary, indent=2))
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    measured = [s["measured_step_s"] for s in scores]
+    ax.loglog(measured, [s["predicted_step_s"] for s in scores], "o")
+    lo, hi = min(measured) / 1.5, max(measured) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, label="predicted = measured")
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title(f"Published runs: MAPE {100 * summary['mape']:.1f}%")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "published_vs_predicted.png", dpi=120)
+    plt.close(fig)
