@@ -166,8 +166,9 @@ BASELINE_MAX_EP = 64
 
 
 def baseline_config(model: str, gpus: int) -> dict:
-    """The X-MoE-style baseline, one rule for every model: no pipeline; EP = gcd(E, GCDs) up to 64; ZeRO-1 data
-    parallelism over the rest; flat all-to-all; capacity factor 1.25; full recomputation; micro-batch 1."""
+    """The X-MoE-style baseline, one rule for every model (at its own sequence length, X-MoE's table's): no
+    pipeline; EP = gcd(E, GCDs) up to 64; ZeRO-1 data parallelism over the rest; flat all-to-all; capacity
+    factor 1.25; full recomputation; micro-batch 1."""
     from piper_sim.workload.presets import load_model
 
     experts = load_model(model).num_experts
@@ -175,7 +176,7 @@ def baseline_config(model: str, gpus: int) -> dict:
     while ep > BASELINE_MAX_EP:
         ep //= 2
     dp = gpus // ep
-    return {"model": {"preset": model, "seq_len": SEQ}, "topology": "frontier", "cost": {"profile": "mi250x"},
+    return {"model": model, "topology": "frontier", "cost": {"profile": "mi250x"},
             "parallel": {"pp": 1, "ep": ep, "dp": dp, "num_microbatches": GLOBAL_BATCH // (ep * dp),
                          "micro_batch_size": 1},
             "collectives": {"all_to_all": "flat"}, "routing": {"kind": "uniform", "capacity_factor": 1.25},
@@ -185,7 +186,8 @@ def baseline_config(model: str, gpus: int) -> dict:
 def xmoe_points(quick: bool) -> list[dict]:
     out = []
     for model, piper_gpus, base_gpus in XMOE:
-        out.append({**_plan_payload(model, model, piper_gpus, GLOBAL_BATCH, 0 if quick else 2), "side": "piper"})
+        out.append({**_plan_payload(model, model, piper_gpus, GLOBAL_BATCH, 0 if quick else 2, seq_len=None),
+                    "side": "piper"})
         out.append({"kind": "estimate" if quick else "simulate", "name": model, "side": "x-moe",
                     "config": baseline_config(model, base_gpus)})
     return out
