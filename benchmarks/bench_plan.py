@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from piper_sim.analysis.ranking import spearman
 from piper_sim.planning.engine import run_points
 from piper_sim.planning.planner import PlanRequest, screen, simulate_point
 from piper_sim.planning.space import PlanPoint
 from piper_sim.planning.store import ResultStore, point_digest
 from piper_sim.planning.sweep import run_sweep
-from piper_sim.validation.summary import spearman
 
 SWEEP_BASE = {"model": "tiny-moe", "topology": "uniform", "parallel": {"pp": 1, "ep": 1, "num_microbatches": 4}}
 SWEEP_GRID = ["parallel.pp=1,2", "parallel.ep=1,2", "collectives.all_to_all=flat,halo",

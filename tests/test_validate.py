@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from piper_sim.analysis.ranking import spearman
 from piper_sim.cli import main
 from piper_sim.validation.report import format_validation
-from piper_sim.validation.summary import spearman, summarize
+from piper_sim.validation.summary import summarize
 
 
 def test_validate_scores_a_stored_case(tmp_path, capsys):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from piper_sim.analysis.ranking import spearman
 from piper_sim.calibrate.load import load_profile
 from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config
 from piper_sim.errors import ConfigError
@@ -29,7 +30,6 @@ from piper_sim.planning.store import ResultStore, point_digest
 from piper_sim.simulate import simulate
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import place
-from piper_sim.validation.summary import spearman
 from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import load_model

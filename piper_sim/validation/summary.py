@@ -12,16 +12,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 
+from piper_sim.analysis.ranking import spearman
 from piper_sim.validation.concurrency import mean_computing
 from piper_sim.validation.ordering import order_summary, order_swaps
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    if len(a) < 2:
-        return 1.0
-    return float(pd.Series(a).rank().corr(pd.Series(b).rank()))
 
 
 def summarize(scores: list[dict]) -> dict:
