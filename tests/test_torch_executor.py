@@ -14,6 +14,7 @@ from piper_sim.simulate import simulate
 from piper_sim.torch_backend.corpus import ByteCorpus
 from piper_sim.torch_backend.model import ReferenceModel
 from piper_sim.torch_backend.run import RunSpec, batch_source, launch
+from piper_sim.torch_backend.tensor_parallel import TensorShard
 from piper_sim.trace.runtrace import normalize
 
 CORPUS_BYTES = 200_000
@@ -34,17 +35,33 @@ CASES = {
     "zero-1": {"optimizer": {"zero": 1}},
     "zero-2-dp2": {"optimizer": {"zero": 2}, "parallel": {"pp": 1, "ep": 2, "dp": 2, "num_microbatches": 2,
                                                           "micro_batch_size": 2}},
+    # tensor parallelism (docs/tensor-parallel.md): with etp 1 the TP group is the EP group (each rank routes its
+    # sequence slice); with etp 2 every expert is split like a dense FFN and the dense layers have 2 replicas
+    "tp2": {"parallel": {**BASE["parallel"], "tp": 2}},
+    "tp2-sp": {"parallel": {**BASE["parallel"], "tp": 2, "sp": True}},
+    "tp2-ep2-pp2-dp2": {"parallel": {**BASE["parallel"], "dp": 2, "tp": 2, "num_microbatches": 2}},
+    "tp2-etp2": {"parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "num_microbatches": 2, "micro_batch_size": 2}},
+    "tp2-sp-recompute-full": {"recompute": "full", "parallel": {**BASE["parallel"], "tp": 2, "sp": True}},
+    "tp2-zb-h1": {"schedule": "zb-h1", "parallel": {**BASE["parallel"], "tp": 2}},
+    "tp2-etp2-sp-zero-1": {"optimizer": {"zero": 1}, "parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "sp": True,
+                                                                  "num_microbatches": 2, "micro_batch_size": 2}},
 }
+
+
+def shard_of(cfg, rank: int) -> TensorShard:
+    """The tensor-parallel slice a rank holds of every parameter (the whole of each when tp is 1)."""
+    mesh = cfg.parallel.mesh
+    return TensorShard(tp=mesh.tp, index=mesh.coords(rank)["tp"], etp=mesh.etp)
 
 
 def reference(cfg) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of the same global batch in one process."""
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=CORPUS_BYTES)
-    batch = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.dp * par.ep,
+    batch = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.data_parallel,
                          par.num_microbatches)
     model = ReferenceModel(cfg.model, seed=cfg.seed)
-    replicas = par.dp * par.ep
+    replicas = par.data_parallel
     losses = [model.loss(*batch(0, r, m)) for r in range(replicas) for m in range(par.num_microbatches)]
     loss = torch.stack(losses).mean()
     loss.backward()
@@ -55,17 +72,18 @@ def reference(cfg) -> tuple[float, dict[str, torch.Tensor]]:
 def assert_adam_step(cfg, run_dir: Path) -> None:
     """Every rank's parameters after step 0 are one Adam step from the initial ones with the reduced
     gradients (ZeRO: each rank updated its shard, the all-gathers brought the rest)."""
-    grads: dict[str, torch.Tensor] = {}
-    for rank in range(cfg.parallel.num_gpus):
-        grads.update(torch.load(run_dir / "ranks" / f"rank{rank}.grads.pt"))
     model = ReferenceModel(cfg.model, seed=cfg.seed).stage
-    for name, p in model.named_parameters():
-        p.grad = grads[name]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    full = dict(model.named_parameters())
+    for rank in range(cfg.parallel.num_gpus):  # each rank's (tensor-parallel slice of the) reduced gradients
+        for name, grad in torch.load(run_dir / "ranks" / f"rank{rank}.grads.pt").items():
+            shard_of(cfg, rank).take(name, full[name].grad).copy_(grad)
     torch.optim.Adam(model.parameters(), lr=RunSpec.lr).step()
-    expected = dict(model.named_parameters())
     for rank in range(cfg.parallel.num_gpus):
         for name, param in torch.load(run_dir / "ranks" / f"rank{rank}.params.pt").items():
-            torch.testing.assert_close(param, expected[name].detach(), rtol=1e-5, atol=1e-7, msg=f"{name} on {rank}")
+            expected = shard_of(cfg, rank).take(name, full[name].detach())
+            torch.testing.assert_close(param, expected, rtol=1e-5, atol=1e-7, msg=f"{name} on {rank}")
 
 
 @pytest.mark.slow
@@ -81,7 +99,8 @@ def test_distributed_equals_single_process(name, tmp_path):
     for rank in range(cfg.parallel.num_gpus):
         grads = torch.load(tmp_path / "ranks" / f"rank{rank}.grads.pt")
         for pname, grad in grads.items():
-            torch.testing.assert_close(grad, ref_grads[pname], rtol=1e-4, atol=1e-6, msg=f"{pname} on rank {rank}")
+            want = shard_of(cfg, rank).take(pname, ref_grads[pname])
+            torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-6, msg=f"{pname} on rank {rank}")
             seen.add(pname)
     assert seen == set(ref_grads), sorted(set(ref_grads) - seen)[:5]
     assert_adam_step(cfg, tmp_path)
@@ -110,8 +129,10 @@ def test_distributed_equals_single_process(name, tmp_path):
     # the executor's tensor accounting (training state + saved activations) per stage; what it leaves out
     # (RoPE tables, expert ids, norm scales) is under 3%. Not with recomputation or ZeRO: the model's
     # recomputation transient is one layer (the schedule recomputes a whole chunk before its backward) and
-    # its ZeRO formulas are mixed precision (the CPU run is fp32); test_torch_memory.py covers those.
-    if cfg.recompute != "none" or cfg.zero:
+    # its ZeRO formulas are mixed precision (the CPU run is fp32); test_torch_memory.py covers those. Nor under
+    # sequence parallelism: the executor's norm before attention runs on the gathered sequence (the schedule's
+    # all-gather precedes the attention op), so it keeps that norm's input and output whole, the model 1/tp of each.
+    if cfg.recompute != "none" or cfg.zero or cfg.parallel.sp:
         return
     replay = load_config({**raw, "routing": {"kind": "trace", "path": str(tmp_path / "routing.npz")}})
     predicted = simulate(replay).report.peak_memory_bytes
@@ -134,7 +155,7 @@ def _bf16_worker(rank: int, world: int, algorithm: str, out: str) -> None:
                        "collectives": {"all_to_all": algorithm}})
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=CORPUS_BYTES)
-    batch = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.dp * par.ep,
+    batch = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.data_parallel,
                          par.num_microbatches)
     losses = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):

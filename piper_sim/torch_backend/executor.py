@@ -32,6 +32,7 @@ from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.workload.flops import op_work
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.parallel import TensorSplit
 
 from .activations import ActivationMeter
 from .all_to_all import all_to_all, dispatch_rows, prepare_groups
@@ -41,6 +42,8 @@ from .migrate import ExpertMigration
 from .model import StageModule, State
 from .p2p import Transfers
 from .segments import RECOMPUTE_KINDS, MicroState, Segment, differentiable, leafify, recomputed_ops
+from .tensor_parallel import PARAM_CLASSES, TensorShard
+from .tp_tasks import TensorParallelTasks
 from .zero import ShardedGroup
 
 FORWARD_KINDS = ("forward", "forward_expert")
@@ -54,13 +57,15 @@ class Executor:
     def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
                  all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
                  dtype: torch.dtype = torch.float32, migration: dict | None = None,
-                 device: torch.device | str = "cpu", zero: int = 0) -> None:
+                 device: torch.device | str = "cpu", zero: int = 0, sp: bool = False) -> None:
         if schedule.vpp > 1 and schedule.pp == 1:
             raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
         migrates = bool(migration and migration.get("enabled") and migration.get("policy", "greedy") != "none")
         if zero and migrates:
             raise PiperError("the torch backend does not run expert migration with optimizer.zero > 0 "
                              "(migration moves whole Adam moments, ZeRO shards them)")
+        if migrates and schedule.mesh.tp > 1:
+            raise PiperError("the torch backend does not run expert migration with parallel.tp > 1")
         self.schedule, self.model, self.rank = schedule, model, rank
         self.micro_batch_size = micro_batch_size
         self.device = torch.device(device)
@@ -71,6 +76,11 @@ class Executor:
         self.node_of, self.algorithm, self.batch_fn = node_of, all_to_all_algorithm, batch_fn
         self.program = schedule.program(rank)
         self.redo = recomputed_ops(self.program)  # chunk -> what its recompute tasks re-run
+        # tensor parallelism (tensor_parallel.py, tp_tasks.py): the TP group first, the same order on its ranks
+        tp_group = DEFAULT_GROUPS.get(self.mesh.group(rank, "tp")) if self.mesh.tp > 1 else None
+        self.shard = TensorShard(tp=self.mesh.tp, index=self.coords["tp"], etp=self.mesh.etp, sp=sp, group=tp_group)
+        self.tp = TensorParallelTasks(self.shard)
+        self.split = TensorSplit(tp=self.mesh.tp, sp=sp, etp=self.mesh.etp)  # for the FLOPs of the trace's rows
         # a split backward defers each linear's weight gradient to the W pass (layers.DeferredWeightGrads)
         DeferredWeightGrads.enabled = any(t.kind in SPLIT_BACKWARD for t in self.program)
         self.num_virtual = schedule.num_virtual_stages
@@ -80,7 +90,7 @@ class Executor:
             last = v == self.num_virtual - 1
             self.modules.append(StageModule(model, schedule.stage_layers[v], first=v == 0, last=last,
                                             ep_rank=self.coords["ep"], ep_size=self.mesh.ep, seed=seed, dtype=dtype,
-                                            device=self.device))
+                                            device=self.device, shard=self.shard))
         for c, ops in self.redo.items():  # selective recomputation: those layers keep only q, k, v of the core
             for op in ops:
                 if op.startswith("attn_core:"):
@@ -91,7 +101,7 @@ class Executor:
         self.sharded: dict[str, ShardedGroup] = {}  # ZeRO: "dense" / "expert" -> its sharded group
         self.meter = ActivationMeter()
         self.rebuild_optimizer()
-        self.replicas = self.mesh.dp * self.mesh.ep
+        self.replicas = self.mesh.data_parallel  # micro-batch streams of a stage: one per TP group
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
         self._prepare_groups()
         self.routing_rows: list[tuple[int, int, int, int, list[int]]] = []  # (step, layer, mb, source, counts)
@@ -111,8 +121,8 @@ class Executor:
         Name order keeps the gradient all-reduce buffers aligned across ranks after experts move.
         """
         named = sorted((n, p) for m in self.modules for n, p in m.named_parameters())
-        self.expert_params = [p for n, p in named if ".experts." in n]
-        self.dense_params = [p for n, p in named if ".experts." not in n]
+        # by the group that reduces their gradients (tensor_parallel.TensorShard.param_class)
+        self.class_params = {kind: [p for n, p in named if self.shard.param_class(n) == kind] for kind in PARAM_CLASSES}
         if self.zero and not self.sharded:  # once (no migration with ZeRO): parameters become flat views
             self.sharded = self._shard(named)
         # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
@@ -137,7 +147,7 @@ class Executor:
             if task.kind != "reduce_scatter":
                 continue
             kind = task.role.removeprefix("grad_")
-            members = [(n, p) for n, p in named if (".experts." in n) == (kind == "expert")]
+            members = [(n, p) for n, p in named if self.shard.param_class(n) == kind]
             if members:
                 groups[kind] = ShardedGroup(members, self.mesh.group(self.rank, task.group_axis), stage=self.zero)
         return groups
@@ -153,7 +163,7 @@ class Executor:
     def _prepare_groups(self) -> None:
         ep_group = self.mesh.group(self.rank, "ep")
         prepare_groups(ep_group, self.node_of)
-        for axis in ("ep_dp", "dp"):
+        for axis in ("ep_dp", "dp", "stage"):
             group = self.mesh.group(self.rank, axis)
             if len(group) > 1:
                 DEFAULT_GROUPS.get(group)
@@ -184,7 +194,7 @@ class Executor:
             loss = ms.state.get("loss")
             if loss is not None:
                 loss_total += float(loss.detach()) * self.loss_scale
-        return loss_total
+        return loss_total / self.mesh.tp  # every rank of a TP group holds the loss of its micro-batches
 
     def _run(self, task: Task) -> tuple[float, float]:
         if task.kind in FORWARD_KINDS:
@@ -202,6 +212,8 @@ class Executor:
         if task.kind in ("send", "recv"):
             self._post_p2p(task)
             return 0.0, 0.0
+        if task.role == "tp" and task.kind in ("all_reduce", "reduce_scatter", "all_gather"):
+            return 0.0, self._tp_task(task)
         if task.kind == "all_reduce":
             return 0.0, self._all_reduce(task)
         if task.kind == "optimizer":
@@ -233,7 +245,7 @@ class Executor:
         ms = self.micro.get(key)
         if ms is None:
             v = self.schedule.virtual_stage(self.stage, task.chunk)
-            replica = self.coords["dp"] * self.mesh.ep + self.coords["ep"]
+            replica = self.rank % self.mesh.stage_size // self.mesh.tp  # the TP group's micro-batch stream
             state: State = {}
             if v == 0 or v == self.num_virtual - 1:
                 tokens, targets = (t.to(self.device) for t in self.batch_fn(self.step, replica, task.microbatch))
@@ -249,6 +261,7 @@ class Executor:
         """The task's ops; with full recomputation its recomputed ops (a prefix of the chunk's forward) first,
         without autograd, from a checkpoint of the chunk's input the recompute tasks start from."""
         ms = self._micro(task)
+        self.tp.enter_forward(task.ops, ms.state)
         redo = self.redo.get(task.chunk, set())
         split = next((i for i, op in enumerate(task.ops) if op not in redo), len(task.ops))
         prefix, rest = task.ops[:split], task.ops[split:]
@@ -289,7 +302,8 @@ class Executor:
         for op in ops:
             module.run_op(op, state)
             flops += self._op_flops(op, state)
-            if record_routing and op.startswith("router:"):
+            # the ranks of a TP group route the same tokens when the experts are split (etp == tp): one records
+            if record_routing and op.startswith("router:") and self.coords["etp"] == 0:
                 layer = int(op.partition(":")[2])
                 counts = state["expert_counts"][layer].tolist()
                 self.routing_rows.append((self.step, layer, task.microbatch, self.coords["ep"], counts))
@@ -311,6 +325,7 @@ class Executor:
         if all(op.startswith("attn_core:") for op in task.ops):
             return self._recompute_cores(task, ms)
         state = self._redo_state(task, ms)
+        self.tp.enter_forward(task.ops, state)
         seg = self._segment(task, task.ops, state, record_routing=False)
         ms.recomputed.append(seg)
         return seg.flops
@@ -345,8 +360,8 @@ class Executor:
         if op.startswith("experts:"):
             counts = torch.bincount(state["recv_expert_ids"], minlength=self.model.num_experts)
             rows = tuple(int(c) for c in counts.tolist() if c > 0)
-            return op_work(self.model, op, tokens, rows).flops
-        return op_work(self.model, op, tokens).flops
+            return op_work(self.model, op, tokens, rows, split=self.split).flops
+        return op_work(self.model, op, tokens, split=self.split).flops
 
     def _backward(self, task: Task) -> float:
         """Autograd over the segment the task's forward made (then over its recomputed part, if any)."""
@@ -356,6 +371,7 @@ class Executor:
             raise PiperError(f"task {task.task_id}: expected a compute segment, found an all-to-all (schedule order)")
         if "loss_scaled" in seg.outputs:
             ms.pending["loss_scaled"] = torch.ones((), device=self.device)
+        self.tp.enter_backward(task.ops, ms.pending)
         pieces = [seg, ms.recomputed.pop()] if seg.redo else [seg]
         for piece in pieces:
             self._backprop(piece, ms, split=task.kind in SPLIT_BACKWARD)
@@ -435,8 +451,22 @@ class Executor:
         segments.append(Segment(a2a=record, redo=redo))
         return float(nbytes)
 
+    def _tp_task(self, task: Task) -> float:
+        """A TP collective on h (forward, or its recomputation) or on h's gradient (backward)."""
+        ms = self._micro(task)
+        if not task.in_forward:
+            ms.pending["h"] = self.tp.run(task.kind, ms.pending["h"])
+            return float(ms.pending["h"].numel() * ms.pending["h"].element_size())
+        recomputed = task.task_id.startswith("R:")
+        state = self._redo_state(task, ms) if recomputed else ms.state
+        full_redo = any(not op.startswith("attn_core:") for op in self.redo.get(task.chunk, ()))
+        if full_redo and not recomputed and not ms.segments and ms.checkpoint is None:
+            self._take_checkpoint(ms)  # the chunk's input, before its first task (an all-gather under sp)
+        state["h"] = self.tp.run(task.kind, state["h"]).requires_grad_(True)
+        return float(state["h"].numel() * state["h"].element_size())
+
     def _all_reduce(self, task: Task) -> float:
-        params = self.dense_params if task.role == "grad_dense" else self.expert_params
+        params = self.class_params[task.role.removeprefix("grad_")]
         if not params:
             return 0.0
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -457,7 +487,7 @@ class Executor:
             tensor = ms.state["h"] if task.role == "act" else ms.pending.pop("h")
             buffer = tensor.detach().contiguous()
         else:
-            shape = (self.micro_batch_size, self.model.seq_len, self.model.d_model)
+            shape = self.tp.activation_shape(self.micro_batch_size, self.model.seq_len, self.model.d_model)
             buffer = torch.empty(shape, device=self.device, dtype=self.dtype)
         self.transfers.post(task, ms, self.mesh.peer(self.rank, task.peer_stage), buffer, start)
 

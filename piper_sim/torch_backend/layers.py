@@ -18,6 +18,8 @@ from torch import Tensor, nn
 
 from piper_sim.workload.model import ModelSpec
 
+from .tensor_parallel import NO_SHARD, TensorShard
+
 NORM_EPS = 1e-6
 ROPE_BASE = 10000.0
 
@@ -40,19 +42,20 @@ def init_std(name: str, shape: torch.Size, num_layers: int) -> float:
 
 
 @torch.no_grad()
-def init_parameters(module: nn.Module, seed: int, num_layers: int) -> None:
+def init_parameters(module: nn.Module, seed: int, num_layers: int, shard: TensorShard = NO_SHARD) -> None:
     """Fill every parameter from its own generator; norms (names with 'norm') start at one.
 
     Values are drawn in float32 on the CPU and then copied, so every dtype and device sees the same
-    numbers (up to the cast).
+    numbers (up to the cast). A tensor-parallel shard draws the full parameter and keeps its slice.
     """
     for name, param in module.named_parameters():
         if "norm" in name:
             param.fill_(1.0)
             continue
         gen = torch.Generator().manual_seed(name_seed(seed, name))
-        values = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-        param.copy_(values * init_std(name, param.shape, num_layers))
+        full = shard.full_shape(name, param.shape)
+        values = torch.randn(full, generator=gen, dtype=torch.float32)
+        param.copy_(shard.take(name, values * init_std(name, full, num_layers)))
 
 
 def _param(*shape: int, device: torch.device | str | None, dtype: torch.dtype) -> nn.Parameter:
@@ -168,11 +171,12 @@ def apply_rope(x: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Causal self-attention with grouped-query heads (kv heads < heads) via scaled_dot_product_attention."""
+    """Causal self-attention with grouped-query heads (kv heads < heads) via scaled_dot_product_attention; under
+    tensor parallelism the rank's 1/tp of the heads (its rows of q, k, v, its columns of the output)."""
 
-    def __init__(self, spec: ModelSpec, *, device: torch.device | str | None, dtype: torch.dtype) -> None:
+    def __init__(self, spec: ModelSpec, *, device: torch.device | str | None, dtype: torch.dtype, tp: int = 1) -> None:
         super().__init__()
-        self.num_heads, self.kv_heads, self.head_dim = spec.num_heads, spec.kv_heads, spec.attn_head_dim
+        self.num_heads, self.kv_heads, self.head_dim = spec.num_heads // tp, spec.kv_heads // tp, spec.attn_head_dim
         d, hd = spec.d_model, self.head_dim
         self.wq = _param(self.num_heads * hd, d, device=device, dtype=dtype)
         self.wk = _param(self.kv_heads * hd, d, device=device, dtype=dtype)
@@ -302,23 +306,24 @@ class Layer(nn.Module):
     """One transformer layer's parameters: norms, attention and either a dense FFN or the MoE parts.
 
     An MoE layer holds the router, the shared experts and only the routed experts in
-    [expert_begin, expert_end), keyed by their global expert id.
+    [expert_begin, expert_end), keyed by their global expert id. A tensor-parallel shard holds its slice of
+    attention and the dense FFN (1/tp) and of every expert (1/etp).
     """
 
     def __init__(self, spec: ModelSpec, layer_index: int, expert_range: range, *,
-                 device: torch.device | str | None, dtype: torch.dtype) -> None:
+                 device: torch.device | str | None, dtype: torch.dtype, shard: TensorShard = NO_SHARD) -> None:
         super().__init__()
         d, kw = spec.d_model, {"device": device, "dtype": dtype}
         self.is_moe = spec.is_moe_layer(layer_index)
         self.norm1 = RMSNorm(d, **kw)
-        self.attn = Attention(spec, **kw)
+        self.attn = Attention(spec, tp=shard.tp, **kw)
         self.norm2 = RMSNorm(d, **kw)
         if not self.is_moe:
             width = spec.dense_ffn_dim or spec.expert_ffn_dim
-            self.dense = FFN(d, width, spec.dense_matrix_count, **kw)
+            self.dense = FFN(d, width // shard.tp, spec.dense_matrix_count, **kw)
             return
         self.router = Router(d, spec.num_experts, spec.top_k, **kw)
-        self.shared = nn.ModuleList(FFN(d, spec.shared_ffn_dim, spec.expert_matrices, **kw)
+        self.shared = nn.ModuleList(FFN(d, spec.shared_ffn_dim // shard.etp, spec.expert_matrices, **kw)
                                     for _ in range(spec.num_shared_experts))
-        self.experts = nn.ModuleDict({str(e): FFN(d, spec.expert_ffn_dim, spec.expert_matrices, **kw)
+        self.experts = nn.ModuleDict({str(e): FFN(d, spec.expert_ffn_dim // shard.etp, spec.expert_matrices, **kw)
                                       for e in expert_range})

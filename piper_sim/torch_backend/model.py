@@ -37,6 +37,7 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 
 from .layers import FFN, CoreRecompute, Layer, RMSNorm, init_parameters, linear
+from .tensor_parallel import NO_SHARD, TensorShard, VocabParallelCrossEntropy, vocab_parallel_embedding
 
 State = dict[str, Any]
 
@@ -83,13 +84,19 @@ def expert_range(spec: ModelSpec, ep_rank: int, ep_size: int) -> range:
 
 class StageModule(nn.Module):
     """One virtual pipeline stage on one EP rank: embedding if first, the given layers with only the
-    local routed experts, final norm and LM head if last. Parameter names are global names."""
+    local routed experts, final norm and LM head if last. Parameter names are global names.
+
+    With a tensor-parallel shard (tp > 1; tensor_parallel.py) it holds the rank's slices: its heads, its part
+    of the dense FFNs and experts, its vocabulary rows of the embedding (partial lookups) and of the head
+    (vocabulary-parallel cross-entropy); "attn", "dense" and (experts split, etp == tp) "moe_out" write
+    h / tp + their partial output, which the schedule's TP collective after them sums."""
 
     def __init__(self, spec: ModelSpec, layer_indices: Sequence[int], *, first: bool, last: bool,
                  ep_rank: int = 0, ep_size: int = 1, seed: int = 0,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                 shard: TensorShard = NO_SHARD) -> None:
         super().__init__()
-        self.spec, self.first, self.last = spec, first, last
+        self.spec, self.first, self.last, self.shard = spec, first, last, shard
         self.layer_indices = tuple(layer_indices)
         self.ep_rank, self.ep_size = ep_rank, ep_size
         self.experts_per_rank = spec.num_experts // ep_size
@@ -98,17 +105,21 @@ class StageModule(nn.Module):
             if not 0 <= index < spec.num_layers:
                 raise ConfigError("layer_indices", index, f"in [0, {spec.num_layers})")
         kw = {"device": device, "dtype": dtype}
+        if (first or last) and spec.vocab_size % shard.tp:
+            raise ConfigError("parallel.tp", shard.tp, f"a divisor of model.vocab_size ({spec.vocab_size}) to run "
+                              "the vocabulary-parallel embedding and head")
+        self.vocab_shard = spec.vocab_size // shard.tp
         if first:
-            self.embed = nn.Embedding(spec.vocab_size, spec.d_model, **kw)
-        self.layers = nn.ModuleDict({str(i): Layer(spec, i, self.expert_range, **kw)
+            self.embed = nn.Embedding(self.vocab_shard, spec.d_model, **kw)
+        self.layers = nn.ModuleDict({str(i): Layer(spec, i, self.expert_range, shard=shard, **kw)
                                      for i in self.layer_indices})
         # expert -> EP rank, per MoE layer; contiguous at start, changed by expert migration
         self.owners = {i: torch.arange(spec.num_experts) // self.experts_per_rank
                        for i in self.layer_indices if spec.is_moe_layer(i)}
         if last:
             self.norm = RMSNorm(spec.d_model, **kw)
-            self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False, **kw)
-        init_parameters(self, seed, spec.num_layers)
+            self.head = nn.Linear(spec.d_model, self.vocab_shard, bias=False, **kw)
+        init_parameters(self, seed, spec.num_layers, shard)
 
     def forward_ops(self) -> list[str]:
         return stage_ops(self.spec, self.layer_indices, first=self.first, last=self.last)
@@ -118,7 +129,11 @@ class StageModule(nn.Module):
         name, layer_index = parse_op(op)
         if name == "embed":
             self._check(self.first, op)
-            state["h"] = self.embed(state["tokens"])
+            if self.shard.tp > 1:
+                start = self.shard.vocab_start(self.vocab_shard)
+                state["h"] = vocab_parallel_embedding(state["tokens"], self.embed.weight, start)
+            else:
+                state["h"] = self.embed(state["tokens"])
             return
         if name == "head":
             self._check(self.last, op)
@@ -138,6 +153,9 @@ class StageModule(nn.Module):
     def _head(self, h: Tensor, targets: Tensor) -> Tensor:
         logits = linear(self.norm(h), self.head.weight)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32
+        if self.shard.tp > 1:
+            return VocabParallelCrossEntropy.apply(logits.flatten(0, -2), targets.flatten(),
+                                                   self.shard.vocab_start(self.vocab_shard), self.shard.group)
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
     def destination_rank(self, expert_ids: Tensor, layer_index: int) -> Tensor:
@@ -149,12 +167,12 @@ def _attn(stage: StageModule, layer: Layer, layer_index: int, state: State) -> N
     core = None
     if layer.attn.selective:  # the core's recompute task finds it under "attn_cores"
         core = state.setdefault("attn_cores", {})[layer_index] = CoreRecompute()
-    state["h"] = h + layer.attn(layer.norm1(h), core)
+    state["h"] = stage.shard.residual(h) + layer.attn(layer.norm1(h), core)
 
 
 def _dense(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:
     h = state["h"]
-    state["h"] = h + layer.dense(layer.norm2(h))
+    state["h"] = stage.shard.residual(h) + layer.dense(layer.norm2(h))
 
 
 def _router(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:
@@ -216,11 +234,22 @@ def _moe_out(stage: StageModule, layer: Layer, layer_index: int, state: State) -
     shared = state.pop("shared_out", None)
     if shared is not None:
         out = out + shared
-    state["h"] = h + out.view_as(h)
+    state["h"] = stage.shard.residual(h, split=stage.shard.experts_split) + out.view_as(h)
 
 
 _LAYER_OPS = {"attn": _attn, "dense": _dense, "router": _router, "shared": _shared,
               "experts": _experts, "moe_out": _moe_out}
+
+
+def run_without_exchange(stage: StageModule, ops: Iterable[str], state: State) -> None:
+    """Run ops on one EP rank that holds every expert: dispatch and combine are the identity."""
+    for op in ops:
+        if op.startswith("experts:"):
+            state.update(recv_rows=state["send_rows"], recv_splits=list(state["send_splits"]),
+                         recv_expert_ids=state["send_expert_ids"])
+        stage.run_op(op, state)
+        if op.startswith("experts:"):
+            state["combined_rows"] = state["return_rows"]
 
 
 class ReferenceModel(nn.Module):
@@ -236,13 +265,7 @@ class ReferenceModel(nn.Module):
     def run(self, tokens: Tensor, targets: Tensor) -> State:
         """All ops in order; dispatch and combine are the identity (one EP rank)."""
         state: State = {"tokens": tokens, "targets": targets}
-        for op in self.stage.forward_ops():
-            if op.startswith("experts:"):
-                state.update(recv_rows=state["send_rows"], recv_splits=list(state["send_splits"]),
-                             recv_expert_ids=state["send_expert_ids"])
-            self.stage.run_op(op, state)
-            if op.startswith("experts:"):
-                state["combined_rows"] = state["return_rows"]
+        run_without_exchange(self.stage, self.stage.forward_ops(), state)
         return state
 
     def loss(self, tokens: Tensor, targets: Tensor) -> Tensor:
@@ -253,4 +276,4 @@ class ReferenceModel(nn.Module):
 
 
 __all__ = ["DIFFERENTIABLE_IO", "FFN", "ReferenceModel", "StageModule", "State", "expert_range",
-           "layer_ops", "run_local_experts", "stage_ops"]
+           "layer_ops", "run_local_experts", "run_without_exchange", "stage_ops"]

@@ -72,7 +72,7 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=spec.corpus_bytes)
     torch.manual_seed(cfg.seed)
-    batch_fn = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.dp * par.ep,
+    batch_fn = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.data_parallel,
                             par.num_microbatches)
     device, dtype = torch.device("cpu"), torch.float32  # on CPU the backend computes in float32
     if torch.cuda.is_available():  # one GPU per rank, round-robin over this host's GPUs (nccl), the model's dtype
@@ -82,7 +82,7 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of,
                         all_to_all_algorithm=cfg.all_to_all, batch_fn=batch_fn,
                         micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration,
-                        device=device, dtype=dtype, zero=cfg.zero)
+                        device=device, dtype=dtype, zero=cfg.zero, sp=par.sp)
     if spec.capture_grads:
         executor.captured_grads = {}
     bias = router_bias(cfg)
