@@ -200,6 +200,9 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
             raise ConfigError("recompute_layers", layers, "a positive integer (layers of each chunk recomputed)")
     if zero not in ZERO_STAGES or isinstance(zero, bool):
         raise ConfigError("optimizer.zero", zero, "0, 1 or 2")
+    if zero == 2 and full["schedule"] == "dualpipe":
+        raise ConfigError("optimizer.zero", zero, "0 or 1 with schedule dualpipe (its two copies of the layers sum "
+                          "their full gradients after the backward, which ZeRO-2 does not keep)")
     if zero and parallel.data_parallel == 1 and parallel.dp == 1:
         raise ConfigError("optimizer.zero", zero, "0 when there is one data-parallel replica (dp x ep x etp / tp = 1)")
     return recompute, layers, zero

@@ -153,6 +153,25 @@ def test_lowered_dualpipe_validates_and_dry_runs() -> None:
     assert schedule_from_json(schedule_to_json(schedule)) == schedule
 
 
+def test_the_two_copies_gradients_are_summed_over_the_mirror_group() -> None:
+    """Rank p's chunk 0 and rank pp - 1 - p's chunk 1 hold the same layers: one all-reduce of role grad_mirror
+    over the pair, before the data-parallel reductions; no other layout has it."""
+    schedule = build_schedule(_config())
+    mesh = schedule.mesh
+    for p, program in enumerate(schedule.stage_programs):
+        (mirror,) = [t for t in program if t.role == "grad_mirror"]
+        assert mirror.kind == "all_reduce" and mirror.group_axis == "mirror"
+        reductions = [t.role for t in program if t.kind == "all_reduce"]
+        assert reductions[0] == "grad_mirror"
+        rank = mesh.stage_ranks(p)[0]
+        assert mesh.group(rank, "mirror") == tuple(sorted({rank, mesh.peer(rank, mesh.pp - 1 - p)}))
+        for c in (0, 1):
+            twin = schedule.virtual_stage(mesh.pp - 1 - p, 1 - c)
+            assert schedule.stage_layers[schedule.virtual_stage(p, c)] == schedule.stage_layers[twin]
+    v_layout = build_schedule(_config(schedule="dualpipe-v"))
+    assert not [t for program in v_layout.stage_programs for t in program if t.role == "grad_mirror"]
+
+
 def test_simulated_dualpipe_bubble_is_below_1f1b() -> None:
     def bubble(schedule: str, vpp: int) -> float:
         cfg = load_config("examples/small-moe.yaml", [f"schedule={schedule}", f"parallel.vpp={vpp}",

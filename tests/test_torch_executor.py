@@ -45,6 +45,12 @@ CASES = {
     "tp2-zb-h1": {"schedule": "zb-h1", "parallel": {**BASE["parallel"], "tp": 2}},
     "tp2-etp2-sp-zero-1": {"optimizer": {"zero": 1}, "parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "sp": True,
                                                                   "num_microbatches": 2, "micro_batch_size": 2}},
+    # DualPipe (docs/schedules.md): two pipelines over the same layers, each rank holding two stages' copies whose
+    # gradients the mirror all-reduce sums; DualPipeV: one pipeline down and back up the ranks (a local turn)
+    "dualpipe-pp4": {"schedule": "dualpipe", "model": {"preset": "tiny-moe", "num_layers": 8},
+                     "parallel": {"pp": 4, "vpp": 2, "ep": 2, "num_microbatches": 8, "micro_batch_size": 1}},
+    "dualpipe-v-pp4": {"schedule": "dualpipe-v", "model": {"preset": "tiny-moe", "num_layers": 8},
+                       "parallel": {"pp": 4, "vpp": 2, "ep": 1, "num_microbatches": 8, "micro_batch_size": 1}},
 }
 
 

@@ -29,7 +29,7 @@ from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import split_layers
 from piper_sim.schedule.dryrun import coarse_timing
-from piper_sim.schedule.ir import VirtualStages
+from piper_sim.schedule.ir import Layout, VirtualStages
 from piper_sim.schedule.lower import chunk_segments
 from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.collective import phase_delay_s
@@ -219,6 +219,9 @@ class Estimator:
                     "ep": point.ep}
             params = rank_params(self.model, held, **ends, split=point.parallel.split)
             grad = 0.0
+            if stages.layout == Layout.BIDIRECTIONAL:  # DualPipe's two copies: summed with the mirror stage's first
+                mirror = [self.gpus[p * per_stage], self.gpus[(point.pp - 1 - p) * per_stage]]
+                grad += self._reduce_group_s(sum(params.values()), mirror, 0)
             for kind, gpus in self._replica_groups(point, p).items():
                 if len(gpus) > 1:
                     grad += self._reduce_group_s(params[kind], gpus, point.zero)

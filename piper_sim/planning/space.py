@@ -148,6 +148,13 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
     return out
 
 
+def _zeros(zeros: tuple[int, ...], schedule: str, replicated: bool) -> tuple[int, ...]:
+    """ZeRO stages a plan may use: none without replicas; not 2 under DualPipe (config.py says why)."""
+    if not replicated:
+        return (0,)
+    return tuple(z for z in zeros if not (z == 2 and schedule == "dualpipe"))
+
+
 def _splits(model: ModelSpec, tp: int) -> bool:
     return all(width % tp == 0 for _, width in tensor_split_widths(model))
 
@@ -181,7 +188,7 @@ def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: i
                             continue
                         for a2a in allowed("all_to_all", all_to_alls):
                             for recompute in allowed("recompute", recomputes):
-                                for zero in allowed("zero", zeros if replicas > 1 or dp > 1 else (0,)):
+                                for zero in allowed("zero", _zeros(zeros, schedule, replicas > 1 or dp > 1)):
                                     out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
                                                          num_microbatches=m, schedule=schedule, all_to_all=a2a,
                                                          recompute=recompute, zero=zero, tp=tp, etp=etp, sp=sp))

@@ -90,6 +90,7 @@ class Role(StrEnum):
     PARAM_EXPERT = "param_expert"
     GRAD_REPLICATED = "grad_replicated"  # tp > 1: parameters the stage's ranks hold whole (norms, router)
     PARAM_REPLICATED = "param_replicated"
+    GRAD_MIRROR = "grad_mirror"  # DualPipe (bidirectional layout): the two copies of a stage's layers summed
     TP = "tp"  # a tensor-parallel collective on the layer's activations (forward) or their gradients
     MIGRATE = "migrate"
 

@@ -288,6 +288,10 @@ def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: t
 def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
     last = program[-1].task_id
     tasks: list[Task] = []
+    if ctx.layout == Layout.BIDIRECTIONAL:  # DualPipe's two copies of the layers: every gradient summed first
+        tasks.append(Task(task_id="allreduce:grad_mirror", kind="all_reduce", role="grad_mirror",
+                          group_axis="mirror", deps=(last,)))
+        last = tasks[-1].task_id
     axes = _reduction_axes(ctx)
     for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
         if ctx.zero:

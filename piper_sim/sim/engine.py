@@ -421,8 +421,9 @@ class Simulation:
             size = self.activation_bytes
         else:  # gradients or parameters of one class: the stage's, or one chunk's (ZeRO-2's buckets)
             kind = task.role.partition("_")[2]
-            size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0 else {
-                "dense": plan.params_dense, "expert": plan.params_expert, "replicated": plan.params_replicated}[kind])
+            held = {"dense": plan.params_dense, "expert": plan.params_expert, "replicated": plan.params_replicated}
+            held["mirror"] = sum(held.values())  # DualPipe: every gradient the rank holds, with its counterpart's
+            size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0 else held[kind])
         algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
         return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name
 

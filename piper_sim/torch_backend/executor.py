@@ -16,7 +16,10 @@ recomputation the forward of a chunk's recomputed ops runs without autograd and 
 (the checkpoint); the recompute tasks re-run those ops and all-to-alls from it with grad, right before
 the chunk's backward, into segments of their own that the backward tasks then consume. Selective
 recomputation keeps each attention core's q, k, v and re-runs the core in its recompute task
-(layers.CoreRecompute). ZeRO (zero.py): reduce-scatter, Adam on the rank's shard, all-gather.
+(layers.CoreRecompute). ZeRO (zero.py): reduce-scatter, Adam on the rank's shard, all-gather. Tensor
+parallelism: the stages hold the rank's slices (tensor_parallel.py) and the schedule's role "tp" collectives run
+on h and its gradient (tp_tasks.py). The layout (Schedule.stages) says which chunks hold the embedding and the
+head, and where a chunk hands its output to the next on the same rank (DualPipeV's turn).
 Only piper_sim.torch_backend may import torch.
 """
 
@@ -83,12 +86,12 @@ class Executor:
         self.split = TensorSplit(tp=self.mesh.tp, sp=sp, etp=self.mesh.etp)  # for the FLOPs of the trace's rows
         # a split backward defers each linear's weight gradient to the W pass (layers.DeferredWeightGrads)
         DeferredWeightGrads.enabled = any(t.kind in SPLIT_BACKWARD for t in self.program)
-        self.num_virtual = schedule.num_virtual_stages
+        self.stages = schedule.stages  # the layout: which chunks start and end a pipeline (DualPipe: two of each)
         self.modules: list[StageModule] = []
         for c in range(schedule.vpp):
             v = schedule.virtual_stage(self.stage, c)
-            last = v == self.num_virtual - 1
-            self.modules.append(StageModule(model, schedule.stage_layers[v], first=v == 0, last=last,
+            self.modules.append(StageModule(model, schedule.stage_layers[v], first=self.stages.is_first(v),
+                                            last=self.stages.is_last(v),
                                             ep_rank=self.coords["ep"], ep_size=self.mesh.ep, seed=seed, dtype=dtype,
                                             device=self.device, shard=self.shard))
         for c, ops in self.redo.items():  # selective recomputation: those layers keep only q, k, v of the core
@@ -98,7 +101,7 @@ class Executor:
         self.dtype, self.lr, self.zero = dtype, lr, zero
         self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
         self.pending_optimizer_state: dict = {}
-        self.sharded: dict[str, ShardedGroup] = {}  # ZeRO: "dense" / "expert" -> its sharded group
+        self.sharded: dict[str, ShardedGroup] = {}  # ZeRO: a parameter class (PARAM_CLASSES) -> its sharded group
         self.meter = ActivationMeter()
         self.rebuild_optimizer()
         self.replicas = self.mesh.data_parallel  # micro-batch streams of a stage: one per TP group
@@ -123,6 +126,7 @@ class Executor:
         named = sorted((n, p) for m in self.modules for n, p in m.named_parameters())
         # by the group that reduces their gradients (tensor_parallel.TensorShard.param_class)
         self.class_params = {kind: [p for n, p in named if self.shard.param_class(n) == kind] for kind in PARAM_CLASSES}
+        self.class_params["mirror"] = [p for _, p in named]  # DualPipe: the counterpart holds the same names
         if self.zero and not self.sharded:  # once (no migration with ZeRO): parameters become flat views
             self.sharded = self._shard(named)
         # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
@@ -247,14 +251,33 @@ class Executor:
             v = self.schedule.virtual_stage(self.stage, task.chunk)
             replica = self.rank % self.mesh.stage_size // self.mesh.tp  # the TP group's micro-batch stream
             state: State = {}
-            if v == 0 or v == self.num_virtual - 1:
+            first, last = self.stages.is_first(v), self.stages.is_last(v)
+            if first or last:
                 tokens, targets = (t.to(self.device) for t in self.batch_fn(self.step, replica, task.microbatch))
-                if v == 0:
+                if first:
                     state["tokens"] = tokens
-                if v == self.num_virtual - 1:
+                if last:
                     state["targets"] = targets
+            before = self._local_neighbour(v, self.stages.previous(v))
+            if before is not None:  # the previous virtual stage ran on this rank (the V layout's turn): its output
+                state["h"] = self.micro[(before, task.microbatch)].state["h"]
             ms = self.micro[key] = MicroState(state=state)
         return ms
+
+    def _local_neighbour(self, v: int, other: int | None) -> int | None:
+        """The chunk of this rank that runs virtual stage `other` next to v, when it is on this rank."""
+        if other is None:
+            return None
+        stage, chunk = self.stages.where(other)
+        return chunk if stage == self.stage else None
+
+    def _local_grad(self, task: Task, ms: MicroState) -> None:
+        """A chunk's backward starts from the input gradient of the next virtual stage when that ran here."""
+        if "h" not in ms.pending:
+            v = self.schedule.virtual_stage(self.stage, task.chunk)
+            after = self._local_neighbour(v, self.stages.next(v))
+            if after is not None:
+                ms.pending["h"] = self.micro[(after, task.microbatch)].pending.pop("h")
 
     # ---- compute -------------------------------------------------------------------------------
     def _forward(self, task: Task) -> float:
@@ -371,6 +394,7 @@ class Executor:
             raise PiperError(f"task {task.task_id}: expected a compute segment, found an all-to-all (schedule order)")
         if "loss_scaled" in seg.outputs:
             ms.pending["loss_scaled"] = torch.ones((), device=self.device)
+        self._local_grad(task, ms)
         self.tp.enter_backward(task.ops, ms.pending)
         pieces = [seg, ms.recomputed.pop()] if seg.redo else [seg]
         for piece in pieces:
@@ -455,6 +479,7 @@ class Executor:
         """A TP collective on h (forward, or its recomputation) or on h's gradient (backward)."""
         ms = self._micro(task)
         if not task.in_forward:
+            self._local_grad(task, ms)
             ms.pending["h"] = self.tp.run(task.kind, ms.pending["h"])
             return float(ms.pending["h"].numel() * ms.pending["h"].element_size())
         recomputed = task.task_id.startswith("R:")

@@ -13,6 +13,8 @@ consecutive ranks (a tensor-parallel group), so a rank's tp index is rank % tp:
 - etp == 1 (tp divides ep): a tensor-parallel group lies inside an expert-parallel group, whose tp ranks
   hold different experts.
 With tp == etp == 1 the layout is pp x dp x ep.
+Under DualPipe's bidirectional layout stage p and stage pp - 1 - p hold the same layers; the "mirror" group (a rank
+and its counterpart there, same dp, ep and etp coordinates) sums the two copies' gradients.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-GROUP_AXES = ("ep", "dp", "ep_dp", "tp", "stage")
+GROUP_AXES = ("ep", "dp", "ep_dp", "tp", "stage", "mirror")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,7 +30,8 @@ class Mesh:
     """Rank layout (module docstring). Group axes: "ep" (expert parallel: an all-to-all's members), "dp" (the
     replicas of an expert shard: expert gradients), "ep_dp" (the replicas of a tensor-parallel shard of the
     dense layers: dense gradients), "tp" (a tensor-parallel group), "stage" (every rank of the stage: the
-    gradients of parameters every rank of the stage holds whole when tp > 1)."""
+    gradients of parameters every rank of the stage holds whole when tp > 1), "mirror" (the rank and its counterpart
+    at stage pp - 1 - p: DualPipe's two copies of the same layers)."""
 
     pp: int
     dp: int = 1
@@ -86,6 +89,8 @@ class Mesh:
         stage = self.stage_ranks(self.stage_of(rank))
         if axis == "stage":
             return tuple(stage)
+        if axis == "mirror":
+            return tuple(sorted({rank, self.peer(rank, self.pp - 1 - self.stage_of(rank))}))
         if axis == "tp":
             first = rank - rank % self.tp
             return tuple(range(first, first + self.tp))
