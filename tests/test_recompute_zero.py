@@ -128,6 +128,7 @@ def test_mfu_excludes_recomputation_and_hfu_includes_it():
     (["recompute=some"], "recompute"),
     (["recompute_layers=2"], "recompute_layers"),
     (["recompute=full", "recompute_layers=0"], "recompute_layers"),
+    (["optimizer.zero=2", "schedule=dualpipe", "parallel.vpp=2", "parallel.dp=2"], "optimizer.zero"),
 ])
 def test_bad_plan_features_name_their_key(overrides, key):
     with pytest.raises(ConfigError) as err:
