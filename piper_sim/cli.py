@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from piper_sim import __version__, testbed
+from piper_sim import testbed
 from piper_sim.calibrate.cli import register as register_calibrate
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError
@@ -29,6 +29,7 @@ from piper_sim.schedule.grid import render_grid
 from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
 from piper_sim.schedule.validate import check_schedule, dry_run
 from piper_sim.studies.cli import register as register_study
+from piper_sim.version import __version__
 from piper_sim.workload.presets import list_presets, load_model
 
 
@@ -39,11 +40,20 @@ def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> N
                    help="override a config value, e.g. --set parallel.pp=4 (repeatable)")
 
 
+def say_defaults(cfg) -> None:
+    """Say the silent defaults that change the answer most: the sequence length a preset or HF import brings."""
+    model = cfg.raw.get("model")
+    if not (isinstance(model, dict) and "seq_len" in model):
+        print(f"piper-sim: note: {cfg.model.name} runs at the sequence length its preset or config file gives, "
+              f"{cfg.model.seq_len:,} tokens (set model.seq_len to change it)", file=sys.stderr)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from piper_sim.outputs import format_report, write_run  # numpy, pandas, matplotlib: not for --help
     from piper_sim.simulate import simulate  # simpy, numpy
 
     cfg = load_config(config_path(args.config), args.overrides)
+    say_defaults(cfg)
     print(f"simulating {cfg.model.name} on {cfg.parallel.num_gpus} GPUs "
           f"(pp {cfg.parallel.pp} x ep {cfg.parallel.ep} x dp {cfg.parallel.dp}, {cfg.schedule}, "
           f"{cfg.parallel.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
@@ -107,6 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     check_seconds("--timeout", args.timeout)
     cfg = load_config(config_path(args.config), args.overrides)
+    say_defaults(cfg)
     par = cfg.parallel
     open_out_dir(args.out, "run")
     print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "

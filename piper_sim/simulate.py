@@ -7,7 +7,9 @@ the SimPy engine, and the fallback to one lane per rank when lane members diverg
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 
 from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
@@ -80,3 +82,14 @@ def simulate(cfg: Config, schedule: Schedule | None = None) -> RunResult:
 def _per_stage_max(per_rank, pp: int) -> list[float]:
     per_stage = len(per_rank) // pp
     return [float(max(per_rank[p * per_stage:(p + 1) * per_stage])) for p in range(pp)]
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as simulate(): `from piper_sim import simulate` then gives the function's behaviour
+    whether or not the module was imported before (the package attribute `simulate` is this module)."""
+
+    def __call__(self, cfg: Config, schedule: Schedule | None = None) -> RunResult:
+        return simulate(cfg, schedule)
+
+
+sys.modules[__name__].__class__ = _CallableModule

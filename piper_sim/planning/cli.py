@@ -16,7 +16,7 @@ from piper_sim.planning.engine import check_scheduler
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.space import parse_fixes
 from piper_sim.rundir import finish, open_out_dir
-from piper_sim.workload.presets import FIELD_LIMITS
+from piper_sim.workload.presets import FIELD_LIMITS, load_model
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -75,6 +75,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           topology=args.topology, profile=args.profile, seq_len=args.seq_len,
                           fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain,
                           reserve_bytes=None if args.reserve_GiB is None else args.reserve_GiB * 2**30)
+    if args.seq_len is None:
+        model = load_model(args.model)
+        print(f"piper-sim: note: {model.name} is planned at the sequence length its preset or config file gives, "
+              f"{model.seq_len:,} tokens (--seq-len to change it)", file=sys.stderr)
     check_scheduler(args.scheduler)
     open_out_dir(args.out, "plan", resume=True)
     result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers)

@@ -22,11 +22,11 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from piper_sim import __version__ as piper_version
 from piper_sim.errors import PiperError
 from piper_sim.testbed import load as load_testbed
 from piper_sim.torch_backend.local_launch import run_local
 from piper_sim.torch_backend.process_launch import launch_in_namespaces
+from piper_sim.version import __version__ as piper_version
 
 from .comm import group_sizes, run_comm
 from .compute import run_compute
