@@ -151,6 +151,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats", args.repeats, "a positive integer")
     cases = find_cases(args.cases, data_dir("validation") / "cases")
     host = load_profiles(args.profile)[1] or HostProfile()  # a bad profile fails before any measuring
+    if args.out is not None:
+        open_out_dir(args.out, "validate")
     if args.remeasure:
         remeasure(cases, repeats=args.repeats, reference_preset=host.reference_preset,
                   reference_profile=args.profile, reference_ranks=calibrated_ranks(args.profile),
@@ -164,7 +166,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     summary = summarize(scores)
     print(format_validation(scores, summary))
     if args.out is not None:
-        open_out_dir(args.out, "validate")
         write_validation(args.out, scores, summary)
         finish(args.out)
         print(f"wrote {args.out}/ (validation.csv, phases.csv, concurrency.csv, summary.json, "

@@ -36,6 +36,11 @@ SI_LIMIT = {"bytes_per_s": 1e18, "s": 3600.0, "bytes": 1e18, "flops_per_s": 1e21
 POSITIVE_UNITS = frozenset({"bytes_per_s", "flops_per_s"})
 
 
+def is_finite_number(value: object) -> bool:
+    """An int or float (not a bool) that is finite: what every numeric config value must be first."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def to_si(key: str, value: object, *, where: str = "") -> float:
     """Convert a value whose key ends in a unit suffix (e.g. bandwidth_GBps) to SI: a finite, non-negative
     number (positive for a rate) no larger than SI_LIMIT of its unit."""

@@ -104,3 +104,10 @@ def test_compare_refuses_runs_of_different_configs_and_unfinished_runs(tmp_path,
     (c / UNFINISHED).write_text("")
     assert main(["compare", str(a), str(c)]) == 2
     assert "did not finish" in capsys.readouterr().err
+
+
+def test_infinite_numbers_are_refused_where_a_finite_one_is_meant():
+    base = {"model": {"preset": "tiny-moe"}, "parallel": {"pp": 2, "ep": 2}}
+    for raw, key in (({"migration": {"enabled": True, "threshold": float("inf")}}, "migration.threshold"),
+                     ({"model": {"preset": "tiny-moe", "published_params": float("inf")}}, "model.published_params")):
+        assert error_of(load_config, {**base, **raw}).key == key

@@ -18,7 +18,7 @@ import numpy as np
 from piper_sim.calibrate.fit import expert_lines
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.units import read_params
+from piper_sim.units import is_finite_number, read_params
 from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
@@ -95,10 +95,10 @@ def _check_device_numbers(p: dict) -> None:
         if not p[si] > 0:
             raise ConfigError(f"cost.profile.{key}", p[si], "a positive number")
     efficiency = p["memory_efficiency"]
-    if isinstance(efficiency, bool) or not isinstance(efficiency, int | float) or not 0 < efficiency <= 1:
+    if not is_finite_number(efficiency) or not 0 < efficiency <= 1:
         raise ConfigError("cost.profile.memory_efficiency", efficiency, "a fraction in (0, 1]")
     per_param = p["optimizer_bytes_per_param"]
-    if isinstance(per_param, bool) or not isinstance(per_param, int | float) or not 0 <= per_param < 1e6:
+    if not is_finite_number(per_param) or not 0 <= per_param < 1e6:
         raise ConfigError("cost.profile.optimizer_bytes_per_param", per_param, "a number of bytes from 0 to 1e6")
 
 
@@ -107,15 +107,11 @@ def _curve(raw: object, key: str, x_key: str) -> Curve:
         raise ConfigError(f"cost.profile.{key}", raw, f"a mapping with keys {x_key} and efficiency")
     xs, eff = raw[x_key], raw["efficiency"]
     if (not isinstance(xs, list) or not isinstance(eff, list) or len(xs) != len(eff) or len(xs) < 1
-            or not all(_is_number(v) for v in xs + eff)
+            or not all(is_finite_number(v) for v in xs + eff)
             or any(not 0 < v < 1e18 for v in xs) or any(not 0 < e <= 1 for e in eff) or xs != sorted(xs)):
         raise ConfigError(f"cost.profile.{key}", raw,
                           "equal-length lists; increasing positive x; efficiencies in (0, 1]")
     return Curve(x=tuple(float(v) for v in xs), efficiency=tuple(float(e) for e in eff))
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _device_measured(measurements: dict) -> dict:
@@ -158,8 +154,8 @@ def _core_sharing(raw: object) -> tuple[tuple[float, float], ...]:
     levels = raw.get("ranks_per_core") if isinstance(raw, dict) else None
     factors = raw.get("cpu_time_factor") if isinstance(raw, dict) else None
     if (not isinstance(levels, list) or not isinstance(factors, list) or len(levels) != len(factors) or not levels
-            or any(not isinstance(v, int | float) or v < 1 for v in levels) or levels != sorted(set(levels))
-            or any(not isinstance(f, int | float) or f <= 0 for f in factors)):
+            or any(not is_finite_number(v) or v < 1 for v in levels) or levels != sorted(set(levels))
+            or any(not is_finite_number(f) or f <= 0 for f in factors)):
         raise ConfigError("cost.profile.measurements.core_sharing", raw,
                           "ranks_per_core (increasing, from 1) and cpu_time_factor (positive) of equal length")
     return tuple((float(v), float(f)) for v, f in zip(levels, factors, strict=True))
@@ -171,7 +167,7 @@ def _reference_s(sharing: dict) -> float:
     rounds = (sharing.get("window_means_us") or [[]])[0] or (sharing.get("cpu_us_per_iteration") or [])[:1]
     if rounds == []:
         return 0.0
-    if not isinstance(rounds, list) or any(not isinstance(v, int | float) or v <= 0 for v in rounds):
+    if not isinstance(rounds, list) or any(not is_finite_number(v) or v <= 0 for v in rounds):
         raise ConfigError("cost.profile.measurements.core_sharing", sharing,
                           "window_means_us (a list per level of positive microseconds) or cpu_us_per_iteration")
     return float(np.median(rounds)) * 1e-6
@@ -182,9 +178,9 @@ def _blocking_wait(raw: object) -> tuple[tuple[tuple[float, float], ...], float]
     extra = raw.get("extra_per_call_us") if isinstance(raw, dict) else None
     slice_us = raw.get("scheduler_slice_us") if isinstance(raw, dict) else None
     if (not isinstance(loads, list) or not isinstance(extra, list) or len(loads) != len(extra) or not loads
-            or any(not isinstance(v, int | float) or v < 0 for v in loads) or loads != sorted(set(loads))
-            or any(not isinstance(e, int | float) or e < 0 for e in extra)
-            or not isinstance(slice_us, int | float) or slice_us <= 0):
+            or any(not is_finite_number(v) or v < 0 for v in loads) or loads != sorted(set(loads))
+            or any(not is_finite_number(e) or e < 0 for e in extra)
+            or not is_finite_number(slice_us) or slice_us <= 0):
         raise ConfigError("cost.profile.measurements.blocking_wait", raw,
                           "computing_per_core (>= 0, increasing) and extra_per_call_us (>= 0) of equal length, "
                           "and scheduler_slice_us > 0")

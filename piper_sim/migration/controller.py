@@ -28,6 +28,7 @@ from piper_sim.migration.cost import Move, placement_moves, total_bytes
 from piper_sim.migration.placement import ExpertPlacement, rank_loads
 from piper_sim.migration.policies import POLICIES, rebalance
 from piper_sim.routing.metrics import imbalance_factor
+from piper_sim.units import is_finite_number
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,14 +65,14 @@ def migration_from_config(raw: Mapping[str, Any] | None) -> MigrationSpec:
     _check("enabled", spec["enabled"], isinstance(spec["enabled"], bool), "true or false")
     _check("policy", spec["policy"], spec["policy"] in POLICIES, f"one of {', '.join(POLICIES.names())}")
     threshold = spec["threshold"]
-    _check("threshold", threshold, isinstance(threshold, int | float) and not isinstance(threshold, bool)
-           and threshold >= 1, "a number >= 1 (load imbalance factor, max / mean)")
+    _check("threshold", threshold, is_finite_number(threshold) and threshold >= 1,
+           "a finite number >= 1 (load imbalance factor, max / mean)")
     _check("interval", spec["interval"], _is_int(spec["interval"]) and spec["interval"] >= 1, "an integer >= 1")
     _check("max_swaps", spec["max_swaps"], _is_int(spec["max_swaps"]) and spec["max_swaps"] >= 0, "an integer >= 0")
     sbp = spec["state_bytes_per_param"]
     _check("state_bytes_per_param", sbp, _is_int(sbp) and sbp > 0, "a positive integer (16: Piper's convention)")
     gain = spec["min_gain"]
-    _check("min_gain", gain, isinstance(gain, int | float) and not isinstance(gain, bool) and 0 <= gain < 1,
+    _check("min_gain", gain, is_finite_number(gain) and 0 <= gain < 1,
            "a fraction in [0, 1)")
     return MigrationSpec(enabled=spec["enabled"], policy=str(spec["policy"]), threshold=float(threshold),
                          interval=spec["interval"], max_swaps=spec["max_swaps"], state_bytes_per_param=sbp,

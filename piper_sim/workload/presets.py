@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from piper_sim.errors import ConfigError
+from piper_sim.units import is_finite_number
 from piper_sim.workload.hf_import import model_from_hf_config
 from piper_sim.workload.model import MLASpec, ModelSpec, mla_field_names, model_field_names
 from piper_sim.yamlio import read_yaml
@@ -175,13 +176,16 @@ def _coerce(value: Any, kind: Any, key: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             raise ConfigError(key, value, f"a non-negative integer up to {limit:,}")
     elif kind is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+        number = value
         if isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if is_finite_number(number):
+            return float(number)
+        if isinstance(number, float):
+            raise ConfigError(key, value, "a finite number")
     elif kind is str:
         if isinstance(value, str):
             return value

@@ -120,11 +120,9 @@ def unknown_key(rng: random.Random) -> Case:
 
 def section_type(rng: random.Random) -> Case:
     section = rng.choice(("model", "topology", "placement", "routing", "migration", *SECTIONS_WITH_MAPPINGS,
-                          "topology.params", "routing.exponent", "cost.profile", "topology.collectives"))
+                          "topology.params", "cost.profile", "topology.collectives"))
     value = rng.choice(BAD["mapping"])
     cfg = base_config(rng.choice(BASES))
-    if section == "routing.exponent":
-        cfg["routing"] = {"kind": "zipf"}
     set_path(cfg, section, value)
     return Case("section-type", simulate("cfg.yaml"), True, section, {"cfg.yaml": dump(cfg)},
                 note=f"{section}={value!r}")
@@ -276,7 +274,9 @@ def cli_option(rng: random.Random) -> Case:
     value = rng.choice(values)
     argv = replace(argv, flag, value)
     files = {"bad.json": b"{not json"} if value == "bad.json" else {}
-    return Case("cli-option", argv, True, flag, files, note=f"{argv[0]} {flag} {value[:40]}")
+    set_key = value.partition("=")[0]  # --set topology.params.KEY=...: the error names that key
+    key = set_key if flag == "--set" and set_key.startswith("topology.params.") else flag
+    return Case("cli-option", argv, True, key, files, note=f"{argv[0]} {flag} {value[:40]}")
 
 
 def out_path(rng: random.Random) -> Case:
