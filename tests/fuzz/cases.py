@@ -83,13 +83,18 @@ def simulate(config: str, *extra: str) -> list[str]:
     return ["simulate", config, "--out", "out", *extra]
 
 
+def bad_values(key: Key) -> list:
+    """The bad values of the key's kind that its good values do not name (num_nodes: null is the default)."""
+    return [v for v in BAD[key.kind] if not any(v is g or (type(v) is type(g) and v == g) for g in key.good)]
+
+
 # ---- families ------------------------------------------------------------------------------------------
 
 def config_key(rng: random.Random, via_set: bool) -> Case:
     key = rng.choice(CONFIG_KEYS)
     base = rng.choice(BASES)
     good = bool(key.good) and rng.random() < 0.2
-    value = rng.choice(key.good) if good else rng.choice(BAD[key.kind])
+    value = rng.choice(key.good) if good else rng.choice(bad_values(key))
     family = "set-value" if via_set else "config-value"
     note = f"{key.path}={value!r}"
     if via_set:
@@ -148,7 +153,7 @@ def _mutated_file(rng: random.Random, source: Path, keys: tuple[Key, ...], list_
         value, good = rng.choice(list_bad[key.kind]), False
     else:
         good = bool(key.good) and rng.random() < 0.2
-        value = rng.choice(key.good) if good else rng.choice(BAD[key.kind])
+        value = rng.choice(key.good) if good else rng.choice(bad_values(key))
     set_path(raw, key.path, value)
     return dump(raw), f"{key.path}={value!r}", good
 

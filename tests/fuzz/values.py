@@ -70,7 +70,7 @@ CONFIG_KEYS = (
     Key("topology.params.switch_latency_us", "duration", (0, 0.5)),
     Key("topology.params.message_overhead_us", "duration", (0, 2.0)),
     Key("topology.params.gpus_per_node", "posint", (4, 8)),
-    Key("topology.params.num_nodes", "posint", (1, 2)),
+    Key("topology.params.num_nodes", "posint", (1, 2, None)),
     Key("model.num_layers", "posint", (4, 8)),
     Key("model.d_model", "posint", (256, 512)),
     Key("model.num_heads", "posint", (4, 8)),
