@@ -18,7 +18,7 @@ from pathlib import Path
 from piper_sim import testbed
 from piper_sim.calibrate.cli import register as register_calibrate
 from piper_sim.config import load_config
-from piper_sim.errors import ConfigError, PiperError
+from piper_sim.errors import ConfigError, PiperError, named_by
 from piper_sim.paths import config_path, data_dir
 from piper_sim.planning.cli import register as register_plan
 from piper_sim.planning.cli import register_sweep
@@ -71,12 +71,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-MIN_GRID_WIDTH = 20
+GRID_WIDTH = (20, 10_000)  # characters of `schedule show`'s grid
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    if args.width < MIN_GRID_WIDTH:
-        raise ConfigError("--width", args.width, f"at least {MIN_GRID_WIDTH} characters")
+    if not GRID_WIDTH[0] <= args.width <= GRID_WIDTH[1]:
+        raise ConfigError("--width", args.width, f"from {GRID_WIDTH[0]} to {GRID_WIDTH[1]:,} characters")
     if args.action == "export":
         if args.out is None:
             raise PiperError("schedule export needs --out FILE (.json or .csv)")
@@ -150,7 +150,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ConfigError("--repeats", args.repeats, "a positive integer")
     cases = find_cases(args.cases, data_dir("validation") / "cases")
-    host = load_profiles(args.profile)[1] or HostProfile()  # a bad profile fails before any measuring
+    with named_by("--profile"):  # a bad profile fails before any measuring
+        host = load_profiles(args.profile)[1] or HostProfile()
     if args.out is not None:
         open_out_dir(args.out, "validate")
     if args.remeasure:

@@ -111,3 +111,14 @@ def test_infinite_numbers_are_refused_where_a_finite_one_is_meant():
     for raw, key in (({"migration": {"enabled": True, "threshold": float("inf")}}, "migration.threshold"),
                      ({"model": {"preset": "tiny-moe", "published_params": float("inf")}}, "model.published_params")):
         assert error_of(load_config, {**base, **raw}).key == key
+
+
+def test_a_null_params_section_is_refused_and_options_are_named_by_their_flag(capsys):
+    raw = {"model": {"preset": "tiny-moe"}, "parallel": {"pp": 2, "ep": 2}, "topology": {"preset": "uniform",
+                                                                                        "params": None}}
+    from piper_sim.simulate import simulate
+
+    assert error_of(lambda: simulate(load_config(raw))).key == "topology.params"
+    assert main(["validate", "--profile", "/nonexistent.yaml"]) == 2
+    assert "--profile cost.profile" in capsys.readouterr().err
+    assert main(["schedule", "show", "tiny-moe", "--width", str(10**9)]) == 2

@@ -30,7 +30,7 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
     """The YAML mapping of a topology (preset resolved, overrides merged), not yet built."""
     if isinstance(spec, dict):
         raw = dict(spec)
-        _check_mapping("topology.params", raw.get("params"))
+        _check_mapping("topology.params", raw.get("params"), "params" in raw)
         if "preset" in raw:
             preset = raw.pop("preset")
             if not isinstance(preset, str):
@@ -52,7 +52,7 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
         if not isinstance(raw, dict):
             raise ConfigError("topology", str(spec), "a YAML mapping")
         raw.setdefault("name", path.stem)
-        _check_mapping("topology.params", raw.get("params"))
+        _check_mapping("topology.params", raw.get("params"), "params" in raw)
     else:
         raise ConfigError("topology", spec, "a preset name, a YAML path or a mapping")
     unknown = sorted(set(raw) - set(TOPOLOGY_KEYS))
@@ -63,9 +63,10 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
     return raw
 
 
-def _check_mapping(key: str, value: object) -> None:
-    if value is not None and not isinstance(value, dict):
-        raise ConfigError(key, value, "a mapping of parameter names to values")
+def _check_mapping(key: str, value: object, given: bool) -> None:
+    """A params section, where given, is a mapping (null too is refused: leave the key out for none)."""
+    if given and not isinstance(value, dict):
+        raise ConfigError(key, value, "a mapping of parameter names to values (leave the key out for none)")
 
 
 def _merge_collectives(base: dict, over: dict) -> dict:

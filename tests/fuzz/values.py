@@ -55,9 +55,9 @@ CONFIG_KEYS = (
     Key("cost.flash_attention", "bool", (True, False)),
     Key("recompute", "enum", ("none", "selective", "full")),
     Key("optimizer.zero", "enum", (0, 1)),
-    Key("placement", "enum", ("contiguous", "scattered")),
+    Key("placement", "enum", ("contiguous", "scattered", {})),  # {}: a mapping of the default policy
     Key("placement.policy", "enum", ("contiguous", "scattered")),
-    Key("placement.seed", "int", (0, 3)),
+    Key("placement.seed", "int"),  # the base's policy (contiguous) takes no seed: every value is refused
     Key("migration.enabled", "bool", (False,)),
     Key("migration.policy", "enum", ("greedy", "lpt", "none")),
     Key("migration.threshold", "positive", (1.2, 2)),
@@ -70,7 +70,7 @@ CONFIG_KEYS = (
     Key("topology.params.switch_latency_us", "duration", (0, 0.5)),
     Key("topology.params.message_overhead_us", "duration", (0, 2.0)),
     Key("topology.params.gpus_per_node", "posint", (4, 8)),
-    Key("topology.params.num_nodes", "posint", (1, 2, None)),
+    Key("topology.params.num_nodes", "posint", (1, 2, None)),  # null: the default (nodes follow the plan)
     Key("model.num_layers", "posint", (4, 8)),
     Key("model.d_model", "posint", (256, 512)),
     Key("model.num_heads", "posint", (4, 8)),
