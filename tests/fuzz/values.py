@@ -88,7 +88,7 @@ PROFILE_KEYS = (
     Key("hbm_bandwidth_GBps", "rate", (800, 1600)),
     Key("memory_efficiency", "fraction", (0.5, 1)),
     Key("kernel_launch_us", "duration", (0, 8)),
-    Key("optimizer_bytes_per_param", "positive", (16, 36)),
+    Key("optimizer_bytes_per_param", "positive", (0, 16, 36)),  # 0: no optimizer traffic (test profiles)
     Key("gemm_efficiency.efficiency", "fraction-list", ()),
     Key("attention_efficiency.efficiency", "fraction-list", ()),
     Key("gemm_efficiency.rows", "posint-list", ()),
