@@ -108,6 +108,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
         print(f"  {name:22s} {m.total_params() / 1e9:9.2f} B params, {m.active_params() / 1e9:8.2f} B active, "
               f"L {m.num_layers}, d {m.d_model}, E {m.num_experts}, top-{m.top_k}")
     print("topologies: " + ", ".join(topology_presets()))
+    profiles = sorted(p.stem for p in (data_dir("traces") / "profiles").glob("*.yaml"))
+    print("cost profiles: " + ", ".join(profiles) + "  (cost.profile; traces/profiles/NAME.yaml)")
+    examples = sorted(p.stem for p in data_dir("examples").glob("*.yaml"))
+    print("example configs: " + ", ".join(examples) + "  (piper-sim simulate NAME)")
     return 0
 
 

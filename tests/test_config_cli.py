@@ -97,3 +97,23 @@ def test_shapes_that_make_no_sense_are_refused(overrides, key):
     with pytest.raises(ConfigError) as err:
         load_config({"model": "tiny-moe", "parallel": {"pp": 1, "ep": 1, "num_microbatches": 1}}, overrides)
     assert str(err.value).startswith(key)
+
+
+def test_the_readme_example_is_x_moe_small_on_one_frontier_node_with_halo():
+    from piper_sim.config import load_config
+    from piper_sim.paths import config_path
+    from piper_sim.simulate import simulate
+
+    cfg = load_config(config_path("x-moe-small-frontier"))
+    assert (cfg.model.name, cfg.parallel.num_gpus, cfg.all_to_all) == ("x-moe-small", 8, "halo")
+    result = simulate(cfg)
+    assert result.report.fits_memory == [True, True] and result.report.step_time_s > 0
+    assert len({result.topology.host_of(g) for g in result.placement}) == 1  # one node
+
+
+def test_presets_lists_cost_profiles_and_examples(capsys):
+    from piper_sim.cli import main
+
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    assert "cost profiles: a100" in out and "mi250x" in out and "x-moe-small-frontier" in out
