@@ -54,11 +54,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     cfg = load_config(config_path(args.config), args.overrides)
     say_defaults(cfg)
-    print(f"simulating {cfg.model.name} on {cfg.parallel.num_gpus} GPUs "
-          f"(pp {cfg.parallel.pp} x ep {cfg.parallel.ep} x dp {cfg.parallel.dp}, {cfg.schedule}, "
-          f"{cfg.parallel.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
+    par = cfg.parallel
+    split = (f", tp {par.tp}" + (f", etp {par.etp}" if par.etp > 1 else "") + (", sp" if par.sp else "")
+             if par.tp > 1 else "")
+    print(f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
+          f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
     open_out_dir(args.out, "simulate")
     result = simulate(cfg)
+    for note in result.topology.notes:  # what the machine was built as, where that can change the answer
+        print(f"piper-sim: note: topology {result.topology.name}: {note}", file=sys.stderr)
     write_run(args.out, result)
     finish(args.out)
     print(format_report(result.report))
