@@ -168,10 +168,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   progress=lambda msg: print(msg, file=sys.stderr))
     elif args.repeats != 1:
         raise PiperError("validate: --repeats applies to --remeasure only")
-    scores = []
-    for i, case in enumerate(cases):
-        print(f"[{i + 1}/{len(cases)}] predicting {case.name} ...", file=sys.stderr)
-        scores.append(score_case(case, args.profile))
+    scores = _scored(cases, "predicting", lambda case: score_case(case, args.profile))
     summary = summarize(scores)
     print(format_validation(scores, summary))
     if args.out is not None:
@@ -180,6 +177,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}/ (validation.csv, phases.csv, concurrency.csv, summary.json, "
               "predicted_vs_measured.png)")
     return 1 if summary["outside_tolerance"] else 0
+
+
+def _scored(items: list, verb: str, score) -> list[dict]:
+    """score(item) for each validation case or published run, saying which one is under way."""
+    out = []
+    for i, item in enumerate(items):
+        print(f"[{i + 1}/{len(items)}] {verb} {item.name} ...", file=sys.stderr)
+        out.append(score(item))
+    return out
 
 
 def _validate_published(args: argparse.Namespace) -> int:
@@ -195,14 +201,12 @@ def _validate_published(args: argparse.Namespace) -> int:
         raise PiperError("validate --published: --remeasure and --profile apply to testbed cases only")
     names = [c.removeprefix("published/") for c in args.cases]
     runs = find_published(names, data_dir("validation") / "published")
-    scores = []
-    for i, run in enumerate(runs):
-        print(f"[{i + 1}/{len(runs)}] simulating {run.name} ...", file=sys.stderr)
-        scores.append(score_published(run, args.tier))
+    if args.out is not None:  # claimed before the scoring, as validate does
+        open_out_dir(args.out, "validate --published")
+    scores = _scored(runs, "simulating", lambda run: score_published(run, args.tier))
     summary = summarize_published(scores)
     print(format_published(scores, summary))
     if args.out is not None:
-        open_out_dir(args.out, "validate --published")
         write_published(args.out, scores, summary)
         finish(args.out)
         print(f"wrote {args.out}/ (published.csv, published_summary.json, published_vs_predicted.png)")

@@ -16,7 +16,8 @@ recomputation the forward of a chunk's recomputed ops runs without autograd and 
 (the checkpoint); the recompute tasks re-run those ops and all-to-alls from it with grad, right before
 the chunk's backward, into segments of their own that the backward tasks then consume. Selective
 recomputation keeps each attention core's q, k, v and re-runs the core in its recompute task
-(layers.CoreRecompute). ZeRO (zero.py): reduce-scatter, Adam on the rank's shard, all-gather. Tensor
+(layers.CoreRecompute). The rank's parameters, Adam, ZeRO (zero.py) and the gradient reductions are
+train_state.py's. Tensor
 parallelism: the stages hold the rank's slices (tensor_parallel.py) and the schedule's role "tp" collectives run
 on h and its gradient (tp_tasks.py). The layout (Schedule.stages) says which chunks hold the embedding and the
 head, and where a chunk hands its output to the next on the same rank (DualPipeV's turn).
@@ -28,8 +29,7 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Schedule, Task
@@ -45,9 +45,9 @@ from .migrate import ExpertMigration
 from .model import StageModule, State
 from .p2p import Transfers
 from .segments import RECOMPUTE_KINDS, MicroState, Segment, differentiable, leafify, recomputed_ops
-from .tensor_parallel import PARAM_CLASSES, TensorShard
+from .tensor_parallel import TensorShard
 from .tp_tasks import TensorParallelTasks
-from .zero import ShardedGroup
+from .train_state import TrainState
 
 FORWARD_KINDS = ("forward", "forward_expert")
 BACKWARD_KINDS = ("backward", "backward_expert", "backward_input", "backward_expert_input")
@@ -98,12 +98,10 @@ class Executor:
             for op in ops:
                 if op.startswith("attn_core:"):
                     self.modules[c].layers[op.partition(":")[2]].attn.selective = True
-        self.dtype, self.lr, self.zero = dtype, lr, zero
-        self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
-        self.pending_optimizer_state: dict = {}
-        self.sharded: dict[str, ShardedGroup] = {}  # ZeRO: a parameter class (PARAM_CLASSES) -> its sharded group
+        self.dtype = dtype
         self.meter = ActivationMeter()
-        self.rebuild_optimizer()
+        self.train = TrainState(modules=self.modules, shard=self.shard, mesh=self.mesh, rank=rank,
+                                program=self.program, zero=zero, lr=lr, meter=self.meter)
         self.replicas = self.mesh.data_parallel  # micro-batch streams of a stage: one per TP group
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
         self._prepare_groups()
@@ -117,44 +115,6 @@ class Executor:
     @property
     def peak_tensor_bytes(self) -> float:
         return self.meter.peak_bytes
-
-    def rebuild_optimizer(self) -> None:
-        """(Re)collect parameters in name order and carry every parameter's Adam state over.
-
-        Name order keeps the gradient all-reduce buffers aligned across ranks after experts move.
-        """
-        named = sorted((n, p) for m in self.modules for n, p in m.named_parameters())
-        # by the group that reduces their gradients (tensor_parallel.TensorShard.param_class)
-        self.class_params = {kind: [p for n, p in named if self.shard.param_class(n) == kind] for kind in PARAM_CLASSES}
-        self.class_params["mirror"] = [p for _, p in named]  # DualPipe: the counterpart holds the same names
-        if self.zero and not self.sharded:  # once (no migration with ZeRO): parameters become flat views
-            self.sharded = self._shard(named)
-        # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
-        self.meter.param_storages = {p.untyped_storage().data_ptr() for _, p in named}
-        in_shards = {id(p) for group in self.sharded.values() for p in group.params}
-        whole = [p for _, p in named if id(p) not in in_shards]
-        # parameters, their gradients and Adam's two moments: the training state of the rank
-        self.meter.static_bytes = (4.0 * sum(p.numel() * p.element_size() for p in whole)
-                                   + sum(group.state_bytes() for group in self.sharded.values()))
-        trainable = whole + [group.shard for group in self.sharded.values()]
-        old = self.optimizer.state
-        self.optimizer = torch.optim.Adam(trainable, lr=self.lr)
-        for p in trainable:
-            state = self.pending_optimizer_state.pop(p, None) or old.get(p)
-            if state:
-                self.optimizer.state[p] = state
-
-    def _shard(self, named: list[tuple[str, nn.Parameter]]) -> dict[str, ShardedGroup]:
-        """ZeRO: each parameter kind the schedule reduce-scatters, sharded over that task's group."""
-        groups = {}
-        for task in self.program:
-            if task.kind != "reduce_scatter":
-                continue
-            kind = task.role.removeprefix("grad_")
-            members = [(n, p) for n, p in named if self.shard.param_class(n) == kind]
-            if members:
-                groups[kind] = ShardedGroup(members, self.mesh.group(self.rank, task.group_axis), stage=self.zero)
-        return groups
 
     def skew_routers(self, expert_logit_bias) -> None:
         """Add a fixed bias to every router's logits (expert_logit_bias(layer) -> list of E floats)."""
@@ -219,30 +179,17 @@ class Executor:
         if task.role == "tp" and task.kind in ("all_reduce", "reduce_scatter", "all_gather"):
             return 0.0, self._tp_task(task)
         if task.kind == "all_reduce":
-            return 0.0, self._all_reduce(task)
+            return 0.0, self.train.all_reduce(task)
         if task.kind == "optimizer":
             self._optimizer_step()
             return 0.0, 0.0
-        if task.kind == "reduce_scatter":
-            group = self.sharded.get(task.role.removeprefix("grad_"))
-            return 0.0, group.reduce_scatter() if group else 0.0
-        if task.kind == "all_gather":
-            group = self.sharded.get(task.role.removeprefix("param_"))
-            return 0.0, group.all_gather() if group else 0.0
+        if task.kind in ("reduce_scatter", "all_gather"):
+            return 0.0, self.train.sharded_collective(task)
         raise PiperError(f"the torch backend cannot run task {task.task_id} (kind {task.kind}, role {task.role})")
 
     def _optimizer_step(self) -> None:
-        """Adam on what this rank updates (whole parameters, or its ZeRO shards); then no gradient is left."""
-        if self.captured_grads is not None and self.step == 0:
-            self.captured_grads.update({n: p.grad.detach().clone() for m in self.modules
-                                        for n, p in m.named_parameters() if p.grad is not None})
-            for group in self.sharded.values():  # what the rank holds of them unreduced is replaced
-                self.captured_grads.update(group.reduced_grads())
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        for group in self.sharded.values():  # ZeRO-1 kept the full (unreduced) gradients until now
-            for p in group.params:
-                p.grad = None
+        capture = self.captured_grads if self.captured_grads is not None and self.step == 0 else None
+        self.train.step(capture)
 
     def _micro(self, task: Task) -> MicroState:
         key = (task.chunk, task.microbatch)
@@ -489,21 +436,6 @@ class Executor:
             self._take_checkpoint(ms)  # the chunk's input, before its first task (an all-gather under sp)
         state["h"] = self.tp.run(task.kind, state["h"]).requires_grad_(True)
         return float(state["h"].numel() * state["h"].element_size())
-
-    def _all_reduce(self, task: Task) -> float:
-        params = self.class_params[task.role.removeprefix("grad_")]
-        if not params:
-            return 0.0
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        group = DEFAULT_GROUPS.get(self.mesh.group(self.rank, task.group_axis))
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
-            offset += n
-        return float(flat.numel() * flat.element_size())
 
     def _post_p2p(self, task: Task) -> None:
         ms = self._micro(task)

@@ -48,7 +48,7 @@ class ExpertMigration:
         for module in self.ex.modules:
             for layer in module.owners:
                 module.owners[layer] = torch.as_tensor(event.placement.owners(layer), dtype=torch.int64)
-        self.ex.rebuild_optimizer()
+        self.ex.train.rebuild()
         return sent
 
     def _loads(self, step: int, routing_rows: list) -> dict[int, np.ndarray]:
@@ -103,7 +103,7 @@ class ExpertMigration:
             p = getattr(expert, name)
             if p is None:
                 continue
-            state = self.ex.optimizer.state.get(p, {})
+            state = self.ex.train.optimizer.state.get(p, {})
             out += [p.data, p.grad if p.grad is not None else torch.zeros_like(p),
                     state.get("exp_avg", torch.zeros_like(p)), state.get("exp_avg_sq", torch.zeros_like(p)),
                     torch.as_tensor(state.get("step", torch.zeros(())), dtype=torch.float32,
@@ -120,5 +120,5 @@ class ExpertMigration:
             p.data.copy_(data)
             p.grad = grad if grad.abs().sum() > 0 else None
             if step.item() > 0:
-                self.ex.pending_optimizer_state[p] = {"step": step.reshape(()), "exp_avg": exp_avg,
+                self.ex.train.pending_optimizer_state[p] = {"step": step.reshape(()), "exp_avg": exp_avg,
                                                       "exp_avg_sq": exp_avg_sq}
