@@ -105,3 +105,47 @@ def test_flows_that_end_together_end_in_the_order_they_started():
     env.run()
     assert order == list(range(50))
     assert env.now == pytest.approx(50 * 1e6 / 1e9)
+
+
+def _solve_wave_by_wave(entry_flow, entry_link, weight, sizes, capacity):
+    """Reference: max_min_rates on the live flows at every wave, run to the next end."""
+    remaining, t, finish = sizes.astype(float).copy(), 0.0, np.full(sizes.size, np.nan)
+    while (live := remaining > 1e-3).any():
+        keep = live[entry_flow]
+        rate = np.where(live, max_min_rates(entry_flow[keep], entry_link[keep], weight, capacity), 0.0)
+        dt = float(np.min(remaining[live] / rate[live]))
+        remaining = np.where(live, remaining - rate * dt, 0.0)
+        t += dt
+        finish[live & (remaining <= 1e-3)] = t
+    return finish
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_isolated_timeline_resumes_filling_to_the_rates_of_a_full_solve(seed):
+    """The timeline resumes progressive filling where the ended flows froze: every finish time equals the
+    wave-by-wave full solve's, on random multi-link flow sets with weights and uneven capacities."""
+    from piper_sim.sim.network import isolated_timeline
+
+    rng = np.random.default_rng(seed)
+    num_flows, num_links = int(rng.integers(2, 60)), int(rng.integers(1, 20))
+    hops = rng.integers(1, 5, size=num_flows)
+    entry_flow = np.repeat(np.arange(num_flows), hops)
+    entry_link = rng.integers(0, num_links, size=entry_flow.size)
+    weight = rng.integers(1, 4, size=num_flows).astype(float)
+    sizes = rng.choice([0.0, 1e3, 5e5, 1e6, 3e6], size=num_flows) * rng.uniform(0.5, 1.5, size=num_flows)
+    capacity = rng.choice([1e6, 4e6, 1e7], size=num_links + 3)
+    timeline = isolated_timeline(entry_flow, entry_link, weight, sizes, capacity)
+    expected = _solve_wave_by_wave(entry_flow, entry_link, weight, sizes, capacity)
+    expected[sizes <= 1e-3] = 0.0
+    np.testing.assert_allclose(timeline.finish_offset_s, expected, rtol=1e-12, atol=0)
+
+
+def test_a_phase_that_ran_alone_recomputes_its_rates_when_asked():
+    from piper_sim.sim.collective import PhaseFlows, PhaseRecord
+
+    flows = PhaseFlows(np.array([0, 1]), np.array([0, 0]), np.array([100.0, 10.0]))
+    # one link of 10 B/s: 5 B/s each until t = 2 (flow 1 ends), then 10 B/s for flow 0 until t = 11
+    rec = PhaseRecord(start_s=1.0, end_s=12.0, flows=flows, finish_s=np.array([12.0, 3.0]), rates=None)
+    remaining, finish = rec.state_at(5.0, np.array([10.0]))
+    assert remaining.tolist() == [100.0 - 10.0 - 20.0, 0.0]
+    assert np.isnan(finish[0]) and finish[1] == 3.0

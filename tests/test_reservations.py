@@ -51,6 +51,6 @@ def test_a_recorded_phase_counts_every_rate_it_ran_at():
     # 5 B/s each until t = 2, when flow 1 ends; two solves at that instant set 10, then 20 B/s for flow 0
     rec = PhaseRecord(start_s=0.0, end_s=6.5, flows=flows, finish_s=np.array([6.5, 2.0]),
                       rates=[(0.0, np.array([5.0, 5.0])), (2.0, np.array([10.0, 0.0])), (2.0, np.array([20.0, 0.0]))])
-    remaining, finish = rec.state_at(4.0)
+    remaining, finish = rec.state_at(4.0, np.array([10.0]))
     assert remaining.tolist() == [100.0 - 10.0 - 40.0, 0.0]
     assert np.isnan(finish[0]) and finish[1] == 2.0

@@ -17,7 +17,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.sim.network import FlowNetwork, isolated_timeline
 from piper_sim.topology.graph import Topology
 
 PhaseProcess = Generator[simpy.Event, object, object]
@@ -117,14 +117,21 @@ class PhaseRecord:
     start_s: float = 0.0  # its flows enter the network
     end_s: float = 0.0
     flows: PhaseFlows | None = None
-    rates: list = None  # [(time, rate per sub-flow)] as the run's solves set them
+    rates: list | None = None  # [(time, rate per sub-flow)] as the run's solves set them; None: it ran alone
     finish_s: np.ndarray | None = None  # per sub-flow
 
-    def state_at(self, t: float) -> tuple[np.ndarray, np.ndarray]:
-        """Bytes each sub-flow still has to send at time t, and the finish times of those that have ended."""
+    def state_at(self, t: float, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes each sub-flow still has to send at time t, and the finish times of those that have ended.
+        capacity: the links' (bytes/s), for a phase that ran alone (its rates are recomputed, not kept)."""
+        rates = self.rates
+        if rates is None:
+            alone = isolated_timeline(self.flows.entry_flow, self.flows.entry_link, np.ones(self.flows.sizes.size),
+                                      self.flows.sizes, capacity)
+            starts = [0.0] + [end for end, _ in alone.segments[:-1]]
+            rates = [(self.start_s + s, rate) for s, (_, rate) in zip(starts, alone.segments, strict=True)]
         remaining = self.flows.sizes.astype(float).copy()
-        times = [time for time, _ in self.rates] + [self.end_s]
-        for (t_from, rate), t_to in zip(self.rates, times[1:], strict=True):
+        times = [time for time, _ in rates] + [self.end_s]
+        for (t_from, rate), t_to in zip(rates, times[1:], strict=True):
             if t_from >= t:
                 break
             span = min(t_to, t) - t_from  # 0 for a rate replaced at the same instant
@@ -256,11 +263,14 @@ class CollectiveRunner:
                 yield env.timeout(delay)
             rec.start_s = env.now
             net.last_set = None
-            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes)
+            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, key=index)
             flow_set = net.last_set
             finish = yield done
             rec.end_s, rec.finish_s = env.now, np.asarray(finish)
-            rec.rates = net.log.get(flow_set, []) if flow_set is not None else []
+            if flow_set is None:
+                rec.rates = []
+            elif flow_set.timeline is None:  # other flows joined it: its solves were logged
+                rec.rates = net.log.get(flow_set, [])
 
         start_phases(env, phases, process)
         env.run()
@@ -301,7 +311,7 @@ class CollectiveRunner:
             if rec.end_s <= t:
                 events.append(None)
             elif rec.flows is not None and rec.start_s <= t:
-                remaining, finish = rec.state_at(t)
+                remaining, finish = rec.state_at(t, self.network.capacity)
                 ev = self.env.event()
                 adopted.append(self.network.adopt(rec.flows.entry_flow, rec.flows.entry_link, remaining,
                                                   finish + t0, t0 + rec.start_s, ev))

@@ -25,20 +25,26 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.nda
     entry_flow/entry_link list the (flow, link) incidences; weight[f] is how many identical flows
     flow f stands for (each gets the returned rate). Flows with no link get an infinite rate.
     """
+    if not entry_flow.size:
+        return np.full(weight.shape[0], np.inf)
+    links, local_link = np.unique(entry_link, return_inverse=True)
+    return fill_rates(entry_flow, local_link, weight, capacity[links])
+
+
+def fill_rates(entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray,
+               capacity: np.ndarray) -> np.ndarray:
+    """max_min_rates with links already numbered 0..L-1 (capacity[L]); links no entry uses are ignored."""
     num_flows = weight.shape[0]
     rate = np.zeros(num_flows)
     active = np.zeros(num_flows, dtype=bool)
     active[entry_flow] = True
     rate[~active] = np.inf
-    if not entry_flow.size:
-        return rate
-    links, local_link = np.unique(entry_link, return_inverse=True)
-    cap = capacity[links].astype(float)
+    cap = capacity.astype(float)
     floor = 1e-9 * cap  # a link whose spare capacity falls below this is saturated
     entry_weight = weight[entry_flow]
     load_weight = entry_weight
     while True:
-        load = np.bincount(local_link, weights=load_weight, minlength=links.size)
+        load = np.bincount(local_link, weights=load_weight, minlength=cap.size)
         used = load > 0
         inc = np.min(cap[used] / load[used])
         rate[active] += inc
@@ -48,6 +54,70 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.nda
         if not active.any():
             return rate
         load_weight = entry_weight * active[entry_flow]
+
+
+def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
+                      capacity: np.ndarray) -> Timeline:
+    """A flow set's run alone on its links: solve the fair shares, run until the next flows end, repeat.
+
+    Each solve is progressive filling resumed where the ended flows joined it: filling is the same up to the
+    step at which the earliest of them froze (their links were not saturated before it, so taking them out
+    changes no earlier step), so the levels reached before that step are kept, the flows frozen before it keep
+    their rates, and only the flows still rising at that step are filled again, over their own incidences.
+    The rates are those of max_min_rates on the live flows, up to float rounding."""
+    remaining = sizes.astype(float).copy()
+    num_flows = remaining.shape[0]
+    live = remaining > EPS_BYTES
+    finish = np.where(live, np.nan, 0.0)
+    links, local = np.unique(entry_link, return_inverse=True)
+    cap_full = capacity[links].astype(float)
+    floor = 1e-9 * cap_full  # a link whose spare capacity falls below this is saturated
+    flows, entry_weight = entry_flow, weight[entry_flow]
+    no_link = live.copy()
+    no_link[flows] = False
+    finish[no_link] = 0.0  # nothing to cross: arrived at once
+    live &= ~no_link
+    frozen_at = np.zeros(num_flows, dtype=np.int64)  # filling step at which each flow froze
+    levels: list[float] = []  # the rate of every still-rising flow after each filling step
+    rate = np.zeros(num_flows)
+    ended = np.zeros(num_flows, dtype=bool)
+    t, out = 0.0, []
+    while live.any():
+        keep = live[flows]
+        if not keep.all():
+            flows, local, entry_weight = flows[keep], local[keep], entry_weight[keep]
+        step = int(frozen_at[ended].min()) if ended.any() else 0
+        del levels[step:]
+        level = levels[-1] if levels else 0.0
+        rising = live & ((frozen_at >= step) | (step == 0))
+        rate = np.where(rising, level, np.where(live, rate, 0.0))
+        cap = cap_full - np.bincount(local, weights=entry_weight * rate[flows], minlength=cap_full.size)
+        if rising.any():
+            m = rising[flows]
+            rf, rl, rw = flows[m], local[m], entry_weight[m]
+            while True:
+                load = np.bincount(rl, weights=rw, minlength=cap_full.size)
+                used = load > 0
+                inc = np.min(cap[used] / load[used])
+                level += inc
+                rate[rising] += inc
+                cap -= inc * load
+                frozen = rf[(used & (cap <= floor))[rl]]
+                frozen_at[frozen] = len(levels)
+                rising[frozen] = False
+                levels.append(level)
+                if not rising.any():
+                    break
+                m = rising[rf]
+                rf, rl, rw = rf[m], rl[m], rw[m]
+        dt = float(np.min(remaining[live] / rate[live]))
+        remaining = np.where(live, remaining - rate * dt, 0.0)
+        t += dt
+        ended = live & (remaining <= EPS_BYTES)
+        finish[ended] = t
+        live &= ~ended
+        out.append((t, rate.copy()))
+    return Timeline(out, finish)
 
 
 class Timeline:
@@ -110,7 +180,8 @@ class FlowNetwork:
         self.num_sets = 0
         self.reserved = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # reservations per link
         self.reservations: list[Reservation] = []
-        self.log: dict | None = None  # {set: [(time, rates)]} of every solve, when a caller records a run
+        self.log: dict | None = None  # {set: [(time, rates)]} of the solves of sets that did not run alone, when a
+        # caller records a run
         self.last_set: FlowSet | None = None
 
     # ---- public ----------------------------------------------------------------------------------
@@ -233,6 +304,10 @@ class FlowNetwork:
 
     def _isolated_timeline(self, fs: FlowSet) -> Timeline:
         """Rate segments [(end offset, rates)] and finish offsets of fs running alone."""
+        if self.slowdown is None:
+            timeline = isolated_timeline(fs.entry_flow, fs.entry_link, fs.weight, fs.remaining, self.capacity)
+            self.num_solves += len(timeline.segments)
+            return timeline
         remaining, t, out = fs.remaining.copy(), 0.0, []
         finish = np.where(remaining > EPS_BYTES, np.nan, 0.0)
         while (live := remaining > EPS_BYTES).any():
@@ -249,6 +324,7 @@ class FlowNetwork:
         if fs.timeline is None:
             return
         elapsed, t_prev = self.env.now - fs.t_start, 0.0
+        self._log_timeline(fs, elapsed)
         ended = fs.timeline.finish_offset_s <= elapsed
         fs.finish_s[ended] = fs.t_start + fs.timeline.finish_offset_s[ended]
         for t_end, rate in fs.timeline.segments:
@@ -259,6 +335,19 @@ class FlowNetwork:
             t_prev = t_end
         fs.t_last = self.env.now
         fs.timeline = None
+
+    def _log_timeline(self, fs: FlowSet, until_s: float) -> None:
+        """Record the rates of a memoized run's segments that began before offset until_s (see `log`): a run
+        that another set joined goes on from explicit bytes, its later solves logged as any others. A run that
+        stays alone to its end logs nothing: its rates follow from its flows (isolated_timeline)."""
+        if self.log is None:
+            return
+        entries, t_prev = self.log.setdefault(fs, []), 0.0
+        for t_end, rate in fs.timeline.segments:
+            if t_prev >= until_s:
+                break
+            entries.append((fs.t_start + t_prev, rate))
+            t_prev = t_end
 
     def _solve_arrays(self, entry_flow, entry_link, weight, live) -> np.ndarray:
         self.num_solves += 1
