@@ -96,7 +96,21 @@ def _megatron_core(run: PublishedRun) -> float:
     return 12 * b * s * layers * h * h * (attention + ffn + shared + model.vocab_size / (2 * layers * h))
 
 
-FLOP_FORMULAS = {"narayanan2021-eq3": _narayanan2021, "megatron-core": _megatron_core}
+def _megatron_deepspeed(run: PublishedRun) -> float:
+    """Megatron-DeepSpeed's throughput_calculator (megatron/utils.py, as in X-MoE's fork): multiply-accumulates of
+    one forward, B s l ((2 + 2 // (heads / kv_heads)) h^2 + 2 s h_attn + matrices x d_ffn x h x top_k) + B s V h,
+    times 3 (forward and backward) and 2 FLOPs each; no recomputation and no shared experts counted."""
+    model = load_config(run.config).model
+    b, s, layers, h, v = (int(run.measured["global_batch"]), model.seq_len, model.num_layers, model.d_model,
+                          model.vocab_size)
+    gqa = model.num_heads // model.kv_heads
+    attention = (2 + 2 // gqa) * h * h + 2 * model.attn_head_dim * model.num_heads * s
+    ffn = model.expert_matrices * model.expert_ffn_dim * h * model.top_k
+    return 3 * 2 * b * s * (layers * (attention + ffn) + v * h)
+
+
+FLOP_FORMULAS = {"narayanan2021-eq3": _narayanan2021, "megatron-core": _megatron_core,
+                 "megatron-deepspeed": _megatron_deepspeed}
 
 
 TIERS = ("des", "estimate")
