@@ -71,3 +71,15 @@ def test_an_unknown_run_is_refused_by_name():
     with pytest.raises(ConfigError) as err:
         find_published(["no-such-run"], ROOT)
     assert err.value.value == "no-such-run"
+
+
+def test_megatron_deepspeeds_count_is_three_forwards_of_the_routed_experts_attention_and_logits():
+    """Megatron-DeepSpeed's throughput_calculator (X-MoE's runs): per token of a layer 4 h^2 (Q, K, V, O without
+    grouped queries) + 2 s h (scores and values) + 2 d_ffn h top_k multiply-accumulates, plus V h for the logits;
+    forward and backward = 3 forwards, 2 FLOPs each, no recomputation."""
+    run = find_published(["xmoe2025-small-frontier-256gcd"], ROOT)[0]
+    model = load_config(run.config).model
+    b, s, h, layers = run.measured["global_batch"], model.seq_len, model.d_model, model.num_layers
+    assert (model.num_heads, model.kv_heads, model.expert_ffn_dim, model.top_k) == (16, 16, 1408, 6)
+    per_token = layers * (4 * h * h + 2 * s * h + 2 * 1408 * h * 6) + model.vocab_size * h
+    assert FLOP_FORMULAS["megatron-deepspeed"](run) == pytest.approx(6 * b * s * per_token, rel=1e-12)
