@@ -17,7 +17,15 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.network import FlowNetwork, isolated_timeline
+from piper_sim.sim.network import (
+    BATCH_MAX_CELLS,
+    EPS_BYTES,
+    FlowNetwork,
+    SolvedAhead,
+    Timeline,
+    isolated_timeline,
+    isolated_timelines,
+)
 from piper_sim.topology.graph import Topology
 
 PhaseProcess = Generator[simpy.Event, object, object]
@@ -156,6 +164,15 @@ class IsolatedRun:
 MAX_RECORDED_RUNS = 1024  # runs of collectives that do not repeat (skewed routing) are dropped oldest first
 
 
+SMALL_RUN_FLOATS = 4096  # isolated runs up to this many rate values are kept for phases that repeat
+
+
+def _is_chain(phases: list[Phase]) -> bool:
+    """Each phase waits for the one before it (and perhaps earlier ones), the first for none."""
+    return all(p.after == () if i == 0 else (i - 1 in p.after and max(p.after) == i - 1)
+               for i, p in enumerate(phases))
+
+
 def _bounded_put(memo: dict, key: Hashable, value: object) -> None:
     if len(memo) >= MAX_RECORDED_RUNS:
         memo.pop(next(iter(memo)))
@@ -182,6 +199,8 @@ class CollectiveRunner:
         self.overhead_s = topo.params.message_overhead_s
         self._runs: dict[Hashable, tuple[list[Phase], IsolatedRun]] = {}
         self._by_signature: dict[Hashable, IsolatedRun] = {}
+        self._solved = SolvedAhead()
+        self._small_runs: dict[Hashable, Timeline] = {}
         self.num_reserved = self.num_broken = 0
 
     def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0) -> simpy.Event:
@@ -202,6 +221,28 @@ class CollectiveRunner:
                 return self._reserve(recorded, phases, gpus, key)
         done = start_phases(self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits))
         return done[0] if len(done) == 1 else self.env.all_of(done)
+
+    def solve_ahead(self, collectives: list[list[Phase]], gpus: tuple[str, ...], key: Hashable) -> None:
+        """Collectives of these members and key that are to run (e.g. a step's skewed all-to-alls of one layer):
+        the isolated runs of their phases, grouped by route structure, are solved in batches now
+        (network.isolated_timelines); recording a collective then takes its phases' runs from there."""
+        batches: dict[Hashable, tuple[PhaseFlows, dict[bytes, np.ndarray]]] = {}
+        for phases in collectives:
+            for index, phase in enumerate(phases):
+                if phase.src.size == 0:
+                    continue
+                _, flows, _ = self._phase_flows(phase, gpus, (key, index))
+                cells = flows.sizes.size * np.unique(flows.entry_link).size
+                known = (flows.key, flows.sizes.tobytes())
+                if cells <= BATCH_MAX_CELLS and known not in self._solved:
+                    batches.setdefault(flows.key, (flows, {}))[1].setdefault(known[1], flows.sizes)
+        for pattern, (flows, by_sizes) in batches.items():
+            if len(by_sizes) < 2:
+                continue  # nothing to share the array operations with: solved when recorded
+            solved = isolated_timelines(flows.entry_flow, flows.entry_link, np.stack(list(by_sizes.values())),
+                                        self.network.capacity)
+            for raw, timeline in zip(by_sizes, solved, strict=True):
+                self._solved.put((pattern, raw), timeline)
 
     def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float):
         yield self.env.timeout(delay_s)
@@ -246,8 +287,52 @@ class CollectiveRunner:
         return run
 
     def _record(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> IsolatedRun:
+        records = self._record_chain(phases, gpus, key) if _is_chain(phases) else self._record_events(phases, gpus, key)
+        started = [r.flows for r in records if r.flows is not None]
+        entry_links = [f.entry_link for f in started]
+        links = np.unique(np.concatenate(entry_links)) if entry_links else np.zeros(0, dtype=np.int64)
+        link_bytes = np.zeros(self.network.capacity.shape[0])
+        for f in started:
+            link_bytes += np.bincount(f.entry_link, weights=f.sizes[f.entry_flow], minlength=link_bytes.shape[0])
+        return IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
+                           num_flows=sum(f.sizes.shape[0] for f in started), phases=records)
+
+    def _record_chain(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> list[PhaseRecord]:
+        """Phases that run one after another (the split exchange, then the data; rounds) each run alone: their
+        records follow from their isolated timelines, with the times an event loop would give them."""
+        records, t = [], 0.0
+        for index, phase in enumerate(phases):
+            rec = PhaseRecord(wait_end_s=t, start_s=t, end_s=t)
+            records.append(rec)
+            if phase.src.size == 0:
+                continue
+            _, rec.flows, delay = self._phase_flows(phase, gpus, (key, index))
+            if delay > 0:
+                rec.start_s = t = t + delay
+            sizes = np.where(rec.flows.sizes > EPS_BYTES, rec.flows.sizes, 0.0)
+            if not sizes.any():
+                rec.end_s, rec.finish_s, rec.rates = t, np.full(sizes.shape[0], t), []
+                continue
+            timeline = self._alone(rec.flows, sizes)
+            rec.end_s = t = t + timeline.duration_s
+            rec.finish_s = rec.start_s + timeline.finish_offset_s
+        return records
+
+    def _alone(self, flows: PhaseFlows, sizes: np.ndarray) -> Timeline:
+        """The phase's flows alone on their links: solved ahead, seen before (small runs are kept), or solved."""
+        known = (flows.key, flows.sizes.tobytes())
+        timeline = self._solved.pop(known) or self._small_runs.get(known)
+        if timeline is None:
+            timeline = isolated_timeline(flows.entry_flow, flows.entry_link, np.ones(sizes.shape[0]), sizes,
+                                         self.network.capacity)
+            if timeline.num_floats <= SMALL_RUN_FLOATS:
+                _bounded_put(self._small_runs, known, timeline)
+        return timeline
+
+    def _record_events(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> list[PhaseRecord]:
+        """Phases that may overlap: run in a private flow network of their own."""
         env = simpy.Environment()
-        net = FlowNetwork(env, self.network.capacity)
+        net = FlowNetwork(env, self.network.capacity, solved=self._solved)
         net.log = {}
         records = [PhaseRecord() for _ in phases]
 
@@ -263,7 +348,7 @@ class CollectiveRunner:
                 yield env.timeout(delay)
             rec.start_s = env.now
             net.last_set = None
-            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, key=index)
+            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, key=rec.flows.key)
             flow_set = net.last_set
             finish = yield done
             rec.end_s, rec.finish_s = env.now, np.asarray(finish)
@@ -274,14 +359,7 @@ class CollectiveRunner:
 
         start_phases(env, phases, process)
         env.run()
-        started = [r.flows for r in records if r.flows is not None]
-        entry_links = [f.entry_link for f in started]
-        links = np.unique(np.concatenate(entry_links)) if entry_links else np.zeros(0, dtype=np.int64)
-        link_bytes = np.zeros(self.network.capacity.shape[0])
-        for f in started:
-            link_bytes += np.bincount(f.entry_link, weights=f.sizes[f.entry_flow], minlength=link_bytes.shape[0])
-        return IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
-                           num_flows=sum(f.sizes.shape[0] for f in started), phases=records)
+        return records
 
     def _reserve(self, recorded: IsolatedRun, phases: list[Phase], gpus: tuple[str, ...],
                  key: Hashable) -> simpy.Event:

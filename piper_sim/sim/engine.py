@@ -19,6 +19,7 @@ times compute per lane, so members must agree; lanes are used there only when th
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,6 +112,11 @@ class Simulation:
         self._lane_groups: dict[tuple[int, str], list] = {}
         self._p2p_routes: dict[tuple[int, int], tuple] = {}
         self._phase_cache: dict[tuple, tuple] = {}  # repeating collectives' phases (see _phases)
+        self._solved_ahead: set[tuple] = set()  # (step, layer, role, group) whose all-to-alls were solved ahead
+        self._ahead: dict[tuple, tuple] = {}  # their phases, by (step, layer, microbatch, role, group), until used
+        self._ahead_uses: dict[tuple, int] = {}
+        self._a2a_uses = Counter((t.layer, t.microbatch, t.role) for program in schedule.stage_programs
+                                 for t in program if t.kind == "all_to_all")  # a stage's, for each of its groups
         self._rows: dict[tuple, tuple] = {}  # member rows per (lane, layer, placement) under uniform routing
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
         self.records = SimRecords(
@@ -402,7 +408,15 @@ class Simulation:
             matrix = self.experts.migrate(self.mesh.stage_of(rank), step)
             return [matrix_phase(matrix, "migrate")], matrix.sum(axis=1) - np.diag(matrix), "direct"
         if task.kind == "all_to_all" and not self.routing.is_uniform:
-            return self._build_phases(step, task, group)
+            self._solve_ahead(step, task, group)
+            key = (step, task.layer, task.microbatch, task.role, group)
+            hit = self._ahead.get(key)
+            if hit is None:
+                return self._build_phases(step, task, group)
+            self._ahead_uses[key] = uses = self._ahead_uses.get(key, 0) + 1
+            if uses == self._a2a_uses[(task.layer, task.microbatch, task.role)]:  # its last use: let it go
+                del self._ahead[key], self._ahead_uses[key]
+            return hit
         version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == "all_to_all" else 0
         key = (group, task.kind, task.role, task.layer, task.chunk, version)
         hit = self._phase_cache.get(key)
@@ -410,12 +424,32 @@ class Simulation:
             hit = self._phase_cache[key] = self._build_phases(step, task, group)
         return hit
 
+    def _solve_ahead(self, step: int, task: Task, group: tuple[int, ...]) -> None:
+        """Under skewed routing each all-to-all has a matrix of its own, but the step's matrices are known at
+        its first one: the runs of this layer's, role's and group's all-to-alls of every microbatch of the step
+        are solved together (CollectiveRunner.solve_ahead), once."""
+        key = (step, task.layer, task.role, group)
+        if key in self._solved_ahead:
+            return
+        self._solved_ahead.add(key)
+        stage = self.mesh.stage_of(group[0])
+        built = {mb: self._a2a_phases(step, task.layer, mb, task.role, group)
+                 for mb in sorted({mb for layer, mb in self.experts.routed_by_stage[stage] if layer == task.layer})}
+        for mb, hit in built.items():
+            self._ahead[(step, task.layer, mb, task.role, group)] = hit
+        gpus = tuple(self.placement[r] for r in group)
+        self.runner.solve_ahead([phases for phases, _, _ in built.values()], gpus, (gpus, self.a2a_name, task.role))
+
+    def _a2a_phases(self, step: int, layer: int, microbatch: int, role: str, group: tuple[int, ...]):
+        d = self.experts.dispatch(step, layer, microbatch, group[0])
+        matrix = d.bytes_matrix(self.row_bytes, role).astype(float)
+        phases = self.a2a(matrix, [self.placement[r] for r in group], self.topo)
+        return phases, matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
+
     def _build_phases(self, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]
         if task.kind == "all_to_all":
-            d = self.experts.dispatch(step, task.layer, task.microbatch, group[0])
-            matrix = d.bytes_matrix(self.row_bytes, task.role).astype(float)
-            return self.a2a(matrix, gpus, self.topo), matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
+            return self._a2a_phases(step, task.layer, task.microbatch, task.role, group)
         plan = self.plans[self.mesh.stage_of(group[0])]
         if task.role == "tp":  # a micro-batch's activations (or their gradients), whole
             size = self.activation_bytes

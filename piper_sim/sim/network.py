@@ -120,6 +120,59 @@ def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np
     return Timeline(out, finish)
 
 
+BATCH_MAX_CELLS = 1 << 15  # flows x links of a flow set up to which timelines are solved in batches (dense)
+
+
+def isolated_timelines(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
+                       capacity: np.ndarray) -> list[Timeline]:
+    """isolated_timeline of K flow sets that share one route structure (one flow per entry_flow index, weight
+    1), sizes[K, flows]: solved side by side, each wave of every set in the same array operations.
+
+    Progressive filling from zero at every wave, over a dense flow x link incidence: loads are sums of ones,
+    so every rate, end and saturation is the one max_min_rates gives on that set's live flows, bit for bit.
+    For small sets (flows x links up to BATCH_MAX_CELLS), where the cost of a wave is that of the array
+    operations, not their size."""
+    sizes = np.atleast_2d(np.asarray(sizes, dtype=float))
+    num_sets, num_flows = sizes.shape
+    links, local = np.unique(entry_link, return_inverse=True)
+    crosses = np.zeros((num_flows, links.size))
+    np.add.at(crosses, (entry_flow, local), 1.0)
+    cap_full = capacity[links].astype(float)
+    floor = 1e-9 * cap_full  # a link whose spare capacity falls below this is saturated
+    remaining = sizes.copy()
+    live = remaining > EPS_BYTES
+    finish = np.where(live, np.nan, 0.0)
+    no_link = live & (crosses.sum(axis=1) == 0)
+    finish[no_link] = 0.0  # nothing to cross: arrived at once
+    live &= ~no_link
+    t = np.zeros(num_sets)
+    segments: list[list[tuple[float, np.ndarray]]] = [[] for _ in range(num_sets)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while live.any():
+            running = live.any(axis=1)
+            rate = np.zeros_like(remaining)
+            rising = live.copy()
+            cap = np.broadcast_to(cap_full, (num_sets, links.size)).copy()
+            while rising.any():
+                load = rising.astype(float) @ crosses
+                used = load > 0
+                inc = np.min(np.where(used, cap, np.inf) / load, axis=1)
+                inc[~np.isfinite(inc)] = 0.0  # a set with nothing rising
+                rate += inc[:, None] * rising
+                cap -= inc[:, None] * load
+                rising &= ~(((used & (cap <= floor)).astype(float) @ crosses.T) > 0)
+            dt = np.min(np.where(live, remaining / rate, np.inf), axis=1)
+            dt[~running] = 0.0
+            remaining = np.where(live, remaining - rate * dt[:, None], 0.0)
+            t += dt
+            ended = live & (remaining <= EPS_BYTES)
+            finish[ended] = np.broadcast_to(t[:, None], finish.shape)[ended]
+            live &= ~ended
+            for k in np.flatnonzero(running):
+                segments[k].append((float(t[k]), rate[k].copy()))
+    return [Timeline(seg, fin) for seg, fin in zip(segments, finish, strict=True)]
+
+
 class Timeline:
     """A flow set's run on otherwise idle links: rate segments and each flow's finish offset."""
 
@@ -131,6 +184,35 @@ class Timeline:
     @property
     def duration_s(self) -> float:
         return self.segments[-1][0] if self.segments else 0.0
+
+    @property
+    def num_floats(self) -> int:
+        return sum(rate.size for _, rate in self.segments) + self.finish_offset_s.size
+
+
+class SolvedAhead:
+    """Isolated runs solved ahead of their use, by (route key, sizes bytes), each taken out when used; the oldest
+    are dropped beyond max_floats rate values held (an unused one is solved again if needed: same result)."""
+
+    def __init__(self, max_floats: int = 1 << 25) -> None:
+        self._runs: dict[Hashable, Timeline] = {}
+        self.max_floats, self.floats = max_floats, 0
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._runs
+
+    def put(self, key: Hashable, timeline: Timeline) -> None:
+        self._runs[key] = timeline
+        self.floats += timeline.num_floats
+        while self.floats > self.max_floats and self._runs:
+            self.pop(next(iter(self._runs)))
+
+    def pop(self, key: Hashable, default: Timeline | None = None) -> Timeline | None:
+        timeline = self._runs.pop(key, None)
+        if timeline is None:
+            return default
+        self.floats -= timeline.num_floats
+        return timeline
 
 
 class FlowSet:
@@ -164,9 +246,12 @@ class FlowNetwork:
     """All flows in flight on one topology."""
 
     def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray,
-                 slowdown: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 slowdown: Callable[[np.ndarray], np.ndarray] | None = None,
+                 solved: SolvedAhead | None = None) -> None:
         """slowdown: load per link (the weights of its live flows) -> divisor of each link's capacity, for
-        resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity."""
+        resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity.
+        solved: isolated runs solved ahead (isolated_timelines) by (key, sizes bytes), taken out on first use."""
+        self.solved = solved
         self.env = env
         self.capacity = capacity_bytes_per_s
         self.slowdown = slowdown
@@ -296,8 +381,11 @@ class FlowNetwork:
 
     def _run_isolated(self, fs: FlowSet, cache_key: Hashable) -> None:
         timeline = self._timelines.get(cache_key)
+        if timeline is None and self.solved is not None:
+            timeline = self.solved.pop(cache_key, None)
         if timeline is None:
-            timeline = self._timelines[cache_key] = self._isolated_timeline(fs)
+            timeline = self._isolated_timeline(fs)
+        self._timelines[cache_key] = timeline
         fs.timeline = timeline
         fs.version += 1
         self._schedule(fs, timeline.duration_s)
