@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from piper_sim.progress import bar as progress_bar
+
 CASES = {
     "spr512": {"nodes": 512, "routing": None, "valiant": "spread"},
     "min512": {"nodes": 512, "routing": "minimal", "valiant": "spread"},
@@ -102,21 +104,25 @@ def main() -> None:
     cases = ({"custom": {"nodes": args.nodes, "routing": args.routing, "valiant": args.valiant,
                          "algorithm": args.algorithm}} if args.nodes
              else {k: CASES[k] for k in args.only.split(",")})
-    for name, case in cases.items():
-        out = subprocess.run([sys.executable, __file__, "--child", json.dumps(case)], capture_output=True, text=True)
-        if out.returncode != 0:
-            print(f"{name}: failed\n{out.stderr[-2000:]}")
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{name}: {r['nodes']} nodes / {r['gcds']} GCDs, routing {r['routing']}, detours {r['valiant']}: "
-              f"wall {r['wall_s']:.2f} s (topology {r['topology_s']:.2f}, phases {r['phases_s']:.2f}, "
-              f"route+reduce+lump {r['prepare_s']:.2f}, simulate {r['simulate_s']:.2f}); "
-              f"all-to-all takes {r['collective_time_s'] * 1e3:.4g} ms")
-        print(f"    GPU pairs {r['pairs']:,}; network flows {r['network_flows']:,}; routed {r['routed_flows']:,}; "
-              f"aggregated (simulated) flows {r['simulated_flows']:,} on {r['simulated_links']:,} link classes "
-              f"({r['refinement_rounds']} refinement rounds, exact check {r['exact_check']}, "
-              f"{r['automorphisms']} switch automorphisms); "
-              f"fair-share solves {r['fair_share_solves']}; peak RSS {r['peak_rss_MiB']:.0f} MiB", flush=True)
+    with progress_bar(len(cases), "bench_all_to_all", "cases", delay_s=0) as line:
+        for name, case in cases.items():
+            out = subprocess.run([sys.executable, __file__, "--child", json.dumps(case)], capture_output=True,
+                                 text=True)
+            line.update(1)
+            if out.returncode != 0:
+                line.write(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stdout)
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            line.write(f"{name}: {r['nodes']} nodes / {r['gcds']} GCDs, routing {r['routing']}, detours "
+                       f"{r['valiant']}: wall {r['wall_s']:.2f} s (topology {r['topology_s']:.2f}, phases "
+                       f"{r['phases_s']:.2f}, route+reduce+lump {r['prepare_s']:.2f}, simulate {r['simulate_s']:.2f}); "
+                       f"all-to-all takes {r['collective_time_s'] * 1e3:.4g} ms", file=sys.stdout)
+            line.write(f"    GPU pairs {r['pairs']:,}; network flows {r['network_flows']:,}; routed "
+                       f"{r['routed_flows']:,}; aggregated (simulated) flows {r['simulated_flows']:,} on "
+                       f"{r['simulated_links']:,} link classes ({r['refinement_rounds']} refinement rounds, exact "
+                       f"check {r['exact_check']}, {r['automorphisms']} switch automorphisms); "
+                       f"fair-share solves {r['fair_share_solves']}; peak RSS {r['peak_rss_MiB']:.0f} MiB",
+                       file=sys.stdout)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ W4F: X-MoE Super on 512 Frontier GCDs, PP 16 x EP 32, 1 x 64 microbatches, HALO,
 DSV3: DeepSeek-V3 on 256 GPUs, PP 8 x EP 32, 1 x 32 microbatches (the uniform cluster).
 MIX: Mixtral 8x7B on 128 GPUs, PP 4 x EP 8 x DP 4, 1 x 16 microbatches (the uniform cluster).
 Each workload runs in its own process, so peak memory is its own, and is stopped after --timeout seconds.
+A progress line on stderr counts the workloads done, with an ETA (PIPER_SIM_PROGRESS, README.md).
 
     python benchmarks/bench_sim.py [--only W3 W3Z ...] [--profile] [--timeout 900]
 """
@@ -25,6 +26,8 @@ import resource
 import subprocess
 import sys
 import time
+
+from piper_sim.progress import bar as progress_bar
 
 CLUSTER = {"builder": "uniform", "params": {"gpus_per_node": 8, "intra_bandwidth_GBps": 100,
                                             "nic_bandwidth_GBps": 12.5}}
@@ -97,19 +100,22 @@ def main() -> None:
     names = args.only or list(WORKLOADS)
     print(f"{'':8s} {'GPUs':>5s} {'step ms':>10s} {'MFU %':>6s} {'wall s':>7s} {'loop s':>7s} {'tasks':>9s} "
           f"{'tasks/s':>9s} {'flows':>10s} {'lanes':>6s} {'RSS MiB':>8s}")
-    for name in names:
-        cmd = [sys.executable, __file__, "--child", "--only", name] + (["--profile"] if args.profile else [])
-        t0 = time.perf_counter()
-        try:
-            out = subprocess.run(cmd, text=True, check=True, stdout=subprocess.PIPE, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"{name:8s} stopped after {time.perf_counter() - t0:.0f} s (--timeout)", flush=True)
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        lanes = f"{r['lanes']}" + ("*" if r["fell_back"] else "")
-        print(f"{name:8s} {r['gpus']:5d} {r['step_time_ms']:10.2f} {r['mfu'] * 100:6.2f} {r['wall_s']:7.2f} "
-              f"{r['event_loop_s']:7.2f} {r['tasks']:9d} {r['tasks_per_s']:9.0f} {r['flows']:10d} {lanes:>6s} "
-              f"{r['peak_rss_MiB']:8.0f}", flush=True)
+    with progress_bar(len(names), "bench_sim", "workloads", delay_s=0) as line:
+        for name in names:
+            cmd = [sys.executable, __file__, "--child", "--only", name] + (["--profile"] if args.profile else [])
+            t0 = time.perf_counter()
+            try:
+                out = subprocess.run(cmd, text=True, check=True, stdout=subprocess.PIPE, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                line.write(f"{name:8s} stopped after {time.perf_counter() - t0:.0f} s (--timeout)", file=sys.stdout)
+                line.update(1)
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            lanes = f"{r['lanes']}" + ("*" if r["fell_back"] else "")
+            line.write(f"{name:8s} {r['gpus']:5d} {r['step_time_ms']:10.2f} {r['mfu'] * 100:6.2f} {r['wall_s']:7.2f} "
+                       f"{r['event_loop_s']:7.2f} {r['tasks']:9d} {r['tasks_per_s']:9.0f} {r['flows']:10d} "
+                       f"{lanes:>6s} {r['peak_rss_MiB']:8.0f}", file=sys.stdout)
+            line.update(1)
     print("lanes: SimPy processes of the run (* after falling back to one per rank); step ms: the mean over steps")
 
 

@@ -22,6 +22,7 @@ from piper_sim.errors import ConfigError, PiperError, named_by
 from piper_sim.paths import config_path, data_dir
 from piper_sim.planning.cli import register as register_plan
 from piper_sim.planning.cli import register_sweep
+from piper_sim.progress import bar as progress_bar
 from piper_sim.reproduce.cli import register as register_reproduce
 from piper_sim.rundir import finish, open_out_dir, out_file
 from piper_sim.schedule.build import build_coarse_schedule, build_schedule
@@ -60,7 +61,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
           f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
     open_out_dir(args.out, "simulate")
-    result = simulate(cfg)
+    result = simulate(cfg, progress=True)
     for note in result.topology.notes:  # what the machine was built as, where that can change the answer
         print(f"piper-sim: note: topology {result.topology.name}: {note}", file=sys.stderr)
     write_run(args.out, result)
@@ -131,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
           f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.all_to_all}) ...",
           file=sys.stderr)
-    result = measure(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None))
+    result = measure(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None), progress=True)
     if result is None:  # a torchrun rank other than 0: rank 0 writes the run
         return 0
     write_run(args.out, result)
@@ -180,11 +181,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _scored(items: list, verb: str, score) -> list[dict]:
-    """score(item) for each validation case or published run, saying which one is under way."""
+    """score(item) for each validation case or published run, saying which one is under way, with a progress
+    line of the cases done and an ETA."""
     out = []
-    for i, item in enumerate(items):
-        print(f"[{i + 1}/{len(items)}] {verb} {item.name} ...", file=sys.stderr)
-        out.append(score(item))
+    with progress_bar(len(items), "validate", "cases") as line:
+        for i, item in enumerate(items):
+            line.write(f"[{i + 1}/{len(items)}] {verb} {item.name} ...", file=sys.stderr)
+            out.append(score(item))
+            line.update(1)
     return out
 
 

@@ -23,17 +23,18 @@ MEASURED_MEMORY_KIND = "tensor accounting on step 0: params, grads, Adam moments
 
 
 def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, timeout_s: float = 600.0,
-            testbed: str | None = None) -> RunResult | None:
+            testbed: str | None = None, progress: bool = False) -> RunResult | None:
     """Run the config's steps on real ranks (local gloo/nccl, under torchrun, or in the emulated testbed
     named by its prefix); the ranks write their records under work_dir/ranks/ and the real router's
-    decisions to work_dir/routing.npz. None on a torchrun rank other than 0 (rank 0 returns the run)."""
+    decisions to work_dir/routing.npz. None on a torchrun rank other than 0 (rank 0 returns the run).
+    progress: a progress line of the ranks' steps done on stderr (piper_sim.progress)."""
     from piper_sim.torch_backend.run import launch
 
     if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator
         raise ConfigError("model.dropout", cfg.model.dropout, "0 for real runs (the torch backend runs no dropout)")
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
-    launched = launch(cfg, schedule, work_dir, timeout_s=timeout_s, testbed=testbed)
+    launched = launch(cfg, schedule, work_dir, timeout_s=timeout_s, testbed=testbed, progress=progress)
     if launched is None:
         return None
     rows, losses, wall, memory, device = launched

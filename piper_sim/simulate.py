@@ -15,6 +15,8 @@ from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
 from piper_sim.calibrate.load import load_profiles
 from piper_sim.config import Config
+from piper_sim.progress import bar as progress_bar
+from piper_sim.progress import watch
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import build_schedule
@@ -27,8 +29,9 @@ from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
 
-def simulate(cfg: Config, schedule: Schedule | None = None) -> RunResult:
-    """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None)."""
+def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = False) -> RunResult:
+    """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None);
+    progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds."""
     t0 = time.perf_counter()
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
@@ -48,13 +51,16 @@ def simulate(cfg: Config, schedule: Schedule | None = None) -> RunResult:
 
     t1 = time.perf_counter()
     fell_back = False
-    sim = simulation(cfg.collapse)
-    try:
-        records = sim.run()
-    except Asymmetry:  # members of a lane diverged: simulate every rank on its own
-        fell_back = True
-        sim = simulation(False)
-        records = sim.run()
+    sims = [simulation(cfg.collapse)]
+    total = cfg.steps * schedule.mesh.num_ranks // par.pp * sum(len(p) for p in schedule.stage_programs)
+    with watch(progress_bar(total, "simulating", "tasks", show=progress), lambda: sims[-1].tasks_done):
+        try:
+            records = sims[-1].run()
+        except Asymmetry:  # members of a lane diverged: simulate every rank on its own
+            fell_back = True
+            sims.append(simulation(False))
+            records = sims[-1].run()
+    sim = sims[-1]
     t2 = time.perf_counter()
     trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes, records.cpu_s)
     links = link_table(topo, records.link_bytes, float(trace["end_s"].max() - trace["start_s"].min()))
@@ -88,8 +94,8 @@ class _CallableModule(types.ModuleType):
     """This module, callable as simulate(): `from piper_sim import simulate` then gives the function's behaviour
     whether or not the module was imported before (the package attribute `simulate` is this module)."""
 
-    def __call__(self, cfg: Config, schedule: Schedule | None = None) -> RunResult:
-        return simulate(cfg, schedule)
+    def __call__(self, cfg: Config, schedule: Schedule | None = None, *, progress: bool = False) -> RunResult:
+        return simulate(cfg, schedule, progress=progress)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -8,13 +8,16 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from piper_sim import progress
 from piper_sim.analysis.ranking import spearman
 from piper_sim.cli import main
 from piper_sim.validation.report import format_validation
 from piper_sim.validation.summary import summarize
 
 
-def test_validate_scores_a_stored_case(tmp_path, capsys):
+def test_validate_scores_a_stored_case(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(progress.ENV, "1")  # the progress line of cases done, forced on and drawn at once
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
     code = main(["validate", "flat-1f1b-pp2ep4-flat", "2g-1f1b-pp2ep4-flat", "--profile", "cpu-2rank",
                  "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -22,7 +25,10 @@ def test_validate_scores_a_stored_case(tmp_path, capsys):
     assert code == (1 if summary["outside_tolerance"] else 0)
     table = pd.read_csv(tmp_path / "validation.csv")
     assert (table["measured_step_s"] > 0).all() and (table["predicted_step_s"] > 0).all()
-    assert "MAPE" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "MAPE" in captured.out
+    err = captured.err.replace("\r", "\n")
+    assert "[2/2] predicting 2g-1f1b-pp2ep4-flat" in err and "validate: 2/2 cases" in err
     shares = pd.read_csv(tmp_path / "concurrency.csv").groupby("case")[["predicted_share", "measured_share"]].sum()
     assert len(shares) == 2 and (shares - 1).abs().max().max() < 1e-9  # each case's span, covered once
     assert 0 < summary["compute_concurrency"]["measured_mean_ranks_computing"] <= 8

@@ -1,5 +1,6 @@
 """Running many independent points: in this process, or on Dask (a LocalCluster by default, an existing
-cluster by its scheduler address), storing each result as it finishes, with a progress bar and an ETA.
+cluster by its scheduler address), storing each result as it finishes, with a progress line and an ETA
+(piper_sim.progress).
 
 Owns run_points and the Dask client's life. A point already in the store is not run again. Work functions
 must be importable module-level functions of piper_sim (Dask workers import them by name).
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from piper_sim.errors import ConfigError
 from piper_sim.planning.store import ResultStore
+from piper_sim.progress import bar as progress_bar
 
 CONNECT_TIMEOUT_S = 10
 
@@ -66,8 +68,7 @@ def run_points(fn: Callable[[dict], dict], points: Iterable[tuple[str, dict]], s
             todo.append((digest, payload))
         else:
             out[digest] = row
-    bar = tqdm(total=len(todo), desc=label, unit="pt", file=sys.stderr, disable=not progress or not todo,
-               bar_format="{desc}: {n}/{total} [{elapsed}<{remaining}, {rate_fmt}]")
+    bar = progress_bar(len(todo), label, "points", show=progress and bool(todo))
     start = time.perf_counter()
     if workers == 0 or not todo:
         for digest, payload in todo:

@@ -102,6 +102,7 @@ class Simulation:
         self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.routed_tokens, ep_groups)
         self.shared_host = bool(topology.params.shared_cores)  # compute timed per lane on shared cores
         self.lanes = self._lanes(collapse)
+        self.tasks_done = 0  # of the ranks' tasks, those their lanes have passed (simulate's progress line reads it)
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
         self.host = host_model(self.env, topology, host_profile, [len(lane) for lane in self.lanes])
         self._arrivals: dict[tuple, list] = {}
@@ -252,6 +253,7 @@ class Simulation:
                 memory += plan.mem_at_end[i]
                 if plan.mem_at_end[i] < 0:  # the (chunk, microbatch) releases its activations
                     memory -= routed_extra.pop((task.chunk, task.microbatch), 0.0)
+                self.tasks_done += n
             if step == 0:
                 rec.first_step_peak_memory_bytes[list(lane)] = peak
         rec.peak_memory_bytes[list(lane)] = peak

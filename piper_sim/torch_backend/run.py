@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
+from piper_sim.progress import bar as progress_bar
+from piper_sim.progress import watch
 from piper_sim.routing.kinds import RoutingContext
 from piper_sim.routing.samplers import popularity
 from piper_sim.routing.trace import TraceRecorder
@@ -37,6 +39,8 @@ from .executor import Executor
 from .groups import shutdown
 from .local_launch import run_local
 from .process_launch import launch_in_namespaces
+
+STEP_MARKS = ".steps"  # ranks/rankN.steps: one byte per step the rank has finished
 
 
 @dataclass(frozen=True)
@@ -93,11 +97,15 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     losses = []
     if os.environ.get("PIPER_SIM_KILL_RANK") == str(rank):  # test hook: this rank dies as if killed
         os.kill(os.getpid(), signal.SIGKILL)
+    out = Path(spec.out_dir) / "ranks"
+    out.mkdir(parents=True, exist_ok=True)
     for step in range(cfg.steps):
         dist.barrier()
         loss = torch.tensor([executor.run_step(step, float(t0))], dtype=torch.float64)
         dist.all_reduce(loss)
         losses.append(float(loss))
+        with open(out / f"rank{rank}{STEP_MARKS}", "ab") as marks:  # one byte a step: the launcher's progress line
+            marks.write(b".")
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     # on a GPU: the most the caching allocator held for tensors on the rank's device
     peak_device = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
@@ -109,8 +117,6 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         parts = dict(enumerate(gathered)) if rank == 0 else {}
     else:
         parts = {rank: mine}
-    out = Path(spec.out_dir) / "ranks"
-    out.mkdir(parents=True, exist_ok=True)
     for r, (part_rows, rss, tensors, routing, device_bytes, step_cpu) in parts.items():
         pd.DataFrame(part_rows).to_parquet(out / f"rank{r}.parquet", index=False)
         (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss, "peak_tensor_bytes": tensors,
@@ -173,7 +179,7 @@ def node_map(cfg, num_ranks: int) -> dict[int, int]:
 
 
 def launch(cfg, schedule: Schedule, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 2_000_000,
-           capture_grads: bool = False, testbed: str | None = None
+           capture_grads: bool = False, testbed: str | None = None, progress: bool = False
            ) -> tuple[pd.DataFrame, list[float], float, list[dict], str] | None:
     """Run the schedule on the ranks; returns (trace rows, loss per step, wall seconds, peak memory per rank,
     device kind "cuda" or "cpu").
@@ -185,21 +191,28 @@ def launch(cfg, schedule: Schedule, out_dir: Path, *, timeout_s: float = 600.0, 
 
     testbed: the prefix of a running `piper-sim testbed up`; each rank then runs inside its node's
     network namespace and talks over the shaped links. Otherwise ranks are spawned on this machine.
+    progress: a progress line of the ranks' steps done (piper_sim.progress), read from the one-byte-a-step marks
+    each rank appends to out_dir/ranks/rankN.steps.
     """
     world = cfg.parallel.num_gpus
     router_bias(cfg)  # refuse routing kinds a real router cannot follow before starting any rank
     spec = RunSpec(raw_config=cfg.resolved(), schedule=schedule, out_dir=str(out_dir), node_of=node_map(cfg, world),
                    corpus_bytes=corpus_bytes, capture_grads=capture_grads)
     t0 = time.perf_counter()
+    ranks = Path(out_dir) / "ranks"
     if running_under_torchrun():
         if not _launch_torchrun(spec, world):
             return None  # not rank 0: rank 0 gathered everything and writes the outputs
-    elif testbed is not None:
-        _launch_in_testbed(spec, world, out_dir, testbed, timeout_s)
     else:
-        _launch_local(spec, world, timeout_s)
+        for old in ranks.glob(f"rank*{STEP_MARKS}"):  # an earlier run's marks would count as steps done
+            old.unlink()
+        line = progress_bar(world * cfg.steps, "training", "rank steps", show=progress)
+        with watch(line, lambda: sum(p.stat().st_size for p in ranks.glob(f"rank*{STEP_MARKS}"))):
+            if testbed is not None:
+                _launch_in_testbed(spec, world, out_dir, testbed, timeout_s)
+            else:
+                _launch_local(spec, world, timeout_s)
     wall = time.perf_counter() - t0
-    ranks = Path(out_dir) / "ranks"
     merge_routing(cfg, ranks, Path(out_dir) / "routing.npz")
     frames = [pd.read_parquet(ranks / f"rank{r}.parquet") for r in range(world)]
     losses = json.loads((ranks / "losses.json").read_text())

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from piper_sim.errors import PiperError
+from piper_sim.progress import BAR_FORMAT
+from piper_sim.progress import bar as progress_bar
 from piper_sim.testbed import load as load_testbed
 from piper_sim.torch_backend.local_launch import run_local
 from piper_sim.torch_backend.process_launch import launch_in_namespaces
@@ -41,33 +43,34 @@ TESTBED_MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB takes ~0.1 s over a 100 Mbit/s emul
 
 
 class Progress:
-    """Progress of rank 0 on stderr: '[calibrate  42%] gemm 12/143: rows 64, k 256, n 512'.
-
-    On a terminal the line is rewritten in place; otherwise a line is printed when the benchmark kind
-    changes or at most once a second."""
+    """Progress of rank 0 on stderr: the shared progress line (piper_sim.progress: items done of the total, an
+    ETA, the item under way: 'calibrate: 12/143 items [00:41<07:30], gemm 12/143: rows 64, k 256, n 512'); where
+    that line is off (stderr not a terminal, PIPER_SIM_PROGRESS=0), a log line '[calibrate  42%] gemm ...'
+    when the benchmark kind changes or at most once a second."""
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.enabled, self.done = max(total, 1), enabled, 0
-        self.tty = sys.stderr.isatty()
+        self.line = progress_bar(self.total, "calibrate", "items", show=enabled, delay_s=0,
+                                 bar_format=BAR_FORMAT + "{postfix}")
         self.last_print, self.last_kind = 0.0, ""
 
     def __call__(self, what: str) -> None:
         if not self.enabled:
             return
         self.done += 1
+        if not self.line.disable:
+            self.line.set_postfix_str(what, refresh=False)
+            self.line.update(1)
+            return
         kind = what.split(" ", 1)[0]
-        line = f"[calibrate {min(100, 100 * self.done // self.total):3d}%] {what}"
         now = time.monotonic()
-        if self.tty:
-            print(f"\r\033[K{line}", end="", file=sys.stderr, flush=True)
-        elif kind != self.last_kind or now - self.last_print >= 1.0:
-            print(line, file=sys.stderr, flush=True)
+        if kind != self.last_kind or now - self.last_print >= 1.0:
+            print(f"[calibrate {min(100, 100 * self.done // self.total):3d}%] {what}", file=sys.stderr, flush=True)
             self.last_print = now
         self.last_kind = kind
 
     def close(self) -> None:
-        if self.enabled and self.tty:
-            print(file=sys.stderr, flush=True)
+        self.line.close()
 
 
 def _num_comm_items(world: int, sizes: int, levels: dict | None) -> int:

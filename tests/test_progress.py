@@ -1,0 +1,100 @@
+"""Progress lines (piper_sim.progress): the one switch, silence off a terminal and for short work, the
+simulator's line of tasks done (and its trace unchanged by it), the run's line of rank steps done."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from piper_sim import progress
+from piper_sim.config import load_config
+from piper_sim.errors import ConfigError
+from piper_sim.simulate import simulate
+
+SIM = ["parallel.num_microbatches=4"]
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    """Progress lines forced on, drawn at once and sampled often."""
+    monkeypatch.setenv(progress.ENV, "1")
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.01)
+
+
+@pytest.mark.parametrize(("value", "tty", "expected"), [("0", True, False), ("1", False, True), ("auto", True, True),
+                                                        ("", False, False), (None, False, False), (None, True, True)])
+def test_the_switch_and_the_terminal_decide(value, tty, expected, monkeypatch):
+    if value is None:
+        monkeypatch.delenv(progress.ENV, raising=False)
+    else:
+        monkeypatch.setenv(progress.ENV, value)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
+    assert progress.enabled() is expected
+
+
+def test_a_bad_switch_value_names_the_variable_and_the_values_allowed(monkeypatch):
+    monkeypatch.setenv(progress.ENV, "yes")
+    with pytest.raises(ConfigError, match=r"PIPER_SIM_PROGRESS.*'yes'.*0 .*1 .*auto"):
+        progress.enabled()
+
+
+def test_watch_samples_the_reading_and_closes_on_the_last_count(shown, capsys):
+    count = [0]
+    with progress.watch(progress.bar(40, "counting", "things"), lambda: count[0]):
+        for _ in range(40):
+            count[0] += 1
+            time.sleep(0.002)
+    err = capsys.readouterr().err
+    assert "counting: 40/40 things" in err.replace("\r", "\n").splitlines()[-1]
+
+
+def test_short_work_and_a_switched_off_line_print_nothing(monkeypatch, capsys):
+    monkeypatch.setenv(progress.ENV, "1")  # forced on, but the work ends before DELAY_S
+    with progress.watch(progress.bar(3, "quick"), lambda: 3):
+        pass
+    monkeypatch.setenv(progress.ENV, "0")
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    with progress.watch(progress.bar(3, "off"), lambda: 3):
+        time.sleep(0.05)
+    with progress.bar(2, "off") as line:
+        line.update(2)
+    assert capsys.readouterr().err == ""
+
+
+def test_simulate_counts_every_task_of_every_rank_and_leaves_the_trace_alone(shown, capsys):
+    cfg = load_config("examples/tiny-moe.yaml", SIM + ["sim.steps=2"])
+    quiet = simulate(cfg)
+    assert capsys.readouterr().err == ""  # the library call shows no line unless asked
+    loud = simulate(cfg, progress=True)
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    tasks = len(loud.trace)  # one row per rank, task and step
+    assert loud.trace["step"].nunique() == 2 and loud.trace["rank"].nunique() == cfg.parallel.num_gpus
+    assert last.startswith(f"simulating: {tasks}/{tasks} tasks"), last
+    pd.testing.assert_frame_equal(loud.trace, quiet.trace)
+
+
+def test_the_cli_prints_no_line_when_stderr_is_not_a_terminal(tmp_path, monkeypatch, capsys):
+    from piper_sim.cli import main
+
+    monkeypatch.delenv(progress.ENV, raising=False)
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "o"), *sum((["--set", s] for s in SIM), [])]) == 0
+    assert "simulating:" not in capsys.readouterr().err
+
+
+@pytest.mark.slow  # starts 4 torch ranks (about 30 s on 2 cores)
+def test_run_counts_the_steps_each_rank_finished(shown, tmp_path, capsys):
+    from piper_sim.schedule.build import build_schedule
+    from piper_sim.torch_backend.run import STEP_MARKS, launch
+
+    cfg = load_config("examples/tiny-moe.yaml", ["sim.steps=2"])
+    launch(cfg, build_schedule(cfg), tmp_path, timeout_s=240, corpus_bytes=100_000, progress=True)
+    world = cfg.parallel.num_gpus
+    marks = sorted((tmp_path / "ranks").glob(f"rank*{STEP_MARKS}"))
+    assert [m.stat().st_size for m in marks] == [2] * world
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith(f"training: {2 * world}/{2 * world} rank steps"), last
