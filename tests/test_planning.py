@@ -186,6 +186,33 @@ def test_plan_bad_input_is_one_clear_error(tmp_path, capsys, args):
     assert len(errors) == 1 and args[0].lstrip("-").split("=")[0] in errors[0]  # names the option
 
 
+@pytest.mark.parametrize(("command", "flag", "key", "allowed"), [
+    (["plan", "tiny-moe", "--gpus", "8", "--global-batch", "16"], "--topology", "topology", "frontier"),
+    (["plan", "tiny-moe", "--gpus", "8", "--global-batch", "16"], "--profile", "cost.profile", "mi250x"),
+    (["study", "scaling", "tiny-moe", "--gpus", "8,16", "--strong", "--global-batch", "16"], "--profile",
+     "cost.profile", "mi250x"),
+    (["study", "scaling", "tiny-moe", "--gpus", "8,16", "--strong", "--global-batch", "16"], "--topology",
+     "topology", "frontier")])
+def test_a_bad_topology_or_profile_names_the_flag_and_the_key_before_any_work(tmp_path, capsys, command, flag, key,
+                                                                              allowed):
+    out = tmp_path / "p"
+    assert main([*command, flag, "no-such-thing", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists()  # one line, nothing planned (no note, no --out claimed)
+    assert err.startswith(f"piper-sim: error: {flag} {key}: got 'no-such-thing'; allowed: ") and allowed in err
+
+
+def test_python_m_piper_sim_exits_with_the_commands_status(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-m", "piper_sim", "plan", "tiny-moe", "--gpus", "8", "--global-batch",
+                           "16", "--profile", "nope", "--out", str(tmp_path / "p")], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)  # this checkout's piper_sim
+    assert done.returncode == 2 and "--profile cost.profile" in done.stderr
+
+
 def test_no_plan_fits_exits_non_zero(tmp_path, capsys):
     code = main(["plan", "x-moe-large", "--gpus", "8", "--global-batch", "8", "--top", "1", "--workers", "0",
                  "--out", str(tmp_path / "p")])

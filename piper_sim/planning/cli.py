@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from piper_sim.bounds import GPUS_LIMIT
-from piper_sim.errors import ConfigError
+from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.engine import check_scheduler
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.space import parse_fixes
@@ -24,6 +24,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "a LocalCluster of one single-threaded worker process per core")
     p.add_argument("--workers", type=int, default=None,
                    help="LocalCluster workers (default: one per core; 0: run in this process, no Dask)")
+
+
+def check_machine(topology: str, profile: str, num_gpus: int) -> None:
+    """--topology and --profile, before any work: a bad one fails naming the flag and the config key it fills
+    (topology, cost.profile), the value and what is allowed."""
+    from piper_sim.calibrate.load import load_profile  # numpy
+    from piper_sim.topology.load import load_topology  # networkx
+
+    with named_by("--topology"):
+        load_topology(topology, num_gpus)
+    with named_by("--profile"):
+        load_profile(profile)
 
 
 def check_workers(workers: int | None) -> None:
@@ -71,6 +83,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError("--seq-len", args.seq_len, f"a positive integer up to {FIELD_LIMITS['seq_len']:,}")
     if args.reserve_GiB is not None and not (0 <= args.reserve_GiB < 1e6):
         raise ConfigError("--reserve-GiB", args.reserve_GiB, "a non-negative number of GiB")
+    check_machine(args.topology, args.profile, args.gpus)
     request = PlanRequest(model=args.model, num_gpus=args.gpus, global_batch=args.global_batch,
                           topology=args.topology, profile=args.profile, seq_len=args.seq_len,
                           fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain,
@@ -154,6 +167,7 @@ def cmd_study_scaling(args: argparse.Namespace) -> int:
         raise ConfigError("--global-batch", args.global_batch, "a positive number of sequences (strong scaling)")
     if args.top < 0:
         raise ConfigError("--top", args.top, "0 (estimate only) or a positive integer")
+    check_machine(args.topology, args.profile, counts[0])
     base = PlanRequest(model=args.model, num_gpus=counts[0], global_batch=args.global_batch or 1,
                        topology=args.topology, profile=args.profile, seq_len=args.seq_len,
                        fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain)
