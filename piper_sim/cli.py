@@ -221,7 +221,12 @@ def cmd_testbed(args: argparse.Namespace) -> int:
     if args.action == "up":
         if not args.target:
             raise PiperError("testbed up needs a topology (a testbed YAML such as topologies/testbed-2g.yaml)")
-        bed = testbed.up(_topology_path(args.target), prefix=args.prefix)
+        try:
+            bed = testbed.up(_topology_path(args.target), prefix=args.prefix)
+        except (KeyboardInterrupt, Terminated):  # up() removed what it had created before re-raising
+            print(f"piper-sim: testbed up stopped part-way; what it had created is removed (`piper-sim testbed "
+                  f"status --prefix {args.prefix}` shows nothing left)", file=sys.stderr)
+            raise
         for rank, (ns, ip) in sorted(bed.rank_map().items()):
             print(f"rank {rank}: namespace {ns}, {ip}")
         print(f"testbed {args.prefix} is up; `piper-sim testbed run CONFIG --out DIR` runs on it")

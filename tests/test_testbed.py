@@ -7,6 +7,7 @@ testbed someone keeps up under the default prefix is never touched.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -139,9 +140,53 @@ def test_global_link_is_slower_than_inside_a_group(clean) -> None:
     assert remote.rtt_min_s > local.rtt_min_s + 1.5e-3
 
 
-
 def test_status_of_a_testbed_that_is_down_exits_non_zero(capsys):
     from piper_sim.cli import main
 
     assert main(["testbed", "status", "--prefix", "pstz"]) == 1
     assert json.loads(capsys.readouterr().out)["up"] is False
+
+
+def _up_in_a_process(prefix: str, created: int) -> subprocess.Popen:
+    """`piper-sim testbed up testbed-2g` (8 namespaces) in a process of its own, returned once it has created
+    `created` namespaces, part-way through."""
+    proc = subprocess.Popen([sys.executable, "-m", "piper_sim", "testbed", "up", "testbed-2g", "--prefix", prefix],
+                            cwd=PACKAGE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while sum(ns.startswith(f"{prefix}-") for ns in list_namespaces()) < created:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.005)
+    return proc
+
+
+@pytest.mark.parametrize(("sig", "times", "code"), [(signal.SIGINT, 1, 130), (signal.SIGTERM, 1, 143),
+                                                    (signal.SIGINT, 3, 130)])
+def test_up_stopped_part_way_removes_what_it_created(clean, sig, times, code) -> None:
+    """Ctrl-C or SIGTERM while `testbed up` builds: it removes everything and says so; more Ctrl-Cs while it
+    removes do not cut the removal short."""
+    proc = _up_in_a_process(PREFIX, 3)
+    for _ in range(times):
+        proc.send_signal(sig)
+        time.sleep(0.01)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "stopped part-way; what it had created is removed" in err and "Traceback" not in err
+    assert snapshot() == clean and not default_state_path(PREFIX).exists() and delayline_pids(PREFIX) == []
+
+
+def test_up_killed_part_way_leaves_what_down_removes(clean, capsys) -> None:
+    """SIGKILL leaves a half-built testbed: status exits 1, a second up refuses naming the command that removes
+    it, and `testbed down` leaves nothing."""
+    from piper_sim.cli import main
+
+    proc = _up_in_a_process(PREFIX, 3)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert snapshot() != clean
+    assert main(["testbed", "status", "--prefix", PREFIX]) == 1
+    assert main(["testbed", "up", "testbed-2g", "--prefix", PREFIX]) == 2
+    assert f"left over ({PREFIX}-" in capsys.readouterr().err
+    assert main(["testbed", "up", "testbed-2g", "--prefix", PREFIX]) == 2
+    assert f"run `piper-sim testbed down --prefix {PREFIX}` first" in capsys.readouterr().err
+    assert main(["testbed", "down", "--prefix", PREFIX]) == 0
+    assert snapshot() == clean and not default_state_path(PREFIX).exists() and delayline_pids(PREFIX) == []

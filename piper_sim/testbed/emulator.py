@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +138,9 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
     """Create the emulated cluster of a topology (preset name, YAML path or mapping); returns it.
 
     delay: "auto" (netem if the kernel has it, else the TAP delay line), "netem", "tap" or "none".
-    On any failure everything created so far is removed before the error propagates.
+    On any failure, Ctrl-C or SIGTERM part-way, everything created so far is removed (with further signals
+    ignored until it is) before the error propagates; should that removal fail, or the process be killed
+    (SIGKILL), `down(prefix)` removes the rest.
     """
     from piper_sim.topology.load import load_topology
 
@@ -144,7 +149,7 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
     leftovers = [ns for ns in list_namespaces() if namespace_pattern(prefix).fullmatch(ns)]
     if leftovers or processes.delayline_pids(prefix):
         raise TestbedError(f"testbed {prefix!r} is already up or left over ({', '.join(leftovers) or 'delay line'});"
-                           f" run `down({prefix!r})` first")
+                           f" run `piper-sim testbed down --prefix {prefix}` first")
     topo = load_topology(topology_yaml)
     plan = make_plan(topo, prefix, subnet)
     path = Path(state_path) if state_path is not None else default_state_path(prefix)
@@ -174,10 +179,33 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
             pid = processes.start_delayline(prefix, path, _log_path(prefix))
             state["delayline_pid"] = pid
             _write_json(path, state)
-    except BaseException:
-        down(prefix, state_path=path)
+    except BaseException as exc:  # a failure, Ctrl-C or SIGTERM part-way: remove what was created, then re-raise
+        with _uninterruptible():
+            try:
+                down(prefix, state_path=path)
+            except Exception as cleanup:
+                raise TestbedError(f"testbed {prefix!r} stopped part-way ({type(exc).__name__}) and removing what "
+                                   f"it had created failed ({cleanup}); run `piper-sim testbed down --prefix "
+                                   f"{prefix}`") from exc
         raise
     return Testbed(plan=plan, state_path=path, delay_mode=mode, delayline_pid=pid)
+
+
+@contextmanager
+def _uninterruptible():
+    """SIGINT, SIGTERM and SIGHUP ignored while the block runs, in this process and in the `ip` commands it starts
+    (they inherit the ignored signals): a second Ctrl-C must not cut short the removal of a half-built testbed.
+    Only the main thread can change signal handlers; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
 def load(prefix: str = "pst", state_path: str | Path | None = None) -> Testbed | None:
