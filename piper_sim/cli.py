@@ -19,6 +19,7 @@ from piper_sim import testbed
 from piper_sim.calibrate.cli import register as register_calibrate
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError, named_by
+from piper_sim.notes import config_notes, placement_notes
 from piper_sim.paths import config_path, data_dir
 from piper_sim.planning.cli import register as register_plan
 from piper_sim.planning.cli import register_sweep
@@ -41,12 +42,10 @@ def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> N
                    help="override a config value, e.g. --set parallel.pp=4 (repeatable)")
 
 
-def say_defaults(cfg) -> None:
-    """Say the silent defaults that change the answer most: the sequence length a preset or HF import brings."""
-    model = cfg.raw.get("model")
-    if not (isinstance(model, dict) and "seq_len" in model):
-        print(f"piper-sim: note: {cfg.model.name} runs at the sequence length its preset or config file gives, "
-              f"{cfg.model.seq_len:,} tokens (set model.seq_len to change it)", file=sys.stderr)
+def say_notes(notes: list[str]) -> None:
+    """The defaults a command chose without being told (piper_sim.notes), one line each."""
+    for note in notes:
+        print(f"piper-sim: note: {note}", file=sys.stderr)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -54,7 +53,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from piper_sim.simulate import simulate  # simpy, numpy
 
     cfg = load_config(config_path(args.config), args.overrides)
-    say_defaults(cfg)
+    say_notes(config_notes(cfg))
     par = cfg.parallel
     split = (f", tp {par.tp}" + (f", etp {par.etp}" if par.etp > 1 else "") + (", sp" if par.sp else "")
              if par.tp > 1 else "")
@@ -62,8 +61,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
     open_out_dir(args.out, "simulate")
     result = simulate(cfg, progress=True)
-    for note in result.topology.notes:  # what the machine was built as, where that can change the answer
-        print(f"piper-sim: note: topology {result.topology.name}: {note}", file=sys.stderr)
+    # what the machine was built as and where the ranks went, where that can change the answer
+    say_notes([f"topology {result.topology.name}: {note}" for note in result.topology.notes]
+              + placement_notes(cfg, result.topology, result.placement))
     write_run(args.out, result)
     finish(args.out)
     print(format_report(result.report))
@@ -126,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     check_seconds("--timeout", args.timeout)
     cfg = load_config(config_path(args.config), args.overrides)
-    say_defaults(cfg)
+    say_notes(config_notes(cfg, ("seq_len", "cost.profile")))  # the profile gives the MFU's peak
     par = cfg.parallel
     open_out_dir(args.out, "run")
     print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "

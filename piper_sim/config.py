@@ -78,6 +78,7 @@ class Config:
     recompute_layers: int | None = None  # full: layers of each pipeline chunk recomputed (None: all)
     zero: int = 0  # optimizer-state sharding over the data-parallel replicas (ZeRO stage 0, 1 or 2)
     raw: dict
+    given: frozenset[str] = frozenset()  # keys the user's config named: "routing", "cost.profile", ... (notes.py)
 
     def resolved(self) -> dict:
         """The config as written to config.yaml: every section explicit, the model inline."""
@@ -184,8 +185,20 @@ def resolve(raw: dict) -> Config:
         placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
         all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
         cost_profile=full["cost"]["profile"], flash_attention=full["cost"]["flash_attention"], steps=steps,
-        seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full,
+        seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full, given=_given_keys(raw),
     )
+
+
+def _given_keys(raw: dict) -> frozenset[str]:
+    """The sections the user's config named, and the keys inside those given as mappings ("cost.profile");
+    a section given as a name stands for its main key (cost: mi250x is cost.profile)."""
+    keys = set(raw)
+    for section, value in raw.items():
+        if isinstance(value, dict):
+            keys |= {f"{section}.{key}" for key in value}
+        elif section == "cost" and value is not None:
+            keys.add("cost.profile")
+    return frozenset(keys)
 
 
 def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None, int]:

@@ -26,7 +26,7 @@ import networkx as nx
 
 from piper_sim.errors import ConfigError
 from piper_sim.topology.build_dragonfly import WHERE, positive_bandwidths
-from piper_sim.topology.builders import num_nodes_for, register_builder
+from piper_sim.topology.builders import num_nodes_for, register_builder, size_notes
 from piper_sim.topology.graph import NetworkParams, Topology
 from piper_sim.topology.structured import (
     LocalLink,
@@ -122,4 +122,5 @@ def build_dgx_superpod(raw: dict, num_gpus: int | None) -> Topology:
             a, b = f"n{h}.nic{r}", fabric.nic_switch(h, r)
             graph.add_edges_from(((a, b), (b, a)), **nic)
     return Topology(name="dgx-superpod", graph=graph, gpus=gpus, router=StructuredRouter(node=node, fabric=fabric),
-                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]))
+                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]),
+                    notes=size_notes(p["num_nodes"], num_nodes))

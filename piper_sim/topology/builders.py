@@ -42,6 +42,14 @@ def num_nodes_for(where: str, num_gpus: int | None, gpus_per_node: int, given: i
     return math.ceil(num_gpus / gpus_per_node)
 
 
+def size_notes(given: int | None, nodes: int) -> list[str]:
+    """A topology's note when its node count came from the job (num_nodes not given)."""
+    if given is not None:
+        return []
+    return [f"machine size not given (num_nodes): only the job's {nodes} node(s) exist, so placement has no "
+            "other nodes to choose"]
+
+
 def add_hosts(graph: nx.DiGraph, num_nodes: int, gpus_per_node: int, p: dict) -> list[str]:
     """Hosts with a non-blocking node switch and one NIC per GPU; returns GPU names."""
     gpus = []
@@ -134,7 +142,8 @@ def build_fat_tree(raw: dict, num_gpus: int | None) -> Topology:
                        bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
                        latency_s=p["nic_latency_s"] + p["switch_latency_s"], link_kind="nic")
     return Topology(name="fat-tree", graph=graph, gpus=gpus, router=ecmp_router,
-                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]))
+                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]),
+                    notes=size_notes(p["num_nodes"], nodes))
 
 
 def ecmp_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:
