@@ -33,3 +33,35 @@ def negligible_comm_config() -> dict:
         "topology": FAST_NETWORK,
         "cost": {"profile": EXACT_PROFILE},
     }
+
+
+def plot_problems(fig) -> list[str]:
+    """What a saved figure lacks: a title (the axes' own or the figure's) and both axis labels on every axes that
+    shows data."""
+    suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    problems = []
+    for i, ax in enumerate(fig.axes):
+        if not ax.get_visible() or not (ax.lines or ax.patches or ax.collections or ax.images):
+            continue
+        for what, text in (("title", ax.get_title() or suptitle), ("x label", ax.get_xlabel()),
+                           ("y label", ax.get_ylabel())):
+            if not text.strip():
+                problems.append(f"axes {i} has no {what}")
+    return problems
+
+
+@pytest.fixture(autouse=True, scope="session")
+def saved_plots_have_titles_and_labels():
+    """Every figure piper-sim saves during the tests is checked by plot_problems first."""
+    from matplotlib.figure import Figure
+
+    original = Figure.savefig
+
+    def checked(fig, *args, **kwargs):
+        problems = plot_problems(fig)
+        assert not problems, f"{args[0] if args else 'a figure'}: {'; '.join(problems)}"
+        return original(fig, *args, **kwargs)
+
+    Figure.savefig = checked
+    yield
+    Figure.savefig = original

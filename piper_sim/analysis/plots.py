@@ -38,28 +38,32 @@ def plot_timeline(df: pd.DataFrame, path: Path, title: str = "") -> None:
     ax.set_yticks(range(len(ranks)), [f"r{r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
+    ax.set_ylabel("rank (step 0; p2p as thin bars)")
     ax.set_title(title or "timeline")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in KIND_COLOR.items() if k in set(df["kind"])]
     labels = [k for k in KIND_COLOR if k in set(df["kind"])]
-    ax.legend(handles, labels, loc="upper right", fontsize=7, ncol=4)
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)  # beside the bars
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def plot_link_utilization(links: pd.DataFrame, path: Path, top: int = 40) -> None:
-    """Bar chart of the busiest links' mean utilization, colored by link kind."""
+    """Bar chart of the busiest links' mean utilization in percent (as the terminal summary gives it), colored by
+    link kind."""
     busiest = links.sort_values("utilization", ascending=False).head(top)
     fig, ax = plt.subplots(figsize=(12, 4 + 0.1 * len(busiest)))
     kinds = sorted(busiest["link_kind"].unique())
     cmap = plt.get_cmap("tab10")
     colors = [cmap(kinds.index(k) % 10) for k in busiest["link_kind"]]
-    ax.barh(np.arange(len(busiest)), busiest["utilization"], color=colors)
+    ax.barh(np.arange(len(busiest)), busiest["utilization"] * 100, color=colors)
     ax.set_yticks(np.arange(len(busiest)), busiest["link"], fontsize=6)
     ax.invert_yaxis()
-    ax.set_xlabel("mean utilization over the run (bytes / (capacity x time))")
+    ax.set_xlabel("mean utilization over the run (%: bytes / (capacity x time))")
+    ax.set_ylabel("link (direction src->dst)")
     ax.set_title(f"busiest {len(busiest)} of {len(links)} links")
-    ax.legend([plt.Rectangle((0, 0), 1, 1, color=cmap(i % 10)) for i in range(len(kinds))], kinds, fontsize=7)
+    ax.legend([plt.Rectangle((0, 0), 1, 1, color=cmap(i % 10)) for i in range(len(kinds))], kinds, fontsize=7,
+              loc="lower right")  # the shortest bars are at the bottom
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

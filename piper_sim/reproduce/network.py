@@ -58,6 +58,7 @@ def _bars(ax, table: pd.DataFrame) -> None:
         labels = rows["level"] + " " + rows["gpus"].astype(str) + " / " + rows["size per GPU"]
         ax.plot(range(len(rows)), rows["busbw GB/s per GPU"], marker="o", label=alg)
         ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
+    ax.set_xlabel("locality level, GCDs / bytes per GCD")
     ax.set_ylabel("bus bandwidth per GPU (GB/s)")
     ax.set_title("All-to-all bandwidth per locality level on Frontier")
     ax.legend(loc="best", fontsize=8)

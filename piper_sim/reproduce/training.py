@@ -117,6 +117,7 @@ def layer_section(results: list[tuple[dict, dict]], out: Path) -> Section:
 
 def _layer_plot(ax, table: pd.DataFrame) -> None:
     ax.bar(table["model"], table["TFLOPS/GCD"])
+    ax.set_xlabel("model")
     ax.set_ylabel("TFLOPS per GCD")
     ax.set_title("One MoE layer on one Frontier node (8 GCDs)")
     ax.tick_params(axis="x", rotation=40, labelsize=8)
@@ -155,6 +156,7 @@ def models_section(results: list[tuple[dict, dict]], out: Path) -> Section:
 
 def _bar(ax, table: pd.DataFrame, column: str, title: str) -> None:
     ax.bar(table["model"], table[column])
+    ax.set_xlabel("model")
     ax.set_ylabel(column)
     ax.set_title(title)
     ax.tick_params(axis="x", rotation=30, labelsize=8)
@@ -208,7 +210,7 @@ def xmoe_section(results: list[tuple[dict, dict]], out: Path) -> Section:
                      "X-MoE all-to-all %": 100 * br["all_to_all_fraction"]})
     table = pd.DataFrame(rows)
     table["MFU ratio"] = table["Piper MFU %"] / table["X-MoE MFU %"]
-    plot = figure(out, "vs-xmoe", lambda ax: _bar(ax, table, "MFU ratio", "Piper-style plan over X-MoE-style MFU"))
+    plot = figure(out, "vs-xmoe", lambda ax: _bar(ax, table, "MFU ratio", "Piper-style plan over X-MoE-style MFU (x)"))
     return Section(
         table=table, plot=plot,
         prediction=f"Piper-style MFU over the X-MoE-style baseline: {table['MFU ratio'].min():.2f} to "

@@ -157,6 +157,7 @@ def write_plots(out: Path) -> list[Path]:
             ax.set_xlabel(f"{kind} {SKEW_PARAM.get(kind, 'skew')}")
             ax.set_ylabel(label)
             ax.legend()
+        fig.suptitle(f"MFU and step time against {kind or 'routing'} skew, by migration policy")
         fig.tight_layout()
         paths.append(out / "imbalance.png")
         fig.savefig(paths[-1], dpi=110)
