@@ -133,8 +133,10 @@ class Task:
 
     def __post_init__(self) -> None:
         """Kinds and roles given as strings (generators, JSON) become their enums; an unknown one is an error."""
-        object.__setattr__(self, "kind", TaskKind(self.kind))
-        object.__setattr__(self, "role", Role(self.role))
+        if type(self.kind) is not TaskKind:
+            object.__setattr__(self, "kind", TaskKind(self.kind))
+        if type(self.role) is not Role:
+            object.__setattr__(self, "role", Role(self.role))
         if self.group_axis and self.group_axis not in GROUP_AXES:
             raise ValueError(f"task {self.task_id}: unknown group axis {self.group_axis!r}; allowed: {GROUP_AXES}")
 

@@ -12,7 +12,7 @@ other way, so its role flips ("dispatch" always means token owners -> expert own
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.model import ModelSpec
@@ -119,14 +119,34 @@ class LoweringContext:
     recomputed: int | None = None  # full: layers of each chunk recomputed (None: all)
     zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
     layout: Layout = Layout.INTERLEAVED
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per virtual stage
 
     @property
     def stages(self) -> VirtualStages:
         return VirtualStages(self.layout, self.pp, self.vpp)
 
     def segments(self, virtual_stage: int) -> list[Segment]:
-        return chunk_segments(self.model, self.stage_layers[virtual_stage], first=self.stages.is_first(virtual_stage),
-                              last=self.stages.is_last(virtual_stage), split=self.split)
+        """A chunk's forward segments (the same for every microbatch; do not modify the list)."""
+        key = ("forward", virtual_stage)
+        if key not in self._memo:
+            self._memo[key] = chunk_segments(self.model, self.stage_layers[virtual_stage],
+                                             first=self.stages.is_first(virtual_stage),
+                                             last=self.stages.is_last(virtual_stage), split=self.split)
+        return self._memo[key]
+
+    def backward_segments(self, virtual_stage: int) -> list[Segment]:
+        """The forward's segments in reverse, each all-to-all's role the other's (dispatch's gradient is a combine)."""
+        key = ("backward", virtual_stage)
+        if key not in self._memo:
+            self._memo[key] = [replace(s, role=_FLIP[s.role]) if s.role else s
+                               for s in reversed(self.segments(virtual_stage))]
+        return self._memo[key]
+
+    def recompute_segments(self, virtual_stage: int) -> list[Segment]:
+        key = ("recompute", virtual_stage)
+        if key not in self._memo:
+            self._memo[key] = _recompute_segments(self, virtual_stage)
+        return self._memo[key]
 
 
 def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], *,
@@ -232,12 +252,11 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
             deps = (*deps, tasks[-1].task_id)
         else:
             deps = (*deps, last_of[f"B:c{next_chunk}:m{m}"])
-    redo = _recompute_segments(ctx, v) if task.kind != "backward_weight" else []
+    redo = ctx.recompute_segments(v) if task.kind != "backward_weight" else []
     if redo:
         tasks.extend(_expand(redo, f"R:c{c}:m{m}", "recompute", task, deps, ctx.expert_group))
         deps = (tasks[-1].task_id,)
-    backward = [replace(s, role=_FLIP[s.role]) if s.role else s for s in reversed(ctx.segments(v))]
-    tasks.extend(_expand(backward, prefix, task.kind, task, deps, ctx.expert_group))
+    tasks.extend(_expand(ctx.backward_segments(v), prefix, task.kind, task, deps, ctx.expert_group))
     if prev is not None and ctx.stages.where(prev)[0] != p:
         tasks.append(Task(task_id=f"send:grad:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="grad",
                           peer_stage=ctx.stages.where(prev)[0], tag=f"grad:v{prev}:m{m}",

@@ -95,25 +95,44 @@ class RouteCache:
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
         self._cache: dict[Hashable, Routes] = {}
+        self._by_content: dict[Hashable, Routes] = {}
+        self._pairs: dict[tuple[str, str], tuple[tuple[tuple[float, tuple[int, ...]], ...], float]] = {}
+        self._latency = topo.latency_s.tolist()
+
+    def _pair(self, src: str, dst: str) -> tuple[tuple[tuple[float, tuple[int, ...]], ...], float]:
+        """The paths between two GPUs and the largest of their latencies (the same pairs recur in many patterns)."""
+        hit = self._pairs.get((src, dst))
+        if hit is None:
+            paths = self.topo.paths(src, dst)
+            latency = max((sum(self._latency[link] for link in links) for _, links in paths), default=0.0)
+            hit = self._pairs[(src, dst)] = (paths, float(latency))
+        return hit
 
     def routes(self, gpus: list[str] | tuple[str, ...], src: np.ndarray, dst: np.ndarray, key: Hashable) -> Routes:
+        """key names the pattern for the caller; the routes are found by content (members and flows), which many
+        patterns share (a collective's phases, dispatch and combine of a full matrix)."""
         hit = self._cache.get(key)
         if hit is not None:
+            return hit
+        content = (tuple(gpus), src.tobytes(), dst.tobytes())
+        hit = self._by_content.get(content)
+        if hit is not None:
+            self._cache[key] = hit
             return hit
         sub_flow, sub_frac, entry_flow, entry_link = [], [], [], []
         flow_latency = np.zeros(src.size)
         for f, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
-            for frac, links in self.topo.paths(gpus[s], gpus[d]):
+            paths, flow_latency[f] = self._pair(gpus[s], gpus[d])
+            for frac, links in paths:
                 sub = len(sub_flow)
                 sub_flow.append(f)
                 sub_frac.append(frac)
                 entry_flow.extend([sub] * len(links))
                 entry_link.extend(links)
-                flow_latency[f] = max(flow_latency[f], self.topo.path_latency_s(links))
         latency = float(flow_latency.max()) if src.size else 0.0
         routes = Routes(np.array(sub_flow, dtype=np.int64), np.array(sub_frac), np.array(entry_flow, dtype=np.int64),
                         np.array(entry_link, dtype=np.int64), latency, flow_latency)
-        self._cache[key] = routes
+        self._cache[key] = self._by_content[content] = routes
         return routes
 
 

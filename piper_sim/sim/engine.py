@@ -193,6 +193,8 @@ class Simulation:
         lane_id = self._lane_of[rank]
         local = np.array(lane) - stage * self.per_stage
         n = len(lane)
+        if np.array_equal(local, np.arange(local[0], local[0] + n)):  # consecutive ranks: a slice writes faster
+            local = slice(int(local[0]), int(local[0]) + n)
         rec = self.records
         start, end, flops, nbytes = rec.start_s[stage], rec.end_s[stage], rec.flops[stage], rec.bytes[stage]
         cpu = rec.cpu_s[stage]
@@ -200,6 +202,7 @@ class Simulation:
         memory = np.full(n, float(plan.static_bytes))
         peak = memory.copy()
         routed_extra: dict[tuple[int, int], np.ndarray] = {}  # (chunk, microbatch) -> bytes beyond a balanced load
+        grew = True
         for step in range(self.steps):
             for i, task in enumerate(plan.program):
                 for d in plan.async_deps[i]:
@@ -210,13 +213,18 @@ class Simulation:
                             yield self.env.timeout(self.host.wake_wait_s(1))
                             np.maximum(clock, self.env.now, out=clock)
                     np.maximum(clock, ev.value, out=clock)
-                memory += plan.mem_at_start[i]
+                if plan.mem_at_start[i]:
+                    memory += plan.mem_at_start[i]
+                    grew = True
                 if task.kind == "forward_expert":
                     extra = self._routed_extra_bytes(lane, step, task)
                     key = (task.chunk, task.microbatch)
                     routed_extra[key] = routed_extra.get(key, 0.0) + extra
                     memory += extra
-                np.maximum(peak, memory, out=peak)
+                    grew = True
+                if grew:  # the peak can only have moved if memory grew since it was last taken
+                    np.maximum(peak, memory, out=peak)
+                    grew = False
                 stream = plan.streams[i]
                 if stream == 0:  # compute
                     seconds, f = self._compute_cost(lane, stage, step, i, task)
@@ -250,7 +258,9 @@ class Simulation:
                     end[step, local, i] = clock
                 else:
                     self._post_p2p(lane, lane_id, stage, local, step, i, task, clock)
-                memory += plan.mem_at_end[i]
+                if plan.mem_at_end[i]:
+                    memory += plan.mem_at_end[i]
+                    grew = grew or plan.mem_at_end[i] > 0
                 if plan.mem_at_end[i] < 0:  # the (chunk, microbatch) releases its activations
                     memory -= routed_extra.pop((task.chunk, task.microbatch), 0.0)
                 self.tasks_done += n

@@ -53,34 +53,51 @@ def peer_codes(schedule: Schedule, stage: int) -> tuple[np.ndarray, list[str]]:
     return codes, categories
 
 
+def _categorical(values_by_stage: list[list[str]], reps: list[int]) -> pd.Categorical:
+    """One categorical column from each stage's per-task labels, tiled reps[p] times: codes into the sorted
+    labels of every stage (the categories normalize gives), without a string per row."""
+    categories = sorted({v for values in values_by_stage for v in values})
+    index = {v: i for i, v in enumerate(categories)}
+    codes = np.concatenate([np.tile(np.array([index[v] for v in values], dtype=np.int64), r)
+                            for values, r in zip(values_by_stage, reps, strict=True)])
+    return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=str))
+
+
 def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list[np.ndarray],
                       flops: list[np.ndarray], nbytes: list[np.ndarray], cpu_s: list[np.ndarray]) -> pd.DataFrame:
     """Build the trace from per-stage arrays indexed [step, rank within stage, task index]."""
     mesh = schedule.mesh
     per_stage = mesh.num_ranks // mesh.pp
-    frames = []
-    for p, program in enumerate(schedule.stage_programs):
-        steps, ranks, n = start_s[p].shape
-        meta = pd.DataFrame({
-            "task_id": [t.task_id for t in program], "kind": [t.kind.value for t in program],
-            "stream": [t.stream.value for t in program], "microbatch": [t.microbatch for t in program],
-            "chunk": [t.chunk for t in program], "layer": [t.layer for t in program],
-            "role": [t.role.value for t in program],
-        })
-        reps = steps * ranks
-        frame = meta.iloc[np.tile(np.arange(n), reps)].reset_index(drop=True)
-        frame.insert(0, "step", np.repeat(np.arange(steps), ranks * n))
-        local = np.tile(np.repeat(np.arange(ranks), n), steps)
-        frame.insert(1, "rank", p * per_stage + local)
-        codes, categories = peer_codes(schedule, p)
-        frame["peers"] = pd.Categorical.from_codes(np.tile(codes.reshape(-1), steps), categories=categories)
-        frame["start_s"] = start_s[p].reshape(-1)
-        frame["end_s"] = end_s[p].reshape(-1)
-        frame["bytes"] = nbytes[p].reshape(-1)
-        frame["flops"] = flops[p].reshape(-1)
-        frame["cpu_s"] = cpu_s[p].reshape(-1)
-        frames.append(frame)
-    return normalize(pd.concat(frames, ignore_index=True))
+    programs = schedule.stage_programs
+    shapes = [start_s[p].shape for p in range(len(programs))]  # (steps, ranks, tasks)
+    reps = [steps * ranks for steps, ranks, _ in shapes]
+
+    def per_task(attr) -> np.ndarray:
+        return np.concatenate([np.tile(np.array([attr(t) for t in program], dtype=np.int64), r)
+                               for program, r in zip(programs, reps, strict=True)])
+
+    columns: dict[str, object] = {
+        "step": np.concatenate([np.repeat(np.arange(steps), ranks * n) for steps, ranks, n in shapes]),
+        "rank": np.concatenate([p * per_stage + np.tile(np.repeat(np.arange(ranks), n), steps)
+                                for p, (steps, ranks, n) in enumerate(shapes)]),
+        "task_id": _categorical([[t.task_id for t in program] for program in programs], reps),
+        "kind": _categorical([[t.kind.value for t in program] for program in programs], reps),
+        "stream": _categorical([[t.stream.value for t in program] for program in programs], reps),
+        "microbatch": per_task(lambda t: t.microbatch), "chunk": per_task(lambda t: t.chunk),
+        "layer": per_task(lambda t: t.layer),
+        "role": _categorical([[t.role.value for t in program] for program in programs], reps),
+    }
+    peers = [peer_codes(schedule, p) for p in range(len(programs))]
+    labels = sorted({categories[c] for codes, categories in peers for c in np.unique(codes).tolist()})
+    where = {c: i for i, c in enumerate(labels)}
+    columns["peers"] = pd.Categorical.from_codes(
+        np.concatenate([np.tile(np.array([where.get(c, -1) for c in categories])[codes.reshape(-1)], steps)
+                        for (codes, categories), (steps, _, _) in zip(peers, shapes, strict=True)]),
+        categories=pd.Index(labels, dtype=str))
+    for name, arrays in (("start_s", start_s), ("end_s", end_s), ("bytes", nbytes), ("flops", flops),
+                         ("cpu_s", cpu_s)):
+        columns[name] = np.concatenate([a.reshape(-1) for a in arrays]).astype(float)
+    return pd.DataFrame(columns)
 
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
