@@ -16,6 +16,7 @@ import numpy as np
 import simpy
 
 EPS_BYTES = 1e-3
+MAX_STRUCTURES = 64  # components whose joined incidence is kept (see FlowNetwork._structure)
 
 
 def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray,
@@ -258,6 +259,7 @@ class FlowNetwork:
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active: set[FlowSet] = set()
         self._timelines: dict[Hashable, Timeline] = {}
+        self._structures: dict[tuple[int, ...], tuple] = {}
         self._links_of: dict[Hashable, tuple[np.ndarray]] = {}
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
@@ -458,16 +460,35 @@ class FlowNetwork:
             fs.finish_s[(fs.remaining <= EPS_BYTES) & np.isnan(fs.finish_s)] = self.env.now
         fs.t_last = self.env.now
 
+    def _structure(self, sets: list[FlowSet]) -> tuple:
+        """(offsets, entry_flow, entry_link, weight, links, local link numbers) of a component's sets together,
+        kept for the few components last solved (a component is solved again each time one of its flows ends)."""
+        key = tuple(fs.seq for fs in sets)
+        hit = self._structures.get(key)
+        if hit is None:
+            offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
+            entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, offsets, strict=False)])
+            entry_link = np.concatenate([fs.entry_link for fs in sets])
+            links, local = np.unique(entry_link, return_inverse=True)
+            hit = (offsets, entry_flow, entry_link, np.concatenate([fs.weight for fs in sets]), links, local)
+            if len(self._structures) >= MAX_STRUCTURES:
+                self._structures.pop(next(iter(self._structures)))
+            self._structures[key] = hit
+        return hit
+
     def _resolve(self, sets: list[FlowSet]) -> None:
         for fs in sets:
             self._materialize(fs)
             self._advance(fs)
-        offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
-        entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, offsets, strict=False)])
-        entry_link = np.concatenate([fs.entry_link for fs in sets])
+        offsets, entry_flow, entry_link, weight, links, local = self._structure(sets)
         live = np.concatenate([fs.remaining > EPS_BYTES for fs in sets])
-        weight = np.concatenate([fs.weight for fs in sets]) * live
-        rate = self._solve_arrays(entry_flow, entry_link, weight, live)
+        if self.slowdown is None:  # the component's incidence numbered once, while its sets are the same
+            self.num_solves += 1
+            keep = live[entry_flow]
+            rate = np.zeros(live.shape[0]) if not keep.any() else np.where(
+                live, fill_rates(entry_flow[keep], local[keep], weight * live, self.capacity[links]), 0.0)
+        else:
+            rate = self._solve_arrays(entry_flow, entry_link, weight * live, live)
         for fs, off in zip(sets, offsets, strict=False):
             fs.rate = rate[off:off + fs.remaining.shape[0]]
             if self.log is not None:
