@@ -22,14 +22,14 @@ from piper_sim.units import is_finite_number, read_params
 from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
-from piper_sim.workload.profile import Curve, DeviceProfile, HostProfile, layer_key
+from piper_sim.workload.profile import Curve, DeviceProfile, HostProfile, ShapeFactor, layer_key
 from piper_sim.yamlio import read_yaml
 
 PROFILE_SCHEMA = {
     "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
     "peak_bf16_TFLOPS": ..., "hbm_GiB": ..., "hbm_bandwidth_GBps": ..., "memory_efficiency": 0.8,
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
-    "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0,
+    "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
 }
 
 
@@ -68,6 +68,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         gemm_efficiency=_curve(p["gemm_efficiency"], "gemm_efficiency", "rows"),
         attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
         optimizer_bytes_per_param=float(p["optimizer_bytes_per_param"]),
+        gemm_shape_factor=_shape_factor(p["gemm_shape_factor"]),
         **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
            **_device_measured(measurements)},
     )
@@ -112,6 +113,25 @@ def _curve(raw: object, key: str, x_key: str) -> Curve:
         raise ConfigError(f"cost.profile.{key}", raw,
                           "equal-length lists; increasing positive x; efficiencies in (0, 1]")
     return Curve(x=tuple(float(v) for v in xs), efficiency=tuple(float(e) for e in eff))
+
+
+def _shape_factor(raw: object) -> ShapeFactor | None:
+    """The optional GEMM shape table: rows and width (sqrt(k x n)) increasing, a factor in (0, 1] per (rows, width)."""
+    if raw is None:
+        return None
+    where = "cost.profile.gemm_shape_factor"
+    if not isinstance(raw, dict) or set(raw) != {"rows", "width", "factor"}:
+        raise ConfigError(where, raw, "a mapping with keys rows, width and factor")
+    rows, width, factor = raw["rows"], raw["width"], raw["factor"]
+    axes_ok = all(isinstance(a, list) and a and all(is_finite_number(v) and 0 < v < 1e18 for v in a)
+                  and a == sorted(set(a)) for a in (rows, width))
+    if (not axes_ok or not isinstance(factor, list) or len(factor) != len(rows)
+            or any(not isinstance(line, list) or len(line) != len(width) for line in factor)
+            or any(not is_finite_number(f) or not 0 < f <= 1 for line in factor for f in line)):
+        raise ConfigError(where, raw, "increasing positive rows and width; factor: one list per rows value, one "
+                                      "fraction in (0, 1] per width")
+    return ShapeFactor(rows=tuple(float(v) for v in rows), width=tuple(float(v) for v in width),
+                       factor=tuple(tuple(float(f) for f in line) for line in factor))
 
 
 def _device_measured(measurements: dict) -> dict:

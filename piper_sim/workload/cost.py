@@ -2,8 +2,9 @@
 
 Owns the roofline with efficiency curves and TaskCoster, which prices a task's ops from a DeviceProfile
 (piper_sim.workload.profile; read from a file by piper_sim.calibrate.load). Must not import simpy or torch.
-Time of one GEMM = max(FLOPs / (peak x eff(rows)), bytes / HBM); attention core uses an efficiency curve
-over sequence length; elementwise work is bound by HBM bandwidth; each kernel pays a launch overhead.
+Time of one GEMM = max(FLOPs / (peak x eff(rows) x shape(rows, sqrt(k n))), bytes / HBM), the shape factor 1 where
+the profile has none; attention core uses an efficiency curve over sequence length; elementwise work is bound by
+HBM bandwidth; each kernel pays a launch overhead.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ BACKWARD_FACTOR = {
 
 
 def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float:
-    flop_time = gemm.flops / (profile.peak_flops_per_s * profile.gemm_efficiency(gemm.rows))
+    flop_time = gemm.flops / (profile.peak_flops_per_s * profile.gemm_efficiency_at(gemm.rows, gemm.k, gemm.n))
     traffic = gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
     return max(flop_time, traffic / (profile.hbm_bytes_per_s * profile.memory_efficiency))
 

@@ -30,6 +30,21 @@ class Curve:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ShapeFactor:
+    """A GEMM's efficiency relative to a wide GEMM of the same rows, over (rows, width = sqrt(k x n)):
+    bilinear in (log2 rows, log2 width), flat beyond the edges. factor[i][j] is at rows[i], width[j]."""
+
+    rows: tuple[float, ...]
+    width: tuple[float, ...]
+    factor: tuple[tuple[float, ...], ...]
+
+    def __call__(self, rows: float, width: float) -> float:
+        w = math.log2(max(width, 1.0))
+        at_rows = [float(np.interp(w, np.log2(self.width), line)) for line in self.factor]
+        return float(np.interp(math.log2(max(rows, 1.0)), np.log2(self.rows), at_rows))
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeviceProfile:
     name: str
     device: str
@@ -38,7 +53,7 @@ class DeviceProfile:
     hbm_bytes_per_s: float
     memory_efficiency: float
     kernel_launch_s: float
-    gemm_efficiency: Curve  # over GEMM rows (tokens)
+    gemm_efficiency: Curve  # over GEMM rows (tokens), for GEMMs at least as wide as gemm_shape_factor's widest
     attention_efficiency: Curve  # over sequence length
     optimizer_bytes_per_param: float  # HBM traffic of one Adam update per parameter
     collective_overhead_s: float = 0.0  # host-side cost of one collective call (launch, split exchange)
@@ -61,6 +76,16 @@ class DeviceProfile:
     # the framework fields measured on one layer of a preset at its own dimensions: ((layer_key, {field:
     # table}), ...); a model with that key is priced with them (for_model) instead of the micro model's
     framework_by_layer: tuple = ()
+    # a narrower GEMM's share of gemm_efficiency (rows, sqrt(k x n)); None: every width as the rows curve
+    gemm_shape_factor: ShapeFactor | None = None
+
+    def gemm_efficiency_at(self, rows: int, k: int, n: int) -> float:
+        """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile
+        has one (skinny GEMMs: small k or n)."""
+        eff = self.gemm_efficiency(rows)
+        if self.gemm_shape_factor is not None:
+            eff *= self.gemm_shape_factor(rows, math.sqrt(k * n))
+        return eff
 
     def for_model(self, model: ModelSpec) -> DeviceProfile:
         """This profile with the framework tables measured on this model's layer, when calibrate ran one."""

@@ -1,0 +1,50 @@
+"""GEMM efficiency over shapes: the optional gemm_shape_factor (rows x sqrt(k n)) of a device profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from piper_sim.calibrate.load import load_profile
+from piper_sim.errors import ConfigError
+from piper_sim.workload.cost import gemm_time_s
+from piper_sim.workload.flops import Gemm
+
+BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1e6,
+        "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
+        "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]}}
+TABLE = {"rows": [256, 4096], "width": [1024, 4096], "factor": [[0.25, 1.0], [0.5, 1.0]]}
+
+
+def test_without_a_table_every_width_takes_the_rows_curve():
+    p = load_profile(BASE)
+    assert p.gemm_shape_factor is None
+    assert p.gemm_efficiency_at(1024, 128, 128) == p.gemm_efficiency_at(1024, 8192, 8192) == 0.8
+
+
+def test_the_factor_is_bilinear_in_log2_and_flat_beyond_the_edges():
+    p = load_profile({**BASE, "gemm_shape_factor": TABLE})
+    assert p.gemm_efficiency_at(256, 1024, 1024) == pytest.approx(0.8 * 0.25)
+    assert p.gemm_efficiency_at(4096, 8192, 8192) == pytest.approx(0.8)  # wider than the table: 1
+    assert p.gemm_efficiency_at(16, 512, 512) == pytest.approx(0.8 * 0.25)  # below both edges: the corner
+    assert p.gemm_efficiency_at(1024, 2048, 2048) == pytest.approx(0.8 * (0.375 + 1.0) / 2)  # the middle
+    assert p.gemm_efficiency_at(1024, 1024, 4096) == p.gemm_efficiency_at(1024, 2048, 2048)  # width sqrt(k n)
+    narrow, wide = Gemm(1024, 1024, 1024), Gemm(1024, 4096, 4096)
+    assert gemm_time_s(p, narrow, 2) / narrow.flops > gemm_time_s(p, wide, 2) / wide.flops
+
+
+@pytest.mark.parametrize("bad", [
+    {"rows": [256], "width": [1024], "factor": [[1.5]]},
+    {"rows": [4096, 256], "width": [1024], "factor": [[1.0], [1.0]]},
+    {"rows": [256], "width": [1024, 2048], "factor": [[1.0]]},
+    {"rows": [256], "width": [1024]},
+])
+def test_a_malformed_table_is_an_error(bad):
+    with pytest.raises(ConfigError, match="gemm_shape_factor"):
+        load_profile({**BASE, "gemm_shape_factor": bad})
+
+
+def test_the_shipped_gpu_profiles_price_skinny_expert_gemms_below_wide_ones():
+    for name in ("mi250x", "h100"):
+        p = load_profile(name)
+        assert p.gemm_efficiency_at(6144, 2048, 1408) < p.gemm_efficiency_at(6144, 8192, 8192)
+    assert load_profile("a100").gemm_shape_factor is None
