@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -68,3 +69,29 @@ def watch(line: tqdm, read: Callable[[], float], interval_s: float | None = None
             thread.join()
             line.n = read()  # the line closes on the last count, not on the last sample
         line.close()
+
+
+class Eta:
+    """Elapsed time and the time left, for work logged a line per item (the studies' [i/n] lines): the mean
+    time of the items computed so far times the items still to compute (stored ones cost nothing)."""
+
+    def __init__(self, to_compute: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock, self.t0 = clock, clock()
+        self.to_compute, self.computed = to_compute, 0
+
+    def finished(self) -> None:
+        self.computed += 1
+
+    def text(self) -> str:
+        """'elapsed 1m12s, about 3m40s left'; '' before any item is computed."""
+        if not self.computed:
+            return ""
+        elapsed = self.clock() - self.t0
+        left = elapsed / self.computed * max(self.to_compute - self.computed, 0)
+        return f"elapsed {_clock(elapsed)}, about {_clock(left)} left"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s" if rest >= 60 else f"{rest}s"

@@ -98,3 +98,19 @@ def test_run_counts_the_steps_each_rank_finished(shown, tmp_path, capsys):
     assert [m.stat().st_size for m in marks] == [2] * world
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert last.startswith(f"training: {2 * world}/{2 * world} rank steps"), last
+
+
+def test_eta_is_the_mean_time_of_the_items_computed_times_those_left():
+    from piper_sim.progress import Eta
+
+    now = [100.0]
+    eta = Eta(4, clock=lambda: now[0])
+    assert eta.text() == ""
+    now[0] = 110.0
+    eta.finished()
+    assert eta.text() == "elapsed 10s, about 30s left"
+    now[0] = 100.0 + 3725.0
+    eta.finished()
+    assert eta.text() == "elapsed 1h02m, about 1h02m left"
+    eta.finished(), eta.finished()
+    assert eta.text().endswith("about 0s left")

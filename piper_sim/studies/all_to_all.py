@@ -28,6 +28,7 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase, data_phases, split_phases
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.progress import Eta
 from piper_sim.studies.prepcache import PreparedCache
 from piper_sim.studies.routes import TooManyFlows
 from piper_sim.studies.runner import CollectiveRun, Prepared, simulate
@@ -167,9 +168,12 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
     rows it holds are yielded from it (nothing finished is recomputed) and new rows are put in it."""
     spec.check()
     total, done = len(spec.nodes) * len(spec.algorithms) * len(spec.sizes), 0
+    stored_by_nodes = {nodes: {(alg, size): store.get(spec.point_digest(nodes, alg, size)) if store is not None
+                               else None for alg in spec.algorithms for size in spec.sizes} for nodes in spec.nodes}
+    eta = Eta(sum(1 for rows in stored_by_nodes.values() for row in rows.values() if row is None))
     for nodes in spec.nodes:
         keys = {(alg, size): spec.point_digest(nodes, alg, size) for alg in spec.algorithms for size in spec.sizes}
-        stored = {point: store.get(key) for point, key in keys.items()} if store is not None else {}
+        stored = stored_by_nodes[nodes]
         todo = {point for point in keys if stored.get(point) is None}
         if todo:
             topo, gpus = build_topology(spec, nodes)
@@ -189,7 +193,8 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
                     row, kinds = next(computed)
                     if store is not None:
                         store.put(keys[(alg, size)], {"row": row, "kinds": kinds})
-                    log(_progress(done, total, row))
+                    eta.finished()
+                    log(f"{_progress(done, total, row)}; {eta.text()}")
                 else:
                     row, kinds = stored[(alg, size)]["row"], stored[(alg, size)]["kinds"]
                     log(f"[{done}/{total}] {nodes} nodes, {size}, {alg}: stored")

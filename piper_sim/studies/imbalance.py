@@ -23,6 +23,7 @@ from piper_sim.bounds import int_limit
 from piper_sim.config import Config, load_config
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.progress import Eta
 from piper_sim.simulate import simulate
 
 SKEW_PARAM = {"zipf": "exponent", "dirichlet": "concentration", "hot": "share"}
@@ -115,13 +116,15 @@ def run_points(points: list[Point], out: Path, log: Callable[[str], None]) -> di
     store = ResultStore(out)
     tables = {"imbalance": (out / "imbalance.csv", COLUMNS), "drift": (out / "drift.csv", DRIFT_COLUMNS)}
     rows: dict[str, list[dict]] = {t: [] for t in tables if any(p.table == t for p in points)}
+    eta = Eta(sum(1 for p in points if store.get(p.digest) is None))
     for i, point in enumerate(points):
         result = store.get(point.digest)
         what = ", ".join(f"{k}={v}" for k, v in point.labels.items())
         if result is None:
-            log(f"[{i + 1}/{len(points)}] {point.table}: {what}")
+            log(f"[{i + 1}/{len(points)}] {point.table}: {what}" + (f" ({eta.text()})" if eta.computed else ""))
             result = _result(point)
             store.put(point.digest, result)
+            eta.finished()
         else:
             log(f"[{i + 1}/{len(points)}] {point.table}: {what} (stored)")
         rows[point.table] += _rows(point, result)
