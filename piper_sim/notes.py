@@ -36,10 +36,13 @@ def config_notes(cfg: Config, keys: tuple[str, ...] = ("seq_len", *SILENT_DEFAUL
 def placement_notes(cfg: Config, topology, placement: list[str] | tuple[str, ...]) -> list[str]:
     """A note when the placement was left to its default, the job spans more than one node and the machine has
     nodes the job does not use (inside one node, or on a machine of just the job's nodes, the default chose
-    nothing)."""
-    if "placement" in cfg.given:
-        return []
+    nothing); and when one was given for a job inside one node, where no placement changes anything."""
     nodes = {topology.host_of(gpu) for gpu in placement}
+    if "placement" in cfg.given:
+        if len(nodes) == 1:
+            return [f"placement {cfg.placement!r} cannot change the result: the job's {len(placement)} GPUs are one "
+                    "node, so every group is inside it"]
+        return []
     if len(nodes) < 2 or topology.num_hosts <= len(nodes):
         return []
     return [f"placement not given: {DEFAULTS['placement']} (ranks fill the machine's first {len(nodes)} nodes in "

@@ -32,6 +32,8 @@ def test_placement_is_said_only_where_the_default_chose_among_nodes():
     assert notes({**two_nodes, "placement": "contiguous"}, {"num_nodes": 4}) == []
     assert notes(two_nodes, {}) == []  # a machine of just the job's nodes: nothing was chosen
     assert notes(BARE, {"num_nodes": 4}) == []  # 4 GPUs inside one node
+    inside = notes({**BARE, "placement": "scattered"}, {"num_nodes": 4})  # given, but inside one node
+    assert len(inside) == 1 and "'scattered' cannot change the result" in inside[0]
 
 
 def test_a_fat_tree_sized_by_the_job_says_so():
