@@ -22,6 +22,13 @@ flows
 - `per_chunk_us` for each chunk the busiest rank's proxy handles (its bytes to each peer over the
   chunk size, rounded up), and
 - one path latency per round of peers: ceil((n - 1) / peers_in_flight) rounds.
+Chunks to peers on the same node cost `intra_per_chunk_us` each where the machine sets it (NCCL's P2P
+transport over NVLink is driven by the GPU kernel, not by the proxy thread), else `per_chunk_us`.
+The library's copies reach a fraction of a link's rate (`intra_efficiency` on the node's links,
+`net_efficiency` through the NIC: the protocol's payload per packet, e.g. NCCL's Simple protocol over
+NVLink at 128-byte stores); a flow's bytes are charged as bytes / efficiency, so a link it saturates
+carries the library's payload at efficiency x capacity (link bytes then count the wire overhead too).
+Both default to 1 (no loss), which keeps the flows exactly flat's.
 The topology's generic per-message overhead is not charged again (the phase's overhead_s is 0). A
 collective alone on the network therefore takes what the rounds would: the same bytes on the same links,
 plus the library's costs, which are what separate it from the ideal `flat`.
@@ -36,27 +43,55 @@ import numpy as np
 
 from piper_sim.collectives.params import algorithm_params
 from piper_sim.collectives.phases import ALL_TO_ALL, Phase, matrix_phase, split_exchange
+from piper_sim.errors import ConfigError
 from piper_sim.topology.graph import Topology
 
 VENDOR_SCHEMA: dict[str, object] = {
     "peers_in_flight": ..., "per_peer_us": ..., "per_chunk_us": ...,
     "net_chunk_MiB": 0.125, "intra_chunk_MiB": 0.5,
+    "intra_per_chunk_us": None, "intra_efficiency": 1.0, "net_efficiency": 1.0,
 }
 LIBRARIES = ("rccl", "nccl")
+
+
+def vendor_params(topo: Topology, library: str) -> dict[str, object]:
+    """The library's parameters on this machine (SI keys), efficiencies checked to lie in (0, 1]."""
+    p = algorithm_params(topo, library, VENDOR_SCHEMA, integers=("peers_in_flight",))
+    for key in ("intra_efficiency", "net_efficiency"):
+        value = p[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise ConfigError(f"topology.collectives.{library}.{key}", value, "a fraction in (0, 1]")
+    return p
+
+
+def _remote(src: np.ndarray, dst: np.ndarray, members: list[str], topo: Topology) -> np.ndarray:
+    host = np.array([topo.host_of(m) for m in members])
+    return host[src] != host[dst]
 
 
 def vendor_costs(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, members: list[str], topo: Topology,
                  library: str) -> tuple[float, int]:
     """(host-side cost before the flows, rounds of peers) of the library's all-to-all of these flows."""
-    p = algorithm_params(topo, library, VENDOR_SCHEMA, integers=("peers_in_flight",))
+    p = vendor_params(topo, library)
     n = len(members)
-    host = np.array([topo.host_of(m) for m in members])
-    chunk = np.where(host[src] != host[dst], float(p["net_chunk_bytes"]), float(p["intra_chunk_bytes"]))
-    chunks = np.ceil(sizes / chunk)
-    busiest = float(np.bincount(src, weights=chunks, minlength=n).max(initial=0.0))
+    remote = _remote(src, dst, members, topo)
+    chunk = np.where(remote, float(p["net_chunk_bytes"]), float(p["intra_chunk_bytes"]))
+    intra_cost = p["per_chunk_s"] if p["intra_per_chunk_s"] is None else p["intra_per_chunk_s"]
+    cost = np.ceil(sizes / chunk) * np.where(remote, float(p["per_chunk_s"]), float(intra_cost))
+    busiest = float(np.bincount(src, weights=cost, minlength=n).max(initial=0.0))
     peers = n - 1
     rounds = math.ceil(peers / int(p["peers_in_flight"])) if peers else 0
-    return peers * float(p["per_peer_s"]) + busiest * float(p["per_chunk_s"]), rounds
+    return peers * float(p["per_peer_s"]) + busiest, rounds
+
+
+def charged_sizes(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, members: list[str], topo: Topology,
+                  library: str) -> np.ndarray:
+    """Each flow's bytes over the library's efficiency on its path (the same array when both are 1)."""
+    p = vendor_params(topo, library)
+    intra, net = float(p["intra_efficiency"]), float(p["net_efficiency"])
+    if intra == 1.0 and net == 1.0:
+        return sizes
+    return sizes / np.where(_remote(src, dst, members, topo), net, intra)
 
 
 def vendor_all_to_all(library: str):
@@ -65,7 +100,8 @@ def vendor_all_to_all(library: str):
     def model(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
         flows = matrix_phase(matrix, "p2p")
         delay, rounds = vendor_costs(flows.src, flows.dst, flows.sizes, members, topo, library)
-        return [replace(flows, overhead_s=0.0, delay_s=delay, messages=max(rounds, 1))]
+        sizes = charged_sizes(flows.src, flows.dst, flows.sizes, members, topo, library)
+        return [replace(flows, sizes=sizes, overhead_s=0.0, delay_s=delay, messages=max(rounds, 1))]
 
     model.__name__ = model.__qualname__ = f"a2a_{library}"
     model.__doc__ = f"{library.upper()}'s all-to-all: grouped point-to-point per peer (module docstring)."
