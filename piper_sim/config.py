@@ -15,7 +15,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.paths import config_path
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
-from piper_sim.workload.presets import load_model
+from piper_sim.workload.presets import list_presets, load_model
 from piper_sim.yamlio import parse_yaml, read_yaml
 
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
@@ -90,6 +90,12 @@ class Config:
 
 def read_config_file(path: str | Path) -> dict:
     path = Path(path)
+    if not path.exists() and str(path) in list_presets():  # a model's name where a run's config belongs
+        raise ConfigError("config", str(path), f"a config file; {path} is a model preset: `piper-sim plan {path} --gpus N "
+                                               "--global-batch SEQS --out DIR` chooses a plan for it and writes "
+                                               "DIR/best.yaml, or write a config with `model: "
+                                               f"{path}` and a parallel section (`piper-sim presets` lists the "
+                                               "example configs)")
     raw = read_yaml(path, "config")
     if not isinstance(raw, dict):
         raise ConfigError("config", str(path), "a YAML mapping of sections")

@@ -69,6 +69,14 @@ def test_cli_bad_config_prints_one_line_and_exits_2(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_model_preset_given_as_config_says_how_to_make_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "x-moe-small", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a model preset" in err and "piper-sim plan x-moe-small" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_schedule_show_and_export(tmp_path, capsys):
     assert main(["schedule", "show", "small-moe", "--set", "parallel.num_microbatches=4"]) == 0
     shown = capsys.readouterr().out
