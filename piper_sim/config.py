@@ -91,11 +91,10 @@ class Config:
 def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists() and str(path) in list_presets():  # a model's name where a run's config belongs
-        raise ConfigError("config", str(path), f"a config file; {path} is a model preset: `piper-sim plan {path} --gpus N "
-                                               "--global-batch SEQS --out DIR` chooses a plan for it and writes "
-                                               "DIR/best.yaml, or write a config with `model: "
-                                               f"{path}` and a parallel section (`piper-sim presets` lists the "
-                                               "example configs)")
+        raise ConfigError("config", str(path), f"a config file; {path} is a model preset: `piper-sim plan {path} "
+                                               "--gpus N --global-batch SEQS --out DIR` chooses a plan for it and "
+                                               f"writes DIR/best.yaml, or write a config with `model: {path}` and a "
+                                               "parallel section (`piper-sim presets` lists the example configs)")
     raw = read_yaml(path, "config")
     if not isinstance(raw, dict):
         raise ConfigError("config", str(path), "a YAML mapping of sections")
