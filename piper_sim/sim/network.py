@@ -43,9 +43,8 @@ def fill_rates(entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarra
     cap = capacity.astype(float)
     floor = 1e-9 * cap  # a link whose spare capacity falls below this is saturated
     entry_weight = weight[entry_flow]
-    load_weight = entry_weight
     while True:
-        load = np.bincount(local_link, weights=load_weight, minlength=cap.size)
+        load = np.bincount(local_link, weights=entry_weight, minlength=cap.size)
         used = load > 0
         inc = np.min(cap[used] / load[used])
         rate[active] += inc
@@ -54,7 +53,8 @@ def fill_rates(entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarra
         active[entry_flow[saturated[local_link]]] = False
         if not active.any():
             return rate
-        load_weight = entry_weight * active[entry_flow]
+        rising = active[entry_flow]  # the frozen flows' incidences load nothing any more: drop them
+        entry_flow, local_link, entry_weight = entry_flow[rising], local_link[rising], entry_weight[rising]
 
 
 def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
