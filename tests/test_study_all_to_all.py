@@ -236,3 +236,36 @@ def test_switch_automorphisms_reduce_exactly(routing):
     assert t == pytest.approx(simulate(full, topo).time_s, rel=1e-12)
     if routing == "minimal":
         assert t == pytest.approx(engine_time(phases, topo), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("counts", ["ones", "mixed"])
+def test_the_sorted_equitability_check_agrees_with_the_histogram(seed, counts, monkeypatch):
+    """_links_equitable's two ways (one dense histogram; sorted keys for many links x flow classes) give the same
+    answer, on partitions that are equitable and on ones a swapped incidence spoils."""
+    import numpy as np
+
+    import piper_sim.sim.aggregate as aggregate
+
+    rng = np.random.default_rng(seed)
+    num_links, num_fcls = 12, 5
+    lcls = rng.integers(0, 3, size=num_links)
+    pattern = {c: rng.integers(0, 3, size=num_fcls) for c in range(3)}  # flows of each class per link, by class
+    local_link, fcol = [], []
+    for link in range(num_links):
+        for f, n in enumerate(pattern[int(lcls[link])]):
+            local_link += [link] * int(n)
+            fcol += [f] * int(n)
+    local_link, fcol = np.array(local_link), np.array(fcol)
+    entry_count = np.ones(fcol.size) if counts == "ones" else rng.choice([1.0, 2.0], size=fcol.size)
+    lcount = np.ones(num_links)
+    cases = [(local_link, fcol)]
+    if fcol.size > 1:  # move one incidence to another link: usually no longer equitable
+        moved = local_link.copy()
+        moved[0] = (moved[0] + 1) % num_links
+        cases.append((moved, fcol))
+    for links, cols in cases:
+        dense = aggregate._links_equitable(lcls, links, cols, entry_count, lcount)
+        monkeypatch.setattr(aggregate, "DENSE_HISTOGRAM_CELLS", 0)
+        assert aggregate._links_equitable(lcls, links, cols, entry_count, lcount) == dense
+        monkeypatch.setattr(aggregate, "DENSE_HISTOGRAM_CELLS", 40_000_000)

@@ -36,6 +36,7 @@ import numpy as np
 
 HASH_BITS = 20
 MAX_ROUNDS = 64
+DENSE_HISTOGRAM_CELLS = 40_000_000  # links x flow classes up to which the equitability check is one histogram
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,18 +194,29 @@ def _links_equitable(lcls: np.ndarray, local_link: np.ndarray, entry_fcol: np.nd
     """Every link of a class carries the same number of flows of each flow class (exact)."""
     num_l, num_f = lcls.size, int(entry_fcol.max()) + 1 if entry_fcol.size else 1
     key = local_link * num_f + entry_fcol
-    if num_l * num_f <= 40_000_000:
+    if num_l * num_f <= DENSE_HISTOGRAM_CELLS:
         hist = np.bincount(key, weights=entry_count, minlength=num_l * num_f).reshape(num_l, num_f)
         hist /= lcount[:, None]
         return bool(np.array_equal(hist, hist[_first_of(lcls)[lcls]]))
-    uniq, inverse = np.unique(key, return_inverse=True)
-    who, col = uniq // num_f, uniq % num_f
-    per = np.bincount(inverse, weights=entry_count, minlength=uniq.size) / lcount[who]
-    cls_col = lcls[who] * num_f + col
-    if np.unique(cls_col).size != np.unique(np.stack([cls_col, per.view(np.int64)]), axis=1).shape[1]:
+    if entry_count.size and np.all(entry_count == entry_count[0]):  # counts are run lengths of the sorted keys
+        key = np.sort(key)
+        start = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        uniq = key[start]
+        carried = np.diff(np.append(start, key.size)) * float(entry_count[0])
+    else:
+        uniq, inverse = np.unique(key, return_inverse=True)
+        carried = np.bincount(inverse, weights=entry_count, minlength=uniq.size)
+    who = uniq // num_f
+    per = carried / lcount[who]
+    cls_col = lcls[who] * num_f + uniq % num_f  # (link class, flow class) of each (link, flow class) pair
+    order = np.argsort(cls_col, kind="stable")
+    cls_col, per = cls_col[order], per[order]
+    repeat = cls_col[1:] == cls_col[:-1]
+    if np.any(per[1:][repeat] != per[:-1][repeat]):  # two links of a class carry a flow class unequally
         return False
-    pairs = np.unique(cls_col)
-    return bool(np.all(np.bincount(who, minlength=num_l) == np.bincount(pairs // num_f)[lcls]))
+    pairs = cls_col[np.concatenate(([True], ~repeat))]
+    return bool(np.all(np.bincount(who, minlength=num_l)
+                       == np.bincount(pairs // num_f, minlength=int(lcls.max()) + 1)[lcls]))
 
 
 def _same_within(classes: np.ndarray, values: np.ndarray) -> bool:
