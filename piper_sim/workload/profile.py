@@ -24,9 +24,13 @@ class Curve:
 
     x: tuple[float, ...]
     efficiency: tuple[float, ...]
+    _seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # value -> efficiency
 
     def __call__(self, value: float) -> float:
-        return float(np.interp(math.log2(max(value, 1.0)), np.log2(self.x), self.efficiency))
+        hit = self._seen.get(value)
+        if hit is None:
+            hit = self._seen[value] = float(np.interp(math.log2(max(value, 1.0)), np.log2(self.x), self.efficiency))
+        return hit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,11 +41,15 @@ class ShapeFactor:
     rows: tuple[float, ...]
     width: tuple[float, ...]
     factor: tuple[tuple[float, ...], ...]
+    _seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (rows, width) -> factor
 
     def __call__(self, rows: float, width: float) -> float:
-        w = math.log2(max(width, 1.0))
-        at_rows = [float(np.interp(w, np.log2(self.width), line)) for line in self.factor]
-        return float(np.interp(math.log2(max(rows, 1.0)), np.log2(self.rows), at_rows))
+        hit = self._seen.get((rows, width))
+        if hit is None:
+            w = math.log2(max(width, 1.0))
+            at_rows = [float(np.interp(w, np.log2(self.width), line)) for line in self.factor]
+            hit = self._seen[(rows, width)] = float(np.interp(math.log2(max(rows, 1.0)), np.log2(self.rows), at_rows))
+        return hit
 
 
 @dataclass(frozen=True, kw_only=True)
