@@ -220,7 +220,7 @@ class FlowSet:
     """Flows that start together (one phase of a collective, or one p2p transfer)."""
 
     __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
-                 "timeline", "t_start", "links", "finish_s", "seq")
+                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
                  done: simpy.Event, now: float, links: np.ndarray, seq: int) -> None:
@@ -234,6 +234,7 @@ class FlowSet:
         self.timeline: Timeline | None = None  # memoized isolated run
         self.links = links  # distinct link ids (int array)
         self.finish_s = np.where(sizes > EPS_BYTES, np.nan, now)  # per flow, filled as flows end
+        self.neighbors: set[FlowSet] = set()  # the active sets it shares a link with (FlowNetwork keeps it)
 
 
 class Reservation:
@@ -301,8 +302,7 @@ class FlowNetwork:
         self.last_set = fs
         self.num_sets += 1
         isolated = not self.busy[distinct[0]].any()
-        self.busy[distinct[0]] += 1
-        self.active.add(fs)
+        self._join(fs)
         if isolated and key is not None:
             self._run_isolated(fs, (key, sizes.tobytes()))
         else:
@@ -347,8 +347,7 @@ class FlowNetwork:
                      self.num_sets)
         fs.t_start, fs.finish_s = t_start, finish_s
         self.num_sets += 1
-        self.busy[links] += 1
-        self.active.add(fs)
+        self._join(fs)
         return fs
 
     def resolve_sets(self, sets: list[FlowSet]) -> None:
@@ -361,14 +360,21 @@ class FlowNetwork:
                 self._resolve(comp)
 
     # ---- internals -------------------------------------------------------------------------------
+    def _join(self, fs: FlowSet) -> None:
+        """fs becomes active: find the active sets it shares a link with (a scan, once; sharing is the rare case,
+        isolation the common one) and keep the relation on both sides until one of them ends."""
+        if self.active and self.busy[fs.links].any():
+            mask = np.zeros(self.busy.shape[0], dtype=bool)
+            mask[fs.links] = True
+            fs.neighbors = {other for other in self.active if mask[other.links].any()}
+            for other in fs.neighbors:
+                other.neighbors.add(fs)
+        self.busy[fs.links] += 1
+        self.active.add(fs)
+
     def _touching(self, fs: FlowSet) -> set[FlowSet]:
-        """Active sets sharing a link with fs (a scan: sharing is the rare case, isolation the common one)."""
-        own = 1 if fs in self.active else 0
-        if len(self.active) <= own or not (self.busy[fs.links] > own).any():
-            return set()
-        mask = np.zeros(self.busy.shape[0], dtype=bool)
-        mask[fs.links] = True
-        return {other for other in self.active if other is not fs and mask[other.links].any()}
+        """Active sets sharing a link with fs."""
+        return fs.neighbors
 
     def _component(self, fs: FlowSet) -> list[FlowSet]:
         """The sets linked to fs through shared links, in start order (not the sets' hash order, which
@@ -513,7 +519,7 @@ class FlowNetwork:
         if (fs.remaining > EPS_BYTES).any():
             self._resolve(self._component(fs))
             return
-        others = self._touching(fs)
+        others = set(self._touching(fs))
         self._finish(fs)
         if others:
             # the finished set frees capacity for every component it touched
@@ -527,6 +533,9 @@ class FlowNetwork:
     def _finish(self, fs: FlowSet) -> None:
         self.busy[fs.links] -= 1
         self.active.discard(fs)
+        for other in fs.neighbors:
+            other.neighbors.discard(fs)
+        fs.neighbors = set()
         fs.version += 1
         if fs.timeline is not None:
             fs.finish_s = fs.t_start + fs.timeline.finish_offset_s
