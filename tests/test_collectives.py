@@ -123,6 +123,59 @@ def test_halo_delivers_every_column(num_gpus, chunk_mib):
     np.testing.assert_allclose(forwarded + own, sent.sum(axis=0), rtol=1e-9, atol=1e-3)
 
 
+@pytest.mark.parametrize("where", ["uniform", "frontier", "unequal nodes"])
+@pytest.mark.parametrize("chunk_mib", [0.25, 64.0])
+def test_halo_plan_says_which_chunks_each_flow_carries(where, chunk_mib):
+    """HaloPlan (what the torch backend runs): its phases are the registered algorithm's data phases, every
+    flow's bytes are the sum of the chunks `carries` names (sliced: 1/slices of each), and every chunk
+    reaches its destination once: by phase I on its node, else by phase II to its relay on the
+    destination's node and, unless that relay is the destination, by phase III of the same slice."""
+    from piper_sim.collectives.halo import HALO_SCHEMA, _switch_ids, halo_plan, slice_rows
+    from piper_sim.collectives.params import algorithm_params
+
+    topo = load_topology("frontier", 32) if where == "frontier" else uniform(24)
+    topo.collectives = {**topo.collectives, "halo": {"chunk_MiB": chunk_mib}}
+    members = list(topo.gpus)[:6] if where == "unequal nodes" else list(topo.gpus)
+    if where == "frontier":
+        members = [members[i] for i in (0, 3, 9, 12, 13, 17, 22, 25, 30, 31)]  # uneven nodes, mixed switches
+    n = len(members)
+    m = np.round(uneven_matrix(n, seed=n))
+    host, _ = host_groups(members, topo)
+    params = algorithm_params(topo, "halo", HALO_SCHEMA)
+    plan = halo_plan(m, host, _switch_ids(members, topo), params["chunk_bytes"], params["max_slices"])
+    data = split_phases(ALL_TO_ALL.get("halo")(m, members, topo))[1]
+    assert [p.name for p in plan.phases] == [p.name for p in data]
+    for a, b in zip(plan.phases, data, strict=True):
+        for field in ("src", "dst", "sizes"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+        assert a.after == b.after
+    assert (plan.slices > 1) == (chunk_mib < 1)
+    route: dict[tuple[int, int], list[tuple[str, int, int, int]]] = {}
+    for p, phase in enumerate(plan.phases):
+        for src, dst, size in zip(phase.src.tolist(), phase.dst.tolist(), phase.sizes, strict=True):
+            keys = plan.carries(p, src, dst)
+            scale = 1.0 if plan.kind[p] == "intra" else 1.0 / plan.slices
+            assert size == pytest.approx(sum(m[k] for k in keys) * scale, rel=1e-12)
+            for k in keys:
+                route.setdefault(k, []).append((plan.kind[p], plan.slice[p], src, dst))
+    # slices of whole rows: every row in exactly one slice
+    assert sum(np.subtract(*slice_rows(7, s, plan.slices)[::-1]) for s in range(plan.slices)) == 7
+    for s in range(n):
+        for d in range(n):
+            hops = route.get((s, d), [])
+            if s == d or m[s, d] == 0:
+                continue
+            if host[s] == host[d]:
+                assert hops == [("intra", 0, s, d)]
+                continue
+            relay = plan.relay[s, host[d]]
+            assert host[relay] == host[d]
+            want = [("inter", k, s, relay) for k in range(plan.slices)]
+            if relay != d:
+                want += [("redistribute", k, relay, d) for k in range(plan.slices)]
+            assert sorted(hops) == sorted(want), (s, d)
+
+
 def test_halo_stripes_every_node_pair_over_every_nic():
     """Frontier, 4 nodes: every GCD sends one message to every other node through its own NIC (II), each
     GCD receives one message from every other node, and inside a chassis the relay's NIC is on the

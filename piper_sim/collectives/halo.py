@@ -36,13 +36,14 @@ needed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 
 from piper_sim.collectives.hierarchical import host_groups
 from piper_sim.collectives.params import algorithm_params
-from piper_sim.collectives.phases import ALL_TO_ALL, Phase, a2a_flat, split_exchange
+from piper_sim.collectives.phases import ALL_TO_ALL, Phase, a2a_flat, matrix_phase, split_exchange
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.structured import StructuredRouter
 
@@ -137,11 +138,11 @@ def flows_phase(flows: Flows, name: str, after: tuple[int, ...] = (), scale: flo
 
 
 def _uniform_flows(matrix: np.ndarray, host: np.ndarray, groups: list[np.ndarray],
-                   switch_id: np.ndarray) -> tuple[Flows, Flows, Flows]:
-    """(phase I, phase II, phase III) flows when every node holds g members (no dense n x n temporaries)."""
+                   recv: np.ndarray) -> tuple[Flows, Flows, Flows]:
+    """(phase I, phase II, phase III) flows when every node holds g members (no dense n x n temporaries);
+    recv: `_uniform_relays`."""
     n, g, h = matrix.shape[0], groups[0].size, len(groups)
     gm = np.stack(groups)
-    recv = _uniform_relays(groups, switch_id)  # (h, h, g)
     cols = matrix[:, gm.reshape(-1)].reshape(n, h, g)  # cols[a, B, k] = matrix[a, member k of B]
     intra_src = np.repeat(gm.reshape(-1), g)
     intra = (intra_src, np.repeat(gm, g, axis=0).reshape(-1), cols[gm.reshape(-1), host[gm.reshape(-1)]].reshape(-1))
@@ -160,11 +161,12 @@ def _uniform_flows(matrix: np.ndarray, host: np.ndarray, groups: list[np.ndarray
 
 
 def _general_flows(matrix: np.ndarray, host: np.ndarray, groups: list[np.ndarray],
-                   switch_id: np.ndarray) -> tuple[Flows, Flows, Flows]:
-    """The same flows for nodes holding different numbers of members (small groups: loops)."""
+                   table: dict[tuple[int, int], tuple[int, ...]]) -> tuple[Flows, Flows, Flows]:
+    """The same flows for nodes holding different numbers of members (small groups: loops); table:
+    `relay_table`."""
     n = matrix.shape[0]
     inter, forward = np.zeros((n, n)), np.zeros((n, n))
-    for (a, b), positions in relay_table(groups, switch_id).items():
+    for (a, b), positions in table.items():
         for i, j in zip(groups[a].tolist(), positions, strict=True):
             relay = int(groups[b][j])
             inter[i, relay] += matrix[i, groups[b]].sum()
@@ -184,6 +186,109 @@ def num_slices(inter_bytes: np.ndarray, chunk_bytes: float, max_slices: int) -> 
     return int(min(max_slices, max(1, math.ceil(largest / chunk_bytes)))) if chunk_bytes > 0 else 1
 
 
+def _relays(host: np.ndarray, groups: list[np.ndarray], switch_id: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray | dict[tuple[int, int], tuple[int, ...]]]:
+    """(relay[m, B]: the member of node B that receives m's phase II message, -1 for m's own node; the
+    relay choice in the form the flow builder takes: `_uniform_relays` or `relay_table`)."""
+    n, h = host.size, len(groups)
+    relay = np.full((n, h), -1, dtype=np.int64)
+    if len({gr.size for gr in groups}) == 1:
+        recv = _uniform_relays(groups, switch_id)  # (h, h, g)
+        local = np.empty(n, dtype=np.int64)
+        local[np.concatenate(groups)] = np.tile(np.arange(groups[0].size), h)
+        pos = recv[host, :, local]
+        off = pos >= 0
+        relay[off] = np.stack(groups)[np.broadcast_to(np.arange(h)[None, :], off.shape)[off], pos[off]]
+        return relay, recv
+    table = relay_table(groups, switch_id)
+    for (a, b), positions in table.items():
+        relay[groups[a], b] = groups[b][list(positions)]
+    return relay, table
+
+
+Key = tuple[int, int]  # (source member, final destination member): one chunk of the matrix
+
+
+@dataclass(frozen=True, eq=False)
+class HaloPlan:
+    """HALO's data phases for one matrix, with what each flow carries.
+
+    `phases` is exactly what the registered algorithm returns without its split-size exchange; `kind[p]`
+    is phase p's role ("direct" on one node; else "intra", "inter" or "redistribute") and `slice[p]` its
+    slice (0 for "direct" and "intra"). A flow of a sliced phase carries slice s of each chunk it names
+    (`slice_rows`). The torch backend runs the plan as it is (torch_backend/all_to_all.py)."""
+
+    phases: list[Phase]
+    kind: list[str]
+    slice: list[int]
+    slices: int
+    host: np.ndarray  # host group of every member (0, 1, ... in order of first appearance)
+    relay: np.ndarray  # relay[m, B]: the member of node B that receives m's phase II message (-1: m is on B)
+
+    def carries(self, p: int, src: int, dst: int) -> list[Key]:
+        """The chunks (source, final destination) flow src -> dst of phase p carries, in order."""
+        kind = self.kind[p]
+        if kind in ("direct", "intra"):
+            return [(src, dst)]
+        if kind == "inter":  # every chunk src holds for dst's node, the relay's own included
+            return [(src, int(k)) for k in np.flatnonzero(self.host == self.host[dst])]
+        b = self.host[dst]  # redistribute: every chunk for dst that src relayed
+        return [(int(a), dst) for a in np.flatnonzero((self.relay[:, b] == src) & (self.host != b))]
+
+
+def slice_rows(rows: int, s: int, slices: int) -> tuple[int, int]:
+    """Rows [start, end) of a chunk of `rows` rows that its slice s of `slices` carries (1/slices of it, the
+    rows being whole: parts differ by at most one row)."""
+    return rows * s // slices, rows * (s + 1) // slices
+
+
+def halo_plan(matrix: np.ndarray, host: np.ndarray, switch_id: np.ndarray, chunk_bytes: float, max_slices: int,
+              slices: int | None = None) -> HaloPlan:
+    """HALO's data phases for a bytes matrix over members on hosts `host` (0, 1, ... in order of first
+    appearance) whose NICs sit on switches `switch_id` (equal ids: the same switch; each member with none
+    known its own id). slices: phase II's slice count, None to derive it from the matrix (`num_slices`)."""
+    groups = [np.flatnonzero(host == h) for h in range(int(host.max(initial=-1)) + 1)]
+    relay = np.full((host.size, len(groups)), -1, dtype=np.int64)
+    if len(groups) <= 1:
+        return HaloPlan([matrix_phase(matrix, "direct")], ["direct"], [0], 1, host, relay)
+    relay, choice = _relays(host, groups, switch_id)
+    build = _uniform_flows if isinstance(choice, np.ndarray) else _general_flows
+    intra, inter, forward = build(matrix, host, groups, choice)
+    if slices is None:
+        slices = num_slices(inter[2], chunk_bytes, max_slices)
+    phases, kind, index = [flows_phase(intra, "intra")], ["intra"], [0]
+    for s in range(slices):
+        tag = "" if slices == 1 else f"[{s + 1}/{slices}]"
+        after = (len(phases) - 2,) if s else ()
+        phases.append(flows_phase(inter, f"inter{tag}", after=after, scale=1.0 / slices))
+        phases.append(flows_phase(forward, f"redistribute{tag}", after=(len(phases) - 1,), scale=1.0 / slices))
+        kind += ["inter", "redistribute"]
+        index += [s, s]
+    return HaloPlan(phases, kind, index, slices, host, relay)
+
+
+@dataclass(frozen=True)
+class HaloMachine:
+    """What HALO needs to know of the machine beyond each member's host, keyed by global rank: the switch of
+    each rank's NIC (ranks with none known left out) and the pipelining parameters (`HALO_SCHEMA`)."""
+
+    switch_of: dict[int, int] = field(default_factory=dict)
+    chunk_bytes: float = float(HALO_SCHEMA["chunk_MiB"]) * 2.0**20
+    max_slices: int = int(HALO_SCHEMA["max_slices"])
+
+    def switch_ids(self, ranks: list[int] | tuple[int, ...]) -> np.ndarray:
+        """Switch ids of a call's members, as `_switch_ids` numbers them (unknown: -1 - member index)."""
+        return np.array([self.switch_of.get(r, -1 - m) for m, r in enumerate(ranks)], dtype=np.int64)
+
+
+def halo_machine(gpus: list[str], topo: Topology) -> HaloMachine:
+    """The HaloMachine of ranks placed on gpus (rank r on gpus[r]), for the torch backend."""
+    params = algorithm_params(topo, "halo", HALO_SCHEMA)
+    ids = _switch_ids(gpus, topo)
+    return HaloMachine({r: int(i) for r, i in enumerate(ids.tolist()) if i >= 0}, float(params["chunk_bytes"]),
+                       int(params["max_slices"]))
+
+
 @ALL_TO_ALL.register("halo")
 @split_exchange(node_gather=False)
 def a2a_halo(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
@@ -191,14 +296,6 @@ def a2a_halo(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Pha
     host, groups = host_groups(members, topo)
     if len(groups) == 1:
         return a2a_flat.__wrapped__(matrix, members, topo)
-    build = _uniform_flows if len({gr.size for gr in groups}) == 1 else _general_flows
-    intra, inter, forward = build(matrix, host, groups, _switch_ids(members, topo))
     params = algorithm_params(topo, "halo", HALO_SCHEMA)
-    slices = num_slices(inter[2], float(params["chunk_bytes"]), int(params["max_slices"]))
-    phases = [flows_phase(intra, "intra")]
-    for s in range(slices):
-        tag = "" if slices == 1 else f"[{s + 1}/{slices}]"
-        after = (len(phases) - 2,) if s else ()
-        phases.append(flows_phase(inter, f"inter{tag}", after=after, scale=1.0 / slices))
-        phases.append(flows_phase(forward, f"redistribute{tag}", after=(len(phases) - 1,), scale=1.0 / slices))
-    return phases
+    return halo_plan(matrix, host, _switch_ids(members, topo), float(params["chunk_bytes"]),
+                     int(params["max_slices"])).phases
