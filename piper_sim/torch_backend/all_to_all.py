@@ -1,7 +1,8 @@
 """All-to-all algorithms on torch.distributed with uneven splits, chosen by name from a registry.
 
 Owns: flat (split sizes exchanged, then one all_to_all_single), pairwise (P-1 rounds of paired
-point-to-point messages), halo (three phases, topology-aware, Piper) and 2dh (two-dimensional
+point-to-point messages), halo (Piper's three phases: the simulator's HaloPlan run message by message,
+phase_plan.py) and 2dh (two-dimensional
 hierarchical: intra-node to the rail, then an all-to-all per rail). Every algorithm returns exactly
 what flat returns: recv_rows = rows from each group member concatenated in group order, and
 recv_splits = rows from each member. Rows are any tensor whose first dimension counts rows.
@@ -13,15 +14,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from piper_sim.collectives.halo import HaloMachine, halo_plan, num_slices
+from piper_sim.collectives.phases import SPLIT_BYTES
 from piper_sim.errors import ConfigError
 from piper_sim.registry import Registry
 
 from .exchange import Holding, Key, NodeLayout, a2a_phase, node_split_sizes, p2p_phase
 from .groups import DEFAULT_GROUPS, GroupCache
+from .phase_plan import assemble, run_plan
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class AllToAllCall:
     groups: GroupCache
     algorithm: AllToAllFn  # the algorithm running this call; it also carries the split sizes
     counts_only: bool = False  # this call is the split-size exchange itself: every chunk is one row
+    halo: HaloMachine = HaloMachine()  # halo: the NICs' switches and the slicing, as the topology says
 
     @property
     def me(self) -> int:
@@ -73,11 +79,13 @@ ALGORITHMS: Registry[AllToAllFn] = Registry("all_to_all algorithm")
 
 def all_to_all(rows: Tensor, send_splits: Sequence[int], group_ranks: Sequence[int],
                node_of: dict[int, int], algorithm: str = "flat", *,
-               groups: GroupCache | None = None) -> tuple[Tensor, list[int]]:
+               groups: GroupCache | None = None, halo: HaloMachine | None = None) -> tuple[Tensor, list[int]]:
     """Exchange rows among group_ranks (global ranks; send_splits[i] rows go to group_ranks[i]).
 
     Returns (recv_rows, recv_splits): the rows from each member concatenated in group order, and how
-    many came from each. node_of maps each global rank to its node index. Collective over group_ranks.
+    many came from each. node_of maps each global rank to its node index; halo: what the halo algorithm
+    needs of the machine (`collectives.halo.halo_machine`; default: no NIC switch known, the default
+    slicing). Collective over group_ranks.
     """
     fn = ALGORITHMS.get(algorithm, "collectives.all_to_all")
     ranks = tuple(int(r) for r in group_ranks)
@@ -91,17 +99,18 @@ def all_to_all(rows: Tensor, send_splits: Sequence[int], group_ranks: Sequence[i
     if len(ranks) == 1:  # every row stays: no exchange, no library call
         return rows.contiguous(), list(splits)
     call = AllToAllCall(rows=rows.contiguous(), send_splits=splits, ranks=ranks, node_of=dict(node_of),
-                        groups=groups or DEFAULT_GROUPS, algorithm=fn)
+                        groups=groups or DEFAULT_GROUPS, algorithm=fn, halo=halo or HaloMachine())
     return fn(call)
 
 
 def dispatch_rows(rows: Tensor, expert_ids: Tensor, send_splits: Sequence[int], group_ranks: Sequence[int],
-                  node_of: dict[int, int], algorithm: str = "flat") -> tuple[Tensor, Tensor, list[int]]:
+                  node_of: dict[int, int], algorithm: str = "flat", *,
+                  halo: HaloMachine | None = None) -> tuple[Tensor, Tensor, list[int]]:
     """The MoE dispatch as the executor runs it: the expert ids ride as one extra float32 column of the rows
     (exact below 2^24), so the dispatch is one exchange. Returns (recv_rows in the rows' dtype, contiguous;
     recv_expert_ids, int64; recv_splits). Collective over group_ranks."""
     send = torch.cat([rows.detach(), expert_ids.to(torch.float32).unsqueeze(1)], 1)
-    both, recv_splits = all_to_all(send, send_splits, group_ranks, node_of, algorithm)
+    both, recv_splits = all_to_all(send, send_splits, group_ranks, node_of, algorithm, halo=halo)
     return both[:, :-1].to(rows.dtype).contiguous(), both[:, -1].round().to(torch.int64), recv_splits
 
 
@@ -153,41 +162,49 @@ def pairwise(call: AllToAllCall) -> tuple[Tensor, list[int]]:
     return call.result(hold)
 
 
+COUNT_BITS = 32  # a split-size row of halo: the count below this bit, the sender's largest phase II rows above
+
+
 @ALGORITHMS.register("halo")
 def halo(call: AllToAllCall) -> tuple[Tensor, list[int]]:
-    """HALO (Piper): I intra-node exchange of node-local rows, concurrent with II packed inter-node
-    messages between per-(node, peer node) leaders; III leaders redistribute received rows in the node.
+    """HALO as the simulator models it (collectives/halo.py, the same HaloPlan): I the node-local chunks
+    directly, concurrent with II every member's rows for each other node in one message to its relay there,
+    then III each relay forwards to the members of its node what it received for them; II and III in slices.
 
-    Before II, each rank forwards its rows for a peer node to the local leader of that peer (one
-    intra-node all-to-all). Leaders are striped: the j-th peer node of a node is carried by its
-    (j mod ranks-per-node)-th rank, and leader(M, Q) exchanges with leader(Q, M).
-    """
-    hold = call.holding()
-    layout, me = NodeLayout.of(call.ranks, call.node_of), call.me
-    node = layout.node_of[me]
-    local = layout.local(node)
-    node_group = call.group(local) if len(local) > 1 else None
-    if not layout.peers(node):
-        a2a_phase(hold, me, local, lambda s, t: [(s, t)], node_group).finish()
-        return call.result(hold)
-
-    def forward_keys(s: int, t: int) -> list[Key]:
-        return [(s, d) for q in layout.led(t) for d in layout.local(q)]
-
-    def redistribute_keys(t: int, d: int) -> list[Key]:
-        return [(s, d) for q in layout.led(t) for s in layout.local(q)]
-
-    def inter_keys(src_node: int, dst_node: int) -> list[Key]:
-        return [(s, d) for d in layout.local(dst_node) for s in layout.local(src_node)]
-
-    a2a_phase(hold, me, local, forward_keys, node_group).finish()
-    phase1 = a2a_phase(hold, me, local, lambda s, t: [(s, t)], node_group)
-    sends = {layout.leader(q, node): inter_keys(node, q) for q in layout.led(me)}
-    recvs = {layout.leader(q, node): inter_keys(q, node) for q in layout.led(me)}
-    p2p_phase(hold, sends, recvs).finish()
-    a2a_phase(hold, me, local, redistribute_keys, node_group).finish()
-    phase1.finish()
-    return call.result(hold)
+    On one node: flat. The split sizes go first by the same plan (one int64 row per pair): a relay learns
+    the sizes of what it receives and forwards from the counts it relays, and each count row also carries its
+    sender's largest phase II message in rows (above COUNT_BITS), so every member derives the slice count
+    the simulator derives from the whole matrix."""
+    if len(NodeLayout.of(call.ranks, call.node_of).nodes) == 1:
+        return flat(call)
+    ranks, me = call.ranks, call.ranks.index(call.me)
+    ids: dict[int, int] = {}  # host groups numbered in order of first appearance, as host_groups does
+    host = np.array([ids.setdefault(call.node_of[r], len(ids)) for r in ranks], dtype=np.int64)
+    n, machine = len(ranks), call.halo
+    switch = machine.switch_ids(ranks)
+    splits = np.array(call.send_splits, dtype=np.int64)
+    largest = int(max(splits[host == b].sum() for b in range(len(ids)) if b != host[me]))
+    if max(largest, int(splits.max())) >= 1 << (COUNT_BITS - 1):
+        raise ValueError(f"halo: more than 2^{COUNT_BITS - 1} rows in one message")
+    device = call.rows.device
+    counts = torch.tensor((splits + (largest << COUNT_BITS)).tolist(), dtype=torch.int64, device=device).view(-1, 1)
+    plan = halo_plan(np.full((n, n), float(SPLIT_BYTES)), host, switch, machine.chunk_bytes, machine.max_slices)
+    got = run_plan(plan, me, ranks, {(me, d): counts[d:d + 1] for d in range(n)}, lambda key: 1, counts[:0],
+                   prefix="splits:")
+    values = {key: int(v) for (key, _), v in got.items() if len(v)}  # one row per chunk, in one of its slices
+    sizes = {key: v & ((1 << COUNT_BITS) - 1) for key, v in values.items()}
+    sizes.update({(me, d): int(c) for d, c in enumerate(splits.tolist())})
+    row_bytes = float(np.prod(call.rows.shape[1:], dtype=np.int64) * call.rows.element_size())
+    most = max([largest, *(v >> COUNT_BITS for v in values.values())])
+    matrix = np.zeros((n, n))  # what this member knows of the matrix: every chunk it sends, receives or relays
+    for key, rows in sizes.items():
+        matrix[key] = rows * row_bytes
+    plan = halo_plan(matrix, host, switch, machine.chunk_bytes, machine.max_slices,
+                     slices=num_slices(np.array([most * row_bytes]), machine.chunk_bytes, machine.max_slices))
+    template = call.rows[:0]
+    own = dict(zip(((me, d) for d in range(n)), torch.split(call.rows, list(call.send_splits)), strict=True))
+    got = run_plan(plan, me, ranks, own, sizes.__getitem__, template)
+    return torch.cat(assemble(plan, me, own, got, template)), [sizes[(s, me)] for s in range(n)]
 
 
 @ALGORITHMS.register("2dh")

@@ -125,13 +125,12 @@ def p2p_phase(hold: Holding, sends: dict[int, list[Key]], recvs: dict[int, list[
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """An EP group seen through its nodes: local rank lists, peer nodes and HALO leaders."""
+    """An EP group seen through its nodes: its nodes and the group's ranks on each."""
 
     ranks: tuple[int, ...]
     node_of: dict[int, int]
     nodes: tuple[int, ...]
     local_ranks: dict[int, tuple[int, ...]]  # node -> the group's ranks on it, in group order
-    leaders: dict[tuple[int, int], int]  # (node, peer node) -> rank of node carrying that traffic
 
     @classmethod
     def of(cls, ranks: Sequence[int], node_of: dict[int, int]) -> NodeLayout:
@@ -140,26 +139,10 @@ class NodeLayout:
             raise ValueError(f"node_of has no node for ranks {missing}")
         nodes = tuple(sorted({node_of[r] for r in ranks}))
         local = {n: tuple(r for r in ranks if node_of[r] == n) for n in nodes}
-        leaders = {}
-        for n in nodes:  # peers are striped over the node's ranks
-            peers = [p for p in nodes if p != n]
-            leaders.update({(n, p): local[n][i % len(local[n])] for i, p in enumerate(peers)})
-        return cls(tuple(ranks), {r: node_of[r] for r in ranks}, nodes, local, leaders)
+        return cls(tuple(ranks), {r: node_of[r] for r in ranks}, nodes, local)
 
     def local(self, node: int) -> tuple[int, ...]:
         return self.local_ranks[node]
-
-    def peers(self, node: int) -> list[int]:
-        return [n for n in self.nodes if n != node]
-
-    def leader(self, node: int, peer: int) -> int:
-        """The rank of `node` that exchanges node's traffic with `peer`."""
-        return self.leaders[(node, peer)]
-
-    def led(self, rank: int) -> list[int]:
-        """Peer nodes whose traffic this rank carries, in node order."""
-        node = self.node_of[rank]
-        return [p for p in self.peers(node) if self.leaders[(node, p)] == rank]
 
     def local_index(self, rank: int) -> int:
         return self.local_ranks[self.node_of[rank]].index(rank)

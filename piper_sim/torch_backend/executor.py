@@ -31,6 +31,7 @@ import time
 import torch
 from torch import Tensor
 
+from piper_sim.collectives.halo import HaloMachine
 from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.workload.flops import op_work
@@ -60,7 +61,8 @@ class Executor:
     def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
                  all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
                  dtype: torch.dtype = torch.float32, migration: dict | None = None,
-                 device: torch.device | str = "cpu", zero: int = 0, sp: bool = False) -> None:
+                 device: torch.device | str = "cpu", zero: int = 0, sp: bool = False,
+                 halo: HaloMachine | None = None) -> None:
         if schedule.vpp > 1 and schedule.pp == 1:
             raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
         migrates = bool(migration and migration.get("enabled") and migration.get("policy", "greedy") != "none")
@@ -77,6 +79,7 @@ class Executor:
         self.coords = self.mesh.coords(rank)
         self.stage = self.mesh.stage_of(rank)
         self.node_of, self.algorithm, self.batch_fn = node_of, all_to_all_algorithm, batch_fn
+        self.halo = halo  # the halo all-to-all's view of the machine (None: no NIC switch known, default slicing)
         self.program = schedule.program(rank)
         self.redo = recomputed_ops(self.program)  # chunk -> what its recompute tasks re-run
         # tensor parallelism (tensor_parallel.py, tp_tasks.py): the TP group first, the same order on its ranks
@@ -398,7 +401,8 @@ class Executor:
         grad = ms.pending.pop(grad_key, None)
         if grad is None:
             grad = torch.zeros(sum(a2a["recv_splits"]), self.model.d_model, device=self.device, dtype=self.dtype)
-        rows, _ = all_to_all(grad.contiguous(), a2a["recv_splits"], group, self.node_of, self.algorithm)
+        rows, _ = all_to_all(grad.contiguous(), a2a["recv_splits"], group, self.node_of, self.algorithm,
+                             halo=self.halo)
         ms.pending[out_key] = rows
         return float(rows.numel() * rows.element_size())
 
@@ -408,14 +412,15 @@ class Executor:
         if task.role == "dispatch":
             splits = list(state["send_splits"])
             rows, ids, recv_splits = dispatch_rows(state["send_rows"], state["send_expert_ids"], splits, group,
-                                                   self.node_of, self.algorithm)
+                                                   self.node_of, self.algorithm, halo=self.halo)
             state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids)
             record = {"role": "dispatch", "send_splits": splits, "recv_splits": recv_splits}
             sent = state["send_rows"]
             nbytes = (sum(splits) - splits[group.index(self.rank)]) * sent.shape[1] * sent.element_size()
         else:
             splits = list(state["recv_splits"])
-            rows, back = all_to_all(state["return_rows"].detach(), splits, group, self.node_of, self.algorithm)
+            rows, back = all_to_all(state["return_rows"].detach(), splits, group, self.node_of, self.algorithm,
+                                    halo=self.halo)
             state["combined_rows"] = rows.requires_grad_(True)
             record = {"role": "combine", "send_splits": splits, "recv_splits": back}
             nbytes = (sum(splits) - splits[group.index(self.rank)]) * rows.shape[1] * rows.element_size()

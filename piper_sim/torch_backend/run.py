@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from piper_sim.collectives.halo import HaloMachine, halo_machine
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
 from piper_sim.progress import bar as progress_bar
@@ -51,6 +52,7 @@ class RunSpec:
     schedule: Schedule
     out_dir: str
     node_of: dict[int, int]
+    halo: HaloMachine = HaloMachine()  # the halo all-to-all's NIC switches and slicing (collectives/halo.py)
     corpus_bytes: int = 2_000_000
     lr: float = 3e-3
     capture_grads: bool = False  # tests: step 0's reduced gradients and updated parameters per rank
@@ -83,7 +85,7 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.model.dtype, torch.float32)
-    executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of,
+    executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of, halo=spec.halo,
                         all_to_all_algorithm=cfg.all_to_all, batch_fn=batch_fn,
                         micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration,
                         device=device, dtype=dtype, zero=cfg.zero, sp=par.sp)
@@ -171,11 +173,12 @@ def merge_routing(cfg, ranks_dir: Path, out_path: Path) -> Path | None:
     return rec.write(out_path)
 
 
-def node_map(cfg, num_ranks: int) -> dict[int, int]:
-    """Rank -> node index from the config's topology and placement (what HALO treats as a node)."""
+def node_map(cfg, num_ranks: int) -> tuple[dict[int, int], HaloMachine]:
+    """(rank -> node index, what HALO needs of the machine) from the config's topology and placement: the
+    nodes, NIC switches and slicing the simulator's HALO sees for the same ranks."""
     topo = load_topology(cfg.topology, num_ranks)
     gpus = place(topo, num_ranks, cfg.placement)
-    return {r: topo.host_of(g) for r, g in enumerate(gpus)}
+    return {r: topo.host_of(g) for r, g in enumerate(gpus)}, halo_machine(list(gpus), topo)
 
 
 def launch(cfg, schedule: Schedule, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 2_000_000,
@@ -196,7 +199,8 @@ def launch(cfg, schedule: Schedule, out_dir: Path, *, timeout_s: float = 600.0, 
     """
     world = cfg.parallel.num_gpus
     router_bias(cfg)  # refuse routing kinds a real router cannot follow before starting any rank
-    spec = RunSpec(raw_config=cfg.resolved(), schedule=schedule, out_dir=str(out_dir), node_of=node_map(cfg, world),
+    node_of, halo = node_map(cfg, world)
+    spec = RunSpec(raw_config=cfg.resolved(), schedule=schedule, out_dir=str(out_dir), node_of=node_of, halo=halo,
                    corpus_bytes=corpus_bytes, capture_grads=capture_grads)
     t0 = time.perf_counter()
     ranks = Path(out_dir) / "ranks"
