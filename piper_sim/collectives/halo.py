@@ -186,10 +186,19 @@ def num_slices(inter_bytes: np.ndarray, chunk_bytes: float, max_slices: int) -> 
     return int(min(max_slices, max(1, math.ceil(largest / chunk_bytes)))) if chunk_bytes > 0 else 1
 
 
-def _relays(host: np.ndarray, groups: list[np.ndarray], switch_id: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray | dict[tuple[int, int], tuple[int, ...]]]:
+Relays = tuple[np.ndarray, np.ndarray | dict[tuple[int, int], tuple[int, ...]]]
+
+
+def _host_groups(host: np.ndarray) -> list[np.ndarray]:
+    return [np.flatnonzero(host == h) for h in range(int(host.max(initial=-1)) + 1)]
+
+
+def halo_relays(host: np.ndarray, switch_id: np.ndarray) -> Relays:
     """(relay[m, B]: the member of node B that receives m's phase II message, -1 for m's own node; the
-    relay choice in the form the flow builder takes: `_uniform_relays` or `relay_table`)."""
+    relay choice in the form the flow builder takes: `_uniform_relays` or `relay_table`), for members on
+    hosts `host` with NIC switches `switch_id` (as `halo_plan` takes them). It depends on no matrix: a
+    caller planning many matrices over the same members computes it once."""
+    groups = _host_groups(host)
     n, h = host.size, len(groups)
     relay = np.full((n, h), -1, dtype=np.int64)
     if len({gr.size for gr in groups}) == 1:
@@ -243,15 +252,16 @@ def slice_rows(rows: int, s: int, slices: int) -> tuple[int, int]:
 
 
 def halo_plan(matrix: np.ndarray, host: np.ndarray, switch_id: np.ndarray, chunk_bytes: float, max_slices: int,
-              slices: int | None = None) -> HaloPlan:
+              slices: int | None = None, relays: Relays | None = None) -> HaloPlan:
     """HALO's data phases for a bytes matrix over members on hosts `host` (0, 1, ... in order of first
     appearance) whose NICs sit on switches `switch_id` (equal ids: the same switch; each member with none
-    known its own id). slices: phase II's slice count, None to derive it from the matrix (`num_slices`)."""
-    groups = [np.flatnonzero(host == h) for h in range(int(host.max(initial=-1)) + 1)]
-    relay = np.full((host.size, len(groups)), -1, dtype=np.int64)
+    known its own id). slices: phase II's slice count, None to derive it from the matrix (`num_slices`);
+    relays: `halo_relays(host, switch_id)` when the caller has it."""
+    groups = _host_groups(host)
     if len(groups) <= 1:
+        relay = np.full((host.size, len(groups)), -1, dtype=np.int64)
         return HaloPlan([matrix_phase(matrix, "direct")], ["direct"], [0], 1, host, relay)
-    relay, choice = _relays(host, groups, switch_id)
+    relay, choice = relays if relays is not None else halo_relays(host, switch_id)
     build = _uniform_flows if isinstance(choice, np.ndarray) else _general_flows
     intra, inter, forward = build(matrix, host, groups, choice)
     if slices is None:

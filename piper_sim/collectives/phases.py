@@ -13,7 +13,7 @@ model that prices its messages itself sets 0), and `delay_s` is a fixed cost pai
 (sim.collective.phase_delay_s).
 
 Uneven all-to-alls first tell the receivers how many rows come (`split_exchange`), as the torch
-backend's implementations do: the counts (one int64 per pair) go by the same algorithm; pairwise, halo
+backend's implementations do: the counts (one int64 per pair) go by the same algorithm; pairwise
 and 2dh then also gather, inside each node, every member's row and column of the split matrix (a ring).
 These metadata phases are latency-bound and precede the data phases.
 """

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from piper_sim.collectives.halo import HaloMachine, halo_plan, num_slices
+from piper_sim.collectives.halo import HaloMachine, HaloPlan, Relays, halo_plan, halo_relays, num_slices
 from piper_sim.collectives.phases import SPLIT_BYTES
 from piper_sim.errors import ConfigError
 from piper_sim.registry import Registry
@@ -182,14 +182,14 @@ def halo(call: AllToAllCall) -> tuple[Tensor, list[int]]:
     host = np.array([ids.setdefault(call.node_of[r], len(ids)) for r in ranks], dtype=np.int64)
     n, machine = len(ranks), call.halo
     switch = machine.switch_ids(ranks)
+    relays, count_plan = _halo_members(host, switch, machine)
     splits = np.array(call.send_splits, dtype=np.int64)
     largest = int(max(splits[host == b].sum() for b in range(len(ids)) if b != host[me]))
     if max(largest, int(splits.max())) >= 1 << (COUNT_BITS - 1):
         raise ValueError(f"halo: more than 2^{COUNT_BITS - 1} rows in one message")
     device = call.rows.device
     counts = torch.tensor((splits + (largest << COUNT_BITS)).tolist(), dtype=torch.int64, device=device).view(-1, 1)
-    plan = halo_plan(np.full((n, n), float(SPLIT_BYTES)), host, switch, machine.chunk_bytes, machine.max_slices)
-    got = run_plan(plan, me, ranks, {(me, d): counts[d:d + 1] for d in range(n)}, lambda key: 1, counts[:0],
+    got = run_plan(count_plan, me, ranks, {(me, d): counts[d:d + 1] for d in range(n)}, lambda key: 1, counts[:0],
                    prefix="splits:")
     values = {key: int(v) for (key, _), v in got.items() if len(v)}  # one row per chunk, in one of its slices
     sizes = {key: v & ((1 << COUNT_BITS) - 1) for key, v in values.items()}
@@ -199,12 +199,29 @@ def halo(call: AllToAllCall) -> tuple[Tensor, list[int]]:
     matrix = np.zeros((n, n))  # what this member knows of the matrix: every chunk it sends, receives or relays
     for key, rows in sizes.items():
         matrix[key] = rows * row_bytes
-    plan = halo_plan(matrix, host, switch, machine.chunk_bytes, machine.max_slices,
+    plan = halo_plan(matrix, host, switch, machine.chunk_bytes, machine.max_slices, relays=relays,
                      slices=num_slices(np.array([most * row_bytes]), machine.chunk_bytes, machine.max_slices))
     template = call.rows[:0]
     own = dict(zip(((me, d) for d in range(n)), torch.split(call.rows, list(call.send_splits)), strict=True))
     got = run_plan(plan, me, ranks, own, sizes.__getitem__, template)
     return torch.cat(assemble(plan, me, own, got, template)), [sizes[(s, me)] for s in range(n)]
+
+
+_HALO_MEMBERS: dict[tuple, tuple[Relays, HaloPlan]] = {}
+
+
+def _halo_members(host: np.ndarray, switch: np.ndarray, machine: HaloMachine) -> tuple[Relays, HaloPlan]:
+    """What halo's plans over these members share, computed once per process: the relays, and the plan of
+    the split sizes (one int64 row per pair, whatever the matrix)."""
+    key = (host.tobytes(), switch.tobytes(), machine.chunk_bytes, machine.max_slices)
+    hit = _HALO_MEMBERS.get(key)
+    if hit is None:
+        n = host.size
+        relays = halo_relays(host, switch)
+        counts = halo_plan(np.full((n, n), float(SPLIT_BYTES)), host, switch, machine.chunk_bytes,
+                           machine.max_slices, relays=relays)
+        hit = _HALO_MEMBERS[key] = (relays, counts)
+    return hit
 
 
 @ALGORITHMS.register("2dh")
