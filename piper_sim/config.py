@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from piper_sim.bounds import check_int_bounds
-from piper_sim.errors import ConfigError
+from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import config_path
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
@@ -155,7 +155,7 @@ def resolve(raw: dict) -> Config:
             raise ConfigError(section, value, f"a mapping with keys {', '.join(sorted(keys))}")
         bad = sorted(set(value) - keys)
         if bad:
-            raise ConfigError(f"{section}.{bad[0]}", value[bad[0]], f"one of {', '.join(sorted(keys))}")
+            raise ConfigError(f"{section}.{bad[0]}", value[bad[0]], one_of(keys, str(bad[0])))
         if section in DEFAULTS and isinstance(DEFAULTS[section], dict):
             full[section] = {**DEFAULTS[section], **value}
     if "model" not in raw:

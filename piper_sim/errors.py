@@ -6,8 +6,9 @@ abbreviated), so that a huge or aliased value is echoed as one short line.
 
 from __future__ import annotations
 
+import difflib
 import reprlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 SHORT_VALUE_CHARS = 120
@@ -21,6 +22,22 @@ def short_repr(value: object) -> str:
     """repr(value), abbreviated: nested levels, long containers, long strings and huge integers cut."""
     text = _SHORT.repr(value)
     return text if len(text) <= SHORT_VALUE_CHARS else text[:SHORT_VALUE_CHARS - 3] + "..."
+
+
+ONE_OF_CHARS = 200  # a list of allowed names longer than this is cut to the closest names and the first few
+
+
+def one_of(names: Iterable[str], given: str | None = None) -> str:
+    """What an unknown name may be: "one of a, b, c"; a long list shows the names closest to the given one
+    and the first few, so the error stays one readable line."""
+    names = sorted(names)
+    text = ", ".join(names)
+    if len(text) <= ONE_OF_CHARS:
+        return f"one of {text}"
+    close = difflib.get_close_matches(given, names, n=3, cutoff=0.4) if given else []
+    head = names[:10]
+    hint = f"closest to {given!r}: {', '.join(close)}; " if close else ""
+    return f"one of {len(names)} names ({hint}{', '.join(head)} and {len(names) - len(head)} more)"
 
 
 class PiperError(Exception):

@@ -122,3 +122,14 @@ def test_a_null_params_section_is_refused_and_options_are_named_by_their_flag(ca
     assert main(["validate", "--profile", "/nonexistent.yaml"]) == 2
     assert "--profile cost.profile" in capsys.readouterr().err
     assert main(["schedule", "show", "tiny-moe", "--width", str(10**9)]) == 2
+
+
+def test_a_long_list_of_allowed_names_stays_one_readable_line():
+    from piper_sim.config import load_config
+    from piper_sim.errors import ConfigError, one_of
+
+    assert one_of(["b", "a"]) == "one of a, b"
+    with pytest.raises(ConfigError) as err:
+        load_config({"model": {"preset": "x-moe-small", "num_layer": 1}, "parallel": {"pp": 1, "ep": 8}})
+    text = str(err.value)
+    assert "closest to 'num_layer': num_layers" in text and len(text) < 400 and "\n" not in text

@@ -20,5 +20,11 @@ from piper_sim.collectives.phases import (
     split_phases,
 )
 
-__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "Phase", "data_phases", "halo", "hierarchical", "matrix_phase",
-           "split_exchange", "split_phases", "vendor"]
+__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "REAL_RUN_REVISION", "Phase", "data_phases", "halo", "hierarchical",
+           "matrix_phase", "split_exchange", "split_phases", "vendor"]
+
+# What a real run of an algorithm moves changed at these revisions (the torch backend's implementation); a measured
+# validation case records the revision it ran (validation.cases.case_digest), so a run of an earlier one is not
+# scored against the present algorithm. halo 2: the torch backend runs halo_plan's phases (before: a node leader
+# gathered, sent and scattered the node's rows).
+REAL_RUN_REVISION = {"halo": 2}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from piper_sim.collectives.algorithms import REAL_RUN_REVISION
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError
 from piper_sim.result import RunResult
@@ -60,12 +61,17 @@ def find_cases(names: list[str], root: Path) -> list[Case]:
 
 
 def case_digest(case: Case) -> str:
-    """A short hash of what a real run of the case depends on in the case: its config and the topology files
-    it names. measured.json records it; validate refuses a measurement whose case has changed since."""
+    """A short hash of what a real run of the case depends on: its config, the topology files it names and the
+    revision of the backend's all-to-all where it has changed (REAL_RUN_REVISION). measured.json records it;
+    validate refuses a measurement whose case has changed since."""
     digest = hashlib.sha256(json.dumps(case.config, sort_keys=True).encode())
     for rel in sorted({case.testbed, case.config.get("topology")} - {None}):
         if isinstance(rel, str) and rel.endswith(".yaml") and (case.path / rel).exists():
             digest.update((case.path / rel).read_bytes())
+    collectives = case.config.get("collectives")
+    algorithm = collectives.get("all_to_all") if isinstance(collectives, dict) else None
+    if algorithm in REAL_RUN_REVISION:  # the backend's implementation of it changed since its first revision
+        digest.update(f"{algorithm} revision {REAL_RUN_REVISION[algorithm]}".encode())
     return digest.hexdigest()[:16]
 
 

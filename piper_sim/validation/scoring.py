@@ -91,8 +91,8 @@ def _measurement_info(case: Case) -> dict:
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     digest = case_digest(case)
     if info.get("case_digest", digest) != digest:
-        raise PiperError(f"validate: case {case.name} changed (its config or topology) since it was measured; "
-                         "measure it again with --remeasure")
+        raise PiperError(f"validate: case {case.name} changed (its config, topology or the backend's all-to-all "
+                         "revision) since it was measured; measure it again with --remeasure")
     return info
 
 

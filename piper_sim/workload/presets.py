@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from piper_sim.errors import ConfigError
+from piper_sim.errors import ConfigError, one_of
 from piper_sim.units import is_finite_number
 from piper_sim.workload.hf_import import model_from_hf_config
 from piper_sim.workload.model import MLASpec, ModelSpec, mla_field_names, model_field_names
@@ -122,7 +122,7 @@ def spec_to_mapping(spec: ModelSpec) -> dict[str, Any]:
 def _check_keys(data: Mapping[str, Any], allowed: set[str], key: str) -> None:
     for name in data:
         if name not in allowed:
-            raise ConfigError(f"{key}.{name}", data[name], f"one of {', '.join(sorted(allowed))}")
+            raise ConfigError(f"{key}.{name}", data[name], one_of(allowed, str(name)))
 
 
 def _build_spec(values: Mapping[str, Any], key: str) -> ModelSpec:
