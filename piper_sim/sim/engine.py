@@ -116,8 +116,9 @@ class Simulation:
         self._solved_ahead: set[tuple] = set()  # (step, layer, role, group) whose all-to-alls were solved ahead
         self._ahead: dict[tuple, tuple] = {}  # their phases, by (step, layer, microbatch, role, group), until used
         self._ahead_uses: dict[tuple, int] = {}
-        self._a2a_uses = Counter((t.layer, t.microbatch, t.role) for program in schedule.stage_programs
-                                 for t in program if t.kind == "all_to_all")  # a stage's, for each of its groups
+        self._a2a_uses = Counter((stage, t.layer, t.microbatch, t.role)  # a stage's, for each of its groups
+                                 for stage, program in enumerate(schedule.stage_programs)
+                                 for t in program if t.kind == "all_to_all")
         self._rows: dict[tuple, tuple] = {}  # member rows per (lane, layer, placement) under uniform routing
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
         self.records = SimRecords(
@@ -426,7 +427,8 @@ class Simulation:
             if hit is None:
                 return self._build_phases(step, task, group)
             self._ahead_uses[key] = uses = self._ahead_uses.get(key, 0) + 1
-            if uses == self._a2a_uses[(task.layer, task.microbatch, task.role)]:  # its last use: let it go
+            if uses == self._a2a_uses[(self.mesh.stage_of(group[0]), task.layer, task.microbatch, task.role)]:
+                # its last use: let it go
                 del self._ahead[key], self._ahead_uses[key]
             return hit
         version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == "all_to_all" else 0
