@@ -223,10 +223,10 @@ def cmd_testbed(args: argparse.Namespace) -> int:
             raise PiperError("testbed up needs a topology (a testbed YAML such as topologies/testbed-2g.yaml)")
         try:
             bed = testbed.up(_topology_path(args.target), prefix=args.prefix)
-        except (KeyboardInterrupt, Terminated):  # up() removed what it had created before re-raising
+        except (KeyboardInterrupt, Terminated) as exc:  # up() removed what it had created and holds the signals
             print(f"piper-sim: testbed up stopped part-way; what it had created is removed (`piper-sim testbed "
                   f"status --prefix {args.prefix}` shows nothing left)", file=sys.stderr)
-            raise
+            raise Stopped(130 if isinstance(exc, KeyboardInterrupt) else 143) from None
         for rank, (ns, ip) in sorted(bed.rank_map().items()):
             print(f"rank {rank}: namespace {ns}, {ip}")
         print(f"testbed {args.prefix} is up; `piper-sim testbed run CONFIG --out DIR` runs on it")
@@ -334,6 +334,15 @@ class Terminated(BaseException):
     """SIGTERM: unwinds like Ctrl-C, so that what a command started (rank processes) is stopped on the way out."""
 
 
+class Stopped(BaseException):
+    """A command stopped by a signal has cleaned up and the process is to exit with `code`, its signals held
+    ignored until it does (main does not restore them)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated
 
@@ -342,9 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     on_main_thread = threading.current_thread() is threading.main_thread()
+    previous_int = signal.getsignal(signal.SIGINT) if on_main_thread else None
     previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
+    held = False
     try:
         return args.func(args)
+    except Stopped as exc:
+        held = True
+        return exc.code
     except PiperError as exc:
         print(f"piper-sim: error: {exc}", file=sys.stderr)
         return 2
@@ -359,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         print("piper-sim: terminated", file=sys.stderr)
         return 143
     finally:
-        if on_main_thread:
+        if on_main_thread and not held:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
 
 
 if __name__ == "__main__":

@@ -180,7 +180,8 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
             state["delayline_pid"] = pid
             _write_json(path, state)
     except BaseException as exc:  # a failure, Ctrl-C or SIGTERM part-way: remove what was created, then re-raise
-        with _uninterruptible():
+        # after a Ctrl-C or SIGTERM the signals stay ignored: the process is stopping (the CLI exits 130 or 143)
+        with _uninterruptible(release=isinstance(exc, Exception)):
             try:
                 down(prefix, state_path=path)
             except Exception as cleanup:
@@ -192,9 +193,10 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
 
 
 @contextmanager
-def _uninterruptible():
+def _uninterruptible(release: bool = True):
     """SIGINT, SIGTERM and SIGHUP ignored while the block runs, in this process and in the `ip` commands it starts
     (they inherit the ignored signals): a second Ctrl-C must not cut short the removal of a half-built testbed.
+    release False: they stay ignored after it (a stopping process: another Ctrl-C must not cut its exit short).
     Only the main thread can change signal handlers; elsewhere the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -204,7 +206,7 @@ def _uninterruptible():
     try:
         yield
     finally:
-        for sig, handler in previous.items():
+        for sig, handler in previous.items() if release else ():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
