@@ -8,7 +8,8 @@ import simpy
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase
 from piper_sim.sim.collective import CollectiveRunner
-from piper_sim.sim.network import FlowNetwork, max_min_rates
+from piper_sim.sim.fairshare import max_min_rates
+from piper_sim.sim.network import FlowNetwork
 from piper_sim.topology.load import load_topology
 
 
@@ -124,7 +125,7 @@ def _solve_wave_by_wave(entry_flow, entry_link, weight, sizes, capacity):
 def test_isolated_timeline_resumes_filling_to_the_rates_of_a_full_solve(seed):
     """The timeline resumes progressive filling where the ended flows froze: every finish time equals the
     wave-by-wave full solve's, on random multi-link flow sets with weights and uneven capacities."""
-    from piper_sim.sim.network import isolated_timeline
+    from piper_sim.sim.fairshare import isolated_timeline
 
     rng = np.random.default_rng(seed)
     num_flows, num_links = int(rng.integers(2, 60)), int(rng.integers(1, 20))

@@ -17,15 +17,15 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.network import (
+from piper_sim.sim.fairshare import (
     BATCH_MAX_CELLS,
     EPS_BYTES,
-    FlowNetwork,
     SolvedAhead,
     Timeline,
     isolated_timeline,
     isolated_timelines,
 )
+from piper_sim.sim.network import FlowNetwork
 from piper_sim.topology.graph import Topology
 
 PhaseProcess = Generator[simpy.Event, object, object]
@@ -244,7 +244,7 @@ class CollectiveRunner:
     def solve_ahead(self, collectives: list[list[Phase]], gpus: tuple[str, ...], key: Hashable) -> None:
         """Collectives of these members and key that are to run (e.g. a step's skewed all-to-alls of one layer):
         the isolated runs of their phases, grouped by route structure, are solved in batches now
-        (network.isolated_timelines); recording a collective then takes its phases' runs from there."""
+        (fairshare.isolated_timelines); recording a collective then takes its phases' runs from there."""
         batches: dict[Hashable, tuple[PhaseFlows, dict[bytes, np.ndarray]]] = {}
         for phases in collectives:
             for index, phase in enumerate(phases):
