@@ -150,3 +150,83 @@ def test_a_phase_that_ran_alone_recomputes_its_rates_when_asked():
     remaining, finish = rec.state_at(5.0, np.array([10.0]))
     assert remaining.tolist() == [100.0 - 10.0 - 20.0, 0.0]
     assert np.isnan(finish[0]) and finish[1] == 3.0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_resumed_filling_gives_the_rates_of_a_filling_from_zero(seed):
+    """Filling.solve after flows leave resumes where the earliest leaver froze; its rates are those of a filling
+    from zero on the live flows at every step of a random departure order, and a live set that gained flows
+    is filled from zero."""
+    from piper_sim.sim.fairshare import Filling, fill_rates
+
+    rng = np.random.default_rng(100 + seed)
+    num_flows, num_links = int(rng.integers(5, 80)), int(rng.integers(2, 25))
+    hops = rng.integers(0, 5, size=num_flows)  # some flows cross no link: infinite rate
+    entry_flow = np.repeat(np.arange(num_flows), hops)
+    entry_link = rng.integers(0, num_links, size=entry_flow.size)
+    weight = rng.integers(1, 4, size=num_flows).astype(float)
+    capacity = rng.choice([1e6, 4e6, 1e7], size=num_links)
+    filling = Filling(entry_flow, entry_link, weight, capacity)
+    live = np.ones(num_flows, dtype=bool)
+    for leaver in [None, *rng.permutation(num_flows)[: num_flows - 1]]:
+        if leaver is not None:
+            live[leaver] = False
+        keep = live[entry_flow]
+        expected = np.where(live, fill_rates(entry_flow[keep], entry_link[keep], weight, capacity), 0.0)
+        np.testing.assert_allclose(filling.solve(live), expected, rtol=1e-12, atol=0)
+    live[:] = True
+    np.testing.assert_allclose(filling.solve(live), fill_rates(entry_flow, entry_link, weight, capacity), rtol=1e-12)
+
+
+def _events_from_zero(capacity, sets):
+    """Reference for the live network: flow sets (start time, links per flow, bytes per flow); at every start and
+    every end the rates of all live flows are solved from zero (max_min_rates). Returns each flow's finish time."""
+    flows = [(t0, links, size) for t0, links_of, sizes in sets for links, size in zip(links_of, sizes, strict=True)]
+    starts = np.array([t0 for t0, _, _ in flows])
+    remaining = np.array([size for _, _, size in flows], dtype=float)
+    finish = np.full(len(flows), np.nan)
+    entry_flow = np.concatenate([np.full(len(links), f) for f, (_, links, _) in enumerate(flows)])
+    entry_link = np.concatenate([np.asarray(links) for _, links, _ in flows])
+    t = 0.0
+    while np.isnan(finish).any():
+        live = (starts <= t) & np.isnan(finish)
+        keep = live[entry_flow]
+        rate = np.where(live, max_min_rates(entry_flow[keep], entry_link[keep], np.ones(len(flows)), capacity), 0.0)
+        pending = starts[starts > t]
+        dt = float(np.min(remaining[live] / rate[live])) if live.any() else np.inf
+        if pending.size:
+            dt = min(dt, float(pending.min()) - t)
+        remaining = np.where(live, remaining - rate * dt, remaining)
+        t += dt
+        ended = live & (remaining <= 1e-3 * (1 + 1e-9))
+        finish[ended] = t
+    return finish
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_live_network_with_resumed_fillings_gives_the_finish_times_of_solves_from_zero(seed):
+    """Flow sets that start at random times on shared links (components that grow and shrink, solved again at
+    every end with the filling resumed): every flow ends when an event simulation solving from zero says."""
+    rng = np.random.default_rng(200 + seed)
+    num_links = int(rng.integers(2, 8))
+    capacity = rng.choice([1e6, 4e6], size=num_links).astype(float)
+    sets = []
+    for _ in range(int(rng.integers(2, 6))):
+        n = int(rng.integers(1, 12))
+        links_of = [rng.choice(num_links, size=int(rng.integers(1, min(4, num_links + 1))), replace=False)
+                    for _ in range(n)]
+        sets.append((float(rng.choice([0.0, 0.05, 0.3])), links_of, rng.uniform(1e4, 1e6, size=n)))
+    env = simpy.Environment()
+    net = FlowNetwork(env, capacity)
+    got: dict[int, np.ndarray] = {}
+
+    def one(index, t0, links_of, sizes):
+        yield env.timeout(t0)
+        entry_flow = np.concatenate([np.full(len(links), f) for f, links in enumerate(links_of)])
+        got[index] = np.asarray((yield net.start(entry_flow, np.concatenate(links_of), sizes)))
+
+    for index, (t0, links_of, sizes) in enumerate(sets):
+        env.process(one(index, t0, links_of, sizes))
+    env.run()
+    np.testing.assert_allclose(np.concatenate([got[i] for i in range(len(sets))]), _events_from_zero(capacity, sets),
+                               rtol=1e-9, atol=0)

@@ -31,89 +31,99 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.nda
 def fill_rates(entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray,
                capacity: np.ndarray) -> np.ndarray:
     """max_min_rates with links already numbered 0..L-1 (capacity[L]); links no entry uses are ignored."""
-    num_flows = weight.shape[0]
-    rate = np.zeros(num_flows)
-    active = np.zeros(num_flows, dtype=bool)
-    active[entry_flow] = True
-    rate[~active] = np.inf
-    cap = capacity.astype(float)
-    floor = 1e-9 * cap  # a link whose spare capacity falls below this is saturated
-    entry_weight = weight[entry_flow]
-    while True:
-        load = np.bincount(local_link, weights=entry_weight, minlength=cap.size)
-        used = load > 0
-        inc = np.min(cap[used] / load[used])
-        rate[active] += inc
-        cap -= inc * load
-        saturated = used & (cap <= floor)
-        active[entry_flow[saturated[local_link]]] = False
-        if not active.any():
-            return rate
-        rising = active[entry_flow]  # the frozen flows' incidences load nothing any more: drop them
-        entry_flow, local_link, entry_weight = entry_flow[rising], local_link[rising], entry_weight[rising]
+    return Filling(entry_flow, local_link, weight, capacity).solve(np.ones(weight.shape[0], dtype=bool))
 
 
-def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                      capacity: np.ndarray) -> Timeline:
-    """A flow set's run alone on its links: solve the fair shares, run until the next flows end, repeat.
+class Filling:
+    """Progressive filling over one incidence structure (links numbered 0..L-1), resumable after flows leave.
 
-    Each solve is progressive filling resumed where the ended flows joined it: filling is the same up to the
-    step at which the earliest of them froze (their links were not saturated before it, so taking them out
-    changes no earlier step), so the levels reached before that step are kept, the flows frozen before it keep
-    their rates, and only the flows still rising at that step are filled again, over their own incidences.
-    The rates are those of max_min_rates on the live flows, up to float rounding."""
-    remaining = sizes.astype(float).copy()
-    num_flows = remaining.shape[0]
-    live = remaining > EPS_BYTES
-    finish = np.where(live, np.nan, 0.0)
-    links, local = np.unique(entry_link, return_inverse=True)
-    cap_full = capacity[links].astype(float)
-    floor = 1e-9 * cap_full  # a link whose spare capacity falls below this is saturated
-    flows, entry_weight = entry_flow, weight[entry_flow]
-    no_link = live.copy()
-    no_link[flows] = False
-    finish[no_link] = 0.0  # nothing to cross: arrived at once
-    live &= ~no_link
-    frozen_at = np.zeros(num_flows, dtype=np.int64)  # filling step at which each flow froze
-    levels: list[float] = []  # the rate of every still-rising flow after each filling step
-    rate = np.zeros(num_flows)
-    ended = np.zeros(num_flows, dtype=bool)
-    t, out = 0.0, []
-    while live.any():
-        keep = live[flows]
+    solve(live) gives the max-min fair rates of the live flows (flow f stands for weight[f] identical flows; a
+    live flow that crosses no link gets an infinite rate, the others 0). A later solve whose live flows are a
+    subset of the previous one's (flows only left) resumes where the earliest leaver froze: the filling steps
+    before it are unchanged (the links that saturated there carry no leaver, and taking leavers out only adds
+    slack elsewhere), so their levels are kept, the flows frozen before it keep their rates, and only the flows
+    still rising at that step are filled again, over their own incidences. The rates are those of a filling
+    from zero on the live flows, up to float rounding. A live set that gained flows is filled from zero.
+    """
+
+    def __init__(self, entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray,
+                 capacity: np.ndarray) -> None:
+        self.cap_full = capacity.astype(float)
+        self.floor = 1e-9 * self.cap_full  # a link whose spare capacity falls below this is saturated
+        self.entries = (entry_flow, local_link, weight[entry_flow])
+        self.flows, self.local, self.entry_weight = self.entries
+        num_flows = weight.shape[0]
+        self.has_link = np.zeros(num_flows, dtype=bool)
+        self.has_link[entry_flow] = True
+        self.frozen_at = np.zeros(num_flows, dtype=np.int64)  # filling step at which each flow froze
+        self.levels: list[float] = []  # the rate of every still-rising flow after each filling step
+        self.rate = np.zeros(num_flows)
+        self.live: np.ndarray | None = None  # the live flows of the last solve
+
+    def solve(self, live: np.ndarray) -> np.ndarray:
+        free = live & ~self.has_link
+        live = live & self.has_link
+        if self.live is None or (live & ~self.live).any():  # the first solve, or flows came back: from zero
+            step = 0
+            self.flows, self.local, self.entry_weight = self.entries
+        else:
+            ended = self.live & ~live
+            if not ended.any():
+                return np.where(free, np.inf, self.rate) if free.any() else self.rate
+            step = int(self.frozen_at[ended].min())
+        keep = live[self.flows]
         if not keep.all():
-            flows, local, entry_weight = flows[keep], local[keep], entry_weight[keep]
-        step = int(frozen_at[ended].min()) if ended.any() else 0
+            self.flows, self.local, self.entry_weight = self.flows[keep], self.local[keep], self.entry_weight[keep]
+        flows, local, levels = self.flows, self.local, self.levels
         del levels[step:]
         level = levels[-1] if levels else 0.0
-        rising = live & ((frozen_at >= step) | (step == 0))
-        rate = np.where(rising, level, np.where(live, rate, 0.0))
-        cap = cap_full - np.bincount(local, weights=entry_weight * rate[flows], minlength=cap_full.size)
+        rising = live & (self.frozen_at >= step)
+        rate = np.where(rising, level, np.where(live, self.rate, 0.0))
+        cap = self.cap_full - np.bincount(local, weights=self.entry_weight * rate[flows], minlength=self.cap_full.size)
         if rising.any():
             m = rising[flows]
-            rf, rl, rw = flows[m], local[m], entry_weight[m]
+            rf, rl, rw = flows[m], local[m], self.entry_weight[m]
             while True:
-                load = np.bincount(rl, weights=rw, minlength=cap_full.size)
+                load = np.bincount(rl, weights=rw, minlength=cap.size)
                 used = load > 0
                 inc = np.min(cap[used] / load[used])
                 level += inc
                 rate[rising] += inc
                 cap -= inc * load
-                frozen = rf[(used & (cap <= floor))[rl]]
-                frozen_at[frozen] = len(levels)
+                frozen = rf[(used & (cap <= self.floor))[rl]]
+                self.frozen_at[frozen] = len(levels)
                 rising[frozen] = False
                 levels.append(level)
                 if not rising.any():
                     break
                 m = rising[rf]
                 rf, rl, rw = rf[m], rl[m], rw[m]
+        self.rate, self.live = rate, live
+        return np.where(free, np.inf, rate) if free.any() else rate
+
+
+def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
+                      capacity: np.ndarray) -> Timeline:
+    """A flow set's run alone on its links: solve the fair shares, run until the next flows end, repeat (each
+    solve resumed where the ended flows froze: Filling)."""
+    remaining = sizes.astype(float).copy()
+    live = remaining > EPS_BYTES
+    finish = np.where(live, np.nan, 0.0)
+    links, local = np.unique(entry_link, return_inverse=True)
+    filling = Filling(entry_flow, local, weight, capacity[links])
+    no_link = live & ~filling.has_link
+    finish[no_link] = 0.0  # nothing to cross: arrived at once
+    live &= ~no_link
+    t, out = 0.0, []
+    while live.any():
+        rate = filling.solve(live)
         dt = float(np.min(remaining[live] / rate[live]))
         remaining = np.where(live, remaining - rate * dt, 0.0)
         t += dt
         ended = live & (remaining <= EPS_BYTES)
         finish[ended] = t
         live &= ~ended
-        out.append((t, rate.copy()))
+        out.append((t, rate))
     return Timeline(out, finish)
 
 

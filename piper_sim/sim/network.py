@@ -17,9 +17,9 @@ import simpy
 
 from piper_sim.sim.fairshare import (
     EPS_BYTES,
+    Filling,
     SolvedAhead,
     Timeline,
-    fill_rates,
     isolated_timeline,
     max_min_rates,
 )
@@ -278,8 +278,9 @@ class FlowNetwork:
         fs.t_last = self.env.now
 
     def _structure(self, sets: list[FlowSet]) -> tuple:
-        """(offsets, entry_flow, entry_link, weight, links, local link numbers) of a component's sets together,
-        kept for the few components last solved (a component is solved again each time one of its flows ends)."""
+        """(offsets, entry_flow, entry_link, weight, Filling) of a component's sets together, kept for the few
+        components last solved: a component is solved again each time one of its flows ends, and while its sets
+        are the same only flows leave it, so its filling resumes (fairshare.Filling)."""
         key = tuple(fs.seq for fs in sets)
         hit = self._structures.get(key)
         if hit is None:
@@ -287,7 +288,9 @@ class FlowNetwork:
             entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, offsets, strict=False)])
             entry_link = np.concatenate([fs.entry_link for fs in sets])
             links, local = np.unique(entry_link, return_inverse=True)
-            hit = (offsets, entry_flow, entry_link, np.concatenate([fs.weight for fs in sets]), links, local)
+            weight = np.concatenate([fs.weight for fs in sets])
+            filling = Filling(entry_flow, local, weight, self.capacity[links]) if self.slowdown is None else None
+            hit = (offsets, entry_flow, entry_link, weight, filling)
             if len(self._structures) >= MAX_STRUCTURES:
                 self._structures.pop(next(iter(self._structures)))
             self._structures[key] = hit
@@ -297,13 +300,11 @@ class FlowNetwork:
         for fs in sets:
             self._materialize(fs)
             self._advance(fs)
-        offsets, entry_flow, entry_link, weight, links, local = self._structure(sets)
+        offsets, entry_flow, entry_link, weight, filling = self._structure(sets)
         live = np.concatenate([fs.remaining > EPS_BYTES for fs in sets])
-        if self.slowdown is None:  # the component's incidence numbered once, while its sets are the same
+        if filling is not None:
             self.num_solves += 1
-            keep = live[entry_flow]
-            rate = np.zeros(live.shape[0]) if not keep.any() else np.where(
-                live, fill_rates(entry_flow[keep], local[keep], weight * live, self.capacity[links]), 0.0)
+            rate = filling.solve(live)
         else:
             rate = self._solve_arrays(entry_flow, entry_link, weight * live, live)
         for fs, off in zip(sets, offsets, strict=False):
