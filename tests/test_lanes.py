@@ -64,7 +64,7 @@ def test_lanes_do_not_fall_back_on_frontier():
 
 @pytest.mark.parametrize("name", ["drift-migration-steps", "zipf-dualpipe-v"])
 def test_all_to_alls_solved_ahead_are_let_go_after_their_last_use(name, monkeypatch):
-    """Skewed all-to-alls are built and solved at their step's first one (Simulation._solve_ahead); each is
+    """Skewed all-to-alls are built and solved at their step's first one (CollectiveTasks._solve_ahead); each is
     dropped at its last use, so nothing stays behind over many steps."""
     from piper_sim.sim.engine import Simulation
 
@@ -72,4 +72,5 @@ def test_all_to_alls_solved_ahead_are_let_go_after_their_last_use(name, monkeypa
     run = Simulation.run
     monkeypatch.setattr(Simulation, "run", lambda self: runs.append(self) or run(self))
     simulate(load_config(CASES[name]))
-    assert runs[-1]._solved_ahead and not runs[-1]._ahead and not runs[-1]._ahead_uses
+    tasks = runs[-1].collectives
+    assert tasks._solved_ahead and not tasks._ahead and not tasks._ahead_uses

@@ -1,7 +1,8 @@
 """The SimPy backend: processes walk the stage programs under the execution contract.
 
-Owns the simulated run: compute durations from the cost model, collectives and p2p transfers
-on the flow network, memory tracking, and the per-task records that become the RunTrace.
+Owns the simulated run: compute durations from the cost model, collectives (their phases from
+collective_tasks.py) and p2p transfers on the flow network, memory tracking, and the per-task records
+that become the RunTrace.
 Contract (schedule/ir.py): one program counter per rank; compute and collective tasks block it;
 send/recv are issued asynchronously and end when their transfer ends; a collective starts when
 all members have reached it; a task waits for its deps.
@@ -19,17 +20,16 @@ times compute per lane, so members must agree; lanes are used there only when th
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
-from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase
-from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
+from piper_sim.collectives.algorithms import Phase
 from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective import CollectiveRunner
+from piper_sim.sim.collective_tasks import CollectiveTasks
 from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.host import host_model
 from piper_sim.sim.network import FlowNetwork
@@ -74,9 +74,6 @@ class Simulation:
                  recompute: str = "none", recompute_layers: int | None = None, zero: int = 0) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
-        self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
-        self.a2a_name, self.ar_name = all_to_all, all_reduce
-        self.all_reduce = ALL_REDUCE.get(all_reduce, "collectives.all_reduce")
         self.mesh = schedule.mesh
         self.per_stage = self.mesh.num_ranks // self.mesh.pp
         self.env = simpy.Environment()
@@ -85,21 +82,20 @@ class Simulation:
         self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention,
                                                         recompute=recompute, recompute_layers=recompute_layers,
                                                         zero=zero)
-        self.sharded = {"reduce_scatter": REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
-                        "all_gather": ALL_GATHER.get(all_reduce, "collectives.all_reduce")
-                        } if any(t.kind in ("reduce_scatter", "all_gather") for prog in schedule.stage_programs
-                                 for t in prog) else {}
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
         self.tokens = parallel.micro_batch_size * model.seq_len
         self.routed_tokens = int(self.tokens * parallel.split.dispatch_share)  # tokens a rank routes
-        self.row_bytes = model.d_model * model.dtype_bytes
-        self.activation_bytes = float(self.tokens * self.row_bytes)  # a micro-batch's activations, whole
-        self.p2p_bytes = self.activation_bytes * parallel.split.sequence_share  # what a rank sends a stage on
+        activation_bytes = float(self.tokens * model.d_model * model.dtype_bytes)  # a micro-batch's, whole
+        self.p2p_bytes = activation_bytes * parallel.split.sequence_share  # what a rank sends a stage on
         ep_groups = [sorted({self.mesh.group(r, "ep")[0] for r in self.mesh.stage_ranks(p)})
                      for p in range(self.mesh.pp)]
         self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.routed_tokens, ep_groups)
+        self.collectives = CollectiveTasks(schedule=schedule, model=model, topology=topology, placement=placement,
+                                           plans=self.plans, experts=self.experts, routing=routing, coster=coster,
+                                           runner=self.runner, all_to_all=all_to_all, all_reduce=all_reduce,
+                                           activation_bytes=activation_bytes)
         self.shared_host = bool(topology.params.shared_cores)  # compute timed per lane on shared cores
         self.lanes = self._lanes(collapse)
         self.tasks_done = 0  # of the ranks' tasks, those their lanes have passed (simulate's progress line reads it)
@@ -109,16 +105,8 @@ class Simulation:
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
-        self._num_calls: dict[tuple, int] = {}  # (kind, migrate?, group) -> library calls per collective
         self._lane_groups: dict[tuple[int, str], list] = {}
         self._p2p_routes: dict[tuple[int, int], tuple] = {}
-        self._phase_cache: dict[tuple, tuple] = {}  # repeating collectives' phases (see _phases)
-        self._solved_ahead: set[tuple] = set()  # (step, layer, role, group) whose all-to-alls were solved ahead
-        self._ahead: dict[tuple, tuple] = {}  # their phases, by (step, layer, microbatch, role, group), until used
-        self._ahead_uses: dict[tuple, int] = {}
-        self._a2a_uses = Counter((stage, t.layer, t.microbatch, t.role)  # a stage's, for each of its groups
-                                 for stage, program in enumerate(schedule.stage_programs)
-                                 for t in program if t.kind == "all_to_all")
         self._rows: dict[tuple, tuple] = {}  # member rows per (lane, layer, placement) under uniform routing
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
         self.records = SimRecords(
@@ -243,7 +231,7 @@ class Simulation:
                         clock += seconds
                     end[step, local, i] = clock
                 elif stream == 2:  # collective
-                    host = self._host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
+                    host = self.collectives.host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
                     cpu[step, local, i] = host
                     if self.host.runs_host_work:  # the calls' host-side work runs on the rank's cores
                         yield from self._sync(clock)
@@ -360,7 +348,7 @@ class Simulation:
             key = (step, group[0], i)
             waiting = self._arrivals.get(key)
             if waiting is None:
-                phases, sent, algo = self._phases(group[0], step, task, group)
+                phases, sent, algo = self.collectives.phases(group[0], step, task, group)
                 waiting = self._arrivals[key] = [0, self.env.event(), phases, sent, algo]
             nbytes[stage_local, i] = waiting[3][in_group]
             arrival = float(clock[at].max())
@@ -385,95 +373,8 @@ class Simulation:
         # on shared cores the host work already ran on the rank's share of them
         done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
                                delay_s=0.0 if self.host.runs_host_work else host_s)
-        calls = self._calls(task, group) if self.host.charges_wakeups else 0
+        calls = self.collectives.calls(task, group) if self.host.charges_wakeups else 0
         done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))
-
-    def _calls(self, task: Task, group: tuple[int, ...]) -> int:
-        """Library calls a collective makes: one per phase (split-size exchange included), as the torch
-        backend does (one gloo call per phase); moving experts is one call; an all-to-all in a group of
-        one moves nothing and makes none."""
-        key = (task.kind, task.role == "migrate", group)
-        hit = self._num_calls.get(key)
-        if hit is None:
-            gpus = [self.placement[r] for r in group]
-            if task.kind == "all_to_all" and len(group) == 1:
-                hit = 0
-            elif task.role == "migrate":
-                hit = 1
-            elif task.kind == "all_to_all":
-                hit = len(self.a2a(np.ones((len(group), len(group))), gpus, self.topo))
-            else:
-                hit = len(self.all_reduce(1.0, gpus, self.topo))
-            self._num_calls[key] = hit
-        return hit
-
-    def _host_cost_s(self, task: Task, group: tuple[int, ...]) -> float:
-        """Host-side cost of a collective: the profile's per-call cost for the group size, once per call, and
-        an all-to-all's work around its calls (TaskCoster.exchange_s; also in a group of one)."""
-        calls = self._calls(task, group) * self.coster.profile.collective_call_s(task.kind, len(group))
-        return calls + (self.coster.exchange_s(task) if task.kind == "all_to_all" else 0.0)
-
-    def _phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
-        """(phases, bytes each member sends, algorithm name) of a collective; the same objects again for a
-        collective that repeats (an all-reduce, an all-to-all under uniform routing until the experts move),
-        so the runner's recorded runs are found by identity."""
-        if task.role == "migrate":  # expert state moves between members: direct point-to-point sends
-            matrix = self.experts.migrate(self.mesh.stage_of(rank), step)
-            return [matrix_phase(matrix, "migrate")], matrix.sum(axis=1) - np.diag(matrix), "direct"
-        if task.kind == "all_to_all" and not self.routing.is_uniform:
-            self._solve_ahead(step, task, group)
-            key = (step, task.layer, task.microbatch, task.role, group)
-            hit = self._ahead.get(key)
-            if hit is None:
-                return self._build_phases(step, task, group)
-            self._ahead_uses[key] = uses = self._ahead_uses.get(key, 0) + 1
-            if uses == self._a2a_uses[(self.mesh.stage_of(group[0]), task.layer, task.microbatch, task.role)]:
-                # its last use: let it go
-                del self._ahead[key], self._ahead_uses[key]
-            return hit
-        version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == "all_to_all" else 0
-        key = (group, task.kind, task.role, task.layer, task.chunk, version)
-        hit = self._phase_cache.get(key)
-        if hit is None:
-            hit = self._phase_cache[key] = self._build_phases(step, task, group)
-        return hit
-
-    def _solve_ahead(self, step: int, task: Task, group: tuple[int, ...]) -> None:
-        """Under skewed routing each all-to-all has a matrix of its own, but the step's matrices are known at
-        its first one: the runs of this layer's, role's and group's all-to-alls of every microbatch of the step
-        are solved together (CollectiveRunner.solve_ahead), once."""
-        key = (step, task.layer, task.role, group)
-        if key in self._solved_ahead:
-            return
-        self._solved_ahead.add(key)
-        stage = self.mesh.stage_of(group[0])
-        built = {mb: self._a2a_phases(step, task.layer, mb, task.role, group)
-                 for mb in sorted({mb for layer, mb in self.experts.routed_by_stage[stage] if layer == task.layer})}
-        for mb, hit in built.items():
-            self._ahead[(step, task.layer, mb, task.role, group)] = hit
-        gpus = tuple(self.placement[r] for r in group)
-        self.runner.solve_ahead([phases for phases, _, _ in built.values()], gpus, (gpus, self.a2a_name, task.role))
-
-    def _a2a_phases(self, step: int, layer: int, microbatch: int, role: str, group: tuple[int, ...]):
-        d = self.experts.dispatch(step, layer, microbatch, group[0])
-        matrix = d.bytes_matrix(self.row_bytes, role).astype(float)
-        phases = self.a2a(matrix, [self.placement[r] for r in group], self.topo)
-        return phases, matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
-
-    def _build_phases(self, step: int, task: Task, group: tuple[int, ...]):
-        gpus = [self.placement[r] for r in group]
-        if task.kind == "all_to_all":
-            return self._a2a_phases(step, task.layer, task.microbatch, task.role, group)
-        plan = self.plans[self.mesh.stage_of(group[0])]
-        if task.role == "tp":  # a micro-batch's activations (or their gradients), whole
-            size = self.activation_bytes
-        else:  # gradients or parameters of one class: the stage's, or one chunk's (ZeRO-2's buckets)
-            kind = task.role.partition("_")[2]
-            held = {"dense": plan.params_dense, "expert": plan.params_expert, "replicated": plan.params_replicated}
-            held["mirror"] = sum(held.values())  # DualPipe: every gradient the rank holds, with its counterpart's
-            size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0 else held[kind])
-        algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
-        return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name
 
     # ---- p2p -----------------------------------------------------------------------------------
     def _post_p2p(self, lane: tuple[int, ...], lane_id: int, stage: int, local: np.ndarray, step: int, i: int,

@@ -1,0 +1,137 @@
+"""What each collective task of a simulated run sends: its phases, library calls and host-side cost.
+
+Owns the phases of a collective task (an all-to-all's from its routed matrix, an all-reduce's or a ZeRO
+shard's from the bytes of the gradients or parameters it moves, migration's point-to-point sends), the memo of
+collectives that repeat (the same phase objects again, so the collective runner finds its recorded runs by
+identity), the skewed all-to-alls of a step solved ahead together, and the number of library calls a collective
+makes with the host-side cost they carry. The engine (engine.py) asks for them when a group's collective starts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, matrix_phase
+from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
+from piper_sim.routing.models import RoutingModel
+from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.sim.collective import CollectiveRunner
+from piper_sim.sim.experts import ExpertState
+from piper_sim.sim.plan import StagePlan
+from piper_sim.topology.graph import Topology
+from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.model import ModelSpec
+
+
+class CollectiveTasks:
+    def __init__(self, *, schedule: Schedule, model: ModelSpec, topology: Topology, placement: list[str],
+                 plans: list[StagePlan], experts: ExpertState, routing: RoutingModel, coster: TaskCoster,
+                 runner: CollectiveRunner, all_to_all: str, all_reduce: str, activation_bytes: float) -> None:
+        self.mesh, self.model, self.topo, self.placement = schedule.mesh, model, topology, placement
+        self.plans, self.experts, self.routing, self.coster, self.runner = plans, experts, routing, coster, runner
+        self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
+        self.all_reduce = ALL_REDUCE.get(all_reduce, "collectives.all_reduce")
+        self.a2a_name, self.ar_name = all_to_all, all_reduce
+        self.sharded = {"reduce_scatter": REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
+                        "all_gather": ALL_GATHER.get(all_reduce, "collectives.all_reduce")
+                        } if any(t.kind in ("reduce_scatter", "all_gather") for prog in schedule.stage_programs
+                                 for t in prog) else {}
+        self.row_bytes = model.d_model * model.dtype_bytes
+        self.activation_bytes = activation_bytes  # a micro-batch's activations, whole
+        self._num_calls: dict[tuple, int] = {}  # (kind, migrate?, group) -> library calls per collective
+        self._phase_cache: dict[tuple, tuple] = {}  # repeating collectives' phases (see phases)
+        self._solved_ahead: set[tuple] = set()  # (step, layer, role, group) whose all-to-alls were solved ahead
+        self._ahead: dict[tuple, tuple] = {}  # their phases, by (step, layer, microbatch, role, group), until used
+        self._ahead_uses: dict[tuple, int] = {}
+        self._a2a_uses = Counter((stage, t.layer, t.microbatch, t.role)  # a stage's, for each of its groups
+                                 for stage, program in enumerate(schedule.stage_programs)
+                                 for t in program if t.kind == "all_to_all")
+
+    def calls(self, task: Task, group: tuple[int, ...]) -> int:
+        """Library calls a collective makes: one per phase (split-size exchange included), as the torch
+        backend does (one gloo call per phase); moving experts is one call; an all-to-all in a group of
+        one moves nothing and makes none."""
+        key = (task.kind, task.role == "migrate", group)
+        hit = self._num_calls.get(key)
+        if hit is None:
+            gpus = [self.placement[r] for r in group]
+            if task.kind == "all_to_all" and len(group) == 1:
+                hit = 0
+            elif task.role == "migrate":
+                hit = 1
+            elif task.kind == "all_to_all":
+                hit = len(self.a2a(np.ones((len(group), len(group))), gpus, self.topo))
+            else:
+                hit = len(self.all_reduce(1.0, gpus, self.topo))
+            self._num_calls[key] = hit
+        return hit
+
+    def host_cost_s(self, task: Task, group: tuple[int, ...]) -> float:
+        """Host-side cost of a collective: the profile's per-call cost for the group size, once per call, and
+        an all-to-all's work around its calls (TaskCoster.exchange_s; also in a group of one)."""
+        calls = self.calls(task, group) * self.coster.profile.collective_call_s(task.kind, len(group))
+        return calls + (self.coster.exchange_s(task) if task.kind == "all_to_all" else 0.0)
+
+    def phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
+        """(phases, bytes each member sends, algorithm name) of a collective; the same objects again for a
+        collective that repeats (an all-reduce, an all-to-all under uniform routing until the experts move),
+        so the runner's recorded runs are found by identity."""
+        if task.role == "migrate":  # expert state moves between members: direct point-to-point sends
+            matrix = self.experts.migrate(self.mesh.stage_of(rank), step)
+            return [matrix_phase(matrix, "migrate")], matrix.sum(axis=1) - np.diag(matrix), "direct"
+        if task.kind == "all_to_all" and not self.routing.is_uniform:
+            self._solve_ahead(step, task, group)
+            key = (step, task.layer, task.microbatch, task.role, group)
+            hit = self._ahead.get(key)
+            if hit is None:
+                return self._build(step, task, group)
+            self._ahead_uses[key] = uses = self._ahead_uses.get(key, 0) + 1
+            if uses == self._a2a_uses[(self.mesh.stage_of(group[0]), task.layer, task.microbatch, task.role)]:
+                # its last use: let it go
+                del self._ahead[key], self._ahead_uses[key]
+            return hit
+        version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == "all_to_all" else 0
+        key = (group, task.kind, task.role, task.layer, task.chunk, version)
+        hit = self._phase_cache.get(key)
+        if hit is None:
+            hit = self._phase_cache[key] = self._build(step, task, group)
+        return hit
+
+    def _solve_ahead(self, step: int, task: Task, group: tuple[int, ...]) -> None:
+        """Under skewed routing each all-to-all has a matrix of its own, but the step's matrices are known at
+        its first one: the runs of this layer's, role's and group's all-to-alls of every microbatch of the step
+        are solved together (CollectiveRunner.solve_ahead), once."""
+        key = (step, task.layer, task.role, group)
+        if key in self._solved_ahead:
+            return
+        self._solved_ahead.add(key)
+        stage = self.mesh.stage_of(group[0])
+        built = {mb: self._a2a_phases(step, task.layer, mb, task.role, group)
+                 for mb in sorted({mb for layer, mb in self.experts.routed_by_stage[stage] if layer == task.layer})}
+        for mb, hit in built.items():
+            self._ahead[(step, task.layer, mb, task.role, group)] = hit
+        gpus = tuple(self.placement[r] for r in group)
+        self.runner.solve_ahead([phases for phases, _, _ in built.values()], gpus, (gpus, self.a2a_name, task.role))
+
+    def _a2a_phases(self, step: int, layer: int, microbatch: int, role: str, group: tuple[int, ...]):
+        d = self.experts.dispatch(step, layer, microbatch, group[0])
+        matrix = d.bytes_matrix(self.row_bytes, role).astype(float)
+        phases = self.a2a(matrix, [self.placement[r] for r in group], self.topo)
+        return phases, matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
+
+    def _build(self, step: int, task: Task, group: tuple[int, ...]):
+        gpus = [self.placement[r] for r in group]
+        if task.kind == "all_to_all":
+            return self._a2a_phases(step, task.layer, task.microbatch, task.role, group)
+        plan = self.plans[self.mesh.stage_of(group[0])]
+        if task.role == "tp":  # a micro-batch's activations (or their gradients), whole
+            size = self.activation_bytes
+        else:  # gradients or parameters of one class: the stage's, or one chunk's (ZeRO-2's buckets)
+            kind = task.role.partition("_")[2]
+            held = {"dense": plan.params_dense, "expert": plan.params_expert, "replicated": plan.params_replicated}
+            held["mirror"] = sum(held.values())  # DualPipe: every gradient the rank holds, with its counterpart's
+            size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0 else held[kind])
+        algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
+        return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name
