@@ -50,10 +50,10 @@ ALL_REDUCE: Registry[AllReduce] = Registry("collectives.all_reduce")
 
 def matrix_phase(matrix: np.ndarray, name: str = "", after: tuple[int, ...] = (), messages: int = 1) -> Phase:
     """One phase moving every off-diagonal nonzero entry of a bytes matrix."""
-    src, dst = np.nonzero(matrix)
-    off = src != dst
-    src, dst = src[off], dst[off]
-    return Phase(src=src, dst=dst, sizes=matrix[src, dst].astype(float), name=name, after=after, messages=messages)
+    moves = matrix != 0
+    np.fill_diagonal(moves, False)
+    src, dst = np.nonzero(moves)  # row-major, the order of matrix[moves]
+    return Phase(src=src, dst=dst, sizes=matrix[moves].astype(float), name=name, after=after, messages=messages)
 
 
 SPLIT_BYTES = 8  # one int64 row count per (source, destination)
