@@ -31,11 +31,13 @@ import sys
 import time
 
 from piper_sim.progress import bar as progress_bar
+from piper_sim.reproduce.training import baseline_config
 
 CLUSTER = {"builder": "uniform", "params": {"gpus_per_node": 8, "intra_bandwidth_GBps": 100,
                                             "nic_bandwidth_GBps": 12.5}}
 ZIPF = {"routing": {"kind": "zipf", "exponent": 1.0}}
 FRONTIER = {"topology": "frontier"}
+XMOE_BASELINE = baseline_config("x-moe-small", 256)  # reproduce vs-xmoe's rule: EP 64 x DP 4, flat, ZeRO-1
 W1 = {"model": {"preset": "x-moe-small", "num_heads": 16},
       "parallel": {"pp": 1, "ep": 8, "num_microbatches": 8, "micro_batch_size": 4}}
 W2 = {"model": {"preset": "weak-110b", "num_heads": 40},
@@ -57,9 +59,8 @@ WORKLOADS = {
              "parallel": {"pp": 8, "ep": 32, "num_microbatches": 32, "micro_batch_size": 1}},
     "MIX": {"model": {"preset": "mixtral-8x7b"},
             "parallel": {"pp": 4, "ep": 8, "dp": 4, "num_microbatches": 16, "micro_batch_size": 1}},
-    "XB1": {"model": {"preset": "x-moe-small", "num_layers": 1}, **FRONTIER, "collectives": {"all_to_all": "flat"},
-            "routing": {"kind": "uniform", "capacity_factor": 1.25}, "recompute": "full", "optimizer": {"zero": 1},
-            "parallel": {"pp": 1, "ep": 64, "dp": 4, "num_microbatches": 1, "micro_batch_size": 1}},
+    "XB1": {**XMOE_BASELINE, "model": {"preset": "x-moe-small", "num_layers": 1},
+            "parallel": {**XMOE_BASELINE["parallel"], "num_microbatches": 1}},
 }
 
 
