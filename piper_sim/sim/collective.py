@@ -49,8 +49,12 @@ class PhaseFlows:
     entry_flow: np.ndarray
     entry_link: np.ndarray
     sizes: np.ndarray
-    weight: np.ndarray | None = None  # flows each one stands for (a reduced network); None: one each
+    weight: np.ndarray | None = None  # flows each one stands for (a reduced network, mean-field detours); None: 1
     key: Hashable | None = None  # names the route structure, for the network's memo
+
+    @property
+    def weights(self) -> np.ndarray:
+        return np.ones(self.sizes.shape[0]) if self.weight is None else self.weight
 
 
 def run_phase(env: simpy.Environment, network: FlowNetwork, waits: list[simpy.Event], delay_s: float,
@@ -84,11 +88,12 @@ class Routes:
     """Sub-flows (one per path of a flow) and their link incidences."""
 
     sub_flow: np.ndarray  # flow index of each sub-flow
-    sub_fraction: np.ndarray  # share of the flow's bytes on that path
+    sub_fraction: np.ndarray  # share of the flow's bytes on that path, per unit of its weight
     entry_flow: np.ndarray  # sub-flow index of each incidence
     entry_link: np.ndarray
     latency_s: float  # largest path latency over the flows
     flow_latency_s: np.ndarray  # largest path latency of each flow
+    sub_weight: np.ndarray | None = None  # flows each sub-flow counts as (Topology.weighted_paths); None: 1 each
 
 
 class RouteCache:
@@ -96,15 +101,16 @@ class RouteCache:
         self.topo = topo
         self._cache: dict[Hashable, Routes] = {}
         self._by_content: dict[Hashable, Routes] = {}
-        self._pairs: dict[tuple[str, str], tuple[tuple[tuple[float, tuple[int, ...]], ...], float]] = {}
+        self._pairs: dict[tuple[str, str], tuple[tuple[tuple[float, float, tuple[int, ...]], ...], float]] = {}
         self._latency = topo.latency_s.tolist()
 
-    def _pair(self, src: str, dst: str) -> tuple[tuple[tuple[float, tuple[int, ...]], ...], float]:
-        """The paths between two GPUs and the largest of their latencies (the same pairs recur in many patterns)."""
+    def _pair(self, src: str, dst: str) -> tuple[tuple[tuple[float, float, tuple[int, ...]], ...], float]:
+        """The weighted paths between two GPUs and the largest of their latencies (the same pairs recur in many
+        patterns)."""
         hit = self._pairs.get((src, dst))
         if hit is None:
-            paths = self.topo.paths(src, dst)
-            latency = max((sum(self._latency[link] for link in links) for _, links in paths), default=0.0)
+            paths = self.topo.weighted_paths(src, dst)
+            latency = max((sum(self._latency[link] for link in links) for _, _, links in paths), default=0.0)
             hit = self._pairs[(src, dst)] = (paths, float(latency))
         return hit
 
@@ -119,19 +125,22 @@ class RouteCache:
         if hit is not None:
             self._cache[key] = hit
             return hit
-        sub_flow, sub_frac, entry_flow, entry_link = [], [], [], []
+        sub_flow, sub_frac, sub_weight, entry_flow, entry_link = [], [], [], [], []
         flow_latency = np.zeros(src.size)
         for f, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
             paths, flow_latency[f] = self._pair(gpus[s], gpus[d])
-            for frac, links in paths:
+            for frac, weight, links in paths:
                 sub = len(sub_flow)
                 sub_flow.append(f)
                 sub_frac.append(frac)
+                sub_weight.append(weight)
                 entry_flow.extend([sub] * len(links))
                 entry_link.extend(links)
         latency = float(flow_latency.max()) if src.size else 0.0
+        weights = np.array(sub_weight)
         routes = Routes(np.array(sub_flow, dtype=np.int64), np.array(sub_frac), np.array(entry_flow, dtype=np.int64),
-                        np.array(entry_link, dtype=np.int64), latency, flow_latency)
+                        np.array(entry_link, dtype=np.int64), latency, flow_latency,
+                        None if (weights == 1.0).all() else weights)
         self._cache[key] = self._by_content[content] = routes
         return routes
 
@@ -152,7 +161,7 @@ class PhaseRecord:
         capacity: the links' (bytes/s), for a phase that ran alone (its rates are recomputed, not kept)."""
         rates = self.rates
         if rates is None:
-            alone = isolated_timeline(self.flows.entry_flow, self.flows.entry_link, np.ones(self.flows.sizes.size),
+            alone = isolated_timeline(self.flows.entry_flow, self.flows.entry_link, self.flows.weights,
                                       self.flows.sizes, capacity)
             starts = [0.0] + [end for end, _ in alone.segments[:-1]]
             rates = [(self.start_s + s, rate) for s, (_, rate) in zip(starts, alone.segments, strict=True)]
@@ -259,7 +268,7 @@ class CollectiveRunner:
             if len(by_sizes) < 2:
                 continue  # nothing to share the array operations with: solved when recorded
             solved = isolated_timelines(flows.entry_flow, flows.entry_link, np.stack(list(by_sizes.values())),
-                                        self.network.capacity)
+                                        self.network.capacity, flows.weight)
             for raw, timeline in zip(by_sizes, solved, strict=True):
                 self._solved.put((pattern, raw), timeline)
 
@@ -276,7 +285,7 @@ class CollectiveRunner:
         pattern = (key, phase.src.tobytes(), phase.dst.tobytes())
         routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
         flows = PhaseFlows(routes.entry_flow, routes.entry_link, phase.sizes[routes.sub_flow] * routes.sub_fraction,
-                           key=pattern)
+                           weight=routes.sub_weight, key=pattern)
         return routes, flows, phase_delay_s(phase, self.overhead_s, routes.latency_s)
 
     def _phase(self, phase: Phase, gpus: tuple[str, ...], key: Hashable, waits: list[simpy.Event]) -> PhaseProcess:
@@ -312,9 +321,10 @@ class CollectiveRunner:
         links = np.unique(np.concatenate(entry_links)) if entry_links else np.zeros(0, dtype=np.int64)
         link_bytes = np.zeros(self.network.capacity.shape[0])
         for f in started:
-            link_bytes += np.bincount(f.entry_link, weights=f.sizes[f.entry_flow], minlength=link_bytes.shape[0])
+            link_bytes += np.bincount(f.entry_link, weights=(f.sizes * f.weights)[f.entry_flow],
+                                      minlength=link_bytes.shape[0])
         return IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
-                           num_flows=sum(f.sizes.shape[0] for f in started), phases=records)
+                           num_flows=int(sum(f.weights.sum() for f in started)), phases=records)
 
     def _record_chain(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> list[PhaseRecord]:
         """Phases that run one after another (the split exchange, then the data; rounds) each run alone: their
@@ -342,7 +352,7 @@ class CollectiveRunner:
         known = (flows.key, flows.sizes.tobytes())
         timeline = self._solved.pop(known) or self._small_runs.get(known)
         if timeline is None:
-            timeline = isolated_timeline(flows.entry_flow, flows.entry_link, np.ones(sizes.shape[0]), sizes,
+            timeline = isolated_timeline(flows.entry_flow, flows.entry_link, flows.weights, sizes,
                                          self.network.capacity)
             if timeline.num_floats <= SMALL_RUN_FLOATS:
                 _bounded_put(self._small_runs, known, timeline)
@@ -367,7 +377,8 @@ class CollectiveRunner:
                 yield env.timeout(delay)
             rec.start_s = env.now
             net.last_set = None
-            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, key=rec.flows.key)
+            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, weight=rec.flows.weight,
+                             key=rec.flows.key)
             flow_set = net.last_set
             finish = yield done
             rec.end_s, rec.finish_s = env.now, np.asarray(finish)
@@ -410,8 +421,8 @@ class CollectiveRunner:
             elif rec.flows is not None and rec.start_s <= t:
                 remaining, finish = rec.state_at(t, self.network.capacity)
                 ev = self.env.event()
-                adopted.append(self.network.adopt(rec.flows.entry_flow, rec.flows.entry_link, remaining,
-                                                  finish + t0, t0 + rec.start_s, ev))
+                adopted.append(self.network.adopt(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.weights,
+                                                  remaining, finish + t0, t0 + rec.start_s, ev))
                 events.append(ev)
             else:
                 events.append(self.env.process(self._resume(index, phases[index], rec, events, t0, gpus, key)))
@@ -438,4 +449,5 @@ class CollectiveRunner:
             wait = t0 + rec.start_s - self.env.now
         if wait > 0:
             yield self.env.timeout(wait)
-        yield self.network.start(flows.entry_flow, flows.entry_link, flows.sizes, key=flows.key, counted=False)
+        yield self.network.start(flows.entry_flow, flows.entry_link, flows.sizes, weight=flows.weight, key=flows.key,
+                                 counted=False)

@@ -131,19 +131,19 @@ BATCH_MAX_CELLS = 1 << 15  # flows x links of a flow set up to which timelines a
 
 
 def isolated_timelines(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
-                       capacity: np.ndarray) -> list[Timeline]:
+                       capacity: np.ndarray, weight: np.ndarray | None = None) -> list[Timeline]:
     """isolated_timeline of K flow sets that share one route structure (one flow per entry_flow index, weight
-    1), sizes[K, flows]: solved side by side, each wave of every set in the same array operations.
+    1 unless given), sizes[K, flows]: solved side by side, each wave of every set in the same array operations.
 
-    Progressive filling from zero at every wave, over a dense flow x link incidence: loads are sums of ones,
-    so every rate, end and saturation is the one max_min_rates gives on that set's live flows, bit for bit.
+    Progressive filling from zero at every wave, over a dense flow x link incidence: loads are sums of the
+    weights, so every rate, end and saturation is the one max_min_rates gives on that set's live flows.
     For small sets (flows x links up to BATCH_MAX_CELLS), where the cost of a wave is that of the array
     operations, not their size."""
     sizes = np.atleast_2d(np.asarray(sizes, dtype=float))
     num_sets, num_flows = sizes.shape
     links, local = np.unique(entry_link, return_inverse=True)
     crosses = np.zeros((num_flows, links.size))
-    np.add.at(crosses, (entry_flow, local), 1.0)
+    np.add.at(crosses, (entry_flow, local), 1.0 if weight is None else weight[entry_flow])
     cap_full = capacity[links].astype(float)
     floor = 1e-9 * cap_full  # a link whose spare capacity falls below this is saturated
     remaining = sizes.copy()

@@ -149,12 +149,12 @@ class FlowNetwork:
             self.release(r)
             r.on_break()
 
-    def adopt(self, entry_flow: np.ndarray, entry_link: np.ndarray, remaining: np.ndarray, finish_s: np.ndarray,
-              t_start: float, done: simpy.Event) -> FlowSet:
-        """Add a flow set that has been running since t_start (bytes still to send, finish times of the flows that
-        have ended, NaN for the others); the caller resolves it (resolve_sets)."""
+    def adopt(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, remaining: np.ndarray,
+              finish_s: np.ndarray, t_start: float, done: simpy.Event) -> FlowSet:
+        """Add a flow set that has been running since t_start (flow weights, bytes still to send, finish times of
+        the flows that have ended, NaN for the others); the caller resolves it (resolve_sets)."""
         links = np.unique(entry_link)
-        fs = FlowSet(entry_flow, entry_link, np.ones(remaining.shape[0]), remaining, done, self.env.now, links,
+        fs = FlowSet(entry_flow, entry_link, weight, remaining, done, self.env.now, links,
                      self.num_sets)
         fs.t_start, fs.finish_s = t_start, finish_s
         self.num_sets += 1

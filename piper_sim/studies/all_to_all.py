@@ -122,16 +122,19 @@ class StudySpec:
 
 
 def build_topology(spec: StudySpec, nodes: int) -> tuple[Topology, list[str]]:
-    """The machine for `nodes` nodes. With mean-field detours the outside groups of a dragonfly's whole
-    machine are aggregated by class (exact for that routing; piper_sim.topology.dragonfly), unless set."""
+    """The machine for `nodes` nodes, a dragonfly's detours as --valiant says. With mean-field detours the outside
+    groups of a dragonfly's whole machine are aggregated by class (exact for that routing;
+    piper_sim.topology.dragonfly), unless set."""
     raw = read_topology_mapping(spec.topology)
     params = {**(raw.get("params") or {}), **spec.topology_params, "num_nodes": nodes}
     if spec.routing is not None:
         params["routing"] = spec.routing
     if spec.scope is not None:
         params["network_scope"] = spec.scope
-    if spec.valiant == "spread" and "outside_groups" not in spec.topology_params and raw.get("builder") in DRAGONFLIES:
-        params["outside_groups"] = "aggregate"
+    if raw.get("builder") in DRAGONFLIES:
+        params["valiant"] = spec.valiant  # the topology's own routes agree with the study's route table
+        if spec.valiant == "spread" and "outside_groups" not in spec.topology_params:
+            params["outside_groups"] = "aggregate"
     topo = load_topology({**raw, "params": params})
     return topo, place(topo, topo.num_gpus, spec.placement)
 

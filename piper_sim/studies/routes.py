@@ -21,11 +21,11 @@ import numpy as np
 
 from piper_sim.errors import PiperError
 from piper_sim.sim.aggregate import dense_rows
-from piper_sim.studies.spread import Closures, closure_blocks, spread_switch_paths
 from piper_sim.topology.build_dgx import RailFatTree
 from piper_sim.topology.builders import ecmp_router, uniform_router
 from piper_sim.topology.dragonfly import DragonflyFabric
 from piper_sim.topology.graph import Topology
+from piper_sim.topology.spread import Closures, closure_blocks, spread_switch_paths
 from piper_sim.topology.structured import StructuredRouter, _chain_ids
 
 U64 = np.uint64
@@ -88,7 +88,7 @@ class RouteTable:
 
     def __init__(self, topo: Topology, gpus: Sequence[str], *, spread: bool = False,
                  max_sub_flows: int | None = None) -> None:
-        """spread=True: mean-field Valiant detours on dragonflies (piper_sim.studies.spread).
+        """spread=True: mean-field Valiant detours on dragonflies (piper_sim.topology.spread).
 
         max_sub_flows: refuse (TooManyFlows) to route more paths than this (memory grows ~1 KB per path).
         """
@@ -103,7 +103,7 @@ class RouteTable:
 
     def merge_detours(self, generators: list[dict[str, str]]) -> None:
         """Merge each pair's mean-field detours that these automorphisms of the whole flow set (verified,
-        studies.symmetry) map onto each other (studies.spread.all_detours); the caller's link orbits must be
+        studies.symmetry) map onto each other (topology.spread.all_detours); the caller's link orbits must be
         those of the same automorphisms."""
         if self.spread:
             self.closures = closure_blocks(self.topo.router.fabric, generators)

@@ -87,7 +87,7 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
     """Route, reduce and lump the phases' flows.
 
     symmetric=True asserts the traffic is host-invariant (the reduction is used when the routing is
-    host-symmetric too); spread=True routes dragonfly detours mean-field (piper_sim.studies.spread).
+    host-symmetric too); spread=True routes dragonfly detours mean-field (piper_sim.topology.spread).
     """
     t0 = time.perf_counter()
     table = RouteTable(topo, gpus, spread=spread, max_sub_flows=max_sub_flows)

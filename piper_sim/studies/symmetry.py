@@ -25,9 +25,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from piper_sim.studies.spread import spread_switch_paths
 from piper_sim.topology.dragonfly import DragonflyFabric
 from piper_sim.topology.graph import Topology
+from piper_sim.topology.spread import spread_switch_paths
 from piper_sim.topology.structured import StructuredRouter
 
 SwitchMap = dict[str, str]
@@ -202,7 +202,7 @@ def extend(topo: Topology, classes: dict[int, int], spread: bool, flows: list[Ph
     (class s, GPU i, class d, GPU j) is the orbit of its class pair (with same-host / same-class / other
     kind) times (i, j). Returns the new representatives, the link orbit of every link under the group of
     all verified automorphisms, links per orbit and those automorphisms (the caller may merge a pair's
-    paths that they map onto each other: studies.spread); None when none is found or the spot check fails.
+    paths that they map onto each other: topology.spread); None when none is found or the spot check fails.
     """
     gens = class_automorphisms(topo, classes, spread)
     if not gens:

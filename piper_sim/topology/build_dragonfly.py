@@ -25,6 +25,7 @@ from piper_sim.topology.structured import LocalLink, NodeModel, StructuredRouter
 from piper_sim.units import positive_int, read_params, si_key
 
 ROUTING_MODES = ("minimal", "valiant", "adaptive")
+VALIANT_MODES = ("hashed", "spread")
 SCOPES = ("machine", "job")
 OUTSIDE_MODES = ("exact", "aggregate")
 WHERE = "topology.params."
@@ -36,7 +37,7 @@ FABRIC_SCHEMA: dict[str, object] = {
     "local_bandwidth_GBps": 25.0, "local_latency_us": 0.1,
     "global_links_per_group_pair": 4, "global_bandwidth_GBps": 25.0, "global_latency_us": 0.5,
     "nic_bandwidth_GBps": 25.0, "nic_latency_us": 0.1, "switch_latency_us": 0.35,
-    "routing": "minimal", "adaptive_minimal_fraction": 0.5, "seed": 0, "message_overhead_us": 2.0,
+    "routing": "minimal", "valiant": "hashed", "adaptive_minimal_fraction": 0.5, "seed": 0, "message_overhead_us": 2.0,
     "network_scope": "machine", "outside_groups": "exact", "background_load": 0.0, "allocation": "contiguous",
 }
 
@@ -106,7 +107,8 @@ def read_dragonfly_spec(p: dict, num_nodes: int, nics_per_node: int, where: str 
     return DragonflySpec(num_groups=groups if groups is not None else needed, switches_per_group=switches,
                          nodes_per_switch=per_switch, nics_per_node=nics_per_node,
                          nic_switch_spread=p["nic_switch_spread"], global_links_per_group_pair=links,
-                         routing=p["routing"], adaptive_minimal_fraction=frac, positions=tuple(positions),
+                         routing=p["routing"], valiant=_choice(p, "valiant", VALIANT_MODES, where),
+                         adaptive_minimal_fraction=frac, positions=tuple(positions),
                          network_scope=_choice(p, "network_scope", SCOPES, where),
                          outside_groups=_choice(p, "outside_groups", OUTSIDE_MODES, where),
                          background=_background(p["background_load"], where))

@@ -20,7 +20,7 @@ its global links to job groups land on, all-to-all joined, and those global link
 outside groups carry none of the job's traffic and are not built). With outside_groups "aggregate", outside
 groups that attach to every job group at the same switches on both ends (the same "signature") are one
 class: one representative is built with its links' capacity times the class size, and mean-field detours
-through it count the class size (piper_sim.studies.spread). Swapping two groups of a class maps the job's
+through it count the class size (piper_sim.topology.spread). Swapping two groups of a class maps the job's
 network onto itself, so this orbit quotient is exact for the mean-field routing; hashed detours (one
 outside group per GPU pair) need the exact groups (outside_groups "exact"). With network_scope "job" only
 the job groups exist (non-minimal routes see only them). With a single job group no route leaves it and
@@ -35,6 +35,9 @@ other group of the machine; job scope: the other job groups), <= 5 hops, chosen 
 hash (inside one group: through an intermediate switch); "adaptive" = a split, adaptive_minimal_fraction on the
 minimal paths and the rest on the Valiant path: a fixed share, or "auto", the share that balances the minimal
 and the idle non-minimal links (minimal_fraction). With no intermediate group Valiant falls back to minimal.
+valiant "hashed" (default) takes one detour per GPU pair as above; "spread" spreads the Valiant share over
+every detour as a fluid (piper_sim.topology.spread: sub-flows that count 1/K of a flow each in the max-min
+sharing, so weighted_switch_paths carries a flow weight per path; switch_paths gives their byte shares).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import networkx as nx
 import numpy as np
 
 from piper_sim.errors import ConfigError
+from piper_sim.topology.spread import WeightedSwitchPaths, spread_switch_paths
 from piper_sim.topology.structured import SwitchPaths, dedupe
 
 
@@ -59,6 +63,7 @@ class DragonflySpec:
     nic_switch_spread: bool
     global_links_per_group_pair: int
     routing: str = "minimal"
+    valiant: str = "hashed"  # or "spread": the mean-field detours of piper_sim.topology.spread
     adaptive_minimal_fraction: float | str = 0.5  # or "auto" (DragonflyFabric.minimal_fraction)
     positions: tuple[int, ...] = ()  # machine node position of every host (empty: host h at position h)
     network_scope: str = "machine"
@@ -86,6 +91,7 @@ class DragonflyFabric:
         self.built_groups = tuple(sorted(self.job_groups + tuple({r for r, _ in self.outside.values()})))
         self._where = {self.switch_name(g, s): (g, s) for g in self.built_groups for s in self._switches_of(g)}
         self._minimal_cache: dict[tuple[str, str], SwitchPaths] = {}
+        self._spread_paths: dict[tuple[str, str], WeightedSwitchPaths] = {}
 
     # ---- structure -------------------------------------------------------------------------------
     @staticmethod
@@ -197,7 +203,19 @@ class DragonflyFabric:
                                num_links=size)
 
     # ---- routing -----------------------------------------------------------------------------
+    def weighted_switch_paths(self, src: str, dst: str, flow_key: int) -> WeightedSwitchPaths:
+        """((byte fraction per unit of weight, flow weight, switches), ...): weight 1 for every path but the
+        mean-field detours of valiant spread (cached per switch pair: they do not depend on the flow)."""
+        if self.spec.valiant != "spread":
+            return tuple((f, 1.0, seq) for f, seq in self.switch_paths(src, dst, flow_key))
+        hit = self._spread_paths.get((src, dst))
+        if hit is None:
+            hit = self._spread_paths[(src, dst)] = spread_switch_paths(self, src, dst)
+        return hit
+
     def switch_paths(self, src: str, dst: str, flow_key: int) -> SwitchPaths:
+        if self.spec.valiant == "spread":
+            return tuple((f * w, seq) for f, w, seq in self.weighted_switch_paths(src, dst, flow_key))
         if src == dst:
             return ((1.0, (src,)),)
         mode = self.spec.routing

@@ -48,6 +48,7 @@ class Topology:
 
     def __post_init__(self) -> None:
         self._route_cache: dict[tuple[str, str], tuple[tuple[float, tuple[int, ...]], ...]] = {}
+        self._weighted_cache: dict[tuple[str, str], tuple[tuple[float, float, tuple[int, ...]], ...]] = {}
         for u, v, data in self.graph.edges(data=True):
             bw = data.get("bandwidth_bytes_per_s")
             if bw is None or not bw > 0:
@@ -109,6 +110,19 @@ class Topology:
                 result = ((1.0, self._shortest_links(src, dst)),)
         self._route_cache[key] = result
         return result
+
+    def weighted_paths(self, src: str, dst: str) -> tuple[tuple[float, float, tuple[int, ...]], ...]:
+        """paths() with how many flows each path counts as in the max-min sharing: ((fraction, weight,
+        link ids), ...), the path moving fraction x weight of the bytes. The weight is 1 for every path but
+        a dragonfly's mean-field detours (valiant: spread, piper_sim.topology.spread), 1/K of a flow each."""
+        weighted = getattr(self.router, "weighted", None)
+        if weighted is None or src == dst:
+            return tuple((f, 1.0, links) for f, links in self.paths(src, dst))
+        key = (src, dst)
+        cached = self._weighted_cache.get(key)
+        if cached is None:
+            cached = self._weighted_cache[key] = weighted(self, src, dst)
+        return cached
 
     def _shortest_links(self, src: str, dst: str) -> tuple[int, ...]:
         try:

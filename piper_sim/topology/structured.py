@@ -22,6 +22,7 @@ import networkx as nx
 from piper_sim.topology.graph import Topology
 
 WeightedPaths = tuple[tuple[float, tuple[int, ...]], ...]
+FlowWeightedPaths = tuple[tuple[float, float, tuple[int, ...]], ...]  # (byte fraction per unit weight, weight, links)
 SwitchPaths = tuple[tuple[float, tuple[str, ...]], ...]
 MASK64 = (1 << 64) - 1
 
@@ -171,19 +172,25 @@ class StructuredRouter:
     _switch_ids: dict[tuple[str, ...], tuple[int, ...]] = field(default_factory=dict, repr=False)
 
     def __call__(self, topo: Topology, src: str, dst: str) -> WeightedPaths:
+        return tuple((frac * weight, links) for frac, weight, links in self.weighted(topo, src, dst))
+
+    def weighted(self, topo: Topology, src: str, dst: str) -> FlowWeightedPaths:
+        """((byte fraction per unit of weight, flow weight, link ids), ...) (Topology.weighted_paths)."""
         a, b = topo.graph.nodes[src], topo.graph.nodes[dst]
         if a.get("kind") != "gpu" or b.get("kind") != "gpu":
-            return ((1.0, topo._shortest_links(src, dst)),)
+            return ((1.0, 1.0, topo._shortest_links(src, dst)),)
         hs, i, hd, j = a["host"], a["local_index"], b["host"], b["local_index"]
         index = topo.link_index
         if hs == hd:
-            return ((1.0, _chain_ids(index, [f"n{hs}.{x}" for x in self.node.gpu_paths[(i, j)]])),)
+            return ((1.0, 1.0, _chain_ids(index, [f"n{hs}.{x}" for x in self.node.gpu_paths[(i, j)]])),)
         ks, kd = self.node.route_nics(i, j)
         up = self._up_ids(index, hs, i, ks)
         down = self._down_ids(index, hd, kd, j)
-        paths = self.fabric.switch_paths(self.fabric.nic_switch(hs, ks), self.fabric.nic_switch(hd, kd),
-                                         mix64(self.seed, hs, i, hd, j))
-        return tuple((frac, up + self._switch_chain(index, seq) + down) for frac, seq in paths)
+        ends, key = (self.fabric.nic_switch(hs, ks), self.fabric.nic_switch(hd, kd)), mix64(self.seed, hs, i, hd, j)
+        weighted = getattr(self.fabric, "weighted_switch_paths", None)
+        paths = (weighted(*ends, key) if weighted
+                 else tuple((f, 1.0, seq) for f, seq in self.fabric.switch_paths(*ends, key)))
+        return tuple((frac, weight, up + self._switch_chain(index, seq) + down) for frac, weight, seq in paths)
 
     def _up_ids(self, index: dict, host: int, i: int, k: int) -> tuple[int, ...]:
         key = (host, i, k)

@@ -1,24 +1,29 @@
 """Mean-field adaptive routing on a dragonfly: the non-minimal share spread evenly over every detour.
 
-The dragonfly router (piper_sim.topology.dragonfly) sends each GPU pair's Valiant share over ONE
-detour picked by a seeded hash of the pair, a stand-in for Slingshot's per-packet adaptive routing. Over
-millions of pairs the hash spreads load almost evenly, but no two links see exactly the same flows, so
-no two flows share a rate and an exact max-min run has about one completion event per flow: beyond a
-few thousand GPU pairs that is out of reach. Here the same share is spread over all K detours, as a
-fluid: K sub-flows of weight 1/K (each stands for 1/K of a flow and moves 1/K of the Valiant bytes), so
-each pair still counts as one Valiant flow in the max-min sharing, and the link loads are the expected
-loads of the hashed choice. Routes then depend on hosts only through their switches, which restores the
-host symmetry the exact reductions need. It is a different (mean-field) routing model, selected
-explicitly, never a silent substitute. Detours through a class of aggregated outside groups (the whole
-machine behind the job, piper_sim.topology.dragonfly) are one sub-flow of weight size/K through the class's
-representative, whose links carry the class's capacity: the orbit quotient of the K-detour spread, exact.
+By default (valiant: hashed) the dragonfly router (piper_sim.topology.dragonfly) sends each GPU pair's
+Valiant share over ONE detour picked by a seeded hash of the pair, a stand-in for Slingshot's per-packet
+adaptive routing. Over millions of pairs the hash spreads load almost evenly, but no two links see exactly
+the same flows, so no two flows share a rate and an exact max-min run has about one completion event per
+flow: beyond a few thousand GPU pairs that is out of reach. Here the same share is spread over all K
+detours, as a fluid: K sub-flows of weight 1/K (each stands for 1/K of a flow and moves 1/K of the Valiant
+bytes), so each pair still counts as one Valiant flow in the max-min sharing, and the link loads are the
+expected loads of the hashed choice. Routes then depend on hosts only through their switches, which restores
+the host symmetry the exact reductions need. It is a different (mean-field) routing model, selected
+explicitly (the dragonfly parameter `valiant: spread`, or the all-to-all study's --valiant), never a silent
+substitute. Detours through a class of aggregated outside groups (the whole machine behind the job,
+piper_sim.topology.dragonfly) are one sub-flow of weight size/K through the class's representative, whose
+links carry the class's capacity: the orbit quotient of the K-detour spread, exact.
 Must not import simpy or torch.
 """
 
 from __future__ import annotations
 
-from piper_sim.topology.dragonfly import DragonflyFabric
+from typing import TYPE_CHECKING
+
 from piper_sim.topology.structured import dedupe
+
+if TYPE_CHECKING:  # the fabric selects this routing (valiant: spread) and passes itself in
+    from piper_sim.topology.dragonfly import DragonflyFabric
 
 WeightedSwitchPaths = tuple[tuple[float, float, tuple[str, ...]], ...]  # (byte fraction, flow weight, switches)
 

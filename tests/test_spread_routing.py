@@ -1,0 +1,89 @@
+"""Mean-field dragonfly detours in the training simulator (topology parameter valiant: spread): each GPU pair's
+Valiant share spread over every detour as sub-flows of weight 1/K (piper_sim.topology.spread). The engine's
+weighted flows are held to the all-to-all study's own vectorized route table and runner (independent code that
+routes the same mean field), and the topology's weighted paths to its byte shares."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+
+from piper_sim.collectives.algorithms import ALL_TO_ALL
+from piper_sim.config import load_config
+from piper_sim.errors import ConfigError
+from piper_sim.sim.collective import CollectiveRunner
+from piper_sim.sim.network import FlowNetwork
+from piper_sim.simulate import simulate
+from piper_sim.studies.routes import RouteTable
+from piper_sim.studies.runner import prepare
+from piper_sim.studies.runner import simulate as study_simulate
+from piper_sim.topology.load import load_topology
+
+SPREAD = {"valiant": "spread", "routing": "adaptive", "adaptive_minimal_fraction": "auto"}
+TOPOLOGIES = [{"preset": "frontier", "params": {"valiant": "spread"}},
+              {"preset": "dragonfly", "params": {"num_groups": 3, **SPREAD}}]
+
+
+def engine_time(phases, topo) -> float:
+    env = simpy.Environment()
+    env.run(CollectiveRunner(env, FlowNetwork(env, topo.capacity_bytes_per_s), topo).run(phases, tuple(topo.gpus), 0))
+    return env.now
+
+
+@pytest.mark.parametrize("spec", TOPOLOGIES)
+def test_weighted_paths_carry_the_byte_shares_of_paths(spec):
+    topo = load_topology(spec, 48)
+    rng = np.random.default_rng(0)
+    pairs = [(int(a), int(b)) for a, b in rng.integers(0, topo.num_gpus, (200, 2)) if a != b]
+    detours = 0
+    for s, d in pairs:
+        weighted = topo.weighted_paths(topo.gpus[s], topo.gpus[d])
+        assert sum(f * w for f, w, _ in weighted) == pytest.approx(1.0, rel=1e-12)
+        assert [(f * w, links) for f, w, links in weighted] == list(topo.paths(topo.gpus[s], topo.gpus[d]))
+        detours += sum(w < 1 for _, w, _ in weighted)
+    assert detours > 0  # the sample crosses switches, so the mean field shows
+
+
+@pytest.mark.parametrize("spec", TOPOLOGIES)
+def test_engine_weighted_paths_match_the_study_route_table(spec):
+    topo = load_topology(spec, 48)
+    src, dst = np.nonzero(~np.eye(topo.num_gpus, dtype=bool))
+    sf = RouteTable(topo, topo.gpus, spread=True).sub_flows(src, dst)
+    got: dict[int, list] = {}
+    for k in range(sf.pair.size):
+        links = tuple(sf.entry_link[sf.entry_flow == k].tolist())
+        got.setdefault(int(sf.pair[k]), []).append((round(float(sf.fraction[k]), 12), round(float(sf.weight[k]), 12),
+                                                     links))
+    for p in range(0, src.size, 7):
+        expect = [(round(f, 12), round(w, 12), links)
+                  for f, w, links in topo.weighted_paths(topo.gpus[src[p]], topo.gpus[dst[p]])]
+        assert sorted(got[p]) == sorted(expect)
+
+
+@pytest.mark.parametrize("spec", TOPOLOGIES)
+@pytest.mark.parametrize("matrix", ["uniform", "uneven"])
+def test_engine_all_to_all_with_spread_detours_equals_the_study(spec, matrix):
+    topo = load_topology(spec, 48)
+    n = topo.num_gpus
+    m = (np.full((n, n), 2.0**20) if matrix == "uniform"
+         else np.random.default_rng(0).exponential(1e6, (n, n)) * (np.random.default_rng(1).random((n, n)) < 0.5))
+    phases = ALL_TO_ALL.get("flat")(m, topo.gpus, topo)
+    study = study_simulate(prepare(phases, topo.gpus, topo, spread=True, lump_flows=False), topo).time_s
+    assert engine_time(phases, topo) == pytest.approx(study, rel=1e-9)
+
+
+def test_spread_detours_change_the_prediction_and_say_how_many_flows():
+    base = {"model": {"preset": "small-moe", "num_experts": 16}, "collectives": {"all_to_all": "flat"},
+            "parallel": {"pp": 1, "ep": 16, "dp": 2, "num_microbatches": 2}}
+    hashed = simulate(load_config({**base, "topology": "frontier"}))
+    spread = simulate(load_config({**base, "topology": {"preset": "frontier", "params": {"valiant": "spread"}}}))
+    assert spread.report.step_time_s != hashed.report.step_time_s
+    # a flow is counted once however many detours carry it (weights sum to one Valiant flow per pair)
+    assert spread.stats["num_flows"] == hashed.stats["num_flows"]
+
+
+def test_an_unknown_valiant_mode_is_refused_by_name():
+    with pytest.raises(ConfigError, match="valiant") as err:
+        load_topology({"preset": "frontier", "params": {"valiant": "random"}}, 16)
+    assert "hashed" in str(err.value) and "spread" in str(err.value)
