@@ -22,6 +22,12 @@ CASES = {
                             "collectives": {"all_to_all": "halo"}, "routing": {"kind": "zipf", "exponent": 1.2},
                             "migration": {"enabled": True, "policy": "greedy"}, "sim": {"steps": 2},
                             "parallel": {"pp": 2, "ep": 16, "num_microbatches": 4}},
+    # mean-field dragonfly detours (flows of weight 1/K); two EP groups on one chassis' switches start their
+    # all-to-alls together, layer after layer (one reservation of their run together)
+    "flat-frontier-spread": {"model": {"preset": "small-moe", "num_experts": 16},
+                             "topology": {"preset": "frontier", "params": {"valiant": "spread"}},
+                             "collectives": {"all_to_all": "flat"},
+                             "parallel": {"pp": 1, "ep": 16, "dp": 2, "num_microbatches": 4}},
 }
 
 

@@ -73,14 +73,29 @@ def test_engine_all_to_all_with_spread_detours_equals_the_study(spec, matrix):
     assert engine_time(phases, topo) == pytest.approx(study, rel=1e-9)
 
 
-def test_spread_detours_change_the_prediction_and_say_how_many_flows():
+def test_spread_detours_load_every_detour_alike_and_count_each_flow_once():
     base = {"model": {"preset": "small-moe", "num_experts": 16}, "collectives": {"all_to_all": "flat"},
             "parallel": {"pp": 1, "ep": 16, "dp": 2, "num_microbatches": 2}}
-    hashed = simulate(load_config({**base, "topology": "frontier"}))
-    spread = simulate(load_config({**base, "topology": {"preset": "frontier", "params": {"valiant": "spread"}}}))
-    assert spread.report.step_time_s != hashed.report.step_time_s
+    runs = {v: simulate(load_config({**base, "topology": {"preset": "frontier", "params": {"valiant": v}}}))
+            for v in ("hashed", "spread")}
+    # the 4 nodes' NICs sit on switches 0-3 of group 0; a detour from switch a enters one of the 28 others
+    into_idle = {}
+    for valiant, run in runs.items():
+        links = run.links.set_index("link")["bytes"]
+        into_idle[valiant] = np.array([[links.get(f"g0.sw{a}->g0.sw{m}", 0.0) for m in range(4, 32)]
+                                       for a in range(4)])
+    spread, hashed = into_idle["spread"], into_idle["hashed"]
+    assert spread.min() > 0
+    np.testing.assert_allclose(spread, np.repeat(spread[:, :1], 28, axis=1), rtol=1e-9)  # alike per source
+    assert (hashed.max(axis=1) > 2 * hashed.mean(axis=1)).all()  # each pair picks one detour, unevenly
+    # every detour crosses two local links in both models, a minimal path one: the same local bytes in all
+    local = {v: run.links.loc[run.links.link_kind == "local", "bytes"].sum() for v, run in runs.items()}
+    assert local["spread"] == pytest.approx(local["hashed"], rel=1e-9)
+    np.testing.assert_allclose(runs["spread"].links.set_index("link")["bytes"].filter(like="nic").sort_index(),
+                               runs["hashed"].links.set_index("link")["bytes"].filter(like="nic").sort_index(),
+                               rtol=1e-9)  # the same bytes leave and enter every NIC
     # a flow is counted once however many detours carry it (weights sum to one Valiant flow per pair)
-    assert spread.stats["num_flows"] == hashed.stats["num_flows"]
+    assert runs["spread"].stats["num_flows"] == runs["hashed"].stats["num_flows"]
 
 
 def test_an_unknown_valiant_mode_is_refused_by_name():

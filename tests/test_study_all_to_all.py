@@ -16,8 +16,8 @@ from piper_sim.sim.network import FlowNetwork
 from piper_sim.studies.all_to_all import KIND_COLUMNS, STUDY_COLUMNS, StudySpec, write_study
 from piper_sim.studies.routes import RouteTable, mix64_array
 from piper_sim.studies.runner import prepare, run_collective, simulate
-from piper_sim.topology.spread import all_detours
 from piper_sim.topology.load import load_topology
+from piper_sim.topology.spread import all_detours
 from piper_sim.topology.structured import mix64
 
 UNIFORM = {"builder": "uniform", "params": {"gpus_per_node": 8, "intra_bandwidth_GBps": 100,

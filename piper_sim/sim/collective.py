@@ -189,6 +189,32 @@ class IsolatedRun:
     phases: list[PhaseRecord]
 
 
+@dataclass(frozen=True, slots=True)
+class Starting:
+    """A multi-phase collective about to start, and the event its end fires."""
+
+    phases: list[Phase]
+    gpus: tuple[str, ...]
+    key: Hashable
+    done: simpy.Event
+
+
+def _overlapping(links: list[np.ndarray]) -> list[list[int]]:
+    """Indices of link sets grouped by shared links (transitively), each group in index order."""
+    groups: list[tuple[list[int], np.ndarray]] = []
+    for i, own in enumerate(links):
+        joined, rest = [i], []
+        union = own
+        for members, group_links in groups:
+            if np.intersect1d(union, group_links, assume_unique=True).size:
+                joined += members
+                union = np.union1d(union, group_links)
+            else:
+                rest.append((members, group_links))
+        groups = rest + [(sorted(joined), union)]
+    return sorted((members for members, _ in groups), key=lambda m: m[0])
+
+
 MAX_RECORDED_RUNS = 1024  # runs of collectives that do not repeat (skewed routing) are dropped oldest first
 
 
@@ -229,6 +255,9 @@ class CollectiveRunner:
         self._by_signature: dict[Hashable, IsolatedRun] = {}
         self._solved = SolvedAhead()
         self._small_runs: dict[Hashable, Timeline] = {}
+        self._starting: list[Starting] = []  # multi-phase collectives starting at this instant
+        self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
+        self._together: dict[Hashable, list[IsolatedRun]] = {}
         self.num_reserved = self.num_broken = 0
 
     def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0) -> simpy.Event:
@@ -236,6 +265,8 @@ class CollectiveRunner:
 
         delay_s: a host-side cost paid before the first phase (the profile's per-call overhead).
         With a single phase the event's value is each flow's finish time (seconds, absolute).
+        A multi-phase collective starts at the end of this instant, with the others that start in it
+        (_start_together).
         """
         if delay_s > 0:
             return self.env.process(self._delayed(phases, gpus, key, delay_s))
@@ -244,11 +275,43 @@ class CollectiveRunner:
             ev.succeed(np.zeros(0))
             return ev
         if len(phases) > 1 and self.reserves:
-            recorded = self._isolated_run(phases, gpus, key)
-            if not self.network.busy[recorded.links].any():
-                return self._reserve(recorded, phases, gpus, key)
+            done = self.env.event()
+            if not self._starting:
+                self.env.timeout(0).callbacks.append(self._start_together)
+            self._starting.append(Starting(phases, gpus, key, done))
+            return done
         done = start_phases(self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits))
         return done[0] if len(done) == 1 else self.env.all_of(done)
+
+    def _start_together(self, _ev: simpy.Event) -> None:
+        """The multi-phase collectives that start at this instant, grouped by shared links: a group on idle links
+        runs as one reservation of their run together (recorded once per group of collectives: the EP groups of a
+        stage start their all-to-alls together, layer after layer); on busy links its phases start as any others."""
+        starting, self._starting = self._starting, []
+        links = [self._links(c) for c in starting]
+        for cluster in _overlapping(links):
+            members = [starting[i] for i in cluster]
+            union = links[cluster[0]] if len(cluster) == 1 else np.unique(np.concatenate([links[i] for i in cluster]))
+            if self.network.busy[union].any():
+                for c in members:
+                    events = start_phases(self.env, c.phases, lambda index, phase, waits, c=c: self._phase(
+                        phase, c.gpus, (c.key, index), waits))
+                    self.env.all_of(events).callbacks.append(lambda _ev, done=c.done: done.succeed())
+            elif len(members) == 1:
+                self._reserve(members, [self._isolated_run(members[0])], union, None)
+            else:
+                self._reserve(members, self._run_together(members), union, self._replay(members))
+
+    def _links(self, c: Starting) -> np.ndarray:
+        """The links a collective's phases use (memoized as its recorded run is)."""
+        memo = (c.key, id(c.phases))
+        hit = self._link_memo.get(memo)
+        if hit is not None and hit[0] is c.phases:
+            return hit[1]
+        ids = [self._phase_flows(p, c.gpus, (c.key, i))[1].entry_link for i, p in enumerate(c.phases) if p.src.size]
+        links = np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
+        _bounded_put(self._link_memo, memo, (c.phases, links))
+        return links
 
     def solve_ahead(self, collectives: list[list[Phase]], gpus: tuple[str, ...], key: Hashable) -> None:
         """Collectives of these members and key that are to run (e.g. a step's skewed all-to-alls of one layer):
@@ -298,24 +361,48 @@ class CollectiveRunner:
         return finish
 
     # ---- reservations ----------------------------------------------------------------------------
-    def _isolated_run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> IsolatedRun:
+    @staticmethod
+    def _signature(c: Starting) -> Hashable:
+        """What a collective's run depends on: its members and its phases' contents (not its name: dispatch and
+        combine of one matrix run alike)."""
+        return (c.gpus, tuple((p.src.tobytes(), p.dst.tobytes(), p.sizes.tobytes(), p.after, p.messages,
+                              p.overhead_s, p.delay_s) for p in c.phases))
+
+    def _isolated_run(self, c: Starting) -> IsolatedRun:
         """The collective's course alone on the network (recorded in a private one; memoized)."""
-        memo = (key, id(phases))  # callers pass the same list again for a collective that repeats
+        memo = (c.key, id(c.phases))  # callers pass the same list again for a collective that repeats
         hit = self._runs.get(memo)
-        if hit is not None and hit[0] is phases:
+        if hit is not None and hit[0] is c.phases:
             return hit[1]
         # a new list may still describe a run seen before (a backward all-to-all moves its forward's matrix)
-        signature = (key, tuple((p.src.tobytes(), p.dst.tobytes(), p.sizes.tobytes(), p.after, p.messages,
-                                 p.overhead_s, p.delay_s) for p in phases))
+        signature = self._signature(c)
         run = self._by_signature.get(signature)
         if run is None:
-            run = self._record(phases, gpus, key)
+            if _is_chain(c.phases):
+                run = self._isolated(self._record_chain(c.phases, c.gpus, c.key))
+            else:
+                run = self._isolated(self._record_events([c], log=True)[0][0])
             _bounded_put(self._by_signature, signature, run)
-        _bounded_put(self._runs, memo, (phases, run))  # the list is kept, so its id is not reused meanwhile
+        _bounded_put(self._runs, memo, (c.phases, run))  # the list is kept, so its id is not reused meanwhile
         return run
 
-    def _record(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> IsolatedRun:
-        records = self._record_chain(phases, gpus, key) if _is_chain(phases) else self._record_events(phases, gpus, key)
+    def _run_together(self, members: list[Starting]) -> list[IsolatedRun]:
+        """Collectives that start together on shared links: their course together (recorded in a private network,
+        memoized by the collectives' contents), each member's run as a record of its own."""
+        signature = tuple(self._signature(c) for c in members)
+        runs = self._together.get(signature)
+        if runs is None:
+            records, _ = self._record_events(members, log=False)
+            runs = [self._isolated(r) for r in records]
+            _bounded_put(self._together, signature, runs)
+        return runs
+
+    def _replay(self, members: list[Starting]) -> Callable[[float], dict]:
+        """State at time t of collectives run together (the course is replayed, not kept: rates of every flow at
+        every solve of a large group would take gigabytes): {(member, phase): (bytes left, finish times)}."""
+        return lambda t: self._record_events(members, log=False, until_s=t)[1]
+
+    def _isolated(self, records: list[PhaseRecord]) -> IsolatedRun:
         started = [r.flows for r in records if r.flows is not None]
         entry_links = [f.entry_link for f in started]
         links = np.unique(np.concatenate(entry_links)) if entry_links else np.zeros(0, dtype=np.int64)
@@ -358,59 +445,99 @@ class CollectiveRunner:
                 _bounded_put(self._small_runs, known, timeline)
         return timeline
 
-    def _record_events(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> list[PhaseRecord]:
-        """Phases that may overlap: run in a private flow network of their own."""
+    def _record_events(self, members: list[Starting], *, log: bool,
+                       until_s: float | None = None) -> tuple[list[list[PhaseRecord]], dict]:
+        """Collectives whose phases may overlap, run from time 0 in a private flow network of their own: each
+        member's phase records (log: with the rates of the solves of sets that did not run alone), and with
+        until_s, the state of the phases running at that time {(member, phase): (bytes left, finish times)}."""
         env = simpy.Environment()
         net = FlowNetwork(env, self.network.capacity, solved=self._solved)
-        net.log = {}
-        records = [PhaseRecord() for _ in phases]
+        net.log = {} if log else None
+        records = [[PhaseRecord() for _ in c.phases] for c in members]
+        sets: dict[tuple[int, int], object] = {}
 
-        def process(index: int, phase: Phase, waits: list[simpy.Event]) -> PhaseProcess:
+        def process(m: int, index: int, phase: Phase, waits: list[simpy.Event]) -> PhaseProcess:
             if waits:
                 yield env.all_of(waits)
-            rec = records[index]
+            rec = records[m][index]
             rec.wait_end_s = rec.start_s = rec.end_s = env.now
             if phase.src.size == 0:
                 return
-            _, rec.flows, delay = self._phase_flows(phase, gpus, (key, index))
+            _, rec.flows, delay = self._phase_flows(phase, members[m].gpus, (members[m].key, index))
             if delay > 0:
                 yield env.timeout(delay)
             rec.start_s = env.now
             net.last_set = None
             done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, weight=rec.flows.weight,
                              key=rec.flows.key)
-            flow_set = net.last_set
+            flow_set = sets[(m, index)] = net.last_set
             finish = yield done
             rec.end_s, rec.finish_s = env.now, np.asarray(finish)
-            if flow_set is None:
+            if flow_set is None or not log:
                 rec.rates = []
             elif flow_set.timeline is None:  # other flows joined it: its solves were logged
                 rec.rates = net.log.get(flow_set, [])
 
-        start_phases(env, phases, process)
-        env.run()
-        return records
+        for m, c in enumerate(members):
+            start_phases(env, c.phases, lambda index, phase, waits, m=m: process(m, index, phase, waits))
+        if until_s is None:
+            env.run()
+            return records, {}
+        if until_s > 0:
+            env.run(until=until_s)
+        state = {}
+        for where, fs in sets.items():
+            if fs is not None and fs in net.active:
+                net.advance_to_now(fs)
+                state[where] = (fs.remaining.copy(), fs.finish_s.copy())
+        return records, state
 
-    def _reserve(self, recorded: IsolatedRun, phases: list[Phase], gpus: tuple[str, ...],
-                 key: Hashable) -> simpy.Event:
-        t0, done = self.env.now, self.env.event()
-        self.network.count(recorded.link_bytes, recorded.num_flows)
-        self.num_reserved += 1
-        reservation = self.network.reserve(recorded.links,
-                                           lambda: self._break(recorded, phases, gpus, key, t0, done))
+    def _reserve(self, members: list[Starting], runs: list[IsolatedRun], links: np.ndarray,
+                 replay: Callable[[float], dict] | None) -> None:
+        """Hold the links while the collectives run as recorded; each member's done fires at its own end. If other
+        flows come onto the links, the members still running turn into flow sets (_break)."""
+        t0 = self.env.now
+        for run in runs:
+            self.network.count(run.link_bytes, run.num_flows)
+        self.num_reserved += len(members)
+        running = set(range(len(members)))
 
-        def end(_ev) -> None:
-            if reservation.live:
-                self.network.release(reservation)
-                done.succeed()
+        def on_break() -> None:
+            t = self.env.now - t0
+            replayed = replay(t) if replay is not None else None
+            adopted = []
+            for m in sorted(running):
+                c, run = members[m], runs[m]
+                if replayed is None:
+                    def state(index: int, rec: PhaseRecord) -> tuple[np.ndarray, np.ndarray]:
+                        return rec.state_at(t, self.network.capacity)
+                else:
+                    def state(index: int, rec: PhaseRecord, m=m) -> tuple[np.ndarray, np.ndarray]:
+                        hit = replayed.get((m, index))  # absent: it starts at this very instant
+                        if hit is None:
+                            return rec.flows.sizes.astype(float).copy(), np.full(rec.flows.sizes.shape[0], np.nan)
+                        return hit
+                adopted += self._break(run, c, t0, state)
+            running.clear()
+            self.network.resolve_sets(adopted)
 
-        self.env.timeout(recorded.duration_s).callbacks.append(end)
-        return done
+        reservation = self.network.reserve(links, on_break)
 
-    def _break(self, recorded: IsolatedRun, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, t0: float,
-               done: simpy.Event) -> None:
+        def end(m: int) -> None:
+            if reservation.live and m in running:
+                running.discard(m)
+                if not running:
+                    self.network.release(reservation)
+                members[m].done.succeed()
+
+        for m, run in enumerate(runs):
+            self.env.timeout(run.duration_s).callbacks.append(lambda _ev, m=m: end(m))
+
+    def _break(self, recorded: IsolatedRun, c: Starting, t0: float,
+               state: Callable[[int, PhaseRecord], tuple[np.ndarray, np.ndarray]]) -> list:
         """Another flow set needs the reserved links: the phases running now become flow sets with the bytes they
-        still have to send, those not started wait and start as in a run of every phase."""
+        still have to send (state; returned, for the caller to solve), those not started wait and start as in a
+        run of every phase."""
         self.num_broken += 1
         t = self.env.now - t0
         events: list[simpy.Event | None] = []
@@ -419,19 +546,19 @@ class CollectiveRunner:
             if rec.end_s <= t:
                 events.append(None)
             elif rec.flows is not None and rec.start_s <= t:
-                remaining, finish = rec.state_at(t, self.network.capacity)
+                remaining, finish = state(index, rec)
                 ev = self.env.event()
                 adopted.append(self.network.adopt(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.weights,
                                                   remaining, finish + t0, t0 + rec.start_s, ev))
                 events.append(ev)
             else:
-                events.append(self.env.process(self._resume(index, phases[index], rec, events, t0, gpus, key)))
-        self.network.resolve_sets(adopted)
+                events.append(self.env.process(self._resume(index, c.phases[index], rec, events, t0, c.gpus, c.key)))
         pending = [ev for ev in events if ev is not None]
         if pending:
-            self.env.all_of(pending).callbacks.append(lambda _ev: done.succeed())
+            self.env.all_of(pending).callbacks.append(lambda _ev: c.done.succeed())
         else:
-            done.succeed()
+            c.done.succeed()
+        return adopted
 
     def _resume(self, index: int, phase: Phase, rec: PhaseRecord, events: list, t0: float, gpus: tuple[str, ...],
                 key: Hashable) -> PhaseProcess:

@@ -266,6 +266,13 @@ class FlowNetwork:
         rate = max_min_rates(entry_flow[keep], entry_link[keep], weight, capacity)
         return np.where(live, rate, 0.0)
 
+    def advance_to_now(self, fs: FlowSet) -> None:
+        """Bring an active set's bytes still to send and finish times to the current time (a replay reads them)."""
+        if fs.timeline is not None:
+            self._materialize(fs)
+        else:
+            self._advance(fs)
+
     def _advance(self, fs: FlowSet) -> None:
         dt = self.env.now - fs.t_last
         if dt > 0:
