@@ -188,7 +188,7 @@ UNIFORM = {"preset": "uniform"}
 DRAGONFLY = {"preset": "dragonfly", "params": {"num_groups": 3, "routing": "minimal"}}
 DRAGONFLY_ADAPTIVE = {"preset": "dragonfly", "params": {"num_groups": 3, "routing": "adaptive", "gpus_per_node": 2,
                                                         "nics_per_node": 1, "nodes_per_switch": 1}}
-FRONTIER = {"preset": "frontier"}
+FRONTIER = {"preset": "frontier", "params": {"valiant": "hashed"}}  # one detour per pair: SimGrid flows weigh 1 each
 CASES: dict[str, Callable[[], FlowCase]] = {
     "two_flows": case_two_flows,
     "max_min": case_max_min,
