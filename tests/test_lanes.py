@@ -33,6 +33,13 @@ CASES = {
                           "parallel": {"pp": 2, "ep": 4, "tp": 2, "etp": 2, "num_microbatches": 4}},
     "zipf-dualpipe-v": {"model": "small-moe", "schedule": "dualpipe-v", **ZIPF,
                         "parallel": {"pp": 2, "ep": 4, "vpp": 2, "num_microbatches": 4}},
+    # back-to-back gradient reduce-scatters over the ep x dp groups, then the expert dp groups, whose collectives
+    # end apart (their members' routes differ in latency): each group joins the next when its own members have
+    "frontier-chained-reduce-scatters": {"model": {"preset": "small-moe", "num_experts": 16}, "topology": "frontier",
+                                         "collectives": {"all_to_all": "halo"}, "schedule": "zb-h1",
+                                         "optimizer": {"zero": 1},
+                                         "parallel": {"pp": 2, "ep": 16, "dp": 4, "tp": 2, "sp": True,
+                                                      "num_microbatches": 4}},
 }
 
 
@@ -56,7 +63,7 @@ def test_skewed_routing_uses_a_lane_per_expert_parallel_group():
 
 
 def test_lanes_do_not_fall_back_on_frontier():
-    for name in ("frontier-shared-nics", "frontier-across-nodes", "zipf-frontier"):
+    for name in ("frontier-shared-nics", "frontier-across-nodes", "zipf-frontier", "frontier-chained-reduce-scatters"):
         result = simulate(load_config(CASES[name]))
         assert not result.stats["lanes_fell_back"], name
         assert result.stats["num_lanes"] < result.report.num_gpus, name

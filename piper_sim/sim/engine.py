@@ -12,8 +12,10 @@ stage under uniform routing, each EP group of it under skewed routing. Each memb
 compute needs no event (a member's expert rows, hence its compute time and memory, are its own), and a
 member's network action (its arrival at a collective, its half of a p2p transfer) is scheduled at its clock.
 Every member's flow enters the network and collectives count every member, so contention is modelled as
-with one process per rank. A lane only goes wrong when a member's action would fall behind the simulated
-time (it would have changed what the network already did); the engine raises Asymmetry then, and the
+with one process per rank. Collectives that follow one another directly (a step's gradient reduce-scatters)
+are chained: each member arrives at the next when its own group of the last one ends, so groups whose
+collectives end apart keep their own times. A lane only goes wrong when a member's action would fall behind
+the simulated time (it would have changed what the network already did); the engine raises Asymmetry then, and the
 caller reruns with one lane per rank (see simulate.py). On shared cores (the CPU testbed) the host model
 times compute per lane, so members must agree; lanes are used there only when their compute is equal.
 """
@@ -192,8 +194,13 @@ class Simulation:
         peak = memory.copy()
         routed_extra: dict[tuple[int, int], np.ndarray] = {}  # (chunk, microbatch) -> bytes beyond a balanced load
         grew = True
+        # the collective whose groups may still run: (axis, task index, [(members, stage-local, end event)])
+        running: tuple[str, int, list[tuple[np.ndarray, np.ndarray, simpy.Event]]] | None = None
         for step in range(self.steps):
             for i, task in enumerate(plan.program):
+                if running is not None and (plan.streams[i] != 2 or plan.async_deps[i]):
+                    yield from self._settle(running, clock, end[step])
+                    running = None
                 for d in plan.async_deps[i]:
                     ev = self._async_done[(lane_id, step, d)]
                     if not ev.triggered:  # blocked on a transfer: woken when it ends
@@ -233,18 +240,21 @@ class Simulation:
                 elif stream == 2:  # collective
                     host = self.collectives.host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
                     cpu[step, local, i] = host
-                    if self.host.runs_host_work:  # the calls' host-side work runs on the rank's cores
-                        yield from self._sync(clock)
-                        start[step, local, i] = clock
-                        yield self.host.compute(lane_id, n, host)
-                        clock[:] = self.env.now
+                    if running is not None and self.host.runs_host_work:
+                        yield from self._settle(running, clock, end[step])
+                        running = None
+                    if running is not None:  # right after another: its members arrive as their groups of it end
+                        running = (task.group_axis, i, self._chain(lane, step, i, task, nbytes[step], host,
+                                                                   running[2], start[step], end[step], clock))
                     else:
-                        start[step, local, i] = clock
-                    for members, ev in self._arrive(lane, step, i, task, nbytes[step], host, clock):
-                        if not ev.triggered:
-                            yield ev
-                        clock[members] = ev.value
-                    end[step, local, i] = clock
+                        if self.host.runs_host_work:  # the calls' host-side work runs on the rank's cores
+                            yield from self._sync(clock)
+                            start[step, local, i] = clock
+                            yield self.host.compute(lane_id, n, host)
+                            clock[:] = self.env.now
+                        else:
+                            start[step, local, i] = clock
+                        running = (task.group_axis, i, self._arrive(lane, step, i, task, nbytes[step], host, clock))
                 else:
                     self._post_p2p(lane, lane_id, stage, local, step, i, task, clock)
                 if plan.mem_at_end[i]:
@@ -253,6 +263,9 @@ class Simulation:
                 if plan.mem_at_end[i] < 0:  # the (chunk, microbatch) releases its activations
                     memory -= routed_extra.pop((task.chunk, task.microbatch), 0.0)
                 self.tasks_done += n
+            if running is not None:
+                yield from self._settle(running, clock, end[step])
+                running = None
             if step == 0:
                 rec.first_step_peak_memory_bytes[list(lane)] = peak
         rec.peak_memory_bytes[list(lane)] = peak
@@ -345,17 +358,67 @@ class Simulation:
         group, the event's value the time the group's collective ends."""
         out = []
         for group, at, stage_local, in_group in self._groups_of_lane(lane, task.group_axis):
-            key = (step, group[0], i)
-            waiting = self._arrivals.get(key)
-            if waiting is None:
-                phases, sent, algo = self.collectives.phases(group[0], step, task, group)
-                waiting = self._arrivals[key] = [0, self.env.event(), phases, sent, algo]
+            waiting = self._waiting(group, step, i, task)
             nbytes[stage_local, i] = waiting[3][in_group]
             arrival = float(clock[at].max())
             members = len(at)
-            self._at(arrival, lambda g=group, w=waiting, k=key, m=members, t=arrival: self._join(g, w, k, m, t,
-                                                                                                  task, host_s))
-            out.append((at, waiting[1]))
+            self._at(arrival, lambda g=group, w=waiting, m=members, t=arrival: self._join(g, w, (step, g[0], i), m, t,
+                                                                                           task, host_s))
+            out.append((at, stage_local, waiting[1]))
+        return out
+
+    @staticmethod
+    def _settle(running: tuple[str, int, list[tuple[np.ndarray, np.ndarray, simpy.Event]]], clock: np.ndarray,
+                end: np.ndarray):
+        """Wait for each group of the running collective to end: its members' clocks and end records."""
+        _, i, groups = running
+        for at, stage_local, ev in groups:
+            if not ev.triggered:
+                yield ev
+            clock[at] = ev.value
+            end[stage_local, i] = ev.value
+
+    def _waiting(self, group: tuple[int, ...], step: int, i: int, task: Task) -> list:
+        """The arrivals at collective i of this group: [members arrived, end event, phases, bytes sent, algorithm]."""
+        key = (step, group[0], i)
+        waiting = self._arrivals.get(key)
+        if waiting is None:
+            phases, sent, algo = self.collectives.phases(group[0], step, task, group)
+            waiting = self._arrivals[key] = [0, self.env.event(), phases, sent, algo]
+        return waiting
+
+    def _chain(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray, host_s: float,
+               before: list[tuple[np.ndarray, np.ndarray, simpy.Event]], start: np.ndarray, end: np.ndarray,
+               clock: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
+        """Collective i right after collective i - 1 (e.g. a step's gradient reduce-scatters, one group axis after
+        another): each member arrives when its own group of i - 1 ends, and each group of i joins when its last
+        member has, not when the lane's last group of i - 1 ends (groups' collectives may end apart: routes of
+        different latency), so a lane of many groups stays exact."""
+        owner = np.empty(len(lane), dtype=np.int64)  # lane position -> its group of collective i - 1
+        for k, (at, stage_local, ended) in enumerate(before):
+            owner[at] = k
+
+            def ended_at(ev, at=at, sl=stage_local) -> None:
+                clock[at] = ev.value
+                end[sl, i - 1] = ev.value
+
+            ended.callbacks.append(ended_at)
+        out = []
+        for group, at, stage_local, in_group in self._groups_of_lane(lane, task.group_axis):
+            waiting = self._waiting(group, step, i, task)
+            nbytes[stage_local, i] = waiting[3][in_group]
+            needed = np.unique(owner[at]).tolist()
+            left = [len(needed)]
+
+            def arrive(_ev, g=group, w=waiting, at=at, sl=stage_local, left=left) -> None:
+                left[0] -= 1
+                if left[0] == 0:  # the group's last member has arrived: now
+                    start[sl, i] = clock[at]
+                    self._join(g, w, (step, g[0], i), len(at), float(clock[at].max()), task, host_s)
+
+            for k in needed:
+                before[k][2].callbacks.append(arrive)
+            out.append((at, stage_local, waiting[1]))
         return out
 
     def _join(self, group: tuple[int, ...], waiting: list, key: tuple, members: int, arrival_s: float, task: Task,
