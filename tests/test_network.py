@@ -142,7 +142,8 @@ def test_isolated_timeline_resumes_filling_to_the_rates_of_a_full_solve(seed):
 
 
 def test_a_phase_that_ran_alone_recomputes_its_rates_when_asked():
-    from piper_sim.sim.collective import PhaseFlows, PhaseRecord
+    from piper_sim.sim.phase_run import PhaseFlows
+    from piper_sim.sim.recording import PhaseRecord
 
     flows = PhaseFlows(np.array([0, 1]), np.array([0, 0]), np.array([100.0, 10.0]))
     # one link of 10 B/s: 5 B/s each until t = 2 (flow 1 ends), then 10 B/s for flow 0 until t = 11

@@ -51,7 +51,8 @@ def test_a_reservation_is_broken_when_other_flows_need_its_links():
 def test_a_recorded_phase_counts_every_rate_it_ran_at():
     import numpy as np
 
-    from piper_sim.sim.collective import PhaseFlows, PhaseRecord
+    from piper_sim.sim.phase_run import PhaseFlows
+    from piper_sim.sim.recording import PhaseRecord
 
     flows = PhaseFlows(np.array([0, 1]), np.array([0, 0]), np.array([100.0, 10.0]))
     # 5 B/s each until t = 2, when flow 1 ends; two solves at that instant set 10, then 20 B/s for flow 0

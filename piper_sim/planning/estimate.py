@@ -4,7 +4,7 @@ Owns Estimator. It prices with the simulator's own functions, so there is no sec
 - compute: TaskCoster.cost on the ops of each chunk (schedule.lower.chunk_segments), expert rows from the
   routing model and the contiguous expert placement exactly as the engine takes them (balanced routing);
 - communication: the same collective algorithms (collectives registries) on the same topology routes;
-  each phase pays the engine's delay (sim.collective.phase_delay_s) plus its flows' time on the busiest
+  each phase pays the engine's delay (sim.phase_run.phase_delay_s) plus its flows' time on the busiest
   link (bytes on the link / its capacity), phases chained by their `after` (a lower bound: the simulator
   adds contention between concurrent phases and max-min sharing);
 - pipeline: closed forms over per-stage times (F, B, W per microbatch, all-to-alls included since they
@@ -32,7 +32,7 @@ from piper_sim.schedule.dryrun import coarse_timing
 from piper_sim.schedule.ir import Layout, VirtualStages
 from piper_sim.schedule.lower import chunk_segments
 from piper_sim.schedule.registry import SCHEDULES, schedule_layout
-from piper_sim.sim.collective import phase_delay_s
+from piper_sim.sim.phase_run import phase_delay_s
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import PARAM_CLASSES, param_shards, rank_param_tensors, rank_params

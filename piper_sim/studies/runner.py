@@ -30,8 +30,8 @@ import simpy
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.errors import PiperError
 from piper_sim.sim.aggregate import Lumped, lump
-from piper_sim.sim.collective import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
 from piper_sim.sim.network import FlowNetwork
+from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
 from piper_sim.studies.routes import RouteTable, host_classes, link_orbits
 from piper_sim.studies.symmetry import extend
 from piper_sim.topology.graph import Topology

@@ -1,0 +1,272 @@
+"""Recorded runs of collectives on otherwise idle links: what a reservation stands in for.
+
+Owns `Recorder`: a multi-phase collective's course alone on its links (or several collectives' course
+together, when they start at one instant on shared links), recorded once in a private flow network (the
+same network and phase code as the main one) or, for phases that run one after another, from their
+isolated timelines; memoized by the collectives' contents. A phase's record keeps its rates where other
+flows shared its links, so the bytes still to send at any moment can be found when a reservation breaks
+(PhaseRecord.state_at); a run of several collectives together is replayed to that moment instead of kept.
+The reservations themselves (holding links, breaking) are piper_sim.sim.collective.CollectiveRunner's.
+Must not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from piper_sim.collectives.algorithms import Phase
+from piper_sim.sim.fairshare import EPS_BYTES, SolvedAhead, Timeline, isolated_timeline
+from piper_sim.sim.network import FlowNetwork
+from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, start_phases
+
+PhaseFlowsOf = Callable[[Phase, tuple[str, ...], Hashable], tuple[object, PhaseFlows, float]]
+
+
+@dataclass(slots=True)
+class PhaseRecord:
+    """One phase of a collective's run on otherwise idle links (times from the collective's start)."""
+
+    wait_end_s: float = 0.0  # its predecessors have ended
+    start_s: float = 0.0  # its flows enter the network
+    end_s: float = 0.0
+    flows: PhaseFlows | None = None
+    rates: list | None = None  # [(time, rate per sub-flow)] as the run's solves set them; None: it ran alone
+    finish_s: np.ndarray | None = None  # per sub-flow
+
+    def state_at(self, t: float, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes each sub-flow still has to send at time t, and the finish times of those that have ended.
+        capacity: the links' (bytes/s), for a phase that ran alone (its rates are recomputed, not kept)."""
+        rates = self.rates
+        if rates is None:
+            alone = isolated_timeline(self.flows.entry_flow, self.flows.entry_link, self.flows.weights,
+                                      self.flows.sizes, capacity)
+            starts = [0.0] + [end for end, _ in alone.segments[:-1]]
+            rates = [(self.start_s + s, rate) for s, (_, rate) in zip(starts, alone.segments, strict=True)]
+        remaining = self.flows.sizes.astype(float).copy()
+        times = [time for time, _ in rates] + [self.end_s]
+        for (t_from, rate), t_to in zip(rates, times[1:], strict=True):
+            if t_from >= t:
+                break
+            span = min(t_to, t) - t_from  # 0 for a rate replaced at the same instant
+            if span > 0:
+                remaining = np.maximum(remaining - rate * span, 0.0)
+        ended = self.finish_s <= t
+        remaining[ended] = 0.0
+        return remaining, np.where(ended, self.finish_s, np.nan)
+
+
+@dataclass(slots=True)
+class IsolatedRun:
+    """A multi-phase collective's run on otherwise idle links: what a reservation stands in for."""
+
+    duration_s: float
+    links: np.ndarray
+    link_bytes: np.ndarray
+    num_flows: int
+    phases: list[PhaseRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class Starting:
+    """A multi-phase collective about to start, and the event its end fires."""
+
+    phases: list[Phase]
+    gpus: tuple[str, ...]
+    key: Hashable
+    done: simpy.Event
+
+
+def overlapping(links: list[np.ndarray]) -> list[list[int]]:
+    """Indices of link sets grouped by shared links (transitively), each group in index order."""
+    groups: list[tuple[list[int], np.ndarray]] = []
+    for i, own in enumerate(links):
+        joined, rest = [i], []
+        union = own
+        for members, group_links in groups:
+            if np.intersect1d(union, group_links, assume_unique=True).size:
+                joined += members
+                union = np.union1d(union, group_links)
+            else:
+                rest.append((members, group_links))
+        groups = rest + [(sorted(joined), union)]
+    return sorted((members for members, _ in groups), key=lambda m: m[0])
+
+
+MAX_RECORDED_RUNS = 1024  # runs of collectives that do not repeat (skewed routing) are dropped oldest first
+
+
+SMALL_RUN_FLOATS = 4096  # isolated runs up to this many rate values are kept for phases that repeat
+
+
+def is_chain(phases: list[Phase]) -> bool:
+    """Each phase waits for the one before it (and perhaps earlier ones), the first for none."""
+    return all(p.after == () if i == 0 else (i - 1 in p.after and max(p.after) == i - 1)
+               for i, p in enumerate(phases))
+
+
+def bounded_put(memo: dict, key: Hashable, value: object) -> None:
+    if len(memo) >= MAX_RECORDED_RUNS:
+        memo.pop(next(iter(memo)))
+    memo[key] = value
+
+
+class Recorder:
+    """Runs of collectives on otherwise idle links, recorded once and memoized.
+
+    phase_flows(phase, gpus, key) gives a phase's (routes, flows, delay before its flows enter), as the
+    main network runs it; capacity: the links' (bytes/s)."""
+
+    def __init__(self, capacity: np.ndarray, phase_flows: PhaseFlowsOf) -> None:
+        self.capacity, self.phase_flows = capacity, phase_flows
+        self.solved = SolvedAhead()  # isolated timelines solved ahead of their use (CollectiveRunner.solve_ahead)
+        self._runs: dict[Hashable, tuple[list[Phase], IsolatedRun]] = {}
+        self._by_signature: dict[Hashable, IsolatedRun] = {}
+        self._small_runs: dict[Hashable, Timeline] = {}
+        self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
+        self._together: dict[Hashable, list[IsolatedRun]] = {}
+
+    def links(self, c: Starting) -> np.ndarray:
+        """The links a collective's phases use (memoized as its recorded run is)."""
+        memo = (c.key, id(c.phases))
+        hit = self._link_memo.get(memo)
+        if hit is not None and hit[0] is c.phases:
+            return hit[1]
+        ids = [self.phase_flows(p, c.gpus, (c.key, i))[1].entry_link for i, p in enumerate(c.phases) if p.src.size]
+        links = np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
+        bounded_put(self._link_memo, memo, (c.phases, links))
+        return links
+
+    @staticmethod
+    def signature(c: Starting) -> Hashable:
+        """What a collective's run depends on: its members and its phases' contents (not its name: dispatch and
+        combine of one matrix run alike)."""
+        return (c.gpus, tuple((p.src.tobytes(), p.dst.tobytes(), p.sizes.tobytes(), p.after, p.messages,
+                              p.overhead_s, p.delay_s) for p in c.phases))
+
+    def isolated_run(self, c: Starting) -> IsolatedRun:
+        """The collective's course alone on the network (recorded in a private one; memoized)."""
+        memo = (c.key, id(c.phases))  # callers pass the same list again for a collective that repeats
+        hit = self._runs.get(memo)
+        if hit is not None and hit[0] is c.phases:
+            return hit[1]
+        # a new list may still describe a run seen before (a backward all-to-all moves its forward's matrix)
+        signature = self.signature(c)
+        run = self._by_signature.get(signature)
+        if run is None:
+            if is_chain(c.phases):
+                run = self._isolated(self._record_chain(c.phases, c.gpus, c.key))
+            else:
+                run = self._isolated(self._record_events([c], log=True)[0][0])
+            bounded_put(self._by_signature, signature, run)
+        bounded_put(self._runs, memo, (c.phases, run))  # the list is kept, so its id is not reused meanwhile
+        return run
+
+    def run_together(self, members: list[Starting]) -> list[IsolatedRun]:
+        """Collectives that start together on shared links: their course together (recorded in a private network,
+        memoized by the collectives' contents), each member's run as a record of its own."""
+        signature = tuple(self.signature(c) for c in members)
+        runs = self._together.get(signature)
+        if runs is None:
+            records, _ = self._record_events(members, log=False)
+            runs = [self._isolated(r) for r in records]
+            bounded_put(self._together, signature, runs)
+        return runs
+
+    def replay(self, members: list[Starting]) -> Callable[[float], dict]:
+        """State at time t of collectives run together (the course is replayed, not kept: rates of every flow at
+        every solve of a large group would take gigabytes): {(member, phase): (bytes left, finish times)}."""
+        return lambda t: self._record_events(members, log=False, until_s=t)[1]
+
+    def _isolated(self, records: list[PhaseRecord]) -> IsolatedRun:
+        started = [r.flows for r in records if r.flows is not None]
+        entry_links = [f.entry_link for f in started]
+        links = np.unique(np.concatenate(entry_links)) if entry_links else np.zeros(0, dtype=np.int64)
+        link_bytes = np.zeros(self.capacity.shape[0])
+        for f in started:
+            link_bytes += np.bincount(f.entry_link, weights=(f.sizes * f.weights)[f.entry_flow],
+                                      minlength=link_bytes.shape[0])
+        return IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
+                           num_flows=int(sum(f.weights.sum() for f in started)), phases=records)
+
+    def _record_chain(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> list[PhaseRecord]:
+        """Phases that run one after another (the split exchange, then the data; rounds) each run alone: their
+        records follow from their isolated timelines, with the times an event loop would give them."""
+        records, t = [], 0.0
+        for index, phase in enumerate(phases):
+            rec = PhaseRecord(wait_end_s=t, start_s=t, end_s=t)
+            records.append(rec)
+            if phase.src.size == 0:
+                continue
+            _, rec.flows, delay = self.phase_flows(phase, gpus, (key, index))
+            if delay > 0:
+                rec.start_s = t = t + delay
+            sizes = np.where(rec.flows.sizes > EPS_BYTES, rec.flows.sizes, 0.0)
+            if not sizes.any():
+                rec.end_s, rec.finish_s, rec.rates = t, np.full(sizes.shape[0], t), []
+                continue
+            timeline = self._alone(rec.flows, sizes)
+            rec.end_s = t = t + timeline.duration_s
+            rec.finish_s = rec.start_s + timeline.finish_offset_s
+        return records
+
+    def _alone(self, flows: PhaseFlows, sizes: np.ndarray) -> Timeline:
+        """The phase's flows alone on their links: solved ahead, seen before (small runs are kept), or solved."""
+        known = (flows.key, flows.sizes.tobytes())
+        timeline = self.solved.pop(known) or self._small_runs.get(known)
+        if timeline is None:
+            timeline = isolated_timeline(flows.entry_flow, flows.entry_link, flows.weights, sizes,
+                                         self.capacity)
+            if timeline.num_floats <= SMALL_RUN_FLOATS:
+                bounded_put(self._small_runs, known, timeline)
+        return timeline
+
+    def _record_events(self, members: list[Starting], *, log: bool,
+                       until_s: float | None = None) -> tuple[list[list[PhaseRecord]], dict]:
+        """Collectives whose phases may overlap, run from time 0 in a private flow network of their own: each
+        member's phase records (log: with the rates of the solves of sets that did not run alone), and with
+        until_s, the state of the phases running at that time {(member, phase): (bytes left, finish times)}."""
+        env = simpy.Environment()
+        net = FlowNetwork(env, self.capacity, solved=self.solved)
+        net.log = {} if log else None
+        records = [[PhaseRecord() for _ in c.phases] for c in members]
+        sets: dict[tuple[int, int], object] = {}
+
+        def process(m: int, index: int, phase: Phase, waits: list[simpy.Event]) -> PhaseProcess:
+            if waits:
+                yield env.all_of(waits)
+            rec = records[m][index]
+            rec.wait_end_s = rec.start_s = rec.end_s = env.now
+            if phase.src.size == 0:
+                return
+            _, rec.flows, delay = self.phase_flows(phase, members[m].gpus, (members[m].key, index))
+            if delay > 0:
+                yield env.timeout(delay)
+            rec.start_s = env.now
+            net.last_set = None
+            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, weight=rec.flows.weight,
+                             key=rec.flows.key)
+            flow_set = sets[(m, index)] = net.last_set
+            finish = yield done
+            rec.end_s, rec.finish_s = env.now, np.asarray(finish)
+            if flow_set is None or not log:
+                rec.rates = []
+            elif flow_set.timeline is None:  # other flows joined it: its solves were logged
+                rec.rates = net.log.get(flow_set, [])
+
+        for m, c in enumerate(members):
+            start_phases(env, c.phases, lambda index, phase, waits, m=m: process(m, index, phase, waits))
+        if until_s is None:
+            env.run()
+            return records, {}
+        if until_s > 0:
+            env.run(until=until_s)
+        state = {}
+        for where, fs in sets.items():
+            if fs is not None and fs in net.active:
+                net.advance_to_now(fs)
+                state[where] = (fs.remaining.copy(), fs.finish_s.copy())
+        return records, state
