@@ -40,6 +40,13 @@ CASES = {
                                          "optimizer": {"zero": 1},
                                          "parallel": {"pp": 2, "ep": 16, "dp": 4, "tp": 2, "sp": True,
                                                       "num_microbatches": 4}},
+    # the last backward's gradient send, then the reduce-scatter that waits for it: members' transfers land apart
+    # (after tensor-parallel reduce-scatters that ended apart); each group joins when its own members' have landed
+    "frontier-collective-after-transfers": {"model": {"preset": "small-moe", "num_experts": 16},
+                                            "topology": "frontier", "collectives": {"all_to_all": "halo"},
+                                            "optimizer": {"zero": 1},
+                                            "parallel": {"pp": 2, "ep": 8, "dp": 4, "tp": 2, "sp": True,
+                                                         "num_microbatches": 4}},
 }
 
 
@@ -63,7 +70,8 @@ def test_skewed_routing_uses_a_lane_per_expert_parallel_group():
 
 
 def test_lanes_do_not_fall_back_on_frontier():
-    for name in ("frontier-shared-nics", "frontier-across-nodes", "zipf-frontier", "frontier-chained-reduce-scatters"):
+    for name in ("frontier-shared-nics", "frontier-across-nodes", "zipf-frontier", "frontier-chained-reduce-scatters",
+                 "frontier-collective-after-transfers"):
         result = simulate(load_config(CASES[name]))
         assert not result.stats["lanes_fell_back"], name
         assert result.stats["num_lanes"] < result.report.num_gpus, name

@@ -7,17 +7,19 @@ Contract (schedule/ir.py): one program counter per rank; compute and collective 
 send/recv are issued asynchronously and end when their transfer ends; a collective starts when
 all members have reached it; a task waits for its deps.
 
-Lanes: one SimPy process drives a lane, ranks of one pipeline stage that run the same program: the whole
-stage under uniform routing, each EP group of it under skewed routing. Each member keeps a clock of its own:
-compute needs no event (a member's expert rows, hence its compute time and memory, are its own), and a
-member's network action (its arrival at a collective, its half of a p2p transfer) is scheduled at its clock.
-Every member's flow enters the network and collectives count every member, so contention is modelled as
-with one process per rank. Collectives that follow one another directly (a step's gradient reduce-scatters)
-are chained: each member arrives at the next when its own group of the last one ends, so groups whose
-collectives end apart keep their own times. A lane only goes wrong when a member's action would fall behind
-the simulated time (it would have changed what the network already did); the engine raises Asymmetry then, and the
-caller reruns with one lane per rank (see simulate.py). On shared cores (the CPU testbed) the host model
-times compute per lane, so members must agree; lanes are used there only when their compute is equal.
+Lanes: one SimPy process drives a lane, ranks of one pipeline stage that run the same program: the whole stage
+under uniform routing, each EP group of it under skewed routing. Each member keeps a clock of its own: compute
+needs no event (a member's expert rows, hence its compute time and memory, are its own), and a member's
+network action (its arrival at a collective, its half of a p2p transfer) is scheduled at its clock. Every
+member's flow enters the network and collectives count every member, so contention is modelled as with one
+process per rank. Collectives that follow one another directly (a step's gradient reduce-scatters) are
+chained: each member arrives at the next when its own group of the last one ends, so groups whose collectives
+end apart keep their own times; likewise a collective after transfers in flight (the last gradient send before
+the reduce-scatters): each group joins when its own members' transfers have landed. A lane only goes wrong
+when a member's action would fall behind the simulated time (it would have changed what the network already
+did); the engine raises Asymmetry then, and the caller reruns with one lane per rank (see simulate.py). On
+shared cores (the CPU testbed) the host model times compute per lane, so members must agree; lanes are used
+there only when their compute is equal.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ class Simulation:
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
+        # (lane, step, task) of a posted p2p task: [each member's landing time (NaN until it lands), watchers]
+        self._landed: dict[tuple[int, int, int], list] = {}
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
         self._lane_groups: dict[tuple[int, str], list] = {}
         self._p2p_routes: dict[tuple[int, int], tuple] = {}
@@ -201,7 +205,10 @@ class Simulation:
                 if running is not None and (plan.streams[i] != 2 or plan.async_deps[i]):
                     yield from self._settle(running, clock, end[step])
                     running = None
-                for d in plan.async_deps[i]:
+                # a collective after transfers: each group joins when its members' have landed (_after_landing)
+                after_landing = (plan.streams[i] == 2 and bool(plan.async_deps[i]) and not self.shared_host
+                                 and not self.host.charges_wakeups)
+                for d in () if after_landing else plan.async_deps[i]:
                     ev = self._async_done[(lane_id, step, d)]
                     if not ev.triggered:  # blocked on a transfer: woken when it ends
                         yield ev
@@ -243,7 +250,10 @@ class Simulation:
                     if running is not None and self.host.runs_host_work:
                         yield from self._settle(running, clock, end[step])
                         running = None
-                    if running is not None:  # right after another: its members arrive as their groups of it end
+                    if after_landing:
+                        running = (task.group_axis, i, self._after_landing(
+                            lane, lane_id, step, i, task, nbytes[step], host, plan.async_deps[i], start[step], clock))
+                    elif running is not None:  # right after another: its members arrive as their groups of it end
                         running = (task.group_axis, i, self._chain(lane, step, i, task, nbytes[step], host,
                                                                    running[2], start[step], end[step], clock))
                     else:
@@ -387,6 +397,50 @@ class Simulation:
             waiting = self._arrivals[key] = [0, self.env.event(), phases, sent, algo]
         return waiting
 
+    def _after_landing(self, lane: tuple[int, ...], lane_id: int, step: int, i: int, task: Task, nbytes: np.ndarray,
+                       host_s: float, deps: tuple[int, ...], start: np.ndarray,
+                       clock: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
+        """Collective i waits for the lane's transfers `deps`: each member arrives at the later of its clock and
+        its own transfers' landing, and each group joins when its members have (at its last member's time), not
+        when the lane's last transfer lands (members' transfers land apart: routes of different latency)."""
+        states = [self._landed[(lane_id, step, d)] for d in deps]
+        waiting_for = np.zeros(len(lane), dtype=np.int64)  # each member's transfers not landed yet
+        for landed, _ in states:
+            np.maximum(clock, np.where(np.isnan(landed), -np.inf, landed), out=clock)
+            waiting_for += np.isnan(landed)
+        groups = self._groups_of_lane(lane, task.group_axis)
+        waits = [self._waiting(group, step, i, task) for group, _, _, _ in groups]
+        pending = []  # per group: its members still waiting for a transfer
+        owner = np.empty(len(lane), dtype=np.int64)
+        for k, (_, at, stage_local, in_group) in enumerate(groups):
+            nbytes[stage_local, i] = waits[k][3][in_group]
+            owner[at] = k
+            pending.append(int((waiting_for[at] > 0).sum()))
+
+        def join(k: int) -> None:
+            group, at, stage_local, _ = groups[k]
+            start[stage_local, i] = clock[at]
+            arrival = float(clock[at].max())
+            self._at(arrival, lambda: self._join(group, waits[k], (step, group[0], i), len(at), arrival, task,
+                                                 host_s))
+
+        def watch(positions: np.ndarray, landed: np.ndarray) -> None:
+            np.maximum.at(clock, positions, landed[positions])
+            for p in positions.tolist():
+                waiting_for[p] -= 1
+                if waiting_for[p] == 0:
+                    k = int(owner[p])
+                    pending[k] -= 1
+                    if pending[k] == 0:
+                        join(k)
+
+        for landed, watchers in states:
+            watchers.append(lambda positions, landed=landed: watch(positions, landed))
+        for k in range(len(groups)):
+            if pending[k] == 0:
+                join(k)
+        return [(at, stage_local, w[1]) for (_, at, stage_local, _), w in zip(groups, waits, strict=True)]
+
     def _chain(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray, host_s: float,
                before: list[tuple[np.ndarray, np.ndarray, simpy.Event]], start: np.ndarray, end: np.ndarray,
                clock: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
@@ -445,10 +499,11 @@ class Simulation:
         """Post the members' sends (or receives) of task i at their clocks; a member's transfer starts when both
         its ends are posted. The task's done event's value: each member's end time."""
         done = self._async_done[(lane_id, step, i)] = self.env.event()
+        landed_state = self._landed[(lane_id, step, i)] = [np.full(len(lane), np.nan), []]
         peer_lane = self._lane_of[self.mesh.peer(lane[0], task.peer_stage)]
         src, dst = (lane_id, peer_lane) if task.kind == "send" else (peer_lane, lane_id)
         key = (step, src, dst, task.tag)
-        mine = (stage, local, i, done, clock.copy())
+        mine = (stage, local, i, done, clock.copy(), landed_state)
         other = self._p2p.pop(key, None)
         if other is None:
             self._p2p[key] = mine
@@ -461,7 +516,7 @@ class Simulation:
         pending = [0]
 
         def finish() -> None:
-            for (st, lo, idx, event, _), order in ((sender, slice(None)), (receiver, np.argsort(to_receiver))):
+            for (st, lo, idx, event, _, _), order in ((sender, slice(None)), (receiver, np.argsort(to_receiver))):
                 self.records.start_s[st][step, lo, idx] = starts[order]
                 self.records.end_s[st][step, lo, idx] = ends[order]
                 self.records.bytes[st][step, lo, idx] = size
@@ -475,6 +530,10 @@ class Simulation:
 
             def landed(ev) -> None:
                 ends[members] = ev.value
+                for side, positions in ((sender[5], members), (receiver[5], to_receiver[members])):
+                    side[0][positions] = ev.value
+                    for watch in list(side[1]):
+                        watch(positions)
                 pending[0] -= 1
                 if not pending[0]:
                     finish()
