@@ -13,8 +13,9 @@ W4F: X-MoE Super on 512 Frontier GCDs, PP 16 x EP 32, 1 x 64 microbatches, HALO,
 DSV3: DeepSeek-V3 on 256 GPUs, PP 8 x EP 32, 1 x 32 microbatches (the uniform cluster).
 MIX: Mixtral 8x7B on 128 GPUs, PP 4 x EP 8 x DP 4, 1 x 16 microbatches (the uniform cluster).
 XB1: one layer of the X-MoE-style baseline (reproduce vs-xmoe) of X-MoE Small on 256 Frontier GCDs: no pipeline,
-EP 64 x DP 4, flat all-to-all, one micro-batch, full recomputation, ZeRO-1; the EP groups share their chassis'
-switches, so their all-to-alls contend flow by flow on the live network.
+EP 64 x DP 4, flat all-to-all, one micro-batch, full recomputation, ZeRO-1; the four EP groups share their
+chassis' switches and start their all-to-alls together (one recorded run of them, repeated).
+XB: the whole step of that baseline (28 layers x 4 micro-batches), as reproduce vs-xmoe simulates it.
 Each workload runs in its own process, so peak memory is its own, and is stopped after --timeout seconds.
 A progress line on stderr counts the workloads done, with an ETA (PIPER_SIM_PROGRESS, README.md).
 
@@ -61,6 +62,7 @@ WORKLOADS = {
             "parallel": {"pp": 4, "ep": 8, "dp": 4, "num_microbatches": 16, "micro_batch_size": 1}},
     "XB1": {**XMOE_BASELINE, "model": {"preset": "x-moe-small", "num_layers": 1},
             "parallel": {**XMOE_BASELINE["parallel"], "num_microbatches": 1}},
+    "XB": XMOE_BASELINE,
 }
 
 
