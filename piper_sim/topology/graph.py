@@ -104,7 +104,9 @@ class Topology:
         if src == dst:
             result: tuple[tuple[float, tuple[int, ...]], ...] = ((1.0, ()),)
         else:
-            if self.router is not None:
+            if getattr(self.router, "weighted", None) is not None:  # one routing pass serves both views
+                result = tuple((f * w, links) for f, w, links in self.weighted_paths(src, dst))
+            elif self.router is not None:
                 result = self.router(self, src, dst)
             else:
                 result = ((1.0, self._shortest_links(src, dst)),)
