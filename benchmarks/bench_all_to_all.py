@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -74,6 +75,7 @@ def run_study(out: str) -> None:
     code = ("import sys, resource; from piper_sim.cli import main; rc = main(sys.argv[1:]); "
             "print('PEAK_MIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr); "
             "sys.exit(rc)")
+    shutil.rmtree(out, ignore_errors=True)  # the study resumes from a folder's stored rows: time it from scratch
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code, *STUDY, "--out", out], capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -87,7 +89,7 @@ def run_study(out: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", action="store_true", help="time the whole study line (see the module docstring)")
-    ap.add_argument("--study-out", default="/tmp/bench-all-to-all-study", help="where the study writes")
+    ap.add_argument("--study-out", default="/tmp/bench-all-to-all-study", help="where the study writes (emptied first)")
     ap.add_argument("--only", default=",".join(CASES), help="comma-separated case names")
     ap.add_argument("--nodes", type=int, help="run one custom case with this many nodes")
     ap.add_argument("--routing", choices=["minimal", "valiant", "adaptive"])

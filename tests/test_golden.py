@@ -16,10 +16,37 @@ import predictions  # noqa: E402
 STORED = json.loads(predictions.STORE.read_text())
 
 
+def same(predicted: dict, stored: dict) -> None:
+    """Discrete fields equal; every float within 1e-9 of the stored one (tests/golden/predictions.py says why)."""
+    assert predicted.keys() == stored.keys()
+    for name, entry in stored.items():
+        got = predicted[name]
+        assert got["num_tasks"] == entry["num_tasks"], name
+        assert got["trace"]["rows_sha256"] == entry["trace"]["rows_sha256"], name
+        floats = {"step_time_s": entry["step_time_s"], "mfu": entry["mfu"],
+                  "peak_memory_bytes": entry["peak_memory_bytes"], **entry["trace"]["float_sums"]}
+        got_floats = {"step_time_s": got["step_time_s"], "mfu": got["mfu"],
+                      "peak_memory_bytes": got["peak_memory_bytes"], **got["trace"]["float_sums"]}
+        assert got_floats == pytest.approx(floats, rel=1e-9, abs=1e-15), name
+
+
 def test_validation_predictions_are_unchanged():
-    assert predictions.validation_predictions() == STORED["validation"]
+    same(predictions.validation_predictions(), STORED["validation"])
 
 
 @pytest.mark.parametrize("name", sorted(STORED["gpu"]))
 def test_gpu_profile_predictions_are_unchanged(name):
-    assert predictions.gpu_predictions([name]) == {name: STORED["gpu"][name]}
+    same(predictions.gpu_predictions([name]), {name: STORED["gpu"][name]})
+
+
+def test_a_changed_row_is_seen():
+    """The fingerprint sees one task 1e-6 later, and two tasks' times swapped."""
+    import pandas as pd
+
+    trace = pd.DataFrame({"step": [0, 0, 0], "rank": [0, 0, 1], "task_id": ["a", "b", "a"],
+                          "start_s": [0.0, 1.0, 2.0], "end_s": [1.0, 2.0, 3.0]})
+    base = predictions.trace_fingerprint(trace)["float_sums"]
+    later = trace.assign(end_s=[1.0, 2.000001, 3.0])
+    swapped = trace.assign(end_s=[2.0, 1.0, 3.0])
+    for changed in (later, swapped):
+        assert predictions.trace_fingerprint(changed)["float_sums"] != pytest.approx(base, rel=1e-9)

@@ -269,3 +269,44 @@ def test_the_sorted_equitability_check_agrees_with_the_histogram(seed, counts, m
         monkeypatch.setattr(aggregate, "DENSE_HISTOGRAM_CELLS", 0)
         assert aggregate._links_equitable(lcls, links, cols, entry_count, lcount) == dense
         monkeypatch.setattr(aggregate, "DENSE_HISTOGRAM_CELLS", 40_000_000)
+
+
+@pytest.mark.parametrize("topology,nodes", [(UNIFORM, 3), ("frontier", 2)])
+def test_a_collective_on_the_same_pairs_reuses_the_prepared_one_with_a_factor_per_kind_of_pair(topology, nodes):
+    """rccl's flows are flat's with its own intra-node and network efficiencies (0.5 and 0.8 here): the cache
+    prepares flat once and runs rccl on it, each class's sizes times its phase's factor for its kind of pair;
+    the time and every link's bytes equal a fresh preparation of rccl's phases, and the engine's."""
+    from piper_sim.studies.prepcache import PreparedCache
+
+    topo = load_topology(topology, 8 * nodes)
+    topo.collectives = {"rccl": {"peers_in_flight": 4, "per_peer_us": 3.0, "per_chunk_us": 1.0,
+                                 "intra_efficiency": 0.5, "net_efficiency": 0.8, "intra_per_chunk_us": 0.0}}
+    n = len(topo.gpus)
+    matrix = np.full((n, n), 2.0**20)
+    cache = PreparedCache(list(topo.gpus), topo)
+    _, flat = split_phases(ALL_TO_ALL.get("flat")(matrix, topo.gpus, topo))
+    _, rccl = split_phases(ALL_TO_ALL.get("rccl")(matrix, topo.gpus, topo))
+    assert not np.allclose(rccl[0].sizes / rccl[0].sizes.max(), 1.0)  # not proportional to flat's
+    first = cache.get(flat, True)
+    reused = cache.get(rccl, True)
+    assert first.prepare_s > 0 and reused.prepare_s == 0.0
+    fresh = simulate(prepare(rccl, topo.gpus, topo, symmetric=True), topo)
+    run = simulate(reused, topo)
+    assert run.time_s == pytest.approx(fresh.time_s, rel=1e-12)
+    np.testing.assert_allclose(run.link_bytes, fresh.link_bytes, rtol=1e-12)
+    assert run.time_s == pytest.approx(engine_time(rccl, topo), rel=1e-9)
+
+
+def test_a_class_holding_both_kinds_of_pair_is_not_rescaled_by_two_factors():
+    from dataclasses import replace
+
+    from piper_sim.studies.prepcache import rescaled
+
+    topo = load_topology(UNIFORM, 16)
+    _, flat = split_phases(ALL_TO_ALL.get("flat")(np.ones((16, 16)), topo.gpus, topo))
+    prep = prepare(flat, topo.gpus, topo)
+    assert set(prep.class_remote.tolist()) == {0, 1}
+    mixed = replace(prep, class_remote=np.full_like(prep.class_remote, -1))
+    assert rescaled(mixed, np.array([[2.0, 3.0]])) is None
+    same = rescaled(mixed, np.array([[2.0, 2.0]]))
+    np.testing.assert_allclose(same.lumped.sizes, 2.0 * prep.lumped.sizes)

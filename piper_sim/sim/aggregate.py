@@ -182,7 +182,8 @@ def _flows_equitable(fcls: np.ndarray, entry_flow: np.ndarray, entry_lcol: np.nd
         entry_flow, entry_lcol = entry_flow[order], entry_lcol[order]
     length = np.bincount(entry_flow, minlength=num)
     width = int(length.max()) if entry_flow.size else 0
-    table = np.full((num, max(width, 1)), -1, dtype=np.int64)
+    small = entry_lcol.size == 0 or int(entry_lcol.max()) < np.iinfo(np.int32).max
+    table = np.full((num, max(width, 1)), -1, dtype=np.int32 if small else np.int64)
     start = np.cumsum(length) - length
     table[entry_flow, np.arange(entry_flow.size) - start[entry_flow]] = entry_lcol
     table.sort(axis=1)
@@ -203,9 +204,15 @@ def _links_equitable(lcls: np.ndarray, local_link: np.ndarray, entry_fcol: np.nd
         start = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
         uniq = key[start]
         carried = np.diff(np.append(start, key.size)) * float(entry_count[0])
-    else:
-        uniq, inverse = np.unique(key, return_inverse=True)
-        carried = np.bincount(inverse, weights=entry_count, minlength=uniq.size)
+    else:  # sorted keys and their counts summed per run (fewer temporaries than np.unique's inverse)
+        order = np.argsort(key)
+        key = key[order]
+        weights = entry_count[order]
+        del order
+        start = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        uniq = key[start]
+        del key
+        carried = np.add.reduceat(weights, start) if start.size else np.zeros(0)
     who = uniq // num_f
     per = carried / lcount[who]
     cls_col = lcls[who] * num_f + uniq % num_f  # (link class, flow class) of each (link, flow class) pair

@@ -212,22 +212,23 @@ def _algorithm_rows(spec: StudySpec, topo: Topology, gpus: list[str], alg: str, 
     per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in sizes]
     symmetric = alg in HOST_EQUIVARIANT
     algorithm = ALL_TO_ALL.get(alg)
-    splits, _ = split_phases(algorithm(np.full((n, n), per_pair[0]), gpus, topo))
+    splits = split_phases(algorithm(np.full((n, n), per_pair[0]), gpus, topo))[0]  # data phases not kept
     try:  # the split-size exchange does not depend on the buffer: timed once
         splits_s = _time(cache, splits, symmetric)
     except TooManyFlows as exc:
         for label, pair_bytes in zip(sizes, per_pair, strict=True):
             yield _skipped(spec, topo, nodes, n, label, pair_bytes, alg, 0, f"skipped: {exc}"), []
         return
+    del splits  # n x n flows: not held while the data phases are built
     for label, pair_bytes in zip(sizes, per_pair, strict=True):
         phases = data_phases(algorithm, np.full((n, n), pair_bytes), gpus, topo)
         msgs = messages_per_gpu(phases, n)
         try:
-            prep, factor = cache.get(phases, symmetric)
+            prep = cache.get(phases, symmetric)
         except TooManyFlows as exc:
             yield _skipped(spec, topo, nodes, n, label, pair_bytes, alg, msgs, f"skipped: {exc}"), []
             continue
-        run = simulate(prep, topo, factor)
+        run = simulate(prep, topo)
         kinds, busiest = _link_rows(topo, run)
         row = _row(spec, topo, nodes, label, pair_bytes, alg, prep, run, busiest, msgs, splits_s)
         yield row, [{"nodes": nodes, "size": label, "algorithm": alg, **k} for k in kinds]
@@ -236,8 +237,7 @@ def _algorithm_rows(spec: StudySpec, topo: Topology, gpus: list[str], alg: str, 
 def _time(cache: PreparedCache, phases: list[Phase], symmetric: bool) -> float:
     if not phases:
         return 0.0
-    prep, factor = cache.get(phases, symmetric)
-    return simulate(prep, cache.topo, factor).time_s
+    return simulate(cache.get(phases, symmetric), cache.topo).time_s
 
 
 def _progress(done: int, total: int, row: dict) -> str:

@@ -46,6 +46,7 @@ class Prepared:
     class_weight: np.ndarray  # flows every class stands for (lumped.weight / count scale)
     class_phase: np.ndarray  # phase of every flow class
     latency_s: np.ndarray  # largest path latency per phase
+    class_remote: np.ndarray  # per flow class: 1 if its flows cross hosts, 0 if they stay on one, -1 if both
     link_class: np.ndarray  # class of every topology link (-1: unused)
     num_pairs: int  # point-to-point flows of the collective
     num_sub_flows: int  # flows the network would carry without aggregation (one per path)
@@ -131,8 +132,13 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
                   link_count=orbit_count, color=sub_phase, refine=lump_flows)
     class_phase = np.zeros(lumped.num_flow_classes, dtype=np.int64)
     class_phase[lumped.flow_class] = sub_phase
+    remote = (table.host[src_a] != table.host[dst_a])[sf.pair]
+    crossing = np.bincount(lumped.flow_class, weights=remote, minlength=lumped.num_flow_classes)
+    members = np.bincount(lumped.flow_class, minlength=lumped.num_flow_classes)
+    class_remote = np.where(crossing == members, 1, np.where(crossing == 0, 0, -1))
     return Prepared(phases=phases, lumped=lumped, class_weight=lumped.weight / scale, class_phase=class_phase,
-                    latency_s=latency, link_class=lumped.link_class[orbit], num_pairs=num_pairs,
+                    latency_s=latency, class_remote=class_remote, link_class=lumped.link_class[orbit],
+                    num_pairs=num_pairs,
                     num_sub_flows=int(round(np.rint(count_a[sf.pair]).sum())), num_routed=int(sf.pair.size),
                     symmetric=classes is not None, num_automorphisms=num_generators,
                     prepare_s=time.perf_counter() - t0)

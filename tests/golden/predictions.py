@@ -2,8 +2,8 @@
 CPU profile, and shipped configs with the GPU profiles (mi250x, h100).
 
 `python tests/golden/predictions.py` rewrites predictions.json from the current code; tests/test_golden.py
-compares against it. Each entry holds the predicted step time, report figures and a digest of the whole
-trace (every column, every row), so any change in any task's timing shows.
+compares against it. Each entry holds the predicted step time, report figures and a fingerprint of the whole
+trace (every column, every row: trace_fingerprint), so any change in any task's timing shows.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 HERE = Path(__file__).resolve().parent
@@ -28,18 +29,26 @@ GPU_CASES = (
 )
 
 
-def trace_digest(trace: pd.DataFrame) -> str:
+def trace_fingerprint(trace: pd.DataFrame) -> dict:
+    """Every row's discrete fields (digest, rows in (step, rank, task) order) and two sums of every float column
+    (plain and with fixed per-row weights, so that a change of one row's value shows). Floats are compared
+    within a relative tolerance: the same code on another CPU rounds sums in another order (numpy's SIMD
+    reductions), which moves times by about 1e-16 and can order tied events differently."""
     frame = trace.reset_index(drop=True).copy()
     for col in frame.columns:
         if isinstance(frame[col].dtype, pd.CategoricalDtype):
             frame[col] = frame[col].astype(str)
-    return hashlib.sha256(frame.to_csv(index=False, float_format="%.17g").encode()).hexdigest()
+    frame = frame.sort_values(["step", "rank", "task_id"], kind="stable").reset_index(drop=True)
+    floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
+    weight = 1.0 + (np.arange(len(frame)) * 2654435761 % 1009) / 1009.0
+    return {"rows_sha256": hashlib.sha256(frame.drop(columns=floats).to_csv(index=False).encode()).hexdigest(),
+            "float_sums": {c: [float(frame[c].sum()), float((frame[c] * weight).sum())] for c in floats}}
 
 
 def summary(result) -> dict:
     r = result.report
     return {"step_time_s": r.step_time_s, "mfu": r.mfu, "peak_memory_bytes": r.peak_memory_bytes,
-            "num_tasks": len(result.trace), "trace_sha256": trace_digest(result.trace)}
+            "num_tasks": len(result.trace), "trace": trace_fingerprint(result.trace)}
 
 
 def validation_predictions() -> dict:
