@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from piper_sim.sim.fairshare import compact_ids
+
 HASH_BITS = 20
 MAX_ROUNDS = 64
 DENSE_HISTOGRAM_CELLS = 40_000_000  # links x flow classes up to which the equitability check is one histogram
@@ -64,16 +66,6 @@ def dense_rows(*columns: np.ndarray) -> np.ndarray:
     ids = np.empty(n, dtype=np.int64)
     ids[order] = np.cumsum(new) - 1
     return ids
-
-
-def compact_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted distinct non-negative ids, position of every id among them), without sorting all ids."""
-    if ids.size == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    present = np.bincount(ids) > 0
-    used = np.flatnonzero(present)
-    remap = np.cumsum(present) - 1
-    return used, remap[ids]
 
 
 def _canonical(ids: np.ndarray) -> np.ndarray:

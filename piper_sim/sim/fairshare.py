@@ -15,6 +15,16 @@ import numpy as np
 EPS_BYTES = 1e-3
 
 
+def compact_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct non-negative ids, position of every id among them), without sorting all ids."""
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    present = np.bincount(ids) > 0
+    used = np.flatnonzero(present)
+    remap = np.cumsum(present) - 1
+    return used, remap[ids]
+
+
 def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray,
                   capacity: np.ndarray) -> np.ndarray:
     """Max-min fair rate per flow (bytes/s) by progressive filling.
@@ -24,7 +34,7 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.nda
     """
     if not entry_flow.size:
         return np.full(weight.shape[0], np.inf)
-    links, local_link = np.unique(entry_link, return_inverse=True)
+    links, local_link = compact_ids(entry_link)
     return fill_rates(entry_flow, local_link, weight, capacity[links])
 
 
@@ -109,7 +119,7 @@ def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np
     remaining = sizes.astype(float).copy()
     live = remaining > EPS_BYTES
     finish = np.where(live, np.nan, 0.0)
-    links, local = np.unique(entry_link, return_inverse=True)
+    links, local = compact_ids(entry_link)
     filling = Filling(entry_flow, local, weight, capacity[links])
     no_link = live & ~filling.has_link
     finish[no_link] = 0.0  # nothing to cross: arrived at once
@@ -141,7 +151,7 @@ def isolated_timelines(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np
     operations, not their size."""
     sizes = np.atleast_2d(np.asarray(sizes, dtype=float))
     num_sets, num_flows = sizes.shape
-    links, local = np.unique(entry_link, return_inverse=True)
+    links, local = compact_ids(entry_link)
     crosses = np.zeros((num_flows, links.size))
     np.add.at(crosses, (entry_flow, local), 1.0 if weight is None else weight[entry_flow])
     cap_full = capacity[links].astype(float)

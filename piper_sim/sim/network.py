@@ -20,6 +20,7 @@ from piper_sim.sim.fairshare import (
     Filling,
     SolvedAhead,
     Timeline,
+    compact_ids,
     isolated_timeline,
     max_min_rates,
 )
@@ -294,7 +295,7 @@ class FlowNetwork:
             offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
             entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, offsets, strict=False)])
             entry_link = np.concatenate([fs.entry_link for fs in sets])
-            links, local = np.unique(entry_link, return_inverse=True)
+            links, local = compact_ids(entry_link)
             weight = np.concatenate([fs.weight for fs in sets])
             filling = Filling(entry_flow, local, weight, self.capacity[links]) if self.slowdown is None else None
             hit = (offsets, entry_flow, entry_link, weight, filling)
