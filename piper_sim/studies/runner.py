@@ -169,7 +169,7 @@ def _host_arrays(classes: dict[int, int], num_hosts: int) -> tuple[np.ndarray, n
     return hclass, hpos, csize
 
 
-def time_unit(prep: Prepared, scale: float) -> float:
+def time_unit(prep: Prepared) -> float:
     """A power of two near the collective's duration (its busiest link's bytes / capacity), at least 1.
 
     The run is made in this unit: bytes and delays divided by it, the end time multiplied back. Powers of
@@ -180,17 +180,16 @@ def time_unit(prep: Prepared, scale: float) -> float:
     """
     lp = prep.lumped
     load = np.bincount(lp.entry_link, weights=(lp.sizes * prep.class_weight)[lp.entry_flow],
-                       minlength=lp.num_link_classes) * scale
+                       minlength=lp.num_link_classes)
     est = float(np.max(load / lp.capacity, initial=0.0))
     return float(2.0 ** max(0, math.ceil(math.log2(est)))) if est > 1.0 else 1.0
 
 
-def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRun:
-    """Run the prepared collective alone; `scale` multiplies every flow's bytes."""
+def simulate(prep: Prepared, topo: Topology) -> CollectiveRun:
+    """Run the prepared collective alone."""
     t0 = time.perf_counter()
     lp = prep.lumped
-    unit = time_unit(prep, scale)
-    scale /= unit
+    unit = time_unit(prep)
     env = simpy.Environment()
     net = FlowNetwork(env, lp.capacity)
     overhead = topo.params.message_overhead_s
@@ -202,7 +201,7 @@ def simulate(prep: Prepared, topo: Topology, scale: float = 1.0) -> CollectiveRu
         local = np.full(lp.num_flow_classes, -1, dtype=np.int64)
         local[classes] = np.arange(classes.size)
         mask = local[lp.entry_flow] >= 0
-        flows = PhaseFlows(local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] * scale,
+        flows = PhaseFlows(local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] / unit,
                            weight=prep.class_weight[classes])
         return run_phase(env, net, waits, phase_delay_s(ph, overhead, prep.latency_s[k]) / unit, flows)
 
