@@ -1,9 +1,11 @@
-"""The vendor libraries' all-to-all, RCCL and NCCL, as ncclAllToAll runs it: grouped point-to-point.
+"""The vendor libraries' collectives, RCCL and NCCL: the all-to-all as ncclAllToAll runs it (grouped
+point-to-point), and the ring all-reduce, reduce-scatter and all-gather at the library's copy efficiency.
 
-Owns the `rccl` and `nccl` all-to-all models (registered in piper_sim.collectives.phases' registry;
-algorithms.py imports this module). Their parameters are data: the topology's `collectives.rccl` /
-`collectives.nccl` entry, one set per library and machine, each value's source in the data file the
-entry names (traces/collectives/). Pure numpy; no simpy or torch.
+Owns the `rccl` and `nccl` all-to-all models (registered in piper_sim.collectives.phases' registry) and the
+`rccl` and `nccl` ring models (registered as all-reduce, reduce-scatter and all-gather: the
+`collectives.all_reduce` choice; algorithms.py imports this module). Their parameters are data: the
+topology's `collectives.rccl` / `collectives.nccl` entry, one set per library and machine, each value's
+source in the data file the entry names (traces/collectives/). Pure numpy; no simpy or torch.
 
 What the libraries do (ROCm/rccl src/collectives.cc ncclAllToAll; NVIDIA/nccl the same): a group of one
 ncclSend and one ncclRecv per rank, the rank itself included (RCCL calls this a fan-out: everyone sends
@@ -29,6 +31,16 @@ The library's copies reach a fraction of a link's rate (`intra_efficiency` on th
 NVLink at 128-byte stores); a flow's bytes are charged as bytes / efficiency, so a link it saturates
 carries the library's payload at efficiency x capacity (link bytes then count the wire overhead too).
 Both default to 1 (no loss), which keeps the flows exactly flat's.
+
+The ring models are the library's ring algorithm (NCCL and RCCL pick it for large buffers): the buffer split
+over several rings (the library's channels) that leave each host through different members, so every NIC
+carries one ring (ring_orders; the textbook `ring` is one ring in member order, whose node crossings share
+one NIC each), each ring's steps as `ring` builds them (2(n - 1) steps of 1/n of its share for an all-reduce,
+n - 1 for reduce-scatter or all-gather), each flow's bytes charged over the same efficiencies (a ring step is
+a point-to-point copy with the library's protocol). So a ring whose busiest hop is an NVLink or xGMI link shows
+busbw intra_efficiency x its capacity, one whose busiest hops are the NICs net_efficiency x their sum per host.
+Not modelled: NVLink SHARP (NVLS, in-switch reduction on H100 NVSwitch systems) and the tree algorithm; where
+the library would pick them the ring model is a lower bound on busbw.
 The topology's generic per-message overhead is not charged again (the phase's overhead_s is 0). A
 collective alone on the network therefore takes what the rounds would: the same bytes on the same links,
 plus the library's costs, which are what separate it from the ideal `flat`.
@@ -41,8 +53,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from piper_sim.collectives.hierarchical import host_groups
 from piper_sim.collectives.params import algorithm_params
-from piper_sim.collectives.phases import ALL_TO_ALL, Phase, matrix_phase, split_exchange
+from piper_sim.collectives.phases import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase, split_exchange
+from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER, Sharded
 from piper_sim.errors import ConfigError
 from piper_sim.topology.graph import Topology
 
@@ -108,5 +122,44 @@ def vendor_all_to_all(library: str):
     return model
 
 
+def ring_orders(members: list[str], topo: Topology) -> list[np.ndarray]:
+    """The library's rings (channels) over the members, as member-index orders (module docstring): one ring per
+    member of a host when the members span several hosts with the same number g > 1 on each; ring c enters host h
+    at its member (c - h) mod g, visits the host's members in order and leaves from the one before, so the next
+    host is entered on the same local index (the same rail) and every member's NIC carries one ring out. Else one
+    ring in the members' order."""
+    _, groups = host_groups(members, topo)
+    g = groups[0].size
+    if len(groups) < 2 or g < 2 or any(group.size != g for group in groups):
+        return [np.arange(len(members))]
+    return [np.array([group[(c - h + i) % g] for h, group in enumerate(groups) for i in range(g)])
+            for c in range(g)]
+
+
+def vendor_ring(library: str, steps: int, name: str) -> Sharded:
+    """The library's ring collective of `steps` passes (2: all-reduce; 1: reduce-scatter or all-gather): every
+    ring carries its share of the buffer, each pass n - 1 steps of 1/n of it to the next member; one phase of
+    one flow per pair of neighbours (the rings' shares summed), bytes charged over the library's efficiency."""
+
+    def model(size_bytes: float, members: list[str], topo: Topology) -> list[Phase]:
+        n = len(members)
+        if n < 2:
+            return []
+        rings = ring_orders(members, topo)
+        hops = np.concatenate([ring * n + np.roll(ring, -1) for ring in rings])
+        pairs, count = np.unique(hops, return_counts=True)
+        src, dst = pairs // n, pairs % n
+        sizes = count * (steps * (n - 1) / n * size_bytes / len(rings))
+        return [Phase(src=src, dst=dst, sizes=charged_sizes(src, dst, sizes, members, topo, library),
+                      messages=steps * (n - 1), name=name)]
+
+    model.__name__ = model.__qualname__ = f"{name.replace('-', '_')}_{library}"
+    model.__doc__ = f"{library.upper()}'s {name}: its rings at its copy efficiency (module docstring)."
+    return model
+
+
 for _library in LIBRARIES:
     ALL_TO_ALL.register(_library)(split_exchange(node_gather=False)(vendor_all_to_all(_library)))
+    for _registry, _steps, _name in ((ALL_REDUCE, 2, "ring"), (REDUCE_SCATTER, 1, "ring-reduce-scatter"),
+                                     (ALL_GATHER, 1, "ring-all-gather")):
+        _registry.register(_library)(vendor_ring(_library, _steps, _name))
