@@ -32,23 +32,26 @@ NVLink at 128-byte stores); a flow's bytes are charged as bytes / efficiency, so
 carries the library's payload at efficiency x capacity (link bytes then count the wire overhead too).
 Both default to 1 (no loss), which keeps the flows exactly flat's.
 
-The ring models are the library's ring algorithm (NCCL and RCCL pick it for large buffers): the buffer split
-over several rings (the library's channels) that leave each host through different members, so every NIC
-carries one ring (ring_orders; the textbook `ring` is one ring in member order, whose node crossings share
-one NIC each), each ring's steps as `ring` builds them (2(n - 1) steps of 1/n of its share for an all-reduce,
-n - 1 for reduce-scatter or all-gather), each flow's bytes charged over the same efficiencies (a ring step is
-a point-to-point copy with the library's protocol). So a ring whose busiest hop is an NVLink or xGMI link shows
-busbw intra_efficiency x its capacity, one whose busiest hops are the NICs net_efficiency x their sum per host.
-Not modelled: NVLink SHARP (NVLS, in-switch reduction on H100 NVSwitch systems) and the tree algorithm; where
-the library would pick them the ring model is a lower bound on busbw.
 The topology's generic per-message overhead is not charged again (the phase's overhead_s is 0). A
 collective alone on the network therefore takes what the rounds would: the same bytes on the same links,
 plus the library's costs, which are what separate it from the ideal `flat`.
+
+The ring models are the library's ring algorithm (NCCL and RCCL pick it for large buffers): the buffer split
+over several rings (the library's channels): the machine's own rings through a node where it lists them
+(`rings`, orders of a node's GPUs by local index: RCCL's for the MI250X node), else rings that leave each host
+through different members, so every NIC carries one ring (ring_orders; the textbook `ring` is one ring in
+member order, whose node crossings share one NIC each). Each ring's steps are `ring`'s (2(n - 1) steps of 1/n
+of its share for an all-reduce, n - 1 for reduce-scatter or all-gather), each flow's bytes charged over the
+same efficiencies (a ring step is a point-to-point copy with the library's protocol). So a ring whose busiest
+hop is an NVLink or xGMI link shows busbw intra_efficiency x its capacity, one whose busiest hops are the NICs
+net_efficiency x their sum per host. Not modelled: NVLink SHARP (NVLS, in-switch reduction on H100 NVSwitch
+systems) and the tree algorithm; where the library would pick them the ring model is a lower bound on busbw.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -63,7 +66,7 @@ from piper_sim.topology.graph import Topology
 VENDOR_SCHEMA: dict[str, object] = {
     "peers_in_flight": ..., "per_peer_us": ..., "per_chunk_us": ...,
     "net_chunk_MiB": 0.125, "intra_chunk_MiB": 0.5,
-    "intra_per_chunk_us": None, "intra_efficiency": 1.0, "net_efficiency": 1.0,
+    "intra_per_chunk_us": None, "intra_efficiency": 1.0, "net_efficiency": 1.0, "rings": None,
 }
 LIBRARIES = ("rccl", "nccl")
 
@@ -75,7 +78,24 @@ def vendor_params(topo: Topology, library: str) -> dict[str, object]:
         value = p[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
             raise ConfigError(f"topology.collectives.{library}.{key}", value, "a fraction in (0, 1]")
+    p["rings"] = _node_rings(p["rings"], f"topology.collectives.{library}.rings")
     return p
+
+
+def _node_rings(value: object, where: str) -> tuple[tuple[int, ...], ...] | None:
+    """The machine's rings through one node, each an order of the node's GPUs by local index ("0 1 5 4 ...")."""
+    if value is None or (isinstance(value, tuple) and all(isinstance(r, tuple) for r in value)):
+        return value
+    allowed = "a list of rings, each a permutation of the node's local GPU indices written as '0 1 3 2 ...'"
+    if not isinstance(value, list) or not value or not all(isinstance(r, str) for r in value):
+        raise ConfigError(where, value, allowed)
+    try:
+        rings = tuple(tuple(int(x) for x in r.split()) for r in value)
+    except ValueError:
+        raise ConfigError(where, value, allowed) from None
+    if any(sorted(r) != list(range(len(rings[0]))) for r in rings):
+        raise ConfigError(where, value, allowed + " (all of one node, each index once)")
+    return rings
 
 
 def _remote(src: np.ndarray, dst: np.ndarray, members: list[str], topo: Topology) -> np.ndarray:
@@ -122,18 +142,44 @@ def vendor_all_to_all(library: str):
     return model
 
 
-def ring_orders(members: list[str], topo: Topology) -> list[np.ndarray]:
-    """The library's rings (channels) over the members, as member-index orders (module docstring): one ring per
-    member of a host when the members span several hosts with the same number g > 1 on each; ring c enters host h
-    at its member (c - h) mod g, visits the host's members in order and leaves from the one before, so the next
-    host is entered on the same local index (the same rail) and every member's NIC carries one ring out. Else one
-    ring in the members' order."""
+_HOST_GPUS: weakref.WeakKeyDictionary[Topology, dict[int, list[str]]] = weakref.WeakKeyDictionary()
+
+
+def _local_index(topo: Topology, gpu: str) -> int:
+    """The GPU's index among its host's GPUs (in the topology's order)."""
+    by_host = _HOST_GPUS.get(topo)
+    if by_host is None:
+        by_host = _HOST_GPUS[topo] = {}
+        for g in topo.gpus:
+            by_host.setdefault(topo.host_of(g), []).append(g)
+    return by_host[topo.host_of(gpu)].index(gpu)
+
+
+def ring_orders(members: list[str], topo: Topology, node_rings: tuple[tuple[int, ...], ...] | None = None
+                ) -> list[np.ndarray]:
+    """The library's rings (channels) over the members, as member-index orders (module docstring).
+
+    Where the members are whole nodes and the machine lists its rings through a node (`node_rings`: the
+    library's own, e.g. RCCL's for a Frontier node), each ring runs every node in that order and goes on to the
+    next node. Else, when the members span several hosts with the same number g > 1 on each: one ring per
+    member of a host; ring c enters host h at its member (c - h) mod g, visits the host's members in order and
+    leaves from the one before, so the next host is entered on the same local index (the same rail) and every
+    member's NIC carries one ring out. Else one ring in the members' order."""
     _, groups = host_groups(members, topo)
     g = groups[0].size
+    if node_rings and all(group.size == len(node_rings[0]) == _host_size(topo, members[group[0]])
+                          for group in groups):
+        by_local = [{_local_index(topo, members[m]): m for m in group} for group in groups]
+        return [np.array([local[i] for local in by_local for i in ring]) for ring in node_rings]
     if len(groups) < 2 or g < 2 or any(group.size != g for group in groups):
         return [np.arange(len(members))]
     return [np.array([group[(c - h + i) % g] for h, group in enumerate(groups) for i in range(g)])
             for c in range(g)]
+
+
+def _host_size(topo: Topology, gpu: str) -> int:
+    _local_index(topo, gpu)  # fills the cache
+    return len(_HOST_GPUS[topo][topo.host_of(gpu)])
 
 
 def vendor_ring(library: str, steps: int, name: str) -> Sharded:
@@ -145,7 +191,7 @@ def vendor_ring(library: str, steps: int, name: str) -> Sharded:
         n = len(members)
         if n < 2:
             return []
-        rings = ring_orders(members, topo)
+        rings = ring_orders(members, topo, vendor_params(topo, library)["rings"])
         hops = np.concatenate([ring * n + np.roll(ring, -1) for ring in rings])
         pairs, count = np.unique(hops, return_counts=True)
         src, dst = pairs // n, pairs % n
