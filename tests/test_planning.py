@@ -43,6 +43,25 @@ def test_enumeration_equals_a_hand_count():
     assert {p.ep for p in enumerate_plans(TINY, 8, 8, domain_gpus=2, fixed=fixed)} == {1, 2}
 
 
+def test_halo_is_tried_only_where_an_ep_group_leaves_a_node():
+    """HALO on one node runs flat's phases, so an EP group inside a node (ep x etp consecutive ranks, a divisor of
+    its GPUs; ep 1 has no all-to-all) keeps the flat twin alone; fixed to HALO alone, HALO is kept."""
+    fixed = parse_fixes(["schedule=1f1b", "parallel.pp=1"])
+    points = enumerate_plans(TINY, 16, 16, domain_gpus=16, node_gpus=4, fixed=fixed)
+    by_ep = {ep: sorted({p.all_to_all for p in points if p.ep == ep}) for ep in {p.ep for p in points}}
+    assert by_ep == {1: ["flat"], 2: ["flat"], 4: ["flat"], 8: ["flat", "halo"]}
+    only_halo = parse_fixes(["schedule=1f1b", "parallel.pp=1", "collectives.all_to_all=halo"])
+    kept = enumerate_plans(TINY, 16, 16, domain_gpus=16, node_gpus=4, fixed=only_halo)
+    assert {p.all_to_all for p in kept} == {"halo"}
+    # the twin dropped is the same simulation: EP 8 inside a node of the 8-GPU uniform cluster, 16 GPUs
+    request = PlanRequest(model="tiny-moe", num_gpus=16, global_batch=16, topology="uniform", profile="mi250x")
+    assert load_topology("uniform", 16).num_hosts == 2
+    flat, halo = (simulate(load_config(request.config(PlanPoint(
+        pp=1, ep=8, dp=2, vpp=1, micro_batch_size=1, num_microbatches=1, schedule="1f1b", all_to_all=a2a,
+        recompute="none", zero=0)))).report.step_time_s for a2a in ("flat", "halo"))
+    assert flat == halo
+
+
 def test_every_emitted_plan_validates_and_dry_runs():
     request = PlanRequest(model="tiny-moe", num_gpus=8, global_batch=8, topology="uniform", profile="mi250x")
     for point in enumerate_plans(TINY, 8, 8, domain_gpus=8):

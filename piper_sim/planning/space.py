@@ -144,7 +144,7 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
         for etp in allowed("etp", sorted({1, tp} if "etp" in fixed else {1})):
             for sp in allowed("sp", (True, False) if tp > 1 and "sp" in fixed else ((tp > 1),)):
                 out.extend(_plans_at(model, num_gpus, global_batch, domain_gpus, allowed, fixed, schedules,
-                                     all_to_alls, recomputes, zeros, tp, etp, sp))
+                                     all_to_alls, recomputes, zeros, tp, etp, sp, node_gpus))
     return out
 
 
@@ -161,7 +161,7 @@ def _splits(model: ModelSpec, tp: int) -> bool:
 
 def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: int, allowed, fixed: dict,
               schedules: tuple[str, ...], all_to_alls: tuple[str, ...], recomputes: tuple[str, ...],
-              zeros: tuple[int, ...], tp: int, etp: int, sp: bool) -> list[PlanPoint]:
+              zeros: tuple[int, ...], tp: int, etp: int, sp: bool, node_gpus: int) -> list[PlanPoint]:
     out = []
     for pp in allowed("pp", [d for d in divisors(num_gpus) if d <= model.num_layers]):
         stage = num_gpus // pp
@@ -186,13 +186,22 @@ def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: i
                     for vpp in allowed("vpp", sorted(set(DEFAULT_VPP + tuple(fixed.get("vpp", ()))))):
                         if not _schedule_allows(schedule, pp, vpp, m, model.num_layers):
                             continue
-                        for a2a in allowed("all_to_all", all_to_alls):
+                        for a2a in _all_to_alls(allowed("all_to_all", all_to_alls), ep * etp, node_gpus):
                             for recompute in allowed("recompute", recomputes):
                                 for zero in allowed("zero", _zeros(zeros, schedule, replicas > 1 or dp > 1)):
                                     out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
                                                          num_microbatches=m, schedule=schedule, all_to_all=a2a,
                                                          recompute=recompute, zero=zero, tp=tp, etp=etp, sp=sp))
     return out
+
+
+def _all_to_alls(names: list[str], ep_span: int, node_gpus: int) -> list[str]:
+    """The all-to-all algorithms worth trying: where every EP group lies inside one node (its ep x etp consecutive
+    ranks, Mesh's layout, a divisor of the node's GPUs), HALO runs flat's phases (collectives/halo.py), so the
+    flat twin alone is kept."""
+    if "flat" in names and node_gpus % ep_span == 0:
+        return [n for n in names if n != "halo"]
+    return names
 
 
 def _schedule_allows(schedule: str, pp: int, vpp: int, m: int, num_layers: int) -> bool:
