@@ -102,13 +102,14 @@ def test_rccl_all_gather_on_four_frontier_nodes_meets_the_measured_point():
 
 
 def test_machine_rings_must_be_permutations_of_one_node():
-    for bad in (["0 1 2"], ["0 1 1 2"], "0 1 2 3", ["0 1 x 3"], ["0 1 2 3", "0 1 2"]):
+    def machine(rings: object):
         topo = load_topology("uniform", 8)
-        topo.collectives = {"rccl": {"peers_in_flight": 4, "per_peer_us": 1.0, "per_chunk_us": 1.0,
-                                     "rings": bad}}
-        if bad == ["0 1 2"]:  # a permutation of 3 GPUs: valid, used only for nodes of 3
-            assert vendor_params(topo, "rccl")["rings"] == ((0, 1, 2),)
-            continue
+        topo.collectives = {"rccl": {"peers_in_flight": 4, "per_peer_us": 1.0, "per_chunk_us": 1.0, "rings": rings}}
+        return topo
+
+    assert vendor_params(machine(["0 1 2"]), "rccl")["rings"] == ((0, 1, 2),)  # valid: used only for nodes of 3
+    for bad in (["0 1 1 2"], "0 1 2 3", ["0 1 x 3"], ["0 1 2 3", "0 1 2"]):
+        topo = machine(bad)
         with pytest.raises(ConfigError, match="topology.collectives.rccl.rings"):
             ALL_REDUCE.get("rccl")(1e6, topo.gpus, topo)
 

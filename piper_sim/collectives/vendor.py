@@ -62,6 +62,7 @@ from piper_sim.collectives.phases import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_p
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER, Sharded
 from piper_sim.errors import ConfigError
 from piper_sim.topology.graph import Topology
+from piper_sim.topology.placement import gpus_by_host
 
 VENDOR_SCHEMA: dict[str, object] = {
     "peers_in_flight": ..., "per_peer_us": ..., "per_chunk_us": ...,
@@ -145,14 +146,12 @@ def vendor_all_to_all(library: str):
 _HOST_GPUS: weakref.WeakKeyDictionary[Topology, dict[int, list[str]]] = weakref.WeakKeyDictionary()
 
 
-def _local_index(topo: Topology, gpu: str) -> int:
-    """The GPU's index among its host's GPUs (in the topology's order)."""
-    by_host = _HOST_GPUS.get(topo)
-    if by_host is None:
-        by_host = _HOST_GPUS[topo] = {}
-        for g in topo.gpus:
-            by_host.setdefault(topo.host_of(g), []).append(g)
-    return by_host[topo.host_of(gpu)].index(gpu)
+def _host_gpus(topo: Topology) -> dict[int, list[str]]:
+    """Each host's GPUs in the topology's order (placement.gpus_by_host, kept per topology)."""
+    hit = _HOST_GPUS.get(topo)
+    if hit is None:
+        hit = _HOST_GPUS[topo] = gpus_by_host(topo)
+    return hit
 
 
 def ring_orders(members: list[str], topo: Topology, node_rings: tuple[tuple[int, ...], ...] | None = None
@@ -166,20 +165,27 @@ def ring_orders(members: list[str], topo: Topology, node_rings: tuple[tuple[int,
     leaves from the one before, so the next host is entered on the same local index (the same rail) and every
     member's NIC carries one ring out. Else one ring in the members' order."""
     _, groups = host_groups(members, topo)
-    g = groups[0].size
-    if node_rings and all(group.size == len(node_rings[0]) == _host_size(topo, members[group[0]])
-                          for group in groups):
-        by_local = [{_local_index(topo, members[m]): m for m in group} for group in groups]
+    by_local = _whole_nodes(members, topo, groups, len(node_rings[0])) if node_rings else None
+    if by_local is not None:
         return [np.array([local[i] for local in by_local for i in ring]) for ring in node_rings]
+    g = groups[0].size
     if len(groups) < 2 or g < 2 or any(group.size != g for group in groups):
         return [np.arange(len(members))]
     return [np.array([group[(c - h + i) % g] for h, group in enumerate(groups) for i in range(g)])
             for c in range(g)]
 
 
-def _host_size(topo: Topology, gpu: str) -> int:
-    _local_index(topo, gpu)  # fills the cache
-    return len(_HOST_GPUS[topo][topo.host_of(gpu)])
+def _whole_nodes(members: list[str], topo: Topology, groups: list[np.ndarray], node_size: int
+                 ) -> list[dict[int, int]] | None:
+    """Per host group, local GPU index -> member index, when every group is a whole node of node_size GPUs."""
+    hosts = _host_gpus(topo)
+    out = []
+    for group in groups:
+        gpus = hosts[topo.host_of(members[group[0]])]
+        if group.size != node_size or len(gpus) != node_size:
+            return None
+        out.append({gpus.index(members[m]): m for m in group})
+    return out
 
 
 def vendor_ring(library: str, steps: int, name: str) -> Sharded:
