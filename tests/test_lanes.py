@@ -78,8 +78,8 @@ def test_lanes_do_not_fall_back_on_frontier():
 
 
 @pytest.mark.parametrize("name", ["drift-migration-steps", "zipf-dualpipe-v"])
-def test_all_to_alls_solved_ahead_are_let_go_after_their_last_use(name, monkeypatch):
-    """Skewed all-to-alls are built and solved at their step's first one (CollectiveTasks._solve_ahead); each is
+def test_skewed_all_to_alls_are_let_go_after_their_last_use(name, monkeypatch):
+    """A skewed all-to-all's phases are built at its group's first member's ask and shared with the others; each is
     dropped at its last use, so nothing stays behind over many steps."""
     from piper_sim.sim.engine import Simulation
 
@@ -88,4 +88,5 @@ def test_all_to_alls_solved_ahead_are_let_go_after_their_last_use(name, monkeypa
     monkeypatch.setattr(Simulation, "run", lambda self: runs.append(self) or run(self))
     simulate(load_config(CASES[name]))
     tasks = runs[-1].collectives
-    assert tasks._solved_ahead and not tasks._ahead and not tasks._ahead_uses
+    assert not tasks.routing.is_uniform and tasks._a2a_uses
+    assert not tasks._skewed and not tasks._skewed_uses

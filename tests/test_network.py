@@ -108,12 +108,31 @@ def test_flows_that_end_together_end_in_the_order_they_started():
     assert env.now == pytest.approx(50 * 1e6 / 1e9)
 
 
+def dense_max_min(entry_flow, entry_link, weight, capacity, live):
+    """Reference progressive filling, written plainly over a dense flow x link matrix: raise every rising live flow
+    by the largest step no link can refuse, freeze the flows of the links that filled, repeat."""
+    crosses = np.zeros((weight.size, capacity.size))
+    np.add.at(crosses, (entry_flow, entry_link), 1.0)
+    crosses *= weight[:, None]
+    rising = live & (crosses.sum(axis=1) > 0)
+    rate = np.where(live & ~rising, np.inf, 0.0)
+    spare = capacity.astype(float).copy()
+    while rising.any():
+        load = crosses[rising].sum(axis=0)
+        used = load > 0
+        step = np.min(spare[used] / load[used])
+        rate[rising] += step
+        spare -= step * load
+        full = used & (spare <= 1e-9 * capacity)
+        rising &= ~(crosses[:, full] > 0).any(axis=1)
+    return rate
+
+
 def _solve_wave_by_wave(entry_flow, entry_link, weight, sizes, capacity):
-    """Reference: max_min_rates on the live flows at every wave, run to the next end."""
+    """Reference: the dense filling on the live flows at every wave, run to the next end."""
     remaining, t, finish = sizes.astype(float).copy(), 0.0, np.full(sizes.size, np.nan)
     while (live := remaining > 1e-3).any():
-        keep = live[entry_flow]
-        rate = np.where(live, max_min_rates(entry_flow[keep], entry_link[keep], weight, capacity), 0.0)
+        rate = dense_max_min(entry_flow, entry_link, weight, capacity, live)
         dt = float(np.min(remaining[live] / rate[live]))
         remaining = np.where(live, remaining - rate * dt, 0.0)
         t += dt
@@ -122,9 +141,9 @@ def _solve_wave_by_wave(entry_flow, entry_link, weight, sizes, capacity):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_isolated_timeline_resumes_filling_to_the_rates_of_a_full_solve(seed):
-    """The timeline resumes progressive filling where the ended flows froze: every finish time equals the
-    wave-by-wave full solve's, on random multi-link flow sets with weights and uneven capacities."""
+def test_isolated_timeline_gives_the_finish_times_of_a_full_solve_at_every_wave(seed):
+    """The compiled timeline (kernels.timeline: link loads kept as flows freeze and end): every finish time equals
+    the plain wave-by-wave filling's, on random multi-link flow sets with weights and uneven capacities."""
     from piper_sim.sim.fairshare import isolated_timeline
 
     rng = np.random.default_rng(seed)
@@ -154,29 +173,28 @@ def test_a_phase_that_ran_alone_recomputes_its_rates_when_asked():
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_a_resumed_filling_gives_the_rates_of_a_filling_from_zero(seed):
-    """Filling.solve after flows leave resumes where the earliest leaver froze; its rates are those of a filling
-    from zero on the live flows at every step of a random departure order, and a live set that gained flows
-    is filled from zero."""
-    from piper_sim.sim.fairshare import Filling, fill_rates
+def test_filling_gives_the_rates_of_a_plain_filling_as_flows_leave(seed):
+    """Filling.solve(live) on one structure (kernels.fill) gives the plain dense filling's rates at every step of a
+    random departure order, flows crossing no link an infinite rate, and again when every flow is back."""
+    from piper_sim.sim.fairshare import Filling
 
     rng = np.random.default_rng(100 + seed)
     num_flows, num_links = int(rng.integers(5, 80)), int(rng.integers(2, 25))
     hops = rng.integers(0, 5, size=num_flows)  # some flows cross no link: infinite rate
     entry_flow = np.repeat(np.arange(num_flows), hops)
     entry_link = rng.integers(0, num_links, size=entry_flow.size)
-    weight = rng.integers(1, 4, size=num_flows).astype(float)
+    weight = rng.integers(1, 4, size=num_flows).astype(float) / rng.choice([1.0, 3.0])
     capacity = rng.choice([1e6, 4e6, 1e7], size=num_links)
     filling = Filling(entry_flow, entry_link, weight, capacity)
     live = np.ones(num_flows, dtype=bool)
     for leaver in [None, *rng.permutation(num_flows)[: num_flows - 1]]:
         if leaver is not None:
             live[leaver] = False
-        keep = live[entry_flow]
-        expected = np.where(live, fill_rates(entry_flow[keep], entry_link[keep], weight, capacity), 0.0)
+        expected = dense_max_min(entry_flow, entry_link, weight, capacity, live)
         np.testing.assert_allclose(filling.solve(live), expected, rtol=1e-12, atol=0)
     live[:] = True
-    np.testing.assert_allclose(filling.solve(live), fill_rates(entry_flow, entry_link, weight, capacity), rtol=1e-12)
+    np.testing.assert_allclose(filling.solve(live), dense_max_min(entry_flow, entry_link, weight, capacity, live),
+                               rtol=1e-12)
 
 
 def _events_from_zero(capacity, sets):

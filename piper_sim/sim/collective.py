@@ -15,7 +15,6 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.fairshare import BATCH_MAX_CELLS, isolated_timelines
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
 from piper_sim.sim.recording import IsolatedRun, PhaseRecord, Recorder, Starting, overlapping
@@ -147,28 +146,6 @@ class CollectiveRunner:
                 self._reserve(members, [self.recorder.isolated_run(members[0])], union, None)
             else:
                 self._reserve(members, self.recorder.run_together(members), union, self.recorder.replay(members))
-
-    def solve_ahead(self, collectives: list[list[Phase]], gpus: tuple[str, ...], key: Hashable) -> None:
-        """Collectives of these members and key that are to run (e.g. a step's skewed all-to-alls of one layer):
-        the isolated runs of their phases, grouped by route structure, are solved in batches now
-        (fairshare.isolated_timelines); recording a collective then takes its phases' runs from there."""
-        batches: dict[Hashable, tuple[PhaseFlows, dict[bytes, np.ndarray]]] = {}
-        for phases in collectives:
-            for index, phase in enumerate(phases):
-                if phase.src.size == 0:
-                    continue
-                _, flows, _ = self._phase_flows(phase, gpus, (key, index))
-                cells = flows.sizes.size * np.unique(flows.entry_link).size
-                known = (flows.key, flows.sizes.tobytes())
-                if cells <= BATCH_MAX_CELLS and known not in self.recorder.solved:
-                    batches.setdefault(flows.key, (flows, {}))[1].setdefault(known[1], flows.sizes)
-        for pattern, (flows, by_sizes) in batches.items():
-            if len(by_sizes) < 2:
-                continue  # nothing to share the array operations with: solved when recorded
-            solved = isolated_timelines(flows.entry_flow, flows.entry_link, np.stack(list(by_sizes.values())),
-                                        self.network.capacity, flows.weight)
-            for raw, timeline in zip(by_sizes, solved, strict=True):
-                self.recorder.solved.put((pattern, raw), timeline)
 
     def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float):
         yield self.env.timeout(delay_s)

@@ -3,7 +3,7 @@
 Owns the phases of a collective task (an all-to-all's from its routed matrix, an all-reduce's or a ZeRO
 shard's from the bytes of the gradients or parameters it moves, migration's point-to-point sends), the memo of
 collectives that repeat (the same phase objects again, so the collective runner finds its recorded runs by
-identity), the skewed all-to-alls of a step solved ahead together, and the number of library calls a collective
+identity; a skewed all-to-all's for its group's members), and the number of library calls a collective
 makes with the host-side cost they carry. The engine (engine.py) asks for them when a group's collective starts.
 """
 
@@ -42,9 +42,9 @@ class CollectiveTasks:
         self.activation_bytes = activation_bytes  # a micro-batch's activations, whole
         self._num_calls: dict[tuple, int] = {}  # (kind, migrate?, group) -> library calls per collective
         self._phase_cache: dict[tuple, tuple] = {}  # repeating collectives' phases (see phases)
-        self._solved_ahead: set[tuple] = set()  # (step, layer, role, group) whose all-to-alls were solved ahead
-        self._ahead: dict[tuple, tuple] = {}  # their phases, by (step, layer, microbatch, role, group), until used
-        self._ahead_uses: dict[tuple, int] = {}
+        # skewed all-to-alls' phases by (step, layer, microbatch, role, group), from the first member's ask to the last
+        self._skewed: dict[tuple, tuple] = {}
+        self._skewed_uses: dict[tuple, int] = {}
         self._a2a_uses = Counter((stage, t.layer, t.microbatch, t.role)  # a stage's, for each of its groups
                                  for stage, program in enumerate(schedule.stage_programs)
                                  for t in program if t.kind == "all_to_all")
@@ -81,16 +81,14 @@ class CollectiveTasks:
         if task.role == "migrate":  # expert state moves between members: direct point-to-point sends
             matrix = self.experts.migrate(self.mesh.stage_of(rank), step)
             return [matrix_phase(matrix, "migrate")], matrix.sum(axis=1) - np.diag(matrix), "direct"
-        if task.kind == "all_to_all" and not self.routing.is_uniform:
-            self._solve_ahead(step, task, group)
-            key = (step, task.layer, task.microbatch, task.role, group)
-            hit = self._ahead.get(key)
+        if task.kind == "all_to_all" and not self.routing.is_uniform:  # a matrix of its own: the same objects for
+            key = (step, task.layer, task.microbatch, task.role, group)  # every member, let go after the last
+            hit = self._skewed.get(key)
             if hit is None:
-                return self._build(step, task, group)
-            self._ahead_uses[key] = uses = self._ahead_uses.get(key, 0) + 1
+                hit = self._skewed[key] = self._a2a_phases(step, task.layer, task.microbatch, task.role, group)
+            self._skewed_uses[key] = uses = self._skewed_uses.get(key, 0) + 1
             if uses == self._a2a_uses[(self.mesh.stage_of(group[0]), task.layer, task.microbatch, task.role)]:
-                # its last use: let it go
-                del self._ahead[key], self._ahead_uses[key]
+                del self._skewed[key], self._skewed_uses[key]
             return hit
         version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == "all_to_all" else 0
         key = (group, task.kind, task.role, task.layer, task.chunk, version)
@@ -98,22 +96,6 @@ class CollectiveTasks:
         if hit is None:
             hit = self._phase_cache[key] = self._build(step, task, group)
         return hit
-
-    def _solve_ahead(self, step: int, task: Task, group: tuple[int, ...]) -> None:
-        """Under skewed routing each all-to-all has a matrix of its own, but the step's matrices are known at
-        its first one: the runs of this layer's, role's and group's all-to-alls of every microbatch of the step
-        are solved together (CollectiveRunner.solve_ahead), once."""
-        key = (step, task.layer, task.role, group)
-        if key in self._solved_ahead:
-            return
-        self._solved_ahead.add(key)
-        stage = self.mesh.stage_of(group[0])
-        built = {mb: self._a2a_phases(step, task.layer, mb, task.role, group)
-                 for mb in sorted({mb for layer, mb in self.experts.routed_by_stage[stage] if layer == task.layer})}
-        for mb, hit in built.items():
-            self._ahead[(step, task.layer, mb, task.role, group)] = hit
-        gpus = tuple(self.placement[r] for r in group)
-        self.runner.solve_ahead([phases for phases, _, _ in built.values()], gpus, (gpus, self.a2a_name, task.role))
 
     def _a2a_phases(self, step: int, layer: int, microbatch: int, role: str, group: tuple[int, ...]):
         d = self.experts.dispatch(step, layer, microbatch, group[0])

@@ -18,7 +18,6 @@ import simpy
 from piper_sim.sim.fairshare import (
     EPS_BYTES,
     Filling,
-    SolvedAhead,
     Timeline,
     compact_ids,
     isolated_timeline,
@@ -60,12 +59,9 @@ class FlowNetwork:
     """All flows in flight on one topology."""
 
     def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray,
-                 slowdown: Callable[[np.ndarray], np.ndarray] | None = None,
-                 solved: SolvedAhead | None = None) -> None:
+                 slowdown: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """slowdown: load per link (the weights of its live flows) -> divisor of each link's capacity, for
-        resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity.
-        solved: isolated runs solved ahead (isolated_timelines) by (key, sizes bytes), taken out on first use."""
-        self.solved = solved
+        resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity."""
         self.env = env
         self.capacity = capacity_bytes_per_s
         self.slowdown = slowdown
@@ -201,8 +197,6 @@ class FlowNetwork:
 
     def _run_isolated(self, fs: FlowSet, cache_key: Hashable) -> None:
         timeline = self._timelines.get(cache_key)
-        if timeline is None and self.solved is not None:
-            timeline = self.solved.pop(cache_key, None)
         if timeline is None:
             timeline = self._isolated_timeline(fs)
         self._timelines[cache_key] = timeline

@@ -19,7 +19,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.fairshare import EPS_BYTES, SolvedAhead, Timeline, isolated_timeline
+from piper_sim.sim.fairshare import EPS_BYTES, Timeline, isolated_timeline
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, start_phases
 
@@ -122,7 +122,6 @@ class Recorder:
 
     def __init__(self, capacity: np.ndarray, phase_flows: PhaseFlowsOf) -> None:
         self.capacity, self.phase_flows = capacity, phase_flows
-        self.solved = SolvedAhead()  # isolated timelines solved ahead of their use (CollectiveRunner.solve_ahead)
         self._runs: dict[Hashable, tuple[list[Phase], IsolatedRun]] = {}
         self._by_signature: dict[Hashable, IsolatedRun] = {}
         self._small_runs: dict[Hashable, Timeline] = {}
@@ -214,9 +213,9 @@ class Recorder:
         return records
 
     def _alone(self, flows: PhaseFlows, sizes: np.ndarray) -> Timeline:
-        """The phase's flows alone on their links: solved ahead, seen before (small runs are kept), or solved."""
+        """The phase's flows alone on their links: seen before (small runs are kept), or solved."""
         known = (flows.key, flows.sizes.tobytes())
-        timeline = self.solved.pop(known) or self._small_runs.get(known)
+        timeline = self._small_runs.get(known)
         if timeline is None:
             timeline = isolated_timeline(flows.entry_flow, flows.entry_link, flows.weights, sizes,
                                          self.capacity)
@@ -230,7 +229,7 @@ class Recorder:
         member's phase records (log: with the rates of the solves of sets that did not run alone), and with
         until_s, the state of the phases running at that time {(member, phase): (bytes left, finish times)}."""
         env = simpy.Environment()
-        net = FlowNetwork(env, self.capacity, solved=self.solved)
+        net = FlowNetwork(env, self.capacity)
         net.log = {} if log else None
         records = [[PhaseRecord() for _ in c.phases] for c in members]
         sets: dict[tuple[int, int], object] = {}

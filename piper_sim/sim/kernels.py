@@ -1,0 +1,191 @@
+"""Compiled inner loops of the fair-share solves (numba): progressive filling, and a flow set's run alone.
+
+Pure numeric code over a flow set's incidences in compressed form (Incidence); fairshare.py owns what the
+numbers mean and is the only caller. Progressive filling raises every rising flow's rate by the same
+increment until a link saturates (its spare capacity below 1e-9 of its capacity); the flows crossing it freeze
+at that level. The loads of the links are kept as flows freeze instead of being summed again at every step, so
+one filling costs about one pass over the live flows' incidences plus one over the used links per level.
+Compiled on first use and cached on disk (numba's `cache=True`), so only a machine's first run pays for it.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+SATURATED = 1e-9  # a link whose spare capacity falls below this share of its capacity is saturated
+ROWS_UP_FRONT = 1 << 22  # rate values of a run allocated at once (it grows beyond)
+
+
+class Incidence:
+    """A flow set's (flow, link) incidences, flow-major and link-major, links numbered 0..L-1."""
+
+    __slots__ = ("flow_ptr", "flow_link", "link_ptr", "link_flow", "num_flows", "num_links")
+
+    def __init__(self, entry_flow: np.ndarray, local_link: np.ndarray, num_flows: int, num_links: int) -> None:
+        self.num_flows, self.num_links = num_flows, num_links
+        self.flow_ptr, self.flow_link = _compressed(entry_flow, local_link, num_flows)
+        self.link_ptr, self.link_flow = _compressed(local_link, entry_flow, num_links)
+
+    def has_link(self) -> np.ndarray:
+        return np.diff(self.flow_ptr) > 0
+
+
+def _compressed(rows: np.ndarray, cols: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row pointers, columns in row order): the entries of each row together, in their given order."""
+    order = np.argsort(rows, kind="stable")
+    ptr = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=num_rows), out=ptr[1:])
+    return ptr, np.ascontiguousarray(cols[order], dtype=np.int64)
+
+
+def fill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """Max-min fair rates of the live flows (0 for the others and for live flows that cross no link)."""
+    rate = np.zeros(inc.num_flows)
+    members = np.flatnonzero(live & inc.has_link())
+    if members.size:
+        weight = weight.astype(float)
+        scratch = _scratch(inc)
+        _count(members, members.size, inc.flow_ptr, inc.flow_link, weight, 1, scratch[0], scratch[1])
+        _fill(members, members.size, inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow,
+              weight, capacity.astype(float), rate, *scratch)
+    return rate
+
+
+def timeline(inc: Incidence, weight: np.ndarray, sizes: np.ndarray, capacity: np.ndarray,
+             eps_bytes: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The set's run alone from time 0: (end of each wave, rates in it [wave, flow], each flow's finish), a wave
+    lasting until the next flows end. Flows of at most eps_bytes, or crossing no link, finish at 0."""
+    return _timeline(inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow, weight.astype(float),
+                     sizes.astype(float), capacity.astype(float), eps_bytes, *_scratch(inc))
+
+
+def _scratch(inc: Incidence) -> tuple[np.ndarray, ...]:
+    """base_load, base_on, load, cap, rising_on, active, rising"""
+    links = inc.num_links
+    return (np.zeros(links), np.zeros(links, dtype=np.int64), np.zeros(links), np.zeros(links),
+            np.zeros(links, dtype=np.int64), np.zeros(links, dtype=np.int64), np.zeros(inc.num_flows, dtype=np.bool_))
+
+
+@numba.njit(cache=True)
+def _count(members, num_members, flow_ptr, flow_link, weight, sign, base_load, base_on):  # pragma: no cover
+    """Add (sign 1) or take out (sign -1) these flows' weights and counts on the links they cross."""
+    for i in range(num_members):
+        f = members[i]
+        for e in range(flow_ptr[f], flow_ptr[f + 1]):
+            link = flow_link[e]
+            base_load[link] += sign * weight[f]
+            base_on[link] += sign
+
+
+@numba.njit(cache=True)
+def _fill(members, num_members, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
+          base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+    """Progressive filling from zero over members[:num_members], whose weights and counts per link are
+    base_load and base_on; sets rate[f] for each of them."""
+    for i in range(num_members):
+        rising[members[i]] = True
+    num_active = 0
+    for link in range(capacity.shape[0]):
+        if base_on[link] > 0:
+            load[link] = base_load[link]
+            rising_on[link] = base_on[link]
+            cap[link] = capacity[link]
+            active[num_active] = link
+            num_active += 1
+    level = 0.0
+    left = num_members
+    while left > 0:
+        step = np.inf
+        for i in range(num_active):
+            link = active[i]
+            v = cap[link] / load[link]
+            if v < step:
+                step = v
+        level += step
+        for i in range(num_active):
+            link = active[i]
+            cap[link] -= step * load[link]
+        for i in range(num_active):
+            link = active[i]
+            if rising_on[link] == 0 or cap[link] > SATURATED * capacity[link]:
+                continue
+            for e in range(link_ptr[link], link_ptr[link + 1]):
+                f = link_flow[e]
+                if not rising[f]:
+                    continue
+                rising[f] = False
+                rate[f] = level
+                left -= 1
+                for e2 in range(flow_ptr[f], flow_ptr[f + 1]):
+                    other = flow_link[e2]
+                    load[other] -= weight[f]
+                    rising_on[other] -= 1
+        kept = 0
+        for i in range(num_active):
+            link = active[i]
+            if rising_on[link] > 0:
+                active[kept] = link
+                kept += 1
+            else:
+                load[link] = 0.0
+        num_active = kept
+
+
+@numba.njit(cache=True)
+def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity, eps_bytes,
+              base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+    num_flows = sizes.shape[0]
+    remaining = sizes.copy()
+    finish = np.full(num_flows, np.nan)
+    members = np.empty(num_flows, dtype=np.int64)
+    ended = np.empty(1, dtype=np.int64)
+    live = 0
+    for f in range(num_flows):
+        if remaining[f] > eps_bytes and flow_ptr[f + 1] > flow_ptr[f]:
+            members[live] = f
+            live += 1
+        else:
+            finish[f] = 0.0
+    _count(members, live, flow_ptr, flow_link, weight, 1, base_load, base_on)
+    rows = max(min(live, ROWS_UP_FRONT // max(num_flows, 1)), 1)  # waves <= flows that end
+    times = np.empty(rows)
+    rates = np.zeros((rows, num_flows))
+    rate = np.zeros(num_flows)
+    waves = 0
+    t = 0.0
+    while live > 0:
+        _fill(members, live, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
+              base_load, base_on, load, cap, rising_on, active, rising)
+        dt = np.inf
+        for i in range(live):
+            f = members[i]
+            v = remaining[f] / rate[f]
+            if v < dt:
+                dt = v
+        t += dt
+        if waves == rows:
+            rows *= 2
+            grown = np.zeros((rows, num_flows))
+            grown[:waves] = rates[:waves]
+            rates = grown
+            grown_times = np.empty(rows)
+            grown_times[:waves] = times[:waves]
+            times = grown_times
+        times[waves] = t
+        kept = 0
+        for i in range(live):
+            f = members[i]
+            rates[waves, f] = rate[f]
+            remaining[f] -= rate[f] * dt
+            if remaining[f] <= eps_bytes:
+                finish[f] = t
+                rate[f] = 0.0
+                ended[0] = f
+                _count(ended, 1, flow_ptr, flow_link, weight, -1, base_load, base_on)
+            else:
+                members[kept] = f
+                kept += 1
+        live = kept
+        waves += 1
+    return times[:waves], rates[:waves], finish
