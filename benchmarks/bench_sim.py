@@ -19,7 +19,7 @@ XB: the whole step of that baseline (28 layers x 4 micro-batches), as reproduce 
 Each workload runs in its own process, so peak memory is its own, and is stopped after --timeout seconds.
 A progress line on stderr counts the workloads done, with an ETA (PIPER_SIM_PROGRESS, README.md).
 
-    python benchmarks/bench_sim.py [--only W3 W3Z ...] [--profile] [--timeout 900]
+    python benchmarks/bench_sim.py [--only W3 W3Z ...] [--profile [--sort tottime]] [--timeout 900]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ WORKLOADS = {
 }
 
 
-def run_one(name: str, profile: bool) -> dict:
+def run_one(name: str, profile: bool, sort: str = "cumulative") -> dict:
     from piper_sim.config import load_config
     from piper_sim.simulate import simulate
 
@@ -79,7 +79,7 @@ def run_one(name: str, profile: bool) -> dict:
 
         prof = cProfile.Profile()
         result = prof.runcall(simulate, cfg)
-        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats(sort).print_stats(25)
     else:
         result = simulate(cfg)
     wall = time.perf_counter() - t0
@@ -100,18 +100,21 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), metavar="NAME",
                         help=f"workloads to run (default: all): {', '.join(WORKLOADS)}")
     parser.add_argument("--profile", action="store_true", help="cProfile the run (stderr)")
+    parser.add_argument("--sort", choices=["cumulative", "tottime"], default="cumulative",
+                        help="order of the profile's functions (default: cumulative)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per workload before it is stopped")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_one(args.only[0], args.profile)))
+        print(json.dumps(run_one(args.only[0], args.profile, args.sort)))
         return
     names = args.only or list(WORKLOADS)
     print(f"{'':8s} {'GPUs':>5s} {'step ms':>10s} {'MFU %':>6s} {'wall s':>7s} {'loop s':>7s} {'tasks':>9s} "
           f"{'tasks/s':>9s} {'flows':>10s} {'lanes':>6s} {'RSS MiB':>8s}")
     with progress_bar(len(names), "bench_sim", "workloads", delay_s=0) as line:
         for name in names:
-            cmd = [sys.executable, __file__, "--child", "--only", name] + (["--profile"] if args.profile else [])
+            cmd = [sys.executable, __file__, "--child", "--only", name]
+            cmd += ["--profile", "--sort", args.sort] if args.profile else []
             t0 = time.perf_counter()
             try:
                 out = subprocess.run(cmd, text=True, check=True, stdout=subprocess.PIPE, timeout=args.timeout)

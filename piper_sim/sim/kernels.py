@@ -18,37 +18,27 @@ ROWS_UP_FRONT = 1 << 22  # rate values of a run allocated at once (it grows beyo
 
 
 class Incidence:
-    """A flow set's (flow, link) incidences, flow-major and link-major, links numbered 0..L-1."""
+    """A flow set's (flow, link) incidences, flow-major and link-major, links numbered 0..L-1, with the scratch
+    arrays its solves reuse."""
 
-    __slots__ = ("flow_ptr", "flow_link", "link_ptr", "link_flow", "num_flows", "num_links")
+    __slots__ = ("flow_ptr", "flow_link", "link_ptr", "link_flow", "num_flows", "num_links", "has_link",
+                 "scratch")
 
     def __init__(self, entry_flow: np.ndarray, local_link: np.ndarray, num_flows: int, num_links: int) -> None:
         self.num_flows, self.num_links = num_flows, num_links
-        self.flow_ptr, self.flow_link = _compressed(entry_flow, local_link, num_flows)
-        self.link_ptr, self.link_flow = _compressed(local_link, entry_flow, num_links)
-
-    def has_link(self) -> np.ndarray:
-        return np.diff(self.flow_ptr) > 0
-
-
-def _compressed(rows: np.ndarray, cols: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row pointers, columns in row order): the entries of each row together, in their given order."""
-    order = np.argsort(rows, kind="stable")
-    ptr = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=num_rows), out=ptr[1:])
-    return ptr, np.ascontiguousarray(cols[order], dtype=np.int64)
+        self.flow_ptr, self.flow_link, self.link_ptr, self.link_flow = _compressed(
+            np.asarray(entry_flow, dtype=np.int64), np.asarray(local_link, dtype=np.int64), num_flows, num_links)
+        self.has_link = self.flow_ptr[1:] > self.flow_ptr[:-1]
+        self.scratch = (np.zeros(num_links), np.zeros(num_links, dtype=np.int64), np.zeros(num_links),
+                        np.zeros(num_links), np.zeros(num_links, dtype=np.int64), np.zeros(num_links, dtype=np.int64),
+                        np.zeros(num_flows, dtype=np.bool_))  # base_load, base_on, load, cap, rising_on, active, rising
 
 
 def fill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndarray) -> np.ndarray:
     """Max-min fair rates of the live flows (0 for the others and for live flows that cross no link)."""
     rate = np.zeros(inc.num_flows)
-    members = np.flatnonzero(live & inc.has_link())
-    if members.size:
-        weight = weight.astype(float)
-        scratch = _scratch(inc)
-        _count(members, members.size, inc.flow_ptr, inc.flow_link, weight, 1, scratch[0], scratch[1])
-        _fill(members, members.size, inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow,
-              weight, capacity.astype(float), rate, *scratch)
+    _solve(live, inc.has_link, inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow,
+           np.asarray(weight, dtype=float), np.asarray(capacity, dtype=float), rate, *inc.scratch)
     return rate
 
 
@@ -56,15 +46,46 @@ def timeline(inc: Incidence, weight: np.ndarray, sizes: np.ndarray, capacity: np
              eps_bytes: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The set's run alone from time 0: (end of each wave, rates in it [wave, flow], each flow's finish), a wave
     lasting until the next flows end. Flows of at most eps_bytes, or crossing no link, finish at 0."""
-    return _timeline(inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow, weight.astype(float),
-                     sizes.astype(float), capacity.astype(float), eps_bytes, *_scratch(inc))
+    return _timeline(inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow, np.asarray(weight, dtype=float),
+                     np.asarray(sizes, dtype=float), np.asarray(capacity, dtype=float), eps_bytes, *inc.scratch)
 
 
-def _scratch(inc: Incidence) -> tuple[np.ndarray, ...]:
-    """base_load, base_on, load, cap, rising_on, active, rising"""
-    links = inc.num_links
-    return (np.zeros(links), np.zeros(links, dtype=np.int64), np.zeros(links), np.zeros(links),
-            np.zeros(links, dtype=np.int64), np.zeros(links, dtype=np.int64), np.zeros(inc.num_flows, dtype=np.bool_))
+@numba.njit(cache=True)
+def _compressed(entry_flow, local_link, num_flows, num_links):  # pragma: no cover - compiled
+    """(flow pointers, links in flow order, link pointers, flows in link order), each entry in its given order
+    within its flow and its link (a counting sort)."""
+    flow_ptr = np.zeros(num_flows + 1, dtype=np.int64)
+    link_ptr = np.zeros(num_links + 1, dtype=np.int64)
+    for e in range(entry_flow.shape[0]):
+        flow_ptr[entry_flow[e] + 1] += 1
+        link_ptr[local_link[e] + 1] += 1
+    for f in range(num_flows):
+        flow_ptr[f + 1] += flow_ptr[f]
+    for link in range(num_links):
+        link_ptr[link + 1] += link_ptr[link]
+    flow_link = np.empty(entry_flow.shape[0], dtype=np.int64)
+    link_flow = np.empty(entry_flow.shape[0], dtype=np.int64)
+    at_flow = flow_ptr[:-1].copy()
+    at_link = link_ptr[:-1].copy()
+    for e in range(entry_flow.shape[0]):
+        f, link = entry_flow[e], local_link[e]
+        flow_link[at_flow[f]] = link
+        at_flow[f] += 1
+        link_flow[at_link[link]] = f
+        at_link[link] += 1
+    return flow_ptr, flow_link, link_ptr, link_flow
+
+
+@numba.njit(cache=True)
+def _solve(live, has_link, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
+           base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+    """One filling of the live flows that cross a link."""
+    members = np.flatnonzero(live & has_link)
+    base_load[:] = 0.0
+    base_on[:] = 0
+    _count(members, members.size, flow_ptr, flow_link, weight, 1, base_load, base_on)
+    _fill(members, members.size, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
+          base_load, base_on, load, cap, rising_on, active, rising)
 
 
 @numba.njit(cache=True)
@@ -136,6 +157,8 @@ def _fill(members, num_members, flow_ptr, flow_link, link_ptr, link_flow, weight
 def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity, eps_bytes,
               base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
     num_flows = sizes.shape[0]
+    base_load[:] = 0.0
+    base_on[:] = 0
     remaining = sizes.copy()
     finish = np.full(num_flows, np.nan)
     members = np.empty(num_flows, dtype=np.int64)
@@ -189,3 +212,33 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
         live = kept
         waves += 1
     return times[:waves], rates[:waves], finish
+
+
+@numba.njit(cache=True)
+def advance(remaining, rate, dt, ulp_now, finish, now, eps_bytes):  # pragma: no cover - compiled
+    """Run flows at their rates for dt, in place: bytes the clock cannot resolve any more (8 of its spacing at
+    `now`, times the rate) count as sent; flows that end get finish time `now`. Whether any flow is still live."""
+    live = False
+    for f in range(remaining.shape[0]):
+        left = remaining[f] - rate[f] * dt
+        if left <= max(eps_bytes, rate[f] * 8 * ulp_now):
+            left = 0.0
+        remaining[f] = left
+        if left <= eps_bytes:
+            if np.isnan(finish[f]):
+                finish[f] = now
+        else:
+            live = True
+    return live
+
+
+@numba.njit(cache=True)
+def next_end(remaining, rate, eps_bytes):  # pragma: no cover - compiled
+    """Time until the first live flow ends at its rate (0 when none is live)."""
+    dt = np.inf
+    for f in range(remaining.shape[0]):
+        if remaining[f] > eps_bytes:
+            v = remaining[f] / rate[f]
+            if v < dt:
+                dt = v
+    return dt if dt < np.inf else 0.0

@@ -10,11 +10,13 @@ Latency and per-message overhead are paid by the caller before flows enter (see 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 
 import numpy as np
 import simpy
 
+from piper_sim.sim import kernels
 from piper_sim.sim.fairshare import (
     EPS_BYTES,
     Filling,
@@ -269,15 +271,12 @@ class FlowNetwork:
             self._advance(fs)
 
     def _advance(self, fs: FlowSet) -> None:
-        dt = self.env.now - fs.t_last
-        if dt > 0:
-            fs.remaining = np.maximum(fs.remaining - fs.rate * dt, 0.0)
-            # bytes the clock cannot resolve any more (its spacing at `now` times the rate) count as sent,
-            # else a late, fast flow would be re-solved forever at one instant
-            resolution = fs.rate * 8 * np.spacing(self.env.now)
-            fs.remaining[fs.remaining <= np.maximum(EPS_BYTES, resolution)] = 0.0
-            fs.finish_s[(fs.remaining <= EPS_BYTES) & np.isnan(fs.finish_s)] = self.env.now
-        fs.t_last = self.env.now
+        now = self.env.now
+        dt = now - fs.t_last
+        if dt > 0:  # bytes the clock cannot resolve any more count as sent, else a late, fast flow would be
+            # re-solved forever at one instant (kernels.advance)
+            kernels.advance(fs.remaining, fs.rate, dt, math.ulp(now), fs.finish_s, now, EPS_BYTES)
+        fs.t_last = now
 
     def _structure(self, sets: list[FlowSet]) -> tuple:
         """(offsets, entry_flow, entry_link, weight, Filling) of a component's sets together, kept for the few
@@ -314,9 +313,7 @@ class FlowNetwork:
             if self.log is not None:
                 self.log.setdefault(fs, []).append((self.env.now, fs.rate))
             fs.version += 1
-            alive = fs.remaining > EPS_BYTES
-            dt = float(np.min(fs.remaining[alive] / fs.rate[alive])) if alive.any() else 0.0
-            self._schedule(fs, dt)
+            self._schedule(fs, kernels.next_end(fs.remaining, fs.rate, EPS_BYTES))
 
     def _schedule(self, fs: FlowSet, delay: float) -> None:
         version = fs.version
