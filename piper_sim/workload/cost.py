@@ -9,6 +9,7 @@ HBM bandwidth; each kernel pays a launch overhead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -43,10 +44,15 @@ def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float:
     return max(flop_time, traffic / (profile.hbm_bytes_per_s * profile.memory_efficiency))
 
 
-def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int) -> float:
-    t = sum(gemm_time_s(profile, g, dtype_bytes) for g in work.gemms)
+def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
+                gemm_s: Callable[[Gemm], float] | None = None) -> float:
+    """Time of an op's work; gemm_s: the time of one GEMM (gemm_time_s unless given, e.g. memoized)."""
+    if gemm_s is None:
+        def gemm_s(g: Gemm) -> float:
+            return gemm_time_s(profile, g, dtype_bytes)
+    t = sum(gemm_s(g) for g in work.gemms)
     if work.unfused_gemms:  # the core as batched GEMMs and the score matrix's traffic
-        t += sum(gemm_time_s(profile, g, dtype_bytes) for g in work.unfused_gemms)
+        t += sum(gemm_s(g) for g in work.unfused_gemms)
         t += work.score_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
     elif work.attention_flops:
         t += work.attention_flops / (profile.peak_flops_per_s * profile.attention_efficiency(work.attention_seq_len))
@@ -62,6 +68,16 @@ class TaskCoster:
         self.model, self.profile, self.tokens = model, profile.for_model(model), tokens_per_microbatch
         self.split, self.flash = split, flash_attention
         self._cache: dict[tuple, tuple[float, float]] = {}
+        self._one_gemm_s: dict[tuple[int, int, int], float] = {}  # a GEMM's time by shape, for count 1
+
+    def _gemm_s(self, gemm: Gemm) -> float:
+        """gemm_time_s, memoized by shape: a GEMM of count c takes c times one (skewed routing prices many expert
+        row counts, each again on many ranks and micro-batches)."""
+        key = (gemm.rows, gemm.k, gemm.n)
+        one = self._one_gemm_s.get(key)
+        if one is None:
+            one = self._one_gemm_s[key] = gemm_time_s(self.profile, replace(gemm, count=1), self.model.dtype_bytes)
+        return gemm.count * one
 
     def cost(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
         """(seconds, flops) of a compute task of this kind running these ops."""
@@ -75,10 +91,10 @@ class TaskCoster:
             work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
             fixed = self._framework_s(kind, op, expert_rows, work)
             if fixed is None:
-                seconds += factor * work_time_s(self.profile, work, self.model.dtype_bytes)
+                seconds += factor * work_time_s(self.profile, work, self.model.dtype_bytes, self._gemm_s)
             else:  # measured fixed cost of the op's code path, plus its arithmetic without per-kernel launches
                 arithmetic = replace(work, num_kernels=0)
-                seconds += fixed + factor * work_time_s(self.profile, arithmetic, self.model.dtype_bytes)
+                seconds += fixed + factor * work_time_s(self.profile, arithmetic, self.model.dtype_bytes, self._gemm_s)
             flops += factor * work.model_flops(self.split.tp)
         self._cache[key] = (seconds, flops)
         return seconds, flops
