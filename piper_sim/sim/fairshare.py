@@ -18,10 +18,7 @@ def compact_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sorted distinct non-negative ids, position of every id among them), without sorting all ids."""
     if ids.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    present = np.bincount(ids) > 0
-    used = np.flatnonzero(present)
-    remap = np.cumsum(present) - 1
-    return used, remap[ids]
+    return kernels.compact(np.asarray(ids, dtype=np.int64))
 
 
 def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray,

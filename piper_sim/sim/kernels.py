@@ -242,3 +242,28 @@ def next_end(remaining, rate, eps_bytes):  # pragma: no cover - compiled
             if v < dt:
                 dt = v
     return dt if dt < np.inf else 0.0
+
+
+@numba.njit(cache=True)
+def compact(ids):  # pragma: no cover - compiled
+    """(sorted distinct ids, position of every id among them) of non-negative ids."""
+    top = 0
+    for i in range(ids.shape[0]):
+        if ids[i] > top:
+            top = ids[i]
+    position = np.full(top + 1, -1, dtype=np.int64)
+    for i in range(ids.shape[0]):
+        position[ids[i]] = 0
+    count = 0
+    for v in range(top + 1):
+        if position[v] == 0:
+            position[v] = count
+            count += 1
+    used = np.empty(count, dtype=np.int64)
+    local = np.empty(ids.shape[0], dtype=np.int64)
+    for v in range(top + 1):
+        if position[v] >= 0:
+            used[position[v]] = v
+    for i in range(ids.shape[0]):
+        local[i] = position[ids[i]]
+    return used, local
