@@ -51,12 +51,11 @@ class Filling:
     def __init__(self, entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray,
                  capacity: np.ndarray) -> None:
         self.incidence = kernels.Incidence(entry_flow, local_link, weight.shape[0], capacity.shape[0])
-        self.has_link = self.incidence.has_link
         self.weight, self.capacity = weight.astype(float), capacity.astype(float)
 
     def solve(self, live: np.ndarray) -> np.ndarray:
         rate = kernels.fill(self.incidence, self.weight, self.capacity, live)
-        free = live & ~self.has_link
+        free = live & ~self.incidence.has_link
         return np.where(free, np.inf, rate) if free.any() else rate
 
 

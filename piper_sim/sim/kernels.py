@@ -89,6 +89,18 @@ def _solve(live, has_link, flow_ptr, flow_link, link_ptr, link_flow, weight, cap
 
 
 @numba.njit(cache=True)
+def _min_ratio(index, count, numerator, denominator):  # pragma: no cover - compiled
+    """The smallest numerator[j] / denominator[j] over j in index[:count] (inf when count is 0)."""
+    low = np.inf
+    for i in range(count):
+        j = index[i]
+        v = numerator[j] / denominator[j]
+        if v < low:
+            low = v
+    return low
+
+
+@numba.njit(cache=True)
 def _count(members, num_members, flow_ptr, flow_link, weight, sign, base_load, base_on):  # pragma: no cover
     """Add (sign 1) or take out (sign -1) these flows' weights and counts on the links they cross."""
     for i in range(num_members):
@@ -117,12 +129,7 @@ def _fill(members, num_members, flow_ptr, flow_link, link_ptr, link_flow, weight
     level = 0.0
     left = num_members
     while left > 0:
-        step = np.inf
-        for i in range(num_active):
-            link = active[i]
-            v = cap[link] / load[link]
-            if v < step:
-                step = v
+        step = _min_ratio(active, num_active, cap, load)
         level += step
         for i in range(num_active):
             link = active[i]
@@ -180,12 +187,7 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
     while live > 0:
         _fill(members, live, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
               base_load, base_on, load, cap, rising_on, active, rising)
-        dt = np.inf
-        for i in range(live):
-            f = members[i]
-            v = remaining[f] / rate[f]
-            if v < dt:
-                dt = v
+        dt = _min_ratio(members, live, remaining, rate)
         t += dt
         if waves == rows:
             rows *= 2
@@ -217,19 +219,14 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
 @numba.njit(cache=True)
 def advance(remaining, rate, dt, ulp_now, finish, now, eps_bytes):  # pragma: no cover - compiled
     """Run flows at their rates for dt, in place: bytes the clock cannot resolve any more (8 of its spacing at
-    `now`, times the rate) count as sent; flows that end get finish time `now`. Whether any flow is still live."""
-    live = False
+    `now`, times the rate) count as sent; flows that end get finish time `now`."""
     for f in range(remaining.shape[0]):
         left = remaining[f] - rate[f] * dt
         if left <= max(eps_bytes, rate[f] * 8 * ulp_now):
             left = 0.0
         remaining[f] = left
-        if left <= eps_bytes:
-            if np.isnan(finish[f]):
-                finish[f] = now
-        else:
-            live = True
-    return live
+        if left <= eps_bytes and np.isnan(finish[f]):
+            finish[f] = now
 
 
 @numba.njit(cache=True)
