@@ -142,8 +142,9 @@ def _solve_wave_by_wave(entry_flow, entry_link, weight, sizes, capacity):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_isolated_timeline_gives_the_finish_times_of_a_full_solve_at_every_wave(seed):
-    """The compiled timeline (kernels.timeline: link loads kept as flows freeze and end): every finish time equals
-    the plain wave-by-wave filling's, on random multi-link flow sets with weights and uneven capacities."""
+    """The compiled timeline (kernels.timeline: each wave's filling resumed at the lowest leaver's level): every
+    finish time equals the plain wave-by-wave filling's, on random multi-link flow sets with weights and uneven
+    capacities, with or without its rates kept."""
     from piper_sim.sim.fairshare import isolated_timeline
 
     rng = np.random.default_rng(seed)
@@ -158,6 +159,17 @@ def test_isolated_timeline_gives_the_finish_times_of_a_full_solve_at_every_wave(
     expected = _solve_wave_by_wave(entry_flow, entry_link, weight, sizes, capacity)
     expected[sizes <= 1e-3] = 0.0
     np.testing.assert_allclose(timeline.finish_offset_s, expected, rtol=1e-12, atol=0)
+    # the rates it kept carry every flow's bytes by its finish, and none after
+    starts = np.concatenate([[0.0], timeline.end_s[:-1]])
+    sent = ((timeline.end_s - starts)[:, None] * timeline.rates).sum(axis=0)
+    np.testing.assert_allclose(sent, np.where(sizes > 1e-3, sizes, 0.0), rtol=1e-9, atol=1e-2)
+    assert not (timeline.rates * (timeline.end_s[:, None] > timeline.finish_offset_s[None, :] + 1e-15)).any()
+    # without its rates: the same finish times and duration, and no segments to read
+    bare = isolated_timeline(entry_flow, entry_link, weight, sizes, capacity, keep_rates=False)
+    assert bare.finish_offset_s.tolist() == timeline.finish_offset_s.tolist()
+    assert bare.duration_s == timeline.duration_s
+    with pytest.raises(ValueError, match="kept no rates"):
+        _ = bare.segments
 
 
 def test_a_phase_that_ran_alone_recomputes_its_rates_when_asked():

@@ -60,32 +60,40 @@ class Filling:
 
 
 def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                      capacity: np.ndarray) -> Timeline:
+                      capacity: np.ndarray, keep_rates: bool = True) -> Timeline:
     """A flow set's run alone on its links: solve the fair shares, run until the next flows end, repeat
-    (kernels.timeline)."""
+    (kernels.timeline). keep_rates: False when only its finish times and duration are wanted (no segments)."""
     links, local = compact_ids(entry_link)
     incidence = kernels.Incidence(entry_flow, local, sizes.shape[0], links.size)
-    return _timeline(incidence, weight, sizes, capacity[links])
-
-
-def _timeline(incidence: kernels.Incidence, weight: np.ndarray, sizes: np.ndarray, capacity: np.ndarray) -> Timeline:
-    times, rates, finish = kernels.timeline(incidence, weight, sizes, capacity, EPS_BYTES)
-    return Timeline(list(zip(times.tolist(), rates, strict=True)), finish)
-
+    end_s, rates, finish = kernels.timeline(incidence, weight, sizes, capacity[links], EPS_BYTES, keep_rates)
+    return Timeline(end_s, rates if keep_rates else None, finish)
 
 
 class Timeline:
-    """A flow set's run on otherwise idle links: rate segments and each flow's finish offset."""
+    """A flow set's run on otherwise idle links: the end offset of each wave, the rates in it [wave, flow] (None
+    when they were not kept) and each flow's finish offset."""
 
-    __slots__ = ("segments", "finish_offset_s")
+    __slots__ = ("end_s", "rates", "finish_offset_s")
 
-    def __init__(self, segments: list[tuple[float, np.ndarray]], finish_offset_s: np.ndarray) -> None:
-        self.segments, self.finish_offset_s = segments, finish_offset_s
+    def __init__(self, end_s: np.ndarray, rates: np.ndarray | None, finish_offset_s: np.ndarray) -> None:
+        self.end_s, self.rates, self.finish_offset_s = end_s, rates, finish_offset_s
+
+    @property
+    def segments(self) -> list[tuple[float, np.ndarray]]:
+        """[(end offset, rates)] of each wave."""
+        if self.rates is None:
+            raise ValueError("this timeline kept no rates (isolated_timeline keep_rates=False)")
+        return list(zip(self.end_s.tolist(), self.rates, strict=True))
+
+    @property
+    def num_waves(self) -> int:
+        return self.end_s.shape[0]
 
     @property
     def duration_s(self) -> float:
-        return self.segments[-1][0] if self.segments else 0.0
+        return float(self.end_s[-1]) if self.end_s.size else 0.0
 
     @property
     def num_floats(self) -> int:
-        return (len(self.segments) + 1) * self.finish_offset_s.size  # a rate per flow in every segment
+        kept = self.num_waves * self.finish_offset_s.size if self.rates is not None else self.num_waves
+        return kept + self.finish_offset_s.size  # a rate per flow in every wave, when kept

@@ -4,7 +4,9 @@ Pure numeric code over a flow set's incidences in compressed form (Incidence); f
 numbers mean and is the only caller. Progressive filling raises every rising flow's rate by the same
 increment until a link saturates (its spare capacity below 1e-9 of its capacity); the flows crossing it freeze
 at that level. The loads of the links are kept as flows freeze instead of being summed again at every step, so
-one filling costs about one pass over the live flows' incidences plus one over the used links per level.
+one filling costs about one pass over the live flows' incidences plus one over the used links per level. A flow
+set's run alone resumes each wave's filling at the lowest level a leaver froze at (_timeline), so a wave costs the
+flows it refills, not all of them.
 Compiled on first use and cached on disk (numba's `cache=True`), so only a machine's first run pays for it.
 """
 
@@ -43,11 +45,13 @@ def fill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndar
 
 
 def timeline(inc: Incidence, weight: np.ndarray, sizes: np.ndarray, capacity: np.ndarray,
-             eps_bytes: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The set's run alone from time 0: (end of each wave, rates in it [wave, flow], each flow's finish), a wave
-    lasting until the next flows end. Flows of at most eps_bytes, or crossing no link, finish at 0."""
+             eps_bytes: float, keep_rates: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The set's run alone from time 0: (end of each wave, rates in it [wave, flow] (no rows unless keep_rates),
+    each flow's finish), a wave lasting until the next flows end. Flows of at most eps_bytes, or crossing no link,
+    finish at 0."""
     return _timeline(inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow, np.asarray(weight, dtype=float),
-                     np.asarray(sizes, dtype=float), np.asarray(capacity, dtype=float), eps_bytes, *inc.scratch)
+                     np.asarray(sizes, dtype=float), np.asarray(capacity, dtype=float), eps_bytes, keep_rates,
+                     *inc.scratch)
 
 
 @numba.njit(cache=True)
@@ -161,59 +165,147 @@ def _fill(members, num_members, flow_ptr, flow_link, link_ptr, link_flow, weight
 
 
 @numba.njit(cache=True)
-def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity, eps_bytes,
-              base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity, eps_bytes, keep_rates,
+              frozen_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+    """A flow set alone from time 0, wave by wave, each wave's filling resumed where the first leaver froze.
+
+    When flows end, every flow frozen at a lower level keeps its rate (the links of a flow that froze at level L
+    all saturate at L or later, and with the leavers gone later still), so the filling restarts at the lowest
+    leaver's level over the flows at or above it, on spare capacity = capacity - the frozen flows' rates - level x
+    the rising flows' weights (frozen_load keeps the frozen rates per link). A flow's bytes left are kept from the
+    time its rate last changed, so a wave touches only the flows it refills."""
     num_flows = sizes.shape[0]
-    base_load[:] = 0.0
-    base_on[:] = 0
-    remaining = sizes.copy()
+    frozen_load[:] = 0.0
     finish = np.full(num_flows, np.nan)
+    rate = np.zeros(num_flows)
+    left = sizes.copy()  # bytes left at since[f]
+    since = np.zeros(num_flows)
     members = np.empty(num_flows, dtype=np.int64)
-    ended = np.empty(1, dtype=np.int64)
+    refill = np.empty(num_flows, dtype=np.int64)
     live = 0
     for f in range(num_flows):
-        if remaining[f] > eps_bytes and flow_ptr[f + 1] > flow_ptr[f]:
+        if left[f] > eps_bytes and flow_ptr[f + 1] > flow_ptr[f]:
             members[live] = f
+            refill[live] = f
             live += 1
         else:
             finish[f] = 0.0
-    _count(members, live, flow_ptr, flow_link, weight, 1, base_load, base_on)
-    rows = max(min(live, ROWS_UP_FRONT // max(num_flows, 1)), 1)  # waves <= flows that end
-    times = np.empty(rows)
+    rows = max(min(live, ROWS_UP_FRONT // max(num_flows, 1)), 1) if keep_rates else 1  # waves <= flows that end
+    times = np.empty(max(live, 1))
     rates = np.zeros((rows, num_flows))
-    rate = np.zeros(num_flows)
-    waves = 0
-    t = 0.0
+    end = np.full(num_flows, np.inf)  # when each live flow ends at its rate
+    num_refill, level, waves = live, 0.0, 0
     while live > 0:
-        _fill(members, live, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
-              base_load, base_on, load, cap, rising_on, active, rising)
-        dt = _min_ratio(members, live, remaining, rate)
-        t += dt
-        if waves == rows:
-            rows *= 2
-            grown = np.zeros((rows, num_flows))
-            grown[:waves] = rates[:waves]
-            rates = grown
-            grown_times = np.empty(rows)
-            grown_times[:waves] = times[:waves]
-            times = grown_times
-        times[waves] = t
+        _refill(refill, num_refill, level, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
+                frozen_load, load, cap, rising_on, active, rising)
+        for i in range(num_refill):
+            f = refill[i]
+            end[f] = since[f] + left[f] / rate[f]
+        t_next = _min_at(members, live, end)
+        if keep_rates:
+            if waves == rows:
+                rows *= 2
+                grown = np.zeros((rows, num_flows))
+                grown[:waves] = rates[:waves]
+                rates = grown
+            for i in range(live):
+                rates[waves, members[i]] = rate[members[i]]
+        times[waves] = t_next
+        waves += 1
+        level = np.inf  # the lowest level a leaver froze at
         kept = 0
         for i in range(live):
             f = members[i]
-            rates[waves, f] = rate[f]
-            remaining[f] -= rate[f] * dt
-            if remaining[f] <= eps_bytes:
-                finish[f] = t
+            # a flow ends when what it has left at t_next is at most eps_bytes (end[f] screens out the others)
+            if end[f] - eps_bytes / rate[f] <= t_next + 1e-12 * abs(t_next) and \
+                    left[f] - rate[f] * (t_next - since[f]) <= eps_bytes:
+                finish[f] = t_next
+                level = min(level, rate[f])
+                _unfreeze(f, flow_ptr, flow_link, weight, rate, frozen_load)
                 rate[f] = 0.0
-                ended[0] = f
-                _count(ended, 1, flow_ptr, flow_link, weight, -1, base_load, base_on)
             else:
                 members[kept] = f
                 kept += 1
         live = kept
-        waves += 1
-    return times[:waves], rates[:waves], finish
+        num_refill = 0
+        for i in range(live):
+            f = members[i]
+            if rate[f] >= level:
+                left[f] -= rate[f] * (t_next - since[f])
+                since[f] = t_next
+                _unfreeze(f, flow_ptr, flow_link, weight, rate, frozen_load)
+                refill[num_refill] = f
+                num_refill += 1
+    return times[:waves], rates[:waves] if keep_rates else rates[:0], finish
+
+
+@numba.njit(cache=True)
+def _min_at(index, count, values):  # pragma: no cover - compiled
+    low = np.inf
+    for i in range(count):
+        v = values[index[i]]
+        if v < low:
+            low = v
+    return low
+
+
+@numba.njit(cache=True)
+def _unfreeze(f, flow_ptr, flow_link, weight, rate, frozen_load):  # pragma: no cover - compiled
+    for e in range(flow_ptr[f], flow_ptr[f + 1]):
+        frozen_load[flow_link[e]] -= weight[f] * rate[f]
+
+
+@numba.njit(cache=True)
+def _refill(flows, num_flows, level, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
+            frozen_load, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+    """Progressive filling of flows[:num_flows] from `level` up, the other flows on their links frozen
+    (frozen_load); each flow that freezes adds its rate to frozen_load."""
+    num_active = 0
+    for i in range(num_flows):
+        f = flows[i]
+        rising[f] = True
+        for e in range(flow_ptr[f], flow_ptr[f + 1]):
+            link = flow_link[e]
+            if rising_on[link] == 0:
+                active[num_active] = link
+                num_active += 1
+            load[link] += weight[f]
+            rising_on[link] += 1
+    for i in range(num_active):
+        link = active[i]
+        cap[link] = capacity[link] - frozen_load[link] - level * load[link]
+    left = num_flows
+    while left > 0:
+        step = max(_min_ratio(active, num_active, cap, load), 0.0)
+        level += step
+        for i in range(num_active):
+            link = active[i]
+            cap[link] -= step * load[link]
+        for i in range(num_active):
+            link = active[i]
+            if rising_on[link] == 0 or cap[link] > SATURATED * capacity[link]:
+                continue
+            for e in range(link_ptr[link], link_ptr[link + 1]):
+                f = link_flow[e]
+                if not rising[f]:
+                    continue
+                rising[f] = False
+                rate[f] = level
+                left -= 1
+                for e2 in range(flow_ptr[f], flow_ptr[f + 1]):
+                    other = flow_link[e2]
+                    load[other] -= weight[f]
+                    rising_on[other] -= 1
+                    frozen_load[other] += weight[f] * level
+        kept = 0
+        for i in range(num_active):
+            link = active[i]
+            if rising_on[link] > 0:
+                active[kept] = link
+                kept += 1
+            else:
+                load[link] = 0.0
+        num_active = kept
 
 
 @numba.njit(cache=True)

@@ -210,9 +210,9 @@ class FlowNetwork:
         """Rate segments [(end offset, rates)] and finish offsets of fs running alone."""
         if self.slowdown is None:
             timeline = isolated_timeline(fs.entry_flow, fs.entry_link, fs.weight, fs.remaining, self.capacity)
-            self.num_solves += len(timeline.segments)
+            self.num_solves += timeline.num_waves
             return timeline
-        remaining, t, out = fs.remaining.copy(), 0.0, []
+        remaining, t, times, rates = fs.remaining.copy(), 0.0, [], []
         finish = np.where(remaining > EPS_BYTES, np.nan, 0.0)
         while (live := remaining > EPS_BYTES).any():
             rate = self._solve_arrays(fs.entry_flow, fs.entry_link, fs.weight * live, live)
@@ -220,8 +220,9 @@ class FlowNetwork:
             remaining = np.where(live, remaining - rate * dt, 0.0)
             t += dt
             finish[live & (remaining <= EPS_BYTES)] = t
-            out.append((t, rate))
-        return Timeline(out, finish)
+            times.append(t)
+            rates.append(rate)
+        return Timeline(np.array(times), np.array(rates).reshape(len(rates), -1), finish)
 
     def _materialize(self, fs: FlowSet) -> None:
         """Turn a memoized isolated run into explicit remaining bytes at the current time."""

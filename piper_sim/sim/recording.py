@@ -218,7 +218,7 @@ class Recorder:
         timeline = self._small_runs.get(known)
         if timeline is None:
             timeline = isolated_timeline(flows.entry_flow, flows.entry_link, flows.weights, sizes,
-                                         self.capacity)
+                                         self.capacity, keep_rates=False)
             if timeline.num_floats <= SMALL_RUN_FLOATS:
                 bounded_put(self._small_runs, known, timeline)
         return timeline

@@ -10,6 +10,7 @@ Pure data and lookups: must not import simpy or torch.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, fields, replace
 
@@ -25,11 +26,15 @@ class Curve:
     x: tuple[float, ...]
     efficiency: tuple[float, ...]
     _seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # value -> efficiency
+    _log_x: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_log_x", log2_grid(self.x))
 
     def __call__(self, value: float) -> float:
         hit = self._seen.get(value)
         if hit is None:
-            hit = self._seen[value] = float(np.interp(math.log2(max(value, 1.0)), np.log2(self.x), self.efficiency))
+            hit = self._seen[value] = interp(math.log2(max(value, 1.0)), self._log_x, self.efficiency)
         return hit
 
 
@@ -42,14 +47,39 @@ class ShapeFactor:
     width: tuple[float, ...]
     factor: tuple[tuple[float, ...], ...]
     _seen: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (rows, width) -> factor
+    _by_width: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # width -> factor per row
+    _log_rows: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+    _log_width: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_log_rows", log2_grid(self.rows))
+        object.__setattr__(self, "_log_width", log2_grid(self.width))
 
     def __call__(self, rows: float, width: float) -> float:
         hit = self._seen.get((rows, width))
         if hit is None:
-            w = math.log2(max(width, 1.0))
-            at_rows = [float(np.interp(w, np.log2(self.width), line)) for line in self.factor]
-            hit = self._seen[(rows, width)] = float(np.interp(math.log2(max(rows, 1.0)), np.log2(self.rows), at_rows))
+            line = self._by_width.get(width)
+            if line is None:  # the factor at this width for each row of the table (few widths: a model's GEMMs)
+                w = math.log2(max(width, 1.0))
+                line = self._by_width[width] = tuple(interp(w, self._log_width, row) for row in self.factor)
+            hit = self._seen[(rows, width)] = interp(math.log2(max(rows, 1.0)), self._log_rows, line)
         return hit
+
+
+def log2_grid(values: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(float(v) for v in np.log2(values))
+
+
+def interp(x: float, xp: tuple[float, ...], fp: tuple[float, ...]) -> float:
+    """np.interp of one value (xp ascending; flat beyond the ends) with the same arithmetic, without an array call:
+    the cost model asks for one value at a time, many thousand times under skewed routing."""
+    if x <= xp[0]:
+        return fp[0]
+    if x >= xp[-1]:
+        return fp[-1]
+    j = bisect.bisect_right(xp, x) - 1
+    slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+    return slope * (x - xp[j]) + fp[j]
 
 
 @dataclass(frozen=True, kw_only=True)
