@@ -48,3 +48,40 @@ def test_the_shipped_gpu_profiles_price_skinny_expert_gemms_below_wide_ones():
         p = load_profile(name)
         assert p.gemm_efficiency_at(6144, 2048, 1408) < p.gemm_efficiency_at(6144, 8192, 8192)
     assert load_profile("a100").gemm_shape_factor is None
+
+
+def test_one_value_interpolation_is_numpys():
+    """profile.interp (the curves' and the shape factor's one-value lookup) gives np.interp's value exactly, on the
+    grid's points, between them and beyond both ends."""
+    import numpy as np
+
+    from piper_sim.workload.profile import interp
+
+    rng = np.random.default_rng(0)
+    xp = np.sort(rng.uniform(0, 14, size=7))
+    fp = rng.uniform(0.05, 0.95, size=7)
+    for x in [*xp, *rng.uniform(-2, 16, size=500)]:
+        assert interp(float(x), tuple(xp.tolist()), tuple(fp.tolist())) == float(np.interp(x, xp, fp))
+
+
+@pytest.mark.parametrize("model_name", ["x-moe-small", "deepseek-v3", "mixtral-8x7b"])
+def test_an_experts_op_is_priced_as_its_work(model_name):
+    """TaskCoster prices an experts op per expert (each row count's GEMMs once): the same seconds and FLOPs as
+    work_time_s over the op's whole work (op_work), for every kind of task and uneven rows with empty experts."""
+    import numpy as np
+
+    from piper_sim.workload.cost import BACKWARD_FACTOR, TaskCoster, work_time_s
+    from piper_sim.workload.flops import op_work
+    from piper_sim.workload.presets import load_model
+
+    model, profile = load_model(model_name), load_profile("mi250x")
+    coster = TaskCoster(model, profile, 4096)
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        rows = tuple(int(r) for r in rng.choice([0, 1, 7, 100, 513, 2048, 4096], size=int(rng.integers(1, 17))))
+        work = op_work(model, "experts:2", 4096, rows)
+        for kind in ("forward_expert", "backward_expert", "recompute_expert", "backward_weight"):
+            seconds, flops = coster.cost(kind, ("experts:2",), rows)
+            factor = BACKWARD_FACTOR[kind]
+            assert seconds == pytest.approx(factor * work_time_s(coster.profile, work, model.dtype_bytes), rel=1e-12)
+            assert flops == pytest.approx(factor * work.flops, rel=1e-12)

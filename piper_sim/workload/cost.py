@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from piper_sim.workload.flops import Gemm, OpWork, exchange_work, op_work
+from piper_sim.workload.flops import Gemm, OpWork, exchange_work, expert_gemms, experts_besides_gemms, op_work
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.profile import DeviceProfile
@@ -60,6 +60,11 @@ def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
     return t + work.num_kernels * profile.kernel_launch_s
 
 
+def _pass_name(kind: str) -> str:
+    """The pass whose measured framework costs a task of this kind takes."""
+    return "forward" if kind.startswith(("forward", "recompute")) else "backward"
+
+
 class TaskCoster:
     """Time and FLOPs of compute tasks for one model, profile and micro-batch size, memoized."""
 
@@ -69,6 +74,7 @@ class TaskCoster:
         self.split, self.flash = split, flash_attention
         self._cache: dict[tuple, tuple[float, float]] = {}
         self._one_gemm_s: dict[tuple[int, int, int], float] = {}  # a GEMM's time by shape, for count 1
+        self._one_expert: dict[int, tuple[float, float]] = {}  # one expert's GEMMs by its rows: (seconds, FLOPs)
 
     def _gemm_s(self, gemm: Gemm) -> float:
         """gemm_time_s, memoized by shape: a GEMM of count c takes c times one (skewed routing prices many expert
@@ -76,7 +82,7 @@ class TaskCoster:
         key = (gemm.rows, gemm.k, gemm.n)
         one = self._one_gemm_s.get(key)
         if one is None:
-            one = self._one_gemm_s[key] = gemm_time_s(self.profile, replace(gemm, count=1), self.model.dtype_bytes)
+            one = self._one_gemm_s[key] = gemm_time_s(self.profile, Gemm(*key), self.model.dtype_bytes)
         return gemm.count * one
 
     def cost(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
@@ -87,7 +93,13 @@ class TaskCoster:
             return hit
         factor = BACKWARD_FACTOR[kind]
         seconds = flops = 0.0
+        measured_experts = (_pass_name(kind), "experts") in self.profile.framework_s
         for op in ops:
+            if expert_rows and op.startswith("experts:") and not measured_experts:
+                s, f = self._experts_s(expert_rows)
+                seconds += factor * s
+                flops += factor * f
+                continue
             work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
             fixed = self._framework_s(kind, op, expert_rows, work)
             if fixed is None:
@@ -98,6 +110,23 @@ class TaskCoster:
             flops += factor * work.model_flops(self.split.tp)
         self._cache[key] = (seconds, flops)
         return seconds, flops
+
+    def _experts_s(self, expert_rows: tuple[int, ...]) -> tuple[float, float]:
+        """(seconds, FLOPs) of an experts op's forward on these rows per expert: each expert's GEMMs priced once
+        per row count (skewed routing gives every rank and micro-batch its own rows), plus the rest of the op."""
+        etp, dtype_bytes = self.split.etp, self.model.dtype_bytes
+        seconds = flops = 0.0
+        for rows in expert_rows:
+            if rows <= 0:
+                continue
+            hit = self._one_expert.get(rows)
+            if hit is None:
+                gemms = expert_gemms(self.model, rows, etp)
+                hit = self._one_expert[rows] = (sum(self._gemm_s(g) for g in gemms), sum(g.flops for g in gemms))
+            seconds += hit[0]
+            flops += hit[1]
+        rest = experts_besides_gemms(self.model, expert_rows, etp)
+        return seconds + work_time_s(self.profile, rest, dtype_bytes), flops
 
     def _framework_s(self, kind: str, op: str, expert_rows: tuple[int, ...],
                      work: OpWork | None = None) -> float | None:
@@ -110,7 +139,7 @@ class TaskCoster:
         over the numbers of experts calibrate ran (profiles with one number scale it).
         """
         name = op.partition(":")[0]
-        pass_name = "forward" if kind.startswith(("forward", "recompute")) else "backward"
+        pass_name = _pass_name(kind)
         entry = self.profile.framework_s.get((pass_name, name))
         if entry is None:
             return None

@@ -154,18 +154,27 @@ def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copie
 
 
 def _experts(model: ModelSpec, expert_rows: tuple[int, ...], etp: int = 1) -> OpWork:
-    d, f, m, b = model.d_model, model.expert_ffn_dim // etp, model.expert_matrices, model.dtype_bytes
     by_rows: dict[int, int] = {}
     for rows in expert_rows:
         if rows > 0:
             by_rows[rows] = by_rows.get(rows, 0) + 1
-    gemms: list[Gemm] = []
-    for rows, count in sorted(by_rows.items()):
-        gemms.append(Gemm(rows, d, f, count=count * (m - 1)))
-        gemms.append(Gemm(rows, f, d, count=count))
-    total_rows = sum(expert_rows)
-    return OpWork(gemms=tuple(gemms), elementwise_bytes=total_rows * (3 * f + 2 * d) * b,
-                  num_kernels=len(expert_rows) * (m + 2))
+    gemms = tuple(replace(g, count=g.count * count) for rows, count in sorted(by_rows.items())
+                  for g in expert_gemms(model, rows, etp))
+    return replace(experts_besides_gemms(model, expert_rows, etp), gemms=gemms)
+
+
+def expert_gemms(model: ModelSpec, rows: int, etp: int = 1) -> tuple[Gemm, Gemm]:
+    """The GEMMs of one routed expert on `rows` rows: its up projections (gate and up for 3-matrix experts), then
+    its down projection; widths divided by etp."""
+    d, f = model.d_model, model.expert_ffn_dim // etp
+    return Gemm(rows, d, f, count=model.expert_matrices - 1), Gemm(rows, f, d)
+
+
+def experts_besides_gemms(model: ModelSpec, expert_rows: tuple[int, ...], etp: int = 1) -> OpWork:
+    """The experts op's work other than its GEMMs: the activation's traffic over the rows, a few kernels per
+    expert."""
+    d, f, m, b = model.d_model, model.expert_ffn_dim // etp, model.expert_matrices, model.dtype_bytes
+    return OpWork(elementwise_bytes=sum(expert_rows) * (3 * f + 2 * d) * b, num_kernels=len(expert_rows) * (m + 2))
 
 
 EXCHANGE_OPS = ("dispatch", "combine")
