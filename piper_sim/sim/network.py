@@ -33,7 +33,7 @@ class FlowSet:
     """Flows that start together (one phase of a collective, or one p2p transfer)."""
 
     __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
-                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors")
+                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors", "armed")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
                  done: simpy.Event, now: float, links: np.ndarray, seq: int) -> None:
@@ -44,6 +44,7 @@ class FlowSet:
         self.t_last = self.t_start = now
         self.done = done
         self.version = 0
+        self.armed = False  # a timer of the current version is pending
         self.timeline: Timeline | None = None  # memoized isolated run
         self.links = links  # distinct link ids (int array)
         self.finish_s = np.where(sizes > EPS_BYTES, np.nan, now)  # per flow, filled as flows end
@@ -299,7 +300,9 @@ class FlowNetwork:
         return hit
 
     def _resolve(self, sets: list[FlowSet]) -> None:
+        armed = []  # sets whose timer still stands if their rates do not change (a run from a timeline does not)
         for fs in sets:
+            armed.append(fs.armed and fs.timeline is None)
             self._materialize(fs)
             self._advance(fs)
         offsets, entry_flow, entry_link, weight, filling = self._structure(sets)
@@ -309,21 +312,26 @@ class FlowNetwork:
             rate = filling.solve(live)
         else:
             rate = self._solve_arrays(entry_flow, entry_link, weight * live, live)
-        for fs, off in zip(sets, offsets, strict=False):
-            fs.rate = rate[off:off + fs.remaining.shape[0]]
+        for fs, off, kept in zip(sets, offsets, armed, strict=False):
+            new = rate[off:off + fs.remaining.shape[0]]
+            unchanged = kept and np.array_equal(new, fs.rate)
+            fs.rate = new
             if self.log is not None:
                 self.log.setdefault(fs, []).append((self.env.now, fs.rate))
-            fs.version += 1
-            self._schedule(fs, kernels.next_end(fs.remaining, fs.rate, EPS_BYTES))
+            if not unchanged:  # same rates, same bytes left: the next end its timer waits for is still the next end
+                fs.version += 1
+                self._schedule(fs, kernels.next_end(fs.remaining, fs.rate, EPS_BYTES))
 
     def _schedule(self, fs: FlowSet, delay: float) -> None:
         version = fs.version
+        fs.armed = True
         ev = self.env.timeout(delay)
         ev.callbacks.append(lambda _ev: self._on_timer(fs, version))
 
     def _on_timer(self, fs: FlowSet, version: int) -> None:
         if version != fs.version:
             return  # superseded by a later solve
+        fs.armed = False
         if fs.timeline is not None:
             self._finish(fs)
             return
