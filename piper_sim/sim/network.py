@@ -33,7 +33,7 @@ class FlowSet:
     """Flows that start together (one phase of a collective, or one p2p transfer)."""
 
     __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
-                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors", "armed")
+                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors", "armed", "structure")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
                  done: simpy.Event, now: float, links: np.ndarray, seq: int) -> None:
@@ -45,6 +45,7 @@ class FlowSet:
         self.done = done
         self.version = 0
         self.armed = False  # a timer of the current version is pending
+        self.structure: Structure | None = None  # the joined incidence it was last solved on
         self.timeline: Timeline | None = None  # memoized isolated run
         self.links = links  # distinct link ids (int array)
         self.finish_s = np.where(sizes > EPS_BYTES, np.nan, now)  # per flow, filled as flows end
@@ -56,6 +57,23 @@ class Reservation:
 
     def __init__(self, links: np.ndarray, on_break: Callable[[], None]) -> None:
         self.links, self.on_break, self.live = links, on_break, True
+
+
+class Structure:
+    """Flow sets' incidences joined, in the order of their start (seq), for solving them together."""
+
+    __slots__ = ("index", "offsets", "num_flows", "entry_flow", "entry_link", "weight", "filling")
+
+    def __init__(self, sets: list[FlowSet], capacity: np.ndarray, filled: bool) -> None:
+        """filled: build the progressive filling's compressed incidence (fixed capacities), else keep the arrays."""
+        self.index = {fs.seq: i for i, fs in enumerate(sets)}
+        self.offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
+        self.num_flows = int(self.offsets[-1])
+        self.entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, self.offsets, strict=False)])
+        self.entry_link = np.concatenate([fs.entry_link for fs in sets])
+        self.weight = np.concatenate([fs.weight for fs in sets])
+        links, local = compact_ids(self.entry_link)
+        self.filling = Filling(self.entry_flow, local, self.weight, capacity[links]) if filled else None
 
 
 class FlowNetwork:
@@ -71,7 +89,7 @@ class FlowNetwork:
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active: set[FlowSet] = set()
         self._timelines: dict[Hashable, Timeline] = {}
-        self._structures: dict[tuple[int, ...], tuple] = {}
+        self._structures: dict[tuple[int, ...], Structure] = {}
         self._links_of: dict[Hashable, tuple[np.ndarray]] = {}
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
@@ -280,23 +298,24 @@ class FlowNetwork:
             kernels.advance(fs.remaining, fs.rate, dt, math.ulp(now), fs.finish_s, now, EPS_BYTES)
         fs.t_last = now
 
-    def _structure(self, sets: list[FlowSet]) -> tuple:
-        """(offsets, entry_flow, entry_link, weight, Filling) of a component's sets together, kept for the few
-        components last solved: a component is solved again each time one of its flows ends, and while its sets
-        are the same only flows leave it, so its filling resumes (fairshare.Filling)."""
+    def _structure(self, sets: list[FlowSet]) -> Structure:
+        """The joined incidence of a component's sets, kept for the few components last solved: a component is
+        solved again each time one of its flows ends, with the same sets. When sets leave a component (they end, or
+        the component splits), the structure it was solved on still holds the rest: their solves use it, the
+        flows of the sets no longer there not live."""
         key = tuple(fs.seq for fs in sets)
         hit = self._structures.get(key)
         if hit is None:
-            offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
-            entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, offsets, strict=False)])
-            entry_link = np.concatenate([fs.entry_link for fs in sets])
-            links, local = compact_ids(entry_link)
-            weight = np.concatenate([fs.weight for fs in sets])
-            filling = Filling(entry_flow, local, weight, self.capacity[links]) if self.slowdown is None else None
-            hit = (offsets, entry_flow, entry_link, weight, filling)
+            last = sets[0].structure
+            if last is not None and all(fs.seq in last.index for fs in sets):
+                hit = last
+            else:
+                hit = Structure(sets, self.capacity, filled=self.slowdown is None)
             if len(self._structures) >= MAX_STRUCTURES:
                 self._structures.pop(next(iter(self._structures)))
             self._structures[key] = hit
+        for fs in sets:
+            fs.structure = hit
         return hit
 
     def _resolve(self, sets: list[FlowSet]) -> None:
@@ -305,15 +324,21 @@ class FlowNetwork:
             armed.append(fs.armed and fs.timeline is None)
             self._materialize(fs)
             self._advance(fs)
-        offsets, entry_flow, entry_link, weight, filling = self._structure(sets)
-        live = np.concatenate([fs.remaining > EPS_BYTES for fs in sets])
-        if filling is not None:
-            self.num_solves += 1
-            rate = filling.solve(live)
+        st = self._structure(sets)
+        starts = [int(st.offsets[st.index[fs.seq]]) for fs in sets]
+        if len(st.index) == len(sets):
+            live = np.concatenate([fs.remaining > EPS_BYTES for fs in sets])
         else:
-            rate = self._solve_arrays(entry_flow, entry_link, weight * live, live)
-        for fs, off, kept in zip(sets, offsets, armed, strict=False):
-            new = rate[off:off + fs.remaining.shape[0]]
+            live = np.zeros(st.num_flows, dtype=bool)
+            for fs, start in zip(sets, starts, strict=True):
+                live[start:start + fs.remaining.shape[0]] = fs.remaining > EPS_BYTES
+        if st.filling is not None:
+            self.num_solves += 1
+            rate = st.filling.solve(live)
+        else:
+            rate = self._solve_arrays(st.entry_flow, st.entry_link, st.weight * live, live)
+        for fs, start, kept in zip(sets, starts, armed, strict=True):
+            new = rate[start:start + fs.remaining.shape[0]]
             unchanged = kept and np.array_equal(new, fs.rate)
             fs.rate = new
             if self.log is not None:
