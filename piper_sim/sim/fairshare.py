@@ -44,17 +44,22 @@ class Filling:
     """Progressive filling over one incidence structure (links numbered 0..L-1), solved again as flows leave.
 
     solve(live) gives the max-min fair rates of the live flows (flow f stands for weight[f] identical flows; a
-    live flow that crosses no link gets an infinite rate, the others 0), filled from zero over the live flows'
-    incidences (kernels.fill): the structure is built once, each solve costs about one pass over them.
+    live flow that crosses no link gets an infinite rate, the others 0). The structure is built once; a solve after
+    flows only left refills the flows at or above the lowest leaver's rate (kernels.refill), any other fills from
+    zero.
     """
 
     def __init__(self, entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray,
                  capacity: np.ndarray) -> None:
         self.incidence = kernels.Incidence(entry_flow, local_link, weight.shape[0], capacity.shape[0])
         self.weight, self.capacity = weight.astype(float), capacity.astype(float)
+        # the last solve: rates, live flows, frozen rates per link (a solve after flows only left resumes from it)
+        self.state = (np.zeros(weight.shape[0]), np.zeros(weight.shape[0], dtype=np.bool_),
+                      np.zeros(capacity.shape[0]))
 
     def solve(self, live: np.ndarray) -> np.ndarray:
-        rate = kernels.fill(self.incidence, self.weight, self.capacity, live)
+        kernels.refill(self.incidence, self.weight, self.capacity, np.asarray(live, dtype=np.bool_), self.state)
+        rate = self.state[0].copy()
         free = live & ~self.incidence.has_link
         return np.where(free, np.inf, rate) if free.any() else rate
 

@@ -92,6 +92,55 @@ def _solve(live, has_link, flow_ptr, flow_link, link_ptr, link_flow, weight, cap
           base_load, base_on, load, cap, rising_on, active, rising)
 
 
+def refill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndarray, state: tuple) -> None:
+    """Max-min fair rates of the live flows into state's rate array, resumed from the last solve on this incidence
+    when flows only left since (state: rate, the live flows of the last solve, the frozen rates per link)."""
+    _resume(live, inc.has_link, inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow,
+            np.asarray(weight, dtype=float), np.asarray(capacity, dtype=float), *state, *inc.scratch)
+
+
+@numba.njit(cache=True)
+def _resume(live, has_link, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate, last_live,
+            frozen_load, base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+    """Flows that left since the last solve (live then, not now) give up their rates, and every flow at or above the
+    lowest of those rates refills from it (as _timeline's waves); a flow live now and not then starts it over."""
+    num_flows = live.shape[0]
+    members = np.empty(num_flows, dtype=np.int64)
+    level = np.inf
+    joined = False
+    for f in range(num_flows):
+        if not has_link[f]:
+            continue
+        if live[f] and not last_live[f]:
+            joined = True
+        elif last_live[f] and not live[f]:
+            level = min(level, rate[f])
+    count = 0
+    if joined:
+        frozen_load[:] = 0.0
+        level = 0.0
+        for f in range(num_flows):
+            rate[f] = 0.0
+            if live[f] and has_link[f]:
+                members[count] = f
+                count += 1
+    else:
+        for f in range(num_flows):
+            if not has_link[f] or not last_live[f] or rate[f] < level:
+                continue
+            _unfreeze(f, flow_ptr, flow_link, weight, rate, frozen_load)
+            if live[f]:
+                members[count] = f
+                count += 1
+            else:
+                rate[f] = 0.0
+    for f in range(num_flows):
+        last_live[f] = live[f] and has_link[f]
+    if count:
+        _refill(members, count, level, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
+                frozen_load, load, cap, rising_on, active, rising)
+
+
 @numba.njit(cache=True)
 def _min_ratio(index, count, numerator, denominator):  # pragma: no cover - compiled
     """The smallest numerator[j] / denominator[j] over j in index[:count] (inf when count is 0)."""
