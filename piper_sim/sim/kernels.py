@@ -1,12 +1,13 @@
 """Compiled inner loops of the fair-share solves (numba): progressive filling, and a flow set's run alone.
 
 Pure numeric code over a flow set's incidences in compressed form (Incidence); fairshare.py owns what the
-numbers mean and is the only caller. Progressive filling raises every rising flow's rate by the same
+numbers mean and is the only caller. Progressive filling (_refill) raises every rising flow's rate by the same
 increment until a link saturates (its spare capacity below 1e-9 of its capacity); the flows crossing it freeze
-at that level. The loads of the links are kept as flows freeze instead of being summed again at every step, so
-one filling costs about one pass over the live flows' incidences plus one over the used links per level. A flow
-set's run alone resumes each wave's filling at the lowest level a leaver froze at (_timeline), so a wave costs the
-flows it refills, not all of them.
+at that level. The loads of the links are kept as flows freeze instead of being summed again at every step. When
+flows leave, every flow frozen below the lowest leaver's level keeps its rate (the links of a flow frozen at level
+L all saturate at L or later, and with fewer flows later still), so the filling restarts at that level over the
+flows at or above it, on spare capacity = capacity - the frozen flows' rates - level x the rising flows' weights:
+a solve after departures (_resume) and each wave of a flow set's run alone (_timeline) cost the flows they refill.
 Compiled on first use and cached on disk (numba's `cache=True`), so only a machine's first run pays for it.
 """
 
@@ -31,17 +32,9 @@ class Incidence:
         self.flow_ptr, self.flow_link, self.link_ptr, self.link_flow = _compressed(
             np.asarray(entry_flow, dtype=np.int64), np.asarray(local_link, dtype=np.int64), num_flows, num_links)
         self.has_link = self.flow_ptr[1:] > self.flow_ptr[:-1]
-        self.scratch = (np.zeros(num_links), np.zeros(num_links, dtype=np.int64), np.zeros(num_links),
-                        np.zeros(num_links), np.zeros(num_links, dtype=np.int64), np.zeros(num_links, dtype=np.int64),
-                        np.zeros(num_flows, dtype=np.bool_))  # base_load, base_on, load, cap, rising_on, active, rising
-
-
-def fill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndarray) -> np.ndarray:
-    """Max-min fair rates of the live flows (0 for the others and for live flows that cross no link)."""
-    rate = np.zeros(inc.num_flows)
-    _solve(live, inc.has_link, inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow,
-           np.asarray(weight, dtype=float), np.asarray(capacity, dtype=float), rate, *inc.scratch)
-    return rate
+        self.scratch = (np.zeros(num_links), np.zeros(num_links), np.zeros(num_links, dtype=np.int64),
+                        np.zeros(num_links, dtype=np.int64), np.zeros(num_flows, dtype=np.bool_))
+        # load, cap, rising_on, active, rising: a filling's (_refill) working arrays, all zero between fillings
 
 
 def timeline(inc: Incidence, weight: np.ndarray, sizes: np.ndarray, capacity: np.ndarray,
@@ -80,18 +73,6 @@ def _compressed(entry_flow, local_link, num_flows, num_links):  # pragma: no cov
     return flow_ptr, flow_link, link_ptr, link_flow
 
 
-@numba.njit(cache=True)
-def _solve(live, has_link, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
-           base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
-    """One filling of the live flows that cross a link."""
-    members = np.flatnonzero(live & has_link)
-    base_load[:] = 0.0
-    base_on[:] = 0
-    _count(members, members.size, flow_ptr, flow_link, weight, 1, base_load, base_on)
-    _fill(members, members.size, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
-          base_load, base_on, load, cap, rising_on, active, rising)
-
-
 def refill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndarray, state: tuple) -> None:
     """Max-min fair rates of the live flows into state's rate array, resumed from the last solve on this incidence
     when flows only left since (state: rate, the live flows of the last solve, the frozen rates per link)."""
@@ -101,7 +82,7 @@ def refill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.nd
 
 @numba.njit(cache=True)
 def _resume(live, has_link, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate, last_live,
-            frozen_load, base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+            frozen_load, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
     """Flows that left since the last solve (live then, not now) give up their rates, and every flow at or above the
     lowest of those rates refills from it (as _timeline's waves); a flow live now and not then starts it over."""
     num_flows = live.shape[0]
@@ -154,77 +135,13 @@ def _min_ratio(index, count, numerator, denominator):  # pragma: no cover - comp
 
 
 @numba.njit(cache=True)
-def _count(members, num_members, flow_ptr, flow_link, weight, sign, base_load, base_on):  # pragma: no cover
-    """Add (sign 1) or take out (sign -1) these flows' weights and counts on the links they cross."""
-    for i in range(num_members):
-        f = members[i]
-        for e in range(flow_ptr[f], flow_ptr[f + 1]):
-            link = flow_link[e]
-            base_load[link] += sign * weight[f]
-            base_on[link] += sign
-
-
-@numba.njit(cache=True)
-def _fill(members, num_members, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
-          base_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
-    """Progressive filling from zero over members[:num_members], whose weights and counts per link are
-    base_load and base_on; sets rate[f] for each of them."""
-    for i in range(num_members):
-        rising[members[i]] = True
-    num_active = 0
-    for link in range(capacity.shape[0]):
-        if base_on[link] > 0:
-            load[link] = base_load[link]
-            rising_on[link] = base_on[link]
-            cap[link] = capacity[link]
-            active[num_active] = link
-            num_active += 1
-    level = 0.0
-    left = num_members
-    while left > 0:
-        step = _min_ratio(active, num_active, cap, load)
-        level += step
-        for i in range(num_active):
-            link = active[i]
-            cap[link] -= step * load[link]
-        for i in range(num_active):
-            link = active[i]
-            if rising_on[link] == 0 or cap[link] > SATURATED * capacity[link]:
-                continue
-            for e in range(link_ptr[link], link_ptr[link + 1]):
-                f = link_flow[e]
-                if not rising[f]:
-                    continue
-                rising[f] = False
-                rate[f] = level
-                left -= 1
-                for e2 in range(flow_ptr[f], flow_ptr[f + 1]):
-                    other = flow_link[e2]
-                    load[other] -= weight[f]
-                    rising_on[other] -= 1
-        kept = 0
-        for i in range(num_active):
-            link = active[i]
-            if rising_on[link] > 0:
-                active[kept] = link
-                kept += 1
-            else:
-                load[link] = 0.0
-        num_active = kept
-
-
-@numba.njit(cache=True)
 def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity, eps_bytes, keep_rates,
-              frozen_load, base_on, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
-    """A flow set alone from time 0, wave by wave, each wave's filling resumed where the first leaver froze.
-
-    When flows end, every flow frozen at a lower level keeps its rate (the links of a flow that froze at level L
-    all saturate at L or later, and with the leavers gone later still), so the filling restarts at the lowest
-    leaver's level over the flows at or above it, on spare capacity = capacity - the frozen flows' rates - level x
-    the rising flows' weights (frozen_load keeps the frozen rates per link). A flow's bytes left are kept from the
-    time its rate last changed, so a wave touches only the flows it refills."""
+              load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+    """A flow set alone from time 0, wave by wave, each wave's filling resumed at the lowest leaver's level (the
+    module's docstring; frozen_load keeps the frozen rates per link). A flow's bytes left are kept from the time its
+    rate last changed, so a wave touches only the flows it refills."""
     num_flows = sizes.shape[0]
-    frozen_load[:] = 0.0
+    frozen_load = np.zeros(capacity.shape[0])
     finish = np.full(num_flows, np.nan)
     rate = np.zeros(num_flows)
     left = sizes.copy()  # bytes left at since[f]
