@@ -241,7 +241,7 @@ class FlowNetwork:
             finish[live & (remaining <= EPS_BYTES)] = t
             times.append(t)
             rates.append(rate)
-        return Timeline(np.array(times), np.array(rates).reshape(len(rates), -1), finish)
+        return Timeline(np.array(times), np.array(rates, dtype=float).reshape(len(rates), remaining.shape[0]), finish)
 
     def _materialize(self, fs: FlowSet) -> None:
         """Turn a memoized isolated run into explicit remaining bytes at the current time."""
