@@ -36,14 +36,18 @@ class PhaseRecord:
     flows: PhaseFlows | None = None
     rates: list | None = None  # [(time, rate per sub-flow)] as the run's solves set them; None: it ran alone
     finish_s: np.ndarray | None = None  # per sub-flow
+    alone: Timeline | None = None  # a phase that ran alone: its rates, once asked for, when they are few
 
     def state_at(self, t: float, capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bytes each sub-flow still has to send at time t, and the finish times of those that have ended.
-        capacity: the links' (bytes/s), for a phase that ran alone (its rates are recomputed, not kept)."""
+        capacity: the links' (bytes/s), for a phase that ran alone (its rates are recomputed, and kept while a
+        run of few waves: a recorded run repeats, and so do breaks of its reservation)."""
         rates = self.rates
         if rates is None:
-            alone = isolated_timeline(self.flows.entry_flow, self.flows.entry_link, self.flows.weights,
-                                      self.flows.sizes, capacity)
+            alone = self.alone or isolated_timeline(self.flows.entry_flow, self.flows.entry_link, self.flows.weights,
+                                                    self.flows.sizes, capacity)
+            if alone.num_waves <= KEPT_WAVES:
+                self.alone = alone
             starts = [0.0] + [end for end, _ in alone.segments[:-1]]
             rates = [(self.start_s + s, rate) for s, (_, rate) in zip(starts, alone.segments, strict=True)]
         remaining = self.flows.sizes.astype(float).copy()
@@ -100,6 +104,7 @@ MAX_RECORDED_RUNS = 1024  # runs of collectives that do not repeat (skewed routi
 
 
 SMALL_RUN_FLOATS = 4096  # isolated runs up to this many rate values are kept for phases that repeat
+KEPT_WAVES = 8  # a phase that ran alone keeps its rates once computed if it ran in at most this many waves
 
 
 def is_chain(phases: list[Phase]) -> bool:
