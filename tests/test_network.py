@@ -186,8 +186,9 @@ def test_a_phase_that_ran_alone_recomputes_its_rates_when_asked():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_filling_gives_the_rates_of_a_plain_filling_as_flows_leave(seed):
-    """Filling.solve(live) on one structure (kernels.refill, resumed after departures) gives the plain dense filling's rates at every step of a
-    random departure order, flows crossing no link an infinite rate, and again when every flow is back."""
+    """Filling.solve(live) on one structure (kernels.refill, resumed after departures) gives the plain dense
+    filling's rates at every step of a random departure order, flows crossing no link an infinite rate, and again
+    when every flow is back."""
     from piper_sim.sim.fairshare import Filling
 
     rng = np.random.default_rng(100 + seed)
