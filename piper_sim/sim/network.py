@@ -121,7 +121,7 @@ class FlowNetwork:
             return done
         distinct = self._links_of.get(key) if key is not None else None
         if distinct is None:
-            distinct = (np.unique(entry_link),)
+            distinct = (compact_ids(entry_link)[0],)
             if key is not None:
                 self._links_of[key] = distinct
         if self.reservations and self.reserved[distinct[0]].any():
@@ -171,7 +171,7 @@ class FlowNetwork:
               finish_s: np.ndarray, t_start: float, done: simpy.Event) -> FlowSet:
         """Add a flow set that has been running since t_start (flow weights, bytes still to send, finish times of
         the flows that have ended, NaN for the others); the caller resolves it (resolve_sets)."""
-        links = np.unique(entry_link)
+        links = compact_ids(entry_link)[0]
         fs = FlowSet(entry_flow, entry_link, weight, remaining, done, self.env.now, links,
                      self.num_sets)
         fs.t_start, fs.finish_s = t_start, finish_s

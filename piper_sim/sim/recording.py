@@ -19,7 +19,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.fairshare import EPS_BYTES, Timeline, isolated_timeline
+from piper_sim.sim.fairshare import EPS_BYTES, Timeline, compact_ids, isolated_timeline
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, start_phases
 
@@ -140,7 +140,7 @@ class Recorder:
         if hit is not None and hit[0] is c.phases:
             return hit[1]
         ids = [self.phase_flows(p, c.gpus, (c.key, i))[1].entry_link for i, p in enumerate(c.phases) if p.src.size]
-        links = np.unique(np.concatenate(ids)) if ids else np.zeros(0, dtype=np.int64)
+        links = compact_ids(np.concatenate(ids))[0] if ids else np.zeros(0, dtype=np.int64)
         bounded_put(self._link_memo, memo, (c.phases, links))
         return links
 
@@ -188,7 +188,7 @@ class Recorder:
     def _isolated(self, records: list[PhaseRecord]) -> IsolatedRun:
         started = [r.flows for r in records if r.flows is not None]
         entry_links = [f.entry_link for f in started]
-        links = np.unique(np.concatenate(entry_links)) if entry_links else np.zeros(0, dtype=np.int64)
+        links = compact_ids(np.concatenate(entry_links))[0] if entry_links else np.zeros(0, dtype=np.int64)
         link_bytes = np.zeros(self.capacity.shape[0])
         for f in started:
             link_bytes += np.bincount(f.entry_link, weights=(f.sizes * f.weights)[f.entry_flow],
