@@ -160,14 +160,17 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
     times = np.empty(max(live, 1))
     rates = np.zeros((rows, num_flows))
     end = np.full(num_flows, np.inf)  # when each live flow ends at its rate
-    num_refill, level, waves = live, 0.0, 0
+    done_at = np.full(num_flows, np.inf)  # when it has eps_bytes left (a leaver of a wave ending then, at the latest)
+    num_refill, level, waves, kept_end = live, 0.0, 0, np.inf
     while live > 0:
         _refill(refill, num_refill, level, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
                 frozen_load, load, cap, rising_on, active, rising)
+        t_next = kept_end  # the next end: the earliest of the flows that kept their rates and of those refilled
         for i in range(num_refill):
             f = refill[i]
             end[f] = since[f] + left[f] / rate[f]
-        t_next = _min_at(members, live, end)
+            done_at[f] = end[f] - eps_bytes / rate[f]
+            t_next = min(t_next, end[f])
         if keep_rates:
             if waves == rows:
                 rows *= 2
@@ -180,11 +183,11 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
         waves += 1
         level = np.inf  # the lowest level a leaver froze at
         kept = 0
+        screen = t_next + 1e-12 * abs(t_next)
         for i in range(live):
             f = members[i]
-            # a flow ends when what it has left at t_next is at most eps_bytes (end[f] screens out the others)
-            if end[f] - eps_bytes / rate[f] <= t_next + 1e-12 * abs(t_next) and \
-                    left[f] - rate[f] * (t_next - since[f]) <= eps_bytes:
+            # a flow ends when what it has left at t_next is at most eps_bytes (done_at screens out the others)
+            if done_at[f] <= screen and left[f] - rate[f] * (t_next - since[f]) <= eps_bytes:
                 finish[f] = t_next
                 level = min(level, rate[f])
                 _unfreeze(f, flow_ptr, flow_link, weight, rate, frozen_load)
@@ -193,7 +196,7 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
                 members[kept] = f
                 kept += 1
         live = kept
-        num_refill = 0
+        num_refill, kept_end = 0, np.inf
         for i in range(live):
             f = members[i]
             if rate[f] >= level:
@@ -202,17 +205,9 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
                 _unfreeze(f, flow_ptr, flow_link, weight, rate, frozen_load)
                 refill[num_refill] = f
                 num_refill += 1
+            else:
+                kept_end = min(kept_end, end[f])
     return times[:waves], rates[:waves] if keep_rates else rates[:0], finish
-
-
-@numba.njit(cache=True)
-def _min_at(index, count, values):  # pragma: no cover - compiled
-    low = np.inf
-    for i in range(count):
-        v = values[index[i]]
-        if v < low:
-            low = v
-    return low
 
 
 @numba.njit(cache=True)
