@@ -179,7 +179,7 @@ class CollectiveRunner:
         flows come onto the links, the members still running turn into flow sets (_break)."""
         t0 = self.env.now
         for run in runs:
-            self.network.count(run.link_bytes, run.num_flows)
+            self.network.count(run.link_bytes, run.num_flows, run.links)
         self.num_reserved += len(members)
         running = set(range(len(members)))
 

@@ -138,9 +138,13 @@ class FlowNetwork:
             self._resolve(self._component(fs))
         return done
 
-    def count(self, link_bytes: np.ndarray, num_flows: int) -> None:
-        """Account bytes per link and a number of flows (at the start of what carries them)."""
-        self.link_bytes += link_bytes
+    def count(self, link_bytes: np.ndarray, num_flows: int, links: np.ndarray | None = None) -> None:
+        """Account bytes per link (on every link, or on `links` only) and a number of flows (at the start of what
+        carries them)."""
+        if links is None:
+            self.link_bytes += link_bytes
+        else:
+            self.link_bytes[links] += link_bytes
         self.num_flows += num_flows
 
     # ---- reservations: a recorded run standing in for its flow sets while nothing else shares its links ----

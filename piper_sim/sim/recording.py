@@ -69,7 +69,7 @@ class IsolatedRun:
 
     duration_s: float
     links: np.ndarray
-    link_bytes: np.ndarray
+    link_bytes: np.ndarray  # bytes carried on each of `links`
     num_flows: int
     phases: list[PhaseRecord]
 
@@ -100,10 +100,11 @@ def overlapping(links: list[np.ndarray]) -> list[list[int]]:
     return sorted((members for members, _ in groups), key=lambda m: m[0])
 
 
-MAX_RECORDED_RUNS = 1024  # runs of collectives that do not repeat (skewed routing) are dropped oldest first
+MAX_RECORDED_RUNS = 1024  # entries of the recorder's smaller memos (links, small runs), dropped oldest first
+RECORDED_SUB_FLOWS = 1 << 22  # sub-flows the memoized runs of collectives hold together (RunMemo)
 
 
-SMALL_RUN_FLOATS = 4096  # isolated runs up to this many rate values are kept for phases that repeat
+SMALL_RUN_FLOATS = 4096  # isolated runs of at most this many flows x waves are kept for phases that repeat
 KEPT_WAVES = 8  # a phase that ran alone keeps its rates once computed if it ran in at most this many waves
 
 
@@ -111,6 +112,30 @@ def is_chain(phases: list[Phase]) -> bool:
     """Each phase waits for the one before it (and perhaps earlier ones), the first for none."""
     return all(p.after == () if i == 0 else (i - 1 in p.after and max(p.after) == i - 1)
                for i, p in enumerate(phases))
+
+
+class RunMemo:
+    """Recorded runs by key, the oldest dropped first once their phases' sub-flows together pass RECORDED_SUB_FLOWS:
+    a bound on what they hold (about 100 bytes a sub-flow with their keys and phases), not on how many they are,
+    so a skewed run's every all-to-all (each of its own matrix, needed again by its backward a pipeline's depth of
+    micro-batches later) stays while a few large runs are dropped sooner."""
+
+    def __init__(self) -> None:
+        self._items: dict[Hashable, tuple[object, int]] = {}
+        self._held = 0
+
+    def get(self, key: Hashable) -> object | None:
+        hit = self._items.get(key)
+        return None if hit is None else hit[0]
+
+    def put(self, key: Hashable, value: object, run: IsolatedRun) -> None:
+        if key in self._items:
+            return
+        weight = sum(r.flows.sizes.shape[0] for r in run.phases if r.flows is not None) + 1
+        self._items[key] = (value, weight)
+        self._held += weight
+        while self._held > RECORDED_SUB_FLOWS and len(self._items) > 1:
+            self._held -= self._items.pop(next(iter(self._items)))[1]
 
 
 def bounded_put(memo: dict, key: Hashable, value: object) -> None:
@@ -127,8 +152,8 @@ class Recorder:
 
     def __init__(self, capacity: np.ndarray, phase_flows: PhaseFlowsOf) -> None:
         self.capacity, self.phase_flows = capacity, phase_flows
-        self._runs: dict[Hashable, tuple[list[Phase], IsolatedRun]] = {}
-        self._by_signature: dict[Hashable, IsolatedRun] = {}
+        self._runs = RunMemo()  # (key, id of the phases' list) -> (that list, its run)
+        self._by_signature = RunMemo()  # a run's contents (signature) -> its run
         self._small_runs: dict[Hashable, Timeline] = {}
         self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
         self._together: dict[Hashable, list[IsolatedRun]] = {}
@@ -165,8 +190,8 @@ class Recorder:
                 run = self._isolated(self._record_chain(c.phases, c.gpus, c.key))
             else:
                 run = self._isolated(self._record_events([c], log=True)[0][0])
-            bounded_put(self._by_signature, signature, run)
-        bounded_put(self._runs, memo, (c.phases, run))  # the list is kept, so its id is not reused meanwhile
+            self._by_signature.put(signature, run, run)
+        self._runs.put(memo, (c.phases, run), run)  # the list is kept, so its id is not reused meanwhile
         return run
 
     def run_together(self, members: list[Starting]) -> list[IsolatedRun]:
@@ -193,6 +218,7 @@ class Recorder:
         for f in started:
             link_bytes += np.bincount(f.entry_link, weights=(f.sizes * f.weights)[f.entry_flow],
                                       minlength=link_bytes.shape[0])
+        link_bytes = link_bytes[links]  # kept for its own links only: runs are many, the machine's links too
         return IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
                            num_flows=int(sum(f.weights.sum() for f in started)), phases=records)
 
@@ -218,13 +244,14 @@ class Recorder:
         return records
 
     def _alone(self, flows: PhaseFlows, sizes: np.ndarray) -> Timeline:
-        """The phase's flows alone on their links: seen before (small runs are kept), or solved."""
+        """The phase's flows alone on their links: seen before (small runs of few waves are kept: phases that repeat
+        inside other collectives, as split exchanges do), or solved."""
         known = (flows.key, flows.sizes.tobytes())
         timeline = self._small_runs.get(known)
         if timeline is None:
             timeline = isolated_timeline(flows.entry_flow, flows.entry_link, flows.weights, sizes,
                                          self.capacity, keep_rates=False)
-            if timeline.num_floats <= SMALL_RUN_FLOATS:
+            if sizes.shape[0] * timeline.num_waves <= SMALL_RUN_FLOATS:
                 bounded_put(self._small_runs, known, timeline)
         return timeline
 
