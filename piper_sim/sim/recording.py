@@ -101,7 +101,8 @@ def overlapping(links: list[np.ndarray]) -> list[list[int]]:
 
 
 MAX_RECORDED_RUNS = 1024  # entries of the recorder's smaller memos (links, small runs), dropped oldest first
-RECORDED_SUB_FLOWS = 1 << 22  # sub-flows the memoized runs of collectives hold together (RunMemo)
+RECORDED_SUB_FLOWS = 1 << 22  # sub-flows the memoized runs of collectives hold together (RunMemo) ...
+RECORDED_RUNS = 4096  # ... and how many they are at most (each also holds its keys and records)
 
 
 SMALL_RUN_FLOATS = 4096  # isolated runs of at most this many flows x waves are kept for phases that repeat
@@ -115,10 +116,10 @@ def is_chain(phases: list[Phase]) -> bool:
 
 
 class RunMemo:
-    """Recorded runs by key, the oldest dropped first once their phases' sub-flows together pass RECORDED_SUB_FLOWS:
-    a bound on what they hold (about 100 bytes a sub-flow with their keys and phases), not on how many they are,
-    so a skewed run's every all-to-all (each of its own matrix, needed again by its backward a pipeline's depth of
-    micro-batches later) stays while a few large runs are dropped sooner."""
+    """Recorded runs by key, the oldest dropped first once their phases' sub-flows together pass RECORDED_SUB_FLOWS
+    or they pass RECORDED_RUNS: a bound on what they hold more than on how many they are, so a skewed run's
+    all-to-alls (each of its own matrix, needed again by its backward a pipeline's depth of micro-batches later)
+    stay while a few large runs are dropped sooner."""
 
     def __init__(self) -> None:
         self._items: dict[Hashable, tuple[object, int]] = {}
@@ -134,7 +135,7 @@ class RunMemo:
         weight = sum(r.flows.sizes.shape[0] for r in run.phases if r.flows is not None) + 1
         self._items[key] = (value, weight)
         self._held += weight
-        while self._held > RECORDED_SUB_FLOWS and len(self._items) > 1:
+        while (self._held > RECORDED_SUB_FLOWS or len(self._items) > RECORDED_RUNS) and len(self._items) > 1:
             self._held -= self._items.pop(next(iter(self._items)))[1]
 
 
