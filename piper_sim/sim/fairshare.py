@@ -97,8 +97,3 @@ class Timeline:
     @property
     def duration_s(self) -> float:
         return float(self.end_s[-1]) if self.end_s.size else 0.0
-
-    @property
-    def num_floats(self) -> int:
-        kept = self.num_waves * self.finish_offset_s.size if self.rates is not None else self.num_waves
-        return kept + self.finish_offset_s.size  # a rate per flow in every wave, when kept
