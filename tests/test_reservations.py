@@ -61,3 +61,31 @@ def test_a_recorded_phase_counts_every_rate_it_ran_at():
     remaining, finish = rec.state_at(4.0, np.array([10.0]))
     assert remaining.tolist() == [100.0 - 10.0 - 40.0, 0.0]
     assert np.isnan(finish[0]) and finish[1] == 2.0
+
+
+def test_recorded_runs_are_kept_under_a_bound_on_their_sub_flows(monkeypatch):
+    """RunMemo drops the oldest runs once the sub-flows they hold together pass the bound (or they pass the count):
+    many small runs stay where a few large ones would not."""
+    import numpy as np
+
+    from piper_sim.sim import recording
+    from piper_sim.sim.phase_run import PhaseFlows
+
+    def run(sub_flows: int) -> recording.IsolatedRun:
+        flows = PhaseFlows(np.zeros(sub_flows, dtype=np.int64), np.zeros(sub_flows, dtype=np.int64),
+                           np.ones(sub_flows))
+        return recording.IsolatedRun(duration_s=1.0, links=np.zeros(1, dtype=np.int64), link_bytes=np.ones(1),
+                                     num_flows=sub_flows, phases=[recording.PhaseRecord(flows=flows)])
+
+    monkeypatch.setattr(recording, "RECORDED_SUB_FLOWS", 1000)
+    monkeypatch.setattr(recording, "RECORDED_RUNS", 50)
+    memo = recording.RunMemo()
+    for key in range(40):  # 40 runs of 9 sub-flows (10 with the entry's own weight): all kept
+        memo.put(key, key, run(9))
+    assert all(memo.get(key) == key for key in range(40))
+    memo.put("large", "large", run(700))  # 400 + 701 held: the oldest go until the bound holds again
+    assert memo.get("large") == "large"
+    assert [memo.get(key) for key in range(11)] == [None] * 11 and memo.get(11) == 11
+    for key in range(100, 160):  # the count bound: at most 50 runs
+        memo.put(key, key, run(0))
+    assert memo.get("large") is None and memo.get(159) == 159 and memo.get(109) is None and memo.get(110) == 110
