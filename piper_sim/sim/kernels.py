@@ -156,7 +156,7 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
             live += 1
         else:
             finish[f] = 0.0
-    rows = max(min(live, ROWS_UP_FRONT // max(num_flows, 1)), 1) if keep_rates else 1  # waves <= flows that end
+    rows = max(min(live, ROWS_UP_FRONT // max(num_flows, 1)), 1) if keep_rates else 0  # waves <= flows that end
     times = np.empty(max(live, 1))
     rates = np.zeros((rows, num_flows))
     end = np.full(num_flows, np.inf)  # when each live flow ends at its rate
@@ -207,7 +207,7 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
                 num_refill += 1
             else:
                 kept_end = min(kept_end, end[f])
-    return times[:waves], rates[:waves] if keep_rates else rates[:0], finish
+    return times[:waves], rates[:waves], finish
 
 
 @numba.njit(cache=True)
