@@ -80,7 +80,7 @@ def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = 
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,
              "num_tasks": len(trace), "num_flows": records.num_flows, "num_solves": records.num_solves,
              "num_lanes": records.num_lanes, "lanes_fell_back": fell_back, "num_reserved": records.num_reserved,
-             "num_broken": records.num_broken}
+             "num_broken": records.num_broken, "num_mirrored": records.num_mirrored}
     return RunResult(backend="sim", config=cfg, schedule=schedule, report=report, trace=trace,
                      steps=steps_frame(report), topology=topo, placement=tuple(placement), links=links, stats=stats)
 

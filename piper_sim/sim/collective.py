@@ -101,7 +101,7 @@ class CollectiveRunner:
         self.env, self.network, self.topo = env, network, topo
         self.route_cache = RouteCache(topo)
         self.overhead_s = topo.params.message_overhead_s
-        self.recorder = Recorder(network.capacity, self._phase_flows)
+        self.recorder = Recorder(network.capacity, self._phase_flows, topo.reverse_link)
         self._starting: list[Starting] = []  # multi-phase collectives starting at this instant
         self.num_reserved = self.num_broken = 0
 

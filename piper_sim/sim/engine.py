@@ -69,6 +69,7 @@ class SimRecords:
     num_lanes: int
     num_reserved: int = 0  # collectives run as reservations (piper_sim.sim.collective)
     num_broken: int = 0  # of those, turned into their flow sets when other flows came onto their links
+    num_mirrored: int = 0  # phase timelines taken from a mirror image solved before (piper_sim.sim.mirror)
 
 
 class Simulation(LaneCollectives):
@@ -156,6 +157,7 @@ class Simulation(LaneCollectives):
         self.records.num_flows = self.network.num_flows
         self.records.num_solves = self.network.num_solves
         self.records.num_reserved, self.records.num_broken = self.runner.num_reserved, self.runner.num_broken
+        self.records.num_mirrored = self.runner.recorder.timelines.num_mirrored
         return self.records
 
     def _at(self, time_s: float, action) -> None:

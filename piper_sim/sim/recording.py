@@ -20,6 +20,7 @@ import simpy
 
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.sim.fairshare import EPS_BYTES, Timeline, compact_ids, isolated_timeline
+from piper_sim.sim.mirror import TimelineMemo
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, start_phases
 
@@ -149,10 +150,12 @@ class Recorder:
     """Runs of collectives on otherwise idle links, recorded once and memoized.
 
     phase_flows(phase, gpus, key) gives a phase's (routes, flows, delay before its flows enter), as the
-    main network runs it; capacity: the links' (bytes/s)."""
+    main network runs it; capacity: the links' (bytes/s); reverse_link: each link's link back of the same
+    capacity, or -1 (Topology.reverse_link: a phase that mirrors one solved before reuses its timeline)."""
 
-    def __init__(self, capacity: np.ndarray, phase_flows: PhaseFlowsOf) -> None:
+    def __init__(self, capacity: np.ndarray, phase_flows: PhaseFlowsOf, reverse_link: np.ndarray | None = None) -> None:
         self.capacity, self.phase_flows = capacity, phase_flows
+        self.timelines = TimelineMemo(capacity, reverse_link)
         self._runs = RunMemo()  # (key, id of the phases' list) -> (that list, its run)
         self._by_signature = RunMemo()  # a run's contents (signature) -> its run
         self._small_runs: dict[Hashable, Timeline] = {}
@@ -246,12 +249,12 @@ class Recorder:
 
     def _alone(self, flows: PhaseFlows, sizes: np.ndarray) -> Timeline:
         """The phase's flows alone on their links: seen before (small runs of few waves are kept: phases that repeat
-        inside other collectives, as split exchanges do), or solved."""
+        inside other collectives, as split exchanges do), a relabelling of a run solved before (TimelineMemo), or
+        solved."""
         known = (flows.key, flows.sizes.tobytes())
         timeline = self._small_runs.get(known)
         if timeline is None:
-            timeline = isolated_timeline(flows.entry_flow, flows.entry_link, flows.weights, sizes,
-                                         self.capacity, keep_rates=False)
+            timeline = self.timelines.timeline(flows.entry_flow, flows.entry_link, flows.weights, sizes)
             if sizes.shape[0] * timeline.num_waves <= SMALL_RUN_FLOATS:
                 bounded_put(self._small_runs, known, timeline)
         return timeline
