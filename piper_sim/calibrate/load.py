@@ -22,7 +22,7 @@ from piper_sim.units import is_finite_number, read_params
 from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
-from piper_sim.workload.profile import Curve, DeviceProfile, HostProfile, ShapeFactor, layer_key
+from piper_sim.workload.profile import Curve, DeviceProfile, HostProfile, MoePath, ShapeFactor, layer_key
 from piper_sim.yamlio import read_yaml
 
 PROFILE_SCHEMA = {
@@ -30,7 +30,9 @@ PROFILE_SCHEMA = {
     "peak_bf16_TFLOPS": ..., "hbm_GiB": ..., "hbm_bandwidth_GBps": ..., "memory_efficiency": 0.8,
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
     "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
+    "extends": None, "moe_path": None,
 }
+MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
 
 
 def profile_path(spec: str | Path) -> Path:
@@ -57,7 +59,7 @@ def load_host_profile(spec: str | Path | dict) -> HostProfile | None:
 def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile | None]:
     if not isinstance(spec, str | Path | dict):
         raise ConfigError("cost.profile", spec, "a profile name (traces/profiles/NAME.yaml), a YAML path or a mapping")
-    raw = spec if isinstance(spec, dict) else read_yaml(profile_path(spec), "cost.profile")
+    raw = _extended(spec if isinstance(spec, dict) else read_yaml(profile_path(spec), "cost.profile"))
     p = read_params(raw, PROFILE_SCHEMA, "cost.profile.")
     _check_device_numbers(p)
     measurements = p.get("measurements") or {}
@@ -68,7 +70,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         gemm_efficiency=_curve(p["gemm_efficiency"], "gemm_efficiency", "rows"),
         attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
         optimizer_bytes_per_param=float(p["optimizer_bytes_per_param"]),
-        gemm_shape_factor=_shape_factor(p["gemm_shape_factor"]),
+        gemm_shape_factor=_shape_factor(p["gemm_shape_factor"]), moe_path=_moe_path(p["moe_path"]),
         **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
            **_device_measured(measurements)},
     )
@@ -87,6 +89,30 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
     if by_layer:
         profile = replace(profile, framework_by_layer=tuple(by_layer))
     return profile, _host_measured(measurements)
+
+
+def _extended(raw: object) -> object:
+    """A profile that extends another (`extends: NAME`): the other's keys, those this one gives replaced. One
+    level: the profile extended may not extend one itself."""
+    if not isinstance(raw, dict) or raw.get("extends") is None:
+        return raw
+    base_name = raw["extends"]
+    if not isinstance(base_name, str):
+        raise ConfigError("cost.profile.extends", base_name, "the name of a profile in traces/profiles")
+    base = read_yaml(profile_path(base_name), "cost.profile.extends")
+    if not isinstance(base, dict) or base.get("extends") is not None:
+        raise ConfigError("cost.profile.extends", base_name, "a profile that extends none itself")
+    return {**base, **{k: v for k, v in raw.items() if k != "extends"}}
+
+
+def _moe_path(raw: object) -> MoePath | None:
+    if raw is None:
+        return None
+    p = read_params(raw, MOE_PATH_SCHEMA, "cost.profile.moe_path.")
+    for key, si in (("gather_GBps", "gather_bytes_per_s"), ("scatter_GBps", "scatter_bytes_per_s")):
+        if not p[si] > 0:
+            raise ConfigError(f"cost.profile.moe_path.{key}", raw[key], "a positive rate")
+    return MoePath(**p)
 
 
 def _check_device_numbers(p: dict) -> None:

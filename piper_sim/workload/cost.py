@@ -31,6 +31,7 @@ class ExchangeTask(Protocol):
     def in_forward(self) -> bool: ...
 
 
+MOE_PATH_OPS = ("router:", "moe_out:")  # the ops a profile's measured MoE path prices (DeviceProfile.moe_path)
 BACKWARD_FACTOR = {
     "forward": 1.0, "forward_expert": 1.0, "backward": 2.0, "backward_expert": 2.0,
     "backward_input": 1.0, "backward_expert_input": 1.0, "backward_weight": 1.0,
@@ -102,7 +103,9 @@ class TaskCoster:
                 continue
             work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
             fixed = self._framework_s(kind, op, expert_rows, work)
-            if fixed is None:
+            if self.profile.moe_path is not None and op.startswith(MOE_PATH_OPS):
+                seconds += self._moe_path_s(kind, op, work)
+            elif fixed is None:
                 seconds += factor * work_time_s(self.profile, work, self.model.dtype_bytes, self._gemm_s)
             else:  # measured fixed cost of the op's code path, plus its arithmetic without per-kernel launches
                 arithmetic = replace(work, num_kernels=0)
@@ -127,6 +130,23 @@ class TaskCoster:
             flops += hit[1]
         rest = experts_besides_gemms(self.model, expert_rows, etp)
         return seconds + work_time_s(self.profile, rest, dtype_bytes), flops
+
+    def _moe_path_s(self, kind: str, op: str, work: OpWork) -> float:
+        """The router and moe_out ops as the profile's measured MoE path (DeviceProfile.moe_path): the router is
+        the gate and the gather into the dispatch buffer, moe_out the scatter that combines it; their backward
+        swaps gather and scatter and adds the gate's GEMM gradients (a split backward's weight pass: those alone)."""
+        path = self.profile.moe_path
+        routed = int(self.tokens * self.split.dispatch_share) * self.model.top_k
+        buffer_bytes = routed * self.model.d_model * self.model.dtype_bytes
+        gather_s, scatter_s = buffer_bytes / path.gather_bytes_per_s, buffer_bytes / path.scatter_bytes_per_s
+        gate_gemms_s = sum(self._gemm_s(g) for g in work.gemms)
+        if kind == "backward_weight":
+            return gate_gemms_s if op.startswith("router:") else 0.0
+        if _pass_name(kind) == "forward":
+            return path.gate_s + gather_s if op.startswith("router:") else scatter_s
+        if op.startswith("router:"):
+            return BACKWARD_FACTOR[kind] * gate_gemms_s + scatter_s
+        return gather_s
 
     def _framework_s(self, kind: str, op: str, expert_rows: tuple[int, ...],
                      work: OpWork | None = None) -> float | None:

@@ -83,6 +83,18 @@ def interp(x: float, xp: tuple[float, ...], fp: tuple[float, ...]) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoePath:
+    """A framework's own MoE token path, measured: its gate (a fixed time per call: small kernels and the host
+    syncs of uneven split sizes) and the token permutation's effective rates over the routed buffer (rows x top-k x
+    d_model x dtype bytes): the gather that fills the dispatch buffer and the scatter that combines it. The
+    backward of a gather is a scatter and the other way round."""
+
+    gate_s: float
+    gather_bytes_per_s: float
+    scatter_bytes_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeviceProfile:
     name: str
     device: str
@@ -116,6 +128,8 @@ class DeviceProfile:
     framework_by_layer: tuple = ()
     # a narrower GEMM's share of gemm_efficiency (rows, sqrt(k x n)); None: every width as the rows curve
     gemm_shape_factor: ShapeFactor | None = None
+    # the framework's measured gate and token permutation (router and moe_out ops); None: priced from their work
+    moe_path: MoePath | None = None
 
     def gemm_efficiency_at(self, rows: int, k: int, n: int) -> float:
         """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile
