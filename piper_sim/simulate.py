@@ -7,9 +7,12 @@ the SimPy engine, and the fallback to one lane per rank when lane members diverg
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
@@ -28,10 +31,30 @@ from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
+GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
+
+
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """A run allocates millions of short-lived objects (events, records, tuples) and little cyclic garbage; at
+    Python's default threshold the cyclic collector runs every 700 allocations and takes 10-20% of a skewed run
+    (benchmarks/bench_sim.py). Collect less often while it runs; the thresholds are restored after."""
+    before = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
 
 def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = False) -> RunResult:
     """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None);
     progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds."""
+    with fewer_collections():
+        return _simulate(cfg, schedule, progress)
+
+
+def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResult:
     t0 = time.perf_counter()
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel

@@ -44,10 +44,9 @@ def test_a_malformed_table_is_an_error(bad):
 
 
 def test_the_shipped_gpu_profiles_price_skinny_expert_gemms_below_wide_ones():
-    for name in ("mi250x", "h100"):
+    for name in ("mi250x", "h100", "a100"):
         p = load_profile(name)
         assert p.gemm_efficiency_at(6144, 2048, 1408) < p.gemm_efficiency_at(6144, 8192, 8192)
-    assert load_profile("a100").gemm_shape_factor is None
 
 
 def test_one_value_interpolation_is_numpys():
@@ -85,3 +84,19 @@ def test_an_experts_op_is_priced_as_its_work(model_name):
             factor = BACKWARD_FACTOR[kind]
             assert seconds == pytest.approx(factor * work_time_s(coster.profile, work, model.dtype_bytes), rel=1e-12)
             assert flops == pytest.approx(factor * work.flops, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["a100", "h100", "mi250x", "mi250x-xmoe"])
+def test_every_gemm_rows_point_of_a_shipped_profile_is_in_its_sources_file(name):
+    """Each point of the rows curve is listed, with the same value, in traces/profiles/sources/NAME.yaml as
+    measured or derived (never assumed or fitted)."""
+    import yaml
+
+    from piper_sim.paths import data_dir
+
+    listed = yaml.safe_load((data_dir("traces/profiles") / "sources" / f"{name}.yaml").read_text())
+    points = {p["rows"]: p for p in listed["gemm_efficiency"]["points"]}
+    curve = load_profile(name).gemm_efficiency
+    for rows, value in zip(curve.x, curve.efficiency, strict=True):
+        assert points[rows]["value"] == pytest.approx(value, abs=5e-4), (name, rows)
+        assert points[rows]["status"] in ("measured", "derived"), (name, rows)
