@@ -86,8 +86,9 @@ def test_flat_all_to_all_on_uniform_cluster_is_nic_bound():
     done = runner.run(phases, tuple(topo.gpus), "a2a")
     env.run(done)
     # each GPU sends 4 MB off-node through its 10 GB/s NIC link: 0.4 ms; intra-node 3 MB at 100 GB/s is hidden;
-    # before it, the split sizes: 4 int64 counts off-node through the same NIC
-    assert env.now == pytest.approx(4 * 8 / 10e9 + 4e6 / 10e9, rel=1e-9)
+    # before it, the split sizes: int64 counts, too few bytes to share links (the slowest link, 10 GB/s, carries
+    # 10 bytes a nanosecond), end as they enter
+    assert env.now == pytest.approx(4e6 / 10e9, rel=1e-9)
 
 
 def test_flows_that_end_together_end_in_the_order_they_started():
@@ -262,3 +263,29 @@ def test_the_live_network_with_resumed_fillings_gives_the_finish_times_of_solves
     env.run()
     np.testing.assert_allclose(np.concatenate([got[i] for i in range(len(sets))]), _events_from_zero(capacity, sets),
                                rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("small_bytes, shares", [(2.0, False), (20.0, True)])
+def test_a_set_too_small_to_share_links_ends_as_it_starts(small_bytes, shares):
+    """Flows no larger than what the network's slowest link carries in a nanosecond (10 bytes at 10 GB/s) take no
+    part in the sharing: they end as they enter and the flow already on the link keeps its rate; at 20 B they share
+    the link as any flows do."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([10e9, 10e9]))
+    big = net.start(np.array([0]), np.array([0]), np.array([1e6]))
+    small: list = []
+
+    def later():
+        yield env.timeout(1e-5)
+        small.append(net.start(np.array([0, 1, 2, 3]), np.array([0, 0, 0, 1]), np.full(4, small_bytes)))
+
+    env.process(later())
+    env.run(big)
+    env.run()
+    finish = small[0].value
+    if shares:
+        assert big.value[0] > 1e6 / 10e9 * (1 + 1e-12)
+        assert finish.max() > 1e-5 + 4 * small_bytes / 10e9 * (1 - 1e-9)  # three of them share link 0 with the big one
+    else:
+        assert big.value[0] == pytest.approx(1e6 / 10e9, rel=1e-12)
+        np.testing.assert_array_equal(finish, 1e-5)

@@ -64,6 +64,17 @@ class Filling:
         return np.where(free, np.inf, rate) if free.any() else rate
 
 
+LATENCY_ONLY_S = 1e-9  # flows that the machine's slowest link carries in less time run outside the sharing
+
+
+def latency_only_bytes(capacity: np.ndarray) -> float:
+    """The largest flow a network of these link capacities runs outside the fair sharing: what its slowest link
+    carries in LATENCY_ONLY_S. A phase of such flows (the split sizes an all-to-all exchanges first: 8 bytes a
+    pair) is priced by the latency and overhead it pays before its flows enter; its bytes would take from the
+    flows it shares links with at most a nanosecond's worth each, so its flows end as they enter."""
+    return LATENCY_ONLY_S * float(capacity.min()) if capacity.size else 0.0
+
+
 def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
                       capacity: np.ndarray, keep_rates: bool = True) -> Timeline:
     """A flow set's run alone on its links: solve the fair shares, run until the next flows end, repeat

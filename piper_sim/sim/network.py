@@ -23,6 +23,7 @@ from piper_sim.sim.fairshare import (
     Timeline,
     compact_ids,
     isolated_timeline,
+    latency_only_bytes,
     max_min_rates,
 )
 
@@ -80,11 +81,15 @@ class FlowNetwork:
     """All flows in flight on one topology."""
 
     def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray,
-                 slowdown: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 slowdown: Callable[[np.ndarray], np.ndarray] | None = None,
+                 latency_only: float | None = None) -> None:
         """slowdown: load per link (the weights of its live flows) -> divisor of each link's capacity, for
-        resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity."""
+        resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity.
+        latency_only: the largest flow that runs outside the sharing (bytes); None: fairshare.latency_only_bytes of
+        these capacities (a reduced network of merged links passes its machine's)."""
         self.env = env
         self.capacity = capacity_bytes_per_s
+        self.latency_only_bytes = latency_only_bytes(capacity_bytes_per_s) if latency_only is None else latency_only
         self.slowdown = slowdown
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active: set[FlowSet] = set()
@@ -104,20 +109,21 @@ class FlowNetwork:
     # ---- public ----------------------------------------------------------------------------------
     def start(self, entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
               weight: np.ndarray | None = None, key: Hashable | None = None, counted: bool = True) -> simpy.Event:
-        """Start flows now; the returned event fires when all have arrived, with each flow's finish time.
+        """Start flows now; the returned event fires when all have arrived, with each flow's finish time. A set
+        whose flows are all too small to share links (at most latency_only_bytes) ends as it starts.
 
         key, when given, names the route structure (same key = same entry arrays) so that an
         isolated run can be memoized by (key, sizes). counted: False for flows a reservation already
         counted (their bytes and number).
         """
-        done = self.env.event()
         weight = np.ones(sizes.shape[0]) if weight is None else weight
         if counted:
             self.count(np.bincount(entry_link, weights=(sizes * weight)[entry_flow],
                                    minlength=self.link_bytes.shape[0]), int(weight.sum()))
+        done = self.env.event()
         keep = sizes > EPS_BYTES
-        if not keep.any():
-            done.succeed(np.full(sizes.shape[0], self.env.now))
+        if not keep.any() or sizes.max() <= self.latency_only_bytes:  # nothing to move, or too few bytes to share
+            done.succeed(np.full(sizes.shape[0], self.env.now))        # links (fairshare.latency_only_bytes)
             return done
         distinct = self._links_of.get(key) if key is not None else None
         if distinct is None:
