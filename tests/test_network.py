@@ -86,8 +86,8 @@ def test_flat_all_to_all_on_uniform_cluster_is_nic_bound():
     done = runner.run(phases, tuple(topo.gpus), "a2a")
     env.run(done)
     # each GPU sends 4 MB off-node through its 10 GB/s NIC link: 0.4 ms; intra-node 3 MB at 100 GB/s is hidden;
-    # before it, the split sizes: int64 counts, too few bytes to share links (the slowest link, 10 GB/s, carries
-    # 10 bytes a nanosecond), end as they enter
+    # before it, the split sizes: int64 counts, 32 bytes on each NIC link (3.2 ns at 10 GB/s), too little to share
+    # links: they end as they enter
     assert env.now == pytest.approx(4e6 / 10e9, rel=1e-9)
 
 
@@ -265,11 +265,11 @@ def test_the_live_network_with_resumed_fillings_gives_the_finish_times_of_solves
                                rtol=1e-9, atol=0)
 
 
-@pytest.mark.parametrize("small_bytes, shares", [(2.0, False), (20.0, True)])
+@pytest.mark.parametrize("small_bytes, shares", [(2.0, False), (200.0, True)])
 def test_a_set_too_small_to_share_links_ends_as_it_starts(small_bytes, shares):
-    """Flows no larger than what the network's slowest link carries in a nanosecond (10 bytes at 10 GB/s) take no
-    part in the sharing: they end as they enter and the flow already on the link keeps its rate; at 20 B they share
-    the link as any flows do."""
+    """A flow set whose bytes hold each of its links at most 50 ns (three 2-byte flows on a 10 GB/s link: 0.6 ns)
+    takes no part in the sharing: its flows end as they enter and the flow already on the link keeps its rate; at
+    200 B a flow (60 ns on link 0) they share the link as any flows do."""
     env = simpy.Environment()
     net = FlowNetwork(env, np.array([10e9, 10e9]))
     big = net.start(np.array([0]), np.array([0]), np.array([1e6]))

@@ -64,15 +64,22 @@ class Filling:
         return np.where(free, np.inf, rate) if free.any() else rate
 
 
-LATENCY_ONLY_S = 1e-9  # flows that the machine's slowest link carries in less time run outside the sharing
+LATENCY_ONLY_S = 5e-8  # a flow set that holds each link it crosses at most this long alone runs outside the sharing
 
 
-def latency_only_bytes(capacity: np.ndarray) -> float:
-    """The largest flow a network of these link capacities runs outside the fair sharing: what its slowest link
-    carries in LATENCY_ONLY_S. A phase of such flows (the split sizes an all-to-all exchanges first: 8 bytes a
-    pair) is priced by the latency and overhead it pays before its flows enter; its bytes would take from the
-    flows it shares links with at most a nanosecond's worth each, so its flows end as they enter."""
-    return LATENCY_ONLY_S * float(capacity.min()) if capacity.size else 0.0
+def latency_only(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
+                 capacity: np.ndarray, limit_s: float) -> bool:
+    """Whether a flow set's bytes on each link it crosses take that link at most limit_s (LATENCY_ONLY_S, less
+    than one switch hop's latency on the machines modelled). Such a set (the split sizes an all-to-all exchanges
+    first: 8 bytes a pair) is priced by the overhead and latency its phase pays before its flows enter; its bytes
+    would hold links for less than that, and as a flow set of its own it would join the component of the flows
+    on its links and cost two solves of it, so its flows end as they enter. The bound is a busiest-link time:
+    the same on a network of merged links (bytes and capacity both summed) as on the links it stands for."""
+    if not entry_link.size:
+        return True
+    links, local = compact_ids(entry_link)
+    load = np.bincount(local, weights=(sizes * weight)[entry_flow], minlength=links.size)
+    return bool((load <= limit_s * capacity[links]).all())
 
 
 def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,

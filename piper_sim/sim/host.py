@@ -81,7 +81,7 @@ class SharedCores:
         # capacities in core-nanoseconds per second (well above the network's byte-sized completion threshold)
         capacity = np.array([float(n) for n in lane_sizes] + [float(cores)]) * CORE_NS
         slowdown = self._core_sharing_slowdown if self.profile.core_sharing else None  # none measured: none
-        self.cpu = FlowNetwork(env, capacity, slowdown=slowdown, latency_only=0.0)  # cores, not links
+        self.cpu = FlowNetwork(env, capacity, slowdown=slowdown, latency_only_s=0.0)  # cores, not links
         self.charges_wakeups = bool(self.profile.blocking_wait)  # none measured: none charged
         self._computing = 0  # ranks computing now
         self._recent_load, self._load_at_s = 0.0, 0.0  # per core, averaged over the last slice; as of when

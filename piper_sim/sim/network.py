@@ -19,11 +19,12 @@ import simpy
 from piper_sim.sim import kernels
 from piper_sim.sim.fairshare import (
     EPS_BYTES,
+    LATENCY_ONLY_S,
     Filling,
     Timeline,
     compact_ids,
     isolated_timeline,
-    latency_only_bytes,
+    latency_only,
     max_min_rates,
 )
 
@@ -82,14 +83,14 @@ class FlowNetwork:
 
     def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray,
                  slowdown: Callable[[np.ndarray], np.ndarray] | None = None,
-                 latency_only: float | None = None) -> None:
+                 latency_only_s: float = LATENCY_ONLY_S) -> None:
         """slowdown: load per link (the weights of its live flows) -> divisor of each link's capacity, for
         resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity.
-        latency_only: the largest flow that runs outside the sharing (bytes); None: fairshare.latency_only_bytes of
-        these capacities (a reduced network of merged links passes its machine's)."""
+        latency_only_s: a flow set that holds each of its links at most this long runs outside the sharing
+        (fairshare.latency_only; 0: none does)."""
         self.env = env
         self.capacity = capacity_bytes_per_s
-        self.latency_only_bytes = latency_only_bytes(capacity_bytes_per_s) if latency_only is None else latency_only
+        self.latency_only_s = latency_only_s
         self.slowdown = slowdown
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active: set[FlowSet] = set()
@@ -110,7 +111,7 @@ class FlowNetwork:
     def start(self, entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
               weight: np.ndarray | None = None, key: Hashable | None = None, counted: bool = True) -> simpy.Event:
         """Start flows now; the returned event fires when all have arrived, with each flow's finish time. A set
-        whose flows are all too small to share links (at most latency_only_bytes) ends as it starts.
+        too small to share links (fairshare.latency_only) ends as it starts.
 
         key, when given, names the route structure (same key = same entry arrays) so that an
         isolated run can be memoized by (key, sizes). counted: False for flows a reservation already
@@ -122,8 +123,8 @@ class FlowNetwork:
                                    minlength=self.link_bytes.shape[0]), int(weight.sum()))
         done = self.env.event()
         keep = sizes > EPS_BYTES
-        if not keep.any() or sizes.max() <= self.latency_only_bytes:  # nothing to move, or too few bytes to share
-            done.succeed(np.full(sizes.shape[0], self.env.now))        # links (fairshare.latency_only_bytes)
+        if not keep.any() or latency_only(entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s):
+            done.succeed(np.full(sizes.shape[0], self.env.now))  # nothing to move, or too little to share links
             return done
         distinct = self._links_of.get(key) if key is not None else None
         if distinct is None:

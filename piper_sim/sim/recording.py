@@ -19,7 +19,14 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.fairshare import EPS_BYTES, Timeline, compact_ids, isolated_timeline, latency_only_bytes
+from piper_sim.sim.fairshare import (
+    EPS_BYTES,
+    LATENCY_ONLY_S,
+    Timeline,
+    compact_ids,
+    isolated_timeline,
+    latency_only,
+)
 from piper_sim.sim.mirror import TimelineMemo
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, start_phases
@@ -155,7 +162,6 @@ class Recorder:
 
     def __init__(self, capacity: np.ndarray, phase_flows: PhaseFlowsOf, reverse_link: np.ndarray | None = None) -> None:
         self.capacity, self.phase_flows = capacity, phase_flows
-        self.latency_only_bytes = latency_only_bytes(capacity)
         self.timelines = TimelineMemo(capacity, reverse_link)
         self._runs = RunMemo()  # (key, id of the phases' list) -> (that list, its run)
         self._by_signature = RunMemo()  # a run's contents (signature) -> its run
@@ -240,7 +246,8 @@ class Recorder:
             if delay > 0:
                 rec.start_s = t = t + delay
             sizes = np.where(rec.flows.sizes > EPS_BYTES, rec.flows.sizes, 0.0)
-            if sizes.max() <= self.latency_only_bytes:  # no bytes to move, or too few to share links (as the network)
+            if not sizes.any() or latency_only(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.weights, sizes,
+                                               self.capacity, LATENCY_ONLY_S):  # as the network runs it
                 rec.end_s, rec.finish_s, rec.rates = t, np.full(sizes.shape[0], t), []
                 continue
             timeline = self._alone(rec.flows, sizes)

@@ -30,7 +30,7 @@ import simpy
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.errors import PiperError
 from piper_sim.sim.aggregate import Lumped, lump
-from piper_sim.sim.fairshare import latency_only_bytes
+from piper_sim.sim.fairshare import LATENCY_ONLY_S
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
 from piper_sim.studies.routes import RouteTable, host_classes, link_orbits
@@ -192,7 +192,7 @@ def simulate(prep: Prepared, topo: Topology) -> CollectiveRun:
     lp = prep.lumped
     unit = time_unit(prep)
     env = simpy.Environment()
-    net = FlowNetwork(env, lp.capacity, latency_only=latency_only_bytes(topo.capacity_bytes_per_s) / unit)
+    net = FlowNetwork(env, lp.capacity, latency_only_s=LATENCY_ONLY_S / unit)
     overhead = topo.params.message_overhead_s
 
     def phase(k: int, ph: Phase, waits: list[simpy.Event]) -> PhaseProcess:
