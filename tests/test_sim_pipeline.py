@@ -98,3 +98,29 @@ def test_first_step_peak_memory_is_step_zeros_own_peak():
     one = simulate_config(load_config({**raw, "sim": {"steps": 1}})).report
     assert one.peak_memory_bytes_first_step == one.peak_memory_bytes
     assert one.peak_memory_bytes_first_step == report.peak_memory_bytes_first_step
+
+
+def test_a_run_collects_cyclic_garbage_less_often_and_restores_the_collector_after(monkeypatch):
+    import gc
+
+    from piper_sim import simulate as simulate_module
+
+    seen = []
+    real_build = simulate_module.build_schedule
+
+    def build(cfg):
+        seen.append(gc.get_threshold())
+        return real_build(cfg)
+
+    monkeypatch.setattr(simulate_module, "build_schedule", build)
+    before = gc.get_threshold()
+    simulate_config(load_config("tiny-moe"))
+    assert seen == [simulate_module.GC_THRESHOLD] and gc.get_threshold() == before
+
+    def fail(cfg):
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(simulate_module, "build_schedule", fail)
+    with pytest.raises(RuntimeError):
+        simulate_config(load_config("tiny-moe"))
+    assert gc.get_threshold() == before
