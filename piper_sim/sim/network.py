@@ -91,6 +91,7 @@ class FlowNetwork:
         self.env = env
         self.capacity = capacity_bytes_per_s
         self.latency_only_s = latency_only_s
+        self._fastest = float(capacity_bytes_per_s.max()) if capacity_bytes_per_s.size else 0.0
         self.slowdown = slowdown
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active: set[FlowSet] = set()
@@ -123,7 +124,8 @@ class FlowNetwork:
                                    minlength=self.link_bytes.shape[0]), int(weight.sum()))
         done = self.env.event()
         keep = sizes > EPS_BYTES
-        if not keep.any() or latency_only(entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s):
+        if not keep.any() or latency_only(entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s,
+                                                 self._fastest):
             done.succeed(np.full(sizes.shape[0], self.env.now))  # nothing to move, or too little to share links
             return done
         distinct = self._links_of.get(key) if key is not None else None

@@ -163,6 +163,7 @@ class Recorder:
     def __init__(self, capacity: np.ndarray, phase_flows: PhaseFlowsOf, reverse_link: np.ndarray | None = None) -> None:
         self.capacity, self.phase_flows = capacity, phase_flows
         self.timelines = TimelineMemo(capacity, reverse_link)
+        self._fastest = float(capacity.max()) if capacity.size else 0.0
         self._runs = RunMemo()  # (key, id of the phases' list) -> (that list, its run)
         self._by_signature = RunMemo()  # a run's contents (signature) -> its run
         self._small_runs: dict[Hashable, Timeline] = {}
@@ -247,7 +248,7 @@ class Recorder:
                 rec.start_s = t = t + delay
             sizes = np.where(rec.flows.sizes > EPS_BYTES, rec.flows.sizes, 0.0)
             if not sizes.any() or latency_only(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.weights, sizes,
-                                               self.capacity, LATENCY_ONLY_S):  # as the network runs it
+                                               self.capacity, LATENCY_ONLY_S, self._fastest):  # as the network does
                 rec.end_s, rec.finish_s, rec.rates = t, np.full(sizes.shape[0], t), []
                 continue
             timeline = self._alone(rec.flows, sizes)
