@@ -78,10 +78,11 @@ def latency_only(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndar
     fastest_bytes_per_s: the largest capacity (a flow larger than the fastest link carries in limit_s settles it)."""
     if not entry_link.size:
         return True
-    if float((sizes * weight).max()) > limit_s * fastest_bytes_per_s:
+    flow_bytes = sizes * weight
+    if float(flow_bytes.max()) > limit_s * fastest_bytes_per_s:
         return False
     links, local = compact_ids(entry_link)
-    load = np.bincount(local, weights=(sizes * weight)[entry_flow], minlength=links.size)
+    load = np.bincount(local, weights=flow_bytes[entry_flow], minlength=links.size)
     return bool((load <= limit_s * capacity[links]).all())
 
 

@@ -45,31 +45,39 @@ class TimelineMemo:
 
     def timeline(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray,
                  sizes: np.ndarray) -> Timeline:
-        num_flows = sizes.shape[0]
-        if num_flows < MIN_FLOWS:
-            self.num_solved += 1
-            return isolated_timeline(entry_flow, entry_link, weight, sizes, self.capacity, keep_rates=False)
-        weight = np.ascontiguousarray(weight, dtype=np.float64)
-        sizes = np.ascontiguousarray(sizes, dtype=np.float64)
-        key, order = self._key(entry_flow, self._code[entry_link], weight, sizes)
+        key = None
+        if sizes.shape[0] >= MIN_FLOWS:
+            weight = np.ascontiguousarray(weight, dtype=np.float64)
+            sizes = np.ascontiguousarray(sizes, dtype=np.float64)
+            key, order = self._key(entry_flow, self._code[entry_link], weight, sizes)
+            found = self._found(key, order, entry_flow, entry_link, weight, sizes)
+            if found is not None:
+                return found
+        self.num_solved += 1
+        timeline = isolated_timeline(entry_flow, entry_link, weight, sizes, self.capacity, keep_rates=False)
+        if key is not None:
+            if len(self._kept) >= KEPT_TIMELINES:
+                self._kept.pop(next(iter(self._kept)))
+            self._kept[key] = _Kept(timeline, order, entry_flow, entry_link)
+        return timeline
+
+    def _found(self, key: bytes, order: np.ndarray, entry_flow: np.ndarray, entry_link: np.ndarray,
+               weight: np.ndarray, sizes: np.ndarray) -> Timeline | None:
+        """A kept timeline of these flows listed in another order, or of their mirror image; None when none is."""
         found = self._match(key, order, entry_flow, entry_link)
         if found is not None:
             self.num_reordered += 1
             return found
-        if self._reverse is not None:
-            back = self._reverse[entry_link]
-            if back.size and back.min() >= 0:
-                mirror_key, mirror_order = self._key(entry_flow, self._code[back], weight, sizes)
-                found = self._match(mirror_key, mirror_order, entry_flow, back)
-                if found is not None:
-                    self.num_mirrored += 1
-                    return found
-        self.num_solved += 1
-        timeline = isolated_timeline(entry_flow, entry_link, weight, sizes, self.capacity, keep_rates=False)
-        if len(self._kept) >= KEPT_TIMELINES:
-            self._kept.pop(next(iter(self._kept)))
-        self._kept[key] = _Kept(timeline, order, entry_flow, entry_link)
-        return timeline
+        if self._reverse is None:
+            return None
+        back = self._reverse[entry_link]
+        if not back.size or back.min() < 0:
+            return None
+        mirror_key, mirror_order = self._key(entry_flow, self._code[back], weight, sizes)
+        found = self._match(mirror_key, mirror_order, entry_flow, back)
+        if found is not None:
+            self.num_mirrored += 1
+        return found
 
     @staticmethod
     def _key(entry_flow: np.ndarray, link_code: np.ndarray, weight: np.ndarray,

@@ -124,9 +124,8 @@ class FlowNetwork:
                                    minlength=self.link_bytes.shape[0]), int(weight.sum()))
         done = self.env.event()
         keep = sizes > EPS_BYTES
-        brief = keep.any() and latency_only(entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s,
-                                            self._fastest)
-        if brief or not keep.any():  # too little to share links, or nothing to move: the flows end as they enter
+        if not keep.any() or latency_only(entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s,
+                                          self._fastest):  # nothing to move, or too little to share links
             done.succeed(np.full(sizes.shape[0], self.env.now))
             return done
         distinct = self._links_of.get(key) if key is not None else None

@@ -102,8 +102,9 @@ class TaskCoster:
                 flops += factor * f
                 continue
             work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
-            fixed = self._framework_s(kind, op, expert_rows, work)
-            if self.profile.moe_path is not None and op.startswith(MOE_PATH_OPS):
+            on_path = self.profile.moe_path is not None and op.startswith(MOE_PATH_OPS)
+            fixed = None if on_path else self._framework_s(kind, op, expert_rows, work)
+            if on_path:
                 seconds += self._moe_path_s(kind, op, work)
             elif fixed is None:
                 seconds += factor * work_time_s(self.profile, work, self.model.dtype_bytes, self._gemm_s)
