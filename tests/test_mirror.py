@@ -99,6 +99,17 @@ def test_a_key_collision_is_caught_by_the_exact_check(monkeypatch):
     assert memo.num_solved == 2 and memo.num_reordered == memo.num_mirrored == 0
 
 
+def test_link_set_hashes_are_wrapping_sums_in_any_order():
+    rng = np.random.default_rng(3)
+    group = rng.integers(0, 40, 500)
+    codes = rng.integers(0, 2**63, 500, dtype=np.uint64) * np.uint64(2) + np.uint64(1)  # sums wrap past 2^64
+    expected = np.zeros(40, dtype=np.uint64)
+    np.add.at(expected, group, codes)
+    assert np.array_equal(mirror._wrapped_sums(group, codes, 40), expected)
+    shuffled = rng.permutation(500)
+    assert np.array_equal(mirror._wrapped_sums(group[shuffled], codes[shuffled], 40), expected)
+
+
 def test_links_back_are_the_reversed_links_of_equal_capacity():
     topo = load_topology("frontier", 64)
     reverse = topo.reverse_link

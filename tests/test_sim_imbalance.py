@@ -77,3 +77,20 @@ def test_routing_trace_replays_to_identical_simulations(tmp_path):
     again = simulate(load_config(raw)).trace
     pd.testing.assert_frame_equal(first, again)
     assert simulate(load_config(raw)).report.imbalance["overall"]["lif"] > 1.0
+
+
+@pytest.mark.parametrize("profile", ["mi250x", "cpu-8rank"])  # the roofline, and measured fixed costs per op
+def test_experts_priced_for_many_ranks_at_once_as_one_by_one(profile):
+    cfg = load_config(BASE)
+    rows = np.random.default_rng(5).integers(0, 700, size=(12, 4))
+    rows[3] = 0  # a rank whose experts got nothing
+    rows[4, 1] = 0
+    num_local = np.full(12, 4)
+    for kind in ("forward_expert", "backward_expert", "recompute_expert"):
+        one_by_one = TaskCoster(cfg.model, load_profile(profile), cfg.model.seq_len)
+        expected = [one_by_one.cost(kind, ("experts:1",), tuple(r.tolist())) for r in rows]
+        at_once = TaskCoster(cfg.model, load_profile(profile), cfg.model.seq_len)
+        seconds, flops = at_once.experts_cost(kind, "experts:1", rows, num_local)
+        assert seconds.tolist() == [s for s, _ in expected]
+        assert flops.tolist() == [f for _, f in expected]
+        assert seconds[3] < seconds[4] < seconds.max()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -93,7 +94,13 @@ class Dispatch:
 
     rows: np.ndarray  # int64 [source, destination rank], diagonal = rows that stay local
     tokens_per_rank: np.ndarray  # int64 [rank]: rows each rank's experts compute (= rows.sum(axis=0))
-    expert_rows: tuple[tuple[int, ...], ...]  # per rank: rows of each expert it holds, ascending expert id
+    local_rows: np.ndarray  # int64 [rank, j]: rows of the rank's j-th expert by ascending id, 0 past num_local
+    num_local: np.ndarray  # int64 [rank]: experts the rank holds
+
+    @cached_property
+    def expert_rows(self) -> tuple[tuple[int, ...], ...]:
+        """Per rank: rows of each expert it holds, ascending expert id."""
+        return tuple(tuple(r[:n]) for r, n in zip(self.local_rows.tolist(), self.num_local.tolist(), strict=True))
 
     def bytes_matrix(self, row_bytes: int, role: str = "dispatch") -> np.ndarray:
         """[src, dst] bytes: dispatch sends rows to expert owners; combine is the transpose (results back)."""
@@ -122,8 +129,13 @@ def dispatch(counts: np.ndarray, owners: np.ndarray, ep: int) -> Dispatch:
         raise ValueError(f"counts must be [source, {len(owners)} experts]; got {counts.shape}")
     rows = counts @ one_hot_owners(owners, ep)
     per_expert = counts.sum(axis=0)
-    expert_rows = tuple(tuple(int(x) for x in per_expert[owners == r]) for r in range(ep))
-    return Dispatch(rows=rows, tokens_per_rank=rows.sum(axis=0), expert_rows=expert_rows)
+    by_owner = np.argsort(owners, kind="stable")  # experts grouped by owner, ascending id within each
+    num_local = np.bincount(owners, minlength=ep)
+    first = np.concatenate(([0], np.cumsum(num_local)[:-1]))
+    local_rows = np.zeros((ep, int(num_local.max(initial=0))), dtype=np.int64)
+    held = owners[by_owner]
+    local_rows[held, np.arange(len(owners)) - first[held]] = per_expert[by_owner]
+    return Dispatch(rows=rows, tokens_per_rank=rows.sum(axis=0), local_rows=local_rows, num_local=num_local)
 
 
 def rank_loads(expert_loads: np.ndarray, owners: np.ndarray, ep: int) -> np.ndarray:

@@ -116,6 +116,7 @@ class Simulation(LaneCollectives):
         self._lane_groups: dict[tuple[int, str], list] = {}
         self._p2p_routes: dict[tuple[int, int], tuple] = {}
         self._rows: dict[tuple, tuple] = {}  # member rows per (lane, layer, placement) under uniform routing
+        self._lane_ep: dict[int, list] = {}  # a lane's members by EP group (_member_rows), by its first rank
         shape = lambda p: (steps, self.per_stage, len(schedule.stage_programs[p]))  # noqa: E731
         self.records = SimRecords(
             start_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
@@ -294,17 +295,36 @@ class Simulation(LaneCollectives):
             self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed(self.env.now))
 
     def _member_rows(self, lane: tuple[int, ...], step: int, layer: int,
-                     microbatch: int) -> tuple[tuple[int, ...], ...]:
-        """Rows each lane member's experts get for one MoE layer and microbatch (under uniform routing the same
-        for every step and microbatch until the placement changes, so computed once per placement)."""
+                     microbatch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows each lane member's experts get for one MoE layer and microbatch, as Dispatch holds them:
+        (rows[member, j] of its j-th expert, experts it holds). Under uniform routing the same for every step and
+        microbatch until the placement changes, so taken once per placement."""
         key = None
         if self.routing.is_uniform:
             key = (lane[0], layer, self.experts.version[self.experts.stage_of_layer[layer]])
             hit = self._rows.get(key)
             if hit is not None:
                 return hit
-        rows = tuple(tuple(self.experts.dispatch(step, layer, microbatch, self.mesh.group(rank, "ep")[0])
-                           .expert_rows[self.mesh.coords(rank)["ep"]]) for rank in lane)
+        groups = self._lane_ep.get(lane[0])
+        if groups is None:  # the lane's members by EP group: (group's first rank, members' positions, EP indices)
+            by_group: dict[int, list[tuple[int, int]]] = {}
+            for m, rank in enumerate(lane):
+                by_group.setdefault(self.mesh.group(rank, "ep")[0], []).append((m, self.mesh.coords(rank)["ep"]))
+            groups = self._lane_ep[lane[0]] = [(first, *map(np.array, zip(*pairs, strict=True)))
+                                               for first, pairs in by_group.items()]
+        if len(groups) == 1:
+            first, _, ep_index = groups[0]
+            d = self.experts.dispatch(step, layer, microbatch, first)
+            rows = (d.local_rows[ep_index], d.num_local[ep_index])
+        else:
+            found = [(members, ep_index, self.experts.dispatch(step, layer, microbatch, first))
+                     for first, members, ep_index in groups]
+            matrix = np.zeros((len(lane), max(d.local_rows.shape[1] for *_, d in found)), dtype=np.int64)
+            num_local = np.zeros(len(lane), dtype=np.int64)
+            for members, ep_index, d in found:
+                matrix[members, :d.local_rows.shape[1]] = d.local_rows[ep_index]
+                num_local[members] = d.num_local[ep_index]
+            rows = (matrix, num_local)
         if key is not None:
             self._rows[key] = rows
         return rows
@@ -325,16 +345,13 @@ class Simulation(LaneCollectives):
                 seconds += s
                 flops += f
                 continue
-            member_rows = self._member_rows(lane, step, parsed.layer, task.microbatch)
-            if all(rows == member_rows[0] for rows in member_rows):
-                s, f = self.coster.cost(task.kind, (op,), member_rows[0])
-                seconds += s
-                flops += f
-                continue
-            for m, rows in enumerate(member_rows):
-                s, f = self.coster.cost(task.kind, (op,), rows)
-                seconds[m] += s
-                flops[m] += f
+            rows, num_local = self._member_rows(lane, step, parsed.layer, task.microbatch)
+            if (rows == rows[0]).all() and (num_local == num_local[0]).all():  # one price for all (memoized)
+                s, f = self.coster.cost(task.kind, (op,), tuple(rows[0, :num_local[0]].tolist()))
+            else:
+                s, f = self.coster.experts_cost(task.kind, op, rows, num_local)
+            seconds += s
+            flops += f
         return seconds, flops
 
     def _routed_extra_bytes(self, lane: tuple[int, ...], step: int, task: Task) -> np.ndarray:
@@ -344,7 +361,7 @@ class Simulation(LaneCollectives):
         for op in task.ops:
             parsed = parse_op(op)
             if parsed.is_experts:
-                rows = np.array([sum(r) for r in self._member_rows(lane, step, parsed.layer, task.microbatch)])
+                rows = self._member_rows(lane, step, parsed.layer, task.microbatch)[0].sum(axis=1)
                 extra += ((rows - self.routed_tokens * self.model.top_k)
                           * routed_row_bytes(self.model, self.parallel.etp))
         return extra

@@ -84,8 +84,7 @@ class TimelineMemo:
              sizes: np.ndarray) -> tuple[bytes, np.ndarray]:
         """The flows' rows (hash of the link set, weight, size) sorted, as bytes, and the order that sorts them."""
         rows = np.empty((sizes.shape[0], 3), dtype=np.uint64)
-        rows[:, 0] = 0
-        np.add.at(rows[:, 0], entry_flow, link_code)  # a sum: the same for the links in any order (wraps)
+        rows[:, 0] = _wrapped_sums(entry_flow, link_code, sizes.shape[0])
         rows[:, 1] = weight.view(np.uint64)
         rows[:, 2] = sizes.view(np.uint64)
         order = np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))
@@ -106,3 +105,11 @@ class TimelineMemo:
             return None
         solved = kept.timeline
         return Timeline(solved.end_s, None, solved.finish_offset_s[pair])
+
+
+def _wrapped_sums(group: np.ndarray, values: np.ndarray, num_groups: int) -> np.ndarray:
+    """uint64 sums of values by group, modulo 2^64 (the same for the values in any order): each 32-bit half summed
+    exactly in float64 (a group of fewer than 2^21 values), then joined."""
+    low = np.bincount(group, weights=(values & np.uint64(0xFFFFFFFF)).astype(np.float64), minlength=num_groups)
+    high = np.bincount(group, weights=(values >> np.uint64(32)).astype(np.float64), minlength=num_groups)
+    return (high.astype(np.uint64) << np.uint64(32)) + low.astype(np.uint64)

@@ -75,7 +75,7 @@ class TaskCoster:
         self.split, self.flash = split, flash_attention
         self._cache: dict[tuple, tuple[float, float]] = {}
         self._one_gemm_s: dict[tuple[int, int, int], float] = {}  # a GEMM's time by shape, for count 1
-        self._one_expert: dict[int, tuple[float, float]] = {}  # one expert's GEMMs by its rows: (seconds, FLOPs)
+        self._one_expert = np.zeros((1, 2))  # [rows]: one expert's GEMMs (seconds, FLOPs); NaN: not priced yet
 
     def _gemm_s(self, gemm: Gemm) -> float:
         """gemm_time_s, memoized by shape: a GEMM of count c takes c times one (skewed routing prices many expert
@@ -116,21 +116,56 @@ class TaskCoster:
         return seconds, flops
 
     def _experts_s(self, expert_rows: tuple[int, ...]) -> tuple[float, float]:
-        """(seconds, FLOPs) of an experts op's forward on these rows per expert: each expert's GEMMs priced once
-        per row count (skewed routing gives every rank and micro-batch its own rows), plus the rest of the op."""
-        etp, dtype_bytes = self.split.etp, self.model.dtype_bytes
-        seconds = flops = 0.0
-        for rows in expert_rows:
-            if rows <= 0:
-                continue
-            hit = self._one_expert.get(rows)
-            if hit is None:
-                gemms = expert_gemms(self.model, rows, etp)
-                hit = self._one_expert[rows] = (sum(self._gemm_s(g) for g in gemms), sum(g.flops for g in gemms))
-            seconds += hit[0]
-            flops += hit[1]
-        rest = experts_besides_gemms(self.model, expert_rows, etp)
-        return seconds + work_time_s(self.profile, rest, dtype_bytes), flops
+        """(seconds, FLOPs) of an experts op's forward on these rows per expert (experts_forward_s of one rank)."""
+        seconds, flops = self.experts_forward_s(np.array([expert_rows], dtype=np.int64).reshape(1, len(expert_rows)),
+                                                np.array([len(expert_rows)]))
+        return float(seconds[0]), float(flops[0])
+
+    def experts_forward_s(self, rows: np.ndarray, num_local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, FLOPs) per rank of an experts op's forward: rows[m, j] the rows of rank m's j-th expert (zero
+        past its num_local[m] experts). Each expert's GEMMs are priced once per row count (skewed routing gives every
+        rank and micro-batch its own rows) and added expert by expert, plus the rest of the op (its traffic over the
+        rows, a few kernels per expert: experts_besides_gemms)."""
+        per_expert = self._one_expert_table(rows)
+        seconds, flops = np.zeros(len(rows)), np.zeros(len(rows))
+        for j in range(rows.shape[1]):  # expert by expert, as one rank's sum runs
+            seconds += per_expert[:, j, 0]
+            flops += per_expert[:, j, 1]
+        rest = experts_besides_gemms(self.model, (1,), self.split.etp)  # one row's traffic, one expert's kernels
+        rest_s = (rows.sum(axis=1) * rest.elementwise_bytes / (self.profile.hbm_bytes_per_s
+                                                               * self.profile.memory_efficiency)
+                  + num_local * rest.num_kernels * self.profile.kernel_launch_s)
+        return seconds + rest_s, flops
+
+    def _one_expert_table(self, rows: np.ndarray) -> np.ndarray:
+        """[..., 2]: (seconds, FLOPs) of one expert's GEMMs on each of these row counts (0 for none), from a table by
+        row count filled as counts first appear."""
+        table = self._one_expert
+        top = int(rows.max(initial=0))
+        if top >= len(table):
+            grown = np.full((max(top + 1, 2 * len(table)), 2), np.nan)
+            grown[:len(table)] = table
+            table = self._one_expert = grown
+        rows = np.maximum(rows, 0)
+        per_expert = table[rows]
+        unpriced = np.isnan(per_expert[..., 0])
+        if unpriced.any():
+            for count in np.unique(rows[unpriced]).tolist():
+                gemms = expert_gemms(self.model, count, self.split.etp)
+                table[count] = (sum(self._gemm_s(g) for g in gemms), sum(g.flops for g in gemms))
+            per_expert = table[rows]
+        return per_expert
+
+    def experts_cost(self, kind: str, op: str, rows: np.ndarray,
+                     num_local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds, FLOPs) per rank of a compute task of this kind running one experts op (rows and num_local as
+        experts_forward_s takes them): cost(kind, (op,), rank's rows) for every rank at once."""
+        if (_pass_name(kind), "experts") in self.profile.framework_s:  # measured fixed costs: rank by rank
+            priced = [self.cost(kind, (op,), tuple(r[:n].tolist())) for r, n in zip(rows, num_local, strict=True)]
+            return np.array([p[0] for p in priced]), np.array([p[1] for p in priced])
+        seconds, flops = self.experts_forward_s(rows, num_local)
+        factor = BACKWARD_FACTOR[kind]
+        return factor * seconds, factor * flops
 
     def _moe_path_s(self, kind: str, op: str, work: OpWork) -> float:
         """The router and moe_out ops as the profile's measured MoE path (DeviceProfile.moe_path): the router is
