@@ -11,7 +11,7 @@ import gc
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from piper_sim.analysis.links import link_table
@@ -24,7 +24,7 @@ from piper_sim.result import RunResult, steps_frame
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
-from piper_sim.sim.engine import Asymmetry, Simulation
+from piper_sim.sim.engine import Asymmetry, SimRecords, Simulation
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import check_tensor_groups, place
 from piper_sim.trace.runtrace import trace_from_arrays
@@ -65,24 +65,18 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResu
     coster = TaskCoster(cfg.model, profile, par.micro_batch_size * cfg.model.seq_len, par.split, cfg.flash_attention)
     routing = routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed)
 
-    def simulation(collapse: bool) -> Simulation:
+    def simulation(collapse: bool, by_latency: bool = False) -> Simulation:
         return Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
                           coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
                           steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse,
-                          migration=cfg.migration, host_profile=host_profile, recompute=cfg.recompute,
-                          recompute_layers=cfg.recompute_layers, zero=cfg.zero)
+                          by_latency=by_latency, migration=cfg.migration, host_profile=host_profile,
+                          recompute=cfg.recompute, recompute_layers=cfg.recompute_layers, zero=cfg.zero)
 
     t1 = time.perf_counter()
-    fell_back = False
     sims = [simulation(cfg.collapse)]
     total = cfg.steps * schedule.mesh.num_ranks // par.pp * sum(len(p) for p in schedule.stage_programs)
     with watch(progress_bar(total, "simulating", "tasks", show=progress), lambda: sims[-1].tasks_done):
-        try:
-            records = sims[-1].run()
-        except Asymmetry:  # members of a lane diverged: simulate every rank on its own
-            fell_back = True
-            sims.append(simulation(False))
-            records = sims[-1].run()
+        records, fell_back, by_latency = _run_lanes(sims, simulation)
     sim = sims[-1]
     t2 = time.perf_counter()
     trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes, records.cpu_s)
@@ -102,10 +96,30 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResu
                          **experts)
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,
              "num_tasks": len(trace), "num_flows": records.num_flows, "num_solves": records.num_solves,
-             "num_lanes": records.num_lanes, "lanes_fell_back": fell_back, "num_reserved": records.num_reserved,
+             "num_lanes": records.num_lanes, "lanes_by_latency": by_latency, "lanes_fell_back": fell_back,
+             "num_reserved": records.num_reserved,
              "num_broken": records.num_broken, "num_mirrored": records.num_mirrored}
     return RunResult(backend="sim", config=cfg, schedule=schedule, report=report, trace=trace,
                      steps=steps_frame(report), topology=topo, placement=tuple(placement), links=links, stats=stats)
+
+
+def _run_lanes(sims: list[Simulation], simulation: Callable[..., Simulation]) -> tuple[SimRecords, bool, bool]:
+    """Run sims[0]; when members of a lane diverge (Asymmetry), again with lanes split by route latency
+    (Simulation._by_latency), then with one lane per rank. sims holds the run under way (a progress line reads it);
+    a run given up is let go. Returns (records, fell back to one lane per rank, lanes split by latency)."""
+    try:
+        return sims[0].run(), False, False
+    except Asymmetry:
+        pass
+    split = simulation(True, by_latency=True)
+    if len(sims[0].lanes) < len(split.lanes) < split.mesh.num_ranks:  # else the same lanes as a run given up
+        sims[:] = [split]
+        try:
+            return split.run(), False, True
+        except Asymmetry:
+            pass
+    sims[:] = [simulation(False)]
+    return sims[0].run(), True, False
 
 
 def _per_stage_max(per_rank, pp: int) -> list[float]:

@@ -9,6 +9,9 @@ from piper_sim.config import load_config
 from piper_sim.simulate import simulate
 
 ZIPF = {"routing": {"kind": "zipf", "exponent": 1.0}}
+DENSE = {"name": "dense-1b", "num_layers": 8, "d_model": 1024, "num_heads": 16, "vocab_size": 51200, "seq_len": 1024,
+         "expert_ffn_dim": 4096, "num_experts": 1, "top_k": 1, "num_dense_layers": 8, "dense_ffn_dim": 4096,
+         "dtype": "fp16"}
 CASES = {
     "uniform-cluster": {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
     "interleaved-zb": {"model": "small-moe", "schedule": "zb-h1",
@@ -47,6 +50,11 @@ CASES = {
                                             "optimizer": {"zero": 1},
                                             "parallel": {"pp": 2, "ep": 8, "dp": 4, "tp": 2, "sp": True,
                                                          "num_microbatches": 4}},
+    # a dense Megatron-style pipeline whose stages' columns cross the fat tree on routes of two latencies: each
+    # member's transfers land a little apart every micro-batch, more than a stage-wide lane can absorb
+    "dense-pipeline-latency-classes": {"model": DENSE, "topology": "dgx-a100-superpod", "cost": {"profile": "a100"},
+                                       "parallel": {"convention": "megatron", "tp": 8, "pp": 4, "dp": 8,
+                                                    "num_microbatches": 16}},
 }
 
 
@@ -75,6 +83,12 @@ def test_lanes_do_not_fall_back_on_frontier():
         result = simulate(load_config(CASES[name]))
         assert not result.stats["lanes_fell_back"], name
         assert result.stats["num_lanes"] < result.report.num_gpus, name
+
+
+def test_lanes_split_by_route_latency_where_stage_lanes_diverge():
+    result = simulate(load_config(CASES["dense-pipeline-latency-classes"]))
+    assert result.stats["lanes_by_latency"] and not result.stats["lanes_fell_back"]
+    assert result.stats["num_lanes"] == 8  # 4 stages x 2 latency classes of their 64 ranks' columns
 
 
 @pytest.mark.parametrize("name", ["drift-migration-steps", "zipf-dualpipe-v"])

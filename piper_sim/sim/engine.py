@@ -76,6 +76,7 @@ class Simulation(LaneCollectives):
     def __init__(self, *, schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, topology: Topology,
                  placement: list[str], coster: TaskCoster, routing: RoutingModel, all_to_all: str,
                  all_reduce: str, steps: int = 1, flash_attention: bool = True, collapse: bool = False,
+                 by_latency: bool = False,
                  migration: dict | None = None, host_profile: HostProfile | None = None,
                  recompute: str = "none", recompute_layers: int | None = None, zero: int = 0) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
@@ -104,6 +105,8 @@ class Simulation(LaneCollectives):
                                            activation_bytes=activation_bytes)
         self.shared_host = bool(topology.params.shared_cores)  # compute timed per lane on shared cores
         self.lanes = self._lanes(collapse)
+        if collapse and by_latency:
+            self.lanes = self._by_latency(self.lanes)
         self.tasks_done = 0  # of the ranks' tasks, those their lanes have passed (simulate's progress line reads it)
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
         self.host = host_model(self.env, topology, host_profile, [len(lane) for lane in self.lanes])
@@ -146,6 +149,28 @@ class Simulation(LaneCollectives):
         if self.shared_host:
             return singles
         return sorted({self.mesh.group(r, "ep") for stage in stages for r in stage})
+
+    def _by_latency(self, lanes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Lanes split so that members' pipeline columns (a rank and its peers at the other stages) have routes of
+        equal latency at every hop: the transfers of members whose routes differ land apart, so over many
+        micro-batches their clocks drift apart by more than a lane can absorb (dense pipelines across a fat tree's
+        leaves)."""
+        stage, n = self.per_stage, self.mesh.pp
+        hops = []
+        for p in range(n - 1):
+            ranks = np.arange(p * stage, (p + 1) * stage)
+            for src, dst in ((ranks, ranks + stage), (ranks + stage, ranks)):
+                gpus = tuple(self.placement[r] for r in np.concatenate([src, dst]).tolist())
+                phase = Phase(src=np.arange(stage), dst=np.arange(stage, 2 * stage), sizes=np.ones(stage), name="p2p")
+                hops.append(self.runner.flow_latency_s(phase, gpus, (gpus, "p2p", "")))
+        column = [tuple(h[c] for h in hops) for c in range(stage)]
+        split = []
+        for lane in lanes:
+            by_column: dict[tuple, list[int]] = {}
+            for rank in lane:
+                by_column.setdefault(column[rank % stage], []).append(rank)
+            split.extend(tuple(members) for members in by_column.values())
+        return split
 
     # ---- running -------------------------------------------------------------------------------
     def run(self) -> SimRecords:
