@@ -63,6 +63,20 @@ def test_one_value_interpolation_is_numpys():
         assert interp(float(x), tuple(xp.tolist()), tuple(fp.tolist())) == float(np.interp(x, xp, fp))
 
 
+@pytest.mark.parametrize("name", ["mi250x", "h100", "a100", "mi250x-xmoe", "cpu-8rank"])
+def test_many_row_counts_are_priced_as_each_alone(name):
+    """gemm_time_s over an array of row counts (skewed routing prices thousands of expert row counts at once) gives
+    each count's price alone, below, inside and beyond the curves' points."""
+    import numpy as np
+
+    p = load_profile(name)
+    rows = np.array([0, 1, 3, 16, 100, 777, 1024, 4095, 70000])
+    for k, n in ((2048, 1408), (5120, 20480), (64, 64)):
+        many = gemm_time_s(p, Gemm(rows, k, n, count=2), 2)
+        alone = [gemm_time_s(p, Gemm(int(r), k, n, count=2), 2) for r in rows]
+        assert many.tolist() == pytest.approx(alone, rel=1e-14, abs=0)
+
+
 @pytest.mark.parametrize("model_name", ["x-moe-small", "deepseek-v3", "mixtral-8x7b"])
 def test_an_experts_op_is_priced_as_its_work(model_name):
     """TaskCoster prices an experts op per expert (each row count's GEMMs once): the same seconds and FLOPs as

@@ -39,10 +39,14 @@ BACKWARD_FACTOR = {
 }
 
 
-def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float:
+def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float | np.ndarray:
+    """The roofline of a GEMM (of gemm.count identical ones); gemm.rows may be an array of row counts."""
     flop_time = gemm.flops / (profile.peak_flops_per_s * profile.gemm_efficiency_at(gemm.rows, gemm.k, gemm.n))
     traffic = gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
-    return max(flop_time, traffic / (profile.hbm_bytes_per_s * profile.memory_efficiency))
+    memory_time = traffic / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+    if isinstance(flop_time, np.ndarray):
+        return np.maximum(flop_time, memory_time)
+    return max(flop_time, memory_time)
 
 
 def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
@@ -149,10 +153,12 @@ class TaskCoster:
         rows = np.maximum(rows, 0)
         per_expert = table[rows]
         unpriced = np.isnan(per_expert[..., 0])
-        if unpriced.any():
-            for count in np.unique(rows[unpriced]).tolist():
-                gemms = expert_gemms(self.model, count, self.split.etp)
-                table[count] = (sum(self._gemm_s(g) for g in gemms), sum(g.flops for g in gemms))
+        if unpriced.any():  # the new row counts at once (every count's price comes from here)
+            counts = np.unique(rows[unpriced])
+            gemms = expert_gemms(self.model, counts, self.split.etp)
+            one = [g.count * gemm_time_s(self.profile, replace(g, count=1), self.model.dtype_bytes) for g in gemms]
+            table[counts, 0] = 0.0 + one[0] + one[1]
+            table[counts, 1] = 0.0 + gemms[0].flops + gemms[1].flops
             per_expert = table[rows]
         return per_expert
 

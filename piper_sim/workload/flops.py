@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
@@ -163,9 +165,9 @@ def _experts(model: ModelSpec, expert_rows: tuple[int, ...], etp: int = 1) -> Op
     return replace(experts_besides_gemms(model, expert_rows, etp), gemms=gemms)
 
 
-def expert_gemms(model: ModelSpec, rows: int, etp: int = 1) -> tuple[Gemm, Gemm]:
-    """The GEMMs of one routed expert on `rows` rows: its up projections (gate and up for 3-matrix experts), then
-    its down projection; widths divided by etp."""
+def expert_gemms(model: ModelSpec, rows: int | np.ndarray, etp: int = 1) -> tuple[Gemm, Gemm]:
+    """The GEMMs of one routed expert on `rows` rows (or on each of an array of row counts): its up projections
+    (gate and up for 3-matrix experts), then its down projection; widths divided by etp."""
     d, f = model.d_model, model.expert_ffn_dim // etp
     return Gemm(rows, d, f, count=model.expert_matrices - 1), Gemm(rows, f, d)
 

@@ -31,7 +31,9 @@ class Curve:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log_x", log2_grid(self.x))
 
-    def __call__(self, value: float) -> float:
+    def __call__(self, value: float | np.ndarray) -> float | np.ndarray:
+        if isinstance(value, np.ndarray):  # many values at once (np.interp: the same arithmetic as interp)
+            return np.interp(np.log2(np.maximum(value, 1.0)), self._log_x, self.efficiency)
         hit = self._seen.get(value)
         if hit is None:
             hit = self._seen[value] = interp(math.log2(max(value, 1.0)), self._log_x, self.efficiency)
@@ -55,15 +57,21 @@ class ShapeFactor:
         object.__setattr__(self, "_log_rows", log2_grid(self.rows))
         object.__setattr__(self, "_log_width", log2_grid(self.width))
 
-    def __call__(self, rows: float, width: float) -> float:
+    def __call__(self, rows: float | np.ndarray, width: float) -> float | np.ndarray:
+        if isinstance(rows, np.ndarray):
+            return np.interp(np.log2(np.maximum(rows, 1.0)), self._log_rows, self._line(width))
         hit = self._seen.get((rows, width))
         if hit is None:
-            line = self._by_width.get(width)
-            if line is None:  # the factor at this width for each row of the table (few widths: a model's GEMMs)
-                w = math.log2(max(width, 1.0))
-                line = self._by_width[width] = tuple(interp(w, self._log_width, row) for row in self.factor)
-            hit = self._seen[(rows, width)] = interp(math.log2(max(rows, 1.0)), self._log_rows, line)
+            hit = self._seen[(rows, width)] = interp(math.log2(max(rows, 1.0)), self._log_rows, self._line(width))
         return hit
+
+    def _line(self, width: float) -> tuple[float, ...]:
+        """The factor at this width for each row of the table (few widths: a model's GEMMs)."""
+        line = self._by_width.get(width)
+        if line is None:
+            w = math.log2(max(width, 1.0))
+            line = self._by_width[width] = tuple(interp(w, self._log_width, row) for row in self.factor)
+        return line
 
 
 def log2_grid(values: tuple[float, ...]) -> tuple[float, ...]:
@@ -131,9 +139,9 @@ class DeviceProfile:
     # the framework's measured gate and token permutation (router and moe_out ops); None: priced from their work
     moe_path: MoePath | None = None
 
-    def gemm_efficiency_at(self, rows: int, k: int, n: int) -> float:
+    def gemm_efficiency_at(self, rows: int | np.ndarray, k: int, n: int) -> float | np.ndarray:
         """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile
-        has one (skinny GEMMs: small k or n)."""
+        has one (skinny GEMMs: small k or n); rows: one count, or an array of them."""
         eff = self.gemm_efficiency(rows)
         if self.gemm_shape_factor is not None:
             eff *= self.gemm_shape_factor(rows, math.sqrt(k * n))
