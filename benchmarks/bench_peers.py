@@ -162,8 +162,8 @@ def main() -> None:
     print(f"SimuMax: {simumax} (commit {simumax_version(simumax)}), run by {python}")
     devices = []
     intra, nic = bench_sim.CLUSTER["params"]["intra_bandwidth_GBps"], bench_sim.CLUSTER["params"]["nic_bandwidth_GBps"]
-    print(f"{'':4s} {'GPUs':>4s} | {'piper-sim':>9s} {'step ms':>9s} | {'SimuMax':>8s} {'replay':>7s} {'export':>7s} "
-          f"{'step ms':>9s} {'estimate':>9s} | {'ratio':>6s} {'replay':>6s}")
+    print(f"{'':4s} {'GPUs':>4s} | {'piper-sim':>9s} {'warm-up':>7s} {'step ms':>9s} | {'SimuMax':>8s} {'replay':>7s} "
+          f"{'export':>7s} {'step ms':>9s} {'estimate':>9s} | {'ratio':>6s} {'replay':>6s} {'cold':>6s}")
     with progress_bar(len(args.only) * args.repeats * 2, "bench_peers", "runs", delay_s=0) as line:
         for name in args.only:
             model, strategy, system, device = simumax_inputs(name, args.pp_comm_async)
@@ -180,19 +180,23 @@ def main() -> None:
                            file=sys.stdout)
                 continue
             p, s = min(piper, key=lambda r: r["wall_s"]), min(peer, key=lambda r: r["wall_s"])
-            line.write(f"{name:4s} {p['gpus']:4d} | {p['wall_s']:8.2f}s {p['step_time_ms']:9.1f} | {s['wall_s']:7.2f}s "
-                       f"{s['replay_s']:6.2f}s {s['export_s']:6.2f}s {s['step_time_ms']:9.1f} "
-                       f"{s['estimate_ms']:9.1f} | {s['wall_s'] / p['wall_s']:5.0f}x "
-                       f"{(s['wall_s'] - s['export_s']) / p['wall_s']:5.1f}x", file=sys.stdout)
+            replayed = s["wall_s"] - s["export_s"]
+            line.write(f"{name:4s} {p['gpus']:4d} | {p['wall_s']:8.2f}s {p['warm_up_s']:6.2f}s "
+                       f"{p['step_time_ms']:9.1f} | "
+                       f"{s['wall_s']:7.2f}s {s['replay_s']:6.2f}s {s['export_s']:6.2f}s {s['step_time_ms']:9.1f} "
+                       f"{s['estimate_ms']:9.1f} | {s['wall_s'] / p['wall_s']:5.0f}x {replayed / p['wall_s']:5.1f}x "
+                       f"{replayed / (p['wall_s'] + p['warm_up_s']):5.1f}x", file=sys.stdout)
     p2p = ("asynchronous (--pp-comm-async), as piper-sim's" if args.pp_comm_async else
            "blocking (pp_comm_async false; --pp-comm-async runs its asynchronous path, whose W2 timeline\n"
            "  ends far past its own closed-form estimate)")
     print(f"""
-piper-sim: wall seconds of simulate() and the predicted step time, as benchmarks/bench_sim.py prints them.
+piper-sim: wall seconds of simulate() and the predicted step time, as benchmarks/bench_sim.py prints them (after
+  a warm-up run in the same process that loads its compiled kernels: warm-up, paid once a process).
 SimuMax: wall seconds of run_estimate() + simulate() (its event timeline); replay: simulate() without writing
   its trace; export: writing tracing_logs.json (piper-sim's simulate builds its trace in memory, writes no file);
   step ms: the timeline's last event; estimate: its closed-form analysis_cost() step time (not timed).
-ratio: SimuMax's wall / piper-sim's; replay: (SimuMax's wall less its export) / piper-sim's.
+ratio: SimuMax's wall / piper-sim's; replay: (SimuMax's wall less its export) / piper-sim's; cold: the same over
+  piper-sim's wall plus its warm-up (a fresh process's single run).
 Where the configurations differ (SimuMax's JSON files are written from piper-sim's workload, not taken from it):
 - device: piper-sim's mi250x profile has efficiency curves over GEMM rows and sequence length and a launch cost
   per kernel; SimuMax's system file gets one efficiency per op class, read off those curves at the workload's

@@ -16,7 +16,8 @@ XB1: one layer of the X-MoE-style baseline (reproduce vs-xmoe) of X-MoE Small on
 EP 64 x DP 4, flat all-to-all, one micro-batch, full recomputation, ZeRO-1; the four EP groups share their
 chassis' switches and start their all-to-alls together (one recorded run of them, repeated).
 XB: the whole step of that baseline (28 layers x 4 micro-batches), as reproduce vs-xmoe simulates it.
-Each workload runs in its own process, so peak memory is its own, and is stopped after --timeout seconds.
+Each workload runs in its own process, so peak memory is its own, and is stopped after --timeout seconds; a small
+run first loads the compiled kernels (WARM_UP), outside the workload's time, which it prints apart.
 A progress line on stderr counts the workloads done, with an ETA (PIPER_SIM_PROGRESS, README.md).
 
     python benchmarks/bench_sim.py [--only W3 W3Z ...] [--profile [--sort tottime]] [--timeout 900]
@@ -66,12 +67,21 @@ WORKLOADS = {
 }
 
 
+# run first in each workload's process, untimed: numba loads the compiled fair-share kernels on their first call
+# (0.3-0.4 s here, from its on-disk cache), once a process; the workload's wall time is the simulation's own
+WARM_UP = {"topology": CLUSTER, "model": "small-moe", "routing": {"kind": "zipf", "exponent": 1.0},
+           "parallel": {"pp": 2, "ep": 4, "num_microbatches": 2}}
+
+
 def run_one(name: str, profile: bool, sort: str = "cumulative") -> dict:
     from piper_sim.config import load_config
     from piper_sim.simulate import simulate
 
     raw = {"schedule": "1f1b", "topology": CLUSTER, "cost": {"profile": "mi250x"}, **WORKLOADS[name]}
     cfg = load_config(raw)
+    t0 = time.perf_counter()
+    simulate(load_config(WARM_UP))  # loads the compiled kernels (once a process), outside the workload's time
+    warm_up = time.perf_counter() - t0
     t0 = time.perf_counter()
     if profile:
         import cProfile
@@ -87,11 +97,12 @@ def run_one(name: str, profile: bool, sort: str = "cumulative") -> dict:
     return {
         "workload": name, "gpus": cfg.parallel.num_gpus, "step_time_ms": result.report.step_time_s * 1e3,
         "tflops_per_gpu": result.report.tflops_per_gpu, "mfu": result.report.mfu, "wall_s": wall,
+        "warm_up_s": warm_up,
         "event_loop_s": s["event_loop_s"], "setup_s": s["setup_s"], "trace_report_s": s["trace_and_report_s"],
         "tasks": s["num_tasks"], "tasks_per_s": s["num_tasks"] / wall, "flows": s["num_flows"],
         "flows_per_s": s["num_flows"] / wall, "fair_share_solves": s["num_solves"],
         "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "lanes": s["num_lanes"], "fell_back": s["lanes_fell_back"],
+        "lanes": s["num_lanes"], "fell_back": s["lanes_fell_back"], "by_latency": s["lanes_by_latency"],
     }
 
 
@@ -110,7 +121,7 @@ def main() -> None:
         return
     names = args.only or list(WORKLOADS)
     print(f"{'':8s} {'GPUs':>5s} {'step ms':>10s} {'MFU %':>6s} {'wall s':>7s} {'loop s':>7s} {'tasks':>9s} "
-          f"{'tasks/s':>9s} {'flows':>10s} {'lanes':>6s} {'RSS MiB':>8s}")
+          f"{'tasks/s':>9s} {'flows':>10s} {'lanes':>6s} {'RSS MiB':>8s} {'warm-up s':>9s}")
     with progress_bar(len(names), "bench_sim", "workloads", delay_s=0) as line:
         for name in names:
             cmd = [sys.executable, __file__, "--child", "--only", name]
@@ -123,12 +134,14 @@ def main() -> None:
                 line.update(1)
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            lanes = f"{r['lanes']}" + ("*" if r["fell_back"] else "")
+            lanes = f"{r['lanes']}" + ("*" if r["fell_back"] else "+" if r["by_latency"] else "")
             line.write(f"{name:8s} {r['gpus']:5d} {r['step_time_ms']:10.2f} {r['mfu'] * 100:6.2f} {r['wall_s']:7.2f} "
                        f"{r['event_loop_s']:7.2f} {r['tasks']:9d} {r['tasks_per_s']:9.0f} {r['flows']:10d} "
-                       f"{lanes:>6s} {r['peak_rss_MiB']:8.0f}", file=sys.stdout)
+                       f"{lanes:>6s} {r['peak_rss_MiB']:8.0f} {r['warm_up_s']:9.2f}", file=sys.stdout)
             line.update(1)
-    print("lanes: SimPy processes of the run (* after falling back to one per rank); step ms: the mean over steps")
+    print("lanes: SimPy processes of the run (* after falling back to one per rank, + split by route latency);\n"
+          "step ms: the mean over steps; wall s: the workload's simulate(), after a warm-up run in the same process\n"
+          "(warm-up s: a 16-GPU run that loads the compiled kernels, 0.3-0.4 s of it their first call; once a process)")
 
 
 if __name__ == "__main__":
