@@ -124,3 +124,20 @@ def test_a_run_collects_cyclic_garbage_less_often_and_restores_the_collector_aft
     with pytest.raises(RuntimeError):
         simulate_config(load_config("tiny-moe"))
     assert gc.get_threshold() == before
+
+
+def test_a_run_too_large_for_the_memory_here_stops_before_it_starts(monkeypatch):
+    from piper_sim import simulate as simulate_module
+    from piper_sim.errors import ConfigError
+
+    cfg = load_config("tiny-moe")
+    started = []
+    monkeypatch.setattr(simulate_module.Simulation, "run", lambda self: started.append(self))
+    monkeypatch.setattr(simulate_module, "available_memory_bytes", lambda: 2**10)  # 1 KiB free
+    with pytest.raises(ConfigError) as err:
+        simulate_config(cfg)
+    assert err.value.key == "parallel.num_microbatches" and err.value.value == cfg.parallel.num_microbatches
+    assert "at most about 0 here" in str(err.value) and "GiB available" in str(err.value)
+    assert not started
+    monkeypatch.undo()
+    assert simulate_config(cfg).report.step_time_s > 0  # this machine's own memory: it runs
