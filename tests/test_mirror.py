@@ -99,6 +99,18 @@ def test_a_key_collision_is_caught_by_the_exact_check(monkeypatch):
     assert memo.num_solved == 2 and memo.num_reordered == memo.num_mirrored == 0
 
 
+def test_flows_of_other_sizes_or_weights_under_a_colliding_key_are_solved(monkeypatch):
+    topo = load_topology(CLUSTER, 16)
+    capacity = topo.capacity_bytes_per_s
+    memo = TimelineMemo(capacity, topo.reverse_link)
+    monkeypatch.setattr(TimelineMemo, "_key", staticmethod(lambda flow, code, weight, sizes: (b"k", np.argsort(flow))))
+    links = (np.arange(40), np.arange(40) % 8)
+    memo.timeline(*links, np.ones(40), np.full(40, 1e6))
+    for weight, sizes in ((np.ones(40), np.linspace(1e6, 2e6, 40)), (np.full(40, 2.0), np.full(40, 1e6))):
+        _assert_solved_alike(memo.timeline(*links, weight, sizes), (*links, weight, sizes), capacity)
+    assert memo.num_solved == 3 and memo.num_reordered == memo.num_mirrored == 0
+
+
 def test_link_set_hashes_are_wrapping_sums_in_any_order():
     rng = np.random.default_rng(3)
     group = rng.integers(0, 40, 500)

@@ -8,8 +8,9 @@ same flows listed in another order) and the reversal (each link to the link back
 all-to-all's combine moves its dispatch's matrix transposed, so where the routes back retrace the routes out its
 timeline is its dispatch's: under skewed routing, where every matrix differs, that halves the timelines solved.
 
-A match is found by a key (each flow's link set hashed, with its weight and size, the flows sorted) and checked
-exactly (the paired flows' link sets compared) before it is used; a hash collision only costs a solve.
+A match is found by a key (each flow's link set, weight and size hashed into one number, the numbers sorted) and
+checked exactly (the paired flows' link sets, weights and sizes compared) before it is used; a hash collision only
+costs a solve.
 Must not import simpy or torch.
 """
 
@@ -21,13 +22,16 @@ from piper_sim.sim.fairshare import Timeline, isolated_timeline
 
 KEPT_TIMELINES = 512  # timelines kept for a later relabelled flow set, the oldest dropped first
 MIN_FLOWS = 32  # smaller flow sets are solved (their solve costs about what their key does)
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))  # odd multipliers mixing a flow's hash parts
 
 
 class _Kept:
-    __slots__ = ("timeline", "order", "entry_flow", "entry_link")
+    __slots__ = ("timeline", "order", "entry_flow", "entry_link", "weight", "sizes")
 
-    def __init__(self, timeline: Timeline, order: np.ndarray, entry_flow: np.ndarray, entry_link: np.ndarray):
+    def __init__(self, timeline: Timeline, order: np.ndarray, entry_flow: np.ndarray, entry_link: np.ndarray,
+                 weight: np.ndarray, sizes: np.ndarray):
         self.timeline, self.order, self.entry_flow, self.entry_link = timeline, order, entry_flow, entry_link
+        self.weight, self.sizes = weight, sizes
 
 
 class TimelineMemo:
@@ -58,13 +62,13 @@ class TimelineMemo:
         if key is not None:
             if len(self._kept) >= KEPT_TIMELINES:
                 self._kept.pop(next(iter(self._kept)))
-            self._kept[key] = _Kept(timeline, order, entry_flow, entry_link)
+            self._kept[key] = _Kept(timeline, order, entry_flow, entry_link, weight, sizes)
         return timeline
 
     def _found(self, key: bytes, order: np.ndarray, entry_flow: np.ndarray, entry_link: np.ndarray,
                weight: np.ndarray, sizes: np.ndarray) -> Timeline | None:
         """A kept timeline of these flows listed in another order, or of their mirror image; None when none is."""
-        found = self._match(key, order, entry_flow, entry_link)
+        found = self._match(key, order, entry_flow, entry_link, weight, sizes)
         if found is not None:
             self.num_reordered += 1
             return found
@@ -74,7 +78,7 @@ class TimelineMemo:
         if not back.size or back.min() < 0:
             return None
         mirror_key, mirror_order = self._key(entry_flow, self._code[back], weight, sizes)
-        found = self._match(mirror_key, mirror_order, entry_flow, back)
+        found = self._match(mirror_key, mirror_order, entry_flow, back, weight, sizes)
         if found is not None:
             self.num_mirrored += 1
         return found
@@ -82,22 +86,24 @@ class TimelineMemo:
     @staticmethod
     def _key(entry_flow: np.ndarray, link_code: np.ndarray, weight: np.ndarray,
              sizes: np.ndarray) -> tuple[bytes, np.ndarray]:
-        """The flows' rows (hash of the link set, weight, size) sorted, as bytes, and the order that sorts them."""
-        rows = np.empty((sizes.shape[0], 3), dtype=np.uint64)
-        rows[:, 0] = _wrapped_sums(entry_flow, link_code, sizes.shape[0])
-        rows[:, 1] = weight.view(np.uint64)
-        rows[:, 2] = sizes.view(np.uint64)
-        order = np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))
-        return rows[order].tobytes(), order
+        """The flows' hashes (of the link set, weight and size) sorted, as bytes, and the order that sorts them."""
+        flow_hash = _wrapped_sums(entry_flow, link_code, sizes.shape[0])  # the same for the links in any order
+        flow_hash = flow_hash * _MIX[0] + weight.view(np.uint64) * _MIX[1] + sizes.view(np.uint64)  # wraps
+        order = np.argsort(flow_hash, kind="stable")
+        return flow_hash[order].tobytes(), order
 
-    def _match(self, key: bytes, order: np.ndarray, entry_flow: np.ndarray, mapped_link: np.ndarray) -> Timeline | None:
+    def _match(self, key: bytes, order: np.ndarray, entry_flow: np.ndarray, mapped_link: np.ndarray,
+               weight: np.ndarray, sizes: np.ndarray) -> Timeline | None:
         """The kept timeline whose flows pair with these (the i-th in sorted order with the i-th), when each pair
-        crosses the same links (these mapped), permuted to these flows' order; None when there is none."""
+        has equal weights and sizes and crosses the same links (these mapped), permuted to these flows' order; None
+        when there is none."""
         kept = self._kept.get(key)
         if kept is None or kept.entry_link.shape[0] != mapped_link.shape[0]:
             return None
         pair = np.empty(order.shape[0], dtype=np.int64)
         pair[order] = kept.order  # this set's flow -> the kept set's flow
+        if not (np.array_equal(kept.sizes[pair], sizes) and np.array_equal(kept.weight[pair], weight)):
+            return None
         num_links = self.capacity.shape[0]
         ours = np.sort(pair[entry_flow] * num_links + mapped_link)
         theirs = np.sort(kept.entry_flow * num_links + kept.entry_link)
