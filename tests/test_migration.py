@@ -33,6 +33,7 @@ def test_contiguous_dispatch_matches_the_simulators_old_formula():
     d = dispatch(counts, contiguous_owners(experts, ep), ep)
     epr = experts // ep
     np.testing.assert_array_equal(d.rows, counts.reshape(ep, ep, epr).sum(axis=2))
+    assert d.rows.dtype == d.local_rows.dtype == np.int64
     for r in range(ep):
         assert d.expert_rows[r] == tuple(counts[:, r * epr:(r + 1) * epr].sum(axis=0).tolist())
     np.testing.assert_array_equal(d.bytes_matrix(10, "combine"), (d.rows * 10).T)

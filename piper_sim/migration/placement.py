@@ -127,7 +127,8 @@ def dispatch(counts: np.ndarray, owners: np.ndarray, ep: int) -> Dispatch:
     owners = np.asarray(owners, dtype=np.int64)
     if counts.ndim != 2 or counts.shape[1] != len(owners):
         raise ValueError(f"counts must be [source, {len(owners)} experts]; got {counts.shape}")
-    rows = counts @ one_hot_owners(owners, ep)
+    # rows to each rank: a float product (BLAS; numpy's integer one is a plain loop), exact for counts below 2^53
+    rows = (counts.astype(np.float64) @ one_hot_owners(owners, ep).astype(np.float64)).astype(np.int64)
     per_expert = counts.sum(axis=0)
     by_owner = np.argsort(owners, kind="stable")  # experts grouped by owner, ascending id within each
     num_local = np.bincount(owners, minlength=ep)
