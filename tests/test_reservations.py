@@ -4,6 +4,7 @@ break into them."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -89,3 +90,18 @@ def test_recorded_runs_are_kept_under_a_bound_on_their_sub_flows(monkeypatch):
     for key in range(100, 160):  # the count bound: at most 50 runs
         memo.put(key, key, run(0))
     assert memo.get("large") is None and memo.get(159) == 159 and memo.get(109) is None and memo.get(110) == 110
+
+
+def test_collectives_starting_together_are_grouped_by_shared_links_transitively():
+    from piper_sim.sim.recording import overlapping
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        links = [np.unique(rng.integers(0, int(rng.integers(5, 120)), int(rng.integers(0, 6))))
+                 for _ in range(int(rng.integers(0, 10)))]
+        share = [[bool(np.intersect1d(a, b).size) for b in links] for a in links]
+        reach = [{i} for i in range(len(links))]  # the transitive closure of sharing a link, by brute force
+        for _ in links:
+            reach = [set().union(*({j for j in range(len(links)) if share[k][j]} | {k} for k in r)) for r in reach]
+        expected = sorted({tuple(sorted(r)) for r in reach})
+        assert [tuple(g) for g in overlapping(links)] == expected

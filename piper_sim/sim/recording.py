@@ -93,19 +93,30 @@ class Starting:
 
 
 def overlapping(links: list[np.ndarray]) -> list[list[int]]:
-    """Indices of link sets grouped by shared links (transitively), each group in index order."""
-    groups: list[tuple[list[int], np.ndarray]] = []
-    for i, own in enumerate(links):
-        joined, rest = [i], []
-        union = own
-        for members, group_links in groups:
-            if np.intersect1d(union, group_links, assume_unique=True).size:
-                joined += members
-                union = np.union1d(union, group_links)
-            else:
-                rest.append((members, group_links))
-        groups = rest + [(sorted(joined), union)]
-    return sorted((members for members, _ in groups), key=lambda m: m[0])
+    """Indices of link sets grouped by shared links (transitively), each group in index order, the groups by their
+    first index: the sets sorted by link together, and those next to each other on one link joined (union-find),
+    so the cost grows with the links, not with the pairs of sets."""
+    parent = list(range(len(links)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    if len(links) > 1:
+        owner = np.repeat(np.arange(len(links)), [len(own) for own in links])
+        order = np.argsort(np.concatenate(links), kind="stable")
+        flat = np.concatenate(links)[order]
+        shared = np.flatnonzero(flat[1:] == flat[:-1])  # the sets next to each other on one link
+        for a, b in set(zip(owner[order][shared].tolist(), owner[order][shared + 1].tolist(), strict=True)):
+            ra, rb = root(a), root(b)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(links)):
+        groups.setdefault(root(i), []).append(i)
+    return list(groups.values())
 
 
 MAX_RECORDED_RUNS = 1024  # entries of the recorder's smaller memos (links, small runs), dropped oldest first
