@@ -158,8 +158,8 @@ class RunMemo:
             self._held -= self._items.pop(next(iter(self._items)))[1]
 
 
-def bounded_put(memo: dict, key: Hashable, value: object) -> None:
-    if len(memo) >= MAX_RECORDED_RUNS:
+def bounded_put(memo: dict, key: Hashable, value: object, bound: int = MAX_RECORDED_RUNS) -> None:
+    if len(memo) >= bound:
         memo.pop(next(iter(memo)))
     memo[key] = value
 
@@ -179,16 +179,23 @@ class Recorder:
         self._by_signature = RunMemo()  # a run's contents (signature) -> its run
         self._small_runs: dict[Hashable, Timeline] = {}
         self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
+        self._links_by_content: dict[Hashable, np.ndarray] = {}
         self._together: dict[Hashable, list[IsolatedRun]] = {}
 
     def links(self, c: Starting) -> np.ndarray:
-        """The links a collective's phases use (memoized as its recorded run is)."""
+        """The links a collective's phases use, memoized as its recorded run is, and by what they depend on (its
+        members and its phases' flows: the collectives of many layers and data-parallel replicas share them)."""
         memo = (c.key, id(c.phases))
         hit = self._link_memo.get(memo)
         if hit is not None and hit[0] is c.phases:
             return hit[1]
-        ids = [self.phase_flows(p, c.gpus, (c.key, i))[1].entry_link for i, p in enumerate(c.phases) if p.src.size]
-        links = compact_ids(np.concatenate(ids))[0] if ids else np.zeros(0, dtype=np.int64)
+        content = (c.gpus, tuple((p.src.tobytes(), p.dst.tobytes()) for p in c.phases))
+        links = self._links_by_content.get(content)
+        if links is None:
+            ids = [self.phase_flows(p, c.gpus, (c.key, i))[1].entry_link for i, p in enumerate(c.phases)
+                   if p.src.size]
+            links = compact_ids(np.concatenate(ids))[0] if ids else np.zeros(0, dtype=np.int64)
+            bounded_put(self._links_by_content, content, links, 8 * MAX_RECORDED_RUNS)
         bounded_put(self._link_memo, memo, (c.phases, links))
         return links
 

@@ -94,8 +94,8 @@ class Mesh:
         if axis == "tp":
             first = rank - rank % self.tp
             return tuple(range(first, first + self.tp))
-        if axis == "ep_dp":
-            return tuple(r for r in stage if r % self.tp == rank % self.tp)
+        if axis == "ep_dp":  # the stage's ranks of this tp index (a stage starts at a multiple of tp)
+            return tuple(range(stage.start + (rank - stage.start) % self.tp, stage.stop, self.tp))
         c = self.coords(rank)
         eps = range(self.ep) if axis == "ep" else (c["ep"],)
         dps = range(self.dp) if axis == "dp" else (c["dp"],)
