@@ -25,21 +25,19 @@ import pandas as pd
 from piper_sim.schedule.ir import RECOMPUTE_KINDS
 
 
-def union_length_by_rank(df: pd.DataFrame, num_ranks: int) -> np.ndarray:
-    """Length of the union of [start, end) intervals of each rank."""
+def union_length_by_rank(rank: np.ndarray, start: np.ndarray, end: np.ndarray, num_ranks: int) -> np.ndarray:
+    """Length of the union of the [start, end) intervals of each rank (one interval per entry)."""
     out = np.zeros(num_ranks)
-    if df.empty:
+    if rank.size == 0:
         return out
-    span = float(df["end_s"].max() - df["start_s"].min()) + 1.0
-    offset = df["rank"].to_numpy() * span
-    start = df["start_s"].to_numpy() + offset
-    end = df["end_s"].to_numpy() + offset
-    order = np.argsort(start, kind="stable")
-    start, end, ranks = start[order], end[order], df["rank"].to_numpy()[order]
+    span = float(end.max() - start.min()) + 1.0
+    offset = rank * span
+    order = np.argsort(start + offset, kind="stable")
+    start, end, rank = (start + offset)[order], (end + offset)[order], rank[order]
     reach = np.maximum.accumulate(end)
     prev = np.concatenate(([-np.inf], reach[:-1]))
     length = np.clip(end - np.maximum(start, prev), 0, None)
-    np.add.at(out, ranks, length)
+    np.add.at(out, rank, length)
     return out
 
 
@@ -115,10 +113,12 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
     recompute = df["kind"].isin(sorted(RECOMPUTE_KINDS))
     model_flops = hardware_flops - float(df.loc[recompute, "flops"].sum()) / num_steps if recompute.any() \
         else hardware_flops
-    compute = df[df["stream"] == "compute"]
-    comm = df[df["stream"] != "compute"]
-    busy_compute = union_length_by_rank(compute, num_gpus)
-    busy_any = union_length_by_rank(pd.concat([compute, comm]), num_gpus)
+    is_compute = (df["stream"] == "compute").to_numpy()
+    rank, start, end = df["rank"].to_numpy(), df["start_s"].to_numpy(), df["end_s"].to_numpy()
+    compute = np.flatnonzero(is_compute)
+    busy_compute = union_length_by_rank(rank[compute], start[compute], end[compute], num_gpus)
+    every = np.concatenate([compute, np.flatnonzero(~is_compute)])  # compute first, as the intervals were always taken
+    busy_any = union_length_by_rank(rank[every], start[every], end[every], num_gpus)
     busiest = None
     if links is not None and not links.empty:
         busiest = {k: (v.item() if hasattr(v, "item") else v) for k, v in links.iloc[0].to_dict().items()}

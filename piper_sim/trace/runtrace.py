@@ -97,7 +97,7 @@ def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list
     for name, arrays in (("start_s", start_s), ("end_s", end_s), ("bytes", nbytes), ("flops", flops),
                          ("cpu_s", cpu_s)):
         columns[name] = np.concatenate([a.reshape(-1) for a in arrays]).astype(float)
-    return pd.DataFrame(columns)
+    return pd.DataFrame(columns, copy=False)  # the new arrays as they are: no second copy of a large run's trace
 
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
