@@ -32,9 +32,9 @@ from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
-# peak resident bytes per (rank, task) record of a run while its trace and report are built (measured: 19.3 GB for
-# the 47M of validation/published's 1,008B run on 3,072 GPUs, 410 B each)
-BYTES_PER_TASK = 400
+# peak resident bytes per (rank, task) record of a run while its trace and report are built (measured: 11.7 GB for
+# the 44.2M of validation/published's 1,008B run on 3,072 GPUs, 272 B each, the interpreter's 0.3 GB included)
+BYTES_PER_TASK = 270
 GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
 
 
