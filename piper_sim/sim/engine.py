@@ -155,14 +155,11 @@ class Simulation(LaneCollectives):
         equal latency at every hop: the transfers of members whose routes differ land apart, so over many
         micro-batches their clocks drift apart by more than a lane can absorb (dense pipelines across a fat tree's
         leaves)."""
-        stage, n = self.per_stage, self.mesh.pp
+        stage = self.per_stage
         hops = []
-        for p in range(n - 1):
-            ranks = np.arange(p * stage, (p + 1) * stage)
-            for src, dst in ((ranks, ranks + stage), (ranks + stage, ranks)):
-                gpus = tuple(self.placement[r] for r in np.concatenate([src, dst]).tolist())
-                phase = Phase(src=np.arange(stage), dst=np.arange(stage, 2 * stage), sizes=np.ones(stage), name="p2p")
-                hops.append(self.runner.flow_latency_s(phase, gpus, (gpus, "p2p", "")))
+        for p in range(self.mesh.pp - 1):
+            ranks, nexts = list(self.mesh.stage_ranks(p)), list(self.mesh.stage_ranks(p + 1))
+            hops += [self._p2p_latency_s(ranks, nexts)[1], self._p2p_latency_s(nexts, ranks)[1]]
         column = [tuple(h[c] for h in hops) for c in range(stage)]
         split = []
         for lane in lanes:
@@ -454,9 +451,13 @@ class Simulation(LaneCollectives):
         if hit is None:
             senders, receivers = self.lanes[src], self.lanes[dst]
             peers = [self.mesh.peer(r, self.mesh.stage_of(receivers[0])) for r in senders]
-            gpus = tuple(self.placement[r] for r in tuple(senders) + tuple(peers))
-            n = len(senders)
-            phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.ones(n), name="p2p")
-            hit = self._p2p_routes[(src, dst)] = (gpus, np.array([receivers.index(p) for p in peers]),
-                                                self.runner.flow_latency_s(phase, gpus, (gpus, "p2p", "")))
+            gpus, latency = self._p2p_latency_s(list(senders), peers)
+            hit = self._p2p_routes[(src, dst)] = (gpus, np.array([receivers.index(p) for p in peers]), latency)
         return hit
+
+    def _p2p_latency_s(self, senders: list[int], receivers: list[int]) -> tuple[tuple[str, ...], np.ndarray]:
+        """GPUs of a p2p from these ranks to these (senders, then receivers) and each sender's path latency."""
+        gpus = tuple(self.placement[r] for r in senders + receivers)
+        n = len(senders)
+        phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.ones(n), name="p2p")
+        return gpus, self.runner.flow_latency_s(phase, gpus, (gpus, "p2p", ""))

@@ -157,8 +157,8 @@ class TaskCoster:
             counts = np.unique(rows[unpriced])
             gemms = expert_gemms(self.model, counts, self.split.etp)
             one = [g.count * gemm_time_s(self.profile, replace(g, count=1), self.model.dtype_bytes) for g in gemms]
-            table[counts, 0] = 0.0 + one[0] + one[1]
-            table[counts, 1] = 0.0 + gemms[0].flops + gemms[1].flops
+            table[counts, 0] = sum(one)
+            table[counts, 1] = sum(g.flops for g in gemms)
             per_expert = table[rows]
         return per_expert
 
