@@ -12,6 +12,8 @@ all-to-all and the RCCL model.
 W4F: X-MoE Super on 512 Frontier GCDs, PP 16 x EP 32, 1 x 64 microbatches, HALO, full recomputation, ZeRO-1.
 DSV3: DeepSeek-V3 on 256 GPUs, PP 8 x EP 32, 1 x 32 microbatches (the uniform cluster).
 MIX: Mixtral 8x7B on 128 GPUs, PP 4 x EP 8 x DP 4, 1 x 16 microbatches (the uniform cluster).
+DSV3-1K, MIX-1K: the same models on 1,024 GPUs (DeepSeek-V3 PP 16 x EP 64; Mixtral DP 32): a step's cost should
+grow with its tasks, not faster (wall time per task against DSV3 and MIX).
 XB1: one layer of the X-MoE-style baseline (reproduce vs-xmoe) of X-MoE Small on 256 Frontier GCDs: no pipeline,
 EP 64 x DP 4, flat all-to-all, one micro-batch, full recomputation, ZeRO-1; the four EP groups share their
 chassis' switches and start their all-to-alls together (one recorded run of them, repeated).
@@ -61,6 +63,10 @@ WORKLOADS = {
              "parallel": {"pp": 8, "ep": 32, "num_microbatches": 32, "micro_batch_size": 1}},
     "MIX": {"model": {"preset": "mixtral-8x7b"},
             "parallel": {"pp": 4, "ep": 8, "dp": 4, "num_microbatches": 16, "micro_batch_size": 1}},
+    "DSV3-1K": {"model": {"preset": "deepseek-v3"},
+                "parallel": {"pp": 16, "ep": 64, "num_microbatches": 32, "micro_batch_size": 1}},
+    "MIX-1K": {"model": {"preset": "mixtral-8x7b"},
+               "parallel": {"pp": 4, "ep": 8, "dp": 32, "num_microbatches": 16, "micro_batch_size": 1}},
     "XB1": {**XMOE_BASELINE, "model": {"preset": "x-moe-small", "num_layers": 1},
             "parallel": {**XMOE_BASELINE["parallel"], "num_microbatches": 1}},
     "XB": XMOE_BASELINE,
