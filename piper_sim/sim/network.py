@@ -97,7 +97,7 @@ class FlowNetwork:
         self.active: set[FlowSet] = set()
         self._timelines: dict[Hashable, Timeline] = {}
         self._structures: dict[tuple[int, ...], Structure] = {}
-        self._links_of: dict[Hashable, tuple[np.ndarray]] = {}
+        self._links_of: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
         self.num_solves = 0
@@ -119,20 +119,20 @@ class FlowNetwork:
         counted (their bytes and number).
         """
         weight = np.ones(sizes.shape[0]) if weight is None else weight
-        if counted:
-            self.count(np.bincount(entry_link, weights=(sizes * weight)[entry_flow],
-                                   minlength=self.link_bytes.shape[0]), int(weight.sum()))
+        distinct = self._links_of.get(key) if key is not None else None
+        if distinct is None:
+            distinct = compact_ids(entry_link)  # (the links, each entry's position among them)
+            if key is not None:
+                self._links_of[key] = distinct
+        if counted:  # bytes per link, summed over the set's own links only (a machine has thousands)
+            self.count(np.bincount(distinct[1], weights=(sizes * weight)[entry_flow], minlength=distinct[0].shape[0]),
+                       int(weight.sum()), distinct[0])
         done = self.env.event()
         keep = sizes > EPS_BYTES
         if not keep.any() or latency_only(entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s,
                                           self._fastest):  # nothing to move, or too little to share links
             done.succeed(np.full(sizes.shape[0], self.env.now))
             return done
-        distinct = self._links_of.get(key) if key is not None else None
-        if distinct is None:
-            distinct = (compact_ids(entry_link)[0],)
-            if key is not None:
-                self._links_of[key] = distinct
         if self.reservations and self.reserved[distinct[0]].any():
             self._break_reservations(distinct[0])
         fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[0],
