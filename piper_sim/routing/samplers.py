@@ -27,7 +27,11 @@ _TAG = {"zipf": 0, "dirichlet": 1, "hot": 2, "drift": 3}
 
 def sample_counts(ctx: RoutingContext, probs: np.ndarray) -> np.ndarray:
     """counts[source, expert]: multinomial rows from capped probabilities, overflow re-apportioned."""
-    probs = cap_probabilities(probs, 1.0 / ctx.top_k)
+    return _draw(ctx, cap_probabilities(probs, 1.0 / ctx.top_k))
+
+
+def _draw(ctx: RoutingContext, probs: np.ndarray) -> np.ndarray:
+    """sample_counts from probabilities already capped at 1 / top_k."""
     counts = ctx.rng().multinomial(ctx.rows_per_source, probs, size=ctx.num_sources).astype(np.int64)
     return cap_rows(counts, ctx.tokens_per_source, probs)
 
@@ -95,8 +99,25 @@ def drift_popularity(ctx: RoutingContext) -> np.ndarray:
     return _permuted(ctx, rotate(base, p["rate"] * ctx.step), "drift")
 
 
-def _sampled(popularity):
-    return lambda ctx: sample_counts(ctx, popularity(ctx))
+POPULARITY_MEMO = 4096  # capped popularities kept per kind (one per layer, and per step for drift)
+
+
+def _sampled(popularity, by_step: bool = False):
+    """A kind's counts: its popularity (drawn per (seed, layer), and step where by_step), capped once and kept, then
+    each all-to-all's own multinomial draw."""
+    memo: dict[tuple, np.ndarray] = {}
+
+    def counts(ctx: RoutingContext) -> np.ndarray:
+        key = (ctx.seed, ctx.layer, ctx.step if by_step else 0, ctx.num_experts, ctx.top_k,
+               tuple(sorted(ctx.params.items())))
+        probs = memo.get(key)
+        if probs is None:
+            if len(memo) >= POPULARITY_MEMO:
+                memo.clear()
+            probs = memo[key] = cap_probabilities(popularity(ctx), 1.0 / ctx.top_k)
+        return _draw(ctx, probs)
+
+    return counts
 
 
 def _uniform_counts(ctx: RoutingContext) -> np.ndarray:
@@ -128,7 +149,7 @@ register_kind(RoutingKind(
     params={"fraction": fraction(0.125), "share": fraction(0.5, open_low=False)},
     doc="round(fraction x E) experts (at least one) chosen per (seed, layer) get `share` of the rows"))
 register_kind(RoutingKind(
-    name="drift", counts=_sampled(drift_popularity),
+    name="drift", counts=_sampled(drift_popularity, by_step=True),
     params={"shape": choice("hot", ("hot", "zipf")), "fraction": fraction(0.125),
             "share": fraction(0.5, open_low=False), "exponent": non_negative_float(1.0),
             "rate": non_negative_float(0.25)},
