@@ -192,3 +192,18 @@ def test_defaults_are_filled_in():
     m = model({"kind": "zipf"})
     assert m.params == {"capacity_factor": None, "exponent": 1.0}
     assert m.capacity_factor is None and m.capacity(100) is None
+
+
+def test_kept_popularities_give_the_counts_drawn_afresh():
+    """A kind keeps its capped popularity per (seed, layer), and per step for drift: the counts equal those from the
+    popularity drawn again, for each step, parameter and layer."""
+    from piper_sim.routing import samplers
+
+    for raw, popularity in (({"kind": "drift", "rate": 1.0}, samplers.drift_popularity),
+                            ({"kind": "zipf", "exponent": 1.0}, samplers.zipf_popularity),
+                            ({"kind": "zipf", "exponent": 2.0}, samplers.zipf_popularity)):
+        m = routing_from_config(raw, 16, 2, 7)
+        for step, layer in ((0, 1), (1, 1), (2, 1), (2, 3), (0, 1)):
+            ctx = m.context(step, layer, 0, 0, 4, 64)
+            expected = samplers.sample_counts(ctx, popularity(ctx))
+            assert np.array_equal(m.counts(step, layer, 0, 0, 4, 64), expected), (raw, step, layer)
