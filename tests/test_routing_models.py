@@ -199,11 +199,11 @@ def test_kept_popularities_give_the_counts_drawn_afresh():
     popularity drawn again, for each step, parameter and layer."""
     from piper_sim.routing import samplers
 
-    for raw, popularity in (({"kind": "drift", "rate": 1.0}, samplers.drift_popularity),
-                            ({"kind": "zipf", "exponent": 1.0}, samplers.zipf_popularity),
-                            ({"kind": "zipf", "exponent": 2.0}, samplers.zipf_popularity)):
+    for raw, drawn in (({"kind": "drift", "rate": 1.0}, samplers.drift_popularity),
+                       ({"kind": "zipf", "exponent": 1.0}, samplers.zipf_popularity),
+                       ({"kind": "zipf", "exponent": 2.0}, samplers.zipf_popularity)):
         m = routing_from_config(raw, 16, 2, 7)
         for step, layer in ((0, 1), (1, 1), (2, 1), (2, 3), (0, 1)):
             ctx = m.context(step, layer, 0, 0, 4, 64)
-            expected = samplers.sample_counts(ctx, popularity(ctx))
+            expected = samplers.sample_counts(ctx, drawn(ctx))
             assert np.array_equal(m.counts(step, layer, 0, 0, 4, 64), expected), (raw, step, layer)
