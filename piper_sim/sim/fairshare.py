@@ -68,20 +68,22 @@ LATENCY_ONLY_S = 5e-8  # a flow set that holds each link it crosses at most this
 
 
 def latency_only(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                 capacity: np.ndarray, limit_s: float, fastest_bytes_per_s: float) -> bool:
+                 capacity: np.ndarray, limit_s: float, fastest_bytes_per_s: float,
+                 compacted: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
     """Whether a flow set's bytes on each link it crosses take that link at most limit_s (LATENCY_ONLY_S, less
     than one switch hop's latency on the machines modelled). Such a set (the split sizes an all-to-all exchanges
     first: 8 bytes a pair) is priced by the overhead and latency its phase pays before its flows enter; its bytes
     would hold links for less than that, and as a flow set of its own it would join the component of the flows
     on its links and cost two solves of it, so its flows end as they enter. The bound is a busiest-link time:
     the same on a network of merged links (bytes and capacity both summed) as on the links it stands for.
-    fastest_bytes_per_s: the largest capacity (a flow larger than the fastest link carries in limit_s settles it)."""
+    fastest_bytes_per_s: the largest capacity (a flow larger than the fastest link carries in limit_s settles it).
+    compacted: compact_ids(entry_link) where the caller has it."""
     if not entry_link.size:
         return True
     flow_bytes = sizes * weight
     if float(flow_bytes.max()) > limit_s * fastest_bytes_per_s:
         return False
-    links, local = compact_ids(entry_link)
+    links, local = compact_ids(entry_link) if compacted is None else compacted
     load = np.bincount(local, weights=flow_bytes[entry_flow], minlength=links.size)
     return bool((load <= limit_s * capacity[links]).all())
 

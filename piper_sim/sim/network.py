@@ -130,7 +130,7 @@ class FlowNetwork:
         done = self.env.event()
         keep = sizes > EPS_BYTES
         if not keep.any() or latency_only(entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s,
-                                          self._fastest):  # nothing to move, or too little to share links
+                                          self._fastest, distinct):  # nothing to move, or too little to share links
             done.succeed(np.full(sizes.shape[0], self.env.now))
             return done
         if self.reservations and self.reserved[distinct[0]].any():
