@@ -141,8 +141,9 @@ def test_study_writes_csv_and_plots(tmp_path):
     two = {(r["algorithm"], r["size"]): r for r in rows if r["nodes"] == "2"}
     flat = two[("flat", "1MiB")]
     n = 16
+    assert flat["size_per"] == "gpu" and float(flat["bytes_per_gpu"]) == 2**20  # the default: each GPU's buffer
     assert float(flat["busbw_bytes_per_s"]) == pytest.approx(
-        (n - 1) * 2**20 / float(flat["time_s"]))  # bus bandwidth = bytes each GPU sends / time
+        2**20 * (n - 1) / n / float(flat["time_s"]))  # bus bandwidth = bytes each GPU sends to others / time
     assert flat["busiest_link_kind"] in ("gpu_nic", "nic")
     with (out / "link_kinds.csv").open() as f:
         assert list(next(csv.DictReader(f))) == KIND_COLUMNS

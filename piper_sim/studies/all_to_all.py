@@ -3,9 +3,10 @@
 Owns the study spec, the rows of study.csv and link_kinds.csv (written one run at a time, so an
 interrupted study keeps its completed rows) and the size/node-list parsing. Must not import torch.
 
-Sizes: with size_per "pair" (default) a size is the bytes each GPU sends to each other GPU; with "gpu"
-it is each GPU's whole send buffer (nccl-tests' convention: S bytes split into n equal blocks, one per
-rank, its own included). Bandwidths follow nccl-tests: algorithm bandwidth = per-GPU buffer (n blocks) /
+Sizes: with size_per "gpu" (default) a size is each GPU's whole send buffer (nccl-tests' and rccl-tests'
+convention for `size`: S bytes split into n equal blocks, one per rank, its own included); with "pair" it is
+the bytes each GPU sends to each other GPU (S x n per GPU). SIZE_PER names the convention in every table and
+plot. Bandwidths follow nccl-tests: algorithm bandwidth = per-GPU buffer (n blocks) /
 time, bus bandwidth = algorithm bandwidth x (n - 1) / n (the bytes each GPU really sends per second).
 Utilization of a link = bytes it carried / (capacity x collective time): 1.0 means busy throughout.
 messages_per_gpu is the most messages any GPU sends over all phases; serial_overhead_s = that count x
@@ -48,6 +49,7 @@ STUDY_COLUMNS = [
     "busiest_utilization", "saturated_kinds", "split_exchange_s", "messages_per_gpu", "serial_overhead_s", "pairs",
     "network_flows", "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s", "note",
 ]
+SIZE_PER = {"gpu": "per GPU", "pair": "per GPU pair"}  # --size-per: how the tables and plots name a size
 KIND_COLUMNS = ["nodes", "size", "algorithm", "link_kind", "links_used", "bytes", "mean_utilization",
                 "max_utilization", "saturated_links"]
 
@@ -86,7 +88,7 @@ class StudySpec:
     nodes: tuple[int, ...]
     sizes: tuple[str, ...]  # as given (labels), parsed with parse_size
     algorithms: tuple[str, ...]
-    size_per: str = "pair"
+    size_per: str = "gpu"  # a size is each GPU's whole buffer ("gpu") or what it sends each GPU ("pair")
     placement: str = "contiguous"
     routing: str | None = None  # overrides topology.params.routing (dragonfly machines)
     valiant: str = "spread"  # dragonfly detours: "spread" (mean-field) or "hashed" (as the router does)
@@ -98,8 +100,8 @@ class StudySpec:
     def check(self) -> None:
         for alg in self.algorithms:
             ALL_TO_ALL.get(alg, "--algorithms")
-        if self.size_per not in ("pair", "gpu"):
-            raise ConfigError("--size-per", self.size_per, "pair or gpu")
+        if self.size_per not in SIZE_PER:
+            raise ConfigError("--size-per", self.size_per, " or ".join(SIZE_PER))
         if self.valiant not in ("spread", "hashed"):
             raise ConfigError("--valiant", self.valiant, "spread or hashed")
         if self.scope not in (None, "machine", "job"):

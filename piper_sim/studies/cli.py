@@ -18,6 +18,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.paths import config_path
 from piper_sim.planning.cli import register_scaling
 from piper_sim.rundir import finish, open_out_dir
+from piper_sim.studies.model_size import moe_buffer, size_label
 from piper_sim.yamlio import parse_yaml
 
 
@@ -27,9 +28,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     a = studies.add_parser("all-to-all", help="one all-to-all alone on the machine: algorithms x nodes x sizes")
     a.add_argument("--topology", default="frontier", help="topology preset or YAML path")
     a.add_argument("--nodes", default="1,2,4,8,16,32,64,128,256,512", help="node counts, e.g. 1,2,4,8")
-    a.add_argument("--sizes", default="1MiB,64MiB", help="message sizes with units (B, KiB, MiB, GiB, KB, MB, GB)")
-    a.add_argument("--size-per", choices=["pair", "gpu"], default="pair",
-                   help="pair: bytes each GPU sends to each other GPU (default); gpu: each GPU's whole buffer")
+    a.add_argument("--sizes", default=None, help="buffer sizes with units (B, KiB, MiB, GiB, KB, MB, GB); "
+                   f"default {DEFAULT_SIZES}, or with --model that model's MoE-layer buffer")
+    a.add_argument("--size-per", choices=["gpu", "pair"], default="gpu",
+                   help="gpu (default): each GPU's whole send buffer, as nccl-tests and rccl-tests count `size`; "
+                        "pair: the bytes each GPU sends to each other GPU (n times that per GPU)")
+    a.add_argument("--model", default=None, help="size = one MoE layer's all-to-all buffer per GPU of this model "
+                   "preset: micro-batch size x seq len x top-k x hidden x bytes per element (instead of --sizes)")
+    a.add_argument("--micro-batch-size", type=int, default=None,
+                   help="with --model: sequences per micro-batch (default 1)")
+    a.add_argument("--seq-len", type=int, default=None, help="with --model: tokens per sequence (default: the "
+                   "model's)")
     a.add_argument("--algorithms", default="flat,rccl,halo", help="all-to-all algorithms (flat, rccl, nccl, halo, "
                    "2dh, pairwise, bruck)")
     a.add_argument("--placement", default="contiguous", help="placement policy")
@@ -63,6 +72,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_scaling(studies)
 
 
+DEFAULT_SIZES = "1MiB,64MiB"
+
+
+def _sizes(args: argparse.Namespace) -> tuple[tuple[str, ...], dict | None]:
+    """The study's sizes, and with --model the MoE buffer they come from (its formula's inputs)."""
+    from piper_sim.studies.all_to_all import parse_list  # numpy
+
+    if args.model is None:
+        for flag, value in (("--micro-batch-size", args.micro_batch_size), ("--seq-len", args.seq_len)):
+            if value is not None:
+                raise ConfigError(flag, value, "only with --model (it sets that model's MoE-layer buffer)")
+        return tuple(parse_list(args.sizes or DEFAULT_SIZES, "--sizes")), None
+    if args.sizes is not None:
+        raise ConfigError("--sizes", args.sizes, "left out with --model (the size is the model's MoE-layer buffer)")
+    if args.size_per != "gpu":
+        raise ConfigError("--size-per", args.size_per, "gpu with --model (the MoE-layer buffer is per GPU)")
+    buffer = moe_buffer(args.model, args.micro_batch_size, args.seq_len)
+    print(f"piper-sim: note: {buffer.model}'s MoE-layer all-to-all buffer per GPU: {buffer.formula()}",
+          file=sys.stderr)
+    return (size_label(buffer.buffer_bytes),), buffer.as_dict()
+
+
 def _params(overrides: list[str]) -> dict:
     out = {}
     for item in overrides:
@@ -74,19 +105,21 @@ def _params(overrides: list[str]) -> dict:
 
 
 def cmd_study_all_to_all(args: argparse.Namespace) -> int:
-    from piper_sim.studies.all_to_all import StudySpec, parse_list, parse_nodes, write_study  # numpy, simpy
+    from piper_sim.studies.all_to_all import SIZE_PER, StudySpec, parse_list, parse_nodes, write_study  # numpy, simpy
     from piper_sim.studies.plots import write_plots  # matplotlib: not for --help
 
-    spec = StudySpec(topology=args.topology, nodes=tuple(parse_nodes(args.nodes)),
-                     sizes=tuple(parse_list(args.sizes, "--sizes")),
+    sizes, buffer = _sizes(args)
+    spec = StudySpec(topology=args.topology, nodes=tuple(parse_nodes(args.nodes)), sizes=sizes,
                      algorithms=tuple(parse_list(args.algorithms, "--algorithms")), size_per=args.size_per,
                      placement=args.placement, routing=args.routing, valiant=args.valiant, scope=args.scope,
                      topology_params=_params(args.overrides), lump=not args.no_lump,
                      max_flows=args.max_flows)
     spec.check()
     open_out_dir(args.out, "study all-to-all", resume=True)
-    (args.out / "study.yaml").write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v
-                                                        for k, v in spec.__dict__.items()}, sort_keys=False))
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in spec.__dict__.items()}
+    (args.out / "study.yaml").write_text(yaml.safe_dump({**fields, "size_meaning": SIZE_PER[spec.size_per],
+                                                         **({"moe_buffer": buffer} if buffer else {})},
+                                                        sort_keys=False))
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
         write_study(spec, args.out, log)

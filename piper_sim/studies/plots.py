@@ -4,6 +4,7 @@
 - speedup.png: time(flat) / time(algorithm) vs nodes, one line per (algorithm, size) -- above 1 = faster
   than flat (the simulated time includes each GPU posting its messages one after another);
 - link_kinds.png: highest utilization of each link kind vs nodes, one panel per algorithm (largest size).
+Every title and table names the size convention of the study (study.csv `size_per`: per GPU or per GPU pair).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from piper_sim.studies.all_to_all import SIZE_PER  # noqa: E402
+
 KIND_ORDER = ["xgmi", "nvlink", "intra", "cpu", "gpu_nic", "nic", "local", "global", "up", "down"]
+
+
+def size_per(df: pd.DataFrame) -> str:
+    """The study's size convention as words: "per GPU" (each GPU's whole buffer) or "per GPU pair"."""
+    return SIZE_PER[str(df["size_per"].iloc[0])]
 
 
 def _sizes(df: pd.DataFrame) -> list[str]:
@@ -34,7 +42,7 @@ def plot_bandwidth(df: pd.DataFrame, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("nodes")
         ax.set_ylabel("bus bandwidth per GPU (GB/s)")
-        ax.set_title(f"{size} per {df['size_per'].iloc[0]}")
+        ax.set_title(f"{size} {size_per(df)}")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -62,7 +70,7 @@ def plot_speedup(df: pd.DataFrame, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("nodes")
     ax.set_ylabel("speedup over flat (time flat / time, x)")
-    ax.set_title("all-to-all speedup over the flat algorithm")
+    ax.set_title(f"all-to-all speedup over the flat algorithm (sizes {size_per(df)})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -92,7 +100,7 @@ def plot_link_kinds(kinds: pd.DataFrame, df: pd.DataFrame, path: Path) -> None:
         ax.set_ylim(0, 105)
         ax.set_xlabel("nodes")
         ax.set_ylabel("highest link utilization (%)")
-        ax.set_title(f"{alg}, {_sizes(df)[-1]}")
+        ax.set_title(f"{alg}, {_sizes(df)[-1]} {size_per(df)}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -123,10 +131,12 @@ def write_plots(out: Path) -> list[Path]:
     plot_speedup(df, paths[1])
     if not kinds.empty:
         plot_link_kinds(kinds, df, paths[2])
-    tables = out / "tables.md"
+    tables, per = out / "tables.md", size_per(df)
     with tables.open("w") as f:
-        f.write("# Speedup over flat\n\n" + markdown(speedup_table(df)) + "\n\n")
+        f.write(f"# Speedup over flat (sizes {per})\n\n"
+                + markdown(speedup_table(df).rename(columns={"size": f"size {per}"})) + "\n\n")
         if not kinds.empty:
             largest = _sizes(df)[-1]
-            f.write(f"# Highest utilization per link kind ({largest})\n\n" + markdown(kind_table(kinds, df)) + "\n")
+            f.write(f"# Highest utilization per link kind ({largest} {per})\n\n" + markdown(kind_table(kinds, df))
+                    + "\n")
     return [p for p in paths if p.exists()] + [tables]
