@@ -289,3 +289,40 @@ def test_a_set_too_small_to_share_links_ends_as_it_starts(small_bytes, shares):
     else:
         assert big.value[0] == pytest.approx(1e6 / 10e9, rel=1e-12)
         np.testing.assert_array_equal(finish, 1e-5)
+
+
+@pytest.mark.parametrize("t0", [0.1, 0.3, 1.7])
+def test_a_set_joining_a_memoized_run_as_it_ends_gets_every_finish_time(t0):
+    """B starts on A's link at A's end, before A's own timer fires at that instant. now - t_start rounds below A's
+    finish offset (checked), so A's memoized run leaves its flow a few ulps of bytes: it must end then, with a
+    finite finish time, not stay a flow set with nothing live and a NaN finish (it once stalled a ZeRO-2 plan)."""
+    size, capacity = 1e6, 3e10
+    duration = size / capacity
+    assert (t0 + duration) - t0 < duration  # the rounding this case is about
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([capacity]))
+    link = np.zeros(1, dtype=np.int64)
+    got = {}
+
+    def start(name, at_s):
+        yield env.timeout(at_s)
+        got[name] = np.asarray((yield net.start(link, link, np.array([size]), key=name)))
+
+    env.process(start("b", t0 + duration))  # its timer precedes A's at the same instant
+    env.process(start("a", t0))
+    env.run()
+    assert got["a"] == pytest.approx([t0 + duration], rel=1e-12)
+    assert got["b"] == pytest.approx([t0 + 2 * duration], rel=1e-12)
+
+
+def test_an_adopted_set_with_bytes_below_the_threshold_has_ended():
+    """A broken reservation's bytes left come from subtracting recorded rates: a flow left with less than
+    EPS_BYTES has ended at adoption, with a finish time, while the others run on."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([1e9]))
+    done = env.event()
+    fs = net.adopt(np.array([0, 1]), np.array([0, 0]), np.ones(2), np.array([5e-8, 1e6]), np.full(2, np.nan), 0.0,
+                   done)
+    net.resolve_sets([fs])
+    env.run()
+    np.testing.assert_allclose(done.value, [0.0, 1e6 / 1e9], rtol=1e-12)

@@ -187,7 +187,8 @@ class FlowNetwork:
         links = compact_ids(entry_link)[0]
         fs = FlowSet(entry_flow, entry_link, weight, remaining, done, self.env.now, links,
                      self.num_sets)
-        fs.t_start, fs.finish_s = t_start, finish_s
+        fs.t_start, fs.finish_s = t_start, np.array(finish_s, dtype=float)
+        self._settle(fs, fs.rate)  # bytes left found by subtracting recorded rates can round to a few ulps' worth
         self.num_sets += 1
         self._join(fs)
         return fs
@@ -264,14 +265,23 @@ class FlowNetwork:
         self._log_timeline(fs, elapsed)
         ended = fs.timeline.finish_offset_s <= elapsed
         fs.finish_s[ended] = fs.t_start + fs.timeline.finish_offset_s[ended]
+        current = fs.rate
         for t_end, rate in fs.timeline.segments:
             span = min(t_end, elapsed) - t_prev
             if span <= 0:
                 break
             fs.remaining = np.maximum(fs.remaining - rate * span, 0.0)
-            t_prev = t_end
+            t_prev, current = t_end, rate
+        # now - t_start can round below a finish offset that t_start + offset, the set's own timer, reaches: the
+        # flow is left a few ulps' worth of bytes and must end now, as _advance ends it
+        self._settle(fs, current)
         fs.t_last = self.env.now
         fs.timeline = None
+
+    def _settle(self, fs: FlowSet, rate: np.ndarray) -> None:
+        """A flow whose bytes left the clock cannot resolve any more (kernels.advance's rule at rate) has ended now:
+        a flow is live exactly while it has more than EPS_BYTES to send, and has a finish time exactly when not."""
+        kernels.advance(fs.remaining, rate, 0.0, math.ulp(self.env.now), fs.finish_s, self.env.now, EPS_BYTES)
 
     def _log_timeline(self, fs: FlowSet, until_s: float) -> None:
         """Record the rates of a memoized run's segments that began before offset until_s (see `log`): a run
