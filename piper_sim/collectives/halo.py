@@ -1,4 +1,4 @@
-"""Piper's HALO all-to-all (DESIGN.md section 6), as designed: three phases, every NIC busy.
+"""Piper's HALO all-to-all (Dash and Wang 2026, arXiv 2605.05049), as designed: three phases, every NIC busy.
 
 Owns the HALO algorithm, its relay choice (which member of the destination node receives each packed
 message) and its pipelining. Registered in the all-to-all registry of piper_sim.collectives.phases

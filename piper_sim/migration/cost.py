@@ -1,10 +1,10 @@
 """Migration cost: the bytes moved when an expert changes rank (docs/routing.md, "Migration bytes").
 
-Convention (DESIGN.md section 6, Piper's resource model): an expert's training state is 16 bytes per
+Convention (Piper's resource model, Dash and Wang 2026, arXiv 2605.05049): an expert's training state is 16 bytes per
 parameter, the same figure the memory model uses (workload/memory.py): fp16/bf16 weight (2) and
 gradient (2), fp32 master weight (4), Adam m (4) and v (4). An expert has expert_matrices x d x d_ffn
 parameters, so moving one moves 16 x 3 d d_ffn = 48 d d_ffn bytes for 3-matrix (SwiGLU) experts and
-32 d d_ffn for 2-matrix experts: DESIGN's "48 d d_ffn" is this formula, not a fp16-weight-only count.
+32 d d_ffn for 2-matrix experts: the paper's "48 d d_ffn" is this formula, not a fp16-weight-only count.
 state_bytes_per_param = 14 leaves the gradient out (it is zero right after the optimizer step).
 A swap moves two experts, one each way. Pure numpy: no simpy, no torch.
 """

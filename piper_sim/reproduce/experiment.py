@@ -1,14 +1,15 @@
 """What one experiment of `piper-sim reproduce` is: its points, and the report section made from their results.
 
-Owns Experiment (name, title, the paper's claim, points(quick) -> payloads, section(results, out) -> Section),
-Section (a table, a plot, what the simulator predicts, the mechanism behind it) and figure (a plot saved under
-DIR/figures). Must not import torch.
+Owns Experiment (name, title, points(quick) -> payloads, section(results, out) -> Section; the paper's claim of an
+experiment is in reproduce/claims.yaml under its name), Section (a table, a plot, what the simulator predicts, the
+mechanism behind it, the figures a claim is checked on) and figure (a plot saved under DIR/figures). Must not
+import torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -21,13 +22,14 @@ class Section:
     prediction: str  # the simulator's figures beside the claim, from this run
     mechanism: str  # why: the links, memory or compute terms behind the figures
     notes: str = ""  # what each point used (plans, machine sizes)
+    figures: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> predicted (min, max)
+    versus_paper: str = ""  # the mechanism behind a prediction outside the paper's claim, where it is
 
 
 @dataclass(frozen=True, kw_only=True)
 class Experiment:
     name: str
     title: str
-    claim: str  # the paper's claim as DESIGN.md states it ("" where the paper gives none)
     points: Callable[[bool], list[dict]]
     section: Callable[[list[tuple[dict, dict]], Path], Section]
 

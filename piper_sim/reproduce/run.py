@@ -18,6 +18,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.planning.engine import run_points
 from piper_sim.planning.store import ResultStore, point_digest
 from piper_sim.reproduce import network, training
+from piper_sim.reproduce.claims import Claim, citation, load_claims, verdict
 from piper_sim.reproduce.experiment import Experiment, Section
 from piper_sim.reproduce.work import run_point
 
@@ -56,22 +57,65 @@ def reproduce(names: list[str], out: Path, *, quick: bool, scheduler: str | None
 def _report(names: list[str], sections: dict[str, Section], wall: dict[str, float], *, quick: bool,
             total_s: float) -> str:
     mode = "--quick" if quick else "full"
+    _, claims = load_claims()
     lines = ["# The Piper paper's experiments on piper-sim", "",
              f"Written by `piper-sim reproduce {' '.join(names)}{' --quick' if quick else ''}` ({mode} set). Every "
              "figure below comes from this run's points (stored under points/); nothing is tuned to the paper's "
-             "results. Claims are the paper's as DESIGN.md states them (Dash and Wang 2026).", "",
-             f"Wall time of this invocation: {total_s:.0f} s (points reused from an earlier run cost nothing).", ""]
+             f"results. Claims are the paper's: {citation()}; each is checked on one figure of this run "
+             "(piper_sim/reproduce/claims.yaml says where the paper makes it and how a worded claim is read).", "",
+             f"Wall time of this invocation: {total_s:.0f} s (points reused from an earlier run cost nothing).", "",
+             *_verdict_table(names, sections, claims), ""]
     for name in names:
         experiment, section = EXPERIMENTS[name], sections[name]
         lines += [f"## {name}: {experiment.title}", ""]
-        lines += [f"- **Paper's claim**: {experiment.claim or 'none stated in DESIGN.md.'}",
-                  f"- **This run predicts**: {section.prediction}",
+        lines += _claim_lines(claims.get(name), section)
+        lines += [f"- **This run predicts**: {section.prediction}",
                   f"- **Mechanism**: {section.mechanism}"]
         if section.notes:
             lines.append(f"- **Points**: {section.notes}")
         lines += [f"- Computing its points took {wall[name]:.0f} s.", "", markdown_table(section.table), "",
                   f"![{name}]({section.plot})", ""]
     return "\n".join(lines)
+
+
+def claim_verdicts(names: list[str], sections: dict[str, Section], claims: dict[str, Claim]) -> pd.DataFrame:
+    """One row per experiment with a claim: the figure, the paper's range, this run's (min, max), the verdict."""
+    rows = []
+    for name in names:
+        claim = claims.get(name)
+        if claim is None:
+            continue
+        predicted = sections[name].figures.get(claim.figure, (float("nan"), float("nan")))
+        rows.append({"experiment": name, "figure": claim.figure, "paper": claim.range_text(),
+                     "this run": _span(predicted), "verdict": verdict(claim, predicted)})
+    return pd.DataFrame(rows, columns=["experiment", "figure", "paper", "this run", "verdict"])
+
+
+def _verdict_table(names: list[str], sections: dict[str, Section], claims: dict[str, Claim]) -> list[str]:
+    table = claim_verdicts(names, sections, claims)
+    if table.empty:
+        return []
+    return ["## Against the paper", "", markdown_table(table), ""]
+
+
+def _claim_lines(claim: Claim | None, section: Section) -> list[str]:
+    if claim is None:
+        return ["- **Paper's claim**: none; this experiment shows what the simulator predicts."]
+    predicted = section.figures.get(claim.figure, (float("nan"), float("nan")))
+    said = verdict(claim, predicted)
+    lines = [f"- **Paper's claim** ({claim.where}): {claim.text}"
+             + (f" Read as: {claim.reading}." if claim.reading else ""),
+             f"- **Verdict**: {said} ({claim.figure}: this run {_span(predicted)}, the paper {claim.range_text()})."]
+    if said != "agrees":
+        lines.append(f"- **Why it differs**: {section.versus_paper or 'no mechanism named by this experiment.'}")
+    return lines
+
+
+def _span(values: tuple[float, float]) -> str:
+    lo, hi = min(values), max(values)
+    if lo != lo:
+        return "not computed"
+    return f"{lo:.3g}" if lo == hi else f"{lo:.3g} to {hi:.3g}"
 
 
 def markdown_table(table: pd.DataFrame) -> str:

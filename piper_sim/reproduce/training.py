@@ -1,16 +1,14 @@
 """The training experiments of `piper-sim reproduce`: memory feasibility, one MoE layer's ceiling, planned
-full-model throughput, Piper's plans against an X-MoE-style baseline, weak scaling to 1.7T parameters, and
+full-model throughput, Piper's plans against X-MoE's own configuration, weak scaling to 1.7T parameters, and
 expert migration under skew. All on Frontier (MI250X profile), plans chosen by the planner; nothing is tuned
 per experiment.
 
-Owns their points (quick and full) and report sections. The paper's claims are DESIGN.md's (sections 1 and 6;
-Dash and Wang 2026): 2 to 3.5x the MFU of X-MoE; a family weak-scaled to 1.7T parameters on 1024 GCDs;
-expert migration that costs almost nothing; stage 0 as the memory bottleneck.
+Owns their points (quick and full) and report sections, each with the figure its claim in reproduce/claims.yaml
+is checked on (Dash and Wang 2026, arXiv 2605.05049).
 """
 
 from __future__ import annotations
 
-from math import gcd
 from pathlib import Path
 
 import pandas as pd
@@ -51,8 +49,11 @@ def memory_section(results: list[tuple[dict, dict]], out: Path) -> Section:
                .reset_index())
     first = cells[cells["model"] == cells["model"].iloc[0]]
     plot = figure(out, "memory-map", lambda ax: _memory_plot(ax, first))
+    piped = cells[cells["pp"] > 1]
+    share = float((piped["peak_stage"] == 0).mean()) if len(piped) else float("nan")
     return Section(
-        table=summary, plot=plot,
+        table=summary, plot=plot, figures={"stage0_peak_share": (share, share)},
+        versus_paper=_memory_versus_paper(piped),
         prediction="; ".join(f"{r.model} on {r.GCDs} GCDs, recompute {r.recompute}: {r.under_64_GiB} of {r.meshes} "
                              f"PP x EP meshes under 64 GiB at stage 0 (least {r.least_GiB:.1f} GiB)"
                              for r in summary.itertuples()),
@@ -60,6 +61,17 @@ def memory_section(results: list[tuple[dict, dict]], out: Path) -> Section:
                   "more EP shrinks each rank's experts (training state 16 bytes per parameter), more PP shrinks "
                   "its layers but not stage 0's activations; full recomputation keeps one input per chunk.",
         notes="1F1B, micro-batch 1, global batch 1024 sequences, no ZeRO, the model's own sequence length.")
+
+
+def _memory_versus_paper(piped: pd.DataFrame) -> str:
+    later = piped[piped["peak_stage"] != 0]
+    if later.empty:
+        return ""
+    last = int((later["peak_stage"] == later["pp"] - 1).sum())
+    return (f"{len(later)} of {len(piped)} pipelined meshes peak at a later stage ({last} of them at the last): the "
+            "last stage also holds the final norm, the head's weights and training state and the fp32 logits (4 "
+            "bytes per token and vocabulary entry), which can outweigh stage 0's extra micro-batches of "
+            "activations when few micro-batches are in flight.")
 
 
 def _memory_plot(ax, cells: pd.DataFrame) -> None:
@@ -150,8 +162,7 @@ def models_section(results: list[tuple[dict, dict]], out: Path) -> Section:
         mechanism="The planner keeps plans whose stage-0 memory fits (recomputation and ZeRO where needed), EP "
                   "inside a switch, and ranks them by the estimated step: compute at the profile's efficiency for "
                   "each GEMM's shape, the pipeline bubble, and the blocking all-to-alls.",
-        notes=f"Sequence {SEQ}, global batch {GLOBAL_BATCH} sequences; GCD counts chosen here (the paper's are not "
-              "in DESIGN.md). tier: DES (simulated) or estimate.")
+        notes=f"Sequence {SEQ}, global batch {GLOBAL_BATCH} sequences; GCD counts chosen here. tier: DES (simulated) or estimate.")
 
 
 def _bar(ax, table: pd.DataFrame, column: str, title: str) -> None:
@@ -164,34 +175,42 @@ def _bar(ax, table: pd.DataFrame, column: str, title: str) -> None:
 
 # ---- vs-xmoe ---------------------------------------------------------------------------------------------
 XMOE = (("x-moe-small", 8, 256), ("x-moe-medium", 32, 256), ("x-moe-large", 80, 256), ("x-moe-super", 512, 1024))
-BASELINE_MAX_EP = 64
+# X-MoE's own runs on 256 GCDs as `validate --published` scores them (validation/published/NAME.yaml); Super has no
+# published run in the set and takes the Large's (same hidden size and experts) plan rule on 1024 GCDs
+XMOE_RUNS = {"x-moe-small": "xmoe2025-small-frontier-256gcd", "x-moe-medium": "xmoe2025-medium-frontier-256gcd",
+             "x-moe-large": "xmoe2025-large-frontier-256gcd", "x-moe-super": "xmoe2025-large-frontier-256gcd"}
 
 
-def baseline_config(model: str, gpus: int) -> dict:
-    """The X-MoE-style baseline, one rule for every model (at its own sequence length, X-MoE's table's): no
-    pipeline; EP = gcd(E, GCDs) up to 64; ZeRO-1 data parallelism over the rest; flat all-to-all; capacity
-    factor 1.25; full recomputation; micro-batch 1."""
-    from piper_sim.workload.presets import load_model
+def baseline_config(model: str, gpus: int) -> tuple[dict, float | None]:
+    """The X-MoE configuration of this model on `gpus` GCDs and the step time X-MoE measured where it published one.
 
-    experts = load_model(model).num_experts
-    ep = gcd(experts, gpus)
-    while ep > BASELINE_MAX_EP:
-        ep //= 2
-    dp = gpus // ep
-    return {"model": model, "topology": "frontier", "cost": {"profile": "mi250x"},
-            "parallel": {"pp": 1, "ep": ep, "dp": dp, "num_microbatches": GLOBAL_BATCH // (ep * dp),
-                         "micro_batch_size": 1},
-            "collectives": {"all_to_all": "flat"}, "routing": {"kind": "uniform", "capacity_factor": 1.25},
-            "recompute": "full", "optimizer": {"zero": 1}}
+    It is the config `validate --published` scores for X-MoE's run of the model (profile mi250x-xmoe, the RCCL
+    all-to-all and all-reduce, no recomputation, X-MoE's launch script's plan); a model or GCD count without its own
+    published run takes that run's config with the model swapped and the data-parallel degree and micro-batches
+    scaled to the GCDs at the same global batch."""
+    from piper_sim.paths import data_dir
+    from piper_sim.validation.published import load_published, measured_step_s
+
+    run = load_published(data_dir("validation") / "published" / f"{XMOE_RUNS[model]}.yaml")
+    config = {**run.config, "model": {**run.config["model"], "preset": model}}
+    if run.config["model"]["preset"] == model and int(run.measured["num_gpus"]) == gpus:
+        return config, measured_step_s(run)
+    par = dict(config["parallel"])
+    per_replica = par["tp"] * par.get("pp", 1)
+    batch = int(run.measured["global_batch"])
+    par["dp"] = gpus // per_replica
+    par["num_microbatches"] = max(1, batch // (par["dp"] * par["micro_batch_size"]))
+    return {**config, "parallel": par}, None
 
 
 def xmoe_points(quick: bool) -> list[dict]:
     out = []
     for model, piper_gpus, base_gpus in XMOE:
+        config, measured = baseline_config(model, base_gpus)
         out.append({**_plan_payload(model, model, piper_gpus, GLOBAL_BATCH, 0 if quick else 2, seq_len=None),
                     "side": "piper"})
         out.append({"kind": "estimate" if quick else "simulate", "name": model, "side": "x-moe",
-                    "config": baseline_config(model, base_gpus)})
+                    "config": config, "measured_step_s": measured})
     return out
 
 
@@ -201,26 +220,42 @@ def xmoe_section(results: list[tuple[dict, dict]], out: Path) -> Section:
     rows = []
     for model, (pp_, pr) in piper.items():
         bp, br = base[model]
-        par = bp["config"]["parallel"]
+        par, measured = bp["config"]["parallel"], bp.get("measured_step_s")
         rows.append({"model": model, "Piper GCDs": pp_["request"]["num_gpus"],
                      "Piper plan": pr.get("plan", "none fits"),
                      "Piper MFU %": 100 * pr.get("mfu", float("nan")),
-                     "X-MoE GCDs": par["ep"] * par["dp"], "X-MoE plan": f"ep{par['ep']} dp{par['dp']} z1 flat",
+                     "X-MoE GCDs": par["tp"] * par["dp"],
+                     "X-MoE plan": f"tp{par['tp']} ep{par['ep']} dp{par['dp']} z1 rccl",
                      "X-MoE MFU %": 100 * br["mfu"], "X-MoE fits": br["fits_memory"],
+                     # the same model FLOPs over the step X-MoE measured (its published run; blank without one)
+                     "X-MoE measured MFU %": 100 * br["mfu"] * br["step_time_s"] / measured if measured
+                     else float("nan"),
                      "X-MoE all-to-all %": 100 * br["all_to_all_fraction"]})
     table = pd.DataFrame(rows)
     table["MFU ratio"] = table["Piper MFU %"] / table["X-MoE MFU %"]
-    plot = figure(out, "vs-xmoe", lambda ax: _bar(ax, table, "MFU ratio", "Piper-style plan over X-MoE-style MFU (x)"))
+    table["ratio to measured X-MoE"] = table["Piper MFU %"] / table["X-MoE measured MFU %"]
+    ratio = table["MFU ratio"]
+    optimism = (table["X-MoE MFU %"] / table["X-MoE measured MFU %"]).dropna()
+    plot = figure(out, "vs-xmoe", lambda ax: _bar(ax, table, "MFU ratio", "Piper-style plan over X-MoE's MFU (x)"))
     return Section(
-        table=table, plot=plot,
-        prediction=f"Piper-style MFU over the X-MoE-style baseline: {table['MFU ratio'].min():.2f} to "
-                   f"{table['MFU ratio'].max():.2f}x (the paper: 2 to 3.5x).",
-        mechanism="The baseline's EP groups of up to 64 GCDs span 8 nodes, so each MoE layer's four all-to-alls "
-                  "cross the NICs and block compute; Piper's plans keep EP inside a node or switch and pipeline "
-                  "the layers, trading a bubble for local all-to-alls.",
-        notes="Piper: the planner's choice at global batch 1024 (tier as in models). X-MoE-style: the rule in "
-              "reproduce/training.py baseline_config, simulated (estimated with --quick); X-MoE's own "
-              "tensor-parallel split is not modelled here.")
+        table=table, plot=plot, figures={"piper_over_xmoe_mfu": (float(ratio.min()), float(ratio.max()))},
+        prediction=f"Piper-style MFU over X-MoE's configuration: {ratio.min():.2f} to {ratio.max():.2f}x; over "
+                   f"X-MoE's measured runs: {table['ratio to measured X-MoE'].min():.2f} to "
+                   f"{table['ratio to measured X-MoE'].max():.2f}x.",
+        mechanism="X-MoE's EP groups of 64 GCDs (Medium, Large) span 8 nodes, so each MoE layer's four all-to-alls "
+                  "cross the NICs through RCCL's per-peer rounds and block compute; Piper's plans keep EP inside a "
+                  "node or switch and pipeline the layers, trading a bubble for local all-to-alls.",
+        versus_paper="Two mechanisms move the ratio. The X-MoE side is predicted faster than X-MoE measured "
+                     f"({optimism.min():.2f} to {optimism.max():.2f}x its measured MFU where it published a run; "
+                     "validate --published scores the same configs), which shrinks the ratio against the paper's "
+                     "measured one; and the Piper side is priced with the mi250x profile (best-of-search GEMMs) "
+                     "while X-MoE's side takes mi250x-xmoe (its stack's GEMMs at about 60% of peak and its gate and "
+                     "gather kernels), which widens it: a part of any ratio here is the software stack, not the plan."
+                     if len(optimism) else "",
+        notes="Piper: the planner's choice at global batch 1024 (tier as in models). X-MoE: the configuration "
+              "validate --published scores for X-MoE's run of the model on 256 GCDs (validation/published), "
+              "simulated (estimated with --quick); Super, without a published run, takes the Large's plan rule on "
+              "1024 GCDs.")
 
 
 # ---- weak-scaling ----------------------------------------------------------------------------------------
@@ -238,14 +273,26 @@ def weak_section(results: list[tuple[dict, dict]], out: Path) -> Section:
     table = _plan_table(results).rename(columns={"model": "experts"})
     table["efficiency %"] = 100 * table["TFLOPS/GCD"] / table["TFLOPS/GCD"].iloc[0]
     plot = figure(out, "weak-scaling", lambda ax: _weak_plot(ax, table))
+    efficiency = float(table["efficiency %"].iloc[-1]) / 100
     return Section(
-        table=table, plot=plot,
+        table=table, plot=plot, figures={"weak_scaling_efficiency": (efficiency, efficiency)},
+        versus_paper=_weak_versus_paper(table),
         prediction=f"Weak-scaling efficiency from {table['GCDs'].iloc[0]} to {table['GCDs'].iloc[-1]} GCDs: "
                    f"{table['efficiency %'].iloc[-1]:.1f}% ({table['TFLOPS/GCD'].iloc[-1]:.1f} TFLOPS/GCD).",
         mechanism="With more experts per layer each expert keeps its rows (tokens x k / E per GCD stays), but the "
                   "planner needs deeper pipelines or wider EP groups to fit the larger model: bubbles and "
                   "all-to-alls over more nodes cost the efficiency.",
         notes=f"d 5120, d_ffn 20480, 32 layers, top-2; {SEQUENCES_PER_GCD} sequences of {SEQ} per GCD per step.")
+
+
+def _weak_versus_paper(table: pd.DataFrame) -> str:
+    first, last = table.iloc[0], table.iloc[-1]
+    return (f"The planner's plan on {first['GCDs']} GCDs ({first['plan']}, {first['tier']}) gives "
+            f"{first['TFLOPS/GCD']:.1f} TFLOPS/GCD and on {last['GCDs']} ({last['plan']}, {last['tier']}) "
+            f"{last['TFLOPS/GCD']:.1f}: the larger model needs a deeper pipeline or wider EP groups to fit its "
+            "stage-0 memory, so its bubble grows and its all-to-alls leave the node; efficiency is taken against "
+            "the smallest run as predicted here, not against the paper's base run, so an optimistic base (the "
+            "MI250X runs validate --published scores are predicted fast) lowers it.")
 
 
 def _weak_plot(ax, table: pd.DataFrame) -> None:
@@ -284,8 +331,12 @@ def migration_section(results: list[tuple[dict, dict]], out: Path) -> Section:
     table = pd.DataFrame(rows)
     plot = figure(out, "migration", lambda ax: _steps_plot(ax, results))
     with_m = table[table["migration"] != "none"]
+    shares = with_m["migration share %"] / 100
     return Section(
-        table=table, plot=plot,
+        table=table, plot=plot, figures={"migration_share": (float(shares.min()), float(shares.max()))},
+        versus_paper="Each greedy swap moves an expert's weights, gradients and Adam state (16 bytes per parameter) "
+                     "inside the node on the step's critical path; with few micro-batches per step that transfer "
+                     "is a larger share of a short step than of the paper's longer ones.",
         prediction="Migration's share of step time: " + ", ".join(
             f"{routing} {share:.2f}%" for routing, share in
             zip(with_m["routing"], with_m["migration share %"], strict=True)) + ".",
@@ -305,18 +356,16 @@ def _steps_plot(ax, results: list[tuple[dict, dict]]) -> None:
 
 
 EXPERIMENTS = [
-    Experiment(name="memory-map", title="Stage-0 memory over PP x EP meshes",
-               claim="Stage 0 is the memory bottleneck; plans must fit its peak in 64 GB.", points=memory_points,
+    Experiment(name="memory-map", title="Stage-0 memory over PP x EP meshes", points=memory_points,
                section=memory_section),
-    Experiment(name="layer-ceiling", title="One MoE layer's throughput on one Frontier node",
-               claim="", points=layer_points, section=layer_section),
-    Experiment(name="models", title="Planned full-model training throughput", claim="", points=models_points,
+    Experiment(name="layer-ceiling", title="One MoE layer's throughput on one Frontier node", points=layer_points,
+               section=layer_section),
+    Experiment(name="models", title="Planned full-model training throughput", points=models_points,
                section=models_section),
-    Experiment(name="vs-xmoe", title="Piper's plans against an X-MoE-style baseline",
-               claim="2 to 3.5x the MFU of X-MoE.", points=xmoe_points, section=xmoe_section),
-    Experiment(name="weak-scaling", title="Weak scaling to 1.7T parameters on 1024 GCDs",
-               claim="The family weak-scales to 1.7T parameters on 1024 GCDs with high efficiency.",
-               points=weak_points, section=weak_section),
-    Experiment(name="migration", title="Expert migration under skewed and drifting routing",
-               claim="Expert migration costs almost nothing.", points=migration_points, section=migration_section),
+    Experiment(name="vs-xmoe", title="Piper's plans against the X-MoE configuration", points=xmoe_points,
+               section=xmoe_section),
+    Experiment(name="weak-scaling", title="Weak scaling to 1.7T parameters on 1024 GCDs", points=weak_points,
+               section=weak_section),
+    Experiment(name="migration", title="Expert migration under skewed and drifting routing", points=migration_points,
+               section=migration_section),
 ]

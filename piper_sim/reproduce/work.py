@@ -5,7 +5,8 @@ Owns run_point, which dispatches on payload["kind"]:
   topology's own allocation places the job's nodes on the machine), timed by the collective simulator
   (studies.runner.run_collective) -> time and bus bandwidth per GPU;
 - "a2a_study": one node count of the all-to-all study (studies.all_to_all.run_study) -> its rows;
-- "memory_map": stage-0 peak memory of every PP x EP mesh of a model (planning.resource.stage_memory);
+- "memory_map": stage-0 peak memory of every PP x EP mesh of a model and the stage that peaks highest
+  (planning.resource.stage_memory);
 - "simulate": one config simulated -> the report's figures (and per-step times for multi-step runs);
 - "estimate": one config priced by the planner's estimator (planning.estimate.estimate_config);
 - "plan": the planner on one model and GPU count -> its chosen plan, estimated or simulated.
@@ -69,7 +70,9 @@ def _memory_map(payload: dict) -> dict:
                 continue
             point = PlanPoint(pp=pp, ep=ep, dp=dp, vpp=1, micro_batch_size=1, num_microbatches=batch // (dp * ep),
                               schedule="1f1b", all_to_all="flat", recompute=payload["recompute"])
-            cells.append({"pp": pp, "ep": ep, "dp": dp, "stage0_bytes": stage_memory(model, point)[0].peak_bytes})
+            peaks = [stage.peak_bytes for stage in stage_memory(model, point)]
+            cells.append({"pp": pp, "ep": ep, "dp": dp, "stage0_bytes": peaks[0],
+                          "peak_stage": max(range(len(peaks)), key=peaks.__getitem__)})
     return {"cells": cells, "wall_s": time.perf_counter() - t0}
 
 

@@ -2,7 +2,7 @@
 
 Owns the Frontier node model and the "frontier" and "lumi" builders. Must not import simpy or torch.
 
-Node (OLCF Frontier User Guide, "Frontier Compute Nodes" and its node diagram; DESIGN.md section 5):
+Node (OLCF Frontier User Guide, "Frontier Compute Nodes" and its node diagram):
 8 GCDs "g0".."g7" (4 MI250X). xGMI links are 50 GB/s per direction each; the two GCDs of one MI250X,
 pairs (0,1) (2,3) (4,5) (6,7), share 4 links (200 GB/s); pairs 0-6 and 2-4 have 2 links (100 GB/s);
 pairs 0-2, 1-3, 1-5, 3-7, 4-6, 5-7 have 1 link (50 GB/s); other pairs have no direct link and route

@@ -1,6 +1,6 @@
 """Memory model per rank: training state of the parameters it holds, activations per microbatch.
 
-Owns the byte formulas of Piper's resource model (DESIGN.md section 6; Dash and Wang 2026), with the
+Owns the byte formulas of Piper's resource model (Dash and Wang 2026, arXiv 2605.05049), with the
 activation terms spelled out as the tensors a layer keeps for its backward pass (as fused-kernel
 implementations keep them, and as the torch backend does; docs/metrics.md):
 - training state: 16 bytes per parameter (fp16 weight and grad, fp32 master, Adam m and v; fp32 models: fp32
