@@ -8,7 +8,7 @@ import simpy
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase
 from piper_sim.sim.collective import CollectiveRunner
-from piper_sim.sim.fairshare import max_min_rates
+from piper_sim.sim.fairshare import Timeline, max_min_rates
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.topology.load import load_topology
 
@@ -326,3 +326,35 @@ def test_an_adopted_set_with_bytes_below_the_threshold_has_ended():
     net.resolve_sets([fs])
     env.run()
     np.testing.assert_allclose(done.value, [0.0, 1e6 / 1e9], rtol=1e-12)
+
+
+def _two_gpu_runner():
+    topo = load_topology({"builder": "uniform", "params": {
+        "gpus_per_node": 2, "intra_bandwidth_GBps": 100, "intra_latency_us": 1.0, "nic_bandwidth_GBps": 10,
+        "nic_latency_us": 3.0, "switch_latency_us": 0.5}}, 4)
+    env = simpy.Environment()
+    return env, CollectiveRunner(env, FlowNetwork(env, topo.capacity_bytes_per_s), topo)
+
+
+def test_a_non_finite_size_fails_at_the_start_naming_the_collective():
+    env, runner = _two_gpu_runner()
+    gpus = ("n0.g0", "n1.g0")
+    phase = Phase(src=np.array([0]), dst=np.array([1]), sizes=np.array([np.nan]))
+    done = runner.run([phase], gpus, (gpus, "p2p", "act"))
+    with pytest.raises(RuntimeError, match=r"n0\.g0', 'n1\.g0'\), 'p2p', 'act'.*\[nan\]"):
+        env.run(done)
+
+
+@pytest.mark.parametrize("broken", ["finish", "duration"])
+def test_a_non_finite_time_fails_where_the_network_makes_it(broken):
+    """A flow set whose run gives a NaN finish time or end fails there, naming its key and the value, instead of
+    handing NaN on (a NaN timer never fires; a NaN finish time left stages unfinished: a reported deadlock)."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([1e9]))
+    link, size = np.zeros(1, dtype=np.int64), np.array([1e6])
+    end = np.array([np.nan if broken == "duration" else 1e-3])
+    finish = np.array([np.nan if broken == "finish" else 1e-3])
+    net._timelines[(("grad", 3), size.tobytes())] = Timeline(end, np.array([[1e9]]), finish)  # a corrupt memo
+    with pytest.raises(RuntimeError, match=r"\('grad', 3\).*nan"):
+        net.start(link, link, size, key=("grad", 3))  # a NaN duration fails here, a NaN finish at its end
+        env.run()

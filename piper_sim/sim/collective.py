@@ -230,7 +230,7 @@ class CollectiveRunner:
                 remaining, finish = state(index, rec)
                 ev = self.env.event()
                 adopted.append(self.network.adopt(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.weights,
-                                                  remaining, finish + t0, t0 + rec.start_s, ev))
+                                                  remaining, finish + t0, t0 + rec.start_s, ev, key=rec.flows.key))
                 events.append(ev)
             else:
                 events.append(self.env.process(self._resume(index, c.phases[index], rec, events, t0, c.gpus, c.key)))

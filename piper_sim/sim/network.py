@@ -35,11 +35,12 @@ class FlowSet:
     """Flows that start together (one phase of a collective, or one p2p transfer)."""
 
     __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
-                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors", "armed", "structure")
+                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors", "armed", "structure", "key")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                 done: simpy.Event, now: float, links: np.ndarray, seq: int) -> None:
+                 done: simpy.Event, now: float, links: np.ndarray, seq: int, key: Hashable | None = None) -> None:
         self.entry_flow, self.entry_link, self.weight = entry_flow, entry_link, weight
+        self.key = key  # what the caller named it (a collective's members, algorithm, role and phase): for errors
         self.seq = seq  # start order: sets are always handled in it, so runs repeat exactly
         self.remaining = sizes.astype(float).copy()
         self.rate = np.zeros(sizes.shape[0])
@@ -118,6 +119,9 @@ class FlowNetwork:
         isolated run can be memoized by (key, sizes). counted: False for flows a reservation already
         counted (their bytes and number).
         """
+        if not np.isfinite(sizes).all():
+            raise RuntimeError(f"flow set {describe(key)} asked to start at {self.env.now!r} s with sizes "
+                               f"{sizes.tolist()[:4]} bytes: a size must be finite")
         weight = np.ones(sizes.shape[0]) if weight is None else weight
         distinct = self._links_of.get(key) if key is not None else None
         if distinct is None:
@@ -136,7 +140,7 @@ class FlowNetwork:
         if self.reservations and self.reserved[distinct[0]].any():
             self._break_reservations(distinct[0])
         fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[0],
-                     self.num_sets)
+                     self.num_sets, key)
         self.last_set = fs
         self.num_sets += 1
         isolated = not self.busy[distinct[0]].any()
@@ -181,12 +185,12 @@ class FlowNetwork:
             r.on_break()
 
     def adopt(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, remaining: np.ndarray,
-              finish_s: np.ndarray, t_start: float, done: simpy.Event) -> FlowSet:
+              finish_s: np.ndarray, t_start: float, done: simpy.Event, key: Hashable | None = None) -> FlowSet:
         """Add a flow set that has been running since t_start (flow weights, bytes still to send, finish times of
-        the flows that have ended, NaN for the others); the caller resolves it (resolve_sets)."""
+        the flows that have ended, NaN for the others); the caller resolves it (resolve_sets). key: as start's."""
         links = compact_ids(entry_link)[0]
         fs = FlowSet(entry_flow, entry_link, weight, remaining, done, self.env.now, links,
-                     self.num_sets)
+                     self.num_sets, key)
         fs.t_start, fs.finish_s = t_start, np.array(finish_s, dtype=float)
         self._settle(fs, fs.rate)  # bytes left found by subtracting recorded rates can round to a few ulps' worth
         self.num_sets += 1
@@ -371,6 +375,9 @@ class FlowNetwork:
                 self._schedule(fs, kernels.next_end(fs.remaining, fs.rate, EPS_BYTES))
 
     def _schedule(self, fs: FlowSet, delay: float) -> None:
+        if not 0.0 <= delay < math.inf:  # NaN too: SimPy would take it and never reach the event
+            raise RuntimeError(f"flow set {describe(fs.key)}: its next end is {delay!r} s away at {self.env.now!r} s "
+                               f"(bytes left {fs.remaining.tolist()[:4]}, rates {fs.rate.tolist()[:4]})")
         version = fs.version
         fs.armed = True
         ev = self.env.timeout(delay)
@@ -407,4 +414,20 @@ class FlowNetwork:
         fs.version += 1
         if fs.timeline is not None:
             fs.finish_s = fs.t_start + fs.timeline.finish_offset_s
+        bad = np.flatnonzero(~np.isfinite(fs.finish_s))
+        if bad.size:
+            f = int(bad[0])
+            raise RuntimeError(f"flow set {describe(fs.key)} ended at {self.env.now!r} s with finish time "
+                               f"{float(fs.finish_s[f])!r} for {bad.size} of its {fs.finish_s.size} flows (flow {f}: "
+                               f"{float(fs.remaining[f])!r} bytes left, started at {fs.t_start!r} s)")
         fs.done.succeed(fs.finish_s)
+
+
+def describe(key: Hashable | None) -> str:
+    """A flow set's key for an error: its names (a collective's members, algorithm, role, phase index), with the
+    byte strings of its route pattern elided."""
+    if isinstance(key, bytes):
+        return "..."
+    if isinstance(key, tuple):
+        return "(" + ", ".join(describe(k) for k in key) + ")"
+    return repr(key)
