@@ -54,6 +54,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     cfg = load_config(config_path(args.config), args.overrides)
     say_notes(config_notes(cfg))
+    if args.tier == "estimate":
+        return _estimate(args, cfg)
     par = cfg.parallel
     split = (f", tp {par.tp}" + (f", etp {par.etp}" if par.etp > 1 else "") + (", sp" if par.sp else "")
              if par.tp > 1 else "")
@@ -73,6 +75,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
               f"({result.report.hbm_bytes / 2**30:.1f} GiB HBM less the framework reserve; docs/planning.md): "
               "this plan would not run; `piper-sim plan` lists plans that fit", file=sys.stderr)
     print(f"wrote {args.out}/ (report.json, config.yaml, trace, perfetto.json, links.csv, plots/)")
+    return 0
+
+
+def _estimate(args: argparse.Namespace, cfg) -> int:
+    """simulate --tier estimate: the planner's estimator on the config; report.json and config.yaml only."""
+    from piper_sim.outputs import format_report, write_estimate
+    from piper_sim.planning.estimate_report import estimate_json, estimate_report, ignored_notes
+
+    say_notes(ignored_notes(cfg))
+    open_out_dir(args.out, "simulate")
+    report = estimate_report(cfg)
+    write_estimate(args.out, cfg, estimate_json(report))
+    finish(args.out)
+    print(format_report(report))
+    print(f"wrote {args.out}/ (report.json, config.yaml; the estimate tier runs no simulation: no trace or plots)")
     return 0
 
 
@@ -121,11 +138,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from piper_sim.measure import measure
+    from piper_sim.measure import measure, run_devices
     from piper_sim.outputs import format_report, write_run
 
     check_seconds("--timeout", args.timeout)
-    cfg = load_config(config_path(args.config), args.overrides)
+    cfg = load_config(config_path(args.config), args.overrides, devices=run_devices())
     say_notes(config_notes(cfg, ("seq_len", "cost.profile")))  # the profile gives the MFU's peak
     par = cfg.parallel
     open_out_dir(args.out, "run")
@@ -193,8 +210,12 @@ def _scored(items: list, verb: str, score) -> list[dict]:
 
 
 def _validate_published(args: argparse.Namespace) -> int:
+    from piper_sim.validation.band import format_coverage
     from piper_sim.validation.published import (
+        band_coverage,
+        family_summary,
         find_published,
+        format_families,
         format_published,
         score_published,
         summarize_published,
@@ -210,10 +231,14 @@ def _validate_published(args: argparse.Namespace) -> int:
     scores = _scored(runs, "simulating", lambda run: score_published(run, args.tier))
     summary = summarize_published(scores)
     print(format_published(scores, summary))
+    print(format_families(family_summary(scores)))
+    print(format_coverage(band_coverage(scores)))
     if args.out is not None:
         write_published(args.out, scores, summary)
         finish(args.out)
-        print(f"wrote {args.out}/ (published.csv, published_summary.json, published_vs_predicted.png)")
+        print(f"wrote {args.out}/ (published.csv, published_families.csv, published_band_coverage.csv, "
+              "published_summary.json, "
+              "published_vs_predicted.png)")
     return 0
 
 
@@ -280,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("simulate", help="simulate one config; writes report, trace, Perfetto JSON, plots")
     _add_config_args(p)
+    p.add_argument("--tier", choices=["des", "estimate"], default="des", help="des (default): the discrete-event "
+                   "simulation; estimate: the planner's analytic estimator (seconds at any scale; figures only a "
+                   "simulation gives are null in report.json)")
     p.set_defaults(func=cmd_simulate)
     p = sub.add_parser("schedule", help="show or export the lowered schedule of a config")
     p.add_argument("action", choices=["show", "export"])

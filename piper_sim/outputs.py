@@ -12,7 +12,8 @@ import yaml
 
 from piper_sim.analysis.links import link_kind_summary
 from piper_sim.analysis.plots import plot_link_utilization, plot_timeline
-from piper_sim.analysis.report import Report
+from piper_sim.analysis.report import Report, steps_note
+from piper_sim.config import Config
 from piper_sim.result import RunResult
 from piper_sim.trace.perfetto import write_perfetto
 from piper_sim.trace.runtrace import write_trace
@@ -25,8 +26,7 @@ def write_run(out_dir: Path, result: RunResult) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "plots").mkdir(exist_ok=True)
     trace = result.trace
-    paths = {"config": out_dir / "config.yaml", "report": out_dir / "report.json"}
-    paths["config"].write_text(yaml.safe_dump(result.config.resolved(), sort_keys=False))
+    paths = {"config": write_config(out_dir, result.config), "report": out_dir / "report.json"}
     paths["trace"] = write_trace(trace, out_dir, result.config.trace_format)
     paths["perfetto"] = out_dir / "perfetto.json"
     write_perfetto(trace, paths["perfetto"])
@@ -45,30 +45,59 @@ def write_run(out_dir: Path, result: RunResult) -> dict[str, Path]:
     return paths
 
 
+def write_config(out_dir: Path, config: Config) -> Path:
+    """config.yaml: the resolved config of a run or an estimate."""
+    path = out_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(config.resolved(), sort_keys=False))
+    return path
+
+
+def write_estimate(out_dir: Path, config: Config, report: dict) -> dict[str, Path]:
+    """The estimate tier's files: config.yaml and report.json (no trace or plots: nothing ran)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"config": write_config(out_dir, config), "report": out_dir / "report.json"}
+    paths["report"].write_text(json.dumps(report, indent=2))
+    return paths
+
+
+TIERS = {"des": "discrete-event simulation", "estimate": "the planner's analytic estimate (docs/planning.md)"}
+
+
 def format_report(report: Report | dict) -> str:
-    """A short human summary of a report (or of report.json read back)."""
+    """A short human summary of a report (or of report.json read back); figures a report has not are left out."""
     if isinstance(report, Report):
         report = report.to_dict()
     gib = 2.0**30
-    lines = [
-        f"GPUs                {report['num_gpus']}",
-        f"step time           {report['step_time_s'] * 1e3:.3f} ms",
-        f"tokens/s            {report['tokens_per_s']:,.0f}",
-        f"TFLOPS/GPU          {report['tflops_per_gpu']:.2f}",
-        f"MFU                 {report['mfu'] * 100:.2f} %",
-        f"bubble              {report['bubble_fraction'] * 100:.1f} %",
-        f"exposed comm        {report['exposed_comm_fraction'] * 100:.1f} %",
-        "peak memory/stage   " + ", ".join(f"{m / gib:.2f}" for m in report["peak_memory_bytes"]) + " GiB",
-        f"all-to-all bw       {report['all_to_all_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s per GPU",
-    ]
+    lines = [f"tier                {report['tier']}: {TIERS.get(report['tier'], report['tier'])}"] \
+        if report.get("tier") else []
+    for key, label, show in (
+            ("num_gpus", "GPUs", str),
+            ("step_time_s", "step time", lambda v: f"{v * 1e3:.3f} ms"),
+            ("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
+            ("tflops_per_gpu", "TFLOPS/GPU", lambda v: f"{v:.2f}"),
+            ("mfu", "MFU", lambda v: f"{v * 100:.2f} %"),
+            ("bubble_fraction", "bubble", lambda v: f"{v * 100:.1f} %"),
+            ("exposed_comm_fraction", "exposed comm", lambda v: f"{v * 100:.1f} %"),
+            ("peak_memory_bytes", "peak memory/stage", lambda v: ", ".join(f"{m / gib:.2f}" for m in v) + " GiB"),
+            ("all_to_all_bandwidth_bytes_per_s", "all-to-all bw", lambda v: f"{v / 1e9:.2f} GB/s per GPU")):
+        if report.get(key) is not None:
+            lines.append(f"{label:<20}{show(report[key])}")
+    if steps_note(report):
+        lines.append(f"{'step time over':<20}{steps_note(report)}")
+    if report.get("estimate") is not None:
+        e = report["estimate"]
+        lines.append(f"estimate terms      pipeline {e['pipeline_s'] * 1e3:.3f} ms (bubble {e['bubble_s'] * 1e3:.3f}, "
+                     f"all-to-all {e['all_to_all_s'] * 1e3:.3f}), gradients {e['grad_reduce_s'] * 1e3:.3f} ms, "
+                     f"optimizer {e['optimizer_s'] * 1e3:.3f} ms")
     if "memory_headroom_bytes" in report:
         lines.append("memory headroom     " + ", ".join(f"{h / gib:.2f}" for h in report["memory_headroom_bytes"])
                      + " GiB per stage (HBM less the framework reserve" + ("" if all(report["fits_memory"])
                                                                           else "; DOES NOT FIT") + ")")
-    if "busiest_link" in report:
+    if report.get("busiest_link") is not None:
         b = report["busiest_link"]
         lines.append(f"busiest link        {b['link']} ({b['link_kind']}) "
                      f"{b['utilization'] * 100:.1f} % mean utilization")
     if "sim_wall_s" in report:
-        lines.append(f"simulated in        {report['sim_wall_s']:.2f} s")
+        verb = "estimated in" if report.get("tier") == "estimate" else "simulated in"
+        lines.append(f"{verb:<20}{report['sim_wall_s']:.2f} s")
     return "\n".join(lines)

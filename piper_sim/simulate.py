@@ -96,7 +96,7 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResu
                          tokens_per_step=par.sequences_per_step * cfg.model.seq_len,
                          peak_memory_by_stage=peaks, links=links, memory_headroom_bytes=headroom,
                          fits_memory=[h >= 0 for h in headroom],
-                         sim_wall_s=time.perf_counter() - t0, hbm_bytes=profile.hbm_bytes, backend="sim",
+                         sim_wall_s=time.perf_counter() - t0, hbm_bytes=profile.hbm_bytes, backend="sim", tier="des",
                          peak_memory_bytes_first_step=_per_stage_max(records.first_step_peak_memory_bytes, par.pp),
                          **experts)
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,

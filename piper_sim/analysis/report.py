@@ -1,7 +1,9 @@
 """report.json: step time, MFU, bubble and exposed communication, memory, all-to-all bandwidth.
 
 Owns the metric definitions (docs/metrics.md repeats them):
-- step_time_s: mean over steps of (end of the step's last task - end of the previous step).
+- step_time_s: mean over steps of (end of the step's last task - end of the previous step), the first
+  warmup_steps left out (a real run's first step pays one-time costs: allocation, first calls, connections);
+  every figure below is over the same steps: from the end of the last warm-up step to the end of the run.
 - model_flops_per_step: FLOPs of the useful forward and backward work of one step, summed over
   all ranks (active experts only, no recomputation), from the tasks' flops.
 - mfu: model_flops_per_step / (step_time_s x num_gpus x peak FLOP/s of one GPU).
@@ -59,23 +61,24 @@ def a2a_bandwidth(df: pd.DataFrame) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class Report:
-    """report.json as a record (docs/metrics.md defines every key); backend-only figures are None elsewhere."""
+    """report.json as a record (docs/metrics.md defines every key); backend-only figures are None elsewhere, and
+    the estimate tier (planning/estimate_report.py) has None for the figures only a simulation gives."""
 
     num_gpus: int
     num_steps: int
     step_time_s: float
-    step_times_s: list[float]
+    step_times_s: list[float] | None
     tokens_per_step: int
     tokens_per_s: float
     model_flops_per_step: float
     tflops_per_gpu: float
     mfu: float
-    hfu: float
-    compute_fraction: float
-    bubble_fraction: float
-    exposed_comm_fraction: float
+    hfu: float | None
+    compute_fraction: float | None
+    bubble_fraction: float | None
+    exposed_comm_fraction: float | None
     peak_memory_bytes: list[float]  # per stage
-    all_to_all_bandwidth_bytes_per_s: float
+    all_to_all_bandwidth_bytes_per_s: float | None
     busiest_link: dict | None = None  # the links table's first row, where the run has a topology's link loads
     # simulator
     sim_wall_s: float | None = None
@@ -86,6 +89,8 @@ class Report:
     peak_memory_bytes_first_step: list[float] | None = None
     imbalance: dict | None = None
     migration: dict | None = None
+    tier: str | None = None  # a simulator's report: "des" (the event simulation) or "estimate" (the estimator)
+    estimate: dict | None = None  # the estimate tier: the estimator's terms (planning.estimate.Estimate)
     # torch backend
     backend: str | None = None
     device: str | None = None
@@ -96,25 +101,44 @@ class Report:
     peak_device_memory_bytes: list[float] | None = None
     mfu_peak_profile: str | None = None
     testbed: str | None = None
+    warmup_steps: int | None = None  # the first steps left out of every figure (the torch backend: 1 of 2 or more)
 
-    def to_dict(self) -> dict:
-        """report.json: every figure the run has (None fields left out)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+    def to_dict(self, nulls: tuple[str, ...] = ()) -> dict:
+        """report.json: every figure the run has (None fields left out, but those named in `nulls`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None or f.name in nulls}
+
+
+def steady_window(df: pd.DataFrame, warmup_steps: int) -> tuple[pd.DataFrame, float]:
+    """The rows of the steps after the first warmup_steps, and when they begin (the end of the last warm-up
+    step; 0 without one)."""
+    if warmup_steps <= 0:
+        return df, 0.0
+    steps = df["step"].to_numpy()
+    first = np.unique(steps)[warmup_steps]
+    return df[steps >= first], float(df.loc[steps < first, "end_s"].max())
 
 
 def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tokens_per_step: int,
-                peak_memory_by_stage: list[float], links: pd.DataFrame | None = None, **backend_figures) -> Report:
-    """The report of one run's trace; backend_figures are the Report fields only one backend has."""
-    steps = step_times(df)
+                peak_memory_by_stage: list[float], links: pd.DataFrame | None = None, warmup_steps: int | None = None,
+                **backend_figures) -> Report:
+    """The report of one run's trace; backend_figures are the Report fields only one backend has. warmup_steps:
+    the first steps left out of every figure (fewer than the run's steps)."""
+    all_steps = step_times(df)
+    if warmup_steps is not None and not 0 <= warmup_steps < len(all_steps):
+        raise ValueError(f"warmup_steps {warmup_steps} of a run of {len(all_steps)} steps")
+    df, begin_s = steady_window(df, warmup_steps or 0)
+    steps = all_steps[warmup_steps or 0:]
     num_steps = len(steps)
     step_time = float(np.mean(steps))
-    makespan = float(df["end_s"].max())
+    makespan = float(df["end_s"].max()) - begin_s
     hardware_flops = float(df["flops"].sum()) / num_steps
     recompute = df["kind"].isin(sorted(RECOMPUTE_KINDS))
     model_flops = hardware_flops - float(df.loc[recompute, "flops"].sum()) / num_steps if recompute.any() \
         else hardware_flops
     is_compute = (df["stream"] == "compute").to_numpy()
-    rank, start, end = df["rank"].to_numpy(), df["start_s"].to_numpy(), df["end_s"].to_numpy()
+    rank, end = df["rank"].to_numpy(), df["end_s"].to_numpy()
+    start = np.maximum(df["start_s"].to_numpy(), begin_s)
     compute = np.flatnonzero(is_compute)
     busy_compute = union_length_by_rank(rank[compute], start[compute], end[compute], num_gpus)
     every = np.concatenate([compute, np.flatnonzero(~is_compute)])  # compute first, as the intervals were always taken
@@ -123,7 +147,7 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
     if links is not None and not links.empty:
         busiest = {k: (v.item() if hasattr(v, "item") else v) for k, v in links.iloc[0].to_dict().items()}
     return Report(
-        num_gpus=num_gpus, num_steps=num_steps, step_time_s=step_time, step_times_s=steps,
+        num_gpus=num_gpus, num_steps=len(all_steps), step_time_s=step_time, step_times_s=all_steps,
         tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_step / step_time,
         model_flops_per_step=model_flops, tflops_per_gpu=model_flops / step_time / num_gpus / 1e12,
         mfu=model_flops / (step_time * num_gpus * peak_flops_per_s),
@@ -132,7 +156,20 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
         bubble_fraction=float(np.mean(makespan - busy_any) / makespan),
         exposed_comm_fraction=float(np.mean(busy_any - busy_compute) / makespan),
         peak_memory_bytes=[float(x) for x in peak_memory_by_stage],
-        all_to_all_bandwidth_bytes_per_s=a2a_bandwidth(df), busiest_link=busiest, **backend_figures)
+        all_to_all_bandwidth_bytes_per_s=a2a_bandwidth(df), busiest_link=busiest, warmup_steps=warmup_steps,
+        **backend_figures)
+
+
+def steps_note(report: dict) -> str:
+    """Which steps a real run's figures are over (report.json: warmup_steps), in words; "" for a prediction."""
+    if "warmup_steps" not in report:
+        return ""
+    warm, steps = report["warmup_steps"], report["num_steps"]
+    if warm == 0:
+        return f"all {steps} steps, warm-up included (run 2 or more steps to leave step 1 out)" if steps > 1 else \
+            "step 1, warm-up included (run 2 or more steps to leave it out)"
+    kept = f"step {steps}" if warm + 1 == steps else f"steps {warm + 1}-{steps}"
+    return f"{kept}; " + ("step 1 is warm-up" if warm == 1 else f"steps 1-{warm} are warm-up")
 
 
 def kind_summary(df: pd.DataFrame) -> pd.DataFrame:

@@ -355,11 +355,19 @@ def _pipeline_s(point: PlanPoint, per_stage: list[tuple[float, float, float, flo
 def estimate_config(cfg) -> tuple[Estimate, bool]:
     """A whole config (piper_sim.config.Config) priced by the estimator: (its estimate, whether every stage's peak
     fits HBM less the framework reserve, by the resource model)."""
+    from piper_sim.workload.memory import headroom_bytes, reserve_bytes
+
+    estimate, peaks, hbm_bytes = estimate_with_memory(cfg)
+    return estimate, min(headroom_bytes(peaks, hbm_bytes, reserve_bytes(hbm_bytes))) >= 0
+
+
+def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float]:
+    """A whole config priced by the estimator: (its estimate, each stage's peak memory by the resource model,
+    the device's HBM bytes)."""
     from piper_sim.calibrate.load import load_profile
     from piper_sim.planning.resource import stage_memory
     from piper_sim.topology.load import load_topology
     from piper_sim.topology.placement import place
-    from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
     par, n = cfg.parallel, cfg.parallel.num_gpus
     point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
@@ -370,4 +378,4 @@ def estimate_config(cfg) -> tuple[Estimate, bool]:
     estimate = Estimator(cfg.model, topo, place(topo, n, cfg.placement), profile, collectives_all_reduce=cfg.all_reduce,
                          flash_attention=cfg.flash_attention).estimate(point)
     peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention)]
-    return estimate, min(headroom_bytes(peaks, profile.hbm_bytes, reserve_bytes(profile.hbm_bytes))) >= 0
+    return estimate, peaks, profile.hbm_bytes
