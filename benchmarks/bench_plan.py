@@ -21,9 +21,10 @@ from pathlib import Path
 
 from piper_sim.analysis.ranking import spearman
 from piper_sim.planning.engine import run_points
+from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.planner import PlanRequest, screen, simulate_point
 from piper_sim.planning.space import PlanPoint
-from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.planning.store import ResultStore
 from piper_sim.planning.sweep import run_sweep
 
 SWEEP_BASE = {"model": "tiny-moe", "topology": "uniform", "parallel": {"pp": 1, "ep": 1, "num_microbatches": 4}}
@@ -57,13 +58,13 @@ def bench_screen(args: argparse.Namespace) -> None:
     for _, row in top.iterrows():
         config = request.config(PlanPoint(**{k: row[k].item() if hasattr(row[k], "item") else row[k]
                                              for k in PlanPoint.__dataclass_fields__}))
-        points.append((point_digest(config), {"config": config}))
+        points.append(keyed_point({"config": config}))
     with tempfile.TemporaryDirectory() as tmp:
         t2 = time.perf_counter()
         results = run_points(simulate_point, points, ResultStore(Path(tmp)), workers=args.workers,
                              label="refining")
         refine = time.perf_counter() - t2
-    sim = [results[d]["sim_step_time_s"] for d, _ in points]
+    sim = [results[p.digest]["sim_step_time_s"] for p in points]
     rho = spearman(top["est_step_time_s"].tolist(), sim)
     best = min(range(len(sim)), key=sim.__getitem__)
     print(f"  refinement of the top {len(points)}{' (memory ignored)' if args.ignore_memory else ''}: "

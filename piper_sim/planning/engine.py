@@ -2,8 +2,8 @@
 cluster by its scheduler address), storing each result as it finishes, with a progress line and an ETA
 (piper_sim.progress).
 
-Owns run_points and the Dask client's life. A point already in the store is not run again. Work functions
-must be importable module-level functions of piper_sim (Dask workers import them by name).
+Owns run_points and the Dask client's life. A point stored under its key (planning.keys) is not run again.
+Work functions must be importable module-level functions of piper_sim (Dask workers import them by name).
 Must not import torch.
 """
 
@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from tqdm import tqdm
 
 from piper_sim.errors import ConfigError
+from piper_sim.planning.keys import KeyedPoint
 from piper_sim.planning.store import ResultStore
 from piper_sim.progress import bar as progress_bar
 
@@ -55,40 +56,43 @@ def dask_client(scheduler: str | None, workers: int | None):
         yield client
 
 
-def run_points(fn: Callable[[dict], dict], points: Iterable[tuple[str, dict]], store: ResultStore, *,
+def run_points(fn: Callable[[dict], dict], points: Iterable[KeyedPoint], store: ResultStore, *,
                scheduler: str | None = None, workers: int | None = None, label: str = "points",
                progress: bool = True) -> dict[str, dict]:
-    """fn(payload) -> row for every (digest, payload) not yet stored; returns {digest: row} for all points.
+    """fn(payload) -> row for every point not stored under its key; returns {digest: row} for all points. What
+    was reused and computed is in store.tally, and said on stderr (with progress).
 
     workers=0 runs in this process (no Dask); otherwise on Dask as dask_client says."""
     todo, out = [], {}
-    for digest, payload in points:
-        row = store.get(digest)
+    for point in points:
+        row = store.get(point.digest, point.key)
         if row is None:
-            todo.append((digest, payload))
+            todo.append(point)
         else:
-            out[digest] = row
+            out[point.digest] = row
     bar = progress_bar(len(todo), label, "points", show=progress and bool(todo))
     start = time.perf_counter()
     if workers == 0 or not todo:
-        for digest, payload in todo:
-            out[digest] = _finish(store, digest, fn(payload), bar)
+        for point in todo:
+            out[point.digest] = _finish(store, point, fn(point.payload), bar)
     else:
         from distributed import as_completed
 
         with dask_client(scheduler, workers) as client:
-            futures = {client.submit(fn, payload, key=f"{label}-{digest}", pure=False): digest
-                       for digest, payload in todo}
+            futures = {client.submit(fn, point.payload, key=f"{label}-{point.digest}", pure=False): point
+                       for point in todo}
             for future in as_completed(futures):
-                out[futures[future]] = _finish(store, futures[future], future.result(), bar)
+                out[futures[future].digest] = _finish(store, futures[future], future.result(), bar)
     bar.close()
-    if todo and progress:
-        print(f"{label}: {len(todo)} computed in {time.perf_counter() - start:.1f} s, "
-              f"{len(out) - len(todo)} reused", file=sys.stderr)
+    if progress:
+        lines = store.tally.lines(label)
+        if todo:
+            lines[0] += f" in {time.perf_counter() - start:.1f} s"
+        print("\n".join(lines), file=sys.stderr)
     return out
 
 
-def _finish(store: ResultStore, digest: str, row: dict, bar: tqdm) -> dict:
-    store.put(digest, row)
+def _finish(store: ResultStore, point: KeyedPoint, row: dict, bar: tqdm) -> dict:
+    store.put(point.digest, point.key, row)
     bar.update(1)
     return row

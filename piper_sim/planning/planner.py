@@ -24,9 +24,10 @@ from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.engine import run_points
 from piper_sim.planning.estimate import Estimator
+from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans
-from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.planning.store import ResultStore
 from piper_sim.simulate import simulate
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import place
@@ -159,7 +160,7 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
     points = []
     for _, row in refine.iterrows():
         config = request.config(PlanPoint(**{k: _py(row[k]) for k in PlanPoint.__dataclass_fields__}))
-        points.append((point_digest(config), {"config": config}))
+        points.append(keyed_point({"config": config}))
     if progress:
         print(f"plan: {len(table)} candidates, {int(table['fits'].sum())} fit in memory; screened in "
               f"{screen_s:.2f} s; simulating the top {len(points)}", file=sys.stderr)
@@ -167,8 +168,8 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
     results = run_points(simulate_point, points, ResultStore(out), scheduler=scheduler, workers=workers,
                          label="simulating plans", progress=progress)
     refine_s = time.perf_counter() - t1
-    sim = pd.DataFrame([{"label": row["label"], **results[digest]}
-                        for (digest, _), (_, row) in zip(points, refine.iterrows(), strict=True)])
+    sim = pd.DataFrame([{"label": row["label"], **results[point.digest]}
+                        for point, (_, row) in zip(points, refine.iterrows(), strict=True)])
     table = table.merge(sim, on="label", how="left") if not sim.empty else table.assign(sim_step_time_s=np.nan)
     table["step_time_s"] = table["sim_step_time_s"].fillna(table["est_step_time_s"])
     table["refined"] = table["sim_step_time_s"].notna()

@@ -1,8 +1,9 @@
 """`piper-sim sweep CONFIG --grid KEY=V1,V2 ...`: the simulator over any grid of config keys.
 
 Owns expanding the grid (the cartesian product, in the order the keys are given), resolving every point
-before anything runs (a bad value names its key at once), and the table. Points run on the planner's
-engine and store: each keyed by the digest of its resolved config, written as it finishes, never recomputed.
+before anything runs (a bad value names its key at once), the table, and sweep.yaml (the base, the grid and
+how many points this run reused, found stale and computed). Points run on the planner's engine and store: each
+keyed by planning.keys.point_key, written as it finishes, not recomputed while its key holds.
 Must not import torch.
 """
 
@@ -17,8 +18,9 @@ import yaml
 from piper_sim.config import apply_overrides, load_config, read_config_file
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.engine import run_points
+from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.planner import simulate_point
-from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.planning.store import ResultStore
 
 MAX_POINTS = 100_000
 
@@ -62,13 +64,15 @@ def run_sweep(config: str | Path | dict, grid_items: list[str], out: Path, *, ov
     base = config if isinstance(config, dict) else read_config_file(config)
     base = apply_overrides(base, overrides or [])
     points = sweep_points(base, parse_grid(grid_items))
-    keyed = [(point_digest(resolved), {"config": resolved}) for _, resolved in points]
-    results = run_points(simulate_point, keyed, ResultStore(out), scheduler=scheduler, workers=workers,
-                         label="sweep", progress=progress)
-    table = pd.DataFrame([{**values, "digest": digest, **results[digest]}
-                          for (values, _), (digest, _) in zip(points, keyed, strict=True)])
+    keyed = [keyed_point({"config": resolved}) for _, resolved in points]
+    store = ResultStore(out)
+    results = run_points(simulate_point, keyed, store, scheduler=scheduler, workers=workers, label="sweep",
+                         progress=progress)
+    table = pd.DataFrame([{**values, "digest": point.digest, **results[point.digest]}
+                          for (values, _), point in zip(points, keyed, strict=True)])
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "sweep.csv", index=False)
     table.to_parquet(out / "sweep.parquet", index=False)
-    (out / "sweep.yaml").write_text(yaml.safe_dump({"base": base, "grid": grid_items}, sort_keys=False))
+    (out / "sweep.yaml").write_text(yaml.safe_dump({"base": base, "grid": grid_items,
+                                                    "points": store.tally.as_dict()}, sort_keys=False))
     return table

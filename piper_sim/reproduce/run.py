@@ -1,9 +1,10 @@
 """`piper-sim reproduce`: the Piper paper's experiments run on the simulator, and DIR/report.md written from them.
 
-Owns EXPERIMENTS (network.py, training.py), reproduce() and the report's Markdown. Every point is stored by the
-digest of its payload under DIR/points as it finishes (planning.store), so an interrupted run resumes without
-recomputing a finished point; the points of all the chosen experiments run together, in this process or on
-Dask (planning.engine). Every number of the report comes from this run's points. Must not import torch.
+Owns EXPERIMENTS (network.py, training.py), reproduce() and the report's Markdown. Every point is stored under
+DIR/points as it finishes (planning.store), keyed by planning.keys.point_key (its payload, the files it reads, the
+code version), so an interrupted run resumes without recomputing a finished point; the points of all the chosen
+experiments run together, in this process or on Dask (planning.engine). Every number of the report comes from
+this run's points. Must not import torch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pandas as pd
 
 from piper_sim.errors import ConfigError
 from piper_sim.planning.engine import run_points
-from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.planning.keys import KeyedPoint, keyed_point
+from piper_sim.planning.store import ResultStore
 from piper_sim.reproduce import network, training
 from piper_sim.reproduce.claims import Claim, citation, load_claims, verdict
 from piper_sim.reproduce.experiment import Experiment, Section
@@ -33,20 +35,20 @@ def reproduce(names: list[str], out: Path, *, quick: bool, scheduler: str | None
         if name not in EXPERIMENTS:
             raise ConfigError("EXPERIMENT", name, f"one of {', '.join(EXPERIMENTS)}")
     t0 = time.perf_counter()
-    planned: dict[str, list[tuple[str, dict]]] = {}
+    planned: dict[str, list[KeyedPoint]] = {}
     for name in chosen:
         planned[name] = []
         for payload in EXPERIMENTS[name].points(quick):
-            digest = point_digest(payload)
+            point = keyed_point(payload)
             if payload["kind"] == "plan":  # the planner's own store for this point
-                payload = {**payload, "out": str(out / "plans" / digest)}
-            planned[name].append((digest, payload))
+                point = point._replace(payload={**payload, "out": str(out / "plans" / point.digest)})
+            planned[name].append(point)
     everything = [point for points in planned.values() for point in points]
     results = run_points(run_point, everything, ResultStore(out), scheduler=scheduler, workers=workers,
                          label="reproduce", progress=progress)
-    sections = {name: EXPERIMENTS[name].section([(p, results[d]) for d, p in points], out)
+    sections = {name: EXPERIMENTS[name].section([(p.payload, results[p.digest]) for p in points], out)
                 for name, points in planned.items()}
-    wall = {name: sum(results[d].get("wall_s", 0.0) for d, _ in points) for name, points in planned.items()}
+    wall = {name: sum(results[p.digest].get("wall_s", 0.0) for p in points) for name, points in planned.items()}
     path = out / "report.md"
     path.write_text(_report(chosen, sections, wall, quick=quick, total_s=time.perf_counter() - t0))
     if progress:

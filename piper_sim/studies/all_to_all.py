@@ -28,7 +28,8 @@ import numpy as np
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase, data_phases, split_phases
 from piper_sim.errors import ConfigError, named_by
-from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.planning.keys import KeyedPoint, keyed_point
+from piper_sim.planning.store import ResultStore
 from piper_sim.progress import Eta
 from piper_sim.studies.prepcache import PreparedCache
 from piper_sim.studies.routes import TooManyFlows
@@ -116,11 +117,12 @@ class StudySpec:
             PLACEMENTS.get(self.placement)
         build_topology(self, min(self.nodes))  # topology parameters (--set) checked before the first run
 
-    def point_digest(self, nodes: int, algorithm: str, size: str) -> str:
-        """The key of one row in the result store: everything the row depends on."""
+    def keyed(self, nodes: int, algorithm: str, size: str) -> KeyedPoint:
+        """One row in the result store: everything the row depends on (the machine's mapping itself, so its file
+        and the profile it names are not inputs of the key: the study prices no compute)."""
         fields = {k: v for k, v in self.__dict__.items() if k not in ("nodes", "sizes", "algorithms", "topology")}
-        return point_digest({"study": "all-to-all", **fields, "topology": read_topology_mapping(self.topology),
-                             "nodes": nodes, "algorithm": algorithm, "bytes": parse_size(size), "size": size})
+        return keyed_point({"study": "all-to-all", **fields, "machine": read_topology_mapping(self.topology),
+                            "nodes": nodes, "algorithm": algorithm, "bytes": parse_size(size), "size": size})
 
 
 def build_topology(spec: StudySpec, nodes: int) -> tuple[Topology, list[str]]:
@@ -173,12 +175,13 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
     rows it holds are yielded from it (nothing finished is recomputed) and new rows are put in it."""
     spec.check()
     total, done = len(spec.nodes) * len(spec.algorithms) * len(spec.sizes), 0
-    stored_by_nodes = {nodes: {(alg, size): store.get(spec.point_digest(nodes, alg, size)) if store is not None
-                               else None for alg in spec.algorithms for size in spec.sizes} for nodes in spec.nodes}
+    keys_by_nodes = {nodes: {(alg, size): spec.keyed(nodes, alg, size) for alg in spec.algorithms
+                             for size in spec.sizes} for nodes in spec.nodes}
+    stored_by_nodes = {nodes: {point: store.get(k.digest, k.key) if store is not None else None
+                               for point, k in keys.items()} for nodes, keys in keys_by_nodes.items()}
     eta = Eta(sum(1 for rows in stored_by_nodes.values() for row in rows.values() if row is None))
     for nodes in spec.nodes:
-        keys = {(alg, size): spec.point_digest(nodes, alg, size) for alg in spec.algorithms for size in spec.sizes}
-        stored = stored_by_nodes[nodes]
+        keys, stored = keys_by_nodes[nodes], stored_by_nodes[nodes]
         todo = {point for point in keys if stored.get(point) is None}
         if todo:
             topo, gpus = build_topology(spec, nodes)
@@ -197,7 +200,7 @@ def run_study(spec: StudySpec, log: Callable[[str], None] = lambda s: print(s, f
                 if (alg, size) in todo:
                     row, kinds = next(computed)
                     if store is not None:
-                        store.put(keys[(alg, size)], {"row": row, "kinds": kinds})
+                        store.put(keys[(alg, size)].digest, keys[(alg, size)].key, {"row": row, "kinds": kinds})
                     eta.finished()
                     log(f"{_progress(done, total, row)}; {eta.text()}")
                 else:
@@ -285,7 +288,8 @@ def _skipped(spec: StudySpec, topo: Topology, nodes: int, n: int, label: str, pa
 
 def write_study(spec: StudySpec, out: Path, log: Callable[[str], None] | None = None) -> tuple[Path, Path]:
     """Run the study, appending each row to study.csv / link_kinds.csv as it completes; every row is also kept
-    in the result store under out/points/, so that a rerun into the same folder recomputes nothing finished."""
+    in the result store under out/points/, so that a rerun into the same folder recomputes nothing finished while
+    its key holds (planning.keys)."""
     out.mkdir(parents=True, exist_ok=True)
     study_path, kinds_path = out / "study.csv", out / "link_kinds.csv"
     t0 = time.perf_counter()
@@ -293,11 +297,14 @@ def write_study(spec: StudySpec, out: Path, log: Callable[[str], None] | None = 
         ws, wk = csv.DictWriter(fs, STUDY_COLUMNS), csv.DictWriter(fk, KIND_COLUMNS)
         ws.writeheader()
         wk.writeheader()
-        for row, kinds in run_study(spec, **({"log": log} if log else {}), store=ResultStore(out)):
+        store = ResultStore(out)
+        for row, kinds in run_study(spec, **({"log": log} if log else {}), store=store):
             ws.writerow(row)
             wk.writerows(kinds)
             fs.flush()
             fk.flush()
     if log:
+        for line in store.tally.lines("study all-to-all"):
+            log(line)
         log(f"study done in {time.perf_counter() - t0:.1f} s")
     return study_path, kinds_path

@@ -3,8 +3,9 @@
 Owns the points of the study (skew values x policies, each a multi-step simulation of one config; and the drift
 run, step time over steps under a routing whose hot experts move, per policy), their checks before anything
 runs (errors name the option that set the bad value), the CSVs and the plots. Each finished point is stored at
-once in the planner's ResultStore under the output directory, keyed by the digest of its resolved config, and the
-CSVs are rewritten as points finish: a rerun recomputes nothing finished.
+once in the planner's ResultStore under the output directory, keyed by planning.keys.point_key (its resolved
+config, the files it reads, the code version), and the CSVs are rewritten as points finish: a rerun recomputes
+nothing finished while its key holds, and says how many points it reused and computed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from piper_sim.analysis.report import Report
 from piper_sim.bounds import int_limit
 from piper_sim.config import Config, load_config
 from piper_sim.errors import ConfigError, named_by
-from piper_sim.planning.store import ResultStore, point_digest
+from piper_sim.planning.keys import KeyedPoint, keyed_point
+from piper_sim.planning.store import ResultStore
 from piper_sim.progress import Eta
 from piper_sim.simulate import simulate
 
@@ -60,9 +62,8 @@ class Point:
     labels: dict  # the CSV columns that name the point
     config: Config
 
-    @property
-    def digest(self) -> str:
-        return point_digest({"study": f"imbalance/{self.table}", "config": self.config.resolved()})
+    def keyed(self) -> KeyedPoint:
+        return keyed_point({"study": f"imbalance/{self.table}", "config": self.config.resolved()})
 
 
 def _count(flag: str, value: int, low: int) -> int:
@@ -116,19 +117,22 @@ def run_points(points: list[Point], out: Path, log: Callable[[str], None]) -> di
     store = ResultStore(out)
     tables = {"imbalance": (out / "imbalance.csv", COLUMNS), "drift": (out / "drift.csv", DRIFT_COLUMNS)}
     rows: dict[str, list[dict]] = {t: [] for t in tables if any(p.table == t for p in points)}
-    eta = Eta(sum(1 for p in points if store.get(p.digest) is None))
-    for i, point in enumerate(points):
-        result = store.get(point.digest)
+    keyed = [point.keyed() for point in points]
+    stored = [store.get(k.digest, k.key) for k in keyed]
+    eta = Eta(sum(1 for result in stored if result is None))
+    for i, (point, key, result) in enumerate(zip(points, keyed, stored, strict=True)):
         what = ", ".join(f"{k}={v}" for k, v in point.labels.items())
         if result is None:
             log(f"[{i + 1}/{len(points)}] {point.table}: {what}" + (f" ({eta.text()})" if eta.computed else ""))
             result = _result(point)
-            store.put(point.digest, result)
+            store.put(key.digest, key.key, result)
             eta.finished()
         else:
             log(f"[{i + 1}/{len(points)}] {point.table}: {what} (stored)")
         rows[point.table] += _rows(point, result)
         _write_csv(*tables[point.table], rows[point.table])
+    for line in store.tally.lines("study imbalance"):
+        log(line)
     return {t: tables[t][0] for t in rows}
 
 

@@ -26,6 +26,18 @@ def topology_presets() -> list[str]:
     return sorted(p.stem for p in data_dir("topologies").glob("*.yaml"))
 
 
+def topology_file(spec: str | Path) -> Path:
+    """The YAML file of a topology given by preset name (topologies/NAME.yaml) or path."""
+    path = Path(spec)
+    if path.suffix not in (".yaml", ".yml"):
+        path = data_dir("topologies") / f"{spec}.yaml"
+        if not path.exists():
+            raise ConfigError("topology", spec, f"a preset ({', '.join(topology_presets())}) or a YAML path")
+    if not path.exists():
+        raise ConfigError("topology", str(spec), "an existing YAML file")
+    return path
+
+
 def read_topology_mapping(spec: str | dict | Path) -> dict:
     """The YAML mapping of a topology (preset resolved, overrides merged), not yet built."""
     if isinstance(spec, dict):
@@ -41,13 +53,7 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
             collectives = _merge_collectives(base.get("collectives") or {}, raw.pop("collectives", None) or {})
             raw = {**base, **raw, "params": params, "collectives": collectives}
     elif isinstance(spec, str | Path):
-        path = Path(spec)
-        if path.suffix not in (".yaml", ".yml"):
-            path = data_dir("topologies") / f"{spec}.yaml"
-            if not path.exists():
-                raise ConfigError("topology", spec, f"a preset ({', '.join(topology_presets())}) or a YAML path")
-        if not path.exists():
-            raise ConfigError("topology", str(spec), "an existing YAML file")
+        path = topology_file(spec)
         raw = read_yaml(path, "topology")
         if not isinstance(raw, dict):
             raise ConfigError("topology", str(spec), "a YAML mapping")

@@ -58,11 +58,22 @@ def load_model(spec: str | os.PathLike[str] | Mapping[str, Any] | ModelSpec, key
         text = os.fspath(spec)
         if text in list_presets():
             return _load_preset(text)
-        if text.endswith(_FILE_SUFFIXES) or os.sep in text or "/" in text:
-            return load_model_file(Path(text), key=key)
+        path = model_file(text)
+        if path is not None:
+            return load_model_file(path, key=key)
         raise ConfigError(key, text, f"a preset name (one of {', '.join(list_presets())}) "
                                      "or a path to a .yaml file or HF config.json")
     raise ConfigError(key, spec, "a preset name, a mapping of ModelSpec fields, or a file path")
+
+
+def model_file(text: str) -> Path | None:
+    """The file a model named by `text` is read from: a preset's YAML or the path given; None when `text` is
+    neither a preset's name nor a path."""
+    if text in list_presets():
+        return PRESET_DIR / f"{text}.yaml"
+    if text.endswith(_FILE_SUFFIXES) or os.sep in text or "/" in text:
+        return Path(text)
+    return None
 
 
 def load_model_file(path: Path, key: str = "model") -> ModelSpec:
