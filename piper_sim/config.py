@@ -7,12 +7,13 @@ section into specs. Unknown keys are errors naming the key. No I/O beyond readin
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from piper_sim.bounds import check_int_bounds
 from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import config_path
+from piper_sim.profile_choice import DEFAULT_PROFILE, choose_profile
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
 from piper_sim.workload.presets import list_presets, load_model
@@ -29,7 +30,7 @@ DEFAULTS: dict = {
     "collectives": {"all_to_all": "flat", "all_reduce": "ring"},
     "routing": {"kind": "uniform"},
     "migration": {"enabled": False},
-    "cost": {"profile": "mi250x", "flash_attention": True},
+    "cost": {"profile": DEFAULT_PROFILE, "flash_attention": True},
     "sim": {"steps": 1, "seed": 0, "collapse": True},
     "recompute": "none",
     "recompute_layers": None,
@@ -37,7 +38,7 @@ DEFAULTS: dict = {
 }
 SECTION_KEYS = {
     "collectives": {"all_to_all", "all_reduce"},
-    "cost": {"profile", "flash_attention"},
+    "cost": {"profile", "flash_attention", "allow_device_mismatch"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
     "optimizer": {"zero"},
     "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
@@ -79,6 +80,7 @@ class Config:
     zero: int = 0  # optimizer-state sharding over the data-parallel replicas (ZeRO stage 0, 1 or 2)
     raw: dict
     given: frozenset[str] = frozenset()  # keys the user's config named: "routing", "cost.profile", ... (notes.py)
+    profile_reason: str = ""  # why cost_profile, where the config gave none (profile_choice.py; notes.py)
 
     def resolved(self) -> dict:
         """The config as written to config.yaml: every section explicit, the model inline."""
@@ -137,8 +139,9 @@ def _as_mapping(key: str, value: object) -> dict:
     raise ConfigError(key, value, "a mapping to set sub-keys on")
 
 
-def resolve(raw: dict) -> Config:
-    """Check keys and types and build the specs."""
+def resolve(raw: dict, devices: str | None = None) -> Config:
+    """Check keys and types and build the specs. devices "cpu": the ranks compute on this machine's CPUs (a
+    real run), whatever the topology's devices (profile_choice.py)."""
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(unknown[0], raw[unknown[0]], f"a section: {', '.join(SECTIONS)}")
@@ -181,8 +184,13 @@ def resolve(raw: dict) -> Config:
     routing_from_config(full["routing"], model.num_experts, model.top_k, seed)
     if not isinstance(full["schedule"], str):
         raise ConfigError("schedule", full["schedule"], "a schedule name")
-    if not isinstance(full["cost"]["flash_attention"], bool):
-        raise ConfigError("cost.flash_attention", full["cost"]["flash_attention"], "true or false")
+    for flag in ("flash_attention", "allow_device_mismatch"):
+        if not isinstance(full["cost"].get(flag, False), bool):
+            raise ConfigError(f"cost.{flag}", full["cost"][flag], "true or false")
+    given = _given_keys(raw)
+    choice = choose_profile(full["topology"], full["cost"]["profile"] if "cost.profile" in given else None,
+                            allow_mismatch=full["cost"].get("allow_device_mismatch", False), devices=devices)
+    full["cost"]["profile"] = choice.profile
     recompute, recompute_layers, zero = _plan_features(full, parallel)
     return Config(
         model=model, parallel=parallel, recompute=recompute, recompute_layers=recompute_layers, zero=zero,
@@ -190,7 +198,8 @@ def resolve(raw: dict) -> Config:
         placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
         all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
         cost_profile=full["cost"]["profile"], flash_attention=full["cost"]["flash_attention"], steps=steps,
-        seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full, given=_given_keys(raw),
+        seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full, given=given,
+        profile_reason=choice.reason,
     )
 
 
@@ -226,8 +235,20 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
     return recompute, layers, zero
 
 
-def load_config(path: str | Path | dict, overrides: list[str] | None = None) -> Config:
+def load_config(path: str | Path | dict, overrides: list[str] | None = None, *, devices: str | None = None) -> Config:
     """The resolved config of a YAML file, a shipped example's name (examples/NAME.yaml) or a mapping, with
-    `a.b=value` overrides."""
+    `a.b=value` overrides. devices "cpu": priced as ranks on this machine's CPUs (resolve)."""
     raw = path if isinstance(path, dict) else read_config_file(config_path(str(path)))
-    return resolve(apply_overrides(raw, overrides or []))
+    return resolve(apply_overrides(raw, overrides or []), devices)
+
+
+def for_devices(cfg: Config, devices: str | None) -> Config:
+    """cfg priced for the devices its ranks compute on: devices "cpu" (a real run on this machine's CPUs) takes a
+    CPU profile where the config gave none and refuses a given one of other devices (profile_choice.py)."""
+    if devices is None:
+        return cfg
+    choice = choose_profile(cfg.topology, cfg.cost_profile if "cost.profile" in cfg.given else None,
+                            allow_mismatch=cfg.raw["cost"].get("allow_device_mismatch", False), devices=devices)
+    raw = copy.deepcopy(cfg.raw)
+    raw["cost"]["profile"] = choice.profile
+    return replace(cfg, cost_profile=choice.profile, profile_reason=choice.reason, raw=raw)

@@ -11,13 +11,16 @@ from pathlib import Path
 
 from piper_sim.analysis.report import make_report
 from piper_sim.calibrate.load import load_profile
-from piper_sim.config import Config
+from piper_sim.config import Config, for_devices
 from piper_sim.errors import ConfigError
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.trace.runtrace import normalize
 
+# a real run's first step pays one-time costs (allocation, first calls, connections): left out of its figures
+# where the run has more steps (analysis/report.py)
+WARMUP_STEPS = 1
 # activations are counted on step 0 only (docs/torch-backend.md)
 MEASURED_MEMORY_KIND = "tensor accounting on step 0: params, grads, Adam moments, autograd-saved activations"
 
@@ -30,6 +33,7 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     progress: a progress line of the ranks' steps done on stderr (piper_sim.progress)."""
     from piper_sim.torch_backend.run import launch
 
+    cfg = for_devices(cfg, run_devices())  # a CPU run's MFU is against a CPU profile's peak
     if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator
         raise ConfigError("model.dropout", cfg.model.dropout, "0 for real runs (the torch backend runs no dropout)")
     schedule = schedule or build_schedule(cfg)
@@ -51,7 +55,14 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
                          peak_memory_by_stage=per_stage_max("peak_tensor_bytes"), backend="torch", device=device,
                          losses=losses, run_wall_s=wall, peak_memory_kind=MEASURED_MEMORY_KIND,
                          peak_rss_bytes=per_stage_max("peak_rss_bytes"), mfu_peak_profile=profile.name,
-                         testbed=testbed,
+                         testbed=testbed, warmup_steps=WARMUP_STEPS if cfg.steps > WARMUP_STEPS else 0,
                          peak_device_memory_bytes=per_stage_max("peak_device_bytes") if on_gpus else None)
     return RunResult(backend="torch", config=cfg, schedule=schedule, report=report, trace=trace,
                      steps=steps_frame(report))
+
+
+def run_devices() -> str | None:
+    """What a real run's ranks compute on where it decides the cost profile ("cpu", or None on GPUs)."""
+    from piper_sim.torch_backend.run import run_devices as devices
+
+    return devices()

@@ -1,7 +1,8 @@
 """The defaults a command chose without being told, said as notes: one line each on stderr.
 
 Owns which silent defaults change an answer enough to be said (the sequence length a preset brings, the
-cost profile, the topology, the routing, the placement of ranks onto nodes) and their wording. The
+cost profile and why it was taken (piper_sim.profile_choice), the topology, the routing, the placement of
+ranks onto nodes) and their wording. The
 machine's own notes (a topology built smaller than the machine) come with it (Topology.notes). Pure:
 reads a Config and, for placement, the built topology; prints nothing.
 """
@@ -9,10 +10,11 @@ reads a Config and, for placement, the built topology; prints nothing.
 from __future__ import annotations
 
 from piper_sim.config import DEFAULTS, Config
+from piper_sim.profile_choice import profile_name
 
 # a key left out of the config -> what its default means for the answer, and how to change it
 SILENT_DEFAULTS = {
-    "cost.profile": "{value} (its peak FLOP/s and efficiencies price every task; set cost.profile, "
+    "cost.profile": "{value}, {reason} (its peak FLOP/s and efficiencies price every task; set cost.profile, "
                     "`piper-sim presets` lists them)",
     "topology": "{value} (a generic cluster, not a named machine; set topology to frontier, lumi, ...)",
     "routing": "kind {value} (every expert receives the same share of tokens; set routing.kind to zipf, "
@@ -28,6 +30,9 @@ def config_notes(cfg: Config, keys: tuple[str, ...] = ("seq_len", *SILENT_DEFAUL
             if "model.seq_len" not in cfg.given:
                 out.append(f"{cfg.model.name} runs at the sequence length its preset or config file gives, "
                            f"{cfg.model.seq_len:,} tokens (set model.seq_len to change it)")
+        elif key == "cost.profile" and key not in cfg.given:
+            out.append(f"{key} not given: " + SILENT_DEFAULTS[key].format(value=profile_name(cfg.cost_profile),
+                                                                          reason=cfg.profile_reason))
         elif key not in cfg.given:
             out.append(f"{key} not given: " + SILENT_DEFAULTS[key].format(value=_default(key)))
     return out

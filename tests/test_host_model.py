@@ -26,7 +26,7 @@ def _profile_with_host_terms() -> dict:
 
 def _run(profile, topology: str = "uniform"):
     raw = yaml.safe_load((data_dir("examples") / "testbed-2g.yaml").read_text())
-    raw.update(topology=topology, cost={"profile": profile})
+    raw.update(topology=topology, cost={"profile": profile, "allow_device_mismatch": True})  # GPU profiles on CPUs
     return simulate(load_config(raw))
 
 

@@ -16,7 +16,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from piper_sim.analysis.report import steps_note
 from piper_sim.errors import PiperError
+from piper_sim.profile_choice import CPU, profile_name
 from piper_sim.rundir import is_unfinished
 from piper_sim.trace.runtrace import read_trace
 
@@ -36,6 +38,8 @@ class Comparison:
     matched_tasks: int
     unmatched_predicted: int
     unmatched_measured: int
+    steps: str = ""  # which steps the headline is over, where the measured run left warm-up out (report.steps_note)
+    mfu_peaks: tuple[str, str] = ("", "")  # the profiles whose peaks the two MFUs are against (compared where equal)
 
 
 def join_traces(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
@@ -92,17 +96,20 @@ def check_comparable(predicted: RunDir, measured: RunDir) -> None:
                          "differ): compare a prediction with a run of the same config")
     profile = (predicted.config.get("cost") or {}).get("profile")
     if measured.report.get("device") == "cpu" and predicted.report.get("backend") == "sim":
-        from piper_sim.calibrate.load import load_profile
+        from piper_sim.workload.profile_file import profile_device_kind
 
-        device = load_profile(profile).device if profile is not None else ""
-        if not device.upper().startswith("CPU"):
-            raise PiperError(f"{predicted.path} was predicted with cost profile {short_name(profile)} ({device}), "
+        device = profile_device_kind(profile) if profile is not None else ""
+        if device != CPU:
+            raise PiperError(f"{predicted.path} was predicted with cost profile {profile_name(profile)} "
+                             f"(device_kind {device or 'none'}), "
                              f"{measured.path} ran on CPU: predict with a profile calibrated on that machine "
                              "(--set cost.profile=NAME, traces/profiles/cpu-*.yaml)")
 
 
-def short_name(profile: object) -> str:
-    return profile if isinstance(profile, str) else str((profile or {}).get("name", "inline"))
+def mfu_peaks(predicted: RunDir, measured: RunDir) -> tuple[str, str]:
+    """The profiles whose peak FLOP/s the prediction's and the measured run's MFU are against."""
+    own = profile_name((predicted.config.get("cost") or {}).get("profile"))
+    return (str(predicted.report.get("mfu_peak_profile", own)), str(measured.report.get("mfu_peak_profile", own)))
 
 
 def compare_runs(pred_dir: Path, meas_dir: Path) -> Comparison:
@@ -120,14 +127,32 @@ def compare_runs(pred_dir: Path, meas_dir: Path) -> Comparison:
     by_step = pd.DataFrame({
         "predicted_s": _step_times(predicted), "measured_s": _step_times(measured)}).dropna()
     by_step["error"] = by_step["predicted_s"] / by_step["measured_s"] - 1.0
-    reports = [pred.report, meas.report]
-    rows = [(k, reports[0].get(k), reports[1].get(k)) for k in HEADLINE if k in reports[0] and k in reports[1]]
+    reports = [same_steps(pred.report, int(meas.report.get("warmup_steps") or 0)), meas.report]
+    peaks = mfu_peaks(pred, meas)
+    rows = [(k, reports[0].get(k), reports[1].get(k)) for k in HEADLINE if k in reports[0] and k in reports[1]
+            and (k != "mfu" or peaks[0] == peaks[1])]
     headline = pd.DataFrame(rows, columns=["metric", "predicted", "measured"])
     with np.errstate(divide="ignore", invalid="ignore"):
         headline["error"] = headline["predicted"] / headline["measured"] - 1.0
     return Comparison(by_kind=by_kind, by_step=by_step.reset_index(names="step"), headline=headline,
                       matched_tasks=len(joined), unmatched_predicted=len(predicted) - len(joined),
-                      unmatched_measured=len(measured) - len(joined))
+                      unmatched_measured=len(measured) - len(joined), steps=steps_note(meas.report),
+                      mfu_peaks=peaks)
+
+
+def same_steps(report: dict, warmup_steps: int) -> dict:
+    """A prediction's report with its step-time figures over the steps a measured run's are (its first
+    warmup_steps left out): step time, tokens/s, TFLOPS and MFU go as one over the step time."""
+    times = report.get("step_times_s") or []
+    if warmup_steps <= 0 or len(times) <= warmup_steps or "warmup_steps" in report:
+        return report
+    step_s = float(np.mean(times[warmup_steps:]))
+    scale = report["step_time_s"] / step_s
+    out = {**report, "step_time_s": step_s, "warmup_steps": warmup_steps}
+    for key in ("tokens_per_s", "tflops_per_gpu", "mfu", "hfu"):
+        if key in report:
+            out[key] = report[key] * scale
+    return out
 
 
 def _step_times(df: pd.DataFrame) -> pd.Series:
@@ -145,7 +170,10 @@ def format_comparison(c: Comparison) -> str:
     lines += ["", "per step:", f"  {'step':>4s} {'pred ms':>10s} {'meas ms':>10s} {'error':>8s}"]
     for r in c.by_step.itertuples():
         lines.append(f"  {r.step:4d} {r.predicted_s * 1e3:10.3f} {r.measured_s * 1e3:10.3f} {r.error * 100:7.1f}%")
-    lines += ["", "headline:"]
+    lines += ["", f"headline (both over {c.steps}):" if c.steps else "headline:"]
     for r in c.headline.itertuples():
         lines.append(f"  {r.metric:34s} {r.predicted:14.6g} {r.measured:14.6g} {r.error * 100:7.1f}%")
+    if c.mfu_peaks[0] != c.mfu_peaks[1]:
+        lines.append(f"  mfu not compared: predicted against {c.mfu_peaks[0]}'s peak, measured against "
+                     f"{c.mfu_peaks[1]}'s (tokens_per_s compares the same work)")
     return "\n".join(lines)

@@ -17,33 +17,21 @@ import numpy as np
 
 from piper_sim.calibrate.fit import expert_lines
 from piper_sim.errors import ConfigError
-from piper_sim.paths import data_dir
 from piper_sim.units import is_finite_number, read_params
 from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import Curve, DeviceProfile, HostProfile, MoePath, ShapeFactor, layer_key
-from piper_sim.yamlio import read_yaml
+from piper_sim.workload.profile_file import profile_path, read_profile_raw  # noqa: F401 (profile_path: re-exported)
 
 PROFILE_SCHEMA = {
     "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
     "peak_bf16_TFLOPS": ..., "hbm_GiB": ..., "hbm_bandwidth_GBps": ..., "memory_efficiency": 0.8,
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
     "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
-    "extends": None, "moe_path": None,
+    "extends": None, "moe_path": None, "device_kind": "",
 }
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
-
-
-def profile_path(spec: str | Path) -> Path:
-    """The file of a profile given by name (traces/profiles/NAME.yaml) or path."""
-    path = Path(spec)
-    if path.suffix not in (".yaml", ".yml"):
-        path = data_dir("traces/profiles") / f"{spec}.yaml"
-    if not path.exists():
-        names = sorted(p.stem for p in data_dir("traces/profiles").glob("*.yaml"))
-        raise ConfigError("cost.profile", str(spec), f"one of {', '.join(names)} or a YAML path")
-    return path
 
 
 def load_profile(spec: str | Path | dict) -> DeviceProfile:
@@ -57,9 +45,7 @@ def load_host_profile(spec: str | Path | dict) -> HostProfile | None:
 
 
 def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile | None]:
-    if not isinstance(spec, str | Path | dict):
-        raise ConfigError("cost.profile", spec, "a profile name (traces/profiles/NAME.yaml), a YAML path or a mapping")
-    raw = _extended(spec if isinstance(spec, dict) else read_yaml(profile_path(spec), "cost.profile"))
+    raw = read_profile_raw(spec)
     p = read_params(raw, PROFILE_SCHEMA, "cost.profile.")
     _check_device_numbers(p)
     measurements = p.get("measurements") or {}
@@ -89,20 +75,6 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
     if by_layer:
         profile = replace(profile, framework_by_layer=tuple(by_layer))
     return profile, _host_measured(measurements)
-
-
-def _extended(raw: object) -> object:
-    """A profile that extends another (`extends: NAME`): the other's keys, those this one gives replaced. One
-    level: the profile extended may not extend one itself."""
-    if not isinstance(raw, dict) or raw.get("extends") is None:
-        return raw
-    base_name = raw["extends"]
-    if not isinstance(base_name, str):
-        raise ConfigError("cost.profile.extends", base_name, "the name of a profile in traces/profiles")
-    base = read_yaml(profile_path(base_name), "cost.profile.extends")
-    if not isinstance(base, dict) or base.get("extends") is not None:
-        raise ConfigError("cost.profile.extends", base_name, "a profile that extends none itself")
-    return {**base, **{k: v for k, v in raw.items() if k != "extends"}}
 
 
 def _moe_path(raw: object) -> MoePath | None:

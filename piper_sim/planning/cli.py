@@ -26,16 +26,29 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="LocalCluster workers (default: one per core; 0: run in this process, no Dask)")
 
 
-def check_machine(topology: str, profile: str, num_gpus: int) -> None:
+def check_machine(request: PlanRequest) -> None:
     """--topology and --profile, before any work: a bad one fails naming the flag and the config key it fills
-    (topology, cost.profile), the value and what is allowed."""
+    (topology, cost.profile), the value and what is allowed; a profile of other devices than the topology's fails
+    unless --allow-device-mismatch. Says which profile was taken where --profile was not given."""
     from piper_sim.calibrate.load import load_profile  # numpy
     from piper_sim.topology.load import load_topology  # networkx
 
     with named_by("--topology"):
-        load_topology(topology, num_gpus)
+        load_topology(request.topology, request.num_gpus)
     with named_by("--profile"):
-        load_profile(profile)
+        choice = request.profile_choice()
+        load_profile(choice.profile)
+    if choice.reason:
+        print(f"piper-sim: note: --profile not given: {choice.profile}, {choice.reason} (its peak FLOP/s, HBM and "
+              "efficiencies price every plan)", file=sys.stderr)
+
+
+def add_machine_args(p: argparse.ArgumentParser, topology_help: str = "topology preset or YAML path") -> None:
+    p.add_argument("--topology", default="frontier", help=f"{topology_help} (default frontier)")
+    p.add_argument("--profile", default=None, help="device cost profile (traces/profiles/NAME.yaml; default: the "
+                   "topology's device_profile, mi250x where it names none)")
+    p.add_argument("--allow-device-mismatch", action="store_true",
+                   help="price the topology with a profile of other devices than its own")
 
 
 def check_workers(workers: int | None) -> None:
@@ -52,8 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs (GCDs on Frontier)")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per training step")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
-    p.add_argument("--topology", default="frontier", help="topology preset or YAML path (default frontier)")
-    p.add_argument("--profile", default="mi250x", help="device cost profile (traces/profiles/NAME.yaml)")
+    add_machine_args(p)
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
                    help="fix or bound a knob, e.g. --fix parallel.pp=4 --fix schedule=1f1b,zb-h1 (repeatable)")
     p.add_argument("--top", type=int, default=16,
@@ -83,11 +95,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError("--seq-len", args.seq_len, f"a positive integer up to {FIELD_LIMITS['seq_len']:,}")
     if args.reserve_GiB is not None and not (0 <= args.reserve_GiB < 1e6):
         raise ConfigError("--reserve-GiB", args.reserve_GiB, "a non-negative number of GiB")
-    check_machine(args.topology, args.profile, args.gpus)
     request = PlanRequest(model=args.model, num_gpus=args.gpus, global_batch=args.global_batch,
                           topology=args.topology, profile=args.profile, seq_len=args.seq_len,
+                          allow_device_mismatch=args.allow_device_mismatch,
                           fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain,
                           reserve_bytes=None if args.reserve_GiB is None else args.reserve_GiB * 2**30)
+    check_machine(request)
     if args.seq_len is None:
         model = load_model(args.model)
         print(f"piper-sim: note: {model.name} is planned at the sequence length its preset or config file gives, "
@@ -148,8 +161,7 @@ def register_scaling(studies: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, help="strong scaling: sequences per step")
     p.add_argument("--sequences-per-gpu", type=int, default=4, help="weak scaling: sequences per GPU (default 4)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
-    p.add_argument("--topology", default="frontier")
-    p.add_argument("--profile", default="mi250x")
+    add_machine_args(p)
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]")
     p.add_argument("--top", type=int, default=4, help="plans simulated per point (default 4; 0: estimate only)")
     p.add_argument("--ep-domain", choices=DOMAINS, default="switch")
@@ -167,10 +179,11 @@ def cmd_study_scaling(args: argparse.Namespace) -> int:
         raise ConfigError("--global-batch", args.global_batch, "a positive number of sequences (strong scaling)")
     if args.top < 0:
         raise ConfigError("--top", args.top, "0 (estimate only) or a positive integer")
-    check_machine(args.topology, args.profile, counts[0])
     base = PlanRequest(model=args.model, num_gpus=counts[0], global_batch=args.global_batch or 1,
                        topology=args.topology, profile=args.profile, seq_len=args.seq_len,
+                       allow_device_mismatch=args.allow_device_mismatch,
                        fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain)
+    check_machine(base)
     requests = scaling_requests(base, counts, weak=args.weak, sequences_per_gpu=args.sequences_per_gpu)
     check_scheduler(args.scheduler)
     open_out_dir(args.out, "study scaling", resume=True)

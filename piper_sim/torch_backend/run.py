@@ -44,6 +44,12 @@ from .process_launch import launch_in_namespaces
 STEP_MARKS = ".steps"  # ranks/rankN.steps: one byte per step the rank has finished
 
 
+def run_devices() -> str | None:
+    """What the ranks compute on where it decides the cost profile: "cpu" without CUDA (gloo ranks on this
+    machine's CPUs), None on GPUs (the topology's devices; piper_sim.profile_choice)."""
+    return None if torch.cuda.is_available() else "cpu"
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What each rank needs, picklable: the resolved config mapping, the lowered schedule to run, and where
@@ -72,7 +78,7 @@ def batch_source(corpus: ByteCorpus, seq_len: int, mbs: int, seed: int, replicas
 
 def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     """One rank: build the executor, run the steps, write rows and losses under out_dir/ranks/."""
-    cfg = load_config(spec.raw_config)
+    cfg = load_config(spec.raw_config, devices=run_devices())
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores: no oversubscription
     schedule = spec.schedule
     par = cfg.parallel

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from piper_sim.result import RunResult
 from piper_sim.simulate import simulate
 
 CASE_KEYS = {"description", "config", "testbed", "tolerance", "pair", "measures"}
+# a topology file's default cost profile prices predictions only: a real run does not depend on it
+_PREDICTION_ONLY_LINE = re.compile(rb"^device_profile:[^\n]*\n", re.MULTILINE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,12 +65,13 @@ def find_cases(names: list[str], root: Path) -> list[Case]:
 
 def case_digest(case: Case) -> str:
     """A short hash of what a real run of the case depends on: its config, the topology files it names and the
-    revision of the backend's all-to-all where it has changed (REAL_RUN_REVISION). measured.json records it;
+    revision of the backend's all-to-all where it has changed (REAL_RUN_REVISION); a topology file's
+    device_profile line, which prices predictions only, is left out. measured.json records it;
     validate refuses a measurement whose case has changed since."""
     digest = hashlib.sha256(json.dumps(case.config, sort_keys=True).encode())
     for rel in sorted({case.testbed, case.config.get("topology")} - {None}):
         if isinstance(rel, str) and rel.endswith(".yaml") and (case.path / rel).exists():
-            digest.update((case.path / rel).read_bytes())
+            digest.update(_PREDICTION_ONLY_LINE.sub(b"", (case.path / rel).read_bytes()))
     collectives = case.config.get("collectives")
     algorithm = collectives.get("all_to_all") if isinstance(collectives, dict) else None
     if algorithm in REAL_RUN_REVISION:  # the backend's implementation of it changed since its first revision
