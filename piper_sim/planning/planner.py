@@ -28,6 +28,7 @@ from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans
 from piper_sim.planning.store import ResultStore
+from piper_sim.profile_choice import ProfileChoice, choose_profile
 from piper_sim.simulate import simulate
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import place
@@ -44,7 +45,8 @@ class PlanRequest:
     num_gpus: int
     global_batch: int  # sequences per step
     topology: str | dict = "frontier"
-    profile: str = "mi250x"
+    profile: str | None = None  # None: the topology's device profile (piper_sim.profile_choice)
+    allow_device_mismatch: bool = False  # a profile of other devices than the topology's (cost.allow_device_mismatch)
     seq_len: int | None = None
     fixed: dict | None = None  # knob -> allowed values (space.parse_fixes)
     top_k: int = 16
@@ -60,10 +62,18 @@ class PlanRequest:
             base = {"preset": str(Path(self.model).resolve())}
         return {**base, "seq_len": self.seq_len}
 
+    def profile_choice(self) -> ProfileChoice:
+        """The profile that prices the plans (--profile, checked against the topology's devices, or theirs)."""
+        return choose_profile(self.topology, self.profile, allow_mismatch=self.allow_device_mismatch, key="--profile",
+                              allow_key="--allow-device-mismatch")
+
     def config(self, point: PlanPoint) -> dict:
         """The full config of one candidate, ready for `simulate` or `run`."""
-        return {"model": self.model_section(), "topology": self.topology, "placement": "contiguous",
-                "cost": {"profile": self.profile, "flash_attention": self.flash_attention}, **point.config_sections()}
+        cost = {"profile": self.profile_choice().profile, "flash_attention": self.flash_attention}
+        if self.allow_device_mismatch:
+            cost["allow_device_mismatch"] = True
+        return {"model": self.model_section(), "topology": self.topology, "placement": "contiguous", "cost": cost,
+                **point.config_sections()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +116,7 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
     model = load_model(request.model_section())
     topo = load_topology(request.topology, request.num_gpus)
     gpus = place(topo, request.num_gpus, "contiguous")
-    profile = load_profile(request.profile)
+    profile = load_profile(request.profile_choice().profile)
     points = enumerate_plans(model, request.num_gpus, request.global_batch, fixed=request.fixed,
                              domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
                              node_gpus=domain_gpus(request.topology, request.num_gpus, "node"),

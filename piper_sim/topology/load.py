@@ -1,7 +1,8 @@
 """Load a topology from a preset name, a YAML path or an inline mapping.
 
-YAML form: {name: str, description: str, builder: registered builder, params: {unit-suffixed keys},
-collectives: {algorithm: {unit-suffixed keys}}, sources: [...]}. `collectives` holds the parameters of the
+YAML form: {name: str, description: str, device_profile: the cost profile of its devices (optional; generic
+machines name none), builder: registered builder, params: {unit-suffixed keys}, collectives: {algorithm:
+{unit-suffixed keys}}, sources: [...]}. `collectives` holds the parameters of the
 machine's collective algorithms (the vendor libraries' models, HALO's pipelining), read and checked by
 piper_sim.collectives. A mapping may also be {preset: NAME, params: {overrides}, collectives: {overrides}}.
 """
@@ -19,7 +20,7 @@ from piper_sim.topology.builders import BUILDERS
 from piper_sim.topology.graph import Topology
 from piper_sim.yamlio import read_yaml
 
-TOPOLOGY_KEYS = ("name", "description", "builder", "params", "preset", "sources", "collectives")
+TOPOLOGY_KEYS = ("name", "description", "device_profile", "builder", "params", "preset", "sources", "collectives")
 
 
 def topology_presets() -> list[str]:
@@ -67,6 +68,15 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
     if "builder" not in raw:
         raise ConfigError("topology.builder", None, f"one of {', '.join(BUILDERS.names())}")
     return raw
+
+
+def topology_device_profile(spec: str | dict | Path) -> tuple[str, str | None]:
+    """(the topology's name, the cost profile of its devices, or None where it names none: a generic machine)."""
+    raw = read_topology_mapping(spec)
+    profile = raw.get("device_profile")
+    if profile is not None and not isinstance(profile, str):
+        raise ConfigError("topology.device_profile", profile, "the name of a profile in traces/profiles")
+    return str(raw.get("name", "(inline)")), profile
 
 
 def _check_mapping(key: str, value: object, given: bool) -> None:
