@@ -90,3 +90,16 @@ def test_size_labels_parse_back_to_the_bytes():
         assert parse_size(size_label(size)) == size
     with pytest.raises(ConfigError):
         moe_buffer("x-moe-small", seq_len=-1)
+
+
+def test_reproduces_halo_table_names_its_sizes_per_gpu(tmp_path):
+    """reproduce's HALO experiment runs the study per GPU; its table's size column says so."""
+    from piper_sim.reproduce.network import halo_section
+    from piper_sim.reproduce.work import run_point
+
+    payload = {"kind": "a2a_study", "nodes": 1, "sizes": ["1MiB"], "algorithms": ["rccl", "halo"],
+               "topology": "frontier"}
+    result = run_point(payload)
+    assert {row["size_per"] for row in result["rows"]} == {"gpu"}
+    table = halo_section([(payload, result)], tmp_path).table
+    assert "size per GPU" in table.columns and table["size per GPU"].tolist() == ["1MiB"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from piper_sim.reproduce.experiment import Experiment, Section, figure
-from piper_sim.studies.all_to_all import parse_size
+from piper_sim.studies.all_to_all import SIZE_PER, parse_size
 
 FRONTIER = "frontier"
 ACROSS_GROUPS = {"preset": "frontier", "params": {"allocation": {"policy": "spread", "groups": 2}}}
@@ -71,7 +71,7 @@ def _bars(ax, table: pd.DataFrame) -> None:
         ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
     ax.set_xlabel("locality level, GCDs / bytes per GCD")
     ax.set_ylabel("bus bandwidth per GPU (GB/s)")
-    ax.set_title("All-to-all bandwidth per locality level on Frontier")
+    ax.set_title("All-to-all bandwidth per locality level on Frontier (sizes per GPU)")
     ax.legend(loc="best", fontsize=8)
 
 
@@ -85,19 +85,22 @@ def halo_points(quick: bool) -> list[dict]:
 def halo_section(results: list[tuple[dict, dict]], out: Path) -> Section:
     rows = [row for _, r in results for row in r["rows"] if "time_s" in row]
     table = pd.DataFrame(rows)
-    wide = table.pivot_table(index=["nodes", "size"], columns="algorithm", values="busbw_bytes_per_s",
+    (per,) = {SIZE_PER[p] for p in table["size_per"]}  # the study's convention (work.py: each GPU's buffer)
+    table = table.rename(columns={"size": f"size {per}"})
+    wide = table.pivot_table(index=["nodes", f"size {per}"], columns="algorithm", values="busbw_bytes_per_s",
                              sort=False).reset_index()
     wide["halo / rccl"] = wide["halo"] / wide["rccl"]
     for alg in ("rccl", "halo"):
         wide[alg] = wide[alg] / 1e9
     wide = wide.rename(columns={"rccl": "rccl busbw GB/s", "halo": "halo busbw GB/s"})
-    busiest = table[table["algorithm"] == "halo"].set_index(["nodes", "size"])["busiest_link_kind"]
-    wide["halo's busiest link"] = [busiest.get((n, s), "") for n, s in zip(wide["nodes"], wide["size"], strict=True)]
-    plot = figure(out, "halo", lambda ax: _ratio_plot(ax, wide))
+    busiest = table[table["algorithm"] == "halo"].set_index(["nodes", f"size {per}"])["busiest_link_kind"]
+    wide["halo's busiest link"] = [busiest.get((n, s), "") for n, s in zip(wide["nodes"], wide[f"size {per}"],
+                                                                           strict=True)]
+    plot = figure(out, "halo", lambda ax: _ratio_plot(ax, wide, per))
     ratio = wide["halo / rccl"]
     return Section(
         table=wide, plot=plot, figures={"halo_over_rccl": (float(ratio.min()), float(ratio.max()))},
-        versus_paper=_halo_versus_paper(wide),
+        versus_paper=_halo_versus_paper(wide, per),
         prediction=f"HALO over the RCCL model from {wide['nodes'].min()} to {wide['nodes'].max()} nodes: "
                    f"{ratio.min():.2f} to {ratio.max():.2f}x (the paper: 1.2 to 9x).",
         mechanism="The RCCL model's rounds over every peer pay a per-message cost that grows with the GPU count, "
@@ -106,26 +109,27 @@ def halo_section(results: list[tuple[dict, dict]], out: Path) -> Section:
                   "both approach the NICs' and the global links' bandwidth, so the ratio narrows.")
 
 
-def _halo_versus_paper(wide: pd.DataFrame) -> str:
+def _halo_versus_paper(wide: pd.DataFrame, per: str) -> str:
     hi = wide.iloc[wide["halo / rccl"].argmax()]
     lo = wide.iloc[wide["halo / rccl"].argmin()]
-    per_peer = parse_size(hi["size"]) / (8 * hi["nodes"])
-    return (f"The largest ratio, {hi['halo / rccl']:.2f}x, is at {hi['nodes']} nodes and {hi['size']} per GPU: "
+    size = f"size {per}"
+    per_peer = parse_size(hi[size]) / (8 * hi["nodes"]) if per == SIZE_PER["gpu"] else parse_size(hi[size])
+    return (f"The largest ratio, {hi['halo / rccl']:.2f}x, is at {hi['nodes']} nodes and {hi[size]} {per}: "
             f"{per_peer:,.0f} bytes per peer, where the RCCL model's per-message and per-round costs "
             "(traces/collectives/rccl-frontier.yaml) dominate its time and HALO's one message per node pair does "
-            f"not pay them; the smallest, {lo['halo / rccl']:.2f}x, is at {lo['nodes']} nodes and {lo['size']} per "
-            "GPU, where both are bound by the NICs and global links. A range wider than the paper's comes from "
+            f"not pay them; the smallest, {lo['halo / rccl']:.2f}x, is at {lo['nodes']} nodes and {lo[size]} {per}, "
+            "where both are bound by the NICs and global links. A range wider than the paper's comes from "
             "points at many nodes and small buffers; which sizes and node counts the paper's range covers is not "
             "in claims.yaml.")
 
 
-def _ratio_plot(ax, wide: pd.DataFrame) -> None:
-    for size, rows in wide.groupby("size", sort=False):
-        ax.plot(rows["nodes"], rows["halo / rccl"], marker="o", label=f"{size} per GPU")
+def _ratio_plot(ax, wide: pd.DataFrame, per: str) -> None:
+    for size, rows in wide.groupby(f"size {per}", sort=False):
+        ax.plot(rows["nodes"], rows["halo / rccl"], marker="o", label=f"{size} {per}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("nodes (8 GCDs each)")
     ax.set_ylabel("HALO bandwidth / RCCL model bandwidth")
-    ax.set_title("HALO against the vendor all-to-all on Frontier")
+    ax.set_title(f"HALO against the vendor all-to-all on Frontier (sizes {per})")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.legend(loc="best", fontsize=8)
 
