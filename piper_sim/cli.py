@@ -236,7 +236,8 @@ def _validate_published(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_published(args.out, scores, summary)
         finish(args.out)
-        print(f"wrote {args.out}/ (published.csv, published_families.csv, published_band_coverage.csv, "
+        print(f"wrote {args.out}/ (published.csv, published_budget.csv, published_families.csv, "
+              "published_band_coverage.csv, "
               "published_summary.json, "
               "published_vs_predicted.png)")
     return 0

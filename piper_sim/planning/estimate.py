@@ -128,28 +128,33 @@ class Estimator:
             mfu=model_flops / (step * point.num_gpus * self.profile.peak_flops_per_s))
 
     # ---- compute -------------------------------------------------------------------------------
-    def _chunk(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, last: bool, zb: bool
-               ) -> tuple[float, float, float, float, int]:
-        """(forward s, backward s (input pass for ZB), weight pass s, FLOPs, MoE layers) of one microbatch."""
+    def _chunk(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, last: bool, zb: bool,
+               terms: dict[str, float] | None = None) -> tuple[float, float, float, float, int]:
+        """(forward s, backward s (input pass for ZB), weight pass s, FLOPs, MoE layers) of one microbatch; with
+        `terms`, its compute by cost term (workload.cost.COST_TERMS) and its TP collectives ("tp_comm") added there."""
         f = b = w = flops = 0.0
         moe = 0
         for seg in chunk_segments(self.model, layers, first=first, last=last, split=coster.split):
             if seg.tp != ("", ""):  # a tensor-parallel collective blocks the compute stream
                 forward, backward = (self._tp_s(kind, coster) for kind in seg.tp)
                 f, b = f + forward, b + backward
+                if terms is not None:
+                    terms["tp_comm"] = terms.get("tp_comm", 0.0) + forward + backward
                 continue
             if seg.role:
                 moe += seg.role == "dispatch"
                 continue
             rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
-            fs, ff = coster.cost("forward_expert" if seg.expert else "forward", seg.ops, rows)
-            if zb:
-                bs, bf = coster.cost("backward_expert_input" if seg.expert else "backward_input", seg.ops, rows)
-                ws, wf = coster.cost("backward_weight", seg.ops, rows)
-            else:
-                bs, bf = coster.cost("backward_expert" if seg.expert else "backward", seg.ops, rows)
-                ws, wf = 0.0, 0.0
+            kinds = ("forward_expert" if seg.expert else "forward",
+                     *(("backward_expert_input" if seg.expert else "backward_input", "backward_weight") if zb
+                       else ("backward_expert" if seg.expert else "backward",)))
+            fs, ff = coster.cost(kinds[0], seg.ops, rows)
+            bs, bf = coster.cost(kinds[1], seg.ops, rows)
+            ws, wf = coster.cost(kinds[2], seg.ops, rows) if zb else (0.0, 0.0)
             f, b, w, flops = f + fs, b + bs, w + ws, flops + ff + bf + wf
+            for kind in kinds if terms is not None else ():
+                for term, value in coster.cost_terms(kind, seg.ops, rows).items():
+                    terms[term] = terms.get(term, 0.0) + value
         return f, b, w, flops, moe
 
     def _recompute(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, recompute: str
@@ -364,8 +369,16 @@ def estimate_config(cfg) -> tuple[Estimate, bool]:
 def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float]:
     """A whole config priced by the estimator: (its estimate, each stage's peak memory by the resource model,
     the device's HBM bytes)."""
-    from piper_sim.calibrate.load import load_profile
     from piper_sim.planning.resource import stage_memory
+
+    estimator, point = config_estimator(cfg)
+    peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention)]
+    return estimator.estimate(point), peaks, estimator.profile.hbm_bytes
+
+
+def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:
+    """The estimator of a whole config's machine and profile, and the config's plan as a PlanPoint."""
+    from piper_sim.calibrate.load import load_profile
     from piper_sim.topology.load import load_topology
     from piper_sim.topology.placement import place
 
@@ -374,8 +387,6 @@ def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float]:
                       num_microbatches=par.num_microbatches, schedule=cfg.schedule, all_to_all=cfg.all_to_all,
                       recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp)
     topo = load_topology(cfg.topology, n)
-    profile = load_profile(cfg.cost_profile)
-    estimate = Estimator(cfg.model, topo, place(topo, n, cfg.placement), profile, collectives_all_reduce=cfg.all_reduce,
-                         flash_attention=cfg.flash_attention).estimate(point)
-    peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention)]
-    return estimate, peaks, profile.hbm_bytes
+    estimator = Estimator(cfg.model, topo, place(topo, n, cfg.placement), load_profile(cfg.cost_profile),
+                          collectives_all_reduce=cfg.all_reduce, flash_attention=cfg.flash_attention)
+    return estimator, point

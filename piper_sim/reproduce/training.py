@@ -162,7 +162,8 @@ def models_section(results: list[tuple[dict, dict]], out: Path) -> Section:
         mechanism="The planner keeps plans whose stage-0 memory fits (recomputation and ZeRO where needed), EP "
                   "inside a switch, and ranks them by the estimated step: compute at the profile's efficiency for "
                   "each GEMM's shape, the pipeline bubble, and the blocking all-to-alls.",
-        notes=f"Sequence {SEQ}, global batch {GLOBAL_BATCH} sequences; GCD counts chosen here. tier: DES (simulated) or estimate.")
+        notes=f"Sequence {SEQ}, global batch {GLOBAL_BATCH} sequences; GCD counts chosen here. tier: DES "
+              "(simulated) or estimate.")
 
 
 def _bar(ax, table: pd.DataFrame, column: str, title: str) -> None:

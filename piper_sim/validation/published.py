@@ -4,7 +4,8 @@
 Owns reading the runs, the measured step time of each (stated, or from a published throughput through the
 publication's own FLOP formula, so no FLOP convention of piper-sim's enters the measured side), scoring and the
 summary: error per run, MAPE, worst run, and the share of run pairs whose order by per-GPU throughput the
-prediction keeps. Must not import torch.
+prediction keeps, and the same per family (hardware, dense or MoE, scale; validation/band.py). Must not import
+torch.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ import time
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError
+from piper_sim.validation.band import Family, family_of, leave_one_family_out
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PUBLISHED_DIR = "published"
 
@@ -129,7 +135,9 @@ def score_published(run: PublishedRun, tier: str = "des") -> dict:
     figures = _simulated(cfg) if tier == "des" else _estimated(cfg)
     measured = measured_step_s(run)
     gpus = cfg.parallel.num_gpus
+    family = family_of(cfg)
     return {"name": run.name, "num_gpus": gpus, "tier": tier, "measured_step_s": measured, **figures,
+            "hardware": family.hardware, "moe": family.moe, "scale": family.scale,
             "error": figures["predicted_step_s"] / measured - 1,
             "measured_tokens_per_s_per_gpu": run.tokens_per_step / measured / gpus,
             "predicted_tokens_per_s_per_gpu": run.tokens_per_step / figures["predicted_step_s"] / gpus,
@@ -137,21 +145,38 @@ def score_published(run: PublishedRun, tier: str = "des") -> dict:
 
 
 def _simulated(cfg) -> dict:
+    from piper_sim.analysis.budget import trace_budget
     from piper_sim.simulate import simulate
 
-    report = simulate(cfg).report
+    result = simulate(cfg)
+    report = result.report
+    budget = trace_budget(result.trace)
     return {"predicted_step_s": report.step_time_s, "predicted_mfu": report.mfu,
             "bubble_fraction": report.bubble_fraction, "exposed_comm_fraction": report.exposed_comm_fraction,
-            "fits_memory": all(report.fits_memory or [True])}
+            "fits_memory": all(report.fits_memory or [True]),
+            "budget": {k: v for k, v in budget.items() if k not in ("rank", "step_s")}}
 
 
 def _estimated(cfg) -> dict:
-    from piper_sim.planning.estimate import estimate_config
+    from piper_sim.planning.budget import estimate_budget
+    from piper_sim.planning.estimate import config_estimator, estimate_config
 
     estimate, fits = estimate_config(cfg)
+    _, budget = estimate_budget(*config_estimator(cfg))
     return {"predicted_step_s": estimate.step_time_s, "predicted_mfu": estimate.mfu,
             "bubble_fraction": estimate.bubble_s / estimate.step_time_s, "exposed_comm_fraction": float("nan"),
-            "fits_memory": fits}
+            "fits_memory": fits, "budget": {k: v for k, v in budget.items() if k != "stage"}}
+
+
+def budget_table(scores: list[dict]) -> pd.DataFrame:
+    """Per run: the measured and predicted step, what the prediction misses (measured - predicted), and the
+    predicted step split into its terms (seconds; the estimate tier splits compute by cost term, the DES tier
+    gives one rank's step by what fills it: analysis/budget.py, planning/budget.py)."""
+    import pandas as pd
+
+    return pd.DataFrame([{"name": s["name"], "tier": s["tier"], "measured_step_s": s["measured_step_s"],
+                          "predicted_step_s": s["predicted_step_s"],
+                          "missing_s": s["measured_step_s"] - s["predicted_step_s"], **s["budget"]} for s in scores])
 
 
 def summarize_published(scores: list[dict]) -> dict:
@@ -164,6 +189,39 @@ def summarize_published(scores: list[dict]) -> dict:
     return {"runs": len(scores), "mape": sum(errors) / len(errors), "worst": worst["name"],
             "worst_error": worst["error"], "beyond_30pct": sum(e > 0.30 for e in errors),
             "order_kept": kept / len(pairs) if pairs else 1.0, "pairs": len(pairs)}
+
+
+def family_summary(scores: list[dict]) -> list[dict]:
+    """Per family (hardware and dense or MoE; then by scale within it): runs, MAPE, mean signed error and the
+    worst run, so that no family's bias hides in the overall MAPE."""
+    rows = []
+    for depth in (2, 3):
+        groups: dict[str, list[dict]] = {}
+        for s in scores:
+            groups.setdefault(Family(s["hardware"], s["moe"], s["scale"]).label(depth), []).append(s)
+        for label, members in sorted(groups.items()):
+            worst = max(members, key=lambda s: abs(s["error"]))
+            rows.append({"family": label, "runs": len(members),
+                         "mape": sum(abs(s["error"]) for s in members) / len(members),
+                         "mean_signed": sum(s["error"] for s in members) / len(members),
+                         "worst": worst["name"], "worst_error": worst["error"]})
+    return rows
+
+
+def band_coverage(scores: list[dict]) -> pd.DataFrame:
+    """The error band of each run derived from the other families' runs of these scores (validation/band.py)."""
+    import pandas as pd
+
+    columns = ["name", "error", "hardware", "moe", "scale"]
+    tier = scores[0]["tier"] if scores else "des"
+    return leave_one_family_out(pd.DataFrame([{k: s[k] for k in columns} for s in scores], columns=columns), tier)
+
+
+def format_families(rows: list[dict]) -> str:
+    lines = [f"{'family':<34} {'runs':>4} {'MAPE':>7} {'mean':>7} {'worst':>7}  worst run"]
+    lines += [f"{r['family']:<34} {r['runs']:>4} {100 * r['mape']:>6.1f}% {100 * r['mean_signed']:>+6.1f}% "
+              f"{100 * r['worst_error']:>+6.1f}%  {r['worst']}" for r in rows]
+    return "\n".join(lines)
 
 
 def format_published(scores: list[dict], summary: dict) -> str:
@@ -187,7 +245,11 @@ def write_published(out: Path, scores: list[dict], summary: dict) -> None:
     import pandas as pd
 
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(scores).to_csv(out / "published.csv", index=False)
+    pd.DataFrame([{k: v for k, v in s.items() if k != "budget"} for s in scores]).to_csv(out / "published.csv",
+                                                                                         index=False)
+    budget_table(scores).to_csv(out / "published_budget.csv", index=False)
+    pd.DataFrame(family_summary(scores)).to_csv(out / "published_families.csv", index=False)
+    band_coverage(scores).to_csv(out / "published_band_coverage.csv", index=False)
     (out / "published_summary.json").write_text(json.dumps(summary, indent=2))
     fig, ax = plt.subplots(figsize=(5.5, 5))
     measured = [s["measured_step_s"] for s in scores]

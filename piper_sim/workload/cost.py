@@ -49,20 +49,38 @@ def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float |
     return max(flop_time, memory_time)
 
 
-def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                gemm_s: Callable[[Gemm], float] | None = None) -> float:
-    """Time of an op's work; gemm_s: the time of one GEMM (gemm_time_s unless given, e.g. memoized)."""
+# The terms a compute task's time is made of (TaskCoster.cost_terms; an error budget's compute terms):
+# gemm: the GEMMs of linears and experts; attention: the attention core (fused, or batched GEMMs and the score
+# matrix's traffic); memory_bound: elementwise traffic (norms, activations, residuals, softmax, permutations) at
+# HBM bandwidth; launch: a kernel launch overhead per kernel; framework: the fixed costs a profile measured for
+# an op's code path (framework_s) and its measured MoE path (gate, gather and scatter kernels)
+COST_TERMS = ("gemm", "attention", "memory_bound", "launch", "framework")
+
+
+def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
+                 gemm_s: Callable[[Gemm], float] | None = None) -> dict[str, float]:
+    """Time of an op's work by term (COST_TERMS but framework); gemm_s: the time of one GEMM (gemm_time_s unless
+    given, e.g. memoized)."""
     if gemm_s is None:
         def gemm_s(g: Gemm) -> float:
             return gemm_time_s(profile, g, dtype_bytes)
-    t = sum(gemm_s(g) for g in work.gemms)
+    attention = 0.0
     if work.unfused_gemms:  # the core as batched GEMMs and the score matrix's traffic
-        t += sum(gemm_s(g) for g in work.unfused_gemms)
-        t += work.score_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+        attention = sum(gemm_s(g) for g in work.unfused_gemms)
+        attention += work.score_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
     elif work.attention_flops:
-        t += work.attention_flops / (profile.peak_flops_per_s * profile.attention_efficiency(work.attention_seq_len))
-    t += work.elementwise_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
-    return t + work.num_kernels * profile.kernel_launch_s
+        attention = work.attention_flops / (profile.peak_flops_per_s
+                                            * profile.attention_efficiency(work.attention_seq_len))
+    return {"gemm": sum(gemm_s(g) for g in work.gemms), "attention": attention,
+            "memory_bound": work.elementwise_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency),
+            "launch": work.num_kernels * profile.kernel_launch_s}
+
+
+def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
+                gemm_s: Callable[[Gemm], float] | None = None) -> float:
+    """Time of an op's work: the sum of its terms (work_terms_s)."""
+    terms = work_terms_s(profile, work, dtype_bytes, gemm_s)
+    return terms["gemm"] + terms["attention"] + terms["memory_bound"] + terms["launch"]
 
 
 def _pass_name(kind: str) -> str:
@@ -119,6 +137,31 @@ class TaskCoster:
         self._cache[key] = (seconds, flops)
         return seconds, flops
 
+    def cost_terms(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> dict[str, float]:
+        """The seconds of cost(kind, ops, expert_rows) by term (COST_TERMS), priced along the same branches; their
+        sum is cost()'s seconds up to rounding (tests hold it). Not memoized: for reports, not the engine."""
+        factor = BACKWARD_FACTOR[kind]
+        terms = dict.fromkeys(COST_TERMS, 0.0)
+        measured_experts = (_pass_name(kind), "experts") in self.profile.framework_s
+        for op in ops:
+            if expert_rows and op.startswith("experts:") and not measured_experts:
+                gemm, memory, launch = self._experts_parts(np.array([expert_rows], dtype=np.int64),
+                                                           np.array([len(expert_rows)]))
+                for term, value in (("gemm", gemm), ("memory_bound", memory), ("launch", launch)):
+                    terms[term] += factor * float(value[0])
+                continue
+            work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
+            if self.profile.moe_path is not None and op.startswith(MOE_PATH_OPS):
+                terms["framework"] += self._moe_path_s(kind, op, work)
+                continue
+            fixed = self._framework_s(kind, op, expert_rows, work)
+            if fixed is not None:
+                terms["framework"] += fixed
+                work = replace(work, num_kernels=0)
+            for term, value in work_terms_s(self.profile, work, self.model.dtype_bytes, self._gemm_s).items():
+                terms[term] += factor * value
+        return terms
+
     def _experts_s(self, expert_rows: tuple[int, ...]) -> tuple[float, float]:
         """(seconds, FLOPs) of an experts op's forward on these rows per expert (experts_forward_s of one rank)."""
         seconds, flops = self.experts_forward_s(np.array([expert_rows], dtype=np.int64).reshape(1, len(expert_rows)),
@@ -130,16 +173,21 @@ class TaskCoster:
         past its num_local[m] experts). Each expert's GEMMs are priced once per row count (skewed routing gives every
         rank and micro-batch its own rows) and added expert by expert, plus the rest of the op (its traffic over the
         rows, a few kernels per expert: experts_besides_gemms)."""
+        gemm, memory, launch, flops = self._experts_parts(rows, num_local, with_flops=True)
+        return gemm + (memory + launch), flops
+
+    def _experts_parts(self, rows: np.ndarray, num_local: np.ndarray, with_flops: bool = False) -> tuple:
+        """Per rank of an experts op's forward: (GEMM seconds, traffic seconds, launch seconds[, FLOPs])."""
         per_expert = self._one_expert_table(rows)
         seconds, flops = np.zeros(len(rows)), np.zeros(len(rows))
         for j in range(rows.shape[1]):  # expert by expert, as one rank's sum runs
             seconds += per_expert[:, j, 0]
             flops += per_expert[:, j, 1]
         rest = experts_besides_gemms(self.model, (1,), self.split.etp)  # one row's traffic, one expert's kernels
-        rest_s = (rows.sum(axis=1) * rest.elementwise_bytes / (self.profile.hbm_bytes_per_s
-                                                               * self.profile.memory_efficiency)
-                  + num_local * rest.num_kernels * self.profile.kernel_launch_s)
-        return seconds + rest_s, flops
+        memory = rows.sum(axis=1) * rest.elementwise_bytes / (self.profile.hbm_bytes_per_s
+                                                              * self.profile.memory_efficiency)
+        launch = num_local * rest.num_kernels * self.profile.kernel_launch_s
+        return (seconds, memory, launch, flops) if with_flops else (seconds, memory, launch)
 
     def _one_expert_table(self, rows: np.ndarray) -> np.ndarray:
         """[..., 2]: (seconds, FLOPs) of one expert's GEMMs on each of these row counts (0 for none), from a table by
