@@ -22,7 +22,11 @@ from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import Curve, DeviceProfile, HostProfile, MoePath, ShapeFactor, layer_key
-from piper_sim.workload.profile_file import profile_path, read_profile_raw  # noqa: F401 (profile_path: re-exported)
+from piper_sim.workload.profile_file import (  # noqa: F401 (profile_path, profile_device_kind: re-exported)
+    profile_device_kind,
+    profile_path,
+    read_profile_raw,
+)
 
 PROFILE_SCHEMA = {
     "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
