@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from piper_sim.analysis.band import band_text
 from piper_sim.analysis.links import link_kind_summary
 from piper_sim.analysis.plots import plot_link_utilization, plot_timeline
 from piper_sim.analysis.report import Report, steps_note
@@ -82,6 +83,8 @@ def format_report(report: Report | dict) -> str:
             ("all_to_all_bandwidth_bytes_per_s", "all-to-all bw", lambda v: f"{v / 1e9:.2f} GB/s per GPU")):
         if report.get(key) is not None:
             lines.append(f"{label:<20}{show(report[key])}")
+    if report.get("error_band") is not None:
+        lines.append(f"{'error band':<20}{band_text(report['error_band'])}")
     if steps_note(report):
         lines.append(f"{'step time over':<20}{steps_note(report)}")
     if report.get("estimate") is not None:

@@ -14,6 +14,7 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from piper_sim.analysis.band import band_dict
 from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
 from piper_sim.calibrate.load import load_profiles
@@ -97,6 +98,7 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResu
                          peak_memory_by_stage=peaks, links=links, memory_headroom_bytes=headroom,
                          fits_memory=[h >= 0 for h in headroom],
                          sim_wall_s=time.perf_counter() - t0, hbm_bytes=profile.hbm_bytes, backend="sim", tier="des",
+                         error_band=band_dict(cfg, "des"),
                          peak_memory_bytes_first_step=_per_stage_max(records.first_step_peak_memory_bytes, par.pp),
                          **experts)
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,

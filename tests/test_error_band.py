@@ -1,13 +1,12 @@
 """The error band: the nearest family's published residuals, widened family by family, and its leave-one-family-out
-check (validation/band.py)."""
+check (analysis/band.py)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from piper_sim.config import load_config
-from piper_sim.validation.band import (
+from piper_sim.analysis.band import (
     Family,
     band_from,
     error_band,
@@ -15,6 +14,7 @@ from piper_sim.validation.band import (
     leave_one_family_out,
     scale_of,
 )
+from piper_sim.config import load_config
 
 
 def _scored(rows: list[tuple[str, float, str, bool, str]]) -> pd.DataFrame:
@@ -81,3 +81,16 @@ def test_validate_published_reports_each_family_apart():
     assert rows["mi250x MoE"]["worst"] == "f" and rows["mi250x MoE 65-512 GPUs"]["runs"] == 2
     coverage = band_coverage(scores)
     assert list(coverage["name"]) == list(SCORED["name"]) and coverage["covered"].dtype == bool
+
+
+def test_simulate_and_its_estimate_tier_write_the_error_band_into_report_json(tmp_path):
+    import json
+
+    from piper_sim.cli import main
+
+    for tier in ("des", "estimate"):
+        out = tmp_path / tier
+        assert main(["simulate", "x-moe-small-frontier", "--tier", tier, "--out", str(out)]) == 0
+        band = json.loads((out / "report.json").read_text())["error_band"]
+        assert band["tier"] == tier and band["family"].startswith("mi250x MoE") and band["runs"] >= 3
+        assert band["low"] <= band["high"]

@@ -91,6 +91,7 @@ class Report:
     migration: dict | None = None
     tier: str | None = None  # a simulator's report: "des" (the event simulation) or "estimate" (the estimator)
     estimate: dict | None = None  # the estimate tier: the estimator's terms (planning.estimate.Estimate)
+    error_band: dict | None = None  # a prediction's expected error (analysis/band.py; docs/metrics.md)
     # torch backend
     backend: str | None = None
     device: str | None = None

@@ -81,6 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from piper_sim.analysis.band import band_text
     from piper_sim.planning.plan_outputs import format_plan_table, write_plan
 
     for key, value in (("--gpus", args.gpus), ("--global-batch", args.global_batch)):
@@ -119,8 +120,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}/ ({', '.join(p.name for p in paths.values())})")
         return 1
     print(f"chosen: {result.best['label']} -> {paths['best']}")
+    band = chosen_band(result)
+    if band is not None:
+        print(f"error band of its step: {band_text(band)}")
     print(f"wrote {args.out}/ ({', '.join(p.name for p in paths.values())})")
     return 0
+
+
+def chosen_band(result) -> dict | None:
+    """The error band of the chosen plan's predicted step, at the tier that priced it (analysis/band.py)."""
+    from piper_sim.analysis.band import band_dict
+    from piper_sim.config import load_config
+
+    return band_dict(load_config(result.best_config()), "des" if bool(result.best["refined"]) else "estimate")
 
 
 def register_sweep(sub: argparse._SubParsersAction) -> None:

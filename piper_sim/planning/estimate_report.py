@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from piper_sim.analysis.band import band_dict
 from piper_sim.analysis.report import Report
 from piper_sim.config import Config
 from piper_sim.migration.controller import migration_from_config
@@ -37,6 +38,7 @@ def estimate_report(cfg: Config) -> Report:
                   hfu=est.mfu if cfg.recompute == "none" else None, peak_memory_bytes=[float(p) for p in peaks],
                   hbm_bytes=hbm, memory_headroom_bytes=headroom, fits_memory=[h >= 0 for h in headroom],
                   backend="sim", tier="estimate", estimate={k: float(v) for k, v in est.__dict__.items()},
+                  error_band=band_dict(cfg, "estimate"),
                   sim_wall_s=time.perf_counter() - t0, **nulls)
 
 

@@ -66,6 +66,7 @@ def _report(names: list[str], sections: dict[str, Section], wall: dict[str, floa
              f"results. Claims are the paper's: {citation()}; each is checked on one figure of this run "
              "(piper_sim/reproduce/claims.yaml says where the paper makes it and how a worded claim is read).", "",
              f"Wall time of this invocation: {total_s:.0f} s (points reused from an earlier run cost nothing).", "",
+             _how_sure(), "",
              *_verdict_table(names, sections, claims), ""]
     for name in names:
         experiment, section = EXPERIMENTS[name], sections[name]
@@ -78,6 +79,16 @@ def _report(names: list[str], sections: dict[str, Section], wall: dict[str, floa
         lines += [f"- Computing its points took {wall[name]:.0f} s.", "", markdown_table(section.table), "",
                   f"![{name}]({section.plot})", ""]
     return "\n".join(lines)
+
+
+def _how_sure() -> str:
+    """The error bands of the experiments' family (MoE on MI250X), from the published runs (analysis/band.py)."""
+    from piper_sim.analysis.band import Family, band_from, band_text, scored_families
+
+    bands = [band_from(Family("mi250x", True, ""), scored_families(tier), tier) for tier in ("des", "estimate")]
+    said = "; ".join(band_text(b.to_dict()) for b in bands if b is not None)
+    return ("How sure: every experiment predicts MoE training on Frontier's MI250X GCDs; the published runs of that "
+            f"family give the expected error band {said}. A claim's verdict is only as firm as that band.")
 
 
 def claim_verdicts(names: list[str], sections: dict[str, Section], claims: dict[str, Claim]) -> pd.DataFrame:

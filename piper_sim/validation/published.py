@@ -4,7 +4,7 @@
 Owns reading the runs, the measured step time of each (stated, or from a published throughput through the
 publication's own FLOP formula, so no FLOP convention of piper-sim's enters the measured side), scoring and the
 summary: error per run, MAPE, worst run, and the share of run pairs whose order by per-GPU throughput the
-prediction keeps, and the same per family (hardware, dense or MoE, scale; validation/band.py). Must not import
+prediction keeps, and the same per family (hardware, dense or MoE, scale; analysis/band.py). Must not import
 torch.
 """
 
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from piper_sim.analysis.band import Family, family_of, leave_one_family_out
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError
-from piper_sim.validation.band import Family, family_of, leave_one_family_out
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -209,7 +209,7 @@ def family_summary(scores: list[dict]) -> list[dict]:
 
 
 def band_coverage(scores: list[dict]) -> pd.DataFrame:
-    """The error band of each run derived from the other families' runs of these scores (validation/band.py)."""
+    """The error band of each run derived from the other families' runs of these scores (analysis/band.py)."""
     import pandas as pd
 
     columns = ["name", "error", "hardware", "moe", "scale"]

@@ -64,10 +64,6 @@ class ErrorBand:
     runs: int
     tier: str
 
-    def text(self) -> str:
-        return (f"expected error band {100 * self.low:+.0f}% / {100 * self.high:+.0f}% on the step time (from "
-                f"{self.runs} published runs: {self.family}, {self.tier} tier; docs/metrics.md)")
-
     def to_dict(self) -> dict:
         return {"low": self.low, "high": self.high, "family": self.family, "runs": self.runs, "tier": self.tier}
 
@@ -80,24 +76,15 @@ def published_root() -> Path:
 
 @functools.cache
 def scored_families(tier: str, root: Path | None = None) -> pd.DataFrame:
-    """The shipped scores of a tier with each run's family (columns name, error, hardware, moe, scale)."""
-    from piper_sim.config import load_config
-    from piper_sim.validation.published import load_published
-
-    root = root or published_root()
-    path = root / f"scores-{tier}.csv"
-    if not path.exists():
-        return pd.DataFrame(columns=["name", "error", "hardware", "moe", "scale"])
-    scores = pd.read_csv(path)
-    rows = []
-    for name, error in zip(scores["name"], scores["error"], strict=True):
-        run_file = root / f"{name}.yaml"
-        if not run_file.exists():
-            continue
-        family = family_of(load_config(load_published(run_file).config))
-        rows.append({"name": name, "error": float(error), "hardware": family.hardware, "moe": family.moe,
-                     "scale": family.scale})
-    return pd.DataFrame(rows)
+    """The shipped scores of a tier with each run's family (columns name, error, hardware, moe, scale), as
+    `validate --published --out` writes them; empty where the file or its family columns are missing."""
+    path = (root or published_root()) / f"scores-{tier}.csv"
+    columns = ["name", "error", "hardware", "moe", "scale"]
+    scores = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=columns)
+    if not set(columns) <= set(scores.columns):
+        return pd.DataFrame(columns=columns)
+    scores["hardware"] = scores["hardware"].fillna("")
+    return scores[columns].astype({"moe": bool})
 
 
 def band_from(family: Family, scored: pd.DataFrame, tier: str) -> ErrorBand | None:
@@ -120,6 +107,18 @@ def band_from(family: Family, scored: pd.DataFrame, tier: str) -> ErrorBand | No
 def error_band(cfg, tier: str = "des") -> ErrorBand | None:
     """The expected error band of a prediction of this config at this tier (None without shipped scores)."""
     return band_from(family_of(cfg), scored_families(tier), tier)
+
+
+def band_dict(cfg, tier: str) -> dict | None:
+    """report.json's error_band of a prediction of this config (None without shipped scores)."""
+    band = error_band(cfg, tier)
+    return band.to_dict() if band else None
+
+
+def band_text(band: dict) -> str:
+    """A band (report.json's error_band) in words, as the commands print it."""
+    return (f"{100 * band['low']:+.0f}% / {100 * band['high']:+.0f}% of the predicted step (measured/predicted - 1 "
+            f"over {band['runs']} published runs: {band['family']}, {band['tier']} tier; docs/metrics.md)")
 
 
 def leave_one_family_out(scored: pd.DataFrame, tier: str) -> pd.DataFrame:
