@@ -210,7 +210,7 @@ def _scored(items: list, verb: str, score) -> list[dict]:
 
 
 def _validate_published(args: argparse.Namespace) -> int:
-    from piper_sim.validation.band import format_coverage
+    from piper_sim.analysis.band import format_coverage
     from piper_sim.validation.published import (
         band_coverage,
         family_summary,
