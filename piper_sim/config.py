@@ -20,7 +20,7 @@ from piper_sim.workload.presets import list_presets, load_model
 from piper_sim.yamlio import parse_yaml, read_yaml
 
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
-            "cost", "sim", "recompute", "recompute_layers", "optimizer")
+            "cost", "sim", "recompute", "recompute_layers", "recompute_checkpoint_layers", "optimizer")
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2)
 DEFAULTS: dict = {
@@ -34,6 +34,7 @@ DEFAULTS: dict = {
     "sim": {"steps": 1, "seed": 0, "collapse": True},
     "recompute": "none",
     "recompute_layers": None,
+    "recompute_checkpoint_layers": None,
     "optimizer": {"zero": 0},
 }
 SECTION_KEYS = {
@@ -77,6 +78,7 @@ class Config:
     collapse: bool  # simulate interchangeable ranks of a stage as one lane (exact; checked at run time)
     recompute: str = "none"  # activation recomputation: none | selective | full
     recompute_layers: int | None = None  # full: layers of each pipeline chunk recomputed (None: all)
+    recompute_checkpoint_layers: int | None = None  # full: layers per checkpoint (None: the whole chunk)
     zero: int = 0  # optimizer-state sharding over the data-parallel replicas (ZeRO stage 0, 1 or 2)
     raw: dict
     given: frozenset[str] = frozenset()  # keys the user's config named: "routing", "cost.profile", ... (notes.py)
@@ -194,6 +196,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
     recompute, recompute_layers, zero = _plan_features(full, parallel)
     return Config(
         model=model, parallel=parallel, recompute=recompute, recompute_layers=recompute_layers, zero=zero,
+        recompute_checkpoint_layers=_checkpoint_layers(full, recompute),
         schedule=full["schedule"], topology=full["topology"],
         placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
         all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
@@ -213,6 +216,19 @@ def _given_keys(raw: dict) -> frozenset[str]:
         elif section == "cost" and value is not None:
             keys.add("cost.profile")
     return frozenset(keys)
+
+
+def _checkpoint_layers(full: dict, recompute: str) -> int | None:
+    """recompute_checkpoint_layers, checked: layers per checkpoint under full recomputation."""
+    layers = full["recompute_checkpoint_layers"]
+    if layers is None:
+        return None
+    if recompute != "full":
+        raise ConfigError("recompute_checkpoint_layers", layers, "unset unless recompute is full")
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= 1 << 20:
+        raise ConfigError("recompute_checkpoint_layers", layers, "a positive integer (layers per checkpoint; "
+                          "Megatron-LM's --recompute-num-layers with --recompute-method uniform)")
+    return layers
 
 
 def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None, int]:

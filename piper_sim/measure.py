@@ -36,6 +36,9 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     cfg = for_devices(cfg, run_devices())  # a CPU run's MFU is against a CPU profile's peak
     if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator
         raise ConfigError("model.dropout", cfg.model.dropout, "0 for real runs (the torch backend runs no dropout)")
+    if cfg.recompute_checkpoint_layers is not None:  # its recompute tasks re-run whole chunks from their input
+        raise ConfigError("recompute_checkpoint_layers", cfg.recompute_checkpoint_layers,
+                          "unset for real runs (the torch backend checkpoints each pipeline chunk's input)")
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
     launched = launch(cfg, schedule, work_dir, timeout_s=timeout_s, testbed=testbed, progress=progress)

@@ -75,7 +75,8 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResu
                           coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
                           steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse,
                           by_latency=by_latency, migration=cfg.migration, host_profile=host_profile,
-                          recompute=cfg.recompute, recompute_layers=cfg.recompute_layers, zero=cfg.zero)
+                          recompute=cfg.recompute, recompute_layers=cfg.recompute_layers, zero=cfg.zero,
+                          checkpoint_layers=cfg.recompute_checkpoint_layers)
 
     t1 = time.perf_counter()
     total = cfg.steps * schedule.mesh.num_ranks // par.pp * sum(len(p) for p in schedule.stage_programs)

@@ -372,7 +372,9 @@ def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float]:
     from piper_sim.planning.resource import stage_memory
 
     estimator, point = config_estimator(cfg)
-    peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention)]
+    peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention,
+                                                recompute_layers=cfg.recompute_layers,
+                                                checkpoint_layers=cfg.recompute_checkpoint_layers)]
     return estimator.estimate(point), peaks, estimator.profile.hbm_bytes
 
 

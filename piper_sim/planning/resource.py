@@ -46,8 +46,10 @@ def coarse_programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> 
     return SCHEDULES.get(schedule, "schedule")(pp, vpp, num_microbatches)
 
 
-def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = True) -> list[StageMemory]:
-    """Per pipeline stage: state and peak activation bytes of one of its ranks."""
+def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = True,
+                 recompute_layers: int | None = None, checkpoint_layers: int | None = None) -> list[StageMemory]:
+    """Per pipeline stage: state and peak activation bytes of one of its ranks (a config's recompute_layers and
+    recompute_checkpoint_layers where given; the planner's plans recompute whole chunks)."""
     stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
     layers = split_layers(model.num_layers, stages)
     parallel = point.parallel
@@ -58,8 +60,8 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
         params = rank_params(model, held, first=any(map(stages.is_first, chunks)),
                              last=any(map(stages.is_last, chunks)), ep=point.ep, split=parallel.split)
         terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
-                                   recompute=point.recompute, recompute_layers=None, zero=point.zero,
-                                   stages=stages)
+                                   recompute=point.recompute, recompute_layers=recompute_layers, zero=point.zero,
+                                   stages=stages, checkpoint_layers=checkpoint_layers)
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
         peak = float(np.max(counts @ np.array([terms["act"][c] for c in range(point.vpp)])))
         out.append(StageMemory(state_bytes=terms["state"], activation_bytes=peak + terms["transient"]))

@@ -78,7 +78,8 @@ class Simulation(LaneCollectives):
                  all_reduce: str, steps: int = 1, flash_attention: bool = True, collapse: bool = False,
                  by_latency: bool = False,
                  migration: dict | None = None, host_profile: HostProfile | None = None,
-                 recompute: str = "none", recompute_layers: int | None = None, zero: int = 0) -> None:
+                 recompute: str = "none", recompute_layers: int | None = None, zero: int = 0,
+                 checkpoint_layers: int | None = None) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
         self.mesh = schedule.mesh
@@ -88,6 +89,7 @@ class Simulation(LaneCollectives):
         self.runner = CollectiveRunner(self.env, self.network, topology)
         self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention,
                                                         recompute=recompute, recompute_layers=recompute_layers,
+                                                        checkpoint_layers=checkpoint_layers,
                                                         zero=zero)
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e

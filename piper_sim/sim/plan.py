@@ -51,8 +51,8 @@ class StagePlan:
 
 
 def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, flash_attention: bool, *,
-                      recompute: str = "none", recompute_layers: int | None = None, zero: int = 0
-                      ) -> list[StagePlan]:
+                      recompute: str = "none", recompute_layers: int | None = None, zero: int = 0,
+                      checkpoint_layers: int | None = None) -> list[StagePlan]:
     plans = []
     stages = schedule.stages
     for p, program in enumerate(schedule.stage_programs):
@@ -67,7 +67,8 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
                         for c, v in enumerate(chunks)}
         memory = stage_memory_terms(model, schedule.stage_layers, chunks, parallel, params,
                                     flash_attention=flash_attention, recompute=recompute,
-                                    recompute_layers=recompute_layers, zero=zero, stages=stages)
+                                    recompute_layers=recompute_layers, zero=zero, stages=stages,
+                                    checkpoint_layers=checkpoint_layers)
         act = memory["act"]
         mem_start, mem_end = activation_deltas(program, act)
         plans.append(StagePlan(
@@ -89,7 +90,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
 def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
                        parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
                        recompute: str, recompute_layers: int | None, zero: int,
-                       stages: VirtualStages | None = None) -> dict:
+                       stages: VirtualStages | None = None, checkpoint_layers: int | None = None) -> dict:
     """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state,
     the recomputation transient, and the parameters its optimizer updates. stages: the schedule's layout
     (which virtual stages end a pipeline; default interleaved)."""
@@ -101,10 +102,11 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
     split = parallel.split
     act = {c: activation_bytes(model, stage_layers[v], parallel.micro_batch_size, last=stages.is_last(v),
                                flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c],
-                               split=split)
+                               checkpoint_layers=checkpoint_layers, split=split)
            for c, v in enumerate(chunks)}
     transient = max(recompute_transient_bytes(model, stage_layers[v], parallel.micro_batch_size,
                                               recompute=recompute, recomputed=recomputed[c],
+                                              checkpoint_layers=checkpoint_layers,
                                               flash_attention=flash_attention, split=split)
                     for c, v in enumerate(chunks))
     shards = param_shards(zero=zero, data_parallel=parallel.data_parallel, dp=parallel.dp,

@@ -23,8 +23,10 @@ Activation recomputation (Korthikanti et al. 2022): "selective" re-runs the atte
 backward, so the score matrix is not kept (as with flash attention); "full" keeps only the chunk's input
 (T d) for its recomputed layers and re-runs their forward before the chunk's backward (the lowered
 schedule's recompute tasks), so while that backward runs the recomputed layers' activations are alive
-again, all of them at once (recompute_transient_bytes). With one layer per chunk this is Korthikanti's
-per-layer checkpoint.
+again, all of them at once (recompute_transient_bytes). With `recompute_checkpoint_layers` N the recomputed
+layers are checkpointed in groups of N, as Megatron-LM's uniform method does (--recompute-num-layers N; 1 is
+its default and Korthikanti's per-layer checkpoint): a group's input is kept, and one group's activations are
+alive again at a time (the same recompute work, re-run group by group inside the backward).
 Activation elements are dtype_bytes each.
 A plan fits when each stage's peak is within HBM less a framework reserve: FRAMEWORK_RESERVE_FRACTION of
 HBM unless given. The reserve stands for what the formulas do not count: the runtime's context and
@@ -148,17 +150,21 @@ def routed_row_bytes(model: ModelSpec, etp: int = 1) -> float:
 
 def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *, last: bool,
                      flash_attention: bool = True, recompute: str = "none", recomputed: int = 0,
-                     split: TensorSplit = NO_SPLIT) -> float:
+                     checkpoint_layers: int | None = None, split: TensorSplit = NO_SPLIT) -> float:
     """Activations one micro-batch leaves on a rank between its forward and backward for these layers.
 
-    recompute "full": the first `recomputed` layers keep only their input; "selective" keeps no scores.
+    recompute "full": the first `recomputed` layers keep only the input of each group of `checkpoint_layers`
+    layers (None: one group, the chunk's input); "selective" keeps no scores.
     Routed rows are counted as if balanced (tokens x top_k per rank); the simulator's engine adds the
     difference for the rows a rank's experts actually get (`routed_row_bytes` each). split: tensor
     parallelism (layer_activation_bytes).
     """
     tokens = micro_batch_size * model.seq_len
     held = tokens * split.sequence_share  # the tokens a rank's residual stream holds
-    total = held * model.d_model * model.dtype_bytes if recompute == "full" and recomputed and layers else 0.0
+    total = 0.0
+    if recompute == "full" and recomputed and layers:  # one checkpoint (a group's input) per group
+        total = len(checkpoint_groups(min(recomputed, len(layers)), checkpoint_layers)) * held * model.d_model \
+            * model.dtype_bytes
     kept = layers[recomputed:] if recompute == "full" else layers  # the rest are re-run from the chunk's input
     for layer in kept:
         total += layer_activation_bytes(model, layer, micro_batch_size,
@@ -197,9 +203,20 @@ def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, 
 
 def recompute_transient_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *,
                               recompute: str, recomputed: int, flash_attention: bool = True,
-                              split: TensorSplit = NO_SPLIT) -> float:
-    """Full recomputation: the chunk's recomputed layers' activations, alive again while its backward runs."""
+                              checkpoint_layers: int | None = None, split: TensorSplit = NO_SPLIT) -> float:
+    """Full recomputation: the activations of the largest group of recomputed layers (checkpoint_layers each; None:
+    all of the chunk's at once), alive again while that group's backward runs."""
     if recompute != "full":
         return 0.0
-    return sum(layer_activation_bytes(model, layer, micro_batch_size, keep_scores=not flash_attention, split=split)
-               for layer in layers[:recomputed])
+    recomputed_layers = layers[:recomputed]
+    return max((sum(layer_activation_bytes(model, recomputed_layers[i], micro_batch_size,
+                                           keep_scores=not flash_attention, split=split) for i in group)
+                for group in checkpoint_groups(len(recomputed_layers), checkpoint_layers)), default=0.0)
+
+
+def checkpoint_groups(num_layers: int, checkpoint_layers: int | None) -> list[range]:
+    """The groups of consecutive layers full recomputation checkpoints as one (each keeps its input and is re-run
+    at once before its backward): Megatron-LM's uniform method of --recompute-num-layers layers (Korthikanti et
+    al. 2022: one layer, its input kept); None: one group of all of them (the torch backend's whole chunk)."""
+    size = num_layers if checkpoint_layers is None else max(1, checkpoint_layers)
+    return [range(i, min(i + size, num_layers)) for i in range(0, num_layers, max(size, 1))]
