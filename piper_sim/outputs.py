@@ -14,6 +14,7 @@ from piper_sim.analysis.band import band_text
 from piper_sim.analysis.links import link_kind_summary
 from piper_sim.analysis.plots import plot_link_utilization, plot_timeline
 from piper_sim.analysis.report import Report, steps_note
+from piper_sim.analysis.tables import percent
 from piper_sim.config import Config
 from piper_sim.result import RunResult
 from piper_sim.trace.perfetto import write_perfetto
@@ -32,7 +33,7 @@ def write_run(out_dir: Path, result: RunResult) -> dict[str, Path]:
     paths["perfetto"] = out_dir / "perfetto.json"
     write_perfetto(trace, paths["perfetto"])
     paths["timeline"] = out_dir / "plots" / "timeline.png"
-    plot_timeline(trace, paths["timeline"], result.title)
+    plot_timeline(trace, paths["timeline"], f"timeline of step 0: {result.title}", result.context)
     links = result.links
     if links is not None:
         paths["links"] = out_dir / "links.csv"
@@ -41,7 +42,7 @@ def write_run(out_dir: Path, result: RunResult) -> dict[str, Path]:
         link_kind_summary(links).to_csv(paths["link_kinds"], index=False)
         if not links.empty:
             paths["link_plot"] = out_dir / "plots" / "link_utilization.png"
-            plot_link_utilization(links, paths["link_plot"])
+            plot_link_utilization(links, paths["link_plot"], context_line=result.context)
     paths["report"].write_text(json.dumps(result.report.to_dict(), indent=2))
     return paths
 
@@ -76,9 +77,9 @@ def format_report(report: Report | dict) -> str:
             ("step_time_s", "step time", lambda v: f"{v * 1e3:.3f} ms"),
             ("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
             ("tflops_per_gpu", "TFLOPS/GPU", lambda v: f"{v:.2f}"),
-            ("mfu", "MFU", lambda v: f"{v * 100:.2f} %"),
-            ("bubble_fraction", "bubble", lambda v: f"{v * 100:.1f} %"),
-            ("exposed_comm_fraction", "exposed comm", lambda v: f"{v * 100:.1f} %"),
+            ("mfu", "MFU", lambda v: percent(v, 2)),
+            ("bubble_fraction", "bubble", percent),
+            ("exposed_comm_fraction", "exposed comm", percent),
             ("peak_memory_bytes", "peak memory/stage", lambda v: ", ".join(f"{m / gib:.2f}" for m in v) + " GiB"),
             ("all_to_all_bandwidth_bytes_per_s", "all-to-all bw", lambda v: f"{v / 1e9:.2f} GB/s per GPU")):
         if report.get(key) is not None:
@@ -99,7 +100,7 @@ def format_report(report: Report | dict) -> str:
     if report.get("busiest_link") is not None:
         b = report["busiest_link"]
         lines.append(f"busiest link        {b['link']} ({b['link_kind']}) "
-                     f"{b['utilization'] * 100:.1f} % mean utilization")
+                     f"{percent(b['utilization'])} mean utilization")
     if "sim_wall_s" in report:
         verb = "estimated in" if report.get("tier") == "estimate" else "simulated in"
         lines.append(f"{verb:<20}{report['sim_wall_s']:.2f} s")

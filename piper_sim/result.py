@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from piper_sim.analysis.report import Report
+from piper_sim.analysis.style import context
 from piper_sim.config import Config
 from piper_sim.schedule.ir import Schedule
 from piper_sim.topology.graph import Topology
@@ -30,9 +31,17 @@ class RunResult:
 
     @property
     def title(self) -> str:
+        """The plan in words: schedule and mesh."""
+        par = self.config.parallel
+        return f"{self.config.schedule} pp{par.pp} ep{par.ep} dp{par.dp}" + (f" tp{par.tp}" if par.tp > 1 else "")
+
+    @property
+    def context(self) -> str:
+        """The context line of its plots' titles: model, machine, tier (analysis/style.py)."""
         cfg = self.config
-        side = "simulated" if self.backend == "sim" else "measured"
-        return f"{cfg.model.name} {cfg.schedule} pp{cfg.parallel.pp} ep{cfg.parallel.ep} ({side})"
+        name = self.topology.name if self.topology is not None else "this machine"
+        return context(cfg.model.name, f"{name}, {cfg.parallel.num_gpus} GPUs",
+                       "des" if self.backend == "sim" else "measured")
 
 
 def steps_frame(report: Report) -> pd.DataFrame:
