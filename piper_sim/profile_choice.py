@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from piper_sim.errors import ConfigError
-from piper_sim.workload.profile_file import profile_device_kind
+from piper_sim.workload.profile_file import CPU, profile_device_kind
 
 DEFAULT_PROFILE = "mi250x"  # where the machine names no device profile (uniform, fat-tree, dragonfly)
 CPU_RUN_PROFILE = "cpu-dev"  # ranks on this machine's CPUs, where the topology's profile is not a CPU one
-CPU = "cpu"  # the device_kind of the profiles calibrate measures on CPU
 
 
 def profile_name(profile: object) -> str:

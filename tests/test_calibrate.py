@@ -140,6 +140,7 @@ def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
                             versions={"torch": "x"}, wall_s=1.0)
     assert profile["kernel_launch_us"] == pytest.approx(2.0)
+    assert profile["device_kind"] == "cpu"  # it matches the CPU testbeds' device_profile (profile_choice)
     assert profile["peak_bf16_TFLOPS"] == pytest.approx(0.08)
     assert profile["hbm_bandwidth_GBps"] == pytest.approx(40.0, rel=1e-3)
     assert profile["optimizer_bytes_per_param"] == pytest.approx(1.5e-9 * 40e9, rel=1e-3)

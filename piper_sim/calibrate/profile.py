@@ -25,6 +25,7 @@ import yaml
 
 from piper_sim.calibrate import fit
 from piper_sim.calibrate.sweep import MICRO_MODEL, MICRO_SHAPES, TINY_OPS
+from piper_sim.workload.profile_file import CPU
 
 MODEL_RANGE_MAX_BYTES = 4 * 2**20  # largest activation tensors of the shipped small presets are ~2 MiB
 DRAM_MIN_BYTES = 16 * 2**20  # beyond per-core caches, and with several ranks beyond a shared L3
@@ -328,7 +329,7 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
     spread = [r["rank_spread"] for r in records
               if r["bench"] not in (*COMM_BENCHES, *HOST_BENCHES) and r["rank_spread"]]
     return {
-        "name": name, "device": kind,
+        "name": name, "device": kind, **({} if cuda else {"device_kind": CPU}),  # GPUs: named by hand (docs)
         "source": (f"measured by piper-sim calibrate ({'quick' if quick else 'full'} sweep) with {ranks} rank(s) "
                    "running every benchmark at once (contention included; times are per rank). "
                    + ("" if cuda else "On CPU peak_bf16_TFLOPS is the measured fp32 peak (key name kept for the "

@@ -14,6 +14,8 @@ from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.yamlio import read_yaml
 
+CPU = "cpu"  # the device_kind of the profiles calibrate measures on CPUs
+
 
 def profile_path(spec: str | Path) -> Path:
     """The file of a profile given by name (traces/profiles/NAME.yaml) or path."""
