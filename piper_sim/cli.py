@@ -162,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from piper_sim.calibrate.load import load_profiles
-    from piper_sim.validation.cases import find_cases
+    from piper_sim.validation.cases import check_case_profile, find_cases
     from piper_sim.validation.remeasure import calibrated_ranks, remeasure
     from piper_sim.validation.report import format_validation, write_validation
     from piper_sim.validation.scoring import score_case
@@ -176,8 +176,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ConfigError("--repeats", args.repeats, "a positive integer")
     cases = find_cases(args.cases, data_dir("validation") / "cases")
-    with named_by("--profile"):  # a bad profile fails before any measuring
+    with named_by("--profile"):  # a bad profile, or one of another device than a case's, fails before any measuring
         host = load_profiles(args.profile)[1] or HostProfile()
+        for case in cases:
+            check_case_profile(case, args.profile)
     if args.out is not None:
         open_out_dir(args.out, "validate")
     if args.remeasure:

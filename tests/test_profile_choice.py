@@ -148,3 +148,11 @@ def test_a_topology_names_its_profile_by_name():
     with pytest.raises(ConfigError) as err:
         load_config({**TINY, "topology": {"preset": "frontier", "device_profile": ["mi250x"]}})
     assert err.value.key == "topology.device_profile"
+
+
+def test_validate_refuses_a_profile_of_another_device_before_measuring(capsys):
+    from piper_sim.cli import main
+
+    assert main(["validate", "2g-1f1b-pp2ep4-flat", "--profile", "mi250x", "--remeasure"]) == 2  # nothing measured
+    err = capsys.readouterr().err
+    assert "--profile cost.profile: got 'mi250x'" in err and "cpu-2rank" in err

@@ -17,8 +17,9 @@ from pathlib import Path
 import yaml
 
 from piper_sim.collectives.algorithms import REAL_RUN_REVISION
-from piper_sim.config import load_config
+from piper_sim.config import DEFAULTS, load_config
 from piper_sim.errors import ConfigError, PiperError
+from piper_sim.profile_choice import choose_profile
 from piper_sim.result import RunResult
 from piper_sim.simulate import simulate
 
@@ -85,6 +86,15 @@ def case_config(case: Case) -> dict:
     if isinstance(raw.get("topology"), str) and raw["topology"].endswith(".yaml"):
         raw["topology"] = str((case.path / raw["topology"]).resolve())
     return raw
+
+
+def check_case_profile(case: Case, profile: str | dict) -> None:
+    """A profile of other devices than the case's machine's is refused before anything is measured or predicted
+    (piper_sim.profile_choice; a case asks for another with cost.allow_device_mismatch)."""
+    raw = case_config(case)
+    cost = raw.get("cost") if isinstance(raw.get("cost"), dict) else {}
+    choose_profile(raw.get("topology", DEFAULTS["topology"]), profile,
+                   allow_mismatch=cost.get("allow_device_mismatch") is True)
 
 
 def predict_case(case: Case, profile: str | dict) -> RunResult:
