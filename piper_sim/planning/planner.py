@@ -26,7 +26,7 @@ from piper_sim.planning.engine import run_points
 from piper_sim.planning.estimate import Estimator
 from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.resource import stage_memory
-from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans
+from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans, no_plan_error
 from piper_sim.planning.store import ResultStore
 from piper_sim.profile_choice import ProfileChoice, choose_profile
 from piper_sim.simulate import simulate
@@ -52,7 +52,8 @@ class PlanRequest:
     top_k: int = 16
     domain: str = "switch"  # the locality domain an EP group must fit in (Piper: a node or a switch group)
     reserve_bytes: float | None = None  # framework reserve per GPU (default: resource.FRAMEWORK_RESERVE_FRACTION)
-    flash_attention: bool = True
+    flash_attention: bool = True  # cost.flash_attention of every plan (--fix cost.flash_attention)
+    all_reduce: str = "ring"  # collectives.all_reduce of every plan (--fix collectives.all_reduce)
 
     def model_section(self) -> str | dict:
         if self.seq_len is None:
@@ -72,8 +73,10 @@ class PlanRequest:
         cost = {"profile": self.profile_choice().profile, "flash_attention": self.flash_attention}
         if self.allow_device_mismatch:
             cost["allow_device_mismatch"] = True
+        sections = point.config_sections()
+        sections["collectives"]["all_reduce"] = self.all_reduce
         return {"model": self.model_section(), "topology": self.topology, "placement": "contiguous", "cost": cost,
-                **point.config_sections()}
+                **sections}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,25 +114,35 @@ def domain_gpus(topology_spec: str | dict, num_gpus: int, domain: str) -> int:
     return min(sizes[domain], num_gpus)
 
 
+def candidates(request: PlanRequest, model: ModelSpec) -> list[PlanPoint]:
+    """The plans `plan` considers for this request: the space's every schedule, all-to-all, ZeRO stage and the
+    recomputation modes its attention allows (selective recomputation only without flash attention)."""
+    return enumerate_plans(model, request.num_gpus, request.global_batch, fixed=request.fixed,
+                           domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
+                           **_space(request))
+
+
+def _space(request: PlanRequest) -> dict:
+    """enumerate_plans' keyword arguments for this request, but for the fixes and the locality domain."""
+    return {"node_gpus": domain_gpus(request.topology, request.num_gpus, "node"), "schedules": SCHEDULE_NAMES,
+            "all_to_alls": A2A_NAMES, "zeros": ZERO_STAGES,
+            "recomputes": ("none", "full") if request.flash_attention else RECOMPUTE_MODES}
+
+
 def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]:
     """Every candidate with its memory per stage, fit and analytic estimate (not yet ranked)."""
     model = load_model(request.model_section())
     topo = load_topology(request.topology, request.num_gpus)
     gpus = place(topo, request.num_gpus, "contiguous")
     profile = load_profile(request.profile_choice().profile)
-    points = enumerate_plans(model, request.num_gpus, request.global_batch, fixed=request.fixed,
-                             domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
-                             node_gpus=domain_gpus(request.topology, request.num_gpus, "node"),
-                             schedules=SCHEDULE_NAMES, all_to_alls=A2A_NAMES,
-                             recomputes=("none", "full") if request.flash_attention else RECOMPUTE_MODES,
-                             zeros=ZERO_STAGES)
+    points = candidates(request, model)
     if not points:
-        raise ConfigError("plan", f"{model.name} on {request.num_gpus} GPUs, global batch {request.global_batch}",
-                          "a GPU count, batch and --fix values that admit at least one plan (ep must divide "
-                          f"{model.num_experts} experts and fit the {request.domain}, pp <= {model.num_layers} "
-                          "layers, the batch must split into whole microbatches)")
-    reserve = reserve_bytes(profile.hbm_bytes, request.reserve_bytes)
-    estimator = Estimator(model, topo, gpus, profile, flash_attention=request.flash_attention)
+        raise no_plan_error(model, request.num_gpus, request.global_batch, domain=request.domain,
+                            domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
+                            fixed=request.fixed or {}, **_space(request))
+    reserve = reserve_bytes(profile, request.reserve_bytes)
+    estimator = Estimator(model, topo, gpus, profile, collectives_all_reduce=request.all_reduce,
+                          flash_attention=request.flash_attention)
     rows = []
     for point in points:
         memory = stage_memory(model, point, flash_attention=request.flash_attention)
@@ -178,9 +191,8 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
     results = run_points(simulate_point, points, ResultStore(out), scheduler=scheduler, workers=workers,
                          label="simulating plans", progress=progress)
     refine_s = time.perf_counter() - t1
-    sim = pd.DataFrame([{"label": row["label"], **results[point.digest]}
-                        for point, (_, row) in zip(points, refine.iterrows(), strict=True)])
-    table = table.merge(sim, on="label", how="left") if not sim.empty else table.assign(sim_step_time_s=np.nan)
+    sim = pd.DataFrame([results[point.digest] for point in points], index=refine.index)  # joined by row, not label
+    table = table.join(sim) if not sim.empty else table.assign(sim_step_time_s=np.nan)
     table["step_time_s"] = table["sim_step_time_s"].fillna(table["est_step_time_s"])
     table["refined"] = table["sim_step_time_s"].notna()
     # step times equal to 9 significant digits are a tie (e.g. ZeRO-1 and ZeRO-2): less memory first
