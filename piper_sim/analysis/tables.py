@@ -102,6 +102,11 @@ def _cell(value: object, unit: str, divisor: float, digits: int) -> str:
     return fixed(float(value) / divisor, digits)
 
 
+def _names_unit(label: str, symbol: str) -> bool:
+    """Whether a label already names its unit as a word ("TFLOPS/GPU", "tokens/s" with "TFLOPS", "tokens/s")."""
+    return symbol in label.split() or label.split("/")[0] == symbol or label == symbol
+
+
 def render(rows: Sequence[dict], columns: Sequence[Col]) -> str:
     """The table of rows (dicts, e.g. DataFrame.to_dict("records")) over the columns their rows have."""
     columns = [c for c in columns if any(c.key in r for r in rows)] if rows else list(columns)
@@ -110,7 +115,7 @@ def render(rows: Sequence[dict], columns: Sequence[Col]) -> str:
         values = [r.get(col.key) for r in rows]
         numeric = col.unit not in ("text", "yes/no")
         symbol, divisor, digits = _unit(col, values) if numeric else ("", 1.0, 0)
-        header.append(f"{col.label} ({symbol})" if symbol else col.label)
+        header.append(f"{col.label} ({symbol})" if symbol and not _names_unit(col.label, symbol) else col.label)
         for cells, value in zip(body, values, strict=True):
             cells.append(_cell(value, col.unit, divisor, digits))
         right.append(numeric)

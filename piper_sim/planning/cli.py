@@ -149,7 +149,7 @@ def register_sweep(sub: argparse._SubParsersAction) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from piper_sim.paths import config_path
-    from piper_sim.planning.sweep import run_sweep
+    from piper_sim.planning.sweep import run_sweep, sweep_text
 
     check_scheduler(args.scheduler)
     check_workers(args.workers)
@@ -157,7 +157,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     table = run_sweep(config_path(args.config), args.grid, args.out, overrides=args.overrides,
                       scheduler=args.scheduler, workers=args.workers)
     finish(args.out)
-    print(table.drop(columns=["digest"]).to_string(index=False, max_rows=40))
+    print(sweep_text(table, config_path(args.config), args.grid, overrides=args.overrides))
     print(f"wrote {args.out}/ (sweep.csv, sweep.parquet, sweep.yaml, points/)")
     return 0
 
@@ -183,7 +183,7 @@ def register_scaling(studies: argparse._SubParsersAction) -> None:
 
 
 def cmd_study_scaling(args: argparse.Namespace) -> int:
-    from piper_sim.planning.scaling import parse_counts, run_scaling, scaling_requests
+    from piper_sim.planning.scaling import parse_counts, run_scaling, scaling_requests, scaling_text
 
     counts = parse_counts(args.gpus)
     check_workers(args.workers)
@@ -202,6 +202,6 @@ def cmd_study_scaling(args: argparse.Namespace) -> int:
     table = run_scaling(requests, args.out, weak=args.weak is not None, scheduler=args.scheduler,
                         workers=args.workers)
     finish(args.out)
-    print(table.to_string(index=False))
+    print(scaling_text(table))
     print(f"wrote {args.out}/ (scaling.csv, scaling.png, store/)")
     return 0

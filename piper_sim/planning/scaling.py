@@ -21,8 +21,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
+from piper_sim.analysis import style  # noqa: E402
+from piper_sim.analysis.tables import Col, render  # noqa: E402
 from piper_sim.errors import ConfigError  # noqa: E402
 from piper_sim.planning.planner import PlanRequest, plan  # noqa: E402
+from piper_sim.workload.model import ModelSpec  # noqa: E402
 
 
 def parse_counts(text: str) -> list[int]:
@@ -56,11 +59,14 @@ def scaling_requests(base: PlanRequest, counts: list[int], *, weak: str | None, 
 
 def run_scaling(requests: list[PlanRequest], out: Path, *, weak: bool, scheduler: str | None = None,
                 workers: int | None = None, progress: bool = True) -> pd.DataFrame:
-    rows = []
+    """The scaling study: scaling.csv and scaling.png under out; returns the table as written, with model_label
+    (the model each point built, by what it is) added for the printed table."""
+    rows, labels = [], []
     for i, request in enumerate(requests):
         if progress:
             print(f"[{i + 1}/{len(requests)}] planning on {request.num_gpus} GPUs ...", file=sys.stderr)
         result = plan(request, out / "store", scheduler=scheduler, workers=workers, progress=progress)
+        labels.append(model_label(request.model, result.model))
         best = result.best
         if best is None:
             rows.append({"gpus": request.num_gpus, "plan": "no plan fits", "fits": False})
@@ -82,23 +88,88 @@ def run_scaling(requests: list[PlanRequest], out: Path, *, weak: bool, scheduler
                                        else per_gpu / (first["tokens_per_s"] / first["gpus"]))
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "scaling.csv", index=False)
-    plot_scaling(table, out / "scaling.png", weak)
+    table["model_label"] = labels
+    plot_scaling(table, out / "scaling.png", weak, style.context(machine=machine_label(requests[0].topology)))
     return table
 
 
-def plot_scaling(table: pd.DataFrame, path: Path, weak: bool) -> None:
+SHORT_KEYS = {"num_experts": "E", "top_k": "top", "num_layers": "L", "d_model": "d", "expert_ffn_dim": "dffn",
+              "seq_len": "seq", "num_shared_experts": "shared"}
+
+
+def model_label(section: str | dict, model: ModelSpec) -> str:
+    """The model a point built, by what it is: its preset and the keys set over it, and its total parameters,
+    e.g. "weak-110b E128 (863B)" (not the preset's name alone when keys change its size)."""
+    keys = {k: v for k, v in section.items() if k != "preset"} if isinstance(section, dict) else {}
+    changes = " ".join(f"{SHORT_KEYS[k]}{v}" if k in SHORT_KEYS else f"{k}={v}" for k, v in keys.items())
+    return f"{model.name}{' ' + changes if changes else ''} ({params_text(model.total_params())})"
+
+
+def params_text(params: float) -> str:
+    """Parameters in M, B or T: 4.2M, 10.9B, 111B, 1.70T."""
+    billions = params / 1e9
+    if billions < 1:
+        return f"{params / 1e6:.1f}M"
+    if billions >= 1000:
+        return f"{billions / 1000:.2f}T"
+    return f"{billions:.1f}B" if billions < 100 else f"{billions:.0f}B"
+
+
+def machine_label(topology: str | dict) -> str:
+    """A topology spec's name: the preset, builder or file it names."""
+    if isinstance(topology, dict):
+        return str(topology.get("preset") or topology.get("builder") or "custom topology")
+    return Path(topology).stem if topology.endswith((".yaml", ".yml")) else topology
+
+
+SCALING_COLUMNS = [Col("gpus", "GPUs", "count"), Col("model_label", "model"), Col("global_batch", "batch (seqs)",
+                   "count"), Col("plan", "plan"), Col("tier", "tier"), Col("step_time_s", "step", "time"),
+                   Col("tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"), Col("mfu", "MFU", "%"),
+                   Col("tokens_per_s", "tokens/s", "count"), Col("peak_memory_bytes", "peak memory", "GiB"),
+                   Col("scaling_efficiency", "efficiency", "%"), Col("candidates", "plans considered", "count")]
+
+
+def scaling_text(table: pd.DataFrame) -> str:
+    """The printed table of a scaling study (analysis/tables.py); tier: how the point's step was priced."""
+    rows = [{**r, "tier": "" if not r.get("fits") else "simulated" if r.get("refined") else "estimated"}
+            for r in table.to_dict("records")]
+    return render(rows, SCALING_COLUMNS)
+
+
+def plot_scaling(table: pd.DataFrame, path: Path, weak: bool, context_line: str = "") -> None:
+    fig = scaling_figure(table, weak, context_line)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def scaling_figure(table: pd.DataFrame, weak: bool, context_line: str = "") -> plt.Figure:
+    """TFLOPS/GPU, MFU and scaling efficiency against GPUs, from 0; simulated and estimated points marked apart."""
     t = table[table["fits"]] if "fits" in table else table
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    tiers = t["refined"].map({True: "des", False: "estimate"}) if "refined" in t else pd.Series(dtype=str)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
     for ax, column, label, scale in ((axes[0], "tflops_per_gpu", "TFLOPS per GPU", 1.0),
                                      (axes[1], "mfu", "MFU (%)", 100.0),
                                      (axes[2], "scaling_efficiency", "scaling efficiency (%)", 100.0)):
         if column in t:
-            ax.plot(t["gpus"], t[column] * scale, "o-")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("GPUs")
+            ax.plot(t["gpus"], t[column] * scale, "-", color="0.6", lw=1)
+            for tier in dict.fromkeys(tiers):
+                sel = tiers == tier
+                ax.plot(t.loc[sel, "gpus"], t.loc[sel, column] * scale, style.TIER_MARKERS[tier], color="tab:blue",
+                        label=style.TIER_WORDS[tier])
+            ax.set_ylim(0, max(float((t[column] * scale).max()) * 1.15, 1e-9))
+        style.count_axis(ax, list(t["gpus"]))
+        if weak and "model_label" in t:
+            ax.set_xticks(list(t["gpus"]), [f"{g:,}\n{m}" for g, m in zip(t["gpus"], t["model_label"], strict=True)],
+                          fontsize=7)
+        ax.set_xlabel("GPUs" + (" (model built at each count)" if weak else ""))
         ax.set_ylabel(label)
-        ax.set_xticks(list(t["gpus"]), [str(g) for g in t["gpus"]])
-    fig.suptitle(f"{'weak' if weak else 'strong'} scaling: the planner's best plan at each GPU count")
+        ax.grid(alpha=0.3)
+    if len(tiers):
+        axes[0].legend(fontsize=7, loc="lower left")
+    scope = "weak" if weak else "strong"
+    model = t["model_label"].iloc[0] if "model_label" in t and len(t) and not weak else None
+    tier = tiers.iloc[0] if tiers.nunique() == 1 else "simulated and estimated points" if len(tiers) else None
+    style.suptitle(fig, f"{scope} scaling: the planner's best plan at each GPU count (predictions, not measurements)",
+                   style.context(model, context_line, tier))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -15,12 +15,15 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from piper_sim.analysis.tables import Col, render
+from piper_sim.calibrate.load import load_profile
 from piper_sim.config import apply_overrides, load_config, read_config_file
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.engine import run_points
 from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.planner import simulate_point
 from piper_sim.planning.store import ResultStore
+from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
 MAX_POINTS = 100_000
 
@@ -76,3 +79,32 @@ def run_sweep(config: str | Path | dict, grid_items: list[str], out: Path, *, ov
     (out / "sweep.yaml").write_text(yaml.safe_dump({"base": base, "grid": grid_items,
                                                     "points": store.tally.as_dict()}, sort_keys=False))
     return table
+
+
+def sweep_text(table: pd.DataFrame, config: str | Path | dict, grid_items: list[str], *,
+               overrides: list[str] | None = None, max_rows: int = 40) -> str:
+    """The printed table of a sweep (analysis/tables.py): the grid's values, each point's GPUs, its figures, and
+    whether its busiest stage fits the device's HBM less the framework reserve."""
+    base = config if isinstance(config, dict) else read_config_file(config)
+    configs = [load_config(resolved) for _, resolved in sweep_points(apply_overrides(base, overrides or []),
+                                                                       parse_grid(grid_items))]
+    rows = [{**row, "gpus": cfg.parallel.num_gpus, "fits": _fits(cfg, row["sim_peak_memory_bytes"])}
+            for row, cfg in zip(table.to_dict("records"), configs, strict=True)]
+    columns = [Col(key, key) for key, _ in parse_grid(grid_items)] + SWEEP_COLUMNS
+    return render(rows[:max_rows], columns) + (f"\n... {len(rows) - max_rows} more points in sweep.csv"
+                                               if len(rows) > max_rows else "")
+
+
+SWEEP_COLUMNS = [Col("gpus", "GPUs", "count"), Col("sim_step_time_s", "step", "time"),
+                 Col("sim_tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"), Col("sim_mfu", "MFU", "%"),
+                 Col("sim_tokens_per_s", "tokens/s", "count"), Col("sim_bubble_fraction", "bubble", "%"),
+                 Col("sim_exposed_comm_fraction", "exposed comm", "%"),
+                 Col("sim_peak_memory_bytes", "peak memory", "GiB"), Col("fits", "fits", "yes/no"),
+                 Col("sim_all_to_all_bandwidth_bytes_per_s", "all-to-all per GPU", "GB/s"),
+                 Col("sim_wall_s", "simulated in", "time")]
+
+
+def _fits(cfg, peak_bytes: float) -> bool:
+    """The busiest stage's peak within the device's HBM less the framework reserve (as simulate's report)."""
+    profile = load_profile(cfg.cost_profile)
+    return headroom_bytes([peak_bytes], profile.hbm_bytes, reserve_bytes(profile, cfg.framework_reserve_bytes))[0] >= 0

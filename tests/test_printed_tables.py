@@ -1,0 +1,78 @@
+"""The tables the commands print (analysis/tables.py's style): sweep names each point's GPUs and whether it fits,
+the scaling study names the model each point built and says which points are estimates, and its plot starts at 0."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from piper_sim.cli import main  # noqa: E402
+from piper_sim.planning.scaling import model_label, scaling_figure, scaling_text  # noqa: E402
+from piper_sim.workload.presets import load_model  # noqa: E402
+
+
+def _rows(text: str) -> tuple[str, list[list[str]]]:
+    lines = [line for line in text.splitlines() if line.strip()]
+    rule = next(i for i, line in enumerate(lines) if set(line) <= {"-", " "})
+    body = []
+    for line in lines[rule + 1:]:
+        if line.startswith(("wrote", "sweep:", "...")):
+            break
+        body.append(line.split())
+    return lines[rule - 1], body
+
+
+def test_sweep_prints_gpus_fits_and_units(tmp_path, capsys):
+    code = main(["sweep", "small-moe", "--grid", "parallel.pp=1,2", "--workers", "0", "--out", str(tmp_path)])
+    assert code == 0
+    header, body = _rows(capsys.readouterr().out)
+    for label in ("parallel.pp", "GPUs", "step (ms)", "MFU (%)", "bubble (%)", "peak memory (GiB)", "fits"):
+        assert label in header
+    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert [row[0] for row in body] == ["1", "2"]
+    assert [row[1] for row in body] == ["4", "8"]  # small-moe: ep 4, times pp
+    assert all("yes" in row for row in body)  # a toy model on 64 GiB devices
+    assert [float(row[2]) for row in body] == [round(t * 1e3, 2) for t in table["sim_step_time_s"]]
+    assert "e+" not in header + str(body) and "-0.0" not in str(body)
+    assert "gpus" not in table.columns and "fits" not in table.columns  # the file keeps its columns
+
+
+def test_a_built_model_is_named_by_what_it_is():
+    section = {"preset": "weak-110b", "num_experts": 128}
+    model = load_model(section)
+    assert model.name == "weak-110b"
+    assert model_label(section, model) == f"weak-110b E128 ({round(model.total_params() / 1e9)}B)"
+    assert model.total_params() > 500e9
+    assert model_label("x-moe-small", load_model("x-moe-small")) == "x-moe-small (10.9B)"
+
+
+SCALING = pd.DataFrame([
+    {"gpus": 256, "model": "weak-110b", "model_label": "weak-110b E16 (111B)", "global_batch": 1024,
+     "plan": "pp4 ep8", "fits": True, "refined": True, "step_time_s": 14.76, "tflops_per_gpu": 117.9, "mfu": 0.616,
+     "tokens_per_s": 284105.2, "peak_memory_bytes": 4.245450e10, "candidates": 5616, "scaling_efficiency": 1.0},
+    {"gpus": 1024, "model": "weak-110b", "model_label": "weak-110b E128 (863B)", "global_batch": 4096,
+     "plan": "pp8 ep32", "fits": True, "refined": False, "step_time_s": 18.1, "tflops_per_gpu": 96.2,
+     "mfu": 0.5026, "tokens_per_s": 926562.4, "peak_memory_bytes": 4.537104e10, "candidates": 7960,
+     "scaling_efficiency": 0.816}])
+
+
+def test_scaling_table_names_the_built_model_and_the_tier():
+    header, body = _rows(scaling_text(SCALING))
+    assert "model" in header and "step (s)" in header and "peak memory (GiB)" in header
+    assert body[1][:4] == ["1,024", "weak-110b", "E128", "(863B)"]
+    assert "simulated" in body[0] and "estimated" in body[1]
+    assert "42.26" in body[1] and "81.6" in body[1]  # 4.537104e10 bytes in GiB; efficiency in %
+
+
+def test_scaling_plot_starts_at_zero_and_marks_estimates():
+    fig = scaling_figure(SCALING, weak=True, context_line="frontier")
+    for ax in fig.axes:
+        assert ax.get_ylim()[0] == 0
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("estimated" in t for t in legend) and any("simulated" in t for t in legend)
+    assert "E128 (863B)" in " ".join(t.get_text() for t in fig.axes[0].get_xticklabels())
+    assert "not measurements" in fig._suptitle.get_text()
+    plt.close(fig)
