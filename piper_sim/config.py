@@ -39,7 +39,7 @@ DEFAULTS: dict = {
 }
 SECTION_KEYS = {
     "collectives": {"all_to_all", "all_reduce"},
-    "cost": {"profile", "flash_attention", "allow_device_mismatch"},
+    "cost": {"profile", "flash_attention", "allow_device_mismatch", "framework_reserve_GiB"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
     "optimizer": {"zero"},
     "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
@@ -79,6 +79,7 @@ class Config:
     recompute: str = "none"  # activation recomputation: none | selective | full
     recompute_layers: int | None = None  # full: layers of each pipeline chunk recomputed (None: all)
     recompute_checkpoint_layers: int | None = None  # full: layers per checkpoint (None: the whole chunk)
+    framework_reserve_bytes: float | None = None  # cost.framework_reserve_GiB (None: the profile's)
     zero: int = 0  # optimizer-state sharding over the data-parallel replicas (ZeRO stage 0, 1 or 2)
     raw: dict
     given: frozenset[str] = frozenset()  # keys the user's config named: "routing", "cost.profile", ... (notes.py)
@@ -197,6 +198,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
     return Config(
         model=model, parallel=parallel, recompute=recompute, recompute_layers=recompute_layers, zero=zero,
         recompute_checkpoint_layers=_checkpoint_layers(full, recompute),
+        framework_reserve_bytes=_reserve_bytes(full["cost"].get("framework_reserve_GiB")),
         schedule=full["schedule"], topology=full["topology"],
         placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
         all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
@@ -216,6 +218,15 @@ def _given_keys(raw: dict) -> frozenset[str]:
         elif section == "cost" and value is not None:
             keys.add("cost.profile")
     return frozenset(keys)
+
+
+def _reserve_bytes(gib: object) -> float | None:
+    """cost.framework_reserve_GiB, checked: HBM a plan may not use, per device (None: the profile's)."""
+    if gib is None:
+        return None
+    if isinstance(gib, bool) or not isinstance(gib, int | float) or not 0 <= gib < 1e6:
+        raise ConfigError("cost.framework_reserve_GiB", gib, "a number of GiB from 0 (leave it out for the profile's)")
+    return float(gib) * 2**30
 
 
 def _checkpoint_layers(full: dict, recompute: str) -> int | None:

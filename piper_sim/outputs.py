@@ -94,9 +94,10 @@ def format_report(report: Report | dict) -> str:
                      f"all-to-all {e['all_to_all_s'] * 1e3:.3f}), gradients {e['grad_reduce_s'] * 1e3:.3f} ms, "
                      f"optimizer {e['optimizer_s'] * 1e3:.3f} ms")
     if "memory_headroom_bytes" in report:
+        reserve = report.get("framework_reserve_bytes", 0.0) / gib
         lines.append("memory headroom     " + ", ".join(f"{h / gib:.2f}" for h in report["memory_headroom_bytes"])
-                     + " GiB per stage (HBM less the framework reserve" + ("" if all(report["fits_memory"])
-                                                                          else "; DOES NOT FIT") + ")")
+                     + f" GiB per stage (HBM less the {reserve:.2f} GiB framework reserve"
+                     + ("" if all(report["fits_memory"]) else "; DOES NOT FIT") + ")")
     if report.get("busiest_link") is not None:
         b = report["busiest_link"]
         lines.append(f"busiest link        {b['link']} ({b['link_kind']}) "

@@ -93,13 +93,14 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResu
     experts["migration"]["time_fraction"] = float(
         (migrate["end_s"] - migrate["start_s"]).sum() / max(len(trace["rank"].unique()), 1) / trace["end_s"].max())
     peaks = _per_stage_max(records.peak_memory_bytes, par.pp)
-    headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve_bytes(profile.hbm_bytes))
+    reserve = reserve_bytes(profile, cfg.framework_reserve_bytes)
+    headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
     report = make_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
                          tokens_per_step=par.sequences_per_step * cfg.model.seq_len,
                          peak_memory_by_stage=peaks, links=links, memory_headroom_bytes=headroom,
                          fits_memory=[h >= 0 for h in headroom],
                          sim_wall_s=time.perf_counter() - t0, hbm_bytes=profile.hbm_bytes, backend="sim", tier="des",
-                         error_band=band_dict(cfg, "des"),
+                         error_band=band_dict(cfg, "des"), framework_reserve_bytes=reserve,
                          peak_memory_bytes_first_step=_per_stage_max(records.first_step_peak_memory_bytes, par.pp),
                          **experts)
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,

@@ -83,6 +83,7 @@ class Report:
     # simulator
     sim_wall_s: float | None = None
     hbm_bytes: float | None = None
+    framework_reserve_bytes: float | None = None  # HBM a plan may not use (workload/memory.py reserve_bytes)
     # per stage, against hbm_bytes less the framework reserve (workload/memory.py)
     memory_headroom_bytes: list[float] | None = None
     fits_memory: list[bool] | None = None

@@ -33,7 +33,7 @@ PROFILE_SCHEMA = {
     "peak_bf16_TFLOPS": ..., "hbm_GiB": ..., "hbm_bandwidth_GBps": ..., "memory_efficiency": 0.8,
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
     "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
-    "extends": None, "moe_path": None, "device_kind": "",
+    "extends": None, "moe_path": None, "device_kind": "", "framework_reserve_GiB": None,
 }
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
 
@@ -56,6 +56,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
     profile = DeviceProfile(
         name=p["name"], device=p["device"], source=p["source"], peak_flops_per_s=p["peak_bf16_flops_per_s"],
         hbm_bytes=p["hbm_bytes"], hbm_bytes_per_s=p["hbm_bandwidth_bytes_per_s"],
+        framework_reserve_bytes=_reserve(p),
         memory_efficiency=p["memory_efficiency"], kernel_launch_s=p["kernel_launch_s"],
         gemm_efficiency=_curve(p["gemm_efficiency"], "gemm_efficiency", "rows"),
         attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
@@ -89,6 +90,14 @@ def _moe_path(raw: object) -> MoePath | None:
         if not p[si] > 0:
             raise ConfigError(f"cost.profile.moe_path.{key}", raw[key], "a positive rate")
     return MoePath(**p)
+
+
+def _reserve(p: dict) -> float | None:
+    """The profile's framework reserve (bytes), checked against its HBM."""
+    reserve = p["framework_reserve_bytes"]
+    if reserve is not None and not 0 <= reserve < p["hbm_bytes"]:
+        raise ConfigError("cost.profile.framework_reserve_GiB", reserve / 2**30, "a number of GiB from 0 to hbm_GiB")
+    return reserve
 
 
 def _check_device_numbers(p: dict) -> None:

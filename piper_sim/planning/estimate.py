@@ -360,22 +360,24 @@ def _pipeline_s(point: PlanPoint, per_stage: list[tuple[float, float, float, flo
 def estimate_config(cfg) -> tuple[Estimate, bool]:
     """A whole config (piper_sim.config.Config) priced by the estimator: (its estimate, whether every stage's peak
     fits HBM less the framework reserve, by the resource model)."""
-    from piper_sim.workload.memory import headroom_bytes, reserve_bytes
+    from piper_sim.workload.memory import headroom_bytes
 
-    estimate, peaks, hbm_bytes = estimate_with_memory(cfg)
-    return estimate, min(headroom_bytes(peaks, hbm_bytes, reserve_bytes(hbm_bytes))) >= 0
+    estimate, peaks, hbm_bytes, reserve = estimate_with_memory(cfg)
+    return estimate, min(headroom_bytes(peaks, hbm_bytes, reserve)) >= 0
 
 
-def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float]:
+def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float, float]:
     """A whole config priced by the estimator: (its estimate, each stage's peak memory by the resource model,
-    the device's HBM bytes)."""
+    the device's HBM bytes, its framework reserve)."""
     from piper_sim.planning.resource import stage_memory
+    from piper_sim.workload.memory import reserve_bytes
 
     estimator, point = config_estimator(cfg)
     peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention,
                                                 recompute_layers=cfg.recompute_layers,
                                                 checkpoint_layers=cfg.recompute_checkpoint_layers)]
-    return estimator.estimate(point), peaks, estimator.profile.hbm_bytes
+    profile = estimator.profile
+    return estimator.estimate(point), peaks, profile.hbm_bytes, reserve_bytes(profile, cfg.framework_reserve_bytes)
 
 
 def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:

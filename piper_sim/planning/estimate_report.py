@@ -17,7 +17,7 @@ from piper_sim.analysis.report import Report
 from piper_sim.config import Config
 from piper_sim.migration.controller import migration_from_config
 from piper_sim.planning.estimate import estimate_with_memory
-from piper_sim.workload.memory import headroom_bytes, reserve_bytes
+from piper_sim.workload.memory import headroom_bytes
 
 # report.json keys the simulator fills and the estimator cannot: written as null
 NOT_ESTIMATED = ("step_times_s", "compute_fraction", "bubble_fraction", "exposed_comm_fraction",
@@ -28,15 +28,16 @@ NOT_ESTIMATED = ("step_times_s", "compute_fraction", "bubble_fraction", "exposed
 def estimate_report(cfg: Config) -> Report:
     """The estimator's report of a config (tier "estimate"); hfu only without recomputation (equal to mfu)."""
     t0 = time.perf_counter()
-    est, peaks, hbm = estimate_with_memory(cfg)
-    headroom = headroom_bytes(peaks, hbm, reserve_bytes(hbm))
+    est, peaks, hbm, reserve = estimate_with_memory(cfg)
+    headroom = headroom_bytes(peaks, hbm, reserve)
     tokens = cfg.parallel.sequences_per_step * cfg.model.seq_len
     nulls = dict.fromkeys(NOT_ESTIMATED)
     return Report(num_gpus=cfg.parallel.num_gpus, num_steps=cfg.steps, step_time_s=est.step_time_s,
                   tokens_per_step=tokens, tokens_per_s=tokens / est.step_time_s,
                   model_flops_per_step=est.model_flops_per_step, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
                   hfu=est.mfu if cfg.recompute == "none" else None, peak_memory_bytes=[float(p) for p in peaks],
-                  hbm_bytes=hbm, memory_headroom_bytes=headroom, fits_memory=[h >= 0 for h in headroom],
+                  hbm_bytes=hbm, framework_reserve_bytes=reserve, memory_headroom_bytes=headroom,
+                  fits_memory=[h >= 0 for h in headroom],
                   backend="sim", tier="estimate", estimate={k: float(v) for k, v in est.__dict__.items()},
                   error_band=band_dict(cfg, "estimate"),
                   sim_wall_s=time.perf_counter() - t0, **nulls)

@@ -28,10 +28,11 @@ layers are checkpointed in groups of N, as Megatron-LM's uniform method does (--
 its default and Korthikanti's per-layer checkpoint): a group's input is kept, and one group's activations are
 alive again at a time (the same recompute work, re-run group by group inside the backward).
 Activation elements are dtype_bytes each.
-A plan fits when each stage's peak is within HBM less a framework reserve: FRAMEWORK_RESERVE_FRACTION of
-HBM unless given. The reserve stands for what the formulas do not count: the runtime's context and
-kernels, the communication library's buffers, the transient dispatch/combine buffers of one all-to-all and
-the allocator's fragmentation. It is an assumption (docs/planning.md), not a measurement.
+A plan fits when each stage's peak is within HBM less a framework reserve (reserve_bytes): the config's
+`cost.framework_reserve_GiB`, else the profile's `framework_reserve_GiB` (its stack's runtime context and the
+communication library's buffers, from published measurements cited in its sources file), else
+FRAMEWORK_RESERVE_FRACTION of HBM, an assumption (docs/planning.md). HBM is the device's capacity as its driver
+reports it (GiB: DRAM capacities are binary).
 Must not import simpy or torch.
 """
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
+from piper_sim.workload.profile import DeviceProfile
 
 STATE_BYTES_PER_PARAM = 16
 FRAMEWORK_RESERVE_FRACTION = 0.10
@@ -76,9 +78,15 @@ def param_shards(*, zero: int, data_parallel: int, dp: int, stage_size: int) -> 
     return {"dense": data_parallel, "replicated": stage_size, "expert": dp}
 
 
-def reserve_bytes(hbm_bytes: float, given_bytes: float | None = None) -> float:
-    """The framework reserve of one device: given_bytes, else FRAMEWORK_RESERVE_FRACTION of its HBM."""
-    return FRAMEWORK_RESERVE_FRACTION * hbm_bytes if given_bytes is None else given_bytes
+def reserve_bytes(profile: DeviceProfile, given_bytes: float | None = None) -> float:
+    """The framework reserve of one device: given_bytes (a config's or a plan request's), else the profile's
+    (`framework_reserve_GiB`: its software stack's context and communication buffers, cited in its sources file),
+    else FRAMEWORK_RESERVE_FRACTION of its HBM (an assumption)."""
+    if given_bytes is not None:
+        return given_bytes
+    if profile.framework_reserve_bytes is not None:
+        return profile.framework_reserve_bytes
+    return FRAMEWORK_RESERVE_FRACTION * profile.hbm_bytes
 
 
 def headroom_bytes(peaks: list[float], hbm_bytes: float, reserve: float) -> list[float]:

@@ -117,6 +117,7 @@ class DeviceProfile:
     collective_overhead_s: float = 0.0  # host-side cost of one collective call (launch, split exchange)
     p2p_overhead_s: float = 0.0  # host-side cost of posting one send/recv pair
     source: str = ""
+    framework_reserve_bytes: float | None = None  # the stack's context and library buffers (memory.reserve_bytes)
     # measured by calibrate: fixed framework cost per (pass, op name) -> (op, ((tokens, seconds), ...)), net of
     # the measured model's own arithmetic
     framework_s: dict = field(default_factory=dict)
