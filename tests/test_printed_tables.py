@@ -76,3 +76,22 @@ def test_scaling_plot_starts_at_zero_and_marks_estimates():
     assert "E128 (863B)" in " ".join(t.get_text() for t in fig.axes[0].get_xticklabels())
     assert "not measurements" in fig._suptitle.get_text()
     plt.close(fig)
+
+
+def test_plan_table_formats_each_tier():
+    from types import SimpleNamespace
+
+    from piper_sim.planning.plan_outputs import format_plan_table
+
+    table = pd.DataFrame([
+        {"rank": 1, "label": "pp2 ep4", "fits": True, "refined": True, "peak_memory_bytes": 40 * 2**30,
+         "est_step_time_s": 1.25, "sim_step_time_s": 1.5, "sim_tflops_per_gpu": 101.26, "est_tflops_per_gpu": 120.0,
+         "sim_mfu": 0.409409, "est_mfu": 0.5},
+        {"rank": 2, "label": "pp4 ep2", "fits": True, "refined": False, "peak_memory_bytes": 30 * 2**30,
+         "est_step_time_s": 2.0, "sim_step_time_s": float("nan"), "sim_tflops_per_gpu": float("nan"),
+         "est_tflops_per_gpu": 90.04, "sim_mfu": float("nan"), "est_mfu": -0.0}])
+    header, body = _rows(format_plan_table(SimpleNamespace(table=table)))
+    assert header.startswith("rank  plan")
+    assert "estimated step (s)" in header and "simulated step (s)" in header and "MFU (%)" in header
+    assert body == [["1", "pp2", "ep4", "yes", "40.00", "1.250", "1.500", "101.3", "40.9"],
+                    ["2", "pp4", "ep2", "yes", "30.00", "2.000", "-", "90.0", "0.0"]]

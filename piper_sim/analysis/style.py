@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from pathlib import Path
 
 from piper_sim.analysis.tables import time_unit
 from piper_sim.schedule.ir import TaskKind
@@ -58,6 +59,15 @@ def context(model: str | None = None, machine: str | None = None, tier: str | No
     """The context line of a title: model, machine, tier (its words), then anything else, joined by " | "."""
     parts = [model, machine, TIER_WORDS.get(tier, tier) if tier else None, *extra]
     return " | ".join(str(p) for p in parts if p)
+
+
+def machine_label(topology: str | dict, gpus: int | None = None) -> str:
+    """A topology spec's name (the preset, builder or file it names), with the GPUs of the job where given."""
+    if isinstance(topology, dict):
+        name = str(topology.get("preset") or topology.get("builder") or "custom topology")
+    else:
+        name = Path(topology).stem if str(topology).endswith((".yaml", ".yml")) else str(topology)
+    return f"{name}, {gpus:,} GPUs" if gpus else name
 
 
 def title(ax, what: str, line: str) -> None:

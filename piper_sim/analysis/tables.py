@@ -21,6 +21,7 @@ FIXED = {"%": ("%", 100.0, 1), "GiB": ("GiB", 2.0**-30, 2), "GB/s": ("GB/s", 1e-
          "x": ("x", 1.0, 2), "count": ("", 1.0, 0), "num": ("", 1.0, 2)}
 TIME_UNITS = (("us", 1e-6), ("ms", 1e-3), ("s", 1.0))
 BYTE_UNITS = (("B", 1.0), ("KiB", 2.0**10), ("MiB", 2.0**20), ("GiB", 2.0**30), ("TiB", 2.0**40))
+MAX_DIGITS = 6
 SI_PREFIXES = (("", 1.0), ("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12), ("P", 1e15), ("E", 1e18))
 
 
@@ -79,6 +80,8 @@ def _unit(col: Col, values: list[object]) -> tuple[str, float, int]:
     largest = max(_finite(values), default=0.0)
     if col.unit in FIXED:
         symbol, factor, digits = FIXED[col.unit]
+        if 1e-4 <= largest * factor < 1 and col.unit != "count":  # small values keep two significant digits
+            digits = max(digits, min(MAX_DIGITS, math.ceil(-math.log10(largest * factor)) + 1))
         return symbol, 1.0 / factor, digits if col.digits is None else col.digits
     units = {"time": TIME_UNITS, "bytes": BYTE_UNITS}.get(col.unit)
     if units is not None:

@@ -15,6 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
+from piper_sim.analysis import style  # noqa: E402
+from piper_sim.analysis.tables import Col, render  # noqa: E402
 from piper_sim.planning.planner import PlanResult  # noqa: E402
 
 GIB = 2.0**30
@@ -60,7 +62,10 @@ def plot_pareto(result: PlanResult, path: Path) -> None:
                    label="chosen", zorder=5)
     ax.set_xlabel("peak memory per GPU (GiB, worst stage)")
     ax.set_ylabel("MFU (%)")
-    ax.set_title(f"{result.model.name} on {result.request.num_gpus} GPUs: MFU against memory")
+    style.title(ax, "MFU against peak memory, every candidate plan",
+                style.context(result.model.name, style.machine_label(result.request.topology, result.request.num_gpus),
+                              None,
+                              "estimated; refined plans simulated"))
     ax.legend(fontsize=8, loc="best", framealpha=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -104,16 +109,18 @@ def why_markdown(result: PlanResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+PLAN_COLUMNS = [Col("rank", "rank", "count"), Col("label", "plan"), Col("fits", "fits", "yes/no"),
+                Col("peak_memory_bytes", "peak memory", "GiB"), Col("est_step_time_s", "estimated step", "time"),
+                Col("sim_step_time_s", "simulated step", "time"), Col("tflops", "TFLOPS/GPU", "TFLOPS"),
+                Col("mfu", "MFU", "%")]
+
+
 def format_plan_table(result: PlanResult, rows: int = 10) -> str:
+    """The best plans (analysis/tables.py): simulated step where refined, TFLOPS and MFU of the tier that priced it."""
     t = result.table.head(rows)
-    mfu = mfu_column(t) * 100
-    width = max(44, *(len(label) for label in t["label"]))
-    head = (f"{'rank':>4}  {'plan':{width}s} {'fits':>4} {'peak GiB':>9} {'est step s':>10} {'sim step s':>10} "
-            f"{'TFLOPS/GPU':>10} {'MFU %':>6}")
-    lines = [head]
-    for (_, r), m in zip(t.iterrows(), mfu, strict=True):
-        sim = f"{r['sim_step_time_s']:10.3f}" if r["refined"] else f"{'-':>10}"
-        tflops = r["sim_tflops_per_gpu"] if r["refined"] else r["est_tflops_per_gpu"]
-        lines.append(f"{int(r['rank']):>4}  {r['label']:{width}s} {'yes' if r['fits'] else 'no':>4} "
-                     f"{r['peak_memory_bytes'] / GIB:9.1f} {r['est_step_time_s']:10.3f} {sim} {tflops:10.1f} {m:6.1f}")
-    return "\n".join(lines)
+    records = []
+    for (_, r), mfu in zip(t.iterrows(), mfu_column(t), strict=True):
+        refined = bool(r["refined"])
+        records.append({**r.to_dict(), "sim_step_time_s": r["sim_step_time_s"] if refined else None, "mfu": mfu,
+                        "tflops": r["sim_tflops_per_gpu"] if refined else r["est_tflops_per_gpu"]})
+    return render(records, PLAN_COLUMNS)

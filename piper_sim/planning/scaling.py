@@ -89,7 +89,7 @@ def run_scaling(requests: list[PlanRequest], out: Path, *, weak: bool, scheduler
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "scaling.csv", index=False)
     table["model_label"] = labels
-    plot_scaling(table, out / "scaling.png", weak, style.context(machine=machine_label(requests[0].topology)))
+    plot_scaling(table, out / "scaling.png", weak, style.context(machine=style.machine_label(requests[0].topology)))
     return table
 
 
@@ -113,13 +113,6 @@ def params_text(params: float) -> str:
     if billions >= 1000:
         return f"{billions / 1000:.2f}T"
     return f"{billions:.1f}B" if billions < 100 else f"{billions:.0f}B"
-
-
-def machine_label(topology: str | dict) -> str:
-    """A topology spec's name: the preset, builder or file it names."""
-    if isinstance(topology, dict):
-        return str(topology.get("preset") or topology.get("builder") or "custom topology")
-    return Path(topology).stem if topology.endswith((".yaml", ".yml")) else topology
 
 
 SCALING_COLUMNS = [Col("gpus", "GPUs", "count"), Col("model_label", "model"), Col("global_batch", "batch (seqs)",
