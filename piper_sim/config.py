@@ -23,6 +23,7 @@ SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectiv
             "cost", "sim", "recompute", "recompute_layers", "recompute_checkpoint_layers", "optimizer")
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2)
+TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipe-v")  # each rank holds two chunks: parallel.vpp 2, their only value
 DEFAULTS: dict = {
     "schedule": "1f1b",
     "topology": "uniform",
@@ -84,6 +85,7 @@ class Config:
     raw: dict
     given: frozenset[str] = frozenset()  # keys the user's config named: "routing", "cost.profile", ... (notes.py)
     profile_reason: str = ""  # why cost_profile, where the config gave none (profile_choice.py; notes.py)
+    taken: tuple[str, ...] = ()  # values resolve took in the user's place, each said as a note (notes.py)
 
     def resolved(self) -> dict:
         """The config as written to config.yaml: every section explicit, the model inline."""
@@ -167,6 +169,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
     if "model" not in raw:
         raise ConfigError("model", None, "a preset name, an inline mapping or a path (required)")
     model = load_model(full["model"])
+    taken = _two_chunk_vpp(full)
     parallel = parallel_from_section(full.get("parallel", {}))
     parallel.validate(model)
     sim = full["sim"]
@@ -204,8 +207,20 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
         all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
         cost_profile=full["cost"]["profile"], flash_attention=full["cost"]["flash_attention"], steps=steps,
         seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full, given=given,
-        profile_reason=choice.reason,
+        profile_reason=choice.reason, taken=taken,
     )
+
+
+def _two_chunk_vpp(full: dict) -> tuple[str, ...]:
+    """DualPipe and DualPipeV allow parallel.vpp 2 only: taken where the config leaves vpp out or gives 1 (no
+    virtual stages), and said (Config.taken); any other value stays, for the schedule's own error."""
+    section = full.setdefault("parallel", {})
+    vpp = section.get("vpp", 1) if isinstance(section, dict) else None
+    if full["schedule"] not in TWO_CHUNK_SCHEDULES or type(vpp) is not int or vpp != 1:
+        return ()
+    was = "not given: 2" if "vpp" not in section else "1 taken as 2"
+    section["vpp"] = 2
+    return (f"parallel.vpp {was}, the only value schedule {full['schedule']} allows (each rank holds two chunks)",)
 
 
 def _given_keys(raw: dict) -> frozenset[str]:

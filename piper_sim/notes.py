@@ -23,8 +23,9 @@ SILENT_DEFAULTS = {
 
 
 def config_notes(cfg: Config, keys: tuple[str, ...] = ("seq_len", *SILENT_DEFAULTS)) -> list[str]:
-    """Notes on the defaults among keys that cfg's user left out ("seq_len": the model's sequence length)."""
-    out = []
+    """Notes on the defaults among keys that cfg's user left out ("seq_len": the model's sequence length), after
+    the values the config took in the user's place (Config.taken)."""
+    out = list(cfg.taken)
     for key in keys:
         if key == "seq_len":
             if "model.seq_len" not in cfg.given:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError, named_by
-from piper_sim.planning.engine import check_scheduler
+from piper_sim.planning.engine import configure_engine
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
-from piper_sim.planning.space import parse_fixes
+from piper_sim.planning.space import parse_fixes, space_notes, split_settings
 from piper_sim.rundir import finish, open_out_dir
 from piper_sim.workload.presets import FIELD_LIMITS, load_model
 
@@ -24,6 +24,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    "a LocalCluster of one single-threaded worker process per core")
     p.add_argument("--workers", type=int, default=None,
                    help="LocalCluster workers (default: one per core; 0: run in this process, no Dask)")
+    p.add_argument("--dashboard", action="store_true", help="serve Dask's dashboard while the points run and print "
+                   "its address (needs bokeh; on --scheduler, the address of that scheduler's)")
 
 
 def check_machine(request: PlanRequest) -> None:
@@ -34,13 +36,30 @@ def check_machine(request: PlanRequest) -> None:
     from piper_sim.topology.load import load_topology  # networkx
 
     with named_by("--topology"):
-        load_topology(request.topology, request.num_gpus)
+        topo = load_topology(request.topology, request.num_gpus)
+    check_libraries(request, topo)
     with named_by("--profile"):
         choice = request.profile_choice()
         load_profile(choice.profile)
     if choice.reason:
         print(f"piper-sim: note: --profile not given: {choice.profile}, {choice.reason} (its peak FLOP/s, HBM and "
               "efficiencies price every plan)", file=sys.stderr)
+
+
+def check_libraries(request: PlanRequest, topo) -> None:
+    """A --fix of a communication library (rccl, nccl) the topology has no measured parameters for fails naming the
+    --fix (rather than the topology key the first plan would miss)."""
+    from piper_sim.collectives.vendor import LIBRARIES
+
+    fixes = {"collectives.all_to_all": (request.fixed or {}).get("all_to_all", ()),
+             "collectives.all_reduce": (request.all_reduce,)}
+    have = [lib for lib in LIBRARIES if topo.collectives.get(lib)]
+    for key, names in fixes.items():
+        for name in names:
+            if name in LIBRARIES and name not in have:
+                raise ConfigError(f"--fix {key}", name, f"a library topology {topo.name} has measured parameters for "
+                                                        f"({', '.join(have) or 'none'}; topology.collectives), or an "
+                                                        "algorithm that needs none (flat, halo, ring, ...)")
 
 
 def add_machine_args(p: argparse.ArgumentParser, topology_help: str = "topology preset or YAML path") -> None:
@@ -67,7 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
     add_machine_args(p)
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
-                   help="fix or bound a knob, e.g. --fix parallel.pp=4 --fix schedule=1f1b,zb-h1 (repeatable)")
+                   help="fix or bound a knob, e.g. --fix parallel.pp=4 --fix schedule=1f1b,zb-h1 (repeatable); "
+                        "collectives.all_reduce and cost.flash_attention take one value (docs/planning.md)")
     p.add_argument("--top", type=int, default=16,
                    help="plans refined with the simulator (default 16; 0: estimate only)")
     p.add_argument("--ep-domain", choices=DOMAINS, default="switch",
@@ -96,17 +116,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError("--seq-len", args.seq_len, f"a positive integer up to {FIELD_LIMITS['seq_len']:,}")
     if args.reserve_GiB is not None and not (0 <= args.reserve_GiB < 1e6):
         raise ConfigError("--reserve-GiB", args.reserve_GiB, "a non-negative number of GiB")
+    fixed, settings = split_settings(parse_fixes(args.fix))
     request = PlanRequest(model=args.model, num_gpus=args.gpus, global_batch=args.global_batch,
                           topology=args.topology, profile=args.profile, seq_len=args.seq_len,
                           allow_device_mismatch=args.allow_device_mismatch,
-                          fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain,
-                          reserve_bytes=None if args.reserve_GiB is None else args.reserve_GiB * 2**30)
+                          fixed=fixed, top_k=args.top, domain=args.ep_domain,
+                          reserve_bytes=None if args.reserve_GiB is None else args.reserve_GiB * 2**30, **settings)
     check_machine(request)
+    say_space_notes(request)
     if args.seq_len is None:
         model = load_model(args.model)
         print(f"piper-sim: note: {model.name} is planned at the sequence length its preset or config file gives, "
               f"{model.seq_len:,} tokens (--seq-len to change it)", file=sys.stderr)
-    check_scheduler(args.scheduler)
+    configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "plan", resume=True)
     result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers)
     print(format_plan_table(result))
@@ -125,6 +147,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"error band of its step: {band_text(band)}")
     print(f"wrote {args.out}/ ({', '.join(p.name for p in paths.values())})")
     return 0
+
+
+def say_space_notes(request: PlanRequest) -> None:
+    """What the plan space took that --fix did not ask for (space.space_notes), one note line each."""
+    with named_by("plan"):
+        model = load_model(request.model_section())
+    for note in space_notes(model, request.fixed):
+        print(f"piper-sim: note: {note}", file=sys.stderr)
 
 
 def chosen_band(result) -> dict | None:
@@ -151,8 +181,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from piper_sim.paths import config_path
     from piper_sim.planning.sweep import run_sweep, sweep_text
 
-    check_scheduler(args.scheduler)
     check_workers(args.workers)
+    configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "sweep", resume=True)
     table = run_sweep(config_path(args.config), args.grid, args.out, overrides=args.overrides,
                       scheduler=args.scheduler, workers=args.workers)
@@ -174,7 +204,8 @@ def register_scaling(studies: argparse._SubParsersAction) -> None:
     p.add_argument("--sequences-per-gpu", type=int, default=4, help="weak scaling: sequences per GPU (default 4)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
     add_machine_args(p)
-    p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]")
+    p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
+                   help="as plan's --fix, at every GPU count")
     p.add_argument("--top", type=int, default=4, help="plans simulated per point (default 4; 0: estimate only)")
     p.add_argument("--ep-domain", choices=DOMAINS, default="switch")
     add_engine_args(p)
@@ -191,13 +222,15 @@ def cmd_study_scaling(args: argparse.Namespace) -> int:
         raise ConfigError("--global-batch", args.global_batch, "a positive number of sequences (strong scaling)")
     if args.top < 0:
         raise ConfigError("--top", args.top, "0 (estimate only) or a positive integer")
+    fixed, settings = split_settings(parse_fixes(args.fix))
     base = PlanRequest(model=args.model, num_gpus=counts[0], global_batch=args.global_batch or 1,
                        topology=args.topology, profile=args.profile, seq_len=args.seq_len,
                        allow_device_mismatch=args.allow_device_mismatch,
-                       fixed=parse_fixes(args.fix), top_k=args.top, domain=args.ep_domain)
+                       fixed=fixed, top_k=args.top, domain=args.ep_domain, **settings)
     check_machine(base)
+    say_space_notes(base)
     requests = scaling_requests(base, counts, weak=args.weak, sequences_per_gpu=args.sequences_per_gpu)
-    check_scheduler(args.scheduler)
+    configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "study scaling", resume=True)
     table = run_scaling(requests, args.out, weak=args.weak is not None, scheduler=args.scheduler,
                         workers=args.workers)

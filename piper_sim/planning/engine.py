@@ -2,13 +2,15 @@
 cluster by its scheduler address), storing each result as it finishes, with a progress line and an ETA
 (piper_sim.progress).
 
-Owns run_points and the Dask client's life. A point stored under its key (planning.keys) is not run again.
+Owns run_points and the Dask client's life, and Dask's dashboard (off unless a command's --dashboard turns it on,
+configure_engine; its address is printed on stderr). A point stored under its key (planning.keys) is not run again.
 Work functions must be importable module-level functions of piper_sim (Dask workers import them by name).
 Must not import torch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -23,6 +25,8 @@ from piper_sim.planning.store import ResultStore
 from piper_sim.progress import bar as progress_bar
 
 CONNECT_TIMEOUT_S = 10
+DASHBOARD_ADDRESS = ":0"  # a LocalCluster's dashboard: a free port on every interface (the address is printed)
+_dashboard = False  # whether this process's Dask clients serve (or, on --scheduler, point to) the dashboard
 
 
 def check_scheduler(scheduler: str | None) -> None:
@@ -30,6 +34,19 @@ def check_scheduler(scheduler: str | None) -> None:
     if scheduler:
         with dask_client(scheduler, None):
             pass
+
+
+def configure_engine(scheduler: str | None, workers: int | None = None, dashboard: bool = False) -> None:
+    """Before any work: the scheduler is reachable (check_scheduler), and --dashboard can be served (a run on Dask;
+    a LocalCluster draws it with bokeh) and is then on for this process's Dask clients."""
+    global _dashboard
+    if dashboard and workers == 0:
+        raise ConfigError("--dashboard", "on", "a run on Dask: --workers 0 runs the points in this process, without it")
+    if dashboard and not scheduler and importlib.util.find_spec("bokeh") is None:
+        raise ConfigError("--dashboard", "on", "bokeh installed, which Dask draws its dashboard with (pip install "
+                                               "'bokeh>=3.1', or pip install -e '.[dashboard]')")
+    check_scheduler(scheduler)
+    _dashboard = dashboard
 
 
 @contextmanager
@@ -51,8 +68,9 @@ def dask_client(scheduler: str | None, workers: int | None):
             client.close()
         return
     n = workers or os.cpu_count() or 1
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=40) as cluster, Client(cluster) as client:
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                      dashboard_address=DASHBOARD_ADDRESS if _dashboard else None, silence_logs=40) as cluster, \
+            Client(cluster) as client:
         yield client
 
 
@@ -79,6 +97,8 @@ def run_points(fn: Callable[[dict], dict], points: Iterable[KeyedPoint], store: 
         from distributed import as_completed
 
         with dask_client(scheduler, workers) as client:
+            if _dashboard:
+                print(f"piper-sim: Dask dashboard of {label}: {client.dashboard_link}", file=sys.stderr)
             futures = {client.submit(fn, point.payload, key=f"{label}-{point.digest}", pure=False): point
                        for point in todo}
             for future in as_completed(futures):

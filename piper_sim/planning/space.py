@@ -3,18 +3,24 @@
 Owns PlanPoint (one candidate: pp, ep, dp, tp, etp, sp, vpp, micro-batch size, microbatches, schedule,
 all-to-all, activation recomputation, ZeRO stage), parse_fixes (--fix) and enumerate_plans with the constraints
 that need no memory model: the mesh uses all GPUs, ep divides the experts, tp divides the heads and FFN widths
-and a node's GPUs (etp 1 and sequence parallelism unless --fix asks otherwise), pp x vpp <= layers, the global batch
+and a node's GPUs (etp 1 and sequence parallelism unless --fix asks otherwise; a dense model's etp follows tp),
+pp x vpp <= layers, the global batch
 splits into whole microbatches, an EP group fits the locality domain asked for (node, switch or dragonfly
 group of the topology), optimizer sharding only with more than one replica, and each schedule's own rules
-(interleaved needs vpp >= 2 and microbatches a multiple of pp; the others vpp = 1; duplicates
-dropped: ZB-H1 at pp 1 is 1F1B). Memory (the stage-0 bottleneck) is resource.py's. Pure: no simpy, torch.
+(interleaved needs vpp >= 2 and microbatches a multiple of pp; DualPipe and DualPipeV vpp = 2 whatever --fix bounds
+vpp to; the others vpp = 1; duplicates dropped: ZB-H1 at pp 1 is 1F1B). The settings every plan of a request shares
+(collectives.all_reduce, cost.flash_attention) are parsed here too (split_settings). space_notes says what the
+space took that --fix did not ask for; no_plan_error names the --fix or --ep-domain that leaves no plan.
+Memory (the stage-0 bottleneck) is resource.py's. Pure: no simpy, torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES
+from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL
+from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
+from piper_sim.config import RECOMPUTE_MODES, TWO_CHUNK_SCHEDULES, ZERO_STAGES
 from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, tensor_split_widths
@@ -50,9 +56,10 @@ class PlanPoint:
                             num_microbatches=self.num_microbatches, micro_batch_size=self.micro_batch_size)
 
     def label(self) -> str:
+        """Every knob that differs from its default: two points of one space never share a label."""
         vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
-        tp = (f" tp{self.tp}" + (f" etp{self.etp}" if self.etp > 1 else "") + (" sp" if self.sp else "")
-              if self.tp > 1 else "")
+        tp = ((f" tp{self.tp}" if self.tp > 1 else "") + (f" etp{self.etp}" if self.etp > 1 else "")
+              + (" sp" if self.sp else ""))
         extra = (f" rc-{self.recompute}" if self.recompute != "none" else "") + (f" z{self.zero}" if self.zero else "")
         return (f"pp{self.pp} ep{self.ep} dp{self.dp}{tp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
                 f"{self.schedule} {self.all_to_all}{extra}")
@@ -76,44 +83,87 @@ FIX_KEYS = {"parallel.pp": "pp", "parallel.ep": "ep", "parallel.dp": "dp", "para
             "parallel.micro_batch_size": "micro_batch_size", "parallel.num_microbatches": "num_microbatches",
             "schedule": "schedule", "collectives.all_to_all": "all_to_all", "recompute": "recompute",
             "optimizer.zero": "zero"}
+# --fix keys of the settings every plan of a request shares (one value each) -> PlanRequest field
+SETTING_KEYS = {"collectives.all_reduce": "all_reduce", "cost.flash_attention": "flash_attention"}
+BOOLEAN_KNOBS = ("sp", "flash_attention")
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4)
 DEFAULT_VPP = (1, 2, 4)
 DEFAULT_TP = (1, 2)
 
 
 def parse_fixes(items: list[str]) -> dict[str, tuple]:
-    """--fix KEY=VALUE[,VALUE...] -> {knob: allowed values}; KEY is a config key (parallel.pp) or a knob (pp)."""
+    """--fix KEY=VALUE[,VALUE...] -> {knob: allowed values}; KEY is a config key (parallel.pp) or a knob (pp);
+    the settings (SETTING_KEYS) take one value each (split_settings takes them out)."""
     out: dict[str, tuple] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        knob = FIX_KEYS.get(key, key if key in KNOB_NAMES else None)
+        knob = FIX_KEYS.get(key) or SETTING_KEYS.get(key) or (key if key in KNOB_NAMES else None)
         if not sep or knob is None or not value:
-            raise ConfigError("--fix", item, f"KEY=VALUE[,VALUE...] with KEY one of {', '.join(FIX_KEYS)}")
+            raise ConfigError("--fix", item, f"KEY=VALUE[,VALUE...] with KEY one of {', '.join(FIX_KEYS)}, "
+                                             f"or KEY=VALUE with KEY one of {', '.join(SETTING_KEYS)}")
         values = tuple(v.strip() for v in value.split(","))
-        if knob == "sp":
-            flags = {"true": True, "false": False}
-            bad = [v for v in values if v.lower() not in flags]
-            if bad:
-                raise ConfigError(f"--fix {key}", bad[0], "true or false")
-            out[knob] = tuple(flags[v.lower()] for v in values)
-            continue
-        if knob in ("schedule", "all_to_all", "recompute"):
-            allowed = {"schedule": SCHEDULE_NAMES, "all_to_all": A2A_NAMES, "recompute": RECOMPUTE_MODES}[knob]
-            bad = [v for v in values if v not in allowed]
-            if bad:
-                raise ConfigError(f"--fix {key}", bad[0], f"one of {', '.join(allowed)}")
-            out[knob] = values
-        else:
-            try:
-                ints = tuple(int(v) for v in values)
-            except ValueError:
-                raise ConfigError(f"--fix {key}", value, "positive integers") from None
-            if knob == "zero" and any(v not in ZERO_STAGES for v in ints):
-                raise ConfigError(f"--fix {key}", value, "0, 1 or 2")
-            if knob != "zero" and any(v <= 0 for v in ints):
-                raise ConfigError(f"--fix {key}", value, "positive integers")
-            out[knob] = ints
+        if knob in SETTING_KEYS.values() and len(values) != 1:
+            raise ConfigError(f"--fix {key}", value, "one value: every plan of a request shares it (run the planner "
+                                                     "once per value to compare them)")
+        out[knob] = _fix_values(f"--fix {key}", knob, values)
     return out
+
+
+def _fix_values(flag: str, knob: str, values: tuple[str, ...]) -> tuple:
+    """One --fix's values, checked and typed."""
+    if knob in BOOLEAN_KNOBS:
+        flags = {"true": True, "false": False}
+        bad = [v for v in values if v.lower() not in flags]
+        if bad:
+            raise ConfigError(flag, bad[0], "true or false")
+        return tuple(flags[v.lower()] for v in values)
+    names = {"schedule": SCHEDULE_NAMES, "all_to_all": tuple(ALL_TO_ALL.names()), "recompute": RECOMPUTE_MODES,
+             "all_reduce": all_reduce_names()}
+    if knob in names:
+        bad = [v for v in values if v not in names[knob]]
+        if bad:
+            raise ConfigError(flag, bad[0], f"one of {', '.join(names[knob])}")
+        return values
+    try:
+        ints = tuple(int(v) for v in values)
+    except ValueError:
+        raise ConfigError(flag, ",".join(values), "positive integers") from None
+    if knob == "zero" and any(v not in ZERO_STAGES for v in ints):
+        raise ConfigError(flag, ",".join(values), "0, 1 or 2")
+    if knob != "zero" and any(v <= 0 for v in ints):
+        raise ConfigError(flag, ",".join(values), "positive integers")
+    return ints
+
+
+def all_reduce_names() -> tuple[str, ...]:
+    """collectives.all_reduce values a plan can take: those that also shard (ZeRO's reduce-scatter and all-gather,
+    and sequence parallelism's, use the same algorithm)."""
+    return tuple(n for n in ALL_REDUCE.names() if n in REDUCE_SCATTER and n in ALL_GATHER)
+
+
+def split_settings(fixed: dict[str, tuple]) -> tuple[dict[str, tuple], dict[str, object]]:
+    """parse_fixes' result -> (the knobs' fixes, {PlanRequest field: value} of the settings given)."""
+    settings = {knob: values[0] for knob, values in fixed.items() if knob in SETTING_KEYS.values()}
+    return {k: v for k, v in fixed.items() if k not in settings}, settings
+
+
+def is_dense(model: ModelSpec) -> bool:
+    """No layer routes to experts: the expert tensor parallelism (etp) has nothing of its own to split."""
+    return model.num_experts <= 1 or not model.moe_layer_indices
+
+
+def space_notes(model: ModelSpec, fixed: dict[str, tuple] | None) -> list[str]:
+    """What the space takes that --fix did not ask for, one line each (the CLI prints them as notes)."""
+    fixed = fixed or {}
+    notes = []
+    if is_dense(model) and "etp" not in fixed and any(tp > 1 for tp in fixed.get("tp", DEFAULT_TP)):
+        notes.append(f"{model.name} is dense: parallel.etp follows parallel.tp (its FFNs split like the rest of "
+                     "each layer; --fix parallel.etp to set it)")
+    two_chunk = [s for s in fixed.get("schedule", SCHEDULE_NAMES) if s in TWO_CHUNK_SCHEDULES]
+    if two_chunk and "vpp" in fixed and 2 not in fixed["vpp"]:
+        notes.append(f"schedule {' and '.join(two_chunk)}: parallel.vpp 2, the only value it allows (each rank holds "
+                     f"two chunks); --fix parallel.vpp={','.join(map(str, fixed['vpp']))} bounds the other schedules")
+    return notes
 
 
 def divisors(n: int) -> list[int]:
@@ -128,9 +178,11 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
     """Every plan that satisfies the structural constraints, in a fixed order.
 
     global_batch: sequences per step (= micro_batch_size x num_microbatches x the data-parallel replicas, dp x ep
-    x etp / tp). domain_gpus: the largest EP group allowed (the locality domain's GPU count; num_gpus for "any").
+    x etp / tp). all_to_alls: the algorithms tried unless --fix names others (any registered one: rccl, nccl, ...).
+    domain_gpus: the largest EP group allowed (the locality domain's GPU count; num_gpus for "any").
     node_gpus: GPUs per node (a tensor-parallel group stays inside one); tps: the tensor-parallel degrees tried,
-    each with etp 1 and sequence parallelism unless fixed otherwise (Megatron-core's MoE form)."""
+    each with etp 1 and sequence parallelism unless fixed otherwise (Megatron-core's MoE form); a dense model's
+    etp is tp unless fixed (Megatron's dense form: no expert layer to split otherwise)."""
     fixed = fixed or {}
     _check_fixed(fixed, num_gpus, global_batch)
 
@@ -141,7 +193,7 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
     for tp in allowed("tp", sorted(set(tps) | set(fixed.get("tp", ())))):
         if tp > 1 and (node_gpus % tp or not _splits(model, tp)):
             continue
-        for etp in allowed("etp", sorted({1, tp} if "etp" in fixed else {1})):
+        for etp in allowed("etp", sorted({1, tp} if "etp" in fixed else {tp} if is_dense(model) else {1})):
             for sp in allowed("sp", (True, False) if tp > 1 and "sp" in fixed else ((tp > 1),)):
                 out.extend(_plans_at(model, num_gpus, global_batch, domain_gpus, allowed, fixed, schedules,
                                      all_to_alls, recomputes, zeros, tp, etp, sp, node_gpus))
@@ -176,23 +228,31 @@ def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: i
             replicas = stage // tp
             if global_batch % replicas:
                 continue
-            for mbs in allowed("micro_batch_size", [b for b in DEFAULT_MICRO_BATCH_SIZES + tuple(fixed.get(
-                    "micro_batch_size", ())) if (global_batch // replicas) % b == 0
+            for mbs in allowed("micro_batch_size", [b for b in sorted(set(DEFAULT_MICRO_BATCH_SIZES) | set(fixed.get(
+                    "micro_batch_size", ()))) if (global_batch // replicas) % b == 0
                     and (tp == 1 or (b * model.seq_len) % tp == 0)]):
                 m = global_batch // replicas // mbs
                 if "num_microbatches" in fixed and m not in fixed["num_microbatches"]:
                     continue
                 for schedule in allowed("schedule", schedules):
-                    for vpp in allowed("vpp", sorted(set(DEFAULT_VPP + tuple(fixed.get("vpp", ()))))):
+                    for vpp in _vpps(schedule, allowed, fixed):
                         if not _schedule_allows(schedule, pp, vpp, m, model.num_layers):
                             continue
-                        for a2a in _all_to_alls(allowed("all_to_all", all_to_alls), ep * etp, node_gpus):
+                        for a2a in _all_to_alls(list(fixed.get("all_to_all", all_to_alls)), ep * etp, node_gpus):
                             for recompute in allowed("recompute", recomputes):
                                 for zero in allowed("zero", _zeros(zeros, schedule, replicas > 1 or dp > 1)):
                                     out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
                                                          num_microbatches=m, schedule=schedule, all_to_all=a2a,
                                                          recompute=recompute, zero=zero, tp=tp, etp=etp, sp=sp))
     return out
+
+
+def _vpps(schedule: str, allowed, fixed: dict) -> list[int]:
+    """The virtual stages tried: DualPipe and DualPipeV take 2, the only value they allow, whatever --fix bounds
+    vpp to (space_notes says so); the others the defaults and the fixed values, within the fix."""
+    if schedule in TWO_CHUNK_SCHEDULES:
+        return [2]
+    return allowed("vpp", sorted(set(DEFAULT_VPP + tuple(fixed.get("vpp", ())))))
 
 
 def _all_to_alls(names: list[str], ep_span: int, node_gpus: int) -> list[str]:
@@ -226,3 +286,30 @@ def _check_fixed(fixed: dict[str, tuple], num_gpus: int, global_batch: int) -> N
                 raise ConfigError(f"--fix parallel.{knob}", v, f"a divisor of the GPU count ({num_gpus})")
     if global_batch <= 0:
         raise ConfigError("--global-batch", global_batch, "a positive number of sequences")
+
+
+def no_plan_error(model: ModelSpec, num_gpus: int, global_batch: int, *, domain: str, domain_gpus: int,
+                  fixed: dict[str, tuple], **space) -> ConfigError:
+    """The error of a request whose space is empty, naming what rules every plan out: --ep-domain where a wider
+    domain admits plans with the same fixes, else the last given --fix without which there are plans (with a value
+    that admits one), else the request itself. space: enumerate_plans' other keyword arguments."""
+    def plans(fixes: dict, gpus: int) -> list[PlanPoint]:
+        return enumerate_plans(model, num_gpus, global_batch, fixed=fixes, domain_gpus=gpus, **space)
+
+    if domain_gpus < num_gpus and (wider := plans(fixed, num_gpus)):
+        return ConfigError("--ep-domain", domain, f"a domain an EP group fits in: a {domain} holds {domain_gpus} GPUs, "
+                                                  f"and with --ep-domain any there are {len(wider)} plans (e.g. "
+                                                  f"{wider[0].label()})")
+    keys = {knob: key for key, knob in FIX_KEYS.items()}
+    for knob in reversed([k for k in fixed if k in keys]):  # the last given first: most likely the one in conflict
+        key = keys[knob]
+        if without := plans({k: v for k, v in fixed.items() if k != knob}, domain_gpus):
+            dense = (" (a dense model has no expert layers: its etp follows tp)"
+                     if knob == "etp" and is_dense(model) else "")
+            return ConfigError(f"--fix {key}", ",".join(map(str, fixed[knob])),
+                               f"values that admit a plan with the other --fix values{dense}: without this fix there "
+                               f"are {len(without)} plans, e.g. {key}={getattr(without[0], knob)}")
+    return ConfigError("plan", f"{model.name} on {num_gpus} GPUs, global batch {global_batch}",
+                       "a GPU count, batch and --fix values that admit at least one plan (ep must divide "
+                       f"{model.num_experts} experts and fit the {domain} (--ep-domain), pp <= {model.num_layers} "
+                       "layers, the batch must split into whole microbatches)")

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from piper_sim.planning.cli import add_engine_args
-from piper_sim.planning.engine import check_scheduler
+from piper_sim.planning.engine import configure_engine
 from piper_sim.rundir import finish, open_out_dir
 
 # the experiments in run.EXPERIMENTS's order (named here so that --help loads no pandas; a test holds them equal)
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from piper_sim.reproduce.run import reproduce
 
-    check_scheduler(args.scheduler)
+    configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "reproduce", resume=True)  # finished points are kept: a rerun resumes
     reproduce(args.experiments, args.out, quick=args.quick, scheduler=args.scheduler, workers=args.workers)
     finish(args.out)
