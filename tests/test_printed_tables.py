@@ -95,3 +95,20 @@ def test_plan_table_formats_each_tier():
     assert "estimated step (s)" in header and "simulated step (s)" in header and "MFU (%)" in header
     assert body == [["1", "pp2", "ep4", "yes", "40.00", "1.250", "1.500", "101.3", "40.9"],
                     ["2", "pp4", "ep2", "yes", "30.00", "2.000", "-", "90.0", "0.0"]]
+
+
+def test_study_imbalance_prints_its_rows_and_the_drift_run(tmp_path):
+    from piper_sim.studies.imbalance import COLUMNS, DRIFT_COLUMNS, tables_text
+
+    pd.DataFrame([["zipf", 1.0, "greedy", 0.03672, 0.0156, 2.98, 1.70, 18, 108 * 2**20, 0.0023]],
+                 columns=list(COLUMNS)).to_csv(tmp_path / "imbalance.csv", index=False)
+    pd.DataFrame([["lpt", 0, 2.0], ["lpt", 1, 1.0], ["lpt", 2, 1.5]],
+                 columns=list(DRIFT_COLUMNS)).to_csv(tmp_path / "drift.csv", index=False)
+    first, drift = tables_text(tmp_path).split("\n\n")
+    header, body = _rows(first)
+    assert "step (ms)" in header and "moved per EP group (MiB)" in header and "migration share (%)" in header
+    assert body == [["zipf", "1.00", "greedy", "36.72", "1.6", "3.0", "1.70", "18", "108.0", "0.23"]]
+    header, body = _rows(drift)
+    assert header.split() == ["migration", "steps", "step", "0", "(s)", "mean", "after", "step", "0", "(s)", "last",
+                              "step", "(s)"]
+    assert body == [["lpt", "3", "2.000", "1.250", "1.500"]]

@@ -108,6 +108,15 @@ def count_axis(ax, values: list[int]) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
+def from_zero(ax, headroom: float = 1.12) -> None:
+    """The y axis from 0 to a little above the highest point the axes' lines draw (no cut-off axis)."""
+    import numpy as np
+
+    tops = [float(np.nanmax(line.get_ydata())) for line in ax.lines if len(line.get_ydata())]
+    top = max(tops, default=0.0)
+    ax.set_ylim(0, top * headroom if top > 0 else 1.0)
+
+
 def seconds_scale(largest_s: float) -> tuple[str, float]:
     """(unit, factor) to show times up to largest_s: seconds x factor reads in unit (us, ms or s)."""
     unit, size = time_unit(largest_s)

@@ -149,7 +149,7 @@ def scaling_figure(table: pd.DataFrame, weak: bool, context_line: str = "") -> p
                 sel = tiers == tier
                 ax.plot(t.loc[sel, "gpus"], t.loc[sel, column] * scale, style.TIER_MARKERS[tier], color="tab:blue",
                         label=style.TIER_WORDS[tier])
-            ax.set_ylim(0, max(float((t[column] * scale).max()) * 1.15, 1e-9))
+            style.from_zero(ax)
         style.count_axis(ax, list(t["gpus"]))
         if weak and "model_label" in t:
             ax.set_xticks(list(t["gpus"]), [f"{g:,}\n{m}" for g, m in zip(t["gpus"], t["model_label"], strict=True)],

@@ -135,7 +135,8 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
 
 
 def cmd_study_imbalance(args: argparse.Namespace) -> int:
-    from piper_sim.studies.imbalance import run_points, study_points, write_plots  # numpy, pandas, matplotlib
+    # numpy, pandas, matplotlib
+    from piper_sim.studies.imbalance import run_points, study_context, study_points, tables_text, write_plots
 
     raw = apply_overrides(read_config_file(config_path(args.config)), args.overrides)
     points = study_points(raw, kind=args.kind, skews=[float(x) for x in parse_csv(args.skews, "--skews")],
@@ -146,9 +147,10 @@ def cmd_study_imbalance(args: argparse.Namespace) -> int:
     try:
         paths = run_points(points, args.out, log)
     finally:
-        for path in write_plots(args.out):
+        for path in write_plots(args.out, study_context(points)):
             print(f"wrote {path}")
     finish(args.out)
+    print(tables_text(args.out))
     print("wrote " + " and ".join(str(p) for p in paths.values()))
     return 0
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from piper_sim.analysis import style
 from piper_sim.analysis.report import Report
+from piper_sim.analysis.tables import Col, render
 from piper_sim.bounds import int_limit
 from piper_sim.config import Config, load_config
 from piper_sim.errors import ConfigError, named_by
@@ -145,39 +147,79 @@ def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
     tmp.replace(path)
 
 
-def write_plots(out: Path) -> list[Path]:
+IMBALANCE_COLUMNS = [Col("kind", "routing"), Col("skew", "skew", "num"), Col("policy", "migration"),
+                     Col("step_time_s", "step", "time"), Col("mfu", "MFU", "%"),
+                     Col("tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"), Col("lif", "load imbalance", "x"),
+                     Col("experts_moved", "experts moved", "count"),
+                     Col("bytes_moved_per_group", "moved per EP group", "bytes"),
+                     Col("migration_time_fraction", "migration share", "%")]
+DRIFT_SUMMARY = [Col("policy", "migration"), Col("steps", "steps", "count"), Col("first_s", "step 0", "time"),
+                 Col("mean_s", "mean after step 0", "time"), Col("last_s", "last step", "time")]
+
+
+def study_context(points: list[Point]) -> str:
+    """The context line of the study's plots: model, machine and tier (analysis/style.py)."""
+    cfg = points[0].config
+    return style.context(cfg.model.name, style.machine_label(cfg.topology, cfg.parallel.num_gpus), "des")
+
+
+def tables_text(out: Path) -> str:
+    """The printed tables of the study (analysis/tables.py): one row per (skew, policy), and the drift run per
+    policy (its step 0 on the unmigrated placement, its mean after, its last step)."""
+    import pandas as pd
+
+    parts = []
+    if (out / "imbalance.csv").exists():
+        parts.append(render(pd.read_csv(out / "imbalance.csv").to_dict("records"), IMBALANCE_COLUMNS))
+    if (out / "drift.csv").exists():
+        drift = pd.read_csv(out / "drift.csv")
+        rows = [{"policy": policy, "steps": len(g), "first_s": g["step_time_s"].iloc[0],
+                 "mean_s": g["step_time_s"].iloc[1:].mean() if len(g) > 1 else None,
+                 "last_s": g["step_time_s"].iloc[-1]} for policy, g in drift.groupby("policy", sort=False)]
+        parts.append("drifting hot experts:\n" + render(rows, DRIFT_SUMMARY))
+    return "\n\n".join(parts)
+
+
+def write_plots(out: Path, context_line: str = "") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
+    from matplotlib.ticker import MaxNLocator
 
     paths = []
     if (out / "imbalance.csv").exists():
         df = pd.read_csv(out / "imbalance.csv")
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for policy, group in df.groupby("policy"):
-            axes[0].plot(group["skew"], group["mfu"] * 100, "o-", label=policy)
-            axes[1].plot(group["skew"], group["step_time_s"] * 1e3, "o-", label=policy)
         kind = df["kind"].iloc[0] if len(df) else ""
-        for ax, label in zip(axes, ("MFU (%)", "step time (ms)"), strict=True):
+        unit, factor = style.seconds_scale(float(df["step_time_s"].max()) if len(df) else 0.0)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for policy, group in df.groupby("policy", sort=False):
+            for ax, values in zip(axes, (group["mfu"] * 100, group["step_time_s"] * factor), strict=True):
+                ax.plot(group["skew"], values, "o-", color=style.color("policy", policy), label=policy)
+        for ax, label in zip(axes, ("MFU (%)", f"step time ({unit})"), strict=True):
             ax.set_xlabel(f"{kind} {SKEW_PARAM.get(kind, 'skew')}")
             ax.set_ylabel(label)
-            ax.legend()
-        fig.suptitle(f"MFU and step time against {kind or 'routing'} skew, by migration policy")
+            style.from_zero(ax)
+            ax.legend(title="migration", loc="lower right")
+        style.suptitle(fig, f"MFU and step time against {kind or 'routing'} skew, by migration policy", context_line)
         fig.tight_layout()
         paths.append(out / "imbalance.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     if (out / "drift.csv").exists():
         df = pd.read_csv(out / "drift.csv")
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for policy, group in df.groupby("policy"):
-            ax.plot(group["step"], group["step_time_s"] * 1e3, "o-", label=policy)
+        unit, factor = style.seconds_scale(float(df["step_time_s"].max()) if len(df) else 0.0)
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for policy, group in df.groupby("policy", sort=False):
+            ax.plot(group["step"], group["step_time_s"] * factor, "o-", color=style.color("policy", policy),
+                    label=policy)
         ax.set_xlabel("step")
-        ax.set_ylabel("step time (ms)")
-        ax.set_title("drifting hot experts")
-        ax.legend()
+        ax.set_ylabel(f"step time ({unit})")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        style.from_zero(ax)
+        style.title(ax, "step time under drifting hot experts, by migration policy", context_line)
+        ax.legend(title="migration", loc="lower right")
         fig.tight_layout()
         paths.append(out / "drift.png")
         fig.savefig(paths[-1], dpi=110)
