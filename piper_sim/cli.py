@@ -10,29 +10,30 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import sys
-import threading
 from pathlib import Path
 
-from piper_sim import testbed
-from piper_sim.calibrate.cli import register as register_calibrate
-from piper_sim.config import load_config
-from piper_sim.errors import ConfigError, PiperError, named_by
-from piper_sim.notes import config_notes, placement_notes
-from piper_sim.paths import config_path, data_dir
-from piper_sim.planning.cli import register as register_plan
-from piper_sim.planning.cli import register_sweep
-from piper_sim.progress import bar as progress_bar
-from piper_sim.reproduce.cli import register as register_reproduce
-from piper_sim.rundir import finish, open_out_dir, out_file
-from piper_sim.schedule.build import build_coarse_schedule, build_schedule
-from piper_sim.schedule.grid import render_grid
-from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
-from piper_sim.schedule.validate import check_schedule, dry_run
-from piper_sim.studies.cli import register as register_study
-from piper_sim.version import __version__
-from piper_sim.workload.presets import list_presets, load_model
+from piper_sim.stopping import Signals, Terminated, say_stopped, while_loading
+
+with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one line, exit 130 or 143
+    from piper_sim import testbed
+    from piper_sim.calibrate.cli import register as register_calibrate
+    from piper_sim.config import load_config
+    from piper_sim.errors import ConfigError, PiperError, named_by
+    from piper_sim.notes import config_notes, placement_notes
+    from piper_sim.paths import config_path, data_dir
+    from piper_sim.planning.cli import register as register_plan
+    from piper_sim.planning.cli import register_sweep
+    from piper_sim.progress import bar as progress_bar
+    from piper_sim.reproduce.cli import register as register_reproduce
+    from piper_sim.rundir import finish, open_out_dir, out_file
+    from piper_sim.schedule.build import build_coarse_schedule, build_schedule
+    from piper_sim.schedule.grid import render_grid
+    from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
+    from piper_sim.schedule.validate import check_schedule, dry_run
+    from piper_sim.studies.cli import register as register_study
+    from piper_sim.version import __version__
+    from piper_sim.workload.presets import list_presets, load_model
 
 
 def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
@@ -42,6 +43,12 @@ def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> N
                    help="override a config value, e.g. --set parallel.pp=4 (repeatable)")
 
 
+def _add_outputs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--outputs", default="all", metavar="report|trace|all",
+                   help="files to write: report (report.json, config.yaml, links.csv, link_kinds.csv), trace (those "
+                        "and the trace), all (those, perfetto.json and plots/; the default)")
+
+
 def say_notes(notes: list[str]) -> None:
     """The defaults a command chose without being told (piper_sim.notes), one line each."""
     for note in notes:
@@ -49,7 +56,8 @@ def say_notes(notes: list[str]) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from piper_sim.outputs import format_report, write_run  # numpy, pandas, matplotlib: not for --help
+    from piper_sim.host_memory import MemoryGuard
+    from piper_sim.outputs import check_outputs, format_report, write_run  # numpy, pandas, matplotlib: not for --help
     from piper_sim.simulate import simulate  # simpy, numpy
 
     cfg = load_config(config_path(args.config), args.overrides)
@@ -62,11 +70,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
           f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
     open_out_dir(args.out, "simulate")
-    result = simulate(cfg, progress=True)
+    result = simulate(cfg, progress=True, outputs=check_outputs(args.outputs))
     # what the machine was built as and where the ranks went, where that can change the answer
     say_notes([f"topology {result.topology.name}: {note}" for note in result.topology.notes]
               + placement_notes(cfg, result.topology, result.placement))
-    write_run(args.out, result)
+    with MemoryGuard(result.stats["host_memory_estimate_bytes"]) as guard:
+        paths = write_run(args.out, result, args.outputs, progress=True, check=guard.check)
     finish(args.out)
     print(format_report(result.report))
     unfit = [p for p, fits in enumerate(result.report.fits_memory or []) if not fits]
@@ -74,8 +83,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"piper-sim: warning: stage(s) {', '.join(map(str, unfit))} need more memory than the device has "
               f"({result.report.hbm_bytes / 2**30:.1f} GiB HBM less the framework reserve; docs/planning.md): "
               "this plan would not run; `piper-sim plan` lists plans that fit", file=sys.stderr)
-    print(f"wrote {args.out}/ (report.json, config.yaml, trace, perfetto.json, links.csv, plots/)")
+    print(f"wrote {args.out}/ ({written(args.out, paths)})")
     return 0
+
+
+def written(out: Path, paths: dict[str, Path]) -> str:
+    """The files a run wrote, relative to its --out: 'config.yaml, report.json, ...'."""
+    return ", ".join(sorted(str(p.relative_to(out)) for p in paths.values()))
 
 
 def _estimate(args: argparse.Namespace, cfg) -> int:
@@ -139,9 +153,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from piper_sim.measure import measure, run_devices
-    from piper_sim.outputs import format_report, write_run
+    from piper_sim.outputs import check_outputs, format_report, write_run
 
     check_seconds("--timeout", args.timeout)
+    check_outputs(args.outputs)
     cfg = load_config(config_path(args.config), args.overrides, devices=run_devices())
     say_notes(config_notes(cfg, ("seq_len", "cost.profile")))  # the profile gives the MFU's peak
     par = cfg.parallel
@@ -152,11 +167,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = measure(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None), progress=True)
     if result is None:  # a torchrun rank other than 0: rank 0 writes the run
         return 0
-    write_run(args.out, result)
+    paths = write_run(args.out, result, args.outputs, progress=True)
     finish(args.out)
     print(format_report(result.report))
     print("loss per step       " + ", ".join(f"{x:.4f}" for x in result.report.losses))
-    print(f"wrote {args.out}/")
+    print(f"wrote {args.out}/ ({written(args.out, paths)})")
     return 0
 
 
@@ -311,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tier", choices=["des", "estimate"], default="des", help="des (default): the discrete-event "
                    "simulation; estimate: the planner's analytic estimator (seconds at any scale; figures only a "
                    "simulation gives are null in report.json)")
+    _add_outputs_arg(p)
     p.set_defaults(func=cmd_simulate)
     p = sub.add_parser("schedule", help="show or export the lowered schedule of a config")
     p.add_argument("action", choices=["show", "export"])
@@ -321,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before all ranks are stopped")
     p.add_argument("--testbed", metavar="PREFIX", help="run inside the emulated cluster of `testbed up`")
+    _add_outputs_arg(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="predict measured validation cases from a profile; score the errors")
     p.add_argument("cases", nargs="*", help="case names or directories (default: all in validation/cases); with "
@@ -361,10 +378,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
-class Terminated(BaseException):
-    """SIGTERM: unwinds like Ctrl-C, so that what a command started (rank processes) is stopped on the way out."""
-
-
 class Stopped(BaseException):
     """A command stopped by a signal has cleaned up and the process is to exit with `code`, its signals held
     ignored until it does (main does not restore them)."""
@@ -374,39 +387,34 @@ class Stopped(BaseException):
         self.code = code
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    previous_int = signal.getsignal(signal.SIGINT) if on_main_thread else None
-    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
-    held = False
-    try:
-        return args.func(args)
-    except Stopped as exc:
-        held = True
-        return exc.code
-    except PiperError as exc:
+    """Run one command; SIGINT and SIGTERM end it with one line and 130 or 143 wherever they land (stopping.py)."""
+    with Signals() as signals:
+        try:
+            args = build_parser().parse_args(argv)
+            return args.func(args)
+        except Stopped as exc:
+            signals.hold()
+            return exc.code
+        except BaseException as exc:  # a signal's stop may come out as any exception (stopping.py)
+            code = signals.stop_code(exc)
+            if code is None and isinstance(exc, PiperError | OSError):
+                return _say_error(exc)
+            if code is None or (isinstance(exc, SystemExit) and signals.received is None):
+                raise
+            say_stopped(code)
+            return code
+
+
+def _say_error(exc: PiperError | OSError) -> int:
+    """An error the user can fix, one line: exit status 2. A refused file operation (disk full, permissions) names
+    the file."""
+    if isinstance(exc, PiperError):
         print(f"piper-sim: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # the machine refused a file operation (disk full, permissions): name the file
+    else:
         where = exc.filename if exc.filename is not None else type(exc).__name__
         print(f"piper-sim: error: {where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("piper-sim: interrupted", file=sys.stderr)
-        return 130
-    except Terminated:
-        print("piper-sim: terminated", file=sys.stderr)
-        return 143
-    finally:
-        if on_main_thread and not held:
-            signal.signal(signal.SIGTERM, previous)
-            signal.signal(signal.SIGINT, previous_int)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""Writing a run directory: config.yaml, report.json, trace, perfetto.json, links.csv, plots/*.png.
+"""Writing a run directory: config.yaml, report.json, links.csv, the trace, perfetto.json, plots/*.png.
 
-The one place that writes a run's files; both `simulate` and `run` use it.
+The one place that writes a run's files; both `simulate` and `run` use it. What is written is chosen by OUTPUTS
+(`--outputs`); a progress line with an ETA shows while the files are written (progress.py), its ETA from each
+file's measured seconds per trace row (benchmarks/bench_memory.py prints each output's wall time).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -16,35 +19,103 @@ from piper_sim.analysis.plots import plot_link_utilization, plot_timeline
 from piper_sim.analysis.report import Report, steps_note
 from piper_sim.analysis.tables import percent
 from piper_sim.config import Config
+from piper_sim.errors import ConfigError
+from piper_sim.progress import bar as progress_bar
 from piper_sim.result import RunResult
-from piper_sim.trace.perfetto import write_perfetto
+from piper_sim.trace.perfetto import first_step_rows, perfetto_row_count, write_perfetto
 from piper_sim.trace.runtrace import write_trace
 
+OUTPUTS = {"report": "report.json, config.yaml, links.csv and link_kinds.csv",
+           "trace": "those and the trace (trace.parquet or trace.csv)",
+           "all": "those, perfetto.json and plots/ (the default)"}
+# seconds per trace row of each file on this machine's cores (benchmarks/bench_memory.py, dense-128: 511k rows):
+# only the progress line's ETA reads them, as each file's share of the work
+SECONDS_PER_ROW = {"trace": 1.0e-6, "perfetto": 12e-6, "timeline": 20e-6}
+WRITING_FORMAT = "{desc}: {percentage:3.0f}% [{elapsed}<{remaining}]"
 
-def write_run(out_dir: Path, result: RunResult) -> dict[str, Path]:
-    """Write a run's files (either backend): config.yaml (resolved), report.json, the trace, perfetto.json,
-    plots/timeline.png, and where the simulator loaded links, links.csv, link_kinds.csv and
-    plots/link_utilization.png."""
+
+def check_outputs(outputs: str) -> str:
+    """outputs, when it is one of OUTPUTS."""
+    if outputs not in OUTPUTS:
+        raise ConfigError("--outputs", outputs, "; ".join(f"{k}: {v}" for k, v in OUTPUTS.items()))
+    return outputs
+
+
+def write_run(out_dir: Path, result: RunResult, outputs: str = "all", *, progress: bool = False,
+              check: Callable[[], None] | None = None) -> dict[str, Path]:
+    """Write a run's files (either backend), as OUTPUTS[outputs] says: config.yaml (resolved), report.json, where
+    the simulator loaded links links.csv, link_kinds.csv (and with all, plots/link_utilization.png); with trace or
+    all the trace; with all perfetto.json and plots/timeline.png. progress: a progress line on stderr while they
+    are written; check: called between files and chunks of rows (a memory guard's check raises to stop)."""
+    works = _works(out_dir, result, check_outputs(outputs))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "plots").mkdir(exist_ok=True)
-    trace = result.trace
-    paths = {"config": write_config(out_dir, result.config), "report": out_dir / "report.json"}
-    paths["trace"] = write_trace(trace, out_dir, result.config.trace_format)
-    paths["perfetto"] = out_dir / "perfetto.json"
-    write_perfetto(trace, paths["perfetto"])
-    paths["timeline"] = out_dir / "plots" / "timeline.png"
-    plot_timeline(trace, paths["timeline"], f"timeline of step 0: {result.title}", result.context)
-    links = result.links
-    if links is not None:
-        paths["links"] = out_dir / "links.csv"
-        links.to_csv(paths["links"], index=False)
-        paths["link_kinds"] = out_dir / "link_kinds.csv"
-        link_kind_summary(links).to_csv(paths["link_kinds"], index=False)
-        if not links.empty:
-            paths["link_plot"] = out_dir / "plots" / "link_utilization.png"
-            plot_link_utilization(links, paths["link_plot"], context_line=result.context)
-    paths["report"].write_text(json.dumps(result.report.to_dict(), indent=2))
+    paths: dict[str, Path] = {}
+    with progress_bar(sum(rows * per_row for _, rows, per_row, _ in works), "writing outputs", show=progress,
+                      bar_format=WRITING_FORMAT) as line:
+        for key, rows, per_row, write in works:
+            line.set_description(f"writing {key}", refresh=False)
+            if check is not None:
+                check()
+
+            def tick(n: int, per_row: float = per_row) -> None:
+                line.update(n * per_row)
+                if check is not None:
+                    check()
+
+            paths.update(write(tick))
+            if key != "perfetto":  # perfetto counts its rows as it writes them
+                line.update(rows * per_row)
     return paths
+
+
+Work = tuple[str, int, float, Callable[[Callable[[int], None]], dict[str, Path]]]
+
+
+def _works(out_dir: Path, result: RunResult, outputs: str) -> list[Work]:
+    """The files to write as (name, trace rows it writes, seconds per row, write(on_rows) -> {key: path})."""
+    trace, links = result.trace, result.links
+    works: list[Work] = [("report", 0, 0.0, lambda _: _write_report(out_dir, result))]
+    if links is not None:
+        works.append(("links", 0, 0.0, lambda _: _write_links(out_dir, links, result.context, outputs == "all")))
+    if outputs in ("trace", "all"):
+        works.append(("trace", len(trace), SECONDS_PER_ROW["trace"],
+                      lambda _: {"trace": write_trace(trace, out_dir, result.config.trace_format)}))
+    if outputs == "all":
+        works.append(("perfetto", perfetto_row_count(trace), SECONDS_PER_ROW["perfetto"],
+                      lambda tick: _write_perfetto(out_dir, trace, tick)))
+        works.append(("timeline", first_step_rows(trace), SECONDS_PER_ROW["timeline"],
+                      lambda _: _write_timeline(out_dir, result)))
+    return works
+
+
+def _write_report(out_dir: Path, result: RunResult) -> dict[str, Path]:
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(result.report.to_dict(), indent=2))
+    return {"config": write_config(out_dir, result.config), "report": path}
+
+
+def _write_links(out_dir: Path, links, context: str, plot: bool) -> dict[str, Path]:
+    paths = {"links": out_dir / "links.csv", "link_kinds": out_dir / "link_kinds.csv"}
+    links.to_csv(paths["links"], index=False)
+    link_kind_summary(links).to_csv(paths["link_kinds"], index=False)
+    if plot and not links.empty:
+        (out_dir / "plots").mkdir(exist_ok=True)
+        paths["link_plot"] = out_dir / "plots" / "link_utilization.png"
+        plot_link_utilization(links, paths["link_plot"], context_line=context)
+    return paths
+
+
+def _write_perfetto(out_dir: Path, trace, tick: Callable[[int], None]) -> dict[str, Path]:
+    path = out_dir / "perfetto.json"
+    write_perfetto(trace, path, on_rows=tick)
+    return {"perfetto": path}
+
+
+def _write_timeline(out_dir: Path, result: RunResult) -> dict[str, Path]:
+    (out_dir / "plots").mkdir(exist_ok=True)
+    path = out_dir / "plots" / "timeline.png"
+    plot_timeline(result.trace, path, f"timeline of step 0: {result.title}", result.context)
+    return {"timeline": path}
 
 
 def write_config(out_dir: Path, config: Config) -> Path:

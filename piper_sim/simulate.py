@@ -18,8 +18,9 @@ from piper_sim.analysis.band import band_dict
 from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
 from piper_sim.calibrate.load import load_profiles
+from piper_sim.collectives.params import check_collective_params
 from piper_sim.config import Config
-from piper_sim.errors import ConfigError
+from piper_sim.host_memory import MemoryGuard, RunMemory, available_memory_bytes, check_run_memory, estimate_run_memory
 from piper_sim.progress import bar as progress_bar
 from piper_sim.progress import watch
 from piper_sim.result import RunResult, steps_frame
@@ -33,9 +34,6 @@ from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
-# peak resident bytes per (rank, task) record of a run while its trace and report are built (measured: 11.7 GB for
-# the 44.2M of validation/published's 1,008B run on 3,072 GPUs, 272 B each, the interpreter's 0.3 GB included)
-BYTES_PER_TASK = 270
 GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
 
 
@@ -52,18 +50,22 @@ def fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = False) -> RunResult:
+def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = False,
+             outputs: str | None = None) -> RunResult:
     """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None);
-    progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds."""
+    progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds;
+    outputs: what the caller will write of the run (outputs.OUTPUTS; None: nothing), counted in the memory the run
+    is checked to need before it starts (host_memory.py: stats["host_memory_estimate_bytes"])."""
     with fewer_collections():
-        return _simulate(cfg, schedule, progress)
+        return _simulate(cfg, schedule, progress, outputs)
 
 
-def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResult:
+def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: str | None) -> RunResult:
     t0 = time.perf_counter()
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
     topo = load_topology(cfg.topology, par.num_gpus)
+    check_collective_params(topo)
     placement = place(topo, par.num_gpus, cfg.placement)
     check_tensor_groups(topo, placement, par.tp)
     profile, host_profile = load_profiles(cfg.cost_profile)
@@ -71,22 +73,27 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResu
     routing = routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed)
 
     def simulation(collapse: bool, by_latency: bool = False) -> Simulation:
-        return Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
+        sim = Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
                           coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
                           steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse,
                           by_latency=by_latency, migration=cfg.migration, host_profile=host_profile,
                           recompute=cfg.recompute, recompute_layers=cfg.recompute_layers, zero=cfg.zero,
                           checkpoint_layers=cfg.recompute_checkpoint_layers)
+        sim.guard = guard
+        return sim
 
     t1 = time.perf_counter()
     total = cfg.steps * schedule.mesh.num_ranks // par.pp * sum(len(p) for p in schedule.stage_programs)
-    check_memory(total, cfg, available_memory_bytes())
-    sims = [simulation(cfg.collapse)]
-    with watch(progress_bar(total, "simulating", "tasks", show=progress), lambda: sims[-1].tasks_done):
-        records, fell_back, by_latency = _run_lanes(sims, simulation)
-    sim = sims[-1]
-    t2 = time.perf_counter()
-    trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes, records.cpu_s)
+    memory = check_memory(total, len(topo.capacity_bytes_per_s), cfg, outputs)
+    with MemoryGuard(memory.total_bytes, available=available_memory_bytes) as guard:
+        sims = [simulation(cfg.collapse)]
+        with watch(progress_bar(total, "simulating", "tasks", show=progress), lambda: sims[-1].tasks_done):
+            records, fell_back, by_latency = _run_lanes(sims, simulation)
+        sim = sims[-1]
+        t2 = time.perf_counter()
+        trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes,
+                                  records.cpu_s)
+        guard.check()
     links = link_table(topo, records.link_bytes, float(trace["end_s"].max() - trace["start_s"].min()))
     experts = sim.experts.summary()
     migrate = trace[trace["role"] == "migrate"]
@@ -107,36 +114,19 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool) -> RunResu
              "num_tasks": len(trace), "num_flows": records.num_flows, "num_solves": records.num_solves,
              "num_lanes": records.num_lanes, "lanes_by_latency": by_latency, "lanes_fell_back": fell_back,
              "num_reserved": records.num_reserved,
-             "num_broken": records.num_broken, "num_mirrored": records.num_mirrored}
+             "num_broken": records.num_broken, "num_mirrored": records.num_mirrored,
+             "host_memory_estimate_bytes": memory.total_bytes}
     return RunResult(backend="sim", config=cfg, schedule=schedule, report=report, trace=trace,
                      steps=steps_frame(report), topology=topo, placement=tuple(placement), links=links, stats=stats)
 
 
-def available_memory_bytes() -> int | None:
-    """The memory this machine can give a process without swapping (Linux's MemAvailable); None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def check_memory(tasks: int, cfg: Config, available: int | None) -> None:
-    """A run whose task records would not fit in memory stops before it starts, naming what to lower (rather than
-    being killed for memory after minutes of simulation)."""
-    need = tasks * BYTES_PER_TASK
-    if available is None or need <= available:
-        return
-    mb = cfg.parallel.num_microbatches
-    fits = max(int(mb * available / need), 0)
-    raise ConfigError("parallel.num_microbatches", mb,
-                      f"at most about {fits} here: the run records {tasks / 1e6:.1f}M rank tasks over {cfg.steps} "
-                      f"step(s), about {need / 2**30:.1f} GiB at {BYTES_PER_TASK} B each while its trace is built, "
-                      f"and this machine has {available / 2**30:.1f} GiB available; fewer micro-batches or steps, or "
-                      f"a machine with more memory")
+def check_memory(tasks: int, links: int, cfg: Config, outputs: str | None) -> RunMemory:
+    """The run's estimated peak host memory (host_memory.py); a run that would not fit in the memory available here
+    stops before it starts, naming what to lower (rather than being killed for memory after minutes)."""
+    memory = estimate_run_memory(tasks, links, outputs)
+    check_run_memory(memory, cfg.parallel.num_microbatches, outputs, available_memory_bytes(),
+                     lambda fewer: estimate_run_memory(tasks, links, fewer))
+    return memory
 
 
 def _run_lanes(sims: list[Simulation], simulation: Callable[..., Simulation]) -> tuple[SimRecords, bool, bool]:
@@ -167,8 +157,9 @@ class _CallableModule(types.ModuleType):
     """This module, callable as simulate(): `from piper_sim import simulate` then gives the function's behaviour
     whether or not the module was imported before (the package attribute `simulate` is this module)."""
 
-    def __call__(self, cfg: Config, schedule: Schedule | None = None, *, progress: bool = False) -> RunResult:
-        return simulate(cfg, schedule, progress=progress)
+    def __call__(self, cfg: Config, schedule: Schedule | None = None, *, progress: bool = False,
+                 outputs: str | None = None) -> RunResult:
+        return simulate(cfg, schedule, progress=progress, outputs=outputs)
 
 
 sys.modules[__name__].__class__ = _CallableModule

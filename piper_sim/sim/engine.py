@@ -30,6 +30,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
+from piper_sim.host_memory import MemoryGuard
 from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective import CollectiveRunner
@@ -110,6 +111,7 @@ class Simulation(LaneCollectives):
         if collapse and by_latency:
             self.lanes = self._by_latency(self.lanes)
         self.tasks_done = 0  # of the ranks' tasks, those their lanes have passed (simulate's progress line reads it)
+        self.guard: MemoryGuard | None = None  # simulate's host-memory guard, checked after every lane task
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
         self.host = host_model(self.env, topology, host_profile, [len(lane) for lane in self.lanes])
         self._arrivals: dict[tuple, list] = {}
@@ -301,6 +303,8 @@ class Simulation(LaneCollectives):
                 if plan.mem_at_end[i] < 0:  # the (chunk, microbatch) releases its activations
                     memory -= routed_extra.pop((task.chunk, task.microbatch), 0.0)
                 self.tasks_done += n
+                if self.guard is not None:
+                    self.guard.check()
             if running is not None:
                 yield from self._settle(running, clock, end[step])
                 running = None

@@ -1,0 +1,148 @@
+"""The host memory a simulate run needs: its peak estimated before it starts, checked against what this machine has
+available (a ConfigError naming what to lower), and watched while it runs (MemoryGuard stops it with a PiperError
+before the kernel would kill it).
+
+The estimate is a sum of measured per-unit costs (benchmarks/bench_memory.py prints them; docs/architecture.md,
+"Host memory", gives the figures): the interpreter with its libraries and compiled kernels, the run's rank-task
+records with the trace and report built from them, the topology and flow network per link, and the growth while
+the chosen outputs are written, per trace row.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from piper_sim.errors import ConfigError, PiperError
+
+GIB = 2.0**30
+# measured with benchmarks/bench_memory.py (peak resident growth of each phase, Linux clear_refs; see the module):
+BASE_BYTES = 300 * 2**20  # interpreter, numpy/pandas/simpy/networkx/matplotlib, numba's compiled kernels: 282 MB
+BYTES_PER_TASK = 270  # a rank task's records, trace row and report while they are built: 269 B (dense-128, 511k)
+BYTES_PER_LINK = 1_000  # the topology graph, its routes and the flow network's per-link arrays: 420-460 B/link
+# growth while the outputs are written, per trace row, over the trace the run holds: the trace file (pyarrow's
+# table and encoding buffers), perfetto.json (one chunk of events) and the step-0 timeline plot
+OUTPUT_BYTES_PER_ROW = {"report": 0, "trace": 60, "all": 200}
+MARGIN_BYTES = 1 * 2**30  # MemoryGuard stops a run when this machine's available memory drops under this
+GUARD_INTERVAL_S = 0.25  # how often MemoryGuard reads the available memory
+
+
+def available_memory_bytes() -> int | None:
+    """The memory this machine can give a process without swapping (Linux's MemAvailable); None where unknown."""
+    return _meminfo("/proc/meminfo", "MemAvailable:")
+
+
+def resident_bytes() -> int | None:
+    """This process's resident size (Linux's VmRSS); None where unknown."""
+    return _meminfo("/proc/self/status", "VmRSS:")
+
+
+def _meminfo(path: str, field: str) -> int | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class RunMemory:
+    """A run's estimated peak host memory, by what holds it (bytes)."""
+
+    base_bytes: float
+    tasks_bytes: float
+    network_bytes: float
+    outputs_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return self.base_bytes + self.tasks_bytes + self.network_bytes + self.outputs_bytes
+
+    def text(self) -> str:
+        """'about 12.3 GiB (rank tasks 9.1, network 0.1, outputs 2.8, interpreter and libraries 0.3)'."""
+        return (f"about {self.total_bytes / GIB:.1f} GiB (rank tasks {self.tasks_bytes / GIB:.1f}, network "
+                f"{self.network_bytes / GIB:.1f}, outputs {self.outputs_bytes / GIB:.1f}, interpreter and libraries "
+                f"{self.base_bytes / GIB:.1f})")
+
+
+def estimate_run_memory(tasks: int, links: int, outputs: str | None) -> RunMemory:
+    """The peak of a run of `tasks` rank tasks (over all its steps) on a topology of `links` links that writes
+    `outputs` (outputs.OUTPUTS; None: the run writes nothing, as the planner's and validation's runs)."""
+    per_row = OUTPUT_BYTES_PER_ROW[outputs] if outputs is not None else 0
+    return RunMemory(base_bytes=BASE_BYTES, tasks_bytes=tasks * BYTES_PER_TASK, network_bytes=links * BYTES_PER_LINK,
+                     outputs_bytes=tasks * per_row)
+
+
+def check_run_memory(need: RunMemory, microbatches: int, outputs: str | None, available: int | None,
+                     smaller: Callable[[str], RunMemory]) -> None:
+    """Stop a run that would not fit in this machine's available memory, less MARGIN_BYTES (where MemoryGuard would
+    stop it), before it starts, naming what to lower: --outputs where fewer outputs would fit (smaller(outputs) is
+    the estimate with those outputs), else parallel.num_microbatches (the rank tasks and outputs scale with them)."""
+    room = None if available is None else available - MARGIN_BYTES
+    if room is None or need.total_bytes <= room:
+        return
+    tail = (f"this run needs {need.text()} and this machine has {available / GIB:.1f} GiB available, "
+            f"{MARGIN_BYTES / GIB:.1f} GiB of it kept free (docs/architecture.md, Host memory)")
+    for fewer in {"all": ("trace", "report"), "trace": ("report",)}.get(outputs or "", ()):
+        if smaller(fewer).total_bytes <= room:
+            raise ConfigError("--outputs", outputs, f"{fewer} here ({smaller(fewer).text()}): {tail}")
+    scaled = need.tasks_bytes + need.outputs_bytes
+    fits = max(int(microbatches * (room - need.base_bytes - need.network_bytes) / scaled), 0) if scaled else 0
+    raise ConfigError("parallel.num_microbatches", microbatches,
+                      f"at most about {fits} here: {tail}; fewer micro-batches, steps or GPUs, --outputs report, or "
+                      "a machine with more memory")
+
+
+class MemoryExceeded(PiperError):
+    """A run stopped by MemoryGuard: this machine's available memory dropped under the margin."""
+
+
+class MemoryGuard:
+    """Reads this machine's available memory every interval_s from a daemon thread while a run works (and once as
+    it starts); when it drops under margin_bytes (MARGIN_BYTES), check() raises MemoryExceeded in the thread that
+    calls it, naming the run's estimate and its resident size. The simulator calls check() after every lane task,
+    the output writers after every file and chunk of rows, so a run stops before the kernel would kill it."""
+
+    def __init__(self, estimate_bytes: float, *, available: Callable[[], int | None] = available_memory_bytes,
+                 margin_bytes: float | None = None, interval_s: float = GUARD_INTERVAL_S) -> None:
+        self.estimate_bytes, self.available = estimate_bytes, available
+        self.margin_bytes = MARGIN_BYTES if margin_bytes is None else margin_bytes
+        self.interval_s = interval_s
+        self.error: MemoryExceeded | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="piper-sim-memory", daemon=True)
+
+    def __enter__(self) -> MemoryGuard:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while self.error is None and not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        """Read the available memory; under the margin, keep the error check() raises."""
+        left = self.available()
+        if left is None or left >= self.margin_bytes or self.error is not None:
+            return
+        rss = resident_bytes()
+        held = f"holds {rss / GIB:.1f} GiB resident" if rss is not None else "grew"
+        self.error = MemoryExceeded(
+            f"stopped before the kernel kills it for memory: this run {held}, estimated at "
+            f"{self.estimate_bytes / GIB:.1f} GiB before it started, and this machine has {left / GIB:.2f} GiB "
+            f"available, under the {self.margin_bytes / GIB:.1f} GiB margin; fewer micro-batches, steps or GPUs, "
+            "--outputs report, or a machine with more memory (docs/architecture.md, Host memory)")
+
+    def check(self) -> None:
+        """Raise the guard's MemoryExceeded once available memory has dropped under the margin."""
+        if self.error is not None:
+            raise self.error
