@@ -130,7 +130,7 @@ def test_halo_plan_says_which_chunks_each_flow_carries(where, chunk_mib):
     flow's bytes are the sum of the chunks `carries` names (sliced: 1/slices of each), and every chunk
     reaches its destination once: by phase I on its node, else by phase II to its relay on the
     destination's node and, unless that relay is the destination, by phase III of the same slice."""
-    from piper_sim.collectives.halo import HALO_SCHEMA, _switch_ids, halo_plan, slice_rows
+    from piper_sim.collectives.halo import _switch_ids, halo_plan, slice_rows
     from piper_sim.collectives.params import algorithm_params
 
     topo = load_topology("frontier", 32) if where == "frontier" else uniform(24)
@@ -141,7 +141,7 @@ def test_halo_plan_says_which_chunks_each_flow_carries(where, chunk_mib):
     n = len(members)
     m = np.round(uneven_matrix(n, seed=n))
     host, _ = host_groups(members, topo)
-    params = algorithm_params(topo, "halo", HALO_SCHEMA)
+    params = algorithm_params(topo, "halo")
     plan = halo_plan(m, host, _switch_ids(members, topo), params["chunk_bytes"], params["max_slices"])
     data = split_phases(ALL_TO_ALL.get("halo")(m, members, topo))[1]
     assert [p.name for p in plan.phases] == [p.name for p in data]

@@ -16,6 +16,7 @@ from piper_sim.collectives.vendor import ring_orders, vendor_params
 from piper_sim.errors import ConfigError
 from piper_sim.studies.runner import run_collective
 from piper_sim.topology.load import load_topology, read_topology_mapping
+from piper_sim.topology.placement import gpus_by_host
 
 DATA = Path(__file__).resolve().parents[1] / "traces" / "collectives"
 GIB = 2.0**30
@@ -107,8 +108,10 @@ def test_machine_rings_must_be_permutations_of_one_node():
         topo.collectives = {"rccl": {"peers_in_flight": 4, "per_peer_us": 1.0, "per_chunk_us": 1.0, "rings": rings}}
         return topo
 
-    assert vendor_params(machine(["0 1 2"]), "rccl")["rings"] == ((0, 1, 2),)  # valid: used only for nodes of 3
-    for bad in (["0 1 1 2"], "0 1 2 3", ["0 1 x 3"], ["0 1 2 3", "0 1 2"]):
+    per_node = max(len(g) for g in gpus_by_host(machine(None)).values())
+    whole = " ".join(str(i) for i in range(per_node))
+    assert vendor_params(machine([whole]), "rccl")["rings"] == (tuple(range(per_node)),)
+    for bad in (["0 1 1 2"], "0 1 2 3", ["0 1 x 3"], [whole, "0 1 2"], ["0 1 2"]):  # ["0 1 2"]: not the node's GPUs
         topo = machine(bad)
         with pytest.raises(ConfigError, match="topology.collectives.rccl.rings"):
             ALL_REDUCE.get("rccl")(1e6, topo.gpus, topo)

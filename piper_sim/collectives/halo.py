@@ -42,12 +42,13 @@ from functools import lru_cache
 import numpy as np
 
 from piper_sim.collectives.hierarchical import host_groups
-from piper_sim.collectives.params import algorithm_params
+from piper_sim.collectives.params import ParamSchema, algorithm_params, register_params
 from piper_sim.collectives.phases import ALL_TO_ALL, Phase, a2a_flat, matrix_phase, split_exchange
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.structured import StructuredRouter
 
 HALO_SCHEMA: dict[str, object] = {"chunk_MiB": 1.0, "max_slices": 16}
+register_params("halo", ParamSchema(HALO_SCHEMA, positive=("chunk_MiB",)))
 
 
 # ---- relay choice -------------------------------------------------------------------------------
@@ -293,7 +294,7 @@ class HaloMachine:
 
 def halo_machine(gpus: list[str], topo: Topology) -> HaloMachine:
     """The HaloMachine of ranks placed on gpus (rank r on gpus[r]), for the torch backend."""
-    params = algorithm_params(topo, "halo", HALO_SCHEMA)
+    params = algorithm_params(topo, "halo")
     ids = _switch_ids(gpus, topo)
     return HaloMachine({r: int(i) for r, i in enumerate(ids.tolist()) if i >= 0}, float(params["chunk_bytes"]),
                        int(params["max_slices"]))
@@ -306,6 +307,6 @@ def a2a_halo(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Pha
     host, groups = host_groups(members, topo)
     if len(groups) == 1:
         return a2a_flat.__wrapped__(matrix, members, topo)
-    params = algorithm_params(topo, "halo", HALO_SCHEMA)
+    params = algorithm_params(topo, "halo")
     return halo_plan(matrix, host, _switch_ids(members, topo), float(params["chunk_bytes"]),
                      int(params["max_slices"])).phases

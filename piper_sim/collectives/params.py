@@ -4,37 +4,69 @@ Owns reading one algorithm's entry (unit-suffixed keys, converted to SI by units
 algorithm's schema, with the schema's defaults for keys the machine does not set, and bad values reported
 as ConfigError("topology.collectives.<algorithm>.<key>", value, allowed). An entry may carry `source`
 (where its values come from: a data file under traces/collectives/ or a citation), kept as text.
+Each algorithm registers its schema (register_params); check_collective_params reads every entry a machine
+gives when the run starts, so a bad value is refused whether or not the run reaches the algorithm.
 Pure Python; no simpy or torch.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from piper_sim.errors import ConfigError
+from piper_sim.errors import ConfigError, one_of
 from piper_sim.topology.graph import Topology
-from piper_sim.units import read_params
+from piper_sim.units import read_params, si_key
 
 _CACHE: weakref.WeakKeyDictionary[Topology, dict[str, dict]] = weakref.WeakKeyDictionary()
 
 
-def algorithm_params(topo: Topology, algorithm: str, schema: dict[str, object],
-                     integers: tuple[str, ...] = ()) -> dict[str, object]:
-    """The algorithm's parameters on this topology (SI keys), defaults filled in; cached per topology.
+@dataclass(frozen=True)
+class ParamSchema:
+    """An algorithm's keys (key -> default; required when ...), those that are positive integers, those that must
+    be above zero (chunk sizes), and a further check of the read values on a machine (may raise ConfigError)."""
 
-    Keys in `integers` (and keys whose default is an int) must be positive integers."""
+    keys: dict[str, object]
+    integers: tuple[str, ...] = ()
+    positive: tuple[str, ...] = ()
+    check: Callable[[Topology, dict], None] | None = None
+
+
+SCHEMAS: dict[str, ParamSchema] = {}
+
+
+def register_params(algorithm: str, schema: ParamSchema) -> None:
+    SCHEMAS[algorithm] = schema
+
+
+def check_collective_params(topo: Topology) -> None:
+    """Read every algorithm entry the machine gives (a bad value or an unknown algorithm is a ConfigError)."""
+    for algorithm in topo.collectives:
+        if algorithm not in SCHEMAS:
+            raise ConfigError(f"topology.collectives.{algorithm}", topo.collectives[algorithm], one_of(SCHEMAS))
+        algorithm_params(topo, algorithm)
+
+
+def algorithm_params(topo: Topology, algorithm: str) -> dict[str, object]:
+    """The algorithm's parameters on this topology (SI keys), defaults filled in; cached per topology."""
     per_topology = _CACHE.setdefault(topo, {})
     hit = per_topology.get(algorithm)
     if hit is not None:
         return hit
+    schema = SCHEMAS[algorithm]
     raw = dict(topo.collectives.get(algorithm) or {})
     raw.pop("source", None)
     where = f"topology.collectives.{algorithm}."
-    params = read_params(raw, schema, where)
-    for name, value in params.items():
-        default = schema.get(name)
-        if name in integers or (isinstance(default, int) and not isinstance(default, bool)):
+    params = read_params(raw, schema.keys, where)
+    for name, default in schema.keys.items():
+        value = params[si_key(name)]
+        if name in schema.integers or (isinstance(default, int) and not isinstance(default, bool)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}{name}", value, "a positive integer")
+        if name in schema.positive and not value > 0:  # type: ignore[operator]
+            raise ConfigError(f"{where}{name}", raw.get(name), "a number above 0")
+    if schema.check is not None:
+        schema.check(topo, params)
     per_topology[algorithm] = params
     return params

@@ -57,7 +57,7 @@ from dataclasses import replace
 import numpy as np
 
 from piper_sim.collectives.hierarchical import host_groups
-from piper_sim.collectives.params import algorithm_params
+from piper_sim.collectives.params import ParamSchema, algorithm_params, register_params
 from piper_sim.collectives.phases import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase, split_exchange
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER, Sharded
 from piper_sim.errors import ConfigError
@@ -73,30 +73,41 @@ LIBRARIES = ("rccl", "nccl")
 
 
 def vendor_params(topo: Topology, library: str) -> dict[str, object]:
-    """The library's parameters on this machine (SI keys), efficiencies checked to lie in (0, 1]."""
-    p = algorithm_params(topo, library, VENDOR_SCHEMA, integers=("peers_in_flight",))
+    """The library's parameters on this machine (SI keys), checked when read (_check_vendor)."""
+    return algorithm_params(topo, library)
+
+
+def _check_vendor(topo: Topology, p: dict, library: str) -> None:
+    """Efficiencies in (0, 1]; rings through one node, each visiting every GPU of the machine's nodes once."""
     for key in ("intra_efficiency", "net_efficiency"):
         value = p[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
             raise ConfigError(f"topology.collectives.{library}.{key}", value, "a fraction in (0, 1]")
-    p["rings"] = _node_rings(p["rings"], f"topology.collectives.{library}.rings")
-    return p
+    per_node = max((len(gpus) for gpus in gpus_by_host(topo).values()), default=0)
+    p["rings"] = _node_rings(p["rings"], f"topology.collectives.{library}.rings", per_node)
 
 
-def _node_rings(value: object, where: str) -> tuple[tuple[int, ...], ...] | None:
+def _node_rings(value: object, where: str, per_node: int) -> tuple[tuple[int, ...], ...] | None:
     """The machine's rings through one node, each an order of the node's GPUs by local index ("0 1 5 4 ...")."""
     if value is None or (isinstance(value, tuple) and all(isinstance(r, tuple) for r in value)):
         return value
-    allowed = "a list of rings, each a permutation of the node's local GPU indices written as '0 1 3 2 ...'"
+    allowed = (f"a list of rings, each a permutation of the node's {per_node} local GPU indices written as "
+               "'0 1 3 2 ...'")
     if not isinstance(value, list) or not value or not all(isinstance(r, str) for r in value):
         raise ConfigError(where, value, allowed)
     try:
         rings = tuple(tuple(int(x) for x in r.split()) for r in value)
     except ValueError:
         raise ConfigError(where, value, allowed) from None
-    if any(sorted(r) != list(range(len(rings[0]))) for r in rings):
+    if any(sorted(r) != list(range(per_node)) for r in rings):
         raise ConfigError(where, value, allowed + " (all of one node, each index once)")
     return rings
+
+
+for _library in LIBRARIES:
+    register_params(_library, ParamSchema(VENDOR_SCHEMA, integers=("peers_in_flight",),
+                                          positive=("net_chunk_MiB", "intra_chunk_MiB"),
+                                          check=lambda topo, p, lib=_library: _check_vendor(topo, p, lib)))
 
 
 def _remote(src: np.ndarray, dst: np.ndarray, members: list[str], topo: Topology) -> np.ndarray:
