@@ -1,0 +1,103 @@
+"""How the command line stops on SIGINT and SIGTERM: one line on stderr and exit 130 or 143, wherever the signal lands.
+
+Owns the handlers the CLI runs under (Signals) and the line it prints. A signal raises KeyboardInterrupt (SIGINT) or
+Terminated (SIGTERM) in the main thread. Where Python cannot propagate an exception (a ctypes callback: llvmlite's
+object cache while numba compiles a kernel) it is reported as unraisable and dropped; the hook installed here keeps
+that report quiet and sends the signal again RESEND_S later, so that it lands where it can unwind. Code an
+interrupt unwinds through may turn it into another exception (numba's compiler: "no compiled object yet"): once a
+signal has arrived, every exception out of the command is that stop (stop_code). Imports only the stdlib.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+WORDS = {130: "interrupted", 143: "terminated"}
+RESEND_S = 0.05  # a dropped signal is sent again this much later (past the callback that dropped it)
+
+
+class Terminated(BaseException):
+    """SIGTERM: unwinds like Ctrl-C, so that what a command started (rank processes) is stopped on the way out."""
+
+
+class Signals:
+    """SIGINT and SIGTERM handlers for the block (main thread only, and not for a signal the process was started
+    ignoring), restored after it unless hold() was called or a signal arrived (the process is then stopping: they
+    stay ignored)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._held = False
+        self._previous: dict[int, object] = {}
+        self._hook = None
+        self._timers: list[threading.Timer] = []
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in EXIT_CODES:
+            if signal.getsignal(signum) != signal.SIG_IGN:  # ignored by who started us (a background job): stays
+                self._previous[signum] = signal.signal(signum, self._handle)
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        if not self._previous:
+            return
+        sys.unraisablehook = self._hook
+        for signum, previous in self._previous.items():
+            if self._held or self.received is not None:
+                signal.signal(signum, signal.SIG_IGN)
+            else:
+                signal.signal(signum, previous)
+
+    def hold(self) -> None:
+        """Leave the signals ignored after the block (a command that cleaned up and is exiting)."""
+        self._held = True
+
+    def stop_code(self, exc: BaseException) -> int | None:
+        """The exit status when exc ends the command because of a signal (130, 143), else None."""
+        if self.received is not None:
+            return EXIT_CODES[self.received]
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        return 143 if isinstance(exc, Terminated) else None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = signum
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+    def _unraisable(self, unraisable: sys.UnraisableHookArgs) -> None:
+        if self.received is None or not issubclass(unraisable.exc_type, KeyboardInterrupt | Terminated):
+            self._hook(unraisable)
+            return
+        timer = threading.Timer(RESEND_S, os.kill, (os.getpid(), self.received))
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+
+def say_stopped(code: int) -> None:
+    """The one line a stopped command prints."""
+    print(f"piper-sim: {WORDS[code]}", file=sys.stderr)
+
+
+@contextmanager
+def while_loading() -> Iterator[None]:
+    """A signal while the command line's modules load: the one line and exit 130 or 143, not an import traceback."""
+    with Signals() as signals:
+        try:
+            yield
+        except (KeyboardInterrupt, Terminated) as exc:
+            code = signals.stop_code(exc)
+            say_stopped(code)
+            raise SystemExit(code) from None

@@ -1,0 +1,68 @@
+"""SIGINT and SIGTERM end a command with one line and exit 130 or 143 wherever they land: while the modules load,
+while numba compiles the kernels (a signal dropped in a ctypes callback is sent again), inside the simulation."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from piper_sim.stopping import Signals
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def kept_handlers():
+    """Signals leaves a stopped process ignoring SIGINT and SIGTERM: put pytest's own back."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+def test_a_signal_dropped_in_a_ctypes_callback_is_sent_again_quietly(capfd, kept_handlers):
+    def body() -> None:
+        signal.raise_signal(signal.SIGINT)  # the handler raises KeyboardInterrupt here, inside the callback
+        sum(range(1000))
+
+    callback = ctypes.CFUNCTYPE(None)(body)
+    with Signals() as signals, pytest.raises(KeyboardInterrupt):
+        callback()  # ctypes reports the interrupt as unraisable and returns normally
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the hook sends the signal again: it lands here
+            time.sleep(0.01)
+    assert signals.received == signal.SIGINT
+    assert signals.stop_code(RuntimeError("numba: no compiled object yet")) == 130
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_without_a_signal_other_exceptions_are_not_a_stop():
+    with Signals() as signals:
+        pass
+    assert signals.stop_code(RuntimeError("x")) is None
+    assert signals.stop_code(KeyboardInterrupt()) == 130
+
+
+@pytest.mark.parametrize(("sig", "delay_s", "code", "word"), [(signal.SIGINT, 0.3, 130, "interrupted"),
+                                                               (signal.SIGINT, 2.5, 130, "interrupted"),
+                                                               (signal.SIGTERM, 2.0, 143, "terminated")])
+def test_a_signal_to_simulate_prints_one_line(tmp_path, sig, delay_s, code, word):
+    """A fresh numba cache: the kernels compile during the run, so a signal may land in numba's compiler (0.3 s:
+    while the modules load)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PIPER_SIM_PROGRESS": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "piper_sim", "simulate", "small-moe", "--out", str(tmp_path / "o")],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay_s)
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=120)[1]
+    lines = [line for line in err.splitlines() if not line.startswith(("piper-sim: note:", "simulating "))]
+    if proc.returncode == 0:  # finished before the signal (a fast machine): nothing to check
+        pytest.skip(f"the run ended within {delay_s} s")
+    assert (proc.returncode, lines) == (code, [f"piper-sim: {word}"])
