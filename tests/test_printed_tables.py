@@ -112,3 +112,17 @@ def test_study_imbalance_prints_its_rows_and_the_drift_run(tmp_path):
     assert header.split() == ["migration", "steps", "step", "0", "(s)", "mean", "after", "step", "0", "(s)", "last",
                               "step", "(s)"]
     assert body == [["lpt", "3", "2.000", "1.250", "1.500"]]
+
+
+def test_study_all_to_all_prints_its_rows_with_the_speedup(tmp_path):
+    from piper_sim.studies.plots import study_text
+
+    rows = [{"nodes": 2, "gpus": 16, "size": "1MiB", "size_per": "gpu", "bytes_per_pair": 65536.0,
+             "algorithm": alg, "time_s": t, "busbw_bytes_per_s": 1.048576e6 * 15 / 16 / t, "busiest_link_kind": "nic",
+             "busiest_utilization": u, "note": None}
+            for alg, t, u in (("flat", 1.1e-4, 0.554), ("halo", 8.7e-5, 0.625))]
+    pd.DataFrame(rows).to_csv(tmp_path / "study.csv", index=False)
+    header, body = _rows(study_text(tmp_path))
+    assert "size per GPU" in header and "time (us)" in header and "over flat (x)" in header and "note" not in header
+    assert body == [["2", "16", "1MiB", "flat", "110.0", "8.9", "1.00", "nic", "55.4"],
+                    ["2", "16", "1MiB", "halo", "87.0", "11.3", "1.26", "nic", "62.5"]]

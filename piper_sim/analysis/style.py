@@ -13,6 +13,8 @@ import math
 import zlib
 from pathlib import Path
 
+from matplotlib.ticker import Formatter
+
 from piper_sim.analysis.tables import time_unit
 from piper_sim.schedule.ir import TaskKind
 
@@ -90,12 +92,36 @@ def plain_number(value: float) -> str:
 
 
 def plain_log_axis(axis) -> None:
-    """A log axis (ax.xaxis or ax.yaxis) labelled at 1, 2 and 5 of every decade in plain digits, no minor labels."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    """A log axis (ax.xaxis or ax.yaxis) labelled in plain digits: every decade, and inside a range of under two
+    decades also 2 and 5 of each (under one decade 2, 3 and 5; under 0.7 every minor tick), so a short range still
+    reads."""
+    from matplotlib.ticker import LogLocator
 
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda v, _pos: plain_number(v)))
-    axis.set_minor_formatter(NullFormatter())
+    axis.set_major_locator(LogLocator(base=10))
+    axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
+    axis.set_major_formatter(_PlainLog(minor=False))
+    axis.set_minor_formatter(_PlainLog(minor=True))
+
+
+def _minor_labelled(value: float, low: float, high: float) -> bool:
+    """Whether a minor tick of a log axis over [low, high] gets a label (plain_log_axis)."""
+    decades = math.log10(high / low) if low > 0 and high > low else 0.0
+    mantissa = round(value / 10 ** math.floor(math.log10(value)))
+    return decades <= 2 and mantissa in ((2, 5) if decades > 1 else (2, 3, 5) if decades > 0.7 else range(2, 10))
+
+
+class _PlainLog(Formatter):
+    """The tick formatter of plain_log_axis."""
+
+    def __init__(self, minor: bool) -> None:
+        self.minor = minor
+
+    def __call__(self, value: float, pos: int | None = None) -> str:
+        if value <= 0:
+            return ""
+        if self.minor and not _minor_labelled(value, *sorted(self.axis.get_view_interval())):
+            return ""
+        return plain_number(value)
 
 
 def count_axis(ax, values: list[int]) -> None:

@@ -106,7 +106,7 @@ def _params(overrides: list[str]) -> dict:
 
 def cmd_study_all_to_all(args: argparse.Namespace) -> int:
     from piper_sim.studies.all_to_all import SIZE_PER, StudySpec, parse_list, parse_nodes, write_study  # numpy, simpy
-    from piper_sim.studies.plots import write_plots  # matplotlib: not for --help
+    from piper_sim.studies.plots import study_text, write_plots  # matplotlib: not for --help
 
     sizes, buffer = _sizes(args)
     spec = StudySpec(topology=args.topology, nodes=tuple(parse_nodes(args.nodes)), sizes=sizes,
@@ -127,7 +127,9 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
         log("interrupted: study.csv keeps the completed rows; writing plots from them")
         write_plots(args.out)
         raise
-    for path in write_plots(args.out):
+    paths = write_plots(args.out)
+    print(study_text(args.out))
+    for path in paths:
         print(f"wrote {path}")
     finish(args.out)
     print(f"wrote {args.out / 'study.csv'} and {args.out / 'link_kinds.csv'}")

@@ -16,10 +16,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
 
+from piper_sim.analysis import style  # noqa: E402
+from piper_sim.analysis.tables import Col, render  # noqa: E402
 from piper_sim.studies.all_to_all import SIZE_PER  # noqa: E402
 
-KIND_ORDER = ["xgmi", "nvlink", "intra", "cpu", "gpu_nic", "nic", "local", "global", "up", "down"]
+KIND_ORDER = list(style.LINK_KIND_COLORS)
+SIZE_LINES = ("-", "--", ":", "-.")  # one line style per message size, the colour is the algorithm's
 
 
 def size_per(df: pd.DataFrame) -> str:
@@ -31,20 +35,31 @@ def _sizes(df: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(df.sort_values("bytes_per_pair")["size"].tolist()))
 
 
-def plot_bandwidth(df: pd.DataFrame, path: Path) -> None:
+def study_context(out: Path) -> str:
+    """The context line of the study's plots: the model whose buffer it sizes (--model), the machine, the tier."""
+    spec = yaml.safe_load((out / "study.yaml").read_text()) if (out / "study.yaml").exists() else {}
+    model = (spec.get("moe_buffer") or {}).get("model")
+    machine = style.machine_label(spec.get("topology", "topology"))
+    return style.context(model, machine, "des", "one all-to-all alone on the machine")
+
+
+def plot_bandwidth(df: pd.DataFrame, path: Path, context_line: str = "") -> None:
     sizes = _sizes(df)
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.4), squeeze=False)
     for ax, size in zip(axes[0], sizes, strict=True):
         for alg, group in df[df["size"] == size].groupby("algorithm", sort=False):
             g = group.sort_values("nodes")
-            ax.plot(g["nodes"], g["busbw_bytes_per_s"] / 1e9, marker="o", label=str(alg))
-        ax.set_xscale("log", base=2)
+            ax.plot(g["nodes"], g["busbw_bytes_per_s"] / 1e9, marker="o", color=style.color("algorithm", alg),
+                    label=str(alg))
+        style.count_axis(ax, list(df["nodes"]))
         ax.set_yscale("log")
+        style.plain_log_axis(ax.yaxis)
         ax.set_xlabel("nodes")
         ax.set_ylabel("bus bandwidth per GPU (GB/s)")
-        ax.set_title(f"{size} {size_per(df)}")
+        ax.set_title(f"{size} {size_per(df)}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend()
+    style.suptitle(fig, "all-to-all bus bandwidth per GPU against machine size", context_line)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -52,27 +67,38 @@ def plot_bandwidth(df: pd.DataFrame, path: Path) -> None:
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     """time(flat) / time(alg) per (nodes, size, algorithm); empty without flat rows."""
-    flat = df[df["algorithm"] == "flat"][["nodes", "size", "time_s"]].rename(columns={"time_s": "flat_time_s"})
-    merged = df.merge(flat, on=["nodes", "size"])
-    merged["speedup_vs_flat"] = merged["flat_time_s"] / merged["time_s"]
+    merged = with_speedup(df, how="inner")
     return merged[["nodes", "size", "algorithm", "time_s", "flat_time_s", "speedup_vs_flat", "messages_per_gpu",
                    "serial_overhead_s"]]
 
 
-def plot_speedup(df: pd.DataFrame, path: Path) -> None:
+def with_speedup(df: pd.DataFrame, how: str) -> pd.DataFrame:
+    """The rows with flat_time_s and speedup_vs_flat (time(flat) / time(alg)) at their (nodes, size); how="left"
+    keeps rows without a flat run (NaN there)."""
+    flat = df[df["algorithm"] == "flat"][["nodes", "size", "time_s"]].rename(columns={"time_s": "flat_time_s"})
+    merged = df.merge(flat, on=["nodes", "size"], how=how)
+    merged["speedup_vs_flat"] = merged["flat_time_s"] / merged["time_s"]
+    return merged
+
+
+def plot_speedup(df: pd.DataFrame, path: Path, context_line: str = "") -> None:
     table = speedup_table(df)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    sizes = _sizes(df)
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
     for (alg, size), group in table[table["algorithm"] != "flat"].groupby(["algorithm", "size"], sort=False):
         g = group.sort_values("nodes")
-        ax.plot(g["nodes"], g["speedup_vs_flat"], marker="o", label=f"{alg} {size}")
+        ax.plot(g["nodes"], g["speedup_vs_flat"], marker="o", color=style.color("algorithm", alg),
+                ls=SIZE_LINES[sizes.index(size) % len(SIZE_LINES)], label=f"{alg} {size}")
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xscale("log", base=2)
+    style.count_axis(ax, list(df["nodes"]))
     ax.set_yscale("log")
+    style.plain_log_axis(ax.yaxis)
     ax.set_xlabel("nodes")
     ax.set_ylabel("speedup over flat (time flat / time, x)")
-    ax.set_title(f"all-to-all speedup over the flat algorithm (sizes {size_per(df)})")
+    style.title(ax, f"all-to-all speedup over the flat algorithm (sizes {size_per(df)})", context_line)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.lines[:-1]:  # lines besides the parity line
+        style.legend_outside(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -87,7 +113,7 @@ def kind_table(kinds: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
     return wide[order].reset_index()
 
 
-def plot_link_kinds(kinds: pd.DataFrame, df: pd.DataFrame, path: Path) -> None:
+def plot_link_kinds(kinds: pd.DataFrame, df: pd.DataFrame, path: Path, context_line: str = "") -> None:
     table = kind_table(kinds, df)
     algs = list(dict.fromkeys(table["algorithm"].tolist()))
     fig, axes = plt.subplots(1, len(algs), figsize=(5 * len(algs), 4), squeeze=False)
@@ -95,14 +121,15 @@ def plot_link_kinds(kinds: pd.DataFrame, df: pd.DataFrame, path: Path) -> None:
         t = table[table["algorithm"] == alg].sort_values("nodes")
         for kind in [c for c in table.columns if c not in ("nodes", "algorithm")]:
             if t[kind].notna().any():
-                ax.plot(t["nodes"], t[kind] * 100, marker="o", label=kind)
-        ax.set_xscale("log", base=2)
+                ax.plot(t["nodes"], t[kind] * 100, marker="o", color=style.color("link", kind), label=kind)
+        style.count_axis(ax, list(t["nodes"]))
         ax.set_ylim(0, 105)
         ax.set_xlabel("nodes")
         ax.set_ylabel("highest link utilization (%)")
-        ax.set_title(f"{alg}, {_sizes(df)[-1]} {size_per(df)}")
+        ax.set_title(f"{alg}, {_sizes(df)[-1]} {size_per(df)}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    style.suptitle(fig, "highest link utilization per link kind", context_line)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -127,10 +154,11 @@ def write_plots(out: Path) -> list[Path]:
         return []
     kinds = pd.read_csv(out / "link_kinds.csv")
     paths = [out / "bandwidth.png", out / "speedup.png", out / "link_kinds.png"]
-    plot_bandwidth(df, paths[0])
-    plot_speedup(df, paths[1])
+    line = study_context(out)
+    plot_bandwidth(df, paths[0], line)
+    plot_speedup(df, paths[1], line)
     if not kinds.empty:
-        plot_link_kinds(kinds, df, paths[2])
+        plot_link_kinds(kinds, df, paths[2], line)
     tables, per = out / "tables.md", size_per(df)
     with tables.open("w") as f:
         f.write(f"# Speedup over flat (sizes {per})\n\n"
@@ -140,3 +168,22 @@ def write_plots(out: Path) -> list[Path]:
             f.write(f"# Highest utilization per link kind ({largest} {per})\n\n" + markdown(kind_table(kinds, df))
                     + "\n")
     return [p for p in paths if p.exists()] + [tables]
+
+
+STUDY_COLUMNS = [Col("nodes", "nodes", "count"), Col("gpus", "GPUs", "count"), Col("size", "size"),
+                 Col("algorithm", "algorithm"), Col("time_s", "time", "time"),
+                 Col("busbw_bytes_per_s", "bus bw per GPU", "GB/s"), Col("speedup_vs_flat", "over flat", "x"),
+                 Col("busiest_link_kind", "busiest link"), Col("busiest_utilization", "its utilization", "%"),
+                 Col("note", "note")]
+
+
+def study_text(out: Path) -> str:
+    """The printed table of the study (analysis/tables.py): one row per (nodes, size, algorithm) it ran, with its
+    speedup over flat where flat ran; the size header names the convention."""
+    df = pd.read_csv(out / "study.csv", keep_default_na=False, na_values=[""])
+    if df.empty:
+        return ""
+    rows = with_speedup(df, how="left").sort_values(["nodes", "bytes_per_pair"], kind="stable").to_dict("records")
+    columns = [Col(c.key, f"size {size_per(df)}") if c.key == "size" else c for c in STUDY_COLUMNS
+               if c.key != "note" or ("note" in df and df["note"].notna().any())]
+    return render(rows, columns)
