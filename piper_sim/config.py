@@ -129,18 +129,23 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         if parts[0] not in SECTIONS:
             raise ConfigError(f"--set {key}", text, f"a key under one of {', '.join(SECTIONS)}")
         node = out
-        for part in parts[:-1]:
+        for i, part in enumerate(parts[:-1]):
             if not isinstance(node.get(part), dict):
-                node[part] = {} if part not in node or node[part] is None else _as_mapping(part, node[part])
+                node[part] = {} if part not in node or node[part] is None else _as_mapping(
+                    ".".join(parts[:i + 1]), node[part])
             node = node[part]
         node[parts[-1]] = parse_yaml(text, f"--set {key}")
     return out
 
 
+# the key a section given by name stands for, when --set gives it sub-keys (cost.profile: a named profile is the
+# profile that extends it); other sections given by name are a policy
+NAMED_AS = {"model": "preset", "topology": "preset", "cost": "profile", "cost.profile": "extends"}
+
+
 def _as_mapping(key: str, value: object) -> dict:
     if isinstance(value, str):
-        return {"preset": value} if key in ("model", "topology") else {"profile": value} if key == "cost" else {
-            "policy": value}
+        return {NAMED_AS.get(key, "policy"): value}
     raise ConfigError(key, value, "a mapping to set sub-keys on")
 
 

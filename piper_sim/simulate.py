@@ -18,7 +18,7 @@ from piper_sim.analysis.band import band_dict
 from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
 from piper_sim.calibrate.load import load_profiles
-from piper_sim.collectives.params import check_collective_params
+from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import Config
 from piper_sim.host_memory import MemoryGuard, RunMemory, available_memory_bytes, check_run_memory, estimate_run_memory
 from piper_sim.progress import bar as progress_bar

@@ -3,7 +3,9 @@ naming the user's key for every way the text can be wrong.
 
 A file that is missing, a folder, unreadable or not UTF-8; text that is not YAML (the error as one line: the
 problem, its line and column); nesting deeper than MAX_DEPTH; more than MAX_VALUES values once aliases are
-expanded (an alias bomb is refused before any reader walks it).
+expanded (an alias bomb is refused before any reader walks it); a mapping key that is not a name (text): every
+key of a config, topology, profile or model file names something, and a number or null among them would reach
+readers that sort or compare names.
 """
 
 from __future__ import annotations
@@ -56,18 +58,27 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def check_shape(data: object, key: str, shown: object) -> None:
-    """Refuse nesting deeper than MAX_DEPTH and more than MAX_VALUES values (aliases counted each time they
-    are used), without recursion."""
-    stack = [(data, 1)]
+    """Refuse nesting deeper than MAX_DEPTH, more than MAX_VALUES values (aliases counted each time they are
+    used) and a mapping key that is not text (named by its dotted path below `key`), without recursion."""
+    stack: list[tuple[object, int, str]] = [(data, 1, "")]
     values = 0
     while stack:
-        node, depth = stack.pop()
+        node, depth, path = stack.pop()
         values += 1
         if values > MAX_VALUES:
             raise ConfigError(key, shown, f"at most {MAX_VALUES:,} values once YAML aliases are expanded")
         if depth > MAX_DEPTH:
             raise ConfigError(key, shown, f"YAML nested at most {MAX_DEPTH} levels deep")
         if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
+            for name, value in node.items():
+                where = f"{path}.{name}" if path else str(name)
+                if not isinstance(name, str):
+                    raise ConfigError(_under(key, where), value, f"a key that is a name (text), not {name!r}")
+                stack.append((value, depth + 1, where))
         elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
+            stack.extend((v, depth + 1, path) for v in node)
+
+
+def _under(key: str, path: str) -> str:
+    """The user's dotted key of a value at `path` inside what `key` names (a config file's keys are its own)."""
+    return path if key == "config" else f"{key}.{path}"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from piper_sim.bounds import check_value
 from piper_sim.calibrate.fit import expert_lines
 from piper_sim.errors import ConfigError
 from piper_sim.units import is_finite_number, read_params
@@ -34,8 +35,20 @@ PROFILE_SCHEMA = {
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
     "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
     "extends": None, "moe_path": None, "device_kind": "", "framework_reserve_GiB": None,
+    "gemm_sustained_factor": 1.0,
 }
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
+# the parts of `measurements` a load reads, by type (bounds.check_value); calibrate's other records are left alone
+_FIT = {"fit": {"overhead_us": float}}
+_OP = {"time_us": float, "time_us_by_tokens": [float], "tokens": [int], "input_pass_us_by_tokens": [float],
+       "weight_pass_us_by_tokens": [float], "by_experts": {"experts": [int], "time_us_by_tokens": [[float]]}}
+_FRAMEWORK = {"micro_model": dict, "layer": dict, "shapes": [[int]], "model": str,
+              **{pass_name: {"ops": {"*": _OP}} for pass_name in ("forward", "backward")}}
+MEASUREMENTS_SHAPE = {
+    "network": {"local": {"all_to_all": {"*": _FIT}, "all_reduce": {"*": _FIT}, "p2p": {"*": _FIT}}},
+    "optimizer": {"fixed_us": float, "per_tensor_us": float}, "framework_overhead": _FRAMEWORK,
+    "framework_overhead_by_model": {"*": _FRAMEWORK}, "core_sharing": dict, "blocking_wait": dict,
+}
 
 
 def load_profile(spec: str | Path | dict) -> DeviceProfile:
@@ -53,6 +66,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
     p = read_params(raw, PROFILE_SCHEMA, "cost.profile.")
     _check_device_numbers(p)
     measurements = p.get("measurements") or {}
+    check_value(measurements, MEASUREMENTS_SHAPE, "cost.profile.measurements")
     profile = DeviceProfile(
         name=p["name"], device=p["device"], source=p["source"], peak_flops_per_s=p["peak_bf16_flops_per_s"],
         hbm_bytes=p["hbm_bytes"], hbm_bytes_per_s=p["hbm_bandwidth_bytes_per_s"],
@@ -62,16 +76,18 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
         optimizer_bytes_per_param=float(p["optimizer_bytes_per_param"]),
         gemm_shape_factor=_shape_factor(p["gemm_shape_factor"]), moe_path=_moe_path(p["moe_path"]),
+        gemm_sustained_factor=p["gemm_sustained_factor"],
         **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
            **_device_measured(measurements)},
     )
     framework = measurements.get("framework_overhead") or {}
-    tables = _framework_tables(framework)
+    tables = _checked_tables(framework, "cost.profile.measurements.framework_overhead")
     if tables:
         profile = replace(profile, **_fitted(profile, tables, framework.get("micro_model"), framework.get("shapes")))
     by_layer = []
     for name, entry in (measurements.get("framework_overhead_by_model") or {}).items():
-        tables = _framework_tables(entry) if isinstance(entry, dict) else {}
+        tables = _checked_tables(entry, f"cost.profile.measurements.framework_overhead_by_model.{name}") if isinstance(
+            entry, dict) else {}
         layer = entry.get("layer") if isinstance(entry, dict) else None
         if not tables or not isinstance(layer, dict):
             raise ConfigError(f"cost.profile.measurements.framework_overhead_by_model.{name}", entry,
@@ -106,9 +122,9 @@ def _check_device_numbers(p: dict) -> None:
                     ("hbm_bandwidth_GBps", "hbm_bandwidth_bytes_per_s")):
         if not p[si] > 0:
             raise ConfigError(f"cost.profile.{key}", p[si], "a positive number")
-    efficiency = p["memory_efficiency"]
-    if not is_finite_number(efficiency) or not 0 < efficiency <= 1:
-        raise ConfigError("cost.profile.memory_efficiency", efficiency, "a fraction in (0, 1]")
+    for key in ("memory_efficiency", "gemm_sustained_factor"):
+        if not is_finite_number(p[key]) or not 0 < p[key] <= 1:
+            raise ConfigError(f"cost.profile.{key}", p[key], "a fraction in (0, 1]")
     per_param = p["optimizer_bytes_per_param"]
     if not is_finite_number(per_param) or not 0 <= per_param < 1e6:
         raise ConfigError("cost.profile.optimizer_bytes_per_param", per_param, "a number of bytes from 0 to 1e6")
@@ -216,6 +232,22 @@ def _blocking_wait(raw: object) -> tuple[tuple[tuple[float, float], ...], float]
                           "computing_per_core (>= 0, increasing) and extra_per_call_us (>= 0) of equal length, "
                           "and scheduler_slice_us > 0")
     return tuple((float(v), float(e) * 1e-6) for v, e in zip(loads, extra, strict=True)), float(slice_us) * 1e-6
+
+
+def _checked_tables(framework: dict, where: str) -> dict:
+    """_framework_tables of one entry whose types check_value has passed: its measured model a valid model, its
+    shapes [seq_len, batch] pairs, and its op tables' lists of equal length (else a ConfigError naming the entry)."""
+    for name in ("micro_model", "layer"):
+        if framework.get(name):
+            load_model(framework[name], key=f"{where}.{name}")
+    shapes = framework.get("shapes") or []
+    if any(len(pair) != 2 for pair in shapes):
+        raise ConfigError(f"{where}.shapes", shapes, "a list of [seq_len, batch] pairs")
+    try:
+        return _framework_tables(framework)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(where, framework, "forward and backward op tables as calibrate writes them: each op's "
+                          f"time_us or tokens and times of equal length ({exc})") from None
 
 
 def _framework_tables(framework: dict) -> dict:

@@ -3,13 +3,15 @@
 Owns nothing of its own: the registries, Phase and the single-level algorithms are phases.py, the
 topology-aware ones hierarchical.py (2dh, bruck; tree, hierarchical) and halo.py, the vendor libraries'
 all-to-all (rccl, nccl) vendor.py. Importing this module imports all of them, so the registries it exports
-are complete; the simulator and the studies look algorithms up here.
+are complete; the simulator and the studies look algorithms up here, and a machine's parameters of every
+algorithm are read here when a run starts (check_collective_params).
 Pure numpy; no simpy or torch.
 """
 
 from __future__ import annotations
 
 from piper_sim.collectives import halo, hierarchical, vendor
+from piper_sim.collectives.params import SCHEMAS, algorithm_params
 from piper_sim.collectives.phases import (
     ALL_REDUCE,
     ALL_TO_ALL,
@@ -19,12 +21,23 @@ from piper_sim.collectives.phases import (
     split_exchange,
     split_phases,
 )
+from piper_sim.errors import ConfigError, one_of
+from piper_sim.topology.graph import Topology
 
-__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "REAL_RUN_REVISION", "Phase", "data_phases", "halo", "hierarchical",
-           "matrix_phase", "split_exchange", "split_phases", "vendor"]
+__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "REAL_RUN_REVISION", "Phase", "check_collective_params", "data_phases", "halo",
+           "hierarchical", "matrix_phase", "split_exchange", "split_phases", "vendor"]
 
 # What a real run of an algorithm moves changed at these revisions (the torch backend's implementation); a measured
 # validation case records the revision it ran (validation.cases.case_digest), so a run of an earlier one is not
 # scored against the present algorithm. halo 2: the torch backend runs halo_plan's phases (before: a node leader
 # gathered, sent and scattered the node's rows).
 REAL_RUN_REVISION = {"halo": 2}
+
+
+def check_collective_params(topo: Topology) -> None:
+    """Read every algorithm entry the machine gives (its `collectives` section), so that a bad value is refused
+    whether or not the run reaches the algorithm; an algorithm no module registered parameters for is named."""
+    for algorithm in topo.collectives:
+        if algorithm not in SCHEMAS:
+            raise ConfigError(f"topology.collectives.{algorithm}", topo.collectives[algorithm], one_of(SCHEMAS))
+        algorithm_params(topo, algorithm)

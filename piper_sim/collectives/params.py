@@ -4,7 +4,7 @@ Owns reading one algorithm's entry (unit-suffixed keys, converted to SI by units
 algorithm's schema, with the schema's defaults for keys the machine does not set, and bad values reported
 as ConfigError("topology.collectives.<algorithm>.<key>", value, allowed). An entry may carry `source`
 (where its values come from: a data file under traces/collectives/ or a citation), kept as text.
-Each algorithm registers its schema (register_params); check_collective_params reads every entry a machine
+Each algorithm registers its schema (register_params); algorithms.check_collective_params reads every entry a machine
 gives when the run starts, so a bad value is refused whether or not the run reaches the algorithm.
 Pure Python; no simpy or torch.
 """
@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from piper_sim.errors import ConfigError, one_of
+from piper_sim.errors import ConfigError
 from piper_sim.topology.graph import Topology
 from piper_sim.units import read_params, si_key
 
@@ -38,14 +38,6 @@ SCHEMAS: dict[str, ParamSchema] = {}
 
 def register_params(algorithm: str, schema: ParamSchema) -> None:
     SCHEMAS[algorithm] = schema
-
-
-def check_collective_params(topo: Topology) -> None:
-    """Read every algorithm entry the machine gives (a bad value or an unknown algorithm is a ConfigError)."""
-    for algorithm in topo.collectives:
-        if algorithm not in SCHEMAS:
-            raise ConfigError(f"topology.collectives.{algorithm}", topo.collectives[algorithm], one_of(SCHEMAS))
-        algorithm_params(topo, algorithm)
 
 
 def algorithm_params(topo: Topology, algorithm: str) -> dict[str, object]:

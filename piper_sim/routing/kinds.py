@@ -29,7 +29,7 @@ class Param:
     def read(self, key: str, value: Any) -> Any:
         try:
             return self.convert(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"routing.{key}", value, self.allowed) from None
 
 
@@ -85,15 +85,20 @@ def choice(default: str, options: tuple[str, ...]) -> Param:
     return Param(default=default, allowed=f"one of {', '.join(options)}", convert=convert)
 
 
+# a factor of num_experts / top_k or more already drops nothing; beyond this, sizes overflow
+CAPACITY_FACTOR_LIMIT = 1e6
+
+
 def capacity_param() -> Param:
     def convert(value: Any) -> float | None:
         if value is None:
             return None
-        if (out := _number(value)) <= 0 or not np.isfinite(out):
+        if not 0 < (out := _number(value)) <= CAPACITY_FACTOR_LIMIT:
             raise ValueError
         return out
 
-    return Param(default=None, allowed="null (no dropping) or a positive number", convert=convert)
+    return Param(default=None, allowed=f"null (no dropping) or a positive number up to {CAPACITY_FACTOR_LIMIT:g}",
+                 convert=convert)
 
 
 COMMON_PARAMS: dict[str, Param] = {"capacity_factor": capacity_param()}

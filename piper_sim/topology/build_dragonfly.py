@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import networkx as nx
 
+from piper_sim.bounds import INT_LIMIT, read_int
 from piper_sim.errors import ConfigError
 from piper_sim.topology.builders import num_nodes_for, register_builder
 from piper_sim.topology.dragonfly import DragonflyFabric, DragonflySpec
@@ -76,16 +77,16 @@ def _background(value: object, where: str) -> float | tuple[float, int]:
 
 
 def _check_routing(p: dict, where: str) -> float | str:
+    """The adaptive-minimal fraction ("auto" or a number in [0, 1]), after every routing key is checked."""
     _choice(p, "routing", ROUTING_MODES, where)
+    read_int(f"{where}seed", p["seed"], low=-INT_LIMIT)
+    if not isinstance(p["nic_switch_spread"], bool):
+        raise ConfigError(f"{where}nic_switch_spread", p["nic_switch_spread"], "true or false")
     frac = p["adaptive_minimal_fraction"]
     if frac == "auto":
         return "auto"
     if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0.0 <= frac <= 1.0:
         raise ConfigError(f"{where}adaptive_minimal_fraction", frac, "a number in [0, 1] or auto")
-    if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):
-        raise ConfigError(f"{where}seed", p["seed"], "an integer")
-    if not isinstance(p["nic_switch_spread"], bool):
-        raise ConfigError(f"{where}nic_switch_spread", p["nic_switch_spread"], "true or false")
     return float(frac)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from piper_sim.bounds import model_limit, read_int
 from piper_sim.errors import ConfigError
 from piper_sim.registry import Registry
 from piper_sim.workload.model import MLASpec, ModelSpec
@@ -34,15 +35,20 @@ def model_from_hf_config(config: Mapping[str, Any], name: str) -> ModelSpec:
 
 
 # ---- helpers --------------------------------------------------------------------------------------
+# the ModelSpec field each HF key sizes: its bound (bounds.MODEL_LIMITS) applies to the HF value as to the YAML one
+HF_FIELDS = {"num_hidden_layers": "num_layers", "hidden_size": "d_model", "num_attention_heads": "num_heads",
+             "num_key_value_heads": "num_kv_heads", "max_position_embeddings": "seq_len",
+             "original_max_position_embeddings": "seq_len", "num_local_experts": "num_experts",
+             "n_routed_experts": "num_experts", "num_experts": "num_experts", "num_experts_per_tok": "top_k",
+             "n_shared_experts": "num_shared_experts", "first_k_dense_replace": "num_dense_layers",
+             "moe_layer_freq": "moe_layer_freq", "decoder_sparse_step": "moe_layer_freq"}
+
+
 def _int(config: Mapping[str, Any], key: str, default: int | None = None, allow_zero: bool = False) -> int:
     value = config.get(key, default)
     if value is None and default is not None:
         value = default
-    low = 0 if allow_zero else 1
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        what = "a non-negative integer" if allow_zero else "a positive integer"
-        raise ConfigError(f"hf_config.{key}", value, what)
-    return value
+    return read_int(f"hf_config.{key}", value, low=0 if allow_zero else 1, limit=model_limit(HF_FIELDS.get(key, key)))
 
 
 def _seq_len(config: Mapping[str, Any]) -> int:

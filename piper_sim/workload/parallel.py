@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError
 from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
@@ -73,6 +74,9 @@ class ParallelSpec:
             raise ConfigError("parallel.tp", self.tp, f"a divisor of parallel.ep ({self.ep}) when parallel.etp is 1 "
                               "(a tensor-parallel group lies inside an expert-parallel group); or set etp to tp")
         product = self.num_gpus
+        if product > GPUS_LIMIT:
+            raise ConfigError("parallel", f"pp*dp*ep*etp = {self.pp}*{self.dp}*{self.ep}*{self.etp} = {product:,} GPUs",
+                              f"at most {GPUS_LIMIT:,} GPUs")
         if self.world_size and self.world_size != product:
             raise ConfigError("parallel.world_size", self.world_size,
                               f"pp*dp*ep*etp = {self.pp}*{self.dp}*{self.ep}*{self.etp} = {product}")

@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from piper_sim.bounds import MODEL_LIMITS, model_limit, read_int
 from piper_sim.errors import ConfigError, one_of
 from piper_sim.units import is_finite_number
 from piper_sim.workload.hf_import import model_from_hf_config
@@ -27,12 +28,7 @@ PRESET_KEY = "preset"
 # Keys whose change leaves the parameter count alone; overriding anything else drops published_* figures.
 _NON_STRUCTURAL = {"name", "seq_len", "dtype", "source", "published_params", "published_active_params"}
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
-# Upper bounds of the integer fields, far beyond any published model, so that a typo is refused before an array
-# or a schedule is sized by it (other integer fields: DIM_LIMIT)
-DIM_LIMIT = 2**22
-FIELD_LIMITS = {"num_layers": 2**14, "num_dense_layers": 2**14, "moe_layer_freq": 2**14, "moe_layer_offset": 2**14,
-                "num_experts": 2**16, "num_shared_experts": 2**10, "top_k": 2**10, "seq_len": 2**24,
-                "vocab_size": 2**24, "d_model": 2**20, "num_heads": 2**14, "num_kv_heads": 2**14}
+FIELD_LIMITS = MODEL_LIMITS  # the bounds of a model's integer fields (bounds.py), by field name
 
 
 class _Missing:
@@ -181,11 +177,8 @@ def _coerce(value: Any, kind: Any, key: str) -> Any:
         if isinstance(value, bool):
             return value
     elif kind is int:  # ModelSpec checks which ints must be positive; none may be negative
-        limit = FIELD_LIMITS.get(key.rpartition(".")[2], DIM_LIMIT)
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit:
-            return value
         if isinstance(value, int) and not isinstance(value, bool):
-            raise ConfigError(key, value, f"a non-negative integer up to {limit:,}")
+            return read_int(key, value, limit=model_limit(key.rpartition(".")[2]))
     elif kind is float:
         number = value
         if isinstance(value, str):

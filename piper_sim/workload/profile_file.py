@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from piper_sim.errors import ConfigError
+from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import data_dir
 from piper_sim.yamlio import read_yaml
 
@@ -24,7 +24,7 @@ def profile_path(spec: str | Path) -> Path:
         path = data_dir("traces/profiles") / f"{spec}.yaml"
     if not path.exists():
         names = sorted(p.stem for p in data_dir("traces/profiles").glob("*.yaml"))
-        raise ConfigError("cost.profile", str(spec), f"one of {', '.join(names)} or a YAML path")
+        raise ConfigError("cost.profile", str(spec), f"{one_of(names, str(spec))} or a YAML path (no file {path})")
     return path
 
 

@@ -1,0 +1,115 @@
+"""Hostile values on the surfaces an outside fuzzer found (issue 40): each is one ConfigError naming the user's key,
+never an OverflowError, a MemoryError, a TypeError or a silent accept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from piper_sim.calibrate.load import load_profiles
+from piper_sim.collectives.algorithms import check_collective_params
+from piper_sim.config import load_config
+from piper_sim.errors import ConfigError
+from piper_sim.paths import data_dir
+from piper_sim.topology.load import load_topology
+from piper_sim.workload.presets import load_model
+
+HF = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+      "vocab_size": 1000, "max_position_embeddings": 256, "intermediate_size": 256, "num_local_experts": 8,
+      "num_experts_per_tok": 2}
+
+
+@pytest.mark.parametrize(("key", "value"), [("hidden_size", 10**30), ("hidden_size", 2**63),
+                                            ("num_hidden_layers", 10**10), ("num_local_experts", 10**9),
+                                            ("vocab_size", 2**63), ("max_position_embeddings", 2**40)])
+def test_hf_config_values_meet_the_yaml_paths_bounds(tmp_path: Path, key: str, value: int) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**HF, key: value}))
+    with pytest.raises(ConfigError) as err:
+        load_model(str(path))
+    assert err.value.key == f"hf_config.{key}" and err.value.value == value
+    yaml_key = {"hidden_size": "d_model", "num_hidden_layers": "num_layers", "num_local_experts": "num_experts",
+                "vocab_size": "vocab_size", "max_position_embeddings": "seq_len"}[key]
+    with pytest.raises(ConfigError, match=f"model.{yaml_key}"):  # the same bound on the YAML path
+        load_model({"preset": "tiny-moe", yaml_key: value})
+
+
+def _profile(tmp_path: Path, base: str, edit) -> str:
+    raw = yaml.safe_load((data_dir("traces/profiles") / f"{base}.yaml").read_text())
+    edit(raw)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def _framework(raw: dict) -> dict:
+    return raw["measurements"]["framework_overhead"]
+
+
+@pytest.mark.parametrize(("edit", "key"), [
+    (lambda r: r.update(measurements=[1, 2]), "cost.profile.measurements"),
+    (lambda r: r["measurements"].update(network="x"), "cost.profile.measurements.network"),
+    (lambda r: r["measurements"].update(optimizer={"per_tensor_us": "x"}),
+     "cost.profile.measurements.optimizer.per_tensor_us"),
+    (lambda r: r["measurements"].update(framework_overhead=[1]), "cost.profile.measurements.framework_overhead"),
+    (lambda r: _framework(r).update(micro_model="abc"), "cost.profile.measurements.framework_overhead.micro_model"),
+    (lambda r: _framework(r).update(micro_model={"num_experts": 4}),
+     "cost.profile.measurements.framework_overhead.micro_model.num_layers"),
+    (lambda r: _framework(r).update(shapes=[[1]]), "cost.profile.measurements.framework_overhead.shapes"),
+    (lambda r: _framework(r)["forward"]["ops"]["embed"].update(tokens=[1]),
+     "cost.profile.measurements.framework_overhead"),
+])
+def test_profile_measurements_of_the_wrong_type_name_their_key(tmp_path: Path, edit, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_profiles(_profile(tmp_path, "cpu-2rank", edit))
+    assert err.value.key == key
+
+
+def test_a_mapping_key_that_is_not_a_name_is_refused_by_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model: tiny-moe\nsim: {steps: 1, 1: 2, b: 3}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert err.value.key == "sim.1"
+    with pytest.raises(ConfigError, match="--set sim.1"):
+        load_config("tiny-moe", ["sim={1: 2, b: 3}"])
+
+
+@pytest.mark.parametrize(("key", "value"), [("seed", "abc"), ("seed", 1.5), ("nic_switch_spread", "abc")])
+def test_frontier_checks_seed_and_spread_with_its_default_auto_fraction(key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_topology({"preset": "frontier", "params": {key: value}}, 8)
+    assert err.value.key == f"topology.params.{key}"
+
+
+def test_huge_capacity_factor_and_world_are_refused() -> None:
+    with pytest.raises(ConfigError, match="routing.capacity_factor"):
+        load_config("tiny-moe", ["routing.capacity_factor=1.0e+300"])
+    with pytest.raises(ConfigError, match="at most 1,048,576 GPUs"):
+        load_config("tiny-moe", ["parallel.dp=1048576"])
+
+
+@pytest.mark.parametrize(("entry", "key"), [({"halo": {"chunk_MiB": 0}}, "halo.chunk_MiB"),
+                                            ({"halo": {"max_slices": 0}}, "halo.max_slices"),
+                                            ({"rccl": {"net_chunk_MiB": 0}}, "rccl.net_chunk_MiB"),
+                                            ({"rccl": {"rings": ["0 1 2"]}}, "rccl.rings"),
+                                            ({"bogus": {"x": 1}}, "bogus")])
+def test_a_machines_collective_parameters_are_read_whether_used_or_not(entry: dict, key: str) -> None:
+    topo = load_topology({"preset": "frontier", "collectives": entry}, 8)
+    with pytest.raises(ConfigError) as err:
+        check_collective_params(topo)
+    assert err.value.key == f"topology.collectives.{key}"
+
+
+def test_an_unknown_profile_names_the_file_looked_for() -> None:
+    with pytest.raises(ConfigError, match="no file .*traces/profiles/bogus.yaml"):
+        load_config("tiny-moe", ["cost.profile=bogus"])
+
+
+def test_set_extends_on_a_named_profile_extends_it() -> None:
+    cfg = load_config("tiny-moe", ["cost.profile=mi250x", "cost.profile.extends=h100"])
+    assert cfg.cost_profile == {"extends": "h100"}
+    assert load_profiles(cfg.cost_profile)[0].name == load_profiles("h100")[0].name
