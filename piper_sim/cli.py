@@ -70,7 +70,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
           f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
     open_out_dir(args.out, "simulate")
-    result = simulate(cfg, progress=True, outputs=check_outputs(args.outputs))
+    result = simulate(cfg, progress=True, outputs=check_outputs(args.outputs), expected_s=_expected_s(cfg))
     # what the machine was built as and where the ranks went, where that can change the answer
     say_notes([f"topology {result.topology.name}: {note}" for note in result.topology.notes]
               + placement_notes(cfg, result.topology, result.placement))
@@ -90,6 +90,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def written(out: Path, paths: dict[str, Path]) -> str:
     """The files a run wrote, relative to its --out: 'config.yaml, report.json, ...'."""
     return ", ".join(sorted(str(p.relative_to(out)) for p in paths.values()))
+
+
+def _expected_s(cfg) -> float | None:
+    """The total of simulate's progress line where it shows: the simulated seconds the estimator expects."""
+    from piper_sim.planning.estimate_report import expected_run_s
+    from piper_sim.progress import enabled
+
+    return expected_run_s(cfg) if enabled() else None
 
 
 def _estimate(args: argparse.Namespace, cfg) -> int:

@@ -5,7 +5,8 @@ run DELAY_S (short work stays silent), redrawn at most every INTERVAL_S. The one
 variable PIPER_SIM_PROGRESS: 0 turns every progress line off, 1 shows them even when stderr is not a
 terminal (a log file, a CI job); unset (or "auto"), they show on a terminal only.
 watch() samples a reading (simulated time, steps the ranks have written) into a line from a background
-thread, so the work being watched carries no progress code.
+thread, so the work being watched carries no progress code; restart() says on the line that the work started over
+and counts from zero again.
 """
 
 from __future__ import annotations
@@ -39,23 +40,35 @@ def enabled() -> bool:
 
 
 def bar(total: float | None, desc: str, unit: str = "done", *, show: bool = True, delay_s: float | None = None,
-        bar_format: str = BAR_FORMAT) -> tqdm:
+        bar_format: str = BAR_FORMAT, smoothing: float = 0.3) -> tqdm:
     """A progress line on stderr: desc: n/total unit [elapsed<ETA]; shown when show and enabled() allow it, once
-    delay_s (default DELAY_S) has passed. Use as a context manager (it closes the line) or call close()."""
+    delay_s (default DELAY_S) has passed. smoothing: tqdm's weight of the latest rate in the ETA (0: the mean rate
+    since the start, steadier where the work's pace varies). Use as a context manager (it closes the line) or call
+    close()."""
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not (show and enabled()),
                 delay=DELAY_S if delay_s is None else delay_s, mininterval=INTERVAL_S, bar_format=bar_format,
-                dynamic_ncols=True)
+                dynamic_ncols=True, smoothing=smoothing)
+
+
+def restart(line: tqdm, desc: str) -> None:
+    """The work under line started over: say desc on it at once (whatever the delay), from zero, elapsed time and
+    rate counted anew."""
+    line.set_description_str(desc, refresh=False)
+    line.reset(total=line.total)
+    if not line.disable:
+        line.refresh()
 
 
 @contextmanager
 def watch(line: tqdm, read: Callable[[], float], interval_s: float | None = None) -> Iterator[tqdm]:
     """While the block runs, set line's count to read() every interval_s from a daemon thread (read must be
-    cheap and safe to call from another thread: a plain attribute, a file size); the line is closed at the end."""
+    cheap and safe to call from another thread: a plain attribute, a file size); the line is closed at the end. A
+    reading past the line's total (an expected total that was short) raises the total to the reading."""
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.wait(INTERVAL_S if interval_s is None else interval_s):
-            line.n = read()
+            _count(line, read())
             line.update(0)  # redraws, honouring the delay and the interval
 
     thread = None if line.disable else threading.Thread(target=sample, name="piper-sim-progress", daemon=True)
@@ -67,8 +80,14 @@ def watch(line: tqdm, read: Callable[[], float], interval_s: float | None = None
         stop.set()
         if thread is not None:
             thread.join()
-            line.n = read()  # the line closes on the last count, not on the last sample
+            _count(line, read())  # the line closes on the last count, not on the last sample
         line.close()
+
+
+def _count(line: tqdm, value: float) -> None:
+    line.n = value
+    if line.total is not None and value > line.total:
+        line.total = value
 
 
 class Eta:

@@ -14,6 +14,8 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 from piper_sim.analysis.band import band_dict
 from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
@@ -22,7 +24,7 @@ from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import Config
 from piper_sim.host_memory import MemoryGuard, RunMemory, available_memory_bytes, check_run_memory, estimate_run_memory
 from piper_sim.progress import bar as progress_bar
-from piper_sim.progress import watch
+from piper_sim.progress import restart, watch
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import build_schedule
@@ -35,6 +37,11 @@ from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
 GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
+# the progress line: simulated seconds reached, out of the expected ones where known (index: no expected total)
+SIM_TIME_FORMAT = {False: "{desc}: {n:.4g}/{total:.4g} s simulated [{elapsed}<{remaining}]",
+                   True: "{desc}: {n:.4g} s simulated [{elapsed}]"}
+RESTARTS = ("lanes diverged: restarting with lanes split by latency (2/3)",
+            "lanes diverged: restarting with one lane per rank (3/3)")
 
 
 @contextmanager
@@ -51,16 +58,19 @@ def fewer_collections() -> Iterator[None]:
 
 
 def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = False,
-             outputs: str | None = None) -> RunResult:
+             outputs: str | None = None, expected_s: float | None = None) -> RunResult:
     """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None);
-    progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds;
+    progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds: the
+    simulated time reached, out of expected_s (the simulated seconds the run is expected to reach, e.g. the
+    estimator's steps x step time; None: no total and no ETA), and each restart of the run (lanes diverged);
     outputs: what the caller will write of the run (outputs.OUTPUTS; None: nothing), counted in the memory the run
     is checked to need before it starts (host_memory.py: stats["host_memory_estimate_bytes"])."""
     with fewer_collections():
-        return _simulate(cfg, schedule, progress, outputs)
+        return _simulate(cfg, schedule, progress, outputs, expected_s)
 
 
-def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: str | None) -> RunResult:
+def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: str | None,
+              expected_s: float | None) -> RunResult:
     t0 = time.perf_counter()
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
@@ -86,10 +96,14 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
     total = cfg.steps * schedule.mesh.num_ranks // par.pp * sum(len(p) for p in schedule.stage_programs)
     memory = check_memory(total, len(topo.capacity_bytes_per_s), cfg, outputs)
     with MemoryGuard(memory.total_bytes, available=available_memory_bytes) as guard:
-        sims = [simulation(cfg.collapse)]
-        with watch(progress_bar(total, "simulating", "tasks", show=progress), lambda: sims[-1].tasks_done):
-            records, fell_back, by_latency = _run_lanes(sims, simulation)
-        sim = sims[-1]
+        line = progress_bar(expected_s, "simulating", show=progress, bar_format=SIM_TIME_FORMAT[expected_s is None],
+                            smoothing=0.0)
+        reading = Reading()
+        with watch(line, reading):
+            reading.sim = simulation(cfg.collapse)
+            records, fell_back, by_latency = _run_lanes(reading, simulation, lambda text: restart(line, text))
+            reading.end_s = max(float(np.nanmax(end)) for end in records.end_s)
+        sim = reading.sim
         t2 = time.perf_counter()
         trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes,
                                   records.cpu_s)
@@ -129,23 +143,43 @@ def check_memory(tasks: int, links: int, cfg: Config, outputs: str | None) -> Ru
     return memory
 
 
-def _run_lanes(sims: list[Simulation], simulation: Callable[..., Simulation]) -> tuple[SimRecords, bool, bool]:
-    """Run sims[0]; when members of a lane diverge (Asymmetry), again with lanes split by route latency
-    (Simulation._by_latency), then with one lane per rank. sims holds the run under way (a progress line reads it);
-    a run given up is let go. Returns (records, fell back to one lane per rank, lanes split by latency)."""
+class Reading:
+    """What a simulation's progress line reads (from another thread): the simulated time the run under way has
+    reached (0 between a run given up and the next), and the run's end once it has one (lanes' members keep clocks
+    of their own, ahead of the event loop's)."""
+
+    def __init__(self) -> None:
+        self.sim: Simulation | None = None
+        self.end_s: float | None = None
+
+    def __call__(self) -> float:
+        sim, end_s = self.sim, self.end_s
+        return end_s if end_s is not None else 0.0 if sim is None else float(sim.env.now)
+
+
+def _run_lanes(reading: Reading, simulation: Callable[..., Simulation],
+               restarted: Callable[[str], None]) -> tuple[SimRecords, bool, bool]:
+    """Run reading.sim; when members of a lane diverge (Asymmetry), again with lanes split by route latency
+    (Simulation._by_latency), then with one lane per rank, each restart said through restarted(text) before the
+    next run is built. reading.sim holds the run under way (None between runs); a run given up is let go. Returns
+    (records, fell back to one lane per rank, lanes split by latency)."""
+    lanes = len(reading.sim.lanes)
     try:
-        return sims[0].run(), False, False
+        return reading.sim.run(), False, False
     except Asymmetry:
-        pass
+        reading.sim = None
+    restarted(RESTARTS[0])
     split = simulation(True, by_latency=True)
-    if len(sims[0].lanes) < len(split.lanes) < split.mesh.num_ranks:  # else the same lanes as a run given up
-        sims[:] = [split]
+    if lanes < len(split.lanes) < split.mesh.num_ranks:  # else the same lanes as a run given up
+        reading.sim = split
         try:
             return split.run(), False, True
         except Asymmetry:
-            pass
-    sims[:] = [simulation(False)]
-    return sims[0].run(), True, False
+            reading.sim = None
+    del split
+    restarted(RESTARTS[1])
+    reading.sim = simulation(False)
+    return reading.sim.run(), True, False
 
 
 def _per_stage_max(per_rank, pp: int) -> list[float]:

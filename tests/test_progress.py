@@ -65,16 +65,55 @@ def test_short_work_and_a_switched_off_line_print_nothing(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_simulate_counts_every_task_of_every_rank_and_leaves_the_trace_alone(shown, capsys):
+def test_simulate_counts_simulated_time_and_leaves_the_trace_alone(shown, capsys, monkeypatch):
+    from piper_sim import simulate as simulate_module
+
     cfg = load_config("examples/tiny-moe.yaml", SIM + ["sim.steps=2"])
     quiet = simulate(cfg)
     assert capsys.readouterr().err == ""  # the library call shows no line unless asked
-    loud = simulate(cfg, progress=True)
+    samples = []
+    read = simulate_module.Reading.__call__
+    monkeypatch.setattr(simulate_module.Reading, "__call__", lambda self: samples.append(read(self)) or samples[-1])
+    expected = 0.5 * float(quiet.trace["end_s"].max())  # an estimate that was short: the total follows the run
+    loud = simulate(cfg, progress=True, expected_s=expected)
+    end = float(loud.trace["end_s"].max())
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
-    tasks = len(loud.trace)  # one row per rank, task and step
-    assert loud.trace["step"].nunique() == 2 and loud.trace["rank"].nunique() == cfg.parallel.num_gpus
-    assert last.startswith(f"simulating: {tasks}/{tasks} tasks"), last
+    assert last.startswith(f"simulating: {end:.4g}/{end:.4g} s simulated"), last
+    assert samples == sorted(samples) and samples[-1] == end and 0 <= samples[0] < end  # simulated time, rising
     pd.testing.assert_frame_equal(loud.trace, quiet.trace)
+
+
+def test_a_restart_says_so_on_the_line_and_counts_from_zero(shown, capsys):
+    from types import SimpleNamespace
+
+    from piper_sim.sim.engine import Asymmetry
+    from piper_sim.simulate import RESTARTS, Reading, _run_lanes
+
+    class Run:
+        def __init__(self, lanes: int, diverges: bool) -> None:
+            self.lanes, self.diverges = [()] * lanes, diverges
+            self.env, self.mesh = SimpleNamespace(now=0.0), SimpleNamespace(num_ranks=16)
+
+        def run(self):
+            self.env.now = 3.0  # simulated time reached when the lanes diverge
+            if self.diverges:
+                raise Asymmetry("members apart")
+            return "records"
+
+    line = progress.bar(10.0, "simulating", bar_format="{desc}: {n:.4g}/{total:.4g} s simulated")
+    reading, said = Reading(), []
+    reading.sim = Run(2, diverges=True)
+
+    def restarted(text: str) -> None:
+        said.append((text, reading()))
+        progress.restart(line, text)
+
+    runs = iter([Run(4, diverges=True), Run(16, diverges=False)])
+    assert _run_lanes(reading, lambda *a, **k: next(runs), restarted) == ("records", True, False)
+    line.close()
+    assert said == [(RESTARTS[0], 0.0), (RESTARTS[1], 0.0)]
+    shown_lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert f"{RESTARTS[0]}: 0/10 s simulated" in shown_lines and f"{RESTARTS[1]}: 0/10 s simulated" in shown_lines
 
 
 def test_the_cli_prints_no_line_when_stderr_is_not_a_terminal(tmp_path, monkeypatch, capsys):

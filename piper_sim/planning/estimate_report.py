@@ -43,6 +43,12 @@ def estimate_report(cfg: Config) -> Report:
                   sim_wall_s=time.perf_counter() - t0, **nulls)
 
 
+def expected_run_s(cfg: Config) -> float:
+    """The simulated seconds a simulation of cfg is expected to reach (the estimate's step time x its steps): the
+    total of simulate's progress line."""
+    return estimate_with_memory(cfg)[0].step_time_s * cfg.steps
+
+
 def estimate_json(report: Report) -> dict:
     """report.json of the estimate tier: the simulator's keys, null where the estimator has no figure."""
     return report.to_dict(nulls=(*NOT_ESTIMATED, "hfu"))
