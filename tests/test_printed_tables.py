@@ -126,3 +126,21 @@ def test_study_all_to_all_prints_its_rows_with_the_speedup(tmp_path):
     assert "size per GPU" in header and "time (us)" in header and "over flat (x)" in header and "note" not in header
     assert body == [["2", "16", "1MiB", "flat", "110.0", "8.9", "1.00", "nic", "55.4"],
                     ["2", "16", "1MiB", "halo", "87.0", "11.3", "1.26", "nic", "62.5"]]
+
+
+def test_validate_prints_its_cases_and_published_runs_as_tables():
+    from piper_sim.validation.published import format_families
+    from piper_sim.validation.report import _case_table
+
+    phases = pd.DataFrame({"error": [0.05, -0.2]}, index=["forward", "all_to_all"])
+    scores = [{"case": "w1", "predicted_step_s": 0.0123, "measured_step_s": 0.0131, "error": -0.061,
+               "tolerance": 0.1, "memory_error": float("nan"), "measured_spread": 0.04, "phases": phases},
+              {"case": "w2", "predicted_step_s": 0.0223, "measured_step_s": 0.0191, "error": 0.1675,
+               "tolerance": 0.1, "memory_error": -0.0, "measured_spread": float("nan"), "phases": phases}]
+    header, body = _rows("\n".join(_case_table(scores)))
+    assert "predicted step (ms)" in header and "error (%)" in header and "within tolerance" in header
+    assert body == [["w1", "12.30", "13.10", "-6.1", "yes", "-", "4", "all_to_all", "-20%"],
+                    ["w2", "22.30", "19.10", "+16.8", "no", "0.0", "-", "all_to_all", "-20%"]]
+    header, body = _rows(format_families([{"family": "mi250x MoE", "runs": 4, "mape": 0.25, "mean_signed": -0.2,
+                                           "worst_error": -0.38, "worst": "x-moe-large"}]))
+    assert body == [["mi250x", "MoE", "4", "25.0", "-20.0", "-38.0", "x-moe-large"]]

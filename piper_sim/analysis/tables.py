@@ -35,12 +35,17 @@ class Col:
     unit: str = "text"
     si_symbol: str = ""
     digits: int | None = None
+    signed: bool = False  # "+" before positive numbers (errors, differences)
 
 
-def fixed(value: float, digits: int) -> str:
-    """value in fixed point with thousands separators; a value that rounds to zero has no sign."""
+def fixed(value: float, digits: int, signed: bool = False) -> str:
+    """value in fixed point with thousands separators; a value that rounds to zero has no sign; signed: "+" before
+    a positive value."""
     text = f"{value:,.{digits}f}"
-    return text[1:] if text.startswith("-") and not any(c in "123456789" for c in text) else text
+    zero = not any(c in "123456789" for c in text)
+    if zero:
+        return text.lstrip("-")
+    return f"+{text}" if signed and value > 0 else text
 
 
 def percent(fraction: float, digits: int = 1) -> str:
@@ -95,14 +100,14 @@ def _unit(col: Col, values: list[object]) -> tuple[str, float, int]:
     return symbol, size, digits if col.digits is None else col.digits
 
 
-def _cell(value: object, unit: str, divisor: float, digits: int) -> str:
+def _cell(value: object, unit: str, divisor: float, digits: int, signed: bool = False) -> str:
     if value is None or (_is_number(value) and not math.isfinite(float(value))):
         return "-"
     if unit == "yes/no" or _is_bool(value):
         return "yes" if value else "no"
     if unit == "text" or not _is_number(value):
         return str(value)
-    return fixed(float(value) / divisor, digits)
+    return fixed(float(value) / divisor, digits, signed)
 
 
 def _names_unit(label: str, symbol: str) -> bool:
@@ -120,7 +125,7 @@ def render(rows: Sequence[dict], columns: Sequence[Col]) -> str:
         symbol, divisor, digits = _unit(col, values) if numeric else ("", 1.0, 0)
         header.append(f"{col.label} ({symbol})" if symbol and not _names_unit(col.label, symbol) else col.label)
         for cells, value in zip(body, values, strict=True):
-            cells.append(_cell(value, col.unit, divisor, digits))
+            cells.append(_cell(value, col.unit, divisor, digits, col.signed))
         right.append(numeric)
     widths = [max([len(h)] + [len(cells[i]) for cells in body]) for i, h in enumerate(header)]
 

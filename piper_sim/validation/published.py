@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from piper_sim.analysis.band import Family, family_of, leave_one_family_out
+from piper_sim.analysis.tables import Col, render
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError
 
@@ -217,18 +218,20 @@ def band_coverage(scores: list[dict]) -> pd.DataFrame:
     return leave_one_family_out(pd.DataFrame([{k: s[k] for k in columns} for s in scores], columns=columns), tier)
 
 
+FAMILY_COLUMNS = [Col("family", "family"), Col("runs", "runs", "count"), Col("mape", "MAPE", "%"),
+                  Col("mean_signed", "mean error", "%", signed=True),
+                  Col("worst_error", "worst error", "%", signed=True), Col("worst", "worst run")]
+RUN_COLUMNS = [Col("name", "run"), Col("num_gpus", "GPUs", "count"), Col("measured_step_s", "measured step", "time"),
+               Col("predicted_step_s", "predicted step", "time"), Col("error", "error", "%", signed=True),
+               Col("fits_memory", "fits", "yes/no"), Col("tier", "tier")]
+
+
 def format_families(rows: list[dict]) -> str:
-    lines = [f"{'family':<34} {'runs':>4} {'MAPE':>7} {'mean':>7} {'worst':>7}  worst run"]
-    lines += [f"{r['family']:<34} {r['runs']:>4} {100 * r['mape']:>6.1f}% {100 * r['mean_signed']:>+6.1f}% "
-              f"{100 * r['worst_error']:>+6.1f}%  {r['worst']}" for r in rows]
-    return "\n".join(lines)
+    return render(rows, FAMILY_COLUMNS)
 
 
 def format_published(scores: list[dict], summary: dict) -> str:
-    lines = [f"{'run':<38} {'GPUs':>5} {'measured s':>11} {'predicted s':>12} {'error':>8} {'memory':>7}  tier"]
-    for s in scores:
-        lines.append(f"{s['name']:<38} {s['num_gpus']:>5} {s['measured_step_s']:>11.3f} {s['predicted_step_s']:>12.3f} "
-                     f"{100 * s['error']:>+7.1f}% {'fits' if s['fits_memory'] else 'OVER':>7}  {s['tier']}")
+    lines = render(scores, RUN_COLUMNS).splitlines()
     lines.append(f"MAPE {100 * summary['mape']:.1f}% over {summary['runs']} runs; worst {summary['worst']} "
                  f"{100 * summary['worst_error']:+.1f}%; {summary['beyond_30pct']} beyond 30%; order by throughput "
                  f"kept on {100 * summary['order_kept']:.0f}% of {summary['pairs']} pairs")

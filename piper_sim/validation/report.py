@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from piper_sim.analysis.tables import Col, render
+
 
 def format_validation(scores: list[dict], summary: dict) -> str:
     lines = _case_table(scores)
@@ -40,22 +42,22 @@ def format_validation(scores: list[dict], summary: dict) -> str:
     return "\n".join(lines)
 
 
+CASE_COLUMNS = [Col("case", "case"), Col("predicted_step_s", "predicted step", "time"),
+                Col("measured_step_s", "measured step", "time"), Col("error", "error", "%", signed=True),
+                Col("within", "within tolerance", "yes/no"), Col("memory_error", "memory error", "%", signed=True),
+                Col("measured_spread", "runs' spread", "%", digits=0), Col("worst_phase", "worst phase")]
+
+
 def _case_table(scores: list[dict]) -> list[str]:
-    """One line per case: predicted and measured step time, errors, the runs' spread and the worst phase."""
-    width = max([28] + [len(s["case"]) for s in scores])
-    lines = [f"{'case':{width}s} {'pred ms':>9s} {'meas ms':>9s} {'error':>7s} {'mem err':>8s} {'runs':>6s}"
-             "  worst phase"]
+    """One row per case (analysis/tables.py): predicted and measured step time, errors, the runs' spread (slowest /
+    fastest - 1; "-" for one run) and the worst phase."""
+    rows = []
     for s in scores:
         ph = s["phases"].dropna(subset=["error"])
         worst = ph.loc[ph["error"].abs().idxmax()] if not ph.empty else None
-        worst_text = f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else ""
-        flag = "" if abs(s["error"]) <= s["tolerance"] else "  OUTSIDE TOLERANCE"
-        mem = "n/a" if np.isnan(s["memory_error"]) else f"{s['memory_error'] * 100:+.1f}%"
-        spread = s.get("measured_spread", float("nan"))
-        runs = "1" if np.isnan(spread) else f"{spread * 100:.0f}%"
-        lines.append(f"{s['case']:{width}s} {s['predicted_step_s'] * 1e3:9.2f} {s['measured_step_s'] * 1e3:9.2f} "
-                     f"{s['error'] * 100:+6.1f}% {mem:>8s} {runs:>6s}  {worst_text}{flag}")
-    return lines
+        rows.append({**s, "within": abs(s["error"]) <= s["tolerance"],
+                     "worst_phase": f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else ""})
+    return render(rows, CASE_COLUMNS).splitlines()
 
 
 def _order_lines(summary: dict) -> list[str]:
