@@ -2,9 +2,10 @@
 
 Owns the roofline with efficiency curves and TaskCoster, which prices a task's ops from a DeviceProfile
 (piper_sim.workload.profile; read from a file by piper_sim.calibrate.load). Must not import simpy or torch.
-Time of one GEMM = max(FLOPs / (peak x eff(rows) x shape(rows, sqrt(k n))), bytes / HBM), the shape factor 1 where
-the profile has none; attention core uses an efficiency curve over sequence length; elementwise work is bound by
-HBM bandwidth; each kernel pays a launch overhead.
+Time of one GEMM = max(FLOPs / (peak x sustained x eff(rows) x shape(rows, sqrt(k n))), bytes / (HBM x memory
+efficiency)), the shape factor 1 where the profile has none, sustained the profile's gemm_sustained_factor (the share
+of a single launch's rate a GEMM keeps back-to-back under the power limit); attention core uses an efficiency curve
+over sequence length; elementwise work is bound by HBM bandwidth; each kernel pays a launch overhead.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ BACKWARD_FACTOR = {
 
 def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float | np.ndarray:
     """The roofline of a GEMM (of gemm.count identical ones); gemm.rows may be an array of row counts."""
-    flop_time = gemm.flops / (profile.peak_flops_per_s * profile.gemm_efficiency_at(gemm.rows, gemm.k, gemm.n))
+    rate = profile.peak_flops_per_s * profile.gemm_sustained_factor
+    flop_time = gemm.flops / (rate * profile.gemm_efficiency_at(gemm.rows, gemm.k, gemm.n))
     traffic = gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
     memory_time = traffic / (profile.hbm_bytes_per_s * profile.memory_efficiency)
     if isinstance(flop_time, np.ndarray):

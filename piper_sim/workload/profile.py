@@ -139,6 +139,9 @@ class DeviceProfile:
     gemm_shape_factor: ShapeFactor | None = None
     # the framework's measured gate and token permutation (router and moe_out ops); None: priced from their work
     moe_path: MoePath | None = None
+    # the share of the GEMM curves' FLOP rate a GEMM keeps back-to-back in training (clocks held down by the power
+    # limit under training-like data), where the curves time single launches; 1: the curves as measured
+    gemm_sustained_factor: float = 1.0
 
     def gemm_efficiency_at(self, rows: int | np.ndarray, k: int, n: int) -> float | np.ndarray:
         """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile
