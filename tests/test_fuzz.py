@@ -7,18 +7,30 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
 from cases import FAMILIES, Case, generate  # noqa: E402
 from run import DEFECTS, classify, run_cases, summary  # noqa: E402
 
-CASES = 2 * len(FAMILIES)  # each family twice: about 40 s on 2 cores
+CASES = len(FAMILIES)  # each family once: the quick loop (about 25 s on 2 cores)
+SWEEP_CASES = 6 * len(FAMILIES)  # the slow sweep: each family six times
 
 
-def test_fuzzed_inputs_give_clean_errors_or_results() -> None:
-    outcomes = run_cases(generate(CASES, seed=23, spread=True), jobs=2, timeout_s=60.0)
+def _assert_clean(cases: list[Case]) -> None:
+    outcomes = run_cases(cases, jobs=2, timeout_s=60.0)
     defects = [f"{o.kind}: {o.case.label()}: piper-sim {' '.join(o.case.argv)[:160]}: {o.detail}"
                for o in outcomes if o.kind in DEFECTS]
     assert not defects, summary(outcomes) + "\n" + "\n".join(defects)
+
+
+def test_fuzzed_inputs_give_clean_errors_or_results() -> None:
+    _assert_clean(generate(CASES, seed=23, spread=True))
+
+
+@pytest.mark.slow
+def test_a_larger_sweep_gives_clean_errors_or_results() -> None:
+    _assert_clean(generate(SWEEP_CASES, seed=41, spread=True))
 
 
 def test_the_classifier_sees_each_kind_of_defect() -> None:

@@ -322,6 +322,63 @@ def compare_inputs(rng: random.Random) -> Case:
     return Case("compare", argv, True, "ref/sim2", dict(edits), copies={"ref": "ref"}, removes=removes, note=kind)
 
 
+HF_CONFIG = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+             "vocab_size": 1000, "max_position_embeddings": 256, "intermediate_size": 256, "num_local_experts": 8,
+             "num_experts_per_tok": 2}
+HF_HUGE = (10**30, 2**63, 10**10, 10**9, 1e30)
+CPU_PROFILE = ROOT / "traces" / "profiles" / "cpu-2rank.yaml"
+FRONTIER = ("--set", "topology=frontier", "--set", "cost.profile=mi250x")
+
+
+def _hf_config(rng: random.Random) -> Case:
+    key = rng.choice(list(HF_CONFIG)[1:])
+    value = rng.choice(HF_HUGE)
+    cfg = {"model": "hf/config.json", "parallel": {"pp": 1, "ep": 1, "dp": 1, "num_microbatches": 2,
+                                                   "micro_batch_size": 1}}
+    files = {"hf/config.json": json.dumps({**HF_CONFIG, key: value}).encode(), "cfg.yaml": dump(cfg)}
+    return Case("hostile", simulate("cfg.yaml"), True, f"hf_config.{key}", files, note=f"hf {key}={value!r}")
+
+
+def _profile_measurements(rng: random.Random) -> Case:
+    raw = yaml.safe_load(CPU_PROFILE.read_text())
+    where, value = rng.choice((("measurements", [1, 2]), ("measurements.network", "x"),
+                               ("measurements.optimizer", {"per_tensor_us": "x"}),
+                               ("measurements.framework_overhead", [1]),
+                               ("measurements.framework_overhead.micro_model", rng.choice(("abc", [1]))),
+                               ("measurements.framework_overhead.shapes", [[1]])))
+    node, parts = raw, where.split(".")
+    for part in parts[:-1]:
+        node = node[part]
+    node[parts[-1]] = value
+    return Case("hostile", simulate("tiny-moe", "--set", "cost.profile=p.yaml", "--set",
+                                    "cost.allow_device_mismatch=true"), True, f"cost.profile.{where}",
+                {"p.yaml": dump(raw)}, note=f"profile {where}={value!r}")
+
+
+def _machine_value(rng: random.Random) -> Case:
+    setting, key = rng.choice((
+        ("topology.params.seed=abc", "topology.params.seed"), ("topology.params.seed=1.5", "topology.params.seed"),
+        ("topology.params.nic_switch_spread=abc", "topology.params.nic_switch_spread"),
+        ("topology.collectives.halo.chunk_MiB=0", "topology.collectives.halo.chunk_MiB"),
+        ("topology.collectives.halo.max_slices=0", "topology.collectives.halo.max_slices"),
+        ("topology.collectives.rccl.net_chunk_MiB=0", "topology.collectives.rccl.net_chunk_MiB"),
+        ("topology.collectives.rccl.rings=['0 1 2']", "topology.collectives.rccl.rings")))
+    return Case("hostile", simulate("tiny-moe", *FRONTIER, "--set", setting), True, key, note=setting)
+
+
+def _config_value(rng: random.Random) -> Case:
+    setting, key = rng.choice((("routing.capacity_factor=1.0e+300", "routing.capacity_factor"),
+                               ("sim={steps: 1, 1: 2, b: 3}", "sim.1"), ("parallel.dp=1048576", "parallel"),
+                               ("cost.profile=no-such-profile", "no-such-profile.yaml")))
+    return Case("hostile", simulate("tiny-moe", "--set", setting), True, key, note=setting)
+
+
+def hostile_surface(rng: random.Random) -> Case:
+    """Values an outside fuzzer found on surfaces the families above did not reach (issue 40): HF config.json
+    sizes, a profile's measurements, a machine's seed and collective parameters, extreme config values."""
+    return rng.choice((_hf_config, _profile_measurements, _machine_value, _config_value))(rng)
+
+
 def valid_command(rng: random.Random) -> Case:
     argv = rng.choice((simulate("small-moe"), simulate("tiny-moe", "--set", "sim.trace_format=csv"),
                        simulate("testbed-2g"), ["schedule", "show", "small-moe", "--width", "80"],
@@ -336,7 +393,7 @@ FAMILIES = (
     (config_key, 14, {"via_set": False}), (config_key, 12, {"via_set": True}), (set_text, 4, {}),
     (unknown_key, 6, {}), (section_type, 6, {}), (config_file, 5, {}), (topology_file, 6, {}),
     (profile_file, 8, {}), (routing_trace, 6, {}), (cli_option, 14, {}), (out_path, 4, {}),
-    (compare_inputs, 4, {}), (valid_command, 3, {}),
+    (compare_inputs, 4, {}), (hostile_surface, 8, {}), (valid_command, 3, {}),
 )
 
 
