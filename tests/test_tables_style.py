@@ -109,3 +109,18 @@ def test_log_axes_label_in_plain_digits():
     assert style.plain_number(0.9) == "0.9" and style.plain_number(0.05) == "0.05"
     assert style.plain_number(2000) == "2,000"
     plt.close(fig)
+
+
+def test_a2a_levels_draws_grouped_bars_in_the_algorithms_colours():
+    from piper_sim.reproduce.network import _bars
+
+    table = pd.DataFrame([{"level": level, "gpus": n, "size per GPU": "1MiB", "algorithm": alg,
+                           "busbw GB/s per GPU": bw} for level, n in (("node", 8), ("switch", 32))
+                          for alg, bw in (("rccl", 10.0), ("halo", 20.0))])
+    fig, ax = plt.subplots()
+    _bars(ax, table)
+    assert len(ax.lines) == 0  # categories are not joined by lines
+    assert [mcolors.to_hex(p.get_facecolor()) for p in ax.patches] == [style.ALGORITHM_COLORS["rccl"]] * 2 + \
+        [style.ALGORITHM_COLORS["halo"]] * 2
+    assert [p.get_height() for p in ax.patches] == [10.0, 10.0, 20.0, 20.0]
+    plt.close(fig)

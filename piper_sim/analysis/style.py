@@ -41,6 +41,7 @@ LINK_KIND_COLORS = {
     "xgmi": "#1b9e77", "nvlink": "#66a61e", "intra": "#a6761d", "cpu": "#7570b3", "gpu_nic": "#e7298a",
     "nic": "#d95f02", "local": "#e6ab02", "global": "#666666", "up": "#1f78b4", "down": "#a6cee3",
 }
+LINE_STYLES = ("-", "--", ":", "-.")  # a second dimension (message size, routing) where colour is the first
 FAMILIES = {"algorithm": ALGORITHM_COLORS, "policy": POLICY_COLORS, "kind": KIND_COLORS, "link": LINK_KIND_COLORS}
 FALLBACK = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#31a354", "#756bb1", "#636363",
             "#e6550d")

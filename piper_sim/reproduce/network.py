@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from piper_sim.analysis import style
 from piper_sim.reproduce.experiment import Experiment, Section, figure
 from piper_sim.studies.all_to_all import SIZE_PER, parse_size
 
@@ -65,13 +66,22 @@ def _levels_versus_paper(wide: pd.DataFrame) -> str:
 
 
 def _bars(ax, table: pd.DataFrame) -> None:
-    for alg, rows in table.groupby("algorithm", sort=False):
-        labels = rows["level"] + " " + rows["gpus"].astype(str) + " / " + rows["size per GPU"]
-        ax.plot(range(len(rows)), rows["busbw GB/s per GPU"], marker="o", label=alg)
-        ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
+    """Grouped bars: one group per (level, GCDs, size), one bar per algorithm in its colour (no lines: the groups
+    are categories, not a scale)."""
+    groups = list(dict.fromkeys(zip(table["level"], table["gpus"], table["size per GPU"], strict=True)))
+    algorithms = list(dict.fromkeys(table["algorithm"]))
+    width = 0.8 / len(algorithms)
+    for i, alg in enumerate(algorithms):
+        rows = table[table["algorithm"] == alg].set_index(["level", "gpus", "size per GPU"])["busbw GB/s per GPU"]
+        x = [g + (i - (len(algorithms) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(x, [rows.get(group, float("nan")) for group in groups], width, color=style.color("algorithm", alg),
+               label=alg)
+    ax.set_xticks(range(len(groups)), [f"{level} {n} / {size}" for level, n, size in groups], rotation=70,
+                  fontsize=7)
     ax.set_xlabel("locality level, GCDs / bytes per GCD")
     ax.set_ylabel("bus bandwidth per GPU (GB/s)")
-    ax.set_title("All-to-all bandwidth per locality level on Frontier (sizes per GPU)")
+    style.title(ax, "All-to-all bandwidth per locality level (sizes per GPU)",
+                style.context(None, "frontier", "des", "one all-to-all alone"))
     ax.legend(loc="best", fontsize=8)
 
 
@@ -124,12 +134,15 @@ def _halo_versus_paper(wide: pd.DataFrame, per: str) -> str:
 
 
 def _ratio_plot(ax, wide: pd.DataFrame, per: str) -> None:
-    for size, rows in wide.groupby(f"size {per}", sort=False):
-        ax.plot(rows["nodes"], rows["halo / rccl"], marker="o", label=f"{size} {per}")
-    ax.set_xscale("log", base=2)
+    for i, (size, rows) in enumerate(wide.groupby(f"size {per}", sort=False)):
+        ax.plot(rows["nodes"], rows["halo / rccl"], marker="o", color=style.color("algorithm", "halo"),
+                ls=style.LINE_STYLES[i % len(style.LINE_STYLES)], label=f"{size} {per}")
+    style.count_axis(ax, list(wide["nodes"]))
     ax.set_xlabel("nodes (8 GCDs each)")
-    ax.set_ylabel("HALO bandwidth / RCCL model bandwidth")
-    ax.set_title(f"HALO against the vendor all-to-all on Frontier (sizes {per})")
+    ax.set_ylabel("HALO bandwidth / RCCL model bandwidth (x)")
+    style.title(ax, f"HALO against the vendor all-to-all (sizes {per})",
+                style.context(None, "frontier", "des", "one all-to-all alone"))
+    style.from_zero(ax)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.legend(loc="best", fontsize=8)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from piper_sim.analysis import style
 from piper_sim.reproduce.experiment import Experiment, Section, figure
 
 GIB = 2**30
@@ -79,11 +80,13 @@ def _memory_plot(ax, cells: pd.DataFrame) -> None:
         best = rows.groupby("pp")["stage 0 GiB"].min()
         ax.plot(best.index, best.values, marker="o", label=f"least over EP, recompute {rc}")
     ax.axhline(HBM_LINE_GIB, color="red", lw=0.8, label="64 GiB")
-    ax.set_xscale("log", base=2)
+    style.count_axis(ax, list(cells["pp"]))
     ax.set_yscale("log")
+    style.plain_log_axis(ax.yaxis)
     ax.set_xlabel("pipeline stages (PP)")
     ax.set_ylabel("stage-0 peak memory (GiB)")
-    ax.set_title(f"Stage-0 memory over PP x EP: {cells['model'].iloc[0]}")
+    style.title(ax, "Stage-0 memory over PP x EP", style.context(cells["model"].iloc[0], "frontier (MI250X GCD)",
+                                                                  None, "memory model"))
     ax.legend(loc="best", fontsize=8)
 
 
@@ -131,7 +134,7 @@ def _layer_plot(ax, table: pd.DataFrame) -> None:
     ax.bar(table["model"], table["TFLOPS/GCD"])
     ax.set_xlabel("model")
     ax.set_ylabel("TFLOPS per GCD")
-    ax.set_title("One MoE layer on one Frontier node (8 GCDs)")
+    style.title(ax, "One MoE layer's throughput", style.context(None, "frontier, 8 GCDs", "des"))
     ax.tick_params(axis="x", rotation=40, labelsize=8)
 
 
@@ -297,11 +300,16 @@ def _weak_versus_paper(table: pd.DataFrame) -> str:
 
 
 def _weak_plot(ax, table: pd.DataFrame) -> None:
-    ax.plot(table["GCDs"], table["TFLOPS/GCD"], marker="o")
-    ax.set_xscale("log", base=2)
+    ax.plot(table["GCDs"], table["TFLOPS/GCD"], "-", color="0.6", lw=1)
+    for tier, rows in table.groupby("tier", sort=False):
+        ax.plot(rows["GCDs"], rows["TFLOPS/GCD"], style.TIER_MARKERS.get(tier.lower(), "o"), color="tab:blue",
+                label=style.TIER_WORDS.get(tier.lower(), tier))
+    style.count_axis(ax, list(table["GCDs"]))
+    style.from_zero(ax)
     ax.set_xlabel("GCDs")
     ax.set_ylabel("TFLOPS per GCD")
-    ax.set_title("Weak scaling of the 110B to 1.7T family")
+    style.title(ax, "Weak scaling of the 110B to 1.7T family (predictions)", style.context(None, "frontier"))
+    ax.legend(loc="lower left", fontsize=8)
 
 
 # ---- migration ---------------------------------------------------------------------------------------------
@@ -348,11 +356,18 @@ def migration_section(results: list[tuple[dict, dict]], out: Path) -> Section:
 
 
 def _steps_plot(ax, results: list[tuple[dict, dict]]) -> None:
+    routings = list(dict.fromkeys(p["name"] for p, _ in results))
+    unit, factor = style.seconds_scale(max(max(r["step_times_s"]) for _, r in results))
     for p, r in results:
-        ax.plot(range(len(r["step_times_s"])), r["step_times_s"], marker=".", label=f"{p['name']}, {p['policy']}")
+        ax.plot(range(len(r["step_times_s"])), [t * factor for t in r["step_times_s"]], marker=".",
+                color=style.color("policy", p["policy"]),
+                ls=style.LINE_STYLES[routings.index(p["name"]) % len(style.LINE_STYLES)],
+                label=f"{p['name']}, {p['policy']}")
     ax.set_xlabel("step")
-    ax.set_ylabel("step time (s)")
-    ax.set_title("Step time under skewed routing, with and without migration")
+    ax.set_ylabel(f"step time ({unit})")
+    style.from_zero(ax)
+    style.title(ax, "Step time under skewed routing, with and without migration",
+                style.context("x-moe-small", "frontier, 8 GCDs", "des"))
     ax.legend(loc="best", fontsize=8)
 
 

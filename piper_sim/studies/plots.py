@@ -23,7 +23,6 @@ from piper_sim.analysis.tables import Col, render  # noqa: E402
 from piper_sim.studies.all_to_all import SIZE_PER  # noqa: E402
 
 KIND_ORDER = list(style.LINK_KIND_COLORS)
-SIZE_LINES = ("-", "--", ":", "-.")  # one line style per message size, the colour is the algorithm's
 
 
 def size_per(df: pd.DataFrame) -> str:
@@ -88,7 +87,7 @@ def plot_speedup(df: pd.DataFrame, path: Path, context_line: str = "") -> None:
     for (alg, size), group in table[table["algorithm"] != "flat"].groupby(["algorithm", "size"], sort=False):
         g = group.sort_values("nodes")
         ax.plot(g["nodes"], g["speedup_vs_flat"], marker="o", color=style.color("algorithm", alg),
-                ls=SIZE_LINES[sizes.index(size) % len(SIZE_LINES)], label=f"{alg} {size}")
+                ls=style.LINE_STYLES[sizes.index(size) % len(style.LINE_STYLES)], label=f"{alg} {size}")
     ax.axhline(1.0, color="black", lw=0.8)
     style.count_axis(ax, list(df["nodes"]))
     ax.set_yscale("log")
