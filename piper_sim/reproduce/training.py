@@ -173,7 +173,7 @@ def _bar(ax, table: pd.DataFrame, column: str, title: str) -> None:
     ax.bar(table["model"], table[column])
     ax.set_xlabel("model")
     ax.set_ylabel(column)
-    ax.set_title(title)
+    style.title(ax, title, style.context(None, "frontier", None, "the planner's plans, simulated or estimated (tier)"))
     ax.tick_params(axis="x", rotation=30, labelsize=8)
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from piper_sim.analysis import style
 from piper_sim.analysis.band import Family, family_of, leave_one_family_out
 from piper_sim.analysis.tables import Col, render
 from piper_sim.config import load_config
@@ -261,7 +262,11 @@ def write_published(out: Path, scores: list[dict], summary: dict) -> None:
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, label="predicted = measured")
     ax.set_xlabel("measured step time (s)")
     ax.set_ylabel("predicted step time (s)")
-    ax.set_title(f"Published runs: MAPE {100 * summary['mape']:.1f}%")
+    for axis in (ax.xaxis, ax.yaxis):
+        style.plain_log_axis(axis)
+    tiers = sorted({str(s["tier"]) for s in scores})
+    style.title(ax, f"Published runs: MAPE {100 * summary['mape']:.1f}%",
+                style.context(None, "each run's own machine", tiers[0] if len(tiers) == 1 else ", ".join(tiers)))
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "published_vs_predicted.png", dpi=120)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from piper_sim.analysis import style
 from piper_sim.analysis.tables import Col, render
 
 
@@ -133,7 +134,6 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     out.mkdir(parents=True, exist_ok=True)
     rows = [{k: v for k, v in s.items() if k not in ("phases", "prediction", "concurrency")} for s in scores]
@@ -153,16 +153,15 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))
-        axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        style.plain_log_axis(axis)
     for s, x, y in zip(scores, meas, pred, strict=True):
         ax.annotate(s["case"], (x, y), fontsize=6)
     lo, hi = min(meas.min(), pred.min()) * 0.8, max(meas.max(), pred.max()) * 1.25
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
     ax.set_xlabel("measured step time (ms)")
     ax.set_ylabel("predicted step time (ms)")
-    ax.set_title(f"MAPE {summary['mape'] * 100:.1f}%, max {summary['max_error'] * 100:.1f}%")
+    style.title(ax, f"validation cases: MAPE {summary['mape'] * 100:.1f}%, max {summary['max_error'] * 100:.1f}%",
+                style.context(None, None, "des", "against measured runs"))
     fig.tight_layout()
     fig.savefig(out / "predicted_vs_measured.png", dpi=110)
     plt.close(fig)
