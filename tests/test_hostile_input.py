@@ -4,8 +4,10 @@ never an OverflowError, a MemoryError, a TypeError or a silent accept."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -14,8 +16,13 @@ from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
+from piper_sim.routing import trace as trace_module
+from piper_sim.routing.replay import load_trace_cached
 from piper_sim.topology.load import load_topology
 from piper_sim.workload.presets import load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
+from values import npz_bomb, wrapping_counts  # noqa: E402
 
 HF = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
       "vocab_size": 1000, "max_position_embeddings": 256, "intermediate_size": 256, "num_local_experts": 8,
@@ -113,3 +120,42 @@ def test_set_extends_on_a_named_profile_extends_it() -> None:
     cfg = load_config("tiny-moe", ["cost.profile=mi250x", "cost.profile.extends=h100"])
     assert cfg.cost_profile == {"extends": "h100"}
     assert load_profiles(cfg.cost_profile)[0].name == load_profiles("h100")[0].name
+
+
+def _trace_arrays() -> dict[str, np.ndarray]:
+    with np.load(data_dir("traces/routing") / "tiny-moe-stdlib-captured.npz") as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def _refused_as_routing_path(path: Path) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        load_trace_cached(str(path), 8)
+    assert err.value.key == "routing.path" and err.value.value == str(path)
+    return err.value
+
+
+def test_a_npy_array_given_as_a_routing_trace_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "counts.npy"
+    np.save(path, _trace_arrays()["counts"])
+    assert "single .npy array" in _refused_as_routing_path(path).allowed
+
+
+def test_a_trace_declaring_terabytes_is_refused_from_its_headers_before_loading(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "bomb.npz"
+    path.write_bytes(npz_bomb(_trace_arrays(), "counts", (2**20, 2**20, 4)))  # 32 TiB declared
+    assert path.stat().st_size < 10_000
+    monkeypatch.setattr(trace_module.np, "load", lambda *a, **k: pytest.fail("loaded before the size check"))
+    assert f"{trace_module.TRACE_BYTES_LIMIT:,}" in _refused_as_routing_path(path).allowed
+
+
+@pytest.mark.parametrize("edit", [
+    lambda a: a.update(counts=wrapping_counts(a["counts"])),
+    lambda a: a.update(counts=a["counts"] * 1e30),
+    lambda a: a.update(meta=np.array(json.dumps({**json.loads(str(a["meta"])), "tokens_per_step": 2**63}))),
+], ids=["uint64-wrapping", "float-1e30", "meta-2^63"])
+def test_trace_counts_beyond_int64_are_refused_not_wrapped(tmp_path: Path, edit) -> None:
+    arrays = _trace_arrays()
+    edit(arrays)
+    path = tmp_path / "t.npz"
+    np.savez(path, **arrays)
+    _refused_as_routing_path(path)

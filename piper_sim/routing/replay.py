@@ -21,7 +21,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.paths import project_root
 from piper_sim.routing.capacity import apportion, cap_rows
 from piper_sim.routing.kinds import Param, RoutingContext, RoutingKind, choice, integer, register_kind
-from piper_sim.routing.trace import RoutingTrace, read_trace
+from piper_sim.routing.trace import RoutingTrace, TraceError, read_trace
 
 _CACHE: dict[tuple[str, int, int], RoutingTrace] = {}
 
@@ -44,7 +44,11 @@ def load_trace_cached(path: str, num_experts: int) -> RoutingTrace:
     key = (str(resolved.resolve()), stat.st_mtime_ns, stat.st_size)
     trace = _CACHE.get(key)
     if trace is None:
-        trace = _CACHE[key] = read_trace(resolved)
+        try:
+            trace = _CACHE[key] = read_trace(resolved)
+        except TraceError as exc:
+            raise ConfigError("routing.path", path, f"a routing trace (docs/routing.md); this file: "
+                                                    f"{exc.message}") from None
     if trace.num_experts != num_experts:
         raise ConfigError("routing.path", path, f"a trace with the model's {num_experts} experts (experts mismatch: "
                                                 f"the trace has {trace.num_experts})")

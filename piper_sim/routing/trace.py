@@ -8,12 +8,16 @@ A trace is one .npz file (numpy.savez_compressed, read with allow_pickle=False) 
   source_counts  int64 [S, L, M, R, E] (optional): the same per microbatch and source EP rank;
                  summed over M and R it equals counts
 Every counts[s, l] sums to tokens_per_step x top_k and no entry exceeds tokens_per_step.
+A file is read only if its arrays declare at most TRACE_BYTES_LIMIT bytes (the zip directory's sizes and each
+.npy header's shape, checked before anything is loaded), and every entry and meta count is at most VALUE_LIMIT,
+so that no count wraps when cast or summed in int64.
 Must not import simpy or torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import zipfile
 import zlib
 from collections.abc import Sequence
@@ -22,11 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 from piper_sim.errors import PiperError
 
 FORMAT = "piper-sim-routing-trace"
 VERSION = 1
+TRACE_BYTES_LIMIT = 2**32  # 4 GiB of arrays, uncompressed: a trace is loaded whole into memory
+VALUE_LIMIT = 2**32  # an entry, tokens_per_step: a trace's sums (at most 2^29 entries of this) stay inside int64
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError)
 
 
 class TraceError(PiperError):
@@ -89,14 +97,17 @@ def _int_array(name: str, value: Any, ndim: int, shape_doc: str, where: str) -> 
     if arr.size and arr.min() < 0:
         bad = tuple(int(i) for i in np.argwhere(arr < 0)[0])
         raise TraceError(where, f"{name} has negative counts (first at index {list(bad)}: {arr[bad]})")
+    if arr.size and arr.max() > VALUE_LIMIT:  # before the cast, which would wrap it
+        bad = tuple(int(i) for i in np.argwhere(arr > VALUE_LIMIT)[0])
+        raise TraceError(where, f"{name} has a value beyond {VALUE_LIMIT:,} (first at index {list(bad)}: {arr[bad]})")
     return arr.astype(np.int64)
 
 
 def validate_trace(trace: RoutingTrace, where: str) -> None:
     for key in ("num_experts", "top_k", "tokens_per_step"):
         value = getattr(trace, key)
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-            raise TraceError(where, f"meta.{key} must be a positive integer; got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 < value <= VALUE_LIMIT:
+            raise TraceError(where, f"meta.{key} must be an integer from 1 to {VALUE_LIMIT:,}; got {value!r}")
     if trace.top_k > trace.num_experts:
         raise TraceError(where, f"meta.top_k ({trace.top_k}) exceeds meta.num_experts ({trace.num_experts})")
     counts = _int_array("counts", trace.counts, 3, "[steps, layers, experts]", where)
@@ -165,9 +176,10 @@ def read_trace(path: str | Path, *, num_experts: int | None = None) -> RoutingTr
     if not path.is_file():
         raise TraceError(where, "no such file")
     try:
+        check_declared_size(path, where)
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as exc:
+    except _READ_ERRORS as exc:
         raise TraceError(where, f"not a readable .npz file ({type(exc).__name__}: {exc})") from None
     for key in ("meta", "layers", "counts"):
         if key not in arrays:
@@ -195,6 +207,33 @@ def read_trace(path: str | Path, *, num_experts: int | None = None) -> RoutingTr
         raise TraceError(where, f"experts mismatch: the trace has {trace.num_experts} experts, the model "
                                 f"{num_experts}")
     return _as_int64(trace)
+
+
+def check_declared_size(path: Path, where: str) -> None:
+    """Refuse a file that is not an .npz (a lone .npy array) or whose arrays declare more than TRACE_BYTES_LIMIT
+    bytes, from the zip directory and the .npy headers alone: a small file can declare terabytes."""
+    with path.open("rb") as fh:
+        if fh.read(len(npy_format.MAGIC_PREFIX)) == npy_format.MAGIC_PREFIX:
+            raise TraceError(where, "a single .npy array, not a trace: a trace is one .npz holding the arrays meta, "
+                                    "layers and counts (docs/routing.md; piper_sim.routing.write_trace writes one)")
+    total = 0
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            total += max(info.file_size, _npy_bytes(archive, info))
+            if total > TRACE_BYTES_LIMIT:
+                raise TraceError(where, f"its arrays declare {total:,} bytes by {info.filename!r}, more than the "
+                                        f"{TRACE_BYTES_LIMIT:,} a trace may hold")
+
+
+def _npy_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
+    """The bytes an archive member's .npy header declares (its shape times its item size)."""
+    readers = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
+    with archive.open(info) as fh:
+        version = npy_format.read_magic(fh)
+        if version not in readers:
+            raise ValueError(f"{info.filename}: .npy format version {version} is not read here")
+        shape, _, dtype = readers[version](fh)
+    return math.prod(shape) * dtype.itemsize
 
 
 def _as_int64(trace: RoutingTrace) -> RoutingTrace:

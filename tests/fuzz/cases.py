@@ -27,6 +27,8 @@ from values import (
     Key,
     anchor_bomb,
     deep_nesting,
+    npz_bomb,
+    wrapping_counts,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,13 +196,20 @@ def _npz(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
 def routing_trace(rng: random.Random) -> Case:
     data = TRACE.read_bytes()
     with np.load(TRACE) as npz:
         arrays = {k: npz[k] for k in npz.files}
     meta = json.loads(str(arrays["meta"]))
     kind = rng.choice(("truncated", "garbage", "empty", "folder", "no-meta", "bad-meta", "float-counts",
-                       "negative", "wrong-shape", "huge-meta", "other-model", "valid", "bit-flip"))
+                       "negative", "wrong-shape", "huge-meta", "other-model", "valid", "bit-flip", "npy", "bomb",
+                       "wrapping-counts", "huge-float-counts"))
     if kind == "valid":
         return Case("routing-trace", simulate("tiny-moe", "--set", "routing.kind=trace", "--set",
                                               f"routing.path={TRACE}"), False, note=kind)
@@ -219,6 +228,10 @@ def routing_trace(rng: random.Random) -> Case:
         "negative": _npz(**{**arrays, "counts": -arrays["counts"]}),
         "wrong-shape": _npz(**{**arrays, "counts": arrays["counts"][0]}),
         "huge-meta": _npz(**{**arrays, "meta": np.array(json.dumps({**meta, "tokens_per_step": 10**30}))}),
+        "npy": _npy(arrays["counts"]),
+        "bomb": npz_bomb(arrays, "counts", (2**20, 2**20, 4)),  # 32 TiB declared
+        "wrapping-counts": _npz(**{**arrays, "counts": wrapping_counts(arrays["counts"])}),
+        "huge-float-counts": _npz(**{**arrays, "counts": arrays["counts"] * 1e30}),
     }[kind]
     return Case("routing-trace", simulate("tiny-moe", "--set", "routing.kind=trace", "--set", "routing.path=t.npz"),
                 True, "routing", {"t.npz": content}, note=kind)

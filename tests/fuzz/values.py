@@ -7,8 +7,13 @@ kind are wrong for every key of that kind; `good` values are valid in the base c
 
 from __future__ import annotations
 
+import io
 import math
+import zipfile
 from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib import format as npy_format
 
 NAN, INF = math.nan, math.inf
 HUGE = (10**30, 2**64, 10**12)  # beyond any plausible size: must be refused before anything is allocated
@@ -124,6 +129,31 @@ def anchor_bomb(levels: int = 9) -> str:
         refs = ",".join([f"*a{i - 1}"] * 10)
         lines.append(f"a{i}: &a{i} [{refs}]")
     return "\n".join(lines) + "\n"
+
+
+def npz_bomb(arrays: dict[str, np.ndarray], key: str, shape: tuple[int, ...]) -> bytes:
+    """An .npz of `arrays` whose `key` member's .npy header declares `shape` (int64) over 64 bytes of data:
+    a file of under a kilobyte that declares as many bytes as the shape says."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, array in arrays.items():
+            member = io.BytesIO()
+            if name == key:
+                npy_format.write_array_header_1_0(member, {"descr": "<i8", "fortran_order": False, "shape": shape})
+                member.write(bytes(64))
+            else:
+                np.save(member, array)
+            archive.writestr(f"{name}.npy", member.getvalue())
+    return buf.getvalue()
+
+
+def wrapping_counts(counts: np.ndarray) -> np.ndarray:
+    """A trace's counts as uint64 whose first row still sums to the step's total once cast to int64: one entry
+    2^64 - 1 (-1 in int64) and its neighbour one more."""
+    wrapped = counts.astype(np.uint64)
+    wrapped[0, 0, 1] += wrapped[0, 0, 0] + np.uint64(1)
+    wrapped[0, 0, 0] = np.uint64(2**64 - 1)
+    return wrapped
 
 
 def deep_nesting(depth: int = 20000) -> str:
