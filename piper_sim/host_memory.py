@@ -4,8 +4,9 @@ before the kernel would kill it).
 
 The estimate is a sum of measured per-unit costs (benchmarks/bench_memory.py prints them; docs/architecture.md,
 "Host memory", gives the figures): the interpreter with its libraries and compiled kernels, the run's rank-task
-records with the trace and report built from them, the topology and flow network per link, and the growth while
-the chosen outputs are written, per trace row.
+records with the trace and report built from them, the topology and flow network per link and per all-to-all GPU
+pair, and the growth while the chosen outputs are written. A sum is an upper bound: the outputs are written after
+the records are let go.
 """
 
 from __future__ import annotations
@@ -17,13 +18,20 @@ from dataclasses import dataclass
 from piper_sim.errors import ConfigError, PiperError
 
 GIB = 2.0**30
-# measured with benchmarks/bench_memory.py (peak resident growth of each phase, Linux clear_refs; see the module):
-BASE_BYTES = 300 * 2**20  # interpreter, numpy/pandas/simpy/networkx/matplotlib, numba's compiled kernels: 282 MB
-BYTES_PER_TASK = 270  # a rank task's records, trace row and report while they are built: 269 B (dense-128, 511k)
-BYTES_PER_LINK = 1_000  # the topology graph, its routes and the flow network's per-link arrays: 420-460 B/link
-# growth while the outputs are written, per trace row, over the trace the run holds: the trace file (pyarrow's
-# table and encoding buffers), perfetto.json (one chunk of events) and the step-0 timeline plot
-OUTPUT_BYTES_PER_ROW = {"report": 0, "trace": 60, "all": 200}
+MIB = 2**20
+# measured with benchmarks/bench_memory.py (each phase's peak resident growth, Linux clear_refs; see the module),
+# its dense cases (100B-class, TP 8 x PP 8 on 64, 128, 256 Frontier GCDs) and MoE cases (X-MoE Small, EP 16, 64):
+BASE_BYTES = 300 * MIB  # interpreter, numpy/pandas/simpy/networkx, numba's compiled kernels: 268 MiB resident
+BYTES_PER_TASK = 300  # a rank task's records, trace row and report while they are built: 281-304 B (dense cases)
+BYTES_PER_LINK = 1_000  # the topology graph and the flow network's per-link arrays: 420-460 B (tracemalloc)
+# the flows, routes and recorded runs of all-to-alls, per GPU pair of an EP group (num_gpus x ep pairs): 11-13 kB
+# on Frontier (MoE cases, the growth less their tasks'); a dragonfly's contended all-to-alls hold more (at least
+# 58 kB per pair, X-MoE Small EP 64 on 256 GPUs), which MemoryGuard catches
+BYTES_PER_ALL_TO_ALL_PAIR = 16_000
+# growth while writing each choice of outputs, in a process holding only the run's result: a fixed part (the
+# libraries they load, the plots' canvas, perfetto.json's 10k-row chunks) and a part per trace row (dense cases:
+# report 9 MiB; trace 27-33 MiB, 8 B per row; all 122-127 MiB, 7 B per row, from 255k to 1M rows)
+OUTPUT_BYTES = {"report": (10 * MIB, 0), "trace": (40 * MIB, 10), "all": (140 * MIB, 10)}  # (fixed, per row)
 MARGIN_BYTES = 1 * 2**30  # MemoryGuard stops a run when this machine's available memory drops under this
 GUARD_INTERVAL_S = 0.25  # how often MemoryGuard reads the available memory
 
@@ -57,10 +65,16 @@ class RunMemory:
     tasks_bytes: float
     network_bytes: float
     outputs_bytes: float
+    outputs_fixed_bytes: float = 0.0  # of outputs_bytes, the part that does not grow with the rank tasks
 
     @property
     def total_bytes(self) -> float:
         return self.base_bytes + self.tasks_bytes + self.network_bytes + self.outputs_bytes
+
+    @property
+    def per_task_bytes(self) -> float:
+        """The part that scales with the rank tasks (and so with the micro-batches and steps)."""
+        return self.tasks_bytes + self.outputs_bytes - self.outputs_fixed_bytes
 
     def text(self) -> str:
         """'about 12.3 GiB (rank tasks 9.1, network 0.1, outputs 2.8, interpreter and libraries 0.3)'."""
@@ -69,12 +83,14 @@ class RunMemory:
                 f"{self.base_bytes / GIB:.1f})")
 
 
-def estimate_run_memory(tasks: int, links: int, outputs: str | None) -> RunMemory:
-    """The peak of a run of `tasks` rank tasks (over all its steps) on a topology of `links` links that writes
-    `outputs` (outputs.OUTPUTS; None: the run writes nothing, as the planner's and validation's runs)."""
-    per_row = OUTPUT_BYTES_PER_ROW[outputs] if outputs is not None else 0
-    return RunMemory(base_bytes=BASE_BYTES, tasks_bytes=tasks * BYTES_PER_TASK, network_bytes=links * BYTES_PER_LINK,
-                     outputs_bytes=tasks * per_row)
+def estimate_run_memory(tasks: int, links: int, all_to_all_pairs: int, outputs: str | None) -> RunMemory:
+    """The peak of a run of `tasks` rank tasks (over all its steps) on a topology of `links` links, whose
+    all-to-alls join all_to_all_pairs GPU pairs (num_gpus x ep; 0 without), that writes `outputs`
+    (outputs.OUTPUTS; None: the run writes nothing, as the planner's and validation's runs)."""
+    fixed, per_row = OUTPUT_BYTES[outputs] if outputs is not None else (0, 0)
+    return RunMemory(base_bytes=BASE_BYTES, tasks_bytes=tasks * BYTES_PER_TASK,
+                     network_bytes=links * BYTES_PER_LINK + all_to_all_pairs * BYTES_PER_ALL_TO_ALL_PAIR,
+                     outputs_bytes=fixed + tasks * per_row, outputs_fixed_bytes=fixed)
 
 
 def check_run_memory(need: RunMemory, microbatches: int, outputs: str | None, available: int | None,
@@ -90,8 +106,8 @@ def check_run_memory(need: RunMemory, microbatches: int, outputs: str | None, av
     for fewer in {"all": ("trace", "report"), "trace": ("report",)}.get(outputs or "", ()):
         if smaller(fewer).total_bytes <= room:
             raise ConfigError("--outputs", outputs, f"{fewer} here ({smaller(fewer).text()}): {tail}")
-    scaled = need.tasks_bytes + need.outputs_bytes
-    fits = max(int(microbatches * (room - need.base_bytes - need.network_bytes) / scaled), 0) if scaled else 0
+    scaled = need.per_task_bytes
+    fits = max(int(microbatches * (room - (need.total_bytes - scaled)) / scaled), 0) if scaled else 0
     raise ConfigError("parallel.num_microbatches", microbatches,
                       f"at most about {fits} here: {tail}; fewer micro-batches, steps or GPUs, --outputs report, or "
                       "a machine with more memory")

@@ -28,9 +28,10 @@ from piper_sim.trace.runtrace import write_trace
 OUTPUTS = {"report": "report.json, config.yaml, links.csv and link_kinds.csv",
            "trace": "those and the trace (trace.parquet or trace.csv)",
            "all": "those, perfetto.json and plots/ (the default)"}
-# seconds per trace row of each file on this machine's cores (benchmarks/bench_memory.py, dense-128: 511k rows):
-# only the progress line's ETA reads them, as each file's share of the work
-SECONDS_PER_ROW = {"trace": 1.0e-6, "perfetto": 12e-6, "timeline": 20e-6}
+# seconds per trace row of each file on this machine's 2 shared cores (dense-128 of benchmarks/bench_memory.py, 511k
+# rows: trace.parquet 0.65 us, perfetto.json 12-13 us, the timeline plot 25 us): only the progress line's ETA reads
+# them, as each file's share of the work
+SECONDS_PER_ROW = {"trace": 1.0e-6, "perfetto": 13e-6, "timeline": 25e-6}
 WRITING_FORMAT = "{desc}: {percentage:3.0f}% [{elapsed}<{remaining}]"
 
 
@@ -53,7 +54,7 @@ def write_run(out_dir: Path, result: RunResult, outputs: str = "all", *, progres
     with progress_bar(sum(rows * per_row for _, rows, per_row, _ in works), "writing outputs", show=progress,
                       bar_format=WRITING_FORMAT) as line:
         for key, rows, per_row, write in works:
-            line.set_description(f"writing {key}", refresh=False)
+            line.set_description_str(f"writing {key}", refresh=False)
             if check is not None:
                 check()
 

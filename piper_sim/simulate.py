@@ -94,7 +94,8 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
 
     t1 = time.perf_counter()
     total = cfg.steps * schedule.mesh.num_ranks // par.pp * sum(len(p) for p in schedule.stage_programs)
-    memory = check_memory(total, len(topo.capacity_bytes_per_s), cfg, outputs)
+    pairs = par.num_gpus * par.ep if par.ep > 1 else 0  # the GPU pairs of the EP groups' all-to-alls
+    memory = check_memory(total, len(topo.capacity_bytes_per_s), pairs, cfg, outputs)
     with MemoryGuard(memory.total_bytes, available=available_memory_bytes) as guard:
         line = progress_bar(expected_s, "simulating", show=progress, bar_format=SIM_TIME_FORMAT[expected_s is None],
                             smoothing=0.0)
@@ -134,12 +135,12 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
                      steps=steps_frame(report), topology=topo, placement=tuple(placement), links=links, stats=stats)
 
 
-def check_memory(tasks: int, links: int, cfg: Config, outputs: str | None) -> RunMemory:
+def check_memory(tasks: int, links: int, pairs: int, cfg: Config, outputs: str | None) -> RunMemory:
     """The run's estimated peak host memory (host_memory.py); a run that would not fit in the memory available here
     stops before it starts, naming what to lower (rather than being killed for memory after minutes)."""
-    memory = estimate_run_memory(tasks, links, outputs)
+    memory = estimate_run_memory(tasks, links, pairs, outputs)
     check_run_memory(memory, cfg.parallel.num_microbatches, outputs, available_memory_bytes(),
-                     lambda fewer: estimate_run_memory(tasks, links, fewer))
+                     lambda fewer: estimate_run_memory(tasks, links, pairs, fewer))
     return memory
 
 

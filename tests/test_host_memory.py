@@ -5,6 +5,7 @@ has less available, naming what to lower; a run that drains the machine's memory
 from __future__ import annotations
 
 import json
+import math
 import time
 import tracemalloc
 
@@ -30,15 +31,17 @@ def tiny_result():
 
 
 def _estimate(result, outputs):
-    return estimate_run_memory(len(result.trace), len(result.topology.capacity_bytes_per_s), outputs)
+    par = result.config.parallel
+    return estimate_run_memory(len(result.trace), len(result.topology.capacity_bytes_per_s), par.num_gpus * par.ep,
+                               outputs)
 
 
 def test_the_estimate_counts_the_outputs_written(tiny_result):
-    report, trace, every = (_estimate(tiny_result, o) for o in ("report", "trace", "all"))
-    assert every.total_bytes > trace.total_bytes > report.total_bytes == _estimate(tiny_result, None).total_bytes
-    assert every.tasks_bytes == report.tasks_bytes and every.network_bytes == report.network_bytes > 0
-    assert every.outputs_bytes - report.outputs_bytes == every.total_bytes - report.total_bytes
-    assert tiny_result.stats["host_memory_estimate_bytes"] == report.total_bytes  # simulate() writes nothing
+    nothing, report, trace, every = (_estimate(tiny_result, o) for o in (None, "report", "trace", "all"))
+    assert every.total_bytes > trace.total_bytes > report.total_bytes > nothing.total_bytes
+    assert every.tasks_bytes == nothing.tasks_bytes and every.network_bytes == nothing.network_bytes > 0
+    assert every.outputs_bytes - nothing.outputs_bytes == every.total_bytes - nothing.total_bytes
+    assert tiny_result.stats["host_memory_estimate_bytes"] == nothing.total_bytes  # simulate() alone writes nothing
 
 
 def test_a_run_whose_outputs_would_not_fit_is_told_to_write_fewer(tiny_result, monkeypatch):
@@ -58,8 +61,8 @@ def test_a_run_whose_outputs_would_not_fit_is_told_to_write_fewer(tiny_result, m
 def test_a_run_too_large_names_the_micro_batches_that_fit(tiny_result, monkeypatch):
     cfg = load_config(CONFIG)
     need = _estimate(tiny_result, "report")
-    # room for the interpreter, the network and half the rank tasks: about half the micro-batches fit
-    available = int(MARGIN_BYTES + need.base_bytes + need.network_bytes + need.tasks_bytes / 2)
+    # room for all but half of what scales with the rank tasks: half the micro-batches fit
+    available = math.ceil(MARGIN_BYTES + need.total_bytes - need.per_task_bytes / 2) + 1
     monkeypatch.setattr(simulate_module, "available_memory_bytes", lambda: available)
     with pytest.raises(ConfigError) as err:
         simulate(cfg, outputs="report")
@@ -79,7 +82,8 @@ def test_a_run_that_drains_the_memory_stops_itself(monkeypatch):
         simulate(cfg)
     total = sum(len(p) for p in runs[0].schedule.stage_programs) * runs[0].per_stage * cfg.steps
     assert 0 < runs[0].tasks_done < total  # stopped in the event loop, at its first lane task
-    estimate = estimate_run_memory(total, len(runs[0].topo.capacity_bytes_per_s), None).total_bytes
+    pairs = cfg.parallel.num_gpus * cfg.parallel.ep
+    estimate = estimate_run_memory(total, len(runs[0].topo.capacity_bytes_per_s), pairs, None).total_bytes
     assert f"estimated at {estimate / GIB:.1f} GiB" in str(err.value) and "GiB resident" in str(err.value)
     assert "0.10 GiB available" in str(err.value)
 
