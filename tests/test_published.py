@@ -83,3 +83,19 @@ def test_megatron_deepspeeds_count_is_three_forwards_of_the_routed_experts_atten
     assert (model.num_heads, model.kv_heads, model.expert_ffn_dim, model.top_k) == (16, 16, 1408, 6)
     per_token = layers * (4 * h * h + 2 * s * h + 2 * 1408 * h * 6) + model.vocab_size * h
     assert FLOP_FORMULAS["megatron-deepspeed"](run) == pytest.approx(6 * b * s * per_token, rel=1e-12)
+
+
+def test_megatron_cores_2025_count_takes_the_causal_half_of_the_attention_scores():
+    """From Megatron-LM commit 8873b55 (March 2025) num_floating_point_operations counts the attention scores and
+    their product with V for the causal half (s / 2h): the two counts differ by exactly half the score term,
+    12 B s l h^2 x (s / 2h) x q/h."""
+    run = find_published(["mcore-mixtral-8x22b-h100-128gpu"], ROOT)[0]
+    model = load_config(run.config).model
+    b, s, h, layers = run.measured["global_batch"], model.seq_len, model.d_model, model.num_layers
+    assert (s, h, layers, model.num_heads, model.kv_heads) == (4096, 6144, 56, 48, 8)
+    per_layer = 1 + 8 / 48 + s / (2 * h) + 16384 / h * 2 * 1.5 + model.vocab_size / (2 * layers * h)
+    assert FLOP_FORMULAS["megatron-core-2025"](run) == pytest.approx(12 * b * s * layers * h * h * per_layer,
+                                                                     rel=1e-12)
+    score_half = 12 * b * s * layers * h * h * s / (2 * h)
+    assert FLOP_FORMULAS["megatron-core"](run) - FLOP_FORMULAS["megatron-core-2025"](run) == pytest.approx(
+        score_half, rel=1e-12)

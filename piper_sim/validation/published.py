@@ -36,6 +36,7 @@ class PublishedRun:
     source: str
     measured: dict
     config: dict
+    breakdown: dict | None = None  # a published split of part of the run's time (validation/breakdown.py)
 
     @property
     def tokens_per_step(self) -> int:
@@ -68,7 +69,8 @@ def load_published(path: Path) -> PublishedRun:
     source = data["source"]
     text = (f"{source.get('title', '')} ({source.get('year', '')}), {source.get('where', '')}"
             if isinstance(source, dict) else str(source))
-    return PublishedRun(name=str(data["name"]), source=text, measured=data["measured"], config=data["config"])
+    return PublishedRun(name=str(data["name"]), source=text, measured=data["measured"], config=data["config"],
+                        breakdown=data.get("breakdown"))
 
 
 def measured_step_s(run: PublishedRun) -> float:
@@ -94,11 +96,21 @@ def _megatron_core(run: PublishedRun) -> float:
     """Megatron-LM's num_floating_point_operations (megatron/training/training.py, 2024): 12 B s l h^2 x
     (attention ((1 + groups/heads + s/h) x q/h) + FFN (d_ffn/h x top_k x 3/2 for SwiGLU) + shared experts
     + logits V / (2 l h)), no recomputation counted."""
+    return _megatron_core_count(run, score_share=1.0)
+
+
+def _megatron_core_2025(run: PublishedRun) -> float:
+    """The same count from Megatron-LM commit 8873b55 (March 2025) on: the attention scores and their product with
+    V are counted for the causal half of the matrix only (s / 2h in place of s / h)."""
+    return _megatron_core_count(run, score_share=0.5)
+
+
+def _megatron_core_count(run: PublishedRun, score_share: float) -> float:
     model = load_config(run.config).model
     b, s, layers, h = int(run.measured["global_batch"]), model.seq_len, model.num_layers, model.d_model
     q_ratio = model.num_heads * model.attn_head_dim / h
     gated = 1.5 if model.expert_matrices == 3 else 1.0
-    attention = (1 + model.kv_heads / model.num_heads + s / h) * q_ratio
+    attention = (1 + model.kv_heads / model.num_heads + score_share * s / h) * q_ratio
     ffn = model.expert_ffn_dim / h * model.top_k * gated
     shared = model.num_shared_experts * model.shared_ffn_dim / h * gated
     return 12 * b * s * layers * h * h * (attention + ffn + shared + model.vocab_size / (2 * layers * h))
@@ -118,7 +130,7 @@ def _megatron_deepspeed(run: PublishedRun) -> float:
 
 
 FLOP_FORMULAS = {"narayanan2021-eq3": _narayanan2021, "megatron-core": _megatron_core,
-                 "megatron-deepspeed": _megatron_deepspeed}
+                 "megatron-core-2025": _megatron_core_2025, "megatron-deepspeed": _megatron_deepspeed}
 
 
 TIERS = ("des", "estimate")
@@ -168,6 +180,24 @@ def _estimated(cfg) -> dict:
     return {"predicted_step_s": estimate.step_time_s, "predicted_mfu": estimate.mfu,
             "bubble_fraction": estimate.bubble_s / estimate.step_time_s, "exposed_comm_fraction": float("nan"),
             "fits_memory": fits, "budget": {k: v for k, v in budget.items() if k != "stage"}}
+
+
+def breakdown_table(runs: list[PublishedRun]) -> pd.DataFrame:
+    """Every published breakdown of these runs beside the prediction of the same pieces (validation/breakdown.py)."""
+    import pandas as pd
+
+    from piper_sim.validation.breakdown import predicted_breakdown
+
+    rows = [row for run in runs if run.breakdown for row in predicted_breakdown(run.config, run.breakdown, run.name)]
+    return pd.DataFrame(rows, columns=["name", "term", "published_s", "predicted_s", "where"])
+
+
+def format_breakdowns(table: pd.DataFrame) -> str:
+    """The published breakdowns beside their predictions, one line per term (ms)."""
+    lines = [f"{'published breakdown':<38} {'term':<20} {'published ms':>12} {'predicted ms':>12}"]
+    lines += [f"{r.name:<38} {r.term:<20} {1e3 * r.published_s:>12.2f} {1e3 * r.predicted_s:>12.2f}"
+              for r in table.itertuples(index=False)]
+    return "\n".join(lines)
 
 
 def budget_table(scores: list[dict]) -> pd.DataFrame:
