@@ -238,8 +238,10 @@ def _validate_published(args: argparse.Namespace) -> int:
     from piper_sim.analysis.band import format_coverage
     from piper_sim.validation.published import (
         band_coverage,
+        breakdown_table,
         family_summary,
         find_published,
+        format_breakdowns,
         format_families,
         format_published,
         score_published,
@@ -258,12 +260,15 @@ def _validate_published(args: argparse.Namespace) -> int:
     print(format_published(scores, summary))
     print(format_families(family_summary(scores)))
     print(format_coverage(band_coverage(scores)))
+    breakdowns = breakdown_table(runs)
+    if not breakdowns.empty:
+        print(format_breakdowns(breakdowns))
     if args.out is not None:
         write_published(args.out, scores, summary)
+        breakdowns.to_csv(args.out / "published_breakdowns.csv", index=False)
         finish(args.out)
-        print(f"wrote {args.out}/ (published.csv, published_budget.csv, published_families.csv, "
-              "published_band_coverage.csv, "
-              "published_summary.json, "
+        print(f"wrote {args.out}/ (published.csv, published_budget.csv, published_breakdowns.csv, "
+              "published_families.csv, published_band_coverage.csv, published_summary.json, "
               "published_vs_predicted.png)")
     return 0
 
