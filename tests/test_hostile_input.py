@@ -16,6 +16,9 @@ from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
+from piper_sim.planning.engine import run_points
+from piper_sim.planning.keys import KeyedPoint
+from piper_sim.planning.store import ResultStore, row_digest
 from piper_sim.routing import trace as trace_module
 from piper_sim.routing.replay import load_trace_cached
 from piper_sim.topology.load import load_topology
@@ -159,3 +162,32 @@ def test_trace_counts_beyond_int64_are_refused_not_wrapped(tmp_path: Path, edit)
     path = tmp_path / "t.npz"
     np.savez(path, **arrays)
     _refused_as_routing_path(path)
+
+
+ROW = {"step_time_s": 0.25, "mfu": 0.4}
+
+
+def _damaged_records(key: str) -> dict[str, bytes]:
+    edited = {"key": key, "row": {**ROW, "step_time_s": 0.5}, "row_sha256": row_digest(ROW)}
+    return {"truncated": json.dumps({"key": key, "row": ROW}).encode()[:20], "binary": bytes(range(256)),
+            "empty-file": b"", "not-a-mapping": b"[1, 2]",
+            "key-not-text": json.dumps({"key": [1], "row": ROW}).encode(),
+            "row-missing": json.dumps({"key": key}).encode(), "row-empty": json.dumps({"key": key, "row": {}}).encode(),
+            "row-nan": json.dumps({"key": key, "row": {k: float("nan") for k in ROW}}).encode(),
+            "row-edited": json.dumps(edited).encode(), "nested-deep": b"[" * 100_000 + b"]" * 100_000}
+
+
+@pytest.mark.parametrize("kind", sorted(_damaged_records("k")))
+def test_a_damaged_stored_point_is_recomputed_and_said(tmp_path: Path, kind: str, capsys) -> None:
+    point = KeyedPoint("d" * 16, "k", {"x": 1})
+    ResultStore(tmp_path).put(point.digest, point.key, ROW)
+    stored = tmp_path / "points" / f"{point.digest}.json"
+    stored.write_bytes(_damaged_records(point.key)[kind])
+    calls = []
+    store = ResultStore(tmp_path)
+    rows = run_points(lambda payload: calls.append(payload) or dict(ROW), [point], store, workers=0)
+    assert rows == {point.digest: ROW} and calls == [point.payload]
+    assert store.tally.as_dict() == {"reused": 0, "stale": 0, "unreadable": 1, "computed": 1}
+    assert "1 stored point was unreadable and is recomputed" in capsys.readouterr().err
+    again = ResultStore(tmp_path)  # the recomputed row was stored whole
+    assert again.get(point.digest, point.key) == ROW and again.tally.reused == 1

@@ -50,11 +50,11 @@ def test_a_sweep_rerun_after_its_profile_changed_gives_the_new_step(tmp_path):
     profile = tmp_path / "mytest.yaml"
     shutil.copy(data_dir("traces/profiles") / "mi250x.yaml", profile)
     old_step, first = _sweep_cli(profile, tmp_path / "stale")
-    assert first == {"reused": 0, "stale": 0, "computed": 1}
+    assert first == {"reused": 0, "stale": 0, "unreadable": 0, "computed": 1}
     _halve_peak(profile)
     new_step, second = _sweep_cli(profile, tmp_path / "stale")
     fresh_step, _ = _sweep_cli(profile, tmp_path / "fresh")
-    assert second == {"reused": 0, "stale": 1, "computed": 1}
+    assert second == {"reused": 0, "stale": 1, "unreadable": 0, "computed": 1}
     assert new_step == fresh_step and new_step > old_step  # half the peak: slower compute, a longer step
 
 
@@ -64,7 +64,7 @@ def test_an_unchanged_rerun_reuses_every_point(tmp_path, monkeypatch):
     again = run_sweep(BASE, GRID, tmp_path, workers=0, progress=False)
     assert again.equals(first)
     assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["points"] == {"reused": 2, "stale": 0,
-                                                                                "computed": 0}
+                                                                                "unreadable": 0, "computed": 0}
 
 
 def test_another_code_version_recomputes_every_point(tmp_path, monkeypatch):
@@ -72,7 +72,7 @@ def test_another_code_version_recomputes_every_point(tmp_path, monkeypatch):
     monkeypatch.setattr(keys, "code_version", lambda: "0.0.0+another")
     again = run_sweep(BASE, GRID, tmp_path, workers=0, progress=False)
     assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["points"] == {"reused": 0, "stale": 2,
-                                                                                "computed": 2}
+                                                                                "unreadable": 0, "computed": 2}
     cols = [c for c in first.columns if c != "sim_wall_s"]
     assert again[cols].equals(first[cols])  # the same code in fact: the same figures, computed again
 

@@ -392,6 +392,35 @@ def hostile_surface(rng: random.Random) -> Case:
     return rng.choice((_hf_config, _profile_measurements, _machine_value, _config_value))(rng)
 
 
+def _sweep_point(grid: str) -> tuple[str, str]:
+    """The digest and key of the one point of `sweep tiny-moe --grid GRID` (what its stored file is named and
+    holds)."""
+    from piper_sim.config import read_config_file
+    from piper_sim.paths import config_path
+    from piper_sim.planning.keys import keyed_point
+    from piper_sim.planning.sweep import parse_grid, sweep_points
+
+    (_, resolved), = sweep_points(read_config_file(config_path("tiny-moe")), parse_grid([grid]))
+    point = keyed_point({"config": resolved})
+    return point.digest, point.key
+
+
+def stored_point(rng: random.Random) -> Case:
+    """A resumed sweep whose stored point file is damaged: it is recomputed (exit 0), never a traceback."""
+    digest, key = _sweep_point("parallel.pp=1")
+    damaged = {"empty": b"", "binary": bytes(rng.randrange(256) for _ in range(300)), "list": b"[1, 2]",
+               "truncated": b'{"key": "', "key-list": json.dumps({"key": [key], "row": {"x": 1}}).encode(),
+               "no-row": json.dumps({"key": key}).encode(), "row-empty": json.dumps({"key": key, "row": {}}).encode(),
+               "row-list": json.dumps({"key": key, "row": [1]}).encode(), "deep": b"[" * 50_000,
+               "row-nan": json.dumps({"key": key, "row": {"sim_step_time_s": float("nan")}}).encode(),
+               "row-text": json.dumps({"key": key, "row": {"sim_step_time_s": "x"}}).encode()}
+    kind = rng.choice(sorted(damaged))
+    files = {"out/.piper-sim.json": json.dumps({"command": "sweep"}).encode(),
+             f"out/points/{digest}.json": damaged[kind]}
+    return Case("stored-point", ["sweep", "tiny-moe", "--grid", "parallel.pp=1", "--workers", "0", "--out", "out"],
+                False, files=files, note=kind)
+
+
 def valid_command(rng: random.Random) -> Case:
     argv = rng.choice((simulate("small-moe"), simulate("tiny-moe", "--set", "sim.trace_format=csv"),
                        simulate("testbed-2g"), ["schedule", "show", "small-moe", "--width", "80"],
@@ -406,7 +435,7 @@ FAMILIES = (
     (config_key, 14, {"via_set": False}), (config_key, 12, {"via_set": True}), (set_text, 4, {}),
     (unknown_key, 6, {}), (section_type, 6, {}), (config_file, 5, {}), (topology_file, 6, {}),
     (profile_file, 8, {}), (routing_trace, 6, {}), (cli_option, 14, {}), (out_path, 4, {}),
-    (compare_inputs, 4, {}), (hostile_surface, 8, {}), (valid_command, 3, {}),
+    (compare_inputs, 4, {}), (hostile_surface, 8, {}), (stored_point, 4, {}), (valid_command, 3, {}),
 )
 
 
