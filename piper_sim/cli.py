@@ -26,7 +26,7 @@ with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one
     from piper_sim.planning.cli import register_sweep
     from piper_sim.progress import bar as progress_bar
     from piper_sim.reproduce.cli import register as register_reproduce
-    from piper_sim.rundir import finish, open_out_dir, out_file
+    from piper_sim.rundir import finish, open_out_dir, out_file, write_error
     from piper_sim.schedule.build import build_coarse_schedule, build_schedule
     from piper_sim.schedule.grid import render_grid
     from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
@@ -422,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
 def _say_error(exc: PiperError | OSError) -> int:
     """An error the user can fix, one line: exit status 2. A refused file operation (disk full, permissions) names
     the file."""
+    exc = (write_error(exc) or exc) if isinstance(exc, OSError) else exc  # in an --out folder: names --out
     if isinstance(exc, PiperError):
         print(f"piper-sim: error: {exc}", file=sys.stderr)
     else:

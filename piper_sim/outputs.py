@@ -22,8 +22,9 @@ from piper_sim.config import Config
 from piper_sim.errors import ConfigError
 from piper_sim.progress import bar as progress_bar
 from piper_sim.result import RunResult
+from piper_sim.rundir import writing
 from piper_sim.trace.perfetto import first_step_rows, perfetto_row_count, write_perfetto
-from piper_sim.trace.runtrace import write_trace
+from piper_sim.trace.runtrace import trace_file, write_trace
 
 OUTPUTS = {"report": "report.json, config.yaml, links.csv and link_kinds.csv",
            "trace": "those and the trace (trace.parquet or trace.csv)",
@@ -80,7 +81,7 @@ def _works(out_dir: Path, result: RunResult, outputs: str) -> list[Work]:
         works.append(("links", 0, 0.0, lambda _: _write_links(out_dir, links, result.context, outputs == "all")))
     if outputs in ("trace", "all"):
         works.append(("trace", len(trace), SECONDS_PER_ROW["trace"],
-                      lambda _: {"trace": write_trace(trace, out_dir, result.config.trace_format)}))
+                      lambda _: _write_trace(out_dir, trace, result.config.trace_format)))
     if outputs == "all":
         works.append(("perfetto", perfetto_row_count(trace), SECONDS_PER_ROW["perfetto"],
                       lambda tick: _write_perfetto(out_dir, trace, tick)))
@@ -91,38 +92,50 @@ def _works(out_dir: Path, result: RunResult, outputs: str) -> list[Work]:
 
 def _write_report(out_dir: Path, result: RunResult) -> dict[str, Path]:
     path = out_dir / "report.json"
-    path.write_text(json.dumps(result.report.to_dict(), indent=2))
+    with writing(path):
+        path.write_text(json.dumps(result.report.to_dict(), indent=2))
     return {"config": write_config(out_dir, result.config), "report": path}
 
 
 def _write_links(out_dir: Path, links, context: str, plot: bool) -> dict[str, Path]:
     paths = {"links": out_dir / "links.csv", "link_kinds": out_dir / "link_kinds.csv"}
-    links.to_csv(paths["links"], index=False)
-    link_kind_summary(links).to_csv(paths["link_kinds"], index=False)
+    with writing(paths["links"]):
+        links.to_csv(paths["links"], index=False)
+    with writing(paths["link_kinds"]):
+        link_kind_summary(links).to_csv(paths["link_kinds"], index=False)
     if plot and not links.empty:
         (out_dir / "plots").mkdir(exist_ok=True)
         paths["link_plot"] = out_dir / "plots" / "link_utilization.png"
-        plot_link_utilization(links, paths["link_plot"], context_line=context)
+        with writing(paths["link_plot"]):
+            plot_link_utilization(links, paths["link_plot"], context_line=context)
     return paths
+
+
+def _write_trace(out_dir: Path, trace, fmt: str) -> dict[str, Path]:
+    with writing(trace_file(out_dir, fmt)):
+        return {"trace": write_trace(trace, out_dir, fmt)}
 
 
 def _write_perfetto(out_dir: Path, trace, tick: Callable[[int], None]) -> dict[str, Path]:
     path = out_dir / "perfetto.json"
-    write_perfetto(trace, path, on_rows=tick)
+    with writing(path):
+        write_perfetto(trace, path, on_rows=tick)
     return {"perfetto": path}
 
 
 def _write_timeline(out_dir: Path, result: RunResult) -> dict[str, Path]:
     (out_dir / "plots").mkdir(exist_ok=True)
     path = out_dir / "plots" / "timeline.png"
-    plot_timeline(result.trace, path, f"timeline of step 0: {result.title}", result.context)
+    with writing(path):
+        plot_timeline(result.trace, path, f"timeline of step 0: {result.title}", result.context)
     return {"timeline": path}
 
 
 def write_config(out_dir: Path, config: Config) -> Path:
     """config.yaml: the resolved config of a run or an estimate."""
     path = out_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(config.resolved(), sort_keys=False))
+    with writing(path):
+        path.write_text(yaml.safe_dump(config.resolved(), sort_keys=False))
     return path
 
 
@@ -130,7 +143,8 @@ def write_estimate(out_dir: Path, config: Config, report: dict) -> dict[str, Pat
     """The estimate tier's files: config.yaml and report.json (no trace or plots: nothing ran)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"config": write_config(out_dir, config), "report": out_dir / "report.json"}
-    paths["report"].write_text(json.dumps(report, indent=2))
+    with writing(paths["report"]):
+        paths["report"].write_text(json.dumps(report, indent=2))
     return paths
 
 

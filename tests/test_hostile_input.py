@@ -3,7 +3,10 @@ never an OverflowError, a MemoryError, a TypeError or a silent accept."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
+from piper_sim import outputs
 from piper_sim.calibrate.load import load_profiles
+from piper_sim.cli import main
 from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
@@ -21,6 +26,7 @@ from piper_sim.planning.keys import KeyedPoint
 from piper_sim.planning.store import ResultStore, row_digest
 from piper_sim.routing import trace as trace_module
 from piper_sim.routing.replay import load_trace_cached
+from piper_sim.rundir import finish, is_unfinished, open_out_dir
 from piper_sim.topology.load import load_topology
 from piper_sim.workload.presets import load_model
 
@@ -191,3 +197,58 @@ def test_a_damaged_stored_point_is_recomputed_and_said(tmp_path: Path, kind: str
     assert "1 stored point was unreadable and is recomputed" in capsys.readouterr().err
     again = ResultStore(tmp_path)  # the recomputed row was stored whole
     assert again.get(point.digest, point.key) == ROW and again.tally.reused == 1
+
+
+HOLD = """
+import sys, time
+from piper_sim.rundir import open_out_dir
+open_out_dir(sys.argv[1], "simulate")
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_command_on_a_folder_being_written_is_refused(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        assert main(["simulate", "tiny-moe", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and "writing this one now" in err and len(err.strip().splitlines()[-1]) < 300
+        assert sorted(p.name for p in out.iterdir()) == before == [".piper-sim.json", "UNFINISHED"]  # untouched
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert main(["simulate", "tiny-moe", "--out", str(out)]) == 0  # the holder's lock went with it
+    assert (out / "report.json").exists() and not is_unfinished(out)
+
+
+def test_a_claimed_folder_is_free_again_once_its_command_finished(tmp_path: Path) -> None:
+    out = open_out_dir(tmp_path / "out", "simulate")
+    finish(out)
+    done = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(60)", ""), str(out)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "held"
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_names_the_file_and_out(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".piper-sim.json").write_text(json.dumps({"command": "sweep"}))
+    (out / "sweep.csv").symlink_to("/dev/full")  # every write to it: ENOSPC
+    assert main(["sweep", "tiny-moe", "--grid", "parallel.pp=1", "--workers", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("piper-sim: error: --out") and "sweep.csv" in err and os.strerror(errno.ENOSPC) in err
+
+
+def test_a_write_that_finds_the_disk_full_names_its_file(tmp_path: Path, monkeypatch, capsys) -> None:
+    def full(*args, **kwargs) -> None:
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))  # as a write or close raises it: no file named
+
+    monkeypatch.setattr(outputs, "write_perfetto", full)
+    assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("piper-sim: error: --out") and "perfetto.json" in err and os.strerror(errno.EDQUOT) in err

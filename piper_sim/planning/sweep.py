@@ -23,6 +23,7 @@ from piper_sim.planning.engine import run_points
 from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.planner import simulate_point
 from piper_sim.planning.store import ResultStore
+from piper_sim.rundir import writing
 from piper_sim.workload.memory import headroom_bytes, reserve_bytes
 
 MAX_POINTS = 100_000
@@ -74,10 +75,13 @@ def run_sweep(config: str | Path | dict, grid_items: list[str], out: Path, *, ov
     table = pd.DataFrame([{**values, "digest": point.digest, **results[point.digest]}
                           for (values, _), point in zip(points, keyed, strict=True)])
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "sweep.csv", index=False)
-    table.to_parquet(out / "sweep.parquet", index=False)
-    (out / "sweep.yaml").write_text(yaml.safe_dump({"base": base, "grid": grid_items,
-                                                    "points": store.tally.as_dict()}, sort_keys=False))
+    with writing(out / "sweep.csv"):
+        table.to_csv(out / "sweep.csv", index=False)
+    with writing(out / "sweep.parquet"):
+        table.to_parquet(out / "sweep.parquet", index=False)
+    with writing(out / "sweep.yaml"):
+        (out / "sweep.yaml").write_text(yaml.safe_dump({"base": base, "grid": grid_items,
+                                                        "points": store.tally.as_dict()}, sort_keys=False))
     return table
 
 

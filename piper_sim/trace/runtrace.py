@@ -117,14 +117,19 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def write_trace(df: pd.DataFrame, out_dir: Path, fmt: str = "parquet") -> Path:
+def trace_file(out_dir: Path, fmt: str = "parquet") -> Path:
+    """The file write_trace writes: trace.parquet, or trace.csv (asked for, or pyarrow missing)."""
     if fmt == "parquet":
         try:
             import pyarrow  # noqa: F401
         except ImportError:
             fmt = "csv"
-    path = out_dir / f"trace.{fmt}"
-    if fmt == "parquet":
+    return out_dir / f"trace.{fmt}"
+
+
+def write_trace(df: pd.DataFrame, out_dir: Path, fmt: str = "parquet") -> Path:
+    path = trace_file(out_dir, fmt)
+    if path.suffix == ".parquet":
         df.to_parquet(path, index=False)
     else:
         df.to_csv(path, index=False)
