@@ -22,7 +22,15 @@ from piper_sim.units import is_finite_number, read_params
 from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
-from piper_sim.workload.profile import Curve, DeviceProfile, HostProfile, MoePath, ShapeFactor, layer_key
+from piper_sim.workload.profile import (
+    AttentionBmmEfficiency,
+    Curve,
+    DeviceProfile,
+    HostProfile,
+    MoePath,
+    ShapeFactor,
+    layer_key,
+)
 from piper_sim.workload.profile_file import (  # noqa: F401 (profile_path, profile_device_kind: re-exported)
     profile_device_kind,
     profile_path,
@@ -35,9 +43,10 @@ PROFILE_SCHEMA = {
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
     "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
     "extends": None, "moe_path": None, "device_kind": "", "framework_reserve_GiB": None,
-    "gemm_sustained_factor": 1.0,
+    "gemm_sustained_factor": 1.0, "attention_bmm_memory_efficiency": None,
 }
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
+ATTENTION_BMM_SCHEMA = {"writes_scores": ..., "reads_scores": ...}
 # the parts of `measurements` a load reads, by type (bounds.check_value); calibrate's other records are left alone
 _FIT = {"fit": {"overhead_us": float}}
 _OP = {"time_us": float, "time_us_by_tokens": [float], "tokens": [int], "input_pass_us_by_tokens": [float],
@@ -77,6 +86,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         optimizer_bytes_per_param=float(p["optimizer_bytes_per_param"]),
         gemm_shape_factor=_shape_factor(p["gemm_shape_factor"]), moe_path=_moe_path(p["moe_path"]),
         gemm_sustained_factor=p["gemm_sustained_factor"],
+        attention_bmm_memory_efficiency=_attention_bmm(p["attention_bmm_memory_efficiency"]),
         **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
            **_device_measured(measurements)},
     )
@@ -106,6 +116,16 @@ def _moe_path(raw: object) -> MoePath | None:
         if not p[si] > 0:
             raise ConfigError(f"cost.profile.moe_path.{key}", raw[key], "a positive rate")
     return MoePath(**p)
+
+
+def _attention_bmm(raw: object) -> AttentionBmmEfficiency | None:
+    if raw is None:
+        return None
+    p = read_params(raw, ATTENTION_BMM_SCHEMA, "cost.profile.attention_bmm_memory_efficiency.")
+    for key, value in p.items():
+        if not is_finite_number(value) or not 0 < value <= 1:
+            raise ConfigError(f"cost.profile.attention_bmm_memory_efficiency.{key}", value, "a fraction in (0, 1]")
+    return AttentionBmmEfficiency(**p)
 
 
 def _reserve(p: dict) -> float | None:

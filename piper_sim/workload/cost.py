@@ -4,8 +4,9 @@ Owns the roofline with efficiency curves and TaskCoster, which prices a task's o
 (piper_sim.workload.profile; read from a file by piper_sim.calibrate.load). Must not import simpy or torch.
 Time of one GEMM = max(FLOPs / (peak x sustained x eff(rows) x shape(rows, sqrt(k n))), bytes / (HBM x memory
 efficiency)), the shape factor 1 where the profile has none, sustained the profile's gemm_sustained_factor (the share
-of a single launch's rate a GEMM keeps back-to-back under the power limit); attention core uses an efficiency curve
-over sequence length; elementwise work is bound by HBM bandwidth; each kernel pays a launch overhead.
+of a single launch's rate a GEMM keeps back-to-back under the power limit); a fused attention core uses an efficiency
+curve over sequence length, an unfused one its batched GEMMs (at measured batched rates where the profile has them)
+and its softmax and dropout traffic; elementwise work is bound by HBM bandwidth; each kernel pays a launch overhead.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from typing import Protocol
 
 import numpy as np
 
-from piper_sim.workload.flops import Gemm, OpWork, exchange_work, expert_gemms, experts_besides_gemms, op_work
+from piper_sim.workload.flops import (
+    Gemm,
+    OpWork,
+    UnfusedPass,
+    exchange_work,
+    expert_gemms,
+    experts_besides_gemms,
+    op_work,
+)
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.profile import DeviceProfile
@@ -44,50 +53,81 @@ def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float |
     """The roofline of a GEMM (of gemm.count identical ones); gemm.rows may be an array of row counts."""
     rate = profile.peak_flops_per_s * profile.gemm_sustained_factor
     flop_time = gemm.flops / (rate * profile.gemm_efficiency_at(gemm.rows, gemm.k, gemm.n))
-    traffic = gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
-    memory_time = traffic / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+    memory_time = gemm_bytes(gemm, dtype_bytes) / (profile.hbm_bytes_per_s * profile.memory_efficiency)
     if isinstance(flop_time, np.ndarray):
         return np.maximum(flop_time, memory_time)
     return max(flop_time, memory_time)
 
 
+def gemm_bytes(gemm: Gemm, dtype_bytes: int) -> float | np.ndarray:
+    """HBM traffic of a GEMM (of gemm.count identical ones): both operands read and the output written once."""
+    return gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
+
+
+def batched_gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, memory_share: float) -> float:
+    """A batched GEMM of the unfused attention core at the profile's measured rate for its kind: the larger of its
+    FLOPs at the rows curve's sustained rate (the batch's many heads fill the device, which the single-GEMM shape
+    factor does not describe) and its traffic at the measured share of HBM bandwidth."""
+    rate = profile.peak_flops_per_s * profile.gemm_sustained_factor * profile.gemm_efficiency(gemm.rows)
+    return max(gemm.flops / rate, gemm_bytes(gemm, dtype_bytes) / (profile.hbm_bytes_per_s * memory_share))
+
+
+def unfused_core_s(profile: DeviceProfile, core: UnfusedPass, dtype_bytes: int,
+                   gemm_s: Callable[[Gemm], float]) -> float:
+    """One pass of an attention core without flash attention: its batched GEMMs (at the profile's measured batched
+    rates, or each as one GEMM of its shape where the profile has none) and the score traffic of the softmax and
+    dropout kernels between them."""
+    bmm = profile.attention_bmm_memory_efficiency
+    if bmm is None:
+        gemms = sum(gemm_s(g) for g in core.writes_scores + core.reads_scores)
+    else:
+        gemms = sum(batched_gemm_time_s(profile, g, dtype_bytes, bmm.writes_scores) for g in core.writes_scores)
+        gemms += sum(batched_gemm_time_s(profile, g, dtype_bytes, bmm.reads_scores) for g in core.reads_scores)
+    return gemms + core.score_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+
+
 # The terms a compute task's time is made of (TaskCoster.cost_terms; an error budget's compute terms):
 # gemm: the GEMMs of linears and experts; attention: the attention core (fused, or batched GEMMs and the score
-# matrix's traffic); memory_bound: elementwise traffic (norms, activations, residuals, softmax, permutations) at
-# HBM bandwidth; launch: a kernel launch overhead per kernel; framework: the fixed costs a profile measured for
-# an op's code path (framework_s) and its measured MoE path (gate, gather and scatter kernels)
+# matrix's softmax and dropout traffic); memory_bound: elementwise traffic (norms, activations, residuals,
+# permutations) at HBM bandwidth; launch: a kernel launch overhead per kernel; framework: the fixed costs a profile
+# measured for an op's code path (framework_s) and its measured MoE path (gate, gather and scatter kernels)
 COST_TERMS = ("gemm", "attention", "memory_bound", "launch", "framework")
-
-
-def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                 gemm_s: Callable[[Gemm], float] | None = None) -> dict[str, float]:
-    """Time of an op's work by term (COST_TERMS but framework); gemm_s: the time of one GEMM (gemm_time_s unless
-    given, e.g. memoized)."""
-    if gemm_s is None:
-        def gemm_s(g: Gemm) -> float:
-            return gemm_time_s(profile, g, dtype_bytes)
-    attention = 0.0
-    if work.unfused_gemms:  # the core as batched GEMMs and the score matrix's traffic
-        attention = sum(gemm_s(g) for g in work.unfused_gemms)
-        attention += work.score_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
-    elif work.attention_flops:
-        attention = work.attention_flops / (profile.peak_flops_per_s
-                                            * profile.attention_efficiency(work.attention_seq_len))
-    return {"gemm": sum(gemm_s(g) for g in work.gemms), "attention": attention,
-            "memory_bound": work.elementwise_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency),
-            "launch": work.num_kernels * profile.kernel_launch_s}
-
-
-def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                gemm_s: Callable[[Gemm], float] | None = None) -> float:
-    """Time of an op's work: the sum of its terms (work_terms_s)."""
-    terms = work_terms_s(profile, work, dtype_bytes, gemm_s)
-    return terms["gemm"] + terms["attention"] + terms["memory_bound"] + terms["launch"]
 
 
 def _pass_name(kind: str) -> str:
     """The pass whose measured framework costs a task of this kind takes."""
     return "forward" if kind.startswith(("forward", "recompute")) else "backward"
+
+
+def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
+                 gemm_s: Callable[[Gemm], float] | None = None, kind: str = "forward") -> dict[str, float]:
+    """Time of an op's work by term (COST_TERMS but framework) in a task of this kind: BACKWARD_FACTOR times the
+    forward's, except an unfused attention core's backward, priced from its own GEMMs and traffic (a split
+    backward's two passes take half of it each, as they do of every other term); gemm_s: the time of one GEMM
+    (gemm_time_s unless given, e.g. memoized)."""
+    if gemm_s is None:
+        def gemm_s(g: Gemm) -> float:
+            return gemm_time_s(profile, g, dtype_bytes)
+    factor = BACKWARD_FACTOR[kind]
+    attention = 0.0
+    if work.unfused_forward is not None and work.unfused_backward is not None:
+        if _pass_name(kind) == "forward":
+            attention = factor * unfused_core_s(profile, work.unfused_forward, dtype_bytes, gemm_s)
+        else:
+            attention = factor / 2 * unfused_core_s(profile, work.unfused_backward, dtype_bytes, gemm_s)
+    elif work.attention_flops:
+        attention = factor * work.attention_flops / (profile.peak_flops_per_s
+                                                     * profile.attention_efficiency(work.attention_seq_len))
+    return {"gemm": factor * sum(gemm_s(g) for g in work.gemms), "attention": attention,
+            "memory_bound": factor * work.elementwise_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency),
+            "launch": factor * work.num_kernels * profile.kernel_launch_s}
+
+
+def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
+                gemm_s: Callable[[Gemm], float] | None = None, kind: str = "forward") -> float:
+    """Time of an op's work in a task of this kind: the sum of its terms (work_terms_s)."""
+    terms = work_terms_s(profile, work, dtype_bytes, gemm_s, kind)
+    return terms["gemm"] + terms["attention"] + terms["memory_bound"] + terms["launch"]
 
 
 class TaskCoster:
@@ -131,10 +171,10 @@ class TaskCoster:
             if on_path:
                 seconds += self._moe_path_s(kind, op, work)
             elif fixed is None:
-                seconds += factor * work_time_s(self.profile, work, self.model.dtype_bytes, self._gemm_s)
+                seconds += work_time_s(self.profile, work, self.model.dtype_bytes, self._gemm_s, kind)
             else:  # measured fixed cost of the op's code path, plus its arithmetic without per-kernel launches
                 arithmetic = replace(work, num_kernels=0)
-                seconds += fixed + factor * work_time_s(self.profile, arithmetic, self.model.dtype_bytes, self._gemm_s)
+                seconds += fixed + work_time_s(self.profile, arithmetic, self.model.dtype_bytes, self._gemm_s, kind)
             flops += factor * work.model_flops(self.split.tp)
         self._cache[key] = (seconds, flops)
         return seconds, flops
@@ -160,8 +200,8 @@ class TaskCoster:
             if fixed is not None:
                 terms["framework"] += fixed
                 work = replace(work, num_kernels=0)
-            for term, value in work_terms_s(self.profile, work, self.model.dtype_bytes, self._gemm_s).items():
-                terms[term] += factor * value
+            for term, value in work_terms_s(self.profile, work, self.model.dtype_bytes, self._gemm_s, kind).items():
+                terms[term] += value
         return terms
 
     def _experts_s(self, expert_rows: tuple[int, ...]) -> tuple[float, float]:

@@ -30,6 +30,17 @@ class Gemm:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class UnfusedPass:
+    """One pass (forward or backward) of an attention core run without flash attention: its batched GEMMs that write
+    the score matrix, those that read it, and the traffic of the kernels between them (softmax, mask, dropout). A
+    GEMM's own writes and reads of the matrix are its traffic (priced with the GEMM), not score_bytes."""
+
+    writes_scores: tuple[Gemm, ...] = ()
+    reads_scores: tuple[Gemm, ...] = ()
+    score_bytes: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class OpWork:
     gemms: tuple[Gemm, ...] = ()
     attention_flops: float = 0.0
@@ -37,10 +48,10 @@ class OpWork:
     elementwise_bytes: float = 0.0
     num_kernels: int = 0
     repeated_gemms: int = 0  # the first GEMMs every rank of the tensor-parallel group runs whole (replicated)
-    # an attention core run without flash attention: its two batched GEMMs over the whole (masked) score matrix,
-    # and the matrix's traffic; they time the core in place of attention_flops (which stays the model's count)
-    unfused_gemms: tuple[Gemm, ...] = ()
-    score_bytes: float = 0.0
+    # an attention core run without flash attention, its forward and its backward (unfused_attention); they time the
+    # core in place of attention_flops (which stays the model's count)
+    unfused_forward: UnfusedPass | None = None
+    unfused_backward: UnfusedPass | None = None
 
     @property
     def flops(self) -> float:
@@ -75,7 +86,7 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
     if name == "attn_core":  # the core alone: its FLOPs (and without flash attention, the score matrix's work)
         full = _attention(model, tokens, split, flash)
         return OpWork(attention_flops=full.attention_flops, attention_seq_len=full.attention_seq_len, num_kernels=1,
-                      unfused_gemms=full.unfused_gemms, score_bytes=full.score_bytes)
+                      unfused_forward=full.unfused_forward, unfused_backward=full.unfused_backward)
     if name == "dense":
         width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
         ffn = _ffn(tokens, d, width // tp, m, b, copies=1)
@@ -120,24 +131,40 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT, fla
         repeated = 0
     elementwise = (2 * split.sequence_share + 4 / tp) * tokens * d * b  # the norm's in and out; q, k, v, output
     elementwise += hidden_dropout_bytes(model, tokens, split)
-    unfused, scores = ((), 0.0) if flash else unfused_attention(model, tokens, h)
+    forward, backward = (None, None) if flash else unfused_attention(model, tokens, h)
     return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
-                  elementwise_bytes=elementwise, num_kernels=8, repeated_gemms=repeated, unfused_gemms=unfused,
-                  score_bytes=scores)
+                  elementwise_bytes=elementwise, num_kernels=8, repeated_gemms=repeated, unfused_forward=forward,
+                  unfused_backward=backward)
 
 
-def unfused_attention(model: ModelSpec, tokens: int, heads: int) -> tuple[tuple[Gemm, ...], float]:
-    """The attention core without flash attention (Megatron-LM before it; Korthikanti et al. 2022 section 4.1):
-    per sequence and head, Q K^T and softmax(scores) V as batched GEMMs over the whole s x s matrix (the causal
-    mask is applied to it, not skipped), and the matrix in 16-bit memory written by the first GEMM, read and
-    written by the fused softmax, read by the second: 8 bytes per score."""
+# Score-matrix traffic per score of the kernels between the batched GEMMs, in elements of the model's dtype, and the
+# 1-byte dropout mask. Megatron-LM's fused causal softmax (scaled_upper_triang_masked_softmax.h): its forward reads
+# the causal half of the scores and writes the whole row (zeros above the diagonal); its backward reads the gradient
+# and the saved output over the causal half and writes the whole row. Attention dropout (torch's fused dropout):
+# reads the probabilities, writes them and a byte mask; its backward reads the gradient and the mask, writes one.
+SOFTMAX_FORWARD_ELEMENTS, SOFTMAX_BACKWARD_ELEMENTS = 0.5 + 1.0, 0.5 + 0.5 + 1.0
+DROPOUT_ELEMENTS, DROPOUT_MASK_BYTES = 2.0, 1.0
+
+
+def unfused_attention(model: ModelSpec, tokens: int, heads: int) -> tuple[UnfusedPass, UnfusedPass]:
+    """The attention core without flash attention (Megatron-LM before it; Korthikanti et al. 2022 section 4.1),
+    forward and backward: per sequence and head, batched GEMMs over the whole s x s matrix (the causal mask is
+    applied to it, not skipped) and the softmax (and dropout) kernels between them. Forward: Q K^T writes the
+    scores, softmax(scores) V reads them. Backward: dO V^T writes the probabilities' gradient; P^T dO, dS K and
+    dS^T Q read the matrix."""
     s = model.seq_len
     m = model.mla
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim if m is not None else model.attn_head_dim
     v = m.v_head_dim if m is not None else model.attn_head_dim
     batch = max(tokens // s, 1) * heads
-    per_score = 8.0 + (5.0 if model.dropout else 0.0)
-    return (Gemm(s, qk, s, count=batch), Gemm(s, s, v, count=batch)), per_score * batch * s * s
+    scores, b = batch * s * s, model.dtype_bytes
+    dropout = (DROPOUT_ELEMENTS * b + DROPOUT_MASK_BYTES) if model.dropout else 0.0
+    forward = UnfusedPass(writes_scores=(Gemm(s, qk, s, count=batch),), reads_scores=(Gemm(s, s, v, count=batch),),
+                          score_bytes=(SOFTMAX_FORWARD_ELEMENTS * b + dropout) * scores)
+    backward = UnfusedPass(writes_scores=(Gemm(s, v, s, count=batch),),
+                           reads_scores=(Gemm(s, s, v, count=batch), Gemm(s, s, qk, count=2 * batch)),
+                           score_bytes=(SOFTMAX_BACKWARD_ELEMENTS * b + dropout) * scores)
+    return forward, backward
 
 
 def hidden_dropout_bytes(model: ModelSpec, tokens: int, split: TensorSplit) -> float:

@@ -103,6 +103,17 @@ class MoePath:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AttentionBmmEfficiency:
+    """The unfused attention core's batched GEMMs (many heads' GEMMs in one launch), measured: the share of HBM
+    bandwidth each kind reaches over its traffic. writes_scores: the GEMM that writes the score matrix (Q K^T; the
+    backward's dO V^T), whose short inner dimension leaves it bound by its output; reads_scores: those that read
+    it (softmax(scores) V; the backward's P^T dO, dS K, dS^T Q)."""
+
+    writes_scores: float
+    reads_scores: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeviceProfile:
     name: str
     device: str
@@ -142,6 +153,8 @@ class DeviceProfile:
     # the share of the GEMM curves' FLOP rate a GEMM keeps back-to-back in training (clocks held down by the power
     # limit under training-like data), where the curves time single launches; 1: the curves as measured
     gemm_sustained_factor: float = 1.0
+    # the unfused attention core's batched GEMMs at measured rates; None: each priced as one GEMM of its shape
+    attention_bmm_memory_efficiency: AttentionBmmEfficiency | None = None
 
     def gemm_efficiency_at(self, rows: int | np.ndarray, k: int, n: int) -> float | np.ndarray:
         """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile
