@@ -103,3 +103,13 @@ def test_flash_attention_is_unchanged_by_the_unfused_core():
     coster = TaskCoster(_model(0.1), load_profile("a100"), S)
     forward = coster.cost_terms("forward", ("attn_core:0",))["attention"]
     assert coster.cost_terms("backward", ("attn_core:0",))["attention"] == pytest.approx(2 * forward, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["h100", "mi250x", "mi250x-xmoe"])
+def test_a_profile_without_a_measurement_says_so_and_carries_none(name):
+    sources = yaml.safe_load((data_dir("traces/profiles") / "sources" / f"{name}.yaml").read_text())
+    if "attention_bmm_memory_efficiency" not in sources:  # a profile that extends another takes its sources
+        sources = yaml.safe_load((data_dir("traces/profiles") / "sources" / f"{sources['extends']}.yaml").read_text())
+    entry = sources["attention_bmm_memory_efficiency"]
+    assert entry["status"] == "assumed" and entry["value"] is None
+    assert load_profile(name).attention_bmm_memory_efficiency is None
