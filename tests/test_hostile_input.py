@@ -3,11 +3,16 @@ never an OverflowError, a MemoryError, a TypeError or a silent accept."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +26,8 @@ from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.planning.engine import run_points
+from piper_sim.planning import engine
+from piper_sim.planning.engine import check_scheduler, probe_scheduler, run_points
 from piper_sim.planning.keys import KeyedPoint
 from piper_sim.planning.store import ResultStore, row_digest
 from piper_sim.routing import trace as trace_module
@@ -252,3 +258,63 @@ def test_a_write_that_finds_the_disk_full_names_its_file(tmp_path: Path, monkeyp
     assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("piper-sim: error: --out") and "perfetto.json" in err and os.strerror(errno.EDQUOT) in err
+
+
+@contextmanager
+def tcp_service(greeting: bytes | None):
+    """A throwaway TCP server on localhost that sends `greeting` on accept (None: waits, silent) and holds the
+    connection; yields its tcp:// address."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                held.append(conn)
+                if greeting is not None:
+                    conn.sendall(greeting)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+def test_a_scheduler_address_that_is_not_dask_is_refused_saying_what_answered(capsys) -> None:
+    greeting = b"SSH-2.0-OpenSSH_9.6\r\n"  # as Dask reads it: a message of 3.5e18 bytes
+    with tcp_service(greeting) as address:
+        with pytest.raises(ConfigError) as err:
+            check_scheduler(address)
+        assert err.value.key == "--scheduler" and "not Dask" in err.value.allowed
+        assert main(["sweep", "tiny-moe", "--grid", "parallel.pp=1", "--scheduler", address, "--out", "unused"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("piper-sim: error: --scheduler")
+
+
+def test_a_silent_service_is_refused_after_the_connect_timeout(monkeypatch) -> None:
+    monkeypatch.setattr(engine, "CONNECT_TIMEOUT_S", 0.5)
+    with tcp_service(None) as address:
+        start = time.perf_counter()
+        with pytest.raises(ConfigError, match="sent nothing") as err:
+            check_scheduler(address)
+    assert err.value.key == "--scheduler" and time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("address", ["ucx://127.0.0.1:8786", "tls://127.0.0.1:8786", "inproc://x", "tcp://host"])
+def test_an_unsupported_scheduler_protocol_is_refused_by_name(address: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_scheduler(address)
+    assert err.value.key == "--scheduler" and (address.split(":")[0] + "://" in err.value.allowed
+                                              or "HOST:PORT" in err.value.allowed)
+
+
+def test_a_dask_scheduler_passes_the_probe() -> None:
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp://", dashboard_address=None) as cluster:
+        check_scheduler(cluster.scheduler_address)
+        probe_scheduler(cluster.scheduler_address.removeprefix("tcp://"))  # host:port is tcp

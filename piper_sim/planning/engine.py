@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -25,6 +27,9 @@ from piper_sim.planning.store import ResultStore
 from piper_sim.progress import bar as progress_bar
 
 CONNECT_TIMEOUT_S = 10
+PROTOCOLS = ("tcp",)  # --scheduler's: tls needs certificates piper-sim takes no option for, ucx a UCX build
+GREETING_LIMIT_BYTES = 2**20  # a Dask scheduler's first message (its handshake) is a few hundred bytes
+SCHEDULER_ALLOWED = "a Dask scheduler's address such as tcp://host:8786"
 DASHBOARD_ADDRESS = ":0"  # a LocalCluster's dashboard: a free port on every interface (the address is printed)
 _dashboard = False  # whether this process's Dask clients serve (or, on --scheduler, point to) the dashboard
 
@@ -56,11 +61,11 @@ def dask_client(scheduler: str | None, workers: int | None):
     from distributed import Client, LocalCluster
 
     if scheduler:
+        probe_scheduler(scheduler)
         try:
             client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError, ValueError) as exc:
-            raise ConfigError("--scheduler", scheduler,
-                              f"a reachable Dask scheduler address such as tcp://host:8786 ({type(exc).__name__})"
+            raise ConfigError("--scheduler", scheduler, f"{SCHEDULER_ALLOWED} ({type(exc).__name__}: {exc})"
                               ) from None
         try:
             yield client
@@ -72,6 +77,50 @@ def dask_client(scheduler: str | None, workers: int | None):
                       dashboard_address=DASHBOARD_ADDRESS if _dashboard else None, silence_logs=40) as cluster, \
             Client(cluster) as client:
         yield client
+
+
+def scheduler_endpoint(scheduler: str) -> tuple[str, int]:
+    """The host and port of a --scheduler address (tcp://host:port, or host:port); another protocol is refused
+    by name."""
+    protocol, sep, rest = scheduler.partition("://")
+    protocol, rest = (protocol, rest) if sep else ("tcp", scheduler)
+    if protocol not in PROTOCOLS:
+        raise ConfigError("--scheduler", scheduler, f"{SCHEDULER_ALLOWED} (protocol {protocol}:// is not supported: "
+                                                    f"piper-sim connects over {', '.join(PROTOCOLS)})")
+    host, _, port = rest.rstrip("/").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 2**16:
+        raise ConfigError("--scheduler", scheduler, f"{SCHEDULER_ALLOWED} (tcp://HOST:PORT)")
+    return host.strip("[]"), int(port)
+
+
+def probe_scheduler(scheduler: str) -> None:
+    """Connect within CONNECT_TIMEOUT_S and read the length a Dask scheduler's greeting starts with (it sends its
+    handshake on accept: 8 bytes, the message's size, then the message): anything else is a ConfigError saying
+    what answered, before Dask's client reads a stranger's bytes as a message size (and allocates that)."""
+    address = scheduler_endpoint(scheduler)
+    try:
+        with socket.create_connection(address, timeout=CONNECT_TIMEOUT_S) as sock:
+            head = _read_up_to(sock, 8)
+    except TimeoutError:
+        found = f"a service that sent nothing in {CONNECT_TIMEOUT_S} s (a Dask scheduler greets at once)"
+    except OSError as exc:
+        found = f"no connection: {exc.strerror or exc}"
+    else:
+        size = struct.unpack("Q", head)[0] if len(head) == 8 else 0
+        if 0 < size <= GREETING_LIMIT_BYTES:
+            return
+        found = f"a service that is not Dask: it sent {head!r}" if head else "a service that closed the connection"
+    raise ConfigError("--scheduler", scheduler, f"{SCHEDULER_ALLOWED} (found {found})")
+
+
+def _read_up_to(sock: socket.socket, nbytes: int) -> bytes:
+    data = b""
+    while len(data) < nbytes:
+        chunk = sock.recv(nbytes - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def run_points(fn: Callable[[dict], dict], points: Iterable[KeyedPoint], store: ResultStore, *,
