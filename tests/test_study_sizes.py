@@ -60,7 +60,7 @@ def test_the_cli_studies_the_models_buffer_and_records_its_inputs(tmp_path):
     rows, _, _, meta = study(tmp_path, "--model", "x-moe-small")
     assert rows["size"].tolist() == ["48MiB"] and rows["bytes_per_gpu"].tolist() == [48 * MIB]
     assert meta["moe_buffer"] == {"model": "x-moe-small", "micro_batch_size": 1, "seq_len": 2048,
-                                  "tokens_per_microbatch": 2048, "top_k": 6, "d_model": 2048,
+                                  "tokens_per_microbatch": 2048, "top_k": 6, "num_experts": 64, "d_model": 2048,
                                   "bytes_per_element": 2, "buffer_bytes": 48 * MIB}
 
 

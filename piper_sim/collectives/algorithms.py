@@ -2,15 +2,17 @@
 
 Owns nothing of its own: the registries, Phase and the single-level algorithms are phases.py, the
 topology-aware ones hierarchical.py (2dh, bruck; tree, hierarchical) and halo.py, the vendor libraries'
-all-to-all (rccl, nccl) vendor.py. Importing this module imports all of them, so the registries it exports
-are complete; the simulator and the studies look algorithms up here, and a machine's parameters of every
-algorithm are read here when a run starts (check_collective_params).
+all-to-all (rccl, nccl) vendor.py, DeepEP's (deepep; it takes the model's fanout: bind_fanout) deepep.py.
+Importing this module imports all of them, so the registries it exports are complete; the simulator and the
+studies look algorithms up here, and a machine's parameters of every algorithm are read here when a run starts
+(check_collective_params).
 Pure numpy; no simpy or torch.
 """
 
 from __future__ import annotations
 
-from piper_sim.collectives import halo, hierarchical, vendor
+from piper_sim.collectives import deepep, halo, hierarchical, vendor
+from piper_sim.collectives.deepep import Fanout, bind_fanout
 from piper_sim.collectives.params import SCHEMAS, algorithm_params
 from piper_sim.collectives.phases import (
     ALL_REDUCE,
@@ -24,8 +26,13 @@ from piper_sim.collectives.phases import (
 from piper_sim.errors import ConfigError, one_of
 from piper_sim.topology.graph import Topology
 
-__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "REAL_RUN_REVISION", "Phase", "check_collective_params", "data_phases", "halo",
-           "hierarchical", "matrix_phase", "split_exchange", "split_phases", "vendor"]
+__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "MEASURED_ALGORITHMS", "REAL_RUN_REVISION", "Fanout", "Phase", "bind_fanout",
+           "check_collective_params", "data_phases", "deepep", "halo", "hierarchical", "matrix_phase", "split_exchange",
+           "split_phases", "vendor"]
+
+# Algorithms whose parameters are a machine's measurements (topology.collectives.<name>): a machine without them
+# cannot run them (the planner's --fix says so before the first plan).
+MEASURED_ALGORITHMS = (*vendor.LIBRARIES, "deepep")
 
 # What a real run of an algorithm moves changed at these revisions (the torch backend's implementation); a measured
 # validation case records the revision it ran (validation.cases.case_digest), so a run of an earlier one is not

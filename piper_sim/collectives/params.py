@@ -40,6 +40,12 @@ def register_params(algorithm: str, schema: ParamSchema) -> None:
     SCHEMAS[algorithm] = schema
 
 
+def check_fraction(value: object, key: str) -> None:
+    """A share of a link's rate: a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ConfigError(key, value, "a fraction in (0, 1]")
+
+
 def algorithm_params(topo: Topology, algorithm: str) -> dict[str, object]:
     """The algorithm's parameters on this topology (SI keys), defaults filled in; cached per topology."""
     per_topology = _CACHE.setdefault(topo, {})

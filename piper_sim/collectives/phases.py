@@ -63,15 +63,16 @@ def split_exchange(node_gather: bool) -> Callable[[AllToAll], AllToAll]:
     """Decorator: the algorithm's phases run after the exchange of split sizes, as the torch backend does.
 
     The counts (one int64 per pair) travel by the algorithm itself (phases named "splits:<phase>"): a
-    fixed-size exchange needs no sizes of its own. With node_gather, a ring all_gather inside every node
+    fixed-size exchange needs no sizes of its own. Keyword options of the algorithm (deepep's fanout) reach its data
+    phases only. With node_gather, a ring all_gather inside every node
     of each member's row and column of the split matrix (2 n int64, phase "splits:node") follows, so
     each member knows every chunk to or from its node, as the multi-phase algorithms need
     (`torch_backend.all_to_all.AllToAllCall.holding`). Phases that waited for nothing now wait for it.
     """
     def wrap(algorithm: AllToAll) -> AllToAll:
         @functools.wraps(algorithm)
-        def with_splits(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phase]:
-            phases = algorithm(matrix, members, topo)
+        def with_splits(matrix: np.ndarray, members: list[str], topo: Topology, **options) -> list[Phase]:
+            phases = algorithm(matrix, members, topo, **options)
             n = matrix.shape[0]
             if n < 2 or not phases:
                 return phases

@@ -57,7 +57,7 @@ from dataclasses import replace
 import numpy as np
 
 from piper_sim.collectives.hierarchical import host_groups
-from piper_sim.collectives.params import ParamSchema, algorithm_params, register_params
+from piper_sim.collectives.params import ParamSchema, algorithm_params, check_fraction, register_params
 from piper_sim.collectives.phases import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase, split_exchange
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER, Sharded
 from piper_sim.errors import ConfigError
@@ -80,9 +80,7 @@ def vendor_params(topo: Topology, library: str) -> dict[str, object]:
 def _check_vendor(topo: Topology, p: dict, library: str) -> None:
     """Efficiencies in (0, 1]; rings through one node, each visiting every GPU of the machine's nodes once."""
     for key in ("intra_efficiency", "net_efficiency"):
-        value = p[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-            raise ConfigError(f"topology.collectives.{library}.{key}", value, "a fraction in (0, 1]")
+        check_fraction(p[key], f"topology.collectives.{library}.{key}")
     per_node = max((len(gpus) for gpus in gpus_by_host(topo).values()), default=0)
     p["rings"] = _node_rings(p["rings"], f"topology.collectives.{library}.rings", per_node)
 

@@ -47,9 +47,9 @@ def check_machine(request: PlanRequest) -> None:
 
 
 def check_libraries(request: PlanRequest, topo) -> None:
-    """A --fix of a communication library (rccl, nccl) the topology has no measured parameters for fails naming the
-    --fix (rather than the topology key the first plan would miss)."""
-    from piper_sim.collectives.vendor import LIBRARIES
+    """A --fix of a communication library (rccl, nccl, deepep) the topology has no measured parameters for fails
+    naming the --fix (rather than the topology key the first plan would miss)."""
+    from piper_sim.collectives.algorithms import MEASURED_ALGORITHMS as LIBRARIES
 
     fixes = {"collectives.all_to_all": (request.fixed or {}).get("all_to_all", ()),
              "collectives.all_reduce": (request.all_reduce,)}

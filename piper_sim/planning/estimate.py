@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase
+from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
 from piper_sim.planning.space import PlanPoint
@@ -199,10 +199,11 @@ class Estimator:
             return 0.0
         routed = tokens * point.parallel.split.dispatch_share
         per_pair = routed * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
-        matrix = np.full((point.ep, point.ep), per_pair)
-        np.fill_diagonal(matrix, 0.0)
+        matrix = np.full((point.ep, point.ep), per_pair)  # the diagonal (rows that stay) moves nothing
         gpus = tuple(self.gpus[:point.ep * point.etp:point.etp])
-        return self.phases_s(ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all")(matrix, list(gpus), self.topo))
+        algorithm = bind_fanout(ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"),
+                                Fanout(self.model.top_k, self.model.num_experts))
+        return self.phases_s(algorithm(matrix, list(gpus), self.topo))
 
     def _p2p_s(self, point: PlanPoint, tokens: int) -> float:
         if point.pp == 1:

@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 
-from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, matrix_phase
+from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, bind_fanout, matrix_phase
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
@@ -32,6 +32,9 @@ class CollectiveTasks:
         self.mesh, self.model, self.topo, self.placement = schedule.mesh, model, topology, placement
         self.plans, self.experts, self.routing, self.coster, self.runner = plans, experts, routing, coster, runner
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
+        # by role: an algorithm that deduplicates tokens (deepep) knows the model's top-k and a combine's matrix
+        self._a2a_role = {role: bind_fanout(self.a2a, Fanout(model.top_k, model.num_experts, role == "combine"))
+                          for role in ("dispatch", "combine")}
         self.all_reduce = ALL_REDUCE.get(all_reduce, "collectives.all_reduce")
         self.a2a_name, self.ar_name = all_to_all, all_reduce
         self.sharded = {"reduce_scatter": REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
@@ -100,7 +103,7 @@ class CollectiveTasks:
     def _a2a_phases(self, step: int, layer: int, microbatch: int, role: str, group: tuple[int, ...]):
         d = self.experts.dispatch(step, layer, microbatch, group[0])
         matrix = d.bytes_matrix(self.row_bytes, role).astype(float)
-        phases = self.a2a(matrix, [self.placement[r] for r in group], self.topo)
+        phases = self._a2a_role[role](matrix, [self.placement[r] for r in group], self.topo)
         return phases, matrix.sum(axis=1) - np.diag(matrix), self.a2a_name
 
     def _build(self, step: int, task: Task, group: tuple[int, ...]):

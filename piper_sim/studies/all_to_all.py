@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase, data_phases, split_phases
+from piper_sim.collectives.algorithms import ALL_TO_ALL, Fanout, Phase, bind_fanout, data_phases, split_phases
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.keys import KeyedPoint, keyed_point
 from piper_sim.planning.store import ResultStore
@@ -41,7 +41,7 @@ from piper_sim.units import COUNT_LIMIT
 
 DRAGONFLIES = ("frontier", "lumi", "dragonfly")  # builders with a dragonfly fabric (outside_groups parameter)
 SIZE_UNITS = {"B": 1.0, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-HOST_EQUIVARIANT = frozenset({"flat", "2dh", "halo", "rccl", "nccl"})  # uniform phases map onto themselves
+HOST_EQUIVARIANT = frozenset({"flat", "2dh", "halo", "rccl", "nccl", "deepep"})  # uniform phases map onto themselves
 # when same-class hosts swap (halo: its relays follow the NICs' switches; rccl, nccl: flat's flows)
 SATURATED = 0.9  # a link busy at least this fraction of the collective counts as saturated
 STUDY_COLUMNS = [
@@ -97,6 +97,7 @@ class StudySpec:
     topology_params: dict = field(default_factory=dict)
     lump: bool = True
     max_flows: int | None = 20_000_000  # paths routed per run after the symmetry reductions (memory bound)
+    fanout: tuple[int, int] | None = None  # (top-k, experts) of the model whose buffer it is (--model): deepep's dedup
 
     def check(self) -> None:
         for alg in self.algorithms:
@@ -120,7 +121,8 @@ class StudySpec:
     def keyed(self, nodes: int, algorithm: str, size: str) -> KeyedPoint:
         """One row in the result store: everything the row depends on (the machine's mapping itself, so its file
         and the profile it names are not inputs of the key: the study prices no compute)."""
-        fields = {k: v for k, v in self.__dict__.items() if k not in ("nodes", "sizes", "algorithms", "topology")}
+        fields = {k: v for k, v in self.__dict__.items() if k not in ("nodes", "sizes", "algorithms", "topology")
+                  and not (k == "fanout" and v is None)}
         return keyed_point({"study": "all-to-all", **fields, "machine": read_topology_mapping(self.topology),
                             "nodes": nodes, "algorithm": algorithm, "bytes": parse_size(size), "size": size})
 
@@ -216,7 +218,7 @@ def _algorithm_rows(spec: StudySpec, topo: Topology, gpus: list[str], alg: str, 
     n = len(gpus)
     per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in sizes]
     symmetric = alg in HOST_EQUIVARIANT
-    algorithm = ALL_TO_ALL.get(alg)
+    algorithm = bind_fanout(ALL_TO_ALL.get(alg), Fanout(*spec.fanout) if spec.fanout else None)
     splits = split_phases(algorithm(np.full((n, n), per_pair[0]), gpus, topo))[0]  # data phases not kept
     try:  # the split-size exchange does not depend on the buffer: timed once
         splits_s = _time(cache, splits, symmetric)

@@ -113,7 +113,7 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
                      algorithms=tuple(parse_list(args.algorithms, "--algorithms")), size_per=args.size_per,
                      placement=args.placement, routing=args.routing, valiant=args.valiant, scope=args.scope,
                      topology_params=_params(args.overrides), lump=not args.no_lump,
-                     max_flows=args.max_flows)
+                     max_flows=args.max_flows, fanout=(buffer["top_k"], buffer["num_experts"]) if buffer else None)
     spec.check()
     open_out_dir(args.out, "study all-to-all", resume=True)
     fields = {k: list(v) if isinstance(v, tuple) else v for k, v in spec.__dict__.items()}

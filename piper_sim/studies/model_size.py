@@ -24,6 +24,7 @@ class MoeBuffer:
     seq_len: int
     tokens_per_microbatch: int
     top_k: int
+    num_experts: int  # with top_k, how a token's copies spread (deepep's deduplication)
     d_model: int
     bytes_per_element: int
     buffer_bytes: int  # per GPU: tokens_per_microbatch x top_k x d_model x bytes_per_element
@@ -51,7 +52,8 @@ def moe_buffer(model: str, micro_batch_size: int | None = None, seq_len: int | N
     seq = seq_len or spec.seq_len
     tokens = mbs * seq
     return MoeBuffer(model=spec.name, micro_batch_size=mbs, seq_len=seq, tokens_per_microbatch=tokens,
-                     top_k=spec.top_k, d_model=spec.d_model, bytes_per_element=spec.dtype_bytes,
+                     top_k=spec.top_k, num_experts=spec.num_experts, d_model=spec.d_model,
+                     bytes_per_element=spec.dtype_bytes,
                      buffer_bytes=tokens * spec.top_k * spec.d_model * spec.dtype_bytes)
 
 
