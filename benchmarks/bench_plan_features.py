@@ -6,8 +6,9 @@ planner's space, on three questions.
    (step, TFLOPS/GPU, MFU, the simulator's wall time).
 2. Mixtral 8x22B on 64 Frontier GCDs at one plan (pp 8, ep 8, 1F1B, micro-batch 1, 32 microbatches, sequence
    4096) with recompute none / selective / full: memory per stage and TFLOPS/GCD (resource model, estimator).
-3. X-MoE Small on 256 Frontier GCDs, global batch 1024: the X-MoE-style baseline of `piper-sim reproduce`
-   (reproduce.training.baseline_config) beside the planner's plan for the same GCDs.
+3. X-MoE Small on 256 Frontier GCDs, global batch 1024: X-MoE's configuration as `piper-sim reproduce` takes it
+   (reproduce.training.baseline_config: the one validate --published scores) beside the planner's plan for the
+   same GCDs.
 
     python benchmarks/bench_plan_features.py [--simulate]
 """
@@ -74,10 +75,11 @@ def main() -> None:
                   f"({'fits' if fits else 'does not fit'} 64 GB), {estimate.tflops_per_gpu:.1f} TFLOPS/GCD")
 
         print("3. X-MoE Small, 256 Frontier GCDs, global batch 1024")
-        base = load_config(baseline_config("x-moe-small", 256))
+        base = load_config(baseline_config("x-moe-small", 256)[0])
         estimate, fits = estimate_config(base)
         par = base.parallel
-        print(f"  X-MoE-style pp1 ep{par.ep} dp{par.dp} z1 flat: {estimate.tflops_per_gpu:.1f} TFLOPS/GCD, MFU "
+        print(f"  X-MoE's configuration pp1 ep{par.ep} dp{par.dp} z1 {base.all_to_all}: "
+              f"{estimate.tflops_per_gpu:.1f} TFLOPS/GCD, MFU "
               f"{100 * estimate.mfu:.1f}%, all-to-all {estimate.all_to_all_s:.2f} s of {estimate.step_time_s:.2f} s"
               f" ({'fits' if fits else 'does not fit'})")
         if args.simulate:

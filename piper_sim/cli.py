@@ -56,6 +56,9 @@ def say_notes(notes: list[str]) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from piper_sim.analysis.band import with_band
     from piper_sim.host_memory import MemoryGuard
     from piper_sim.outputs import check_outputs, format_report, write_run  # numpy, pandas, matplotlib: not for --help
     from piper_sim.simulate import simulate  # simpy, numpy
@@ -71,6 +74,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
     open_out_dir(args.out, "simulate")
     result = simulate(cfg, progress=True, outputs=check_outputs(args.outputs), expected_s=_expected_s(cfg))
+    result = replace(result, report=with_band(result.report, cfg, "des"))
     # what the machine was built as and where the ranks went, where that can change the answer
     say_notes([f"topology {result.topology.name}: {note}" for note in result.topology.notes]
               + placement_notes(cfg, result.topology, result.placement))
@@ -102,12 +106,13 @@ def _expected_s(cfg) -> float | None:
 
 def _estimate(args: argparse.Namespace, cfg) -> int:
     """simulate --tier estimate: the planner's estimator on the config; report.json and config.yaml only."""
+    from piper_sim.analysis.band import with_band
     from piper_sim.outputs import format_report, write_estimate
     from piper_sim.planning.estimate_report import estimate_json, estimate_report, ignored_notes
 
     say_notes(ignored_notes(cfg))
     open_out_dir(args.out, "simulate")
-    report = estimate_report(cfg)
+    report = with_band(estimate_report(cfg), cfg, "estimate")
     write_estimate(args.out, cfg, estimate_json(report))
     finish(args.out)
     print(format_report(report))

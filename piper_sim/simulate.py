@@ -16,7 +16,6 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from piper_sim.analysis.band import band_dict
 from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
 from piper_sim.calibrate.load import load_profiles
@@ -122,7 +121,7 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
                          peak_memory_by_stage=peaks, links=links, memory_headroom_bytes=headroom,
                          fits_memory=[h >= 0 for h in headroom],
                          sim_wall_s=time.perf_counter() - t0, hbm_bytes=profile.hbm_bytes, backend="sim", tier="des",
-                         error_band=band_dict(cfg, "des"), framework_reserve_bytes=reserve,
+                         framework_reserve_bytes=reserve,
                          peak_memory_bytes_first_step=_per_stage_max(records.first_step_peak_memory_bytes, par.pp),
                          **experts)
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,

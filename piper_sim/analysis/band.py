@@ -115,6 +115,14 @@ def band_dict(cfg, tier: str) -> dict | None:
     return band.to_dict() if band else None
 
 
+def with_band(report, cfg, tier: str):
+    """The report (analysis.report.Report) with its error band: what simulate's report.json carries. The band is
+    added where a prediction is shown, not inside simulate(), so that a stored point does not read the scores."""
+    from dataclasses import replace
+
+    return replace(report, error_band=band_dict(cfg, tier))
+
+
 def band_text(band: dict) -> str:
     """A band (report.json's error_band) in words, as the commands print it."""
     return (f"{100 * band['low']:+.0f}% / {100 * band['high']:+.0f}% of the predicted step (measured/predicted - 1 "

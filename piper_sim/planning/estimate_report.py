@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-from piper_sim.analysis.band import band_dict
 from piper_sim.analysis.report import Report
 from piper_sim.config import Config
 from piper_sim.migration.controller import migration_from_config
@@ -39,7 +38,6 @@ def estimate_report(cfg: Config) -> Report:
                   hbm_bytes=hbm, framework_reserve_bytes=reserve, memory_headroom_bytes=headroom,
                   fits_memory=[h >= 0 for h in headroom],
                   backend="sim", tier="estimate", estimate={k: float(v) for k, v in est.__dict__.items()},
-                  error_band=band_dict(cfg, "estimate"),
                   sim_wall_s=time.perf_counter() - t0, **nulls)
 
 
