@@ -318,3 +318,29 @@ def test_a_dask_scheduler_passes_the_probe() -> None:
     with LocalCluster(n_workers=0, processes=False, protocol="tcp://", dashboard_address=None) as cluster:
         check_scheduler(cluster.scheduler_address)
         probe_scheduler(cluster.scheduler_address.removeprefix("tcp://"))  # host:port is tcp
+
+
+def _cli(argv: list[str], cwd: Path, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """piper-sim in a subprocess, killed at the time limit (a hang fails the test, never the suite)."""
+    return subprocess.run([sys.executable, "-m", "piper_sim.cli", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(("argv", "key"), [
+    (["reproduce", "a2a-levels", "--quick", "--workers", "-1"], "--workers"),
+    (["reproduce", "a2a-levels", "--quick", "--workers", "1000"], "--workers"),
+    (["study", "scaling", "tiny-moe", "--gpus", "8,99999999999", "--strong", "--global-batch", "8", "--topology",
+      "uniform"], "--gpus"),
+], ids=["reproduce-workers--1", "reproduce-workers-1000", "scaling-gpus-1e11"])
+def test_worker_and_gpu_counts_beyond_their_bounds_are_refused_at_once(tmp_path: Path, argv: list[str],
+                                                                      key: str) -> None:
+    done = _cli([*argv, "--out", "out"], tmp_path, timeout_s=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(f"piper-sim: error: {key}")
+    assert not (tmp_path / "out").exists()  # refused before the folder was claimed
+
+
+def test_workers_up_to_the_cores_are_taken() -> None:
+    engine.check_workers(engine.workers_limit())
+    engine.check_workers(0)
+    with pytest.raises(ConfigError):
+        engine.check_workers(engine.workers_limit() + 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError, named_by
-from piper_sim.planning.engine import configure_engine
+from piper_sim.planning.engine import check_workers, configure_engine
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.space import parse_fixes, space_notes, split_settings
 from piper_sim.rundir import finish, open_out_dir
@@ -68,11 +68,6 @@ def add_machine_args(p: argparse.ArgumentParser, topology_help: str = "topology 
                    "topology's device_profile, mi250x where it names none)")
     p.add_argument("--allow-device-mismatch", action="store_true",
                    help="price the topology with a profile of other devices than its own")
-
-
-def check_workers(workers: int | None) -> None:
-    if workers is not None and workers < 0:
-        raise ConfigError("--workers", workers, "0 (run in this process) or a positive number of workers")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

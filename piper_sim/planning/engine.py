@@ -41,10 +41,25 @@ def check_scheduler(scheduler: str | None) -> None:
             pass
 
 
+def workers_limit() -> int:
+    """The most LocalCluster workers: one single-threaded process per core this process may run on (more only
+    share the cores and take memory)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_workers(workers: int | None) -> None:
+    """--workers: 0 (in this process) up to workers_limit(), or None (one per core)."""
+    if workers is not None and not 0 <= workers <= workers_limit():
+        raise ConfigError("--workers", workers, f"0 (run in this process) to {workers_limit()}, this machine's cores "
+                                                "(one single-threaded worker process per core)")
+
+
 def configure_engine(scheduler: str | None, workers: int | None = None, dashboard: bool = False) -> None:
-    """Before any work: the scheduler is reachable (check_scheduler), and --dashboard can be served (a run on Dask;
-    a LocalCluster draws it with bokeh) and is then on for this process's Dask clients."""
+    """Before any work: --workers is within bounds (check_workers), the scheduler is reachable (check_scheduler),
+    and --dashboard can be served (a run on Dask; a LocalCluster draws it with bokeh) and is then on for this
+    process's Dask clients."""
     global _dashboard
+    check_workers(workers)
     if dashboard and workers == 0:
         raise ConfigError("--dashboard", "on", "a run on Dask: --workers 0 runs the points in this process, without it")
     if dashboard and not scheduler and importlib.util.find_spec("bokeh") is None:
@@ -72,7 +87,7 @@ def dask_client(scheduler: str | None, workers: int | None):
         finally:
             client.close()
         return
-    n = workers or os.cpu_count() or 1
+    n = workers or workers_limit()
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                       dashboard_address=DASHBOARD_ADDRESS if _dashboard else None, silence_logs=40) as cluster, \
             Client(cluster) as client:

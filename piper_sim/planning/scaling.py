@@ -23,6 +23,7 @@ import yaml  # noqa: E402
 
 from piper_sim.analysis import style  # noqa: E402
 from piper_sim.analysis.tables import Col, render  # noqa: E402
+from piper_sim.bounds import GPUS_LIMIT  # noqa: E402
 from piper_sim.errors import ConfigError  # noqa: E402
 from piper_sim.planning.planner import PlanRequest, plan  # noqa: E402
 from piper_sim.workload.model import ModelSpec  # noqa: E402
@@ -33,8 +34,8 @@ def parse_counts(text: str) -> list[int]:
         counts = [int(v) for v in text.split(",")]
     except ValueError:
         raise ConfigError("--gpus", text, "comma-separated positive integers, e.g. 64,128,256") from None
-    if not counts or any(c <= 0 for c in counts):
-        raise ConfigError("--gpus", text, "comma-separated positive integers, e.g. 64,128,256")
+    if not counts or any(not 0 < c <= GPUS_LIMIT for c in counts):
+        raise ConfigError("--gpus", text, f"comma-separated integers from 1 to {GPUS_LIMIT:,}, e.g. 64,128,256")
     return counts
 
 
