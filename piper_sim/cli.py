@@ -302,7 +302,12 @@ def cmd_testbed(args: argparse.Namespace) -> int:
         if not args.target or args.out is None:
             raise PiperError("testbed run needs CONFIG and --out DIR")
         args.config, args.testbed = args.target, args.prefix
-        return cmd_run(args)
+        try:
+            return cmd_run(args)
+        except (KeyboardInterrupt, Terminated):  # the ranks are stopped on the way out; the namespaces are not
+            print(f"piper-sim: the testbed stays up: `piper-sim testbed down --prefix {args.prefix}` removes it",
+                  file=sys.stderr)
+            raise
     return 0
 
 

@@ -5,7 +5,11 @@ Terminated (SIGTERM) in the main thread. Where Python cannot propagate an except
 object cache while numba compiles a kernel) it is reported as unraisable and dropped; the hook installed here keeps
 that report quiet and sends the signal again RESEND_S later, so that it lands where it can unwind. Code an
 interrupt unwinds through may turn it into another exception (numba's compiler: "no compiled object yet"): once a
-signal has arrived, every exception out of the command is that stop (stop_code). Imports only the stdlib.
+signal has arrived, every exception out of the command is that stop (stop_code). Worker processes a command starts
+(Dask's LocalCluster) are started with SIGINT blocked (interrupt_to_this_process_only): a terminal's Ctrl-C, sent to
+the whole process group, reaches the command alone, which stops them on its way out; and multiprocessing's resource
+tracker, which outlives a killed command, does not warn about the semaphores it then cleans up (quiet_resource_tracker).
+Imports only the stdlib.
 """
 
 from __future__ import annotations
@@ -84,6 +88,34 @@ class Signals:
         timer.daemon = True
         self._timers.append(timer)
         timer.start()
+
+
+@contextmanager
+def interrupt_to_this_process_only() -> Iterator[None]:
+    """SIGINT blocked in this thread inside the block, so that the threads started inside, and the processes those
+    start, inherit the mask and never see a Ctrl-C (their parent stops them); this thread gets a Ctrl-C that arrived
+    meanwhile when the block ends. Enter what must be cleaned up before the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+TRACKER_WARNING = "ignore:resource_tracker:UserWarning"  # "There appear to be N leaked semaphore objects"
+
+
+def quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (if not yet running) with its leak warning off: after a SIGKILL of
+    this process it removes the semaphores left behind, which is its job, not news for the user."""
+    from multiprocessing import resource_tracker
+
+    if TRACKER_WARNING not in sys.warnoptions:
+        sys.warnoptions.append(TRACKER_WARNING)  # the tracker is started with this process's -W options
+    resource_tracker.ensure_running()
 
 
 def say_stopped(code: int) -> None:

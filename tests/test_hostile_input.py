@@ -7,6 +7,7 @@ import contextlib
 import errno
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from piper_sim import outputs
+from piper_sim import cli, outputs
 from piper_sim.calibrate.load import load_profiles
 from piper_sim.cli import main
 from piper_sim.collectives.algorithms import check_collective_params
@@ -33,6 +34,7 @@ from piper_sim.planning.store import ResultStore, row_digest
 from piper_sim.routing import trace as trace_module
 from piper_sim.routing.replay import load_trace_cached
 from piper_sim.rundir import finish, is_unfinished, open_out_dir
+from piper_sim.stopping import WORDS, Terminated
 from piper_sim.topology.load import load_topology
 from piper_sim.workload.presets import load_model
 
@@ -344,3 +346,52 @@ def test_workers_up_to_the_cores_are_taken() -> None:
     engine.check_workers(0)
     with pytest.raises(ConfigError):
         engine.check_workers(engine.workers_limit() + 1)
+
+
+def _sweep_on_a_cluster(tmp_path: Path) -> subprocess.Popen:
+    """A sweep on a LocalCluster of 2 workers, in a process group of its own, once its first point is stored (the
+    workers are up and computing)."""
+    grid = "sim.steps=" + ",".join(str(n) for n in range(4, 40))
+    proc = subprocess.Popen([sys.executable, "-m", "piper_sim.cli", "sweep", "small-moe", "--grid", grid, "--workers",
+                             "2", "--out", "out"], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "out" / "points").glob("*.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended or stalled before its first point"
+        time.sleep(0.2)
+    return proc
+
+
+def _stderr_after(proc: subprocess.Popen, timeout_s: float = 60) -> str:
+    try:
+        return proc.communicate(timeout=timeout_s)[1]  # ends when the workers and the resource tracker have too
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_ctrl_c_of_a_run_on_a_local_cluster_prints_one_line(tmp_path: Path) -> None:
+    proc = _sweep_on_a_cluster(tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group, workers included
+    err = _stderr_after(proc)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "piper-sim: interrupted"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "ERROR" not in err
+
+
+def test_a_killed_run_leaves_no_resource_tracker_warning(tmp_path: Path) -> None:
+    proc = _sweep_on_a_cluster(tmp_path)
+    proc.kill()  # SIGKILL of the command alone: its workers and resource tracker outlive it
+    err = _stderr_after(proc)
+    assert proc.returncode == -signal.SIGKILL and "leaked semaphore" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("stop", "code"), [(KeyboardInterrupt, 130), (Terminated, 143)])
+def test_a_stopped_testbed_run_says_the_testbed_stays_up(tmp_path: Path, monkeypatch, capsys, stop, code) -> None:
+    def stopped(args) -> int:
+        raise stop  # as the signal lands while the ranks run
+
+    monkeypatch.setattr(cli, "cmd_run", stopped)
+    assert cli.main(["testbed", "run", "testbed-2g", "--prefix", "pst", "--out", str(tmp_path / "o")]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "the testbed stays up" in err[-2] and "testbed down --prefix pst" in err[-2]
+    assert err[-1] == f"piper-sim: {WORDS[code]}"

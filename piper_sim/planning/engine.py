@@ -11,13 +11,14 @@ Must not import torch.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import socket
 import struct
 import sys
 import time
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from tqdm import tqdm
 
@@ -25,6 +26,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.planning.keys import KeyedPoint
 from piper_sim.planning.store import ResultStore
 from piper_sim.progress import bar as progress_bar
+from piper_sim.stopping import interrupt_to_this_process_only, quiet_resource_tracker
 
 CONNECT_TIMEOUT_S = 10
 PROTOCOLS = ("tcp",)  # --scheduler's: tls needs certificates piper-sim takes no option for, ucx a UCX build
@@ -87,11 +89,20 @@ def dask_client(scheduler: str | None, workers: int | None):
         finally:
             client.close()
         return
-    n = workers or workers_limit()
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                      dashboard_address=DASHBOARD_ADDRESS if _dashboard else None, silence_logs=40) as cluster, \
-            Client(cluster) as client:
-        yield client
+    quiet_resource_tracker()
+    dask_log = logging.getLogger("distributed")
+    with ExitStack() as stack:
+        stack.callback(dask_log.setLevel, dask_log.level)  # last out: after the cluster has closed
+        with interrupt_to_this_process_only():  # the workers never see a Ctrl-C: closing the cluster stops them
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=workers or workers_limit(), threads_per_worker=1, processes=True,
+                dashboard_address=DASHBOARD_ADDRESS if _dashboard else None, silence_logs=logging.ERROR))
+        client = stack.enter_context(Client(cluster))
+        try:
+            yield client
+        except BaseException:  # a signal or an error stops the run: Dask's log of the cluster's closing is no news
+            dask_log.setLevel(logging.CRITICAL + 1)
+            raise
 
 
 def scheduler_endpoint(scheduler: str) -> tuple[str, int]:
