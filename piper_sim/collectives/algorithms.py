@@ -1,8 +1,10 @@
-"""The collective algorithms by name: ALL_TO_ALL and ALL_REDUCE with every algorithm registered.
+"""The collective algorithms by name: ALL_TO_ALL, ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER and BROADCAST with every
+algorithm registered.
 
-Owns nothing of its own: the registries, Phase and the single-level algorithms are phases.py, the
-topology-aware ones hierarchical.py (2dh, bruck; tree, hierarchical) and halo.py, the vendor libraries'
-all-to-all (rccl, nccl) vendor.py, DeepEP's (deepep; it takes the model's fanout: bind_fanout) deepep.py.
+Owns nothing of its own: the registries, Phase and the single-level algorithms are phases.py (all-to-all,
+all-reduce), sharded.py (reduce-scatter, all-gather) and broadcast.py, the topology-aware ones hierarchical.py (2dh,
+bruck; tree, hierarchical) and halo.py, the vendor libraries' models (rccl, nccl: all-to-all, rings, broadcast)
+vendor.py, DeepEP's (deepep; it takes the model's fanout: bind_fanout) deepep.py.
 Importing this module imports all of them, so the registries it exports are complete; the simulator and the
 studies look algorithms up here, and a machine's parameters of every algorithm are read here when a run starts
 (check_collective_params).
@@ -12,6 +14,7 @@ Pure numpy; no simpy or torch.
 from __future__ import annotations
 
 from piper_sim.collectives import deepep, halo, hierarchical, vendor
+from piper_sim.collectives.broadcast import BROADCAST
 from piper_sim.collectives.deepep import Fanout, bind_fanout
 from piper_sim.collectives.params import SCHEMAS, algorithm_params
 from piper_sim.collectives.phases import (
@@ -23,10 +26,12 @@ from piper_sim.collectives.phases import (
     split_exchange,
     split_phases,
 )
+from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.errors import ConfigError, one_of
 from piper_sim.topology.graph import Topology
 
-__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "MEASURED_ALGORITHMS", "REAL_RUN_REVISION", "Fanout", "Phase", "bind_fanout",
+__all__ = ["ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BROADCAST", "MEASURED_ALGORITHMS", "REDUCE_SCATTER",
+           "REAL_RUN_REVISION", "Fanout", "Phase", "bind_fanout",
            "check_collective_params", "data_phases", "deepep", "halo", "hierarchical", "matrix_phase", "split_exchange",
            "split_phases", "vendor"]
 

@@ -1,9 +1,10 @@
 """The vendor libraries' collectives, RCCL and NCCL: the all-to-all as ncclAllToAll runs it (grouped
 point-to-point), and the ring all-reduce, reduce-scatter and all-gather at the library's copy efficiency.
 
-Owns the `rccl` and `nccl` all-to-all models (registered in piper_sim.collectives.phases' registry) and the
+Owns the `rccl` and `nccl` all-to-all models (registered in piper_sim.collectives.phases' registry), the
 `rccl` and `nccl` ring models (registered as all-reduce, reduce-scatter and all-gather: the
-`collectives.all_reduce` choice; algorithms.py imports this module). Their parameters are data: the
+`collectives.all_reduce` choice) and broadcast models (the same rings as chains from the root, registered in
+broadcast.BROADCAST); algorithms.py imports this module. Their parameters are data: the
 topology's `collectives.rccl` / `collectives.nccl` entry, one set per library and machine, each value's
 source in the data file the entry names (traces/collectives/). Pure numpy; no simpy or torch.
 
@@ -56,6 +57,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from piper_sim.collectives.broadcast import BROADCAST, chain_hops
 from piper_sim.collectives.hierarchical import host_groups
 from piper_sim.collectives.params import ParamSchema, algorithm_params, check_fraction, register_params
 from piper_sim.collectives.phases import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase, split_exchange
@@ -197,25 +199,47 @@ def _whole_nodes(members: list[str], topo: Topology, groups: list[np.ndarray], n
     return out
 
 
+def rings_phase(library: str, size_bytes: float, members: list[str], topo: Topology, *, per_ring: float,
+                messages: int, name: str, chain: bool = False) -> list[Phase]:
+    """One phase of one flow per pair of neighbours on the library's rings (chain: the chains that follow them from
+    member 0, broadcast.chain_hops), each ring carrying per_ring x its share of the buffer over each of its hops (the
+    rings' shares summed where they share a hop), bytes charged over the library's efficiency."""
+    n = len(members)
+    if n < 2:
+        return []
+    rings = ring_orders(members, topo, vendor_params(topo, library)["rings"])
+    hops = [chain_hops(ring) if chain else (ring, np.roll(ring, -1)) for ring in rings]
+    pairs, count = np.unique(np.concatenate([src * n + dst for src, dst in hops]), return_counts=True)
+    src, dst = pairs // n, pairs % n
+    sizes = count * (per_ring * size_bytes / len(rings))
+    return [Phase(src=src, dst=dst, sizes=charged_sizes(src, dst, sizes, members, topo, library), messages=messages,
+                  name=name)]
+
+
 def vendor_ring(library: str, steps: int, name: str) -> Sharded:
     """The library's ring collective of `steps` passes (2: all-reduce; 1: reduce-scatter or all-gather): every
-    ring carries its share of the buffer, each pass n - 1 steps of 1/n of it to the next member; one phase of
-    one flow per pair of neighbours (the rings' shares summed), bytes charged over the library's efficiency."""
+    ring carries its share of the buffer, each pass n - 1 steps of 1/n of it to the next member."""
 
     def model(size_bytes: float, members: list[str], topo: Topology) -> list[Phase]:
         n = len(members)
-        if n < 2:
-            return []
-        rings = ring_orders(members, topo, vendor_params(topo, library)["rings"])
-        hops = np.concatenate([ring * n + np.roll(ring, -1) for ring in rings])
-        pairs, count = np.unique(hops, return_counts=True)
-        src, dst = pairs // n, pairs % n
-        sizes = count * (steps * (n - 1) / n * size_bytes / len(rings))
-        return [Phase(src=src, dst=dst, sizes=charged_sizes(src, dst, sizes, members, topo, library),
-                      messages=steps * (n - 1), name=name)]
+        return rings_phase(library, size_bytes, members, topo, per_ring=steps * (n - 1) / n,
+                           messages=steps * (n - 1), name=name)
 
     model.__name__ = model.__qualname__ = f"{name.replace('-', '_')}_{library}"
     model.__doc__ = f"{library.upper()}'s {name}: its rings at its copy efficiency (module docstring)."
+    return model
+
+
+def vendor_broadcast(library: str) -> Sharded:
+    """The library's broadcast: its rings as chains from the root (member 0), each carrying its share of the whole
+    buffer, pipelined (broadcast.py): n - 1 sequential messages fill the pipeline."""
+
+    def model(size_bytes: float, members: list[str], topo: Topology) -> list[Phase]:
+        return rings_phase(library, size_bytes, members, topo, per_ring=1.0, messages=len(members) - 1,
+                           name="chain", chain=True)
+
+    model.__name__ = model.__qualname__ = f"broadcast_{library}"
+    model.__doc__ = f"{library.upper()}'s broadcast: chains along its rings at its copy efficiency."
     return model
 
 
@@ -224,3 +248,4 @@ for _library in LIBRARIES:
     for _registry, _steps, _name in ((ALL_REDUCE, 2, "ring"), (REDUCE_SCATTER, 1, "ring-reduce-scatter"),
                                      (ALL_GATHER, 1, "ring-all-gather")):
         _registry.register(_library)(vendor_ring(_library, _steps, _name))
+    BROADCAST.register(_library)(vendor_broadcast(_library))

@@ -1,7 +1,7 @@
-"""`piper-sim study all-to-all`: the command-line front of piper_sim.studies.all_to_all.
+"""`piper-sim study all-to-all | collective | imbalance`: the command-line front of piper_sim.studies.
 
-Registered by piper_sim.cli.build_parser. Writes only under --out: study.csv, link_kinds.csv,
-study.yaml (the spec), bandwidth.png, speedup.png, link_kinds.png, tables.md.
+Registered by piper_sim.cli.build_parser. Writes only under --out: study.csv, link_kinds.csv, study.yaml (the spec),
+and the plots (all-to-all: bandwidth.png, speedup.png, link_kinds.png, tables.md; collective: bandwidth.png).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -23,7 +24,7 @@ from piper_sim.yamlio import parse_yaml
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("study", help="what-if studies (all-to-all algorithms over machine sizes)")
+    p = sub.add_parser("study", help="what-if studies (collectives and their algorithms over machine sizes)")
     studies = p.add_subparsers(dest="study", required=True)
     a = studies.add_parser("all-to-all", help="one all-to-all alone on the machine: algorithms x nodes x sizes")
     a.add_argument("--topology", default="frontier", help="topology preset or YAML path")
@@ -41,22 +42,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "model's)")
     a.add_argument("--algorithms", default="flat,rccl,halo", help="all-to-all algorithms (flat, rccl, nccl, halo, "
                    "2dh, pairwise, bruck)")
-    a.add_argument("--placement", default="contiguous", help="placement policy")
-    a.add_argument("--routing", choices=["minimal", "valiant", "adaptive"], default=None,
-                   help="dragonfly routing (default: the topology's)")
-    a.add_argument("--scope", choices=["machine", "job"], default=None,
-                   help="dragonfly network behind the job: machine = every group of the machine carries its "
-                        "non-minimal routes (default: the topology's), job = only the groups the job occupies")
-    a.add_argument("--valiant", choices=["spread", "hashed"], default="spread",
-                   help="dragonfly detours: spread = mean-field over all detours (default; tractable at scale), "
-                        "hashed = one hashed detour per GPU pair as `simulate` routes (exact but slow past ~16 nodes)")
-    a.add_argument("--max-flows", type=int, default=20_000_000,
-                   help="skip a run (row kept, with a note) that would route more paths than this (memory)")
-    a.add_argument("--no-lump", action="store_true", help="simulate every flow (no exact aggregation; slow)")
-    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="topology.params.KEY=VALUE",
-                   help="override a topology parameter (repeatable)")
-    a.add_argument("--out", required=True, type=Path, help="output directory")
+    add_machine_options(a)
     a.set_defaults(func=cmd_study_all_to_all)
+    c = studies.add_parser("collective", help="one collective alone on the machine (all-reduce, all-gather, "
+                           "reduce-scatter, all-to-all, broadcast): algorithms x GPUs x sizes, as nccl-tests prints it")
+    c.add_argument("--collective", required=True,
+                   help="all_reduce, all_gather, reduce_scatter, all_to_all or broadcast")
+    c.add_argument("--topology", default="frontier", help="topology preset or YAML path")
+    c.add_argument("--gpus", default="8", help="GPU counts (ranks), e.g. 8,16,32; nodes are filled in order")
+    c.add_argument("--sizes", default=DEFAULT_COLLECTIVE_SIZES, help="sizes with units (B, KiB, MiB, GiB, KB, MB, GB): "
+                   "nccl-tests' size of the collective (all-gather: the gathered buffer; reduce-scatter: the input; "
+                   "all-to-all: the send buffer; all per rank)")
+    c.add_argument("--algorithms", default=None, help="the collective's algorithms (default: every one the machine "
+                   "has parameters for: ring, tree, hierarchical, nccl, rccl, ...)")
+    add_machine_options(c)
+    c.set_defaults(func=cmd_study_collective)
     b = studies.add_parser("imbalance", help="MFU and step time vs routing skew, per migration policy; drift")
     b.add_argument("config", help="YAML config (or example name) to vary")
     b.add_argument("--kind", default="zipf", help="skewed routing kind: zipf (exponent), dirichlet (concentration), "
@@ -73,6 +73,33 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 DEFAULT_SIZES = "1MiB,64MiB"
+DEFAULT_COLLECTIVE_SIZES = "1MiB,64MiB,1GiB"
+
+
+def add_machine_options(a: argparse.ArgumentParser) -> None:
+    """The options of a collective study's machine (studies.sweep.MachineSpec) and its output folder."""
+    a.add_argument("--placement", default="contiguous", help="placement policy")
+    a.add_argument("--routing", choices=["minimal", "valiant", "adaptive"], default=None,
+                   help="dragonfly routing (default: the topology's)")
+    a.add_argument("--scope", choices=["machine", "job"], default=None,
+                   help="dragonfly network behind the job: machine = every group of the machine carries its "
+                        "non-minimal routes (default: the topology's), job = only the groups the job occupies")
+    a.add_argument("--valiant", choices=["spread", "hashed"], default="spread",
+                   help="dragonfly detours: spread = mean-field over all detours (default; tractable at scale), "
+                        "hashed = one hashed detour per GPU pair as `simulate` routes (exact but slow past ~16 nodes)")
+    a.add_argument("--max-flows", type=int, default=20_000_000,
+                   help="skip a run (row kept, with a note) that would route more paths than this (memory)")
+    a.add_argument("--no-lump", action="store_true", help="simulate every flow (no exact aggregation; slow)")
+    a.add_argument("--set", dest="overrides", action="append", default=[], metavar="topology.params.KEY=VALUE",
+                   help="override a topology parameter (repeatable)")
+    a.add_argument("--out", required=True, type=Path, help="output directory")
+
+
+def machine_options(args: argparse.Namespace) -> dict:
+    """MachineSpec's fields from add_machine_options' options."""
+    return {"topology": args.topology, "placement": args.placement, "routing": args.routing,
+            "valiant": args.valiant, "scope": args.scope, "topology_params": _params(args.overrides),
+            "lump": not args.no_lump, "max_flows": args.max_flows}
 
 
 def _sizes(args: argparse.Namespace) -> tuple[tuple[str, ...], dict | None]:
@@ -109,26 +136,56 @@ def cmd_study_all_to_all(args: argparse.Namespace) -> int:
     from piper_sim.studies.plots import study_text, write_plots  # matplotlib: not for --help
 
     sizes, buffer = _sizes(args)
-    spec = StudySpec(topology=args.topology, nodes=tuple(parse_nodes(args.nodes)), sizes=sizes,
+    spec = StudySpec(**machine_options(args), nodes=tuple(parse_nodes(args.nodes)), sizes=sizes,
                      algorithms=tuple(parse_list(args.algorithms, "--algorithms")), size_per=args.size_per,
-                     placement=args.placement, routing=args.routing, valiant=args.valiant, scope=args.scope,
-                     topology_params=_params(args.overrides), lump=not args.no_lump,
-                     max_flows=args.max_flows, fanout=(buffer["top_k"], buffer["num_experts"]) if buffer else None)
-    spec.check()
-    open_out_dir(args.out, "study all-to-all", resume=True)
+                     fanout=(buffer["top_k"], buffer["num_experts"]) if buffer else None)
+    described = {"size_meaning": SIZE_PER[spec.size_per], **({"moe_buffer": buffer} if buffer else {})}
+    return _run_study(args, spec, "study all-to-all", described, write_study, write_plots, lambda: study_text(args.out))
+
+
+def cmd_study_collective(args: argparse.Namespace) -> int:
+    from piper_sim.studies.collective import (  # numpy, simpy
+        COLLECTIVES,
+        CollectiveSpec,
+        machine_algorithms,
+        study_text,
+        write_collective_study,
+    )
+    from piper_sim.studies.plots import write_collective_plots  # matplotlib: not for --help
+    from piper_sim.studies.sweep import build_machine, parse_counts, parse_list
+
+    kind = COLLECTIVES.get(args.collective, "--collective")
+    machine, gpus = machine_options(args), tuple(parse_counts(args.gpus, "--gpus", least=2))
+    algorithms = args.algorithms
+    if algorithms is None:  # every algorithm the smallest machine can run
+        bare = CollectiveSpec(**machine, collective=kind.name, gpus=gpus, sizes=(), algorithms=())
+        bare.check_machine()
+        algorithms = ",".join(machine_algorithms(kind.name, build_machine(bare, gpus=min(gpus))[0]))
+    spec = CollectiveSpec(**machine, collective=kind.name, gpus=gpus,
+                          sizes=tuple(parse_list(args.sizes, "--sizes")),
+                          algorithms=tuple(parse_list(algorithms, "--algorithms")))
+    described = {"size_meaning": kind.size_meaning, "busbw": f"algbw x {kind.factor_text}"}
+    return _run_study(args, spec, "study collective", described, write_collective_study, write_collective_plots,
+                      lambda: study_text(args.out / "study.csv"))
+
+
+def _run_study(args: argparse.Namespace, spec: object, command: str, described: dict, write: Callable,
+               plots: Callable[[Path], list[Path]], text: Callable[[], str]) -> int:
+    """Check the spec, claim --out, write study.yaml (the spec and what its sizes and bandwidths mean), run the study
+    (rows stored as they finish), then its plots and table; an interrupted study still plots what it finished."""
+    spec.check()  # type: ignore[attr-defined]
+    open_out_dir(args.out, command, resume=True)
     fields = {k: list(v) if isinstance(v, tuple) else v for k, v in spec.__dict__.items()}
-    (args.out / "study.yaml").write_text(yaml.safe_dump({**fields, "size_meaning": SIZE_PER[spec.size_per],
-                                                         **({"moe_buffer": buffer} if buffer else {})},
-                                                        sort_keys=False))
+    (args.out / "study.yaml").write_text(yaml.safe_dump({**fields, **described}, sort_keys=False))
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        write_study(spec, args.out, log)
+        write(spec, args.out, log)
     except KeyboardInterrupt:
         log("interrupted: study.csv keeps the completed rows; writing plots from them")
-        write_plots(args.out)
+        plots(args.out)
         raise
-    paths = write_plots(args.out)
-    print(study_text(args.out))
+    paths = plots(args.out)
+    print(text())
     for path in paths:
         print(f"wrote {path}")
     finish(args.out)

@@ -1,10 +1,13 @@
-"""Plots and text tables of an all-to-all study (from study.csv and link_kinds.csv). matplotlib, Agg.
+"""Plots and text tables of the collective studies (from study.csv and link_kinds.csv). matplotlib, Agg.
 
+study all-to-all:
 - bandwidth.png: bus bandwidth per GPU vs nodes, one panel per message size, one line per algorithm;
 - speedup.png: time(flat) / time(algorithm) vs nodes, one line per (algorithm, size) -- above 1 = faster
   than flat (the simulated time includes each GPU posting its messages one after another);
 - link_kinds.png: highest utilization of each link kind vs nodes, one panel per algorithm (largest size).
 Every title and table names the size convention of the study (study.csv `size_per`: per GPU or per GPU pair).
+study collective: bandwidth.png, bus bandwidth against size (nccl-tests' S of the collective, named on the axis),
+one panel per GPU count, one line per algorithm.
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ def _sizes(df: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(df.sort_values("bytes_per_pair")["size"].tolist()))
 
 
-def study_context(out: Path) -> str:
+def study_context(out: Path, what: str = "one all-to-all alone on the machine") -> str:
     """The context line of the study's plots: the model whose buffer it sizes (--model), the machine, the tier."""
     spec = yaml.safe_load((out / "study.yaml").read_text()) if (out / "study.yaml").exists() else {}
     model = (spec.get("moe_buffer") or {}).get("model")
     machine = style.machine_label(spec.get("topology", "topology"))
-    return style.context(model, machine, "des", "one all-to-all alone on the machine")
+    return style.context(model, machine, "des", what)
 
 
 def plot_bandwidth(df: pd.DataFrame, path: Path, context_line: str = "") -> None:
@@ -186,3 +189,40 @@ def study_text(out: Path) -> str:
     columns = [Col(c.key, f"size {size_per(df)}") if c.key == "size" else c for c in STUDY_COLUMNS
                if c.key != "note" or ("note" in df and df["note"].notna().any())]
     return render(rows, columns)
+
+
+def plot_collective(df: pd.DataFrame, path: Path, collective: str, context_line: str = "") -> None:
+    """Bus bandwidth against size (nccl-tests' S of the collective), one panel per GPU count, one line per
+    algorithm: the curve nccl-tests and rccl-tests print as a table."""
+    from piper_sim.studies.collective import COLLECTIVES  # the collectives' conventions
+
+    kind = COLLECTIVES.get(collective, "--collective")
+    counts = sorted(df["gpus"].unique().tolist())
+    fig, axes = plt.subplots(1, len(counts), figsize=(5.5 * len(counts), 4.4), squeeze=False)
+    for ax, gpus in zip(axes[0], counts, strict=True):
+        for alg, group in df[df["gpus"] == gpus].groupby("algorithm", sort=False):
+            g = group.sort_values("size_bytes")
+            ax.plot(g["size_bytes"], g["busbw_bytes_per_s"] / 1e9, marker="o", color=style.color("algorithm", alg),
+                    label=str(alg))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"size: {kind.size_meaning} (bytes)")
+        ax.set_ylabel(f"busbw = algbw x {kind.factor_text} (GB/s)")
+        ax.set_title(f"{gpus} GPUs", fontsize=10)
+        style.from_zero(ax)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    style.suptitle(fig, f"{collective} bus bandwidth against size, as nccl-tests prints it", context_line)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_collective_plots(out: Path) -> list[Path]:
+    """bandwidth.png of a collective study (whatever rows study.csv holds)."""
+    df = pd.read_csv(out / "study.csv")
+    if df.empty:
+        return []
+    collective = str(df["collective"].iloc[0])
+    path = out / "bandwidth.png"
+    plot_collective(df, path, collective, study_context(out, f"one {collective} alone on the machine"))
+    return [path]
