@@ -79,7 +79,7 @@ def _gpt_small():
                        "num_dense_layers": 2, "dense_ffn_dim": 16384, "dense_matrices": 2})
 
 
-@pytest.mark.parametrize("name", ["a100", "h100", "mi250x", "mi250x-xmoe"])
+@pytest.mark.parametrize("name", ["a100", "h100", "mi250x", "mi250x-xmoe", "h200", "b200", "gb200", "mi300x"])
 @pytest.mark.parametrize("key", ["memory_efficiency", "gemm_sustained_factor"])
 def test_each_rate_of_a_shipped_profile_is_cited_and_an_assumed_one_is_the_default(name, key):
     """The value the profile loads with is the one its sources file lists; measured or derived with a source, or,

@@ -100,7 +100,7 @@ def test_an_experts_op_is_priced_as_its_work(model_name):
             assert flops == pytest.approx(factor * work.flops, rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["a100", "h100", "mi250x", "mi250x-xmoe"])
+@pytest.mark.parametrize("name", ["a100", "h100", "mi250x", "mi250x-xmoe", "h200", "b200", "gb200", "mi300x"])
 def test_every_gemm_rows_point_of_a_shipped_profile_is_in_its_sources_file(name):
     """Each point of the rows curve is listed, with the same value, in traces/profiles/sources/NAME.yaml as
     measured or derived (never assumed or fitted)."""

@@ -105,7 +105,7 @@ def test_flash_attention_is_unchanged_by_the_unfused_core():
     assert coster.cost_terms("backward", ("attn_core:0",))["attention"] == pytest.approx(2 * forward, rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["h100", "mi250x", "mi250x-xmoe"])
+@pytest.mark.parametrize("name", ["h100", "mi250x", "mi250x-xmoe", "h200", "b200", "gb200", "mi300x"])
 def test_a_profile_without_a_measurement_says_so_and_carries_none(name):
     sources = yaml.safe_load((data_dir("traces/profiles") / "sources" / f"{name}.yaml").read_text())
     if "attention_bmm_memory_efficiency" not in sources:  # a profile that extends another takes its sources
