@@ -25,6 +25,8 @@ TINY = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2}}
 
 @pytest.mark.parametrize(("topology", "profile"), [
     ("dgx-h100-superpod", "h100"), ("dgx-a100-superpod", "a100"), ("frontier", "mi250x"), ("lumi", "mi250x"),
+    ("dgx-h200-superpod", "h200"), ("dgx-b200-superpod", "b200"), ("gb200-nvl72", "gb200"),
+    ("mi300x-cluster", "mi300x"),
     ("testbed-2g", "cpu-2rank"), ("testbed-flat", "cpu-2rank"),
     ("uniform", "mi250x"), ("fat-tree", "mi250x"), ("dragonfly", "mi250x"),  # generic: the global default
 ])

@@ -1,7 +1,7 @@
-"""The "dgx-superpod" builder: DGX H100 nodes on a rail-optimized InfiniBand fat-tree.
+"""The "dgx-superpod" builder: 8-GPU (or rack-scale) nodes on a rail-optimized InfiniBand fat-tree.
 
-Owns the DGX H100 node model and the rail-optimized two-level tree with its ECMP routing. Must not
-import simpy or torch.
+Owns the node models (GPUs on one NVSwitch domain, or a fully connected xGMI mesh) and the rail-optimized
+two-level tree with its ECMP routing. Must not import simpy or torch.
 
 Numbers (NVIDIA DGX SuperPOD Reference Architecture, DGX H100; DGX H100 User Guide): 8 H100 per node
 on NVSwitch, 450 GB/s per GPU per direction (NVLink 4, 900 GB/s bidirectional) -> "nvlink" links to a
@@ -12,6 +12,10 @@ links). Spine count and uplinks: the RA's 4-SU compute fabric has 16 spines and 
 (non-blocking); here uplinks_per_leaf (default nodes_per_su, non-blocking) are spread evenly over
 num_spines, so one leaf-spine link carries uplinks_per_leaf * uplink_bandwidth / num_spines. Larger
 SuperPODs add a core layer; this two-level tree idealizes them as non-blocking.
+
+Node fabric (`node_fabric`): "nvswitch" (above; DGX H100/H200/B200, and a GB200 NVL72 rack as one node of 72
+GPUs whose NVLink switch trays are one non-blocking switch "nvsw") or "mesh": every GPU pair linked directly
+("xgmi" links of xgmi_link_bandwidth_GBps per direction, an MI300X platform's 7 Infinity Fabric links per GPU).
 
 Routing: same leaf -> leaf only; otherwise ECMP, an equal split over all spines. A GPU sends through its
 own rail's NIC ("spine" mode, cross-rail traffic crosses a spine), or, with cross_rail: pxn, first over
@@ -39,9 +43,11 @@ from piper_sim.topology.structured import (
 from piper_sim.units import positive_int, read_params
 
 CROSS_RAIL_MODES = ("spine", "pxn")
+NODE_FABRICS = ("nvswitch", "mesh")
 DGX_SCHEMA: dict[str, object] = {
     "num_nodes": None, "gpus_per_node": 8, "nodes_per_su": 32, "num_spines": 16, "uplinks_per_leaf": None,
-    "nvlink_bandwidth_GBps": 450.0, "nvlink_latency_us": 0.5,
+    "node_fabric": "nvswitch", "nvlink_bandwidth_GBps": 450.0, "nvlink_latency_us": 0.5,
+    "xgmi_link_bandwidth_GBps": 64.0, "xgmi_latency_us": 0.5,
     "gpu_nic_bandwidth_GBps": 64.0, "gpu_nic_latency_us": 0.5,
     "nic_bandwidth_GBps": 50.0, "nic_latency_us": 0.1,
     "uplink_bandwidth_GBps": 50.0, "uplink_latency_us": 0.1, "switch_latency_us": 0.13,
@@ -86,11 +92,17 @@ class RailFatTree:
 
 
 def dgx_node(gpus_per_node: int, p: dict, *, pxn: bool) -> NodeModel:
-    """GPUs on one NVSwitch domain ("nvsw"), NIC r on GPU r."""
-    devices = [("nvsw", "switch", 0)] + [(f"g{i}", "gpu", i) for i in range(gpus_per_node)]
+    """GPUs on one NVSwitch domain ("nvsw") or a full xGMI mesh (node_fabric), NIC r on GPU r."""
+    devices = [(f"g{i}", "gpu", i) for i in range(gpus_per_node)]
     devices += [(f"nic{i}", "nic", i) for i in range(gpus_per_node)]
-    links = [LocalLink(a=f"g{i}", b="nvsw", bandwidth_bytes_per_s=p["nvlink_bandwidth_bytes_per_s"],
-                       latency_s=p["nvlink_latency_s"] / 2, link_kind="nvlink") for i in range(gpus_per_node)]
+    if p["node_fabric"] == "mesh":
+        links = [LocalLink(a=f"g{i}", b=f"g{j}", bandwidth_bytes_per_s=p["xgmi_link_bandwidth_bytes_per_s"],
+                           latency_s=p["xgmi_latency_s"], link_kind="xgmi")
+                 for i in range(gpus_per_node) for j in range(i + 1, gpus_per_node)]
+    else:
+        devices.insert(0, ("nvsw", "switch", 0))
+        links = [LocalLink(a=f"g{i}", b="nvsw", bandwidth_bytes_per_s=p["nvlink_bandwidth_bytes_per_s"],
+                           latency_s=p["nvlink_latency_s"] / 2, link_kind="nvlink") for i in range(gpus_per_node)]
     links += [LocalLink(a=f"g{i}", b=f"nic{i}", bandwidth_bytes_per_s=p["gpu_nic_bandwidth_bytes_per_s"],
                         latency_s=p["gpu_nic_latency_s"], link_kind="gpu_nic") for i in range(gpus_per_node)]
     return make_node_model(devices, links, transit_kinds=frozenset({"switch", "gpu"}), src_nic_follows_dst=pxn)
@@ -98,7 +110,8 @@ def dgx_node(gpus_per_node: int, p: dict, *, pxn: bool) -> NodeModel:
 
 @register_builder("dgx-superpod")
 def build_dgx_superpod(raw: dict, num_gpus: int | None) -> Topology:
-    """DGX H100 SuperPOD: rail-optimized leaves per SU, a spine layer, ECMP; sized by the GPU count."""
+    """DGX SuperPOD (or a cluster built like one): rail-optimized leaves per SU, a spine layer, ECMP; sized by the
+    GPU count."""
     p = read_params(raw, DGX_SCHEMA, WHERE)
     positive_bandwidths(raw, p, DGX_SCHEMA)
     gpus_per_node = positive_int(f"{WHERE}gpus_per_node", p["gpus_per_node"])
@@ -106,8 +119,9 @@ def build_dgx_superpod(raw: dict, num_gpus: int | None) -> Topology:
     spines = positive_int(f"{WHERE}num_spines", p["num_spines"])
     uplinks = positive_int(f"{WHERE}uplinks_per_leaf", per_su if p["uplinks_per_leaf"] is None
                            else p["uplinks_per_leaf"])
-    if p["cross_rail"] not in CROSS_RAIL_MODES:
-        raise ConfigError(f"{WHERE}cross_rail", p["cross_rail"], f"one of {', '.join(CROSS_RAIL_MODES)}")
+    for key, allowed in (("cross_rail", CROSS_RAIL_MODES), ("node_fabric", NODE_FABRICS)):
+        if p[key] not in allowed:
+            raise ConfigError(f"{WHERE}{key}", p[key], f"one of {', '.join(allowed)}")
     num_nodes = num_nodes_for(WHERE, num_gpus, gpus_per_node, p["num_nodes"])
     node = dgx_node(gpus_per_node, p, pxn=p["cross_rail"] == "pxn")
     fabric = RailFatTree(nodes_per_su=per_su, num_rails=gpus_per_node, num_spines=spines)
