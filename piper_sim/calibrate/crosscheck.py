@@ -18,7 +18,7 @@ import yaml
 
 from piper_sim.calibrate.load import load_profile, profile_path
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS
-from piper_sim.workload.cost import TaskCoster, gemm_time_s, work_time_s
+from piper_sim.workload.cost import TaskCoster, gemm_time_s, memory_bound_s, work_time_s
 from piper_sim.workload.flops import op_work
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import DeviceProfile
@@ -33,7 +33,7 @@ def predict(profile: DeviceProfile, model_name: str, op: str, tokens: int, exper
     gemm = sum(gemm_time_s(profile, g, b) for g in work.gemms)
     attention = work.attention_flops / (profile.peak_flops_per_s * profile.attention_efficiency(
         work.attention_seq_len)) if work.attention_flops else 0.0
-    memory = work.elementwise_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+    memory = memory_bound_s(profile, work.traffic)
     launch = work.num_kernels * profile.kernel_launch_s
     return {"total_s": work_time_s(profile, work, b), "gemm_s": gemm, "attention_s": attention, "memory_s": memory,
             "launch_s": launch, "num_kernels": work.num_kernels, "dtype_bytes": b}

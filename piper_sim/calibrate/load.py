@@ -20,7 +20,7 @@ from piper_sim.calibrate.fit import expert_lines
 from piper_sim.errors import ConfigError
 from piper_sim.units import is_finite_number, read_params
 from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
-from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
+from piper_sim.workload.flops import EXCHANGE_OPS, MEMORY_KINDS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import (
     AttentionBmmEfficiency,
@@ -43,7 +43,7 @@ PROFILE_SCHEMA = {
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
     "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
     "extends": None, "moe_path": None, "device_kind": "", "framework_reserve_GiB": None,
-    "gemm_sustained_factor": 1.0, "attention_bmm_memory_efficiency": None,
+    "gemm_sustained_factor": 1.0, "attention_bmm_memory_efficiency": None, "memory_kernel_efficiency": None,
 }
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
 ATTENTION_BMM_SCHEMA = {"writes_scores": ..., "reads_scores": ...}
@@ -87,6 +87,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         gemm_shape_factor=_shape_factor(p["gemm_shape_factor"]), moe_path=_moe_path(p["moe_path"]),
         gemm_sustained_factor=p["gemm_sustained_factor"],
         attention_bmm_memory_efficiency=_attention_bmm(p["attention_bmm_memory_efficiency"]),
+        memory_kernel_efficiency=_memory_kernels(p["memory_kernel_efficiency"]),
         **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
            **_device_measured(measurements)},
     )
@@ -126,6 +127,21 @@ def _attention_bmm(raw: object) -> AttentionBmmEfficiency | None:
         if not is_finite_number(value) or not 0 < value <= 1:
             raise ConfigError(f"cost.profile.attention_bmm_memory_efficiency.{key}", value, "a fraction in (0, 1]")
     return AttentionBmmEfficiency(**p)
+
+
+def _memory_kernels(raw: object) -> dict[str, float]:
+    """The optional shares of HBM bandwidth by memory-bound kernel kind: {kind: fraction in (0, 1]}."""
+    where = "cost.profile.memory_kernel_efficiency"
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(where, raw, f"a mapping of kernel kind ({', '.join(MEMORY_KINDS)}) to a fraction in (0, 1]")
+    for kind, value in raw.items():
+        if kind not in MEMORY_KINDS:
+            raise ConfigError(f"{where}.{kind}", value, f"a kernel kind: {', '.join(MEMORY_KINDS)}")
+        if not is_finite_number(value) or not 0 < value <= 1:
+            raise ConfigError(f"{where}.{kind}", value, "a fraction in (0, 1]")
+    return {kind: float(value) for kind, value in raw.items()}
 
 
 def _reserve(p: dict) -> float | None:

@@ -6,7 +6,8 @@ Time of one GEMM = max(FLOPs / (peak x sustained x eff(rows) x shape(rows, sqrt(
 efficiency)), the shape factor 1 where the profile has none, sustained the profile's gemm_sustained_factor (the share
 of a single launch's rate a GEMM keeps back-to-back under the power limit); a fused attention core uses an efficiency
 curve over sequence length, an unfused one its batched GEMMs (at measured batched rates where the profile has them)
-and its softmax and dropout traffic; elementwise work is bound by HBM bandwidth; each kernel pays a launch overhead.
+and its softmax and dropout traffic; memory-bound kernels are bound by HBM bandwidth, at the share measured for their
+kind (norm, activation...) where the profile has one (memory_bound_s); each kernel pays a launch overhead.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import numpy as np
 from piper_sim.workload.flops import (
     Gemm,
     OpWork,
+    Traffic,
     UnfusedPass,
     exchange_work,
     expert_gemms,
     experts_besides_gemms,
     op_work,
+    traffic_bytes,
 )
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
@@ -64,6 +67,18 @@ def gemm_bytes(gemm: Gemm, dtype_bytes: int) -> float | np.ndarray:
     return gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
 
 
+def memory_bound_s(profile: DeviceProfile, traffic: Traffic,
+                   scale: float | np.ndarray = 1.0) -> float | np.ndarray:
+    """Seconds of memory-bound kernels' traffic (times scale: a pass's factor, a count of rows): each kind at the
+    profile's measured share of HBM bandwidth for it (memory_kernel_efficiency), the kinds it has none for at
+    memory_efficiency; a profile without the table prices all bytes at memory_efficiency in one sum."""
+    shares = profile.memory_kernel_efficiency
+    if not shares:
+        return scale * traffic_bytes(traffic) / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+    return sum(scale * nbytes / (profile.hbm_bytes_per_s * shares.get(kind, profile.memory_efficiency))
+               for kind, nbytes in traffic)
+
+
 def batched_gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, memory_share: float) -> float:
     """A batched GEMM of the unfused attention core at the profile's measured rate for its kind: the larger of its
     FLOPs at the rows curve's sustained rate (the batch's many heads fill the device, which the single-GEMM shape
@@ -83,14 +98,15 @@ def unfused_core_s(profile: DeviceProfile, core: UnfusedPass, dtype_bytes: int,
     else:
         gemms = sum(batched_gemm_time_s(profile, g, dtype_bytes, bmm.writes_scores) for g in core.writes_scores)
         gemms += sum(batched_gemm_time_s(profile, g, dtype_bytes, bmm.reads_scores) for g in core.reads_scores)
-    return gemms + core.score_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+    return gemms + memory_bound_s(profile, core.score_traffic)
 
 
 # The terms a compute task's time is made of (TaskCoster.cost_terms; an error budget's compute terms):
 # gemm: the GEMMs of linears and experts; attention: the attention core (fused, or batched GEMMs and the score
-# matrix's softmax and dropout traffic); memory_bound: elementwise traffic (norms, activations, residuals,
-# permutations) at HBM bandwidth; launch: a kernel launch overhead per kernel; framework: the fixed costs a profile
-# measured for an op's code path (framework_s) and its measured MoE path (gate, gather and scatter kernels)
+# matrix's softmax and dropout traffic); memory_bound: the traffic of memory-bound kernels (norms, activations,
+# dropout, permutations...) at HBM bandwidth, each kind at its measured share where the profile has one; launch: a
+# kernel launch overhead per kernel; framework: the fixed costs a profile measured for an op's code path
+# (framework_s) and its measured MoE path (gate, gather and scatter kernels)
 COST_TERMS = ("gemm", "attention", "memory_bound", "launch", "framework")
 
 
@@ -119,7 +135,7 @@ def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
         attention = factor * work.attention_flops / (profile.peak_flops_per_s
                                                      * profile.attention_efficiency(work.attention_seq_len))
     return {"gemm": factor * sum(gemm_s(g) for g in work.gemms), "attention": attention,
-            "memory_bound": factor * work.elementwise_bytes / (profile.hbm_bytes_per_s * profile.memory_efficiency),
+            "memory_bound": memory_bound_s(profile, work.traffic, factor),
             "launch": factor * work.num_kernels * profile.kernel_launch_s}
 
 
@@ -226,8 +242,7 @@ class TaskCoster:
             seconds += per_expert[:, j, 0]
             flops += per_expert[:, j, 1]
         rest = experts_besides_gemms(self.model, (1,), self.split.etp)  # one row's traffic, one expert's kernels
-        memory = rows.sum(axis=1) * rest.elementwise_bytes / (self.profile.hbm_bytes_per_s
-                                                              * self.profile.memory_efficiency)
+        memory = memory_bound_s(self.profile, rest.traffic, rows.sum(axis=1))
         launch = num_local * rest.num_kernels * self.profile.kernel_launch_s
         return (seconds, memory, launch, flops) if with_flops else (seconds, memory, launch)
 

@@ -1,4 +1,4 @@
-"""Work of each model op: GEMM shapes, attention core, elementwise bytes. Forward pass only.
+"""Work of each model op: GEMM shapes, attention core, memory-bound traffic by kernel kind. Forward pass only.
 
 Owns the FLOP and byte formulas. Must not import simpy or torch. A GEMM (rows x k) @ (k x n)
 costs 2 * rows * k * n FLOPs (multiply-add = 2). Attention core (QK^T and PV) is counted causally:
@@ -15,6 +15,25 @@ import numpy as np
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
+
+# The kinds of memory-bound kernel whose HBM traffic op_work reports: layer norms and RMS norms (the final norm's
+# traffic as the head op counts it); activations (GeLU, SwiGLU); dropout on block outputs (with its byte mask); the
+# residual add and combined output around the MoE block; softmax (the router's scores, the unfused attention core's
+# score matrix); the loss over the logits; permutations of MoE tokens (router gather, combine, dispatch packing);
+# copies (embedding lookup, the attention's q, k, v and output layouts, an expert's rows). A profile may price a kind
+# at its own measured share of HBM bandwidth (DeviceProfile.memory_kernel_efficiency); the rest take memory_efficiency.
+MEMORY_KINDS = ("norm", "activation", "dropout", "residual", "softmax", "loss", "permute", "copy")
+Traffic = tuple[tuple[str, float], ...]  # (kind, bytes) of an op's memory-bound kernels, kinds from MEMORY_KINDS
+
+
+def traffic_bytes(traffic: Traffic) -> float:
+    """All bytes of a traffic, whatever their kinds."""
+    return sum(nbytes for _, nbytes in traffic)
+
+
+def kind_bytes(traffic: Traffic, kind: str) -> float:
+    """The bytes of one kind in a traffic."""
+    return sum(nbytes for k, nbytes in traffic if k == kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +56,11 @@ class UnfusedPass:
 
     writes_scores: tuple[Gemm, ...] = ()
     reads_scores: tuple[Gemm, ...] = ()
-    score_bytes: float = 0.0
+    score_traffic: Traffic = ()  # the softmax's and dropout's traffic over the score matrix
+
+    @property
+    def score_bytes(self) -> float:
+        return traffic_bytes(self.score_traffic)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,7 +68,7 @@ class OpWork:
     gemms: tuple[Gemm, ...] = ()
     attention_flops: float = 0.0
     attention_seq_len: int = 0
-    elementwise_bytes: float = 0.0
+    traffic: Traffic = ()  # HBM traffic of the memory-bound kernels by kind (MEMORY_KINDS)
     num_kernels: int = 0
     repeated_gemms: int = 0  # the first GEMMs every rank of the tensor-parallel group runs whole (replicated)
     # an attention core run without flash attention, its forward and its backward (unfused_attention); they time the
@@ -56,6 +79,11 @@ class OpWork:
     @property
     def flops(self) -> float:
         return sum(g.flops for g in self.gemms) + self.attention_flops
+
+    @property
+    def elementwise_bytes(self) -> float:
+        """All bytes of the memory-bound kernels."""
+        return traffic_bytes(self.traffic)
 
     def model_flops(self, tp: int) -> float:
         """The rank's share of the model's FLOPs: work repeated on every rank of its tensor-parallel group
@@ -80,7 +108,7 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
     act = tokens * d * b  # bytes of one activation tensor
     routed = int(tokens * split.dispatch_share)  # tokens a rank routes
     if name == "embed":
-        return OpWork(elementwise_bytes=2 * act, num_kernels=1)
+        return OpWork(traffic=(("copy", 2 * act),), num_kernels=1)
     if name == "attn":
         return _attention(model, tokens, split, flash)
     if name == "attn_core":  # the core alone: its FLOPs (and without flash attention, the score matrix's work)
@@ -90,10 +118,11 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
     if name == "dense":
         width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
         ffn = _ffn(tokens, d, width // tp, m, b, copies=1)
-        return replace(ffn, elementwise_bytes=ffn.elementwise_bytes + hidden_dropout_bytes(model, tokens, split))
+        return replace(ffn, traffic=ffn.traffic + (("dropout", hidden_dropout_bytes(model, tokens, split)),))
     if name == "router":
         return OpWork(gemms=(Gemm(routed, d, model.num_experts),),
-                      elementwise_bytes=(2 + model.top_k) * routed * d * b + 8 * routed * model.num_experts,
+                      traffic=(("norm", 2 * routed * d * b), ("permute", model.top_k * routed * d * b),
+                               ("softmax", 8 * routed * model.num_experts)),
                       num_kernels=6, repeated_gemms=int(tp > 1 and split.dispatch_share == 1))
     if name == "shared":
         return _ffn(routed, d, model.shared_ffn_dim // split.etp, model.expert_matrices, b,
@@ -102,11 +131,13 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
         return _experts(model, expert_rows, split.etp)
     if name == "moe_out":
         dropout = hidden_dropout_bytes(model, routed, NO_SPLIT)
-        return OpWork(elementwise_bytes=(model.top_k + 3) * routed * d * b + dropout, num_kernels=4)
+        return OpWork(traffic=(("permute", model.top_k * routed * d * b), ("residual", 3 * routed * d * b),
+                               ("dropout", dropout)), num_kernels=4)
     if name == "head":
         vocab = -(-model.vocab_size // tp)  # a vocabulary-parallel head: the rank's shard of the logits
         return OpWork(gemms=(Gemm(tokens, d, vocab),),
-                      elementwise_bytes=3 * act * split.sequence_share + 3 * tokens * vocab * 4, num_kernels=5)
+                      traffic=(("norm", 3 * act * split.sequence_share), ("loss", 3 * tokens * vocab * 4)),
+                      num_kernels=5)
     raise ValueError(f"no work formula for op {op!r}")
 
 
@@ -129,11 +160,12 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT, fla
         gemms = [Gemm(tokens, d, (h + 2 * kv) * hd), Gemm(tokens, h * hd, d)]
         core = 2.0 * tokens * model.seq_len * h * hd
         repeated = 0
-    elementwise = (2 * split.sequence_share + 4 / tp) * tokens * d * b  # the norm's in and out; q, k, v, output
-    elementwise += hidden_dropout_bytes(model, tokens, split)
+    traffic = (("norm", 2 * split.sequence_share * tokens * d * b),  # the norm's in and out
+               ("copy", 4 / tp * tokens * d * b),  # q, k, v, output
+               ("dropout", hidden_dropout_bytes(model, tokens, split)))
     forward, backward = (None, None) if flash else unfused_attention(model, tokens, h)
     return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
-                  elementwise_bytes=elementwise, num_kernels=8, repeated_gemms=repeated, unfused_forward=forward,
+                  traffic=traffic, num_kernels=8, repeated_gemms=repeated, unfused_forward=forward,
                   unfused_backward=backward)
 
 
@@ -160,10 +192,12 @@ def unfused_attention(model: ModelSpec, tokens: int, heads: int) -> tuple[Unfuse
     scores, b = batch * s * s, model.dtype_bytes
     dropout = (DROPOUT_ELEMENTS * b + DROPOUT_MASK_BYTES) if model.dropout else 0.0
     forward = UnfusedPass(writes_scores=(Gemm(s, qk, s, count=batch),), reads_scores=(Gemm(s, s, v, count=batch),),
-                          score_bytes=(SOFTMAX_FORWARD_ELEMENTS * b + dropout) * scores)
+                          score_traffic=(("softmax", SOFTMAX_FORWARD_ELEMENTS * b * scores),
+                                         ("dropout", dropout * scores)))
     backward = UnfusedPass(writes_scores=(Gemm(s, v, s, count=batch),),
                            reads_scores=(Gemm(s, s, v, count=batch), Gemm(s, s, qk, count=2 * batch)),
-                           score_bytes=(SOFTMAX_BACKWARD_ELEMENTS * b + dropout) * scores)
+                           score_traffic=(("softmax", SOFTMAX_BACKWARD_ELEMENTS * b * scores),
+                                          ("dropout", dropout * scores)))
     return forward, backward
 
 
@@ -178,7 +212,7 @@ def hidden_dropout_bytes(model: ModelSpec, tokens: int, split: TensorSplit) -> f
 def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copies: int) -> OpWork:
     up = Gemm(tokens, d, width, count=copies * (matrices - 1))
     down = Gemm(tokens, width, d, count=copies)
-    return OpWork(gemms=(up, down), elementwise_bytes=copies * 3 * tokens * width * dtype_bytes,
+    return OpWork(gemms=(up, down), traffic=(("activation", copies * 3 * tokens * width * dtype_bytes),),
                   num_kernels=copies * (matrices + 2))
 
 
@@ -203,7 +237,9 @@ def experts_besides_gemms(model: ModelSpec, expert_rows: tuple[int, ...], etp: i
     """The experts op's work other than its GEMMs: the activation's traffic over the rows, a few kernels per
     expert."""
     d, f, m, b = model.d_model, model.expert_ffn_dim // etp, model.expert_matrices, model.dtype_bytes
-    return OpWork(elementwise_bytes=sum(expert_rows) * (3 * f + 2 * d) * b, num_kernels=len(expert_rows) * (m + 2))
+    rows = sum(expert_rows)
+    return OpWork(traffic=(("activation", rows * 3 * f * b), ("copy", rows * 2 * d * b)),
+                  num_kernels=len(expert_rows) * (m + 2))
 
 
 EXCHANGE_OPS = ("dispatch", "combine")
@@ -219,7 +255,7 @@ def exchange_work(model: ModelSpec, op: str, tokens: int) -> OpWork:
         raise ValueError(f"unknown exchange {op!r}; allowed: {EXCHANGE_OPS}")
     if name == "combine":
         return OpWork(num_kernels=1)
-    return OpWork(elementwise_bytes=4 * tokens * model.top_k * (model.d_model + 1) * 4, num_kernels=5)
+    return OpWork(traffic=(("permute", 4 * tokens * model.top_k * (model.d_model + 1) * 4),), num_kernels=5)
 
 
 def forward_flops_per_token(model: ModelSpec) -> float:

@@ -155,6 +155,9 @@ class DeviceProfile:
     gemm_sustained_factor: float = 1.0
     # the unfused attention core's batched GEMMs at measured rates; None: each priced as one GEMM of its shape
     attention_bmm_memory_efficiency: AttentionBmmEfficiency | None = None
+    # measured shares of hbm_bytes_per_s by memory-bound kernel kind (workload.flops.MEMORY_KINDS: norm, activation,
+    # ...); a kind not here, and every kind where the table is empty, runs at memory_efficiency
+    memory_kernel_efficiency: dict = field(default_factory=dict)
 
     def gemm_efficiency_at(self, rows: int | np.ndarray, k: int, n: int) -> float | np.ndarray:
         """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile
