@@ -45,26 +45,37 @@ def study_context(out: Path, what: str = "one all-to-all alone on the machine") 
     return style.context(model, machine, "des", what)
 
 
+def _busbw_panels(df: pd.DataFrame, panel: str, values: list, x: str) -> tuple[plt.Figure, list]:
+    """One panel per value of column `panel`, in each a bus-bandwidth line per algorithm against column x."""
+    fig, axes = plt.subplots(1, len(values), figsize=(5.5 * len(values), 4.4), squeeze=False)
+    for ax, value in zip(axes[0], values, strict=True):
+        for alg, group in df[df[panel] == value].groupby("algorithm", sort=False):
+            g = group.sort_values(x)
+            ax.plot(g[x], g["busbw_bytes_per_s"] / 1e9, marker="o", color=style.color("algorithm", alg),
+                    label=str(alg))
+        ax.grid(alpha=0.3)
+    return fig, list(axes[0])
+
+
+def _save(fig: plt.Figure, path: Path, what: str, context_line: str) -> None:
+    style.suptitle(fig, what, context_line)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_bandwidth(df: pd.DataFrame, path: Path, context_line: str = "") -> None:
     sizes = _sizes(df)
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.4), squeeze=False)
-    for ax, size in zip(axes[0], sizes, strict=True):
-        for alg, group in df[df["size"] == size].groupby("algorithm", sort=False):
-            g = group.sort_values("nodes")
-            ax.plot(g["nodes"], g["busbw_bytes_per_s"] / 1e9, marker="o", color=style.color("algorithm", alg),
-                    label=str(alg))
+    fig, axes = _busbw_panels(df, "size", sizes, "nodes")
+    for ax, size in zip(axes, sizes, strict=True):
         style.count_axis(ax, list(df["nodes"]))
         ax.set_yscale("log")
         style.plain_log_axis(ax.yaxis)
         ax.set_xlabel("nodes")
         ax.set_ylabel("bus bandwidth per GPU (GB/s)")
         ax.set_title(f"{size} {size_per(df)}", fontsize=10)
-        ax.grid(alpha=0.3)
         ax.legend()
-    style.suptitle(fig, "all-to-all bus bandwidth per GPU against machine size", context_line)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, "all-to-all bus bandwidth per GPU against machine size", context_line)
 
 
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -131,10 +142,7 @@ def plot_link_kinds(kinds: pd.DataFrame, df: pd.DataFrame, path: Path, context_l
         ax.set_title(f"{alg}, {_sizes(df)[-1]} {size_per(df)}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    style.suptitle(fig, "highest link utilization per link kind", context_line)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, "highest link utilization per link kind", context_line)
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -198,23 +206,15 @@ def plot_collective(df: pd.DataFrame, path: Path, collective: str, context_line:
 
     kind = COLLECTIVES.get(collective, "--collective")
     counts = sorted(df["gpus"].unique().tolist())
-    fig, axes = plt.subplots(1, len(counts), figsize=(5.5 * len(counts), 4.4), squeeze=False)
-    for ax, gpus in zip(axes[0], counts, strict=True):
-        for alg, group in df[df["gpus"] == gpus].groupby("algorithm", sort=False):
-            g = group.sort_values("size_bytes")
-            ax.plot(g["size_bytes"], g["busbw_bytes_per_s"] / 1e9, marker="o", color=style.color("algorithm", alg),
-                    label=str(alg))
+    fig, axes = _busbw_panels(df, "gpus", counts, "size_bytes")
+    for ax, gpus in zip(axes, counts, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(f"size: {kind.size_meaning} (bytes)")
         ax.set_ylabel(f"busbw = algbw x {kind.factor_text} (GB/s)")
         ax.set_title(f"{gpus} GPUs", fontsize=10)
         style.from_zero(ax)
-        ax.grid(alpha=0.3)
         ax.legend()
-    style.suptitle(fig, f"{collective} bus bandwidth against size, as nccl-tests prints it", context_line)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, f"{collective} bus bandwidth against size, as nccl-tests prints it", context_line)
 
 
 def write_collective_plots(out: Path) -> list[Path]:

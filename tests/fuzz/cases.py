@@ -241,6 +241,8 @@ def cli_option(rng: random.Random) -> Case:
     """CLI option values that must be refused (named by their flag) before any work starts."""
     a2a = ["study", "all-to-all", "--topology", "uniform", "--nodes", "1,2", "--sizes", "1MiB", "--algorithms",
            "flat", "--out", "out"]
+    coll = ["study", "collective", "--collective", "all_reduce", "--topology", "uniform", "--gpus", "2,4", "--sizes",
+            "1MiB", "--algorithms", "ring", "--out", "out"]
     imb = ["study", "imbalance", "tiny-moe", "--skews", "0,1", "--policies", "none", "--steps", "2",
            "--drift-steps", "0", "--out", "out"]
     plan = ["plan", "tiny-moe", "--gpus", "4", "--global-batch", "8", "--topology", "uniform", "--workers", "0",
@@ -264,6 +266,10 @@ def cli_option(rng: random.Random) -> Case:
         (a2a, "--topology", ("bogus", "5", "/nonexistent.yaml")),
         (a2a, "--set", ("topology.params.bogus=1", "topology.params.nic_bandwidth_GBps=.nan",
                                      "topology.params.nic_bandwidth_GBps=[1", "nic=1")),
+        (coll, "--collective", ("bogus", "", "all-reduce")),
+        (coll, "--gpus", ("1", "0", "abc", "2,,x", "9" * 30)),
+        (coll, "--sizes", ("0B", "nanMiB", ",")),
+        (coll, "--algorithms", ("bogus", "nccl", "flat")),
         (imb, "--skews", ("-1", "abc", "nan", "inf", ",", "1e400")),
         (imb, "--policies", ("bogus", ",")),
         (imb, "--steps", ("0", "-1", "100000000000")),
