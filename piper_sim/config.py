@@ -14,8 +14,9 @@ from piper_sim.bounds import check_int_bounds
 from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import config_path
 from piper_sim.profile_choice import DEFAULT_PROFILE, choose_profile
-from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.model import FP8_RECIPES, SET_BY_CONFIG, ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
+from piper_sim.workload.precision import PRECISIONS
 from piper_sim.workload.presets import list_presets, load_model
 from piper_sim.yamlio import parse_yaml, read_yaml
 
@@ -40,7 +41,7 @@ DEFAULTS: dict = {
 }
 SECTION_KEYS = {
     "collectives": {"all_to_all", "all_reduce"},
-    "cost": {"profile", "flash_attention", "allow_device_mismatch", "framework_reserve_GiB"},
+    "cost": {"profile", "flash_attention", "allow_device_mismatch", "framework_reserve_GiB", "precision", "fp8_recipe"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
     "optimizer": {"zero"},
     "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
@@ -90,7 +91,7 @@ class Config:
     def resolved(self) -> dict:
         """The config as written to config.yaml: every section explicit, the model inline."""
         out = copy.deepcopy(self.raw)
-        out["model"] = {k: v for k, v in asdict(self.model).items() if v not in (None, "")}
+        out["model"] = {k: v for k, v in asdict(self.model).items() if v not in (None, "") and k not in SET_BY_CONFIG}
         out["parallel"] = asdict(self.parallel)
         return out
 
@@ -173,7 +174,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
             full[section] = {**DEFAULTS[section], **value}
     if "model" not in raw:
         raise ConfigError("model", None, "a preset name, an inline mapping or a path (required)")
-    model = load_model(full["model"])
+    model = _with_precision(load_model(full["model"]), full["cost"])
     taken = _two_chunk_vpp(full)
     parallel = parallel_from_section(full.get("parallel", {}))
     parallel.validate(model)
@@ -214,6 +215,20 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
         seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full, given=given,
         profile_reason=choice.reason, taken=taken,
     )
+
+
+def _with_precision(model: ModelSpec, cost: dict) -> ModelSpec:
+    """The model with cost.precision's GEMM precision (fp8: its linears in fp8 under cost.fp8_recipe, default
+    delayed; workload/precision.py), checked (a real run refuses fp8: measure.py)."""
+    precision, recipe = cost.get("precision", "bf16"), cost.get("fp8_recipe")
+    if precision not in PRECISIONS:
+        raise ConfigError("cost.precision", precision, one_of(PRECISIONS, str(precision)))
+    if recipe is not None and (precision != "fp8" or recipe not in FP8_RECIPES):
+        raise ConfigError("cost.fp8_recipe", recipe, " or ".join(FP8_RECIPES) + " with cost.precision fp8, else "
+                                                     "left out")
+    if precision == "bf16":
+        return model
+    return replace(model, fp8_recipe=recipe or FP8_RECIPES[0])
 
 
 def _two_chunk_vpp(full: dict) -> tuple[str, ...]:

@@ -122,6 +122,7 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
                          fits_memory=[h >= 0 for h in headroom],
                          sim_wall_s=time.perf_counter() - t0, hbm_bytes=profile.hbm_bytes, backend="sim", tier="des",
                          framework_reserve_bytes=reserve,
+                         peak_fp8_flops_per_s=profile.peak_fp8_flops_per_s if cfg.model.fp8_recipe else None,
                          peak_memory_bytes_first_step=_per_stage_max(records.first_step_peak_memory_bytes, par.pp),
                          **experts)
     stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,

@@ -93,6 +93,7 @@ class Report:
     tier: str | None = None  # a simulator's report: "des" (the event simulation) or "estimate" (the estimator)
     estimate: dict | None = None  # the estimate tier: the estimator's terms (planning.estimate.Estimate)
     error_band: dict | None = None  # a prediction's expected error (analysis/band.py; docs/metrics.md)
+    mfu_fp8_peak: float | None = None  # cost.precision fp8: model FLOPs over the fp8 peak (mfu stays over bf16's)
     # torch backend
     backend: str | None = None
     device: str | None = None
@@ -123,9 +124,10 @@ def steady_window(df: pd.DataFrame, warmup_steps: int) -> tuple[pd.DataFrame, fl
 
 def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tokens_per_step: int,
                 peak_memory_by_stage: list[float], links: pd.DataFrame | None = None, warmup_steps: int | None = None,
-                **backend_figures) -> Report:
+                peak_fp8_flops_per_s: float | None = None, **backend_figures) -> Report:
     """The report of one run's trace; backend_figures are the Report fields only one backend has. warmup_steps:
-    the first steps left out of every figure (fewer than the run's steps)."""
+    the first steps left out of every figure (fewer than the run's steps). peak_fp8_flops_per_s: a run in fp8,
+    whose MFU is also given over the fp8 peak (mfu_fp8_peak)."""
     all_steps = step_times(df)
     if warmup_steps is not None and not 0 <= warmup_steps < len(all_steps):
         raise ValueError(f"warmup_steps {warmup_steps} of a run of {len(all_steps)} steps")
@@ -153,6 +155,7 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
         tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_step / step_time,
         model_flops_per_step=model_flops, tflops_per_gpu=model_flops / step_time / num_gpus / 1e12,
         mfu=model_flops / (step_time * num_gpus * peak_flops_per_s),
+        mfu_fp8_peak=mfu_over_peak(model_flops, step_time, num_gpus, peak_fp8_flops_per_s),
         hfu=hardware_flops / (step_time * num_gpus * peak_flops_per_s),
         compute_fraction=float(np.mean(busy_compute) / makespan),
         bubble_fraction=float(np.mean(makespan - busy_any) / makespan),
@@ -160,6 +163,14 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
         peak_memory_bytes=[float(x) for x in peak_memory_by_stage],
         all_to_all_bandwidth_bytes_per_s=a2a_bandwidth(df), busiest_link=busiest, warmup_steps=warmup_steps,
         **backend_figures)
+
+
+def mfu_over_peak(model_flops_per_step: float, step_time_s: float, num_gpus: int,
+                  peak_flops_per_s: float | None) -> float | None:
+    """Model FLOPs per step over what the GPUs' peak does in a step; None without a peak (a bf16 run's fp8 MFU)."""
+    if peak_flops_per_s is None:
+        return None
+    return model_flops_per_step / (step_time_s * num_gpus * peak_flops_per_s)
 
 
 def steps_note(report: dict) -> str:

@@ -44,6 +44,7 @@ PROFILE_SCHEMA = {
     "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
     "extends": None, "moe_path": None, "device_kind": "", "framework_reserve_GiB": None,
     "gemm_sustained_factor": 1.0, "attention_bmm_memory_efficiency": None, "memory_kernel_efficiency": None,
+    "peak_fp8_TFLOPS": None, "fp8_gemm_efficiency_ratio": 1.0, "fp8_transposed_copies": True,
 }
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
 ATTENTION_BMM_SCHEMA = {"writes_scores": ..., "reads_scores": ...}
@@ -88,6 +89,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         gemm_sustained_factor=p["gemm_sustained_factor"],
         attention_bmm_memory_efficiency=_attention_bmm(p["attention_bmm_memory_efficiency"]),
         memory_kernel_efficiency=_memory_kernels(p["memory_kernel_efficiency"]),
+        **_fp8(p),
         **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
            **_device_measured(measurements)},
     )
@@ -142,6 +144,22 @@ def _memory_kernels(raw: object) -> dict[str, float]:
         if not is_finite_number(value) or not 0 < value <= 1:
             raise ConfigError(f"{where}.{kind}", value, "a fraction in (0, 1]")
     return {kind: float(value) for kind, value in raw.items()}
+
+
+def _fp8(p: dict) -> dict:
+    """The profile's fp8 rates (workload/precision.py), checked: a ratio or transposes only with an fp8 peak."""
+    peak, ratio, transposed = p["peak_fp8_flops_per_s"], p["fp8_gemm_efficiency_ratio"], p["fp8_transposed_copies"]
+    if peak is not None and not peak > 0:
+        raise ConfigError("cost.profile.peak_fp8_TFLOPS", peak / 1e12, "a positive number (leave it out: no fp8)")
+    if not is_finite_number(ratio) or not 0 < ratio <= 2:
+        raise ConfigError("cost.profile.fp8_gemm_efficiency_ratio", ratio, "a number in (0, 2]")
+    if not isinstance(transposed, bool):
+        raise ConfigError("cost.profile.fp8_transposed_copies", transposed, "true or false")
+    if peak is None and (ratio != 1.0 or not transposed):
+        key = "fp8_gemm_efficiency_ratio" if ratio != 1.0 else "fp8_transposed_copies"
+        raise ConfigError(f"cost.profile.{key}", p[key], "left out where the profile has no peak_fp8_TFLOPS")
+    return {"peak_fp8_flops_per_s": peak, "fp8_gemm_efficiency_ratio": float(ratio),
+            "fp8_transposed_copies": transposed}
 
 
 def _reserve(p: dict) -> float | None:

@@ -35,7 +35,13 @@ from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.phase_run import phase_delay_s
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
-from piper_sim.workload.memory import PARAM_CLASSES, param_shards, rank_param_tensors, rank_params
+from piper_sim.workload.memory import (
+    PARAM_CLASSES,
+    fp8_weight_params,
+    param_shards,
+    rank_param_tensors,
+    rank_params,
+)
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
@@ -235,8 +241,11 @@ class Estimator:
                                   stage_size=per_stage)
             updated = sum(params[kind] / shards[kind] for kind in PARAM_CLASSES)
             tensors = rank_param_tensors(self.model, held, **ends)
+            fp8_params = fp8_weight_params(self.model, params, held, first=ends["first"], last=ends["last"],
+                                           tp=point.parallel.split.tp)
             worst_grad = max(worst_grad, grad)
-            worst_opt = max(worst_opt, self.coster(1).optimizer_time_s(updated, tensors))
+            coster = self.coster(1)
+            worst_opt = max(worst_opt, coster.optimizer_time_s(updated, tensors) + coster.fp8_weight_cast_s(fp8_params))
         return worst_grad, worst_opt
 
     def _replica_groups(self, point: PlanPoint, p: int) -> dict[str, list[str]]:
@@ -374,10 +383,11 @@ def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float, float]:
     from piper_sim.workload.memory import reserve_bytes
 
     estimator, point = config_estimator(cfg)
+    profile = estimator.profile
     peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention,
                                                 recompute_layers=cfg.recompute_layers,
-                                                checkpoint_layers=cfg.recompute_checkpoint_layers)]
-    profile = estimator.profile
+                                                checkpoint_layers=cfg.recompute_checkpoint_layers,
+                                                fp8_transposed_copies=profile.fp8_transposed_copies)]
     return estimator.estimate(point), peaks, profile.hbm_bytes, reserve_bytes(profile, cfg.framework_reserve_bytes)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from piper_sim.analysis.report import Report
+from piper_sim.analysis.report import Report, mfu_over_peak
 from piper_sim.config import Config
 from piper_sim.migration.controller import migration_from_config
 from piper_sim.planning.estimate import estimate_with_memory
@@ -37,8 +37,17 @@ def estimate_report(cfg: Config) -> Report:
                   hfu=est.mfu if cfg.recompute == "none" else None, peak_memory_bytes=[float(p) for p in peaks],
                   hbm_bytes=hbm, framework_reserve_bytes=reserve, memory_headroom_bytes=headroom,
                   fits_memory=[h >= 0 for h in headroom],
+                  mfu_fp8_peak=mfu_over_peak(est.model_flops_per_step, est.step_time_s, cfg.parallel.num_gpus,
+                                             _fp8_peak(cfg)),
                   backend="sim", tier="estimate", estimate={k: float(v) for k, v in est.__dict__.items()},
                   sim_wall_s=time.perf_counter() - t0, **nulls)
+
+
+def _fp8_peak(cfg: Config) -> float | None:
+    """The fp8 peak an fp8 config's MFU is also over (None in bf16)."""
+    from piper_sim.calibrate.load import load_profile
+
+    return load_profile(cfg.cost_profile).peak_fp8_flops_per_s if cfg.model.fp8_recipe else None
 
 
 def expected_run_s(cfg: Config) -> float:

@@ -145,7 +145,8 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
                           flash_attention=request.flash_attention)
     rows = []
     for point in points:
-        memory = stage_memory(model, point, flash_attention=request.flash_attention)
+        memory = stage_memory(model, point, flash_attention=request.flash_attention,
+                              fp8_transposed_copies=profile.fp8_transposed_copies)
         peaks = [m.peak_bytes for m in memory]
         headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
         worst = int(np.argmin(headroom))

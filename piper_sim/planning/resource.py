@@ -47,9 +47,11 @@ def coarse_programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> 
 
 
 def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = True,
-                 recompute_layers: int | None = None, checkpoint_layers: int | None = None) -> list[StageMemory]:
+                 recompute_layers: int | None = None, checkpoint_layers: int | None = None,
+                 fp8_transposed_copies: bool = True) -> list[StageMemory]:
     """Per pipeline stage: state and peak activation bytes of one of its ranks (a config's recompute_layers and
-    recompute_checkpoint_layers where given; the planner's plans recompute whole chunks)."""
+    recompute_checkpoint_layers where given; the planner's plans recompute whole chunks); fp8_transposed_copies:
+    the device's, for a model in fp8 (DeviceProfile)."""
     stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
     layers = split_layers(model.num_layers, stages)
     parallel = point.parallel
@@ -61,7 +63,8 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
                              last=any(map(stages.is_last, chunks)), ep=point.ep, split=parallel.split)
         terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
                                    recompute=point.recompute, recompute_layers=recompute_layers, zero=point.zero,
-                                   stages=stages, checkpoint_layers=checkpoint_layers)
+                                   stages=stages, checkpoint_layers=checkpoint_layers,
+                                   fp8_transposed_copies=fp8_transposed_copies)
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
         peak = float(np.max(counts @ np.array([terms["act"][c] for c in range(point.vpp)])))
         out.append(StageMemory(state_bytes=terms["state"], activation_bytes=peak + terms["transient"]))

@@ -90,8 +90,8 @@ class Simulation(LaneCollectives):
         self.runner = CollectiveRunner(self.env, self.network, topology)
         self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention,
                                                         recompute=recompute, recompute_layers=recompute_layers,
-                                                        checkpoint_layers=checkpoint_layers,
-                                                        zero=zero)
+                                                        checkpoint_layers=checkpoint_layers, zero=zero,
+                                                        fp8_transposed_copies=coster.profile.fp8_transposed_copies)
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
@@ -362,7 +362,8 @@ class Simulation(LaneCollectives):
         """(seconds, flops) of a compute task: one value for all members, or one per member (expert ops)."""
         plan = self.plans[stage]
         if task.kind == "optimizer":
-            return self.coster.optimizer_time_s(plan.optimizer_params, plan.param_tensors), 0.0
+            return (self.coster.optimizer_time_s(plan.optimizer_params, plan.param_tensors)
+                    + self.coster.fp8_weight_cast_s(plan.fp8_params)), 0.0
         if not plan.expert_layers[i]:
             return plan.fixed_cost[i]
         seconds, flops = np.zeros(len(lane)), np.zeros(len(lane))

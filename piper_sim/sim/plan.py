@@ -13,6 +13,8 @@ from piper_sim.schedule.liveness import activation_deltas
 from piper_sim.workload.memory import (
     PARAM_CLASSES,
     activation_bytes,
+    fp8_weight_copy_bytes,
+    fp8_weight_params,
     param_shards,
     rank_param_tensors,
     rank_params,
@@ -44,6 +46,7 @@ class StagePlan:
     state_bytes: float  # training state of the parameters held (sharded as the optimizer's ZeRO stage says)
     transient_bytes: float  # full recomputation: one recomputed layer's activations during its backward
     optimizer_params: float  # parameters this rank's optimizer step updates (its shard under ZeRO)
+    fp8_params: float = 0.0  # parameters of its fp8 linears, whose weights its step quantizes (workload/precision.py)
 
     @property
     def static_bytes(self) -> float:
@@ -52,7 +55,7 @@ class StagePlan:
 
 def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, flash_attention: bool, *,
                       recompute: str = "none", recompute_layers: int | None = None, zero: int = 0,
-                      checkpoint_layers: int | None = None) -> list[StagePlan]:
+                      checkpoint_layers: int | None = None, fp8_transposed_copies: bool = True) -> list[StagePlan]:
     plans = []
     stages = schedule.stages
     for p, program in enumerate(schedule.stage_programs):
@@ -68,7 +71,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         memory = stage_memory_terms(model, schedule.stage_layers, chunks, parallel, params,
                                     flash_attention=flash_attention, recompute=recompute,
                                     recompute_layers=recompute_layers, zero=zero, stages=stages,
-                                    checkpoint_layers=checkpoint_layers)
+                                    checkpoint_layers=checkpoint_layers, fp8_transposed_copies=fp8_transposed_copies)
         act = memory["act"]
         mem_start, mem_end = activation_deltas(program, act)
         plans.append(StagePlan(
@@ -83,6 +86,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
             chunk_params=chunk_params,
             param_tensors=rank_param_tensors(model, layers, **ends), state_bytes=memory["state"],
             transient_bytes=memory["transient"], optimizer_params=memory["optimizer_params"],
+            fp8_params=memory["fp8_params"],
         ))
     return plans
 
@@ -90,10 +94,12 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
 def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
                        parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
                        recompute: str, recompute_layers: int | None, zero: int,
-                       stages: VirtualStages | None = None, checkpoint_layers: int | None = None) -> dict:
-    """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state,
-    the recomputation transient, and the parameters its optimizer updates. stages: the schedule's layout
-    (which virtual stages end a pipeline; default interleaved)."""
+                       stages: VirtualStages | None = None, checkpoint_layers: int | None = None,
+                       fp8_transposed_copies: bool = True) -> dict:
+    """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state
+    (with the fp8 copies of its fp8 linears' weights under fp8), the recomputation transient, the parameters its
+    optimizer updates and those of its fp8 linears. stages: the schedule's layout (which virtual stages end a
+    pipeline; default interleaved). fp8_transposed_copies: the device's (DeviceProfile)."""
     num_virtual = len(stage_layers)
     if stages is None:  # interleaved: the last virtual stage ends the one pipeline
         stages = VirtualStages(Layout.INTERLEAVED, num_virtual, 1)
@@ -115,6 +121,10 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
         transient += max(model.dtype_bytes * sum(
             rank_params(model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,
                         split=split).values()) for v in chunks)
-    return {"act": act, "transient": transient,
-            "state": state_bytes(params, zero=zero, shards=shards, dtype_bytes=model.dtype_bytes),
-            "optimizer_params": sum(params[kind] / shards[kind] for kind in PARAM_CLASSES)}
+    held = tuple(layer for v in chunks for layer in stage_layers[v])
+    fp8_params = fp8_weight_params(model, params, held, first=any(map(stages.is_first, chunks)),
+                                   last=any(map(stages.is_last, chunks)), tp=split.tp)
+    state = state_bytes(params, zero=zero, shards=shards, dtype_bytes=model.dtype_bytes)
+    state += fp8_weight_copy_bytes(fp8_params, fp8_transposed_copies)
+    return {"act": act, "transient": transient, "state": state,
+            "optimizer_params": sum(params[kind] / shards[kind] for kind in PARAM_CLASSES), "fp8_params": fp8_params}

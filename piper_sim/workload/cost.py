@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from piper_sim.errors import ConfigError
 from piper_sim.workload.flops import (
     Gemm,
     OpWork,
@@ -31,6 +32,7 @@ from piper_sim.workload.flops import (
 )
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
+from piper_sim.workload.precision import cast_bytes_per_element, cast_elements, is_fp8_op
 from piper_sim.workload.profile import DeviceProfile
 
 
@@ -52,11 +54,17 @@ BACKWARD_FACTOR = {
 }
 
 
-def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float | np.ndarray:
-    """The roofline of a GEMM (of gemm.count identical ones); gemm.rows may be an array of row counts."""
-    rate = profile.peak_flops_per_s * profile.gemm_sustained_factor
+def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, fp8: bool = False) -> float | np.ndarray:
+    """The roofline of a GEMM (of gemm.count identical ones); gemm.rows may be an array of row counts. fp8: its
+    operands in fp8 (its output in the model's dtype), at the profile's fp8 peak times its bf16 efficiency at this
+    shape times fp8_gemm_efficiency_ratio (workload/precision.py)."""
+    peak = profile.peak_flops_per_s
+    if fp8:
+        peak = profile.peak_fp8_flops_per_s * profile.fp8_gemm_efficiency_ratio
+    rate = peak * profile.gemm_sustained_factor
     flop_time = gemm.flops / (rate * profile.gemm_efficiency_at(gemm.rows, gemm.k, gemm.n))
-    memory_time = gemm_bytes(gemm, dtype_bytes) / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+    nbytes = fp8_gemm_bytes(gemm, dtype_bytes) if fp8 else gemm_bytes(gemm, dtype_bytes)
+    memory_time = nbytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
     if isinstance(flop_time, np.ndarray):
         return np.maximum(flop_time, memory_time)
     return max(flop_time, memory_time)
@@ -65,6 +73,11 @@ def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int) -> float |
 def gemm_bytes(gemm: Gemm, dtype_bytes: int) -> float | np.ndarray:
     """HBM traffic of a GEMM (of gemm.count identical ones): both operands read and the output written once."""
     return gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
+
+
+def fp8_gemm_bytes(gemm: Gemm, output_bytes: int) -> float | np.ndarray:
+    """HBM traffic of an fp8 GEMM: both operands read at 1 byte, the output written in the model's dtype."""
+    return gemm.count * (gemm.rows * gemm.k + gemm.k * gemm.n + output_bytes * gemm.rows * gemm.n)
 
 
 def memory_bound_s(profile: DeviceProfile, traffic: Traffic,
@@ -153,18 +166,51 @@ class TaskCoster:
                  split: TensorSplit = NO_SPLIT, flash_attention: bool = True) -> None:
         self.model, self.profile, self.tokens = model, profile.for_model(model), tokens_per_microbatch
         self.split, self.flash = split, flash_attention
+        self.fp8 = bool(model.fp8_recipe)  # its linears' GEMMs in fp8 (workload/precision.py)
+        if self.fp8 and self.profile.peak_fp8_flops_per_s is None:
+            raise ConfigError("cost.precision", "fp8", f"bf16 with cost profile {self.profile.name}: it has no "
+                              "peak_fp8_TFLOPS (its device has no fp8 GEMMs, or the profile does not give their rates)")
+        self._cast_bytes = cast_bytes_per_element(model, self.profile.fp8_transposed_copies)  # per element quantized
         self._cache: dict[tuple, tuple[float, float]] = {}
-        self._one_gemm_s: dict[tuple[int, int, int], float] = {}  # a GEMM's time by shape, for count 1
+        self._one_gemm_s: dict[tuple[int, int, int, bool], float] = {}  # a GEMM's time by shape and fp8, count 1
         self._one_expert = np.zeros((1, 2))  # [rows]: one expert's GEMMs (seconds, FLOPs); NaN: not priced yet
 
-    def _gemm_s(self, gemm: Gemm) -> float:
+    def _gemm_s(self, gemm: Gemm, fp8: bool = False) -> float:
         """gemm_time_s, memoized by shape: a GEMM of count c takes c times one (skewed routing prices many expert
         row counts, each again on many ranks and micro-batches)."""
-        key = (gemm.rows, gemm.k, gemm.n)
+        key = (gemm.rows, gemm.k, gemm.n, fp8)
         one = self._one_gemm_s.get(key)
         if one is None:
-            one = self._one_gemm_s[key] = gemm_time_s(self.profile, Gemm(*key), self.model.dtype_bytes)
+            one = self._one_gemm_s[key] = gemm_time_s(self.profile, Gemm(*key[:3]), self.model.dtype_bytes, fp8)
         return gemm.count * one
+
+    def _fp8_gemm_s(self, gemm: Gemm) -> float:
+        return self._gemm_s(gemm, fp8=True)
+
+    def _op_gemm_s(self, op: str) -> Callable[[Gemm], float]:
+        """The time of one of this op's GEMMs: in fp8 where the op's linears run in fp8."""
+        return self._fp8_gemm_s if is_fp8_op(self.model, op) else self._gemm_s
+
+    def _cast_s(self, kind: str, op: str, gemms: tuple[Gemm, ...]) -> float:
+        """The quantize kernels of an fp8 op in a task of this kind (precision.cast_elements): memory-bound traffic at
+        the profile's memory_efficiency; 0 for an op that stays in the model's dtype."""
+        if not is_fp8_op(self.model, op):
+            return 0.0
+        return float(memory_bound_s(self.profile, (("cast", cast_elements(op, gemms, kind) * self._cast_bytes),)))
+
+    def _experts_cast_s(self, kind: str, rows: float | np.ndarray) -> float | np.ndarray:
+        """The quantize kernels of an experts op over this many routed rows (per rank), as _cast_s prices them."""
+        if not self.fp8:
+            return 0.0 * rows
+        per_row = cast_elements("experts:0", expert_gemms(self.model, 1, self.split.etp), kind) * self._cast_bytes
+        return memory_bound_s(self.profile, (("cast", per_row),), rows)
+
+    def fp8_weight_cast_s(self, fp8_params: float) -> float:
+        """Quantizing a rank's fp8 linears' weights, once per step (TE caches them over the step's micro-batches):
+        priced in its optimizer step; 0 in bf16."""
+        if not self.fp8:
+            return 0.0
+        return float(memory_bound_s(self.profile, (("cast", fp8_params * self._cast_bytes),)))
 
     def cost(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
         """(seconds, flops) of a compute task of this kind running these ops."""
@@ -178,19 +224,21 @@ class TaskCoster:
         for op in ops:
             if expert_rows and op.startswith("experts:") and not measured_experts:
                 s, f = self._experts_s(expert_rows)
-                seconds += factor * s
+                seconds += factor * s + float(self._experts_cast_s(kind, sum(expert_rows)))
                 flops += factor * f
                 continue
             work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
             on_path = self.profile.moe_path is not None and op.startswith(MOE_PATH_OPS)
             fixed = None if on_path else self._framework_s(kind, op, expert_rows, work)
+            gemm_s = self._op_gemm_s(op)
             if on_path:
                 seconds += self._moe_path_s(kind, op, work)
             elif fixed is None:
-                seconds += work_time_s(self.profile, work, self.model.dtype_bytes, self._gemm_s, kind)
+                seconds += work_time_s(self.profile, work, self.model.dtype_bytes, gemm_s, kind)
             else:  # measured fixed cost of the op's code path, plus its arithmetic without per-kernel launches
                 arithmetic = replace(work, num_kernels=0)
-                seconds += fixed + work_time_s(self.profile, arithmetic, self.model.dtype_bytes, self._gemm_s, kind)
+                seconds += fixed + work_time_s(self.profile, arithmetic, self.model.dtype_bytes, gemm_s, kind)
+            seconds += self._cast_s(kind, op, work.gemms)
             flops += factor * work.model_flops(self.split.tp)
         self._cache[key] = (seconds, flops)
         return seconds, flops
@@ -207,6 +255,7 @@ class TaskCoster:
                                                            np.array([len(expert_rows)]))
                 for term, value in (("gemm", gemm), ("memory_bound", memory), ("launch", launch)):
                     terms[term] += factor * float(value[0])
+                terms["memory_bound"] += float(self._experts_cast_s(kind, sum(expert_rows)))
                 continue
             work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
             if self.profile.moe_path is not None and op.startswith(MOE_PATH_OPS):
@@ -216,8 +265,10 @@ class TaskCoster:
             if fixed is not None:
                 terms["framework"] += fixed
                 work = replace(work, num_kernels=0)
-            for term, value in work_terms_s(self.profile, work, self.model.dtype_bytes, self._gemm_s, kind).items():
+            for term, value in work_terms_s(self.profile, work, self.model.dtype_bytes, self._op_gemm_s(op),
+                                            kind).items():
                 terms[term] += value
+            terms["memory_bound"] += self._cast_s(kind, op, work.gemms)
         return terms
 
     def _experts_s(self, expert_rows: tuple[int, ...]) -> tuple[float, float]:
@@ -261,7 +312,8 @@ class TaskCoster:
         if unpriced.any():  # the new row counts at once (every count's price comes from here)
             counts = np.unique(rows[unpriced])
             gemms = expert_gemms(self.model, counts, self.split.etp)
-            one = [g.count * gemm_time_s(self.profile, replace(g, count=1), self.model.dtype_bytes) for g in gemms]
+            one = [g.count * gemm_time_s(self.profile, replace(g, count=1), self.model.dtype_bytes, self.fp8)
+                   for g in gemms]
             table[counts, 0] = sum(one)
             table[counts, 1] = sum(g.flops for g in gemms)
             per_expert = table[rows]
@@ -276,7 +328,7 @@ class TaskCoster:
             return np.array([p[0] for p in priced]), np.array([p[1] for p in priced])
         seconds, flops = self.experts_forward_s(rows, num_local)
         factor = BACKWARD_FACTOR[kind]
-        return factor * seconds, factor * flops
+        return factor * seconds + self._experts_cast_s(kind, rows.sum(axis=1)), factor * flops
 
     def _moe_path_s(self, kind: str, op: str, work: OpWork) -> float:
         """The router and moe_out ops as the profile's measured MoE path (DeviceProfile.moe_path): the router is

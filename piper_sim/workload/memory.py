@@ -40,6 +40,12 @@ from __future__ import annotations
 
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
+from piper_sim.workload.precision import (
+    fp8_activation_delta_bytes,
+    fp8_routed_row_saving_bytes,
+    fp8_weight_bytes_per_param,
+    non_fp8_params,
+)
 from piper_sim.workload.profile import DeviceProfile
 
 STATE_BYTES_PER_PARAM = 16
@@ -76,6 +82,20 @@ def param_shards(*, zero: int, data_parallel: int, dp: int, stage_size: int) -> 
     if not zero:
         return dict.fromkeys(PARAM_CLASSES, 1)
     return {"dense": data_parallel, "replicated": stage_size, "expert": dp}
+
+
+def fp8_weight_params(model: ModelSpec, params: dict[str, float], layers: tuple[int, ...], *, first: bool,
+                      last: bool, tp: int) -> float:
+    """Of a rank's parameters (rank_params of these layers), those of its fp8 linears (workload/precision.py); 0 in
+    bf16."""
+    if not model.fp8_recipe:
+        return 0.0
+    return sum(params.values()) - non_fp8_params(model, layers, first=first, last=last, tp=tp)
+
+
+def fp8_weight_copy_bytes(fp8_params: float, transposed_copies: bool) -> float:
+    """The fp8 copies of those weights TE keeps over a step (besides the weights and the training state)."""
+    return fp8_params * fp8_weight_bytes_per_param(transposed_copies)
 
 
 def reserve_bytes(profile: DeviceProfile, given_bytes: float | None = None) -> float:
@@ -152,8 +172,9 @@ def ffn_inner(width: int, matrices: int) -> int:
 
 def routed_row_bytes(model: ModelSpec, etp: int = 1) -> float:
     """Activations an expert keeps per routed row it computes: the row and the FFN's inner activations (its
-    1/etp of them)."""
-    return (model.d_model + ffn_inner(model.expert_ffn_dim, model.expert_matrices) / etp) * model.dtype_bytes
+    1/etp of them); under fp8 the inputs of fc1 and fc2 in fp8 (precision.fp8_routed_row_saving_bytes)."""
+    kept = (model.d_model + ffn_inner(model.expert_ffn_dim, model.expert_matrices) / etp) * model.dtype_bytes
+    return kept - fp8_routed_row_saving_bytes(model, etp)
 
 
 def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *, last: bool,
@@ -206,7 +227,8 @@ def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, 
                      * ffn_inner(model.shared_ffn_dim, model.expert_matrices) / split.etp)
     else:
         elements += tokens * ffn_inner(model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count) / tp
-    return elements * model.dtype_bytes + other_bytes
+    fp8_delta = fp8_activation_delta_bytes(model, layer, micro_batch_size, split)
+    return elements * model.dtype_bytes + other_bytes + fp8_delta
 
 
 def recompute_transient_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from piper_sim.errors import ConfigError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+FP8_RECIPES = ("delayed", "current")  # TE's DelayedScaling and Float8CurrentScaling (workload/precision.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,9 @@ class ModelSpec:
     dropout: float = 0.0  # attention-probability and hidden-state dropout (Megatron-LM's defaults are 0.1)
     mla: MLASpec | None = None
     dtype: str = "bf16"
+    # the fp8 recipe its linear layers' GEMMs run in (workload/precision.py: "delayed" or "current"); "": none, every
+    # GEMM in dtype. Set from the config's cost.precision and cost.fp8_recipe (config.py), not a model key
+    fp8_recipe: str = ""
     published_params: float = 0.0  # total parameters as published, for reference checks
     published_active_params: float = 0.0
     source: str = ""
@@ -78,6 +82,8 @@ class ModelSpec:
             raise ConfigError("model.dense_matrices", self.dense_matrices, "2 or 3")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError("model.dtype", self.dtype, f"one of {sorted(DTYPE_BYTES)}")
+        if self.fp8_recipe not in ("", *FP8_RECIPES):
+            raise ConfigError("cost.fp8_recipe", self.fp8_recipe, " or ".join(FP8_RECIPES))
         if not 0 <= self.num_dense_layers <= self.num_layers:
             raise ConfigError("model.num_dense_layers", self.num_dense_layers,
                               f"between 0 and num_layers ({self.num_layers})")
@@ -194,8 +200,12 @@ class ModelSpec:
         return total
 
 
+SET_BY_CONFIG = frozenset({"fp8_recipe"})  # ModelSpec fields a config sets from its cost section, not model keys
+
+
 def model_field_names() -> set[str]:
-    return {f.name for f in fields(ModelSpec)}
+    """The keys a model mapping may give."""
+    return {f.name for f in fields(ModelSpec)} - SET_BY_CONFIG
 
 
 def mla_field_names() -> set[str]:

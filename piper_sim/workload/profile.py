@@ -158,6 +158,12 @@ class DeviceProfile:
     # measured shares of hbm_bytes_per_s by memory-bound kernel kind (workload.flops.MEMORY_KINDS: norm, activation,
     # ...); a kind not here, and every kind where the table is empty, runs at memory_efficiency
     memory_kernel_efficiency: dict = field(default_factory=dict)
+    # fp8 (workload/precision.py): the dense fp8 peak (None: the device has no fp8 GEMMs), an fp8 GEMM's share of it
+    # over a bf16 GEMM's share of peak_flops_per_s at the same shape (fp8_gemm_efficiency_ratio: the bf16 curves
+    # times it price fp8 GEMMs), and whether its fp8 GEMMs need transposed copies of their operands (Hopper)
+    peak_fp8_flops_per_s: float | None = None
+    fp8_gemm_efficiency_ratio: float = 1.0
+    fp8_transposed_copies: bool = True
 
     def gemm_efficiency_at(self, rows: int | np.ndarray, k: int, n: int) -> float | np.ndarray:
         """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile
