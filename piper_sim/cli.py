@@ -20,6 +20,7 @@ with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one
     from piper_sim.calibrate.cli import register as register_calibrate
     from piper_sim.config import load_config
     from piper_sim.errors import ConfigError, PiperError, named_by
+    from piper_sim.importers.cli import register as register_import
     from piper_sim.notes import config_notes, placement_notes
     from piper_sim.paths import config_path, data_dir
     from piper_sim.planning.cli import register as register_plan
@@ -397,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_plan(sub)
     register_sweep(sub)
     register_reproduce(sub)
+    register_import(sub)
     return parser
 
 
