@@ -174,7 +174,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
             full[section] = {**DEFAULTS[section], **value}
     if "model" not in raw:
         raise ConfigError("model", None, "a preset name, an inline mapping or a path (required)")
-    model = _with_precision(load_model(full["model"]), full["cost"])
+    model = with_precision(load_model(full["model"]), full["cost"])
     taken = _two_chunk_vpp(full)
     parallel = parallel_from_section(full.get("parallel", {}))
     parallel.validate(model)
@@ -217,7 +217,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
     )
 
 
-def _with_precision(model: ModelSpec, cost: dict) -> ModelSpec:
+def with_precision(model: ModelSpec, cost: dict) -> ModelSpec:
     """The model with cost.precision's GEMM precision (fp8: its linears in fp8 under cost.fp8_recipe, default
     delayed; workload/precision.py), checked (a real run refuses fp8: measure.py)."""
     precision, recipe = cost.get("precision", "bf16"), cost.get("fp8_recipe")

@@ -198,3 +198,20 @@ def test_each_fp8_rate_of_a_shipped_profile_is_cited_and_an_assumed_one_is_the_d
         assert entry["value"] == PROFILE_SCHEMA[key]
     else:
         assert entry["status"] in ("measured", "derived") and entry.get("source"), (name, key)
+
+
+def test_the_planner_prices_every_plan_in_the_precision_fixed():
+    from piper_sim.planning.planner import PlanRequest, screen
+    from piper_sim.planning.space import parse_fixes, split_settings
+
+    fixed, settings = split_settings(parse_fixes(["cost.precision=fp8"]))
+    assert (fixed, settings) == ({}, {"precision": "fp8"})
+    base = {"model": "x-moe-small", "num_gpus": 8, "global_batch": 64, "topology": "dgx-h100-superpod",
+            "fixed": {"pp": (1,), "ep": (8,), "micro_batch_size": (4,), "schedule": ("1f1b",), "zero": (1,)}}
+    fp8_model, fp8_table, *_ = screen(PlanRequest(**base, **settings))
+    bf16_model, bf16_table, *_ = screen(PlanRequest(**base))
+    assert (fp8_model.fp8_recipe, bf16_model.fp8_recipe) == ("delayed", "")
+    assert (fp8_table["est_step_time_s"] < bf16_table["est_step_time_s"]).all()
+    assert (fp8_table["peak_memory_bytes"] != bf16_table["peak_memory_bytes"]).all()  # weight copies, fp8 inputs
+    with pytest.raises(ConfigError, match="one of bf16, fp8"):
+        parse_fixes(["cost.precision=fp16"])

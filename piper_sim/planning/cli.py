@@ -82,12 +82,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_machine_args(p)
     p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
                    help="fix or bound a knob, e.g. --fix parallel.pp=4 --fix schedule=1f1b,zb-h1 (repeatable); "
-                        "collectives.all_reduce and cost.flash_attention take one value (docs/planning.md)")
+                        "collectives.all_reduce, cost.flash_attention and cost.precision take one value "
+                        "(docs/planning.md)")
     p.add_argument("--top", type=int, default=16,
                    help="plans refined with the simulator (default 16; 0: estimate only)")
     p.add_argument("--ep-domain", choices=DOMAINS, default="switch",
                    help="locality domain an EP group must fit in: a node, the nodes on one switch (default), a "
                         "dragonfly group, or any")
+    p.add_argument("--convention", choices=("piper", "megatron"), default="piper",
+                   help="label the plans in piper-sim's degrees (default) or with Megatron-core's flags (TP, PP, EP, "
+                        "ETP, DP = GPUs / (TP x PP), VPP), in the table and as plans.csv's megatron column")
     p.add_argument("--reserve-GiB", type=float, default=None,
                    help="framework reserve per GPU in GiB (default 10%% of HBM; docs/planning.md)")
     add_engine_args(p)
@@ -97,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from piper_sim.analysis.band import band_text
-    from piper_sim.planning.plan_outputs import format_plan_table, write_plan
+    from piper_sim.planning.plan_outputs import format_plan_table, megatron_label, write_plan
 
     for key, value in (("--gpus", args.gpus), ("--global-batch", args.global_batch)):
         if not 0 < value <= GPUS_LIMIT * 2**16:
@@ -126,17 +130,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "plan", resume=True)
     result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers)
-    print(format_plan_table(result))
+    print(format_plan_table(result, convention=args.convention))
     if not math.isnan(result.rank_correlation):
         print(f"rank correlation (estimate vs simulation, {int(result.table['refined'].sum())} refined plans): "
               f"{result.rank_correlation:.2f}")
-    paths = write_plan(args.out, result)
+    paths = write_plan(args.out, result, convention=args.convention)
     finish(args.out)
     if result.best is None:
         print("piper-sim: warning: no plan fits in memory; see why.md for the closest", file=sys.stderr)
         print(f"wrote {args.out}/ ({', '.join(p.name for p in paths.values())})")
         return 1
-    print(f"chosen: {result.best['label']} -> {paths['best']}")
+    label = megatron_label(result.best) if args.convention == "megatron" else result.best["label"]
+    print(f"chosen: {label} -> {paths['best']}")
     band = chosen_band(result)
     if band is not None:
         print(f"error band of its step: {band_text(band)}")

@@ -20,7 +20,7 @@ import pandas as pd
 
 from piper_sim.analysis.ranking import spearman
 from piper_sim.calibrate.load import load_profile
-from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config
+from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config, with_precision
 from piper_sim.errors import ConfigError
 from piper_sim.planning.engine import run_points
 from piper_sim.planning.estimate import Estimator
@@ -54,6 +54,7 @@ class PlanRequest:
     reserve_bytes: float | None = None  # framework reserve per GPU (default: resource.FRAMEWORK_RESERVE_FRACTION)
     flash_attention: bool = True  # cost.flash_attention of every plan (--fix cost.flash_attention)
     all_reduce: str = "ring"  # collectives.all_reduce of every plan (--fix collectives.all_reduce)
+    precision: str = "bf16"  # cost.precision of every plan (--fix cost.precision; workload/precision.py)
 
     def model_section(self) -> str | dict:
         if self.seq_len is None:
@@ -73,6 +74,8 @@ class PlanRequest:
         cost = {"profile": self.profile_choice().profile, "flash_attention": self.flash_attention}
         if self.allow_device_mismatch:
             cost["allow_device_mismatch"] = True
+        if self.precision != "bf16":
+            cost["precision"] = self.precision
         sections = point.config_sections()
         sections["collectives"]["all_reduce"] = self.all_reduce
         return {"model": self.model_section(), "topology": self.topology, "placement": "contiguous", "cost": cost,
@@ -131,7 +134,7 @@ def _space(request: PlanRequest) -> dict:
 
 def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]:
     """Every candidate with its memory per stage, fit and analytic estimate (not yet ranked)."""
-    model = load_model(request.model_section())
+    model = with_precision(load_model(request.model_section()), {"precision": request.precision})
     topo = load_topology(request.topology, request.num_gpus)
     gpus = place(topo, request.num_gpus, "contiguous")
     profile = load_profile(request.profile_choice().profile)

@@ -9,8 +9,8 @@ splits into whole microbatches, an EP group fits the locality domain asked for (
 group of the topology), optimizer sharding only with more than one replica, and each schedule's own rules
 (interleaved needs vpp >= 2 and microbatches a multiple of pp; DualPipe and DualPipeV vpp = 2 whatever --fix bounds
 vpp to; the others vpp = 1; duplicates dropped: ZB-H1 at pp 1 is 1F1B). The settings every plan of a request shares
-(collectives.all_reduce, cost.flash_attention) are parsed here too (split_settings). space_notes says what the
-space took that --fix did not ask for; no_plan_error names the --fix or --ep-domain that leaves no plan.
+(collectives.all_reduce, cost.flash_attention, cost.precision) are parsed here too (split_settings). space_notes says
+what the space took that --fix did not ask for; no_plan_error names the --fix or --ep-domain that leaves no plan.
 Memory (the stage-0 bottleneck) is resource.py's. Pure: no simpy, torch.
 """
 
@@ -24,6 +24,7 @@ from piper_sim.config import RECOMPUTE_MODES, TWO_CHUNK_SCHEDULES, ZERO_STAGES
 from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, tensor_split_widths
+from piper_sim.workload.precision import PRECISIONS
 
 SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipe-v")
 A2A_NAMES = ("flat", "halo")
@@ -84,7 +85,8 @@ FIX_KEYS = {"parallel.pp": "pp", "parallel.ep": "ep", "parallel.dp": "dp", "para
             "schedule": "schedule", "collectives.all_to_all": "all_to_all", "recompute": "recompute",
             "optimizer.zero": "zero"}
 # --fix keys of the settings every plan of a request shares (one value each) -> PlanRequest field
-SETTING_KEYS = {"collectives.all_reduce": "all_reduce", "cost.flash_attention": "flash_attention"}
+SETTING_KEYS = {"collectives.all_reduce": "all_reduce", "cost.flash_attention": "flash_attention",
+                "cost.precision": "precision"}
 BOOLEAN_KNOBS = ("sp", "flash_attention")
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4)
 DEFAULT_VPP = (1, 2, 4)
@@ -118,7 +120,7 @@ def _fix_values(flag: str, knob: str, values: tuple[str, ...]) -> tuple:
             raise ConfigError(flag, bad[0], "true or false")
         return tuple(flags[v.lower()] for v in values)
     names = {"schedule": SCHEDULE_NAMES, "all_to_all": tuple(ALL_TO_ALL.names()), "recompute": RECOMPUTE_MODES,
-             "all_reduce": all_reduce_names()}
+             "all_reduce": all_reduce_names(), "precision": PRECISIONS}
     if knob in names:
         bad = [v for v in values if v not in names[knob]]
         if bad:
