@@ -6,9 +6,12 @@ schedule, dispatcher and attention."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -17,6 +20,9 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.importers.megatron import import_megatron
 from piper_sim.importers.torchtitan import import_torchtitan
+from piper_sim.planning.plan_outputs import format_plan_table, megatron_label
+from piper_sim.planning.space import PlanPoint
+from piper_sim.workload.parallel import ParallelSpec, megatron_degrees, parallel_from_section
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
 HF = Path(__file__).parent / "data" / "hf"
@@ -305,3 +311,39 @@ def test_the_cli_refuses_in_one_line_and_prints_the_yaml_without_out(tmp_path, c
     assert capsys.readouterr().err.strip().startswith("piper-sim: error: --use-torch-fsdp2")
     assert main(["import", "torchtitan", str(_toml(tmp_path))]) == 0
     assert load_config(yaml.safe_load(capsys.readouterr().out)).parallel.num_gpus == 16
+
+
+@pytest.mark.parametrize("spec", [ParallelSpec(pp=8, ep=32, dp=1, tp=2, etp=1, sp=True, vpp=4, num_microbatches=128),
+                                  ParallelSpec(pp=2, ep=4, dp=3, tp=4, etp=4, num_microbatches=6, micro_batch_size=2),
+                                  ParallelSpec(pp=12, dp=4, tp=8, etp=8, num_microbatches=384)])
+def test_megatron_degrees_invert_the_megatron_convention(spec):
+    degrees = megatron_degrees(spec)
+    assert degrees["DP"] * degrees["TP"] * degrees["PP"] == spec.num_gpus and degrees["EDP"] == spec.dp
+    section = {k.lower(): v for k, v in degrees.items() if k != "EDP"}
+    assert parallel_from_section({**section, "convention": "megatron", "sp": spec.sp, "micro_batch_size":
+                                  spec.micro_batch_size, "num_microbatches": spec.num_microbatches}) == spec
+
+
+def test_a_plan_is_labelled_with_megatrons_flags_as_the_model_zoo_counts_them():
+    # the Model Zoo's Qwen3-235B row: TP 2, EP 32, PP 8, ETP 1, VPP 4, DP 16, MBS 1, GBS 2048 (mcore-qwen3-*-tp2-ep32)
+    point = PlanPoint(pp=8, ep=32, dp=1, tp=2, etp=1, sp=True, vpp=4, micro_batch_size=1, num_microbatches=128,
+                      schedule="interleaved-1f1b", all_to_all="deepep", zero=1)
+    label = "TP2 PP8 EP32 ETP1 DP16 VPP4 SP MBS1 GBS2048 interleaved-1f1b deepep z1"
+    assert megatron_label(point.as_row()) == label
+    row = {**point.as_row(), "rank": 1, "label": point.label(), "fits": True, "refined": False,
+           "peak_memory_bytes": 2**30, "est_step_time_s": 20.0, "sim_step_time_s": float("nan"),
+           "sim_tflops_per_gpu": float("nan"), "est_tflops_per_gpu": 200.0, "sim_mfu": float("nan"), "est_mfu": 0.2}
+    result = SimpleNamespace(table=pd.DataFrame([row]))
+    assert label in format_plan_table(result, convention="megatron")
+    assert point.label() in format_plan_table(result) and label not in format_plan_table(result)
+
+
+def test_plan_convention_megatron_writes_the_megatron_column(tmp_path, capsys):
+    out = tmp_path / "plan"
+    assert main(["plan", "tiny-moe", "--gpus", "8", "--topology", "uniform", "--global-batch", "16", "--top", "1",
+                 "--workers", "0", "--convention", "megatron", "--out", str(out)]) == 0
+    table = pd.read_csv(out / "plans.csv")
+    for row in table.itertuples():
+        flags = dict(re.findall(r"([A-Z]+)(\d+)", row.megatron))
+        assert int(flags["DP"]) == 8 // (row.tp * row.pp) and int(flags["GBS"]) == 16 and int(flags["EP"]) == row.ep
+    assert f"chosen: {table.iloc[0]['megatron']}" in capsys.readouterr().out

@@ -18,17 +18,42 @@ import yaml  # noqa: E402
 from piper_sim.analysis import style  # noqa: E402
 from piper_sim.analysis.tables import Col, render  # noqa: E402
 from piper_sim.planning.planner import PlanResult  # noqa: E402
+from piper_sim.planning.space import PlanPoint  # noqa: E402
+from piper_sim.workload.parallel import megatron_degrees  # noqa: E402
 
 GIB = 2.0**30
 WHY_TOP = 5
 
 
-def write_plan(out: Path, result: PlanResult) -> dict[str, Path]:
+def megatron_label(row: pd.Series | dict) -> str:
+    """A plan as Megatron-core's flags count it (TP, PP, EP, ETP, DP = GPUs / (TP x PP), VPP; sequence parallelism,
+    micro and global batch), then the schedule, all-to-all, recomputation and ZeRO stage as the plan's label."""
+    point = PlanPoint(**{k: _plain(row[k]) for k in PlanPoint.__dataclass_fields__})
+    degrees = megatron_degrees(point.parallel)
+    extra = (f" rc-{point.recompute}" if point.recompute != "none" else "") + (f" z{point.zero}" if point.zero else "")
+    return (" ".join(f"{k}{v}" for k, v in degrees.items() if k != "EDP") + (" SP" if point.sp else "")
+            + f" MBS{point.micro_batch_size} GBS{point.parallel.sequences_per_step} {point.schedule} "
+              f"{point.all_to_all}{extra}")
+
+
+def _plain(value: object) -> object:
+    return value.item() if hasattr(value, "item") else value
+
+
+def labelled(table: pd.DataFrame, convention: str = "piper") -> pd.DataFrame:
+    """The plans table with a `megatron` column (each plan's Megatron label) under convention megatron."""
+    if convention != "megatron" or table.empty:
+        return table
+    return table.assign(megatron=[megatron_label(row) for _, row in table.iterrows()])
+
+
+def write_plan(out: Path, result: PlanResult, convention: str = "piper") -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"parquet": out / "plans.parquet", "csv": out / "plans.csv", "best": out / "best.yaml",
              "pareto": out / "pareto.png", "why": out / "why.md"}
-    result.table.to_parquet(paths["parquet"], index=False)
-    result.table.to_csv(paths["csv"], index=False)
+    table = labelled(result.table, convention)
+    table.to_parquet(paths["parquet"], index=False)
+    table.to_csv(paths["csv"], index=False)
     if result.best is not None:
         header = (f"# The plan `piper-sim plan` chose for {result.model.name} on {result.request.num_gpus} GPUs "
                   f"(global batch {result.request.global_batch}); run it with `piper-sim simulate best.yaml`.\n")
@@ -115,9 +140,12 @@ PLAN_COLUMNS = [Col("rank", "rank", "count"), Col("label", "plan"), Col("fits", 
                 Col("mfu", "MFU", "%")]
 
 
-def format_plan_table(result: PlanResult, rows: int = 10) -> str:
-    """The best plans (analysis/tables.py): simulated step where refined, TFLOPS and MFU of the tier that priced it."""
-    t = result.table.head(rows)
+def format_plan_table(result: PlanResult, rows: int = 10, convention: str = "piper") -> str:
+    """The best plans (analysis/tables.py): simulated step where refined, TFLOPS and MFU of the tier that priced it;
+    under convention megatron each plan is labelled with Megatron-core's flags."""
+    t = labelled(result.table.head(rows), convention)
+    if convention == "megatron":
+        t = t.assign(label=t["megatron"])
     records = []
     for (_, r), mfu in zip(t.iterrows(), mfu_column(t), strict=True):
         refined = bool(r["refined"])

@@ -159,6 +159,13 @@ def _from_megatron(values: dict) -> dict:
     return out
 
 
+def megatron_degrees(spec: ParallelSpec) -> dict[str, int]:
+    """The plan as Megatron-core counts it, the inverse of `convention: megatron`: TP, PP, EP, ETP, DP (the
+    data-parallel size, GPUs / (TP x PP)), VPP, and EDP (the experts' data parallelism, piper-sim's dp)."""
+    return {"TP": spec.tp, "PP": spec.pp, "EP": spec.ep, "ETP": spec.etp, "DP": spec.num_gpus // (spec.tp * spec.pp),
+            "VPP": spec.vpp, "EDP": spec.dp}
+
+
 def tensor_split_widths(model: ModelSpec) -> list[tuple[str, int]]:
     """The widths tensor parallelism splits (Megatron: attention heads and the FFNs' inner width)."""
     widths = [("model.num_heads", model.num_heads)]
