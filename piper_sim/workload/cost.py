@@ -8,6 +8,8 @@ of a single launch's rate a GEMM keeps back-to-back under the power limit); a fu
 curve over sequence length, an unfused one its batched GEMMs (at measured batched rates where the profile has them)
 and its softmax and dropout traffic; memory-bound kernels are bound by HBM bandwidth, at the share measured for their
 kind (norm, activation...) where the profile has one (memory_bound_s); each kernel pays a launch overhead.
+Under fp8 (model.fp8_recipe; workload/precision.py, docs/precision.md) the linears' GEMMs take the fp8 peak times
+fp8_gemm_efficiency_ratio and their quantize kernels' traffic is added to memory_bound.
 """
 
 from __future__ import annotations
