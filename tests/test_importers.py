@@ -149,7 +149,8 @@ def test_flags_not_translated_are_listed_in_the_yaml_and_none_is_dropped():
     # CP 2 folded: DP = world / (TP x PP) = 8 where Megatron counts world / (TP x PP x CP) = 4
     ("--context-parallel-size 2", "--context-parallel-size", lambda c: c.parallel.data_parallel == 8),
     ("--use-torch-fsdp2", "--use-torch-fsdp2", lambda c: c.zero == 2),
-    ("--fp8-format hybrid", "--fp8-format", lambda c: c.model.dtype == "bf16"),
+    ("--fp8-format hybrid --fp8-recipe mxfp8", "--fp8-recipe", lambda c: c.model.fp8_recipe == "current"),
+    ("--fp4-format e2m1", "--fp4-format", lambda c: c.model.fp8_recipe == "current"),
     ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type", lambda c: c.all_to_all == "flat"),
     ("--decoder-first-pipeline-num-layers 6", "--decoder-first-pipeline-num-layers", lambda c: c.parallel.pp == 2),
     ("--recompute-granularity selective --recompute-modules core_attn mlp", "--recompute-modules",
@@ -166,6 +167,13 @@ def test_what_piper_sim_cannot_express_is_refused_by_name_or_approximated(extra,
     imported = import_megatron(flags, world_size=32, lenient=True)
     assert check(load_config(imported.config))
     assert any(flag in note for note in imported.notes)
+
+
+@pytest.mark.parametrize("extra, recipe", [("", None), ("--fp8-format hybrid", "delayed"),
+                                           ("--fp8-format e4m3 --fp8-recipe tensorwise", "current")])
+def test_fp8_flags_set_the_cost_models_precision_and_recipe(extra, recipe):
+    cfg = load_config(import_megatron([*SMALL.split(), "--bf16", *extra.split()], world_size=1).config)
+    assert (cfg.model.fp8_recipe or None, cfg.model.dtype) == (recipe, "bf16")
 
 
 @pytest.mark.parametrize("tp, divisible, vocab", [(8, None, 51200), (1, None, 50304), (2, "1187", 151936)])
@@ -229,6 +237,7 @@ dump_folder = "./outputs"
 name = "mixtral"
 flavor = "8x7b"
 hf_assets_path = "{assets}"
+converters = {converters}
 [optimizer]
 lr = 3e-4
 [training]
@@ -251,9 +260,10 @@ enable = true
 """
 
 
-def _toml(tmp_path, shard=1, ac="full", option="2", assets=None):
+def _toml(tmp_path, shard=1, ac="full", option="2", assets=None, converters="[]"):
     path = tmp_path / "job.toml"
-    path.write_text(TOML.format(shard=shard, ac=ac, option=option, assets=assets or HF / "mixtral-8x7b"))
+    path.write_text(TOML.format(shard=shard, ac=ac, option=option, assets=assets or HF / "mixtral-8x7b",
+                                converters=converters))
     return path
 
 
@@ -281,6 +291,16 @@ def test_torchtitan_fsdp_and_every_nth_layer_checkpointing_are_refused_or_approx
     assert cfg.zero == 2 and cfg.parallel.num_gpus == 32
     cfg = load_config(import_torchtitan(_toml(tmp_path, ac="selective", option="4"), lenient=True).config)
     assert (cfg.recompute, cfg.recompute_layers) == ("full", 2)  # 8 layers per chunk, every 4th: 2 of them
+
+
+def test_torchtitan_float8_converters_set_fp8_with_current_scaling(tmp_path):
+    both = '["quantize.linear.float8", "quantize.grouped_mm.float8"]'
+    cfg = load_config(import_torchtitan(_toml(tmp_path, converters=both)).config)
+    assert cfg.model.fp8_recipe == "current"
+    assert load_config(import_torchtitan(_toml(tmp_path)).config).model.fp8_recipe in (None, "")
+    with pytest.raises(ConfigError) as info:  # the experts' grouped GEMMs left in bf16: not expressible
+        import_torchtitan(_toml(tmp_path, converters='["quantize.linear.float8"]'))
+    assert info.value.key == "model.converters"
 
 
 def test_a_torchtitan_toml_without_a_model_asks_for_one(tmp_path):

@@ -4,9 +4,9 @@ a piper-sim config (docs/importing.md).
 Owns the translation of the launch line's parallel, batch, recompute, optimizer, dispatcher and attention flags,
 as Megatron-LM reads them (megatron/training/arguments.py, TransformerConfig); the model's flags are
 megatron_model.py's. The plan is written in Megatron's own counting (`parallel.convention: megatron`). What piper-sim
-cannot express (context parallelism, FSDP, fp8, an uneven pipeline split, recompute modules other than the
-attention core, the allgather dispatcher) is refused naming the flag, or approximated under --lenient and said.
-No I/O.
+cannot express (context parallelism, FSDP, fp4 and block-scaled fp8, an uneven pipeline split, recompute
+modules other than the attention core, the allgather dispatcher) is refused naming the flag, or approximated under
+--lenient and said. No I/O.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ NO_BEARING = ("lr", "min-lr", "lr-", "log-", "save", "load", "eval-", "data-", "
               "mock-data", "timing-log", "enable-experimental", "use-checkpoint-args", "no-save-", "override-opt")
 SELECTIVE_MODULES = ("core_attn",)  # what piper-sim's selective recomputation recomputes (Korthikanti et al.)
 DISPATCHERS = {"alltoall": "flat", "alltoall_seq": "flat"}
+FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}  # --fp8-recipe -> cost.fp8_recipe
 # the flag behind each config key an imported config can be refused on (named beside the key)
 FLAG_OF_KEY = {"parallel.tp": "--tensor-model-parallel-size", "parallel.pp": "--pipeline-model-parallel-size",
                "parallel.ep": "--expert-model-parallel-size", "parallel.etp": "--expert-tensor-parallel-size",
@@ -51,13 +52,12 @@ def import_megatron(argv: list[str], *, world_size: int | None = None, lenient: 
     t = Translation(lenient)
     tp = flags.integer("tensor-model-parallel-size", 1, limit=GPUS_LIMIT)
     model = model_section(flags, t, tp, name)
-    _refuse_precision(flags, t)
     parallel = _parallel(flags, t, model["num_layers"], _world_size(flags, world_size), tp)
     config = {"model": model, "parallel": parallel,
               "schedule": "interleaved-1f1b" if parallel["vpp"] > 1 else "1f1b", **_recompute(flags, t),
               "optimizer": {"zero": _zero(flags, t, parallel)},
               "collectives": {"all_to_all": _dispatcher(flags, t, parallel["ep"])},
-              "cost": {"flash_attention": _flash_attention(flags)}}
+              "cost": {"flash_attention": _flash_attention(flags), **_precision(flags, t)}}
     with config_keys_as(FLAG_OF_KEY):
         load_config(config)
     not_translated, no_bearing = split_unread(flags.unread() + [f"{w} (a word, not a flag)" for w in loose],
@@ -192,11 +192,21 @@ def _zero(flags: Source, t: Translation, parallel: dict) -> int:
     return zero
 
 
-def _refuse_precision(flags: Source, t: Translation) -> None:
-    for name in ("fp8-format", "fp8", "fp4-format", "fp4"):
-        if flags.given(name):
-            t.refuse(flags.key(name), flags.get(name), "left out: piper-sim prices GEMMs in bf16 or fp16 only",
-                     "prices the run in bf16 (slower GEMMs, bf16 weights)")
+def _precision(flags: Source, t: Translation) -> dict:
+    """cost.precision fp8 under --fp8-format (e4m3 or hybrid: Transformer Engine's linears in fp8), with
+    --fp8-recipe delayed (Megatron's default) or tensorwise (current scaling); fp4 and the block-scaled recipes
+    (mxfp8, blockwise) are beyond piper-sim's cost model."""
+    if flags.given("fp4-format"):
+        t.refuse(flags.key("fp4-format"), flags.get("fp4-format"), "left out: piper-sim prices GEMMs in bf16 or fp8",
+                 "prices them in fp8 with current scaling (cost.precision fp8)")
+        return {"precision": "fp8", "fp8_recipe": "current"}
+    if flags.text("fp8-format", None, ("e4m3", "hybrid")) is None:
+        return {}
+    recipe = flags.text("fp8-recipe", "delayed")
+    if recipe not in FP8_RECIPES:
+        t.refuse(flags.key("fp8-recipe"), recipe, f"one of {', '.join(FP8_RECIPES)}: piper-sim prices per-tensor "
+                 "scaling", "prices it as tensorwise (current) scaling")
+    return {"precision": "fp8", "fp8_recipe": FP8_RECIPES.get(recipe, "current")}
 
 
 def _dispatcher(flags: Source, t: Translation, ep: int) -> str:

@@ -27,7 +27,6 @@ NO_BEARING = ("job.", "profiling.", "metrics.", "optimizer.", "lr_scheduler.", "
               "dataloader.", "fault_tolerance.", "comm.", "debug.", "memory_estimation.")
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved-1f1b", "DualPipeV": "dualpipe-v"}
 SINGLE_STAGE = ("1F1B", "GPipe")
-FP8_CONVERTERS = ("float8", "mx", "fp8")
 P = "parallelism."
 FLAG_OF_KEY = {"parallel.tp": f"{P}tensor_parallel_degree", "parallel.pp": f"{P}pipeline_parallel_degree",
                "parallel.ep": f"{P}expert_parallel_degree", "parallel.etp": f"{P}expert_tensor_parallel_degree",
@@ -52,17 +51,20 @@ def import_torchtitan(path: Path, *, world_size: int | None = None, model: str |
     keys, t = table_source(read_toml(path), f"torchtitan config {path}"), Translation(lenient)
     section = _model(keys, t, path, model)
     with config_keys_as(FLAG_OF_KEY):
-        layers = load_model(section).num_layers
+        spec = load_model(section)
+    layers = spec.num_layers
     parallel, zero, cp = _parallel(keys, t, world_size)
     parallel.update(_batches(keys, t, parallel, cp))
     schedule, parallel["vpp"] = _schedule(keys, t, parallel["pp"], layers)
     config = {"model": section, "parallel": parallel, "schedule": schedule,
               **_recompute(keys, t, layers // (parallel["pp"] * parallel["vpp"])), "optimizer": {"zero": zero},
               "collectives": {"all_to_all": "deepep" if keys.text(f"{P}expert_parallel_comm_backend", "standard",
-                                                                  ("standard", "deepep")) == "deepep" else "flat"}}
+                                                                  ("standard", "deepep")) == "deepep" else "flat"},
+              "cost": _fp8(keys, t, spec.num_experts > 1)}
     with config_keys_as(FLAG_OF_KEY):
         load_config(config)
-    not_translated, no_bearing = split_unread(keys.unread(), lambda shown: shown.startswith(NO_BEARING))
+    inert = NO_BEARING + (() if config["cost"] else ("quantize.",))  # without a converter its tables do nothing
+    not_translated, no_bearing = split_unread(keys.unread(), lambda shown: shown.startswith(inert))
     return Imported(config, f"torchtitan config {path.name}", t.notes, not_translated, no_bearing)
 
 
@@ -79,15 +81,28 @@ def _model(keys: Source, t: Translation, path: Path, given: str | None) -> dict:
         raise ConfigError("--model", None, f"the model's shapes: a preset, a model YAML or an HF config.json "
                           f"(torchtitan's {name} {flavor} is defined in its code; [model] hf_assets_path "
                           f"{assets!r} holds no config.json here)")
-    converters = keys.words("model.converters") or []
-    if any(word in c.lower() for c in converters for word in FP8_CONVERTERS):
-        t.refuse("model.converters", converters, "no float8 or MX converter: piper-sim prices GEMMs in bf16 or fp16 "
-                 "only", "prices the run in bf16 (slower GEMMs, bf16 weights)")
     precision = keys.text("training.mixed_precision_param", "bfloat16", ("bfloat16", "float32"))
     keys.get("training.dtype")  # the optimizer's master copy: piper-sim's memory model keeps fp32 Adam state
     t.note(f"model: torchtitan's {name} {flavor}, shapes from {ref}")
     return {"preset": ref, "name": f"{name}-{flavor}", "seq_len": keys.integer("training.seq_len", 2048),
             "dtype": "bf16" if precision == "bfloat16" else "fp32"}
+
+
+def _fp8(keys: Source, t: Translation, moe: bool) -> dict:
+    """cost.precision fp8 under torchao's float8 converters with tensorwise (current) scaling, the linears' and, for
+    an MoE model, the experts' grouped GEMMs (piper-sim runs both in fp8); MX and row-wise scaling are beyond it."""
+    converters = keys.words("model.converters") or []
+    if not any("float8" in c or "mx" in c for c in converters):
+        return {}
+    if any("mx" in c for c in converters) or (moe and not any("grouped_mm.float8" in c for c in converters)):
+        t.refuse("model.converters", converters, "quantize.linear.float8 (with quantize.grouped_mm.float8 for an "
+                 "MoE model): piper-sim runs every linear, the experts' included, in fp8 with per-tensor scales",
+                 "prices every linear in fp8 with current scaling")
+    recipe = keys.text("quantize.linear.float8.recipe_name", "tensorwise")
+    if recipe != "tensorwise":
+        t.refuse("quantize.linear.float8.recipe_name", recipe, "tensorwise: piper-sim prices per-tensor scaling",
+                 "prices it as tensorwise (current) scaling")
+    return {"precision": "fp8", "fp8_recipe": "current"}
 
 
 def _parallel(keys: Source, t: Translation, world: int | None) -> tuple[dict, int, int]:
