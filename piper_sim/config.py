@@ -18,10 +18,12 @@ from piper_sim.workload.model import FP8_RECIPES, SET_BY_CONFIG, ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
 from piper_sim.workload.precision import PRECISIONS
 from piper_sim.workload.presets import list_presets, load_model
+from piper_sim.workload.recompute import RECOMPUTE_MODULES, selective_modules
 from piper_sim.yamlio import parse_yaml, read_yaml
 
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
-            "cost", "sim", "recompute", "recompute_layers", "recompute_checkpoint_layers", "optimizer")
+            "cost", "sim", "recompute", "recompute_layers", "recompute_checkpoint_layers", "recompute_modules",
+            "optimizer")
 RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2)
 TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipe-v")  # each rank holds two chunks: parallel.vpp 2, their only value
@@ -81,6 +83,7 @@ class Config:
     recompute: str = "none"  # activation recomputation: none | selective | full
     recompute_layers: int | None = None  # full: layers of each pipeline chunk recomputed (None: all)
     recompute_checkpoint_layers: int | None = None  # full: layers per checkpoint (None: the whole chunk)
+    recompute_modules: tuple[str, ...] = ()  # selective: what it re-runs (workload/recompute.py); () otherwise
     framework_reserve_bytes: float | None = None  # cost.framework_reserve_GiB (None: the profile's)
     zero: int = 0  # optimizer-state sharding over the data-parallel replicas (ZeRO stage 0, 1 or 2)
     raw: dict
@@ -207,6 +210,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
     return Config(
         model=model, parallel=parallel, recompute=recompute, recompute_layers=recompute_layers, zero=zero,
         recompute_checkpoint_layers=_checkpoint_layers(full, recompute),
+        recompute_modules=_recompute_modules(full.get("recompute_modules"), recompute, model),
         framework_reserve_bytes=_reserve_bytes(full["cost"].get("framework_reserve_GiB")),
         schedule=full["schedule"], topology=full["topology"],
         placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
@@ -275,6 +279,23 @@ def _checkpoint_layers(full: dict, recompute: str) -> int | None:
         raise ConfigError("recompute_checkpoint_layers", layers, "a positive integer (layers per checkpoint; "
                           "Megatron-LM's --recompute-num-layers with --recompute-method uniform)")
     return layers
+
+
+def _recompute_modules(modules, recompute: str, model: ModelSpec) -> tuple[str, ...]:
+    """recompute_modules, checked: Megatron-core's module names selective recomputation re-runs (default
+    core_attn); none unless recompute is selective."""
+    if modules is None:
+        return selective_modules(recompute, None)
+    allowed = f"a list of distinct names among {', '.join(RECOMPUTE_MODULES)} (Megatron-core's recompute_modules)"
+    if recompute != "selective":
+        raise ConfigError("recompute_modules", modules, "unset unless recompute is selective")
+    if not isinstance(modules, list) or not modules or len(set(map(str, modules))) < len(modules) \
+            or not all(isinstance(m, str) and m in RECOMPUTE_MODULES for m in modules):
+        raise ConfigError("recompute_modules", modules, allowed)
+    if model.fp8_recipe and set(modules) - {"core_attn"}:
+        raise ConfigError("recompute_modules", modules, "core_attn only with cost.precision fp8 (the fp8 copies "
+                                                         "of recomputed norm and activation outputs are not modelled)")
+    return tuple(modules)
 
 
 def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None, int]:

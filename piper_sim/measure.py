@@ -17,6 +17,7 @@ from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.trace.runtrace import normalize
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 # a real run's first step pays one-time costs (allocation, first calls, connections): left out of its figures
 # where the run has more steps (analysis/report.py)
@@ -42,6 +43,10 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     if cfg.recompute_checkpoint_layers is not None:  # its recompute tasks re-run whole chunks from their input
         raise ConfigError("recompute_checkpoint_layers", cfg.recompute_checkpoint_layers,
                           "unset for real runs (the torch backend checkpoints each pipeline chunk's input)")
+    if cfg.recompute_modules not in ((), DEFAULT_SELECTIVE_MODULES):  # its selective recompute re-runs the core
+        raise ConfigError("recompute_modules", list(cfg.recompute_modules),
+                          "left out or [core_attn] for real runs (the torch backend's selective recomputation re-runs "
+                          "the attention core only; simulate prices layernorm and moe_act)")
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
     launched = launch(cfg, schedule, work_dir, timeout_s=timeout_s, testbed=testbed, progress=progress)

@@ -87,7 +87,8 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
                           steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse,
                           by_latency=by_latency, migration=cfg.migration, host_profile=host_profile,
                           recompute=cfg.recompute, recompute_layers=cfg.recompute_layers, zero=cfg.zero,
-                          checkpoint_layers=cfg.recompute_checkpoint_layers)
+                          checkpoint_layers=cfg.recompute_checkpoint_layers,
+                          recompute_modules=cfg.recompute_modules)
         sim.guard = guard
         return sim
 

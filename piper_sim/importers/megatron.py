@@ -4,9 +4,9 @@ a piper-sim config (docs/importing.md).
 Owns the translation of the launch line's parallel, batch, recompute, optimizer, dispatcher and attention flags,
 as Megatron-LM reads them (megatron/training/arguments.py, TransformerConfig); the model's flags are
 megatron_model.py's. The plan is written in Megatron's own counting (`parallel.convention: megatron`). What piper-sim
-cannot express (context parallelism, FSDP, fp4 and block-scaled fp8, an uneven pipeline split, recompute
-modules other than the attention core, the allgather dispatcher) is refused naming the flag, or approximated under
---lenient and said. No I/O.
+cannot express (context parallelism, FSDP, fp4 and block-scaled fp8, an uneven pipeline split, recompute modules
+other than core_attn, layernorm and moe_act, the allgather dispatcher) is refused naming the flag, or approximated
+under --lenient and said. No I/O.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from piper_sim.importers.megatron_model import model_section
 from piper_sim.importers.result import Imported, Translation, config_keys_as, split_unread
 from piper_sim.importers.source import Source, flag_source
 from piper_sim.workload.parallel import parallel_from_section
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, RECOMPUTE_MODULES
 
 SOURCE = "a Megatron-LM argument list"
 # flags (and prefixes) that set no shape, plan or kernel: data, logging, checkpoints, learning rate, launcher
@@ -27,7 +28,6 @@ NO_BEARING = ("lr", "min-lr", "lr-", "log-", "save", "load", "eval-", "data-", "
               "save-", "finetune", "auto-detect-ckpt-format", "no-load-", "dist-ckpt-", "ckpt-", "use-mcore-models",
               "manual-gc", "no-mmap-bin-files", "node-rank", "master-addr", "master-port", "rdzv-", "max-restarts",
               "mock-data", "timing-log", "enable-experimental", "use-checkpoint-args", "no-save-", "override-opt")
-SELECTIVE_MODULES = ("core_attn",)  # what piper-sim's selective recomputation recomputes (Korthikanti et al.)
 DISPATCHERS = {"alltoall": "flat", "alltoall_seq": "flat"}
 FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}  # --fp8-recipe -> cost.fp8_recipe
 # the flag behind each config key an imported config can be refused on (named beside the key)
@@ -41,7 +41,8 @@ FLAG_OF_KEY = {"parallel.tp": "--tensor-model-parallel-size", "parallel.pp": "--
                "model.expert_ffn_dim": "--moe-ffn-hidden-size", "model.num_experts": "--num-experts",
                "model.top_k": "--moe-router-topk", "model.seq_len": "--seq-length", "model.vocab_size": "--vocab-size",
                "model.moe_layer_freq": "--moe-layer-freq", "model.dense_ffn_dim": "--ffn-hidden-size",
-               "model.shared_expert_ffn_dim": "--moe-shared-expert-intermediate-size"}
+               "model.shared_expert_ffn_dim": "--moe-shared-expert-intermediate-size",
+               "recompute_modules": "--recompute-modules"}
 
 
 def import_megatron(argv: list[str], *, world_size: int | None = None, lenient: bool = False,
@@ -148,7 +149,7 @@ def _recompute(flags: Source, t: Translation) -> dict:
     granularity = "selective" if flags.switch("recompute-activations") else None
     granularity = flags.text("recompute-granularity", granularity, ("full", "selective"))
     if granularity == "selective":
-        return {"recompute": _selective(flags, t)}
+        return _selective(flags, t)
     if granularity is None:
         return {"recompute": "none"}
     method = flags.text("recompute-method", None, ("uniform", "block"))
@@ -161,17 +162,21 @@ def _recompute(flags: Source, t: Translation) -> dict:
     return {"recompute": "full", "recompute_layers": layers, "recompute_checkpoint_layers": 1}
 
 
-def _selective(flags: Source, t: Translation) -> str:
-    modules = flags.words("recompute-modules") or list(SELECTIVE_MODULES)
-    others = [m for m in modules if m not in SELECTIVE_MODULES]
+def _selective(flags: Source, t: Translation) -> dict:
+    """recompute selective with --recompute-modules as recompute_modules (Megatron-core's default core_attn
+    unsaid); modules piper-sim does not model (workload/recompute.py) refused, or left out under --lenient."""
+    modules = list(dict.fromkeys(flags.words("recompute-modules") or DEFAULT_SELECTIVE_MODULES))
+    kept = [m for m in modules if m in RECOMPUTE_MODULES]
+    others = [m for m in modules if m not in RECOMPUTE_MODULES]
     if others:
-        kept = "selective" if "core_attn" in modules else "none"
-        what = "the attention core only" if kept == "selective" else "nothing"
-        t.refuse(flags.key("recompute-modules"), " ".join(modules), "core_attn: piper-sim's selective recomputation "
-                 "is the attention core's", f"recomputes {what} (recompute {kept}): {' '.join(others)} not "
-                 "recomputed, their memory not saved")
-        return kept
-    return "selective"
+        what = f"recomputes {' '.join(kept)} (recompute selective)" if kept else "recomputes nothing (recompute none)"
+        t.refuse(flags.key("recompute-modules"), " ".join(modules), f"{', '.join(RECOMPUTE_MODULES)}: the modules "
+                 "piper-sim's selective recomputation models", f"{what}: {' '.join(others)} not recomputed, their "
+                 "memory not saved")
+    if not kept:
+        return {"recompute": "none"}
+    return {"recompute": "selective",
+            **({"recompute_modules": kept} if tuple(kept) != DEFAULT_SELECTIVE_MODULES else {})}
 
 
 def _zero(flags: Source, t: Translation, parallel: dict) -> int:

@@ -30,7 +30,7 @@ from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import split_layers
 from piper_sim.schedule.dryrun import coarse_timing
 from piper_sim.schedule.ir import Layout, VirtualStages
-from piper_sim.schedule.lower import chunk_segments
+from piper_sim.schedule.lower import chunk_segments, selective_segments
 from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.phase_run import phase_delay_s
 from piper_sim.topology.graph import Topology
@@ -46,6 +46,7 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.profile import DeviceProfile
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,9 +70,11 @@ class Estimator:
     """Prices plans of one model on one topology (built for all the plans' GPUs) with one device profile."""
 
     def __init__(self, model: ModelSpec, topology: Topology, placement: list[str], profile: DeviceProfile,
-                 *, collectives_all_reduce: str = "ring", flash_attention: bool = True) -> None:
+                 *, collectives_all_reduce: str = "ring", flash_attention: bool = True,
+                 recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> None:
         self.model, self.topo, self.gpus, self.profile = model, topology, placement, profile
         self.flash = flash_attention
+        self.recompute_modules = recompute_modules  # what selective recomputation re-runs (workload/recompute.py)
         self.all_reduce = collectives_all_reduce
         self._costers: dict[int, TaskCoster] = {}
         self._memo: dict[tuple, object] = {}  # (what, key) -> value: plans share stages, groups and messages
@@ -166,13 +169,15 @@ class Estimator:
     def _recompute(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, recompute: str
                    ) -> tuple[float, int]:
         """(seconds, MoE layers whose all-to-alls run again) of what a chunk re-runs before its backward: full,
-        the forward of its layers; selective, each layer's attention core (as schedule.lower emits them)."""
+        the forward of its layers; selective, its layers' recompute modules (as schedule.lower emits them)."""
         if recompute == "selective":
-            return coster.cost("recompute", tuple(f"attn_core:{layer}" for layer in layers))[0], 0
-        if recompute != "full":
+            segments = selective_segments(self.model, layers, self.recompute_modules)
+        elif recompute == "full":
+            segments = chunk_segments(self.model, layers, first=first, last=False, split=coster.split)
+        else:
             return 0.0, 0
         seconds, moe = 0.0, 0
-        for seg in chunk_segments(self.model, layers, first=first, last=False, split=coster.split):
+        for seg in segments:
             if seg.tp != ("", ""):
                 seconds += self._tp_s(seg.tp[0], coster)
                 continue
@@ -387,7 +392,8 @@ def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float, float]:
     peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention,
                                                 recompute_layers=cfg.recompute_layers,
                                                 checkpoint_layers=cfg.recompute_checkpoint_layers,
-                                                fp8_transposed_copies=profile.fp8_transposed_copies)]
+                                                fp8_transposed_copies=profile.fp8_transposed_copies,
+                                                recompute_modules=cfg.recompute_modules)]
     return estimator.estimate(point), peaks, profile.hbm_bytes, reserve_bytes(profile, cfg.framework_reserve_bytes)
 
 
@@ -403,5 +409,6 @@ def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:
                       recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp)
     topo = load_topology(cfg.topology, n)
     estimator = Estimator(cfg.model, topo, place(topo, n, cfg.placement), load_profile(cfg.cost_profile),
-                          collectives_all_reduce=cfg.all_reduce, flash_attention=cfg.flash_attention)
+                          collectives_all_reduce=cfg.all_reduce, flash_attention=cfg.flash_attention,
+                          recompute_modules=cfg.recompute_modules or DEFAULT_SELECTIVE_MODULES)
     return estimator, point

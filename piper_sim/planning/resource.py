@@ -28,6 +28,7 @@ from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.plan import stage_memory_terms
 from piper_sim.workload.memory import rank_params
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,10 +49,11 @@ def coarse_programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> 
 
 def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = True,
                  recompute_layers: int | None = None, checkpoint_layers: int | None = None,
-                 fp8_transposed_copies: bool = True) -> list[StageMemory]:
+                 fp8_transposed_copies: bool = True,
+                 recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> list[StageMemory]:
     """Per pipeline stage: state and peak activation bytes of one of its ranks (a config's recompute_layers and
     recompute_checkpoint_layers where given; the planner's plans recompute whole chunks); fp8_transposed_copies:
-    the device's, for a model in fp8 (DeviceProfile)."""
+    the device's, for a model in fp8 (DeviceProfile); recompute_modules: a config's, for selective recomputation."""
     stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
     layers = split_layers(model.num_layers, stages)
     parallel = point.parallel
@@ -64,7 +66,7 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
         terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
                                    recompute=point.recompute, recompute_layers=recompute_layers, zero=point.zero,
                                    stages=stages, checkpoint_layers=checkpoint_layers,
-                                   fp8_transposed_copies=fp8_transposed_copies)
+                                   fp8_transposed_copies=fp8_transposed_copies, recompute_modules=recompute_modules)
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
         peak = float(np.max(counts @ np.array([terms["act"][c] for c in range(point.vpp)])))
         out.append(StageMemory(state_bytes=terms["state"], activation_bytes=peak + terms["transient"]))

@@ -34,4 +34,5 @@ def build_schedule(cfg: Config) -> Schedule:
     layers = split_layers(cfg.model.num_layers, coarse.stages)
     migration = bool(cfg.migration.get("enabled")) and cfg.migration.get("policy", "greedy") != "none"
     return lower(coarse, cfg.model, layers, migration=migration, recompute=cfg.recompute,
-                 recomputed=cfg.recompute_layers, zero=cfg.zero, sp=cfg.parallel.sp)
+                 recomputed=cfg.recompute_layers, zero=cfg.zero, sp=cfg.parallel.sp,
+                 recompute_modules=cfg.recompute_modules)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 BACKWARD_KIND = {
     ("backward", False): "backward", ("backward", True): "backward_expert",
@@ -117,6 +118,7 @@ class LoweringContext:
     migration: bool = False
     recompute: str = "none"  # none | selective | full
     recomputed: int | None = None  # full: layers of each chunk recomputed (None: all)
+    recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES  # selective: what it re-runs (workload/recompute.py)
     zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
     layout: Layout = Layout.INTERLEAVED
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per virtual stage
@@ -151,16 +153,18 @@ class LoweringContext:
 
 def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], *,
           migration: bool = False, recompute: str = "none", recomputed: int | None = None,
-          zero: int = 0, sp: bool = False) -> Schedule:
+          zero: int = 0, sp: bool = False,
+          recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> Schedule:
     """Lower a generator's coarse schedule into executable per-stage programs.
 
     migration: end each program with a `migrate` exchange over the EP group (expert migration
     between steps), when there is more than one EP rank. recompute: before each chunk's backward,
     "full" re-runs the forward of its first `recomputed` layers (all when None; their all-to-alls too),
-    "selective" the attention core of each layer (kinds recompute / recompute_expert, after the gradient
-    arrives). zero > 0: gradients are reduce-scattered and the updated parameters all-gathered after the
-    optimizer step, in place of one all-reduce: zero 1 reduce-scatters once before the optimizer, zero 2 each
-    chunk's gradients as each micro-batch's backward finishes them. The mesh's tp and etp, and sp, place the
+    "selective" each layer's recompute_modules (workload/recompute.py; the attention core by default) (kinds
+    recompute / recompute_expert, after the gradient arrives). zero > 0: gradients are reduce-scattered and the
+    updated parameters all-gathered after the optimizer step, in place of one all-reduce: zero 1 reduce-scatters
+    once before the optimizer, zero 2 each chunk's gradients as each micro-batch's backward finishes them. The
+    mesh's tp and etp, and sp, place the
     tensor-parallel collectives (TensorSplit; docs/tensor-parallel.md).
     """
     mesh = coarse.mesh
@@ -170,6 +174,7 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
         reduce_expert_axis="dp" if mesh.dp > 1 else "", reduce_replicated_axis="stage" if mesh.tp > 1 else "",
         split=TensorSplit(tp=mesh.tp, sp=sp, etp=mesh.etp), migration=migration and mesh.ep > 1,
         recompute=recompute, recomputed=recomputed, zero=zero, layout=coarse.layout,
+        recompute_modules=tuple(recompute_modules),
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
     return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
@@ -269,15 +274,31 @@ _FLIP = {"dispatch": "combine", "combine": "dispatch"}
 
 def _recompute_segments(ctx: LoweringContext, v: int) -> list[Segment]:
     """What a chunk re-runs before its backward: full, the forward of its first recomputed layers (their
-    all-to-alls included); selective, each layer's attention core."""
+    all-to-alls included); selective, its layers' recompute modules (selective_segments)."""
     layers = ctx.stage_layers[v]
     if ctx.recompute == "selective":
-        return [Segment(ops=tuple(f"attn_core:{layer}" for layer in layers))] if layers else []
+        return selective_segments(ctx.model, layers, ctx.recompute_modules)
     if ctx.recompute == "full":
         redo = layers if ctx.recomputed is None else layers[:ctx.recomputed]
         return chunk_segments(ctx.model, redo, first=ctx.stages.is_first(v), last=False,
                               split=ctx.split) if redo else []
     return []
+
+
+def selective_segments(model: ModelSpec, layers: tuple[int, ...], modules: tuple[str, ...]) -> list[Segment]:
+    """What selective recomputation re-runs of these layers before their backward (workload/recompute.py):
+    "core_attn" each layer's attention core, "layernorm" the norms that are modules of their own (the input norm
+    under MLA, the pre-MoE norm of a MoE layer), both in one segment; "moe_act" each MoE layer's expert activation,
+    an expert segment per layer (priced over the rows each rank's experts got in that layer)."""
+    ops: list[str] = []
+    for layer in layers:
+        ops += [f"attn_core:{layer}"] if "core_attn" in modules else []
+        if "layernorm" in modules:
+            ops += ([f"attn_norm:{layer}"] if model.mla is not None else []) + (
+                [f"moe_norm:{layer}"] if model.is_moe_layer(layer) else [])
+    acts = [Segment(ops=(f"moe_act:{layer}",), expert=True) for layer in layers
+            if "moe_act" in modules and model.is_moe_layer(layer)]
+    return ([Segment(ops=tuple(ops))] if ops else []) + acts
 
 
 def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: tuple[str, ...],

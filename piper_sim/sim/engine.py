@@ -80,8 +80,9 @@ class Simulation(LaneCollectives):
                  by_latency: bool = False,
                  migration: dict | None = None, host_profile: HostProfile | None = None,
                  recompute: str = "none", recompute_layers: int | None = None, zero: int = 0,
-                 checkpoint_layers: int | None = None) -> None:
+                 checkpoint_layers: int | None = None, recompute_modules: tuple[str, ...] = ()) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
+        self.recompute_modules = recompute_modules  # selective recomputation's (config.py; () otherwise)
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
         self.mesh = schedule.mesh
         self.per_stage = self.mesh.num_ranks // self.mesh.pp
@@ -91,7 +92,8 @@ class Simulation(LaneCollectives):
         self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention,
                                                         recompute=recompute, recompute_layers=recompute_layers,
                                                         checkpoint_layers=checkpoint_layers, zero=zero,
-                                                        fp8_transposed_copies=coster.profile.fp8_transposed_copies)
+                                                        fp8_transposed_copies=coster.profile.fp8_transposed_copies,
+                                                        recompute_modules=recompute_modules)
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
@@ -369,6 +371,10 @@ class Simulation(LaneCollectives):
         seconds, flops = np.zeros(len(lane)), np.zeros(len(lane))
         for op in task.ops:
             parsed = parse_op(op)
+            if parsed.name == "moe_act":  # the activation over the rows each member's experts got
+                seconds += self._rows_priced(task.kind, op, self._member_rows(lane, step, parsed.layer,
+                                                                              task.microbatch)[0].sum(axis=1))
+                continue
             if not parsed.is_experts:
                 s, f = self.coster.cost(task.kind, (op,))
                 seconds += s
@@ -383,6 +389,13 @@ class Simulation(LaneCollectives):
             flops += f
         return seconds, flops
 
+    def _rows_priced(self, kind: str, op: str, rows: np.ndarray) -> np.ndarray:
+        """Seconds per member of an op whose work is over its rows alone (moe_act), one price per distinct count."""
+        seconds = np.zeros(len(rows))
+        for count in np.unique(rows):
+            seconds[rows == count] = self.coster.cost(kind, (op,), (int(count),))[0]
+        return seconds
+
     def _routed_extra_bytes(self, lane: tuple[int, ...], step: int, task: Task) -> np.ndarray:
         """Activations of the routed rows each member's experts got, beyond the balanced tokens x top_k that
         the stage plan counts (negative when it got fewer): skewed routing skews memory too."""
@@ -392,7 +405,7 @@ class Simulation(LaneCollectives):
             if parsed.is_experts:
                 rows = self._member_rows(lane, step, parsed.layer, task.microbatch)[0].sum(axis=1)
                 extra += ((rows - self.routed_tokens * self.model.top_k)
-                          * routed_row_bytes(self.model, self.parallel.etp))
+                          * routed_row_bytes(self.model, self.parallel.etp, self.recompute_modules))
         return extra
 
     # ---- p2p -----------------------------------------------------------------------------------

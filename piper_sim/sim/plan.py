@@ -23,8 +23,10 @@ from piper_sim.workload.memory import (
 )
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 STREAM_CODE = {"compute": 0, "p2p": 1, "collective": 2}
+ROWS_OPS = ("experts:", "moe_act:")  # ops priced over the rows each member's experts got (engine._compute_cost)
 EXPERT_KINDS = frozenset({"forward_expert", "backward_expert", "backward_expert_input", "backward_weight",
                           "recompute_expert"})
 
@@ -55,7 +57,8 @@ class StagePlan:
 
 def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, flash_attention: bool, *,
                       recompute: str = "none", recompute_layers: int | None = None, zero: int = 0,
-                      checkpoint_layers: int | None = None, fp8_transposed_copies: bool = True) -> list[StagePlan]:
+                      checkpoint_layers: int | None = None, fp8_transposed_copies: bool = True,
+                      recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> list[StagePlan]:
     plans = []
     stages = schedule.stages
     for p, program in enumerate(schedule.stage_programs):
@@ -71,14 +74,15 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         memory = stage_memory_terms(model, schedule.stage_layers, chunks, parallel, params,
                                     flash_attention=flash_attention, recompute=recompute,
                                     recompute_layers=recompute_layers, zero=zero, stages=stages,
-                                    checkpoint_layers=checkpoint_layers, fp8_transposed_copies=fp8_transposed_copies)
+                                    checkpoint_layers=checkpoint_layers, fp8_transposed_copies=fp8_transposed_copies,
+                                    recompute_modules=recompute_modules)
         act = memory["act"]
         mem_start, mem_end = activation_deltas(program, act)
         plans.append(StagePlan(
             program=program,
             streams=[STREAM_CODE[t.stream] for t in program],
             async_deps=[tuple(index[d] for d in t.deps if program[index[d]].stream == "p2p") for t in program],
-            expert_layers=[t.kind in EXPERT_KINDS and any(op.startswith("experts:") for op in t.ops)
+            expert_layers=[t.kind in EXPERT_KINDS and any(op.startswith(ROWS_OPS) for op in t.ops)
                            for t in program],
             fixed_cost=[(0.0, 0.0)] * len(program),
             mem_at_start=mem_start, mem_at_end=mem_end,
@@ -95,11 +99,13 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
                        parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
                        recompute: str, recompute_layers: int | None, zero: int,
                        stages: VirtualStages | None = None, checkpoint_layers: int | None = None,
-                       fp8_transposed_copies: bool = True) -> dict:
+                       fp8_transposed_copies: bool = True,
+                       recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> dict:
     """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state
     (with the fp8 copies of its fp8 linears' weights under fp8), the recomputation transient, the parameters its
     optimizer updates and those of its fp8 linears. stages: the schedule's layout (which virtual stages end a
-    pipeline; default interleaved). fp8_transposed_copies: the device's (DeviceProfile)."""
+    pipeline; default interleaved). fp8_transposed_copies: the device's (DeviceProfile). recompute_modules: what
+    selective recomputation re-runs (workload/recompute.py)."""
     num_virtual = len(stage_layers)
     if stages is None:  # interleaved: the last virtual stage ends the one pipeline
         stages = VirtualStages(Layout.INTERLEAVED, num_virtual, 1)
@@ -108,7 +114,7 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
     split = parallel.split
     act = {c: activation_bytes(model, stage_layers[v], parallel.micro_batch_size, last=stages.is_last(v),
                                flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c],
-                               checkpoint_layers=checkpoint_layers, split=split)
+                               checkpoint_layers=checkpoint_layers, split=split, modules=recompute_modules)
            for c, v in enumerate(chunks)}
     transient = max(recompute_transient_bytes(model, stage_layers[v], parallel.micro_batch_size,
                                               recompute=recompute, recomputed=recomputed[c],

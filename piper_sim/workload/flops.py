@@ -133,6 +133,12 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
         dropout = hidden_dropout_bytes(model, routed, NO_SPLIT)
         return OpWork(traffic=(("permute", model.top_k * routed * d * b), ("residual", 3 * routed * d * b),
                                ("dropout", dropout)), num_kernels=4)
+    if name in ("attn_norm", "moe_norm"):  # a norm alone, re-run by selective recomputation (workload/recompute.py)
+        rows = routed if name == "moe_norm" else tokens * split.sequence_share  # as the router and attn ops run it
+        return OpWork(traffic=(("norm", 2 * rows * d * b),), num_kernels=1)
+    if name == "moe_act":  # the experts' activation alone, over the rows (balanced: routed x top_k), one grouped kernel
+        rows = sum(expert_rows) if expert_rows else routed * model.top_k
+        return OpWork(traffic=(("activation", expert_activation_bytes(model, rows, split.etp)),), num_kernels=1)
     if name == "head":
         vocab = -(-model.vocab_size // tp)  # a vocabulary-parallel head: the rank's shard of the logits
         return OpWork(gemms=(Gemm(tokens, d, vocab),),
@@ -236,10 +242,15 @@ def expert_gemms(model: ModelSpec, rows: int | np.ndarray, etp: int = 1) -> tupl
 def experts_besides_gemms(model: ModelSpec, expert_rows: tuple[int, ...], etp: int = 1) -> OpWork:
     """The experts op's work other than its GEMMs: the activation's traffic over the rows, a few kernels per
     expert."""
-    d, f, m, b = model.d_model, model.expert_ffn_dim // etp, model.expert_matrices, model.dtype_bytes
+    d, m, b = model.d_model, model.expert_matrices, model.dtype_bytes
     rows = sum(expert_rows)
-    return OpWork(traffic=(("activation", rows * 3 * f * b), ("copy", rows * 2 * d * b)),
+    return OpWork(traffic=(("activation", expert_activation_bytes(model, rows, etp)), ("copy", rows * 2 * d * b)),
                   num_kernels=len(expert_rows) * (m + 2))
+
+
+def expert_activation_bytes(model: ModelSpec, rows: float, etp: int = 1) -> float:
+    """HBM traffic of the routed experts' activation function over this many rows (its width split over etp)."""
+    return rows * 3 * (model.expert_ffn_dim // etp) * model.dtype_bytes
 
 
 EXCHANGE_OPS = ("dispatch", "combine")

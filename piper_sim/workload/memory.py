@@ -20,10 +20,13 @@ implementations keep them, and as the torch backend does; docs/metrics.md):
 With dropout, each block's output keeps a 1-byte mask, and a kept score matrix one more byte per score (Korthikanti
 et al. 2022, section 4.1: their 34 s b h + 5 a s^2 b per layer counts these masks).
 Activation recomputation (Korthikanti et al. 2022): "selective" re-runs the attention core before the
-backward, so the score matrix is not kept (as with flash attention); "full" keeps only the chunk's input
-(T d) for its recomputed layers and re-runs their forward before the chunk's backward (the lowered
-schedule's recompute tasks), so while that backward runs the recomputed layers' activations are alive
-again, all of them at once (recompute_transient_bytes). With `recompute_checkpoint_layers` N the recomputed
+backward, so the score matrix is not kept (as with flash attention); with `recompute_modules` (Megatron-core's
+names, workload/recompute.py) it re-runs those modules: "core_attn" (the default) that core, "layernorm" the
+norms that are modules of their own (their outputs not kept: the pre-MoE norm's in MoE layers, the input norm's
+under MLA) and "moe_act" the experts' activation (fc2's input not kept, one expert width per routed row).
+"full" keeps only the chunk's input (T d) for its recomputed layers and re-runs their forward before the chunk's
+backward (the lowered schedule's recompute tasks), so while that backward runs the recomputed layers' activations
+are alive again, all of them at once (recompute_transient_bytes). With `recompute_checkpoint_layers` N the recomputed
 layers are checkpointed in groups of N, as Megatron-LM's uniform method does (--recompute-num-layers N; 1 is
 its default and Korthikanti's per-layer checkpoint): a group's input is kept, and one group's activations are
 alive again at a time (the same recompute work, re-run group by group inside the backward).
@@ -47,6 +50,7 @@ from piper_sim.workload.precision import (
     non_fp8_params,
 )
 from piper_sim.workload.profile import DeviceProfile
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, selective_modules
 
 STATE_BYTES_PER_PARAM = 16
 FRAMEWORK_RESERVE_FRACTION = 0.10
@@ -170,24 +174,30 @@ def ffn_inner(width: int, matrices: int) -> int:
     return (3 if matrices == 3 else 2) * width
 
 
-def routed_row_bytes(model: ModelSpec, etp: int = 1) -> float:
+def routed_row_bytes(model: ModelSpec, etp: int = 1, modules: tuple[str, ...] = ()) -> float:
     """Activations an expert keeps per routed row it computes: the row and the FFN's inner activations (its
-    1/etp of them); under fp8 the inputs of fc1 and fc2 in fp8 (precision.fp8_routed_row_saving_bytes)."""
-    kept = (model.d_model + ffn_inner(model.expert_ffn_dim, model.expert_matrices) / etp) * model.dtype_bytes
+    1/etp of them); under fp8 the inputs of fc1 and fc2 in fp8 (precision.fp8_routed_row_saving_bytes). With
+    "moe_act" among the recomputed modules the activation's output (fc2's input) is not kept: one width less."""
+    inner = ffn_inner(model.expert_ffn_dim, model.expert_matrices) - ("moe_act" in modules) * model.expert_ffn_dim
+    kept = (model.d_model + inner / etp) * model.dtype_bytes
     return kept - fp8_routed_row_saving_bytes(model, etp)
 
 
 def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *, last: bool,
                      flash_attention: bool = True, recompute: str = "none", recomputed: int = 0,
-                     checkpoint_layers: int | None = None, split: TensorSplit = NO_SPLIT) -> float:
+                     checkpoint_layers: int | None = None, split: TensorSplit = NO_SPLIT,
+                     modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> float:
     """Activations one micro-batch leaves on a rank between its forward and backward for these layers.
 
     recompute "full": the first `recomputed` layers keep only the input of each group of `checkpoint_layers`
-    layers (None: one group, the chunk's input); "selective" keeps no scores.
+    layers (None: one group, the chunk's input); "selective" recomputes `modules` (workload/recompute.py):
+    "core_attn" keeps no scores, "layernorm" and "moe_act" discard their outputs (layer_activation_bytes).
     Routed rows are counted as if balanced (tokens x top_k per rank); the simulator's engine adds the
     difference for the rows a rank's experts actually get (`routed_row_bytes` each). split: tensor
     parallelism (layer_activation_bytes).
     """
+    redone = selective_modules(recompute, modules)
+    keeps_scores = not flash_attention and recompute != "full" and "core_attn" not in redone
     tokens = micro_batch_size * model.seq_len
     held = tokens * split.sequence_share  # the tokens a rank's residual stream holds
     total = 0.0
@@ -196,32 +206,36 @@ def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size
             * model.dtype_bytes
     kept = layers[recomputed:] if recompute == "full" else layers  # the rest are re-run from the chunk's input
     for layer in kept:
-        total += layer_activation_bytes(model, layer, micro_batch_size,
-                                        keep_scores=not flash_attention and recompute == "none", split=split)
+        total += layer_activation_bytes(model, layer, micro_batch_size, split=split, discarded=redone,
+                                        keep_scores=keeps_scores)
     if last:
         total += 2 * held * model.d_model * model.dtype_bytes + 4 * tokens * model.vocab_size / split.tp
     return total
 
 
 def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, *, keep_scores: bool,
-                           split: TensorSplit = NO_SPLIT) -> float:
+                           split: TensorSplit = NO_SPLIT, discarded: tuple[str, ...] = ()) -> float:
     """What one layer keeps for its backward pass, per micro-batch (the terms of the module docstring).
 
     Tensor parallelism (Korthikanti et al. 2022, section 4.2): q, k, v, the attention output, the scores and
     the dense FFN's inner activations are split over tp; the norms' inputs and outputs are whole on every rank
     unless sequence parallelism splits them too. A rank keeps the routed rows of the tokens it routes
-    (dispatch_share), each expert's inner activations split over etp.
+    (dispatch_share), each expert's inner activations split over etp. discarded: the recomputed modules whose
+    outputs are not kept (workload/recompute.py): "layernorm" the pre-MoE norm's output in a MoE layer and the
+    input norm's under MLA; "moe_act" the experts' activation output of each routed row (routed_row_bytes).
     """
     b, s, d, k, tp = micro_batch_size, model.seq_len, model.d_model, model.top_k, split.tp
     tokens = b * s
     seq = split.sequence_share
     elements = (2 * seq + 4 / tp) * tokens * d + 2 * seq * tokens * d  # attention; the pre-FFN norm
+    if "layernorm" in discarded:  # the outputs of the norms that are modules of their own
+        elements -= (model.is_moe_layer(layer) + (model.mla is not None)) * seq * tokens * d
     other_bytes = 4 * b * model.num_heads * s * s / tp if keep_scores else 0.0
     if model.dropout:  # 1-byte masks: the two blocks' outputs and, with the score matrix kept, its probabilities
         other_bytes += 2 * seq * tokens * d + (b * model.num_heads * s * s / tp if keep_scores else 0.0)
     if model.is_moe_layer(layer):
         routed = tokens * split.dispatch_share
-        other_bytes += routed * k * routed_row_bytes(model, split.etp) + 4 * routed * model.num_experts
+        other_bytes += routed * k * routed_row_bytes(model, split.etp, discarded) + 4 * routed * model.num_experts
         elements += routed * k * d  # combine
         elements += (routed * model.num_shared_experts
                      * ffn_inner(model.shared_ffn_dim, model.expert_matrices) / split.etp)

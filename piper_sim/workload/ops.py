@@ -14,6 +14,9 @@ Pure data: names and parsing only. Both backends interpret the same ops:
 - "moe_out:L": rows returned by combine are un-permuted, weighted by the gate and summed, plus the
   shared-expert output; h = h + that.
 - "head": final norm, LM head and the cross-entropy loss (last virtual stage only).
+- "attn_norm:L", "moe_norm:L": the attention's input norm, the pre-MoE norm of layer L alone; "moe_act:L": the
+  routed experts' activation function of layer L alone over the rank's routed rows: what selective recomputation's
+  "layernorm" and "moe_act" modules re-run before the backward (workload/recompute.py).
 A backward task runs the same ops in reverse order.
 """
 
@@ -22,7 +25,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-OP_NAMES = ("embed", "attn", "attn_core", "dense", "router", "shared", "experts", "moe_out", "head")
+OP_NAMES = ("embed", "attn", "attn_core", "dense", "router", "shared", "experts", "moe_out", "head", "attn_norm",
+            "moe_norm", "moe_act")
 
 
 class Op(NamedTuple):
