@@ -140,3 +140,16 @@ def test_the_published_qwen3_run_that_recomputed_norms_and_activations_fits():
     assert estimate_config(cfg)[1]
     without = load_config({k: v for k, v in run["config"].items() if k != "recompute_modules"} | {"recompute": "none"})
     assert not estimate_config(without)[1]  # the memory those modules free is what lets it fit
+
+
+def test_skewed_routing_prices_and_frees_the_activation_over_the_rows_each_rank_got():
+    """Balanced pricing would add the same time and free the same bytes under both routings; the busiest rank's
+    experts get more rows under zipf, so re-running their activation takes longer and frees more."""
+    base = {**SMALL, "parallel": {"pp": 1, "ep": 2, "num_microbatches": 2}, "cost": {"profile": "h100"}}
+    added, freed = {}, {}
+    for name, routing in (("uniform", {"kind": "uniform"}), ("zipf", {"kind": "zipf", "exponent": 1.5})):
+        none = simulate(load_config({**base, "routing": routing, "recompute": "none"})).report
+        act = simulate(load_config({**base, "routing": routing, "recompute_modules": ["moe_act"]})).report
+        added[name] = act.step_time_s - none.step_time_s
+        freed[name] = none.peak_memory_bytes[0] - act.peak_memory_bytes[0]
+    assert added["zipf"] > added["uniform"] * 1.01 and freed["zipf"] > freed["uniform"] * 1.1
