@@ -25,7 +25,8 @@ SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectiv
             "cost", "sim", "recompute", "recompute_layers", "recompute_checkpoint_layers", "recompute_modules",
             "optimizer")
 RECOMPUTE_MODES = ("none", "selective", "full")
-ZERO_STAGES = (0, 1, 2)
+ZERO_STAGES = (0, 1, 2, 3)
+ZERO3_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")  # one backward per chunk (docs/sharding.md)
 TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipe-v")  # each rank holds two chunks: parallel.vpp 2, their only value
 DEFAULTS: dict = {
     "schedule": "1f1b",
@@ -309,7 +310,10 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
         if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
             raise ConfigError("recompute_layers", layers, "a positive integer (layers of each chunk recomputed)")
     if zero not in ZERO_STAGES or isinstance(zero, bool):
-        raise ConfigError("optimizer.zero", zero, "0, 1 or 2")
+        raise ConfigError("optimizer.zero", zero, "0, 1, 2 or 3")
+    if zero == 3 and full["schedule"] not in ZERO3_SCHEDULES:
+        raise ConfigError("optimizer.zero", zero, f"0, 1 or 2 with schedule {full['schedule']} (3 with "
+                          f"{', '.join(ZERO3_SCHEDULES)}: a split backward's weight pass is not gathered for)")
     if zero == 2 and full["schedule"] == "dualpipe":
         raise ConfigError("optimizer.zero", zero, "0 or 1 with schedule dualpipe (its two copies of the layers sum "
                           "their full gradients after the backward, which ZeRO-2 does not keep)")

@@ -38,6 +38,9 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     if cfg.model.fp8_recipe:  # its linears are torch's, in the model's dtype
         raise ConfigError("cost.precision", "fp8", "bf16 for real runs (the torch backend runs no fp8 GEMMs, and this "
                                                    "machine's CPUs have none; simulate prices fp8)")
+    if cfg.zero == 3:
+        raise ConfigError("optimizer.zero", 3, "0, 1 or 2 for real runs (the torch backend gathers no parameters; "
+                                               "simulate and plan price ZeRO-3)")
     if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator
         raise ConfigError("model.dropout", cfg.model.dropout, "0 for real runs (the torch backend runs no dropout)")
     if cfg.recompute_checkpoint_layers is not None:  # its recompute tasks re-run whole chunks from their input

@@ -126,7 +126,8 @@ def test_mfu_excludes_recomputation_and_hfu_includes_it():
 
 @pytest.mark.parametrize(("overrides", "key"), [
     (["optimizer.zero=1", "parallel.ep=1", "parallel.pp=1", "parallel.dp=1"], "optimizer.zero"),
-    (["optimizer.zero=3"], "optimizer.zero"),
+    (["optimizer.zero=4"], "optimizer.zero"),
+    (["optimizer.zero=3", "schedule=zb-h1"], "optimizer.zero"),
     (["recompute=some"], "recompute"),
     (["recompute_layers=2"], "recompute_layers"),
     (["recompute=full", "recompute_layers=0"], "recompute_layers"),

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
-from piper_sim.config import RECOMPUTE_MODES, TWO_CHUNK_SCHEDULES, ZERO_STAGES
+from piper_sim.config import RECOMPUTE_MODES, TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, ZERO_STAGES
 from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, tensor_split_widths
@@ -131,7 +131,7 @@ def _fix_values(flag: str, knob: str, values: tuple[str, ...]) -> tuple:
     except ValueError:
         raise ConfigError(flag, ",".join(values), "positive integers") from None
     if knob == "zero" and any(v not in ZERO_STAGES for v in ints):
-        raise ConfigError(flag, ",".join(values), "0, 1 or 2")
+        raise ConfigError(flag, ",".join(values), ", ".join(map(str, ZERO_STAGES)))
     if knob != "zero" and any(v <= 0 for v in ints):
         raise ConfigError(flag, ",".join(values), "positive integers")
     return ints
@@ -203,10 +203,12 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
 
 
 def _zeros(zeros: tuple[int, ...], schedule: str, replicated: bool) -> tuple[int, ...]:
-    """ZeRO stages a plan may use: none without replicas; not 2 under DualPipe (config.py says why)."""
+    """ZeRO stages a plan may use: none without replicas; not 2 under DualPipe, 3 only under a schedule of one
+    backward per chunk (config.py says why)."""
     if not replicated:
         return (0,)
-    return tuple(z for z in zeros if not (z == 2 and schedule == "dualpipe"))
+    return tuple(z for z in zeros if not (z == 2 and schedule == "dualpipe")
+                 and not (z == 3 and schedule not in ZERO3_SCHEDULES))
 
 
 def _splits(model: ModelSpec, tp: int) -> bool:

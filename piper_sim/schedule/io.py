@@ -8,7 +8,7 @@ field of every stage program (fields equal to their default are left out), so
 schedule_from_json(schedule_to_json(s)) == s.
 
 CSV has one row per (rank, task) from Schedule.rank_tasks (global task ids "r<rank>:<local id>",
-concrete peers), plus the columns local_id, stage, peer_stage and group_axis that make it
+concrete peers), plus the columns local_id, stage, peer_stage, group_axis and nonblocking that make it
 readable back. Lists (ops, deps, peers) are joined with ";". What CSV does not carry: the schedule
 name, the mesh shape (dp, ep, tp: pass `mesh`), stage_layers, the layout (pass `layout`), and vpp,
 num_microbatches and lowered unless given (otherwise inferred: 1 + the largest chunk and microbatch;
@@ -31,6 +31,7 @@ FORMAT = "piper-sim-schedule"
 VERSION = 1
 CSV_COLUMNS = ("rank", "stage", "task_id", "local_id", "kind", "stream", "microbatch", "chunk", "ops", "deps",
                "role", "layer", "peers", "tag", "peer_stage", "group_axis")
+OPTIONAL_COLUMNS = ("nonblocking",)  # "1" for a nonblocking collective (ZeRO-3); files without it have none
 _TUPLE_FIELDS = ("ops", "deps")
 _INT_FIELDS = ("microbatch", "chunk", "layer", "peer_stage")
 _TASK_DEFAULTS = {f.name: f.default for f in fields(Task) if f.name != "task_id" and f.name != "kind"}
@@ -95,14 +96,14 @@ def _csv_row(row: dict, task: Task, stage: int) -> dict:
     return {
         **row, "stage": stage, "local_id": task.task_id, "ops": ";".join(row["ops"]),
         "deps": ";".join(row["deps"]), "peers": ";".join(str(p) for p in row["peers"]),
-        "peer_stage": task.peer_stage, "group_axis": task.group_axis,
+        "peer_stage": task.peer_stage, "group_axis": task.group_axis, "nonblocking": "1" if task.nonblocking else "",
     }
 
 
 def schedule_to_csv(schedule: Schedule, path: str | Path) -> None:
     """Write one row per (rank, task), ranks in order, tasks in program order."""
     with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS + OPTIONAL_COLUMNS)
         writer.writeheader()
         for rank in range(schedule.mesh.num_ranks):
             program = schedule.program(rank)
@@ -120,6 +121,7 @@ def _task_from_row(row: dict) -> Task:
     deps = tuple(d[len(prefix):] if d.startswith(prefix) else d for d in _split(row["deps"]))
     return Task(task_id=row["local_id"], kind=row["kind"], ops=_split(row["ops"]), deps=deps,
                 role=row["role"], tag=row["tag"], group_axis=row["group_axis"],
+                nonblocking=row.get("nonblocking") == "1",
                 **{name: int(row[name]) for name in _INT_FIELDS})
 
 

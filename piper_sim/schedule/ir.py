@@ -17,6 +17,8 @@ Execution contract (both backends honour it; see docs/execution-contract.md):
 - send and recv tasks are issued asynchronously: the program counter moves on at once, the
   transfer starts when both sides are issued, and the task ends when the transfer ends; a task that
   depends on a recv waits for it;
+- a nonblocking collective (ZeRO-3's unit gathers and gradient reduce-scatters) is issued like a send: the
+  program counter moves on once its deps are done, and a task that depends on it waits for it;
 - a collective starts when every member of its group has reached it.
 
 Layouts (which virtual stage chunk c of pipeline stage p runs; Schedule.layout, docs/schedules.md):
@@ -57,7 +59,7 @@ class TaskKind(StrEnum):
     ALL_TO_ALL = "all_to_all"
     ALL_REDUCE = "all_reduce"
     REDUCE_SCATTER = "reduce_scatter"  # sharded optimizer state (ZeRO): gradients
-    ALL_GATHER = "all_gather"  # sharded optimizer state (ZeRO): updated parameters
+    ALL_GATHER = "all_gather"  # sharded optimizer state (ZeRO): updated parameters; ZeRO-3: a unit's parameters
 
 
 class Layout(StrEnum):
@@ -117,6 +119,9 @@ class Task:
     "combine", "grad_dense", "grad_expert"); layer: the MoE layer of an all-to-all.
     peer_stage: for send/recv, the pipeline stage of the other side; tag: matches a send with its recv.
     group_axis: for collectives, the mesh axis whose ranks form the group ("ep", "dp", "ep_dp").
+    nonblocking: a collective issued without blocking the program counter (ZeRO-3 / FSDP: a unit's parameter
+    all-gather, prefetched while the unit before it computes, and its gradients' reduce-scatter); layer: the
+    unit (workload/fsdp.py).
     """
 
     task_id: str
@@ -130,6 +135,7 @@ class Task:
     peer_stage: int = -1
     tag: str = ""
     group_axis: str = ""
+    nonblocking: bool = False
 
     def __post_init__(self) -> None:
         """Kinds and roles given as strings (generators, JSON) become their enums; an unknown one is an error."""
@@ -137,6 +143,8 @@ class Task:
             object.__setattr__(self, "kind", TaskKind(self.kind))
         if type(self.role) is not Role:
             object.__setattr__(self, "role", Role(self.role))
+        if self.nonblocking and self.kind not in COLLECTIVE_KINDS:
+            raise ValueError(f"task {self.task_id}: only a collective can be nonblocking, not a {self.kind.value}")
         if self.group_axis and self.group_axis not in GROUP_AXES:
             raise ValueError(f"task {self.task_id}: unknown group axis {self.group_axis!r}; allowed: {GROUP_AXES}")
 
@@ -156,6 +164,11 @@ class Task:
     @property
     def is_collective(self) -> bool:
         return self.kind in COLLECTIVE_KINDS
+
+    @property
+    def is_issued(self) -> bool:
+        """Issued without blocking the program counter: send, recv and nonblocking collectives."""
+        return self.kind in P2P_KINDS or self.nonblocking
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from piper_sim.schedule.fsdp import unit_runs, with_gathers
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
+from piper_sim.workload.fsdp import unit_classes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
@@ -163,7 +165,9 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
     "selective" each layer's recompute_modules (workload/recompute.py; the attention core by default) (kinds
     recompute / recompute_expert, after the gradient arrives). zero > 0: gradients are reduce-scattered and the
     updated parameters all-gathered after the optimizer step, in place of one all-reduce: zero 1 reduce-scatters
-    once before the optimizer, zero 2 each chunk's gradients as each micro-batch's backward finishes them. The
+    once before the optimizer, zero 2 each chunk's gradients as each micro-batch's backward finishes them; zero 3
+    gathers each unit's parameters before its forward and its backward and reduce-scatters its gradients after its
+    backward, every micro-batch (schedule/fsdp.py), and gathers nothing after the optimizer. The
     mesh's tp and etp, and sp, place the
     tensor-parallel collectives (TensorSplit; docs/tensor-parallel.md).
     """
@@ -196,7 +200,7 @@ def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) 
                         chunk=task.chunk, ops=ops, deps=deps)]
         else:
             raise ValueError(f"cannot lower coarse task kind {task.kind!r}")
-        last_of[task.task_id] = new[-1].task_id if new[-1].kind != "send" else new[-2].task_id
+        last_of[task.task_id] = _last_blocking(new)
         out.extend(new)
         if ctx.zero == 2 and task.kind in ("backward", "backward_weight"):  # the chunk's weight gradients are done
             out.extend(_bucket_reduce_scatters(ctx, task, last_of[task.task_id]))
@@ -235,7 +239,12 @@ def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: di
             deps = (tasks[-1].task_id,)
         else:  # previous virtual stage on this same rank: a local dependency
             deps = (last_of[f"F:c{prev_chunk}:m{m}"],)
-    tasks.extend(_expand(ctx.segments(v), prefix, "forward", task, deps, ctx.expert_group))
+    if ctx.zero == 3:
+        runs = [(u, _expand(segs, f"{prefix}:u{u}", "forward", task, deps, ctx.expert_group))
+                for u, segs in unit_runs(ctx.segments(v), ctx.stage_layers[v])]
+        tasks.extend(with_gathers(_chained(runs), _unit_collectives(ctx, v, task, "F")))
+    else:
+        tasks.extend(_expand(ctx.segments(v), prefix, "forward", task, deps, ctx.expert_group))
     if after is not None and ctx.stages.where(after)[0] != p:
         tasks.append(Task(task_id=f"send:act:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="act",
                           peer_stage=ctx.stages.where(after)[0], tag=f"act:v{after}:m{m}",
@@ -258,18 +267,70 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
         else:
             deps = (*deps, last_of[f"B:c{next_chunk}:m{m}"])
     redo = ctx.recompute_segments(v) if task.kind != "backward_weight" else []
-    if redo:
+    if ctx.zero == 3:
+        tasks.extend(_fsdp_backward(ctx, v, task, deps, redo))
+    elif redo:
         tasks.extend(_expand(redo, f"R:c{c}:m{m}", "recompute", task, deps, ctx.expert_group))
         deps = (tasks[-1].task_id,)
-    tasks.extend(_expand(ctx.backward_segments(v), prefix, task.kind, task, deps, ctx.expert_group))
+    if ctx.zero != 3:
+        tasks.extend(_expand(ctx.backward_segments(v), prefix, task.kind, task, deps, ctx.expert_group))
     if prev is not None and ctx.stages.where(prev)[0] != p:
         tasks.append(Task(task_id=f"send:grad:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="grad",
                           peer_stage=ctx.stages.where(prev)[0], tag=f"grad:v{prev}:m{m}",
-                          deps=(tasks[-1].task_id,)))
+                          deps=(_last_blocking(tasks),)))
     return tasks
 
 
 _FLIP = {"dispatch": "combine", "combine": "dispatch"}
+
+
+def _last_blocking(tasks: list[Task]) -> str:
+    """The last task of a lowered pass that blocks the program counter (not a send or a nonblocking collective)."""
+    return next(t.task_id for t in reversed(tasks) if not t.is_issued)
+
+
+def _fsdp_backward(ctx: LoweringContext, v: int, task: Task, deps: tuple[str, ...],
+                   redo: list[Segment]) -> list[Task]:
+    """ZeRO-3: a chunk's backward unit by unit (last first), each unit's recomputation right before its backward
+    (as a per-block checkpoint re-runs it inside the block's backward), with the units' gathers prefetched and
+    their gradients reduce-scattered (schedule/fsdp.py)."""
+    c, m, layers = task.chunk, task.microbatch, ctx.stage_layers[v]
+    again = dict(unit_runs(redo, layers))
+    runs: list[tuple[int, list[Task]]] = []
+    for u, segs in unit_runs(ctx.backward_segments(v), layers, backward=True):
+        unit_tasks = _expand(again.pop(u, []), f"R:c{c}:m{m}:u{u}", "recompute", task, deps, ctx.expert_group)
+        after = (unit_tasks[-1].task_id,) if unit_tasks else deps
+        unit_tasks += _expand(segs, f"B:c{c}:m{m}:u{u}", task.kind, task, after, ctx.expert_group)
+        runs.append((u, unit_tasks))
+    return with_gathers(_chained(runs), _unit_collectives(ctx, v, task, "B"),
+                        _unit_collectives(ctx, v, task, "B", reduce=True))
+
+
+def _chained(runs: list[tuple[int, list[Task]]]) -> list[tuple[int, list[Task]]]:
+    """Runs expanded each from the pass's input: each run's first task made to follow the run before it."""
+    out: list[tuple[int, list[Task]]] = []
+    for u, tasks in runs:
+        if out and tasks:
+            tasks = [replace(tasks[0], deps=(out[-1][1][-1].task_id,)), *tasks[1:]]
+        if tasks:
+            out.append((u, tasks))
+    return out
+
+
+def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, reduce: bool = False):
+    """ZeRO-3: the collectives of one unit of a chunk (schedule.fsdp.Collectives), one per class of parameters it
+    holds: its parameters' all-gathers, or (reduce) its gradients' reduce-scatters."""
+    c, m, layers = task.chunk, task.microbatch, ctx.stage_layers[v]
+    what, kind = ("grad", "reduce_scatter") if reduce else ("param", "all_gather")
+    name = "reducescatter" if reduce else f"allgather:{pass_}"
+
+    def collectives(unit: int, deps: tuple[str, ...]) -> list[Task]:
+        held = unit_classes(ctx.model, unit, last=ctx.stages.is_last(v) and unit == (layers[-1:] or (unit,))[0],
+                            tp=ctx.split.tp)
+        return [Task(task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}", kind=kind, role=f"{what}_{cls}", chunk=c,
+                     microbatch=m, layer=unit, group_axis=axis, deps=deps, nonblocking=True)
+                for cls, axis in _reduction_axes(ctx) if cls in held]
+    return collectives
 
 
 def _recompute_segments(ctx: LoweringContext, v: int) -> list[Segment]:
@@ -333,6 +394,10 @@ def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
                           group_axis="mirror", deps=(last,)))
         last = tasks[-1].task_id
     axes = _reduction_axes(ctx)
+    if ctx.zero == 3:  # each unit's gradients were reduce-scattered after its backward: the step waits for them
+        tasks.append(Task(task_id="optimizer", kind="optimizer", deps=(last, *(
+            t.task_id for t in program if t.kind == "reduce_scatter" and t.nonblocking))))
+        return tasks  # the parameters stay sharded until the next step gathers them
     for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
         if ctx.zero:
             tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind="reduce_scatter", role=f"grad_{kind}",

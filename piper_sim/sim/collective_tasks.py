@@ -113,10 +113,14 @@ class CollectiveTasks:
         plan = self.plans[self.mesh.stage_of(group[0])]
         if task.role == "tp":  # a micro-batch's activations (or their gradients), whole
             size = self.activation_bytes
-        else:  # gradients or parameters of one class: the stage's, or one chunk's (ZeRO-2's buckets)
+        else:  # gradients or parameters of one class: the stage's, one chunk's (ZeRO-2's buckets) or one unit's
             kind = task.role.partition("_")[2]
             held = {"dense": plan.params_dense, "expert": plan.params_expert, "replicated": plan.params_replicated}
             held["mirror"] = sum(held.values())  # DualPipe: every gradient the rank holds, with its counterpart's
-            size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0 else held[kind])
+            if task.nonblocking:  # ZeRO-3: one unit's (workload/fsdp.py)
+                size = self.model.dtype_bytes * plan.unit_params[(task.chunk, task.layer)][kind]
+            else:
+                size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0
+                                                 else held[kind])
         algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
         return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name

@@ -4,8 +4,8 @@ Owns the simulated run: compute durations from the cost model, collectives (thei
 collective_tasks.py) and p2p transfers on the flow network, memory tracking, and the per-task records
 that become the RunTrace.
 Contract (schedule/ir.py): one program counter per rank; compute and collective tasks block it;
-send/recv are issued asynchronously and end when their transfer ends; a collective starts when
-all members have reached it; a task waits for its deps.
+send/recv and nonblocking collectives (ZeRO-3) are issued asynchronously and end when their transfer ends;
+a collective starts when all members have reached it; a task waits for its deps.
 
 Lanes: one SimPy process drives a lane, ranks of one pipeline stage that run the same program: the whole stage
 under uniform routing, each EP group of it under skewed routing. Each member keeps a clock of its own: compute
@@ -297,6 +297,15 @@ class Simulation(LaneCollectives):
                         else:
                             start[step, local, i] = clock
                         running = (task.group_axis, i, self._arrive(lane, step, i, task, nbytes[step], host, clock))
+                elif stream == 3:  # a nonblocking collective: issued, the program counter moves on
+                    host = self.collectives.host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
+                    cpu[step, local, i] = host
+                    if self.host.runs_host_work:  # its calls' host-side work, on the rank's cores, as it is issued
+                        yield from self._sync(clock)
+                        yield self.host.compute(lane_id, n, host)
+                        clock[:] = self.env.now
+                    start[step, local, i] = clock
+                    self._issue(lane, lane_id, step, i, task, nbytes[step], host, clock, end[step])
                 else:
                     self._post_p2p(lane, lane_id, stage, local, step, i, task, clock)
                 if plan.mem_at_end[i]:

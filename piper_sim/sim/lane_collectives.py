@@ -47,6 +47,29 @@ class LaneCollectives:
             out.append((at, stage_local, waiting[1]))
         return out
 
+    def _issue(self, lane: tuple[int, ...], lane_id: int, step: int, i: int, task: Task, nbytes: np.ndarray,
+               host_s: float, clock: np.ndarray, end: np.ndarray) -> None:
+        """Issue nonblocking collective i (ZeRO-3's): its groups join as _arrive says, and the task's done event
+        (what a task that depends on it waits for) fires when every group has ended, its value each member's end
+        time."""
+        groups = self._arrive(lane, step, i, task, nbytes, host_s, clock)
+        done = self._async_done[(lane_id, step, i)] = self.env.event()
+        ends = np.full(len(lane), np.nan)
+        left = [len(groups)]
+
+        def ended(ev, at: np.ndarray, stage_local: np.ndarray) -> None:
+            ends[at] = ev.value
+            end[stage_local, i] = ev.value
+            left[0] -= 1
+            if not left[0]:
+                done.succeed(ends)
+
+        for at, stage_local, ev in groups:
+            if ev.processed:
+                ended(ev, at, stage_local)
+            else:
+                ev.callbacks.append(lambda e, at=at, sl=stage_local: ended(e, at, sl))
+
     @staticmethod
     def _settle(running: tuple[str, int, list[tuple[np.ndarray, np.ndarray, simpy.Event]]], clock: np.ndarray,
                 end: np.ndarray):

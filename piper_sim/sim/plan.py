@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.schedule.liveness import activation_deltas
+from piper_sim.workload.fsdp_state import gathered_window_bytes, unit_params
 from piper_sim.workload.memory import (
     PARAM_CLASSES,
     activation_bytes,
@@ -26,6 +27,7 @@ from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 STREAM_CODE = {"compute": 0, "p2p": 1, "collective": 2}
+NONBLOCKING_CODE = 3  # a collective issued without blocking the program counter (ZeRO-3's unit gathers)
 ROWS_OPS = ("experts:", "moe_act:")  # ops priced over the rows each member's experts got (engine._compute_cost)
 EXPERT_KINDS = frozenset({"forward_expert", "backward_expert", "backward_expert_input", "backward_weight",
                           "recompute_expert"})
@@ -44,6 +46,7 @@ class StagePlan:
     params_expert: float
     params_replicated: float  # tp > 1: parameters every rank of the stage holds whole (memory.rank_params)
     chunk_params: dict[int, dict[str, float]]  # per chunk, its parameters by class (ZeRO-2's per-chunk buckets)
+    unit_params: dict[tuple[int, int], dict[str, float]]  # ZeRO-3: per (chunk, unit), its parameters by class
     param_tensors: int
     state_bytes: float  # training state of the parameters held (sharded as the optimizer's ZeRO stage says)
     transient_bytes: float  # full recomputation: one recomputed layer's activations during its backward
@@ -80,14 +83,17 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         mem_start, mem_end = activation_deltas(program, act)
         plans.append(StagePlan(
             program=program,
-            streams=[STREAM_CODE[t.stream] for t in program],
-            async_deps=[tuple(index[d] for d in t.deps if program[index[d]].stream == "p2p") for t in program],
+            streams=[NONBLOCKING_CODE if t.nonblocking else STREAM_CODE[t.stream] for t in program],
+            async_deps=[tuple(index[d] for d in t.deps if program[index[d]].is_issued) for t in program],
             expert_layers=[t.kind in EXPERT_KINDS and any(op.startswith(ROWS_OPS) for op in t.ops)
                            for t in program],
             fixed_cost=[(0.0, 0.0)] * len(program),
             mem_at_start=mem_start, mem_at_end=mem_end,
             params_dense=params["dense"], params_expert=params["expert"], params_replicated=params["replicated"],
             chunk_params=chunk_params,
+            unit_params={(c, u): held for c, v in enumerate(chunks) for u, held in unit_params(
+                model, schedule.stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,
+                split=parallel.split).items()} if zero == 3 else {},
             param_tensors=rank_param_tensors(model, layers, **ends), state_bytes=memory["state"],
             transient_bytes=memory["transient"], optimizer_params=memory["optimizer_params"],
             fp8_params=memory["fp8_params"],
@@ -123,6 +129,10 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
                     for c, v in enumerate(chunks))
     shards = param_shards(zero=zero, data_parallel=parallel.data_parallel, dp=parallel.dp,
                           stage_size=parallel.num_gpus // parallel.pp)
+    if zero == 3:  # the gathered units: two units' parameters and two units' gradients at most (workload/fsdp.py)
+        transient += gathered_window_bytes([held for v in chunks for held in unit_params(
+            model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,
+            split=split).values()], shards, model.dtype_bytes)
     if zero == 2:  # a chunk's full gradients live while its backward runs, until they are reduce-scattered
         transient += max(model.dtype_bytes * sum(
             rank_params(model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,

@@ -7,7 +7,8 @@ implementations keep them, and as the torch backend does; docs/metrics.md):
   weight and grad, Adam m and v); with optimizer state sharded over N replicas (ZeRO, Rajbhandari et al.
   2020, section 5.1): stage 1 keeps 2 + 2 + 12 / N bytes per parameter (fp32: 4 + 4 + 8 / N), stage 2
   2 + 14 / N: the lowered schedule reduce-scatters each chunk's gradients after each micro-batch's backward,
-  so only one chunk's full gradients are alive at a time (its backward's transient);
+  so only one chunk's full gradients are alive at a time (its backward's transient); stage 3 (FSDP) 16 / N,
+  plus the units gathered at a time (workload/fsdp.py);
 - attention: Piper's 12 b s d bytes at 2-byte activations, i.e. 6 tensors of T = b s tokens x d (norm
   input and output, q, k, v, attention output), plus 4 b H s^2 for the score matrix when attention is
   not fused (flash attention keeps none);
@@ -59,12 +60,14 @@ FRAMEWORK_RESERVE_FRACTION = 0.10
 def state_bytes_per_param(zero: int, shards: int, dtype_bytes: int = 2) -> float:
     """Training-state bytes per parameter held at the step's peak, with the state sharded over `shards` replicas
     (ZeRO, Rajbhandari et al. 2020, section 5.1). Mixed-precision Adam (16-bit models): weight 2, gradient 2,
-    fp32 master + m + v 12 -> stage 1: 2 + 2 + 12 / N, stage 2: 2 + 14 / N; fp32 models: weight and gradient 4
-    each, m + v 8. Stage 2's full gradients of one chunk while its backward runs are the stage plan's
-    transient."""
+    fp32 master + m + v 12 -> stage 1: 2 + 2 + 12 / N, stage 2: 2 + 14 / N, stage 3: 16 / N; fp32 models: weight
+    and gradient 4 each, m + v 8. Stage 2's full gradients of one chunk while its backward runs, and stage 3's
+    gathered units (workload/fsdp.py), are the stage plan's transient."""
     optimizer = 12 if dtype_bytes < 4 else 8
     if zero == 0 or shards <= 1:
         return float(2 * dtype_bytes + optimizer)
+    if zero == 3:
+        return (2 * dtype_bytes + optimizer) / shards
     if zero == 2:
         return dtype_bytes + (dtype_bytes + optimizer) / shards
     return 2 * dtype_bytes + optimizer / shards

@@ -1,0 +1,77 @@
+"""ZeRO-3 / FSDP in the lowered schedule: each unit's parameters all-gathered before it runs, prefetched one unit
+ahead, and its gradients reduce-scattered after its backward (docs/sharding.md).
+
+Owns the placement of a pass's gathers and reduce-scatters among its compute tasks. The lowering (lower.py)
+expands a chunk's forward (or its recomputation and backward) unit by unit (units: workload/fsdp.py) and hands
+the runs here. As FSDP2 does by default (torch.distributed.fsdp.fully_shard: implicit forward prefetch, backward
+prefetch of one module), the gather of the next unit is issued when the current unit starts, after the current
+unit's own gather (one gather stream), so it moves while the current unit computes; the pass's first gather is
+issued when the pass's input has arrived. All of them are nonblocking collectives (ir.Task.nonblocking): the
+program counter moves on, and a unit's first compute task waits for its gathers. Pure data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from piper_sim.schedule.ir import Task
+from piper_sim.workload.fsdp import unit_of_op
+
+# (unit, deps) -> the unit's collectives of one kind, one per class of parameters it gathers or reduces
+Collectives = Callable[[int, tuple[str, ...]], list[Task]]
+
+
+def unit_runs(segments: list, layers: tuple[int, ...], *, backward: bool = False) -> list[tuple[int, list]]:
+    """A pass's segments (lower.Segment) as runs of one unit each, in order: a compute segment whose ops span
+    several units is split between them (backward: its pieces in reverse, as a backward task runs its ops); a
+    collective goes with its layer, or (the embedding's and the head's tensor-parallel collectives, layer -1) with
+    the unit before it (the first unit when none is)."""
+    pieces: list[tuple[int | None, object]] = []
+    current: int | None = None
+    for seg in segments:
+        if not seg.ops:
+            pieces.append((seg.layer if seg.layer >= 0 else current, seg))
+            continue
+        split: list[tuple[int | None, object]] = []
+        start = 0
+        for k in range(1, len(seg.ops) + 1):
+            unit = unit_of_op(seg.ops[start], layers)
+            if k == len(seg.ops) or unit_of_op(seg.ops[k], layers) != unit:
+                split.append((unit, replace(seg, ops=seg.ops[start:k])))
+                start = k
+        pieces += split[::-1] if backward else split
+        current = pieces[-1][0]
+    known = next((u for u, _ in pieces if u is not None), None)
+    runs: list[tuple[int, list]] = []
+    for unit, seg in pieces:
+        unit = known if unit is None else unit
+        if runs and runs[-1][0] == unit:
+            runs[-1][1].append(seg)
+        else:
+            runs.append((unit, [seg]))
+    return runs
+
+
+def with_gathers(runs: list[tuple[int, list[Task]]], gathers: Collectives,
+                 reduces: Collectives | None = None) -> list[Task]:
+    """A pass's tasks, unit by unit, with each unit's gathers issued one unit ahead (the first unit's when the
+    pass's input is there: its first task's deps) and each unit's first compute task waiting for them; reduces:
+    (the backward) each unit's gradient reduce-scatters after its last task."""
+    order = list(dict.fromkeys(unit for unit, _ in runs))
+    if not order:
+        return []
+    issued = {order[0]: gathers(order[0], runs[0][1][0].deps)}
+    out: list[Task] = list(issued[order[0]])
+    for unit, tasks in runs:
+        j = order.index(unit)
+        own = tuple(t.task_id for t in issued[unit])
+        if j + 1 < len(order) and order[j + 1] not in issued:  # prefetch: on the gather stream after this one's
+            issued[order[j + 1]] = gathers(order[j + 1], own)
+            out.extend(issued[order[j + 1]])
+        waits = next((i for i, t in enumerate(tasks) if t.is_compute), None)
+        for i, t in enumerate(tasks):
+            out.append(replace(t, deps=(*t.deps, *own)) if i == waits and own else t)
+        if reduces is not None:
+            out.extend(reduces(unit, (tasks[-1].task_id,)))
+    return out

@@ -1,0 +1,58 @@
+"""ZeRO-3 / FSDP: the units whose parameters are gathered, and the gather time prefetch leaves exposed.
+
+Owns what the lowering (schedule/lower.py), the simulator's stage plans (sim/plan.py) and the estimator share about
+`optimizer.zero: 3` (docs/sharding.md); the units' sizes and memory are fsdp_state.py's:
+- a unit is one transformer block, as torchtitan and NeMo AutoModel wrap each block with `fully_shard`; a chunk's
+  embedding is gathered with its first block and its final norm and head with its last (a chunk with no block
+  is one unit, -1);
+- a unit's parameters of each class (memory.PARAM_CLASSES) are gathered over that class's replicas (the groups
+  ZeRO-1/2 shard over: memory.param_shards); a class held whole (one replica) is not gathered;
+- at most two units are gathered at once (the one computing and the prefetched next one), and in the backward two
+  units' full gradients (the one computing and the one being reduce-scattered): fsdp_state.gathered_window_bytes.
+Pure data: must not import numpy, simpy, torch or the schedule layer (the lowering imports it).
+"""
+
+from __future__ import annotations
+
+from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.ops import parse_op
+
+NO_BLOCK = -1  # the unit of a chunk that holds no transformer block (only the embedding or the head)
+
+
+def unit_of_op(op: str, layers: tuple[int, ...]) -> int:
+    """The unit an op of a chunk of these layers uses: its layer; the embedding the first block's, the head the
+    last block's."""
+    layer = parse_op(op).layer
+    if layer >= 0:
+        return layer
+    if not layers:
+        return NO_BLOCK
+    return layers[0] if op == "embed" else layers[-1]
+
+
+def chunk_units(layers: tuple[int, ...]) -> tuple[int, ...]:
+    """A chunk's units in forward order."""
+    return layers if layers else (NO_BLOCK,)
+
+
+
+
+
+def exposed_gather_s(gathers_s: list[float], computes_s: list[float]) -> float:
+    """The gather time a pass leaves on its compute stream, its units' gathers and compute in the order it runs
+    them: the first unit's gather whole, then each next unit's gather, prefetched while the unit before it computes
+    (after that unit's own gather: one gather stream), as far as it outlasts that compute."""
+    exposed = gathers_s[0] if gathers_s else 0.0
+    for gather, compute in zip(gathers_s[1:], computes_s, strict=False):
+        exposed += max(0.0, gather - compute)
+    return exposed
+
+
+def unit_classes(model: ModelSpec, unit: int, *, last: bool, tp: int) -> tuple[str, ...]:
+    """The classes of parameters (memory.PARAM_CLASSES) a unit holds (last: it holds the head): "dense" always;
+    "replicated" with tp > 1 (its norms, or the final norm); "expert" a MoE block's (tests hold it to the classes
+    memory.rank_params gives a positive count)."""
+    replicated = ("replicated",) if tp > 1 and (unit >= 0 or last) else ()
+    expert = ("expert",) if unit >= 0 and model.is_moe_layer(unit) else ()
+    return ("dense", *replicated, *expert)

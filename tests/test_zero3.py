@@ -1,0 +1,157 @@
+"""ZeRO-3 / FSDP (optimizer.zero 3): the lowered schedule's gathers and reduce-scatters, the memory model's closed
+forms, prefetch's overlap in the simulator (docs/sharding.md)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from piper_sim.config import load_config
+from piper_sim.errors import ConfigError
+from piper_sim.schedule.build import build_schedule
+from piper_sim.schedule.io import schedule_from_json, schedule_to_json
+from piper_sim.schedule.validate import check_schedule
+from piper_sim.sim.plan import build_stage_plans
+from piper_sim.simulate import simulate
+from piper_sim.workload.fsdp import unit_classes
+from piper_sim.workload.fsdp_state import gathered_window_bytes, unit_params
+from piper_sim.workload.memory import rank_params, state_bytes_per_param
+from piper_sim.workload.parallel import TensorSplit
+from piper_sim.workload.presets import load_model
+
+MOE = "examples/small-moe.yaml"  # 8 layers, pp 2 x ep 4
+DENSE = {"preset": "small-moe", "name": "small-dense", "num_layers": 4, "num_dense_layers": 4, "dense_ffn_dim": 1024}
+
+
+def _two_nodes(nic_GBps: float) -> dict:
+    """A dense 4-layer model on two GPUs, one per node, data-parallel: every gather crosses one NIC of nic_GBps."""
+    return {"model": DENSE, "schedule": "1f1b", "optimizer": {"zero": 3}, "cost": {"profile": "h100"},
+            "parallel": {"pp": 1, "ep": 1, "dp": 2, "num_microbatches": 1, "micro_batch_size": 2},
+            "topology": {"builder": "uniform", "params": {
+                "gpus_per_node": 1, "intra_bandwidth_GBps": 100, "intra_latency_us": 1.0,
+                "nic_bandwidth_GBps": nic_GBps, "nic_latency_us": 1.5, "switch_latency_us": 0.5,
+                "message_overhead_us": 2.0}}}
+
+
+def test_zero3_state_is_sixteen_bytes_over_the_replicas():
+    # Rajbhandari et al. 2020, section 5.1: P_os+g+p = 16 / Nd (fp32 models: 4 + 4 + 8 over Nd)
+    assert state_bytes_per_param(3, 8) == pytest.approx(16 / 8)
+    assert state_bytes_per_param(3, 8, dtype_bytes=4) == pytest.approx(16 / 8)
+    assert state_bytes_per_param(3, 1) == 16  # one replica: nothing to shard
+
+
+def test_the_gathered_window_is_the_largest_two_units_twice():
+    shards = {"dense": 4, "replicated": 1, "expert": 2}
+    units = [{"dense": 10.0, "replicated": 5.0, "expert": 0.0}, {"dense": 10.0, "replicated": 5.0, "expert": 100.0},
+             {"dense": 30.0, "replicated": 5.0, "expert": 0.0}]
+    # gathered: the sharded classes only (10, 110, 30); the largest pair 140; parameters and gradients, 2 bytes each
+    assert gathered_window_bytes(units, shards, 2) == 2 * 2 * 140
+    assert gathered_window_bytes(units[:1], shards, 2) == 2 * 2 * 10
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_unit_classes_are_the_classes_a_unit_holds(tp):
+    model = load_model("small-moe")
+    split = TensorSplit(tp=tp, etp=1)
+    for layers, first, last in (((0, 1), True, False), ((6, 7), False, True), ((), False, True), ((), True, False)):
+        for unit, held in unit_params(model, layers, first=first, last=last, ep=2, split=split).items():
+            positive = tuple(kind for kind in ("dense", "replicated", "expert") if held[kind] > 0)
+            assert unit_classes(model, unit, last=last and unit == (layers[-1:] or (unit,))[0], tp=tp) == positive
+
+
+def _program(overrides: list[str]):
+    cfg = load_config(MOE, ["optimizer.zero=3", "parallel.dp=2", "parallel.num_microbatches=2", *overrides])
+    schedule = build_schedule(cfg)
+    check_schedule(schedule)
+    return schedule
+
+
+@pytest.mark.parametrize("overrides", [[], ["recompute=full"], ["schedule=interleaved-1f1b", "parallel.vpp=2"]])
+def test_each_unit_is_gathered_before_its_forward_and_backward_and_reduced_after(overrides):
+    schedule = _program(overrides)
+    for program in schedule.stage_programs:
+        at = {t.task_id: i for i, t in enumerate(program)}
+        compute = [t for t in program if t.is_compute and t.kind != "optimizer"]
+        units = {(t.chunk, t.microbatch, t.task_id[0], int(t.task_id.split(":")[3][1:])) for t in compute}
+        for c, m, phase, u in units:
+            gather = "F" if phase == "F" else "B"
+            mine = [t for t in compute if t.task_id.startswith(f"{phase}:c{c}:m{m}:u{u}:")]
+            gathers = [f"allgather:{gather}:param_{k}:c{c}:m{m}:u{u}" for k in ("dense", "expert")]
+            assert all(program[at[g]].nonblocking for g in gathers)
+            if phase != "R" and (phase == "F" or not any(t.startswith(f"R:c{c}:m{m}:u{u}:") for t in at)):
+                assert set(gathers) <= set(mine[0].deps)  # the unit's first compute waits for its gathers
+            assert max(at[g] for g in gathers) < at[mine[0].task_id]
+            if phase == "B":  # its gradients reduce-scattered once its backward is done, deps on the last task
+                for k, axis in (("dense", "ep_dp"), ("expert", "dp")):
+                    rs = program[at[f"reducescatter:grad_{k}:c{c}:m{m}:u{u}"]]
+                    assert rs.nonblocking and rs.group_axis == axis and rs.deps == (mine[-1].task_id,)
+        # prefetch: unit k + 1's gather is issued after unit k's and before unit k's first compute task
+        forward = sorted({u for c, m, ph, u in units if (c, m, ph) == (0, 0, "F")})
+        for k, nxt in zip(forward, forward[1:], strict=False):
+            g = program[at[f"allgather:F:param_dense:c0:m0:u{nxt}"]]
+            assert f"allgather:F:param_dense:c0:m0:u{k}" in g.deps
+            assert at[g.task_id] < at[f"F:c0:m0:u{k}:s0"]
+        optimizer = program[at["optimizer"]]
+        assert {t.task_id for t in program if t.kind == "reduce_scatter"} <= set(optimizer.deps)
+        assert not [t for t in program if t.kind == "all_reduce" or (t.is_collective and t.role.startswith(
+            ("grad_", "param_")) and not t.nonblocking)]  # no step-end reductions, no gather after the optimizer
+
+
+def test_nonblocking_survives_the_schedule_file():
+    schedule = _program([])
+    assert schedule_from_json(schedule_to_json(schedule)) == schedule
+
+
+def test_zero3_memory_in_the_simulator_is_the_closed_form():
+    cfg = load_config(_two_nodes(12.5))
+    params = rank_params(cfg.model, (0, 1, 2, 3), first=True, last=True, ep=1)["dense"]
+    units = list(unit_params(cfg.model, (0, 1, 2, 3), first=True, last=True, ep=1).values())
+    window = gathered_window_bytes(units, {"dense": 2, "replicated": 1, "expert": 1}, 2)
+    assert window == 2 * 2 * max(sum(units[i]["dense"] for i in (k, k + 1)) for k in range(3))
+    plan = build_stage_plans(build_schedule(cfg), cfg.model, cfg.parallel, True, zero=3)[0]
+    assert plan.state_bytes == pytest.approx(params * 16 / 2) and plan.transient_bytes == pytest.approx(window)
+    plain = simulate(load_config(_two_nodes(12.5) | {"optimizer": {"zero": 0}})).report.peak_memory_bytes[0]
+    sharded = simulate(cfg).report.peak_memory_bytes[0]
+    assert plain - sharded == pytest.approx(params * (16 - 8) - window, rel=1e-12)
+
+
+def _forward(nic_GBps: float):
+    result = simulate(load_config(_two_nodes(nic_GBps)))
+    t = result.trace[result.trace["rank"] == 0].set_index("task_id")
+    gathers = [t.loc[f"allgather:F:param_dense:c0:m0:u{u}"] for u in range(4)]
+    computes = [t.loc[f"F:c0:m0:u{u}:s0"] for u in range(4)]
+    return result, gathers, computes
+
+
+def test_prefetch_hides_a_gather_shorter_than_the_unit_before_it():
+    result, gathers, computes = _forward(12.5)  # a unit's gather (~90 us) under its forward (~100 us)
+    assert math.isfinite(result.report.step_time_s)
+    assert computes[0].start_s == pytest.approx(gathers[0].end_s)  # the first gather is exposed
+    for k in range(1, 4):
+        assert gathers[k].start_s == pytest.approx(max(gathers[k - 1].end_s, computes[k - 1].start_s))
+        assert gathers[k].end_s < computes[k - 1].end_s  # hidden: the unit starts when the one before it ends
+        assert computes[k].start_s == pytest.approx(computes[k - 1].end_s)
+
+
+def test_a_gather_longer_than_the_unit_before_it_is_exposed_by_the_difference():
+    _, gathers, computes = _forward(0.05)  # 2 MB at 50 MB/s: ~22 ms per gather, ~0.1 ms per unit
+    for k in range(4):
+        unit_bytes = gathers[k].bytes  # each member sends its half over its NIC: a ring all-gather of 2, (N-1)/N S
+        assert gathers[k].end_s - gathers[k].start_s == pytest.approx(unit_bytes / 2 / 0.05e9, rel=1e-3)
+        assert computes[k].start_s == pytest.approx(gathers[k].end_s)
+    for k in range(1, 4):  # one gather stream: each starts when the one before it ends
+        assert gathers[k].start_s == pytest.approx(gathers[k - 1].end_s)
+
+
+
+
+def test_zero3_refusals_name_the_key():
+    with pytest.raises(ConfigError) as err:
+        load_config(MOE, ["optimizer.zero=3", "parallel.dp=2", "schedule=zb-h1"])
+    assert err.value.key == "optimizer.zero"
+    from piper_sim.measure import measure
+
+    with pytest.raises(ConfigError) as err:
+        measure(load_config(MOE, ["optimizer.zero=3", "parallel.dp=2"]), None)
+    assert err.value.key == "optimizer.zero"
