@@ -42,6 +42,8 @@ def estimate_budget(estimator: Estimator, point: PlanPoint) -> tuple[Estimate, d
             terms["recomputation"] += redo_s
             if point.zero == 2:
                 terms["dp_comm"] += estimator._bucket_s(point, layers, p, v)
+            if point.zero == 3:  # the unit gathers prefetch does not hide
+                terms["dp_comm"] += sum(estimator._fsdp_s(point, layers, p, v, a2a))
             terms["ep_comm"] += (4 * moe + 2 * redo_moe) * a2a
         scale = point.num_microbatches / stages.num_pipelines
         terms = {k: v * scale for k, v in terms.items()}

@@ -11,7 +11,9 @@ Owns Estimator. It prices with the simulator's own functions, so there is no sec
   block the compute stream): 1F1B and GPipe sum_p (F+B)_p + (M - 1) max_p (F+B)_p; interleaved
   (sum_p (F+B)_p) / vpp + (M - 1/vpp) max_p (F+B)_p; ZB-H1 sum_p (F+Bi)_p + (M - 1) max_p (F+Bi+W)_p +
   W - min(pp - 1, M - 1) W (Qi et al. 2023: the weight passes fill the bubble); plus the activations'
-  p2p on the fill and drain path (2 (pp vpp - 1) hops), the gradient all-reduces and the optimizer.
+  p2p on the fill and drain path (2 (pp vpp - 1) hops), the gradient all-reduces and the optimizer;
+- ZeRO-3: each micro-batch's pass of a chunk adds the unit gathers its compute does not hide
+  (workload.fsdp.exposed_gather_s), and the step the reduce-scatter of the last unit of its backward.
 Pure: no simpy, torch.
 """
 
@@ -35,6 +37,8 @@ from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.phase_run import phase_delay_s
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.fsdp import exposed_gather_s
+from piper_sim.workload.fsdp_state import unit_params
 from piper_sim.workload.memory import (
     PARAM_CLASSES,
     fp8_weight_params,
@@ -112,6 +116,9 @@ class Estimator:
                 rs, redo_moe = self._cached(
                     key, lambda v=v, first=first: self._recompute(coster, point.ep, layers[v], first, point.recompute))
                 f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
+                if point.zero == 3:  # the units' gathers that prefetch cannot hide, forward and backward
+                    ef, eb = self._cached(("fsdp", point, v), lambda v=v, p=p: self._fsdp_s(point, layers, p, v, a2a))
+                    f, b = f + ef, b + eb
                 if point.zero == 2:  # the chunk's gradients reduce-scattered after its backward of each micro-batch
                     bucket = self._cached(("bucket", point, v), lambda v=v, p=p: self._bucket_s(point, layers, p, v))
                     b, w = (b, w + bucket) if zb else (b + bucket, w)
@@ -240,7 +247,12 @@ class Estimator:
                 mirror = [self.gpus[p * per_stage], self.gpus[(point.pp - 1 - p) * per_stage]]
                 grad += self._reduce_group_s(sum(params.values()), mirror, 0)
             for kind, gpus in self._replica_groups(point, p).items():
-                if len(gpus) > 1:
+                if len(gpus) > 1 and point.zero == 3:  # the step waits for its last unit's reduce-scatter
+                    unit = unit_params(self.model, layers[chunks[0]], first=ends["first"], last=False, ep=point.ep,
+                                       split=point.parallel.split)
+                    grad += self._sharded_s(REDUCE_SCATTER, next(iter(unit.values()))[kind] * self.model.dtype_bytes,
+                                            gpus)
+                elif len(gpus) > 1:
                     grad += self._reduce_group_s(params[kind], gpus, point.zero)
             shards = param_shards(zero=point.zero, data_parallel=point.parallel.data_parallel, dp=point.dp,
                                   stage_size=per_stage)
@@ -267,6 +279,25 @@ class Estimator:
                              split=point.parallel.split)
         return sum(self._sharded_s(REDUCE_SCATTER, params[kind] * self.model.dtype_bytes, gpus)
                    for kind, gpus in self._replica_groups(point, p).items() if len(gpus) > 1)
+
+    def _fsdp_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int, a2a: float
+                ) -> tuple[float, float]:
+        """ZeRO-3: (forward, backward) gather time of one micro-batch's pass of chunk v that its units' compute does
+        not hide (workload.fsdp.exposed_gather_s; all-to-alls count as compute: they block the compute stream)."""
+        stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
+        coster = self.coster(point.micro_batch_size * self.model.seq_len, point.parallel.split)
+        first, last, groups = stages.is_first(v), stages.is_last(v), self._replica_groups(point, p)
+        forward, backward, gathers = [], [], []
+        units = unit_params(self.model, layers[v], first=first, last=last, ep=point.ep, split=point.parallel.split)
+        for unit, params in units.items():
+            ends = (first and unit == next(iter(units)), last and unit == next(reversed(units)))
+            f, b, _, _, moe = self._chunk(coster, point.ep, (unit,) if unit >= 0 else (), *ends, False)
+            redo, redo_moe = self._recompute(coster, point.ep, (unit,) if unit >= 0 else (), ends[0], point.recompute)
+            forward.append(f + 2 * moe * a2a)
+            backward.append(b + redo + 2 * (moe + redo_moe) * a2a)
+            gathers.append(sum(self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
+                               for kind, gpus in groups.items() if len(gpus) > 1))
+        return (exposed_gather_s(gathers, forward), exposed_gather_s(gathers[::-1], backward[::-1]))
 
     def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
         return self.phases_s(registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),

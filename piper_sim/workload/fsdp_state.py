@@ -22,10 +22,12 @@ def unit_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last:
     return {layer: rank_params(model, (layer,), first=first and layer == layers[0],
                                last=last and layer == layers[-1], ep=ep, split=split) for layer in layers}
 
+
 def gathered_params(params: dict[str, float], shards: dict[str, int]) -> float:
     """Of a unit's parameters by class, those that are gathered (their class is sharded over more than one
     replica)."""
     return sum(params[kind] for kind in PARAM_CLASSES if shards[kind] > 1)
+
 
 def gathered_window_bytes(units: list[dict[str, float]], shards: dict[str, int], dtype_bytes: int) -> float:
     """Bytes a rank's gathered units take at most, its units (of every chunk, in forward order) given: two
