@@ -3,6 +3,7 @@ forms, prefetch's overlap in the simulator and the estimator, the planner's spac
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,7 +14,7 @@ from piper_sim.planning.estimate import estimate_config
 from piper_sim.planning.planner import PlanRequest, screen
 from piper_sim.planning.space import parse_fixes
 from piper_sim.schedule.build import build_schedule
-from piper_sim.schedule.io import schedule_from_json, schedule_to_json
+from piper_sim.schedule.io import schedule_from_csv, schedule_from_json, schedule_to_csv, schedule_to_json
 from piper_sim.schedule.validate import check_schedule
 from piper_sim.sim.plan import build_stage_plans
 from piper_sim.simulate import simulate
@@ -101,9 +102,14 @@ def test_each_unit_is_gathered_before_its_forward_and_backward_and_reduced_after
             ("grad_", "param_")) and not t.nonblocking)]  # no step-end reductions, no gather after the optimizer
 
 
-def test_nonblocking_survives_the_schedule_file():
+def test_nonblocking_survives_the_schedule_files(tmp_path):
     schedule = _program([])
     assert schedule_from_json(schedule_to_json(schedule)) == schedule
+    schedule_to_csv(schedule, tmp_path / "z3.csv")
+    back = schedule_from_csv(tmp_path / "z3.csv", schedule.mesh, name=schedule.name,
+                             num_microbatches=schedule.num_microbatches, vpp=schedule.vpp, lowered=True)
+    assert back == dataclasses.replace(schedule, stage_layers=())
+    assert sum(t.nonblocking for t in back.stage_programs[0]) > 0
 
 
 def test_zero3_memory_in_the_simulator_is_the_closed_form():
