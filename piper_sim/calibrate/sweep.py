@@ -19,7 +19,7 @@ from piper_sim.torch_backend.bench.plan import (
     Sweep,
     TimingPlan,
 )
-from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.model import SET_BY_CONFIG, ModelSpec
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import NOT_IN_LAYER_KEY
 
@@ -40,7 +40,8 @@ def model_layer(model: ModelSpec) -> dict | None:
     if model.mla is not None or stage_params > LAYER_BENCH_MAX_PARAMS:
         return None
     # every field the cost model matches layers on (cost.layer_key), so the preset's own runs find this layer
-    return {**{f.name: getattr(model, f.name) for f in fields(model) if f.name not in NOT_IN_LAYER_KEY},
+    # (not the fields a config sets from its cost section: a model mapping may not give them)
+    return {**{f.name: getattr(model, f.name) for f in fields(model) if f.name not in NOT_IN_LAYER_KEY | SET_BY_CONFIG},
             "name": model.name, "num_layers": 1, "seq_len": MICRO_MODEL["seq_len"], "num_experts": model.num_experts}
 
 
