@@ -42,7 +42,8 @@ QWEN3 = ("--swiglu --untie-embeddings-and-output-weights --position-embedding-ty
          "--micro-batch-size 1 --global-batch-size 2048 --moe-token-dispatcher-type flex --moe-enable-deepep "
          "--lr 3.9e-6 --weight-decay 0.1 ")
 # Model Zoo model_configs/benchmarking/Mixtral-8x22B.yaml; runtime.conf's Mixtral-8x22B plan; run_mixtral_8x22B.sh
-MIXTRAL_8X22B = ("--swiglu --untie-embeddings-and-output-weights --num-layers 56 --hidden-size 6144 "
+MIXTRAL_8X22B = ("--swiglu --untie-embeddings-and-output-weights --position-embedding-type rope --num-layers 56 "
+                 "--hidden-size 6144 "
                  "--ffn-hidden-size 16384 --num-attention-heads 48 --group-query-attention --num-query-groups 8 "
                  "--seq-length 4096 --tokenizer-type Llama2Tokenizer --make-vocab-size-divisible-by 128 "
                  "--attention-dropout 0.0 --hidden-dropout 0.0 --num-experts 8 --moe-router-topk 2 --bf16 "
@@ -52,7 +53,8 @@ MIXTRAL_8X22B = ("--swiglu --untie-embeddings-and-output-weights --num-layers 56
                  "--global-batch-size 256 --moe-token-dispatcher-type alltoall --moe-router-force-load-balancing "
                  "--nnodes 16 --nproc-per-node 8")
 # Megatron-LM's MoE README, Mixtral 8x7B's reference mapping (TP 1, EP 8, PP 4, VP 8, MBS 1, GBS 256, 64 GPUs)
-MIXTRAL_8X7B = ("--swiglu --untie-embeddings-and-output-weights --num-layers 32 --hidden-size 4096 "
+MIXTRAL_8X7B = ("--swiglu --untie-embeddings-and-output-weights --position-embedding-type rope --num-layers 32 "
+                "--hidden-size 4096 "
                 "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 "
                 "--seq-length 4096 --tokenizer-type Llama2Tokenizer --attention-dropout 0.0 --hidden-dropout 0.0 "
                 "--num-experts 8 --moe-router-topk 2 --bf16 --use-flash-attn --use-distributed-optimizer "
@@ -177,6 +179,23 @@ def test_what_piper_sim_cannot_express_is_refused_by_name_or_approximated(extra,
 def test_fp8_flags_set_the_cost_models_precision_and_recipe(extra, recipe):
     cfg = load_config(import_megatron([*SMALL.split(), "--bf16", *extra.split()], world_size=1).config)
     assert (cfg.model.fp8_recipe or None, cfg.model.dtype) == (recipe, "bf16")
+
+
+@pytest.mark.parametrize("extra, rotary", [("", False), ("--position-embedding-type learned_absolute", False),
+                                           ("--position-embedding-type rope", True),
+                                           ("--position-embedding-type yarn", True),
+                                           ("--use-rotary-position-embeddings", True),
+                                           ("--position-embedding-type none", False)])
+def test_the_position_embedding_type_says_whether_q_and_k_are_rotated(extra, rotary):
+    imported = import_megatron([*SMALL.split(), *extra.split()], world_size=1)
+    assert load_config(imported.config).model.rotary is rotary
+    assert not any("position" in flag for flag in imported.not_translated + imported.no_bearing)
+
+
+def test_an_unknown_position_embedding_type_names_the_flag():
+    with pytest.raises(ConfigError) as info:
+        import_megatron([*SMALL.split(), "--position-embedding-type", "alibi"], world_size=1)
+    assert info.value.key == "--position-embedding-type" and "rope" in info.value.allowed
 
 
 @pytest.mark.parametrize("tp, divisible, vocab", [(8, None, 51200), (1, None, 50304), (2, "1187", 151936)])

@@ -2,9 +2,9 @@
 
 Owns the translation of the model's flags as Megatron-LM reads them (megatron/training/arguments.py and
 TransformerConfig): the defaults it takes (ffn-hidden-size 4h, or 8h/3 rounded down to 64 with --swiglu;
-kv-channels h/heads; moe-router-topk 2; dropouts 0.1; tied embeddings; fp32 without --bf16 or --fp16), the MoE
-layer pattern of --moe-layer-freq, and the vocabulary padded as Megatron pads it (to a multiple of
---make-vocab-size-divisible-by x TP). No I/O.
+kv-channels h/heads; moe-router-topk 2; dropouts 0.1; tied embeddings; learned absolute positions, no rotary
+embedding; fp32 without --bf16 or --fp16), the MoE layer pattern of --moe-layer-freq, and the vocabulary padded as
+Megatron pads it (to a multiple of --make-vocab-size-divisible-by x TP). No I/O.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from piper_sim.workload.hf_import import layer_pattern
 # tokenizers whose vocabulary Megatron-LM knows without reading a file: GPT-2's BPE (50,257 tokens) and Llama 2's
 # SentencePiece model (32,000)
 TOKENIZER_SIZES = {"GPT2BPETokenizer": 50257, "Llama2Tokenizer": 32000}
+# --position-embedding-type's choices (learned_absolute the default), and those that rotate q and k (rotary: true)
+POSITION_TYPES = ("learned_absolute", "rope", "yarn", "mrope", "relative", "none")
+ROTARY_TYPES = ("rope", "yarn", "mrope")
 PATTERN_CHARS = 10_000
 
 
@@ -35,7 +38,7 @@ def model_section(flags: Source, t: Translation, tp: int, name: str) -> dict:
                **_attention(flags, hidden, heads),
                "vocab_size": vocab_size(flags, tp),
                "seq_len": flags.integer("seq-length", limit=model_limit("seq_len")),
-               "tie_embeddings": not flags.switch("untie-embeddings-and-output-weights"),
+               "tie_embeddings": not flags.switch("untie-embeddings-and-output-weights"), "rotary": _rotary(flags),
                "dropout": _dropout(flags, t), "dtype": _dtype(flags)}
     section.update(_ffn(flags, layers, ffn, 3 if swiglu else 2))
     section["source"] = "Megatron-LM arguments (piper-sim import megatron)"
@@ -146,6 +149,13 @@ def vocab_size(flags: Source, tp: int) -> int:
                           "Megatron's padding)")
     multiple = flags.integer("make-vocab-size-divisible-by", 128, limit=model_limit("vocab_size")) * tp
     return math.ceil(size / multiple) * multiple
+
+
+def _rotary(flags: Source) -> bool:
+    """Whether q and k are rotated: --position-embedding-type rope, yarn or mrope, or the older
+    --use-rotary-position-embeddings (which Megatron turns into rope)."""
+    kind = flags.text("position-embedding-type", "learned_absolute", POSITION_TYPES)
+    return flags.switch("use-rotary-position-embeddings") or kind in ROTARY_TYPES
 
 
 def _dropout(flags: Source, t: Translation) -> float:

@@ -58,6 +58,9 @@ class ModelSpec:
     dense_matrices: int = 0  # 0 means expert_matrices
     tie_embeddings: bool = False
     dropout: float = 0.0  # attention-probability and hidden-state dropout (Megatron-LM's defaults are 0.1)
+    # rotary position embedding applied to q and k in every layer (Megatron's --position-embedding-type rope); false
+    # for learned absolute positions (GPT-2/3, Megatron's default), relative biases (T5, GLaM) or none
+    rotary: bool = True
     mla: MLASpec | None = None
     dtype: str = "bf16"
     # the fp8 recipe its linear layers' GEMMs run in (workload/precision.py: "delayed" or "current"); "": none, every

@@ -26,7 +26,7 @@ from piper_sim.yamlio import read_yaml
 PRESET_DIR = Path(__file__).parent / "presets"
 PRESET_KEY = "preset"
 # Keys whose change leaves the parameter count alone; overriding anything else drops published_* figures.
-_NON_STRUCTURAL = {"name", "seq_len", "dtype", "source", "published_params", "published_active_params"}
+_NON_STRUCTURAL = {"name", "seq_len", "dtype", "rotary", "source", "published_params", "published_active_params"}
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")
 FIELD_LIMITS = MODEL_LIMITS  # the bounds of a model's integer fields (bounds.py), by field name
 
