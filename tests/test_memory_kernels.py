@@ -30,19 +30,20 @@ def _moe(dropout: float = 0.0):
 
 
 def test_a_norm_op_is_its_norm_bytes_at_the_norm_share_and_the_rest_at_memory_efficiency():
-    """Closed form for the attention op (its norm's in and out, the q, k, v and output copies, no dropout) under
-    tensor and sequence parallelism, forward and backward."""
+    """Closed form for the attention op (its norm's in and out, rotary q and k, the q, k, v and output copies, the
+    residual add, no dropout) under tensor and sequence parallelism, forward and backward."""
     model, tokens, tp = _moe(), 4096, 2
     split = TensorSplit(tp=tp, sp=True)
     profile = load_profile({**BASE, "memory_kernel_efficiency": {"norm": 0.5}})
     norm_bytes = 2 * (tokens / tp) * 1024 * 2  # in and out over the rank's 1/tp of the tokens, bf16
     copy_bytes = 4 / tp * tokens * 1024 * 2
-    expected = norm_bytes / (1000e9 * 0.5) + copy_bytes / (1000e9 * 0.8)
+    rest_bytes = copy_bytes + 2 * tokens * (8 + 8) * 64 * 2 + 3 * (tokens / tp) * 1024 * 2  # + rotary, residual
+    expected = norm_bytes / (1000e9 * 0.5) + rest_bytes / (1000e9 * 0.8)
     coster = TaskCoster(model, profile, tokens, split=split)
     assert coster.cost_terms("forward", ("attn:0",))["memory_bound"] == pytest.approx(expected, rel=1e-12)
     assert coster.cost_terms("backward", ("attn:0",))["memory_bound"] == pytest.approx(2 * expected, rel=1e-12)
     plain = TaskCoster(model, load_profile(BASE), tokens, split=split).cost_terms("forward", ("attn:0",))
-    assert plain["memory_bound"] == pytest.approx((norm_bytes + copy_bytes) / (1000e9 * 0.8), rel=1e-12)
+    assert plain["memory_bound"] == pytest.approx((norm_bytes + rest_bytes) / (1000e9 * 0.8), rel=1e-12)
 
 
 def test_an_activation_share_prices_the_ffn_and_the_experts_activation():
@@ -50,7 +51,9 @@ def test_an_activation_share_prices_the_ffn_and_the_experts_activation():
     rows = (1024, 512, 0, 2560)
     profile = load_profile({**BASE, "memory_kernel_efficiency": {"activation": 0.25}})
     dense = TaskCoster(model, profile, tokens).cost_terms("forward", ("dense:0",))["memory_bound"]
-    assert dense == pytest.approx(3 * tokens * 4096 * 2 / (1000e9 * 0.25), rel=1e-12)
+    norm_and_residual = (2 + 3) * tokens * 1024 * 2
+    assert dense == pytest.approx(3 * tokens * 4096 * 2 / (1000e9 * 0.25) + norm_and_residual / (1000e9 * 0.8),
+                                  rel=1e-12)
     experts = TaskCoster(model, profile, tokens).cost_terms("forward_expert", ("experts:1",), rows)["memory_bound"]
     routed = sum(rows)
     assert experts == pytest.approx(routed * 3 * 512 * 2 / (1000e9 * 0.25) + routed * 2 * 1024 * 2 / (1000e9 * 0.8),
@@ -78,7 +81,8 @@ def test_op_work_reports_each_kernel_kind():
     act = tokens * 1024 * 2
     attn = op_work(model, "attn:0", tokens).traffic
     assert kind_bytes(attn, "norm") == 2 * act
-    assert kind_bytes(attn, "dropout") == (2 * 2 + 1) * tokens * 1024
+    assert kind_bytes(attn, "dropout") == tokens * 1024  # the byte mask of the fused bias-dropout-add
+    assert kind_bytes(attn, "residual") == 3 * act
     assert kind_bytes(op_work(model, "dense:0", tokens).traffic, "activation") == 3 * tokens * 4096 * 2
     assert kind_bytes(op_work(model, "head:0", tokens).traffic, "loss") == 3 * tokens * 32000 * 4
     router = op_work(model, "router:1", tokens).traffic

@@ -16,13 +16,14 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 
-# The kinds of memory-bound kernel whose HBM traffic op_work reports: layer norms and RMS norms (the final norm's
-# traffic as the head op counts it); activations (GeLU, SwiGLU); dropout on block outputs (with its byte mask); the
-# residual add and combined output around the MoE block; softmax (the router's scores, the unfused attention core's
-# score matrix); the loss over the logits; permutations of MoE tokens (router gather, combine, dispatch packing);
-# copies (embedding lookup, the attention's q, k, v and output layouts, an expert's rows). A profile may price a kind
-# at its own measured share of HBM bandwidth (DeviceProfile.memory_kernel_efficiency); the rest take memory_efficiency.
-MEMORY_KINDS = ("norm", "activation", "dropout", "residual", "softmax", "loss", "permute", "copy")
+# The kinds of memory-bound kernel whose HBM traffic op_work reports: layer norms and RMS norms (each block's input
+# norm, the final norm); activations (GeLU, SwiGLU); dropout (the block outputs' byte masks, the unfused attention
+# core's dropout); residual adds (each block's fused bias-dropout-add, the shared experts' output added to the routed
+# ones); rotary position embedding of q and k; softmax (the router's scores, the unfused attention core's score
+# matrix); the loss over the logits; permutations of MoE tokens (router gather, combine, dispatch packing); copies
+# (embedding lookup, the attention's q, k, v and output layouts, an expert's rows). A profile may price a kind at its
+# own measured share of HBM bandwidth (DeviceProfile.memory_kernel_efficiency); the rest take memory_efficiency.
+MEMORY_KINDS = ("norm", "activation", "dropout", "residual", "rotary", "softmax", "loss", "permute", "copy")
 Traffic = tuple[tuple[str, float], ...]  # (kind, bytes) of an op's memory-bound kernels, kinds from MEMORY_KINDS
 
 
@@ -115,34 +116,34 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
         full = _attention(model, tokens, split, flash)
         return OpWork(attention_flops=full.attention_flops, attention_seq_len=full.attention_seq_len, num_kernels=1,
                       unfused_forward=full.unfused_forward, unfused_backward=full.unfused_backward)
-    if name == "dense":
+    if name == "dense":  # the pre-FFN norm, the FFN, the residual add
         width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
         ffn = _ffn(tokens, d, width // tp, m, b, copies=1)
-        return replace(ffn, traffic=ffn.traffic + (("dropout", hidden_dropout_bytes(model, tokens, split)),))
-    if name == "router":
+        return replace(ffn, traffic=norm_traffic(model, tokens, split) + ffn.traffic
+                       + residual_traffic(model, tokens, split), num_kernels=ffn.num_kernels + 2)
+    if name == "router":  # the pre-MoE norm (on the tokens the rank holds), the gate, the permutation
         return OpWork(gemms=(Gemm(routed, d, model.num_experts),),
-                      traffic=(("norm", 2 * routed * d * b), ("permute", model.top_k * routed * d * b),
-                               ("softmax", 8 * routed * model.num_experts)),
+                      traffic=norm_traffic(model, tokens, split) + (("permute", model.top_k * routed * d * b),
+                                                                    ("softmax", 8 * routed * model.num_experts)),
                       num_kernels=6, repeated_gemms=int(tp > 1 and split.dispatch_share == 1))
     if name == "shared":
         return _ffn(routed, d, model.shared_ffn_dim // split.etp, model.expert_matrices, b,
                     copies=model.num_shared_experts)
     if name == "experts":
         return _experts(model, expert_rows, split.etp)
-    if name == "moe_out":
-        dropout = hidden_dropout_bytes(model, routed, NO_SPLIT)
-        return OpWork(traffic=(("permute", model.top_k * routed * d * b), ("residual", 3 * routed * d * b),
-                               ("dropout", dropout)), num_kernels=4)
+    if name == "moe_out":  # un-permute, the shared experts' output added, the residual add
+        shared = 3 * tokens * split.sequence_share * d * b if model.num_shared_experts else 0.0
+        return OpWork(traffic=(("permute", model.top_k * routed * d * b), ("residual", shared))
+                      + residual_traffic(model, tokens, split), num_kernels=4)
     if name in ("attn_norm", "moe_norm"):  # a norm alone, re-run by selective recomputation (workload/recompute.py)
-        rows = routed if name == "moe_norm" else tokens * split.sequence_share  # as the router and attn ops run it
-        return OpWork(traffic=(("norm", 2 * rows * d * b),), num_kernels=1)
+        return OpWork(traffic=norm_traffic(model, tokens, split), num_kernels=1)  # as the attn and router ops run it
     if name == "moe_act":  # the experts' activation alone, over the rows (balanced: routed x top_k), one grouped kernel
         rows = sum(expert_rows) if expert_rows else routed * model.top_k
         return OpWork(traffic=(("activation", expert_activation_bytes(model, rows, split.etp)),), num_kernels=1)
     if name == "head":
         vocab = -(-model.vocab_size // tp)  # a vocabulary-parallel head: the rank's shard of the logits
         return OpWork(gemms=(Gemm(tokens, d, vocab),),
-                      traffic=(("norm", 3 * act * split.sequence_share), ("loss", 3 * tokens * vocab * 4)),
+                      traffic=norm_traffic(model, tokens, split) + (("loss", 3 * tokens * vocab * 4),),
                       num_kernels=5)
     raise ValueError(f"no work formula for op {op!r}")
 
@@ -166,13 +167,13 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT, fla
         gemms = [Gemm(tokens, d, (h + 2 * kv) * hd), Gemm(tokens, h * hd, d)]
         core = 2.0 * tokens * model.seq_len * h * hd
         repeated = 0
-    traffic = (("norm", 2 * split.sequence_share * tokens * d * b),  # the norm's in and out
-               ("copy", 4 / tp * tokens * d * b),  # q, k, v, output
-               ("dropout", hidden_dropout_bytes(model, tokens, split)))
+    traffic = (norm_traffic(model, tokens, split) + rotary_traffic(model, tokens, h, kv)
+               + (("copy", 4 / tp * tokens * d * b),)  # q, k, v, output
+               + residual_traffic(model, tokens, split))
     forward, backward = (None, None) if flash else unfused_attention(model, tokens, h)
     return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
-                  traffic=traffic, num_kernels=8, repeated_gemms=repeated, unfused_forward=forward,
-                  unfused_backward=backward)
+                  traffic=traffic, num_kernels=8 + 2 * model.rotary, repeated_gemms=repeated,
+                  unfused_forward=forward, unfused_backward=backward)
 
 
 # Score-matrix traffic per score of the kernels between the batched GEMMs, in elements of the model's dtype, and the
@@ -207,18 +208,48 @@ def unfused_attention(model: ModelSpec, tokens: int, heads: int) -> tuple[Unfuse
     return forward, backward
 
 
-def hidden_dropout_bytes(model: ModelSpec, tokens: int, split: TensorSplit) -> float:
-    """Dropout on a block's output (after attention, after the FFN or MoE block): it reads the activations, writes
-    them and a 1-byte mask, on the tokens the rank holds (1/tp of them under sequence parallelism)."""
-    if not model.dropout:
-        return 0.0
-    return (2 * model.dtype_bytes + 1) * tokens * split.sequence_share * model.d_model
+def norm_traffic(model: ModelSpec, tokens: int, split: TensorSplit) -> Traffic:
+    """One LayerNorm or RMSNorm over the tokens the rank holds (1/tp of them under sequence parallelism): it reads
+    its input and writes its output (Transformer Engine's norm kernels, Megatron's fused layer norm; the per-token
+    statistics it also writes are d_model times smaller)."""
+    return (("norm", 2 * tokens * split.sequence_share * model.d_model * model.dtype_bytes),)
+
+
+def residual_traffic(model: ModelSpec, tokens: int, split: TensorSplit) -> Traffic:
+    """The residual add closing a block (attention, FFN, MoE), over the tokens the rank holds: Megatron-core's fused
+    bias-dropout-add (fusions/fused_bias_dropout.py, its self_attn_bda and mlp_bda) reads the block's output and the
+    residual stream and writes their sum in one kernel, with dropout also writing the 1-byte mask."""
+    held = tokens * split.sequence_share * model.d_model
+    mask = DROPOUT_MASK_BYTES * held if model.dropout else 0.0
+    return (("residual", 3 * held * model.dtype_bytes), ("dropout", mask))
+
+
+def rotary_traffic(model: ModelSpec, tokens: int, heads: int, kv_heads: int) -> Traffic:
+    """Rotary position embedding of a rank's q and k heads (none unless model.rotary): Transformer Engine's fused
+    RoPE (Megatron-core's apply_rope_fusion) reads each of q and k once and writes it once. MLA rotates only the rope
+    parts: qk_rope_head_dim of each q head and the one k_pos_emb head all heads share (Megatron-core's
+    multi_latent_attention.py)."""
+    if not model.rotary:
+        return (("rotary", 0.0),)
+    if model.mla is not None:
+        width = (heads + 1) * model.mla.qk_rope_head_dim
+    else:
+        width = (heads + kv_heads) * model.attn_head_dim
+    return (("rotary", 2 * tokens * width * model.dtype_bytes),)
+
+
+def activation_kernel_bytes(matrices: int, rows: float, width: int, dtype_bytes: int) -> float:
+    """HBM traffic of an FFN's activation function over rows x width: it reads each up projection's output and writes
+    the activation, matrices elements per element: GeLU (2 matrices) reads fc1's output and writes one (Megatron's
+    bias_gelu), SwiGLU (3) reads gate and up and writes their product (bias_swiglu)."""
+    return matrices * rows * width * dtype_bytes
 
 
 def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copies: int) -> OpWork:
     up = Gemm(tokens, d, width, count=copies * (matrices - 1))
     down = Gemm(tokens, width, d, count=copies)
-    return OpWork(gemms=(up, down), traffic=(("activation", copies * 3 * tokens * width * dtype_bytes),),
+    return OpWork(gemms=(up, down), traffic=(("activation", copies * activation_kernel_bytes(matrices, tokens, width,
+                                                                                      dtype_bytes)),),
                   num_kernels=copies * (matrices + 2))
 
 
@@ -250,7 +281,7 @@ def experts_besides_gemms(model: ModelSpec, expert_rows: tuple[int, ...], etp: i
 
 def expert_activation_bytes(model: ModelSpec, rows: float, etp: int = 1) -> float:
     """HBM traffic of the routed experts' activation function over this many rows (its width split over etp)."""
-    return rows * 3 * (model.expert_ffn_dim // etp) * model.dtype_bytes
+    return activation_kernel_bytes(model.expert_matrices, rows, model.expert_ffn_dim // etp, model.dtype_bytes)
 
 
 EXCHANGE_OPS = ("dispatch", "combine")
