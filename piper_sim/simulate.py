@@ -27,13 +27,14 @@ from piper_sim.progress import restart, watch
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import build_schedule
+from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Schedule
 from piper_sim.sim.engine import Asymmetry, SimRecords, Simulation
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import check_tensor_groups, place
 from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
-from piper_sim.workload.memory import headroom_bytes, reserve_bytes
+from piper_sim.workload.memory import headroom_bytes
 
 GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
 # the progress line: simulated seconds reached, out of the expected ones where known (index: no expected total)
@@ -115,7 +116,7 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
     experts["migration"]["time_fraction"] = float(
         (migrate["end_s"] - migrate["start_s"]).sum() / max(len(trace["rank"].unique()), 1) / trace["end_s"].max())
     peaks = _per_stage_max(records.peak_memory_bytes, par.pp)
-    reserve = reserve_bytes(profile, cfg.framework_reserve_bytes)
+    reserve = config_reserve_bytes(cfg, profile)
     headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
     report = make_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
                          tokens_per_step=par.sequences_per_step * cfg.model.seq_len,

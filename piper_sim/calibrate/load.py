@@ -26,6 +26,7 @@ from piper_sim.workload.profile import (
     AttentionBmmEfficiency,
     Curve,
     DeviceProfile,
+    FrameworkReserve,
     HostProfile,
     MoePath,
     ShapeFactor,
@@ -43,9 +44,11 @@ PROFILE_SCHEMA = {
     "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
     "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
     "extends": None, "moe_path": None, "device_kind": "", "framework_reserve_GiB": None,
+    "framework_reserve": None,
     "gemm_sustained_factor": 1.0, "attention_bmm_memory_efficiency": None, "memory_kernel_efficiency": None,
     "peak_fp8_TFLOPS": None, "fp8_gemm_efficiency_ratio": 1.0, "fp8_transposed_copies": True,
 }
+RESERVE_SCHEMA = {"context_MiB": ..., "first_communicator_MiB": ..., "per_communicator_MiB": ...}
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
 ATTENTION_BMM_SCHEMA = {"writes_scores": ..., "reads_scores": ...}
 # the parts of `measurements` a load reads, by type (bounds.check_value); calibrate's other records are left alone
@@ -80,7 +83,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
     profile = DeviceProfile(
         name=p["name"], device=p["device"], source=p["source"], peak_flops_per_s=p["peak_bf16_flops_per_s"],
         hbm_bytes=p["hbm_bytes"], hbm_bytes_per_s=p["hbm_bandwidth_bytes_per_s"],
-        framework_reserve_bytes=_reserve(p),
+        framework_reserve_bytes=_reserve(p), framework_reserve=_reserve_by_communicator(p),
         memory_efficiency=p["memory_efficiency"], kernel_launch_s=p["kernel_launch_s"],
         gemm_efficiency=_curve(p["gemm_efficiency"], "gemm_efficiency", "rows"),
         attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
@@ -168,6 +171,22 @@ def _reserve(p: dict) -> float | None:
     if reserve is not None and not 0 <= reserve < p["hbm_bytes"]:
         raise ConfigError("cost.profile.framework_reserve_GiB", reserve / 2**30, "a number of GiB from 0 to hbm_GiB")
     return reserve
+
+
+def _reserve_by_communicator(p: dict) -> FrameworkReserve | None:
+    """The profile's framework reserve by communicator (`framework_reserve`), checked: the fixed
+    `framework_reserve_GiB` or this, not both; the context and the first communicator within HBM."""
+    raw = p["framework_reserve"]
+    if raw is None:
+        return None
+    if p["framework_reserve_bytes"] is not None:
+        raise ConfigError("cost.profile.framework_reserve", raw,
+                          "left out where the profile gives framework_reserve_GiB (one of the two)")
+    r = read_params(raw, RESERVE_SCHEMA, "cost.profile.framework_reserve.")
+    if not r["context_bytes"] + r["first_communicator_bytes"] < p["hbm_bytes"]:
+        raise ConfigError("cost.profile.framework_reserve.first_communicator_MiB", raw["first_communicator_MiB"],
+                          "a number of MiB that with context_MiB leaves some of hbm_GiB")
+    return FrameworkReserve(**r)
 
 
 def _check_device_numbers(p: dict) -> None:

@@ -416,7 +416,7 @@ def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float, float]:
     """A whole config priced by the estimator: (its estimate, each stage's peak memory by the resource model,
     the device's HBM bytes, its framework reserve)."""
     from piper_sim.planning.resource import stage_memory
-    from piper_sim.workload.memory import reserve_bytes
+    from piper_sim.schedule.communicators import config_reserve_bytes
 
     estimator, point = config_estimator(cfg)
     profile = estimator.profile
@@ -425,7 +425,7 @@ def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float, float]:
                                                 checkpoint_layers=cfg.recompute_checkpoint_layers,
                                                 fp8_transposed_copies=profile.fp8_transposed_copies,
                                                 recompute_modules=cfg.recompute_modules)]
-    return estimator.estimate(point), peaks, profile.hbm_bytes, reserve_bytes(profile, cfg.framework_reserve_bytes)
+    return estimator.estimate(point), peaks, profile.hbm_bytes, config_reserve_bytes(cfg, profile)
 
 
 def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:

@@ -29,10 +29,11 @@ from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans, no_plan_error
 from piper_sim.planning.store import ResultStore
 from piper_sim.profile_choice import ProfileChoice, choose_profile
+from piper_sim.schedule.communicators import plan_reserve_bytes
 from piper_sim.simulate import simulate
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import place
-from piper_sim.workload.memory import headroom_bytes, reserve_bytes
+from piper_sim.workload.memory import headroom_bytes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import load_model
 
@@ -88,7 +89,7 @@ class PlanResult:
     model: ModelSpec
     table: pd.DataFrame  # one row per candidate, ranked
     hbm_bytes: float
-    reserve_bytes: float
+    reserve_bytes: float  # the framework reserve of the first-ranked plan (each candidate's: the table's column)
     rank_correlation: float  # Spearman of estimated and simulated step times on the refined set (nan: < 3)
     screen_s: float
     refine_s: float
@@ -133,7 +134,8 @@ def _space(request: PlanRequest) -> dict:
 
 
 def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]:
-    """Every candidate with its memory per stage, fit and analytic estimate (not yet ranked)."""
+    """Every candidate with its memory per stage, framework reserve (its communicators'), fit and analytic estimate
+    (not yet ranked); the device's HBM and the largest candidate's reserve."""
     model = with_precision(load_model(request.model_section()), {"precision": request.precision})
     topo = load_topology(request.topology, request.num_gpus)
     gpus = place(topo, request.num_gpus, "contiguous")
@@ -143,7 +145,6 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
         raise no_plan_error(model, request.num_gpus, request.global_batch, domain=request.domain,
                             domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
                             fixed=request.fixed or {}, **_space(request))
-    reserve = reserve_bytes(profile, request.reserve_bytes)
     estimator = Estimator(model, topo, gpus, profile, collectives_all_reduce=request.all_reduce,
                           flash_attention=request.flash_attention)
     rows = []
@@ -151,16 +152,19 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
         memory = stage_memory(model, point, flash_attention=request.flash_attention,
                               fp8_transposed_copies=profile.fp8_transposed_copies)
         peaks = [m.peak_bytes for m in memory]
+        reserve = plan_reserve_bytes(profile, request.reserve_bytes, point.parallel, model, point.schedule)
         headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
         worst = int(np.argmin(headroom))
         rows.append({**point.as_row(), "label": point.label(), "peak_memory_bytes": max(peaks),
+                     "framework_reserve_bytes": reserve,
                      "stage0_memory_bytes": peaks[0], "memory_headroom_bytes": min(headroom),
                      "fits": min(headroom) >= 0,
                      "why_not": "" if min(headroom) >= 0 else
                      f"stage {worst} needs {peaks[worst] / 2**30:.1f} GiB, "
                      f"{(profile.hbm_bytes - reserve) / 2**30:.1f} GiB usable",
                      **estimator.estimate(point).as_row()})
-    return model, pd.DataFrame(rows), profile.hbm_bytes, reserve
+    table = pd.DataFrame(rows)
+    return model, table, profile.hbm_bytes, float(table["framework_reserve_bytes"].max())
 
 
 def simulate_point(payload: dict) -> dict:
@@ -179,7 +183,7 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
          progress: bool = True) -> PlanResult:
     """Screen every candidate, refine the top K that fit with the simulator, rank (ties: less memory first)."""
     t0 = time.perf_counter()
-    model, table, hbm, reserve = screen(request)
+    model, table, hbm, _ = screen(request)
     screen_s = time.perf_counter() - t0
     table = table.sort_values(["fits", "est_step_time_s", "peak_memory_bytes"], ascending=[False, True, True],
                               kind="stable")
@@ -208,7 +212,8 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
     rho = (spearman(refined["est_step_time_s"].tolist(), refined["sim_step_time_s"].tolist())
            if len(refined) >= 3 else float("nan"))
     return PlanResult(request=request, model=model, table=table.reset_index(drop=True), hbm_bytes=hbm,
-                      reserve_bytes=reserve, rank_correlation=rho, screen_s=screen_s, refine_s=refine_s)
+                      reserve_bytes=float(table["framework_reserve_bytes"].iloc[0]), rank_correlation=rho,
+                      screen_s=screen_s, refine_s=refine_s)
 
 
 def _py(value: object) -> object:

@@ -24,7 +24,8 @@ from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.planner import simulate_point
 from piper_sim.planning.store import ResultStore
 from piper_sim.rundir import writing
-from piper_sim.workload.memory import headroom_bytes, reserve_bytes
+from piper_sim.schedule.communicators import config_reserve_bytes
+from piper_sim.workload.memory import headroom_bytes
 
 MAX_POINTS = 100_000
 
@@ -111,4 +112,4 @@ SWEEP_COLUMNS = [Col("gpus", "GPUs", "count"), Col("sim_step_time_s", "step", "t
 def _fits(cfg, peak_bytes: float) -> bool:
     """The busiest stage's peak within the device's HBM less the framework reserve (as simulate's report)."""
     profile = load_profile(cfg.cost_profile)
-    return headroom_bytes([peak_bytes], profile.hbm_bytes, reserve_bytes(profile, cfg.framework_reserve_bytes))[0] >= 0
+    return headroom_bytes([peak_bytes], profile.hbm_bytes, config_reserve_bytes(cfg, profile))[0] >= 0

@@ -33,8 +33,9 @@ its default and Korthikanti's per-layer checkpoint): a group's input is kept, an
 alive again at a time (the same recompute work, re-run group by group inside the backward).
 Activation elements are dtype_bytes each.
 A plan fits when each stage's peak is within HBM less a framework reserve (reserve_bytes): the config's
-`cost.framework_reserve_GiB`, else the profile's `framework_reserve_GiB` (its stack's runtime context and the
-communication library's buffers, from published measurements cited in its sources file), else
+`cost.framework_reserve_GiB`, else the profile's (its stack's runtime context and the communication library's
+buffers, from published measurements cited in its sources file: `framework_reserve`, the context, the first
+communicator and each further one the plan opens, or the fixed `framework_reserve_GiB`), else
 FRAMEWORK_RESERVE_FRACTION of HBM, an assumption (docs/planning.md). HBM is the device's capacity as its driver
 reports it (GiB: DRAM capacities are binary).
 Must not import simpy or torch.
@@ -105,12 +106,16 @@ def fp8_weight_copy_bytes(fp8_params: float, transposed_copies: bool) -> float:
     return fp8_params * fp8_weight_bytes_per_param(transposed_copies)
 
 
-def reserve_bytes(profile: DeviceProfile, given_bytes: float | None = None) -> float:
-    """The framework reserve of one device: given_bytes (a config's or a plan request's), else the profile's
-    (`framework_reserve_GiB`: its software stack's context and communication buffers, cited in its sources file),
-    else FRAMEWORK_RESERVE_FRACTION of its HBM (an assumption)."""
+def reserve_bytes(profile: DeviceProfile, given_bytes: float | None = None, *, communicators: int) -> float:
+    """The framework reserve of one device whose process opens `communicators` communicators (the plan's,
+    schedule/communicators.py): given_bytes (a config's or a plan request's), else the profile's by communicator
+    (`framework_reserve`: the runtime context, the first communicator, each further one), else its fixed
+    `framework_reserve_GiB` (its stack's context and communication buffers; both cited in its sources file), else
+    FRAMEWORK_RESERVE_FRACTION of its HBM (an assumption)."""
     if given_bytes is not None:
         return given_bytes
+    if profile.framework_reserve is not None:
+        return profile.framework_reserve.bytes_for(communicators)
     if profile.framework_reserve_bytes is not None:
         return profile.framework_reserve_bytes
     return FRAMEWORK_RESERVE_FRACTION * profile.hbm_bytes

@@ -114,6 +114,22 @@ class AttentionBmmEfficiency:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FrameworkReserve:
+    """HBM a training process holds besides its tensors, by communicator (a profile's `framework_reserve`): the
+    runtime's context, the first communicator's buffers and each further communicator's."""
+
+    context_bytes: float
+    first_communicator_bytes: float
+    per_communicator_bytes: float
+
+    def bytes_for(self, communicators: int) -> float:
+        """The reserve of a process that opens this many communicators."""
+        if communicators <= 0:
+            return self.context_bytes
+        return self.context_bytes + self.first_communicator_bytes + (communicators - 1) * self.per_communicator_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeviceProfile:
     name: str
     device: str
@@ -129,6 +145,7 @@ class DeviceProfile:
     p2p_overhead_s: float = 0.0  # host-side cost of posting one send/recv pair
     source: str = ""
     framework_reserve_bytes: float | None = None  # the stack's context and library buffers (memory.reserve_bytes)
+    framework_reserve: FrameworkReserve | None = None  # the same by communicator (replaces framework_reserve_bytes)
     # measured by calibrate: fixed framework cost per (pass, op name) -> (op, ((tokens, seconds), ...)), net of
     # the measured model's own arithmetic
     framework_s: dict = field(default_factory=dict)

@@ -14,6 +14,7 @@ from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import data_dir
 from piper_sim.yamlio import read_yaml
 
+RESERVE_KEYS = ("framework_reserve", "framework_reserve_GiB")  # fixed, or by communicator (calibrate.load)
 CPU = "cpu"  # the device_kind of the profiles calibrate measures on CPUs
 
 
@@ -46,8 +47,9 @@ def profile_device_kind(spec: str | Path | dict) -> str:
 
 
 def _extended(raw: object) -> object:
-    """A profile that extends another (`extends: NAME`): the other's keys, those this one gives replaced. One
-    level: the profile extended may not extend one itself."""
+    """A profile that extends another (`extends: NAME`): the other's keys, those this one gives replaced (either
+    form of the framework reserve replaces both of the other's). One level: the profile extended may not extend one
+    itself."""
     if not isinstance(raw, dict) or raw.get("extends") is None:
         return raw
     base_name = raw["extends"]
@@ -56,4 +58,6 @@ def _extended(raw: object) -> object:
     base = read_yaml(profile_path(base_name), "cost.profile.extends")
     if not isinstance(base, dict) or base.get("extends") is not None:
         raise ConfigError("cost.profile.extends", base_name, "a profile that extends none itself")
+    if any(key in raw for key in RESERVE_KEYS):  # the reserve's two forms are one setting: this profile's replaces
+        base = {k: v for k, v in base.items() if k not in RESERVE_KEYS}
     return {**base, **{k: v for k, v in raw.items() if k != "extends"}}
