@@ -32,6 +32,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.topology.build_dragonfly import WHERE, positive_bandwidths
 from piper_sim.topology.builders import num_nodes_for, register_builder, size_notes
 from piper_sim.topology.graph import NetworkParams, Topology
+from piper_sim.topology.size import check_machine_size, host_key
 from piper_sim.topology.structured import (
     LocalLink,
     NodeModel,
@@ -123,12 +124,18 @@ def build_dgx_superpod(raw: dict, num_gpus: int | None) -> Topology:
         if p[key] not in allowed:
             raise ConfigError(f"{WHERE}{key}", p[key], f"one of {', '.join(allowed)}")
     num_nodes = num_nodes_for(WHERE, num_gpus, gpus_per_node, p["num_nodes"])
+    num_sus = math.ceil(num_nodes / per_su)
+    node_links = gpus_per_node * (gpus_per_node - 1 if p["node_fabric"] == "mesh" else 2) + 2 * gpus_per_node
+    terms = {host_key(p, gpus_per_node, num_gpus): num_nodes * (node_links + 2 * gpus_per_node),
+             "gpus_per_node": gpus_per_node**2, "num_spines": 2 * num_sus * gpus_per_node * spines}
+    check_machine_size("dgx-superpod", terms, num_gpus,
+                       {"num_nodes": num_nodes, "gpus_per_node": gpus_per_node, "num_spines": spines})
     node = dgx_node(gpus_per_node, p, pxn=p["cross_rail"] == "pxn")
     fabric = RailFatTree(nodes_per_su=per_su, num_rails=gpus_per_node, num_spines=spines)
     graph = nx.DiGraph()
     attrs = {h: {"group": fabric.su_of(h), "switch": f"su{fabric.su_of(h)}"} for h in range(num_nodes)}
     gpus = add_node_instances(graph, node, num_nodes, attrs)
-    fabric.add_switches(graph, math.ceil(num_nodes / per_su), p, uplinks)
+    fabric.add_switches(graph, num_sus, p, uplinks)
     nic = {"bandwidth_bytes_per_s": p["nic_bandwidth_bytes_per_s"], "link_kind": "nic",
            "latency_s": p["nic_latency_s"] + p["switch_latency_s"]}
     for h in range(num_nodes):

@@ -22,6 +22,7 @@ from piper_sim.topology.builders import num_nodes_for, register_builder
 from piper_sim.topology.dragonfly import DragonflyFabric, DragonflySpec
 from piper_sim.topology.graph import NetworkParams, Topology
 from piper_sim.topology.placement import allocate
+from piper_sim.topology.size import check_machine_size, host_key
 from piper_sim.topology.structured import LocalLink, NodeModel, StructuredRouter, add_node_instances, make_node_model
 from piper_sim.units import positive_int, read_params, si_key
 
@@ -115,11 +116,27 @@ def read_dragonfly_spec(p: dict, num_nodes: int, nics_per_node: int, where: str 
                          background=_background(p["background_load"], where))
 
 
+def dragonfly_links(spec: DragonflySpec, node: NodeModel, num_nodes: int, host: str) -> dict[str, int]:
+    """The links build_on_dragonfly builds, by the parameter that sets their number (check_machine_size; less the
+    few outside groups' switches): the hosts (node and NIC links; `host`: host_key), the job's groups' all-to-all
+    local links, the global links between them (one per switch pair at most) and the node model's GPU-pair paths."""
+    groups = len({pos // spec.nodes_per_group for pos in spec.positions or range(num_nodes)})
+    switches, per_pair = spec.switches_per_group, spec.global_links_per_group_pair
+    terms = {host: num_nodes * 2 * (len(node.links) + node.nics_per_node),
+             "switches_per_group": groups * switches * (switches - 1), "gpus_per_node": node.gpus_per_node**2}
+    terms[""] = terms.get("", 0) + groups * (groups - 1) * min(per_pair, switches * switches)
+    return terms
+
+
 def build_on_dragonfly(name: str, node: NodeModel, p: dict, num_gpus: int | None,
                        where: str = WHERE) -> Topology:
     """Hosts of `node`, sized by num_nodes or the GPU count, on a dragonfly fabric; structured routing."""
     num_nodes = num_nodes_for(where, num_gpus, node.gpus_per_node, p["num_nodes"])
     spec = read_dragonfly_spec(p, num_nodes, node.nics_per_node, where)
+    values = {"num_nodes": num_nodes, "switches_per_group": spec.switches_per_group,
+              "gpus_per_node": node.gpus_per_node}
+    check_machine_size(name, dragonfly_links(spec, node, num_nodes, host_key(p, node.gpus_per_node, num_gpus)),
+                       num_gpus, values, where)
     fabric = DragonflyFabric(spec, num_nodes)
     graph = nx.DiGraph()
     gpus = add_node_instances(graph, node, num_nodes, fabric.gpu_attrs(num_nodes))
@@ -167,4 +184,5 @@ def build_dragonfly(raw: dict, num_gpus: int | None) -> Topology:
     nics = positive_int(f"{WHERE}nics_per_node", gpus_per_node if p["nics_per_node"] is None else p["nics_per_node"])
     if nics > gpus_per_node:
         raise ConfigError(f"{WHERE}nics_per_node", nics, f"at most gpus_per_node = {gpus_per_node}")
+    check_machine_size("dragonfly", {"gpus_per_node": gpus_per_node**2}, num_gpus, {"gpus_per_node": gpus_per_node})
     return build_on_dragonfly("dragonfly", simple_node(gpus_per_node, nics, p), p, num_gpus)

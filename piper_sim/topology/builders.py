@@ -15,6 +15,7 @@ import networkx as nx
 from piper_sim.errors import ConfigError
 from piper_sim.registry import Registry
 from piper_sim.topology.graph import NetworkParams, Topology
+from piper_sim.topology.size import check_machine_size, host_key
 from piper_sim.units import positive_int, read_params
 
 Builder = Callable[[dict, "int | None"], Topology]
@@ -50,6 +51,9 @@ def size_notes(given: int | None, nodes: int) -> list[str]:
             "other nodes to choose"]
 
 
+HOST_LINKS_PER_GPU = 6  # add_hosts and a NIC's link to the network: GPU-switch, GPU-NIC, NIC-network, both ways
+
+
 def add_hosts(graph: nx.DiGraph, num_nodes: int, gpus_per_node: int, p: dict) -> list[str]:
     """Hosts with a non-blocking node switch and one NIC per GPU; returns GPU names."""
     gpus = []
@@ -82,6 +86,8 @@ def build_uniform(raw: dict, num_gpus: int | None) -> Topology:
     p = read_params(raw, HOST_SCHEMA, "topology.params.")
     gpus_per_node = positive_int("topology.params.gpus_per_node", p["gpus_per_node"])
     nodes = num_nodes_for("topology.params.", num_gpus, gpus_per_node, p["num_nodes"])
+    check_machine_size("uniform", {host_key(p, gpus_per_node, num_gpus): nodes * gpus_per_node * HOST_LINKS_PER_GPU},
+                       num_gpus, {"num_nodes": nodes, "gpus_per_node": gpus_per_node})
     graph = nx.DiGraph()
     gpus = add_hosts(graph, nodes, gpus_per_node, p)
     graph.add_node("net.sw", kind="switch")
@@ -126,9 +132,13 @@ def build_fat_tree(raw: dict, num_gpus: int | None) -> Topology:
     spines = positive_int("topology.params.num_spines", p["num_spines"])
     nodes = num_nodes_for("topology.params.", num_gpus, gpus_per_node, p["num_nodes"])
     uplink = p["uplink_bandwidth_bytes_per_s"] or per_leaf * gpus_per_node * p["nic_bandwidth_bytes_per_s"] / spines
+    num_leaves = math.ceil(nodes / per_leaf)
+    hosts = host_key(p, gpus_per_node, num_gpus)
+    terms = {hosts: nodes * gpus_per_node * HOST_LINKS_PER_GPU, "num_spines": 2 * num_leaves * spines}
+    check_machine_size("fat-tree", terms, num_gpus,
+                       {"num_nodes": nodes, "gpus_per_node": gpus_per_node, "num_spines": spines})
     graph = nx.DiGraph()
     gpus = add_hosts(graph, nodes, gpus_per_node, p)
-    num_leaves = math.ceil(nodes / per_leaf)
     for s in range(spines):
         graph.add_node(f"spine{s}", kind="switch")
     for leaf in range(num_leaves):

@@ -9,6 +9,7 @@ piper_sim.collectives. A mapping may also be {preset: NAME, params: {overrides},
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from piper_sim.errors import ConfigError
@@ -19,6 +20,9 @@ from piper_sim.topology import build_dgx, build_dragonfly, build_frontier, build
 from piper_sim.topology.builders import BUILDERS
 from piper_sim.topology.graph import Topology
 from piper_sim.yamlio import read_yaml
+
+KEEP_LINKS = 100_000  # a machine this large (about 0.7 s to build) is kept for the next load_topology of it
+_LAST: list = []  # [key, Topology]: the last machine kept
 
 TOPOLOGY_KEYS = ("name", "description", "device_profile", "builder", "params", "preset", "sources", "collectives")
 
@@ -94,8 +98,20 @@ def _merge_collectives(base: dict, over: dict) -> dict:
 
 
 def load_topology(spec: str | dict | Path, num_gpus: int | None = None) -> Topology:
-    """Build the topology; num_gpus sizes it when the file does not fix the node count."""
+    """Build the topology; num_gpus sizes it when the file does not fix the node count. The last machine of at least
+    KEEP_LINKS links is kept and given again for the same mapping and GPU count (a command that reads one machine in
+    several places, as `plan` does, builds a large one once)."""
     raw = read_topology_mapping(spec)
+    key = json.dumps([raw, num_gpus], sort_keys=True, default=str)
+    if _LAST and _LAST[0] == key:
+        return _LAST[1]
+    topo = _build(raw, num_gpus)
+    if topo.graph.number_of_edges() >= KEEP_LINKS:
+        _LAST[:] = [key, topo]
+    return topo
+
+
+def _build(raw: dict, num_gpus: int | None) -> Topology:
     builder = BUILDERS.get(raw["builder"], "topology.builder")
     topo = builder(raw.get("params") or {}, num_gpus)
     topo.name = raw.get("name", topo.name)
