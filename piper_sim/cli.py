@@ -27,6 +27,7 @@ with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one
     from piper_sim.planning.cli import register_sweep
     from piper_sim.progress import bar as progress_bar
     from piper_sim.reproduce.cli import register as register_reproduce
+    from piper_sim.run_wall import DEFAULT_MAX_WALL_MINUTES
     from piper_sim.rundir import finish, open_out_dir, out_file, write_error
     from piper_sim.schedule.build import build_coarse_schedule, build_schedule
     from piper_sim.schedule.grid import render_grid
@@ -62,19 +63,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from piper_sim.analysis.band import with_band
     from piper_sim.host_memory import MemoryGuard
     from piper_sim.outputs import check_outputs, format_report, write_run  # numpy, pandas, matplotlib: not for --help
-    from piper_sim.simulate import simulate  # simpy, numpy
+    from piper_sim.simulate import check_wall, simulate  # simpy, numpy
 
     cfg = load_config(config_path(args.config), args.overrides)
     say_notes(config_notes(cfg))
     if args.tier == "estimate":
         return _estimate(args, cfg)
+    limit = check_minutes("--max-wall-minutes", args.max_wall_minutes)
     par = cfg.parallel
     split = (f", tp {par.tp}" + (f", etp {par.etp}" if par.etp > 1 else "") + (", sp" if par.sp else "")
              if par.tp > 1 else "")
+    schedule = build_schedule(cfg)
+    work = check_wall(cfg, schedule, limit)
     print(f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
-          f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}) ...", file=sys.stderr)
+          f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}): {work.text()} "
+          "expected ...", file=sys.stderr)
     open_out_dir(args.out, "simulate")
-    result = simulate(cfg, progress=True, outputs=check_outputs(args.outputs), expected_s=_expected_s(cfg))
+    result = simulate(cfg, schedule, progress=True, outputs=check_outputs(args.outputs), expected_s=_expected_s(cfg),
+                      max_wall_minutes=limit)
     result = replace(result, report=with_band(result.report, cfg, "des"))
     # what the machine was built as and where the ranks went, where that can change the answer
     say_notes([f"topology {result.topology.name}: {note}" for note in result.topology.notes]
@@ -335,6 +341,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_minutes(flag: str, value: float) -> float | None:
+    """A limit in minutes given on the command line: a positive, finite number, or 0 for none (None)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(flag, value, "a positive number of minutes, or 0 for no limit")
+    return value or None
+
+
 def check_seconds(flag: str, value: float | None) -> None:
     """A time limit given on the command line: a positive, finite number of seconds."""
     if value is not None and not (math.isfinite(value) and value > 0):
@@ -351,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "simulation; estimate: the planner's analytic estimator (seconds at any scale; figures only a "
                    "simulation gives are null in report.json)")
     _add_outputs_arg(p)
+    p.add_argument("--max-wall-minutes", type=float, default=DEFAULT_MAX_WALL_MINUTES, metavar="N",
+                   help="refuse a run expected to take longer than N minutes on this machine (default "
+                        f"{DEFAULT_MAX_WALL_MINUTES:.0f}; 0: no limit); the estimate is shown before the run starts")
     p.set_defaults(func=cmd_simulate)
     p = sub.add_parser("schedule", help="show or export the lowered schedule of a config")
     p.add_argument("action", choices=["show", "export"])

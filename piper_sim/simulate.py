@@ -26,6 +26,7 @@ from piper_sim.progress import bar as progress_bar
 from piper_sim.progress import restart, watch
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.routing.models import routing_from_config
+from piper_sim.run_wall import RunWork, check_run_wall, duration_text, run_work
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Schedule
@@ -58,21 +59,33 @@ def fewer_collections() -> Iterator[None]:
 
 
 def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = False,
-             outputs: str | None = None, expected_s: float | None = None) -> RunResult:
+             outputs: str | None = None, expected_s: float | None = None,
+             max_wall_minutes: float | None = None) -> RunResult:
     """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None);
     progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds: the
     simulated time reached, out of expected_s (the simulated seconds the run is expected to reach, e.g. the
     estimator's steps x step time; None: no total and no ETA), and each restart of the run (lanes diverged);
     outputs: what the caller will write of the run (outputs.OUTPUTS; None: nothing), counted in the memory the run
-    is checked to need before it starts (host_memory.py: stats["host_memory_estimate_bytes"])."""
+    is checked to need before it starts (host_memory.py: stats["host_memory_estimate_bytes"]); max_wall_minutes: a run
+    expected to take longer on this machine is refused before it starts (run_wall.py; None: no limit); the estimate
+    is stats["wall_estimate_s"], and the progress line shows it."""
     with fewer_collections():
-        return _simulate(cfg, schedule, progress, outputs, expected_s)
+        return _simulate(cfg, schedule, progress, outputs, expected_s, max_wall_minutes)
+
+
+def check_wall(cfg: Config, schedule: Schedule, max_wall_minutes: float | None) -> RunWork:
+    """The run's expected wall time on this machine (run_wall.py); refused beyond max_wall_minutes (None: no limit)."""
+    skewed = not routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed).is_uniform
+    work = run_work(schedule, cfg.steps, skewed)
+    check_run_wall(work, max_wall_minutes)
+    return work
 
 
 def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: str | None,
-              expected_s: float | None) -> RunResult:
+              expected_s: float | None, max_wall_minutes: float | None) -> RunResult:
     t0 = time.perf_counter()
     schedule = schedule or build_schedule(cfg)
+    work = check_wall(cfg, schedule, max_wall_minutes)
     par = cfg.parallel
     topo = load_topology(cfg.topology, par.num_gpus)
     check_collective_params(topo)
@@ -98,8 +111,8 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
     pairs = par.num_gpus * par.ep if par.ep > 1 else 0  # the GPU pairs of the EP groups' all-to-alls
     memory = check_memory(total, len(topo.capacity_bytes_per_s), pairs, cfg, outputs)
     with MemoryGuard(memory.total_bytes, available=available_memory_bytes) as guard:
-        line = progress_bar(expected_s, "simulating", show=progress, bar_format=SIM_TIME_FORMAT[expected_s is None],
-                            smoothing=0.0)
+        line = progress_bar(expected_s, f"simulating (about {duration_text(work.wall_s)} expected)", show=progress,
+                            bar_format=SIM_TIME_FORMAT[expected_s is None], smoothing=0.0)
         reading = Reading()
         with watch(line, reading):
             reading.sim = simulation(cfg.collapse)
@@ -132,7 +145,7 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
              "num_lanes": records.num_lanes, "lanes_by_latency": by_latency, "lanes_fell_back": fell_back,
              "num_reserved": records.num_reserved,
              "num_broken": records.num_broken, "num_mirrored": records.num_mirrored,
-             "host_memory_estimate_bytes": memory.total_bytes}
+             "host_memory_estimate_bytes": memory.total_bytes, "wall_estimate_s": work.wall_s}
     return RunResult(backend="sim", config=cfg, schedule=schedule, report=report, trace=trace,
                      steps=steps_frame(report), topology=topo, placement=tuple(placement), links=links, stats=stats)
 
@@ -195,8 +208,10 @@ class _CallableModule(types.ModuleType):
     whether or not the module was imported before (the package attribute `simulate` is this module)."""
 
     def __call__(self, cfg: Config, schedule: Schedule | None = None, *, progress: bool = False,
-                 outputs: str | None = None) -> RunResult:
-        return simulate(cfg, schedule, progress=progress, outputs=outputs)
+                 outputs: str | None = None, expected_s: float | None = None,
+                 max_wall_minutes: float | None = None) -> RunResult:
+        return simulate(cfg, schedule, progress=progress, outputs=outputs, expected_s=expected_s,
+                        max_wall_minutes=max_wall_minutes)
 
 
 sys.modules[__name__].__class__ = _CallableModule

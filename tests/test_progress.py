@@ -67,6 +67,7 @@ def test_short_work_and_a_switched_off_line_print_nothing(monkeypatch, capsys):
 
 def test_simulate_counts_simulated_time_and_leaves_the_trace_alone(shown, capsys, monkeypatch):
     from piper_sim import simulate as simulate_module
+    from piper_sim.run_wall import duration_text
 
     cfg = load_config("examples/tiny-moe.yaml", SIM + ["sim.steps=2"])
     quiet = simulate(cfg)
@@ -78,7 +79,8 @@ def test_simulate_counts_simulated_time_and_leaves_the_trace_alone(shown, capsys
     loud = simulate(cfg, progress=True, expected_s=expected)
     end = float(loud.trace["end_s"].max())
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
-    assert last.startswith(f"simulating: {end:.4g}/{end:.4g} s simulated"), last
+    wall = duration_text(loud.stats["wall_estimate_s"])  # the line shows the run's expected wall time
+    assert last.startswith(f"simulating (about {wall} expected): {end:.4g}/{end:.4g} s simulated"), last
     assert samples == sorted(samples) and samples[-1] == end and 0 <= samples[0] < end  # simulated time, rising
     pd.testing.assert_frame_equal(loud.trace, quiet.trace)
 
@@ -122,7 +124,7 @@ def test_the_cli_prints_no_line_when_stderr_is_not_a_terminal(tmp_path, monkeypa
     monkeypatch.delenv(progress.ENV, raising=False)
     monkeypatch.setattr(progress, "DELAY_S", 0.0)
     assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "o"), *sum((["--set", s] for s in SIM), [])]) == 0
-    assert "simulating:" not in capsys.readouterr().err
+    assert " s simulated" not in capsys.readouterr().err
 
 
 @pytest.mark.slow  # starts 4 torch ranks (about 30 s on 2 cores)
