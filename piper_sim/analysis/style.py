@@ -22,6 +22,7 @@ from piper_sim.schedule.ir import TaskKind
 ALGORITHM_COLORS = {
     "flat": "#1f77b4", "halo": "#2ca02c", "rccl": "#ff7f0e", "nccl": "#d62728", "2dh": "#9467bd",
     "pairwise": "#8c564b", "bruck": "#e377c2", "ring": "#7f7f7f", "tree": "#bcbd22", "hierarchical": "#17becf",
+    "deepep": "#aec7e8",
 }
 # migration policies (migration/policies.py: POLICIES)
 POLICY_COLORS = {"none": "#555555", "greedy": "#e66100", "lpt": "#5d3a9b"}
