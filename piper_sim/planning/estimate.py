@@ -403,22 +403,24 @@ def _pipeline_s(point: PlanPoint, per_stage: list[tuple[float, float, float, flo
     return sum(work) + (m - 1) * max(work)
 
 
-def estimate_config(cfg) -> tuple[Estimate, bool]:
+def estimate_config(cfg, built: tuple[Estimator, PlanPoint] | None = None) -> tuple[Estimate, bool]:
     """A whole config (piper_sim.config.Config) priced by the estimator: (its estimate, whether every stage's peak
-    fits HBM less the framework reserve, by the resource model)."""
+    fits HBM less the framework reserve, by the resource model). built: config_estimator(cfg), where the caller
+    has it already."""
     from piper_sim.workload.memory import headroom_bytes
 
-    estimate, peaks, hbm_bytes, reserve = estimate_with_memory(cfg)
+    estimate, peaks, hbm_bytes, reserve = estimate_with_memory(cfg, built)
     return estimate, min(headroom_bytes(peaks, hbm_bytes, reserve)) >= 0
 
 
-def estimate_with_memory(cfg) -> tuple[Estimate, list[float], float, float]:
+def estimate_with_memory(cfg, built: tuple[Estimator, PlanPoint] | None = None
+                         ) -> tuple[Estimate, list[float], float, float]:
     """A whole config priced by the estimator: (its estimate, each stage's peak memory by the resource model,
-    the device's HBM bytes, its framework reserve)."""
+    the device's HBM bytes, its framework reserve). built: config_estimator(cfg), where the caller has it."""
     from piper_sim.planning.resource import stage_memory
     from piper_sim.schedule.communicators import config_reserve_bytes
 
-    estimator, point = config_estimator(cfg)
+    estimator, point = built or config_estimator(cfg)
     profile = estimator.profile
     peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention,
                                                 recompute_layers=cfg.recompute_layers,

@@ -2,8 +2,8 @@
 
 Owns Experiment (name, title, points(quick) -> payloads, section(results, out) -> Section; the paper's claim of an
 experiment is in reproduce/claims.yaml under its name), Section (a table, a plot, what the simulator predicts, the
-mechanism behind it, the figures a claim is checked on) and figure (a plot saved under DIR/figures). Must not
-import torch.
+mechanism behind it, the figures a claim is checked on) and figure (a plot saved under DIR/figures). Imports no
+torch.
 """
 
 from __future__ import annotations

@@ -175,8 +175,9 @@ def _estimated(cfg) -> dict:
     from piper_sim.planning.budget import estimate_budget
     from piper_sim.planning.estimate import config_estimator, estimate_config
 
-    estimate, fits = estimate_config(cfg)
-    _, budget = estimate_budget(*config_estimator(cfg))
+    built = config_estimator(cfg)  # the machine built once for the estimate, its memory and its budget
+    estimate, fits = estimate_config(cfg, built)
+    _, budget = estimate_budget(*built)
     return {"predicted_step_s": estimate.step_time_s, "predicted_mfu": estimate.mfu,
             "bubble_fraction": estimate.bubble_s / estimate.step_time_s, "exposed_comm_fraction": float("nan"),
             "fits_memory": fits, "budget": {k: v for k, v in budget.items() if k != "stage"}}
