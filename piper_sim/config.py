@@ -14,6 +14,7 @@ from piper_sim.bounds import check_int_bounds
 from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import config_path
 from piper_sim.profile_choice import DEFAULT_PROFILE, choose_profile
+from piper_sim.workload.context_parallel import check_context_parallel
 from piper_sim.workload.model import FP8_RECIPES, SET_BY_CONFIG, ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
 from piper_sim.workload.precision import PRECISIONS
@@ -48,7 +49,7 @@ SECTION_KEYS = {
     "sim": {"steps", "seed", "trace_format", "collapse"},
     "optimizer": {"zero"},
     "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
-                 "convention"},
+                 "convention", "cp"},
 }
 # sections that are not a mapping of known keys: the types they may take
 SECTION_TYPES = {
@@ -203,6 +204,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
     for flag in ("flash_attention", "allow_device_mismatch"):
         if not isinstance(full["cost"].get(flag, False), bool):
             raise ConfigError(f"cost.{flag}", full["cost"][flag], "true or false")
+    check_context_parallel(parallel, full["cost"]["flash_attention"])
     given = _given_keys(raw)
     choice = choose_profile(full["topology"], full["cost"]["profile"] if "cost.profile" in given else None,
                             allow_mismatch=full["cost"].get("allow_device_mismatch", False), devices=devices)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from piper_sim.schedule.fsdp import unit_runs, with_gathers
+from piper_sim.schedule.context_parallel import ring_tasks
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.fsdp import unit_classes
 from piper_sim.workload.model import ModelSpec
@@ -31,13 +32,15 @@ BACKWARD_KIND = {
 @dataclass(frozen=True, kw_only=True)
 class Segment:
     """A piece of a chunk's forward: compute ops, an all-to-all of one MoE layer, or a tensor-parallel
-    collective (tp: its kind in the forward and in the backward, "" where that pass has none)."""
+    collective (tp: its kind in the forward and in the backward, "" where that pass has none). ring: compute
+    (a layer's attention) beside which the context-parallel ring passes keys and values (schedule/context_parallel.py)."""
 
     ops: tuple[str, ...] = ()
     expert: bool = False
     role: str = ""  # "dispatch" / "combine" for all-to-all pieces
     layer: int = -1
     tp: tuple[str, str] = ("", "")
+    ring: bool = False
 
 
 def around_split(split: TensorSplit, layer: int) -> tuple[Segment, Segment]:
@@ -72,15 +75,18 @@ def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, la
             segments.append(Segment(ops=tuple(ops)))
             ops.clear()
 
-    def region(before: Segment | None, body: list[str], after: Segment | None) -> None:
-        if split.tp == 1:  # nothing between the ops: they run as one segment
+    def region(before: Segment | None, body: list[str], after: Segment | None, ring: bool = False) -> None:
+        if split.tp == 1 and not ring:  # nothing between the ops: they run as one segment
             ops.extend(body)
             return
         flush()
-        if before is not None:
+        if before is not None and split.tp > 1:
             segments.append(before)
-        ops.extend(body)
-        if after is not None:
+        if ring:  # the attention alone, its context-parallel ring beside it
+            segments.append(Segment(ops=tuple(body), ring=True, layer=int(body[0].partition(":")[2])))
+        else:
+            ops.extend(body)
+        if after is not None and split.tp > 1:
             flush()
             segments.append(after)
 
@@ -88,7 +94,7 @@ def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, la
         region(None, ["embed"], around_split(split, -1)[1])
     for layer in layers:
         before, after = around_split(split, layer)
-        region(before, [f"attn:{layer}"], after)
+        region(before, [f"attn:{layer}"], after, ring=split.cp > 1)
         if not model.is_moe_layer(layer):
             before, after = around_split(split, layer)
             region(before, [f"dense:{layer}"], after)
@@ -176,7 +182,7 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
         model=model, pp=coarse.pp, vpp=coarse.vpp, stage_layers=stage_layers, expert_group="ep",
         reduce_dense_axis="ep_dp" if mesh.data_parallel > 1 else "",
         reduce_expert_axis="dp" if mesh.dp > 1 else "", reduce_replicated_axis="stage" if mesh.tp > 1 else "",
-        split=TensorSplit(tp=mesh.tp, sp=sp, etp=mesh.etp), migration=migration and mesh.ep > 1,
+        split=TensorSplit(tp=mesh.tp, sp=sp, etp=mesh.etp, cp=mesh.cp), migration=migration and mesh.ep > 1,
         recompute=recompute, recomputed=recomputed, zero=zero, layout=coarse.layout,
         recompute_modules=tuple(recompute_modules),
     )
@@ -381,6 +387,11 @@ def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: t
                 "forward_expert" if kind == "forward" else BACKWARD_KIND[(kind, seg.expert)])
             new = Task(task_id=f"{prefix}:s{index}", kind=seg_kind, microbatch=task.microbatch,
                        chunk=task.chunk, ops=seg.ops, deps=deps)
+            if seg.ring:  # issued with the attention, waited for by what follows it
+                ring = ring_tasks(new.task_id, task, seg.layer, deps, forward)
+                tasks.extend([*ring, new])
+                deps = (new.task_id, *(r.task_id for r in ring))
+                continue
         tasks.append(new)
         deps = (new.task_id,)
     return tasks
@@ -396,7 +407,7 @@ def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
     axes = _reduction_axes(ctx)
     if ctx.zero == 3:  # each unit's gradients were reduce-scattered after its backward: the step waits for them
         tasks.append(Task(task_id="optimizer", kind="optimizer", deps=(last, *(
-            t.task_id for t in program if t.kind == "reduce_scatter" and t.nonblocking))))
+            t.task_id for t in program if t.kind == "reduce_scatter" and t.nonblocking and t.role != "cp"))))
         return tasks  # the parameters stay sharded until the next step gathers them
     for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
         if ctx.zero:

@@ -28,7 +28,8 @@ from piper_sim.workload.model import ModelSpec
 class CollectiveTasks:
     def __init__(self, *, schedule: Schedule, model: ModelSpec, topology: Topology, placement: list[str],
                  plans: list[StagePlan], experts: ExpertState, routing: RoutingModel, coster: TaskCoster,
-                 runner: CollectiveRunner, all_to_all: str, all_reduce: str, activation_bytes: float) -> None:
+                 runner: CollectiveRunner, all_to_all: str, all_reduce: str, activation_bytes: float,
+                 ring_bytes: float = 0.0) -> None:
         self.mesh, self.model, self.topo, self.placement = schedule.mesh, model, topology, placement
         self.plans, self.experts, self.routing, self.coster, self.runner = plans, experts, routing, coster, runner
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
@@ -43,6 +44,7 @@ class CollectiveTasks:
                                  for t in prog) else {}
         self.row_bytes = model.d_model * model.dtype_bytes
         self.activation_bytes = activation_bytes  # a micro-batch's activations, whole
+        self.ring_bytes = ring_bytes  # context parallelism: a micro-batch's K/V of one layer, all its CP ranks'
         self._num_calls: dict[tuple, int] = {}  # (kind, migrate?, group) -> library calls per collective
         self._phase_cache: dict[tuple, tuple] = {}  # repeating collectives' phases (see phases)
         # skewed all-to-alls' phases by (step, layer, microbatch, role, group), from the first member's ask to the last
@@ -113,6 +115,9 @@ class CollectiveTasks:
         plan = self.plans[self.mesh.stage_of(group[0])]
         if task.role == "tp":  # a micro-batch's activations (or their gradients), whole
             size = self.activation_bytes
+        elif task.role == "cp":  # a layer's K/V (or their gradients) around the CP ring: point-to-point steps
+            ring = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}[task.kind].get("ring")
+            return ring(self.ring_bytes, gpus, self.topo), np.full(len(group), self.ring_bytes), "ring"
         else:  # gradients or parameters of one class: the stage's, one chunk's (ZeRO-2's buckets) or one unit's
             kind = task.role.partition("_")[2]
             held = {"dense": plan.params_dense, "expert": plan.params_expert, "replicated": plan.params_replicated}

@@ -41,6 +41,7 @@ from piper_sim.sim.lane_collectives import LaneCollectives
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.plan import StagePlan, build_stage_plans
 from piper_sim.topology.graph import Topology
+from piper_sim.workload.context_parallel import kv_chunk_bytes
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import routed_row_bytes
 from piper_sim.workload.model import ModelSpec
@@ -97,7 +98,7 @@ class Simulation(LaneCollectives):
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
-        self.tokens = parallel.micro_batch_size * model.seq_len
+        self.tokens = parallel.tokens_per_microbatch(model.seq_len)  # a rank's: its sequence chunks under cp
         self.routed_tokens = int(self.tokens * parallel.split.dispatch_share)  # tokens a rank routes
         activation_bytes = float(self.tokens * model.d_model * model.dtype_bytes)  # a micro-batch's, whole
         self.p2p_bytes = activation_bytes * parallel.split.sequence_share  # what a rank sends a stage on
@@ -107,7 +108,8 @@ class Simulation(LaneCollectives):
         self.collectives = CollectiveTasks(schedule=schedule, model=model, topology=topology, placement=placement,
                                            plans=self.plans, experts=self.experts, routing=routing, coster=coster,
                                            runner=self.runner, all_to_all=all_to_all, all_reduce=all_reduce,
-                                           activation_bytes=activation_bytes)
+                                           activation_bytes=activation_bytes,
+                                           ring_bytes=parallel.cp * kv_chunk_bytes(model, parallel))
         self.shared_host = bool(topology.params.shared_cores)  # compute timed per lane on shared cores
         self.lanes = self._lanes(collapse)
         if collapse and by_latency:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.schedule.liveness import activation_deltas
+from piper_sim.workload.context_parallel import rank_view, ring_buffer_bytes
 from piper_sim.workload.fsdp_state import gathered_window_bytes, unit_params
 from piper_sim.workload.memory import (
     PARAM_CLASSES,
@@ -118,15 +119,16 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
     recomputed = {c: len(stage_layers[v]) if recompute_layers is None else recompute_layers
                   for c, v in enumerate(chunks)}
     split = parallel.split
-    act = {c: activation_bytes(model, stage_layers[v], parallel.micro_batch_size, last=stages.is_last(v),
+    seen = rank_view(model, parallel.cp)  # a CP rank's activations: its chunks of each sequence
+    act = {c: activation_bytes(seen, stage_layers[v], parallel.micro_batch_size, last=stages.is_last(v),
                                flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c],
                                checkpoint_layers=checkpoint_layers, split=split, modules=recompute_modules)
            for c, v in enumerate(chunks)}
-    transient = max(recompute_transient_bytes(model, stage_layers[v], parallel.micro_batch_size,
-                                              recompute=recompute, recomputed=recomputed[c],
-                                              checkpoint_layers=checkpoint_layers,
-                                              flash_attention=flash_attention, split=split)
-                    for c, v in enumerate(chunks))
+    transient = ring_buffer_bytes(model, parallel) + max(
+        recompute_transient_bytes(seen, stage_layers[v], parallel.micro_batch_size, recompute=recompute,
+                                  recomputed=recomputed[c], checkpoint_layers=checkpoint_layers,
+                                  flash_attention=flash_attention, split=split)
+        for c, v in enumerate(chunks))
     shards = param_shards(zero=zero, data_parallel=parallel.data_parallel, dp=parallel.dp,
                           stage_size=parallel.num_gpus // parallel.pp)
     if zero == 3:  # the gathered units: two units' parameters and two units' gradients at most (workload/fsdp.py)

@@ -13,6 +13,10 @@ consecutive ranks (a tensor-parallel group), so a rank's tp index is rank % tp:
 - etp == 1 (tp divides ep): a tensor-parallel group lies inside an expert-parallel group, whose tp ranks
   hold different experts.
 With tp == etp == 1 the layout is pp x dp x ep.
+With context parallelism (cp > 1; docs/context-parallel.md) the dense layers see a stage as tp x cp x (dense replicas),
+tp fastest, then cp, as Megatron-core orders its ranks (tp-cp-ep-dp-pp, megatron/core/parallel_state.py): a CP group
+is the cp ranks of a stage with the same tp index and the same dense replica, a stride of tp apart; the experts keep
+the stage's dp x ep x etp layout (Megatron-core's MoE parallel folding carves them out of tp x cp x dp).
 Under DualPipe's bidirectional layout stage p and stage pp - 1 - p hold the same layers; the "mirror" group (a rank
 and its counterpart there, same dp, ep and etp coordinates) sums the two copies' gradients.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-GROUP_AXES = ("ep", "dp", "ep_dp", "tp", "stage", "mirror")
+GROUP_AXES = ("ep", "dp", "ep_dp", "tp", "stage", "mirror", "cp")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,17 +35,21 @@ class Mesh:
     replicas of an expert shard: expert gradients), "ep_dp" (the replicas of a tensor-parallel shard of the
     dense layers: dense gradients), "tp" (a tensor-parallel group), "stage" (every rank of the stage: the
     gradients of parameters every rank of the stage holds whole when tp > 1), "mirror" (the rank and its counterpart
-    at stage pp - 1 - p: DualPipe's two copies of the same layers)."""
+    at stage pp - 1 - p: DualPipe's two copies of the same layers), "cp" (a context-parallel group: the ranks that
+    hold one micro-batch's sequence chunks and pass its keys and values around their ring)."""
 
     pp: int
     dp: int = 1
     ep: int = 1
     tp: int = 1
     etp: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
         if self.etp not in (1, self.tp):
             raise ValueError(f"etp must be 1 or tp ({self.tp}), not {self.etp}")
+        if self.stage_size % (self.tp * self.cp):
+            raise ValueError(f"tp x cp ({self.tp} x {self.cp}) must divide a stage's {self.stage_size} ranks")
         if self.etp == 1 and self.ep % self.tp:
             raise ValueError(f"with etp 1, tp ({self.tp}) must divide ep ({self.ep})")
 
@@ -55,8 +63,14 @@ class Mesh:
 
     @property
     def data_parallel(self) -> int:
-        """Ranks of a stage that feed distinct micro-batches (one per tensor-parallel group)."""
+        """Replicas of the dense layers' tensor-parallel shards in a stage (the "ep_dp" group: Megatron-core's data
+        and context parallel ranks, over which it reduces the dense gradients)."""
         return self.stage_size // self.tp
+
+    @property
+    def batch_parallel(self) -> int:
+        """Ranks of a stage that feed distinct micro-batches: one per tensor- and context-parallel group."""
+        return self.stage_size // (self.tp * self.cp)
 
     def coords(self, rank: int) -> dict[str, int]:
         """pp, dp, ep, etp indices of the layout, and tp: the rank's index in its tensor-parallel group."""
@@ -64,7 +78,8 @@ class Mesh:
         ep_index = rank // self.etp % self.ep
         dp_index = rank // (self.etp * self.ep) % self.dp
         pp_index = rank // self.stage_size
-        return {"pp": pp_index, "dp": dp_index, "ep": ep_index, "etp": etp_index, "tp": rank % self.tp}
+        return {"pp": pp_index, "dp": dp_index, "ep": ep_index, "etp": etp_index, "tp": rank % self.tp,
+                "cp": rank % self.stage_size // self.tp % self.cp}
 
     def rank_of(self, *, pp: int, dp: int = 0, ep: int = 0, etp: int = 0) -> int:
         return ((pp * self.dp + dp) * self.ep + ep) * self.etp + etp
@@ -94,6 +109,9 @@ class Mesh:
         if axis == "tp":
             first = rank - rank % self.tp
             return tuple(range(first, first + self.tp))
+        if axis == "cp":  # same tp index and dense replica: a stride of tp (a stage starts at a multiple of tp x cp)
+            first = rank - (rank % self.stage_size) // self.tp % self.cp * self.tp
+            return tuple(range(first, first + self.cp * self.tp, self.tp))
         if axis == "ep_dp":  # the stage's ranks of this tp index (a stage starts at a multiple of tp)
             return tuple(range(stage.start + (rank - stage.start) % self.tp, stage.stop, self.tp))
         c = self.coords(rank)
