@@ -2,7 +2,7 @@
 
 Owns BUDGET_TERMS and trace_budget(). Every instant of the chosen rank's steps is given to one term: its compute
 stream's task if one runs (compute, recomputation or the optimizer), else the communication running then, in the
-order TP/SP, EP (MoE all-to-alls and expert migration), PP (pipeline sends and receives), DP (gradient reductions
+order TP/SP, CP (the context-parallel K/V ring), EP (MoE all-to-alls and expert migration), PP (pipeline sends and receives), DP (gradient reductions
 and parameter gathers), else idle (the pipeline's bubble and waits). The terms sum to the rank's step time (its
 steps' span over the number of steps). The rank is the one with the most compute (ties: the lowest), where the
 critical path of a step runs. Must not import simpy or torch.
@@ -15,8 +15,8 @@ import pandas as pd
 
 from piper_sim.schedule.ir import RECOMPUTE_KINDS
 
-BUDGET_TERMS = ("compute", "recomputation", "optimizer", "tp_comm", "ep_comm", "pp_comm", "dp_comm", "idle")
-_COMM_ORDER = ("tp_comm", "ep_comm", "pp_comm", "dp_comm")  # which one an instant goes to when several run
+BUDGET_TERMS = ("compute", "recomputation", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "idle")
+_COMM_ORDER = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")  # which one an instant goes to when several run
 
 
 def term_of(kind: str, role: str, stream: str) -> str:
@@ -27,6 +27,8 @@ def term_of(kind: str, role: str, stream: str) -> str:
         return "optimizer"
     if role == "tp":
         return "tp_comm"
+    if role == "cp":  # the context-parallel K/V ring beside each attention
+        return "cp_comm"
     if stream == "compute":
         return "compute"
     if kind in ("send", "recv"):

@@ -4,7 +4,8 @@ Owns estimate_budget(). The estimator's step is the pipeline (the busiest stage'
 plus the bubble), the activations' p2p on the fill and drain path, the gradient reductions and the optimizer
 (planning/estimate.py). The busiest stage's work is split further: its compute by cost term (workload.cost.
 COST_TERMS: GEMMs, attention, memory-bound kernels, launches, the stack's measured fixed costs), the recomputation
-before its backward, its tensor-parallel collectives (tp_comm), its MoE all-to-alls (ep_comm) and, under ZeRO-2,
+before its backward, its tensor-parallel collectives (tp_comm), the part of its context-parallel K/V rings the
+attention does not hide (cp_comm), its MoE all-to-alls (ep_comm) and, under ZeRO-2,
 the reduce-scatter of each chunk's gradients (dp_comm). The terms sum to the estimate's step time. Pure: no simpy,
 torch.
 """
@@ -18,14 +19,15 @@ from piper_sim.schedule.ir import VirtualStages
 from piper_sim.schedule.registry import schedule_layout
 from piper_sim.workload.cost import COST_TERMS
 
-ESTIMATE_TERMS = (*COST_TERMS, "recomputation", "tp_comm", "ep_comm", "bubble", "pp_comm", "dp_comm", "optimizer")
+ESTIMATE_TERMS = (*COST_TERMS, "recomputation", "tp_comm", "cp_comm", "ep_comm", "bubble", "pp_comm", "dp_comm",
+                  "optimizer")
 
 
 def estimate_budget(estimator: Estimator, point: PlanPoint) -> tuple[Estimate, dict[str, float]]:
     """(the plan's estimate, seconds per step of each ESTIMATE_TERMS; with "stage": the busiest stage)."""
     estimate = estimator.estimate(point)
     m = estimator.model
-    tokens = point.micro_batch_size * m.seq_len
+    tokens = point.parallel.tokens_per_microbatch(m.seq_len)
     coster = estimator.coster(tokens, point.parallel.split)
     stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
     layers = split_layers(m.num_layers, stages)

@@ -27,6 +27,7 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
+from piper_sim.planning.context_parallel import ring_overlap_s
 from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import split_layers
@@ -95,7 +96,7 @@ class Estimator:
 
     def estimate(self, point: PlanPoint) -> Estimate:
         m = self.model
-        tokens = point.micro_batch_size * m.seq_len
+        tokens = point.parallel.tokens_per_microbatch(m.seq_len)
         split = point.parallel.split
         coster = self.coster(tokens, split)
         stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
@@ -167,6 +168,11 @@ class Estimator:
             fs, ff = coster.cost(kinds[0], seg.ops, rows)
             bs, bf = coster.cost(kinds[1], seg.ops, rows)
             ws, wf = coster.cost(kinds[2], seg.ops, rows) if zb else (0.0, 0.0)
+            if seg.ring:  # the attention's K/V ring beside it (planning/context_parallel.py)
+                ring = ring_overlap_s(self, coster, fs, True) - fs, ring_overlap_s(self, coster, bs, False) - bs
+                fs, bs = fs + ring[0], bs + ring[1]
+                if terms is not None:
+                    terms["cp_comm"] = terms.get("cp_comm", 0.0) + sum(ring)
             f, b, w, flops = f + fs, b + bs, w + ws, flops + ff + bf + wf
             for kind in kinds if terms is not None else ():
                 for term, value in coster.cost_terms(kind, seg.ops, rows).items():
@@ -192,7 +198,8 @@ class Estimator:
                 moe += seg.role == "dispatch"
                 continue
             rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
-            seconds += coster.cost("recompute_expert" if seg.expert else "recompute", seg.ops, rows)[0]
+            redo = coster.cost("recompute_expert" if seg.expert else "recompute", seg.ops, rows)[0]
+            seconds += ring_overlap_s(self, coster, redo, True) if seg.ring else redo
         return seconds, moe
 
     def _expert_rows(self, ep: int, op: str, tokens: int) -> tuple[int, ...]:
@@ -285,7 +292,7 @@ class Estimator:
         """ZeRO-3: (forward, backward) gather time of one micro-batch's pass of chunk v that its units' compute does
         not hide (workload.fsdp.exposed_gather_s; all-to-alls count as compute: they block the compute stream)."""
         stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
-        coster = self.coster(point.micro_batch_size * self.model.seq_len, point.parallel.split)
+        coster = self.coster(point.parallel.tokens_per_microbatch(self.model.seq_len), point.parallel.split)
         first, last, groups = stages.is_first(v), stages.is_last(v), self._replica_groups(point, p)
         forward, backward, gathers = [], [], []
         units = unit_params(self.model, layers[v], first=first, last=last, ep=point.ep, split=point.parallel.split)
@@ -437,7 +444,7 @@ def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:
     from piper_sim.topology.placement import place
 
     par, n = cfg.parallel, cfg.parallel.num_gpus
-    point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
+    point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, cp=par.cp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
                       num_microbatches=par.num_microbatches, schedule=cfg.schedule, all_to_all=cfg.all_to_all,
                       recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp)
     topo = load_topology(cfg.topology, n)

@@ -16,12 +16,13 @@ Memory (the stage-0 bottleneck) is resource.py's. Pure: no simpy, torch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.config import RECOMPUTE_MODES, TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, ZERO_STAGES
 from piper_sim.errors import ConfigError
+from piper_sim.planning.context_parallel import cp_degrees
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, tensor_split_widths
 from piper_sim.workload.precision import PRECISIONS
@@ -46,6 +47,7 @@ class PlanPoint:
     tp: int = 1
     etp: int = 1
     sp: bool = False
+    cp: int = 1  # context parallelism (docs/context-parallel.md)
 
     @property
     def num_gpus(self) -> int:
@@ -54,13 +56,13 @@ class PlanPoint:
     @property
     def parallel(self) -> ParallelSpec:
         return ParallelSpec(pp=self.pp, ep=self.ep, dp=self.dp, tp=self.tp, etp=self.etp, sp=self.sp, vpp=self.vpp,
-                            num_microbatches=self.num_microbatches, micro_batch_size=self.micro_batch_size)
+                            num_microbatches=self.num_microbatches, micro_batch_size=self.micro_batch_size, cp=self.cp)
 
     def label(self) -> str:
         """Every knob that differs from its default: two points of one space never share a label."""
         vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
         tp = ((f" tp{self.tp}" if self.tp > 1 else "") + (f" etp{self.etp}" if self.etp > 1 else "")
-              + (" sp" if self.sp else ""))
+              + (" sp" if self.sp else "") + (f" cp{self.cp}" if self.cp > 1 else ""))
         extra = (f" rc-{self.recompute}" if self.recompute != "none" else "") + (f" z{self.zero}" if self.zero else "")
         return (f"pp{self.pp} ep{self.ep} dp{self.dp}{tp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
                 f"{self.schedule} {self.all_to_all}{extra}")
@@ -68,7 +70,7 @@ class PlanPoint:
     def config_sections(self) -> dict:
         """The config sections this point sets (merged over the base config)."""
         return {"parallel": {"pp": self.pp, "ep": self.ep, "dp": self.dp, "tp": self.tp, "etp": self.etp,
-                             "sp": self.sp, "vpp": self.vpp,
+                             "sp": self.sp, "vpp": self.vpp, **({"cp": self.cp} if self.cp > 1 else {}),
                              "num_microbatches": self.num_microbatches, "micro_batch_size": self.micro_batch_size},
                 "schedule": self.schedule, "collectives": {"all_to_all": self.all_to_all},
                 "recompute": self.recompute, "optimizer": {"zero": self.zero}}
@@ -80,7 +82,7 @@ class PlanPoint:
 KNOB_NAMES = tuple(f.name for f in fields(PlanPoint))
 # --fix keys as users write them (config keys) -> knob
 FIX_KEYS = {"parallel.pp": "pp", "parallel.ep": "ep", "parallel.dp": "dp", "parallel.vpp": "vpp",
-            "parallel.tp": "tp", "parallel.etp": "etp", "parallel.sp": "sp",
+            "parallel.tp": "tp", "parallel.etp": "etp", "parallel.sp": "sp", "parallel.cp": "cp",
             "parallel.micro_batch_size": "micro_batch_size", "parallel.num_microbatches": "num_microbatches",
             "schedule": "schedule", "collectives.all_to_all": "all_to_all", "recompute": "recompute",
             "optimizer.zero": "zero"}
@@ -197,8 +199,10 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
             continue
         for etp in allowed("etp", sorted({1, tp} if "etp" in fixed else {tp} if is_dense(model) else {1})):
             for sp in allowed("sp", (True, False) if tp > 1 and "sp" in fixed else ((tp > 1),)):
-                out.extend(_plans_at(model, num_gpus, global_batch, domain_gpus, allowed, fixed, schedules,
-                                     all_to_alls, recomputes, zeros, tp, etp, sp, node_gpus))
+                for cp in cp_degrees(model, fixed):
+                    out.extend(replace(point, cp=cp) for point in _plans_at(
+                        model, num_gpus, global_batch, domain_gpus, allowed, fixed, schedules, all_to_alls, recomputes,
+                        zeros, tp, etp, sp, node_gpus, cp))
     return out
 
 
@@ -217,11 +221,11 @@ def _splits(model: ModelSpec, tp: int) -> bool:
 
 def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: int, allowed, fixed: dict,
               schedules: tuple[str, ...], all_to_alls: tuple[str, ...], recomputes: tuple[str, ...],
-              zeros: tuple[int, ...], tp: int, etp: int, sp: bool, node_gpus: int) -> list[PlanPoint]:
+              zeros: tuple[int, ...], tp: int, etp: int, sp: bool, node_gpus: int, cp: int = 1) -> list[PlanPoint]:
     out = []
     for pp in allowed("pp", [d for d in divisors(num_gpus) if d <= model.num_layers]):
         stage = num_gpus // pp
-        if stage % etp:
+        if stage % etp or stage % (tp * cp):
             continue
         for ep in allowed("ep", [d for d in divisors(stage // etp)
                                  if model.num_experts % d == 0 and d * etp <= domain_gpus
@@ -229,12 +233,12 @@ def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: i
             dp = stage // (ep * etp)
             if "dp" in fixed and dp not in fixed["dp"]:
                 continue
-            replicas = stage // tp
+            replicas = stage // (tp * cp)  # micro-batch streams: one per tensor- and context-parallel group
             if global_batch % replicas:
                 continue
             for mbs in allowed("micro_batch_size", [b for b in sorted(set(DEFAULT_MICRO_BATCH_SIZES) | set(fixed.get(
                     "micro_batch_size", ()))) if (global_batch // replicas) % b == 0
-                    and (tp == 1 or (b * model.seq_len) % tp == 0)]):
+                    and (tp == 1 or (b * model.seq_len // cp) % tp == 0)]):
                 m = global_batch // replicas // mbs
                 if "num_microbatches" in fixed and m not in fixed["num_microbatches"]:
                     continue
@@ -244,7 +248,7 @@ def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: i
                             continue
                         for a2a in _all_to_alls(list(fixed.get("all_to_all", all_to_alls)), ep * etp, node_gpus):
                             for recompute in allowed("recompute", recomputes):
-                                for zero in allowed("zero", _zeros(zeros, schedule, replicas > 1 or dp > 1)):
+                                for zero in allowed("zero", _zeros(zeros, schedule, stage // tp > 1 or dp > 1)):
                                     out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
                                                          num_microbatches=m, schedule=schedule, all_to_all=a2a,
                                                          recompute=recompute, zero=zero, tp=tp, etp=etp, sp=sp))
@@ -284,7 +288,7 @@ def _schedule_allows(schedule: str, pp: int, vpp: int, m: int, num_layers: int) 
 
 
 def _check_fixed(fixed: dict[str, tuple], num_gpus: int, global_batch: int) -> None:
-    for knob in ("pp", "ep", "dp", "tp", "etp"):
+    for knob in ("pp", "ep", "dp", "tp", "etp", "cp"):
         for v in fixed.get(knob, ()):
             if num_gpus % v:
                 raise ConfigError(f"--fix parallel.{knob}", v, f"a divisor of the GPU count ({num_gpus})")

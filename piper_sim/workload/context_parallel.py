@@ -57,8 +57,12 @@ def kv_elements_per_token(model: ModelSpec, tp: int) -> float:
 
 def kv_chunk_bytes(model: ModelSpec, parallel: ParallelSpec) -> float:
     """K and V of one micro-batch's tokens on one CP rank (its sequence chunks): what each ring step sends."""
-    tokens = parallel.tokens_per_microbatch(model.seq_len)
-    return tokens * kv_elements_per_token(model, parallel.tp) * model.dtype_bytes
+    return kv_bytes(model, parallel.tokens_per_microbatch(model.seq_len), parallel.tp)
+
+
+def kv_bytes(model: ModelSpec, tokens: float, tp: int) -> float:
+    """K and V of `tokens` tokens on a rank of a tensor-parallel group of tp."""
+    return tokens * kv_elements_per_token(model, tp) * model.dtype_bytes
 
 
 def ring_bytes_per_layer(model: ModelSpec, parallel: ParallelSpec) -> dict[str, float]:
