@@ -102,7 +102,8 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
                           by_latency=by_latency, migration=cfg.migration, host_profile=host_profile,
                           recompute=cfg.recompute, recompute_layers=cfg.recompute_layers, zero=cfg.zero,
                           checkpoint_layers=cfg.recompute_checkpoint_layers,
-                          recompute_modules=cfg.recompute_modules)
+                          recompute_modules=cfg.recompute_modules,
+                          reshard_after_forward=cfg.reshard_after_forward)
         sim.guard = guard
         return sim
 

@@ -13,7 +13,8 @@ Owns Estimator. It prices with the simulator's own functions, so there is no sec
   W - min(pp - 1, M - 1) W (Qi et al. 2023: the weight passes fill the bubble); plus the activations'
   p2p on the fill and drain path (2 (pp vpp - 1) hops), the gradient all-reduces and the optimizer;
 - ZeRO-3: each micro-batch's pass of a chunk adds the unit gathers its compute does not hide
-  (workload.fsdp.exposed_gather_s), and the step the reduce-scatter of the last unit of its backward.
+  (workload.fsdp.exposed_gather_s), times the share of the passes that gather (fsdp_estimate.gather_shares:
+  without resharding after the forward, fewer), and the step the reduce-scatter of the last unit of its backward.
 Pure: no simpy, torch.
 """
 
@@ -27,6 +28,7 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
+from piper_sim.planning.fsdp_estimate import gather_shares
 from piper_sim.planning.context_parallel import ring_overlap_s
 from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
@@ -304,7 +306,10 @@ class Estimator:
             backward.append(b + redo + 2 * (moe + redo_moe) * a2a)
             gathers.append(sum(self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
                                for kind, gpus in groups.items() if len(gpus) > 1))
-        return (exposed_gather_s(gathers, forward), exposed_gather_s(gathers[::-1], backward[::-1]))
+        shares = gather_shares(point.schedule, point.pp, point.vpp, point.num_microbatches, p,
+                               stages.where(v)[1], point.reshard_after_forward)
+        return (shares[0] * exposed_gather_s(gathers, forward),
+                shares[1] * exposed_gather_s(gathers[::-1], backward[::-1]))
 
     def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
         return self.phases_s(registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),
@@ -446,7 +451,8 @@ def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:
     par, n = cfg.parallel, cfg.parallel.num_gpus
     point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, cp=par.cp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
                       num_microbatches=par.num_microbatches, schedule=cfg.schedule, all_to_all=cfg.all_to_all,
-                      recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp)
+                      recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp,
+                      reshard_after_forward=cfg.reshard_after_forward)
     topo = load_topology(cfg.topology, n)
     estimator = Estimator(cfg.model, topo, place(topo, n, cfg.placement), load_profile(cfg.cost_profile),
                           collectives_all_reduce=cfg.all_reduce, flash_attention=cfg.flash_attention,

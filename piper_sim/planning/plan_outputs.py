@@ -30,7 +30,7 @@ def megatron_label(row: pd.Series | dict) -> str:
     micro and global batch), then the schedule, all-to-all, recomputation and ZeRO stage as the plan's label."""
     point = PlanPoint(**{k: _plain(row[k]) for k in PlanPoint.__dataclass_fields__})
     degrees = megatron_degrees(point.parallel)
-    extra = (f" rc-{point.recompute}" if point.recompute != "none" else "") + (f" z{point.zero}" if point.zero else "")
+    extra = (f" rc-{point.recompute}" if point.recompute != "none" else "") + point.sharding_label()
     return (" ".join(f"{k}{v}" for k, v in degrees.items() if k != "EDP") + (" SP" if point.sp else "")
             + f" MBS{point.micro_batch_size} GBS{point.parallel.sequences_per_step} {point.schedule} "
               f"{point.all_to_all}{extra}")

@@ -66,7 +66,8 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
         terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
                                    recompute=point.recompute, recompute_layers=recompute_layers, zero=point.zero,
                                    stages=stages, checkpoint_layers=checkpoint_layers,
-                                   fp8_transposed_copies=fp8_transposed_copies, recompute_modules=recompute_modules)
+                                   fp8_transposed_copies=fp8_transposed_copies, recompute_modules=recompute_modules,
+                                   reshard_after_forward=point.reshard_after_forward)
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
         peak = float(np.max(counts @ np.array([terms["act"][c] for c in range(point.vpp)])))
         out.append(StageMemory(state_bytes=terms["state"], activation_bytes=peak + terms["transient"]))

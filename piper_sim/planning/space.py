@@ -47,6 +47,7 @@ class PlanPoint:
     tp: int = 1
     etp: int = 1
     sp: bool = False
+    reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (workload/fsdp.py)
     cp: int = 1  # context parallelism (docs/context-parallel.md)
 
     @property
@@ -63,9 +64,13 @@ class PlanPoint:
         vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
         tp = ((f" tp{self.tp}" if self.tp > 1 else "") + (f" etp{self.etp}" if self.etp > 1 else "")
               + (" sp" if self.sp else "") + (f" cp{self.cp}" if self.cp > 1 else ""))
-        extra = (f" rc-{self.recompute}" if self.recompute != "none" else "") + (f" z{self.zero}" if self.zero else "")
+        extra = (f" rc-{self.recompute}" if self.recompute != "none" else "") + self.sharding_label()
         return (f"pp{self.pp} ep{self.ep} dp{self.dp}{tp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
                 f"{self.schedule} {self.all_to_all}{extra}")
+
+    def sharding_label(self) -> str:
+        """The label's ZeRO part: " z3", with " no-reshard" where ZeRO-3 keeps the units gathered after the forward."""
+        return (f" z{self.zero}" if self.zero else "") + ("" if self.reshard_after_forward else " no-reshard")
 
     def config_sections(self) -> dict:
         """The config sections this point sets (merged over the base config)."""
@@ -73,7 +78,8 @@ class PlanPoint:
                              "sp": self.sp, "vpp": self.vpp, **({"cp": self.cp} if self.cp > 1 else {}),
                              "num_microbatches": self.num_microbatches, "micro_batch_size": self.micro_batch_size},
                 "schedule": self.schedule, "collectives": {"all_to_all": self.all_to_all},
-                "recompute": self.recompute, "optimizer": {"zero": self.zero}}
+                "recompute": self.recompute, "optimizer": {"zero": self.zero, **(
+                    {} if self.reshard_after_forward else {"reshard_after_forward": False})}}
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -85,11 +91,11 @@ FIX_KEYS = {"parallel.pp": "pp", "parallel.ep": "ep", "parallel.dp": "dp", "para
             "parallel.tp": "tp", "parallel.etp": "etp", "parallel.sp": "sp", "parallel.cp": "cp",
             "parallel.micro_batch_size": "micro_batch_size", "parallel.num_microbatches": "num_microbatches",
             "schedule": "schedule", "collectives.all_to_all": "all_to_all", "recompute": "recompute",
-            "optimizer.zero": "zero"}
+            "optimizer.zero": "zero", "optimizer.reshard_after_forward": "reshard_after_forward"}
 # --fix keys of the settings every plan of a request shares (one value each) -> PlanRequest field
 SETTING_KEYS = {"collectives.all_reduce": "all_reduce", "cost.flash_attention": "flash_attention",
                 "cost.precision": "precision"}
-BOOLEAN_KNOBS = ("sp", "flash_attention")
+BOOLEAN_KNOBS = ("sp", "flash_attention", "reshard_after_forward")
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4)
 DEFAULT_VPP = (1, 2, 4)
 DEFAULT_TP = (1, 2)
@@ -249,9 +255,12 @@ def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: i
                         for a2a in _all_to_alls(list(fixed.get("all_to_all", all_to_alls)), ep * etp, node_gpus):
                             for recompute in allowed("recompute", recomputes):
                                 for zero in allowed("zero", _zeros(zeros, schedule, stage // tp > 1 or dp > 1)):
-                                    out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
-                                                         num_microbatches=m, schedule=schedule, all_to_all=a2a,
-                                                         recompute=recompute, zero=zero, tp=tp, etp=etp, sp=sp))
+                                    for reshard in allowed("reshard_after_forward", (True, False) if zero == 3
+                                                           else (True,)):
+                                        out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
+                                                             num_microbatches=m, schedule=schedule, all_to_all=a2a,
+                                                             recompute=recompute, zero=zero, tp=tp, etp=etp, sp=sp,
+                                                             reshard_after_forward=reshard))
     return out
 
 

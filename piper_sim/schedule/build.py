@@ -35,4 +35,5 @@ def build_schedule(cfg: Config) -> Schedule:
     migration = bool(cfg.migration.get("enabled")) and cfg.migration.get("policy", "greedy") != "none"
     return lower(coarse, cfg.model, layers, migration=migration, recompute=cfg.recompute,
                  recomputed=cfg.recompute_layers, zero=cfg.zero, sp=cfg.parallel.sp,
+                 reshard_after_forward=cfg.reshard_after_forward,
                  recompute_modules=cfg.recompute_modules)

@@ -7,7 +7,9 @@ the runs here. As FSDP2 does by default (torch.distributed.fsdp.fully_shard: imp
 prefetch of one module), the gather of the next unit is issued when the current unit starts, after the current
 unit's own gather (one gather stream), so it moves while the current unit computes; the pass's first gather is
 issued when the pass's input has arrived. All of them are nonblocking collectives (ir.Task.nonblocking): the
-program counter moves on, and a unit's first compute task waits for its gathers. Pure data.
+program counter moves on, and a unit's first compute task waits for its gathers. Which passes gather at all follows
+FSDP2's resharding (gathering_passes): with reshard_after_forward false a chunk's units stay gathered from a forward
+until the next backward of that chunk has run. Pure data.
 """
 
 from __future__ import annotations
@@ -20,6 +22,25 @@ from piper_sim.workload.fsdp import unit_of_op
 
 # (unit, deps) -> the unit's collectives of one kind, one per class of parameters it gathers or reduces
 Collectives = Callable[[int, tuple[str, ...]], list[Task]]
+
+
+def gathering_passes(program: tuple[Task, ...], *, reshard_after_forward: bool) -> frozenset[str]:
+    """The coarse forward and backward tasks of a stage's program whose units are all-gathered first: those that
+    find their chunk's parameters sharded, as FSDP2 tracks them per module (torch.distributed.fsdp.fully_shard): a
+    forward leaves them gathered unless reshard_after_forward, a backward reshards them (reshard_after_backward,
+    FSDP2's default), and a step starts sharded (the previous step's last backward resharded them)."""
+    gathered: set[int] = set()
+    out: set[str] = set()
+    for task in program:
+        if task.kind not in ("forward", "backward"):
+            continue
+        if task.chunk not in gathered:
+            out.add(task.task_id)
+        if task.kind == "forward" and not reshard_after_forward:
+            gathered.add(task.chunk)
+        else:
+            gathered.discard(task.chunk)
+    return frozenset(out)
 
 
 def unit_runs(segments: list, layers: tuple[int, ...], *, backward: bool = False) -> list[tuple[int, list]]:

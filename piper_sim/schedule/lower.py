@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from piper_sim.schedule.fsdp import unit_runs, with_gathers
+from piper_sim.schedule.fsdp import gathering_passes, unit_runs, with_gathers
 from piper_sim.schedule.context_parallel import ring_tasks
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.fsdp import unit_classes
@@ -128,6 +128,8 @@ class LoweringContext:
     recomputed: int | None = None  # full: layers of each chunk recomputed (None: all)
     recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES  # selective: what it re-runs (workload/recompute.py)
     zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
+    reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (schedule/fsdp.py: gathering_passes)
+    gathering: frozenset[str] | None = None  # ZeRO-3: the stage's coarse passes that gather (None: every one)
     layout: Layout = Layout.INTERLEAVED
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per virtual stage
 
@@ -161,7 +163,7 @@ class LoweringContext:
 
 def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], *,
           migration: bool = False, recompute: str = "none", recomputed: int | None = None,
-          zero: int = 0, sp: bool = False,
+          zero: int = 0, sp: bool = False, reshard_after_forward: bool = True,
           recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> Schedule:
     """Lower a generator's coarse schedule into executable per-stage programs.
 
@@ -173,7 +175,8 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
     updated parameters all-gathered after the optimizer step, in place of one all-reduce: zero 1 reduce-scatters
     once before the optimizer, zero 2 each chunk's gradients as each micro-batch's backward finishes them; zero 3
     gathers each unit's parameters before its forward and its backward and reduce-scatters its gradients after its
-    backward, every micro-batch (schedule/fsdp.py), and gathers nothing after the optimizer. The
+    backward, every micro-batch (schedule/fsdp.py), and gathers nothing after the optimizer; with
+    reshard_after_forward false only the passes that find their chunk sharded gather (gathering_passes). The
     mesh's tp and etp, and sp, place the
     tensor-parallel collectives (TensorSplit; docs/tensor-parallel.md).
     """
@@ -184,13 +187,15 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
         reduce_expert_axis="dp" if mesh.dp > 1 else "", reduce_replicated_axis="stage" if mesh.tp > 1 else "",
         split=TensorSplit(tp=mesh.tp, sp=sp, etp=mesh.etp, cp=mesh.cp), migration=migration and mesh.ep > 1,
         recompute=recompute, recomputed=recomputed, zero=zero, layout=coarse.layout,
-        recompute_modules=tuple(recompute_modules),
+        recompute_modules=tuple(recompute_modules), reshard_after_forward=reshard_after_forward,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
     return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
 
 
 def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) -> tuple[Task, ...]:
+    if ctx.zero == 3:
+        ctx = replace(ctx, gathering=gathering_passes(coarse, reshard_after_forward=ctx.reshard_after_forward))
     out: list[Task] = []
     last_of: dict[str, str] = {}  # coarse id -> id of its last lowered task (local deps)
     for task in coarse:
@@ -329,6 +334,8 @@ def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, redu
     c, m, layers = task.chunk, task.microbatch, ctx.stage_layers[v]
     what, kind = ("grad", "reduce_scatter") if reduce else ("param", "all_gather")
     name = "reducescatter" if reduce else f"allgather:{pass_}"
+    if not reduce and ctx.gathering is not None and task.task_id not in ctx.gathering:
+        return lambda unit, deps: []  # the chunk's units are still gathered (reshard_after_forward false)
 
     def collectives(unit: int, deps: tuple[str, ...]) -> list[Task]:
         held = unit_classes(ctx.model, unit, last=ctx.stages.is_last(v) and unit == (layers[-1:] or (unit,))[0],

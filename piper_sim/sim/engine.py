@@ -81,7 +81,8 @@ class Simulation(LaneCollectives):
                  by_latency: bool = False,
                  migration: dict | None = None, host_profile: HostProfile | None = None,
                  recompute: str = "none", recompute_layers: int | None = None, zero: int = 0,
-                 checkpoint_layers: int | None = None, recompute_modules: tuple[str, ...] = ()) -> None:
+                 checkpoint_layers: int | None = None, recompute_modules: tuple[str, ...] = (),
+                 reshard_after_forward: bool = True) -> None:
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
         self.recompute_modules = recompute_modules  # selective recomputation's (config.py; () otherwise)
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
@@ -94,7 +95,8 @@ class Simulation(LaneCollectives):
                                                         recompute=recompute, recompute_layers=recompute_layers,
                                                         checkpoint_layers=checkpoint_layers, zero=zero,
                                                         fp8_transposed_copies=coster.profile.fp8_transposed_copies,
-                                                        recompute_modules=recompute_modules)
+                                                        recompute_modules=recompute_modules,
+                                                        reshard_after_forward=reshard_after_forward)
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]

@@ -62,7 +62,8 @@ class StagePlan:
 def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, flash_attention: bool, *,
                       recompute: str = "none", recompute_layers: int | None = None, zero: int = 0,
                       checkpoint_layers: int | None = None, fp8_transposed_copies: bool = True,
-                      recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> list[StagePlan]:
+                      recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+                      reshard_after_forward: bool = True) -> list[StagePlan]:
     plans = []
     stages = schedule.stages
     for p, program in enumerate(schedule.stage_programs):
@@ -79,7 +80,7 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
                                     flash_attention=flash_attention, recompute=recompute,
                                     recompute_layers=recompute_layers, zero=zero, stages=stages,
                                     checkpoint_layers=checkpoint_layers, fp8_transposed_copies=fp8_transposed_copies,
-                                    recompute_modules=recompute_modules)
+                                    recompute_modules=recompute_modules, reshard_after_forward=reshard_after_forward)
         act = memory["act"]
         mem_start, mem_end = activation_deltas(program, act)
         plans.append(StagePlan(
@@ -106,13 +107,13 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
                        parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
                        recompute: str, recompute_layers: int | None, zero: int,
                        stages: VirtualStages | None = None, checkpoint_layers: int | None = None,
-                       fp8_transposed_copies: bool = True,
+                       fp8_transposed_copies: bool = True, reshard_after_forward: bool = True,
                        recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> dict:
     """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state
     (with the fp8 copies of its fp8 linears' weights under fp8), the recomputation transient, the parameters its
     optimizer updates and those of its fp8 linears. stages: the schedule's layout (which virtual stages end a
     pipeline; default interleaved). fp8_transposed_copies: the device's (DeviceProfile). recompute_modules: what
-    selective recomputation re-runs (workload/recompute.py)."""
+    selective recomputation re-runs (workload/recompute.py). reshard_after_forward: ZeRO-3's (workload/fsdp.py)."""
     num_virtual = len(stage_layers)
     if stages is None:  # interleaved: the last virtual stage ends the one pipeline
         stages = VirtualStages(Layout.INTERLEAVED, num_virtual, 1)
@@ -134,7 +135,7 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
     if zero == 3:  # the gathered units: two units' parameters and two units' gradients at most (workload/fsdp.py)
         transient += gathered_window_bytes([held for v in chunks for held in unit_params(
             model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,
-            split=split).values()], shards, model.dtype_bytes)
+            split=split).values()], shards, model.dtype_bytes, reshard_after_forward=reshard_after_forward)
     if zero == 2:  # a chunk's full gradients live while its backward runs, until they are reduce-scattered
         transient += max(model.dtype_bytes * sum(
             rank_params(model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,

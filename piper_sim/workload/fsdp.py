@@ -8,16 +8,34 @@ Owns what the lowering (schedule/lower.py), the simulator's stage plans (sim/pla
 - a unit's parameters of each class (memory.PARAM_CLASSES) are gathered over that class's replicas (the groups
   ZeRO-1/2 shard over: memory.param_shards); a class held whole (one replica) is not gathered;
 - at most two units are gathered at once (the one computing and the prefetched next one), and in the backward two
-  units' full gradients (the one computing and the one being reduce-scattered): fsdp_state.gathered_window_bytes.
+  units' full gradients (the one computing and the one being reduce-scattered): fsdp_state.gathered_window_bytes;
+- reshard_after_forward (FSDP2's fully_shard argument; `optimizer.reshard_after_forward`): true frees a unit's
+  gathered parameters after its forward, false keeps them until its backward has run (resolve_reshard).
 Pure data: must not import numpy, simpy, torch or the schedule layer (the lowering imports it).
 """
 
 from __future__ import annotations
 
+from piper_sim.errors import ConfigError
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 
 NO_BLOCK = -1  # the unit of a chunk that holds no transformer block (only the embedding or the head)
+
+
+def resolve_reshard(value: object, *, zero: int, pp: int) -> bool:
+    """optimizer.reshard_after_forward, checked: true (FSDP2's fully_shard default), false, or "default" (torchtitan's
+    fsdp_reshard_after_forward policy: true without pipeline parallelism, false with it); left out (None): true.
+    Only with optimizer.zero 3."""
+    if value is None:
+        return True
+    if zero != 3:
+        raise ConfigError("optimizer.reshard_after_forward", value, "left out unless optimizer.zero is 3 (it is "
+                                                                    "FSDP's: only ZeRO-3 gathers parameters)")
+    if not isinstance(value, bool) and value != "default":
+        raise ConfigError("optimizer.reshard_after_forward", value, "true, false or default (torchtitan's: true "
+                                                                    "without pipeline parallelism, false with it)")
+    return pp == 1 if value == "default" else bool(value)
 
 
 def unit_of_op(op: str, layers: tuple[int, ...]) -> int:

@@ -29,10 +29,16 @@ def gathered_params(params: dict[str, float], shards: dict[str, int]) -> float:
     return sum(params[kind] for kind in PARAM_CLASSES if shards[kind] > 1)
 
 
-def gathered_window_bytes(units: list[dict[str, float]], shards: dict[str, int], dtype_bytes: int) -> float:
+def gathered_window_bytes(units: list[dict[str, float]], shards: dict[str, int], dtype_bytes: int, *,
+                          reshard_after_forward: bool = True) -> float:
     """Bytes a rank's gathered units take at most, its units (of every chunk, in forward order) given: two
     consecutive units' full parameters (the one computing and the prefetched one) and, in the backward, two
-    units' full gradients (the one computing and the one being reduce-scattered), 2 x dtype x the largest pair."""
+    units' full gradients (the one computing and the one being reduce-scattered), 2 x dtype x the largest pair.
+    Without resharding after the forward every unit of the stage stays gathered from its forward to its backward
+    (in 1F1B's steady state and under GPipe each chunk has a forward whose backward has not run): dtype x all of
+    them, plus the two units' gradients."""
     sizes = [gathered_params(u, shards) for u in units]
     pair = max((a + b for a, b in zip(sizes, sizes[1:], strict=False)), default=sizes[0] if sizes else 0.0)
+    if not reshard_after_forward:
+        return dtype_bytes * (sum(sizes) + pair)
     return 2 * dtype_bytes * pair

@@ -1,0 +1,44 @@
+"""The estimator's ZeRO-3 / FSDP terms: which passes gather and over which groups (docs/sharding.md).
+
+Owns gather_shares (the share of a chunk's forwards and backwards that find its units sharded, from the schedule
+generator's own program and schedule/fsdp.py's gathering_passes, so the estimator and the lowering agree) and
+shard_groups (the GPUs a class of parameters is gathered and reduce-scattered over, and those its shard is all-reduced
+over under HSDP). The estimator (estimate.py) prices the collectives. Pure: no simpy, torch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from piper_sim.schedule.fsdp import gathering_passes
+from piper_sim.schedule.registry import SCHEDULES
+
+
+@functools.lru_cache(maxsize=4096)
+def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: int, chunk: int,
+                  reshard_after_forward: bool) -> tuple[float, float]:
+    """(forwards, backwards) of chunk `chunk` at stage `stage` that gather its units, each as a share of the
+    micro-batches: (1, 1) when every pass reshards; without resharding after the forward the forwards that follow a
+    backward (or start the step) and the backwards that follow a backward."""
+    if reshard_after_forward:
+        return 1.0, 1.0
+    program = SCHEDULES.get(schedule, "schedule")(pp, vpp, microbatches)[stage]
+    gathering = gathering_passes(program, reshard_after_forward=False)
+    counts = {"forward": 0, "backward": 0}
+    for task in program:
+        if task.chunk == chunk and task.task_id in gathering and task.kind in counts:
+            counts[task.kind] += 1
+    return counts["forward"] / microbatches, counts["backward"] / microbatches
+
+
+def shard_groups(groups: dict[str, list[str]], replicate: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """A stage rank's replica groups by class (Estimator._replica_groups: every replica, in rank order) split for
+    HSDP into (the shard group, the replicate group): with `replicate` replicas of each shard (the outermost
+    data-parallel index, as torchtitan's dp_replicate), the first len / replicate members shard it and every
+    (len / replicate)-th member holds the same shard. replicate 1: the whole group shards it and none replicates."""
+    shard, across = {}, {}
+    for kind, gpus in groups.items():
+        size = len(gpus) // replicate if gpus else 0
+        shard[kind] = gpus[:size] if replicate > 1 else gpus
+        across[kind] = gpus[::size] if replicate > 1 and size else []
+    return shard, across
