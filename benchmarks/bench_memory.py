@@ -5,7 +5,7 @@ Each case runs in a process of its own, its outputs in another that holds only t
 each phase the process's peak resident size is reset (Linux: "5" written to /proc/self/clear_refs); after it, the
 peak less the resident size before the phase is that phase's peak growth. Phases: imports (the resident size after
 them, and after a tiny warm-up run that compiles the kernels), simulate (event loop, records, trace and report),
-and write_run with outputs report, trace and all (each adds its files to the last's). Printed per case: rank tasks,
+and write_run with each of CHOICES (each in a process of its own). Printed per case: rank tasks,
 links, ranks, EP, step-0 rows, each phase's peak growth (MB) and its wall time (s).
 
     python benchmarks/bench_memory.py [CONFIG --set KEY=VALUE ...] (default: the cases below)
@@ -27,6 +27,10 @@ CASES = {  # name: (config, overrides)
     "moe-64": ("x-moe-small-frontier", ["parallel.pp=4", "parallel.ep=16", "parallel.num_microbatches=32"]),
     "moe-256": ("x-moe-small-frontier", ["parallel.pp=4", "parallel.ep=64", "parallel.num_microbatches=32"]),
 }
+# output choices, each written in a process of its own: (--outputs, --perfetto, --perfetto-detail)
+CHOICES = {"report": ("report", None, "auto"), "trace": ("trace", None, "auto"), "all": ("all", "json", "auto"),
+           "all-none": ("all", "none", "auto"), "all-gz": ("all", "gz", "auto"), "all-proto": ("all", "proto", "auto"),
+           "all-json-rank": ("all", "json", "rank"), "all-proto-rank": ("all", "proto", "rank")}
 
 
 def _status_kib(field: str) -> int:
@@ -67,8 +71,8 @@ def one(config: str, overrides: list[str], keep: Path) -> dict:
     return figures
 
 
-def outputs(keep: Path) -> dict:
-    """Each output choice's peak growth and wall time, written in a fresh process that holds only the run's result
+def outputs(keep: Path, choice: str) -> dict:
+    """One output choice's peak growth and wall time, written in a fresh process that holds only the run's result
     (none of the run's freed memory to reuse: the growth is an upper bound)."""
     import pickle
     import tempfile
@@ -77,9 +81,10 @@ def outputs(keep: Path) -> dict:
 
     result = pickle.loads(keep.read_bytes())
     figures: dict = {"result_rss_MB": round(_status_kib("VmRSS") / 1024, 1)}
+    outputs_, perfetto, detail = CHOICES[choice]
     with tempfile.TemporaryDirectory() as tmp:
-        for choice in ("report", "trace", "all"):
-            _phase(figures, f"outputs {choice}", lambda o=choice: write_run(Path(tmp) / o, result, o))
+        _phase(figures, f"outputs {choice}",
+               lambda: write_run(Path(tmp) / "out", result, outputs_, perfetto=perfetto, detail=detail))
     return figures
 
 
@@ -87,8 +92,8 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--one":
         print(json.dumps(one(sys.argv[3], sys.argv[4:], Path(sys.argv[2]))))
         return
-    if len(sys.argv) > 2 and sys.argv[1] == "--outputs":
-        print(json.dumps(outputs(Path(sys.argv[2]))))
+    if len(sys.argv) > 3 and sys.argv[1] == "--outputs":
+        print(json.dumps(outputs(Path(sys.argv[2]), sys.argv[3])))
         return
     import tempfile
 
@@ -97,7 +102,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             keep = Path(tmp) / "result.pickle"
             figures = {}
-            for argv in (["--one", str(keep), config, *overrides], ["--outputs", str(keep)]):
+            for argv in (["--one", str(keep), config, *overrides],
+                         *(["--outputs", str(keep), choice] for choice in CHOICES)):
                 done = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
                 if done.returncode:
                     figures["error"] = (done.stderr.strip().splitlines() or ["?"])[-1]

@@ -48,7 +48,13 @@ def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> N
 def _add_outputs_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", default="all", metavar="report|trace|all",
                    help="files to write: report (report.json, config.yaml, links.csv, link_kinds.csv), trace (those "
-                        "and the trace), all (those, perfetto.json and plots/; the default)")
+                        "and the trace), all (those, the Perfetto trace and plots/; the default)")
+    p.add_argument("--perfetto", default=None, metavar="none|json|gz|proto",
+                   help="the Perfetto trace of --outputs all: perfetto.json (json, the default), perfetto.json.gz "
+                        "(gz), perfetto.pftrace (proto: needs the perfetto package) or none")
+    p.add_argument("--perfetto-detail", default="auto", metavar="auto|rank|stage",
+                   help="tracks of the Perfetto trace and the timeline plot: one per rank up to 200,000 trace rows "
+                        "and one per pipeline stage beyond (auto, the default), or rank or stage whatever the size")
 
 
 def say_notes(notes: list[str]) -> None:
@@ -62,9 +68,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from piper_sim.analysis.band import with_band
     from piper_sim.host_memory import MemoryGuard
-    from piper_sim.outputs import check_outputs, format_report, write_run  # numpy, pandas, matplotlib: not for --help
+    from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run  # not for --help
     from piper_sim.simulate import check_wall, simulate  # simpy, numpy
+    from piper_sim.trace.tracks import check_detail
 
+    perfetto = check_perfetto(check_outputs(args.outputs), args.perfetto)
+    check_detail(args.perfetto_detail)
     cfg = load_config(config_path(args.config), args.overrides)
     say_notes(config_notes(cfg))
     if args.tier == "estimate":
@@ -86,7 +95,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     say_notes([f"topology {result.topology.name}: {note}" for note in result.topology.notes]
               + placement_notes(cfg, result.topology, result.placement))
     with MemoryGuard(result.stats["host_memory_estimate_bytes"]) as guard:
-        paths = write_run(args.out, result, args.outputs, progress=True, check=guard.check)
+        paths = write_run(args.out, result, args.outputs, perfetto=perfetto, detail=args.perfetto_detail,
+                          progress=True, check=guard.check)
     finish(args.out)
     print(format_report(result.report))
     unfit = [p for p, fits in enumerate(result.report.fits_memory or []) if not fits]
@@ -173,10 +183,12 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from piper_sim.measure import measure, run_devices
-    from piper_sim.outputs import check_outputs, format_report, write_run
+    from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run
+    from piper_sim.trace.tracks import check_detail
 
     check_seconds("--timeout", args.timeout)
-    check_outputs(args.outputs)
+    perfetto = check_perfetto(check_outputs(args.outputs), args.perfetto)
+    check_detail(args.perfetto_detail)
     cfg = load_config(config_path(args.config), args.overrides, devices=run_devices())
     say_notes(config_notes(cfg, ("seq_len", "cost.profile")))  # the profile gives the MFU's peak
     par = cfg.parallel
@@ -187,7 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = measure(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None), progress=True)
     if result is None:  # a torchrun rank other than 0: rank 0 writes the run
         return 0
-    paths = write_run(args.out, result, args.outputs, progress=True)
+    paths = write_run(args.out, result, args.outputs, perfetto=perfetto, detail=args.perfetto_detail, progress=True)
     finish(args.out)
     print(format_report(result.report))
     print("loss per step       " + ", ".join(f"{x:.4f}" for x in result.report.losses))

@@ -23,16 +23,17 @@ from piper_sim.errors import ConfigError
 from piper_sim.progress import bar as progress_bar
 from piper_sim.result import RunResult
 from piper_sim.rundir import writing
-from piper_sim.trace.perfetto import first_step_rows, perfetto_row_count, write_perfetto
+from piper_sim.trace.perfetto import FILE_NAMES, check_format, first_step_rows, perfetto_row_count, write_perfetto
 from piper_sim.trace.runtrace import trace_file, write_trace
+from piper_sim.trace.tracks import check_detail, choose_detail, stage_rows
 
 OUTPUTS = {"report": "report.json, config.yaml, links.csv and link_kinds.csv",
            "trace": "those and the trace (trace.parquet or trace.csv)",
-           "all": "those, perfetto.json and plots/ (the default)"}
-# seconds per trace row of each file on this machine's 2 shared cores (dense-128 of benchmarks/bench_memory.py, 511k
-# rows: trace.parquet 0.65 us, perfetto.json 12-13 us, the timeline plot 25 us): only the progress line's ETA reads
-# them, as each file's share of the work
-SECONDS_PER_ROW = {"trace": 1.0e-6, "perfetto": 13e-6, "timeline": 25e-6}
+           "all": "those, the Perfetto trace (--perfetto) and plots/ (the default)"}
+# seconds per row of each file on this machine's 2 shared cores (dense-128 of benchmarks/bench_memory.py, 511k
+# rows: trace.parquet 0.3 us, perfetto.json 6 us an event, .json.gz 9 us, .pftrace 12 us, the timeline plot 7 us a
+# trace row): only the progress line's ETA reads them, as each file's share of the work
+SECONDS_PER_ROW = {"trace": 0.3e-6, "json": 6e-6, "gz": 9e-6, "proto": 12e-6, "timeline": 7e-6}
 WRITING_FORMAT = "{desc}: {percentage:3.0f}% [{elapsed}<{remaining}]"
 
 
@@ -43,13 +44,26 @@ def check_outputs(outputs: str) -> str:
     return outputs
 
 
-def write_run(out_dir: Path, result: RunResult, outputs: str = "all", *, progress: bool = False,
-              check: Callable[[], None] | None = None) -> dict[str, Path]:
+def check_perfetto(outputs: str, perfetto: str | None) -> str:
+    """The Perfetto format a run writes (trace/perfetto.py FORMATS): --perfetto, checked (and what it needs
+    installed); json by default with --outputs all, none with report or trace, where another is an error."""
+    if perfetto is None:
+        return "json" if outputs == "all" else "none"
+    if check_format(perfetto) != "none" and outputs != "all":
+        raise ConfigError("--perfetto", perfetto, f"none with --outputs {outputs} (a Perfetto trace is written with "
+                                                  "--outputs all)")
+    return perfetto
+
+
+def write_run(out_dir: Path, result: RunResult, outputs: str = "all", *, perfetto: str | None = None,
+              detail: str = "auto", progress: bool = False, check: Callable[[], None] | None = None
+              ) -> dict[str, Path]:
     """Write a run's files (either backend), as OUTPUTS[outputs] says: config.yaml (resolved), report.json, where
     the simulator loaded links links.csv, link_kinds.csv (and with all, plots/link_utilization.png); with trace or
-    all the trace; with all perfetto.json and plots/timeline.png. progress: a progress line on stderr while they
-    are written; check: called between files and chunks of rows (a memory guard's check raises to stop)."""
-    works = _works(out_dir, result, check_outputs(outputs))
+    all the trace; with all the Perfetto trace in the format perfetto names (check_perfetto), at detail (tracks.py
+    DETAILS: per rank, or per stage past a size), and plots/timeline.png. progress: a progress line on stderr while
+    they are written; check: called between files and chunks of rows (a memory guard's check raises to stop)."""
+    works = _works(out_dir, result, check_outputs(outputs), check_perfetto(outputs, perfetto), check_detail(detail))
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     with progress_bar(sum(rows * per_row for _, rows, per_row, _ in works), "writing outputs", show=progress,
@@ -65,7 +79,7 @@ def write_run(out_dir: Path, result: RunResult, outputs: str = "all", *, progres
                     check()
 
             paths.update(write(tick))
-            if key != "perfetto":  # perfetto counts its rows as it writes them
+            if key not in ("perfetto", "trace"):  # those count their rows as they write them
                 line.update(rows * per_row)
     return paths
 
@@ -73,20 +87,26 @@ def write_run(out_dir: Path, result: RunResult, outputs: str = "all", *, progres
 Work = tuple[str, int, float, Callable[[Callable[[int], None]], dict[str, Path]]]
 
 
-def _works(out_dir: Path, result: RunResult, outputs: str) -> list[Work]:
-    """The files to write as (name, trace rows it writes, seconds per row, write(on_rows) -> {key: path})."""
+def _works(out_dir: Path, result: RunResult, outputs: str, perfetto: str, detail: str) -> list[Work]:
+    """The files to write as (name, rows it writes, seconds per row, write(on_rows) -> {key: path})."""
     trace, links = result.trace, result.links
     works: list[Work] = [("report", 0, 0.0, lambda _: _write_report(out_dir, result))]
     if links is not None:
         works.append(("links", 0, 0.0, lambda _: _write_links(out_dir, links, result.context, outputs == "all")))
     if outputs in ("trace", "all"):
         works.append(("trace", len(trace), SECONDS_PER_ROW["trace"],
-                      lambda _: _write_trace(out_dir, trace, result.config.trace_format)))
+                      lambda tick: _write_trace(out_dir, trace, result.config.trace_format, tick)))
+    rows = perfetto_row_count(trace)
+    mesh = result.schedule.mesh
+    per_stage = mesh.num_ranks // mesh.pp
+    chosen = choose_detail(detail, rows) if per_stage > 1 else "rank"
+    if perfetto != "none":
+        events = rows // per_stage if chosen == "stage" else rows
+        works.append(("perfetto", events, SECONDS_PER_ROW[perfetto],
+                      lambda tick: _write_perfetto(out_dir, result, perfetto, chosen, per_stage, tick)))
     if outputs == "all":
-        works.append(("perfetto", perfetto_row_count(trace), SECONDS_PER_ROW["perfetto"],
-                      lambda tick: _write_perfetto(out_dir, trace, tick)))
-        works.append(("timeline", first_step_rows(trace), SECONDS_PER_ROW["timeline"],
-                      lambda _: _write_timeline(out_dir, result)))
+        works.append(("timeline", first_step_rows(trace) // (per_stage if chosen == "stage" else 1),
+                      SECONDS_PER_ROW["timeline"], lambda _: _write_timeline(out_dir, result, chosen, per_stage)))
     return works
 
 
@@ -111,23 +131,32 @@ def _write_links(out_dir: Path, links, context: str, plot: bool) -> dict[str, Pa
     return paths
 
 
-def _write_trace(out_dir: Path, trace, fmt: str) -> dict[str, Path]:
+def _write_trace(out_dir: Path, trace, fmt: str, tick: Callable[[int], None]) -> dict[str, Path]:
     with writing(trace_file(out_dir, fmt)):
-        return {"trace": write_trace(trace, out_dir, fmt)}
+        return {"trace": write_trace(trace, out_dir, fmt, on_rows=tick)}
 
 
-def _write_perfetto(out_dir: Path, trace, tick: Callable[[int], None]) -> dict[str, Path]:
-    path = out_dir / "perfetto.json"
+def _write_perfetto(out_dir: Path, result: RunResult, fmt: str, detail: str, per_stage: int,
+                    tick: Callable[[int], None]) -> dict[str, Path]:
+    path = out_dir / FILE_NAMES[fmt]
     with writing(path):
-        write_perfetto(trace, path, on_rows=tick)
+        write_perfetto(result.trace, path, on_rows=tick, fmt=fmt, detail=detail, ranks_per_stage=per_stage,
+                       links=result.links)
     return {"perfetto": path}
 
 
-def _write_timeline(out_dir: Path, result: RunResult) -> dict[str, Path]:
+def _write_timeline(out_dir: Path, result: RunResult, detail: str, per_stage: int) -> dict[str, Path]:
+    """The first step's timeline, a row per rank or (detail stage) per pipeline stage."""
     (out_dir / "plots").mkdir(exist_ok=True)
     path = out_dir / "plots" / "timeline.png"
+    trace = result.trace
     with writing(path):
-        plot_timeline(result.trace, path, f"timeline of step 0: {result.title}", result.context)
+        if detail == "stage":
+            first = trace[trace["step"] == trace["step"].min()]
+            plot_timeline(stage_rows(first, per_stage), path, f"timeline of step 0 by stage: {result.title}",
+                          result.context, track="stage")
+        else:
+            plot_timeline(trace, path, f"timeline of step 0: {result.title}", result.context)
     return {"timeline": path}
 
 

@@ -18,33 +18,34 @@ MAX_TIMELINE_RANKS = 64
 THIN_KINDS = ("send", "recv")
 
 
-def plot_timeline(df: pd.DataFrame, path: Path, what: str = "", context_line: str = "") -> None:
+def plot_timeline(df: pd.DataFrame, path: Path, what: str = "", context_line: str = "", track: str = "rank") -> None:
     """timeline_figure saved to path."""
-    fig = timeline_figure(df, what, context_line)
+    fig = timeline_figure(df, what, context_line, track)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def timeline_figure(df: pd.DataFrame, what: str = "", context_line: str = "") -> plt.Figure:
-    """One row per rank (compute and collectives; p2p as thin bars below), first step only; every task kind in its
-    own colour (analysis/style.py) and in the legend; time in the unit its range reads in (us, ms or s)."""
+def timeline_figure(df: pd.DataFrame, what: str = "", context_line: str = "", track: str = "rank") -> plt.Figure:
+    """One row per rank (compute and collectives; p2p as thin bars below), or per pipeline stage where track is
+    "stage" (df's rows: each task's envelope over the stage's ranks, trace/tracks.py), first step only; every task
+    kind in its own colour (analysis/style.py) and in the legend; time in the unit its range reads in (us, ms or s)."""
     df = df[df["step"] == df["step"].min()]
-    ranks = sorted(df["rank"].unique().tolist())
+    ranks = sorted(df[track].unique().tolist())
     if len(ranks) > MAX_TIMELINE_RANKS:  # show evenly spaced ranks
         ranks = ranks[:: max(1, len(ranks) // MAX_TIMELINE_RANKS)]
     unit, factor = seconds_scale(float(df["end_s"].max()) if len(df) else 0.0)
     fig, ax = plt.subplots(figsize=(14, max(3.0, 0.35 * len(ranks) + 1.5)))
     for y, rank in enumerate(ranks):
-        rows = df[df["rank"] == rank]
+        rows = df[df[track] == rank]
         for kind, group in rows.groupby("kind", observed=True):
             bars = list(zip(group["start_s"] * factor, (group["end_s"] - group["start_s"]) * factor, strict=True))
             thin = kind in THIN_KINDS
             ax.broken_barh(bars, (y + (0.3 if thin else -0.4), 0.1 if thin else 0.7),
                            facecolors=color("kind", kind), label=str(kind))
-    ax.set_yticks(range(len(ranks)), [f"r{r}" for r in ranks])
+    ax.set_yticks(range(len(ranks)), [f"r{r}" if track == "rank" else f"s{r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
-    ax.set_ylabel("rank (step 0; p2p as thin bars)")
+    ax.set_ylabel(f"{'rank' if track == 'rank' else 'stage (its ranks)'} (step 0; p2p as thin bars)")
     title(ax, what or "timeline", context_line)
     labels = timeline_kinds(df)
     legend_outside(ax, [plt.Rectangle((0, 0), 1, 1, color=color("kind", k)) for k in labels], labels)

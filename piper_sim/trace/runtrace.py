@@ -12,6 +12,7 @@ written before the column existed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from piper_sim.workload.mesh import GROUP_AXES
 COLUMNS = ("step", "rank", "task_id", "kind", "stream", "microbatch", "chunk", "layer", "role", "peers",
            "start_s", "end_s", "bytes", "flops", "cpu_s")
 CATEGORICAL = ("task_id", "kind", "stream", "role", "peers")
+ROW_GROUP_ROWS = 131_072  # rows of a Parquet row group (and of a CSV chunk): about 6 MB of this schema in flight
 
 
 AXES = GROUP_AXES
@@ -127,12 +129,31 @@ def trace_file(out_dir: Path, fmt: str = "parquet") -> Path:
     return out_dir / f"trace.{fmt}"
 
 
-def write_trace(df: pd.DataFrame, out_dir: Path, fmt: str = "parquet") -> Path:
+def write_trace(df: pd.DataFrame, out_dir: Path, fmt: str = "parquet", *, row_group_rows: int = ROW_GROUP_ROWS,
+                on_rows: Callable[[int], None] | None = None) -> Path:
+    """Write the trace to trace_file(out_dir, fmt): Parquet in row groups of row_group_rows rows, each converted
+    and written in turn (the whole table is never held twice), or CSV in chunks of as many rows; on_rows(n) after
+    each chunk of n rows."""
     path = trace_file(out_dir, fmt)
+    chunks = range(0, max(len(df), 1), row_group_rows)
     if path.suffix == ".parquet":
-        df.to_parquet(path, index=False)
-    else:
-        df.to_csv(path, index=False)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.Schema.from_pandas(df.iloc[:0], preserve_index=False)
+        with pq.ParquetWriter(path, schema) as writer:
+            for first in chunks:
+                part = df.iloc[first:first + row_group_rows]
+                writer.write_table(pa.Table.from_pandas(part, schema=schema, preserve_index=False),
+                                   row_group_size=row_group_rows)
+                if on_rows is not None:
+                    on_rows(len(part))
+        return path
+    for first in chunks:
+        part = df.iloc[first:first + row_group_rows]
+        part.to_csv(path, index=False, mode="w" if first == 0 else "a", header=first == 0)
+        if on_rows is not None:
+            on_rows(len(part))
     return path
 
 
