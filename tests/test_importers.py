@@ -151,8 +151,8 @@ def test_flags_not_translated_are_listed_in_the_yaml_and_none_is_dropped():
 
 
 @pytest.mark.parametrize("extra, flag, check", [
-    # CP 2 folded: DP = world / (TP x PP) = 8 where Megatron counts world / (TP x PP x CP) = 4
-    ("--context-parallel-size 2", "--context-parallel-size", lambda c: c.parallel.data_parallel == 8),
+    # CP 2 over Ulysses' all-to-all: priced as the K/V ring (CP 2 kept, DP = world / (TP x PP x CP) = 4)
+    ("--context-parallel-size 2 --cp-comm-type a2a", "--cp-comm-type", lambda c: c.parallel.cp == 2),
     ("--use-torch-fsdp2", "--use-torch-fsdp2", lambda c: c.zero == 2),
     ("--fp8-format hybrid --fp8-recipe mxfp8", "--fp8-recipe", lambda c: c.model.fp8_recipe == "current"),
     ("--fp4-format e2m1", "--fp4-format", lambda c: c.model.fp8_recipe == "current"),

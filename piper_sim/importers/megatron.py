@@ -4,7 +4,7 @@ a piper-sim config (docs/importing.md).
 Owns the translation of the launch line's parallel, batch, recompute, optimizer, dispatcher and attention flags,
 as Megatron-LM reads them (megatron/training/arguments.py, TransformerConfig); the model's flags are
 megatron_model.py's. The plan is written in Megatron's own counting (`parallel.convention: megatron`). What piper-sim
-cannot express (context parallelism, FSDP, fp4 and block-scaled fp8, an uneven pipeline split, recompute modules
+cannot express (context parallelism other than the p2p ring, FSDP, fp4 and block-scaled fp8, an uneven pipeline split, recompute modules
 other than core_attn, layernorm and moe_act, the allgather dispatcher) is refused naming the flag, or approximated
 under --lenient and said. No I/O.
 """
@@ -34,6 +34,7 @@ FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current"}  # --fp8-recipe ->
 FLAG_OF_KEY = {"parallel.tp": "--tensor-model-parallel-size", "parallel.pp": "--pipeline-model-parallel-size",
                "parallel.ep": "--expert-model-parallel-size", "parallel.etp": "--expert-tensor-parallel-size",
                "parallel.dp": "--world-size", "parallel.sp": "--sequence-parallel",
+               "parallel.cp": "--context-parallel-size",
                "parallel.vpp": "--num-layers-per-virtual-pipeline-stage", "parallel.num_microbatches":
                "--global-batch-size", "parallel.micro_batch_size": "--micro-batch-size", "model.num_layers":
                "--num-layers", "model.d_model": "--hidden-size", "model.num_heads": "--num-attention-heads",
@@ -97,22 +98,32 @@ def _parallel(flags: Source, t: Translation, layers: int, world: int, tp: int) -
     if world % (tp * pp * cp):
         raise ConfigError("--world-size", world, f"a multiple of TP x PP x CP ({tp} x {pp} x {cp}), as Megatron "
                                                  "requires")
-    dp = world // (tp * pp)
+    dp = world // (tp * pp * cp)
     if cp > 1:
-        t.refuse(flags.key("context-parallel-size"), cp, "1: piper-sim has no context parallelism", "folds the CP "
-                 "ranks into data parallelism (the same tokens and FLOPs per GPU, without CP's K/V exchange, with CP "
-                 "times the activations of a micro-batch)")
+        _cp_comm_type(flags, t)
     mbs = flags.integer("micro-batch-size", 1, limit=int_limit("parallel.micro_batch_size"))
-    gbs = flags.integer("global-batch-size", mbs * dp // cp)
+    gbs = flags.integer("global-batch-size", mbs * dp)
     if gbs % (mbs * dp):
-        folded = f", CP {cp} folded in" if cp > 1 else ""
         raise ConfigError(flags.key("global-batch-size"), gbs, f"a multiple of --micro-batch-size x the data-parallel "
-                                                               f"size ({mbs} x {dp}: world / (TP x PP){folded})")
-    return {"convention": "megatron", "tp": tp, "pp": pp, "dp": dp,
+                                                               f"size ({mbs} x {dp}: world / (TP x PP x CP))")
+    return {"convention": "megatron", "tp": tp, "pp": pp, "dp": dp, **({"cp": cp} if cp > 1 else {}),
             "ep": flags.integer("expert-model-parallel-size", 1, limit=GPUS_LIMIT),
             "etp": flags.integer("expert-tensor-parallel-size", tp, limit=GPUS_LIMIT),
             "sp": flags.switch("sequence-parallel"), "vpp": _vpp(flags, t, layers, pp),
             "num_microbatches": gbs // (mbs * dp), "micro_batch_size": mbs}
+
+
+def _cp_comm_type(flags: Source, t: Translation) -> None:
+    """--cp-comm-type (Megatron-core's default p2p: the K/V ring, docs/context-parallel.md); all_gather moves the same
+    bytes in one collective before the core, priced as the ring; a2a (Ulysses) and its hierarchies are beyond
+    piper-sim."""
+    kind = flags.text("cp-comm-type", "p2p")
+    if kind == "all_gather":
+        t.note("--cp-comm-type all_gather: priced as the p2p ring (the same K/V bytes; the ring overlaps them with "
+               "the core step by step)")
+    elif kind != "p2p":
+        t.refuse(flags.key("cp-comm-type"), kind, "p2p or all_gather: piper-sim models the K/V ring", "prices the "
+                 "p2p ring (each rank's K/V passed around the CP group) in place of the all-to-all")
 
 
 def _vpp(flags: Source, t: Translation, layers: int, pp: int) -> int:

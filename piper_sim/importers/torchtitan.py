@@ -106,19 +106,22 @@ def _fp8(keys: Source, t: Translation, moe: bool) -> dict:
 
 
 def _parallel(keys: Source, t: Translation, world: int | None) -> tuple[dict, int, int]:
-    """Degrees in Megatron's counting (DP = world / (TP x PP)), the ZeRO stage and the CP degree: DDP replicas
+    """Degrees in Megatron's counting (DP = world / (TP x CP x PP)), the ZeRO stage and the CP degree: DDP replicas
     shard nothing, FSDP (data_parallel_shard_degree or context parallelism > 1) shards the parameters, beyond
-    piper-sim."""
+    piper-sim. Context parallelism runs as piper-sim's K/V ring (docs/context-parallel.md)."""
     degree = {k: keys.integer(f"{P}{k}_degree", 1, limit=GPUS_LIMIT) for k in
               ("data_parallel_replicate", "tensor_parallel", "pipeline_parallel", "context_parallel",
                "expert_parallel", "expert_tensor_parallel")}
     rep, tp, pp, cp = (degree[k] for k in ("data_parallel_replicate", "tensor_parallel", "pipeline_parallel",
                                            "context_parallel"))
     shard = _shard_degree(keys, world, rep * tp * pp * cp)
-    if cp > 1:
-        t.refuse(f"{P}context_parallel_degree", cp, "1: piper-sim has no context parallelism", "folds the CP ranks "
-                 "into data parallelism (the same tokens and FLOPs per GPU, without CP's K/V exchange, with CP times "
-                 "the activations of a micro-batch)")
+    rotate = keys.text(f"{P}context_parallel_rotate_method", "allgather") if cp > 1 else ""
+    if rotate == "allgather":
+        t.note("context_parallel_rotate_method allgather: priced as the K/V ring (the same bytes; torch's all-gather "
+               "variant gathers them before each attention core)")
+    elif rotate:
+        t.refuse(f"{P}context_parallel_rotate_method", rotate, "allgather: piper-sim models the K/V ring",
+                 "prices the K/V ring in place of the all-to-all rotation")
     zero = 0
     if shard * cp > 1:
         t.refuse(f"{P}data_parallel_shard_degree", shard, "1 (DDP over data_parallel_replicate_degree): FSDP shards "
@@ -128,7 +131,8 @@ def _parallel(keys: Source, t: Translation, world: int | None) -> tuple[dict, in
         zero = 2
     if tp > 1:
         t.note("parallel.sp true: torchtitan's tensor-parallel plans shard the norms' activations by sequence")
-    return {"convention": "megatron", "tp": tp, "pp": pp, "dp": rep * shard * cp, "ep": degree["expert_parallel"],
+    return {"convention": "megatron", "tp": tp, "pp": pp, "dp": rep * shard, **({"cp": cp} if cp > 1 else {}),
+            "ep": degree["expert_parallel"],
             "etp": degree["expert_tensor_parallel"], "sp": tp > 1}, zero, cp
 
 
@@ -150,21 +154,18 @@ def _shard_degree(keys: Source, world: int | None, others: int) -> int:
 
 
 def _batches(keys: Source, t: Translation, parallel: dict, cp: int) -> dict:
-    """micro_batch_size and num_microbatches: a data-parallel rank's local_batch_size (shared by its CP group,
-    whose ranks are folded into data parallelism) per accumulation step, as one micro-batch without PP or
+    """micro_batch_size and num_microbatches: a data-parallel rank's local_batch_size (shared by its CP group, each
+    rank holding its chunks of every sequence) per accumulation step, as one micro-batch without PP or
     local_batch_size / pipeline_parallel_microbatch_size micro-batches under PP; global_batch_size / (local x
     torchtitan's data-parallel degree) accumulation steps."""
     local = keys.integer("training.local_batch_size", 8, limit=int_limit("parallel.micro_batch_size"))
-    dp = parallel["dp"] // cp  # torchtitan's batch degree: dp_replicate x dp_shard
+    dp = parallel["dp"]  # torchtitan's batch degree: dp_replicate x dp_shard
     total = keys.integer("training.global_batch_size", -1, low=-1)
     total = local * dp if total == -1 else total
     if total <= 0 or total % (local * dp):
         raise ConfigError("training.global_batch_size", total, f"-1 or a multiple of local_batch_size x the "
                                                                f"data-parallel degree ({local} x {dp})")
-    if local % cp:
-        raise ConfigError("training.local_batch_size", local, f"a multiple of context_parallel_degree ({cp}) when "
-                                                              "its ranks are folded into data parallelism")
-    accumulation, local = total // (local * dp), local // cp
+    accumulation = total // (local * dp)
     if parallel["pp"] == 1:
         return {"micro_batch_size": local, "num_microbatches": accumulation}
     mbs = keys.integer(f"{P}pipeline_parallel_microbatch_size", 1)
