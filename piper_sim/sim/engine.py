@@ -243,7 +243,8 @@ class Simulation(LaneCollectives):
                     running = None
                 # a collective after transfers: each group joins when its members' have landed (_after_landing)
                 after_landing = (plan.streams[i] == 2 and bool(plan.async_deps[i]) and not self.shared_host
-                                 and not self.host.charges_wakeups)
+                                 and not self.host.charges_wakeups
+                                 and all(plan.streams[d] == 1 for d in plan.async_deps[i]))  # p2p only (not a ring)
                 for d in () if after_landing else plan.async_deps[i]:
                     ev = self._async_done[(lane_id, step, d)]
                     if not ev.triggered:  # blocked on a transfer: woken when it ends
