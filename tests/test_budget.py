@@ -76,7 +76,7 @@ def test_a_trace_budget_gives_every_instant_of_the_rank_to_one_term():
     budget = trace_budget(df)
     assert budget["rank"] == 0 and budget["step_s"] == 8.0
     expected = {"compute": 2.0, "ep_comm": 1.0, "pp_comm": 1.0, "idle": 1.0, "recomputation": 1.0,
-                "dp_comm": 1.5, "optimizer": 0.5, "tp_comm": 0.0}
+                "dp_comm": 1.5, "optimizer": 0.5, "tp_comm": 0.0, "cp_comm": 0.0}
     assert {k: budget[k] for k in BUDGET_TERMS} == pytest.approx(expected)
 
 
