@@ -41,6 +41,9 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     if cfg.zero == 3:
         raise ConfigError("optimizer.zero", 3, "0, 1 or 2 for real runs (the torch backend gathers no parameters; "
                                                "simulate and plan price ZeRO-3)")
+    if cfg.parallel.cp > 1:  # its schedule's K/V ring tasks have no executor yet (docs/context-parallel.md)
+        raise ConfigError("parallel.cp", cfg.parallel.cp, "1 for real runs (the torch backend runs no ring "
+                                                          "attention; simulate and plan price context parallelism)")
     if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator
         raise ConfigError("model.dropout", cfg.model.dropout, "0 for real runs (the torch backend runs no dropout)")
     if cfg.recompute_checkpoint_layers is not None:  # its recompute tasks re-run whole chunks from their input
