@@ -15,7 +15,7 @@ from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import config_path
 from piper_sim.profile_choice import DEFAULT_PROFILE, choose_profile
 from piper_sim.workload.context_parallel import check_context_parallel
-from piper_sim.workload.fsdp import resolve_reshard
+from piper_sim.workload.fsdp import check_hsdp, resolve_reshard
 from piper_sim.workload.model import FP8_RECIPES, SET_BY_CONFIG, ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
 from piper_sim.workload.precision import PRECISIONS
@@ -50,7 +50,7 @@ SECTION_KEYS = {
     "sim": {"steps", "seed", "trace_format", "collapse"},
     "optimizer": {"zero", "reshard_after_forward"},
     "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
-                 "convention", "cp"},
+                 "convention", "cp", "dp_shard"},
 }
 # sections that are not a mapping of known keys: the types they may take
 SECTION_TYPES = {
@@ -212,6 +212,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
                             allow_mismatch=full["cost"].get("allow_device_mismatch", False), devices=devices)
     full["cost"]["profile"] = choice.profile
     recompute, recompute_layers, zero = _plan_features(full, parallel)
+    check_hsdp(parallel.dp_replicate, zero)
     return Config(
         model=model, parallel=parallel, recompute=recompute, recompute_layers=recompute_layers, zero=zero,
         reshard_after_forward=resolve_reshard(full["optimizer"].get("reshard_after_forward"), zero=zero,

@@ -57,7 +57,8 @@ def import_torchtitan(path: Path, *, world_size: int | None = None, model: str |
     parallel.update(_batches(keys, t, parallel, cp))
     schedule, parallel["vpp"] = _schedule(keys, t, parallel["pp"], layers)
     config = {"model": section, "parallel": parallel, "schedule": schedule,
-              **_recompute(keys, t, layers // (parallel["pp"] * parallel["vpp"])), "optimizer": {"zero": zero},
+              **_recompute(keys, t, layers // (parallel["pp"] * parallel["vpp"])),
+              "optimizer": {"zero": zero, **_reshard(keys, zero)},
               "collectives": {"all_to_all": "deepep" if keys.text(f"{P}expert_parallel_comm_backend", "standard",
                                                                   ("standard", "deepep")) == "deepep" else "flat"},
               "cost": _fp8(keys, t, spec.num_experts > 1)}
@@ -107,8 +108,10 @@ def _fp8(keys: Source, t: Translation, moe: bool) -> dict:
 
 def _parallel(keys: Source, t: Translation, world: int | None) -> tuple[dict, int, int]:
     """Degrees in Megatron's counting (DP = world / (TP x CP x PP)), the ZeRO stage and the CP degree: DDP replicas
-    shard nothing, FSDP (data_parallel_shard_degree or context parallelism > 1) shards the parameters, beyond
-    piper-sim. Context parallelism runs as piper-sim's K/V ring (docs/context-parallel.md)."""
+    shard nothing, FSDP (data_parallel_shard_degree or context parallelism > 1) is ZeRO-3 over its dp_shard x cp
+    ranks (torchtitan's fsdp mesh), and with data_parallel_replicate_degree > 1 too HSDP (parallel.dp_shard; the
+    replicate degree is what it leaves; docs/sharding.md). Context parallelism runs as piper-sim's K/V ring
+    (docs/context-parallel.md)."""
     degree = {k: keys.integer(f"{P}{k}_degree", 1, limit=GPUS_LIMIT) for k in
               ("data_parallel_replicate", "tensor_parallel", "pipeline_parallel", "context_parallel",
                "expert_parallel", "expert_tensor_parallel")}
@@ -122,18 +125,23 @@ def _parallel(keys: Source, t: Translation, world: int | None) -> tuple[dict, in
     elif rotate:
         t.refuse(f"{P}context_parallel_rotate_method", rotate, "allgather: piper-sim models the K/V ring",
                  "prices the K/V ring in place of the all-to-all rotation")
-    zero = 0
-    if shard * cp > 1:
-        t.refuse(f"{P}data_parallel_shard_degree", shard, "1 (DDP over data_parallel_replicate_degree): FSDP shards "
-                 "the parameters, which piper-sim does not (optimizer.zero 0, 1 or 2)", "takes ZeRO-2 (gradients and "
-                 "optimizer state sharded; the parameters whole on every rank, so more memory and no parameter "
-                 "all-gathers)")
-        zero = 2
+    zero = 3 if shard * cp > 1 else 0
+    hsdp = {"dp_shard": shard * cp} if zero == 3 and rep > 1 else {}
     if tp > 1:
         t.note("parallel.sp true: torchtitan's tensor-parallel plans shard the norms' activations by sequence")
     return {"convention": "megatron", "tp": tp, "pp": pp, "dp": rep * shard, **({"cp": cp} if cp > 1 else {}),
             "ep": degree["expert_parallel"],
-            "etp": degree["expert_tensor_parallel"], "sp": tp > 1}, zero, cp
+            "etp": degree["expert_tensor_parallel"], "sp": tp > 1, **hsdp}, zero, cp
+
+
+RESHARD = {"default": "default", "always": True, "never": False}  # torchtitan/distributed/fsdp.py's policies
+
+
+def _reshard(keys: Source, zero: int) -> dict:
+    """optimizer.reshard_after_forward from fsdp_reshard_after_forward (torchtitan's "default": true without PP,
+    false with it; get_fsdp_reshard_after_forward_policy), under FSDP only."""
+    policy = keys.text(f"{P}fsdp_reshard_after_forward", "default", tuple(RESHARD))
+    return {"reshard_after_forward": RESHARD[policy]} if zero == 3 else {}
 
 
 def _shard_degree(keys: Source, world: int | None, others: int) -> int:

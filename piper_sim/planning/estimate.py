@@ -28,7 +28,7 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
-from piper_sim.planning.fsdp_estimate import gather_shares
+from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.context_parallel import ring_overlap_s
 from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
@@ -259,12 +259,12 @@ class Estimator:
                 if len(gpus) > 1 and point.zero == 3:  # the step waits for its last unit's reduce-scatter
                     unit = unit_params(self.model, layers[chunks[0]], first=ends["first"], last=False, ep=point.ep,
                                        split=point.parallel.split)
-                    grad += self._sharded_s(REDUCE_SCATTER, next(iter(unit.values()))[kind] * self.model.dtype_bytes,
-                                            gpus)
+                    grad += unit_reduce_s(self, next(iter(unit.values()))[kind] * self.model.dtype_bytes, gpus,
+                                          point.parallel.dp_replicate)
                 elif len(gpus) > 1:
                     grad += self._reduce_group_s(params[kind], gpus, point.zero)
             shards = param_shards(zero=point.zero, data_parallel=point.parallel.data_parallel, dp=point.dp,
-                                  stage_size=per_stage)
+                                  stage_size=per_stage, replicate=point.parallel.dp_replicate)
             updated = sum(params[kind] / shards[kind] for kind in PARAM_CLASSES)
             tensors = rank_param_tensors(self.model, held, **ends)
             fp8_params = fp8_weight_params(self.model, params, held, first=ends["first"], last=ends["last"],
@@ -295,7 +295,8 @@ class Estimator:
         not hide (workload.fsdp.exposed_gather_s; all-to-alls count as compute: they block the compute stream)."""
         stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
         coster = self.coster(point.parallel.tokens_per_microbatch(self.model.seq_len), point.parallel.split)
-        first, last, groups = stages.is_first(v), stages.is_last(v), self._replica_groups(point, p)
+        first, last = stages.is_first(v), stages.is_last(v)
+        groups = shard_groups(self._replica_groups(point, p), point.parallel.dp_replicate)[0]  # HSDP: within a shard
         forward, backward, gathers = [], [], []
         units = unit_params(self.model, layers[v], first=first, last=last, ep=point.ep, split=point.parallel.split)
         for unit, params in units.items():
@@ -452,7 +453,7 @@ def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:
     point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, cp=par.cp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
                       num_microbatches=par.num_microbatches, schedule=cfg.schedule, all_to_all=cfg.all_to_all,
                       recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp,
-                      reshard_after_forward=cfg.reshard_after_forward)
+                      reshard_after_forward=cfg.reshard_after_forward, dp_shard=par.dp_shard)
     topo = load_topology(cfg.topology, n)
     estimator = Estimator(cfg.model, topo, place(topo, n, cfg.placement), load_profile(cfg.cost_profile),
                           collectives_all_reduce=cfg.all_reduce, flash_attention=cfg.flash_attention,

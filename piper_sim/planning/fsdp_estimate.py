@@ -3,13 +3,15 @@
 Owns gather_shares (the share of a chunk's forwards and backwards that find its units sharded, from the schedule
 generator's own program and schedule/fsdp.py's gathering_passes, so the estimator and the lowering agree) and
 shard_groups (the GPUs a class of parameters is gathered and reduce-scattered over, and those its shard is all-reduced
-over under HSDP). The estimator (estimate.py) prices the collectives. Pure: no simpy, torch.
+over under HSDP; unit_reduce_s prices a unit's reduction with them). Pure: no simpy, torch.
 """
 
 from __future__ import annotations
 
 import functools
 
+from piper_sim.collectives.algorithms import ALL_REDUCE
+from piper_sim.collectives.sharded import REDUCE_SCATTER
 from piper_sim.schedule.fsdp import gathering_passes
 from piper_sim.schedule.registry import SCHEDULES
 
@@ -29,6 +31,16 @@ def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: in
         if task.chunk == chunk and task.task_id in gathering and task.kind in counts:
             counts[task.kind] += 1
     return counts["forward"] / microbatches, counts["backward"] / microbatches
+
+
+def unit_reduce_s(estimator, size_bytes: float, gpus: list[str], replicate: int) -> float:
+    """One unit's gradients of one class reduced over its replica group `gpus` (Estimator._replica_groups): a
+    reduce-scatter within the shard group and, under HSDP, an all-reduce of the shard across the replicas."""
+    shard, across = shard_groups({"c": gpus}, replicate)
+    total = estimator._sharded_s(REDUCE_SCATTER, size_bytes, shard["c"]) if len(shard["c"]) > 1 else 0.0
+    if len(across["c"]) > 1:
+        total += estimator._sharded_s(ALL_REDUCE, size_bytes / len(shard["c"]), across["c"])
+    return total
 
 
 def shard_groups(groups: dict[str, list[str]], replicate: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:

@@ -23,6 +23,7 @@ from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.config import RECOMPUTE_MODES, TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, ZERO_STAGES
 from piper_sim.errors import ConfigError
 from piper_sim.planning.context_parallel import cp_degrees
+from piper_sim.workload.fsdp import hsdp_replicate
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, tensor_split_widths
 from piper_sim.workload.precision import PRECISIONS
@@ -48,6 +49,7 @@ class PlanPoint:
     etp: int = 1
     sp: bool = False
     reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (workload/fsdp.py)
+    dp_shard: int = 0  # ZeRO-3 under HSDP: the ranks a shard spans (0: every data-parallel replica)
     cp: int = 1  # context parallelism (docs/context-parallel.md)
 
     @property
@@ -57,7 +59,8 @@ class PlanPoint:
     @property
     def parallel(self) -> ParallelSpec:
         return ParallelSpec(pp=self.pp, ep=self.ep, dp=self.dp, tp=self.tp, etp=self.etp, sp=self.sp, vpp=self.vpp,
-                            num_microbatches=self.num_microbatches, micro_batch_size=self.micro_batch_size, cp=self.cp)
+                            num_microbatches=self.num_microbatches, micro_batch_size=self.micro_batch_size, cp=self.cp,
+                            dp_shard=self.dp_shard)
 
     def label(self) -> str:
         """Every knob that differs from its default: two points of one space never share a label."""
@@ -70,12 +73,14 @@ class PlanPoint:
 
     def sharding_label(self) -> str:
         """The label's ZeRO part: " z3", with " no-reshard" where ZeRO-3 keeps the units gathered after the forward."""
-        return (f" z{self.zero}" if self.zero else "") + ("" if self.reshard_after_forward else " no-reshard")
+        return ((f" z{self.zero}" if self.zero else "") + ("" if self.reshard_after_forward else " no-reshard")
+                + (f" hsdp{self.dp_shard}" if self.dp_shard else ""))
 
     def config_sections(self) -> dict:
         """The config sections this point sets (merged over the base config)."""
         return {"parallel": {"pp": self.pp, "ep": self.ep, "dp": self.dp, "tp": self.tp, "etp": self.etp,
                              "sp": self.sp, "vpp": self.vpp, **({"cp": self.cp} if self.cp > 1 else {}),
+                             **({"dp_shard": self.dp_shard} if self.dp_shard else {}),
                              "num_microbatches": self.num_microbatches, "micro_batch_size": self.micro_batch_size},
                 "schedule": self.schedule, "collectives": {"all_to_all": self.all_to_all},
                 "recompute": self.recompute, "optimizer": {"zero": self.zero, **(
@@ -89,6 +94,7 @@ KNOB_NAMES = tuple(f.name for f in fields(PlanPoint))
 # --fix keys as users write them (config keys) -> knob
 FIX_KEYS = {"parallel.pp": "pp", "parallel.ep": "ep", "parallel.dp": "dp", "parallel.vpp": "vpp",
             "parallel.tp": "tp", "parallel.etp": "etp", "parallel.sp": "sp", "parallel.cp": "cp",
+            "parallel.dp_shard": "dp_shard",
             "parallel.micro_batch_size": "micro_batch_size", "parallel.num_microbatches": "num_microbatches",
             "schedule": "schedule", "collectives.all_to_all": "all_to_all", "recompute": "recompute",
             "optimizer.zero": "zero", "optimizer.reshard_after_forward": "reshard_after_forward"}
@@ -221,6 +227,27 @@ def _zeros(zeros: tuple[int, ...], schedule: str, replicated: bool) -> tuple[int
                  and not (z == 3 and schedule not in ZERO3_SCHEDULES))
 
 
+def _fsdp_options(zero: int, allowed, fixed: dict, stage: int, tp: int, dp: int, node_gpus: int
+                  ) -> list[tuple[bool, int]]:
+    """ZeRO-3's (reshard_after_forward, dp_shard) pairs a plan may take: both reshard settings; shards over every
+    replica (0) and, where a stage spans several nodes, HSDP with one node's replicas per shard (torchtitan's
+    dp_shard within a node, dp_replicate across) or the --fix parallel.dp_shard values. Other stages: (True, 0)."""
+    if zero != 3:
+        return [(r, s) for r in allowed("reshard_after_forward", (True,)) for s in allowed("dp_shard", (0,))]
+    replicas, shards = stage // tp, {0}
+    if stage > node_gpus and stage % node_gpus == 0:
+        shards.add(replicas // (stage // node_gpus))
+    valid = []
+    for shard in sorted(shards | set(fixed.get("dp_shard", ()))):
+        try:
+            replicate = hsdp_replicate(shard, data_parallel=replicas, dp=dp)
+        except ConfigError:
+            continue
+        valid.append(0 if replicate == 1 else shard)
+    return [(r, s) for r in allowed("reshard_after_forward", (True, False))
+            for s in allowed("dp_shard", sorted(set(valid)))]
+
+
 def _splits(model: ModelSpec, tp: int) -> bool:
     return all(width % tp == 0 for _, width in tensor_split_widths(model))
 
@@ -255,12 +282,11 @@ def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: i
                         for a2a in _all_to_alls(list(fixed.get("all_to_all", all_to_alls)), ep * etp, node_gpus):
                             for recompute in allowed("recompute", recomputes):
                                 for zero in allowed("zero", _zeros(zeros, schedule, stage // tp > 1 or dp > 1)):
-                                    for reshard in allowed("reshard_after_forward", (True, False) if zero == 3
-                                                           else (True,)):
+                                    for reshard, shard in _fsdp_options(zero, allowed, fixed, stage, tp, dp, node_gpus):
                                         out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
                                                              num_microbatches=m, schedule=schedule, all_to_all=a2a,
                                                              recompute=recompute, zero=zero, tp=tp, etp=etp, sp=sp,
-                                                             reshard_after_forward=reshard))
+                                                             reshard_after_forward=reshard, dp_shard=shard))
     return out
 
 

@@ -21,6 +21,7 @@ from piper_sim.schedule.ir import Task
 from piper_sim.workload.fsdp import unit_of_op
 
 # (unit, deps) -> the unit's collectives of one kind, one per class of parameters it gathers or reduces
+CLASS_AXES = {"dense": "ep_dp", "expert": "dp", "replicated": "stage"}  # the group a class's replicas form (mesh.py)
 Collectives = Callable[[int, tuple[str, ...]], list[Task]]
 
 
@@ -41,6 +42,18 @@ def gathering_passes(program: tuple[Task, ...], *, reshard_after_forward: bool) 
         else:
             gathered.discard(task.chunk)
     return frozenset(out)
+
+
+def shard_axes(mesh, cls: str) -> tuple[str, str]:
+    """(the axis a unit's parameters of class cls are gathered and its gradients reduce-scattered over, "" when a
+    shard is one rank; the axis its reduced shard is then all-reduced over, "" without HSDP). Under HSDP
+    (mesh.replicate > 1) FSDP2 reduce-scatters within the shard group and all-reduces the shard across the replicas
+    (torch.distributed.fsdp.fully_shard with a 2-D mesh)."""
+    axis = CLASS_AXES[cls]
+    if mesh is None or mesh.replicate == 1:
+        return axis, ""
+    replicas = {"ep_dp": mesh.data_parallel, "dp": mesh.dp, "stage": mesh.stage_size}[axis]
+    return (f"{axis}_shard" if replicas // mesh.replicate > 1 else ""), "replicate"
 
 
 def unit_runs(segments: list, layers: tuple[int, ...], *, backward: bool = False) -> list[tuple[int, list]]:

@@ -64,7 +64,8 @@ def schedule_to_json(schedule: Schedule, *, indent: int | None = None) -> str:
     return json.dumps({
         "format": FORMAT, "version": VERSION, "name": schedule.name,
         "mesh": {"pp": mesh.pp, "dp": mesh.dp, "ep": mesh.ep, "tp": mesh.tp, "etp": mesh.etp,
-                 **({"cp": mesh.cp} if mesh.cp > 1 else {})},
+                 **({"cp": mesh.cp} if mesh.cp > 1 else {}), **({"replicate": mesh.replicate} if mesh.replicate > 1
+                                                                 else {})},
         "vpp": schedule.vpp, "num_microbatches": schedule.num_microbatches, "lowered": schedule.lowered,
         **layout, "stage_layers": [list(layers) for layers in schedule.stage_layers],
         "stage_programs": [[task_to_dict(t) for t in program] for program in schedule.stage_programs],

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from piper_sim.schedule.fsdp import gathering_passes, unit_runs, with_gathers
+from piper_sim.schedule.fsdp import gathering_passes, shard_axes, unit_runs, with_gathers
 from piper_sim.schedule.context_parallel import ring_tasks
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.fsdp import unit_classes
+from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
@@ -129,6 +130,7 @@ class LoweringContext:
     recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES  # selective: what it re-runs (workload/recompute.py)
     zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
     reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (schedule/fsdp.py: gathering_passes)
+    mesh: Mesh | None = None  # ZeRO-3 under HSDP: its shard and replicate groups (schedule/fsdp.py: shard_axes)
     gathering: frozenset[str] | None = None  # ZeRO-3: the stage's coarse passes that gather (None: every one)
     layout: Layout = Layout.INTERLEAVED
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per virtual stage
@@ -187,7 +189,7 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
         reduce_expert_axis="dp" if mesh.dp > 1 else "", reduce_replicated_axis="stage" if mesh.tp > 1 else "",
         split=TensorSplit(tp=mesh.tp, sp=sp, etp=mesh.etp, cp=mesh.cp), migration=migration and mesh.ep > 1,
         recompute=recompute, recomputed=recomputed, zero=zero, layout=coarse.layout,
-        recompute_modules=tuple(recompute_modules), reshard_after_forward=reshard_after_forward,
+        recompute_modules=tuple(recompute_modules), reshard_after_forward=reshard_after_forward, mesh=mesh,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
     return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
@@ -340,9 +342,19 @@ def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, redu
     def collectives(unit: int, deps: tuple[str, ...]) -> list[Task]:
         held = unit_classes(ctx.model, unit, last=ctx.stages.is_last(v) and unit == (layers[-1:] or (unit,))[0],
                             tp=ctx.split.tp)
-        return [Task(task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}", kind=kind, role=f"{what}_{cls}", chunk=c,
-                     microbatch=m, layer=unit, group_axis=axis, deps=deps, nonblocking=True)
-                for cls, axis in _reduction_axes(ctx) if cls in held]
+        tasks: list[Task] = []
+        for cls, _ in _reduction_axes(ctx):
+            shard, across = shard_axes(ctx.mesh, cls)
+            if cls not in held:
+                continue
+            if shard:
+                tasks.append(Task(task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}", kind=kind, role=f"{what}_{cls}",
+                                  chunk=c, microbatch=m, layer=unit, group_axis=shard, deps=deps, nonblocking=True))
+            if reduce and across:  # HSDP: the reduced shard summed over its replicas
+                tasks.append(Task(task_id=f"allreduce:grad_{cls}:c{c}:m{m}:u{unit}", kind="all_reduce",
+                                  role=f"grad_{cls}", chunk=c, microbatch=m, layer=unit, group_axis=across,
+                                  deps=(tasks[-1].task_id,) if shard else deps, nonblocking=True))
+        return tasks
     return collectives
 
 
@@ -414,7 +426,8 @@ def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
     axes = _reduction_axes(ctx)
     if ctx.zero == 3:  # each unit's gradients were reduce-scattered after its backward: the step waits for them
         tasks.append(Task(task_id="optimizer", kind="optimizer", deps=(last, *(
-            t.task_id for t in program if t.kind == "reduce_scatter" and t.nonblocking and t.role != "cp"))))
+            t.task_id for t in program if t.kind in ("reduce_scatter", "all_reduce") and t.nonblocking
+            and t.role != "cp"))))
         return tasks  # the parameters stay sharded until the next step gathers them
     for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
         if ctx.zero:

@@ -16,6 +16,7 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, bind_fanout, matrix_phase
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.routing.models import RoutingModel
+from piper_sim.schedule.fsdp import shard_axes
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective import CollectiveRunner
 from piper_sim.sim.experts import ExpertState
@@ -122,8 +123,11 @@ class CollectiveTasks:
             kind = task.role.partition("_")[2]
             held = {"dense": plan.params_dense, "expert": plan.params_expert, "replicated": plan.params_replicated}
             held["mirror"] = sum(held.values())  # DualPipe: every gradient the rank holds, with its counterpart's
-            if task.nonblocking:  # ZeRO-3: one unit's (workload/fsdp.py)
+            if task.nonblocking:  # ZeRO-3: one unit's (workload/fsdp.py); HSDP's all-reduce its shard's
                 size = self.model.dtype_bytes * plan.unit_params[(task.chunk, task.layer)][kind]
+                if task.kind == "all_reduce":
+                    shard, _ = shard_axes(self.mesh, kind)
+                    size /= len(self.mesh.group(group[0], shard)) if shard else 1
             else:
                 size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0
                                                  else held[kind])

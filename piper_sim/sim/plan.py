@@ -131,7 +131,7 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
                                   flash_attention=flash_attention, split=split)
         for c, v in enumerate(chunks))
     shards = param_shards(zero=zero, data_parallel=parallel.data_parallel, dp=parallel.dp,
-                          stage_size=parallel.num_gpus // parallel.pp)
+                          stage_size=parallel.num_gpus // parallel.pp, replicate=parallel.dp_replicate)
     if zero == 3:  # the gathered units: two units' parameters and two units' gradients at most (workload/fsdp.py)
         transient += gathered_window_bytes([held for v in chunks for held in unit_params(
             model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,

@@ -38,6 +38,30 @@ def resolve_reshard(value: object, *, zero: int, pp: int) -> bool:
     return pp == 1 if value == "default" else bool(value)
 
 
+def hsdp_replicate(dp_shard: object, *, data_parallel: int, dp: int) -> int:
+    """parallel.dp_shard, checked: the ranks a ZeRO-3 shard of the dense layers spans (torchtitan's
+    data_parallel_shard_degree; 0, the default: every data-parallel replica, no HSDP), and the replicas of each shard
+    it leaves (torchtitan's data_parallel_replicate_degree), which must divide parallel.dp (the outermost index of a
+    stage: every class of parameters is split into the same replicate blocks)."""
+    if isinstance(dp_shard, bool) or not isinstance(dp_shard, int) or dp_shard < 0:
+        raise ConfigError("parallel.dp_shard", dp_shard, "a non-negative integer (0: every data-parallel replica)")
+    if dp_shard in (0, data_parallel):
+        return 1
+    allowed = sorted({data_parallel // r for r in range(1, dp + 1) if dp % r == 0})
+    if data_parallel % dp_shard or dp % (data_parallel // dp_shard):
+        raise ConfigError("parallel.dp_shard", dp_shard, f"one of {', '.join(map(str, allowed))} (the "
+                          f"{data_parallel} data-parallel replicas over a number of replicate blocks that divides "
+                          f"parallel.dp, {dp}), or 0")
+    return data_parallel // dp_shard
+
+
+def check_hsdp(replicate: int, zero: int) -> None:
+    """HSDP shards only ZeRO-3's parameters: parallel.dp_shard below the replicas needs optimizer.zero 3."""
+    if replicate > 1 and zero != 3:
+        raise ConfigError("optimizer.zero", zero, "3 with parallel.dp_shard (HSDP shards ZeRO-3's parameters within "
+                          "the shard group), or leave parallel.dp_shard out")
+
+
 def unit_of_op(op: str, layers: tuple[int, ...]) -> int:
     """The unit an op of a chunk of these layers uses: its layer; the embedding the first block's, the head the
     last block's."""

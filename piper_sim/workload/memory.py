@@ -83,13 +83,13 @@ def state_bytes(params: dict[str, float], *, zero: int, shards: dict[str, int], 
 PARAM_CLASSES = ("dense", "replicated", "expert")
 
 
-def param_shards(*, zero: int, data_parallel: int, dp: int, stage_size: int) -> dict[str, int]:
+def param_shards(*, zero: int, data_parallel: int, dp: int, stage_size: int, replicate: int = 1) -> dict[str, int]:
     """Replicas over which each class of parameters is sharded under ZeRO (all 1 without it): a tensor-parallel
     shard of the dense layers over the data-parallel replicas, the parameters every rank holds whole over the
-    stage, an expert shard over dp."""
+    stage, an expert shard over dp; under HSDP (replicate > 1) each over its 1/replicate shard group."""
     if not zero:
         return dict.fromkeys(PARAM_CLASSES, 1)
-    return {"dense": data_parallel, "replicated": stage_size, "expert": dp}
+    return {"dense": data_parallel // replicate, "replicated": stage_size // replicate, "expert": dp // replicate}
 
 
 def fp8_weight_params(model: ModelSpec, params: dict[str, float], layers: tuple[int, ...], *, first: bool,

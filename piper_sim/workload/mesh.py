@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-GROUP_AXES = ("ep", "dp", "ep_dp", "tp", "stage", "mirror", "cp")
+GROUP_AXES = ("ep", "dp", "ep_dp", "tp", "stage", "mirror", "cp", "dp_shard", "ep_dp_shard", "stage_shard", "replicate")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,7 +36,10 @@ class Mesh:
     dense layers: dense gradients), "tp" (a tensor-parallel group), "stage" (every rank of the stage: the
     gradients of parameters every rank of the stage holds whole when tp > 1), "mirror" (the rank and its counterpart
     at stage pp - 1 - p: DualPipe's two copies of the same layers), "cp" (a context-parallel group: the ranks that
-    hold one micro-batch's sequence chunks and pass its keys and values around their ring)."""
+    hold one micro-batch's sequence chunks and pass its keys and values around their ring); under HSDP (replicate > 1:
+    the dp index split into replicate blocks, outermost, as torchtitan's dp_replicate x dp_shard) "dp_shard",
+    "ep_dp_shard" and "stage_shard" (the members of that group in the rank's block: ZeRO-3's shard group) and
+    "replicate" (the rank's counterparts in the other blocks, which hold the same shards)."""
 
     pp: int
     dp: int = 1
@@ -44,6 +47,7 @@ class Mesh:
     tp: int = 1
     etp: int = 1
     cp: int = 1
+    replicate: int = 1  # HSDP: replicas of each ZeRO-3 shard (a divisor of dp)
 
     def __post_init__(self) -> None:
         if self.etp not in (1, self.tp):
@@ -112,12 +116,22 @@ class Mesh:
         if axis == "cp":  # same tp index and dense replica: a stride of tp (a stage starts at a multiple of tp x cp)
             first = rank - (rank % self.stage_size) // self.tp % self.cp * self.tp
             return tuple(range(first, first + self.cp * self.tp, self.tp))
+        if axis.endswith("_shard") or axis == "replicate":  # HSDP: blocks of dp / replicate dp indices
+            return self._hsdp_group(rank, axis)
         if axis == "ep_dp":  # the stage's ranks of this tp index (a stage starts at a multiple of tp)
             return tuple(range(stage.start + (rank - stage.start) % self.tp, stage.stop, self.tp))
         c = self.coords(rank)
         eps = range(self.ep) if axis == "ep" else (c["ep"],)
         dps = range(self.dp) if axis == "dp" else (c["dp"],)
         return tuple(self.rank_of(pp=c["pp"], dp=d, ep=e, etp=c["etp"]) for d in dps for e in eps)
+
+    def _hsdp_group(self, rank: int, axis: str) -> tuple[int, ...]:
+        block = self.dp // self.replicate
+        c = self.coords(rank)
+        if axis == "replicate":
+            return tuple(rank + (k - c["dp"] // block) * block * self.ep * self.etp for k in range(self.replicate))
+        return tuple(r for r in self.group(rank, axis.removesuffix("_shard"))
+                     if self.coords(r)["dp"] // block == c["dp"] // block)
 
     def groups(self, axis: str, pp_index: int) -> list[tuple[int, ...]]:
         """All distinct groups along `axis` in one pipeline stage."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError
+from piper_sim.workload.fsdp import hsdp_replicate
 from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
 
@@ -60,6 +61,7 @@ class ParallelSpec:
     micro_batch_size: int = 1
     world_size: int = 0  # when given, must equal pp * dp * ep * etp
     cp: int = 1
+    dp_shard: int = 0  # ZeRO-3 under HSDP: the ranks a shard spans (0: every data-parallel replica; workload/fsdp.py)
 
     def __post_init__(self) -> None:
         for key in ("pp", "ep", "dp", "tp", "etp", "vpp", "num_microbatches", "micro_batch_size", "cp"):
@@ -82,6 +84,7 @@ class ParallelSpec:
             raise ConfigError("parallel.cp", self.cp, f"a divisor of a stage's dense replicas, dp x ep x etp / tp = "
                               f"{self.dp * self.ep * self.etp / self.tp:g} (the context-parallel ranks of a micro-batch "
                               "are data-parallel ranks of the dense layers, as in Megatron-core)")
+        hsdp_replicate(self.dp_shard, data_parallel=self.data_parallel, dp=self.dp)
         product = self.num_gpus
         if product > GPUS_LIMIT:
             raise ConfigError("parallel", f"pp*dp*ep*etp = {self.pp}*{self.dp}*{self.ep}*{self.etp} = {product:,} GPUs",
@@ -96,7 +99,13 @@ class ParallelSpec:
 
     @property
     def mesh(self) -> Mesh:
-        return Mesh(pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp, etp=self.etp, cp=self.cp)
+        return Mesh(pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp, etp=self.etp, cp=self.cp,
+                    replicate=self.dp_replicate)
+
+    @property
+    def dp_replicate(self) -> int:
+        """HSDP: the replicas of each ZeRO-3 shard (1 without parallel.dp_shard)."""
+        return hsdp_replicate(self.dp_shard, data_parallel=self.data_parallel, dp=self.dp)
 
     @property
     def data_parallel(self) -> int:
