@@ -92,7 +92,8 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
     placement = place(topo, par.num_gpus, cfg.placement)
     check_tensor_groups(topo, placement, par.tp)
     profile, host_profile = load_profiles(cfg.cost_profile)
-    coster = TaskCoster(cfg.model, profile, par.tokens_per_microbatch(cfg.model.seq_len), par.split, cfg.flash_attention)
+    coster = TaskCoster(cfg.model, profile, par.tokens_per_microbatch(cfg.model.seq_len), par.split,
+                        cfg.flash_attention)
     routing = routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed)
 
     def simulation(collapse: bool, by_latency: bool = False) -> Simulation:

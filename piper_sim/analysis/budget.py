@@ -2,7 +2,8 @@
 
 Owns BUDGET_TERMS and trace_budget(). Every instant of the chosen rank's steps is given to one term: its compute
 stream's task if one runs (compute, recomputation or the optimizer), else the communication running then, in the
-order TP/SP, CP (the context-parallel K/V ring), EP (MoE all-to-alls and expert migration), PP (pipeline sends and receives), DP (gradient reductions
+order TP/SP, CP (the context-parallel K/V ring),
+EP (MoE all-to-alls and expert migration), PP (pipeline sends and receives), DP (gradient reductions
 and parameter gathers), else idle (the pipeline's bubble and waits). The terms sum to the rank's step time (its
 steps' span over the number of steps). The rank is the one with the most compute (ties: the lowest), where the
 critical path of a step runs. Must not import simpy or torch.

@@ -4,7 +4,8 @@ a piper-sim config (docs/importing.md).
 Owns the translation of the launch line's parallel, batch, recompute, optimizer, dispatcher and attention flags,
 as Megatron-LM reads them (megatron/training/arguments.py, TransformerConfig); the model's flags are
 megatron_model.py's. The plan is written in Megatron's own counting (`parallel.convention: megatron`). What piper-sim
-cannot express (context parallelism other than the p2p ring, FSDP, fp4 and block-scaled fp8, an uneven pipeline split, recompute modules
+cannot express (context parallelism other than the p2p ring,
+FSDP, fp4 and block-scaled fp8, an uneven pipeline split, recompute modules
 other than core_attn, layernorm and moe_act, the allgather dispatcher) is refused naming the flag, or approximated
 under --lenient and said. No I/O.
 """

@@ -28,8 +28,8 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
-from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.context_parallel import ring_overlap_s
+from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import split_layers

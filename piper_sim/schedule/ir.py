@@ -94,7 +94,7 @@ class Role(StrEnum):
     PARAM_REPLICATED = "param_replicated"
     GRAD_MIRROR = "grad_mirror"  # DualPipe (bidirectional layout): the two copies of a stage's layers summed
     TP = "tp"  # a tensor-parallel collective on the layer's activations (forward) or their gradients
-    CP = "cp"  # the context-parallel ring of a layer's attention: keys and values (all-gather), their gradients (reduce-scatter)
+    CP = "cp"  # a layer's context-parallel ring: keys and values (all-gather), their gradients (reduce-scatter)
     MIGRATE = "migrate"
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from piper_sim.schedule.fsdp import gathering_passes, shard_axes, unit_runs, with_gathers
 from piper_sim.schedule.context_parallel import ring_tasks
+from piper_sim.schedule.fsdp import gathering_passes, shard_axes, unit_runs, with_gathers
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.fsdp import unit_classes
 from piper_sim.workload.mesh import Mesh
@@ -34,7 +34,8 @@ BACKWARD_KIND = {
 class Segment:
     """A piece of a chunk's forward: compute ops, an all-to-all of one MoE layer, or a tensor-parallel
     collective (tp: its kind in the forward and in the backward, "" where that pass has none). ring: compute
-    (a layer's attention) beside which the context-parallel ring passes keys and values (schedule/context_parallel.py)."""
+    (a layer's attention) beside which the context-parallel ring passes keys and values
+    (schedule/context_parallel.py)."""
 
     ops: tuple[str, ...] = ()
     expert: bool = False

@@ -47,8 +47,8 @@ class ParallelSpec:
     """A parallel plan in piper-sim's own form (docs/tensor-parallel.md): pp stages of dp x ep x etp ranks;
     ep expert-parallel ranks per group, each expert split over etp ranks; attention and dense FFNs split over
     tp ranks (tp consecutive ranks; etp is 1 or tp); sp: sequence parallelism inside the tp group; cp: context
-    parallelism, each micro-batch's sequence split over cp ranks of the dense layers' replicas (docs/context-parallel.md).
-    """
+    parallelism, each micro-batch's sequence split over cp ranks of the dense layers' replicas
+    (docs/context-parallel.md)."""
 
     pp: int = 1
     ep: int = 1
@@ -82,8 +82,8 @@ class ParallelSpec:
                               "(a tensor-parallel group lies inside an expert-parallel group); or set etp to tp")
         if (self.dp * self.ep * self.etp) % (self.tp * self.cp):
             raise ConfigError("parallel.cp", self.cp, f"a divisor of a stage's dense replicas, dp x ep x etp / tp = "
-                              f"{self.dp * self.ep * self.etp / self.tp:g} (the context-parallel ranks of a micro-batch "
-                              "are data-parallel ranks of the dense layers, as in Megatron-core)")
+                              f"{self.dp * self.ep * self.etp / self.tp:g} (the context-parallel ranks of a "
+                              "micro-batch are data-parallel ranks of the dense layers, as in Megatron-core)")
         hsdp_replicate(self.dp_shard, data_parallel=self.data_parallel, dp=self.dp)
         product = self.num_gpus
         if product > GPUS_LIMIT:
@@ -120,7 +120,8 @@ class ParallelSpec:
 
     @property
     def sequences_per_step(self) -> int:
-        """Global batch in sequences: every tensor- and context-parallel group of a stage feeds its own micro-batches."""
+        """Global batch in sequences: every tensor- and context-parallel group of a stage feeds its own
+        micro-batches."""
         return self.micro_batch_size * self.num_microbatches * self.batch_parallel
 
     def tokens_per_microbatch(self, seq_len: int) -> int:
