@@ -29,9 +29,15 @@ BYTES_PER_LINK = 1_000  # the topology graph and the flow network's per-link arr
 # 58 kB per pair, X-MoE Small EP 64 on 256 GPUs), which MemoryGuard catches
 BYTES_PER_ALL_TO_ALL_PAIR = 16_000
 # growth while writing each choice of outputs, in a process holding only the run's result: a fixed part (the
-# libraries they load, the plots' canvas, perfetto.json's 10k-row chunks) and a part per trace row (dense cases:
-# report 9 MiB; trace 27-33 MiB, 8 B per row; all 122-127 MiB, 7 B per row, from 255k to 1M rows)
+# libraries they load, the plots' canvas, the Parquet row group and the Perfetto trace's chunks in flight) and a part
+# per trace row (dense cases: report 9 MiB; trace 27-33 MiB, 8 B per row; all 122-127 MiB, 7 B per row, from 255k to
+# 1M rows; dense-128 with the trace in row groups: trace 40 MiB, all 88-102 MiB for every --perfetto format)
 OUTPUT_BYTES = {"report": (10 * MIB, 0), "trace": (40 * MIB, 10), "all": (140 * MIB, 10)}  # (fixed, per row)
+# with all, the Perfetto trace's events at one track per rank (trace/tracks.py), per trace row: the 511k rows of
+# dense-128 at --perfetto-detail rank grow 175-181 MiB against 95-102 at stage (160 B a row); the default (auto)
+# gives them up to AGGREGATE_ROWS rows, one track per stage beyond (a stage's ranks' rows in one)
+RANK_EVENT_BYTES = 160
+AGGREGATE_ROWS = 200_000  # trace/tracks.py's (this module imports no trace code; a test holds them equal)
 MARGIN_BYTES = 1 * 2**30  # MemoryGuard stops a run when this machine's available memory drops under this
 GUARD_INTERVAL_S = 0.25  # how often MemoryGuard reads the available memory
 
@@ -88,6 +94,8 @@ def estimate_run_memory(tasks: int, links: int, all_to_all_pairs: int, outputs: 
     all-to-alls join all_to_all_pairs GPU pairs (num_gpus x ep; 0 without), that writes `outputs`
     (outputs.OUTPUTS; None: the run writes nothing, as the planner's and validation's runs)."""
     fixed, per_row = OUTPUT_BYTES[outputs] if outputs is not None else (0, 0)
+    if outputs == "all":  # the default detail's rank events: a bounded part
+        fixed += RANK_EVENT_BYTES * min(tasks, AGGREGATE_ROWS)
     return RunMemory(base_bytes=BASE_BYTES, tasks_bytes=tasks * BYTES_PER_TASK,
                      network_bytes=links * BYTES_PER_LINK + all_to_all_pairs * BYTES_PER_ALL_TO_ALL_PAIR,
                      outputs_bytes=fixed + tasks * per_row, outputs_fixed_bytes=fixed)

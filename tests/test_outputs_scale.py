@@ -166,3 +166,13 @@ def test_cli_writes_the_chosen_perfetto_file(tmp_path, capsys):
     assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "o"), "--perfetto", "gz"]) == 0
     assert (tmp_path / "o" / "perfetto.json.gz").exists() and not (tmp_path / "o" / "perfetto.json").exists()
     assert "perfetto.json.gz" in capsys.readouterr().out
+
+
+def test_the_memory_estimate_counts_the_rank_events_of_the_default_detail():
+    from piper_sim import host_memory
+
+    assert host_memory.AGGREGATE_ROWS == AGGREGATE_ROWS
+    small, large = (host_memory.estimate_run_memory(n, 0, 0, "all").outputs_bytes
+                    - host_memory.estimate_run_memory(n, 0, 0, "trace").outputs_bytes for n in (1_000, 10**7))
+    assert large - small < 2 * host_memory.RANK_EVENT_BYTES * AGGREGATE_ROWS  # bounded: stage tracks beyond
+    assert small >= host_memory.RANK_EVENT_BYTES * 1_000
