@@ -14,6 +14,7 @@ from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.engine import check_workers, configure_engine
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
+from piper_sim.planning.refine import parse_duration
 from piper_sim.planning.space import parse_fixes, space_notes, split_settings
 from piper_sim.rundir import finish, open_out_dir
 from piper_sim.workload.presets import FIELD_LIMITS, load_model
@@ -86,6 +87,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(docs/planning.md)")
     p.add_argument("--top", type=int, default=16,
                    help="plans refined with the simulator (default 16; 0: estimate only)")
+    p.add_argument("--budget", default=None, metavar="DURATION",
+                   help="refine as many of the top plans as fit in this time, e.g. 90s, 3min, 1h: in the order of "
+                        "their estimates, each started while its predicted wall fits in the time left (default: "
+                        "no limit; docs/planning.md)")
     p.add_argument("--ep-domain", choices=DOMAINS, default="switch",
                    help="locality domain an EP group must fit in: a node, the nodes on one switch (default), a "
                         "dragonfly group, or any")
@@ -111,6 +116,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_workers(args.workers)
     if args.top < 0:
         raise ConfigError("--top", args.top, "0 (estimate only) or a positive integer")
+    budget_s = None if args.budget is None else parse_duration(args.budget, "--budget")
     if args.seq_len is not None and not 0 < args.seq_len <= FIELD_LIMITS["seq_len"]:
         raise ConfigError("--seq-len", args.seq_len, f"a positive integer up to {FIELD_LIMITS['seq_len']:,}")
     if args.reserve_GiB is not None and not (0 <= args.reserve_GiB < 1e6):
@@ -129,7 +135,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{model.seq_len:,} tokens (--seq-len to change it)", file=sys.stderr)
     configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "plan", resume=True)
-    result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers)
+    result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers, budget_s=budget_s)
     print(format_plan_table(result, convention=args.convention))
     if not math.isnan(result.rank_correlation):
         print(f"rank correlation (estimate vs simulation, {int(result.table['refined'].sum())} refined plans): "

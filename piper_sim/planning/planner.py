@@ -22,15 +22,17 @@ from piper_sim.analysis.ranking import spearman
 from piper_sim.calibrate.load import load_profile
 from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config, with_precision
 from piper_sim.errors import ConfigError
-from piper_sim.planning.engine import run_points
 from piper_sim.planning.estimate import Estimator
-from piper_sim.planning.keys import keyed_point
+from piper_sim.planning.keys import KeyedPoint, keyed_point
+from piper_sim.planning.refine import refine_points
 from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans, no_plan_error
 from piper_sim.planning.store import ResultStore
 from piper_sim.profile_choice import ProfileChoice, choose_profile
+from piper_sim.run_wall import duration_text
+from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import plan_reserve_bytes
-from piper_sim.simulate import simulate
+from piper_sim.simulate import check_wall, simulate
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import place
 from piper_sim.workload.memory import headroom_bytes
@@ -179,9 +181,16 @@ def simulate_point(payload: dict) -> dict:
             r.all_to_all_bandwidth_bytes_per_s, "sim_wall_s": time.perf_counter() - t0}
 
 
+def refine_wall_s(point: KeyedPoint) -> float:
+    """The predicted wall seconds of simulating a refinement point (run_wall.py, from its lowered schedule)."""
+    cfg = load_config(point.payload["config"])
+    return check_wall(cfg, build_schedule(cfg), None).wall_s
+
+
 def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, workers: int | None = None,
-         progress: bool = True) -> PlanResult:
-    """Screen every candidate, refine the top K that fit with the simulator, rank (ties: less memory first)."""
+         progress: bool = True, budget_s: float | None = None) -> PlanResult:
+    """Screen every candidate, refine the top K that fit with the simulator (within budget_s where given:
+    refine.refine_points), rank (ties: less memory first)."""
     t0 = time.perf_counter()
     model, table, hbm, _ = screen(request)
     screen_s = time.perf_counter() - t0
@@ -193,13 +202,17 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
         config = request.config(PlanPoint(**{k: _py(row[k]) for k in PlanPoint.__dataclass_fields__}))
         points.append(keyed_point({"config": config}))
     if progress:
+        within = f" within {duration_text(budget_s)}" if budget_s is not None else ""
         print(f"plan: {len(table)} candidates, {int(table['fits'].sum())} fit in memory; screened in "
-              f"{screen_s:.2f} s; simulating the top {len(points)}", file=sys.stderr)
+              f"{screen_s:.2f} s; simulating the top {len(points)}{within}", file=sys.stderr)
     t1 = time.perf_counter()
-    results = run_points(simulate_point, points, ResultStore(out), scheduler=scheduler, workers=workers,
-                         label="simulating plans", progress=progress)
+    done = refine_points(simulate_point, points, ResultStore(out), refine_wall_s, budget_s=budget_s,
+                         scheduler=scheduler, workers=workers, label="simulating plans", progress=progress)
     refine_s = time.perf_counter() - t1
-    sim = pd.DataFrame([results[point.digest] for point in points], index=refine.index)  # joined by row, not label
+    ran = [i for i, point in enumerate(points) if point.digest in done.rows]
+    if progress:
+        _say_tiers(refine["label"].tolist(), ran)
+    sim = pd.DataFrame([done.rows[points[i].digest] for i in ran], index=refine.index[ran])  # joined by row
     table = table.join(sim) if not sim.empty else table.assign(sim_step_time_s=np.nan)
     table["step_time_s"] = table["sim_step_time_s"].fillna(table["est_step_time_s"])
     table["refined"] = table["sim_step_time_s"].notna()
@@ -214,6 +227,15 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
     return PlanResult(request=request, model=model, table=table.reset_index(drop=True), hbm_bytes=hbm,
                       reserve_bytes=float(table["framework_reserve_bytes"].iloc[0]), rank_correlation=rho,
                       screen_s=screen_s, refine_s=refine_s)
+
+
+def _say_tiers(labels: list[str], ran: list[int]) -> None:
+    """Which of the top plans were refined and which were left at the estimate tier, on stderr."""
+    left = [label for i, label in enumerate(labels) if i not in set(ran)]
+    print(f"plan: refined {len(ran)} of the top {len(labels)}: " + ("; ".join(labels[i] for i in ran) or "none"),
+          file=sys.stderr)
+    if left:
+        print(f"plan: left at the estimate tier: {'; '.join(left)}", file=sys.stderr)
 
 
 def _py(value: object) -> object:
