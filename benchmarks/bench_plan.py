@@ -4,11 +4,12 @@
    analytic estimator: candidates, how many fit, wall time, per candidate.
 2. The refinement: the top K by the estimate simulated (those that fit; with --ignore-memory the top K
    whatever their memory, to time the simulator and rank the two tiers when nothing fits): wall time and the
-   Spearman rank correlation of estimated and simulated step times.
+   Spearman rank correlation of estimated and simulated step times. --budget refines as many as fit in the time
+   (plan --budget: refine.refine_points), and says which were left at the estimate tier.
 3. The engine: a 200-point sweep (tiny-moe on the uniform cluster) with 1 and 2 Dask workers.
 
     python benchmarks/bench_plan.py [--model weak-1.7t --gpus 1024 --global-batch 4096 --seq-len 4096]
-                                    [--top 16] [--ignore-memory] [--skip-sweep]
+                                    [--top 16] [--workers N] [--budget 3min] [--ignore-memory] [--skip-sweep]
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import time
 from pathlib import Path
 
 from piper_sim.analysis.ranking import spearman
-from piper_sim.planning.engine import run_points
 from piper_sim.planning.keys import keyed_point
-from piper_sim.planning.planner import PlanRequest, screen, simulate_point
+from piper_sim.planning.planner import PlanRequest, refine_wall_s, screen, simulate_point
+from piper_sim.planning.refine import parse_duration, refine_points
 from piper_sim.planning.space import PlanPoint
 from piper_sim.planning.store import ResultStore
 from piper_sim.planning.sweep import run_sweep
@@ -61,17 +62,27 @@ def bench_screen(args: argparse.Namespace) -> None:
         points.append(keyed_point({"config": config}))
     with tempfile.TemporaryDirectory() as tmp:
         t2 = time.perf_counter()
-        results = run_points(simulate_point, points, ResultStore(Path(tmp)), workers=args.workers,
-                             label="refining")
+        budget = None if args.budget is None else parse_duration(args.budget)
+        done = refine_points(simulate_point, points, ResultStore(Path(tmp)), refine_wall_s, budget_s=budget,
+                             workers=args.workers, label="refining")
         refine = time.perf_counter() - t2
-    sim = [results[p.digest]["sim_step_time_s"] for p in points]
-    rho = spearman(top["est_step_time_s"].tolist(), sim)
-    best = min(range(len(sim)), key=sim.__getitem__)
-    print(f"  refinement of the top {len(points)}{' (memory ignored)' if args.ignore_memory else ''}: "
-          f"{refine:.1f} s; rank correlation estimate vs simulation {rho:.2f}")
-    print(f"  best simulated: {top.iloc[best]['label']}: {sim[best]:.3f} s per step, "
-          f"{results[points[best][0]]['sim_tflops_per_gpu']:.1f} TFLOPS/GPU, "
-          f"{top.iloc[best]['peak_memory_bytes'] / 2**30:.1f} GiB peak")
+    ran = [i for i, p in enumerate(points) if p.digest in done.rows]
+    sim = [done.rows[points[i].digest]["sim_step_time_s"] for i in ran]
+    rho = spearman(top["est_step_time_s"].iloc[ran].tolist(), sim) if len(ran) >= 3 else float("nan")
+    best = ran[min(range(len(sim)), key=sim.__getitem__)] if sim else None
+    within = f" within {args.budget}" if args.budget else ""
+    print(f"  refinement of the top {len(points)}{' (memory ignored)' if args.ignore_memory else ''}{within} on "
+          f"{args.workers if args.workers is not None else 'one per core'} worker(s): {refine:.1f} s, {len(ran)} "
+          f"refined; rank correlation estimate vs simulation {rho:.2f}")
+    for i, p in enumerate(points):
+        row = done.rows.get(p.digest)
+        wall = f"{row['sim_wall_s']:.1f} s" if row else "left at the estimate tier"
+        predicted = done.predicted_s.get(p.digest)
+        print(f"    {top.iloc[i]['label']}: {wall}" + (f" (predicted {predicted:.1f} s)" if predicted else ""))
+    if best is not None:
+        print(f"  best simulated: {top.iloc[best]['label']}: {done.rows[points[best].digest]['sim_step_time_s']:.3f} "
+              f"s per step, {done.rows[points[best].digest]['sim_tflops_per_gpu']:.1f} TFLOPS/GPU, "
+              f"{top.iloc[best]['peak_memory_bytes'] / 2**30:.1f} GiB peak")
 
 
 def bench_sweep() -> None:
@@ -95,6 +106,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--top", type=int, default=16)
     parser.add_argument("--workers", type=int, default=None, help="Dask workers for the refinement (0: in process)")
+    parser.add_argument("--budget", default=None, help="refine as many of the top plans as fit in this time (3min)")
     parser.add_argument("--ignore-memory", action="store_true")
     parser.add_argument("--skip-sweep", action="store_true")
     args = parser.parse_args()
