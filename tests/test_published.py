@@ -99,3 +99,17 @@ def test_megatron_cores_2025_count_takes_the_causal_half_of_the_attention_scores
     score_half = 12 * b * s * layers * h * h * s / (2 * h)
     assert FLOP_FORMULAS["megatron-core"](run) - FLOP_FORMULAS["megatron-core-2025"](run) == pytest.approx(
         score_half, rel=1e-12)
+
+
+def test_palms_count_is_six_n_plus_the_whole_score_matrix():
+    """PaLM's Appendix B count (the one the Llama 3 paper cites for its MFU): 6 N + 12 L H Q T per token, N without
+    the untied input embedding (torchtitan's rule), the whole score matrix. Llama 3 405B at 131,072 tokens:
+    N = 405.85B - 2.10B, and 12 L H Q T is 1.34 x 6 N, so the count is 1.40 x Megatron-core's causal one."""
+    run = find_published(["llama3-405b-128k-h100-16384gpu"], ROOT)[0]
+    layers, h, heads, head_dim, s, vocab = 126, 16384, 128, 128, 131072, 128256
+    attention = h * heads * head_dim + 2 * h * 8 * head_dim + heads * head_dim * h + 2 * h
+    n = layers * (attention + 3 * h * 53248) + vocab * h + h  # blocks, output head, final norm
+    per_token = 6 * n + 12 * layers * heads * head_dim * s
+    assert run.measured["flops_formula"] == "palm"
+    assert FLOP_FORMULAS["palm"](run) == pytest.approx(per_token * 128 * s, rel=1e-12)
+    assert FLOP_FORMULAS["palm"](run) / FLOP_FORMULAS["megatron-core-2025"](run) == pytest.approx(1.40, abs=0.01)

@@ -129,8 +129,21 @@ def _megatron_deepspeed(run: PublishedRun) -> float:
     return 3 * 2 * b * s * (layers * (attention + ffn) + v * h)
 
 
+def _palm(run: PublishedRun) -> float:
+    """PaLM's model FLOPs (Chowdhery et al. 2023, Appendix B), the count the Llama 3 paper cites for its MFU:
+    6 N + 12 L H Q T per token, N the parameters a token's matmuls use, the whole L H Q T score matrix of a layer
+    counted (no causal half). N as torchtitan's get_nparams_and_flops takes it: every parameter but an untied
+    input embedding, routed experts top_k of num_experts."""
+    model = load_config(run.config).model
+    input_embedding = 0 if model.tie_embeddings else model.vocab_size * model.d_model
+    per_token = (6 * (model.active_params() - input_embedding)
+                 + 12 * model.num_layers * model.num_heads * model.attn_head_dim * model.seq_len)
+    return per_token * run.tokens_per_step
+
+
 FLOP_FORMULAS = {"narayanan2021-eq3": _narayanan2021, "megatron-core": _megatron_core,
-                 "megatron-core-2025": _megatron_core_2025, "megatron-deepspeed": _megatron_deepspeed}
+                 "megatron-core-2025": _megatron_core_2025, "megatron-deepspeed": _megatron_deepspeed,
+                 "palm": _palm}
 
 
 TIERS = ("des", "estimate")
