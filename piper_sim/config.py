@@ -48,7 +48,7 @@ SECTION_KEYS = {
     "collectives": {"all_to_all", "all_reduce"},
     "cost": {"profile", "flash_attention", "allow_device_mismatch", "framework_reserve_GiB", "precision", "fp8_recipe"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
-    "optimizer": {"zero", "reshard_after_forward"},
+    "optimizer": {"zero", "reshard_after_forward", "master_weights"},
     "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
                  "convention", "cp", "dp_shard"},
 }
@@ -181,7 +181,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
             full[section] = {**DEFAULTS[section], **value}
     if "model" not in raw:
         raise ConfigError("model", None, "a preset name, an inline mapping or a path (required)")
-    model = with_precision(load_model(full["model"]), full["cost"])
+    model = with_master_weights(with_precision(load_model(full["model"]), full["cost"]), full["optimizer"])
     taken = _two_chunk_vpp(full)
     parallel = parallel_from_section(full.get("parallel", {}))
     parallel.validate(model)
@@ -227,6 +227,15 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
         seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full, given=given,
         profile_reason=choice.reason, taken=taken,
     )
+
+
+def with_master_weights(model: ModelSpec, optimizer: dict) -> ModelSpec:
+    """The model with optimizer.master_weights (default true: an fp32 master copy and fp32 Adam moments; false: all
+    in the model's dtype; workload/memory.py), checked."""
+    master = optimizer.get("master_weights", True)
+    if not isinstance(master, bool):
+        raise ConfigError("optimizer.master_weights", master, "true or false")
+    return model if master else replace(model, master_weights=False)
 
 
 def with_precision(model: ModelSpec, cost: dict) -> ModelSpec:

@@ -143,7 +143,8 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
     held = tuple(layer for v in chunks for layer in stage_layers[v])
     fp8_params = fp8_weight_params(model, params, held, first=any(map(stages.is_first, chunks)),
                                    last=any(map(stages.is_last, chunks)), tp=split.tp)
-    state = state_bytes(params, zero=zero, shards=shards, dtype_bytes=model.dtype_bytes)
+    state = state_bytes(params, zero=zero, shards=shards, dtype_bytes=model.dtype_bytes,
+                        master_weights=model.master_weights)
     state += fp8_weight_copy_bytes(fp8_params, fp8_transposed_copies)
     return {"act": act, "transient": transient, "state": state,
             "optimizer_params": sum(params[kind] / shards[kind] for kind in PARAM_CLASSES), "fp8_params": fp8_params}

@@ -58,13 +58,14 @@ STATE_BYTES_PER_PARAM = 16
 FRAMEWORK_RESERVE_FRACTION = 0.10
 
 
-def state_bytes_per_param(zero: int, shards: int, dtype_bytes: int = 2) -> float:
+def state_bytes_per_param(zero: int, shards: int, dtype_bytes: int = 2, master_weights: bool = True) -> float:
     """Training-state bytes per parameter held at the step's peak, with the state sharded over `shards` replicas
     (ZeRO, Rajbhandari et al. 2020, section 5.1). Mixed-precision Adam (16-bit models): weight 2, gradient 2,
-    fp32 master + m + v 12 -> stage 1: 2 + 2 + 12 / N, stage 2: 2 + 14 / N, stage 3: 16 / N; fp32 models: weight
-    and gradient 4 each, m + v 8. Stage 2's full gradients of one chunk while its backward runs, and stage 3's
-    gathered units (workload/fsdp.py), are the stage plan's transient."""
-    optimizer = 12 if dtype_bytes < 4 else 8
+    fp32 master + m + v 12 -> stage 1: 2 + 2 + 12 / N, stage 2: 2 + 14 / N, stage 3: 16 / N; fp32 models, and
+    16-bit models without master weights (Adam's m and v in the weights' dtype): m + v twice the dtype. Stage 2's
+    full gradients of one chunk while its backward runs, and stage 3's gathered units (workload/fsdp.py), are the
+    stage plan's transient."""
+    optimizer = 12 if dtype_bytes < 4 and master_weights else 2 * dtype_bytes
     if zero == 0 or shards <= 1:
         return float(2 * dtype_bytes + optimizer)
     if zero == 3:
@@ -74,10 +75,12 @@ def state_bytes_per_param(zero: int, shards: int, dtype_bytes: int = 2) -> float
     return 2 * dtype_bytes + optimizer / shards
 
 
-def state_bytes(params: dict[str, float], *, zero: int, shards: dict[str, int], dtype_bytes: int = 2) -> float:
+def state_bytes(params: dict[str, float], *, zero: int, shards: dict[str, int], dtype_bytes: int = 2,
+                master_weights: bool = True) -> float:
     """Training state of a rank's parameters, each class ("dense", "replicated", "expert"; rank_params)
     sharded over its replicas as shards[class] says (ZeRO; 1 when the optimizer state is not sharded)."""
-    return sum(params[kind] * state_bytes_per_param(zero, shards[kind], dtype_bytes) for kind in PARAM_CLASSES)
+    return sum(params[kind] * state_bytes_per_param(zero, shards[kind], dtype_bytes, master_weights)
+               for kind in PARAM_CLASSES)
 
 
 PARAM_CLASSES = ("dense", "replicated", "expert")

@@ -66,6 +66,10 @@ class ModelSpec:
     # the fp8 recipe its linear layers' GEMMs run in (workload/precision.py: "delayed" or "current"); "": none, every
     # GEMM in dtype. Set from the config's cost.precision and cost.fp8_recipe (config.py), not a model key
     fp8_recipe: str = ""
+    # the optimizer keeps an fp32 master copy of a 16-bit model's weights, its Adam moments in fp32 (true); false: the
+    # weights, gradients and moments all in dtype, as torch.optim.Adam on a model cast to bf16 keeps them. Set from
+    # the config's optimizer.master_weights (config.py), not a model key
+    master_weights: bool = True
     published_params: float = 0.0  # total parameters as published, for reference checks
     published_active_params: float = 0.0
     source: str = ""
@@ -203,7 +207,7 @@ class ModelSpec:
         return total
 
 
-SET_BY_CONFIG = frozenset({"fp8_recipe"})  # ModelSpec fields a config sets from its cost section, not model keys
+SET_BY_CONFIG = frozenset({"fp8_recipe", "master_weights"})  # ModelSpec fields a config sets from its cost section, not model keys
 
 
 def model_field_names() -> set[str]:
