@@ -207,7 +207,8 @@ class ModelSpec:
         return total
 
 
-SET_BY_CONFIG = frozenset({"fp8_recipe", "master_weights"})  # ModelSpec fields a config sets from its cost section, not model keys
+# ModelSpec fields a config sets from its cost and optimizer sections, not model keys
+SET_BY_CONFIG = frozenset({"fp8_recipe", "master_weights"})
 
 
 def model_field_names() -> set[str]:
