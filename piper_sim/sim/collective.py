@@ -105,21 +105,22 @@ class CollectiveRunner:
         self._starting: list[Starting] = []  # multi-phase collectives starting at this instant
         self.num_reserved = self.num_broken = 0
 
-    def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0) -> simpy.Event:
+    def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0,
+            finish_times: bool = False) -> simpy.Event:
         """Event that fires when every phase has ended. key names (members, algorithm, pattern).
 
         delay_s: a host-side cost paid before the first phase (the profile's per-call overhead).
-        With a single phase the event's value is each flow's finish time (seconds, absolute).
-        A multi-phase collective starts at the end of this instant, with the others that start in it
-        (_start_together).
+        finish_times: the event's value is each flow's finish time (seconds, absolute; a single phase), which its
+        phase's flow set gives; else a collective starts at the end of this instant, with the others that start in
+        it (_start_together), and the event has no value.
         """
         if delay_s > 0:
-            return self.env.process(self._delayed(phases, gpus, key, delay_s))
+            return self.env.process(self._delayed(phases, gpus, key, delay_s, finish_times))
         if not phases:
             ev = self.env.event()
             ev.succeed(np.zeros(0))
             return ev
-        if len(phases) > 1 and self.reserves:
+        if self.reserves and not (finish_times and len(phases) == 1):
             done = self.env.event()
             if not self._starting:
                 self.env.timeout(0).callbacks.append(self._start_together)
@@ -129,11 +130,14 @@ class CollectiveRunner:
         return done[0] if len(done) == 1 else self.env.all_of(done)
 
     def _start_together(self, _ev: simpy.Event) -> None:
-        """The multi-phase collectives that start at this instant, grouped by shared links: a group on idle links
-        runs as one reservation of their run together (recorded once per group of collectives: the EP groups of a
-        stage start their all-to-alls together, layer after layer); on busy links its phases start as any others."""
+        """The collectives that start at this instant, grouped by shared links: a group on idle links runs as a
+        reservation of their run together (recorded once per group of collectives: the EP groups of a stage start
+        their all-to-alls together, layer after layer); on busy links its phases start as any others. Groups of one
+        collective are reserved as one batch (the tensor-parallel groups of a stage: one reservation, one event per
+        distinct end), each member's run its own."""
         starting, self._starting = self._starting, []
         links = [self.recorder.links(c) for c in starting]
+        alone: list[Starting] = []
         for cluster in overlapping(links):
             members = [starting[i] for i in cluster]
             union = links[cluster[0]] if len(cluster) == 1 else np.unique(np.concatenate([links[i] for i in cluster]))
@@ -143,13 +147,18 @@ class CollectiveRunner:
                         phase, c.gpus, (c.key, index), waits))
                     self.env.all_of(events).callbacks.append(lambda _ev, done=c.done: done.succeed())
             elif len(members) == 1:
-                self._reserve(members, [self.recorder.isolated_run(members[0])], union, None)
+                alone.append(members[0])
             else:
                 self._reserve(members, self.recorder.run_together(members), union, self.recorder.replay(members))
+        if alone:
+            union = self.recorder.links(alone[0]) if len(alone) == 1 else np.concatenate(
+                [self.recorder.links(c) for c in alone])  # disjoint: no link twice
+            self._reserve(alone, [self.recorder.isolated_run(c) for c in alone], union, None)
 
-    def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float):
+    def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float,
+                 finish_times: bool):
         yield self.env.timeout(delay_s)
-        return (yield self.run(phases, gpus, key))
+        return (yield self.run(phases, gpus, key, finish_times=finish_times))
 
     def flow_latency_s(self, phase: Phase, gpus: tuple[str, ...], key: Hashable) -> np.ndarray:
         """Each flow's largest path latency in a single-phase run of this phase with this key."""
@@ -211,8 +220,11 @@ class CollectiveRunner:
                     self.network.release(reservation)
                 members[m].done.succeed()
 
+        by_end: dict[float, list[int]] = {}  # one event per distinct end, its members in order
         for m, run in enumerate(runs):
-            self.env.timeout(run.duration_s).callbacks.append(lambda _ev, m=m: end(m))
+            by_end.setdefault(run.duration_s, []).append(m)
+        for duration, ending in by_end.items():
+            self.env.timeout(duration).callbacks.append(lambda _ev, ending=ending: [end(m) for m in ending])
 
     def _break(self, recorded: IsolatedRun, c: Starting, t0: float,
                state: Callable[[int, PhaseRecord], tuple[np.ndarray, np.ndarray]]) -> list:

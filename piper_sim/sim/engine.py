@@ -455,7 +455,8 @@ class Simulation(LaneCollectives):
             self._check_on_time(start_s)
             n = len(gpus) // 2
             phase = Phase(src=members, dst=members + n, sizes=np.full(members.size, size), name="p2p")
-            transfer = self.runner.run([phase], gpus, (gpus, "p2p", ""), delay_s=self.coster.profile.p2p_overhead_s)
+            transfer = self.runner.run([phase], gpus, (gpus, "p2p", ""), delay_s=self.coster.profile.p2p_overhead_s,
+                                       finish_times=True)
 
             def landed(ev) -> None:
                 ends[members] = ev.value

@@ -28,7 +28,9 @@ from piper_sim.sim.fairshare import (
     max_min_rates,
 )
 
-MAX_STRUCTURES = 64  # components whose joined incidence is kept (see FlowNetwork._structure)
+MAX_STRUCTURES = 64  # components whose joined incidence is kept (see FlowNetwork._structure) ...
+STRUCTURE_ENTRIES = 1 << 23  # ... and the (flow, link) incidences they hold together at most (a component of mean-field
+# detours' sub-flows holds millions)
 
 
 class FlowSet:
@@ -98,6 +100,7 @@ class FlowNetwork:
         self.active: set[FlowSet] = set()
         self._timelines: dict[Hashable, Timeline] = {}
         self._structures: dict[tuple[int, ...], Structure] = {}
+        self._structure_entries = 0  # incidences the kept structures hold
         self._links_of: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
@@ -119,9 +122,7 @@ class FlowNetwork:
         isolated run can be memoized by (key, sizes). counted: False for flows a reservation already
         counted (their bytes and number).
         """
-        if not np.isfinite(sizes).all():
-            raise RuntimeError(f"flow set {describe(key)} asked to start at {self.env.now!r} s with sizes "
-                               f"{sizes.tolist()[:4]} bytes: a size must be finite")
+        check_finite(sizes, key, self.env.now)
         weight = np.ones(sizes.shape[0]) if weight is None else weight
         distinct = self._links_of.get(key) if key is not None else None
         if distinct is None:
@@ -338,9 +339,11 @@ class FlowNetwork:
                 hit = last
             else:
                 hit = Structure(sets, self.capacity, filled=self.slowdown is None)
-            if len(self._structures) >= MAX_STRUCTURES:
-                self._structures.pop(next(iter(self._structures)))
             self._structures[key] = hit
+            self._structure_entries += hit.entry_link.shape[0]
+            while len(self._structures) > 1 and (len(self._structures) > MAX_STRUCTURES
+                                                 or self._structure_entries > STRUCTURE_ENTRIES):
+                self._structure_entries -= self._structures.pop(next(iter(self._structures))).entry_link.shape[0]
         for fs in sets:
             fs.structure = hit
         return hit
@@ -421,6 +424,13 @@ class FlowNetwork:
                                f"{float(fs.finish_s[f])!r} for {bad.size} of its {fs.finish_s.size} flows (flow {f}: "
                                f"{float(fs.remaining[f])!r} bytes left, started at {fs.t_start!r} s)")
         fs.done.succeed(fs.finish_s)
+
+
+def check_finite(sizes: np.ndarray, key: Hashable | None, at_s: float) -> None:
+    """A flow set's sizes must be finite: one clear error naming it (what it would do to the run is undefined)."""
+    if not np.isfinite(sizes).all():
+        raise RuntimeError(f"flow set {describe(key)} asked to start at {at_s!r} s with sizes "
+                           f"{sizes.tolist()[:4]} bytes: a size must be finite")
 
 
 def describe(key: Hashable | None) -> str:

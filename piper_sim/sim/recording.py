@@ -28,7 +28,7 @@ from piper_sim.sim.fairshare import (
     latency_only,
 )
 from piper_sim.sim.mirror import TimelineMemo
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.sim.network import FlowNetwork, check_finite
 from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, start_phases
 
 PhaseFlowsOf = Callable[[Phase, tuple[str, ...], Hashable], tuple[object, PhaseFlows, float]]
@@ -264,6 +264,7 @@ class Recorder:
             _, rec.flows, delay = self.phase_flows(phase, gpus, (key, index))
             if delay > 0:
                 rec.start_s = t = t + delay
+            check_finite(rec.flows.sizes, rec.flows.key, t)
             sizes = np.where(rec.flows.sizes > EPS_BYTES, rec.flows.sizes, 0.0)
             if not sizes.any() or latency_only(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.weights, sizes,
                                                self.capacity, LATENCY_ONLY_S, self._fastest):  # as the network does
