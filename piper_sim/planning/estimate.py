@@ -299,12 +299,13 @@ class Estimator:
         groups = shard_groups(self._replica_groups(point, p), point.parallel.dp_replicate)[0]  # HSDP: within a shard
         forward, backward, gathers = [], [], []
         units = unit_params(self.model, layers[v], first=first, last=last, ep=point.ep, split=point.parallel.split)
+        tokens, split = coster.tokens, point.parallel.split
         for unit, params in units.items():
             ends = (first and unit == next(iter(units)), last and unit == next(reversed(units)))
-            f, b, _, _, moe = self._chunk(coster, point.ep, (unit,) if unit >= 0 else (), *ends, False)
-            redo, redo_moe = self._recompute(coster, point.ep, (unit,) if unit >= 0 else (), ends[0], point.recompute)
-            forward.append(f + 2 * moe * a2a)
-            backward.append(b + redo + 2 * (moe + redo_moe) * a2a)
+            key = ("unit", tokens, split, point.ep, unit, ends, point.recompute, a2a)
+            f, b = self._cached(key, lambda unit=unit, ends=ends: self._unit_passes_s(coster, point, unit, ends, a2a))
+            forward.append(f)
+            backward.append(b)
             gathers.append(sum(self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
                                for kind, gpus in groups.items() if len(gpus) > 1))
         shares = gather_shares(point.schedule, point.pp, point.vpp, point.num_microbatches, p,
@@ -312,9 +313,22 @@ class Estimator:
         return (shares[0] * exposed_gather_s(gathers, forward),
                 shares[1] * exposed_gather_s(gathers[::-1], backward[::-1]))
 
+    def _unit_passes_s(self, coster: TaskCoster, point: PlanPoint, unit: int, ends: tuple[bool, bool], a2a: float
+                       ) -> tuple[float, float]:
+        """ZeRO-3: (forward, backward) compute of one unit (a layer; negative: the embedding or the head) in one
+        micro-batch, its all-to-alls included and its recomputation before the backward."""
+        layers = (unit,) if unit >= 0 else ()
+        f, b, _, _, moe = self._chunk(coster, point.ep, layers, *ends, False)
+        redo, redo_moe = self._recompute(coster, point.ep, layers, ends[0], point.recompute)
+        return f + 2 * moe * a2a, b + redo + 2 * (moe + redo_moe) * a2a
+
     def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
-        return self.phases_s(registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),
-                             tuple(gpus))
+        """One sharded collective of `size` bytes over `gpus`, memoized: units of equal size gather over the same
+        groups in every plan that shares their stage's placement."""
+        collective = registry.get(self.all_reduce, "collectives.all_reduce")
+        group = tuple(gpus)
+        return self._cached(("sharded", collective, size, group),
+                            lambda: self.phases_s(collective(size, list(group), self.topo), group))
 
     def _reduce_group_s(self, params: float, gpus: list[str], zero: int) -> float:
         """One all-reduce of the gradients, or with ZeRO their reduce-scatter (ZeRO-1; ZeRO-2's are per chunk,

@@ -16,7 +16,6 @@ from piper_sim.schedule.fsdp import gathering_passes
 from piper_sim.schedule.registry import SCHEDULES
 
 
-@functools.lru_cache(maxsize=4096)
 def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: int, chunk: int,
                   reshard_after_forward: bool) -> tuple[float, float]:
     """(forwards, backwards) of chunk `chunk` at stage `stage` that gather its units, each as a share of the
@@ -24,13 +23,25 @@ def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: in
     backward (or start the step) and the backwards that follow a backward."""
     if reshard_after_forward:
         return 1.0, 1.0
-    program = SCHEDULES.get(schedule, "schedule")(pp, vpp, microbatches)[stage]
-    gathering = gathering_passes(program, reshard_after_forward=False)
-    counts = {"forward": 0, "backward": 0}
-    for task in program:
-        if task.chunk == chunk and task.task_id in gathering and task.kind in counts:
-            counts[task.kind] += 1
-    return counts["forward"] / microbatches, counts["backward"] / microbatches
+    return _no_reshard_shares(schedule, pp, vpp, microbatches)[stage, chunk]
+
+
+@functools.lru_cache(maxsize=256)
+def _no_reshard_shares(schedule: str, pp: int, vpp: int, microbatches: int
+                       ) -> dict[tuple[int, int], tuple[float, float]]:
+    """gather_shares without resharding after the forward, for every (stage, chunk) of one schedule at once (its
+    program is generated once)."""
+    shares = {}
+    for stage, program in enumerate(SCHEDULES.get(schedule, "schedule")(pp, vpp, microbatches)):
+        gathering = gathering_passes(program, reshard_after_forward=False)
+        counts: dict[tuple[int, str], int] = {}
+        for task in program:
+            if task.task_id in gathering and task.kind in ("forward", "backward"):
+                counts[task.chunk, task.kind] = counts.get((task.chunk, task.kind), 0) + 1
+        for chunk in range(vpp):
+            shares[stage, chunk] = (counts.get((chunk, "forward"), 0) / microbatches,
+                                    counts.get((chunk, "backward"), 0) / microbatches)
+    return shares
 
 
 def unit_reduce_s(estimator, size_bytes: float, gpus: list[str], replicate: int) -> float:

@@ -16,7 +16,7 @@ Pure: no simpy, torch (the live counts per schedule shape are cached; peak = cou
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.plan import stage_memory_terms
 from piper_sim.workload.memory import rank_params
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 
@@ -54,24 +55,39 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
     """Per pipeline stage: state and peak activation bytes of one of its ranks (a config's recompute_layers and
     recompute_checkpoint_layers where given; the planner's plans recompute whole chunks); fp8_transposed_copies:
     the device's, for a model in fp8 (DeviceProfile); recompute_modules: a config's, for selective recomputation."""
-    stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
-    layers = split_layers(model.num_layers, stages)
-    parallel = point.parallel
+    # The terms do not depend on the micro-batch count (only live_counts does) nor on the all-to-all: plans that
+    # differ only there share them.
+    parallel = replace(point.parallel, num_microbatches=1)
     out = []
     for p in range(point.pp):
-        chunks = [stages.of(p, c) for c in range(point.vpp)]
-        held = tuple(layer for v in chunks for layer in layers[v])
-        params = rank_params(model, held, first=any(map(stages.is_first, chunks)),
-                             last=any(map(stages.is_last, chunks)), ep=point.ep, split=parallel.split)
-        terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
-                                   recompute=point.recompute, recompute_layers=recompute_layers, zero=point.zero,
-                                   stages=stages, checkpoint_layers=checkpoint_layers,
-                                   fp8_transposed_copies=fp8_transposed_copies, recompute_modules=recompute_modules,
-                                   reshard_after_forward=point.reshard_after_forward)
+        state, act, transient = _stage_terms(
+            model, schedule_layout(point.schedule), parallel, p, flash_attention, point.recompute, recompute_layers,
+            point.zero, checkpoint_layers, fp8_transposed_copies, recompute_modules, point.reshard_after_forward)
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
-        peak = float(np.max(counts @ np.array([terms["act"][c] for c in range(point.vpp)])))
-        out.append(StageMemory(state_bytes=terms["state"], activation_bytes=peak + terms["transient"]))
+        peak = float(np.max(counts @ act))
+        out.append(StageMemory(state_bytes=state, activation_bytes=peak + transient))
     return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _stage_terms(model: ModelSpec, layout, parallel: ParallelSpec, p: int, flash_attention: bool, recompute: str,
+                 recompute_layers: int | None, zero: int, checkpoint_layers: int | None, fp8_transposed_copies: bool,
+                 recompute_modules: tuple[str, ...], reshard_after_forward: bool) -> tuple[float, np.ndarray, float]:
+    """Stage p's (state bytes, activation bytes per chunk, transient bytes): sim.plan.stage_memory_terms for the
+    stage's chunks of the layout."""
+    stages = VirtualStages(layout, parallel.pp, parallel.vpp)
+    layers = split_layers(model.num_layers, stages)
+    chunks = [stages.of(p, c) for c in range(parallel.vpp)]
+    held = tuple(layer for v in chunks for layer in layers[v])
+    params = rank_params(model, held, first=any(map(stages.is_first, chunks)),
+                         last=any(map(stages.is_last, chunks)), ep=parallel.ep, split=parallel.split)
+    terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
+                               recompute=recompute, recompute_layers=recompute_layers, zero=zero, stages=stages,
+                               checkpoint_layers=checkpoint_layers, fp8_transposed_copies=fp8_transposed_copies,
+                               recompute_modules=recompute_modules, reshard_after_forward=reshard_after_forward)
+    act = np.array([terms["act"][c] for c in range(parallel.vpp)])
+    act.setflags(write=False)
+    return terms["state"], act, terms["transient"]
 
 
 @functools.lru_cache(maxsize=16384)

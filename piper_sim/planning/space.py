@@ -16,6 +16,7 @@ Memory (the stage-0 bottleneck) is resource.py's. Pure: no simpy, torch.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, fields, replace
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL
@@ -56,8 +57,9 @@ class PlanPoint:
     def num_gpus(self) -> int:
         return self.pp * self.ep * self.dp * self.etp
 
-    @property
+    @functools.cached_property
     def parallel(self) -> ParallelSpec:
+        """The point's ParallelSpec (built once: the estimator and the memory model ask for it many times)."""
         return ParallelSpec(pp=self.pp, ep=self.ep, dp=self.dp, tp=self.tp, etp=self.etp, sp=self.sp, vpp=self.vpp,
                             num_microbatches=self.num_microbatches, micro_batch_size=self.micro_batch_size, cp=self.cp,
                             dp_shard=self.dp_shard)
