@@ -38,9 +38,10 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     if cfg.model.fp8_recipe:  # its linears are torch's, in the model's dtype
         raise ConfigError("cost.precision", "fp8", "bf16 for real runs (the torch backend runs no fp8 GEMMs, and this "
                                                    "machine's CPUs have none; simulate prices fp8)")
-    if cfg.zero == 3:
-        raise ConfigError("optimizer.zero", 3, "0, 1 or 2 for real runs (the torch backend gathers no parameters; "
-                                               "simulate and plan price ZeRO-3)")
+    if cfg.zero == 3 and cfg.recompute == "full":  # its recompute tasks re-run each unit from the unit's input
+        raise ConfigError("recompute", "full", "none or selective with optimizer.zero 3 for real runs (ZeRO-3 "
+                          "recomputes each unit inside its backward, from a per-unit checkpoint the torch backend "
+                          "does not keep; simulate prices it)")
     if cfg.parallel.cp > 1:  # its schedule's K/V ring tasks have no executor yet (docs/context-parallel.md)
         raise ConfigError("parallel.cp", cfg.parallel.cp, "1 for real runs (the torch backend runs no ring "
                                                           "attention; simulate and plan price context parallelism)")

@@ -39,7 +39,8 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import TensorSplit
 
 from .activations import ActivationMeter
-from .all_to_all import all_to_all, dispatch_rows, prepare_groups
+from .all_to_all import prepare_groups
+from .comm_tasks import CommunicationTasks
 from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
 from .migrate import ExpertMigration
@@ -55,14 +56,14 @@ BACKWARD_KINDS = ("backward", "backward_expert", "backward_input", "backward_exp
 SPLIT_BACKWARD = ("backward_input", "backward_expert_input")
 
 
-class Executor:
+class Executor(CommunicationTasks):
     """Runs the program of one rank. Built inside an initialized torch.distributed process."""
 
     def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
                  all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
                  dtype: torch.dtype = torch.float32, migration: dict | None = None,
                  device: torch.device | str = "cpu", zero: int = 0, sp: bool = False,
-                 halo: HaloMachine | None = None) -> None:
+                 halo: HaloMachine | None = None, reshard_after_forward: bool = True) -> None:
         if schedule.vpp > 1 and schedule.pp == 1:
             raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
         migrates = bool(migration and migration.get("enabled") and migration.get("policy", "greedy") != "none")
@@ -104,7 +105,9 @@ class Executor:
         self.dtype = dtype
         self.meter = ActivationMeter()
         self.train = TrainState(modules=self.modules, shard=self.shard, mesh=self.mesh, rank=rank,
-                                program=self.program, zero=zero, lr=lr, meter=self.meter)
+                                program=self.program, zero=zero, lr=lr, meter=self.meter,
+                                reshard_after_forward=reshard_after_forward)
+        self.fsdp = self.train.fsdp  # ZeRO-3 (fsdp.py): the units' gathers, frees and gradient reduce-scatters
         self.replicas = self.mesh.data_parallel  # micro-batch streams of a stage: one per TP group
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
         self._prepare_groups()
@@ -146,17 +149,21 @@ class Executor:
         for task in self.program:
             for dep in task.deps:
                 self.transfers.wait(dep)
+            if self.fsdp:
+                self.fsdp.before(task)
             start, cpu = time.perf_counter(), time.thread_time()
             flops, nbytes = self._run(task)
-            if task.kind not in ("send", "recv"):
+            if not task.is_issued:  # sends, receives and nonblocking collectives are recorded when they end
                 if self.cuda:
                     torch.cuda.synchronize(self.device)
                 self._record(task, start, time.perf_counter(), nbytes, flops, time.thread_time() - cpu)
+            if self.fsdp:
+                self.fsdp.after(task)
             self.transfers.poll()
         self.transfers.wait_all()
         self.step_cpu_s.append(time.thread_time() - step_cpu)
         if self.captured_grads is not None and step == 0:
-            self.captured_params = {n: p.detach().clone() for m in self.modules for n, p in m.named_parameters()}
+            self.captured_params = self.train.named_parameters()
         for ms in self.micro.values():
             loss = ms.state.get("loss")
             if loss is not None:
@@ -178,6 +185,9 @@ class Executor:
             return 0.0, self._all_to_all(task)
         if task.kind in ("send", "recv"):
             self._post_p2p(task)
+            return 0.0, 0.0
+        if task.nonblocking and self.fsdp is not None:
+            self._issue_fsdp(task)
             return 0.0, 0.0
         if task.role == "tp" and task.kind in ("all_reduce", "reduce_scatter", "all_gather"):
             return 0.0, self._tp_task(task)
@@ -380,86 +390,6 @@ class Executor:
             self.meter.account(-seg.saved_bytes)
         ms.done_backward.clear()
         return flops
-
-    # ---- communication -------------------------------------------------------------------------
-    def _all_to_all(self, task: Task) -> float:
-        ms = self._micro(task)
-        group = self.mesh.group(self.rank, "ep")
-        if task.task_id.startswith("R:"):  # recomputed: exchanged again, from the recompute tasks' state
-            return self._a2a_forward(task, self._redo_state(task, ms), group, ms.recomputed)
-        if task.in_forward:
-            redo = f"{task.role}:{task.layer}" in self.redo.get(task.chunk, set())
-            return self._a2a_forward(task, ms.state, group, ms.segments, redo=redo)
-        seg = ms.segments.pop()
-        if seg.redo:
-            seg = ms.recomputed.pop()
-        if seg.a2a is None:
-            raise PiperError(f"task {task.task_id}: expected an all-to-all record, found a compute segment")
-        a2a = seg.a2a
-        forward_dispatch = a2a["role"] == "dispatch"
-        grad_key, out_key = ("recv_rows", "send_rows") if forward_dispatch else ("combined_rows", "return_rows")
-        grad = ms.pending.pop(grad_key, None)
-        if grad is None:
-            grad = torch.zeros(sum(a2a["recv_splits"]), self.model.d_model, device=self.device, dtype=self.dtype)
-        rows, _ = all_to_all(grad.contiguous(), a2a["recv_splits"], group, self.node_of, self.algorithm,
-                             halo=self.halo)
-        ms.pending[out_key] = rows
-        return float(rows.numel() * rows.element_size())
-
-    def _a2a_forward(self, task: Task, state: State, group: tuple[int, ...], segments: list[Segment], *,
-                     redo: bool = False) -> float:
-        """The forward exchange on state; its record goes on segments (redo: a stand-in for the recomputed one)."""
-        if task.role == "dispatch":
-            splits = list(state["send_splits"])
-            rows, ids, recv_splits = dispatch_rows(state["send_rows"], state["send_expert_ids"], splits, group,
-                                                   self.node_of, self.algorithm, halo=self.halo)
-            state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids)
-            record = {"role": "dispatch", "send_splits": splits, "recv_splits": recv_splits}
-            sent = state["send_rows"]
-            nbytes = (sum(splits) - splits[group.index(self.rank)]) * sent.shape[1] * sent.element_size()
-        else:
-            splits = list(state["recv_splits"])
-            rows, back = all_to_all(state["return_rows"].detach(), splits, group, self.node_of, self.algorithm,
-                                    halo=self.halo)
-            state["combined_rows"] = rows.requires_grad_(True)
-            record = {"role": "combine", "send_splits": splits, "recv_splits": back}
-            nbytes = (sum(splits) - splits[group.index(self.rank)]) * rows.shape[1] * rows.element_size()
-        segments.append(Segment(a2a=record, redo=redo))
-        return float(nbytes)
-
-    def _tp_task(self, task: Task) -> float:
-        """A TP collective on h (forward, or its recomputation) or on h's gradient (backward)."""
-        ms = self._micro(task)
-        if not task.in_forward:
-            self._local_grad(task, ms)
-            ms.pending["h"] = self.tp.run(task.kind, ms.pending["h"])
-            return float(ms.pending["h"].numel() * ms.pending["h"].element_size())
-        recomputed = task.task_id.startswith("R:")
-        state = self._redo_state(task, ms) if recomputed else ms.state
-        full_redo = any(not op.startswith("attn_core:") for op in self.redo.get(task.chunk, ()))
-        if full_redo and not recomputed and not ms.segments and ms.checkpoint is None:
-            self._take_checkpoint(ms)  # the chunk's input, before its first task (an all-gather under sp)
-        state["h"] = self.tp.run(task.kind, state["h"]).requires_grad_(True)
-        return float(state["h"].numel() * state["h"].element_size())
-
-    def _post_p2p(self, task: Task) -> None:
-        ms = self._micro(task)
-        start = time.perf_counter()
-        if task.kind == "send":
-            tensor = ms.state["h"] if task.role == "act" else ms.pending.pop("h")
-            buffer = tensor.detach().contiguous()
-        else:
-            shape = self.tp.activation_shape(self.micro_batch_size, self.model.seq_len, self.model.d_model)
-            buffer = torch.empty(shape, device=self.device, dtype=self.dtype)
-        self.transfers.post(task, ms, self.mesh.peer(self.rank, task.peer_stage), buffer, start)
-
-    def _finish_p2p(self, task: Task, ms: MicroState, start: float, end: float, buffer: Tensor) -> None:
-        if task.kind == "recv":
-            if task.role == "act":
-                ms.state["h"] = buffer.requires_grad_(True)
-            else:
-                ms.pending["h"] = buffer
-        self._record(task, start, end, float(buffer.numel() * buffer.element_size()), 0.0)
 
     # ---- records -------------------------------------------------------------------------------
     def _record(self, task: Task, start: float, end: float, nbytes: float, flops: float,

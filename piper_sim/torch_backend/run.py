@@ -94,7 +94,8 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of, halo=spec.halo,
                         all_to_all_algorithm=cfg.all_to_all, batch_fn=batch_fn,
                         micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration,
-                        device=device, dtype=dtype, zero=cfg.zero, sp=par.sp)
+                        device=device, dtype=dtype, zero=cfg.zero, sp=par.sp,
+                        reshard_after_forward=cfg.reshard_after_forward)
     if spec.capture_grads:
         executor.captured_grads = {}
     bias = router_bias(cfg)

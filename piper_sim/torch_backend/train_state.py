@@ -16,6 +16,7 @@ from piper_sim.schedule.ir import Task
 from piper_sim.workload.mesh import Mesh
 
 from .activations import ActivationMeter
+from .fsdp import Fsdp
 from .groups import DEFAULT_GROUPS
 from .model import StageModule
 from .tensor_parallel import PARAM_CLASSES, TensorShard
@@ -24,12 +25,15 @@ from .zero import ShardedGroup
 
 class TrainState:
     def __init__(self, *, modules: list[StageModule], shard: TensorShard, mesh: Mesh, rank: int,
-                 program: tuple[Task, ...], zero: int, lr: float, meter: ActivationMeter) -> None:
+                 program: tuple[Task, ...], zero: int, lr: float, meter: ActivationMeter,
+                 reshard_after_forward: bool = True) -> None:
         self.modules, self.shard, self.mesh, self.rank, self.program = modules, shard, mesh, rank, program
         self.zero, self.lr, self.meter = zero, lr, meter
         self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
         self.pending_optimizer_state: dict = {}  # moved experts' Adam moments, for the next rebuild
         self.sharded: dict[str, ShardedGroup] = {}  # ZeRO: a parameter class (PARAM_CLASSES) -> its sharded group
+        self.fsdp = Fsdp(modules=modules, shard=shard, mesh=mesh, rank=rank, program=program, meter=meter,
+                         reshard_after_forward=reshard_after_forward) if zero == 3 else None
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -38,16 +42,21 @@ class TrainState:
         # by the group that reduces their gradients (tensor_parallel.TensorShard.param_class)
         self.class_params = {kind: [p for n, p in named if self.shard.param_class(n) == kind] for kind in PARAM_CLASSES}
         self.class_params["mirror"] = [p for _, p in named]  # DualPipe: the counterpart holds the same names
-        if self.zero and not self.sharded:  # once (no migration with ZeRO): parameters become flat views
+        if self.zero in (1, 2) and not self.sharded:  # once (no migration with ZeRO): parameters become flat views
             self.sharded = self._shard(named)
         # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
-        self.meter.param_storages = {p.untyped_storage().data_ptr() for _, p in named}
+        # (ZeRO-3: a unit's gathered buffer is added while it is gathered, fsdp.py)
+        self.meter.param_storages = {p.untyped_storage().data_ptr() for _, p in named
+                                     if p.untyped_storage().nbytes()}
         in_shards = {id(p) for group in self.sharded.values() for p in group.params}
+        in_shards |= self.fsdp.params() if self.fsdp else set()
         whole = [p for _, p in named if id(p) not in in_shards]
         # parameters, their gradients and Adam's two moments: the training state of the rank
         self.meter.static_bytes = (4.0 * sum(p.numel() * p.element_size() for p in whole)
-                                   + sum(group.state_bytes() for group in self.sharded.values()))
+                                   + sum(group.state_bytes() for group in self.sharded.values())
+                                   + (self.fsdp.state_bytes() if self.fsdp else 0.0))
         trainable = whole + [group.shard for group in self.sharded.values()]
+        trainable += self.fsdp.shards() if self.fsdp else []
         old = self.optimizer.state
         self.optimizer = torch.optim.Adam(trainable, lr=self.lr)
         for p in trainable:
@@ -66,6 +75,12 @@ class TrainState:
             if members:
                 groups[kind] = ShardedGroup(members, self.mesh.group(self.rank, task.group_axis), stage=self.zero)
         return groups
+
+    def named_parameters(self) -> dict[str, Tensor]:
+        """Tests: every parameter of the rank as it is now (ZeRO-3: gathered from the shards)."""
+        out = {n: p.detach().clone() for m in self.modules for n, p in m.named_parameters()
+               if not self.fsdp or id(p) not in self.fsdp.params()}
+        return {**out, **(self.fsdp.full_params() if self.fsdp else {})}
 
     def all_reduce(self, task: Task) -> float:
         """A gradient class summed over the task's group; bytes of the buffer."""
@@ -98,6 +113,8 @@ class TrainState:
                                    for n, p in m.named_parameters() if p.grad is not None})
             for group in self.sharded.values():  # what the rank holds of them unreduced is replaced
                 captured_grads.update(group.reduced_grads())
+            if self.fsdp:
+                captured_grads.update(self.fsdp.reduced_grads())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         for group in self.sharded.values():  # ZeRO-1 kept the full (unreduced) gradients until now
