@@ -162,7 +162,7 @@ def main() -> None:
         print(line(name, now, args.timeout), flush=True)
         if args.base:
             before = child(name, args, args.base)
-            print(line(f"  base", before, args.timeout), flush=True)
+            print(line("  base", before, args.timeout), flush=True)
             if now and before:
                 print(f"  {'base / this':20s} {before['wall_s'] / now['wall_s']:8.2f}x wall; step time "
                       f"{now['step_time_s'] / before['step_time_s'] - 1:+.2e} relative", flush=True)

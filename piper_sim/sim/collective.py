@@ -137,7 +137,7 @@ class CollectiveRunner:
         distinct end), each member's run its own."""
         starting, self._starting = self._starting, []
         links = [self.recorder.links(c) for c in starting]
-        alone: list[Starting] = []
+        alone: list[int] = []
         for cluster in overlapping(links):
             members = [starting[i] for i in cluster]
             union = links[cluster[0]] if len(cluster) == 1 else np.unique(np.concatenate([links[i] for i in cluster]))
@@ -147,13 +147,13 @@ class CollectiveRunner:
                         phase, c.gpus, (c.key, index), waits))
                     self.env.all_of(events).callbacks.append(lambda _ev, done=c.done: done.succeed())
             elif len(members) == 1:
-                alone.append(members[0])
+                alone.append(cluster[0])
             else:
                 self._reserve(members, self.recorder.run_together(members), union, self.recorder.replay(members))
         if alone:
-            union = self.recorder.links(alone[0]) if len(alone) == 1 else np.concatenate(
-                [self.recorder.links(c) for c in alone])  # disjoint: no link twice
-            self._reserve(alone, [self.recorder.isolated_run(c) for c in alone], union, None)
+            union = links[alone[0]] if len(alone) == 1 else np.concatenate([links[i] for i in alone])  # disjoint
+            self._reserve([starting[i] for i in alone], [self.recorder.isolated_run(starting[i]) for i in alone],
+                          union, None)
 
     def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float,
                  finish_times: bool):

@@ -89,7 +89,7 @@ class Simulation(LaneCollectives):
         self.mesh = schedule.mesh
         self.per_stage = self.mesh.num_ranks // self.mesh.pp
         self.env = simpy.Environment()
-        self.network = FlowNetwork(self.env, topology.capacity_bytes_per_s)
+        self.network = FlowNetwork(self.env, topology.capacity_bytes_per_s, batch=True)
         self.runner = CollectiveRunner(self.env, self.network, topology)
         self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention,
                                                         recompute=recompute, recompute_layers=recompute_layers,

@@ -1,8 +1,8 @@
 """Max-min fair shares on a flow set, and the timeline of a flow set alone on its links.
 
-Owns the progressive-filling solve (max_min_rates, fill_rates, Filling), the isolated run of one flow set
-(isolated_timeline) and the Timeline record; their inner loops are compiled (kernels.py). The flow network
-(network.py) and the collective recorder (collective.py) use it.
+Owns the progressive-filling solve (max_min_rates, fill_rates, Filling), the joined incidence of flow sets solved
+together (Structure), the isolated run of one flow set (isolated_timeline) and the Timeline record; their inner loops
+are compiled (kernels.py). The flow network (network.py) and the collective recorder (collective.py) use it.
 """
 
 from __future__ import annotations
@@ -62,6 +62,23 @@ class Filling:
         rate = self.state[0].copy()
         free = live & ~self.incidence.has_link
         return np.where(free, np.inf, rate) if free.any() else rate
+
+
+class Structure:
+    """Flow sets' incidences joined, in the order of their start (seq), for solving them together."""
+
+    __slots__ = ("index", "offsets", "num_flows", "entry_flow", "entry_link", "weight", "filling")
+
+    def __init__(self, sets: list, capacity: np.ndarray, filled: bool) -> None:
+        """filled: build the progressive filling's compressed incidence (fixed capacities), else keep the arrays."""
+        self.index = {fs.seq: i for i, fs in enumerate(sets)}
+        self.offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
+        self.num_flows = int(self.offsets[-1])
+        self.entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, self.offsets, strict=False)])
+        self.entry_link = np.concatenate([fs.entry_link for fs in sets])
+        self.weight = np.concatenate([fs.weight for fs in sets])
+        links, local = compact_ids(self.entry_link)
+        self.filling = Filling(self.entry_flow, local, self.weight, capacity[links]) if filled else None
 
 
 LATENCY_ONLY_S = 5e-8  # a flow set that holds each link it crosses at most this long alone runs outside the sharing

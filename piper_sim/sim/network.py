@@ -17,10 +17,11 @@ import numpy as np
 import simpy
 
 from piper_sim.sim import kernels
+from piper_sim.sim.batch import Parts, Pending, overlapping, union
 from piper_sim.sim.fairshare import (
     EPS_BYTES,
     LATENCY_ONLY_S,
-    Filling,
+    Structure,
     Timeline,
     compact_ids,
     isolated_timeline,
@@ -37,7 +38,8 @@ class FlowSet:
     """Flows that start together (one phase of a collective, or one p2p transfer)."""
 
     __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
-                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors", "armed", "structure", "key")
+                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors", "armed", "structure", "key",
+                 "parts")
 
     def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
                  done: simpy.Event, now: float, links: np.ndarray, seq: int, key: Hashable | None = None) -> None:
@@ -55,6 +57,7 @@ class FlowSet:
         self.links = links  # distinct link ids (int array)
         self.finish_s = np.where(sizes > EPS_BYTES, np.nan, now)  # per flow, filled as flows end
         self.neighbors: set[FlowSet] = set()  # the active sets it shares a link with (FlowNetwork keeps it)
+        self.parts: Parts | None = None  # flow sets it was made of, each with its own end (batch.py)
 
 
 class Reservation:
@@ -64,33 +67,17 @@ class Reservation:
         self.links, self.on_break, self.live = links, on_break, True
 
 
-class Structure:
-    """Flow sets' incidences joined, in the order of their start (seq), for solving them together."""
-
-    __slots__ = ("index", "offsets", "num_flows", "entry_flow", "entry_link", "weight", "filling")
-
-    def __init__(self, sets: list[FlowSet], capacity: np.ndarray, filled: bool) -> None:
-        """filled: build the progressive filling's compressed incidence (fixed capacities), else keep the arrays."""
-        self.index = {fs.seq: i for i, fs in enumerate(sets)}
-        self.offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
-        self.num_flows = int(self.offsets[-1])
-        self.entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, self.offsets, strict=False)])
-        self.entry_link = np.concatenate([fs.entry_link for fs in sets])
-        self.weight = np.concatenate([fs.weight for fs in sets])
-        links, local = compact_ids(self.entry_link)
-        self.filling = Filling(self.entry_flow, local, self.weight, capacity[links]) if filled else None
-
-
 class FlowNetwork:
     """All flows in flight on one topology."""
 
     def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray,
                  slowdown: Callable[[np.ndarray], np.ndarray] | None = None,
-                 latency_only_s: float = LATENCY_ONLY_S) -> None:
+                 latency_only_s: float = LATENCY_ONLY_S, batch: bool = False) -> None:
         """slowdown: load per link (the weights of its live flows) -> divisor of each link's capacity, for
         resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity.
         latency_only_s: a flow set that holds each of its links at most this long runs outside the sharing
-        (fairshare.latency_only; 0: none does)."""
+        (fairshare.latency_only; 0: none does). batch: flow sets asked to start at one instant enter together at its
+        end, those that share links as one set of parts (batch.py); else each enters as it is asked to."""
         self.env = env
         self.capacity = capacity_bytes_per_s
         self.latency_only_s = latency_only_s
@@ -110,7 +97,9 @@ class FlowNetwork:
         self.reservations: list[Reservation] = []
         self.log: dict | None = None  # {set: [(time, rates)]} of the solves of sets that did not run alone, when a
         # caller records a run
-        self.last_set: FlowSet | None = None
+        self.last_set: FlowSet | None = None  # the last set entered (without batch: the one start just entered)
+        self.batch = batch
+        self._pending: list[Pending] = []  # sets asked to start at this instant (batch)
 
     # ---- public ----------------------------------------------------------------------------------
     def start(self, entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
@@ -138,19 +127,44 @@ class FlowNetwork:
                                           self._fastest, distinct):  # nothing to move, or too little to share links
             done.succeed(np.full(sizes.shape[0], self.env.now))
             return done
-        if self.reservations and self.reserved[distinct[0]].any():
-            self._break_reservations(distinct[0])
-        fs = FlowSet(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), done, self.env.now, distinct[0],
-                     self.num_sets, key)
+        pending = Pending(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), distinct[0], key, done)
+        if not self.batch:
+            if (fs := self._open([pending])) is not None:
+                self._resolve(self._component(fs))
+        else:
+            if not self._pending:
+                self.env.timeout(0).callbacks.append(self._flush)
+            self._pending.append(pending)
+        return done
+
+    def _flush(self, _ev: simpy.Event) -> None:
+        """The sets asked to start at this instant enter: those that share links as one set of parts, each group
+        alone on idle links from its memoized run, the others' components solved once each."""
+        pending, self._pending = self._pending, []
+        clusters = overlapping([p.links for p in pending]) if len(pending) > 1 else [[0]]
+        self.resolve_sets([fs for c in clusters if (fs := self._open([pending[i] for i in c])) is not None])
+
+    def _open(self, sets: list[Pending]) -> FlowSet | None:
+        """Sets that share links enter as one (one as itself); returns it unless it runs alone from a memoized run."""
+        if len(sets) == 1:
+            p, parts = sets[0], None
+            entry_flow, entry_link, weight, sizes, key, links, done = (p.entry_flow, p.entry_link, p.weight, p.sizes,
+                                                                       p.key, p.links, p.done)
+        else:
+            entry_flow, entry_link, weight, sizes, key, parts = union(sets)
+            links, done = np.unique(np.concatenate([p.links for p in sets])), self.env.event()
+        if self.reservations and self.reserved[links].any():
+            self._break_reservations(links)
+        fs = FlowSet(entry_flow, entry_link, weight, sizes, done, self.env.now, links, self.num_sets, key)
+        fs.parts = parts
         self.last_set = fs
         self.num_sets += 1
-        isolated = not self.busy[distinct[0]].any()
+        isolated = not self.busy[links].any()
         self._join(fs)
         if isolated and key is not None:
             self._run_isolated(fs, (key, sizes.tobytes()))
-        else:
-            self._resolve(self._component(fs))
-        return done
+            return None
+        return fs
 
     def count(self, link_bytes: np.ndarray, num_flows: int, links: np.ndarray | None = None) -> None:
         """Account bytes per link (on every link, or on `links` only) and a number of flows (at the start of what
@@ -243,6 +257,17 @@ class FlowNetwork:
         fs.timeline = timeline
         fs.version += 1
         self._schedule(fs, timeline.duration_s)
+        if fs.parts is not None:  # parts that end before the whole: an event per distinct end
+            ends = fs.parts.ends_s(timeline.finish_offset_s)
+            version = fs.version
+            for end_s in np.unique(ends[ends < timeline.duration_s]).tolist():
+                which = np.flatnonzero(ends == end_s)
+                self.env.timeout(end_s).callbacks.append(lambda _ev, w=which: self._part_timer(fs, version, w))
+
+    def _part_timer(self, fs: FlowSet, version: int, which: np.ndarray) -> None:
+        """Parts of a set running from its memoized run end (unless another set has joined it since)."""
+        if version == fs.version and fs.timeline is not None:
+            fs.parts.fire(fs.t_start + fs.timeline.finish_offset_s, which)
 
     def _isolated_timeline(self, fs: FlowSet) -> Timeline:
         """Rate segments [(end offset, rates)] and finish offsets of fs running alone."""
@@ -354,6 +379,8 @@ class FlowNetwork:
             armed.append(fs.armed and fs.timeline is None)
             self._materialize(fs)
             self._advance(fs)
+            if fs.parts is not None:
+                fs.parts.fire(fs.finish_s)
         st = self._structure(sets)
         starts = [int(st.offsets[st.index[fs.seq]]) for fs in sets]
         if len(st.index) == len(sets):
@@ -394,6 +421,8 @@ class FlowNetwork:
             self._finish(fs)
             return
         self._advance(fs)
+        if fs.parts is not None:
+            fs.parts.fire(fs.finish_s)
         if (fs.remaining > EPS_BYTES).any():
             self._resolve(self._component(fs))
             return
@@ -423,6 +452,8 @@ class FlowNetwork:
             raise RuntimeError(f"flow set {describe(fs.key)} ended at {self.env.now!r} s with finish time "
                                f"{float(fs.finish_s[f])!r} for {bad.size} of its {fs.finish_s.size} flows (flow {f}: "
                                f"{float(fs.remaining[f])!r} bytes left, started at {fs.t_start!r} s)")
+        if fs.parts is not None:
+            fs.parts.fire(fs.finish_s)
         fs.done.succeed(fs.finish_s)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
+from piper_sim.sim.batch import overlapping  # noqa: F401 (the runner groups collectives with it)
 from piper_sim.sim.fairshare import (
     EPS_BYTES,
     LATENCY_ONLY_S,
@@ -90,33 +91,6 @@ class Starting:
     gpus: tuple[str, ...]
     key: Hashable
     done: simpy.Event
-
-
-def overlapping(links: list[np.ndarray]) -> list[list[int]]:
-    """Indices of link sets grouped by shared links (transitively), each group in index order, the groups by their
-    first index: the sets sorted by link together, and those next to each other on one link joined (union-find),
-    so the cost grows with the links, not with the pairs of sets."""
-    parent = list(range(len(links)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    if len(links) > 1:
-        owner = np.repeat(np.arange(len(links)), [len(own) for own in links])
-        order = np.argsort(np.concatenate(links), kind="stable")
-        flat = np.concatenate(links)[order]
-        shared = np.flatnonzero(flat[1:] == flat[:-1])  # the sets next to each other on one link
-        for a, b in set(zip(owner[order][shared].tolist(), owner[order][shared + 1].tolist(), strict=True)):
-            ra, rb = root(a), root(b)
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
-    groups: dict[int, list[int]] = {}
-    for i in range(len(links)):
-        groups.setdefault(root(i), []).append(i)
-    return list(groups.values())
 
 
 MAX_RECORDED_RUNS = 1024  # entries of the recorder's smaller memos (links, small runs), dropped oldest first
@@ -196,7 +170,7 @@ class Recorder:
                    if p.src.size]
             links = compact_ids(np.concatenate(ids))[0] if ids else np.zeros(0, dtype=np.int64)
             bounded_put(self._links_by_content, content, links, 8 * MAX_RECORDED_RUNS)
-        bounded_put(self._link_memo, memo, (c.phases, links))
+        bounded_put(self._link_memo, memo, (c.phases, links), 16 * MAX_RECORDED_RUNS)  # a stage's groups x layers
         return links
 
     @staticmethod
