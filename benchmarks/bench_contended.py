@@ -130,12 +130,16 @@ def child(name: str, args: argparse.Namespace, base: str | None) -> dict | None:
         out = subprocess.run(cmd, text=True, check=True, stdout=subprocess.PIPE, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
         return None
+    except subprocess.CalledProcessError as exc:  # e.g. stopped by the memory guard: its error is on stderr
+        return {"failed": exc.returncode}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def line(label: str, r: dict | None, timeout: float) -> str:
     if r is None:
         return f"{label:22s} stopped after {timeout:.0f} s (--timeout)"
+    if "failed" in r:
+        return f"{label:22s} failed (exit status {r['failed']}; its error above)"
     return (f"{label:22s} {r['wall_s']:8.1f} {r['step_time_s']:10.4f} {r['tasks']:9d} {r['events']:10d} "
             f"{r['solves']:9d} {r['component_solves']:8d} {r['component_mean']:8.0f} {r['component_max']:7d} "
             f"{r['reserved']:8d} {r['broken']:7d}")
@@ -163,7 +167,7 @@ def main() -> None:
         if args.base:
             before = child(name, args, args.base)
             print(line("  base", before, args.timeout), flush=True)
-            if now and before:
+            if now and before and "failed" not in now and "failed" not in before:
                 print(f"  {'base / this':20s} {before['wall_s'] / now['wall_s']:8.2f}x wall; step time "
                       f"{now['step_time_s'] / before['step_time_s'] - 1:+.2e} relative", flush=True)
     print("solves: fair-share solves (stats['num_solves']); joined: solves of contended components (Filling), "

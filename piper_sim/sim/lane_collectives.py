@@ -37,14 +37,16 @@ class LaneCollectives:
         host work, the same in each of the lane's groups); returns (members' lane indices, end event) per
         group, the event's value the time the group's collective ends."""
         out = []
+        joins: dict[float, list] = {}  # the groups' joins by arrival time: one event per distinct time
         for group, at, stage_local, in_group in self._groups_of_lane(lane, task.group_axis):
             waiting = self._waiting(group, step, i, task)
             nbytes[stage_local, i] = waiting[3][in_group]
             arrival = float(clock[at].max())
-            members = len(at)
-            self._at(arrival, lambda g=group, w=waiting, m=members, t=arrival: self._join(g, w, (step, g[0], i), m, t,
-                                                                                           task, host_s))
+            joins.setdefault(arrival, []).append((group, waiting, len(at)))
             out.append((at, stage_local, waiting[1]))
+        for arrival, groups in joins.items():
+            self._at(arrival, lambda t=arrival, groups=groups: [self._join(g, w, (step, g[0], i), m, t, task, host_s)
+                                                                for g, w, m in groups])
         return out
 
     def _issue(self, lane: tuple[int, ...], lane_id: int, step: int, i: int, task: Task, nbytes: np.ndarray,

@@ -114,7 +114,9 @@ class RunMemo:
     all-to-alls (each of its own matrix, needed again by its backward a pipeline's depth of micro-batches later)
     stay while a few large runs are dropped sooner."""
 
-    def __init__(self) -> None:
+    def __init__(self, runs_scale: int = 1) -> None:
+        """runs_scale: entries at most, in RECORDED_RUNS (a memo of references to another memo's runs keeps more)."""
+        self.runs_scale = runs_scale
         self._items: dict[Hashable, tuple[object, int]] = {}
         self._held = 0
 
@@ -128,7 +130,8 @@ class RunMemo:
         weight = sum(r.flows.sizes.shape[0] for r in run.phases if r.flows is not None) + 1
         self._items[key] = (value, weight)
         self._held += weight
-        while (self._held > RECORDED_SUB_FLOWS or len(self._items) > RECORDED_RUNS) and len(self._items) > 1:
+        bound = self.runs_scale * RECORDED_RUNS
+        while (self._held > RECORDED_SUB_FLOWS or len(self._items) > bound) and len(self._items) > 1:
             self._held -= self._items.pop(next(iter(self._items)))[1]
 
 
@@ -149,7 +152,8 @@ class Recorder:
         self.capacity, self.phase_flows = capacity, phase_flows
         self.timelines = TimelineMemo(capacity, reverse_link)
         self._fastest = float(capacity.max()) if capacity.size else 0.0
-        self._runs = RunMemo()  # (key, id of the phases' list) -> (that list, its run)
+        self._runs = RunMemo(16)  # (key, id of the phases' list) -> (that list, its run): a stage's
+        # groups x layers x roles (the runs themselves are _by_signature's)
         self._by_signature = RunMemo()  # a run's contents (signature) -> its run
         self._small_runs: dict[Hashable, Timeline] = {}
         self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
