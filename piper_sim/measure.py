@@ -42,9 +42,9 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
         raise ConfigError("recompute", "full", "none or selective with optimizer.zero 3 for real runs (ZeRO-3 "
                           "recomputes each unit inside its backward, from a per-unit checkpoint the torch backend "
                           "does not keep; simulate prices it)")
-    if cfg.parallel.cp > 1:  # its schedule's K/V ring tasks have no executor yet (docs/context-parallel.md)
-        raise ConfigError("parallel.cp", cfg.parallel.cp, "1 for real runs (the torch backend runs no ring "
-                                                          "attention; simulate and plan price context parallelism)")
+    if cfg.parallel.cp > 1 and cfg.recompute == "selective":  # its core recompute re-runs a core without the ring
+        raise ConfigError("recompute", "selective", "none or full with parallel.cp > 1 for real runs (the torch "
+                          "backend's selective recomputation re-runs the attention core without its K/V ring)")
     if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator
         raise ConfigError("model.dropout", cfg.model.dropout, "0 for real runs (the torch backend runs no dropout)")
     if cfg.recompute_checkpoint_layers is not None:  # its recompute tasks re-run whole chunks from their input

@@ -64,10 +64,10 @@ def reference(cfg) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of the same global batch in one process."""
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=CORPUS_BYTES)
-    batch = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.data_parallel,
+    batch = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.batch_parallel,
                          par.num_microbatches)
     model = ReferenceModel(cfg.model, seed=cfg.seed)
-    replicas = par.data_parallel
+    replicas = par.batch_parallel  # one micro-batch stream per TP x CP group
     losses = [model.loss(*batch(0, r, m)) for r in range(replicas) for m in range(par.num_microbatches)]
     loss = torch.stack(losses).mean()
     loss.backward()

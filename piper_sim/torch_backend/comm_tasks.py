@@ -88,7 +88,8 @@ class CommunicationTasks:
             tensor = ms.state["h"] if task.role == "act" else ms.pending.pop("h")
             buffer = tensor.detach().contiguous()
         else:
-            shape = self.tp.activation_shape(self.micro_batch_size, self.model.seq_len, self.model.d_model)
+            seq = self.model.seq_len // self.mesh.cp  # the rank's chunks of the sequence under CP
+            shape = self.tp.activation_shape(self.micro_batch_size, seq, self.model.d_model)
             buffer = torch.empty(shape, device=self.device, dtype=self.dtype)
         self.transfers.post(task, ms, self.mesh.peer(self.rank, task.peer_stage), buffer, start)
 
@@ -105,6 +106,19 @@ class CommunicationTasks:
             finish()
             self._record(task, posted, ended, nbytes, 0.0)
         self.transfers.track(task.task_id, work, start, done)
+
+    def _ring_rows(self, task: Task) -> None:
+        """The rows of the ring tasks issued before task, from the K/V collectives its attention ran, in order."""
+        calls = self.context.take_calls()
+        if not self.ring and not calls:
+            return
+        kinds = [t.kind for t in self.ring]
+        if kinds != [kind for kind, *_ in calls]:
+            raise PiperError(f"task {task.task_id}: its ring tasks {kinds} but its attention ran "
+                             f"{[kind for kind, *_ in calls]} (context parallelism)")
+        for ring, (_, start, end, nbytes, cpu) in zip(self.ring, calls, strict=True):
+            self._record(ring, start, end, nbytes, 0.0, cpu)
+        self.ring.clear()
 
     def _finish_p2p(self, task: Task, ms: MicroState, start: float, end: float, buffer: Tensor) -> None:
         if task.kind == "recv":

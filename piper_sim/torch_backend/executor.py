@@ -41,6 +41,7 @@ from piper_sim.workload.parallel import TensorSplit
 from .activations import ActivationMeter
 from .all_to_all import prepare_groups
 from .comm_tasks import CommunicationTasks
+from .context_parallel import ContextShard
 from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
 from .migrate import ExpertMigration
@@ -87,7 +88,7 @@ class Executor(CommunicationTasks):
         tp_group = DEFAULT_GROUPS.get(self.mesh.group(rank, "tp")) if self.mesh.tp > 1 else None
         self.shard = TensorShard(tp=self.mesh.tp, index=self.coords["tp"], etp=self.mesh.etp, sp=sp, group=tp_group)
         self.tp = TensorParallelTasks(self.shard)
-        self.split = TensorSplit(tp=self.mesh.tp, sp=sp, etp=self.mesh.etp)  # for the FLOPs of the trace's rows
+        self.split = TensorSplit(tp=self.mesh.tp, sp=sp, etp=self.mesh.etp, cp=self.mesh.cp)  # the rows' FLOPs
         # a split backward defers each linear's weight gradient to the W pass (layers.DeferredWeightGrads)
         DeferredWeightGrads.enabled = any(t.kind in SPLIT_BACKWARD for t in self.program)
         self.stages = schedule.stages  # the layout: which chunks start and end a pipeline (DualPipe: two of each)
@@ -102,6 +103,14 @@ class Executor(CommunicationTasks):
             for op in ops:
                 if op.startswith("attn_core:"):
                     self.modules[c].layers[op.partition(":")[2]].attn.selective = True
+        self.context = None  # context parallelism (context_parallel.py): the rank's chunks, K/V over the CP group
+        if self.mesh.cp > 1:
+            self.context = ContextShard(self.mesh.cp, self.coords["cp"],
+                                        DEFAULT_GROUPS.get(self.mesh.group(rank, "cp")))
+            for module in self.modules:
+                for layer in module.layers.values():
+                    layer.attn.context = self.context
+        self.ring: list[Task] = []  # the ring tasks issued beside the attention task that runs their collectives
         self.dtype = dtype
         self.meter = ActivationMeter()
         self.train = TrainState(modules=self.modules, shard=self.shard, mesh=self.mesh, rank=rank,
@@ -159,6 +168,8 @@ class Executor(CommunicationTasks):
                 self._record(task, start, time.perf_counter(), nbytes, flops, time.thread_time() - cpu)
             if self.fsdp:
                 self.fsdp.after(task)
+            if self.context is not None and not task.is_issued:
+                self._ring_rows(task)
             self.transfers.poll()
         self.transfers.wait_all()
         self.step_cpu_s.append(time.thread_time() - step_cpu)
@@ -186,6 +197,9 @@ class Executor(CommunicationTasks):
         if task.kind in ("send", "recv"):
             self._post_p2p(task)
             return 0.0, 0.0
+        if task.role == "cp":  # run by the attention task after it (context_parallel.py), recorded then
+            self.ring.append(task)
+            return 0.0, 0.0
         if task.nonblocking and self.fsdp is not None:
             self._issue_fsdp(task)
             return 0.0, 0.0
@@ -209,11 +223,14 @@ class Executor(CommunicationTasks):
         ms = self.micro.get(key)
         if ms is None:
             v = self.schedule.virtual_stage(self.stage, task.chunk)
-            replica = self.rank % self.mesh.stage_size // self.mesh.tp  # the TP group's micro-batch stream
+            # the micro-batch stream of the rank's TP and CP groups
+            replica = self.rank % self.mesh.stage_size // (self.mesh.tp * self.mesh.cp)
             state: State = {}
             first, last = self.stages.is_first(v), self.stages.is_last(v)
             if first or last:
                 tokens, targets = (t.to(self.device) for t in self.batch_fn(self.step, replica, task.microbatch))
+                if self.context is not None:  # the rank's chunks of each sequence
+                    tokens, targets = self.context.local(tokens), self.context.local(targets)
                 if first:
                     state["tokens"] = tokens
                 if last:
@@ -339,7 +356,8 @@ class Executor(CommunicationTasks):
         return flops
 
     def _op_flops(self, op: str, state: State) -> float:
-        tokens = self.model.seq_len * (state["h"].shape[0] if "h" in state and state["h"].dim() == 3 else 1)
+        tokens = self.model.seq_len // self.mesh.cp * (state["h"].shape[0] if "h" in state and state["h"].dim() == 3
+                                                       else 1)
         if op.startswith("experts:"):
             counts = torch.bincount(state["recv_expert_ids"], minlength=self.model.num_experts)
             rows = tuple(int(c) for c in counts.tolist() if c > 0)

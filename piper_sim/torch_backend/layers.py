@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from piper_sim.workload.model import ModelSpec
 
+from .context_parallel import RingAttention
 from .tensor_parallel import NO_SHARD, TensorShard
 
 NORM_EPS = 1e-6
@@ -154,8 +155,9 @@ class RMSNormFunction(torch.autograd.Function):
         return grad_x, grad_weight
 
 
-def apply_rope(x: Tensor) -> Tensor:
-    """Rotary position embedding (rotate-half form) on (batch, seq, heads, head_dim); odd dims pass.
+def apply_rope(x: Tensor, positions: Tensor | None = None) -> Tensor:
+    """Rotary position embedding (rotate-half form) on (batch, seq, heads, head_dim); odd dims pass. positions: the
+    tokens' places in the sequence (context parallelism), 0..seq-1 by default.
 
     Token-major layout, so that attention's output transposed back is contiguous and the output
     projection keeps a view of what attention saved, not a copy."""
@@ -164,7 +166,8 @@ def apply_rope(x: Tensor) -> Tensor:
         return x
     half = head_dim // 2
     freqs = ROPE_BASE ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = (torch.arange(seq, device=x.device, dtype=torch.float32)[:, None] * freqs[None, :])[:, None, :]
+    where = torch.arange(seq, device=x.device) if positions is None else positions
+    angles = (where.to(torch.float32)[:, None] * freqs[None, :])[:, None, :]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -183,6 +186,7 @@ class Attention(nn.Module):
         self.wv = _param(self.kv_heads * hd, d, device=device, dtype=dtype)
         self.wo = _param(d, self.num_heads * hd, device=device, dtype=dtype)
         self.selective = False  # selective recomputation of the core (set by the executor from its schedule)
+        self.context = None  # context parallelism: the rank's context_parallel.ContextShard (set by the executor)
 
     def _heads(self, x: Tensor, weight: Tensor, heads: int) -> Tensor:
         """(batch, seq, heads, head_dim), token-major."""
@@ -192,9 +196,13 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, core: CoreRecompute | None = None) -> Tensor:
         """With core (selective recomputation) the attention core keeps only q, k, v for its backward."""
         b, s, _ = x.shape
-        q = apply_rope(self._heads(x, self.wq, self.num_heads)).transpose(1, 2)
-        k = apply_rope(self._heads(x, self.wk, self.kv_heads)).transpose(1, 2)
+        where = None if self.context is None else self.context.positions(s * self.context.cp, device=x.device)
+        q = apply_rope(self._heads(x, self.wq, self.num_heads), where).transpose(1, 2)
+        k = apply_rope(self._heads(x, self.wk, self.kv_heads), where).transpose(1, 2)
         v = self._heads(x, self.wv, self.kv_heads).transpose(1, 2)
+        if self.context is not None:  # the whole sequence's K/V gathered over the CP group (context_parallel.py)
+            out = RingAttention.apply(q, k, v, self.context)
+            return linear(out.transpose(1, 2).reshape(b, s, -1), self.wo)
         if self.kv_heads != self.num_heads:
             repeat = self.num_heads // self.kv_heads
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)

@@ -84,7 +84,7 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=spec.corpus_bytes)
     torch.manual_seed(cfg.seed)
-    batch_fn = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.data_parallel,
+    batch_fn = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.batch_parallel,
                             par.num_microbatches)
     device, dtype = torch.device("cpu"), torch.float32  # on CPU the backend computes in float32
     if torch.cuda.is_available():  # one GPU per rank, round-robin over this host's GPUs (nccl), the model's dtype
