@@ -19,7 +19,7 @@ from piper_sim.trace.runtrace import normalize
 
 CORPUS_BYTES = 200_000
 BASE = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2, "num_microbatches": 4, "micro_batch_size": 2},
-        "sim": {"steps": 1, "seed": 3}}
+        "sim": {"steps": 1, "seed": 3}, "cost": {"profile": "cpu-dev"}}  # a run on CPUs is priced as one
 CASES = {
     "1f1b-flat": {},
     "1f1b-halo": {"collectives": {"all_to_all": "halo"}, "placement": {"policy": "explicit", "nodes": [0, 1]},
@@ -45,6 +45,21 @@ CASES = {
     "tp2-zb-h1": {"schedule": "zb-h1", "parallel": {**BASE["parallel"], "tp": 2}},
     "tp2-etp2-sp-zero-1": {"optimizer": {"zero": 1}, "parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "sp": True,
                                                                   "num_microbatches": 2, "micro_batch_size": 2}},
+    # ZeRO-3 / FSDP (docs/sharding.md): each unit gathered per pass, its gradients reduce-scattered; kept gathered from
+    # a forward to the backward; HSDP: dense units sharded over 2 of the 4 replicas and all-reduced over the other 2,
+    # the experts' shard groups of one rank (all-reduced whole)
+    "zero-3": {"optimizer": {"zero": 3}},
+    "zero-3-keep-gathered-interleaved": {"optimizer": {"zero": 3, "reshard_after_forward": False},
+                                         "schedule": "interleaved-1f1b", "parallel": {**BASE["parallel"], "vpp": 2}},
+    "hsdp": {"optimizer": {"zero": 3}, "parallel": {"pp": 1, "ep": 2, "dp": 2, "dp_shard": 2, "num_microbatches": 2,
+                                                    "micro_batch_size": 2}},
+    # context parallelism (docs/context-parallel.md): 2 chunks of each sequence per rank, K/V gathered over the group
+    "cp2": {"parallel": {**BASE["parallel"], "cp": 2, "num_microbatches": 2}},
+    "cp2-recompute-full": {"recompute": "full", "parallel": {**BASE["parallel"], "cp": 2, "num_microbatches": 2}},
+    "cp2-tp2-sp-zero-3": {"optimizer": {"zero": 3}, "parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "sp": True,
+                                                                 "cp": 2, "num_microbatches": 2,
+                                                                 "micro_batch_size": 2}},
+    "cp4": {"parallel": {"pp": 1, "ep": 4, "cp": 4, "num_microbatches": 2, "micro_batch_size": 1}},
     # DualPipe (docs/schedules.md): two pipelines over the same layers, each rank holding two stages' copies whose
     # gradients the mirror all-reduce sums; DualPipeV: one pipeline down and back up the ranks (a local turn)
     "dualpipe-pp4": {"schedule": "dualpipe", "model": {"preset": "tiny-moe", "num_layers": 8},
@@ -110,26 +125,36 @@ def test_distributed_equals_single_process(name, tmp_path):
             seen.add(pname)
     assert seen == set(ref_grads), sorted(set(ref_grads) - seen)[:5]
     assert_adam_step(cfg, tmp_path)
-    # every task of the schedule ran exactly once, in program order, and is in the trace
+    # every task of the schedule ran exactly once, in program order, and is in the trace; a CP ring task's row lies
+    # inside the attention task after it, which runs its collective
     schedule = build_schedule(cfg)
+    background: set[str] = set()  # issued tasks that run beside the program: sends, receives, ZeRO-3's collectives
     for rank in range(cfg.parallel.num_gpus):
         rows = trace[trace["rank"] == rank]
-        program = [t.task_id for t in schedule.program(rank)]
-        assert sorted(rows["task_id"]) == sorted(program)
-        blocking = [t.task_id for t in schedule.program(rank) if t.kind not in ("send", "recv")]
-        ran = rows[~rows["kind"].isin(["send", "recv"])].sort_values("start_s")["task_id"].tolist()
-        assert ran == blocking
+        program = schedule.program(rank)
+        assert sorted(rows["task_id"]) == sorted(t.task_id for t in program)
+        blocking = [t.task_id for t in program if t.kind not in ("send", "recv") and t.role != "cp"]
+        ran = rows[~rows["kind"].isin(["send", "recv"]) & (rows["role"] != "cp")].sort_values("start_s")
+        assert ran["task_id"].tolist() == blocking
+        background |= {t.task_id for t in program if t.is_issued and t.role != "cp"}
+        span = rows.set_index("task_id")
+        for i, task in enumerate(program):
+            if task.role == "cp":
+                attention = next(t for t in program[i:] if t.is_compute).task_id
+                assert span.loc[attention, "start_s"] <= span.loc[task.task_id, "start_s"]
+                assert span.loc[task.task_id, "end_s"] <= span.loc[attention, "end_s"]
     # the trace carries the CPU each rank's main thread used during each blocking task, at most the wall
     rows = normalize(trace)
-    p2p = rows["kind"].isin(["send", "recv"])
+    p2p = rows["task_id"].isin(background)
     blocking_rows = rows[~p2p]
     assert blocking_rows["cpu_s"].notna().all() and rows.loc[p2p, "cpu_s"].isna().all()
     assert (blocking_rows["cpu_s"] >= 0).all()
     assert (blocking_rows["cpu_s"] <= (blocking_rows["end_s"] - blocking_rows["start_s"]) + 1e-3).all()
     assert blocking_rows.loc[blocking_rows["kind"] == "forward", "cpu_s"].sum() > 0
+    outer = blocking_rows[blocking_rows["role"] != "cp"]  # a ring task's CPU is inside its attention task's
     for rank in range(cfg.parallel.num_gpus):  # a step's CPU holds its tasks' and what ran between them
         (step_cpu,) = memory[rank]["step_cpu_s"]
-        assert blocking_rows.loc[blocking_rows["rank"] == rank, "cpu_s"].sum() <= step_cpu + 1e-4
+        assert outer.loc[outer["rank"] == rank, "cpu_s"].sum() <= step_cpu + 1e-4
 
     # the simulator's memory model, replaying the real router's decisions (routed rows per rank), predicts
     # the executor's tensor accounting (training state + saved activations) per stage; what it leaves out

@@ -172,9 +172,9 @@ def test_zero3_refusals_name_the_key():
     assert err.value.key == "optimizer.zero"
     from piper_sim.measure import measure
 
-    with pytest.raises(ConfigError) as err:
-        measure(load_config(MOE, ["optimizer.zero=3", "parallel.dp=2"]), None)
-    assert err.value.key == "optimizer.zero"
+    with pytest.raises(ConfigError) as err:  # a real run gathers no per-unit checkpoint to recompute from
+        measure(load_config(MOE, ["optimizer.zero=3", "parallel.dp=2", "recompute=full"]), None)
+    assert err.value.key == "recompute"
 
 
 def test_the_planner_ranks_zero3_first_where_only_it_fits():

@@ -36,6 +36,7 @@ from .activations import ActivationMeter
 from .groups import DEFAULT_GROUPS
 from .model import StageModule
 from .tensor_parallel import TensorShard
+from .zero import flatten, views
 
 UNIT_TASK = re.compile(r"^([FRB]):c(\d+):m(\d+):u(-?\d+):")
 COMPUTE_KINDS = ("forward", "forward_expert", "backward", "backward_expert", "recompute", "recompute_expert")
@@ -53,15 +54,7 @@ class FlatUnit:
         self.meter = meter
         self.group = DEFAULT_GROUPS.get(shard_ranks) if len(shard_ranks) > 1 else None
         self.across = DEFAULT_GROUPS.get(replicate_ranks) if len(replicate_ranks) > 1 else None
-        members = len(shard_ranks)
-        self.numel = sum(p.numel() for p in self.params)
-        self.shard_numel = -(-self.numel // members)
-        first = self.params[0]
-        self.flat = torch.zeros(self.shard_numel * members, dtype=first.dtype, device=first.device)
-        with torch.no_grad():
-            for p, view in zip(self.params, self._views(self.flat), strict=True):
-                view.copy_(p.detach())
-                p.data = view
+        self.flat, self.shard_numel = flatten(self.params, len(shard_ranks))
         index = dist.get_rank(self.group) if self.group is not None else 0
         mine = self.flat[index * self.shard_numel:(index + 1) * self.shard_numel]
         # a shard group of one (HSDP with dp_shard 1) holds the unit whole: Adam steps the buffer itself
@@ -76,11 +69,7 @@ class FlatUnit:
         return self.flat.numel() * self.flat.element_size()
 
     def _views(self, flat: Tensor) -> list[Tensor]:
-        views, offset = [], 0
-        for p in self.params:
-            views.append(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return views
+        return views(self.params, flat)
 
     def gather(self) -> Issued:
         """Allocate the buffer and all-gather the shards into it."""

@@ -21,6 +21,28 @@ from torch import Tensor, nn
 from .groups import DEFAULT_GROUPS
 
 
+def flatten(params: list[nn.Parameter], members: int) -> tuple[Tensor, int]:
+    """The parameters made views of one flat buffer padded to a multiple of members (their values copied in);
+    the buffer and the elements of each member's shard."""
+    numel = sum(p.numel() for p in params)
+    shard_numel = -(-numel // members)
+    flat = torch.zeros(shard_numel * members, dtype=params[0].dtype, device=params[0].device)
+    with torch.no_grad():
+        for p, view in zip(params, views(params, flat), strict=True):
+            view.copy_(p.detach())
+            p.data = view
+    return flat, shard_numel
+
+
+def views(params: list[nn.Parameter], flat: Tensor) -> list[Tensor]:
+    """Each parameter's place in a flat buffer, shaped like it."""
+    out, offset = [], 0
+    for p in params:
+        out.append(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return out
+
+
 class ShardedGroup:
     """One parameter group over its replicas: flat parameters, this rank's shard, reduce-scatter, all-gather."""
 
@@ -29,25 +51,13 @@ class ShardedGroup:
         self.params = [p for _, p in named]
         self.stage = stage
         self.group = DEFAULT_GROUPS.get(ranks)
-        replicas = dist.get_world_size(self.group)
         self.numel = sum(p.numel() for p in self.params)
-        self.shard_numel = -(-self.numel // replicas)
-        first = self.params[0]
-        self.flat = torch.zeros(self.shard_numel * replicas, dtype=first.dtype, device=first.device)
-        with torch.no_grad():
-            for p, view in zip(self.params, self._views(self.flat), strict=True):
-                view.copy_(p.detach())
-                p.data = view
+        self.flat, self.shard_numel = flatten(self.params, dist.get_world_size(self.group))
         index = dist.get_rank(self.group)
         self.shard = nn.Parameter(self.flat[index * self.shard_numel:(index + 1) * self.shard_numel])
 
     def _views(self, flat: Tensor) -> list[Tensor]:
-        """Each parameter's place in a flat buffer, shaped like it."""
-        views, offset = [], 0
-        for p in self.params:
-            views.append(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return views
+        return views(self.params, flat)
 
     def reduce_scatter(self) -> float:
         """The replicas' gradients summed, this rank's shard of the sum as its shard's gradient; bytes sent in."""
