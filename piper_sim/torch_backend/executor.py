@@ -20,7 +20,10 @@ recomputation keeps each attention core's q, k, v and re-runs the core in its re
 train_state.py's. Tensor
 parallelism: the stages hold the rank's slices (tensor_parallel.py) and the schedule's role "tp" collectives run
 on h and its gradient (tp_tasks.py). The layout (Schedule.stages) says which chunks hold the embedding and the
-head, and where a chunk hands its output to the next on the same rank (DualPipeV's turn).
+head, and where a chunk hands its output to the next on the same rank (DualPipeV's turn). ZeRO-3: the units'
+gathers and reduce-scatters are issued async and waited for by the tasks that depend on them, and a unit is freed
+after its last compute task of a pass (fsdp.py). Context parallelism: the rank's chunks of each sequence, the
+attention running the ring tasks' K/V collectives, recorded as those tasks' rows (context_parallel.py).
 Only piper_sim.torch_backend may import torch.
 """
 
