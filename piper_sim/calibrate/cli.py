@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refit", type=Path, nargs="+", metavar="RECORDS",
                    help="instead of measuring: rebuild the --out profile from raw records saved with --records; "
                         "several files (same sweep): the median of each measured number")
+    p.add_argument("--benches", metavar="KINDS",
+                   help="instead of a full calibration: measure only these communication benchmarks (comma-separated: "
+                        "p2p, all_to_all, all_reduce, all_gather, reduce_scatter) and write them into the existing "
+                        "--out profile, calibrated with the same --ranks; the rest of it is kept")
     p.add_argument("--check", metavar="PROFILE",
                    help="instead of calibrating: time real StageModule ops and compare with PROFILE's predictions")
     p.set_defaults(func=cmd_calibrate)
@@ -43,6 +47,10 @@ def check_options(args: argparse.Namespace) -> None:
             raise ConfigError(flag, value, "a positive integer")
     if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ConfigError("--timeout", args.timeout, "a positive, finite number of seconds")
+    if args.benches is not None:
+        for flag, given in (("--refit", args.refit), ("--check", args.check), ("--testbed", args.testbed)):
+            if given:
+                raise ConfigError(flag, given, "left out with --benches (which measures on local ranks into --out)")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -68,9 +76,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         refit_profile(args.refit, args.out)
         print(f"wrote {args.out}")
         return 0
+    if args.benches is not None:
+        from piper_sim.calibrate.update import check_benches, update_network
 
-    command = "piper-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] \
-        else f"piper-sim calibrate --out {args.out} --ranks {args.ranks}" + (" --quick" if args.quick else "")
+        benches = check_benches(args.benches)
+        command = _invocation(f"piper-sim calibrate --out {args.out} --ranks {args.ranks} "
+                              f"--benches {','.join(benches)}")
+        print(f"measuring {', '.join(benches)} with {args.ranks} rank(s) into {args.out} ...", file=sys.stderr)
+        update_network(args.out, ranks=args.ranks, benches=benches, quick=args.quick, command=command,
+                       timeout_s=args.timeout, records_out=args.records, threads=args.threads)
+        print(f"wrote {args.out}")
+        return 0
+
+    command = _invocation(f"piper-sim calibrate --out {args.out} --ranks {args.ranks}"
+                          + (" --quick" if args.quick else ""))
     print(f"calibrating with {args.ranks} rank(s), {'quick' if args.quick else 'full'} sweep ...", file=sys.stderr)
     profile = calibrate(args.out, ranks=args.ranks, quick=args.quick, testbed=args.testbed, presets=presets,
                         command=command, timeout_s=args.timeout, threads=args.threads,
@@ -80,3 +99,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}")
     return 0
 
+
+
+def _invocation(fallback: str) -> str:
+    """The command line as typed (what a profile records of how it was measured), or `fallback` where calibrate
+    was called from Python."""
+    return "piper-sim " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] else fallback

@@ -49,6 +49,9 @@ PROFILE_SCHEMA = {
     "peak_fp8_TFLOPS": None, "fp8_gemm_efficiency_ratio": 1.0, "fp8_transposed_copies": True,
 }
 RESERVE_SCHEMA = {"context_MiB": ..., "first_communicator_MiB": ..., "per_communicator_MiB": ...}
+# the collectives whose measured per-call overhead (network.local.<kind>.groups_of_<n>.fit) the simulator charges
+# per library call of that kind (DeviceProfile.collective_call_s)
+CALL_COSTS = ("all_to_all", "all_reduce", "all_gather", "reduce_scatter")
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
 ATTENTION_BMM_SCHEMA = {"writes_scores": ..., "reads_scores": ...}
 # the parts of `measurements` a load reads, by type (bounds.check_value); calibrate's other records are left alone
@@ -58,7 +61,7 @@ _OP = {"time_us": float, "time_us_by_tokens": [float], "tokens": [int], "input_p
 _FRAMEWORK = {"micro_model": dict, "layer": dict, "shapes": [[int]], "model": str,
               **{pass_name: {"ops": {"*": _OP}} for pass_name in ("forward", "backward")}}
 MEASUREMENTS_SHAPE = {
-    "network": {"local": {"all_to_all": {"*": _FIT}, "all_reduce": {"*": _FIT}, "p2p": {"*": _FIT}}},
+    "network": {"local": {kind: {"*": _FIT} for kind in (*CALL_COSTS, "p2p")}},
     "optimizer": {"fixed_us": float, "per_tensor_us": float}, "framework_overhead": _FRAMEWORK,
     "framework_overhead_by_model": {"*": _FRAMEWORK}, "core_sharing": dict, "blocking_wait": dict,
 }
@@ -240,7 +243,7 @@ def _device_measured(measurements: dict) -> dict:
     out: dict = {}
     local = (measurements.get("network") or {}).get("local") or {}
     overheads = {}
-    for kind in ("all_to_all", "all_reduce"):
+    for kind in CALL_COSTS:
         series = sorted((int(name.rpartition("_")[2]), float(v["fit"]["overhead_us"]) * 1e-6)
                         for name, v in (local.get(kind) or {}).items() if name.startswith("groups_of_"))
         if series:

@@ -25,11 +25,11 @@ import yaml
 
 from piper_sim.calibrate import fit
 from piper_sim.calibrate.sweep import MICRO_MODEL, MICRO_SHAPES, TINY_OPS
+from piper_sim.torch_backend.bench.plan import COMM_BENCHES
 from piper_sim.workload.profile_file import CPU
 
 MODEL_RANGE_MAX_BYTES = 4 * 2**20  # largest activation tensors of the shipped small presets are ~2 MiB
 DRAM_MIN_BYTES = 16 * 2**20  # beyond per-core caches, and with several ranks beyond a shared L3
-COMM_BENCHES = ("p2p", "all_to_all", "all_reduce")
 HOST_BENCHES = ("core_sharing", "blocking_wait", "scheduler_slice")  # one rank runs them for the host
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from piper_sim.calibrate.load import load_host_profile, load_profile
 from piper_sim.errors import PiperError
 from piper_sim.result import RunResult
+from piper_sim.schedule.ir import Schedule
 from piper_sim.trace.runtrace import read_trace
 from piper_sim.validation.cases import Case, case_digest, predict_case
 from piper_sim.validation.concurrency import compute_concurrency, uninterrupted_share
@@ -35,26 +36,33 @@ def step_time(df: pd.DataFrame) -> float:
     return float(times.mean())
 
 
-def phase_times(df: pd.DataFrame) -> pd.Series:
+def phase_times(df: pd.DataFrame, issued: frozenset[str] = frozenset()) -> pd.Series:
     """Mean per rank per step of the time in each blocking task kind (steady steps).
 
-    send/recv are left out: a real rank sees a transfer from the moment it posts it until it notices the
-    end, the simulator from when both sides are posted until the data arrives; their cost shows in the
-    step time and in the waits of the tasks that depend on them.
+    Tasks issued without blocking are left out: send/recv, and the nonblocking collectives whose task ids are
+    in `issued` (ZeRO-3's unit gathers and reduce-scatters, HSDP's all-reduce: issued_tasks). A real rank
+    sees such a task from the moment it posts it until it notices the end, waiting included; the simulator
+    from when its members are posted until the data arrives. Their cost shows in the step time and in the
+    waits of the tasks that depend on them.
     """
-    return _per_rank_step(df, df["end_s"] - df["start_s"])
+    return _per_rank_step(df, df["end_s"] - df["start_s"], issued)
 
 
-def phase_cpu(df: pd.DataFrame) -> pd.Series:
+def phase_cpu(df: pd.DataFrame, issued: frozenset[str] = frozenset()) -> pd.Series:
     """Mean per rank per step of the CPU seconds in each blocking task kind (steady steps; the trace's cpu_s:
     measured on a real run, the work priced on one unshared core in a simulated one). NaN for a kind with a
     row without CPU (a run measured before the column existed)."""
-    return _per_rank_step(df, df["cpu_s"])
+    return _per_rank_step(df, df["cpu_s"], issued)
 
 
-def _per_rank_step(df: pd.DataFrame, values: pd.Series) -> pd.Series:
+def issued_tasks(schedule: Schedule) -> frozenset[str]:
+    """Task ids of the schedule's tasks issued without blocking the program counter (Task.is_issued)."""
+    return frozenset(t.task_id for program in schedule.stage_programs for t in program if t.is_issued)
+
+
+def _per_rank_step(df: pd.DataFrame, values: pd.Series, issued: frozenset[str]) -> pd.Series:
     s = steady(df)
-    s = s[~s["kind"].isin(["send", "recv"])]
+    s = s[~s["kind"].isin(["send", "recv"]) & ~s["task_id"].isin(issued)]
     ranks_steps = s[["rank", "step"]].drop_duplicates().shape[0]
     v = values.loc[s.index]
     kind = s["kind"].astype(str)
@@ -78,7 +86,7 @@ def score_case(case: Case, profile: str | dict) -> dict:
             **memory, "measured_runs_s": runs, "measured_sessions": measured_sessions(info),
             **_reference_scores(info.get("reference") or {}, profile),
             "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
-            "phases": _phase_table(result.trace, measured), "prediction": result,
+            "phases": _phase_table(result.trace, measured, issued_tasks(result.schedule)), "prediction": result,
             "predicted_uninterrupted_share": uninterrupted_share(steady(result.trace)),
             "measured_uninterrupted_share": uninterrupted_share(steady(measured)),
             "concurrency": pd.DataFrame({"predicted": compute_concurrency(steady(result.trace)),
@@ -96,11 +104,13 @@ def _measurement_info(case: Case) -> dict:
     return info
 
 
-def _phase_table(predicted: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
-    """Per task kind: predicted and measured time, the error, and the CPU priced and measured."""
-    phases = pd.DataFrame({"predicted_s": phase_times(predicted), "measured_s": phase_times(measured)}).fillna(0)
+def _phase_table(predicted: pd.DataFrame, measured: pd.DataFrame, issued: frozenset[str]) -> pd.DataFrame:
+    """Per task kind: predicted and measured time, the error, and the CPU priced and measured (issued tasks left
+    out: phase_times)."""
+    phases = pd.DataFrame({"predicted_s": phase_times(predicted, issued),
+                           "measured_s": phase_times(measured, issued)}).fillna(0)
     phases["error"] = phases["predicted_s"] / phases["measured_s"].replace(0, np.nan) - 1
-    phases["priced_cpu_s"], phases["measured_cpu_s"] = phase_cpu(predicted), phase_cpu(measured)
+    phases["priced_cpu_s"], phases["measured_cpu_s"] = phase_cpu(predicted, issued), phase_cpu(measured, issued)
     return phases
 
 

@@ -1,5 +1,5 @@
 """Communication micro-benchmarks between the ranks of the process group (gloo): point-to-point,
-all-to-all and all-reduce over message sizes and group sizes.
+all-to-all, all-reduce, all-gather and reduce-scatter over message sizes and group sizes.
 
 Owns the benchmark bodies; each returns this rank's records (bench, level, group_size, bytes, time_s).
 Point-to-point is a ping-pong (time = half the round trip) between the rank pairs of one topology
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .plan import TimingPlan
+from .plan import COLLECTIVES, TimingPlan
 from .timing import median_s, time_call
 
 Record = dict[str, object]
@@ -78,13 +78,15 @@ def make_groups(world: int) -> dict[int, list[tuple[list[int], object]]]:
 
 
 def bench_collectives(rank: int, world: int, sizes: Sequence[int], plan: TimingPlan, progress: Progress,
-                      level: str = "local") -> list[Record]:
-    """all_to_all_single (size = bytes each rank sends in all, split evenly) and all_reduce (size = bytes
-    of the reduced float32 buffer) in disjoint groups of each group size, all groups at once."""
+                      level: str = "local", names: Sequence[str] = COLLECTIVES) -> list[Record]:
+    """all_to_all_single (size = bytes each rank sends in all, split evenly), all_reduce (size = bytes of the
+    reduced float32 buffer), all_gather_into_tensor and reduce_scatter_tensor (size = bytes of the whole float32
+    buffer: the gathered output, the scattered input; each member's shard is 1 / group size of it) in disjoint
+    groups of each group size, all groups at once. names: which of COLLECTIVES, in that order."""
     out: list[Record] = []
     for group_size, groups in make_groups(world).items():
         mine = next(((ranks, pg) for ranks, pg in groups if rank in ranks), None)
-        for name in ("all_to_all", "all_reduce"):
+        for name in (n for n in COLLECTIVES if n in names):
             for i, size in enumerate(sizes):
                 progress(f"{name} groups of {group_size} {i + 1}/{len(sizes)}: {size} B per rank")
                 fn, nbytes = _collective(name, size, group_size, mine)
@@ -105,20 +107,29 @@ def _collective(name: str, size: int, group_size: int, mine: tuple[list[int], ob
         send = torch.zeros(per_peer * group_size, dtype=torch.uint8)
         recv = torch.empty_like(send)
         return (lambda: dist.all_to_all_single(recv, send, group=pg)), send.numel()
-    buf = torch.zeros(max(1, size // 4), dtype=torch.float32)
-    return (lambda: dist.all_reduce(buf, group=pg)), buf.numel() * 4
+    if name == "all_reduce":
+        buf = torch.zeros(max(1, size // 4), dtype=torch.float32)
+        return (lambda: dist.all_reduce(buf, group=pg)), buf.numel() * 4
+    shard = torch.zeros(max(1, size // 4 // group_size), dtype=torch.float32)
+    whole = torch.zeros(shard.numel() * group_size, dtype=torch.float32)
+    if name == "all_gather":
+        return (lambda: dist.all_gather_into_tensor(whole, shard, group=pg)), whole.numel() * 4
+    return (lambda: dist.reduce_scatter_tensor(shard, whole, group=pg)), whole.numel() * 4
 
 
 def run_comm(rank: int, world: int, sizes: Sequence[int], plan: TimingPlan, progress: Progress,
-             levels: dict[str, list[tuple[int, int]]] | None = None, collective_level: str = "local") -> list[Record]:
-    """All communication benchmarks. levels: topology level -> rank pairs (default: one level, 'local');
-    collectives span the groups of consecutive ranks and are recorded under collective_level."""
+             levels: dict[str, list[tuple[int, int]]] | None = None, collective_level: str = "local",
+             benches: Sequence[str] | None = None) -> list[Record]:
+    """The communication benchmarks (benches: some of plan.COMM_BENCHES; None: all). levels: topology level -> rank
+    pairs (default: one level, 'local'); collectives span the groups of consecutive ranks and are recorded under
+    collective_level."""
     if world < 2:
         return []
     levels = levels or {"local": local_pairs(world)}
     out: list[Record] = []
-    for level, pairs in levels.items():
+    for level, pairs in levels.items() if benches is None or "p2p" in benches else ():
         if len(pairs) > 1:
             out += bench_p2p(rank, pairs[:1], level, sizes, plan, progress)
         out += bench_p2p(rank, pairs, level, sizes, plan, progress)
-    return out + bench_collectives(rank, world, sizes, plan, progress, level=collective_level)
+    return out + bench_collectives(rank, world, sizes, plan, progress, level=collective_level,
+                                   names=COLLECTIVES if benches is None else benches)

@@ -19,6 +19,10 @@ MICRO_SHAPES = ((8, 1), (128, 2), (256, 4))
 # the experts op also runs with these numbers of experts: a fixed part (sort, split, gather) and a part
 # per expert (its GEMMs and activation), fitted as a line over them
 MICRO_EXPERTS = (2, 4, 8)
+# the communication benchmarks (torch_backend/bench/comm.py), in the order they run: point-to-point, then the
+# collectives in disjoint groups of each size
+COLLECTIVES = ("all_to_all", "all_reduce", "all_gather", "reduce_scatter")
+COMM_BENCHES = ("p2p", *COLLECTIVES)
 
 
 def layer_expert_counts(layer: dict) -> tuple[int, ...]:
@@ -111,6 +115,7 @@ class CalibrationJob:
     levels: dict[str, list[tuple[int, int]]] | None = None
     tag: str = "local"
     max_message_bytes: int | None = None  # emulated networks are slow: cap the message sizes
+    benches: tuple[str, ...] | None = None  # the communication benchmarks to run (of COMM_BENCHES; None: all)
 
     def sweep(self, cuda: bool) -> Sweep:
         return self.cuda_sweep if cuda else self.cpu_sweep

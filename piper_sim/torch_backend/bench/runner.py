@@ -32,7 +32,7 @@ from piper_sim.version import __version__ as piper_version
 
 from .comm import group_sizes, run_comm
 from .compute import run_compute
-from .plan import CalibrationJob
+from .plan import COLLECTIVES, CalibrationJob
 from .sharing import bench_core_sharing
 from .sharing import num_items as core_sharing_items
 from .timing import pick_device
@@ -73,12 +73,13 @@ class Progress:
         self.line.close()
 
 
-def _num_comm_items(world: int, sizes: int, levels: dict | None) -> int:
+def _num_comm_items(world: int, sizes: int, levels: dict | None, benches: tuple[str, ...] | None) -> int:
     if world < 2:
         return 0
     pair_lists = (levels or {"local": [(0, 1)] * (world // 2)}).values()
-    p2p = sum(2 if len(p) > 1 else 1 for p in pair_lists) * sizes
-    return p2p + 2 * len(group_sizes(world)) * sizes
+    p2p = sum(2 if len(p) > 1 else 1 for p in pair_lists) * sizes if benches is None or "p2p" in benches else 0
+    collectives = len([c for c in COLLECTIVES if benches is None or c in benches])
+    return p2p + collectives * len(group_sizes(world)) * sizes
 
 
 def machine_facts(rank: int, world: int) -> dict:
@@ -113,7 +114,7 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     blocking = sharing and job.comm and job.levels is None and world >= 2
     sharing_items = core_sharing_items(job.quick) + (blocking_wait_items(job.quick) if blocking else 0)
     total = ((sweep.num_compute_items() + 1 if job.compute else 0) + (sharing_items if sharing else 0)
-             + (_num_comm_items(world, len(sizes), job.levels) if job.comm else 0))
+             + (_num_comm_items(world, len(sizes), job.levels, job.benches) if job.comm else 0))
     progress = Progress(total, enabled=rank == 0)
     records: list[dict] = []
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -129,7 +130,8 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
             dist.barrier()
     if job.comm:
         records += [dict(r, where=job.tag) for r in
-                    run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels, collective_level=job.tag)]
+                    run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels, collective_level=job.tag,
+                             benches=job.benches)]
     progress.close()
     payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records,
                "compute_cpu_share": cpu_share}
