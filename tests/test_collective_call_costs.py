@@ -79,6 +79,9 @@ def test_benches_are_checked_before_anything_is_measured(tmp_path):
     assert err.value.key == "--testbed"
     with pytest.raises(PiperError, match="no profile"):
         update_network(tmp_path / "absent.yaml", ranks=4, benches=("all_gather",), quick=True, command="")
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    with pytest.raises(PiperError, match="cannot read"):
+        update_network(tmp_path / "bad.yaml", ranks=4, benches=("all_gather",), quick=True, command="")
     with pytest.raises(ConfigError) as err:  # cpu-dev was calibrated with 4 ranks
         update_network(profile_path("cpu-dev"), ranks=2, benches=("all_gather",), quick=True, command="")
     assert err.value.key == "--ranks"

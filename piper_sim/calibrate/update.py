@@ -43,7 +43,10 @@ def read_existing(out: Path, ranks: int) -> dict:
     if not out.is_file():
         raise PiperError(f"calibrate --benches: {out} is no profile; --benches adds to a calibrated profile "
                          "(calibrate it in full first)")
-    profile = yaml.safe_load(out.read_text())
+    try:
+        profile = yaml.safe_load(out.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise PiperError(f"calibrate --benches: cannot read {out} as a profile ({type(err).__name__})") from None
     machine = profile.get("machine") if isinstance(profile, dict) else None
     if not isinstance(machine, dict) or not isinstance(profile.get("measurements"), dict):
         raise PiperError(f"calibrate --benches: {out} has no machine and measurements; --benches adds to a profile "
