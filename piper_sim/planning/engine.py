@@ -96,7 +96,10 @@ def dask_client(scheduler: str | None, workers: int | None):
         with interrupt_to_this_process_only():  # the workers never see a Ctrl-C: closing the cluster stops them
             cluster = stack.enter_context(LocalCluster(
                 n_workers=workers or workers_limit(), threads_per_worker=1, processes=True,
-                dashboard_address=DASHBOARD_ADDRESS if _dashboard else None, silence_logs=logging.ERROR))
+                dashboard_address=DASHBOARD_ADDRESS if _dashboard else None,
+                # workers log only what is fatal to them: a task's error reaches this process as the task's result,
+                # and a worker orphaned by a killed command would log its lost scheduler's heartbeats with tracebacks
+                silence_logs=logging.CRITICAL))
         client = stack.enter_context(Client(cluster))
         try:
             yield client
