@@ -10,9 +10,10 @@ vocabulary 128256, sequence 8192) on 8,192 H100 (dgx-h100-superpod), TP 8 with S
 32 micro-batches, ZeRO-1.
 
 Each workload runs in its own process after a small warm-up run (the compiled kernels' first load), and prints
-its wall time, simulated events, fair-share solves and the sizes of the components they solve (flows in the
-joined incidence, mean and largest). --base DIR runs the same workloads on another checkout too (PYTHONPATH=DIR,
-e.g. a `git worktree` of an earlier commit), each right after this one's, and prints the ratios;
+its wall time, simulated events, fair-share solves, the sizes of the components they solve (flows in the
+joined incidence, mean and largest) and the process's peak resident size. --base DIR runs the same workloads on
+another checkout too (PYTHONPATH=DIR, e.g. a `git worktree` of an earlier commit), each right after this one's, and
+prints the ratios;
 --microbatches N shortens every workload (a quick profile); --profile prints cProfile's top functions.
 
     python benchmarks/bench_contended.py [--only DSV3-512F-halo ...] [--base /tmp/base] [--microbatches 8]
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -116,7 +118,8 @@ def run_one(name: str, microbatches: int | None, profile: bool, sort: str) -> di
     return {"wall_s": wall, "step_time_s": result.report.step_time_s, "tasks": s["num_tasks"],
             "events": counters.events(), "solves": s["num_solves"], "component_solves": counters.solves,
             "component_mean": counters.solved_flows / max(counters.solves, 1), "component_max": counters.largest,
-            "reserved": s["num_reserved"], "broken": s["num_broken"], "lanes": s["num_lanes"]}
+            "reserved": s["num_reserved"], "broken": s["num_broken"], "lanes": s["num_lanes"],
+            "peak_GiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # Linux: KiB
 
 
 def child(name: str, args: argparse.Namespace, base: str | None) -> dict | None:
@@ -142,7 +145,7 @@ def line(label: str, r: dict | None, timeout: float) -> str:
         return f"{label:22s} failed (exit status {r['failed']}; its error above)"
     return (f"{label:22s} {r['wall_s']:8.1f} {r['step_time_s']:10.4f} {r['tasks']:9d} {r['events']:10d} "
             f"{r['solves']:9d} {r['component_solves']:8d} {r['component_mean']:8.0f} {r['component_max']:7d} "
-            f"{r['reserved']:8d} {r['broken']:7d}")
+            f"{r['reserved']:8d} {r['broken']:7d} {r.get('peak_GiB', float('nan')):8.2f}")
 
 
 def main() -> None:
@@ -160,7 +163,7 @@ def main() -> None:
         print(json.dumps(run_one(args.only[0], args.microbatches, args.profile, args.sort)))
         return
     print(f"{'':22s} {'wall s':>8s} {'step s':>10s} {'tasks':>9s} {'events':>10s} {'solves':>9s} {'joined':>8s} "
-          f"{'mean':>8s} {'largest':>7s} {'reserved':>8s} {'broken':>7s}", flush=True)
+          f"{'mean':>8s} {'largest':>7s} {'reserved':>8s} {'broken':>7s} {'peak GiB':>8s}", flush=True)
     for name in args.only or list(WORKLOADS):
         now = child(name, args, None)
         print(line(name, now, args.timeout), flush=True)
@@ -171,7 +174,8 @@ def main() -> None:
                 print(f"  {'base / this':20s} {before['wall_s'] / now['wall_s']:8.2f}x wall; step time "
                       f"{now['step_time_s'] / before['step_time_s'] - 1:+.2e} relative", flush=True)
     print("solves: fair-share solves (stats['num_solves']); joined: solves of contended components (Filling), "
-          "mean and largest: flows in their joined incidence; events: SimPy events of every environment")
+          "mean and largest: flows in their joined incidence; events: SimPy events of every environment; peak GiB: "
+          "the run's process's peak resident size (warm-up included)")
 
 
 if __name__ == "__main__":

@@ -105,3 +105,39 @@ def test_collectives_starting_together_are_grouped_by_shared_links_transitively(
             reach = [set().union(*({j for j in range(len(links)) if share[k][j]} | {k} for k in r)) for r in reach]
         expected = sorted({tuple(sorted(r)) for r in reach})
         assert [tuple(g) for g in overlapping(links)] == expected
+
+
+def test_a_replayed_run_lets_go_of_its_joined_incidences():
+    """Recorder.replay runs collectives in a private flow network and stops it mid-run; the stopped network stays in
+    reference cycles of its suspended processes until Python's cyclic collector runs (which counts objects, not the
+    arrays they hold), so it must hold no joined incidence (fairshare.Structure) by then: DSV3-512F-rccl's replays of
+    all-to-alls of mean-field detours held several GiB of them at once."""
+    import gc
+
+    from piper_sim.collectives.phases import Phase
+    from piper_sim.sim import fairshare
+    from piper_sim.sim.phase_run import PhaseFlows
+    from piper_sim.sim.recording import Recorder, Starting
+
+    def phase_flows(phase, gpus, key):  # flow i of a phase crosses link 0 (shared) and a link of its own
+        n = phase.src.size
+        links = np.stack([np.zeros(n, dtype=np.int64), 1 + phase.src], 1).ravel()
+        flows = PhaseFlows(np.repeat(np.arange(n), 2), links, phase.sizes.astype(float), key=(key, phase.src.tobytes()))
+        return None, flows, 0.0
+
+    recorder = Recorder(np.full(8, 100.0), phase_flows)
+    members = [Starting([Phase(src=np.arange(3) + 3 * m, dst=np.arange(3), sizes=np.array([100.0, 200.0, 300.0]))],
+                        ("a", "b", "c", "d", "e", "f"), ("group", m), None) for m in range(2)]
+
+    def structures() -> int:
+        return sum(type(o) is fairshare.Structure for o in gc.get_objects())
+
+    gc.collect()
+    before = structures()
+    gc.disable()
+    try:
+        state = recorder.replay(members)(5.0)
+        assert len(state) == 2 and all(np.isnan(finish).all() for _, finish in state.values())
+        assert structures() == before
+    finally:
+        gc.enable()

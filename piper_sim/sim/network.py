@@ -166,6 +166,19 @@ class FlowNetwork:
             return None
         return fs
 
+    def close(self) -> None:
+        """Let go of what the solves keep (joined incidences, memoized runs, the active sets' state): a private network
+        that a recorder stops mid-run stays in reference cycles of its suspended processes (SimPy generators, timers'
+        callbacks) until Python's cyclic collector runs, which counts objects, not the arrays they hold."""
+        for fs in self.active:
+            fs.structure = fs.timeline = None
+            fs.neighbors = set()
+        self.active.clear()
+        self._structures.clear()
+        self._structure_entries = 0
+        self._timelines.clear()
+        self._links_of.clear()
+
     def count(self, link_bytes: np.ndarray, num_flows: int, links: np.ndarray | None = None) -> None:
         """Account bytes per link (on every link, or on `links` only) and a number of flows (at the start of what
         carries them)."""
@@ -443,6 +456,7 @@ class FlowNetwork:
         for other in fs.neighbors:
             other.neighbors.discard(fs)
         fs.neighbors = set()
+        fs.structure = None  # an ended set may still be referenced (a recorder's log): not its component's incidence
         fs.version += 1
         if fs.timeline is not None:
             fs.finish_s = fs.t_start + fs.timeline.finish_offset_s

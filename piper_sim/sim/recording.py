@@ -302,6 +302,7 @@ class Recorder:
             start_phases(env, c.phases, lambda index, phase, waits, m=m: process(m, index, phase, waits))
         if until_s is None:
             env.run()
+            net.close()
             return records, {}
         if until_s > 0:
             env.run(until=until_s)
@@ -310,4 +311,5 @@ class Recorder:
             if fs is not None and fs in net.active:
                 net.advance_to_now(fs)
                 state[where] = (fs.remaining.copy(), fs.finish_s.copy())
+        net.close()  # its processes stopped mid-run hold it in reference cycles until the cyclic collector runs
         return records, state
