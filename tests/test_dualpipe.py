@@ -9,7 +9,7 @@ import pytest
 
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
-from piper_sim.planning.estimate import _pipeline_s
+from piper_sim.planning.pipeline_estimate import pipeline_s
 from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint, _schedule_allows
 from piper_sim.schedule.build import build_schedule, split_layers
@@ -210,7 +210,7 @@ def test_pipeline_time_equals_the_dry_run(schedule: str, pp: int, m: int, f: flo
     generator = dualpipe if schedule == "dualpipe" else dualpipe_v
     makespan = coarse_timing(generator(pp, 2, m), vpp=2, durations=durations,
                              layout=schedule_layout(schedule)).makespan
-    assert _pipeline_s(point, [(f, b, w, 0.0)] * pp) == pytest.approx(makespan, rel=1e-9)
+    assert pipeline_s(point, [(f, b, w, 0.0)] * pp) == pytest.approx(makespan, rel=1e-9)
 
 
 def test_a_microbatch_on_the_other_pipelines_chunk_is_reported() -> None:

@@ -13,7 +13,8 @@ from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning import sweep as sweep_module
-from piper_sim.planning.estimate import Estimator, _pipeline_s
+from piper_sim.planning.estimate import Estimator
+from piper_sim.planning.pipeline_estimate import pipeline_s
 from piper_sim.planning.planner import PlanRequest, domain_gpus, screen
 from piper_sim.planning.resource import coarse_programs, stage_memory
 from piper_sim.planning.space import PlanPoint, enumerate_plans, parse_fixes
@@ -112,7 +113,7 @@ def test_pipeline_closed_forms_equal_the_dry_run(schedule, pp, vpp, m):
                       all_to_all="flat")
     durations = {"forward": f / vpp, "backward": b / vpp, "backward_input": b / vpp, "backward_weight": w / vpp}
     makespan = coarse_timing(coarse_programs(schedule, pp, vpp, m), vpp=vpp, durations=durations).makespan
-    assert _pipeline_s(point, [(f, b, w, 0.0)] * pp) == pytest.approx(makespan, rel=1e-9)
+    assert pipeline_s(point, [(f, b, w, 0.0)] * pp) == pytest.approx(makespan, rel=1e-9)
 
 
 def test_a_plan_the_model_calls_infeasible_is_flagged_by_simulate():

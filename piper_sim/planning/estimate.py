@@ -30,13 +30,13 @@ from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
 from piper_sim.planning.context_parallel import ring_overlap_s
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
+from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
 from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.build import split_layers
-from piper_sim.schedule.dryrun import coarse_timing
 from piper_sim.schedule.ir import Layout, VirtualStages
 from piper_sim.schedule.lower import chunk_segments, selective_segments
-from piper_sim.schedule.registry import SCHEDULES, schedule_layout
+from piper_sim.schedule.registry import schedule_layout
 from piper_sim.sim.phase_run import phase_delay_s
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
@@ -120,7 +120,7 @@ class Estimator:
                     key, lambda v=v, first=first: self._recompute(coster, point.ep, layers[v], first, point.recompute))
                 f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
                 if point.zero == 3:  # the units' gathers that prefetch cannot hide, forward and backward
-                    ef, eb = self._cached(("fsdp", point, v), lambda v=v, p=p: self._fsdp_s(point, layers, p, v, a2a))
+                    ef, eb = self._fsdp_s(point, layers, p, v, a2a)
                     f, b = f + ef, b + eb
                 if point.zero == 2:  # the chunk's gradients reduce-scattered after its backward of each micro-batch
                     bucket = self._cached(("bucket", point, v), lambda v=v, p=p: self._bucket_s(point, layers, p, v))
@@ -130,7 +130,7 @@ class Estimator:
             f, b, w, a2a_s, flops = (x * share for x in (f, b, w, a2a_s, flops))
             per_stage.append((f + a2a_s / 2, b + a2a_s / 2, w, a2a_s))
             flops_per_rank_mb.append(flops)
-        pipeline = _pipeline_s(point, per_stage)
+        pipeline = pipeline_s(point, per_stage)
         hop = self._cached(("p2p", point.pp, tokens, split), lambda: self._p2p_s(point, tokens))
         p2p = 2 * (stages.pipeline_length - 1) * hop  # dualpipe: its two pipelines' hops overlap
         grad, optimizer = self._cached(("reduce", point.pp, point.vpp, stages.layout, point.ep, point.dp, point.zero,
@@ -292,13 +292,27 @@ class Estimator:
     def _fsdp_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int, a2a: float
                 ) -> tuple[float, float]:
         """ZeRO-3: (forward, backward) gather time of one micro-batch's pass of chunk v that its units' compute does
-        not hide (workload.fsdp.exposed_gather_s; all-to-alls count as compute: they block the compute stream)."""
+        not hide (workload.fsdp.exposed_gather_s; all-to-alls count as compute: they block the compute stream),
+        times the share of the passes that gather."""
         stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
-        coster = self.coster(point.parallel.tokens_per_microbatch(self.model.seq_len), point.parallel.split)
         first, last = stages.is_first(v), stages.is_last(v)
+        par = point.parallel
+        key = ("fsdp", par.tokens_per_microbatch(self.model.seq_len), par.split, point.ep, point.num_gpus // point.pp,
+               p, par.dp_replicate, layers[v], first, last, point.recompute, a2a)
+        forward, backward = self._cached(key, lambda: self._exposed_gathers_s(point, layers[v], p, first, last, a2a))
+        shares = gather_shares(point.schedule, point.pp, point.vpp, point.num_microbatches, p,
+                               stages.where(v)[1], point.reshard_after_forward)
+        return shares[0] * forward, shares[1] * backward
+
+    def _exposed_gathers_s(self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool,
+                           a2a: float) -> tuple[float, float]:
+        """ZeRO-3: (forward, backward) exposed gather time of one pass of a chunk holding `layers` at stage p, every
+        pass gathering; it depends on the micro-batch's tokens, the split, the stage's groups, the chunk's layers and
+        ends, the recomputation and the all-to-all time only (_fsdp_s' key)."""
+        coster = self.coster(point.parallel.tokens_per_microbatch(self.model.seq_len), point.parallel.split)
         groups = shard_groups(self._replica_groups(point, p), point.parallel.dp_replicate)[0]  # HSDP: within a shard
         forward, backward, gathers = [], [], []
-        units = unit_params(self.model, layers[v], first=first, last=last, ep=point.ep, split=point.parallel.split)
+        units = unit_params(self.model, layers, first=first, last=last, ep=point.ep, split=point.parallel.split)
         tokens, split = coster.tokens, point.parallel.split
         for unit, params in units.items():
             ends = (first and unit == next(iter(units)), last and unit == next(reversed(units)))
@@ -308,10 +322,7 @@ class Estimator:
             backward.append(b)
             gathers.append(sum(self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
                                for kind, gpus in groups.items() if len(gpus) > 1))
-        shares = gather_shares(point.schedule, point.pp, point.vpp, point.num_microbatches, p,
-                               stages.where(v)[1], point.reshard_after_forward)
-        return (shares[0] * exposed_gather_s(gathers, forward),
-                shares[1] * exposed_gather_s(gathers[::-1], backward[::-1]))
+        return exposed_gather_s(gathers, forward), exposed_gather_s(gathers[::-1], backward[::-1])
 
     def _unit_passes_s(self, coster: TaskCoster, point: PlanPoint, unit: int, ends: tuple[bool, bool], a2a: float
                        ) -> tuple[float, float]:
@@ -388,46 +399,6 @@ def _rows_cached(num_experts: int, top_k: int, ep: int, layer: int, tokens: int)
 def _routed(coster: TaskCoster) -> int:
     """Tokens of a micro-batch one rank routes (all, or its 1/tp slice when etp is 1)."""
     return int(coster.tokens * coster.split.dispatch_share)
-
-
-SPLIT_BACKWARD = frozenset({"zb-h1", "dualpipe", "dualpipe-v"})  # backward = input pass + weight pass
-DRY_RUN_PRICED = frozenset({"dualpipe", "dualpipe-v"})  # no closed form in the execution contract's terms
-
-
-def _chunks_per_microbatch(schedule: str, pp: int, vpp: int) -> int:
-    """Chunk tasks of one kind a microbatch runs on each rank (vpp, but one in a bidirectional layout)."""
-    return vpp // VirtualStages(schedule_layout(schedule), pp, vpp).num_pipelines
-
-
-@functools.lru_cache(maxsize=4096)
-def _dry_run_bubble_s(schedule: str, pp: int, vpp: int, f: float, b: float, w: float) -> float:
-    """Makespan less a rank's work for chunk times f, b, w, from the coarse dry run of the schedule at its
-    fewest microbatches (2 pp); the bubble does not grow with more microbatches, whose steady-state rounds
-    add only work (tests/test_dualpipe.py checks it against the full dry run)."""
-    m = 2 * pp
-    programs = SCHEDULES.get(schedule, "schedule")(pp, vpp, m)
-    durations = {"forward": f, "backward": b, "backward_input": b, "backward_weight": w}
-    timing = coarse_timing(programs, vpp=vpp, durations=durations, layout=schedule_layout(schedule))
-    return timing.makespan - m * _chunks_per_microbatch(schedule, pp, vpp) * (f + b + w)
-
-
-def _pipeline_s(point: PlanPoint, per_stage: list[tuple[float, float, float, float]]) -> float:
-    m = point.num_microbatches
-    if point.schedule in DRY_RUN_PRICED:
-        # The report's bubble (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3 table 2) assumes overlapped F&B pairs,
-        # which the execution contract does not run; the dry run of the generator's order prices it instead,
-        # with the slowest rank's times per chunk task.
-        chunks = _chunks_per_microbatch(point.schedule, point.pp, point.vpp)
-        f, b, w = (max(s[i] for s in per_stage) / chunks for i in range(3))
-        return m * chunks * (f + b + w) + _dry_run_bubble_s(point.schedule, point.pp, point.vpp, f, b, w)
-    if point.schedule == "zb-h1":
-        fb = [f + b for f, b, _, _ in per_stage]
-        w = max(s[2] for s in per_stage)
-        return sum(fb) + (m - 1) * max(f + b + ww for f, b, ww, _ in per_stage) + w - min(point.pp - 1, m - 1) * w
-    work = [f + b for f, b, _, _ in per_stage]
-    if point.schedule == "interleaved-1f1b":
-        return sum(work) / point.vpp + (m - 1 / point.vpp) * max(work)
-    return sum(work) + (m - 1) * max(work)
 
 
 def estimate_config(cfg, built: tuple[Estimator, PlanPoint] | None = None) -> tuple[Estimate, bool]:

@@ -1,11 +1,11 @@
 """Dry runs of a schedule: the execution contract of ir.py run with given task durations (default: 1 per
 compute task, 0 per send, recv and collective), event by event, with no simulator.
 
-Owns Timing (start and end of every task of every row, and where stuck rows wait), coarse_timing (one
-blocking program counter per stage; cross-stage data deps implicit) and lowered_timing (every rank of the
-mesh; send/recv and collectives as the contract says). Never raises on deadlock: validate.py turns a
-stuck Timing into a ScheduleError with the grid (grid.py renders a Timing). Must not import simpy, torch
-or numpy.
+Owns Timing (start and end of every task of every row, and where stuck rows wait), coarse_order and replay (the
+walk that no durations change, and its times), coarse_timing (one blocking program counter per stage; cross-stage
+data deps implicit) and lowered_timing (every rank of the mesh; send/recv and collectives as the contract says).
+Never raises on deadlock: validate.py turns a stuck Timing into a ScheduleError with the grid (grid.py renders a
+Timing). Must not import simpy, torch or numpy.
 """
 
 from __future__ import annotations
@@ -86,9 +86,22 @@ def _describe(key: tuple) -> str:
     return f"{key[0]}:c{key[2]}:m{key[3]} on stage {key[1]}"
 
 
-def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Durations = None,
-                  layout: Layout = Layout.INTERLEAVED) -> Timing:
-    """Event-driven run of coarse programs, one blocking program counter per stage.
+@dataclass(frozen=True, kw_only=True)
+class CoarseOrder:
+    """The order in which a coarse dry run runs its tasks, which no durations change (a task waits for the tasks its
+    deps name and its cross-stage data, never for a time): coarse_timing replays it with durations, so a caller
+    that prices one schedule shape with many durations walks it once (coarse_order).
+
+    steps[i]: (stage, position in the stage's program, task kind, the earlier steps whose ends it waits for).
+    """
+
+    steps: tuple[tuple[int, int, str, tuple[int, ...]], ...]
+    blocked: tuple[str, ...]
+    lengths: tuple[int, ...]  # tasks per stage program
+
+
+def coarse_order(programs: Programs, *, vpp: int | None = None, layout: Layout = Layout.INTERLEAVED) -> CoarseOrder:
+    """The event-driven walk of coarse programs, one blocking program counter per stage.
 
     Cross-stage data deps are implicit: F of virtual stage v needs F of the virtual stage before it in
     its pipeline (same microbatch), B (or backward_input) of v needs B of the one after it; a
@@ -98,10 +111,9 @@ def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Dura
     pp = len(programs)
     vpp = vpp or 1 + max((t.chunk for p in programs for t in p), default=0)
     stages = VirtualStages(layout, pp, vpp)
-    board = _Board()
-    starts = [[None] * len(p) for p in programs]
-    ends = [[None] * len(p) for p in programs]
-    pc, clock, blocked = [0] * pp, [0] * pp, [""] * pp
+    board = _Board()  # key -> the step that finished it first
+    steps: list[tuple[int, int, str, tuple[int, ...]]] = []
+    pc, blocked = [0] * pp, [""] * pp
     ready = deque(range(pp))
     while ready:
         stage = ready.popleft()
@@ -116,15 +128,40 @@ def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Dura
                 board.waiters[missing].append(stage)
                 blocked[stage] = f"{task.task_id} waits for {_describe(missing)}"
                 break
-            start = max([clock[stage]] + [board.done[k] for k in needs])
-            end = start + duration(durations, task.kind)
-            starts[stage][pc[stage]], ends[stage][pc[stage]] = start, end
-            pc[stage], clock[stage], blocked[stage] = pc[stage] + 1, end, ""
-            ready.extend(board.finish(("id", stage, task.task_id), end))
+            step = len(steps)
+            steps.append((stage, pc[stage], task.kind, tuple(board.done[k] for k in needs)))
+            pc[stage], blocked[stage] = pc[stage] + 1, ""
+            ready.extend(board.finish(("id", stage, task.task_id), step))
             cls = _CLASS.get(task.kind, task.kind)
-            ready.extend(board.finish((cls, stage, task.chunk, task.microbatch), end))
-    return Timing(starts=_freeze(starts), ends=_freeze(ends), blocked=tuple(blocked),
-                  row_labels=tuple(f"stage {p}" for p in range(pp)))
+            ready.extend(board.finish((cls, stage, task.chunk, task.microbatch), step))
+    return CoarseOrder(steps=tuple(steps), blocked=tuple(blocked), lengths=tuple(len(p) for p in programs))
+
+
+def replay(order: CoarseOrder, durations: Durations = None) -> tuple[list[float], list[float]]:
+    """(starts, ends) of the walk's steps: a step starts when its stage's previous task and the steps it waits for
+    have ended."""
+    times = {kind: duration(durations, kind) for kind in {kind for _, _, kind, _ in order.steps}}
+    clock = [0] * len(order.lengths)
+    starts: list[float] = []
+    ends: list[float] = []
+    for stage, _, kind, needs in order.steps:
+        start = max([clock[stage]] + [ends[i] for i in needs])
+        clock[stage] = start + times[kind]
+        starts.append(start)
+        ends.append(clock[stage])
+    return starts, ends
+
+
+def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Durations = None,
+                  layout: Layout = Layout.INTERLEAVED) -> Timing:
+    """Dry run of coarse programs with durations (coarse_order's walk, replayed)."""
+    order = coarse_order(programs, vpp=vpp, layout=layout)
+    starts: list[list] = [[None] * n for n in order.lengths]
+    ends: list[list] = [[None] * n for n in order.lengths]
+    for (stage, position, _, _), start, end in zip(order.steps, *replay(order, durations), strict=True):
+        starts[stage][position], ends[stage][position] = start, end
+    return Timing(starts=_freeze(starts), ends=_freeze(ends), blocked=order.blocked,
+                  row_labels=tuple(f"stage {p}" for p in range(len(order.lengths))))
 
 
 def _freeze(rows: list[list]) -> tuple[tuple, ...]:
