@@ -29,6 +29,7 @@ from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans, no_plan_error
 from piper_sim.planning.store import ResultStore
 from piper_sim.profile_choice import ProfileChoice, choose_profile
+from piper_sim.progress import bar as progress_bar
 from piper_sim.run_wall import duration_text
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import plan_reserve_bytes
@@ -135,9 +136,10 @@ def _space(request: PlanRequest) -> dict:
             "recomputes": ("none", "full") if request.flash_attention else RECOMPUTE_MODES}
 
 
-def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]:
+def screen(request: PlanRequest, *, progress: bool = True) -> tuple[ModelSpec, pd.DataFrame, float, float]:
     """Every candidate with its memory per stage, framework reserve (its communicators'), fit and analytic estimate
-    (not yet ranked); the device's HBM and the largest candidate's reserve."""
+    (not yet ranked); the device's HBM and the largest candidate's reserve. progress: a line with an ETA on stderr
+    when the screen takes more than a few seconds (piper_sim.progress)."""
     model = with_precision(load_model(request.model_section()), {"precision": request.precision})
     topo = load_topology(request.topology, request.num_gpus)
     gpus = place(topo, request.num_gpus, "contiguous")
@@ -149,24 +151,31 @@ def screen(request: PlanRequest) -> tuple[ModelSpec, pd.DataFrame, float, float]
                             fixed=request.fixed or {}, **_space(request))
     estimator = Estimator(model, topo, gpus, profile, collectives_all_reduce=request.all_reduce,
                           flash_attention=request.flash_attention)
-    rows = []
-    for point in points:
-        memory = stage_memory(model, point, flash_attention=request.flash_attention,
-                              fp8_transposed_copies=profile.fp8_transposed_copies)
-        peaks = [m.peak_bytes for m in memory]
-        reserve = plan_reserve_bytes(profile, request.reserve_bytes, point.parallel, model, point.schedule)
-        headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
-        worst = int(np.argmin(headroom))
-        rows.append({**point.as_row(), "label": point.label(), "peak_memory_bytes": max(peaks),
-                     "framework_reserve_bytes": reserve,
-                     "stage0_memory_bytes": peaks[0], "memory_headroom_bytes": min(headroom),
-                     "fits": min(headroom) >= 0,
-                     "why_not": "" if min(headroom) >= 0 else
-                     f"stage {worst} needs {peaks[worst] / 2**30:.1f} GiB, "
-                     f"{(profile.hbm_bytes - reserve) / 2**30:.1f} GiB usable",
-                     **estimator.estimate(point).as_row()})
+    with progress_bar(len(points), "screening plans", "plans", show=progress) as line:
+        rows = []
+        for point in points:
+            rows.append(_screen_row(request, model, profile, estimator, point))
+            line.update(1)
     table = pd.DataFrame(rows)
     return model, table, profile.hbm_bytes, float(table["framework_reserve_bytes"].max())
+
+
+def _screen_row(request: PlanRequest, model: ModelSpec, profile, estimator: Estimator, point: PlanPoint) -> dict:
+    """One candidate's row of the screen: its knobs, memory per stage, reserve, fit and estimate."""
+    memory = stage_memory(model, point, flash_attention=request.flash_attention,
+                          fp8_transposed_copies=profile.fp8_transposed_copies)
+    peaks = [m.peak_bytes for m in memory]
+    reserve = plan_reserve_bytes(profile, request.reserve_bytes, point.parallel, model, point.schedule)
+    headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
+    worst = int(np.argmin(headroom))
+    return {**point.as_row(), "label": point.label(), "peak_memory_bytes": max(peaks),
+            "framework_reserve_bytes": reserve,
+            "stage0_memory_bytes": peaks[0], "memory_headroom_bytes": min(headroom),
+            "fits": min(headroom) >= 0,
+            "why_not": "" if min(headroom) >= 0 else
+            f"stage {worst} needs {peaks[worst] / 2**30:.1f} GiB, "
+            f"{(profile.hbm_bytes - reserve) / 2**30:.1f} GiB usable",
+            **estimator.estimate(point).as_row()}
 
 
 def simulate_point(payload: dict) -> dict:
@@ -192,7 +201,7 @@ def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, worke
     """Screen every candidate, refine the top K that fit with the simulator (within budget_s where given:
     refine.refine_points), rank (ties: less memory first)."""
     t0 = time.perf_counter()
-    model, table, hbm, _ = screen(request)
+    model, table, hbm, _ = screen(request, progress=progress)
     screen_s = time.perf_counter() - t0
     table = table.sort_values(["fits", "est_step_time_s", "peak_memory_bytes"], ascending=[False, True, True],
                               kind="stable")

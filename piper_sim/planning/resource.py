@@ -25,7 +25,7 @@ from piper_sim.schedule.build import split_layers
 from piper_sim.schedule.ir import Task, VirtualStages
 from piper_sim.schedule.liveness import activation_deltas
 from piper_sim.schedule.registry import SCHEDULES, schedule_layout
-from piper_sim.sim.plan import stage_memory_terms
+from piper_sim.sim.plan import stage_activation_terms, stage_memory_terms
 from piper_sim.workload.memory import rank_params
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
@@ -81,13 +81,39 @@ def _stage_terms(model: ModelSpec, layout, parallel: ParallelSpec, p: int, flash
     held = tuple(layer for v in chunks for layer in layers[v])
     params = rank_params(model, held, first=any(map(stages.is_first, chunks)),
                          last=any(map(stages.is_last, chunks)), ep=parallel.ep, split=parallel.split)
+    activations = _activation_terms(model, layout, parallel.pp, parallel.vpp, p, parallel.micro_batch_size,
+                                    parallel.split, flash_attention, recompute, recompute_layers, checkpoint_layers,
+                                    recompute_modules, parallel)
     terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
                                recompute=recompute, recompute_layers=recompute_layers, zero=zero, stages=stages,
                                checkpoint_layers=checkpoint_layers, fp8_transposed_copies=fp8_transposed_copies,
-                               recompute_modules=recompute_modules, reshard_after_forward=reshard_after_forward)
+                               recompute_modules=recompute_modules, reshard_after_forward=reshard_after_forward,
+                               activations=activations)
     act = np.array([terms["act"][c] for c in range(parallel.vpp)])
     act.setflags(write=False)
     return terms["state"], act, terms["transient"]
+
+
+_ACTIVATIONS: dict[tuple, tuple[dict[int, float], float]] = {}
+
+
+def _activation_terms(model: ModelSpec, layout, pp: int, vpp: int, p: int, micro_batch_size: int, split,
+                      flash_attention: bool, recompute: str, recompute_layers: int | None,
+                      checkpoint_layers: int | None, recompute_modules: tuple[str, ...], parallel: ParallelSpec
+                      ) -> tuple[dict[int, float], float]:
+    """sim.plan.stage_activation_terms of stage p, memoized on what they depend on (the arguments but `parallel`,
+    which only carries them): plans that differ in ZeRO, EP or DP share them."""
+    key = (model, layout, pp, vpp, p, micro_batch_size, split, flash_attention, recompute, recompute_layers,
+           checkpoint_layers, recompute_modules)
+    if key not in _ACTIVATIONS:
+        if len(_ACTIVATIONS) >= 65536:
+            _ACTIVATIONS.clear()
+        stages = VirtualStages(layout, pp, vpp)
+        _ACTIVATIONS[key] = stage_activation_terms(
+            model, split_layers(model.num_layers, stages), [stages.of(p, c) for c in range(vpp)], parallel,
+            flash_attention=flash_attention, recompute=recompute, recompute_layers=recompute_layers, stages=stages,
+            checkpoint_layers=checkpoint_layers, recompute_modules=recompute_modules)
+    return _ACTIVATIONS[key]
 
 
 @functools.lru_cache(maxsize=16384)

@@ -103,20 +103,14 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
     return plans
 
 
-def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
-                       parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
-                       recompute: str, recompute_layers: int | None, zero: int,
-                       stages: VirtualStages | None = None, checkpoint_layers: int | None = None,
-                       fp8_transposed_copies: bool = True, reshard_after_forward: bool = True,
-                       recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> dict:
-    """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state
-    (with the fp8 copies of its fp8 linears' weights under fp8), the recomputation transient, the parameters its
-    optimizer updates and those of its fp8 linears. stages: the schedule's layout (which virtual stages end a
-    pipeline; default interleaved). fp8_transposed_copies: the device's (DeviceProfile). recompute_modules: what
-    selective recomputation re-runs (workload/recompute.py). reshard_after_forward: ZeRO-3's (workload/fsdp.py)."""
-    num_virtual = len(stage_layers)
-    if stages is None:  # interleaved: the last virtual stage ends the one pipeline
-        stages = VirtualStages(Layout.INTERLEAVED, num_virtual, 1)
+def stage_activation_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
+                           parallel: ParallelSpec, *, flash_attention: bool, recompute: str,
+                           recompute_layers: int | None, stages: VirtualStages, checkpoint_layers: int | None = None,
+                           recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES
+                           ) -> tuple[dict[int, float], float]:
+    """(activations per chunk, the recomputation's transient) of a stage: the terms of stage_memory_terms that
+    depend on the micro-batch size, the tensor / context split and the stage's chunks only (not on ZeRO, EP or
+    DP)."""
     recomputed = {c: len(stage_layers[v]) if recompute_layers is None else recompute_layers
                   for c, v in enumerate(chunks)}
     split = parallel.split
@@ -125,11 +119,35 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
                                flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c],
                                checkpoint_layers=checkpoint_layers, split=split, modules=recompute_modules)
            for c, v in enumerate(chunks)}
-    transient = ring_buffer_bytes(model, parallel) + max(
+    transient = max(
         recompute_transient_bytes(seen, stage_layers[v], parallel.micro_batch_size, recompute=recompute,
                                   recomputed=recomputed[c], checkpoint_layers=checkpoint_layers,
                                   flash_attention=flash_attention, split=split)
         for c, v in enumerate(chunks))
+    return act, transient
+
+
+def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
+                       parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
+                       recompute: str, recompute_layers: int | None, zero: int,
+                       stages: VirtualStages | None = None, checkpoint_layers: int | None = None,
+                       fp8_transposed_copies: bool = True, reshard_after_forward: bool = True,
+                       recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+                       activations: tuple[dict[int, float], float] | None = None) -> dict:
+    """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state
+    (with the fp8 copies of its fp8 linears' weights under fp8), the recomputation transient, the parameters its
+    optimizer updates and those of its fp8 linears. stages: the schedule's layout (which virtual stages end a
+    pipeline; default interleaved). fp8_transposed_copies: the device's (DeviceProfile). recompute_modules: what
+    selective recomputation re-runs (workload/recompute.py). reshard_after_forward: ZeRO-3's (workload/fsdp.py).
+    activations: stage_activation_terms of the same arguments, where the caller has them."""
+    if stages is None:  # interleaved: the last virtual stage ends the one pipeline
+        stages = VirtualStages(Layout.INTERLEAVED, len(stage_layers), 1)
+    act, recompute_transient = activations or stage_activation_terms(
+        model, stage_layers, chunks, parallel, flash_attention=flash_attention, recompute=recompute,
+        recompute_layers=recompute_layers, stages=stages, checkpoint_layers=checkpoint_layers,
+        recompute_modules=recompute_modules)
+    split = parallel.split
+    transient = ring_buffer_bytes(model, parallel) + recompute_transient
     shards = param_shards(zero=zero, data_parallel=parallel.data_parallel, dp=parallel.dp,
                           stage_size=parallel.num_gpus // parallel.pp, replicate=parallel.dp_replicate)
     if zero == 3:  # the gathered units: two units' parameters and two units' gradients at most (workload/fsdp.py)

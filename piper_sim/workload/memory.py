@@ -43,6 +43,8 @@ Must not import simpy or torch.
 
 from __future__ import annotations
 
+import functools
+
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.precision import (
@@ -134,7 +136,14 @@ def rank_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last:
     """Parameters one rank holds for these layers, by class: "dense" (attention, dense FFNs, the vocabulary:
     split over tp; replicated over the data-parallel replicas), "replicated" (tp > 1: what every rank of the
     stage holds whole, as Megatron does: norms, the router, MLA's down projections, and shared experts when
-    etp is 1; with tp 1 they count as dense) and "expert" (the rank's routed experts, split over etp)."""
+    etp is 1; with tp 1 they count as dense) and "expert" (the rank's routed experts, split over etp).
+    Memoized (the planner asks for the same chunks of thousands of plans); each call gets its own dict."""
+    return dict(_rank_params(model, tuple(layers), first, last, ep, split))
+
+
+@functools.lru_cache(maxsize=65536)
+def _rank_params(model: ModelSpec, layers: tuple[int, ...], first: bool, last: bool, ep: int,
+                 split: TensorSplit) -> dict[str, float]:
     tp, etp = split.tp, split.etp
     dense = whole = expert = 0.0
     emb = model.vocab_size * model.d_model

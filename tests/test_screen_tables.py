@@ -1,0 +1,54 @@
+"""The planner's screen gives the same table, digit for digit, as the stored tables in tests/data/screen_tables:
+every candidate's knobs, memory per stage, reserve, fit and estimate for three small requests that between them
+take every schedule, ZeRO stage, resharding choice, HSDP, context parallelism, selective recomputation and fp8.
+The stored tables were written by the screen before its memoization; regenerate them with
+`python tests/test_screen_tables.py` only when a change of the resource model or the estimator is intended."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+from pathlib import Path
+
+from piper_sim.planning.planner import PlanRequest, screen
+from piper_sim.planning.space import parse_fixes
+
+STORE = Path(__file__).resolve().parent / "data" / "screen_tables"
+REQUESTS = {
+    "mixtral-16-frontier": dict(model="mixtral-8x7b", num_gpus=16, global_batch=32, topology="frontier",
+                                seq_len=4096, fixed=["parallel.pp=2,4", "parallel.micro_batch_size=1"]),
+    "dsv2-16-frontier-cp-selective": dict(model="deepseek-v2", num_gpus=16, global_batch=8, topology="frontier",
+                                          seq_len=32768, flash_attention=False,
+                                          fixed=["parallel.pp=2", "parallel.micro_batch_size=1", "parallel.tp=1"]),
+    "qwen3-30b-16-h100-fp8": dict(model="qwen3-30b-a3b", num_gpus=16, global_batch=32, topology="dgx-h100-superpod",
+                                  seq_len=4096, precision="fp8",
+                                  fixed=["parallel.pp=1,2", "parallel.micro_batch_size=2"]),
+}
+
+
+def table_text(name: str) -> str:
+    """The screen's table of REQUESTS[name] as CSV, every float with 17 significant digits (exact)."""
+    settings = dict(REQUESTS[name])
+    request = PlanRequest(**{**settings, "fixed": parse_fixes(settings["fixed"]), "top_k": 0})
+    _, table, hbm_bytes, reserve_bytes = screen(request, progress=False)
+    table = table.assign(hbm_bytes=hbm_bytes, max_reserve_bytes=reserve_bytes)
+    return table.to_csv(index=False, float_format="%.17g", lineterminator="\n")
+
+
+def test_the_screen_tables_are_unchanged():
+    for name in REQUESTS:
+        stored = gzip.decompress((STORE / f"{name}.csv.gz").read_bytes()).decode()
+        got = table_text(name)
+        if got != stored:
+            differ = [(a, b) for a, b in zip(stored.splitlines(), got.splitlines(), strict=False) if a != b]
+            header = stored.splitlines()[0]
+            raise AssertionError(f"{name}: {len(differ)} rows differ (rows {len(stored.splitlines())} stored, "
+                                 f"{len(got.splitlines())} now); columns {header}; first stored/now:\n"
+                                 + "\n".join(differ[0] if differ else ("", "")))
+
+
+if __name__ == "__main__":  # write the stored tables with the piper_sim on the path
+    STORE.mkdir(parents=True, exist_ok=True)
+    for name in REQUESTS:
+        (STORE / f"{name}.csv.gz").write_bytes(gzip.compress(table_text(name).encode(), mtime=0))
+        print(f"wrote {STORE / name}.csv.gz", file=sys.stderr)
