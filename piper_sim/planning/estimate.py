@@ -30,13 +30,12 @@ from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
 from piper_sim.planning.context_parallel import ring_overlap_s
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
+from piper_sim.planning.geometry import Geometry, geometry
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
 from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
-from piper_sim.schedule.build import split_layers
-from piper_sim.schedule.ir import Layout, VirtualStages
+from piper_sim.schedule.ir import Layout
 from piper_sim.schedule.lower import chunk_segments, selective_segments
-from piper_sim.schedule.registry import schedule_layout
 from piper_sim.sim.phase_run import phase_delay_s
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
@@ -100,35 +99,20 @@ class Estimator:
         m = self.model
         tokens = point.parallel.tokens_per_microbatch(m.seq_len)
         split = point.parallel.split
-        coster = self.coster(tokens, split)
-        stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
-        layers = split_layers(m.num_layers, stages)
+        shape = geometry(m.num_layers, point.schedule, point.pp, point.vpp)
+        stages, layers = shape.stages, shape.layers
         a2a = self._cached(("a2a", point.ep, point.all_to_all, tokens, split),
                            lambda: self._all_to_all_s(point, tokens))
         zb = point.schedule in SPLIT_BACKWARD
+        # a stage's times depend on these only (and, under ZeRO-2 and -3, on the stage's data-parallel groups and,
+        # without resharding, on the schedule's passes): plans that differ elsewhere share them
+        stage_key = ("stage", tokens, split, point.ep, stages.layout, point.pp, point.vpp, zb, point.recompute,
+                     point.zero, a2a) + (() if point.zero < 2 else (point.num_gpus, point.parallel.dp_replicate)) \
+            + ((point.schedule, point.num_microbatches, point.reshard_after_forward) if point.zero == 3 else ())
         per_stage, flops_per_rank_mb = [], []
         for p in range(point.pp):
-            f = b = w = a2a_s = flops = 0.0
-            for c in range(point.vpp):
-                v = stages.of(p, c)
-                first, last = stages.is_first(v), stages.is_last(v)
-                key = ("chunk", tokens, split, point.ep, layers[v], first, last, zb)
-                cf, cb, cw, cflops, moe = self._cached(
-                    key, lambda v=v, first=first, last=last: self._chunk(coster, point.ep, layers[v], first, last, zb))
-                key = ("redo", tokens, split, point.ep, layers[v], first, point.recompute)
-                rs, redo_moe = self._cached(
-                    key, lambda v=v, first=first: self._recompute(coster, point.ep, layers[v], first, point.recompute))
-                f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
-                if point.zero == 3:  # the units' gathers that prefetch cannot hide, forward and backward
-                    ef, eb = self._fsdp_s(point, layers, p, v, a2a)
-                    f, b = f + ef, b + eb
-                if point.zero == 2:  # the chunk's gradients reduce-scattered after its backward of each micro-batch
-                    bucket = self._cached(("bucket", point, v), lambda v=v, p=p: self._bucket_s(point, layers, p, v))
-                    b, w = (b, w + bucket) if zb else (b + bucket, w)
-                a2a_s += (4 * moe + 2 * redo_moe) * a2a
-            share = 1 / stages.num_pipelines  # bidirectional: a microbatch runs one of the two chunks
-            f, b, w, a2a_s, flops = (x * share for x in (f, b, w, a2a_s, flops))
-            per_stage.append((f + a2a_s / 2, b + a2a_s / 2, w, a2a_s))
+            times, flops = self._cached(stage_key + (p,), lambda p=p: self._stage_s(point, shape, p, a2a))
+            per_stage.append(times)
             flops_per_rank_mb.append(flops)
         pipeline = pipeline_s(point, per_stage)
         hop = self._cached(("p2p", point.pp, tokens, split), lambda: self._p2p_s(point, tokens))
@@ -145,6 +129,34 @@ class Estimator:
             optimizer_s=optimizer, model_flops_per_step=model_flops,
             tflops_per_gpu=model_flops / step / point.num_gpus / 1e12,
             mfu=model_flops / (step * point.num_gpus * self.profile.peak_flops_per_s))
+
+    def _stage_s(self, point: PlanPoint, shape: Geometry, p: int, a2a: float
+                 ) -> tuple[tuple[float, float, float, float], float]:
+        """Stage p's ((F, B, W, all-to-all) of one micro-batch, its FLOPs per rank) (estimate's per_stage)."""
+        tokens = point.parallel.tokens_per_microbatch(self.model.seq_len)
+        split = point.parallel.split
+        coster = self.coster(tokens, split)
+        zb = point.schedule in SPLIT_BACKWARD
+        f = b = w = a2a_s = flops = 0.0
+        for chunk in shape.chunks[p]:
+            v, first, last, held = chunk.virtual, chunk.first, chunk.last, chunk.layers
+            key = ("chunk", tokens, split, point.ep, held, first, last, zb)
+            cf, cb, cw, cflops, moe = self._cached(
+                key, lambda held=held, first=first, last=last: self._chunk(coster, point.ep, held, first, last, zb))
+            key = ("redo", tokens, split, point.ep, held, first, point.recompute)
+            rs, redo_moe = self._cached(
+                key, lambda held=held, first=first: self._recompute(coster, point.ep, held, first, point.recompute))
+            f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
+            if point.zero == 3:  # the units' gathers that prefetch cannot hide, forward and backward
+                ef, eb = self._fsdp_s(point, shape.layers, p, v, a2a)
+                f, b = f + ef, b + eb
+            if point.zero == 2:  # the chunk's gradients reduce-scattered after its backward of each micro-batch
+                bucket = self._bucket_s(point, shape.layers, p, v)
+                b, w = (b, w + bucket) if zb else (b + bucket, w)
+            a2a_s += (4 * moe + 2 * redo_moe) * a2a
+        share = 1 / shape.stages.num_pipelines  # bidirectional: a microbatch runs one of the two chunks
+        f, b, w, a2a_s, flops = (x * share for x in (f, b, w, a2a_s, flops))
+        return (f + a2a_s / 2, b + a2a_s / 2, w, a2a_s), flops
 
     # ---- compute -------------------------------------------------------------------------------
     def _chunk(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, last: bool, zb: bool,
@@ -242,7 +254,7 @@ class Estimator:
 
     def _reduce_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
         """(gradient all-reduces, optimizer) of the slowest stage."""
-        stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
+        stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
         worst_grad = worst_opt = 0.0
         per_stage = point.num_gpus // point.pp
         for p in range(point.pp):
@@ -283,7 +295,7 @@ class Estimator:
 
     def _bucket_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int) -> float:
         """ZeRO-2: one micro-batch's reduce-scatter of a chunk's gradients, every class."""
-        stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
+        stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
         params = rank_params(self.model, layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=point.ep,
                              split=point.parallel.split)
         return sum(self._sharded_s(REDUCE_SCATTER, params[kind] * self.model.dtype_bytes, gpus)
@@ -294,7 +306,7 @@ class Estimator:
         """ZeRO-3: (forward, backward) gather time of one micro-batch's pass of chunk v that its units' compute does
         not hide (workload.fsdp.exposed_gather_s; all-to-alls count as compute: they block the compute stream),
         times the share of the passes that gather."""
-        stages = VirtualStages(schedule_layout(point.schedule), point.pp, point.vpp)
+        stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
         first, last = stages.is_first(v), stages.is_last(v)
         par = point.parallel
         key = ("fsdp", par.tokens_per_microbatch(self.model.seq_len), par.split, point.ep, point.num_gpus // point.pp,
