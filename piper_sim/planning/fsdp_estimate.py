@@ -12,8 +12,8 @@ import functools
 
 from piper_sim.collectives.algorithms import ALL_REDUCE
 from piper_sim.collectives.sharded import REDUCE_SCATTER
+from piper_sim.planning.resource import coarse_programs
 from piper_sim.schedule.fsdp import gathering_passes
-from piper_sim.schedule.registry import SCHEDULES
 
 
 def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: int, chunk: int,
@@ -26,13 +26,13 @@ def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: in
     return _no_reshard_shares(schedule, pp, vpp, microbatches)[stage, chunk]
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _no_reshard_shares(schedule: str, pp: int, vpp: int, microbatches: int
                        ) -> dict[tuple[int, int], tuple[float, float]]:
     """gather_shares without resharding after the forward, for every (stage, chunk) of one schedule at once (its
-    program is generated once)."""
+    program is generated once, shared with the resource model's live counts: resource.coarse_programs)."""
     shares = {}
-    for stage, program in enumerate(SCHEDULES.get(schedule, "schedule")(pp, vpp, microbatches)):
+    for stage, program in enumerate(coarse_programs(schedule, pp, vpp, microbatches)):
         gathering = gathering_passes(program, reshard_after_forward=False)
         counts: dict[tuple[int, str], int] = {}
         for task in program:

@@ -56,17 +56,29 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
     recompute_checkpoint_layers where given; the planner's plans recompute whole chunks); fp8_transposed_copies:
     the device's, for a model in fp8 (DeviceProfile); recompute_modules: a config's, for selective recomputation."""
     # The terms do not depend on the micro-batch count (only live_counts does) nor on the all-to-all: plans that
-    # differ only there share them.
-    parallel = replace(point.parallel, num_microbatches=1)
+    # differ only there share them (one lookup per plan).
+    key = (model, schedule_layout(point.schedule), point.pp, point.ep, point.dp, point.tp, point.etp, point.sp,
+           point.vpp, point.micro_batch_size, point.cp, point.dp_shard, flash_attention, point.recompute,
+           recompute_layers, point.zero, checkpoint_layers, fp8_transposed_copies, recompute_modules,
+           point.reshard_after_forward)
+    terms = _TERMS.get(key)
+    if terms is None:
+        if len(_TERMS) >= 65536:
+            _TERMS.clear()
+        parallel = replace(point.parallel, num_microbatches=1)
+        terms = _TERMS[key] = tuple(_stage_terms(
+            model, key[1], parallel, p, flash_attention, point.recompute, recompute_layers, point.zero,
+            checkpoint_layers, fp8_transposed_copies, recompute_modules, point.reshard_after_forward)
+            for p in range(point.pp))
     out = []
-    for p in range(point.pp):
-        state, act, transient = _stage_terms(
-            model, schedule_layout(point.schedule), parallel, p, flash_attention, point.recompute, recompute_layers,
-            point.zero, checkpoint_layers, fp8_transposed_copies, recompute_modules, point.reshard_after_forward)
+    for p, (state, act, transient) in enumerate(terms):
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
         peak = float(np.max(counts @ act))
         out.append(StageMemory(state_bytes=state, activation_bytes=peak + transient))
     return out
+
+
+_TERMS: dict[tuple, tuple[tuple[float, np.ndarray, float], ...]] = {}  # stage_memory's terms of every stage
 
 
 @functools.lru_cache(maxsize=65536)
@@ -75,8 +87,7 @@ def _stage_terms(model: ModelSpec, layout, parallel: ParallelSpec, p: int, flash
                  recompute_modules: tuple[str, ...], reshard_after_forward: bool) -> tuple[float, np.ndarray, float]:
     """Stage p's (state bytes, activation bytes per chunk, transient bytes): sim.plan.stage_memory_terms for the
     stage's chunks of the layout."""
-    stages = VirtualStages(layout, parallel.pp, parallel.vpp)
-    layers = split_layers(model.num_layers, stages)
+    stages, layers = _layout_layers(model.num_layers, layout, parallel.pp, parallel.vpp)
     chunks = [stages.of(p, c) for c in range(parallel.vpp)]
     held = tuple(layer for v in chunks for layer in layers[v])
     params = rank_params(model, held, first=any(map(stages.is_first, chunks)),
@@ -108,12 +119,19 @@ def _activation_terms(model: ModelSpec, layout, pp: int, vpp: int, p: int, micro
     if key not in _ACTIVATIONS:
         if len(_ACTIVATIONS) >= 65536:
             _ACTIVATIONS.clear()
-        stages = VirtualStages(layout, pp, vpp)
+        stages, layers = _layout_layers(model.num_layers, layout, pp, vpp)
         _ACTIVATIONS[key] = stage_activation_terms(
-            model, split_layers(model.num_layers, stages), [stages.of(p, c) for c in range(vpp)], parallel,
+            model, layers, [stages.of(p, c) for c in range(vpp)], parallel,
             flash_attention=flash_attention, recompute=recompute, recompute_layers=recompute_layers, stages=stages,
             checkpoint_layers=checkpoint_layers, recompute_modules=recompute_modules)
     return _ACTIVATIONS[key]
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_layers(num_layers: int, layout, pp: int, vpp: int) -> tuple[VirtualStages, tuple[tuple[int, ...], ...]]:
+    """The virtual stages of a layout and their layers (schedule.build.split_layers), once per shape."""
+    stages = VirtualStages(layout, pp, vpp)
+    return stages, split_layers(num_layers, stages)
 
 
 @functools.lru_cache(maxsize=16384)
