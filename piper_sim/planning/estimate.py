@@ -39,7 +39,7 @@ from piper_sim.schedule.lower import chunk_segments, selective_segments
 from piper_sim.sim.phase_run import phase_delay_s
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
-from piper_sim.workload.fsdp import exposed_gather_s
+from piper_sim.workload.fsdp import NO_BLOCK, exposed_gather_s
 from piper_sim.workload.fsdp_state import unit_params
 from piper_sim.workload.memory import (
     PARAM_CLASSES,
@@ -319,22 +319,37 @@ class Estimator:
     def _exposed_gathers_s(self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool,
                            a2a: float) -> tuple[float, float]:
         """ZeRO-3: (forward, backward) exposed gather time of one pass of a chunk holding `layers` at stage p, every
-        pass gathering; it depends on the micro-batch's tokens, the split, the stage's groups, the chunk's layers and
-        ends, the recomputation and the all-to-all time only (_fsdp_s' key)."""
-        coster = self.coster(point.parallel.tokens_per_microbatch(self.model.seq_len), point.parallel.split)
+        pass gathering: its units' gathers (which depend on the split, EP, the chunk and the stage's groups) against
+        their passes' compute (the micro-batch's tokens, the split, EP, the chunk, recomputation, all-to-all)."""
+        par = point.parallel
+        tokens, split = par.tokens_per_microbatch(self.model.seq_len), par.split
+        gathers = self._cached(("gathers", split, point.ep, point.num_gpus // point.pp, p, par.dp_replicate, layers,
+                                first, last), lambda: self._unit_gathers_s(point, layers, p, first, last))
+        forward, backward = self._cached(("passes", tokens, split, point.ep, layers, first, last, point.recompute, a2a),
+                                         lambda: self._chunk_unit_passes_s(point, layers, first, last, a2a))
+        return exposed_gather_s(gathers, forward), exposed_gather_s(gathers[::-1], backward[::-1])
+
+    def _unit_gathers_s(self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool
+                        ) -> list[float]:
+        """ZeRO-3: the all-gather time of each unit of the chunk, every class over its shard group."""
         groups = shard_groups(self._replica_groups(point, p), point.parallel.dp_replicate)[0]  # HSDP: within a shard
-        forward, backward, gathers = [], [], []
         units = unit_params(self.model, layers, first=first, last=last, ep=point.ep, split=point.parallel.split)
-        tokens, split = coster.tokens, point.parallel.split
-        for unit, params in units.items():
-            ends = (first and unit == next(iter(units)), last and unit == next(reversed(units)))
-            key = ("unit", tokens, split, point.ep, unit, ends, point.recompute, a2a)
+        return [sum(self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
+                    for kind, gpus in groups.items() if len(gpus) > 1) for params in units.values()]
+
+    def _chunk_unit_passes_s(self, point: PlanPoint, layers: tuple[int, ...], first: bool, last: bool, a2a: float
+                             ) -> tuple[list[float], list[float]]:
+        """ZeRO-3: the (forward, backward) compute of each unit of the chunk (_unit_passes_s)."""
+        coster = self.coster(point.parallel.tokens_per_microbatch(self.model.seq_len), point.parallel.split)
+        units = list(layers) if layers else [NO_BLOCK]
+        forward, backward = [], []
+        for unit in units:
+            ends = (first and unit == units[0], last and unit == units[-1])
+            key = ("unit", coster.tokens, coster.split, point.ep, unit, ends, point.recompute, a2a)
             f, b = self._cached(key, lambda unit=unit, ends=ends: self._unit_passes_s(coster, point, unit, ends, a2a))
             forward.append(f)
             backward.append(b)
-            gathers.append(sum(self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
-                               for kind, gpus in groups.items() if len(gpus) > 1))
-        return exposed_gather_s(gathers, forward), exposed_gather_s(gathers[::-1], backward[::-1])
+        return forward, backward
 
     def _unit_passes_s(self, coster: TaskCoster, point: PlanPoint, unit: int, ends: tuple[bool, bool], a2a: float
                        ) -> tuple[float, float]:

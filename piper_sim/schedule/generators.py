@@ -14,7 +14,7 @@ arrived (checked by validate.dry_run_coarse).
 from __future__ import annotations
 
 from piper_sim.errors import ConfigError
-from piper_sim.schedule.ir import Task, coarse_task_id
+from piper_sim.schedule.ir import Task, TaskKind, coarse_task_id
 
 Program = tuple[Task, ...]
 Programs = tuple[Program, ...]
@@ -29,8 +29,11 @@ def _task(kind: str, chunk: int, microbatch: int) -> Task:
         deps = (coarse_task_id("backward_input", chunk, microbatch),)
     else:
         deps = (coarse_task_id("forward", chunk, microbatch),)
-    return Task(task_id=coarse_task_id(kind, chunk, microbatch), kind=kind, microbatch=microbatch,
+    return Task(task_id=coarse_task_id(kind, chunk, microbatch), kind=_KINDS[kind], microbatch=microbatch,
                 chunk=chunk, deps=deps)
+
+
+_KINDS = {kind.value: kind for kind in TaskKind}  # the enum of a coarse step's kind, without TaskKind's lookup
 
 
 def _program(steps: list[Step]) -> Program:
