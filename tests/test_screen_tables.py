@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import gzip
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from piper_sim.planning.planner import PlanRequest, screen
+from piper_sim.calibrate.load import load_profile
+from piper_sim.planning.estimate import Estimator
+from piper_sim.planning.planner import PlanRequest, candidates, screen
 from piper_sim.planning.space import parse_fixes
+from piper_sim.topology.load import load_topology
+from piper_sim.topology.placement import place
+from piper_sim.workload.presets import load_model
 
 STORE = Path(__file__).resolve().parent / "data" / "screen_tables"
 REQUESTS = {
@@ -45,6 +51,25 @@ def test_the_screen_tables_are_unchanged():
             raise AssertionError(f"{name}: {len(differ)} rows differ (rows {len(stored.splitlines())} stored, "
                                  f"{len(got.splitlines())} now); columns {header}; first stored/now:\n"
                                  + "\n".join(differ[0] if differ else ("", "")))
+
+
+def test_an_hsdp_plans_estimate_does_not_depend_on_the_plans_estimated_before_it():
+    """HSDP reduces a unit's gradients within its shard group and all-reduces the shard across the replicas: its
+    gradient reduction differs from its ZeRO-3 twin's without HSDP, whichever the estimator prices first."""
+    request = PlanRequest(model="mixtral-8x7b", num_gpus=16, global_batch=32, topology="frontier", seq_len=4096)
+    model = load_model(request.model_section())
+    hsdp = next(p for p in candidates(request, model) if p.dp_shard > 0)
+    twin = replace(hsdp, dp_shard=0)
+    topo = load_topology("frontier", 16)
+
+    def estimator() -> Estimator:
+        return Estimator(model, topo, place(topo, 16, "contiguous"), load_profile(request.profile_choice().profile))
+
+    alone = estimator().estimate(hsdp)
+    after_twin = estimator()
+    twin_estimate = after_twin.estimate(twin)
+    assert after_twin.estimate(hsdp) == alone
+    assert alone.grad_reduce_s != twin_estimate.grad_reduce_s
 
 
 if __name__ == "__main__":  # write the stored tables with the piper_sim on the path

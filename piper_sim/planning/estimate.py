@@ -118,7 +118,7 @@ class Estimator:
         hop = self._cached(("p2p", point.pp, tokens, split), lambda: self._p2p_s(point, tokens))
         p2p = 2 * (stages.pipeline_length - 1) * hop  # dualpipe: its two pipelines' hops overlap
         grad, optimizer = self._cached(("reduce", point.pp, point.vpp, stages.layout, point.ep, point.dp, point.zero,
-                                        split), lambda: self._reduce_s(point, layers))
+                                        split, point.parallel.dp_replicate), lambda: self._reduce_s(point, layers))
         step = pipeline + p2p + grad + optimizer
         ranks_per_stage = point.num_gpus // point.pp
         model_flops = sum(flops_per_rank_mb) * ranks_per_stage * point.num_microbatches
