@@ -1,7 +1,8 @@
 """The planner's screen gives the same table, digit for digit, as the stored tables in tests/data/screen_tables:
 every candidate's knobs, memory per stage, reserve, fit and estimate for three small requests that between them
 take every schedule, ZeRO stage, resharding choice, HSDP, context parallelism, selective recomputation and fp8.
-The stored tables were written by the screen before its memoization; regenerate them with
+The stored tables were written by the screen before its memoization (but for the HSDP rows, rewritten when the
+estimator's memo of the gradient reduction was keyed by the HSDP degree); regenerate them with
 `python tests/test_screen_tables.py` only when a change of the resource model or the estimator is intended."""
 
 from __future__ import annotations
