@@ -22,7 +22,7 @@ from piper_sim.analysis.ranking import spearman
 from piper_sim.calibrate.load import load_profile
 from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config, with_precision
 from piper_sim.errors import ConfigError
-from piper_sim.planning.estimate import Estimator
+from piper_sim.planning.estimate import Estimate, Estimator
 from piper_sim.planning.keys import KeyedPoint, keyed_point
 from piper_sim.planning.refine import refine_points
 from piper_sim.planning.resource import stage_memory
@@ -136,10 +136,12 @@ def _space(request: PlanRequest) -> dict:
             "recomputes": ("none", "full") if request.flash_attention else RECOMPUTE_MODES}
 
 
-def screen(request: PlanRequest, *, progress: bool = True) -> tuple[ModelSpec, pd.DataFrame, float, float]:
+def screen(request: PlanRequest, *, progress: bool = True, estimate_unfit: bool = True
+           ) -> tuple[ModelSpec, pd.DataFrame, float, float]:
     """Every candidate with its memory per stage, framework reserve (its communicators'), fit and analytic estimate
     (not yet ranked); the device's HBM and the largest candidate's reserve. progress: a line with an ETA on stderr
-    when the screen takes more than a few seconds (piper_sim.progress)."""
+    when the screen takes more than a few seconds (piper_sim.progress). estimate_unfit False: the candidates that do
+    not fit get no estimate (NaN; for a caller that reads only plans that fit: the memory is priced first)."""
     model = with_precision(load_model(request.model_section()), {"precision": request.precision})
     topo = load_topology(request.topology, request.num_gpus)
     gpus = place(topo, request.num_gpus, "contiguous")
@@ -154,14 +156,16 @@ def screen(request: PlanRequest, *, progress: bool = True) -> tuple[ModelSpec, p
     with progress_bar(len(points), "screening plans", "plans", show=progress) as line:
         rows = []
         for point in points:
-            rows.append(_screen_row(request, model, profile, estimator, point))
+            rows.append(_screen_row(request, model, profile, estimator, point, estimate_unfit))
             line.update(1)
     table = pd.DataFrame(rows)
     return model, table, profile.hbm_bytes, float(table["framework_reserve_bytes"].max())
 
 
-def _screen_row(request: PlanRequest, model: ModelSpec, profile, estimator: Estimator, point: PlanPoint) -> dict:
-    """One candidate's row of the screen: its knobs, memory per stage, reserve, fit and estimate."""
+def _screen_row(request: PlanRequest, model: ModelSpec, profile, estimator: Estimator, point: PlanPoint,
+                estimate_unfit: bool) -> dict:
+    """One candidate's row of the screen: its knobs, memory per stage, reserve, fit and estimate (NaN for a plan
+    that does not fit unless estimate_unfit)."""
     memory = stage_memory(model, point, flash_attention=request.flash_attention,
                           fp8_transposed_copies=profile.fp8_transposed_copies)
     peaks = [m.peak_bytes for m in memory]
@@ -175,7 +179,10 @@ def _screen_row(request: PlanRequest, model: ModelSpec, profile, estimator: Esti
             "why_not": "" if min(headroom) >= 0 else
             f"stage {worst} needs {peaks[worst] / 2**30:.1f} GiB, "
             f"{(profile.hbm_bytes - reserve) / 2**30:.1f} GiB usable",
-            **estimator.estimate(point).as_row()}
+            **(estimator.estimate(point).as_row() if estimate_unfit or min(headroom) >= 0 else _NO_ESTIMATE)}
+
+
+_NO_ESTIMATE = {f"est_{name}": float("nan") for name in Estimate.__dataclass_fields__}
 
 
 def simulate_point(payload: dict) -> dict:
@@ -197,11 +204,11 @@ def refine_wall_s(point: KeyedPoint) -> float:
 
 
 def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, workers: int | None = None,
-         progress: bool = True, budget_s: float | None = None) -> PlanResult:
+         progress: bool = True, budget_s: float | None = None, estimate_unfit: bool = True) -> PlanResult:
     """Screen every candidate, refine the top K that fit with the simulator (within budget_s where given:
-    refine.refine_points), rank (ties: less memory first)."""
+    refine.refine_points), rank (ties: less memory first). estimate_unfit: screen's."""
     t0 = time.perf_counter()
-    model, table, hbm, _ = screen(request, progress=progress)
+    model, table, hbm, _ = screen(request, progress=progress, estimate_unfit=estimate_unfit)
     screen_s = time.perf_counter() - t0
     table = table.sort_values(["fits", "est_step_time_s", "peak_memory_bytes"], ascending=[False, True, True],
                               kind="stable")

@@ -110,7 +110,8 @@ def _plan(payload: dict) -> dict:
     """The planner's choice (refined by the simulator when top_k > 0) on one model and GPU count."""
     request = PlanRequest(**payload["request"])
     t0 = time.perf_counter()
-    result = plan(request, Path(payload["out"]), workers=0, progress=False)
+    # only the best plan that fits is read: the plans that do not fit are not estimated
+    result = plan(request, Path(payload["out"]), workers=0, progress=False, estimate_unfit=False)
     best = result.best
     if best is None:
         return {"fits": False, "candidates": len(result.table), "wall_s": time.perf_counter() - t0}
