@@ -6,6 +6,7 @@ must not import piper_sim.schedule.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from piper_sim.bounds import GPUS_LIMIT
@@ -102,9 +103,10 @@ class ParallelSpec:
         return Mesh(pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp, etp=self.etp, cp=self.cp,
                     replicate=self.dp_replicate)
 
-    @property
+    @functools.cached_property
     def dp_replicate(self) -> int:
-        """HSDP: the replicas of each ZeRO-3 shard (1 without parallel.dp_shard)."""
+        """HSDP: the replicas of each ZeRO-3 shard (1 without parallel.dp_shard; computed once: the planner asks for it
+        per stage of thousands of plans)."""
         return hsdp_replicate(self.dp_shard, data_parallel=self.data_parallel, dp=self.dp)
 
     @property
@@ -128,7 +130,7 @@ class ParallelSpec:
         """Tokens of a micro-batch a rank holds: all of its sequences' tokens, or their 1/cp chunks."""
         return self.micro_batch_size * seq_len // self.cp
 
-    @property
+    @functools.cached_property
     def split(self) -> TensorSplit:
         return TensorSplit(tp=self.tp, sp=self.sp, etp=self.etp, cp=self.cp)
 
