@@ -81,12 +81,11 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
 _TERMS: dict[tuple, tuple[tuple[float, np.ndarray, float], ...]] = {}  # stage_memory's terms of every stage
 
 
-@functools.lru_cache(maxsize=65536)
 def _stage_terms(model: ModelSpec, layout, parallel: ParallelSpec, p: int, flash_attention: bool, recompute: str,
                  recompute_layers: int | None, zero: int, checkpoint_layers: int | None, fp8_transposed_copies: bool,
                  recompute_modules: tuple[str, ...], reshard_after_forward: bool) -> tuple[float, np.ndarray, float]:
     """Stage p's (state bytes, activation bytes per chunk, transient bytes): sim.plan.stage_memory_terms for the
-    stage's chunks of the layout."""
+    stage's chunks of the layout (stage_memory keeps them per plan shape in _TERMS)."""
     stages, layers = _layout_layers(model.num_layers, layout, parallel.pp, parallel.vpp)
     chunks = [stages.of(p, c) for c in range(parallel.vpp)]
     held = tuple(layer for v in chunks for layer in layers[v])
