@@ -42,6 +42,7 @@ class Signals:
         self._previous: dict[int, object] = {}
         self._hook = None
         self._timers: list[threading.Timer] = []
+        self._inside = False
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is not threading.main_thread():
@@ -50,9 +51,11 @@ class Signals:
             if signal.getsignal(signum) != signal.SIG_IGN:  # ignored by who started us (a background job): stays
                 self._previous[signum] = signal.signal(signum, self._handle)
         self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        self._inside = True
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._inside = False
         for timer in self._timers:
             timer.cancel()
         if not self._previous:
@@ -69,12 +72,25 @@ class Signals:
         self._held = True
 
     def stop_code(self, exc: BaseException) -> int | None:
-        """The exit status when exc ends the command because of a signal (130, 143), else None."""
+        """The exit status when exc ends the command because of a signal (130, 143), else None. A stop settles the
+        signals at once: a resend still pending (see _unraisable) or a second Ctrl-C is ignored, so that nothing
+        interrupts the one line and the exit that follow."""
         if self.received is not None:
-            return EXIT_CODES[self.received]
-        if isinstance(exc, KeyboardInterrupt):
-            return 130
-        return 143 if isinstance(exc, Terminated) else None
+            code = EXIT_CODES[self.received]
+        elif isinstance(exc, KeyboardInterrupt):
+            code = 130
+        else:
+            code = 143 if isinstance(exc, Terminated) else None
+        if code is not None and self._inside:
+            self._settle()
+        return code
+
+    def _settle(self) -> None:
+        self._held = True
+        for timer in self._timers:
+            timer.cancel()
+        for signum in self._previous:
+            signal.signal(signum, signal.SIG_IGN)  # a signal already delivered but not yet handled is dropped too
 
     def _handle(self, signum: int, frame: object) -> None:
         self.received = signum

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from piper_sim.stopping import Signals
+from piper_sim.stopping import RESEND_S, Signals
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +41,21 @@ def test_a_signal_dropped_in_a_ctypes_callback_is_sent_again_quietly(capfd, kept
     assert signals.received == signal.SIGINT
     assert signals.stop_code(RuntimeError("numba: no compiled object yet")) == 130
     assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_a_stop_settles_the_signals_so_a_pending_resend_cannot_interrupt_its_line(kept_handlers):
+    """The command's stop is decided while the dropped signal's resend is still pending: the resend (and a second
+    Ctrl-C) must not raise again on the way out, which would end the process by the signal (status -2), not 130."""
+    def body() -> None:
+        signal.raise_signal(signal.SIGINT)
+
+    callback = ctypes.CFUNCTYPE(None)(body)
+    with Signals() as signals:
+        callback()  # dropped: a resend is now pending
+        assert signals.stop_code(RuntimeError("numba: no compiled object yet")) == 130
+        signal.raise_signal(signal.SIGINT)  # a second Ctrl-C while the line is printed
+        time.sleep(10 * RESEND_S)  # the resend's time passes: nothing raises
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
 def test_without_a_signal_other_exceptions_are_not_a_stop():
