@@ -52,8 +52,8 @@ def piper_config(name: str):
 
 def simumax_inputs(name: str, pp_comm_async: bool) -> tuple[dict, dict, dict, str]:
     """SimuMax's model, strategy and system configs for a bench_sim workload, and how its device was mapped."""
-    from piper_sim.calibrate.load import load_profile
     from piper_sim.topology.builders import HOST_SCHEMA
+    from piper_sim.workload.profile_load import load_profile
 
     cfg = piper_config(name)
     m, par = cfg.model, cfg.parallel

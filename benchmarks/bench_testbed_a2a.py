@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.collectives.algorithms import ALL_TO_ALL
 from piper_sim.sim.collective import CollectiveRunner
 from piper_sim.sim.network import FlowNetwork
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
+from piper_sim.workload.profile_load import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 

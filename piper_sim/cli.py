@@ -208,13 +208,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from piper_sim.calibrate.load import load_profiles
     from piper_sim.validation.cases import check_case_profile, find_cases
     from piper_sim.validation.remeasure import calibrated_ranks, remeasure
     from piper_sim.validation.report import format_validation, write_validation
     from piper_sim.validation.scoring import score_case
     from piper_sim.validation.summary import summarize
     from piper_sim.workload.profile import HostProfile
+    from piper_sim.workload.profile_load import load_profiles
 
     if args.published or any(c.startswith("published/") for c in args.cases):
         return _validate_published(args)

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from piper_sim.analysis.report import make_report
-from piper_sim.calibrate.load import load_profile
 from piper_sim.config import Config, for_devices
 from piper_sim.errors import ConfigError
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.trace.runtrace import normalize
+from piper_sim.workload.profile_load import load_profile
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 # a real run's first step pays one-time costs (allocation, first calls, connections): left out of its figures

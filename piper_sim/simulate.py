@@ -18,7 +18,6 @@ import numpy as np
 
 from piper_sim.analysis.links import link_table
 from piper_sim.analysis.report import make_report
-from piper_sim.calibrate.load import load_profiles
 from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import Config
 from piper_sim.host_memory import MemoryGuard, RunMemory, available_memory_bytes, check_run_memory, estimate_run_memory
@@ -36,6 +35,7 @@ from piper_sim.topology.placement import check_tensor_groups, place
 from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes
+from piper_sim.workload.profile_load import load_profiles
 
 GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
 # the progress line: simulated seconds reached, out of the expected ones where known (index: no expected total)

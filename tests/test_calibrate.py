@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from piper_sim.calibrate import fit
-from piper_sim.calibrate.load import load_host_profile, load_profile, load_profiles
 from piper_sim.calibrate.profile import aggregate, build_profile, core_sharing_summary
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
+from piper_sim.workload.profile_load import load_host_profile, load_profile, load_profiles
 
 SIZES = [2**p for p in range(10, 25, 2)]  # 1 KiB .. 16 MiB
 

@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from piper_sim.calibrate.cli import check_options
-from piper_sim.calibrate.load import load_profile, profile_path
 from piper_sim.calibrate.update import check_benches, update_network, with_network
 from piper_sim.cli import build_parser
 from piper_sim.config import load_config
@@ -21,6 +20,8 @@ from piper_sim.errors import ConfigError, PiperError
 from piper_sim.schedule.build import build_schedule
 from piper_sim.simulate import simulate
 from piper_sim.validation.scoring import issued_tasks, phase_times
+from piper_sim.workload.profile_file import profile_path
+from piper_sim.workload.profile_load import load_profile
 
 CPU_PROFILES = ("cpu-dev", "cpu-2rank", "cpu-8rank")
 SHARDED = ("all_gather", "reduce_scatter")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
@@ -19,6 +18,7 @@ from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, topology_device_profile
 from piper_sim.workload.cost import gemm_time_s
 from piper_sim.workload.flops import Gemm
+from piper_sim.workload.profile_load import load_profile
 
 GB = 1e9
 # name: (dense bf16 TFLOPS, HBM GB/s, HBM GiB as the driver reports it): vendor datasheets, nvidia-smi / rocm-smi

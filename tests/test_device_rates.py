@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 import yaml
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.workload.cost import TaskCoster, gemm_time_s, work_terms_s
 from piper_sim.workload.flops import Gemm, OpWork
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.profile_load import load_profile
 
 BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1000,
         "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
@@ -86,7 +86,7 @@ def _gpt_small():
 def test_each_rate_of_a_shipped_profile_is_cited_and_an_assumed_one_is_the_default(name, key):
     """The value the profile loads with is the one its sources file lists; measured or derived with a source, or,
     where no measurement was found, 'assumed' and then only the schema default (no chosen number)."""
-    from piper_sim.calibrate.load import PROFILE_SCHEMA
+    from piper_sim.workload.profile_load import PROFILE_SCHEMA
 
     sources = _sources(name)
     if key not in sources:  # a profile that extends another takes its rates and their sources

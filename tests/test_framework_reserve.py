@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
@@ -14,6 +13,7 @@ from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import communicator_kinds, config_reserve_bytes
 from piper_sim.simulate import simulate
 from piper_sim.workload.memory import FRAMEWORK_RESERVE_FRACTION, reserve_bytes
+from piper_sim.workload.profile_load import load_profile
 
 GIB, MIB = 2**30, 2**20
 SMALL = {"model": "small-moe", "topology": "uniform", "parallel": {"pp": 2, "ep": 2, "num_microbatches": 2}}

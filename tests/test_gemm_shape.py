@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.errors import ConfigError
 from piper_sim.workload.cost import gemm_time_s
 from piper_sim.workload.flops import Gemm
+from piper_sim.workload.profile_load import load_profile
 
 BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1e6,
         "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},

@@ -21,7 +21,6 @@ import pytest
 import yaml
 
 from piper_sim import cli, outputs
-from piper_sim.calibrate.load import load_profiles
 from piper_sim.cli import main
 from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import load_config
@@ -37,6 +36,7 @@ from piper_sim.rundir import finish, is_unfinished, open_out_dir
 from piper_sim.stopping import WORDS, Terminated
 from piper_sim.topology.load import load_topology
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.profile_load import load_profiles
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
 from values import npz_bomb, wrapping_counts  # noqa: E402

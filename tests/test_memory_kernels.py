@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.workload.cost import TaskCoster, memory_bound_s, unfused_core_s
 from piper_sim.workload.flops import MEMORY_KINDS, kind_bytes, op_work, unfused_attention
 from piper_sim.workload.parallel import TensorSplit
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.profile_load import load_profile
 
 BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1000,
         "memory_efficiency": 0.8, "kernel_launch_us": 0,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.errors import ConfigError
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.profile_load import load_profile
 
 PATH = {"gate_us": 1500, "gather_GBps": 400, "scatter_GBps": 100}
 

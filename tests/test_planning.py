@@ -8,7 +8,6 @@ import json
 import pandas as pd
 import pytest
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
@@ -26,6 +25,7 @@ from piper_sim.simulate import simulate
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.profile_load import load_profile
 
 TINY = load_model("tiny-moe")  # 4 layers, 8 experts
 

@@ -9,7 +9,6 @@ import shutil
 import pytest
 import yaml
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.config import for_devices, load_config
 from piper_sim.errors import ConfigError
 from piper_sim.notes import config_notes
@@ -19,6 +18,7 @@ from piper_sim.planning.space import parse_fixes
 from piper_sim.planning.sweep import sweep_points
 from piper_sim.simulate import simulate
 from piper_sim.validation.cases import case_digest, load_case
+from piper_sim.workload.profile_load import load_profile
 
 TINY = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2}}
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.planning.estimate import Estimator
 from piper_sim.planning.planner import PlanRequest, candidates, screen
 from piper_sim.planning.space import parse_fixes
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.profile_load import load_profile
 
 STORE = Path(__file__).resolve().parent / "data" / "screen_tables"
 REQUESTS = {

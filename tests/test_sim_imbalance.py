@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.config import load_config
 from piper_sim.routing.trace import TraceRecorder
 from piper_sim.simulate import simulate
 from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.profile_load import load_profile
 
 BASE = {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4, "micro_batch_size": 1}}
 

@@ -172,12 +172,12 @@ def test_a_tp_group_split_over_nodes_is_refused():
 @pytest.mark.parametrize(("tp", "etp", "sp"), [(2, 1, True), (2, 1, False), (2, 2, True)])
 def test_the_planner_prices_tensor_parallel_plans_as_the_simulator_does(tp, etp, sp):
     """The resource model equals the simulator's peak memory; the estimator is within 15% of the DES step."""
-    from piper_sim.calibrate.load import load_profile
     from piper_sim.planning.estimate import Estimator
     from piper_sim.planning.resource import stage_memory
     from piper_sim.planning.space import PlanPoint
     from piper_sim.topology.load import load_topology
     from piper_sim.topology.placement import place
+    from piper_sim.workload.profile_load import load_profile
 
     model = load_model("small-moe")
     point = PlanPoint(pp=2, ep=4, dp=1, vpp=1, micro_batch_size=2, num_microbatches=8, schedule="1f1b",

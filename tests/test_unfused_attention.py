@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from piper_sim.calibrate.load import load_profile
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.workload.cost import TaskCoster, batched_gemm_time_s, gemm_time_s
 from piper_sim.workload.flops import Gemm
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.profile_load import load_profile
 
 # a device whose GEMMs never bind on FLOPs: every batched GEMM takes its traffic at the bandwidth below
 BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 1e9, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1000,

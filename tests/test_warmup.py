@@ -11,9 +11,9 @@ import yaml
 
 from piper_sim.analysis.compare import compare_runs, same_steps
 from piper_sim.analysis.report import make_report, steps_note
-from piper_sim.calibrate.load import load_profile
 from piper_sim.cli import main
 from piper_sim.paths import data_dir
+from piper_sim.workload.profile_load import load_profile
 
 PEAK = 1e12
 

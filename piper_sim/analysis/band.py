@@ -48,7 +48,7 @@ class Family:
 
 def family_of(cfg) -> Family:
     """The family of a resolved Config."""
-    from piper_sim.calibrate.load import profile_device_kind
+    from piper_sim.workload.profile_file import profile_device_kind
 
     model = cfg.model
     return Family(hardware=profile_device_kind(cfg.cost_profile),

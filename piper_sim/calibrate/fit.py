@@ -109,17 +109,3 @@ def optimizer_bytes_per_param(per_param_s: float, bandwidth_bytes_per_s: float) 
 
 def median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=float)))
-
-
-def expert_lines(by_experts: Sequence[tuple[int, Sequence[tuple[int, float]]]]
-                 ) -> tuple[tuple[int, float, float], ...]:
-    """The experts op's fixed cost as a line over the number of experts, at each token count measured:
-    from ((experts, ((tokens, seconds), ...)), ...) with one token grid, ((tokens, fixed_s, per_expert_s), ...)
-    by ordinary least squares (np.polyfit, degree 1) over the expert counts."""
-    counts = [e for e, _ in by_experts]
-    grid = [t for t, _ in by_experts[0][1]]
-    lines = []
-    for j, tokens in enumerate(grid):
-        per_expert, fixed = np.polyfit(counts, [float(series[j][1]) for _, series in by_experts], 1)
-        lines.append((tokens, fixed, per_expert))
-    return tuple(lines)

@@ -1,5 +1,5 @@
 """From per-rank benchmark records to a cost profile (traces/profiles/NAME.yaml): aggregation over ranks,
-the fits, and the YAML with unit-suffixed keys that piper_sim.calibrate.load.load_profile reads.
+the fits, and the YAML with unit-suffixed keys that piper_sim.workload.profile_load.load_profile reads.
 
 Owns the choice of each profile number (see docs/calibration.md):
 - kernel_launch_us: median of the one-element ops (add, mul, softmax, 1x1 linear) with autograd on;

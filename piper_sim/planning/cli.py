@@ -33,8 +33,8 @@ def check_machine(request: PlanRequest) -> None:
     """--topology and --profile, before any work: a bad one fails naming the flag and the config key it fills
     (topology, cost.profile), the value and what is allowed; a profile of other devices than the topology's fails
     unless --allow-device-mismatch. Says which profile was taken where --profile was not given."""
-    from piper_sim.calibrate.load import load_profile  # numpy
     from piper_sim.topology.load import load_topology  # networkx
+    from piper_sim.workload.profile_load import load_profile  # numpy
 
     with named_by("--topology"):
         topo = load_topology(request.topology, request.num_gpus)

@@ -457,9 +457,9 @@ def estimate_with_memory(cfg, built: tuple[Estimator, PlanPoint] | None = None
 
 def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:
     """The estimator of a whole config's machine and profile, and the config's plan as a PlanPoint."""
-    from piper_sim.calibrate.load import load_profile
     from piper_sim.topology.load import load_topology
     from piper_sim.topology.placement import place
+    from piper_sim.workload.profile_load import load_profile
 
     par, n = cfg.parallel, cfg.parallel.num_gpus
     point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, cp=par.cp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,

@@ -45,7 +45,7 @@ def estimate_report(cfg: Config) -> Report:
 
 def _fp8_peak(cfg: Config) -> float | None:
     """The fp8 peak an fp8 config's MFU is also over (None in bf16)."""
-    from piper_sim.calibrate.load import load_profile
+    from piper_sim.workload.profile_load import load_profile
 
     return load_profile(cfg.cost_profile).peak_fp8_flops_per_s if cfg.model.fp8_recipe else None
 

@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 import piper_sim
-from piper_sim.calibrate.load import profile_path
 from piper_sim.errors import ConfigError
 from piper_sim.planning.store import point_digest
 from piper_sim.routing.replay import resolve_trace_path
 from piper_sim.topology.load import topology_file
 from piper_sim.version import __version__
 from piper_sim.workload.presets import model_file
+from piper_sim.workload.profile_file import profile_path
 from piper_sim.yamlio import read_yaml
 
 PACKAGE_DIR = Path(piper_sim.__file__).resolve().parent

@@ -16,7 +16,6 @@ import pandas as pd
 import yaml
 
 from piper_sim.analysis.tables import Col, render
-from piper_sim.calibrate.load import load_profile
 from piper_sim.config import apply_overrides, load_config, read_config_file
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.engine import run_points
@@ -26,6 +25,7 @@ from piper_sim.planning.store import ResultStore
 from piper_sim.rundir import writing
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.workload.memory import headroom_bytes
+from piper_sim.workload.profile_load import load_profile
 
 MAX_POINTS = 100_000
 

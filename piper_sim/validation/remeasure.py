@@ -21,7 +21,6 @@ import yaml
 
 from piper_sim import testbed
 from piper_sim.calibrate.crosscheck import crosscheck
-from piper_sim.calibrate.load import profile_path
 from piper_sim.calibrate.sharing import reference_speed
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
@@ -30,6 +29,7 @@ from piper_sim.outputs import write_run
 from piper_sim.trace.runtrace import read_trace
 from piper_sim.validation.cases import Case, case_config, case_digest
 from piper_sim.validation.scoring import step_time
+from piper_sim.workload.profile_file import profile_path
 
 KEEP = ("report.json", "config.yaml", "routing.npz", "trace.parquet", "trace.csv")
 TESTBED_PREFIX = "pstv"

@@ -14,7 +14,6 @@ import json
 import numpy as np
 import pandas as pd
 
-from piper_sim.calibrate.load import load_host_profile, load_profile
 from piper_sim.errors import PiperError
 from piper_sim.result import RunResult
 from piper_sim.schedule.ir import Schedule
@@ -24,6 +23,7 @@ from piper_sim.validation.concurrency import compute_concurrency, uninterrupted_
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import HostProfile
+from piper_sim.workload.profile_load import load_host_profile, load_profile
 
 
 def steady(df: pd.DataFrame) -> pd.DataFrame:

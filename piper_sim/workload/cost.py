@@ -1,7 +1,7 @@
 """Compute cost model: time of a compute task from its ops' work and a device profile.
 
 Owns the roofline with efficiency curves and TaskCoster, which prices a task's ops from a DeviceProfile
-(piper_sim.workload.profile; read from a file by piper_sim.calibrate.load). Must not import simpy or torch.
+(piper_sim.workload.profile; read from a file by piper_sim.workload.profile_load). Must not import simpy or torch.
 Time of one GEMM = max(FLOPs / (peak x sustained x eff(rows) x shape(rows, sqrt(k n))), bytes / (HBM x memory
 efficiency)), the shape factor 1 where the profile has none, sustained the profile's gemm_sustained_factor (the share
 of a single launch's rate a GEMM keeps back-to-back under the power limit); a fused attention core uses an efficiency

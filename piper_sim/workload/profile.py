@@ -4,7 +4,7 @@ Owns DeviceProfile (what one GPU-like device does: peak FLOP/s, efficiency curve
 bandwidth, kernel launch and framework costs per op, collective and p2p call costs, the optimizer's
 traffic) and HostProfile (only for ranks that are processes sharing a machine's cores, as on the
 emulated testbed: how shared cores slow compute and how long a woken rank waits for a core). Both hold
-fitted values only; reading a profile file and fitting its measurements is piper_sim.calibrate.load's.
+fitted values only; reading a profile file and fitting its measurements is piper_sim.workload.profile_load's.
 Pure data and lookups: must not import simpy or torch.
 """
 

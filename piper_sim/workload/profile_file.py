@@ -3,7 +3,7 @@ extends merged in, and the kind of device it prices.
 
 Owns finding a profile (traces/profiles/NAME.yaml or a path), `extends` (one level) and `device_kind`, the
 short name of the device a profile prices, which a topology's device_profile is matched by
-(piper_sim.profile_choice). The schema of the rest and the fits are piper_sim.calibrate.load's.
+(piper_sim.profile_choice). The schema of the rest and the fits are piper_sim.workload.profile_load's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import data_dir
 from piper_sim.yamlio import read_yaml
 
-RESERVE_KEYS = ("framework_reserve", "framework_reserve_GiB")  # fixed, or by communicator (calibrate.load)
+RESERVE_KEYS = ("framework_reserve", "framework_reserve_GiB")  # fixed, or by communicator (profile_load.py)
 CPU = "cpu"  # the device_kind of the profiles calibrate measures on CPUs
 
 

@@ -3,20 +3,21 @@ DeviceProfile and, where calibrate measured shared cores, the HostProfile (piper
 
 Owns the profile file's schema (unit-suffixed keys, converted once), the checks of its tables, and what
 is derived from its measurements at load: framework costs net of the measured model's own arithmetic as
-this profile prices it, and the experts op's line over expert counts (calibrate.fit.expert_lines).
+this profile prices it, and the experts op's line over expert counts (expert_lines). Measuring is
+piper_sim.calibrate's; finding a profile's file and what it extends is profile_file.py's.
 Pure numpy and yaml: no torch, no simpy.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from piper_sim.bounds import check_value
-from piper_sim.calibrate.fit import expert_lines
 from piper_sim.errors import ConfigError
 from piper_sim.units import is_finite_number, read_params
 from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
@@ -32,11 +33,7 @@ from piper_sim.workload.profile import (
     ShapeFactor,
     layer_key,
 )
-from piper_sim.workload.profile_file import (  # noqa: F401 (profile_path, profile_device_kind: re-exported)
-    profile_device_kind,
-    profile_path,
-    read_profile_raw,
-)
+from piper_sim.workload.profile_file import read_profile_raw
 
 PROFILE_SCHEMA = {
     "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
@@ -400,3 +397,17 @@ def _layer_work_s(profile: DeviceProfile, layer: dict, seq_of: dict, op: str, to
     # the experts op ran with the router's rows spread over its experts: priced as an even spread
     rows = (tokens * model.top_k // experts,) * experts if op.startswith("experts:") else ()
     return work_time_s(profile, replace(op_work(model, op, tokens, rows), num_kernels=0), model.dtype_bytes)
+
+
+def expert_lines(by_experts: Sequence[tuple[int, Sequence[tuple[int, float]]]]
+                 ) -> tuple[tuple[int, float, float], ...]:
+    """The experts op's fixed cost as a line over the number of experts, at each token count measured:
+    from ((experts, ((tokens, seconds), ...)), ...) with one token grid, ((tokens, fixed_s, per_expert_s), ...)
+    by ordinary least squares (np.polyfit, degree 1) over the expert counts."""
+    counts = [e for e, _ in by_experts]
+    grid = [t for t, _ in by_experts[0][1]]
+    lines = []
+    for j, tokens in enumerate(grid):
+        per_expert, fixed = np.polyfit(counts, [float(series[j][1]) for _, series in by_experts], 1)
+        lines.append((tokens, fixed, per_expert))
+    return tuple(lines)
