@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from piper_sim.errors import ConfigError
-from piper_sim.schedule.ir import Schedule, TaskKind
+from piper_sim.schedule.ir import Schedule
+from piper_sim.workload.task_kinds import TaskKind
 
 # measured with the simulator on 2 shared cores (docs/architecture.md, "Wall time"):
 RANK_TASK_S = 9e-6  # a rank task under uniform routing: 5.9-11.9 us (small-moe DP 256 uniform, Frontier; DP 1,024)

@@ -17,7 +17,7 @@ from piper_sim.analysis.plots import timeline_figure  # noqa: E402
 from piper_sim.analysis.tables import Col, fixed, percent, render  # noqa: E402
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL  # noqa: E402  (every algorithm registered)
 from piper_sim.migration.policies import POLICIES  # noqa: E402
-from piper_sim.schedule.ir import TaskKind  # noqa: E402
+from piper_sim.workload.task_kinds import TaskKind  # noqa: E402
 
 
 def _cells(text: str) -> list[list[str]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from piper_sim.schedule.ir import RECOMPUTE_KINDS
+from piper_sim.workload.task_kinds import RECOMPUTE_KINDS
 
 BUDGET_TERMS = ("compute", "recomputation", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "idle")
 _COMM_ORDER = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")  # which one an instant goes to when several run

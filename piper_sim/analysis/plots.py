@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from piper_sim.analysis.style import color, legend_outside, seconds_scale, title  # noqa: E402
-from piper_sim.schedule.ir import TaskKind  # noqa: E402
+from piper_sim.workload.task_kinds import TaskKind  # noqa: E402
 
 MAX_TIMELINE_RANKS = 64
 THIN_KINDS = ("send", "recv")

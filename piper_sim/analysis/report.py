@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from piper_sim.schedule.ir import RECOMPUTE_KINDS
+from piper_sim.workload.task_kinds import RECOMPUTE_KINDS
 
 
 def union_length_by_rank(rank: np.ndarray, start: np.ndarray, end: np.ndarray, num_ranks: int) -> np.ndarray:

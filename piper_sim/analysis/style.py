@@ -16,7 +16,7 @@ from pathlib import Path
 from matplotlib.ticker import Formatter
 
 from piper_sim.analysis.tables import time_unit
-from piper_sim.schedule.ir import TaskKind
+from piper_sim.workload.task_kinds import TaskKind
 
 # all-to-all and all-reduce algorithms (collectives/: the registries ALL_TO_ALL, ALL_REDUCE)
 ALGORITHM_COLORS = {

@@ -12,14 +12,15 @@ run them as ring collectives of cp - 1 steps. Pure data: imports no simpy, torch
 from __future__ import annotations
 
 from piper_sim.schedule.ir import Task
+from piper_sim.workload.task_kinds import Role, TaskKind
 
-FORWARD_RING = ("all_gather",)
-BACKWARD_RING = ("all_gather", "reduce_scatter")
-WHAT = {"all_gather": "kv", "reduce_scatter": "dkv"}
+FORWARD_RING = (TaskKind.ALL_GATHER,)
+BACKWARD_RING = (TaskKind.ALL_GATHER, TaskKind.REDUCE_SCATTER)
+WHAT = {TaskKind.ALL_GATHER: "kv", TaskKind.REDUCE_SCATTER: "dkv"}
 
 
 def ring_tasks(task_id: str, task: Task, layer: int, deps: tuple[str, ...], forward: bool) -> list[Task]:
     """The ring collectives beside the attention compute task `task_id` of layer `layer` (same deps as it)."""
     return [Task(task_id=f"{task_id}:cp_{WHAT[kind]}", kind=kind, microbatch=task.microbatch, chunk=task.chunk,
-                 role="cp", layer=layer, group_axis="cp", deps=deps, nonblocking=True)
+                 role=Role.CP, layer=layer, group_axis="cp", deps=deps, nonblocking=True)
             for kind in (FORWARD_RING if forward else BACKWARD_RING)]

@@ -14,12 +14,12 @@ from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from piper_sim.schedule import ir
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
+from piper_sim.workload.task_kinds import COMPUTE_KINDS, P2P_KINDS, TaskKind
 
 Programs = Sequence[Sequence[Task]]
 Durations = Mapping[str, float] | None
-_CLASS = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
+_CLASS = {TaskKind.FORWARD: "F", TaskKind.BACKWARD: "B", TaskKind.BACKWARD_INPUT: "B", TaskKind.BACKWARD_WEIGHT: "W"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +50,7 @@ def duration(durations: Durations, kind: str) -> float:
     """Duration of a task kind: durations[kind], else 1 for compute and 0 for communication."""
     if durations is not None and kind in durations:
         return durations[kind]
-    return 1 if kind in ir.COMPUTE_KINDS else 0
+    return 1 if kind in COMPUTE_KINDS else 0
 
 
 class _Board:
@@ -71,9 +71,9 @@ class _Board:
 def _cross_key(task: Task, stage: int, stages: VirtualStages) -> tuple | None:
     """The task of the neighbouring virtual stage whose data `task` needs (implicit send/recv)."""
     virtual = stages.of(stage, task.chunk)
-    if task.kind == "forward":
+    if task.kind == TaskKind.FORWARD:
         other, cls = stages.previous(virtual), "F"
-    elif task.kind in ("backward", "backward_input"):
+    elif task.kind in (TaskKind.BACKWARD, TaskKind.BACKWARD_INPUT):
         other, cls = stages.next(virtual), "B"
     else:
         return None
@@ -215,7 +215,7 @@ class _LoweredRun:
         program = self.programs[rank]
         while self.pc[rank] < len(program) and not self.arrived[rank]:
             index, task = self.pc[rank], program[self.pc[rank]]
-            if task.kind in ir.P2P_KINDS:
+            if task.kind in P2P_KINDS:
                 self.queue.append(("issue", rank, index, self.clock[rank]))
                 self.pc[rank] += 1
                 continue
@@ -258,14 +258,14 @@ class _LoweredRun:
             return
         at = max(pc_at, deps_at)
         peer = self.mesh.peer(rank, task.peer_stage)
-        link = (rank, peer, task.tag) if task.kind == "send" else (peer, rank, task.tag)
-        other = self.p2p[(link, "recv" if task.kind == "send" else "send")]
+        link = (rank, peer, task.tag) if task.kind == TaskKind.SEND else (peer, rank, task.tag)
+        other = self.p2p[(link, TaskKind.RECV if task.kind == TaskKind.SEND else TaskKind.SEND)]
         if not other:
             self.p2p[(link, task.kind)].append((rank, index, at))
             return
         peer_rank, peer_index, peer_at = other.popleft()
         start = max(at, peer_at)
-        end = start + max(duration(self.durations, "send"), duration(self.durations, "recv"))
+        end = start + max(duration(self.durations, TaskKind.SEND), duration(self.durations, TaskKind.RECV))
         self._finish(rank, index, start, end)
         self._finish(peer_rank, peer_index, start, end)
 

@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from piper_sim.schedule.ir import Task
 from piper_sim.workload.fsdp import unit_of_op
+from piper_sim.workload.task_kinds import TaskKind
 
 # (unit, deps) -> the unit's collectives of one kind, one per class of parameters it gathers or reduces
 CLASS_AXES = {"dense": "ep_dp", "expert": "dp", "replicated": "stage"}  # the group a class's replicas form (mesh.py)
@@ -33,11 +34,11 @@ def gathering_passes(program: tuple[Task, ...], *, reshard_after_forward: bool) 
     gathered: set[int] = set()
     out: set[str] = set()
     for task in program:
-        if task.kind not in ("forward", "backward"):
+        if task.kind not in (TaskKind.FORWARD, TaskKind.BACKWARD):
             continue
         if task.chunk not in gathered:
             out.add(task.task_id)
-        if task.kind == "forward" and not reshard_after_forward:
+        if task.kind == TaskKind.FORWARD and not reshard_after_forward:
             gathered.add(task.chunk)
         else:
             gathered.discard(task.chunk)

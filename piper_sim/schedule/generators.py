@@ -14,26 +14,24 @@ arrived (checked by validate.dry_run_coarse).
 from __future__ import annotations
 
 from piper_sim.errors import ConfigError
-from piper_sim.schedule.ir import Task, TaskKind, coarse_task_id
+from piper_sim.schedule.ir import Task, coarse_task_id
+from piper_sim.workload.task_kinds import TaskKind
 
 Program = tuple[Task, ...]
 Programs = tuple[Program, ...]
 # (kind, chunk, microbatch) of one coarse step, before it becomes a Task.
-Step = tuple[str, int, int]
+Step = tuple[TaskKind, int, int]
 
 
-def _task(kind: str, chunk: int, microbatch: int) -> Task:
-    if kind == "forward":
+def _task(kind: TaskKind, chunk: int, microbatch: int) -> Task:
+    if kind == TaskKind.FORWARD:
         deps: tuple[str, ...] = ()
-    elif kind == "backward_weight":
-        deps = (coarse_task_id("backward_input", chunk, microbatch),)
+    elif kind == TaskKind.BACKWARD_WEIGHT:
+        deps = (coarse_task_id(TaskKind.BACKWARD_INPUT, chunk, microbatch),)
     else:
-        deps = (coarse_task_id("forward", chunk, microbatch),)
-    return Task(task_id=coarse_task_id(kind, chunk, microbatch), kind=_KINDS[kind], microbatch=microbatch,
+        deps = (coarse_task_id(TaskKind.FORWARD, chunk, microbatch),)
+    return Task(task_id=coarse_task_id(kind, chunk, microbatch), kind=kind, microbatch=microbatch,
                 chunk=chunk, deps=deps)
-
-
-_KINDS = {kind.value: kind for kind in TaskKind}  # the enum of a coarse step's kind, without TaskKind's lookup
 
 
 def _program(steps: list[Step]) -> Program:
@@ -61,17 +59,17 @@ def gpipe(pp: int, vpp: int, num_microbatches: int) -> Programs:
     """
     _check_sizes(pp, vpp, num_microbatches)
     mbs = range(num_microbatches)
-    forwards = [("forward", c, m) for c in range(vpp) for m in mbs]
-    backwards = [("backward", c, m) for c in reversed(range(vpp)) for m in mbs]
+    forwards = [(TaskKind.FORWARD, c, m) for c in range(vpp) for m in mbs]
+    backwards = [(TaskKind.BACKWARD, c, m) for c in reversed(range(vpp)) for m in mbs]
     return tuple(_program(forwards + backwards) for _ in range(pp))
 
 
 def _one_f_one_b_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
     warmup = min(pp - stage - 1, num_microbatches)
-    steps: list[Step] = [("forward", 0, m) for m in range(warmup)]
+    steps: list[Step] = [(TaskKind.FORWARD, 0, m) for m in range(warmup)]
     for k in range(num_microbatches - warmup):
-        steps += [("forward", 0, warmup + k), ("backward", 0, k)]
-    steps += [("backward", 0, m) for m in range(num_microbatches - warmup, num_microbatches)]
+        steps += [(TaskKind.FORWARD, 0, warmup + k), (TaskKind.BACKWARD, 0, k)]
+    steps += [(TaskKind.BACKWARD, 0, m) for m in range(num_microbatches - warmup, num_microbatches)]
     return steps
 
 
@@ -86,11 +84,11 @@ def one_f_one_b(pp: int, vpp: int, num_microbatches: int) -> Programs:
     return tuple(_program(_one_f_one_b_steps(pp, p, num_microbatches)) for p in range(pp))
 
 
-def _interleaved_step(kind: str, k: int, pp: int, vpp: int) -> Step:
+def _interleaved_step(kind: TaskKind, k: int, pp: int, vpp: int) -> Step:
     """The k-th forward (or backward) of a stage in Megatron's interleaved order."""
     group, in_group = divmod(k, pp * vpp)
     chunk = in_group // pp
-    if kind == "backward":
+    if kind == TaskKind.BACKWARD:
         chunk = vpp - 1 - chunk
     return (kind, chunk, group * pp + in_group % pp)
 
@@ -101,11 +99,11 @@ def _interleaved_steps(pp: int, vpp: int, stage: int, num_microbatches: int) -> 
         warmup = total
     else:
         warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
-    steps = [_interleaved_step("forward", k, pp, vpp) for k in range(warmup)]
+    steps = [_interleaved_step(TaskKind.FORWARD, k, pp, vpp) for k in range(warmup)]
     for k in range(total - warmup):
-        steps.append(_interleaved_step("forward", warmup + k, pp, vpp))
-        steps.append(_interleaved_step("backward", k, pp, vpp))
-    steps += [_interleaved_step("backward", k, pp, vpp) for k in range(total - warmup, total)]
+        steps.append(_interleaved_step(TaskKind.FORWARD, warmup + k, pp, vpp))
+        steps.append(_interleaved_step(TaskKind.BACKWARD, k, pp, vpp))
+    steps += [_interleaved_step(TaskKind.BACKWARD, k, pp, vpp) for k in range(total - warmup, total)]
     return steps
 
 
@@ -128,16 +126,16 @@ def interleaved_one_f_one_b(pp: int, vpp: int, num_microbatches: int) -> Program
 def _zb_h1_steps(pp: int, stage: int, num_microbatches: int) -> list[Step]:
     warmup = min(pp - stage - 1, num_microbatches)
     weight_delay = pp - 1 - warmup  # = stage when num_microbatches >= pp
-    steps: list[Step] = [("forward", 0, m) for m in range(warmup)]
+    steps: list[Step] = [(TaskKind.FORWARD, 0, m) for m in range(warmup)]
     next_w = 0
     for k in range(num_microbatches):
         if warmup + k < num_microbatches:
-            steps.append(("forward", 0, warmup + k))
-        steps.append(("backward_input", 0, k))
+            steps.append((TaskKind.FORWARD, 0, warmup + k))
+        steps.append((TaskKind.BACKWARD_INPUT, 0, k))
         if k >= weight_delay:
-            steps.append(("backward_weight", 0, next_w))
+            steps.append((TaskKind.BACKWARD_WEIGHT, 0, next_w))
             next_w += 1
-    steps += [("backward_weight", 0, m) for m in range(next_w, num_microbatches)]
+    steps += [(TaskKind.BACKWARD_WEIGHT, 0, m) for m in range(next_w, num_microbatches)]
     return steps
 
 
@@ -176,7 +174,7 @@ class _DualPipeRank:
 
     def f(self, phase: int) -> None:
         chunk = self._chunk(phase)
-        self.steps.append(("forward", chunk, self.next_f[chunk]))
+        self.steps.append((TaskKind.FORWARD, chunk, self.next_f[chunk]))
         self.next_f[chunk] += 1
 
     def b(self, phase: int, split: bool = False) -> None:
@@ -184,15 +182,15 @@ class _DualPipeRank:
         chunk = self._chunk(phase)
         mb = self.next_b[chunk]
         self.next_b[chunk] += 1
-        self.steps.append(("backward_input", chunk, mb))
+        self.steps.append((TaskKind.BACKWARD_INPUT, chunk, mb))
         if split:
             self.weights.append((chunk, mb))
         else:
-            self.steps.append(("backward_weight", chunk, mb))
+            self.steps.append((TaskKind.BACKWARD_WEIGHT, chunk, mb))
 
     def w(self) -> None:
         chunk, mb = self.weights.pop(0)
-        self.steps.append(("backward_weight", chunk, mb))
+        self.steps.append((TaskKind.BACKWARD_WEIGHT, chunk, mb))
 
 
 def _dualpipe_phases(r: _DualPipeRank, ranks: int, h: int, per_phase: int) -> list[Step]:

@@ -14,10 +14,12 @@ from collections.abc import Sequence
 
 from piper_sim.schedule.dryrun import Durations, Timing, coarse_timing, lowered_timing
 from piper_sim.schedule.ir import Layout, Schedule, Task
+from piper_sim.workload.task_kinds import TaskKind
 
 LETTERS = {
-    "forward": "F", "forward_expert": "F", "backward": "B", "backward_input": "B",
-    "backward_expert": "B", "backward_expert_input": "B", "backward_weight": "W", "optimizer": "O",
+    TaskKind.FORWARD: "F", TaskKind.FORWARD_EXPERT: "F", TaskKind.BACKWARD: "B", TaskKind.BACKWARD_INPUT: "B",
+    TaskKind.BACKWARD_EXPERT: "B", TaskKind.BACKWARD_EXPERT_INPUT: "B", TaskKind.BACKWARD_WEIGHT: "W",
+    TaskKind.OPTIMIZER: "O",
 }
 BUBBLE = "."
 ELLIPSIS = "..."

@@ -24,8 +24,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from piper_sim.errors import PiperError
-from piper_sim.schedule.ir import COARSE_KINDS, Layout, Schedule, Task, global_task_id
+from piper_sim.schedule.ir import Layout, Schedule, Task, global_task_id
 from piper_sim.workload.mesh import Mesh
+from piper_sim.workload.task_kinds import COARSE_KINDS
 
 FORMAT = "piper-sim-schedule"
 VERSION = 1

@@ -1,7 +1,8 @@
 """Schedule IR: tasks, per-stage programs and the mesh they run on. Pure data.
 
-Owns Task and Schedule; the rank <-> mesh-coordinate map they run on is piper_sim.workload.mesh.Mesh
-(the schedule layer imports the workload side, never the reverse). Must not import simpy, torch, numpy
+Owns Task and Schedule; the rank <-> mesh-coordinate map they run on is piper_sim.workload.mesh.Mesh and a
+task's vocabulary (TaskKind, Stream, Role) is piper_sim.workload.task_kinds (the schedule layer imports the
+workload side, never the reverse). Must not import simpy, torch, numpy
 or anything that runs.
 
 A schedule is a function of the pipeline position only: every rank of one pipeline stage (all its
@@ -39,27 +40,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from piper_sim.workload.mesh import GROUP_AXES, Mesh
-
-
-class TaskKind(StrEnum):
-    """What a task does. Values are the strings of schedules' JSON/CSV and of the RunTrace."""
-
-    FORWARD = "forward"
-    FORWARD_EXPERT = "forward_expert"
-    BACKWARD = "backward"
-    BACKWARD_EXPERT = "backward_expert"
-    BACKWARD_INPUT = "backward_input"
-    BACKWARD_EXPERT_INPUT = "backward_expert_input"
-    BACKWARD_WEIGHT = "backward_weight"
-    OPTIMIZER = "optimizer"
-    RECOMPUTE = "recompute"  # a forward re-run before a backward (activation recomputation)
-    RECOMPUTE_EXPERT = "recompute_expert"
-    SEND = "send"
-    RECV = "recv"
-    ALL_TO_ALL = "all_to_all"
-    ALL_REDUCE = "all_reduce"
-    REDUCE_SCATTER = "reduce_scatter"  # sharded optimizer state (ZeRO): gradients
-    ALL_GATHER = "all_gather"  # sharded optimizer state (ZeRO): updated parameters; ZeRO-3: a unit's parameters
+from piper_sim.workload.task_kinds import (
+    COLLECTIVE_KINDS,
+    COMPUTE_KINDS,
+    P2P_KINDS,
+    STREAM_OF_KIND,
+    Role,
+    Stream,
+    TaskKind,
+)
 
 
 class Layout(StrEnum):
@@ -68,45 +57,6 @@ class Layout(StrEnum):
     INTERLEAVED = "interleaved"
     V = "v"
     BIDIRECTIONAL = "bidirectional"
-
-
-class Stream(StrEnum):
-    """Where a task runs on its rank (docs/execution-contract.md)."""
-
-    COMPUTE = "compute"
-    P2P = "p2p"
-    COLLECTIVE = "collective"
-
-
-class Role(StrEnum):
-    """What a communication task moves ("" for compute tasks)."""
-
-    NONE = ""
-    ACT = "act"
-    GRAD = "grad"
-    DISPATCH = "dispatch"
-    COMBINE = "combine"
-    GRAD_DENSE = "grad_dense"
-    GRAD_EXPERT = "grad_expert"
-    PARAM_DENSE = "param_dense"
-    PARAM_EXPERT = "param_expert"
-    GRAD_REPLICATED = "grad_replicated"  # tp > 1: parameters the stage's ranks hold whole (norms, router)
-    PARAM_REPLICATED = "param_replicated"
-    GRAD_MIRROR = "grad_mirror"  # DualPipe (bidirectional layout): the two copies of a stage's layers summed
-    TP = "tp"  # a tensor-parallel collective on the layer's activations (forward) or their gradients
-    CP = "cp"  # a layer's context-parallel ring: keys and values (all-gather), their gradients (reduce-scatter)
-    MIGRATE = "migrate"
-
-
-K = TaskKind
-COMPUTE_KINDS = frozenset({K.FORWARD, K.FORWARD_EXPERT, K.BACKWARD, K.BACKWARD_EXPERT, K.BACKWARD_INPUT,
-                           K.BACKWARD_EXPERT_INPUT, K.BACKWARD_WEIGHT, K.OPTIMIZER, K.RECOMPUTE, K.RECOMPUTE_EXPERT})
-RECOMPUTE_KINDS = frozenset({K.RECOMPUTE, K.RECOMPUTE_EXPERT})  # hardware FLOPs, not model FLOPs
-P2P_KINDS = frozenset({K.SEND, K.RECV})
-COLLECTIVE_KINDS = frozenset({K.ALL_TO_ALL, K.ALL_REDUCE, K.REDUCE_SCATTER, K.ALL_GATHER})
-COARSE_KINDS = frozenset({K.FORWARD, K.BACKWARD, K.BACKWARD_INPUT, K.BACKWARD_WEIGHT})
-STREAM_OF_KIND = {**{k: Stream.COMPUTE for k in COMPUTE_KINDS}, **{k: Stream.P2P for k in P2P_KINDS},
-                  **{k: Stream.COLLECTIVE for k in COLLECTIVE_KINDS}}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -282,7 +232,7 @@ class Schedule:
         out = []
         for task in self.program(rank):
             peers: tuple[int, ...] = ()
-            if task.kind in ("send", "recv"):
+            if task.kind in P2P_KINDS:
                 peers = (self.mesh.peer(rank, task.peer_stage),)
             elif task.is_collective:
                 peers = self.mesh.group(rank, task.group_axis)
@@ -300,5 +250,6 @@ def global_task_id(rank: int, local_id: str) -> str:
 
 
 def coarse_task_id(kind: str, chunk: int, microbatch: int) -> str:
-    short = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}[kind]
+    short = {TaskKind.FORWARD: "F", TaskKind.BACKWARD: "B", TaskKind.BACKWARD_INPUT: "B",
+             TaskKind.BACKWARD_WEIGHT: "W"}[kind]
     return f"{short}:c{chunk}:m{microbatch}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from piper_sim.schedule.ir import Task
+from piper_sim.workload.task_kinds import BACKWARD_KINDS, TaskKind
 
 
 def activation_deltas(program: Sequence[Task], act_bytes_by_chunk: Mapping[int, float]
@@ -22,9 +23,9 @@ def activation_deltas(program: Sequence[Task], act_bytes_by_chunk: Mapping[int, 
     last: dict[tuple[int, int], int] = {}
     for i, t in enumerate(program):
         key = (t.chunk, t.microbatch)
-        if t.kind == "forward" and key not in first:
+        if t.kind == TaskKind.FORWARD and key not in first:
             first[key] = i
-        if t.kind.startswith("backward"):
+        if t.kind in BACKWARD_KINDS or t.kind == TaskKind.BACKWARD_WEIGHT:
             last[key] = i
     for key, i in first.items():
         at_start[i] += act_bytes_by_chunk[key[0]]

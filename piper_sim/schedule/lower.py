@@ -22,11 +22,13 @@ from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
+from piper_sim.workload.task_kinds import Role, TaskKind
 
+K = TaskKind
 BACKWARD_KIND = {
-    ("backward", False): "backward", ("backward", True): "backward_expert",
-    ("backward_input", False): "backward_input", ("backward_input", True): "backward_expert_input",
-    ("recompute", False): "recompute", ("recompute", True): "recompute_expert",
+    (K.BACKWARD, False): K.BACKWARD, (K.BACKWARD, True): K.BACKWARD_EXPERT,
+    (K.BACKWARD_INPUT, False): K.BACKWARD_INPUT, (K.BACKWARD_INPUT, True): K.BACKWARD_EXPERT_INPUT,
+    (K.RECOMPUTE, False): K.RECOMPUTE, (K.RECOMPUTE, True): K.RECOMPUTE_EXPERT,
 }
 
 
@@ -39,9 +41,9 @@ class Segment:
 
     ops: tuple[str, ...] = ()
     expert: bool = False
-    role: str = ""  # "dispatch" / "combine" for all-to-all pieces
+    role: Role = Role.NONE  # DISPATCH / COMBINE for all-to-all pieces
     layer: int = -1
-    tp: tuple[str, str] = ("", "")
+    tp: tuple[TaskKind | str, TaskKind | str] = ("", "")
     ring: bool = False
 
 
@@ -50,9 +52,9 @@ def around_split(split: TensorSplit, layer: int) -> tuple[Segment, Segment]:
     in the backward before it and in the forward after it; with sequence parallelism an all-gather before and
     a reduce-scatter after, each the other's backward)."""
     if split.sp:
-        return (Segment(tp=("all_gather", "reduce_scatter"), layer=layer),
-                Segment(tp=("reduce_scatter", "all_gather"), layer=layer))
-    return Segment(tp=("", "all_reduce"), layer=layer), Segment(tp=("all_reduce", ""), layer=layer)
+        return (Segment(tp=(K.ALL_GATHER, K.REDUCE_SCATTER), layer=layer),
+                Segment(tp=(K.REDUCE_SCATTER, K.ALL_GATHER), layer=layer))
+    return Segment(tp=("", K.ALL_REDUCE), layer=layer), Segment(tp=(K.ALL_REDUCE, ""), layer=layer)
 
 
 def around_moe(split: TensorSplit, layer: int) -> tuple[Segment | None, Segment | None]:
@@ -63,7 +65,7 @@ def around_moe(split: TensorSplit, layer: int) -> tuple[Segment | None, Segment 
         return around_split(split, layer)
     if split.sp:
         return None, None
-    return Segment(tp=("", "all_gather"), layer=layer), Segment(tp=("all_gather", ""), layer=layer)
+    return Segment(tp=("", K.ALL_GATHER), layer=layer), Segment(tp=(K.ALL_GATHER, ""), layer=layer)
 
 
 def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool,
@@ -104,9 +106,9 @@ def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, la
         before, after = around_moe(split, layer)
         region(before, [f"router:{layer}"] + ([f"shared:{layer}"] if model.num_shared_experts else []), None)
         flush()
-        segments.append(Segment(role="dispatch", layer=layer))
+        segments.append(Segment(role=Role.DISPATCH, layer=layer))
         segments.append(Segment(ops=(f"experts:{layer}",), expert=True))
-        segments.append(Segment(role="combine", layer=layer))
+        segments.append(Segment(role=Role.COMBINE, layer=layer))
         region(None, [f"moe_out:{layer}"], after)
     if last:  # a vocabulary-parallel head: its input is replicated (gathered under sp)
         region(around_split(split, -1)[0], ["head"], None)
@@ -142,7 +144,7 @@ class LoweringContext:
 
     def segments(self, virtual_stage: int) -> list[Segment]:
         """A chunk's forward segments (the same for every microbatch; do not modify the list)."""
-        key = ("forward", virtual_stage)
+        key = (K.FORWARD, virtual_stage)
         if key not in self._memo:
             self._memo[key] = chunk_segments(self.model, self.stage_layers[virtual_stage],
                                              first=self.stages.is_first(virtual_stage),
@@ -151,14 +153,14 @@ class LoweringContext:
 
     def backward_segments(self, virtual_stage: int) -> list[Segment]:
         """The forward's segments in reverse, each all-to-all's role the other's (dispatch's gradient is a combine)."""
-        key = ("backward", virtual_stage)
+        key = (K.BACKWARD, virtual_stage)
         if key not in self._memo:
             self._memo[key] = [replace(s, role=_FLIP[s.role]) if s.role else s
                                for s in reversed(self.segments(virtual_stage))]
         return self._memo[key]
 
     def recompute_segments(self, virtual_stage: int) -> list[Segment]:
-        key = ("recompute", virtual_stage)
+        key = (K.RECOMPUTE, virtual_stage)
         if key not in self._memo:
             self._memo[key] = _recompute_segments(self, virtual_stage)
         return self._memo[key]
@@ -203,20 +205,20 @@ def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) 
     last_of: dict[str, str] = {}  # coarse id -> id of its last lowered task (local deps)
     for task in coarse:
         v = ctx.stages.of(pp_index, task.chunk)
-        if task.kind == "forward":
+        if task.kind == K.FORWARD:
             new = _lower_forward(ctx, pp_index, v, task, last_of)
-        elif task.kind in ("backward", "backward_input"):
+        elif task.kind in (K.BACKWARD, K.BACKWARD_INPUT):
             new = _lower_backward(ctx, pp_index, v, task, last_of)
-        elif task.kind == "backward_weight":
+        elif task.kind == K.BACKWARD_WEIGHT:
             ops = tuple(op for s in ctx.segments(v) for op in s.ops)
             deps = tuple(last_of[d] for d in task.deps)
-            new = [Task(task_id=task.task_id, kind="backward_weight", microbatch=task.microbatch,
+            new = [Task(task_id=task.task_id, kind=K.BACKWARD_WEIGHT, microbatch=task.microbatch,
                         chunk=task.chunk, ops=ops, deps=deps)]
         else:
             raise ValueError(f"cannot lower coarse task kind {task.kind!r}")
         last_of[task.task_id] = _last_blocking(new)
         out.extend(new)
-        if ctx.zero == 2 and task.kind in ("backward", "backward_weight"):  # the chunk's weight gradients are done
+        if ctx.zero == 2 and task.kind in (K.BACKWARD, K.BACKWARD_WEIGHT):  # the chunk's weight gradients are done
             out.extend(_bucket_reduce_scatters(ctx, task, last_of[task.task_id]))
     out.extend(_reduction_tasks(ctx, out))
     return tuple(out)
@@ -234,7 +236,7 @@ def _bucket_reduce_scatters(ctx: LoweringContext, task: Task, after: str) -> lis
     c, m = task.chunk, task.microbatch
     tasks: list[Task] = []
     for kind, axis in _reduction_axes(ctx):
-        tasks.append(Task(task_id=f"reducescatter:grad_{kind}:c{c}:m{m}", kind="reduce_scatter", role=f"grad_{kind}",
+        tasks.append(Task(task_id=f"reducescatter:grad_{kind}:c{c}:m{m}", kind=K.REDUCE_SCATTER, role=f"grad_{kind}",
                           chunk=c, microbatch=m, group_axis=axis, deps=(after,)))
     return tasks
 
@@ -248,19 +250,19 @@ def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: di
     if prev is not None:
         prev_stage, prev_chunk = ctx.stages.where(prev)
         if prev_stage != p:
-            tasks.append(Task(task_id=f"recv:act:c{c}:m{m}", kind="recv", microbatch=m, chunk=c, role="act",
+            tasks.append(Task(task_id=f"recv:act:c{c}:m{m}", kind=K.RECV, microbatch=m, chunk=c, role=Role.ACT,
                               peer_stage=prev_stage, tag=f"act:v{v}:m{m}"))
             deps = (tasks[-1].task_id,)
         else:  # previous virtual stage on this same rank: a local dependency
             deps = (last_of[f"F:c{prev_chunk}:m{m}"],)
     if ctx.zero == 3:
-        runs = [(u, _expand(segs, f"{prefix}:u{u}", "forward", task, deps, ctx.expert_group))
+        runs = [(u, _expand(segs, f"{prefix}:u{u}", K.FORWARD, task, deps, ctx.expert_group))
                 for u, segs in unit_runs(ctx.segments(v), ctx.stage_layers[v])]
         tasks.extend(with_gathers(_chained(runs), _unit_collectives(ctx, v, task, "F")))
     else:
-        tasks.extend(_expand(ctx.segments(v), prefix, "forward", task, deps, ctx.expert_group))
+        tasks.extend(_expand(ctx.segments(v), prefix, K.FORWARD, task, deps, ctx.expert_group))
     if after is not None and ctx.stages.where(after)[0] != p:
-        tasks.append(Task(task_id=f"send:act:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="act",
+        tasks.append(Task(task_id=f"send:act:c{c}:m{m}", kind=K.SEND, microbatch=m, chunk=c, role=Role.ACT,
                           peer_stage=ctx.stages.where(after)[0], tag=f"act:v{after}:m{m}",
                           deps=(tasks[-1].task_id,)))
     return tasks
@@ -275,27 +277,27 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
     if after is not None:
         next_stage, next_chunk = ctx.stages.where(after)
         if next_stage != p:
-            tasks.append(Task(task_id=f"recv:grad:c{c}:m{m}", kind="recv", microbatch=m, chunk=c, role="grad",
+            tasks.append(Task(task_id=f"recv:grad:c{c}:m{m}", kind=K.RECV, microbatch=m, chunk=c, role=Role.GRAD,
                               peer_stage=next_stage, tag=f"grad:v{v}:m{m}"))
             deps = (*deps, tasks[-1].task_id)
         else:
             deps = (*deps, last_of[f"B:c{next_chunk}:m{m}"])
-    redo = ctx.recompute_segments(v) if task.kind != "backward_weight" else []
+    redo = ctx.recompute_segments(v) if task.kind != K.BACKWARD_WEIGHT else []
     if ctx.zero == 3:
         tasks.extend(_fsdp_backward(ctx, v, task, deps, redo))
     elif redo:
-        tasks.extend(_expand(redo, f"R:c{c}:m{m}", "recompute", task, deps, ctx.expert_group))
+        tasks.extend(_expand(redo, f"R:c{c}:m{m}", K.RECOMPUTE, task, deps, ctx.expert_group))
         deps = (tasks[-1].task_id,)
     if ctx.zero != 3:
         tasks.extend(_expand(ctx.backward_segments(v), prefix, task.kind, task, deps, ctx.expert_group))
     if prev is not None and ctx.stages.where(prev)[0] != p:
-        tasks.append(Task(task_id=f"send:grad:c{c}:m{m}", kind="send", microbatch=m, chunk=c, role="grad",
+        tasks.append(Task(task_id=f"send:grad:c{c}:m{m}", kind=K.SEND, microbatch=m, chunk=c, role=Role.GRAD,
                           peer_stage=ctx.stages.where(prev)[0], tag=f"grad:v{prev}:m{m}",
                           deps=(_last_blocking(tasks),)))
     return tasks
 
 
-_FLIP = {"dispatch": "combine", "combine": "dispatch"}
+_FLIP = {Role.DISPATCH: Role.COMBINE, Role.COMBINE: Role.DISPATCH}
 
 
 def _last_blocking(tasks: list[Task]) -> str:
@@ -312,7 +314,7 @@ def _fsdp_backward(ctx: LoweringContext, v: int, task: Task, deps: tuple[str, ..
     again = dict(unit_runs(redo, layers))
     runs: list[tuple[int, list[Task]]] = []
     for u, segs in unit_runs(ctx.backward_segments(v), layers, backward=True):
-        unit_tasks = _expand(again.pop(u, []), f"R:c{c}:m{m}:u{u}", "recompute", task, deps, ctx.expert_group)
+        unit_tasks = _expand(again.pop(u, []), f"R:c{c}:m{m}:u{u}", K.RECOMPUTE, task, deps, ctx.expert_group)
         after = (unit_tasks[-1].task_id,) if unit_tasks else deps
         unit_tasks += _expand(segs, f"B:c{c}:m{m}:u{u}", task.kind, task, after, ctx.expert_group)
         runs.append((u, unit_tasks))
@@ -335,7 +337,7 @@ def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, redu
     """ZeRO-3: the collectives of one unit of a chunk (schedule.fsdp.Collectives), one per class of parameters it
     holds: its parameters' all-gathers, or (reduce) its gradients' reduce-scatters."""
     c, m, layers = task.chunk, task.microbatch, ctx.stage_layers[v]
-    what, kind = ("grad", "reduce_scatter") if reduce else ("param", "all_gather")
+    what, kind = ("grad", K.REDUCE_SCATTER) if reduce else ("param", K.ALL_GATHER)
     name = "reducescatter" if reduce else f"allgather:{pass_}"
     if not reduce and ctx.gathering is not None and task.task_id not in ctx.gathering:
         return lambda unit, deps: []  # the chunk's units are still gathered (reshard_after_forward false)
@@ -352,7 +354,7 @@ def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, redu
                 tasks.append(Task(task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}", kind=kind, role=f"{what}_{cls}",
                                   chunk=c, microbatch=m, layer=unit, group_axis=shard, deps=deps, nonblocking=True))
             if reduce and across:  # HSDP: the reduced shard summed over its replicas
-                tasks.append(Task(task_id=f"allreduce:grad_{cls}:c{c}:m{m}:u{unit}", kind="all_reduce",
+                tasks.append(Task(task_id=f"allreduce:grad_{cls}:c{c}:m{m}:u{unit}", kind=K.ALL_REDUCE,
                                   role=f"grad_{cls}", chunk=c, microbatch=m, layer=unit, group_axis=across,
                                   deps=(tasks[-1].task_id,) if shard else deps, nonblocking=True))
         return tasks
@@ -388,23 +390,23 @@ def selective_segments(model: ModelSpec, layers: tuple[int, ...], modules: tuple
     return ([Segment(ops=tuple(ops))] if ops else []) + acts
 
 
-def _expand(segments: list[Segment], prefix: str, kind: str, task: Task, deps: tuple[str, ...],
+def _expand(segments: list[Segment], prefix: str, kind: TaskKind, task: Task, deps: tuple[str, ...],
             expert_group: str) -> list[Task]:
     tasks: list[Task] = []
-    forward = kind in ("forward", "recompute")
+    forward = kind in (K.FORWARD, K.RECOMPUTE)
     for index, seg in enumerate(segments):
         if seg.tp != ("", ""):
             tp_kind = seg.tp[0] if forward else seg.tp[1]
             if not tp_kind:
                 continue
             new = Task(task_id=f"{prefix}:s{index}:tp", kind=tp_kind, microbatch=task.microbatch, chunk=task.chunk,
-                       role="tp", layer=seg.layer, group_axis="tp", deps=deps)
+                       role=Role.TP, layer=seg.layer, group_axis="tp", deps=deps)
         elif seg.role:
-            new = Task(task_id=f"{prefix}:L{seg.layer}:{seg.role}", kind="all_to_all", microbatch=task.microbatch,
+            new = Task(task_id=f"{prefix}:L{seg.layer}:{seg.role}", kind=K.ALL_TO_ALL, microbatch=task.microbatch,
                        chunk=task.chunk, role=seg.role, layer=seg.layer, group_axis=expert_group, deps=deps)
         else:
-            seg_kind = kind if kind == "forward" and not seg.expert else (
-                "forward_expert" if kind == "forward" else BACKWARD_KIND[(kind, seg.expert)])
+            seg_kind = kind if kind == K.FORWARD and not seg.expert else (
+                K.FORWARD_EXPERT if kind == K.FORWARD else BACKWARD_KIND[(kind, seg.expert)])
             new = Task(task_id=f"{prefix}:s{index}", kind=seg_kind, microbatch=task.microbatch,
                        chunk=task.chunk, ops=seg.ops, deps=deps)
             if seg.ring:  # issued with the attention, waited for by what follows it
@@ -421,29 +423,29 @@ def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
     last = program[-1].task_id
     tasks: list[Task] = []
     if ctx.layout == Layout.BIDIRECTIONAL:  # DualPipe's two copies of the layers: every gradient summed first
-        tasks.append(Task(task_id="allreduce:grad_mirror", kind="all_reduce", role="grad_mirror",
+        tasks.append(Task(task_id="allreduce:grad_mirror", kind=K.ALL_REDUCE, role=Role.GRAD_MIRROR,
                           group_axis="mirror", deps=(last,)))
         last = tasks[-1].task_id
     axes = _reduction_axes(ctx)
     if ctx.zero == 3:  # each unit's gradients were reduce-scattered after its backward: the step waits for them
-        tasks.append(Task(task_id="optimizer", kind="optimizer", deps=(last, *(
-            t.task_id for t in program if t.kind in ("reduce_scatter", "all_reduce") and t.nonblocking
-            and t.role != "cp"))))
+        tasks.append(Task(task_id="optimizer", kind=K.OPTIMIZER, deps=(last, *(
+            t.task_id for t in program if t.kind in (K.REDUCE_SCATTER, K.ALL_REDUCE) and t.nonblocking
+            and t.role != Role.CP))))
         return tasks  # the parameters stay sharded until the next step gathers them
     for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
         if ctx.zero:
-            tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind="reduce_scatter", role=f"grad_{kind}",
+            tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind=K.REDUCE_SCATTER, role=f"grad_{kind}",
                               group_axis=axis, deps=(last,)))
         else:
-            tasks.append(Task(task_id=f"allreduce:grad_{kind}", kind="all_reduce", role=f"grad_{kind}",
+            tasks.append(Task(task_id=f"allreduce:grad_{kind}", kind=K.ALL_REDUCE, role=f"grad_{kind}",
                               group_axis=axis, deps=(last,)))
         last = tasks[-1].task_id
-    tasks.append(Task(task_id="optimizer", kind="optimizer", deps=(last,)))
+    tasks.append(Task(task_id="optimizer", kind=K.OPTIMIZER, deps=(last,)))
     last = "optimizer"
     for kind, axis in axes if ctx.zero else ():
-        tasks.append(Task(task_id=f"allgather:param_{kind}", kind="all_gather", role=f"param_{kind}",
+        tasks.append(Task(task_id=f"allgather:param_{kind}", kind=K.ALL_GATHER, role=f"param_{kind}",
                           group_axis=axis, deps=(last,)))
         last = tasks[-1].task_id
     if ctx.migration:
-        tasks.append(Task(task_id="migrate", kind="all_to_all", role="migrate", group_axis="ep", deps=(last,)))
+        tasks.append(Task(task_id="migrate", kind=K.ALL_TO_ALL, role=Role.MIGRATE, group_axis="ep", deps=(last,)))
     return tasks

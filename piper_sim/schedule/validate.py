@@ -14,12 +14,13 @@ from itertools import product
 from typing import NoReturn
 
 from piper_sim.errors import PiperError
-from piper_sim.schedule import ir
 from piper_sim.schedule.dryrun import Durations, Programs, Timing, coarse_timing, lowered_timing
 from piper_sim.schedule.grid import render_timing
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages, coarse_task_id
+from piper_sim.workload.mesh import GROUP_AXES
+from piper_sim.workload.task_kinds import COARSE_KINDS, COLLECTIVE_KINDS, COMPUTE_KINDS, P2P_KINDS, TaskKind
 
-KNOWN_KINDS = ir.COMPUTE_KINDS | ir.P2P_KINDS | ir.COLLECTIVE_KINDS
+KNOWN_KINDS = COMPUTE_KINDS | P2P_KINDS | COLLECTIVE_KINDS
 _MAX_PROBLEMS = 20
 _MAX_GRID_ROWS = 32
 
@@ -48,10 +49,10 @@ def max_in_flight(program: Sequence[Task]) -> int:
     """Peak number of forwards on a stage whose backward (or backward_input) has not run yet."""
     peak = current = 0
     for task in program:
-        if task.kind == "forward":
+        if task.kind == TaskKind.FORWARD:
             current += 1
             peak = max(peak, current)
-        elif task.kind in ("backward", "backward_input"):
+        elif task.kind in (TaskKind.BACKWARD, TaskKind.BACKWARD_INPUT):
             current -= 1
     return peak
 
@@ -92,8 +93,8 @@ def _coarse_stage_problems(stage: int, program: Sequence[Task], stages: VirtualS
                            backward_kinds: tuple[str, ...]) -> list[str]:
     vpp = stages.vpp
     where = f"stage {stage}"
-    problems = _program_problems(where, program, ir.COARSE_KINDS)
-    for task in (t for t in program if t.kind in ir.COARSE_KINDS):  # other kinds: reported above
+    problems = _program_problems(where, program, COARSE_KINDS)
+    for task in (t for t in program if t.kind in COARSE_KINDS):  # other kinds: reported above
         if not (0 <= task.chunk < vpp and 0 <= task.microbatch < num_microbatches):
             problems.append(f"{where}: {task.task_id} has chunk {task.chunk}, microbatch "
                             f"{task.microbatch}; allowed: chunk < {vpp}, microbatch < {num_microbatches}")
@@ -101,7 +102,7 @@ def _coarse_stage_problems(stage: int, program: Sequence[Task], stages: VirtualS
             problems.append(f"{where}: task id {task.task_id!r} does not match its kind, chunk, microbatch")
     counts = Counter((t.kind, t.chunk, t.microbatch) for t in program)
     problems += [f"{where}: {coarse_task_id(*key)} ({key[0]}) appears {counts[key]} times; expected once"
-                 for key in product(("forward", *backward_kinds), range(vpp), range(num_microbatches))
+                 for key in product((TaskKind.FORWARD, *backward_kinds), range(vpp), range(num_microbatches))
                  if stages.runs(stage, key[1], key[2], num_microbatches) and counts[key] != 1]
     problems += [f"{where}: {coarse_task_id(*key)} runs microbatch {key[2]} on a chunk of another pipeline"
                  for key in counts if not stages.runs(stage, key[1], key[2], num_microbatches)
@@ -119,8 +120,8 @@ def check_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int, *
     """
     if len(programs) != pp:
         raise ScheduleError(f"expected {pp} stage programs, got {len(programs)}")
-    split = any(t.kind in ("backward_input", "backward_weight") for p in programs for t in p)
-    backward_kinds = ("backward_input", "backward_weight") if split else ("backward",)
+    split = any(t.kind in (TaskKind.BACKWARD_INPUT, TaskKind.BACKWARD_WEIGHT) for p in programs for t in p)
+    backward_kinds = (TaskKind.BACKWARD_INPUT, TaskKind.BACKWARD_WEIGHT) if split else (TaskKind.BACKWARD,)
     stages = VirtualStages(layout, pp, vpp)
     problems = [problem for stage, program in enumerate(programs)
                 for problem in _coarse_stage_problems(stage, program, stages, num_microbatches, backward_kinds)]
@@ -135,15 +136,15 @@ def _p2p_problems(schedule: Schedule) -> list[str]:
     ends: Counter = Counter()
     for stage, program in enumerate(schedule.stage_programs):
         for task in program:
-            if task.kind not in ir.P2P_KINDS:
+            if task.kind not in P2P_KINDS:
                 continue
             if not (0 <= task.peer_stage < pp) or task.peer_stage == stage:
                 problems.append(f"stage {stage}: {task.task_id} has peer_stage {task.peer_stage}")
                 continue
-            src, dst = (stage, task.peer_stage) if task.kind == "send" else (task.peer_stage, stage)
+            src, dst = (stage, task.peer_stage) if task.kind == TaskKind.SEND else (task.peer_stage, stage)
             ends[(task.kind, src, dst, task.tag)] += 1
     for (kind, src, dst, tag), count in sorted(ends.items()):
-        other = ends[("recv" if kind == "send" else "send", src, dst, tag)]
+        other = ends[(TaskKind.RECV if kind == TaskKind.SEND else TaskKind.SEND, src, dst, tag)]
         if count != 1 or other != 1:
             problems.append(f"{kind} from stage {src} to stage {dst} tag {tag!r}: {count} {kind}(s), "
                             f"{other} matching; expected exactly one of each")
@@ -151,9 +152,9 @@ def _p2p_problems(schedule: Schedule) -> list[str]:
 
 
 def _collective_problems(schedule: Schedule) -> list[str]:
-    return [f"stage {stage}: {task.task_id} has group_axis {task.group_axis!r}; allowed: {ir.GROUP_AXES}"
+    return [f"stage {stage}: {task.task_id} has group_axis {task.group_axis!r}; allowed: {GROUP_AXES}"
             for stage, program in enumerate(schedule.stage_programs) for task in program
-            if task.is_collective and task.group_axis not in ir.GROUP_AXES]
+            if task.is_collective and task.group_axis not in GROUP_AXES]
 
 
 def check_lowered(schedule: Schedule) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from piper_sim.schedule.ir import COMPUTE_KINDS
+from piper_sim.workload.task_kinds import COMPUTE_KINDS
 
 
 def compute_concurrency(trace: pd.DataFrame) -> pd.Series:
