@@ -70,7 +70,7 @@ class Counters:
     def __init__(self) -> None:
         import simpy
 
-        from piper_sim.sim import fairshare
+        from piper_sim.network import fairshare
 
         self.envs: list = []
         self.solves = self.solved_flows = self.largest = 0

@@ -23,8 +23,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL
-from piper_sim.sim.collective import CollectiveRunner
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.network import CollectiveRunner, FlowNetwork
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.workload.profile_load import load_profile

@@ -3,6 +3,9 @@ module level, function-local and under TYPE_CHECKING alike).
 
 - torch is imported only inside piper_sim/torch_backend/;
 - the schedule layer imports neither simpy, numpy nor torch (directly, or through what it imports);
+- the engine (piper_sim/sim/) imports the flow network only through its face (`from piper_sim.network import
+  ...`), never one of its modules; the network (piper_sim/network/) imports neither the engine nor torch
+  (directly, or through what it imports);
 - the package import graph has no cycle. A node is a first-level subpackage of piper_sim (schedule,
   workload, sim, ...) or a top-level module (cli, simulate, config, ...); an edge is any import between
   two nodes, so a cycle closed only by a late import counts too.
@@ -194,6 +197,38 @@ def test_schedule_modules_load_neither_simpy_numpy_nor_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert not out, f"importing piper_sim.schedule loads {out}"
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_sim_imports_the_network_only_through_its_face():
+    offenders = [imp for imp in imports() if _within(imp.module, "piper_sim.sim")
+                 and imp.target.startswith("piper_sim.network.")]
+    assert not offenders, "piper_sim/sim/ imports the network's modules (import from piper_sim.network):\n" + "\n".join(
+        f"  {imp.where()}: {imp.target}" for imp in offenders)
+
+
+FORBIDDEN_IN_NETWORK = ("piper_sim.sim", "torch")
+
+
+def test_network_imports_neither_the_engine_nor_torch():
+    offenders = [imp for imp in imports() if _within(imp.module, "piper_sim.network")
+                 and any(_within(imp.target, f) for f in FORBIDDEN_IN_NETWORK)]
+    assert not offenders, "piper_sim/network/ imports " + ", ".join(
+        f"{imp.target} ({imp.where()})" for imp in offenders)
+
+
+def test_network_modules_load_neither_the_engine_nor_torch():
+    # what the network's modules import must not bring these in either (a fresh interpreter)
+    modules = [_module_name(p) for p in sorted((PACKAGE / "network").glob("*.py"))]
+    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+            f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
+            f" or m == 'piper_sim.sim' or m.startswith('piper_sim.sim.'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert not out, f"importing piper_sim.network loads {out}"
 
 
 def test_the_package_import_graph_has_no_cycle():

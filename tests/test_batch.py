@@ -9,8 +9,7 @@ import pytest
 import simpy
 from test_network import _events_from_zero
 
-from piper_sim.sim.batch import overlapping
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.network import FlowNetwork, overlapping
 
 
 def _random_sets(seed: int) -> tuple[np.ndarray, list]:

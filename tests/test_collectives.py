@@ -10,8 +10,7 @@ import simpy
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Phase, split_phases
 from piper_sim.collectives.hierarchical import host_groups
-from piper_sim.sim.collective import CollectiveRunner
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.network import CollectiveRunner, FlowNetwork
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology
 

@@ -1,6 +1,6 @@
 """A flow set's timeline alone is found again for the same flows in another order and for its mirror image (every
 path reversed) where the links back have the same capacities: the same max-min problem, so the same finish times
-as solving it (piper_sim.sim.mirror)."""
+as solving it (piper_sim.network.mirror)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from piper_sim.config import load_config
-from piper_sim.sim import mirror
-from piper_sim.sim.fairshare import isolated_timeline
-from piper_sim.sim.mirror import TimelineMemo
+from piper_sim.network import mirror
+from piper_sim.network.fairshare import isolated_timeline
+from piper_sim.network.mirror import TimelineMemo
 from piper_sim.simulate import simulate
 from piper_sim.topology.load import load_topology
 

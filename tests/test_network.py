@@ -7,9 +7,7 @@ import pytest
 import simpy
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Phase
-from piper_sim.sim.collective import CollectiveRunner
-from piper_sim.sim.fairshare import Timeline, max_min_rates
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.network import CollectiveRunner, FlowNetwork, Timeline, max_min_rates
 from piper_sim.topology.load import load_topology
 
 
@@ -146,7 +144,7 @@ def test_isolated_timeline_gives_the_finish_times_of_a_full_solve_at_every_wave(
     """The compiled timeline (kernels.timeline: each wave's filling resumed at the lowest leaver's level): every
     finish time equals the plain wave-by-wave filling's, on random multi-link flow sets with weights and uneven
     capacities, with or without its rates kept."""
-    from piper_sim.sim.fairshare import isolated_timeline
+    from piper_sim.network.fairshare import isolated_timeline
 
     rng = np.random.default_rng(seed)
     num_flows, num_links = int(rng.integers(2, 60)), int(rng.integers(1, 20))
@@ -174,8 +172,8 @@ def test_isolated_timeline_gives_the_finish_times_of_a_full_solve_at_every_wave(
 
 
 def test_a_phase_that_ran_alone_recomputes_its_rates_when_asked():
-    from piper_sim.sim.phase_run import PhaseFlows
-    from piper_sim.sim.recording import PhaseRecord
+    from piper_sim.network.phase_run import PhaseFlows
+    from piper_sim.network.recording import PhaseRecord
 
     flows = PhaseFlows(np.array([0, 1]), np.array([0, 0]), np.array([100.0, 10.0]))
     # one link of 10 B/s: 5 B/s each until t = 2 (flow 1 ends), then 10 B/s for flow 0 until t = 11
@@ -190,7 +188,7 @@ def test_filling_gives_the_rates_of_a_plain_filling_as_flows_leave(seed):
     """Filling.solve(live) on one structure (kernels.refill, resumed after departures) gives the plain dense
     filling's rates at every step of a random departure order, flows crossing no link an infinite rate, and again
     when every flow is back."""
-    from piper_sim.sim.fairshare import Filling
+    from piper_sim.network.fairshare import Filling
 
     rng = np.random.default_rng(100 + seed)
     num_flows, num_links = int(rng.integers(5, 80)), int(rng.integers(2, 25))

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from piper_sim.config import load_config
-from piper_sim.sim.collective import CollectiveRunner
+from piper_sim.network import CollectiveRunner
 from piper_sim.simulate import simulate
 
 CASES = {
@@ -52,8 +52,8 @@ def test_a_reservation_is_broken_when_other_flows_need_its_links():
 def test_a_recorded_phase_counts_every_rate_it_ran_at():
     import numpy as np
 
-    from piper_sim.sim.phase_run import PhaseFlows
-    from piper_sim.sim.recording import PhaseRecord
+    from piper_sim.network.phase_run import PhaseFlows
+    from piper_sim.network.recording import PhaseRecord
 
     flows = PhaseFlows(np.array([0, 1]), np.array([0, 0]), np.array([100.0, 10.0]))
     # 5 B/s each until t = 2, when flow 1 ends; two solves at that instant set 10, then 20 B/s for flow 0
@@ -69,8 +69,8 @@ def test_recorded_runs_are_kept_under_a_bound_on_their_sub_flows(monkeypatch):
     many small runs stay where a few large ones would not."""
     import numpy as np
 
-    from piper_sim.sim import recording
-    from piper_sim.sim.phase_run import PhaseFlows
+    from piper_sim.network import recording
+    from piper_sim.network.phase_run import PhaseFlows
 
     def run(sub_flows: int) -> recording.IsolatedRun:
         flows = PhaseFlows(np.zeros(sub_flows, dtype=np.int64), np.zeros(sub_flows, dtype=np.int64),
@@ -93,7 +93,7 @@ def test_recorded_runs_are_kept_under_a_bound_on_their_sub_flows(monkeypatch):
 
 
 def test_collectives_starting_together_are_grouped_by_shared_links_transitively():
-    from piper_sim.sim.recording import overlapping
+    from piper_sim.network.recording import overlapping
 
     rng = np.random.default_rng(0)
     for _ in range(300):
@@ -115,9 +115,9 @@ def test_a_replayed_run_lets_go_of_its_joined_incidences():
     import gc
 
     from piper_sim.collectives.phases import Phase
-    from piper_sim.sim import fairshare
-    from piper_sim.sim.phase_run import PhaseFlows
-    from piper_sim.sim.recording import Recorder, Starting
+    from piper_sim.network import fairshare
+    from piper_sim.network.phase_run import PhaseFlows
+    from piper_sim.network.recording import Recorder, Starting
 
     def phase_flows(phase, gpus, key):  # flow i of a phase crosses link 0 (shared) and a link of its own
         n = phase.src.size

@@ -12,8 +12,7 @@ import simpy
 from piper_sim.collectives.algorithms import ALL_TO_ALL
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
-from piper_sim.sim.collective import CollectiveRunner
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.network import CollectiveRunner, FlowNetwork
 from piper_sim.simulate import simulate
 from piper_sim.studies.routes import RouteTable
 from piper_sim.studies.runner import prepare

@@ -10,9 +10,7 @@ import simpy
 
 from piper_sim.cli import main as cli_main
 from piper_sim.collectives.algorithms import ALL_TO_ALL, split_phases
-from piper_sim.sim.aggregate import lump, merge_identical
-from piper_sim.sim.collective import CollectiveRunner
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.network import CollectiveRunner, FlowNetwork, lump, merge_identical
 from piper_sim.studies.all_to_all import KIND_COLUMNS, STUDY_COLUMNS, StudySpec, write_study
 from piper_sim.studies.routes import RouteTable, mix64_array
 from piper_sim.studies.runner import prepare, run_collective, simulate
@@ -246,7 +244,7 @@ def test_the_sorted_equitability_check_agrees_with_the_histogram(seed, counts, m
     answer, on partitions that are equitable and on ones a swapped incidence spoils."""
     import numpy as np
 
-    import piper_sim.sim.aggregate as aggregate
+    import piper_sim.network.aggregate as aggregate
 
     rng = np.random.default_rng(seed)
     num_links, num_fcls = 12, 5

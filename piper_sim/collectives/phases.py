@@ -10,7 +10,7 @@ sends one after another (each pays latency and per-message overhead); `after` li
 that must end before this one starts. Flows from a member to itself are local copies and dropped.
 A phase may name its own costs: `overhead_s` replaces the topology's per-message overhead (a library
 model that prices its messages itself sets 0), and `delay_s` is a fixed cost paid before the flows
-(sim.phase_run.phase_delay_s).
+(network.phase_run.phase_delay_s).
 
 Uneven all-to-alls first tell the receivers how many rows come (`split_exchange`), as the torch
 backend's implementations do: the counts (one int64 per pair) go by the same algorithm; pairwise

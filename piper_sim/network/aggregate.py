@@ -1,7 +1,7 @@
 """Exact flow aggregation for the max-min flow network: merge identical flows, lump symmetric ones.
 
 Owns two reductions of a flow set (incidence arrays entry_flow/entry_link, bytes per flow) that leave
-every flow's completion time unchanged under progressive filling (piper_sim.sim.network):
+every flow's completion time unchanged under progressive filling (piper_sim.network.flows):
 
 - `merge_identical`: flows with the same multiset of links and the same size become one flow whose
   weight is the sum of their weights. FlowNetwork already treats weight w as w identical flows (each
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from piper_sim.sim.fairshare import compact_ids
+from piper_sim.network.fairshare import compact_ids
 
 HASH_BITS = 20
 MAX_ROUNDS = 64

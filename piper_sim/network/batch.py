@@ -2,7 +2,7 @@
 
 Owns `overlapping` (link sets grouped by shared links) and `Parts`: flow sets that start at the same instant on
 links they share (the data-parallel rings of a stage's groups, which start together) enter the flow network
-(piper_sim.sim.network) as one flow set whose parts keep their own ends: each part's event fires when its own
+(piper_sim.network.flows) as one flow set whose parts keep their own ends: each part's event fires when its own
 flows have ended, with their finish times, as its own flow set's would. The max-min solve is over the same flows
 either way (a flow set is bookkeeping: the rates are the component's), so a union costs one set in the
 component's solves instead of one per part. Pure numpy bookkeeping; the network calls it.

@@ -2,8 +2,8 @@
 
 Owns `RouteCache` (the sub-flows and link incidences of flows between member GPUs, found by content and
 memoized per flow pattern) and `CollectiveRunner`, the engine's way of starting a collective: its phases
-run on the network (piper_sim.sim.phase_run), or, for a collective of several phases on idle links, as one
-reservation of a run recorded once (piper_sim.sim.recording). Must not import torch.
+run on the network (piper_sim.network.phase_run), or, for a collective of several phases on idle links, as one
+reservation of a run recorded once (piper_sim.network.recording). Must not import torch.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.network import FlowNetwork
-from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
-from piper_sim.sim.recording import IsolatedRun, PhaseRecord, Recorder, Starting, overlapping
+from piper_sim.network.flows import FlowNetwork
+from piper_sim.network.phase_run import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
+from piper_sim.network.recording import IsolatedRun, PhaseRecord, Recorder, Starting, overlapping
 from piper_sim.topology.graph import Topology
 
 

@@ -2,14 +2,14 @@
 
 Owns the progressive-filling solve (max_min_rates, fill_rates, Filling), the joined incidence of flow sets solved
 together (Structure), the isolated run of one flow set (isolated_timeline) and the Timeline record; their inner loops
-are compiled (kernels.py). The flow network (network.py) and the collective recorder (collective.py) use it.
+are compiled (kernels.py). The flow network (flows.py) and the collective recorder (recording.py) use it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from piper_sim.sim import kernels
+from piper_sim.network import kernels
 
 EPS_BYTES = 1e-3
 

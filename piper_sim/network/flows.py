@@ -5,7 +5,7 @@ completion events. Rates are recomputed when flows start or end, only for the co
 sets that share links with the change. A set that runs alone on its links follows a timeline
 that depends only on its routes and sizes, so that timeline is memoized: identical collectives
 on idle links (the common case in a pipelined schedule) cost one cache lookup and one event.
-Latency and per-message overhead are paid by the caller before flows enter (see collective.py).
+Latency and per-message overhead are paid by the caller before flows enter (see collective_runner.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Callable, Hashable
 import numpy as np
 import simpy
 
-from piper_sim.sim import kernels
-from piper_sim.sim.batch import Parts, Pending, overlapping, union
-from piper_sim.sim.fairshare import (
+from piper_sim.network import kernels
+from piper_sim.network.batch import Parts, Pending, overlapping, union
+from piper_sim.network.fairshare import (
     EPS_BYTES,
     LATENCY_ONLY_S,
     Structure,

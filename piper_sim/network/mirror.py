@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from piper_sim.sim.fairshare import Timeline, isolated_timeline
+from piper_sim.network.fairshare import Timeline, isolated_timeline
 
 KEPT_TIMELINES = 512  # timelines kept for a later relabelled flow set, the oldest dropped first
 MIN_FLOWS = 32  # smaller flow sets are solved (their solve costs about what their key does)

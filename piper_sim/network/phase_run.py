@@ -1,6 +1,6 @@
 """A collective's phases on the flow network: what a phase pays before its flows enter, and its start.
 
-Owns the timing of a phase, the one implementation the engine (piper_sim.sim.collective.CollectiveRunner)
+Owns the timing of a phase, the one implementation the engine (piper_sim.network.collective_runner.CollectiveRunner)
 and the collective studies (piper_sim.studies.runner, on a reduced network) both run: start_phases starts
 each phase once the phases in its `after` have ended; run_phase then pays phase_delay_s (the per-message
 overhead once for each message its busiest source posts, plus the largest path latency among its flows,
@@ -17,7 +17,7 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.network.flows import FlowNetwork
 
 PhaseProcess = Generator[simpy.Event, object, object]
 

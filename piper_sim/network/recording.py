@@ -6,7 +6,7 @@ same network and phase code as the main one) or, for phases that run one after a
 isolated timelines; memoized by the collectives' contents. A phase's record keeps its rates where other
 flows shared its links, so the bytes still to send at any moment can be found when a reservation breaks
 (PhaseRecord.state_at); a run of several collectives together is replayed to that moment instead of kept.
-The reservations themselves (holding links, breaking) are piper_sim.sim.collective.CollectiveRunner's.
+The reservations themselves (holding links, breaking) are piper_sim.network.collective_runner.CollectiveRunner's.
 Must not import torch.
 """
 
@@ -19,8 +19,8 @@ import numpy as np
 import simpy
 
 from piper_sim.collectives.algorithms import Phase
-from piper_sim.sim.batch import overlapping  # noqa: F401 (the runner groups collectives with it)
-from piper_sim.sim.fairshare import (
+from piper_sim.network.batch import overlapping  # noqa: F401 (the runner groups collectives with it)
+from piper_sim.network.fairshare import (
     EPS_BYTES,
     LATENCY_ONLY_S,
     Timeline,
@@ -28,9 +28,9 @@ from piper_sim.sim.fairshare import (
     isolated_timeline,
     latency_only,
 )
-from piper_sim.sim.mirror import TimelineMemo
-from piper_sim.sim.network import FlowNetwork, check_finite
-from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, start_phases
+from piper_sim.network.flows import FlowNetwork, check_finite
+from piper_sim.network.mirror import TimelineMemo
+from piper_sim.network.phase_run import PhaseFlows, PhaseProcess, start_phases
 
 PhaseFlowsOf = Callable[[Phase, tuple[str, ...], Hashable], tuple[object, PhaseFlows, float]]
 

@@ -4,7 +4,7 @@ Owns Estimator. It prices with the simulator's own functions, so there is no sec
 - compute: TaskCoster.cost on the ops of each chunk (schedule.lower.chunk_segments), expert rows from the
   routing model and the contiguous expert placement exactly as the engine takes them (balanced routing);
 - communication: the same collective algorithms (collectives registries) on the same topology routes;
-  each phase pays the engine's delay (sim.phase_run.phase_delay_s) plus its flows' time on the busiest
+  each phase pays the engine's delay (network.phase_run.phase_delay_s) plus its flows' time on the busiest
   link (bytes on the link / its capacity), phases chained by their `after` (a lower bound: the simulator
   adds contention between concurrent phases and max-min sharing);
 - pipeline: closed forms over per-stage times (F, B, W per microbatch, all-to-alls included since they
@@ -28,6 +28,7 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
+from piper_sim.network import phase_delay_s
 from piper_sim.planning.context_parallel import ring_overlap_s
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.geometry import Geometry, geometry
@@ -36,7 +37,6 @@ from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.ir import Layout
 from piper_sim.schedule.lower import chunk_segments, selective_segments
-from piper_sim.sim.phase_run import phase_delay_s
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.fsdp import NO_BLOCK, exposed_gather_s

@@ -31,14 +31,13 @@ import simpy
 
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.host_memory import MemoryGuard
+from piper_sim.network import CollectiveRunner, FlowNetwork
 from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
-from piper_sim.sim.collective import CollectiveRunner
 from piper_sim.sim.collective_tasks import CollectiveTasks
 from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.host import host_model
 from piper_sim.sim.lane_collectives import LaneCollectives
-from piper_sim.sim.network import FlowNetwork
 from piper_sim.sim.plan import StagePlan, build_stage_plans
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.context_parallel import kv_chunk_bytes
@@ -69,9 +68,9 @@ class SimRecords:
     num_flows: int
     num_solves: int
     num_lanes: int
-    num_reserved: int = 0  # collectives run as reservations (piper_sim.sim.collective)
+    num_reserved: int = 0  # collectives run as reservations (piper_sim.network.collective_runner)
     num_broken: int = 0  # of those, turned into their flow sets when other flows came onto their links
-    num_mirrored: int = 0  # phase timelines taken from a mirror image solved before (piper_sim.sim.mirror)
+    num_mirrored: int = 0  # phase timelines taken from a mirror image solved before (piper_sim.network.mirror)
 
 
 class Simulation(LaneCollectives):

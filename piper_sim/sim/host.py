@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from piper_sim.sim.network import FlowNetwork
+from piper_sim.network import FlowNetwork
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.profile import HostProfile
 

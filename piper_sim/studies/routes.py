@@ -1,7 +1,7 @@
 """Vectorized routes for many GPU pairs at once, and the host symmetry of a topology.
 
 Owns `RouteTable` (sub-flows and their link incidences for arrays of member pairs) and `host_classes`
-(which compute nodes are interchangeable). Must not import simpy or torch.
+(which compute nodes are interchangeable). Must not import torch.
 
 On machines with a `StructuredRouter` (Frontier, LUMI, generic dragonfly, DGX SuperPOD) a route is
 node part + switch path + node part: the node parts come from per-host tables (built once per host
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from piper_sim.errors import PiperError
-from piper_sim.sim.aggregate import dense_rows
+from piper_sim.network import dense_rows
 from piper_sim.topology.build_dgx import RailFatTree
 from piper_sim.topology.builders import ecmp_router, uniform_router
 from piper_sim.topology.dragonfly import DragonflyFabric

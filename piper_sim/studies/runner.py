@@ -2,9 +2,9 @@
 
 Owns `prepare` (phases -> sub-flows -> host-symmetry quotient -> equitable lumping) and `simulate`
 (SimPy + FlowNetwork on the lumped links). The collective's timing is not here: simulate runs the
-engine's own (piper_sim.sim.collective: start_phases, run_phase, phase_delay_s; a phase waits for the
+engine's own (piper_sim.network.phase_run: start_phases, run_phase, phase_delay_s; a phase waits for the
 phases in `after`, pays its messages' overhead and latency, then its flows enter together) on the
-reduced flows. Every reduction is exact (piper_sim.sim.aggregate): the completion time equals the one
+reduced flows. Every reduction is exact (piper_sim.network.aggregate): the completion time equals the one
 CollectiveRunner gives on the unreduced flows. Must not import torch.
 
 Reductions, in order:
@@ -29,10 +29,17 @@ import simpy
 
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.errors import PiperError
-from piper_sim.sim.aggregate import Lumped, lump
-from piper_sim.sim.fairshare import LATENCY_ONLY_S
-from piper_sim.sim.network import FlowNetwork
-from piper_sim.sim.phase_run import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
+from piper_sim.network import (
+    LATENCY_ONLY_S,
+    FlowNetwork,
+    Lumped,
+    PhaseFlows,
+    PhaseProcess,
+    lump,
+    phase_delay_s,
+    run_phase,
+    start_phases,
+)
 from piper_sim.studies.routes import RouteTable, host_classes, link_orbits
 from piper_sim.studies.symmetry import extend
 from piper_sim.topology.graph import Topology

@@ -81,7 +81,7 @@ class Topology:
     @cached_property
     def reverse_link(self) -> np.ndarray:
         """Per link, the id of the link back (v->u for u->v) when it has the same capacity, else -1: a flow set and
-        its mirror image (every path reversed) over such links are the same max-min problem (sim.mirror)."""
+        its mirror image (every path reversed) over such links are the same max-min problem (network.mirror)."""
         back = [self.link_index.get((v, u), -1) for u, v in self.links]
         cap = self.capacity_bytes_per_s
         return np.array([b if b >= 0 and cap[b] == cap[i] else -1 for i, b in enumerate(back)], dtype=np.int64)

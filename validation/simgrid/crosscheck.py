@@ -59,7 +59,7 @@ def ours_finish_times(case: FlowCase) -> np.ndarray:
     cases start all together), rates are re-solved whenever a flow enters or ends. With one start time
     this is what FlowNetwork does for one flow set; the loop only adds per-flow finish times.
     """
-    from piper_sim.sim.network import EPS_BYTES, max_min_rates
+    from piper_sim.network import EPS_BYTES, max_min_rates
 
     links = [np.array(links, dtype=np.int64) for links, _ in case.flows]
     entry_flow = np.concatenate([np.full(a.size, k) for k, a in enumerate(links)]).astype(np.int64)
@@ -162,8 +162,7 @@ def collective_case(name: str, topology: dict, num_gpus: int, algorithm: str, by
     """The flows of an all-to-all's first data phase (after the split sizes) exactly as piper-sim's
     CollectiveRunner routes them."""
     from piper_sim.collectives.algorithms import ALL_TO_ALL, split_phases
-    from piper_sim.sim.collective import CollectiveRunner, RouteCache
-    from piper_sim.sim.network import FlowNetwork
+    from piper_sim.network import CollectiveRunner, FlowNetwork, RouteCache
     from piper_sim.topology.load import load_topology
 
     params = dict(topology.get("params", {}), message_overhead_us=0.0)
