@@ -26,10 +26,10 @@ from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.planning import engine
-from piper_sim.planning.engine import check_scheduler, probe_scheduler, run_points
-from piper_sim.planning.keys import KeyedPoint
-from piper_sim.planning.store import ResultStore, row_digest
+from piper_sim.points import dask_runner
+from piper_sim.points.dask_runner import check_scheduler, probe_scheduler, run_points
+from piper_sim.points.keys import KeyedPoint
+from piper_sim.points.store import ResultStore, row_digest
 from piper_sim.routing import trace as trace_module
 from piper_sim.routing.replay import load_trace_cached
 from piper_sim.rundir import finish, is_unfinished, open_out_dir
@@ -298,7 +298,7 @@ def test_a_scheduler_address_that_is_not_dask_is_refused_saying_what_answered(ca
 
 
 def test_a_silent_service_is_refused_after_the_connect_timeout(monkeypatch) -> None:
-    monkeypatch.setattr(engine, "CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(dask_runner, "CONNECT_TIMEOUT_S", 0.5)
     with tcp_service(None) as address:
         start = time.perf_counter()
         with pytest.raises(ConfigError, match="sent nothing") as err:
@@ -342,10 +342,10 @@ def test_worker_and_gpu_counts_beyond_their_bounds_are_refused_at_once(tmp_path:
 
 
 def test_workers_up_to_the_cores_are_taken() -> None:
-    engine.check_workers(engine.workers_limit())
-    engine.check_workers(0)
+    dask_runner.check_workers(dask_runner.workers_limit())
+    dask_runner.check_workers(0)
     with pytest.raises(ConfigError):
-        engine.check_workers(engine.workers_limit() + 1)
+        dask_runner.check_workers(dask_runner.workers_limit() + 1)
 
 
 def _sweep_on_a_cluster(tmp_path: Path) -> subprocess.Popen:

@@ -9,10 +9,10 @@ import pytest
 from piper_sim.cli import main
 from piper_sim.errors import ConfigError
 from piper_sim.planning import planner
-from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.planner import PlanRequest, plan, refine_wall_s, simulate_point
 from piper_sim.planning.refine import parse_duration, refine_points
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.keys import keyed_point
+from piper_sim.points.store import ResultStore
 
 BASE = {"model": "tiny-moe", "topology": "uniform", "parallel": {"pp": 1, "ep": 1, "num_microbatches": 2}}
 

@@ -12,9 +12,9 @@ import pytest
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.notes import config_notes
-from piper_sim.planning import engine
 from piper_sim.planning.planner import PlanRequest, candidates, plan, screen
 from piper_sim.planning.space import parse_fixes, space_notes, split_settings
+from piper_sim.points import dask_runner
 from piper_sim.workload.presets import load_model
 
 DENSE = {"preset": "small-moe", "name": "small-dense", "num_experts": 1, "top_k": 1, "num_dense_layers": 8,
@@ -111,25 +111,25 @@ def test_dualpipe_without_vpp_2_takes_it_and_says_so():
 
 
 def test_dashboard_needs_dask_and_bokeh(monkeypatch):
-    monkeypatch.setattr(engine, "_dashboard", False)
+    monkeypatch.setattr(dask_runner, "_dashboard", False)
     with pytest.raises(ConfigError) as err:
-        engine.configure_engine(None, 0, True)
+        dask_runner.configure_engine(None, 0, True)
     assert err.value.key == "--dashboard"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bokeh" else object())
     with pytest.raises(ConfigError) as err:
-        engine.configure_engine(None, 2, True)
+        dask_runner.configure_engine(None, 2, True)
     assert err.value.key == "--dashboard"
-    engine.configure_engine(None, 2, False)
-    assert engine._dashboard is False
+    dask_runner.configure_engine(None, 2, False)
+    assert dask_runner._dashboard is False
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bokeh") is None, reason="Dask draws its dashboard with bokeh")
 def test_dashboard_serves_and_prints_its_address(tmp_path, capsys, monkeypatch):
-    from piper_sim.planning.keys import keyed_point
-    from piper_sim.planning.store import ResultStore
+    from piper_sim.points.keys import keyed_point
+    from piper_sim.points.store import ResultStore
 
-    monkeypatch.setattr(engine, "_dashboard", False)
-    engine.configure_engine(None, 1, True)
-    engine.run_points(dict, [keyed_point({"a": 1})], ResultStore(Path(tmp_path)), workers=1, label="t")
+    monkeypatch.setattr(dask_runner, "_dashboard", False)
+    dask_runner.configure_engine(None, 1, True)
+    dask_runner.run_points(dict, [keyed_point({"a": 1})], ResultStore(Path(tmp_path)), workers=1, label="t")
     err = capsys.readouterr().err
     assert "piper-sim: Dask dashboard of t: http" in err

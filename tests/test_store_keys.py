@@ -16,10 +16,10 @@ import yaml
 
 from piper_sim.cli import main
 from piper_sim.paths import data_dir
-from piper_sim.planning import keys
 from piper_sim.planning import sweep as sweep_module
-from piper_sim.planning.keys import input_files, point_key
 from piper_sim.planning.sweep import run_sweep
+from piper_sim.points import keys
+from piper_sim.points.keys import input_files, point_key
 from piper_sim.routing.models import routing_from_config
 from piper_sim.routing.synth import synthesize_trace
 from piper_sim.routing.trace import write_trace
@@ -78,7 +78,7 @@ def test_another_code_version_recomputes_every_point(tmp_path, monkeypatch):
 
 
 def test_the_code_version_counts_pricing_sources_only():
-    counted = {"simulate.py", "sim/engine.py", "workload/cost.py", "workload/profile_load.py", "planning/keys.py"}
+    counted = {"simulate.py", "sim/engine.py", "workload/cost.py", "workload/profile_load.py", "points/keys.py"}
     left_out = {"cli.py", "planning/cli.py", "progress.py", "torch_backend/run.py", "measure.py"}
     rels = {p.relative_to(keys.PACKAGE_DIR).as_posix() for p in keys.PACKAGE_DIR.rglob("*.py")}
     assert counted | left_out <= rels

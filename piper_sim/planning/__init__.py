@@ -4,9 +4,8 @@ config keys (`piper-sim sweep`) and draw scaling curves (`piper-sim study scalin
 - space: the plan space (knobs, Piper's constraints, --fix) and its enumeration
 - resource: memory per pipeline stage (shares its formulas with the simulator's tracker)
 - estimate: the analytic tier (the simulator's cost functions, no event loop)
-- store: results keyed by a digest of the resolved point, written as they finish (resume)
-- engine: running points in process or on Dask, with progress and an ETA
-- planner: screen, refine the top K with the simulator, rank, write the outputs
-- sweep, scaling: the other two commands on the same store and engine
+- planner: screen, refine the top K with the simulator (its points run and stored by piper_sim.points), rank,
+  write the outputs
+- sweep, scaling: the other two commands on the same points
 Must not import torch.
 """

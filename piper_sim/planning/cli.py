@@ -12,10 +12,10 @@ from pathlib import Path
 
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError, named_by
-from piper_sim.planning.engine import check_workers, configure_engine
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.refine import parse_duration
 from piper_sim.planning.space import parse_fixes, space_notes, split_settings
+from piper_sim.points.dask_runner import check_workers, configure_engine
 from piper_sim.rundir import finish, open_out_dir
 from piper_sim.workload.presets import FIELD_LIMITS, load_model
 

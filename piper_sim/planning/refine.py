@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from piper_sim.errors import ConfigError
-from piper_sim.planning.engine import dask_client, workers_limit
-from piper_sim.planning.keys import KeyedPoint
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.dask_runner import dask_client, workers_limit
+from piper_sim.points.keys import KeyedPoint
+from piper_sim.points.store import ResultStore
 from piper_sim.progress import bar as progress_bar
 from piper_sim.run_wall import duration_text
 

@@ -3,7 +3,7 @@
 Owns expanding the grid (the cartesian product, in the order the keys are given), resolving every point
 before anything runs (a bad value names its key at once), the table, and sweep.yaml (the base, the grid and
 how many points this run reused, found stale and computed). Points run on the planner's engine and store: each
-keyed by planning.keys.point_key, written as it finishes, not recomputed while its key holds.
+keyed by points.keys.point_key, written as it finishes, not recomputed while its key holds.
 Must not import torch.
 """
 
@@ -18,10 +18,10 @@ import yaml
 from piper_sim.analysis.tables import Col, render
 from piper_sim.config import apply_overrides, load_config, read_config_file
 from piper_sim.errors import ConfigError, named_by
-from piper_sim.planning.engine import run_points
-from piper_sim.planning.keys import keyed_point
 from piper_sim.planning.planner import simulate_point
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.dask_runner import run_points
+from piper_sim.points.keys import keyed_point
+from piper_sim.points.store import ResultStore
 from piper_sim.rundir import writing
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.workload.memory import headroom_bytes

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from piper_sim.planning.cli import add_engine_args
-from piper_sim.planning.engine import configure_engine
+from piper_sim.points.dask_runner import configure_engine
 from piper_sim.rundir import finish, open_out_dir
 
 # the experiments in run.EXPERIMENTS's order (named here so that --help loads no pandas; a test holds them equal)

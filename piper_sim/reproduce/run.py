@@ -1,9 +1,9 @@
 """`piper-sim reproduce`: the Piper paper's experiments run on the simulator, and DIR/report.md written from them.
 
 Owns EXPERIMENTS (network.py, training.py), reproduce() and the report's Markdown. Every point is stored under
-DIR/points as it finishes (planning.store), keyed by planning.keys.point_key (its payload, the files it reads, the
+DIR/points as it finishes (points.store), keyed by points.keys.point_key (its payload, the files it reads, the
 code version), so an interrupted run resumes without recomputing a finished point; the points of all the chosen
-experiments run together, in this process or on Dask (planning.engine). Every number of the report comes from
+experiments run together, in this process or on Dask (points.dask_runner). Every number of the report comes from
 this run's points. Must not import torch.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 
 from piper_sim.errors import ConfigError
-from piper_sim.planning.engine import run_points
-from piper_sim.planning.keys import KeyedPoint, keyed_point
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.dask_runner import run_points
+from piper_sim.points.keys import KeyedPoint, keyed_point
+from piper_sim.points.store import ResultStore
 from piper_sim.reproduce import network, training
 from piper_sim.reproduce.claims import Claim, citation, load_claims, verdict
 from piper_sim.reproduce.experiment import Experiment, Section

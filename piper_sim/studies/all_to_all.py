@@ -25,8 +25,8 @@ import numpy as np
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Fanout, bind_fanout, data_phases, split_phases
 from piper_sim.errors import ConfigError
-from piper_sim.planning.keys import KeyedPoint, keyed_point
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.keys import KeyedPoint, keyed_point
+from piper_sim.points.store import ResultStore
 from piper_sim.studies.prepcache import PreparedCache
 from piper_sim.studies.routes import TooManyFlows
 from piper_sim.studies.sweep import (

@@ -34,8 +34,8 @@ from piper_sim.collectives.algorithms import (
     data_phases,
 )
 from piper_sim.errors import ConfigError
-from piper_sim.planning.keys import KeyedPoint, keyed_point
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.keys import KeyedPoint, keyed_point
+from piper_sim.points.store import ResultStore
 from piper_sim.registry import Registry
 from piper_sim.studies.all_to_all import HOST_EQUIVARIANT
 from piper_sim.studies.prepcache import PreparedCache

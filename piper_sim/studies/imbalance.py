@@ -3,7 +3,7 @@
 Owns the points of the study (skew values x policies, each a multi-step simulation of one config; and the drift
 run, step time over steps under a routing whose hot experts move, per policy), their checks before anything
 runs (errors name the option that set the bad value), the CSVs and the plots. Each finished point is stored at
-once in the planner's ResultStore under the output directory, keyed by planning.keys.point_key (its resolved
+once in the planner's ResultStore under the output directory, keyed by points.keys.point_key (its resolved
 config, the files it reads, the code version), and the CSVs are rewritten as points finish: a rerun recomputes
 nothing finished while its key holds, and says how many points it reused and computed.
 """
@@ -25,8 +25,8 @@ from piper_sim.analysis.tables import Col, render
 from piper_sim.bounds import int_limit
 from piper_sim.config import Config, load_config
 from piper_sim.errors import ConfigError, named_by
-from piper_sim.planning.keys import KeyedPoint, keyed_point
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.keys import KeyedPoint, keyed_point
+from piper_sim.points.store import ResultStore
 from piper_sim.progress import Eta
 from piper_sim.simulate import simulate
 

@@ -2,7 +2,7 @@
 machine each point runs on, the use of its links, and the loop that runs a study's points through the result store
 and writes its CSVs as rows finish.
 
-A study is a Sweep: machine sizes (node or GPU counts) x algorithms x sizes, each point keyed (planning.keys) so a
+A study is a Sweep: machine sizes (node or GPU counts) x algorithms x sizes, each point keyed (points.keys) so a
 rerun into the same folder recomputes nothing finished. run_sweep builds each machine once, prepares each
 algorithm's flows once per flow structure (studies.prepcache) and yields one row per point, smallest machines
 first; write_sweep appends the rows to study.csv and link_kinds.csv as they come. Utilization of a link = bytes it
@@ -24,8 +24,8 @@ import numpy as np
 
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.errors import ConfigError, named_by
-from piper_sim.planning.keys import KeyedPoint
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.keys import KeyedPoint
+from piper_sim.points.store import ResultStore
 from piper_sim.progress import Eta
 from piper_sim.studies.prepcache import PreparedCache
 from piper_sim.studies.routes import TooManyFlows
@@ -278,7 +278,7 @@ def write_sweep(sweep: Sweep, out: Path, columns: list[str], kind_columns: list[
                 log: Log | None = None) -> tuple[Path, Path]:
     """Run the sweep, appending each row to study.csv / link_kinds.csv as it completes; every row is also kept
     in the result store under out/points/, so that a rerun into the same folder recomputes nothing finished while
-    its key holds (planning.keys)."""
+    its key holds (points.keys)."""
     out.mkdir(parents=True, exist_ok=True)
     study_path, kinds_path = out / "study.csv", out / "link_kinds.csv"
     t0 = time.perf_counter()

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import piper_sim
 from piper_sim.errors import ConfigError
-from piper_sim.planning.store import point_digest
+from piper_sim.points.store import point_digest
 from piper_sim.routing.replay import resolve_trace_path
 from piper_sim.topology.load import topology_file
 from piper_sim.version import __version__

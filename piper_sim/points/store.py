@@ -4,7 +4,7 @@ Owns ResultStore: one JSON file per finished point under DIR/points/<digest>.jso
 temporary file, then a rename) the moment the point finishes, so an interrupted run loses nothing finished and
 its rerun recomputes nothing finished. The file is named by the point's digest (point_digest: its payload as
 canonical JSON, so the same point under another name or key order is the same file) and holds the row with the
-key it was computed under (planning.keys.point_key: the payload, the content of every file the point reads and
+key it was computed under (points.keys.point_key: the payload, the content of every file the point reads and
 the code version) and the sha256 of the row. A stored row is reused only under the point's key now; one stored
 under another key is stale and is recomputed. A file that is not such a record (torn, not UTF-8 JSON, a row that
 is not a non-empty mapping or does not match its sha256: damaged or edited on disk) is unreadable and is recomputed,

@@ -3,7 +3,7 @@ cluster by its scheduler address), storing each result as it finishes, with a pr
 (piper_sim.progress).
 
 Owns run_points and the Dask client's life, and Dask's dashboard (off unless a command's --dashboard turns it on,
-configure_engine; its address is printed on stderr). A point stored under its key (planning.keys) is not run again.
+configure_engine; its address is printed on stderr). A point stored under its key (points.keys) is not run again.
 Work functions must be importable module-level functions of piper_sim (Dask workers import them by name).
 Must not import torch.
 """
@@ -23,8 +23,8 @@ from contextlib import ExitStack, contextmanager
 from tqdm import tqdm
 
 from piper_sim.errors import ConfigError
-from piper_sim.planning.keys import KeyedPoint
-from piper_sim.planning.store import ResultStore
+from piper_sim.points.keys import KeyedPoint
+from piper_sim.points.store import ResultStore
 from piper_sim.progress import bar as progress_bar
 from piper_sim.stopping import interrupt_to_this_process_only, quiet_resource_tracker
 
