@@ -43,7 +43,7 @@ def run_one(nodes: int, routing: str | None, valiant: str, algorithm: str = "fla
 
     from piper_sim.collectives.algorithms import ALL_TO_ALL
     from piper_sim.studies.all_to_all import HOST_EQUIVARIANT, StudySpec, build_topology
-    from piper_sim.studies.runner import prepare, simulate
+    from piper_sim.studies.reduced_collective import prepare, simulate
 
     t0 = time.perf_counter()
     spec = StudySpec(topology="frontier", nodes=(nodes,), sizes=("1MiB",), algorithms=(algorithm,),

@@ -13,7 +13,7 @@ from piper_sim.collectives.algorithms import ALL_TO_ALL, Fanout, bind_fanout, da
 from piper_sim.collectives.deepep import hit_probability
 from piper_sim.errors import ConfigError
 from piper_sim.studies.all_to_all import StudySpec, run_study
-from piper_sim.studies.runner import run_collective
+from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology, read_topology_mapping
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import pytest
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, data_phases
 from piper_sim.errors import ConfigError
-from piper_sim.studies.runner import prepare, simulate
+from piper_sim.studies.reduced_collective import prepare, simulate
 from piper_sim.topology.load import load_topology
 
 GLOBAL_BW = 1e9

@@ -8,7 +8,7 @@ import pytest
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, split_phases
 from piper_sim.studies.all_to_all import StudySpec, build_topology
-from piper_sim.studies.runner import run_collective
+from piper_sim.studies.reduced_collective import run_collective
 
 MIB = 2.0**20
 FAST_SIZES_MIB = (1, 16, 256)

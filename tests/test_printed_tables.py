@@ -115,7 +115,7 @@ def test_study_imbalance_prints_its_rows_and_the_drift_run(tmp_path):
 
 
 def test_study_all_to_all_prints_its_rows_with_the_speedup(tmp_path):
-    from piper_sim.studies.plots import study_text
+    from piper_sim.studies.collective_plots import study_text
 
     rows = [{"nodes": 2, "gpus": 16, "size": "1MiB", "size_per": "gpu", "bytes_per_pair": 65536.0,
              "algorithm": alg, "time_s": t, "busbw_bytes_per_s": 1.048576e6 * 15 / 16 / t, "busiest_link_kind": "nic",

@@ -14,9 +14,9 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.network import CollectiveRunner, FlowNetwork
 from piper_sim.simulate import simulate
+from piper_sim.studies.reduced_collective import prepare
+from piper_sim.studies.reduced_collective import simulate as study_simulate
 from piper_sim.studies.routes import RouteTable
-from piper_sim.studies.runner import prepare
-from piper_sim.studies.runner import simulate as study_simulate
 from piper_sim.topology.load import load_topology
 
 SPREAD = {"valiant": "spread", "routing": "adaptive", "adaptive_minimal_fraction": "auto"}

@@ -12,8 +12,8 @@ from piper_sim.cli import main as cli_main
 from piper_sim.collectives.algorithms import ALL_TO_ALL, split_phases
 from piper_sim.network import CollectiveRunner, FlowNetwork, lump, merge_identical
 from piper_sim.studies.all_to_all import KIND_COLUMNS, STUDY_COLUMNS, StudySpec, write_study
+from piper_sim.studies.reduced_collective import prepare, run_collective, simulate
 from piper_sim.studies.routes import RouteTable, mix64_array
-from piper_sim.studies.runner import prepare, run_collective, simulate
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.spread import all_detours
 from piper_sim.topology.structured import mix64

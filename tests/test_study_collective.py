@@ -13,7 +13,7 @@ from piper_sim.collectives.algorithms import BROADCAST
 from piper_sim.collectives.vendor import ring_orders, vendor_params
 from piper_sim.studies.all_to_all import StudySpec, run_study
 from piper_sim.studies.collective import CollectiveSpec, run_collective_study
-from piper_sim.studies.runner import run_collective
+from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology
 
 B = 100e9  # each GPU's link to the node switch, bytes/s

@@ -12,7 +12,7 @@ import yaml
 from piper_sim.collectives.algorithms import ALL_TO_ALL, split_phases
 from piper_sim.errors import ConfigError
 from piper_sim.studies.all_to_all import StudySpec, run_study
-from piper_sim.studies.runner import run_collective
+from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology, read_topology_mapping
 
 DATA = Path(__file__).resolve().parents[1] / "traces" / "collectives"

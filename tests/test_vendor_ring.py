@@ -14,7 +14,7 @@ from piper_sim.collectives.hierarchical import host_groups
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.collectives.vendor import ring_orders, vendor_params
 from piper_sim.errors import ConfigError
-from piper_sim.studies.runner import run_collective
+from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import gpus_by_host
 

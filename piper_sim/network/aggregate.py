@@ -19,7 +19,7 @@ every flow's completion time unchanged under progressive filling (piper_sim.netw
   union of classes. So the quotient -- one flow per class with weight |C|, one link per class with
   capacity |L| x capacity, class C listed m(C, L) times on link L -- has the same rates, exactly:
   its link load sum_C |C| m(C, L) r_C equals |L| times the per-link load sum_C n(L, C) r_C.
-  The quotient has its own link ids, so it needs its own FlowNetwork (piper_sim.studies.runner).
+  The quotient has its own link ids, so it needs its own FlowNetwork (piper_sim.studies.reduced_collective).
 
 Inputs may already be a quotient (a flow standing for `count` flows, a link for `link_count` links,
 e.g. host-symmetry orbits): refinement then uses the per-link counts n(L, C) = sum count / link_count.

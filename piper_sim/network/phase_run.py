@@ -1,7 +1,7 @@
 """A collective's phases on the flow network: what a phase pays before its flows enter, and its start.
 
 Owns the timing of a phase, the one implementation the engine (piper_sim.network.collective_runner.CollectiveRunner)
-and the collective studies (piper_sim.studies.runner, on a reduced network) both run: start_phases starts
+and the collective studies (piper_sim.studies.reduced_collective, on a reduced network) both run: start_phases starts
 each phase once the phases in its `after` have ended; run_phase then pays phase_delay_s (the per-message
 overhead once for each message its busiest source posts, plus the largest path latency among its flows,
 times the sequential messages per flow) and lets its flows enter the network together. Must not import

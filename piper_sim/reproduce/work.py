@@ -3,7 +3,7 @@
 Owns run_point, which dispatches on payload["kind"]:
 - "a2a": one all-to-all of `size_per_gpu_bytes` per GPU on `gpus` GPUs of a topology (contiguous placement; the
   topology's own allocation places the job's nodes on the machine), timed by the collective simulator
-  (studies.runner.run_collective) -> time and bus bandwidth per GPU;
+  (studies.reduced_collective.run_collective) -> time and bus bandwidth per GPU;
 - "a2a_study": one node count of the all-to-all study (studies.all_to_all.run_study) -> its rows;
 - "memory_map": stage-0 peak memory of every PP x EP mesh of a model and the stage that peaks highest
   (planning.resource.stage_memory);
@@ -27,7 +27,7 @@ from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint, divisors
 from piper_sim.simulate import simulate
 from piper_sim.studies.all_to_all import StudySpec, run_study
-from piper_sim.studies.runner import run_collective
+from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.workload.presets import load_model

@@ -1,7 +1,7 @@
 """The all-to-all study: one collective alone on the machine, over node counts, sizes and algorithms.
 
 Owns the all-to-all's study spec and rows; the loop, the result store, the machine and the CSVs are the collective
-studies' shared ones (piper_sim.studies.sweep). Must not import torch.
+studies' shared ones (piper_sim.studies.collective_sweep). Must not import torch.
 
 Sizes: with size_per "gpu" (default) a size is each GPU's whole send buffer (nccl-tests' and rccl-tests'
 convention for `size`: S bytes split into n equal blocks, one per rank, its own included); with "pair" it is
@@ -27,9 +27,7 @@ from piper_sim.collectives.algorithms import ALL_TO_ALL, Fanout, bind_fanout, da
 from piper_sim.errors import ConfigError
 from piper_sim.points.keys import KeyedPoint, keyed_point
 from piper_sim.points.store import ResultStore
-from piper_sim.studies.prepcache import PreparedCache
-from piper_sim.studies.routes import TooManyFlows
-from piper_sim.studies.sweep import (
+from piper_sim.studies.collective_sweep import (
     KIND_FIELDS,
     Log,
     MachineSpec,
@@ -45,6 +43,8 @@ from piper_sim.studies.sweep import (
     time_phases,
     write_sweep,
 )
+from piper_sim.studies.prepcache import PreparedCache
+from piper_sim.studies.routes import TooManyFlows
 from piper_sim.topology.graph import Topology
 
 __all__ = ["HOST_EQUIVARIANT", "KIND_COLUMNS", "SIZE_PER", "STUDY_COLUMNS", "StudySpec", "build_topology",

@@ -77,7 +77,7 @@ DEFAULT_COLLECTIVE_SIZES = "1MiB,64MiB,1GiB"
 
 
 def add_machine_options(a: argparse.ArgumentParser) -> None:
-    """The options of a collective study's machine (studies.sweep.MachineSpec) and its output folder."""
+    """The options of a collective study's machine (studies.collective_sweep.MachineSpec) and its output folder."""
     a.add_argument("--placement", default="contiguous", help="placement policy")
     a.add_argument("--routing", choices=["minimal", "valiant", "adaptive"], default=None,
                    help="dragonfly routing (default: the topology's)")
@@ -133,7 +133,7 @@ def _params(overrides: list[str]) -> dict:
 
 def cmd_study_all_to_all(args: argparse.Namespace) -> int:
     from piper_sim.studies.all_to_all import SIZE_PER, StudySpec, parse_list, parse_nodes, write_study  # numpy, simpy
-    from piper_sim.studies.plots import study_text, write_plots  # matplotlib: not for --help
+    from piper_sim.studies.collective_plots import study_text, write_plots  # matplotlib: not for --help
 
     sizes, buffer = _sizes(args)
     spec = StudySpec(**machine_options(args), nodes=tuple(parse_nodes(args.nodes)), sizes=sizes,
@@ -151,8 +151,8 @@ def cmd_study_collective(args: argparse.Namespace) -> int:
         study_text,
         write_collective_study,
     )
-    from piper_sim.studies.plots import write_collective_plots  # matplotlib: not for --help
-    from piper_sim.studies.sweep import build_machine, parse_counts, parse_list
+    from piper_sim.studies.collective_plots import write_collective_plots  # matplotlib: not for --help
+    from piper_sim.studies.collective_sweep import build_machine, parse_counts, parse_list
 
     kind = COLLECTIVES.get(args.collective, "--collective")
     machine, gpus = machine_options(args), tuple(parse_counts(args.gpus, "--gpus", least=2))

@@ -2,7 +2,7 @@
 broadcast) over GPU counts, sizes and algorithms, its time and bandwidths as nccl-tests and rccl-tests print them.
 
 Owns the collectives' conventions (COLLECTIVES), the study spec and its rows; the loop, the result store, the
-machine and the CSVs are the studies' shared ones (piper_sim.studies.sweep). Must not import torch.
+machine and the CSVs are the studies' shared ones (piper_sim.studies.collective_sweep). Must not import torch.
 
 A size is nccl-tests' S of each operation (NVIDIA/nccl-tests doc/PERFORMANCE.md): all-reduce, each rank's buffer;
 all-gather, the gathered buffer on each rank (recvcount x n: each rank sends S / n); reduce-scatter, each rank's input
@@ -38,8 +38,7 @@ from piper_sim.points.keys import KeyedPoint, keyed_point
 from piper_sim.points.store import ResultStore
 from piper_sim.registry import Registry
 from piper_sim.studies.all_to_all import HOST_EQUIVARIANT
-from piper_sim.studies.prepcache import PreparedCache
-from piper_sim.studies.sweep import (
+from piper_sim.studies.collective_sweep import (
     KIND_FIELDS,
     Log,
     MachineSpec,
@@ -51,6 +50,7 @@ from piper_sim.studies.sweep import (
     stderr_log,
     write_sweep,
 )
+from piper_sim.studies.prepcache import PreparedCache
 from piper_sim.topology.graph import Topology
 
 

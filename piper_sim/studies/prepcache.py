@@ -1,6 +1,6 @@
 """Prepared collectives of one machine, reused for collectives of the same structure.
 
-Owns PreparedCache: the all-to-all study prepares (routes, reduces, lumps: studies.runner.prepare) a
+Owns PreparedCache: the all-to-all study prepares (routes, reduces, lumps: studies.reduced_collective.prepare) a
 collective once per structure and simulates on it every collective that moves bytes between the same GPU
 pairs, phase by phase, with sizes that differ from the prepared ones by one factor per phase and per kind
 of pair (staying on a node or crossing hosts): flat's split-size exchange on flat's data; rccl's flows,
@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from piper_sim.collectives.phases import Phase
-from piper_sim.studies.runner import Prepared, prepare
+from piper_sim.studies.reduced_collective import Prepared, prepare
 from piper_sim.topology.graph import Topology
 
 KINDS = 2  # 0: both ends on one host, 1: crossing hosts

@@ -28,8 +28,8 @@ from piper_sim.points.keys import KeyedPoint
 from piper_sim.points.store import ResultStore
 from piper_sim.progress import Eta
 from piper_sim.studies.prepcache import PreparedCache
+from piper_sim.studies.reduced_collective import CollectiveRun, Prepared, simulate
 from piper_sim.studies.routes import TooManyFlows
-from piper_sim.studies.runner import CollectiveRun, Prepared, simulate
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import PLACEMENTS, place
