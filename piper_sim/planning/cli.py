@@ -15,18 +15,10 @@ from piper_sim.errors import ConfigError, named_by
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.refine import parse_duration
 from piper_sim.planning.space import parse_fixes, space_notes, split_settings
+from piper_sim.points.cli import add_engine_args
 from piper_sim.points.dask_runner import check_workers, configure_engine
 from piper_sim.rundir import finish, open_out_dir
 from piper_sim.workload.presets import FIELD_LIMITS, load_model
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler (tcp://host:8786); default: "
-                   "a LocalCluster of one single-threaded worker process per core")
-    p.add_argument("--workers", type=int, default=None,
-                   help="LocalCluster workers (default: one per core; 0: run in this process, no Dask)")
-    p.add_argument("--dashboard", action="store_true", help="serve Dask's dashboard while the points run and print "
-                   "its address (needs bokeh; on --scheduler, the address of that scheduler's)")
 
 
 def check_machine(request: PlanRequest) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from piper_sim.planning.cli import add_engine_args
+from piper_sim.points.cli import add_engine_args
 from piper_sim.points.dask_runner import configure_engine
 from piper_sim.rundir import finish, open_out_dir
 
