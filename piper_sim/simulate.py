@@ -29,7 +29,8 @@ from piper_sim.run_wall import RunWork, check_run_wall, duration_text, run_work
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Schedule
-from piper_sim.sim.engine import Asymmetry, SimRecords, Simulation
+from piper_sim.sim.engine import SimRecords, Simulation
+from piper_sim.sim.host import Asymmetry
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import check_tensor_groups, place
 from piper_sim.trace.runtrace import trace_from_arrays

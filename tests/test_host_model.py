@@ -41,7 +41,7 @@ def test_host_terms_do_not_enter_a_dedicated_device_prediction():
     with_host = _profile_with_host_terms()
     device, host = load_profiles(with_host)
     assert host is not None and host.core_sharing and host.blocking_wait  # the terms are there to be ignored
-    assert isinstance(host_model(simpy.Environment(), load_topology("uniform", 8), host, [4, 4]), DedicatedDevice)
+    assert isinstance(host_model(simpy.Environment(), load_topology("uniform", 8), host), DedicatedDevice)
     plain, hosted = _run("mi250x"), _run(with_host)
     pd.testing.assert_frame_equal(plain.trace, hosted.trace)
     assert plain.report.step_time_s == hosted.report.step_time_s
@@ -50,6 +50,6 @@ def test_host_terms_do_not_enter_a_dedicated_device_prediction():
 def test_shared_cores_bring_the_host_terms_in():
     testbed = str(data_dir("topologies") / "testbed-2g.yaml")
     host = load_profiles(_profile_with_host_terms())[1]
-    assert isinstance(host_model(simpy.Environment(), load_topology(testbed, 8), host, [4, 4]), SharedCores)
+    assert isinstance(host_model(simpy.Environment(), load_topology(testbed, 8), host), SharedCores)
     plain, hosted = _run("mi250x", testbed), _run(_profile_with_host_terms(), testbed)
     assert hosted.report.step_time_s > plain.report.step_time_s  # slowed cores and wake-up waits

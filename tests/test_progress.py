@@ -102,7 +102,7 @@ def test_a_reading_is_the_runs_simulated_time_then_its_end():
 def test_a_restart_says_so_on_the_line_and_counts_from_zero(shown, capsys):
     from types import SimpleNamespace
 
-    from piper_sim.sim.engine import Asymmetry
+    from piper_sim.sim.host import Asymmetry
     from piper_sim.simulate import RESTARTS, Reading, _run_lanes
 
     class Run:

@@ -24,6 +24,7 @@ from piper_sim.sim.plan import StagePlan
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.task_kinds import Role, TaskKind
 
 
 class CollectiveTasks:
@@ -35,14 +36,14 @@ class CollectiveTasks:
         self.plans, self.experts, self.routing, self.coster, self.runner = plans, experts, routing, coster, runner
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
         # by role: an algorithm that deduplicates tokens (deepep) knows the model's top-k and a combine's matrix
-        self._a2a_role = {role: bind_fanout(self.a2a, Fanout(model.top_k, model.num_experts, role == "combine"))
-                          for role in ("dispatch", "combine")}
+        self._a2a_role = {role: bind_fanout(self.a2a, Fanout(model.top_k, model.num_experts, role == Role.COMBINE))
+                          for role in (Role.DISPATCH, Role.COMBINE)}
         self.all_reduce = ALL_REDUCE.get(all_reduce, "collectives.all_reduce")
         self.a2a_name, self.ar_name = all_to_all, all_reduce
-        self.sharded = {"reduce_scatter": REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
-                        "all_gather": ALL_GATHER.get(all_reduce, "collectives.all_reduce")
-                        } if any(t.kind in ("reduce_scatter", "all_gather") for prog in schedule.stage_programs
-                                 for t in prog) else {}
+        self.sharded = {TaskKind.REDUCE_SCATTER: REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
+                        TaskKind.ALL_GATHER: ALL_GATHER.get(all_reduce, "collectives.all_reduce")
+                        } if any(t.kind in (TaskKind.REDUCE_SCATTER, TaskKind.ALL_GATHER)
+                                 for prog in schedule.stage_programs for t in prog) else {}
         self.row_bytes = model.d_model * model.dtype_bytes
         self.activation_bytes = activation_bytes  # a micro-batch's activations, whole
         self.ring_bytes = ring_bytes  # context parallelism: a micro-batch's K/V of one layer, all its CP ranks'
@@ -53,21 +54,21 @@ class CollectiveTasks:
         self._skewed_uses: dict[tuple, int] = {}
         self._a2a_uses = Counter((stage, t.layer, t.microbatch, t.role)  # a stage's, for each of its groups
                                  for stage, program in enumerate(schedule.stage_programs)
-                                 for t in program if t.kind == "all_to_all")
+                                 for t in program if t.kind == TaskKind.ALL_TO_ALL)
 
     def calls(self, task: Task, group: tuple[int, ...]) -> int:
         """Library calls a collective makes: one per phase (split-size exchange included), as the torch
         backend does (one gloo call per phase); moving experts is one call; an all-to-all in a group of
         one moves nothing and makes none."""
-        key = (task.kind, task.role == "migrate", group)
+        key = (task.kind, task.role == Role.MIGRATE, group)
         hit = self._num_calls.get(key)
         if hit is None:
             gpus = [self.placement[r] for r in group]
-            if task.kind == "all_to_all" and len(group) == 1:
+            if task.kind == TaskKind.ALL_TO_ALL and len(group) == 1:
                 hit = 0
-            elif task.role == "migrate":
+            elif task.role == Role.MIGRATE:
                 hit = 1
-            elif task.kind == "all_to_all":
+            elif task.kind == TaskKind.ALL_TO_ALL:
                 hit = len(self.a2a(np.ones((len(group), len(group))), gpus, self.topo))
             else:
                 hit = len(self.all_reduce(1.0, gpus, self.topo))
@@ -78,17 +79,18 @@ class CollectiveTasks:
         """Host-side cost of a collective: the profile's per-call cost for the group size, once per call, and
         an all-to-all's work around its calls (TaskCoster.exchange_s; also in a group of one)."""
         calls = self.calls(task, group) * self.coster.profile.collective_call_s(task.kind, len(group))
-        return calls + (self.coster.exchange_s(task) if task.kind == "all_to_all" else 0.0)
+        return calls + (self.coster.exchange_s(task) if task.kind == TaskKind.ALL_TO_ALL else 0.0)
 
     def phases(self, rank: int, step: int, task: Task, group: tuple[int, ...]):
         """(phases, bytes each member sends, algorithm name) of a collective; the same objects again for a
         collective that repeats (an all-reduce, an all-to-all under uniform routing until the experts move),
         so the runner's recorded runs are found by identity."""
-        if task.role == "migrate":  # expert state moves between members: direct point-to-point sends
+        if task.role == Role.MIGRATE:  # expert state moves between members: direct point-to-point sends
             matrix = self.experts.migrate(self.mesh.stage_of(rank), step)
             return [matrix_phase(matrix, "migrate")], matrix.sum(axis=1) - np.diag(matrix), "direct"
-        if task.kind == "all_to_all" and not self.routing.is_uniform:  # a matrix of its own: the same objects for
-            key = (step, task.layer, task.microbatch, task.role, group)  # every member, let go after the last
+        if task.kind == TaskKind.ALL_TO_ALL and not self.routing.is_uniform:
+            # a matrix of its own: the same objects for every member, let go after the last
+            key = (step, task.layer, task.microbatch, task.role, group)
             hit = self._skewed.get(key)
             if hit is None:
                 hit = self._skewed[key] = self._a2a_phases(step, task.layer, task.microbatch, task.role, group)
@@ -96,7 +98,7 @@ class CollectiveTasks:
             if uses == self._a2a_uses[(self.mesh.stage_of(group[0]), task.layer, task.microbatch, task.role)]:
                 del self._skewed[key], self._skewed_uses[key]
             return hit
-        version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == "all_to_all" else 0
+        version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == TaskKind.ALL_TO_ALL else 0
         key = (group, task.kind, task.role, task.layer, task.chunk, version)
         hit = self._phase_cache.get(key)
         if hit is None:
@@ -111,13 +113,13 @@ class CollectiveTasks:
 
     def _build(self, step: int, task: Task, group: tuple[int, ...]):
         gpus = [self.placement[r] for r in group]
-        if task.kind == "all_to_all":
+        if task.kind == TaskKind.ALL_TO_ALL:
             return self._a2a_phases(step, task.layer, task.microbatch, task.role, group)
         plan = self.plans[self.mesh.stage_of(group[0])]
-        if task.role == "tp":  # a micro-batch's activations (or their gradients), whole
+        if task.role == Role.TP:  # a micro-batch's activations (or their gradients), whole
             size = self.activation_bytes
-        elif task.role == "cp":  # a layer's K/V (or their gradients) around the CP ring: point-to-point steps
-            ring = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER}[task.kind].get("ring")
+        elif task.role == Role.CP:  # a layer's K/V (or their gradients) around the CP ring: point-to-point steps
+            ring = {TaskKind.ALL_GATHER: ALL_GATHER, TaskKind.REDUCE_SCATTER: REDUCE_SCATTER}[task.kind].get("ring")
             return ring(self.ring_bytes, gpus, self.topo), np.full(len(group), self.ring_bytes), "ring"
         else:  # gradients or parameters of one class: the stage's, one chunk's (ZeRO-2's buckets) or one unit's
             kind = task.role.partition("_")[2]
@@ -125,7 +127,7 @@ class CollectiveTasks:
             held["mirror"] = sum(held.values())  # DualPipe: every gradient the rank holds, with its counterpart's
             if task.nonblocking:  # ZeRO-3: one unit's (workload/fsdp.py); HSDP's all-reduce its shard's
                 size = self.model.dtype_bytes * plan.unit_params[(task.chunk, task.layer)][kind]
-                if task.kind == "all_reduce":
+                if task.kind == TaskKind.ALL_REDUCE:
                     shard, _ = shard_axes(self.mesh, kind)
                     size /= len(self.mesh.group(group[0], shard)) if shard else 1
             else:

@@ -36,9 +36,9 @@ from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective_tasks import CollectiveTasks
 from piper_sim.sim.experts import ExpertState
-from piper_sim.sim.host import host_model
+from piper_sim.sim.host import Asymmetry, host_model
 from piper_sim.sim.lane_collectives import LaneCollectives
-from piper_sim.sim.plan import StagePlan, build_stage_plans
+from piper_sim.sim.plan import COLLECTIVE_CODE, COMPUTE_CODE, NONBLOCKING_CODE, P2P_CODE, StagePlan, build_stage_plans
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.context_parallel import kv_chunk_bytes
 from piper_sim.workload.cost import TaskCoster
@@ -47,10 +47,7 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.profile import HostProfile
-
-
-class Asymmetry(Exception):
-    """Members of a lane would diverge: the run must use one lane per rank."""
+from piper_sim.workload.task_kinds import TaskKind
 
 
 @dataclass(kw_only=True)
@@ -97,7 +94,7 @@ class Simulation(LaneCollectives):
                                                         recompute_modules=recompute_modules,
                                                         reshard_after_forward=reshard_after_forward)
         for plan in self.plans:
-            plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != "optimizer" and not e
+            plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != TaskKind.OPTIMIZER and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
         self.tokens = parallel.tokens_per_microbatch(model.seq_len)  # a rank's: its sequence chunks under cp
         self.routed_tokens = int(self.tokens * parallel.split.dispatch_share)  # tokens a rank routes
@@ -111,14 +108,14 @@ class Simulation(LaneCollectives):
                                            runner=self.runner, all_to_all=all_to_all, all_reduce=all_reduce,
                                            activation_bytes=activation_bytes,
                                            ring_bytes=parallel.cp * kv_chunk_bytes(model, parallel))
-        self.shared_host = bool(topology.params.shared_cores)  # compute timed per lane on shared cores
+        self.host = host_model(self.env, topology, host_profile)  # the lanes follow what it allows
         self.lanes = self._lanes(collapse)
         if collapse and by_latency:
             self.lanes = self._by_latency(self.lanes)
         self.tasks_done = 0  # of the ranks' tasks, those their lanes have passed (simulate's progress line reads it)
         self.guard: MemoryGuard | None = None  # simulate's host-memory guard, checked after every lane task
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
-        self.host = host_model(self.env, topology, host_profile, [len(lane) for lane in self.lanes])
+        self.host.attach_lanes([len(lane) for lane in self.lanes])
         self._arrivals: dict[tuple, list] = {}
         self._p2p: dict[tuple, tuple] = {}
         self._async_done: dict[tuple[int, int, int], simpy.Event] = {}
@@ -152,10 +149,10 @@ class Simulation(LaneCollectives):
         if self.routing.is_uniform:
             moe = self.model.moe_layer_indices
             rows = self.experts.dispatch(0, moe[0], 0, 0).expert_rows if moe else [()]
-            if all(tuple(r) == tuple(rows[0]) for r in rows) or not self.shared_host:
+            if all(tuple(r) == tuple(rows[0]) for r in rows) or self.host.lanes_may_differ():
                 return stages
             return singles
-        if self.shared_host:
+        if not self.host.lanes_may_differ():
             return singles
         return sorted({self.mesh.group(r, "ep") for stage in stages for r in stage})
 
@@ -206,16 +203,6 @@ class Simulation(LaneCollectives):
         if time_s < self.env.now - 1e-12 * max(self.env.now, 1e-9):
             raise Asymmetry(f"a lane member's network action at {time_s:.9g} s falls behind the simulated time")
 
-    def _sync(self, clock: np.ndarray):
-        """Shared cores time compute per lane: the members' clocks must agree; the lane goes on at the later of
-        them and now (a rank that waited on an event that had already happened goes on at once)."""
-        t = float(clock.max())
-        if float(clock.min()) < t - 1e-12 * max(t, 1e-9):
-            raise Asymmetry("lane members' clocks differ on shared cores")
-        if t > self.env.now:
-            yield self.env.timeout(t - self.env.now)
-        clock[:] = self.env.now
-
     def _lane(self, lane: tuple[int, ...]):
         rank = lane[0]
         stage = self.mesh.stage_of(rank)
@@ -237,25 +224,24 @@ class Simulation(LaneCollectives):
         running: tuple[str, int, list[tuple[np.ndarray, np.ndarray, simpy.Event]]] | None = None
         for step in range(self.steps):
             for i, task in enumerate(plan.program):
-                if running is not None and (plan.streams[i] != 2 or plan.async_deps[i]):
+                if running is not None and (plan.streams[i] != COLLECTIVE_CODE or plan.async_deps[i]):
                     yield from self._settle(running, clock, end[step])
                     running = None
-                # a collective after transfers: each group joins when its members' have landed (_after_landing)
-                after_landing = (plan.streams[i] == 2 and bool(plan.async_deps[i]) and not self.shared_host
-                                 and not self.host.charges_wakeups
-                                 and all(plan.streams[d] == 1 for d in plan.async_deps[i]))  # p2p only (not a ring)
+                # a collective after transfers (p2p only, not a ring): each group joins when its members' have landed
+                # (_after_landing)
+                after_landing = (plan.streams[i] == COLLECTIVE_CODE and bool(plan.async_deps[i])
+                                 and self.host.joins_as_transfers_land()
+                                 and all(plan.streams[d] == P2P_CODE for d in plan.async_deps[i]))
                 for d in () if after_landing else plan.async_deps[i]:
                     ev = self._async_done[(lane_id, step, d)]
                     if not ev.triggered:  # blocked on a transfer: woken when it ends
                         yield ev
-                        if self.host.charges_wakeups:
-                            yield self.env.timeout(self.host.wake_wait_s(1))
-                            np.maximum(clock, self.env.now, out=clock)
+                        yield from self.host.woken(clock)
                     np.maximum(clock, ev.value, out=clock)
                 if plan.mem_at_start[i]:
                     memory += plan.mem_at_start[i]
                     grew = True
-                if task.kind == "forward_expert":
+                if task.kind == TaskKind.FORWARD_EXPERT:
                     extra = self._routed_extra_bytes(lane, step, task)
                     key = (task.chunk, task.microbatch)
                     routed_extra[key] = routed_extra.get(key, 0.0) + extra
@@ -265,25 +251,18 @@ class Simulation(LaneCollectives):
                     np.maximum(peak, memory, out=peak)
                     grew = False
                 stream = plan.streams[i]
-                if stream == 0:  # compute
+                if stream == COMPUTE_CODE:
                     seconds, f = self._compute_cost(lane, stage, step, i, task)
                     cpu[step, local, i] = seconds
                     flops[step, local, i] = f
-                    if self.shared_host:
-                        yield from self._sync(clock)
-                        start[step, local, i] = self.env.now
-                        self.host.begin_compute(n)
-                        yield self.host.compute(lane_id, n, float(np.max(seconds)))
-                        self.host.end_compute(n)
-                        clock[:] = self.env.now
-                    else:
-                        start[step, local, i] = clock
-                        clock += seconds
+                    yield from self.host.sync(clock)
+                    start[step, local, i] = clock
+                    yield from self.host.compute(lane_id, clock, seconds)
                     end[step, local, i] = clock
-                elif stream == 2:  # collective
+                elif stream == COLLECTIVE_CODE:
                     host = self.collectives.host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
                     cpu[step, local, i] = host
-                    if running is not None and self.host.runs_host_work:
+                    if running is not None and not self.host.chains_collectives():
                         yield from self._settle(running, clock, end[step])
                         running = None
                     if after_landing:
@@ -293,21 +272,14 @@ class Simulation(LaneCollectives):
                         running = (task.group_axis, i, self._chain(lane, step, i, task, nbytes[step], host,
                                                                    running[2], start[step], end[step], clock))
                     else:
-                        if self.host.runs_host_work:  # the calls' host-side work runs on the rank's cores
-                            yield from self._sync(clock)
-                            start[step, local, i] = clock
-                            yield self.host.compute(lane_id, n, host)
-                            clock[:] = self.env.now
-                        else:
-                            start[step, local, i] = clock
+                        yield from self.host.sync(clock)
+                        start[step, local, i] = clock
+                        yield from self.host.host_work(lane_id, clock, host)  # the calls' host-side work
                         running = (task.group_axis, i, self._arrive(lane, step, i, task, nbytes[step], host, clock))
-                elif stream == 3:  # a nonblocking collective: issued, the program counter moves on
+                elif stream == NONBLOCKING_CODE:  # issued: the program counter moves on
                     host = self.collectives.host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))
                     cpu[step, local, i] = host
-                    if self.host.runs_host_work:  # its calls' host-side work, on the rank's cores, as it is issued
-                        yield from self._sync(clock)
-                        yield self.host.compute(lane_id, n, host)
-                        clock[:] = self.env.now
+                    yield from self.host.host_work(lane_id, clock, host)  # its calls' host-side work, as issued
                     start[step, local, i] = clock
                     self._issue(lane, lane_id, step, i, task, nbytes[step], host, clock, end[step])
                 else:
@@ -376,7 +348,7 @@ class Simulation(LaneCollectives):
                       task: Task) -> tuple[float | np.ndarray, float | np.ndarray]:
         """(seconds, flops) of a compute task: one value for all members, or one per member (expert ops)."""
         plan = self.plans[stage]
-        if task.kind == "optimizer":
+        if task.kind == TaskKind.OPTIMIZER:
             return (self.coster.optimizer_time_s(plan.optimizer_params, plan.param_tensors)
                     + self.coster.fp8_weight_cast_s(plan.fp8_params)), 0.0
         if not plan.expert_layers[i]:
@@ -429,14 +401,14 @@ class Simulation(LaneCollectives):
         done = self._async_done[(lane_id, step, i)] = self.env.event()
         landed_state = self._landed[(lane_id, step, i)] = [np.full(len(lane), np.nan), []]
         peer_lane = self._lane_of[self.mesh.peer(lane[0], task.peer_stage)]
-        src, dst = (lane_id, peer_lane) if task.kind == "send" else (peer_lane, lane_id)
+        src, dst = (lane_id, peer_lane) if task.kind == TaskKind.SEND else (peer_lane, lane_id)
         key = (step, src, dst, task.tag)
         mine = (stage, local, i, done, clock.copy(), landed_state)
         other = self._p2p.pop(key, None)
         if other is None:
             self._p2p[key] = mine
             return
-        sender, receiver = (mine, other) if task.kind == "send" else (other, mine)
+        sender, receiver = (mine, other) if task.kind == TaskKind.SEND else (other, mine)
         gpus, to_receiver, latency = self._p2p_route(src, dst)
         starts = np.maximum(sender[4], receiver[4][to_receiver])  # per sender member
         ends = np.full(starts.size, np.nan)

@@ -17,6 +17,7 @@ from piper_sim.routing.metrics import ImbalanceTracker
 from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule
 from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.task_kinds import Role, TaskKind
 
 
 class ExpertState:
@@ -27,7 +28,7 @@ class ExpertState:
         self.routing, self.ep, self.tokens = routing, ep, tokens_per_microbatch
         self.ep_groups = ep_groups or [[] for _ in range(schedule.pp)]
         self.routed_by_stage = [sorted({(t.layer, t.microbatch) for t in program
-                                        if t.kind == "all_to_all" and t.layer >= 0 and t.role != "migrate"})
+                                        if t.kind == TaskKind.ALL_TO_ALL and t.layer >= 0 and t.role != Role.MIGRATE})
                                 for program in schedule.stage_programs]
         self.spec = migration_from_config(migration)
         state_bytes = expert_state_bytes(model, self.spec.state_bytes_per_param)

@@ -182,8 +182,6 @@ class LaneCollectives:
         gpus = self._group_gpus.get(group)
         if gpus is None:
             gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
-        # on shared cores the host work already ran on the rank's share of them
-        done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role),
-                               delay_s=0.0 if self.host.runs_host_work else host_s)
-        calls = self.collectives.calls(task, group) if self.host.charges_wakeups else 0
+        done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role), delay_s=self.host.flow_delay_s(host_s))
+        calls = self.host.blocking_calls(lambda: self.collectives.calls(task, group))
         done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))

@@ -26,12 +26,14 @@ from piper_sim.workload.memory import (
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
+from piper_sim.workload.task_kinds import Stream, TaskKind
 
-STREAM_CODE = {"compute": 0, "p2p": 1, "collective": 2}
+COMPUTE_CODE, P2P_CODE, COLLECTIVE_CODE = 0, 1, 2  # StagePlan.streams: a task's stream as a small integer
 NONBLOCKING_CODE = 3  # a collective issued without blocking the program counter (ZeRO-3's unit gathers)
+STREAM_CODE = {Stream.COMPUTE: COMPUTE_CODE, Stream.P2P: P2P_CODE, Stream.COLLECTIVE: COLLECTIVE_CODE}
 ROWS_OPS = ("experts:", "moe_act:")  # ops priced over the rows each member's experts got (engine._compute_cost)
-EXPERT_KINDS = frozenset({"forward_expert", "backward_expert", "backward_expert_input", "backward_weight",
-                          "recompute_expert"})
+EXPERT_KINDS = frozenset({TaskKind.FORWARD_EXPERT, TaskKind.BACKWARD_EXPERT, TaskKind.BACKWARD_EXPERT_INPUT,
+                          TaskKind.BACKWARD_WEIGHT, TaskKind.RECOMPUTE_EXPERT})
 
 
 @dataclass(kw_only=True)

@@ -36,6 +36,7 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.precision import cast_bytes_per_element, cast_elements, is_fp8_op
 from piper_sim.workload.profile import DeviceProfile
+from piper_sim.workload.task_kinds import FORWARD_KINDS, RECOMPUTE_KINDS, SPLIT_BACKWARD_KINDS, Role, TaskKind
 
 
 class ExchangeTask(Protocol):
@@ -49,11 +50,13 @@ class ExchangeTask(Protocol):
 
 
 MOE_PATH_OPS = ("router:", "moe_out:")  # the ops a profile's measured MoE path prices (DeviceProfile.moe_path)
+K = TaskKind
 BACKWARD_FACTOR = {
-    "forward": 1.0, "forward_expert": 1.0, "backward": 2.0, "backward_expert": 2.0,
-    "backward_input": 1.0, "backward_expert_input": 1.0, "backward_weight": 1.0,
-    "recompute": 1.0, "recompute_expert": 1.0,
+    K.FORWARD: 1.0, K.FORWARD_EXPERT: 1.0, K.BACKWARD: 2.0, K.BACKWARD_EXPERT: 2.0,
+    K.BACKWARD_INPUT: 1.0, K.BACKWARD_EXPERT_INPUT: 1.0, K.BACKWARD_WEIGHT: 1.0,
+    K.RECOMPUTE: 1.0, K.RECOMPUTE_EXPERT: 1.0,
 }
+_FORWARD_PASS = FORWARD_KINDS | RECOMPUTE_KINDS  # the kinds that take the forward's measured framework costs
 
 
 def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, fp8: bool = False) -> float | np.ndarray:
@@ -127,11 +130,11 @@ COST_TERMS = ("gemm", "attention", "memory_bound", "launch", "framework")
 
 def _pass_name(kind: str) -> str:
     """The pass whose measured framework costs a task of this kind takes."""
-    return "forward" if kind.startswith(("forward", "recompute")) else "backward"
+    return "forward" if kind in _FORWARD_PASS else "backward"
 
 
 def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                 gemm_s: Callable[[Gemm], float] | None = None, kind: str = "forward") -> dict[str, float]:
+                 gemm_s: Callable[[Gemm], float] | None = None, kind: str = K.FORWARD) -> dict[str, float]:
     """Time of an op's work by term (COST_TERMS but framework) in a task of this kind: BACKWARD_FACTOR times the
     forward's, except an unfused attention core's backward, priced from its own GEMMs and traffic (a split
     backward's two passes take half of it each, as they do of every other term); gemm_s: the time of one GEMM
@@ -155,7 +158,7 @@ def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
 
 
 def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                gemm_s: Callable[[Gemm], float] | None = None, kind: str = "forward") -> float:
+                gemm_s: Callable[[Gemm], float] | None = None, kind: str = K.FORWARD) -> float:
     """Time of an op's work in a task of this kind: the sum of its terms (work_terms_s)."""
     terms = work_terms_s(profile, work, dtype_bytes, gemm_s, kind)
     return terms["gemm"] + terms["attention"] + terms["memory_bound"] + terms["launch"]
@@ -341,7 +344,7 @@ class TaskCoster:
         buffer_bytes = routed * self.model.d_model * self.model.dtype_bytes
         gather_s, scatter_s = buffer_bytes / path.gather_bytes_per_s, buffer_bytes / path.scatter_bytes_per_s
         gate_gemms_s = sum(self._gemm_s(g) for g in work.gemms)
-        if kind == "backward_weight":
+        if kind == K.BACKWARD_WEIGHT:
             return gate_gemms_s if op.startswith("router:") else 0.0
         if _pass_name(kind) == "forward":
             return path.gate_s + gather_s if op.startswith("router:") else scatter_s
@@ -375,16 +378,16 @@ class TaskCoster:
                 at, fixed, per_expert = zip(*lines, strict=True)
                 base = max(float(np.interp(self.tokens, at, fixed) + np.interp(self.tokens, at, per_expert) * active),
                            0.0)
-        if kind not in ("backward_input", "backward_expert_input", "backward_weight"):
+        if kind not in SPLIT_BACKWARD_KINDS:
             return base
         split = self.profile.framework_split.get(name)
         if not split:  # unmeasured: the input pass runs the whole backward, the weight pass its deferred GEMMs
-            if kind != "backward_weight":
+            if kind != K.BACKWARD_WEIGHT:
                 return base
             gemms = (work or op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)).gemms
             return self.profile.kernel_launch_s * sum(g.count for g in gemms)
         tokens, inputs, weights = zip(*split, strict=True)
-        share = inputs if kind != "backward_weight" else weights
+        share = inputs if kind != K.BACKWARD_WEIGHT else weights
         return base * float(np.interp(self.tokens, tokens, share))
 
     def op_s(self, op: str, expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
@@ -392,17 +395,17 @@ class TaskCoster:
         as the simulator prices it; expert_rows are the rows each local expert gets (zeros dropped)."""
         expert = op.startswith("experts:")
         rows = tuple(r for r in expert_rows if r > 0) if expert else ()
-        return (self.cost("forward_expert" if expert else "forward", (op,), rows)[0],
-                self.cost("backward_expert" if expert else "backward", (op,), rows)[0])
+        return (self.cost(K.FORWARD_EXPERT if expert else K.FORWARD, (op,), rows)[0],
+                self.cost(K.BACKWARD_EXPERT if expert else K.BACKWARD, (op,), rows)[0])
 
     def exchange_s(self, task: ExchangeTask) -> float:
         """Host work around one MoE all-to-all (dispatch or combine) besides its library calls: the fixed cost
         calibrate measured for it (the forward dispatch packs the expert ids into the rows and unpacks them;
         every other exchange passes its rows) plus its memory traffic; 0 where the profile did not measure it,
         and for expert migration."""
-        if task.role not in ("dispatch", "combine"):
+        if task.role not in (Role.DISPATCH, Role.COMBINE):
             return 0.0
-        op = "dispatch:0" if task.in_forward and task.role == "dispatch" else "combine:0"
+        op = "dispatch:0" if task.in_forward and task.role == Role.DISPATCH else "combine:0"
         hit = self._cache.get(op)
         if hit is None:
             entry = self.profile.framework_s.get(("forward", op.partition(":")[0]))

@@ -29,12 +29,12 @@ from typing import Protocol
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
+from piper_sim.workload.task_kinds import BACKWARD_KINDS, TaskKind
 
 PRECISIONS = ("bf16", "fp8")  # cost.precision; fp8's recipes: model.FP8_RECIPES (TE's DelayedScaling and
 # Float8CurrentScaling: Megatron's --fp8-recipe delayed and tensorwise)
 FP8_OPS = ("attn", "dense", "shared", "experts")  # the ops whose GEMMs are TE linears (the rest stay bf16)
 FFN_OPS = ("dense", "shared", "experts")  # their GEMMs come in (fc1, fc2) pairs; fc1's gate and up share one input
-BACKWARD_KINDS = ("backward", "backward_expert", "backward_input", "backward_expert_input")
 
 
 class GemmShape(Protocol):
@@ -67,7 +67,7 @@ def cast_elements(op: str, gemms: Sequence[GemmShape], kind: str) -> float:
     """Elements an fp8 op quantizes in one task of this kind, for these GEMMs of its forward: a forward (or
     recompute) its linears' inputs (an FFN's fc1 gate and up read one input), a backward (or its input pass) their
     output gradients; a weight pass none (it reuses the columnwise copies the input pass and forward made)."""
-    if kind == "backward_weight":
+    if kind == TaskKind.BACKWARD_WEIGHT:
         return 0.0
     if kind in BACKWARD_KINDS:
         return float(sum(g.rows * g.n * g.count for g in gemms))
