@@ -24,9 +24,9 @@ from piper_sim.analysis.ranking import spearman
 from piper_sim.planning.planner import PlanRequest, refine_wall_s, screen, simulate_point
 from piper_sim.planning.refine import parse_duration, refine_points
 from piper_sim.planning.space import PlanPoint
-from piper_sim.planning.sweep import run_sweep
 from piper_sim.points.keys import keyed_point
 from piper_sim.points.store import ResultStore
+from piper_sim.studies.config_sweep import run_sweep
 
 SWEEP_BASE = {"model": "tiny-moe", "topology": "uniform", "parallel": {"pp": 1, "ep": 1, "num_microbatches": 4}}
 SWEEP_GRID = ["parallel.pp=1,2", "parallel.ep=1,2", "collectives.all_to_all=flat,halo",

@@ -24,7 +24,6 @@ with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one
     from piper_sim.notes import config_notes, placement_notes
     from piper_sim.paths import config_path, data_dir
     from piper_sim.planning.cli import register as register_plan
-    from piper_sim.planning.cli import register_sweep
     from piper_sim.progress import bar as progress_bar
     from piper_sim.reproduce.cli import register as register_reproduce
     from piper_sim.run_wall import DEFAULT_MAX_WALL_MINUTES
@@ -34,6 +33,7 @@ with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one
     from piper_sim.schedule.io import schedule_to_csv, schedule_to_json
     from piper_sim.schedule.validate import check_schedule, dry_run
     from piper_sim.studies.cli import register as register_study
+    from piper_sim.studies.cli import register_sweep
     from piper_sim.version import __version__
     from piper_sim.workload.presets import list_presets, load_model
 

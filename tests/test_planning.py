@@ -11,17 +11,17 @@ import pytest
 from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
-from piper_sim.planning import sweep as sweep_module
 from piper_sim.planning.estimate import Estimator
 from piper_sim.planning.pipeline_estimate import pipeline_s
 from piper_sim.planning.planner import PlanRequest, domain_gpus, screen
 from piper_sim.planning.resource import coarse_programs, stage_memory
 from piper_sim.planning.space import PlanPoint, enumerate_plans, parse_fixes
-from piper_sim.planning.sweep import run_sweep
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.dryrun import coarse_timing
 from piper_sim.schedule.validate import check_schedule, dry_run
 from piper_sim.simulate import simulate
+from piper_sim.studies import config_sweep as sweep_module
+from piper_sim.studies.config_sweep import run_sweep
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.workload.presets import load_model

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from piper_sim.cli import main  # noqa: E402
-from piper_sim.planning.scaling import model_label, scaling_figure, scaling_text  # noqa: E402
+from piper_sim.studies.scaling import model_label, scaling_figure, scaling_text  # noqa: E402
 from piper_sim.workload.presets import load_model  # noqa: E402
 
 

@@ -16,14 +16,14 @@ import yaml
 
 from piper_sim.cli import main
 from piper_sim.paths import data_dir
-from piper_sim.planning import sweep as sweep_module
-from piper_sim.planning.sweep import run_sweep
 from piper_sim.points import keys
 from piper_sim.points.keys import input_files, point_key
 from piper_sim.routing.models import routing_from_config
 from piper_sim.routing.synth import synthesize_trace
 from piper_sim.routing.trace import write_trace
+from piper_sim.studies import config_sweep as sweep_module
 from piper_sim.studies.all_to_all import StudySpec, write_study
+from piper_sim.studies.config_sweep import run_sweep
 from piper_sim.studies.imbalance import run_points as run_imbalance
 from piper_sim.studies.imbalance import study_points
 from piper_sim.workload.presets import PRESET_DIR

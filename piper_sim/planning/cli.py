@@ -1,4 +1,5 @@
-"""`piper-sim plan` (and the planner's other fronts): argument parsing and printing only.
+"""`piper-sim plan`: argument parsing and printing only; its machine options and checks (add_machine_args,
+check_machine, say_space_notes) serve `study scaling` too.
 
 Registered by piper_sim.cli.build_parser. Writes only under --out.
 """
@@ -161,78 +162,3 @@ def chosen_band(result) -> dict | None:
     from piper_sim.config import load_config
 
     return band_dict(load_config(result.best_config()), "des" if bool(result.best["refined"]) else "estimate")
-
-
-def register_sweep(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="simulate a config over a grid of config keys (on Dask, resumable)")
-    p.add_argument("config", help="YAML config or a shipped example name")
-    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
-                   help="a config key and its values, e.g. --grid parallel.pp=2,4,8 (repeatable: the product)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a base config value (repeatable)")
-    add_engine_args(p)
-    p.add_argument("--out", type=Path, required=True, help="output directory (sweep.csv, sweep.parquet, points/)")
-    p.set_defaults(func=cmd_sweep)
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from piper_sim.paths import config_path
-    from piper_sim.planning.sweep import run_sweep, sweep_text
-
-    check_workers(args.workers)
-    configure_engine(args.scheduler, args.workers, args.dashboard)
-    open_out_dir(args.out, "sweep", resume=True)
-    table = run_sweep(config_path(args.config), args.grid, args.out, overrides=args.overrides,
-                      scheduler=args.scheduler, workers=args.workers)
-    finish(args.out)
-    print(sweep_text(table, config_path(args.config), args.grid, overrides=args.overrides))
-    print(f"wrote {args.out}/ (sweep.csv, sweep.parquet, sweep.yaml, points/)")
-    return 0
-
-
-def register_scaling(studies: argparse._SubParsersAction) -> None:
-    p = studies.add_parser("scaling", help="the planner's best plan at each GPU count; TFLOPS/GPU, MFU, efficiency")
-    p.add_argument("model", help="model preset, model YAML or HF config.json")
-    p.add_argument("--gpus", required=True, help="GPU counts, e.g. 64,128,256,512,1024")
-    mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--strong", action="store_true", help="the same model and --global-batch at every count")
-    mode.add_argument("--weak", metavar="model.KEY=V1,V2,...",
-                      help="one model value per count, e.g. model.num_experts=16,32,64,128,256")
-    p.add_argument("--global-batch", type=int, help="strong scaling: sequences per step")
-    p.add_argument("--sequences-per-gpu", type=int, default=4, help="weak scaling: sequences per GPU (default 4)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
-    add_machine_args(p)
-    p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
-                   help="as plan's --fix, at every GPU count")
-    p.add_argument("--top", type=int, default=4, help="plans simulated per point (default 4; 0: estimate only)")
-    p.add_argument("--ep-domain", choices=DOMAINS, default="switch")
-    add_engine_args(p)
-    p.add_argument("--out", type=Path, required=True)
-    p.set_defaults(func=cmd_study_scaling)
-
-
-def cmd_study_scaling(args: argparse.Namespace) -> int:
-    from piper_sim.planning.scaling import parse_counts, run_scaling, scaling_requests, scaling_text
-
-    counts = parse_counts(args.gpus)
-    check_workers(args.workers)
-    if args.strong and (args.global_batch is None or args.global_batch <= 0):
-        raise ConfigError("--global-batch", args.global_batch, "a positive number of sequences (strong scaling)")
-    if args.top < 0:
-        raise ConfigError("--top", args.top, "0 (estimate only) or a positive integer")
-    fixed, settings = split_settings(parse_fixes(args.fix))
-    base = PlanRequest(model=args.model, num_gpus=counts[0], global_batch=args.global_batch or 1,
-                       topology=args.topology, profile=args.profile, seq_len=args.seq_len,
-                       allow_device_mismatch=args.allow_device_mismatch,
-                       fixed=fixed, top_k=args.top, domain=args.ep_domain, **settings)
-    check_machine(base)
-    say_space_notes(base)
-    requests = scaling_requests(base, counts, weak=args.weak, sequences_per_gpu=args.sequences_per_gpu)
-    configure_engine(args.scheduler, args.workers, args.dashboard)
-    open_out_dir(args.out, "study scaling", resume=True)
-    table = run_scaling(requests, args.out, weak=args.weak is not None, scheduler=args.scheduler,
-                        workers=args.workers)
-    finish(args.out)
-    print(scaling_text(table))
-    print(f"wrote {args.out}/ (scaling.csv, scaling.png, store/)")
-    return 0

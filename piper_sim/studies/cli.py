@@ -1,7 +1,9 @@
-"""`piper-sim study all-to-all | collective | imbalance`: the command-line front of piper_sim.studies.
+"""`piper-sim study all-to-all | collective | imbalance | scaling` and `piper-sim sweep`: the command-line front of
+piper_sim.studies.
 
-Registered by piper_sim.cli.build_parser. Writes only under --out: study.csv, link_kinds.csv, study.yaml (the spec),
-and the plots (all-to-all: bandwidth.png, speedup.png, link_kinds.png, tables.md; collective: bandwidth.png).
+Registered by piper_sim.cli.build_parser. Writes only under --out. The collective studies write study.csv,
+link_kinds.csv, study.yaml (the spec) and the plots (all-to-all: bandwidth.png, speedup.png, link_kinds.png,
+tables.md; collective: bandwidth.png).
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ import yaml
 from piper_sim.config import apply_overrides, read_config_file
 from piper_sim.errors import ConfigError
 from piper_sim.paths import config_path
-from piper_sim.planning.cli import register_scaling
+from piper_sim.planning.cli import add_machine_args, check_machine, say_space_notes
+from piper_sim.planning.planner import DOMAINS, PlanRequest
+from piper_sim.planning.space import parse_fixes, split_settings
+from piper_sim.points.cli import add_engine_args
+from piper_sim.points.dask_runner import check_workers, configure_engine
 from piper_sim.rundir import finish, open_out_dir
 from piper_sim.studies.model_size import moe_buffer, size_label
 from piper_sim.yamlio import parse_yaml
@@ -228,3 +234,83 @@ def parse_csv(text: str, key: str) -> list[str]:
         raise ConfigError(key, text, "comma-separated finite numbers")
     return [str(x) for x in numbers]
 
+
+
+
+def register_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="simulate a config over a grid of config keys (on Dask, resumable)")
+    p.add_argument("config", help="YAML config or a shipped example name")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="a config key and its values, e.g. --grid parallel.pp=2,4,8 (repeatable: the product)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a base config value (repeatable)")
+    add_engine_args(p)
+    p.add_argument("--out", type=Path, required=True, help="output directory (sweep.csv, sweep.parquet, points/)")
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from piper_sim.studies.config_sweep import run_sweep, sweep_text  # pandas: not for --help
+
+    check_workers(args.workers)
+    configure_engine(args.scheduler, args.workers, args.dashboard)
+    open_out_dir(args.out, "sweep", resume=True)
+    table = run_sweep(config_path(args.config), args.grid, args.out, overrides=args.overrides,
+                      scheduler=args.scheduler, workers=args.workers)
+    finish(args.out)
+    print(sweep_text(table, config_path(args.config), args.grid, overrides=args.overrides))
+    print(f"wrote {args.out}/ (sweep.csv, sweep.parquet, sweep.yaml, points/)")
+    return 0
+
+
+def register_scaling(studies: argparse._SubParsersAction) -> None:
+    p = studies.add_parser("scaling", help="the planner's best plan at each GPU count; TFLOPS/GPU, MFU, efficiency")
+    p.add_argument("model", help="model preset, model YAML or HF config.json")
+    p.add_argument("--gpus", required=True, help="GPU counts, e.g. 64,128,256,512,1024")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--strong", action="store_true", help="the same model and --global-batch at every count")
+    mode.add_argument("--weak", metavar="model.KEY=V1,V2,...",
+                      help="one model value per count, e.g. model.num_experts=16,32,64,128,256")
+    p.add_argument("--global-batch", type=int, help="strong scaling: sequences per step")
+    p.add_argument("--sequences-per-gpu", type=int, default=4, help="weak scaling: sequences per GPU (default 4)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's)")
+    add_machine_args(p)
+    p.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE[,VALUE...]",
+                   help="as plan's --fix, at every GPU count")
+    p.add_argument("--top", type=int, default=4, help="plans simulated per point (default 4; 0: estimate only)")
+    p.add_argument("--ep-domain", choices=DOMAINS, default="switch")
+    add_engine_args(p)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_study_scaling)
+
+
+def cmd_study_scaling(args: argparse.Namespace) -> int:
+    from piper_sim.studies.scaling import (  # matplotlib, pandas: not for --help
+        parse_counts,
+        run_scaling,
+        scaling_requests,
+        scaling_text,
+    )
+
+    counts = parse_counts(args.gpus)
+    check_workers(args.workers)
+    if args.strong and (args.global_batch is None or args.global_batch <= 0):
+        raise ConfigError("--global-batch", args.global_batch, "a positive number of sequences (strong scaling)")
+    if args.top < 0:
+        raise ConfigError("--top", args.top, "0 (estimate only) or a positive integer")
+    fixed, settings = split_settings(parse_fixes(args.fix))
+    base = PlanRequest(model=args.model, num_gpus=counts[0], global_batch=args.global_batch or 1,
+                       topology=args.topology, profile=args.profile, seq_len=args.seq_len,
+                       allow_device_mismatch=args.allow_device_mismatch,
+                       fixed=fixed, top_k=args.top, domain=args.ep_domain, **settings)
+    check_machine(base)
+    say_space_notes(base)
+    requests = scaling_requests(base, counts, weak=args.weak, sequences_per_gpu=args.sequences_per_gpu)
+    configure_engine(args.scheduler, args.workers, args.dashboard)
+    open_out_dir(args.out, "study scaling", resume=True)
+    table = run_scaling(requests, args.out, weak=args.weak is not None, scheduler=args.scheduler,
+                        workers=args.workers)
+    finish(args.out)
+    print(scaling_text(table))
+    print(f"wrote {args.out}/ (scaling.csv, scaling.png, store/)")
+    return 0

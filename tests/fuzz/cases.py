@@ -408,8 +408,8 @@ def _sweep_point(grid: str) -> tuple[str, str]:
     holds)."""
     from piper_sim.config import read_config_file
     from piper_sim.paths import config_path
-    from piper_sim.planning.sweep import parse_grid, sweep_points
     from piper_sim.points.keys import keyed_point
+    from piper_sim.studies.config_sweep import parse_grid, sweep_points
 
     (_, resolved), = sweep_points(read_config_file(config_path("tiny-moe")), parse_grid([grid]))
     point = keyed_point({"config": resolved})

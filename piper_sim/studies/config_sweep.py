@@ -2,7 +2,7 @@
 
 Owns expanding the grid (the cartesian product, in the order the keys are given), resolving every point
 before anything runs (a bad value names its key at once), the table, and sweep.yaml (the base, the grid and
-how many points this run reused, found stale and computed). Points run on the planner's engine and store: each
+how many points this run reused, found stale and computed). Points run on piper_sim.points' runner and store: each
 keyed by points.keys.point_key, written as it finishes, not recomputed while its key holds.
 Must not import torch.
 """
