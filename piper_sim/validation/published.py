@@ -185,8 +185,8 @@ def _simulated(cfg) -> dict:
 
 
 def _estimated(cfg) -> dict:
-    from piper_sim.planning.budget import estimate_budget
     from piper_sim.planning.estimate import config_estimator, estimate_config
+    from piper_sim.planning.estimate_budget import estimate_budget
 
     built = config_estimator(cfg)  # the machine built once for the estimate, its memory and its budget
     estimate, fits = estimate_config(cfg, built)
@@ -217,7 +217,7 @@ def format_breakdowns(table: pd.DataFrame) -> str:
 def budget_table(scores: list[dict]) -> pd.DataFrame:
     """Per run: the measured and predicted step, what the prediction misses (measured - predicted), and the
     predicted step split into its terms (seconds; the estimate tier splits compute by cost term, the DES tier
-    gives one rank's step by what fills it: analysis/budget.py, planning/budget.py)."""
+    gives one rank's step by what fills it: analysis/budget.py, planning/estimate_budget.py)."""
     import pandas as pd
 
     return pd.DataFrame([{"name": s["name"], "tier": s["tier"], "measured_step_s": s["measured_step_s"],
