@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from piper_sim.torch_backend.context_parallel import ContextShard
+from piper_sim.torch_backend.context_parallel_attention import ContextShard
 from piper_sim.torch_backend.layers import apply_rope
 
 

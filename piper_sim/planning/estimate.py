@@ -29,7 +29,7 @@ from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Pha
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.migration.placement import contiguous_owners, dispatch
 from piper_sim.network import phase_delay_s
-from piper_sim.planning.context_parallel import ring_overlap_s
+from piper_sim.planning.context_parallel_estimate import ring_overlap_s
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.geometry import Geometry, geometry
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
@@ -182,7 +182,7 @@ class Estimator:
             fs, ff = coster.cost(kinds[0], seg.ops, rows)
             bs, bf = coster.cost(kinds[1], seg.ops, rows)
             ws, wf = coster.cost(kinds[2], seg.ops, rows) if zb else (0.0, 0.0)
-            if seg.ring:  # the attention's K/V ring beside it (planning/context_parallel.py)
+            if seg.ring:  # the attention's K/V ring beside it (planning/context_parallel_estimate.py)
                 ring = ring_overlap_s(self, coster, fs, True) - fs, ring_overlap_s(self, coster, bs, False) - bs
                 fs, bs = fs + ring[0], bs + ring[1]
                 if terms is not None:

@@ -23,7 +23,7 @@ from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.config import RECOMPUTE_MODES, TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, ZERO_STAGES
 from piper_sim.errors import ConfigError
-from piper_sim.planning.context_parallel import cp_degrees
+from piper_sim.planning.context_parallel_estimate import cp_degrees
 from piper_sim.workload.fsdp import hsdp_replicate
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, tensor_split_widths

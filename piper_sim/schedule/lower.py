@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from piper_sim.schedule.context_parallel import ring_tasks
 from piper_sim.schedule.fsdp import gathering_passes, shard_axes, unit_runs, with_gathers
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
+from piper_sim.schedule.lower_context_parallel import ring_tasks
 from piper_sim.workload.fsdp import unit_classes
 from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
@@ -37,7 +37,7 @@ class Segment:
     """A piece of a chunk's forward: compute ops, an all-to-all of one MoE layer, or a tensor-parallel
     collective (tp: its kind in the forward and in the backward, "" where that pass has none). ring: compute
     (a layer's attention) beside which the context-parallel ring passes keys and values
-    (schedule/context_parallel.py)."""
+    (schedule/lower_context_parallel.py)."""
 
     ops: tuple[str, ...] = ()
     expert: bool = False

@@ -23,7 +23,7 @@ on h and its gradient (tp_tasks.py). The layout (Schedule.stages) says which chu
 head, and where a chunk hands its output to the next on the same rank (DualPipeV's turn). ZeRO-3: the units'
 gathers and reduce-scatters are issued async and waited for by the tasks that depend on them, and a unit is freed
 after its last compute task of a pass (fsdp.py). Context parallelism: the rank's chunks of each sequence, the
-attention running the ring tasks' K/V collectives, recorded as those tasks' rows (context_parallel.py).
+attention running the ring tasks' K/V collectives, recorded as those tasks' rows (context_parallel_attention.py).
 Only piper_sim.torch_backend may import torch.
 """
 
@@ -44,7 +44,7 @@ from piper_sim.workload.parallel import TensorSplit
 from .activations import ActivationMeter
 from .all_to_all import prepare_groups
 from .comm_tasks import CommunicationTasks
-from .context_parallel import ContextShard
+from .context_parallel_attention import ContextShard
 from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
 from .migrate import ExpertMigration
@@ -106,7 +106,7 @@ class Executor(CommunicationTasks):
             for op in ops:
                 if op.startswith("attn_core:"):
                     self.modules[c].layers[op.partition(":")[2]].attn.selective = True
-        self.context = None  # context parallelism (context_parallel.py): the rank's chunks, K/V over the CP group
+        self.context = None  # context parallelism (context_parallel_attention.py): the rank's chunks, CP group's K/V
         if self.mesh.cp > 1:
             self.context = ContextShard(self.mesh.cp, self.coords["cp"],
                                         DEFAULT_GROUPS.get(self.mesh.group(rank, "cp")))
@@ -200,7 +200,7 @@ class Executor(CommunicationTasks):
         if task.kind in ("send", "recv"):
             self._post_p2p(task)
             return 0.0, 0.0
-        if task.role == "cp":  # run by the attention task after it (context_parallel.py), recorded then
+        if task.role == "cp":  # run by the attention task after it (context_parallel_attention.py), recorded then
             self.ring.append(task)
             return 0.0, 0.0
         if task.nonblocking and self.fsdp is not None:

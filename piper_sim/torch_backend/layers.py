@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from piper_sim.workload.model import ModelSpec
 
-from .context_parallel import RingAttention
+from .context_parallel_attention import RingAttention
 from .tensor_parallel import NO_SHARD, TensorShard
 
 NORM_EPS = 1e-6
@@ -186,7 +186,7 @@ class Attention(nn.Module):
         self.wv = _param(self.kv_heads * hd, d, device=device, dtype=dtype)
         self.wo = _param(d, self.num_heads * hd, device=device, dtype=dtype)
         self.selective = False  # selective recomputation of the core (set by the executor from its schedule)
-        self.context = None  # context parallelism: the rank's context_parallel.ContextShard (set by the executor)
+        self.context = None  # CP: the rank's context_parallel_attention.ContextShard (set by the executor)
 
     def _heads(self, x: Tensor, weight: Tensor, heads: int) -> Tensor:
         """(batch, seq, heads, head_dim), token-major."""
@@ -200,7 +200,7 @@ class Attention(nn.Module):
         q = apply_rope(self._heads(x, self.wq, self.num_heads), where).transpose(1, 2)
         k = apply_rope(self._heads(x, self.wk, self.kv_heads), where).transpose(1, 2)
         v = self._heads(x, self.wv, self.kv_heads).transpose(1, 2)
-        if self.context is not None:  # the whole sequence's K/V gathered over the CP group (context_parallel.py)
+        if self.context is not None:  # the whole sequence's K/V gathered over CP (context_parallel_attention.py)
             out = RingAttention.apply(q, k, v, self.context)
             return linear(out.transpose(1, 2).reshape(b, s, -1), self.wo)
         if self.kv_heads != self.num_heads:
