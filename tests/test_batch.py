@@ -1,4 +1,4 @@
-"""Flow sets that start at one instant enter the network together (FlowNetwork(batch=True), sim/batch.py): those
+"""Flow sets that start at one instant enter the network together (FlowNetwork(batch=True), network/batch.py): those
 that share links as one set of parts. Every flow ends when the unbatched network and an event simulation solving
 from zero say, and every set's event fires at its own last flow's end."""
 
