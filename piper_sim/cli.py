@@ -36,6 +36,7 @@ with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one
     from piper_sim.studies.cli import register_sweep
     from piper_sim.version import __version__
     from piper_sim.workload.presets import list_presets, load_model
+    from piper_sim.workload.task_kinds import TaskKind
 
 
 def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
@@ -155,7 +156,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         print(f"{schedule.name}: pp {schedule.pp}, vpp {schedule.vpp}, {schedule.num_microbatches} microbatches, "
               f"{schedule.num_tasks()} tasks over {schedule.mesh.num_ranks} ranks (validated, no deadlock)")
         print(render_grid(build_coarse_schedule(cfg), max_width=args.width,
-                          durations={"forward": 1, "backward": 2, "backward_input": 1, "backward_weight": 1}))
+                          durations={TaskKind.FORWARD: 1, TaskKind.BACKWARD: 2, TaskKind.BACKWARD_INPUT: 1,
+                                     TaskKind.BACKWARD_WEIGHT: 1}))
         return 0
     if args.out.suffix == ".json":
         args.out.write_text(schedule_to_json(schedule))

@@ -37,6 +37,7 @@ from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes
 from piper_sim.workload.profile_load import load_profiles
+from piper_sim.workload.task_kinds import Role
 
 GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
 # the progress line: simulated seconds reached, out of the expected ones where known (index: no expected total)
@@ -128,7 +129,7 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
         guard.check()
     links = link_table(topo, records.link_bytes, float(trace["end_s"].max() - trace["start_s"].min()))
     experts = sim.experts.summary()
-    migrate = trace[trace["role"] == "migrate"]
+    migrate = trace[trace["role"] == Role.MIGRATE]
     experts["migration"]["time_fraction"] = float(
         (migrate["end_s"] - migrate["start_s"]).sum() / max(len(trace["rank"].unique()), 1) / trace["end_s"].max())
     peaks = _per_stage_max(records.peak_memory_bytes, par.pp)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from piper_sim.workload.task_kinds import RECOMPUTE_KINDS
+from piper_sim.workload.task_kinds import P2P_KINDS, RECOMPUTE_KINDS, Role, Stream, TaskKind
 
 BUDGET_TERMS = ("compute", "recomputation", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "idle")
 _COMM_ORDER = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")  # which one an instant goes to when several run
@@ -24,23 +24,23 @@ def term_of(kind: str, role: str, stream: str) -> str:
     """The budget term of one task."""
     if kind in RECOMPUTE_KINDS:
         return "recomputation"
-    if kind == "optimizer":
+    if kind == TaskKind.OPTIMIZER:
         return "optimizer"
-    if role == "tp":
+    if role == Role.TP:
         return "tp_comm"
-    if role == "cp":  # the context-parallel K/V ring beside each attention
+    if role == Role.CP:  # the context-parallel K/V ring beside each attention
         return "cp_comm"
-    if stream == "compute":
+    if stream == Stream.COMPUTE:
         return "compute"
-    if kind in ("send", "recv"):
+    if kind in P2P_KINDS:
         return "pp_comm"
-    if kind == "all_to_all":
+    if kind == TaskKind.ALL_TO_ALL:
         return "ep_comm"
     return "dp_comm"
 
 
 def busiest_rank(df: pd.DataFrame) -> int:
-    compute = df[df["stream"] == "compute"]
+    compute = df[df["stream"] == Stream.COMPUTE]
     busy = (compute["end_s"] - compute["start_s"]).groupby(compute["rank"], observed=True).sum()
     top = busy.max()
     return int(min(r for r, b in busy.items() if b == top))

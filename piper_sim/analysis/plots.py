@@ -12,10 +12,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from piper_sim.analysis.style import color, legend_outside, seconds_scale, title  # noqa: E402
-from piper_sim.workload.task_kinds import TaskKind  # noqa: E402
+from piper_sim.workload.task_kinds import P2P_KINDS, TaskKind  # noqa: E402
 
 MAX_TIMELINE_RANKS = 64
-THIN_KINDS = ("send", "recv")
 
 
 def plot_timeline(df: pd.DataFrame, path: Path, what: str = "", context_line: str = "", track: str = "rank") -> None:
@@ -39,7 +38,7 @@ def timeline_figure(df: pd.DataFrame, what: str = "", context_line: str = "", tr
         rows = df[df[track] == rank]
         for kind, group in rows.groupby("kind", observed=True):
             bars = list(zip(group["start_s"] * factor, (group["end_s"] - group["start_s"]) * factor, strict=True))
-            thin = kind in THIN_KINDS
+            thin = kind in P2P_KINDS  # p2p as thin bars
             ax.broken_barh(bars, (y + (0.3 if thin else -0.4), 0.1 if thin else 0.7),
                            facecolors=color("kind", kind), label=str(kind))
     ax.set_yticks(range(len(ranks)), [f"r{r}" if track == "rank" else f"s{r}" for r in ranks])

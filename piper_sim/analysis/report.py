@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from piper_sim.workload.task_kinds import RECOMPUTE_KINDS
+from piper_sim.workload.task_kinds import RECOMPUTE_KINDS, Stream, TaskKind
 
 
 def union_length_by_rank(rank: np.ndarray, start: np.ndarray, end: np.ndarray, num_ranks: int) -> np.ndarray:
@@ -49,7 +49,7 @@ def step_times(df: pd.DataFrame) -> list[float]:
 
 
 def a2a_bandwidth(df: pd.DataFrame) -> float:
-    a2a = df[df["kind"] == "all_to_all"]
+    a2a = df[df["kind"] == TaskKind.ALL_TO_ALL]
     if a2a.empty:
         return 0.0
     calls = a2a.groupby(["step", "task_id", "peers"], observed=True).agg(
@@ -140,7 +140,7 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
     recompute = df["kind"].isin(sorted(RECOMPUTE_KINDS))
     model_flops = hardware_flops - float(df.loc[recompute, "flops"].sum()) / num_steps if recompute.any() \
         else hardware_flops
-    is_compute = (df["stream"] == "compute").to_numpy()
+    is_compute = (df["stream"] == Stream.COMPUTE).to_numpy()
     rank, end = df["rank"].to_numpy(), df["end_s"].to_numpy()
     start = np.maximum(df["start_s"].to_numpy(), begin_s)
     compute = np.flatnonzero(is_compute)

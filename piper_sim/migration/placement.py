@@ -16,6 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from piper_sim.errors import ConfigError
+from piper_sim.workload.task_kinds import Role
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -102,12 +103,12 @@ class Dispatch:
         """Per rank: rows of each expert it holds, ascending expert id."""
         return tuple(tuple(r[:n]) for r, n in zip(self.local_rows.tolist(), self.num_local.tolist(), strict=True))
 
-    def bytes_matrix(self, row_bytes: int, role: str = "dispatch") -> np.ndarray:
+    def bytes_matrix(self, row_bytes: int, role: str = Role.DISPATCH) -> np.ndarray:
         """[src, dst] bytes: dispatch sends rows to expert owners; combine is the transpose (results back)."""
-        if role not in ("dispatch", "combine"):
+        if role not in (Role.DISPATCH, Role.COMBINE):
             raise ValueError(f"role must be dispatch or combine, not {role!r}")
         matrix = self.rows * row_bytes
-        return matrix.T.copy() if role == "combine" else matrix
+        return matrix.T.copy() if role == Role.COMBINE else matrix
 
 
 def one_hot_owners(owners: np.ndarray, ep: int) -> np.ndarray:

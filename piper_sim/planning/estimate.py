@@ -53,6 +53,9 @@ from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.profile import DeviceProfile
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
+from piper_sim.workload.task_kinds import Role, TaskKind
+
+K = TaskKind
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,12 +176,12 @@ class Estimator:
                     terms["tp_comm"] = terms.get("tp_comm", 0.0) + forward + backward
                 continue
             if seg.role:
-                moe += seg.role == "dispatch"
+                moe += seg.role == Role.DISPATCH
                 continue
             rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
-            kinds = ("forward_expert" if seg.expert else "forward",
-                     *(("backward_expert_input" if seg.expert else "backward_input", "backward_weight") if zb
-                       else ("backward_expert" if seg.expert else "backward",)))
+            kinds = (K.FORWARD_EXPERT if seg.expert else K.FORWARD,
+                     *((K.BACKWARD_EXPERT_INPUT if seg.expert else K.BACKWARD_INPUT, K.BACKWARD_WEIGHT) if zb
+                       else (K.BACKWARD_EXPERT if seg.expert else K.BACKWARD,)))
             fs, ff = coster.cost(kinds[0], seg.ops, rows)
             bs, bf = coster.cost(kinds[1], seg.ops, rows)
             ws, wf = coster.cost(kinds[2], seg.ops, rows) if zb else (0.0, 0.0)
@@ -209,10 +212,10 @@ class Estimator:
                 seconds += self._tp_s(seg.tp[0], coster)
                 continue
             if seg.role:
-                moe += seg.role == "dispatch"
+                moe += seg.role == Role.DISPATCH
                 continue
             rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
-            redo = coster.cost("recompute_expert" if seg.expert else "recompute", seg.ops, rows)[0]
+            redo = coster.cost(K.RECOMPUTE_EXPERT if seg.expert else K.RECOMPUTE, seg.ops, rows)[0]
             seconds += ring_overlap_s(self, coster, redo, True) if seg.ring else redo
         return seconds, moe
 
@@ -227,7 +230,7 @@ class Estimator:
             return 0.0
         split = coster.split
         size = coster.tokens * self.model.d_model * self.model.dtype_bytes
-        registry = {"all_reduce": ALL_REDUCE, "reduce_scatter": REDUCE_SCATTER, "all_gather": ALL_GATHER}[kind]
+        registry = {K.ALL_REDUCE: ALL_REDUCE, K.REDUCE_SCATTER: REDUCE_SCATTER, K.ALL_GATHER: ALL_GATHER}[kind]
         gpus = tuple(self.gpus[:split.tp])
         return self._cached(("tp", kind, split.tp, size), lambda: self.phases_s(
             registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), gpus))

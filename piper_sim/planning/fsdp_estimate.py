@@ -14,6 +14,7 @@ from piper_sim.collectives.algorithms import ALL_REDUCE
 from piper_sim.collectives.sharded import REDUCE_SCATTER
 from piper_sim.planning.resource import coarse_programs
 from piper_sim.schedule.fsdp import gathering_passes
+from piper_sim.workload.task_kinds import TaskKind
 
 
 def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: int, chunk: int,
@@ -36,11 +37,11 @@ def _no_reshard_shares(schedule: str, pp: int, vpp: int, microbatches: int
         gathering = gathering_passes(program, reshard_after_forward=False)
         counts: dict[tuple[int, str], int] = {}
         for task in program:
-            if task.task_id in gathering and task.kind in ("forward", "backward"):
+            if task.task_id in gathering and task.kind in (TaskKind.FORWARD, TaskKind.BACKWARD):
                 counts[task.chunk, task.kind] = counts.get((task.chunk, task.kind), 0) + 1
         for chunk in range(vpp):
-            shares[stage, chunk] = (counts.get((chunk, "forward"), 0) / microbatches,
-                                    counts.get((chunk, "backward"), 0) / microbatches)
+            shares[stage, chunk] = (counts.get((chunk, TaskKind.FORWARD), 0) / microbatches,
+                                    counts.get((chunk, TaskKind.BACKWARD), 0) / microbatches)
     return shares
 
 

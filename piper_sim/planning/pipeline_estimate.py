@@ -13,6 +13,7 @@ from piper_sim.planning.space import PlanPoint
 from piper_sim.schedule.dryrun import CoarseOrder, coarse_order, replay
 from piper_sim.schedule.ir import VirtualStages
 from piper_sim.schedule.registry import SCHEDULES, schedule_layout
+from piper_sim.workload.task_kinds import TaskKind
 
 SPLIT_BACKWARD = frozenset({"zb-h1", "dualpipe", "dualpipe-v"})  # backward = input pass + weight pass
 DRY_RUN_PRICED = frozenset({"dualpipe", "dualpipe-v"})  # no closed form in the execution contract's terms
@@ -30,7 +31,7 @@ def _dry_run_bubble_s(schedule: str, pp: int, vpp: int, f: float, b: float, w: f
     add only work (tests/test_dualpipe.py checks it against the full dry run). The dry run's walk is one per
     schedule shape (_bubble_order), replayed with these times."""
     m = 2 * pp
-    durations = {"forward": f, "backward": b, "backward_input": b, "backward_weight": w}
+    durations = {TaskKind.FORWARD: f, TaskKind.BACKWARD: b, TaskKind.BACKWARD_INPUT: b, TaskKind.BACKWARD_WEIGHT: w}
     makespan = max(replay(_bubble_order(schedule, pp, vpp), durations)[1], default=0)
     return makespan - m * _chunks_per_microbatch(schedule, pp, vpp) * (f + b + w)
 

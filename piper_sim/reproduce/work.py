@@ -31,6 +31,7 @@ from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.task_kinds import Role, TaskKind
 
 
 def run_point(payload: dict) -> dict:
@@ -101,7 +102,7 @@ def _estimate(payload: dict) -> dict:
 
 def _a2a_fraction(trace, report) -> float:
     """Share of a rank's step time in MoE all-to-alls (dispatch and combine), averaged over ranks."""
-    rows = trace[(trace["kind"] == "all_to_all") & trace["role"].isin(["dispatch", "combine"])]
+    rows = trace[(trace["kind"] == TaskKind.ALL_TO_ALL) & trace["role"].isin([Role.DISPATCH, Role.COMBINE])]
     busy = float((rows["end_s"] - rows["start_s"]).sum())
     return busy / (report.num_gpus * report.num_steps * report.step_time_s)
 

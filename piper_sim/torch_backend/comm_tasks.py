@@ -13,6 +13,7 @@ from torch import Tensor
 
 from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Task
+from piper_sim.workload.task_kinds import Role, TaskKind
 
 from .all_to_all import all_to_all, dispatch_rows
 from .model import State
@@ -35,7 +36,7 @@ class CommunicationTasks:
         if seg.a2a is None:
             raise PiperError(f"task {task.task_id}: expected an all-to-all record, found a compute segment")
         a2a = seg.a2a
-        forward_dispatch = a2a["role"] == "dispatch"
+        forward_dispatch = a2a["role"] == Role.DISPATCH
         grad_key, out_key = ("recv_rows", "send_rows") if forward_dispatch else ("combined_rows", "return_rows")
         grad = ms.pending.pop(grad_key, None)
         if grad is None:
@@ -48,12 +49,12 @@ class CommunicationTasks:
     def _a2a_forward(self, task: Task, state: State, group: tuple[int, ...], segments: list[Segment], *,
                      redo: bool = False) -> float:
         """The forward exchange on state; its record goes on segments (redo: a stand-in for the recomputed one)."""
-        if task.role == "dispatch":
+        if task.role == Role.DISPATCH:
             splits = list(state["send_splits"])
             rows, ids, recv_splits = dispatch_rows(state["send_rows"], state["send_expert_ids"], splits, group,
                                                    self.node_of, self.algorithm, halo=self.halo)
             state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids)
-            record = {"role": "dispatch", "send_splits": splits, "recv_splits": recv_splits}
+            record = {"role": Role.DISPATCH, "send_splits": splits, "recv_splits": recv_splits}
             sent = state["send_rows"]
             nbytes = (sum(splits) - splits[group.index(self.rank)]) * sent.shape[1] * sent.element_size()
         else:
@@ -61,7 +62,7 @@ class CommunicationTasks:
             rows, back = all_to_all(state["return_rows"].detach(), splits, group, self.node_of, self.algorithm,
                                     halo=self.halo)
             state["combined_rows"] = rows.requires_grad_(True)
-            record = {"role": "combine", "send_splits": splits, "recv_splits": back}
+            record = {"role": Role.COMBINE, "send_splits": splits, "recv_splits": back}
             nbytes = (sum(splits) - splits[group.index(self.rank)]) * rows.shape[1] * rows.element_size()
         segments.append(Segment(a2a=record, redo=redo))
         return float(nbytes)
@@ -84,8 +85,8 @@ class CommunicationTasks:
     def _post_p2p(self, task: Task) -> None:
         ms = self._micro(task)
         start = time.perf_counter()
-        if task.kind == "send":
-            tensor = ms.state["h"] if task.role == "act" else ms.pending.pop("h")
+        if task.kind == TaskKind.SEND:
+            tensor = ms.state["h"] if task.role == Role.ACT else ms.pending.pop("h")
             buffer = tensor.detach().contiguous()
         else:
             seq = self.model.seq_len // self.mesh.cp  # the rank's chunks of the sequence under CP
@@ -121,8 +122,8 @@ class CommunicationTasks:
         self.ring.clear()
 
     def _finish_p2p(self, task: Task, ms: MicroState, start: float, end: float, buffer: Tensor) -> None:
-        if task.kind == "recv":
-            if task.role == "act":
+        if task.kind == TaskKind.RECV:
+            if task.role == Role.ACT:
                 ms.state["h"] = buffer.requires_grad_(True)
             else:
                 ms.pending["h"] = buffer

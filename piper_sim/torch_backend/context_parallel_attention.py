@@ -25,6 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from piper_sim.workload.task_kinds import TaskKind
+
 
 class ContextShard:
     """A rank's index in its CP group of cp ranks (group: their process group)."""
@@ -54,7 +56,7 @@ class ContextShard:
         kv = torch.stack([k.detach(), v.detach()]).contiguous()
         two, b, h, s, d = kv.shape
         out = kv.new_empty((self.cp * two, b, h, s, d))  # by rank
-        self._timed("all_gather", float(out.numel() * out.element_size()),
+        self._timed(TaskKind.ALL_GATHER, float(out.numel() * out.element_size()),
                     lambda: dist.all_gather_into_tensor(out, kv, group=self.group))
         whole = out.view(self.cp, two, b, h, s, d).permute(1, 2, 3, 0, 4, 5).reshape(two, b, h, self.cp * s, d)
         return whole[0], whole[1]
@@ -65,7 +67,7 @@ class ContextShard:
         pieces = torch.stack([dk, dv]).reshape(2, b, h, self.cp, s // self.cp, d).permute(3, 0, 1, 2, 4, 5)
         pieces = pieces.reshape(self.cp * 2, b, h, s // self.cp, d)  # by rank
         out = pieces.new_empty((2, b, h, s // self.cp, d))
-        self._timed("reduce_scatter", float(pieces.numel() * pieces.element_size()),
+        self._timed(TaskKind.REDUCE_SCATTER, float(pieces.numel() * pieces.element_size()),
                     lambda: dist.reduce_scatter_tensor(out, pieces, group=self.group))
         return out[0], out[1]
 

@@ -40,6 +40,15 @@ from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.workload.flops import op_work
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import TensorSplit
+from piper_sim.workload.task_kinds import (
+    BACKWARD_INPUT_KINDS,
+    BACKWARD_KINDS,
+    FORWARD_KINDS,
+    P2P_KINDS,
+    RECOMPUTE_KINDS,
+    Role,
+    TaskKind,
+)
 
 from .activations import ActivationMeter
 from .all_to_all import prepare_groups
@@ -50,14 +59,10 @@ from .layers import DeferredWeightGrads
 from .migrate import ExpertMigration
 from .model import StageModule, State
 from .p2p import Transfers
-from .segments import RECOMPUTE_KINDS, MicroState, Segment, differentiable, leafify, recomputed_ops
+from .segments import MicroState, Segment, differentiable, leafify, recomputed_ops
 from .tensor_parallel import TensorShard
-from .tp_tasks import TensorParallelTasks
+from .tp_tasks import TP_KINDS, TensorParallelTasks
 from .train_state import TrainState
-
-FORWARD_KINDS = ("forward", "forward_expert")
-BACKWARD_KINDS = ("backward", "backward_expert", "backward_input", "backward_expert_input")
-SPLIT_BACKWARD = ("backward_input", "backward_expert_input")
 
 
 class Executor(CommunicationTasks):
@@ -93,7 +98,7 @@ class Executor(CommunicationTasks):
         self.tp = TensorParallelTasks(self.shard)
         self.split = TensorSplit(tp=self.mesh.tp, sp=sp, etp=self.mesh.etp, cp=self.mesh.cp)  # the rows' FLOPs
         # a split backward defers each linear's weight gradient to the W pass (layers.DeferredWeightGrads)
-        DeferredWeightGrads.enabled = any(t.kind in SPLIT_BACKWARD for t in self.program)
+        DeferredWeightGrads.enabled = any(t.kind in BACKWARD_INPUT_KINDS for t in self.program)
         self.stages = schedule.stages  # the layout: which chunks start and end a pipeline (DualPipe: two of each)
         self.modules: list[StageModule] = []
         for c in range(schedule.vpp):
@@ -191,29 +196,29 @@ class Executor(CommunicationTasks):
             return self._backward(task), 0.0
         if task.kind in RECOMPUTE_KINDS:
             return self._recompute(task), 0.0
-        if task.kind == "backward_weight":
+        if task.kind == TaskKind.BACKWARD_WEIGHT:
             return self._weight_pass(task), 0.0
-        if task.kind == "all_to_all" and task.role == "migrate" and self.migration is not None:
+        if task.kind == TaskKind.ALL_TO_ALL and task.role == Role.MIGRATE and self.migration is not None:
             return 0.0, self.migration.run(self.step, self.routing_rows)
-        if task.kind == "all_to_all" and task.role in ("dispatch", "combine"):
+        if task.kind == TaskKind.ALL_TO_ALL and task.role in (Role.DISPATCH, Role.COMBINE):
             return 0.0, self._all_to_all(task)
-        if task.kind in ("send", "recv"):
+        if task.kind in P2P_KINDS:
             self._post_p2p(task)
             return 0.0, 0.0
-        if task.role == "cp":  # run by the attention task after it (context_parallel_attention.py), recorded then
+        if task.role == Role.CP:  # run by the attention task after it (context_parallel_attention.py), recorded then
             self.ring.append(task)
             return 0.0, 0.0
         if task.nonblocking and self.fsdp is not None:
             self._issue_fsdp(task)
             return 0.0, 0.0
-        if task.role == "tp" and task.kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        if task.role == Role.TP and task.kind in TP_KINDS:
             return 0.0, self._tp_task(task)
-        if task.kind == "all_reduce":
+        if task.kind == TaskKind.ALL_REDUCE:
             return 0.0, self.train.all_reduce(task)
-        if task.kind == "optimizer":
+        if task.kind == TaskKind.OPTIMIZER:
             self._optimizer_step()
             return 0.0, 0.0
-        if task.kind in ("reduce_scatter", "all_gather"):
+        if task.kind in (TaskKind.REDUCE_SCATTER, TaskKind.ALL_GATHER):
             return 0.0, self.train.sharded_collective(task)
         raise PiperError(f"the torch backend cannot run task {task.task_id} (kind {task.kind}, role {task.role})")
 
@@ -379,8 +384,8 @@ class Executor(CommunicationTasks):
         self.tp.enter_backward(task.ops, ms.pending)
         pieces = [seg, ms.recomputed.pop()] if seg.redo else [seg]
         for piece in pieces:
-            self._backprop(piece, ms, split=task.kind in SPLIT_BACKWARD)
-        return (1.0 if task.kind in SPLIT_BACKWARD else 2.0) * sum(piece.flops for piece in pieces)
+            self._backprop(piece, ms, split=task.kind in BACKWARD_INPUT_KINDS)
+        return (1.0 if task.kind in BACKWARD_INPUT_KINDS else 2.0) * sum(piece.flops for piece in pieces)
 
     def _backprop(self, seg: Segment, ms: MicroState, *, split: bool) -> None:
         """The segment's outputs with their pending gradients back to its input leaves (pending by key)."""
@@ -418,7 +423,7 @@ class Executor(CommunicationTasks):
         """One trace row; cpu_s is the CPU time of the rank's main thread during a blocking task (NaN for a
         send/recv, which runs in the background)."""
         peers = ""
-        if task.kind in ("send", "recv"):
+        if task.kind in P2P_KINDS:
             peers = str(self.mesh.peer(self.rank, task.peer_stage))
         elif task.is_collective:
             group = self.mesh.group(self.rank, task.group_axis)

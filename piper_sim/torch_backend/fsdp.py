@@ -31,6 +31,7 @@ from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Task
 from piper_sim.workload.fsdp import NO_BLOCK
 from piper_sim.workload.mesh import Mesh
+from piper_sim.workload.task_kinds import FORWARD_KINDS, RECOMPUTE_KINDS, Role, TaskKind
 
 from .activations import ActivationMeter
 from .groups import DEFAULT_GROUPS
@@ -39,7 +40,7 @@ from .tensor_parallel import TensorShard
 from .zero import flatten, views
 
 UNIT_TASK = re.compile(r"^([FRB]):c(\d+):m(\d+):u(-?\d+):")
-COMPUTE_KINDS = ("forward", "forward_expert", "backward", "backward_expert", "recompute", "recompute_expert")
+UNIT_KINDS = FORWARD_KINDS | RECOMPUTE_KINDS | {TaskKind.BACKWARD, TaskKind.BACKWARD_EXPERT}  # a unit's passes
 # (the async work, what to do with its result once it has ended) or None when nothing moves
 Issued = tuple[dist.Work, Callable[[], None]] | None
 
@@ -170,9 +171,9 @@ class Fsdp:
         self.reshard_after_forward = reshard_after_forward
         axes: dict[tuple[int, int, str], dict[str, str]] = {}  # (chunk, unit, class) -> {"shard": axis, ...}
         for task in program:
-            if task.nonblocking and task.role != "cp":
+            if task.nonblocking and task.role != Role.CP:
                 key = (task.chunk, task.layer, task.role.partition("_")[2])
-                axes.setdefault(key, {})["replicate" if task.kind == "all_reduce" else "shard"] = task.group_axis
+                axes.setdefault(key, {})["replicate" if task.kind == TaskKind.ALL_REDUCE else "shard"] = task.group_axis
         members: dict[tuple[int, int, str], list[tuple[str, nn.Parameter]]] = {}
         for c, module in enumerate(modules):
             for name, p in sorted(module.named_parameters()):
@@ -193,7 +194,7 @@ class Fsdp:
         self.unit_of: dict[str, tuple[str, int, int]] = {}  # compute task -> (pass, chunk, unit)
         for task in program:
             match = UNIT_TASK.match(task.task_id)
-            if match and task.kind in COMPUTE_KINDS:
+            if match and task.kind in UNIT_KINDS:
                 pass_ = "F" if match[1] == "F" else "B"
                 c, m, u = int(match[2]), int(match[3]), int(match[4])
                 last[(pass_, c, m, u)] = task.task_id
@@ -217,9 +218,9 @@ class Fsdp:
         unit = self.units.get((task.chunk, task.layer, task.role.partition("_")[2]))
         if unit is None:
             raise PiperError(f"task {task.task_id}: no ZeRO-3 unit for it on this rank")
-        if task.kind == "all_gather":
+        if task.kind == TaskKind.ALL_GATHER:
             return unit.gather(), float(unit.nbytes)
-        if task.kind == "reduce_scatter":
+        if task.kind == TaskKind.REDUCE_SCATTER:
             return unit.reduce_scatter(task.microbatch), float(unit.nbytes)
         return unit.all_reduce(task.microbatch), float(unit.shard_numel * unit.flat.element_size())
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from piper_sim.schedule.ir import Task
+from piper_sim.workload.task_kinds import TaskKind
 
 # (task, its microbatch's state, posted at, ended at, the buffer sent or received)
 Finish = Callable[[Task, object, float, float, Tensor], None]
@@ -25,7 +26,7 @@ class Transfers:
         self.pending: dict[str, tuple] = {}  # task id -> (work, posted at, what to do when it has ended)
 
     def post(self, task: Task, micro: object, peer: int, buffer: Tensor, start: float) -> None:
-        if task.kind == "send":
+        if task.kind == TaskKind.SEND:
             work = dist.isend(buffer, dst=peer, tag=tag(task))
         else:
             work = dist.irecv(buffer, src=peer, tag=tag(task))

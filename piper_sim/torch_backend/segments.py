@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from piper_sim.schedule.ir import Task
+from piper_sim.workload.task_kinds import RECOMPUTE_KINDS, TaskKind
 
 from .model import StageModule, State
-
-RECOMPUTE_KINDS = ("recompute", "recompute_expert")
 
 
 @dataclass
@@ -67,6 +66,6 @@ def recomputed_ops(program: Sequence[Task]) -> dict[int, set[str]]:
     for task in program:
         if task.kind in RECOMPUTE_KINDS:
             redo.setdefault(task.chunk, set()).update(task.ops)
-        elif task.kind == "all_to_all" and task.task_id.startswith("R:"):
+        elif task.kind == TaskKind.ALL_TO_ALL and task.task_id.startswith("R:"):
             redo.setdefault(task.chunk, set()).add(f"{task.role}:{task.layer}")
     return redo

@@ -18,28 +18,30 @@ from collections.abc import Sequence
 import torch.distributed as dist
 from torch import Tensor
 
+from piper_sim.workload.task_kinds import TaskKind
+
 from .tensor_parallel import TensorShard
 
-TP_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+TP_KINDS = (TaskKind.ALL_REDUCE, TaskKind.REDUCE_SCATTER, TaskKind.ALL_GATHER)
 
 
 def sequence_collective(kind: str, x: Tensor, tp: int, group: dist.ProcessGroup) -> Tensor:
     """kind over the group on x (batch, seq, d), split or gathered along the sequence."""
-    if kind == "all_reduce":
+    if kind == TaskKind.ALL_REDUCE:
         out = x.detach().contiguous().clone()
         dist.all_reduce(out, group=group)
         return out
     b, s, d = x.shape
-    if kind == "reduce_scatter":
+    if kind == TaskKind.REDUCE_SCATTER:
         pieces = x.detach().reshape(b, tp, s // tp, d).transpose(0, 1).reshape(tp * b, s // tp, d)  # by rank
         out = x.new_empty((b, s // tp, d))
         dist.reduce_scatter_tensor(out, pieces, group=group)
         return out
-    if kind == "all_gather":
+    if kind == TaskKind.ALL_GATHER:
         gathered = x.new_empty((tp * b, s, d))  # by rank
         dist.all_gather_into_tensor(gathered, x.detach().contiguous(), group=group)
         return gathered.view(tp, b, s, d).transpose(0, 1).reshape(b, tp * s, d)
-    raise ValueError(f"no tensor-parallel collective {kind!r}; allowed: {TP_KINDS}")
+    raise ValueError(f"no tensor-parallel collective {kind!r}; allowed: {tuple(map(str, TP_KINDS))}")
 
 
 class TensorParallelTasks:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from piper_sim.schedule.ir import Task
 from piper_sim.workload.mesh import Mesh
+from piper_sim.workload.task_kinds import TaskKind
 
 from .activations import ActivationMeter
 from .fsdp import Fsdp
@@ -68,7 +69,7 @@ class TrainState:
         """ZeRO: each parameter kind the schedule reduce-scatters, sharded over that task's group."""
         groups = {}
         for task in self.program:
-            if task.kind != "reduce_scatter":
+            if task.kind != TaskKind.REDUCE_SCATTER:
                 continue
             kind = task.role.removeprefix("grad_")
             members = [(n, p) for n, p in named if self.shard.param_class(n) == kind]
@@ -99,11 +100,11 @@ class TrainState:
 
     def sharded_collective(self, task: Task) -> float:
         """ZeRO: a class's gradients reduce-scattered, or its updated shards all-gathered; bytes moved."""
-        kind = task.role.removeprefix("grad_" if task.kind == "reduce_scatter" else "param_")
+        kind = task.role.removeprefix("grad_" if task.kind == TaskKind.REDUCE_SCATTER else "param_")
         group = self.sharded.get(kind)
         if group is None:
             return 0.0
-        return group.reduce_scatter() if task.kind == "reduce_scatter" else group.all_gather()
+        return group.reduce_scatter() if task.kind == TaskKind.REDUCE_SCATTER else group.all_gather()
 
     def step(self, captured_grads: dict[str, Tensor] | None) -> None:
         """Adam on what this rank updates (whole parameters, or its ZeRO shards); then no gradient is left.

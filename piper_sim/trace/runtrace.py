@@ -21,6 +21,7 @@ import pandas as pd
 from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Schedule
 from piper_sim.workload.mesh import GROUP_AXES
+from piper_sim.workload.task_kinds import P2P_KINDS
 
 COLUMNS = ("step", "rank", "task_id", "kind", "stream", "microbatch", "chunk", "layer", "role", "peers",
            "start_s", "end_s", "bytes", "flops", "cpu_s")
@@ -46,7 +47,7 @@ def peer_codes(schedule: Schedule, stage: int) -> tuple[np.ndarray, list[str]]:
     size = {axis: len(mesh.group(0, axis)) for axis in AXES}
     codes = np.zeros((ranks.size, len(program)), dtype=np.int64)
     for i, task in enumerate(program):
-        if task.kind in ("send", "recv"):
+        if task.kind in P2P_KINDS:
             codes[:, i] = 1 + ranks + (task.peer_stage - stage) * (n_ranks // mesh.pp)
         elif task.is_collective:
             codes[:, i] = 1 + n_ranks + AXES.index(task.group_axis) * n_ranks + first[task.group_axis]

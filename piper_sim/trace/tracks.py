@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 
 from piper_sim.errors import ConfigError
+from piper_sim.workload.task_kinds import P2P_KINDS, Stream, TaskKind
 
-STREAM_TID = {"compute": 0, "p2p": 1, "collective": 2}
+STREAM_TID = {Stream.COMPUTE: 0, Stream.P2P: 1, Stream.COLLECTIVE: 2}
 DETAILS = {"auto": "one track per rank up to AGGREGATE_ROWS trace rows, one per pipeline stage beyond (the default)",
            "rank": "one track per rank and stream, whatever the size",
            "stage": "one track per pipeline stage and stream: each task's envelope over the stage's ranks"}
@@ -29,7 +30,6 @@ DETAILS = {"auto": "one track per rank up to AGGREGATE_ROWS trace rows, one per 
 # Perfetto's UI loads a JSON trace of about 1M events slowly; a 200k-row trace is about 38 MB
 AGGREGATE_ROWS = 200_000
 COUNTER_LINKS = 16  # the busiest links shown as utilization counters
-P2P_KINDS = ("send", "recv")
 
 
 def check_detail(detail: str) -> str:
@@ -167,7 +167,7 @@ def flow_pairs(events: pd.DataFrame) -> np.ndarray:
     if "role" not in events.columns or "microbatch" not in events.columns:
         return np.zeros((0, 2), dtype=np.int64)
     p2p = events[(events["peer_pid"] >= 0) & events["cat"].astype(str).isin(P2P_KINDS)]
-    send = p2p["cat"].astype(str).to_numpy() == "send"
+    send = p2p["cat"].astype(str).to_numpy() == TaskKind.SEND
     keys = pd.DataFrame({"pos": p2p.index.to_numpy(), "send": send, "ts": p2p["ts_us"].to_numpy(),
                          "step": p2p["step"].to_numpy(), "role": p2p["role"].to_numpy(),
                          "mb": p2p["microbatch"].to_numpy(),

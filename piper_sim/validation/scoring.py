@@ -24,6 +24,7 @@ from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import HostProfile
 from piper_sim.workload.profile_load import load_host_profile, load_profile
+from piper_sim.workload.task_kinds import P2P_KINDS
 
 
 def steady(df: pd.DataFrame) -> pd.DataFrame:
@@ -62,7 +63,7 @@ def issued_tasks(schedule: Schedule) -> frozenset[str]:
 
 def _per_rank_step(df: pd.DataFrame, values: pd.Series, issued: frozenset[str]) -> pd.Series:
     s = steady(df)
-    s = s[~s["kind"].isin(["send", "recv"]) & ~s["task_id"].isin(issued)]
+    s = s[~s["kind"].isin(sorted(P2P_KINDS)) & ~s["task_id"].isin(issued)]
     ranks_steps = s[["rank", "step"]].drop_duplicates().shape[0]
     v = values.loc[s.index]
     kind = s["kind"].astype(str)
