@@ -397,7 +397,7 @@ def test_an_ops_samples_pool_over_rounds_before_the_medians_are_taken():
 
 
 def test_cold_calls_time_each_call_after_flushing_the_caches():
-    from piper_sim.torch_backend.bench.plan import TimingPlan
+    from piper_sim.torch_backend.bench.calibration_inputs import TimingPlan
     from piper_sim.torch_backend.bench.timing import COLD_CALLS_PER_SAMPLE, cold_calls, last_level_cache_bytes
 
     assert last_level_cache_bytes() >= 1 << 20

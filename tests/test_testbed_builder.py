@@ -10,7 +10,7 @@ import yaml
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.testbed import netdev
-from piper_sim.testbed.plan import make_plan, plan_from_dict
+from piper_sim.testbed.cluster_plan import make_plan, plan_from_dict
 from piper_sim.topology.load import load_topology
 
 MBIT = 1e6 / 8

@@ -25,7 +25,7 @@ import yaml
 
 from piper_sim.calibrate import fit
 from piper_sim.calibrate.sweep import MICRO_MODEL, MICRO_SHAPES, TINY_OPS
-from piper_sim.torch_backend.bench.plan import COMM_BENCHES
+from piper_sim.torch_backend.bench.calibration_inputs import COMM_BENCHES
 from piper_sim.workload.profile_file import CPU
 
 MODEL_RANGE_MAX_BYTES = 4 * 2**20  # largest activation tensors of the shipped small presets are ~2 MiB

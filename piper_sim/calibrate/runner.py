@@ -22,7 +22,7 @@ from pathlib import Path
 from piper_sim.calibrate.profile import build_profile, write_profile
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
 from piper_sim.errors import PiperError
-from piper_sim.torch_backend.bench.plan import CalibrationJob
+from piper_sim.torch_backend.bench.calibration_inputs import CalibrationJob
 
 
 def _busy_core_s() -> float | None:

@@ -3,14 +3,14 @@
 Owns the choice of what is swept (GEMM (k, n) pairs and rows, expert FFN shapes, attention sequence lengths and
 head configurations, elementwise sizes, optimizer points, message sizes, the preset layers the framework benchmark
 builds); the records that carry it (Sweep, TimingPlan, the shapes) are the benchmarks' input types
-(piper_sim.torch_backend.bench.plan). Pure data: must not import torch.
+(piper_sim.torch_backend.bench.calibration_inputs). Pure data: must not import torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import fields
 
-from piper_sim.torch_backend.bench.plan import (
+from piper_sim.torch_backend.bench.calibration_inputs import (
     MICRO_MODEL,
     MICRO_SHAPES,
     AttentionShape,

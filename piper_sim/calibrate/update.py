@@ -1,13 +1,13 @@
 """`piper-sim calibrate --out PROFILE --benches KINDS`: measure some communication benchmarks alone and write them
 into an existing profile.
 
-Owns measuring only the listed communication benchmarks (torch_backend/bench/plan.COMM_BENCHES) on the profile's
-ranks and threads, and the profile they go into: its `measurements.network.local` series of those benchmarks
-replaced by the new ones (fitted as a full calibration fits them, profile.network_summary), everything else kept
-as it was (numbers, order, the comments of its top-level lines), and the run recorded in
+Owns measuring only the listed communication benchmarks (torch_backend/bench/calibration_inputs.COMM_BENCHES) on the
+profile's ranks and threads, and the profile they go into: its `measurements.network.local` series of those
+benchmarks replaced by the new ones (fitted as a full calibration fits them, profile.network_summary), everything
+else kept as it was (numbers, order, the comments of its top-level lines), and the run recorded in
 `measurements.network.separate_runs` (benchmarks, command, date, ranks, versions, load, foreign CPU share). A
-profile calibrated before a benchmark existed takes it this way without measuring everything again, which would
-move every other number with the machine's drift. Must not import torch (the benchmarks are loaded to measure).
+profile calibrated before a benchmark existed takes it this way without measuring everything again, which would move
+every other number with the machine's drift. Must not import torch (the benchmarks are loaded to measure).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from piper_sim.calibrate.profile import aggregate, network_summary, write_profil
 from piper_sim.calibrate.runner import _busy_core_s, _own_core_s, foreign_cpu_share
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
 from piper_sim.errors import ConfigError, PiperError
-from piper_sim.torch_backend.bench.plan import COMM_BENCHES, CalibrationJob
+from piper_sim.torch_backend.bench.calibration_inputs import COMM_BENCHES, CalibrationJob
 
 
 def check_benches(text: str) -> tuple[str, ...]:

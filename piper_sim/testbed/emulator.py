@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from piper_sim.testbed import netdev, processes
-from piper_sim.testbed.plan import (
+from piper_sim.testbed.cluster_plan import (
     DEFAULT_SUBNET,
     HostPlan,
     RankPlan,

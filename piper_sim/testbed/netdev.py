@@ -14,7 +14,7 @@ Delay modes:
 
 from __future__ import annotations
 
-from piper_sim.testbed.plan import LinkEnd, LinkPlan, Shaping, SwitchPlan
+from piper_sim.testbed.cluster_plan import LinkEnd, LinkPlan, Shaping, SwitchPlan
 from piper_sim.testbed.shell import TestbedError, run, try_run
 
 DELAY_MODES = ("auto", "netem", "tap", "none")

@@ -17,7 +17,7 @@ import torch
 
 from piper_sim.torch_backend.local_launch import run_local
 
-from .plan import TimingPlan
+from .calibration_inputs import TimingPlan
 from .runner import threads_per_rank
 from .stage_ops import CHECK_OPS, MICRO_BATCH_SIZE, measure_op, prepare_stage
 

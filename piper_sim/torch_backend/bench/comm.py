@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from .plan import COLLECTIVES, TimingPlan
+from .calibration_inputs import COLLECTIVES, TimingPlan
 from .timing import median_s, time_call
 
 Record = dict[str, object]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from piper_sim.torch_backend.layers import FFN, RMSNorm
 
-from .plan import MICRO_MODEL, Sweep, TimingPlan, layer_expert_counts
+from .calibration_inputs import MICRO_MODEL, Sweep, TimingPlan, layer_expert_counts
 from .stage_ops import CHECK_OPS, EXCHANGE_OPS, exchange_samples, op_samples, op_times, pool_samples, prepare_stage
 from .timing import Device, cold_calls, median_s, time_call
 

@@ -30,9 +30,9 @@ from piper_sim.torch_backend.local_launch import run_local
 from piper_sim.torch_backend.process_launch import launch_in_namespaces
 from piper_sim.version import __version__ as piper_version
 
+from .calibration_inputs import COLLECTIVES, CalibrationJob
 from .comm import group_sizes, run_comm
 from .compute import run_compute
-from .plan import COLLECTIVES, CalibrationJob
 from .sharing import bench_core_sharing
 from .sharing import num_items as core_sharing_items
 from .timing import pick_device

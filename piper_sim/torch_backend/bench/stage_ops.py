@@ -19,7 +19,7 @@ from piper_sim.torch_backend.model import StageModule
 from piper_sim.torch_backend.op_autograd import backward_op, forward_op
 from piper_sim.workload.presets import load_model
 
-from .plan import TimingPlan
+from .calibration_inputs import TimingPlan
 from .timing import cold_calls, median_s
 
 MICRO_BATCH_SIZE = 2  # examples/tiny-moe.yaml and examples/small-moe.yaml

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .plan import TimingPlan
+from .calibration_inputs import TimingPlan
 
 
 @dataclass(frozen=True, kw_only=True)
