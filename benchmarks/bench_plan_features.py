@@ -78,7 +78,7 @@ def main() -> None:
         base = load_config(baseline_config("x-moe-small", 256)[0])
         estimate, fits = estimate_config(base)
         par = base.parallel
-        print(f"  X-MoE's configuration pp1 ep{par.ep} dp{par.dp} z1 {base.all_to_all}: "
+        print(f"  X-MoE's configuration pp1 ep{par.ep} dp{par.dp} z1 {base.collectives.all_to_all}: "
               f"{estimate.tflops_per_gpu:.1f} TFLOPS/GCD, MFU "
               f"{100 * estimate.mfu:.1f}%, all-to-all {estimate.all_to_all_s:.2f} s of {estimate.step_time_s:.2f} s"
               f" ({'fits' if fits else 'does not fit'})")

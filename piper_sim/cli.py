@@ -69,6 +69,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from piper_sim.analysis.band import with_band
     from piper_sim.host_memory import MemoryGuard
+    from piper_sim.machine import build_machine  # networkx, numpy
     from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run  # not for --help
     from piper_sim.simulate import check_wall, simulate  # simpy, numpy
     from piper_sim.trace.tracks import check_detail
@@ -86,11 +87,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     schedule = build_schedule(cfg)
     work = check_wall(cfg, schedule, limit)
     print(f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
-          f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.all_to_all}): {work.text()} "
-          "expected ...", file=sys.stderr)
+          f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.collectives.all_to_all}): "
+          f"{work.text()} expected ...", file=sys.stderr)
     open_out_dir(args.out, "simulate")
-    result = simulate(cfg, schedule, progress=True, outputs=check_outputs(args.outputs), expected_s=_expected_s(cfg),
-                      max_wall_minutes=limit)
+    machine = build_machine(cfg)  # once, for the estimate and the simulation
+    result = simulate(cfg, schedule, machine=machine, progress=True, outputs=check_outputs(args.outputs),
+                      expected_s=_expected_s(cfg, machine), max_wall_minutes=limit)
     result = replace(result, report=with_band(result.report, cfg, "des"))
     # what the machine was built as and where the ranks went, where that can change the answer
     say_notes([f"topology {result.topology.name}: {note}" for note in result.topology.notes]
@@ -114,12 +116,12 @@ def written(out: Path, paths: dict[str, Path]) -> str:
     return ", ".join(sorted(str(p.relative_to(out)) for p in paths.values()))
 
 
-def _expected_s(cfg) -> float | None:
+def _expected_s(cfg, machine) -> float | None:
     """The total of simulate's progress line where it shows: the simulated seconds the estimator expects."""
     from piper_sim.planning.estimate_report import expected_run_s
     from piper_sim.progress import enabled
 
-    return expected_run_s(cfg) if enabled() else None
+    return expected_run_s(cfg, machine) if enabled() else None
 
 
 def _estimate(args: argparse.Namespace, cfg) -> int:
@@ -196,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     par = cfg.parallel
     open_out_dir(args.out, "run")
     print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
-          f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.all_to_all}) ...",
+          f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.collectives.all_to_all}) ...",
           file=sys.stderr)
     result = measure(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None), progress=True)
     if result is None:  # a torchrun rank other than 0: rank 0 writes the run

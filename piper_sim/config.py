@@ -1,7 +1,11 @@
 """The run configuration: one YAML file (or mapping) with the sections of the README's Configuration.
 
 Owns reading, `--set a.b=value` overrides, defaults, key checking and resolution of every
-section into specs. Unknown keys are errors naming the key. No I/O beyond reading the files named.
+section into specs, each built once here and kept on Config: the model, the parallel plan, the routing model
+(a replayed trace read here), the migration spec and the collective algorithms (checked against their registries).
+The topology, placement and cost profile stay references (a name, a path or a mapping) that
+piper_sim.machine.build_machine builds. Unknown keys are errors naming the key. No I/O beyond reading the files
+named. The raw sections are read here only: Config.raw is what resolved() writes back out.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from piper_sim.bounds import check_int_bounds
 from piper_sim.errors import ConfigError, one_of
@@ -22,6 +27,11 @@ from piper_sim.workload.precision import PRECISIONS
 from piper_sim.workload.presets import list_presets, load_model
 from piper_sim.workload.recompute import RECOMPUTE_MODULES, selective_modules
 from piper_sim.yamlio import parse_yaml, read_yaml
+
+if TYPE_CHECKING:  # numpy: built in resolve, not loaded by `piper-sim --help`
+    from piper_sim.collectives.algorithms import CollectiveChoice
+    from piper_sim.migration.controller import MigrationSpec
+    from piper_sim.routing.models import RoutingModel
 
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
             "cost", "sim", "recompute", "recompute_layers", "recompute_checkpoint_layers", "recompute_modules",
@@ -66,18 +76,18 @@ SECTION_TYPES = {
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    """A resolved configuration: specs plus the raw sections that later stages interpret."""
+    """A resolved configuration: every section built once (the machine's references stay as given: machine.py builds
+    them), and the raw sections resolved() writes back out."""
 
     model: ModelSpec
     parallel: ParallelSpec
     schedule: str
-    topology: str | dict
-    placement: str | list | dict
-    all_to_all: str
-    all_reduce: str
-    routing: dict
-    migration: dict
-    cost_profile: str | dict
+    topology: str | dict  # a preset name, a YAML path or a mapping (topology.load)
+    placement: str | list | dict  # a policy name, node indices or a mapping (topology.placement)
+    collectives: CollectiveChoice
+    routing: RoutingModel  # the `routing` section for the model's experts and the seed (a trace read once)
+    migration: MigrationSpec
+    cost_profile: str | dict  # a profile name, a YAML path or a mapping (workload.profile_load)
     flash_attention: bool
     steps: int
     seed: int
@@ -196,11 +206,12 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
         raise ConfigError("sim.trace_format", trace_format, "parquet or csv")
     if not isinstance(sim.get("collapse", True), bool):
         raise ConfigError("sim.collapse", sim["collapse"], "true or false")
-    from piper_sim.migration.controller import migration_from_config  # numpy: not loaded by `piper-sim --help`
+    from piper_sim.collectives.algorithms import collective_choice  # numpy: not loaded by `piper-sim --help`
+    from piper_sim.migration.controller import migration_from_config  # numpy
     from piper_sim.routing.models import routing_from_config  # numpy
 
-    migration_from_config(full["migration"])  # raises ConfigError naming migration.<key>
-    routing_from_config(full["routing"], model.num_experts, model.top_k, seed)
+    migration = migration_from_config(full["migration"])  # raises ConfigError naming migration.<key>
+    routing = routing_from_config(full["routing"], model.num_experts, model.top_k, seed)
     if not isinstance(full["schedule"], str):
         raise ConfigError("schedule", full["schedule"], "a schedule name")
     for flag in ("flash_attention", "allow_device_mismatch"):
@@ -213,6 +224,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
     full["cost"]["profile"] = choice.profile
     recompute, recompute_layers, zero = _plan_features(full, parallel)
     check_hsdp(parallel.dp_replicate, zero)
+    collectives = collective_choice(full["collectives"])  # raises ConfigError naming collectives.<key>
     return Config(
         model=model, parallel=parallel, recompute=recompute, recompute_layers=recompute_layers, zero=zero,
         reshard_after_forward=resolve_reshard(full["optimizer"].get("reshard_after_forward"), zero=zero,
@@ -221,8 +233,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
         recompute_modules=_recompute_modules(full.get("recompute_modules"), recompute, model),
         framework_reserve_bytes=_reserve_bytes(full["cost"].get("framework_reserve_GiB")),
         schedule=full["schedule"], topology=full["topology"],
-        placement=full["placement"], all_to_all=str(full["collectives"]["all_to_all"]),
-        all_reduce=str(full["collectives"]["all_reduce"]), routing=full["routing"], migration=full["migration"],
+        placement=full["placement"], collectives=collectives, routing=routing, migration=migration,
         cost_profile=full["cost"]["profile"], flash_attention=full["cost"]["flash_attention"], steps=steps,
         seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full, given=given,
         profile_reason=choice.reason, taken=taken,

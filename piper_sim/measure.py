@@ -12,11 +12,11 @@ from pathlib import Path
 from piper_sim.analysis.report import make_report
 from piper_sim.config import Config, for_devices
 from piper_sim.errors import ConfigError
+from piper_sim.machine import build_machine
 from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.trace.runtrace import normalize
-from piper_sim.workload.profile_load import load_profile
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 # a real run's first step pays one-time costs (allocation, first calls, connections): left out of its figures
@@ -56,7 +56,9 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
                           "the attention core only; simulate prices layernorm and moe_act)")
     schedule = schedule or build_schedule(cfg)
     par = cfg.parallel
-    launched = launch(cfg, schedule, work_dir, timeout_s=timeout_s, testbed=testbed, progress=progress)
+    machine = build_machine(cfg)  # the ranks' nodes, and the profile whose peak the MFU is over
+    launched = launch(cfg, schedule, work_dir, machine=machine, timeout_s=timeout_s, testbed=testbed,
+                      progress=progress)
     if launched is None:
         return None
     rows, losses, wall, memory, device = launched
@@ -66,7 +68,7 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     def per_stage_max(key: str) -> list[float]:
         return [float(max(m[key] for m in memory[p * per_stage:(p + 1) * per_stage])) for p in range(par.pp)]
 
-    profile = load_profile(cfg.cost_profile)
+    profile = machine.profile
     on_gpus = all(m.get("peak_device_bytes") is not None for m in memory)  # torch.cuda.max_memory_allocated
     report = make_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
                          tokens_per_step=par.sequences_per_step * cfg.model.seq_len,

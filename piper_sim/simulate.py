@@ -1,8 +1,8 @@
 """The simulator backend: a Config (and its lowered Schedule) to a RunResult.
 
-Owns the assembly of the simulator's inputs (topology, placement, device and host profiles, routing) around
-the SimPy engine, and the fallback to one lane per rank when lane members diverge; writes nothing
-(outputs.py writes a run's files).
+Owns running the SimPy engine on a config's built pieces (its Machine: machine.py; its settings: sim/settings.py),
+the checks a simulated run makes of its machine, and the fallback to one lane per rank when lane members diverge;
+writes nothing (outputs.py writes a run's files).
 """
 
 from __future__ import annotations
@@ -21,22 +21,21 @@ from piper_sim.analysis.report import make_report
 from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import Config
 from piper_sim.host_memory import MemoryGuard, RunMemory, available_memory_bytes, check_run_memory, estimate_run_memory
+from piper_sim.machine import Machine, build_machine
 from piper_sim.progress import bar as progress_bar
 from piper_sim.progress import restart, watch
 from piper_sim.result import RunResult, steps_frame
-from piper_sim.routing.models import routing_from_config
 from piper_sim.run_wall import RunWork, check_run_wall, duration_text, run_work
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Schedule
 from piper_sim.sim.engine import SimRecords, Simulation
 from piper_sim.sim.host import Asymmetry
-from piper_sim.topology.load import load_topology
-from piper_sim.topology.placement import check_tensor_groups, place
+from piper_sim.sim.settings import settings_of
+from piper_sim.topology.placement import check_tensor_groups
 from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes
-from piper_sim.workload.profile_load import load_profiles
 from piper_sim.workload.task_kinds import Role
 
 GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
@@ -60,10 +59,11 @@ def fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = False,
-             outputs: str | None = None, expected_s: float | None = None,
+def simulate(cfg: Config, schedule: Schedule | None = None, *, machine: Machine | None = None,
+             progress: bool = False, outputs: str | None = None, expected_s: float | None = None,
              max_wall_minutes: float | None = None) -> RunResult:
-    """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None);
+    """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None); machine:
+    its machine (build_machine(cfg) when None, after the wall-time check);
     progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds: the
     simulated time reached, out of expected_s (the simulated seconds the run is expected to reach, e.g. the
     estimator's steps x step time; None: no total and no ETA), and each restart of the run (lanes diverged);
@@ -72,41 +72,32 @@ def simulate(cfg: Config, schedule: Schedule | None = None, *, progress: bool = 
     expected to take longer on this machine is refused before it starts (run_wall.py; None: no limit); the estimate
     is stats["wall_estimate_s"], and the progress line shows it."""
     with fewer_collections():
-        return _simulate(cfg, schedule, progress, outputs, expected_s, max_wall_minutes)
+        return _simulate(cfg, schedule, machine, progress, outputs, expected_s, max_wall_minutes)
 
 
 def check_wall(cfg: Config, schedule: Schedule, max_wall_minutes: float | None) -> RunWork:
     """The run's expected wall time on this machine (run_wall.py); refused beyond max_wall_minutes (None: no limit)."""
-    skewed = not routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed).is_uniform
-    work = run_work(schedule, cfg.steps, skewed)
+    work = run_work(schedule, cfg.steps, not cfg.routing.is_uniform)
     check_run_wall(work, max_wall_minutes)
     return work
 
 
-def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: str | None,
+def _simulate(cfg: Config, schedule: Schedule | None, machine: Machine | None, progress: bool, outputs: str | None,
               expected_s: float | None, max_wall_minutes: float | None) -> RunResult:
     t0 = time.perf_counter()
     schedule = schedule or build_schedule(cfg)
     work = check_wall(cfg, schedule, max_wall_minutes)
     par = cfg.parallel
-    topo = load_topology(cfg.topology, par.num_gpus)
+    machine = machine or build_machine(cfg)
+    topo, profile = machine.topology, machine.profile
     check_collective_params(topo)
-    placement = place(topo, par.num_gpus, cfg.placement)
-    check_tensor_groups(topo, placement, par.tp)
-    profile, host_profile = load_profiles(cfg.cost_profile)
+    check_tensor_groups(topo, list(machine.placement), par.tp)
     coster = TaskCoster(cfg.model, profile, par.tokens_per_microbatch(cfg.model.seq_len), par.split,
                         cfg.flash_attention)
-    routing = routing_from_config(cfg.routing, cfg.model.num_experts, cfg.model.top_k, cfg.seed)
+    settings = settings_of(cfg)
 
     def simulation(collapse: bool, by_latency: bool = False) -> Simulation:
-        sim = Simulation(schedule=schedule, model=cfg.model, parallel=par, topology=topo, placement=placement,
-                          coster=coster, routing=routing, all_to_all=cfg.all_to_all, all_reduce=cfg.all_reduce,
-                          steps=cfg.steps, flash_attention=cfg.flash_attention, collapse=collapse,
-                          by_latency=by_latency, migration=cfg.migration, host_profile=host_profile,
-                          recompute=cfg.recompute, recompute_layers=cfg.recompute_layers, zero=cfg.zero,
-                          checkpoint_layers=cfg.recompute_checkpoint_layers,
-                          recompute_modules=cfg.recompute_modules,
-                          reshard_after_forward=cfg.reshard_after_forward)
+        sim = Simulation(schedule, machine, settings, coster, collapse, by_latency)
         sim.guard = guard
         return sim
 
@@ -151,7 +142,7 @@ def _simulate(cfg: Config, schedule: Schedule | None, progress: bool, outputs: s
              "num_broken": records.num_broken, "num_mirrored": records.num_mirrored,
              "host_memory_estimate_bytes": memory.total_bytes, "wall_estimate_s": work.wall_s}
     return RunResult(backend="sim", config=cfg, schedule=schedule, report=report, trace=trace,
-                     steps=steps_frame(report), topology=topo, placement=tuple(placement), links=links, stats=stats)
+                     steps=steps_frame(report), topology=topo, placement=machine.placement, links=links, stats=stats)
 
 
 def check_memory(tasks: int, links: int, pairs: int, cfg: Config, outputs: str | None) -> RunMemory:
@@ -211,10 +202,10 @@ class _CallableModule(types.ModuleType):
     """This module, callable as simulate(): `from piper_sim import simulate` then gives the function's behaviour
     whether or not the module was imported before (the package attribute `simulate` is this module)."""
 
-    def __call__(self, cfg: Config, schedule: Schedule | None = None, *, progress: bool = False,
-                 outputs: str | None = None, expected_s: float | None = None,
+    def __call__(self, cfg: Config, schedule: Schedule | None = None, *, machine: Machine | None = None,
+                 progress: bool = False, outputs: str | None = None, expected_s: float | None = None,
                  max_wall_minutes: float | None = None) -> RunResult:
-        return simulate(cfg, schedule, progress=progress, outputs=outputs, expected_s=expected_s,
+        return simulate(cfg, schedule, machine=machine, progress=progress, outputs=outputs, expected_s=expected_s,
                         max_wall_minutes=max_wall_minutes)
 
 

@@ -258,3 +258,99 @@ def test_the_analyser_sees_late_relative_and_submodule_imports(tmp_path):
     (pkg / "sub" / "sibling.py").write_text("")
     found = {(i.target, i.late) for i in imports(pkg)}
     assert found == {("piper_sim.sub.sibling", False), ("piper_sim.other", False), ("torch", True)}
+
+
+VOCABULARY_ATTRIBUTES = ("kind", "stream", "role")  # a task's TaskKind, Stream and Role (workload/task_kinds.py)
+# owners whose `kind` is another vocabulary: numpy's dtype character codes, a routing spec's registry name
+OTHER_KINDS = ("dtype", "routing")
+
+
+def _is_strings(node: ast.expr) -> bool:
+    """A str constant, or a tuple, list or set of them."""
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return bool(node.elts) and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _is_vocabulary(node: ast.expr) -> bool:
+    """`x.kind`, `x.stream` or `x.role`, but not a kind of OTHER_KINDS (`arr.dtype.kind`, `cfg.routing.kind`)."""
+    if not (isinstance(node, ast.Attribute) and node.attr in VOCABULARY_ATTRIBUTES):
+        return False
+    owner = node.value
+    return not (isinstance(owner, ast.Attribute) and owner.attr in OTHER_KINDS
+                or isinstance(owner, ast.Name) and owner.id in OTHER_KINDS)
+
+
+def spelled_vocabulary(path: Path) -> list[int]:
+    """The lines of a module that compare a `.kind`, `.stream` or `.role` attribute with a string literal (or a
+    tuple, list or set of them)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_is_vocabulary(s) for s in sides) and any(_is_strings(s) for s in sides):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_kinds_streams_and_roles_are_compared_as_enums():
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+                 for line in spelled_vocabulary(path)]
+    assert not offenders, ("a kind, stream or role compared with a string (use TaskKind, Stream, Role or the kind "
+                           "sets of piper_sim/workload/task_kinds.py):\n  " + "\n  ".join(offenders))
+
+
+def test_the_analyser_sees_spelled_kinds(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('a = t.kind == "send"\nb = t.role in ("dispatch", "combine")\nc = "p2p" != t.stream\n'
+                      'd = t.kind == TaskKind.SEND\ne = kind == "send"\nf = t.name == "x"\ng = t.role not in {"tp"}\n'
+                      'h = a.dtype.kind == "f"\ni = cfg.routing.kind != "uniform"\n')
+    assert spelled_vocabulary(module) == [1, 2, 3, 7]
+
+
+# Modules that may read a Config's raw sections (Config.raw) besides piper_sim/config.py, each with its reason: none
+# (the config builds every section at load; resolved() writes the raw ones back out).
+RAW_CONFIG_READERS: dict[str, str] = {}
+
+
+def raw_config_reads(path: Path) -> list[int]:
+    """The lines of a module that read a config's raw sections: `x.raw[...]`, `x.raw.get(...)`, or `cfg.raw` /
+    `config.raw` whole."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "raw":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr == "get" and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "raw":
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr == "raw" and isinstance(node.value, ast.Name) \
+                and node.value.id in ("cfg", "config"):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_no_module_reads_raw_config_sections_outside_config():
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+                 if path != PACKAGE / "config.py" and _module_name(path) not in RAW_CONFIG_READERS
+                 for line in raw_config_reads(path)]
+    assert not offenders, ("raw config sections read outside piper_sim/config.py (take the built section from "
+                           "Config, or list the module in RAW_CONFIG_READERS with its reason):\n  "
+                           + "\n  ".join(offenders))
+
+
+def test_the_analyser_sees_raw_config_reads(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("a = cfg.raw['routing']\nb = x.raw.get('cost')\nc = config.raw\nd = spec.raw_bytes\n")
+    assert raw_config_reads(module) == [1, 2, 3]
+
+
+MAX_SIMULATION_PARAMETERS = 6
+
+
+def test_simulation_takes_a_handful_of_built_objects():
+    tree = ast.parse((PACKAGE / "sim" / "engine.py").read_text())
+    init = next(f for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "Simulation"
+                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    args = init.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)][1:]  # less self
+    assert len(names) <= MAX_SIMULATION_PARAMETERS and not args.vararg and not args.kwarg, names

@@ -37,9 +37,18 @@ def test_bad_config_names_the_key(raw, key, tmp_path):
     assert err.value.key.startswith(key)
 
 
+@pytest.mark.parametrize("key", ["all_to_all", "all_reduce"])
+def test_a_collective_typo_is_refused_at_load(key):
+    """collectives.all_to_all and collectives.all_reduce are checked against their registries when the config is
+    loaded (not once the schedule is lowered and the machine built)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(BASE, [f"collectives.{key}=flatt"])
+    assert err.value.key == f"collectives.{key}" and err.value.value == "flatt"
+
+
 def test_overrides_apply_and_parse_values():
     cfg = load_config(BASE, ["parallel.pp=4", "parallel.ep=2", "sim.seed=7", "routing.kind=zipf"])
-    assert (cfg.parallel.pp, cfg.parallel.ep, cfg.seed, cfg.routing["kind"]) == (4, 2, 7, "zipf")
+    assert (cfg.parallel.pp, cfg.parallel.ep, cfg.seed, cfg.routing.kind) == (4, 2, 7, "zipf")
 
 
 def test_cli_simulate_writes_the_contract_files(tmp_path, capsys):
@@ -113,7 +122,7 @@ def test_the_readme_example_is_x_moe_small_on_one_frontier_node_with_halo():
     from piper_sim.simulate import simulate
 
     cfg = load_config(config_path("x-moe-small-frontier"))
-    assert (cfg.model.name, cfg.parallel.num_gpus, cfg.all_to_all) == ("x-moe-small", 8, "halo")
+    assert (cfg.model.name, cfg.parallel.num_gpus, cfg.collectives.all_to_all) == ("x-moe-small", 8, "halo")
     result = simulate(cfg)
     assert result.report.fits_memory == [True, True] and result.report.step_time_s > 0
     assert len({result.topology.host_of(g) for g in result.placement}) == 1  # one node

@@ -31,7 +31,7 @@ from piper_sim.points.dask_runner import check_scheduler, probe_scheduler, run_p
 from piper_sim.points.keys import KeyedPoint
 from piper_sim.points.store import ResultStore, row_digest
 from piper_sim.routing import trace as trace_module
-from piper_sim.routing.replay import load_trace_cached
+from piper_sim.routing.replay import load_trace
 from piper_sim.rundir import finish, is_unfinished, open_out_dir
 from piper_sim.stopping import WORDS, Terminated
 from piper_sim.topology.load import load_topology
@@ -146,7 +146,7 @@ def _trace_arrays() -> dict[str, np.ndarray]:
 
 def _refused_as_routing_path(path: Path) -> ConfigError:
     with pytest.raises(ConfigError) as err:
-        load_trace_cached(str(path), 8)
+        load_trace(str(path), 8)
     assert err.value.key == "routing.path" and err.value.value == str(path)
     return err.value
 

@@ -113,7 +113,7 @@ def plan_of(cfg) -> dict:
     return {"parallel": cfg.parallel, "schedule": cfg.schedule, "recompute": cfg.recompute,
             "recompute_layers": cfg.recompute_layers, "recompute_checkpoint_layers": cfg.recompute_checkpoint_layers,
             "recompute_modules": cfg.recompute_modules,
-            "zero": cfg.zero, "all_to_all": cfg.all_to_all, "flash_attention": cfg.flash_attention}
+            "zero": cfg.zero, "all_to_all": cfg.collectives.all_to_all, "flash_attention": cfg.flash_attention}
 
 
 @pytest.mark.parametrize("run", sorted(CASES))
@@ -156,7 +156,8 @@ def test_flags_not_translated_are_listed_in_the_yaml_and_none_is_dropped():
     ("--use-torch-fsdp2", "--use-torch-fsdp2", lambda c: c.zero == 2),
     ("--fp8-format hybrid --fp8-recipe mxfp8", "--fp8-recipe", lambda c: c.model.fp8_recipe == "current"),
     ("--fp4-format e2m1", "--fp4-format", lambda c: c.model.fp8_recipe == "current"),
-    ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type", lambda c: c.all_to_all == "flat"),
+    ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type",
+     lambda c: c.collectives.all_to_all == "flat"),
     ("--decoder-first-pipeline-num-layers 6", "--decoder-first-pipeline-num-layers", lambda c: c.parallel.pp == 2),
     ("--recompute-granularity selective --recompute-modules core_attn mlp", "--recompute-modules",
      lambda c: c.recompute == "selective"),

@@ -39,7 +39,7 @@ def test_fix_sets_the_all_reduce_and_flash_attention_of_every_plan():
     assert (rccl.all_reduce, rccl.flash_attention) == ("rccl", False)
     point = candidates(rccl, load_model("small-moe"))[0]
     config = load_config(rccl.config(point))
-    assert (config.all_reduce, config.flash_attention) == ("rccl", False)
+    assert (config.collectives.all_reduce, config.flash_attention) == ("rccl", False)
     # the estimate prices the gradient reduction with the fixed algorithm (dp 8 replicas of the dense weights)
     by_ring = screen(ring)[1].set_index("label")["est_grad_reduce_s"]
     by_rccl = screen(request(["parallel.pp=1", "parallel.ep=2", "parallel.tp=1",

@@ -134,8 +134,26 @@ def test_a_fixed_knob_outside_the_default_search_is_honoured():
 
 
 def test_frontier_locality_domains():
-    assert [domain_gpus("frontier", 1024, d) for d in ("node", "switch", "group", "any")] == [8, 32, 1024, 1024]
-    assert domain_gpus("frontier", 2048, "group") == 1024
+    topo = load_topology("frontier", 1024)
+    domains = [domain_gpus("frontier", 1024, d, topo) for d in ("node", "switch", "group", "any")]
+    assert domains == [8, 32, 1024, 1024]
+    assert domain_gpus("frontier", 2048, "group", load_topology("frontier", 2048)) == 1024
+
+
+def test_plan_builds_the_topology_once(tmp_path, monkeypatch):
+    """`piper-sim plan` builds its machine once (planning/cli.check_machine) and screens every plan on it: the
+    topology's builder runs once before the first estimate and once in all."""
+    from piper_sim.planning import planner
+    from piper_sim.topology import load as topology_load
+
+    builds, estimates = [], []
+    build, estimate = topology_load._build, planner.Estimator.estimate
+    monkeypatch.setattr(topology_load, "_build", lambda *a: builds.append(a) or build(*a))
+    monkeypatch.setattr(planner.Estimator, "estimate",
+                        lambda self, point: estimates.append(len(builds)) or estimate(self, point))
+    main(["plan", "tiny-moe", "--gpus", "8", "--global-batch", "8", "--topology", "uniform", "--top", "0",
+          "--workers", "0", "--out", str(tmp_path / "plan")])
+    assert estimates and estimates[0] == 1 and len(builds) == 1
 
 
 GRID_ARGS = ["parallel.pp=1,2", "collectives.all_to_all=flat,halo"]

@@ -6,12 +6,15 @@ all-reduce), sharded.py (reduce-scatter, all-gather) and broadcast.py, the topol
 bruck; tree, hierarchical) and halo.py, the vendor libraries' models (rccl, nccl: all-to-all, rings, broadcast)
 vendor.py, DeepEP's (deepep; it takes the model's fanout: bind_fanout) deepep.py.
 Importing this module imports all of them, so the registries it exports are complete; the simulator and the
-studies look algorithms up here, and a machine's parameters of every algorithm are read here when a run starts
+studies look algorithms up here, a config's `collectives` section is checked against them when it is loaded
+(CollectiveChoice, collective_choice), and a machine's parameters of every algorithm are read here when a run starts
 (check_collective_params).
 Pure numpy; no simpy or torch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from piper_sim.collectives import deepep, halo, hierarchical, vendor
 from piper_sim.collectives.broadcast import BROADCAST
@@ -31,8 +34,8 @@ from piper_sim.errors import ConfigError, one_of
 from piper_sim.topology.graph import Topology
 
 __all__ = ["ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BROADCAST", "MEASURED_ALGORITHMS", "REDUCE_SCATTER",
-           "REAL_RUN_REVISION", "Fanout", "Phase", "bind_fanout",
-           "check_collective_params", "data_phases", "deepep", "halo", "hierarchical", "matrix_phase", "split_exchange",
+           "REAL_RUN_REVISION", "CollectiveChoice", "Fanout", "Phase", "bind_fanout", "check_collective_params",
+           "collective_choice", "data_phases", "deepep", "halo", "hierarchical", "matrix_phase", "split_exchange",
            "split_phases", "vendor"]
 
 # Algorithms whose parameters are a machine's measurements (topology.collectives.<name>): a machine without them
@@ -53,3 +56,21 @@ def check_collective_params(topo: Topology) -> None:
         if algorithm not in SCHEMAS:
             raise ConfigError(f"topology.collectives.{algorithm}", topo.collectives[algorithm], one_of(SCHEMAS))
         algorithm_params(topo, algorithm)
+
+
+@dataclass(frozen=True)
+class CollectiveChoice:
+    """A config's `collectives` section: the all-to-all and all-reduce algorithms by name, each one of its
+    registry's (collective_choice checks them)."""
+
+    all_to_all: str = "flat"
+    all_reduce: str = "ring"
+
+
+def collective_choice(section: dict) -> CollectiveChoice:
+    """The `collectives` section, its names checked against ALL_TO_ALL and ALL_REDUCE: a name neither registry
+    holds is a ConfigError naming collectives.all_to_all or collectives.all_reduce."""
+    choice = CollectiveChoice(all_to_all=str(section["all_to_all"]), all_reduce=str(section["all_reduce"]))
+    ALL_TO_ALL.get(choice.all_to_all, "collectives.all_to_all")
+    ALL_REDUCE.get(choice.all_reduce, "collectives.all_reduce")
+    return choice

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError, named_by
+from piper_sim.machine import Machine, place_machine
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.refine import parse_duration
 from piper_sim.planning.space import parse_fixes, space_notes, split_settings
@@ -22,22 +23,23 @@ from piper_sim.rundir import finish, open_out_dir
 from piper_sim.workload.presets import FIELD_LIMITS, load_model
 
 
-def check_machine(request: PlanRequest) -> None:
-    """--topology and --profile, before any work: a bad one fails naming the flag and the config key it fills
-    (topology, cost.profile), the value and what is allowed; a profile of other devices than the topology's fails
-    unless --allow-device-mismatch. Says which profile was taken where --profile was not given."""
+def check_machine(request: PlanRequest) -> Machine:
+    """The request's machine (planner.request_machine), built before any work from --topology and --profile: a bad
+    one fails naming the flag and the config key it fills (topology, cost.profile), the value and what is allowed;
+    a profile of other devices than the topology's fails unless --allow-device-mismatch. Says which profile was
+    taken where --profile was not given."""
     from piper_sim.topology.load import load_topology  # networkx
-    from piper_sim.workload.profile_load import load_profile  # numpy
 
     with named_by("--topology"):
         topo = load_topology(request.topology, request.num_gpus)
     check_libraries(request, topo)
     with named_by("--profile"):
         choice = request.profile_choice()
-        load_profile(choice.profile)
+        machine = place_machine(topo, request.num_gpus, "contiguous", choice.profile)
     if choice.reason:
         print(f"piper-sim: note: --profile not given: {choice.profile}, {choice.reason} (its peak FLOP/s, HBM and "
               "efficiencies price every plan)", file=sys.stderr)
+    return machine
 
 
 def check_libraries(request: PlanRequest, topo) -> None:
@@ -120,7 +122,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           allow_device_mismatch=args.allow_device_mismatch,
                           fixed=fixed, top_k=args.top, domain=args.ep_domain,
                           reserve_bytes=None if args.reserve_GiB is None else args.reserve_GiB * 2**30, **settings)
-    check_machine(request)
+    machine = check_machine(request)  # built once: the screen prices every plan on it
     say_space_notes(request)
     if args.seq_len is None:
         model = load_model(args.model)
@@ -128,7 +130,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{model.seq_len:,} tokens (--seq-len to change it)", file=sys.stderr)
     configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "plan", resume=True)
-    result = plan(request, args.out, scheduler=args.scheduler, workers=args.workers, budget_s=budget_s)
+    result = plan(request, args.out, machine=machine, scheduler=args.scheduler, workers=args.workers,
+                  budget_s=budget_s)
     print(format_plan_table(result, convention=args.convention))
     if not math.isnan(result.rank_correlation):
         print(f"rank correlation (estimate vs simulation, {int(result.table['refined'].sum())} refined plans): "

@@ -27,6 +27,7 @@ import numpy as np
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
+from piper_sim.machine import Machine, build_machine
 from piper_sim.migration.placement import contiguous_owners, dispatch
 from piper_sim.network import phase_delay_s
 from piper_sim.planning.context_parallel_estimate import ring_overlap_s
@@ -458,19 +459,17 @@ def estimate_with_memory(cfg, built: tuple[Estimator, PlanPoint] | None = None
     return estimator.estimate(point), peaks, profile.hbm_bytes, config_reserve_bytes(cfg, profile)
 
 
-def config_estimator(cfg) -> tuple[Estimator, PlanPoint]:
-    """The estimator of a whole config's machine and profile, and the config's plan as a PlanPoint."""
-    from piper_sim.topology.load import load_topology
-    from piper_sim.topology.placement import place
-    from piper_sim.workload.profile_load import load_profile
-
-    par, n = cfg.parallel, cfg.parallel.num_gpus
+def config_estimator(cfg, machine: Machine | None = None) -> tuple[Estimator, PlanPoint]:
+    """The estimator of a whole config's machine (build_machine(cfg) where the caller has none), and the config's
+    plan as a PlanPoint."""
+    par = cfg.parallel
     point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, cp=par.cp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
-                      num_microbatches=par.num_microbatches, schedule=cfg.schedule, all_to_all=cfg.all_to_all,
+                      num_microbatches=par.num_microbatches, schedule=cfg.schedule,
+                      all_to_all=cfg.collectives.all_to_all,
                       recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp,
                       reshard_after_forward=cfg.reshard_after_forward, dp_shard=par.dp_shard)
-    topo = load_topology(cfg.topology, n)
-    estimator = Estimator(cfg.model, topo, place(topo, n, cfg.placement), load_profile(cfg.cost_profile),
-                          collectives_all_reduce=cfg.all_reduce, flash_attention=cfg.flash_attention,
+    machine = machine or build_machine(cfg)
+    estimator = Estimator(cfg.model, machine.topology, list(machine.placement), machine.profile,
+                          collectives_all_reduce=cfg.collectives.all_reduce, flash_attention=cfg.flash_attention,
                           recompute_modules=cfg.recompute_modules or DEFAULT_SELECTIVE_MODULES)
     return estimator, point

@@ -14,8 +14,8 @@ import time
 
 from piper_sim.analysis.report import Report, mfu_over_peak
 from piper_sim.config import Config
-from piper_sim.migration.controller import migration_from_config
-from piper_sim.planning.estimate import estimate_with_memory
+from piper_sim.machine import Machine
+from piper_sim.planning.estimate import config_estimator, estimate_with_memory
 from piper_sim.workload.memory import headroom_bytes
 
 # report.json keys the simulator fills and the estimator cannot: written as null
@@ -24,13 +24,16 @@ NOT_ESTIMATED = ("step_times_s", "compute_fraction", "bubble_fraction", "exposed
                  "migration")
 
 
-def estimate_report(cfg: Config) -> Report:
-    """The estimator's report of a config (tier "estimate"); hfu only without recomputation (equal to mfu)."""
+def estimate_report(cfg: Config, machine: Machine | None = None) -> Report:
+    """The estimator's report of a config (tier "estimate") on its machine (built from cfg when None); hfu only
+    without recomputation (equal to mfu)."""
     t0 = time.perf_counter()
-    est, peaks, hbm, reserve = estimate_with_memory(cfg)
+    built = config_estimator(cfg, machine)
+    est, peaks, hbm, reserve = estimate_with_memory(cfg, built)
     headroom = headroom_bytes(peaks, hbm, reserve)
     tokens = cfg.parallel.sequences_per_step * cfg.model.seq_len
     nulls = dict.fromkeys(NOT_ESTIMATED)
+    fp8_peak = built[0].profile.peak_fp8_flops_per_s if cfg.model.fp8_recipe else None  # the MFU's other peak
     return Report(num_gpus=cfg.parallel.num_gpus, num_steps=cfg.steps, step_time_s=est.step_time_s,
                   tokens_per_step=tokens, tokens_per_s=tokens / est.step_time_s,
                   model_flops_per_step=est.model_flops_per_step, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
@@ -38,22 +41,15 @@ def estimate_report(cfg: Config) -> Report:
                   hbm_bytes=hbm, framework_reserve_bytes=reserve, memory_headroom_bytes=headroom,
                   fits_memory=[h >= 0 for h in headroom],
                   mfu_fp8_peak=mfu_over_peak(est.model_flops_per_step, est.step_time_s, cfg.parallel.num_gpus,
-                                             _fp8_peak(cfg)),
+                                             fp8_peak),
                   backend="sim", tier="estimate", estimate={k: float(v) for k, v in est.__dict__.items()},
                   sim_wall_s=time.perf_counter() - t0, **nulls)
 
 
-def _fp8_peak(cfg: Config) -> float | None:
-    """The fp8 peak an fp8 config's MFU is also over (None in bf16)."""
-    from piper_sim.workload.profile_load import load_profile
-
-    return load_profile(cfg.cost_profile).peak_fp8_flops_per_s if cfg.model.fp8_recipe else None
-
-
-def expected_run_s(cfg: Config) -> float:
-    """The simulated seconds a simulation of cfg is expected to reach (the estimate's step time x its steps): the
-    total of simulate's progress line."""
-    return estimate_with_memory(cfg)[0].step_time_s * cfg.steps
+def expected_run_s(cfg: Config, machine: Machine | None = None) -> float:
+    """The simulated seconds a simulation of cfg on its machine (built from cfg when None) is expected to reach (the
+    estimate's step time x its steps): the total of simulate's progress line."""
+    return estimate_with_memory(cfg, config_estimator(cfg, machine))[0].step_time_s * cfg.steps
 
 
 def estimate_json(report: Report) -> dict:
@@ -64,9 +60,9 @@ def estimate_json(report: Report) -> dict:
 def ignored_notes(cfg: Config) -> list[str]:
     """What the config asks for that the estimate does not price (each one line)."""
     notes = []
-    if cfg.routing.get("kind", "uniform") != "uniform":
-        notes.append(f"routing.kind {cfg.routing['kind']!r}: the estimate prices balanced (uniform) routing")
-    if migration_from_config(cfg.migration).active:
+    if cfg.routing.kind != "uniform":
+        notes.append(f"routing.kind {cfg.routing.kind!r}: the estimate prices balanced (uniform) routing")
+    if cfg.migration.active:
         notes.append("migration: the estimate moves no experts")
     if cfg.recompute_layers is not None:
         notes.append(f"recompute_layers {cfg.recompute_layers}: the estimate recomputes every layer of a chunk")

@@ -21,6 +21,7 @@ import pandas as pd
 from piper_sim.analysis.ranking import spearman
 from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config, with_precision
 from piper_sim.errors import ConfigError
+from piper_sim.machine import Machine, place_machine
 from piper_sim.planning.estimate import Estimate, Estimator
 from piper_sim.planning.refine import refine_points
 from piper_sim.planning.resource import stage_memory
@@ -33,12 +34,11 @@ from piper_sim.run_wall import duration_text
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import plan_reserve_bytes
 from piper_sim.simulate import check_wall, simulate
+from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, read_topology_mapping
-from piper_sim.topology.placement import place
 from piper_sim.workload.memory import headroom_bytes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import load_model
-from piper_sim.workload.profile_load import load_profile
 
 DOMAINS = ("node", "switch", "group", "any")
 
@@ -107,11 +107,18 @@ class PlanResult:
         return self.request.config(PlanPoint(**{k: _py(best[k]) for k in PlanPoint.__dataclass_fields__}))
 
 
-def domain_gpus(topology_spec: str | dict, num_gpus: int, domain: str) -> int:
-    """GPUs in one locality domain of the topology: a node, the nodes on one switch, a dragonfly group."""
+def request_machine(request: PlanRequest) -> Machine:
+    """The machine every plan of the request is priced on: its topology for the request's GPUs, the ranks placed
+    contiguously, the profile the request takes (PlanRequest.profile_choice)."""
+    topo = load_topology(request.topology, request.num_gpus)
+    return place_machine(topo, request.num_gpus, "contiguous", request.profile_choice().profile)
+
+
+def domain_gpus(topology_spec: str | dict, num_gpus: int, domain: str, topo: Topology) -> int:
+    """GPUs in one locality domain of the topology (topo: the one built of topology_spec for num_gpus): a node, the
+    nodes on one switch, a dragonfly group."""
     if domain not in DOMAINS:
         raise ConfigError("--ep-domain", domain, f"one of {', '.join(DOMAINS)}")
-    topo = load_topology(topology_spec, num_gpus)
     host0 = topo.host_of(topo.gpus[0])
     per_node = sum(1 for g in topo.gpus if topo.host_of(g) == host0)
     params = read_topology_mapping(topology_spec).get("params") or {}
@@ -121,37 +128,39 @@ def domain_gpus(topology_spec: str | dict, num_gpus: int, domain: str) -> int:
     return min(sizes[domain], num_gpus)
 
 
-def candidates(request: PlanRequest, model: ModelSpec) -> list[PlanPoint]:
+def candidates(request: PlanRequest, model: ModelSpec, topo: Topology | None = None) -> list[PlanPoint]:
     """The plans `plan` considers for this request: the space's every schedule, all-to-all, ZeRO stage and the
-    recomputation modes its attention allows (selective recomputation only without flash attention)."""
+    recomputation modes its attention allows (selective recomputation only without flash attention). topo: the
+    request's topology (built when None)."""
+    topo = topo or load_topology(request.topology, request.num_gpus)
     return enumerate_plans(model, request.num_gpus, request.global_batch, fixed=request.fixed,
-                           domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
-                           **_space(request))
+                           domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain, topo),
+                           **_space(request, topo))
 
 
-def _space(request: PlanRequest) -> dict:
+def _space(request: PlanRequest, topo: Topology) -> dict:
     """enumerate_plans' keyword arguments for this request, but for the fixes and the locality domain."""
-    return {"node_gpus": domain_gpus(request.topology, request.num_gpus, "node"), "schedules": SCHEDULE_NAMES,
+    return {"node_gpus": domain_gpus(request.topology, request.num_gpus, "node", topo), "schedules": SCHEDULE_NAMES,
             "all_to_alls": A2A_NAMES, "zeros": ZERO_STAGES,
             "recomputes": ("none", "full") if request.flash_attention else RECOMPUTE_MODES}
 
 
-def screen(request: PlanRequest, *, progress: bool = True, estimate_unfit: bool = True
-           ) -> tuple[ModelSpec, pd.DataFrame, float, float]:
+def screen(request: PlanRequest, *, machine: Machine | None = None, progress: bool = True,
+           estimate_unfit: bool = True) -> tuple[ModelSpec, pd.DataFrame, float, float]:
     """Every candidate with its memory per stage, framework reserve (its communicators'), fit and analytic estimate
-    (not yet ranked); the device's HBM and the largest candidate's reserve. progress: a line with an ETA on stderr
+    (not yet ranked); the device's HBM and the largest candidate's reserve. machine: the request's
+    (request_machine(request) when None). progress: a line with an ETA on stderr
     when the screen takes more than a few seconds (piper_sim.progress). estimate_unfit False: the candidates that do
     not fit get no estimate (NaN; for a caller that reads only plans that fit: the memory is priced first)."""
     model = with_precision(load_model(request.model_section()), {"precision": request.precision})
-    topo = load_topology(request.topology, request.num_gpus)
-    gpus = place(topo, request.num_gpus, "contiguous")
-    profile = load_profile(request.profile_choice().profile)
-    points = candidates(request, model)
+    machine = machine or request_machine(request)
+    topo, profile = machine.topology, machine.profile
+    points = candidates(request, model, topo)
     if not points:
         raise no_plan_error(model, request.num_gpus, request.global_batch, domain=request.domain,
-                            domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain),
-                            fixed=request.fixed or {}, **_space(request))
-    estimator = Estimator(model, topo, gpus, profile, collectives_all_reduce=request.all_reduce,
+                            domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain, topo),
+                            fixed=request.fixed or {}, **_space(request, topo))
+    estimator = Estimator(model, topo, list(machine.placement), profile, collectives_all_reduce=request.all_reduce,
                           flash_attention=request.flash_attention)
     with progress_bar(len(points), "screening plans", "plans", show=progress) as line:
         rows = []
@@ -203,12 +212,13 @@ def refine_wall_s(point: KeyedPoint) -> float:
     return check_wall(cfg, build_schedule(cfg), None).wall_s
 
 
-def plan(request: PlanRequest, out: Path, *, scheduler: str | None = None, workers: int | None = None,
-         progress: bool = True, budget_s: float | None = None, estimate_unfit: bool = True) -> PlanResult:
+def plan(request: PlanRequest, out: Path, *, machine: Machine | None = None, scheduler: str | None = None,
+         workers: int | None = None, progress: bool = True, budget_s: float | None = None,
+         estimate_unfit: bool = True) -> PlanResult:
     """Screen every candidate, refine the top K that fit with the simulator (within budget_s where given:
-    refine.refine_points), rank (ties: less memory first). estimate_unfit: screen's."""
+    refine.refine_points), rank (ties: less memory first). machine, estimate_unfit: screen's."""
     t0 = time.perf_counter()
-    model, table, hbm, _ = screen(request, progress=progress, estimate_unfit=estimate_unfit)
+    model, table, hbm, _ = screen(request, machine=machine, progress=progress, estimate_unfit=estimate_unfit)
     screen_s = time.perf_counter() - t0
     table = table.sort_values(["fits", "est_step_time_s", "peak_memory_bytes"], ascending=[False, True, True],
                               kind="stable")

@@ -23,8 +23,6 @@ from piper_sim.routing.capacity import apportion, cap_rows
 from piper_sim.routing.kinds import Param, RoutingContext, RoutingKind, choice, integer, register_kind
 from piper_sim.routing.trace import RoutingTrace, TraceError, read_trace
 
-_CACHE: dict[tuple[str, int, int], RoutingTrace] = {}
-
 
 def resolve_trace_path(path: str) -> Path:
     """Absolute paths as given; relative ones against the working directory, then the project root."""
@@ -35,20 +33,17 @@ def resolve_trace_path(path: str) -> Path:
     return rooted if rooted.exists() else candidate
 
 
-def load_trace_cached(path: str, num_experts: int) -> RoutingTrace:
+def load_trace(path: str, num_experts: int) -> RoutingTrace:
+    """The trace a routing section replays, read (once: the config keeps the routing model built at load)."""
     resolved = resolve_trace_path(path)
     if not resolved.is_file():
         raise ConfigError("routing.path", path, "an existing routing trace file (.npz; relative paths are looked "
                                                 "up in the working directory, then the project root)")
-    stat = resolved.stat()
-    key = (str(resolved.resolve()), stat.st_mtime_ns, stat.st_size)
-    trace = _CACHE.get(key)
-    if trace is None:
-        try:
-            trace = _CACHE[key] = read_trace(resolved)
-        except TraceError as exc:
-            raise ConfigError("routing.path", path, f"a routing trace (docs/routing.md); this file: "
-                                                    f"{exc.message}") from None
+    try:
+        trace = read_trace(resolved)
+    except TraceError as exc:
+        raise ConfigError("routing.path", path, f"a routing trace (docs/routing.md); this file: "
+                                                f"{exc.message}") from None
     if trace.num_experts != num_experts:
         raise ConfigError("routing.path", path, f"a trace with the model's {num_experts} experts (experts mismatch: "
                                                 f"the trace has {trace.num_experts})")
@@ -56,7 +51,7 @@ def load_trace_cached(path: str, num_experts: int) -> RoutingTrace:
 
 
 def _setup(params: Mapping[str, Any], num_experts: int, top_k: int) -> RoutingTrace:
-    return load_trace_cached(params["path"], num_experts)
+    return load_trace(params["path"], num_experts)
 
 
 def layer_position(trace: RoutingTrace, layer: int, mode: str, path: str) -> int:

@@ -32,8 +32,7 @@ def build_schedule(cfg: Config) -> Schedule:
     """The lowered schedule of one training step for this config."""
     coarse = build_coarse_schedule(cfg)
     layers = split_layers(cfg.model.num_layers, coarse.stages)
-    migration = bool(cfg.migration.get("enabled")) and cfg.migration.get("policy", "greedy") != "none"
-    return lower(coarse, cfg.model, layers, migration=migration, recompute=cfg.recompute,
+    return lower(coarse, cfg.model, layers, migration=cfg.migration.active, recompute=cfg.recompute,
                  recomputed=cfg.recompute_layers, zero=cfg.zero, sp=cfg.parallel.sp,
                  reshard_after_forward=cfg.reshard_after_forward,
                  recompute_modules=cfg.recompute_modules)

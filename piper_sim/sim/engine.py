@@ -31,22 +31,19 @@ import simpy
 
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.host_memory import MemoryGuard
+from piper_sim.machine import Machine
 from piper_sim.network import CollectiveRunner, FlowNetwork
-from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.collective_tasks import CollectiveTasks
 from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.host import Asymmetry, host_model
 from piper_sim.sim.lane_collectives import LaneCollectives
 from piper_sim.sim.plan import COLLECTIVE_CODE, COMPUTE_CODE, NONBLOCKING_CODE, P2P_CODE, StagePlan, build_stage_plans
-from piper_sim.topology.graph import Topology
+from piper_sim.sim.settings import SimSettings
 from piper_sim.workload.context_parallel import kv_chunk_bytes
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import routed_row_bytes
-from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
-from piper_sim.workload.parallel import ParallelSpec
-from piper_sim.workload.profile import HostProfile
 from piper_sim.workload.task_kinds import TaskKind
 
 
@@ -71,14 +68,13 @@ class SimRecords:
 
 
 class Simulation(LaneCollectives):
-    def __init__(self, *, schedule: Schedule, model: ModelSpec, parallel: ParallelSpec, topology: Topology,
-                 placement: list[str], coster: TaskCoster, routing: RoutingModel, all_to_all: str,
-                 all_reduce: str, steps: int = 1, flash_attention: bool = True, collapse: bool = False,
-                 by_latency: bool = False,
-                 migration: dict | None = None, host_profile: HostProfile | None = None,
-                 recompute: str = "none", recompute_layers: int | None = None, zero: int = 0,
-                 checkpoint_layers: int | None = None, recompute_modules: tuple[str, ...] = (),
-                 reshard_after_forward: bool = True) -> None:
+    def __init__(self, schedule: Schedule, machine: Machine, settings: SimSettings, coster: TaskCoster,
+                 collapse: bool = False, by_latency: bool = False) -> None:
+        """The run of schedule on machine under settings (sim/settings.py), compute priced by coster; collapse:
+        one lane per stage (per EP group under skewed routing), split by route latency where by_latency; else
+        one lane per rank."""
+        model, parallel, topology, routing = settings.model, settings.parallel, machine.topology, settings.routing
+        placement, steps, recompute_modules = list(machine.placement), settings.steps, settings.recompute_modules
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
         self.recompute_modules = recompute_modules  # selective recomputation's (config.py; () otherwise)
         self.placement, self.coster, self.routing, self.steps = placement, coster, routing, steps
@@ -87,12 +83,14 @@ class Simulation(LaneCollectives):
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, topology.capacity_bytes_per_s, batch=True)
         self.runner = CollectiveRunner(self.env, self.network, topology)
-        self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, flash_attention,
-                                                        recompute=recompute, recompute_layers=recompute_layers,
-                                                        checkpoint_layers=checkpoint_layers, zero=zero,
+        self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, settings.flash_attention,
+                                                        recompute=settings.recompute,
+                                                        recompute_layers=settings.recompute_layers,
+                                                        checkpoint_layers=settings.checkpoint_layers,
+                                                        zero=settings.zero,
                                                         fp8_transposed_copies=coster.profile.fp8_transposed_copies,
                                                         recompute_modules=recompute_modules,
-                                                        reshard_after_forward=reshard_after_forward)
+                                                        reshard_after_forward=settings.reshard_after_forward)
         for plan in self.plans:
             plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != TaskKind.OPTIMIZER and not e
                                else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
@@ -102,13 +100,15 @@ class Simulation(LaneCollectives):
         self.p2p_bytes = activation_bytes * parallel.split.sequence_share  # what a rank sends a stage on
         ep_groups = [sorted({self.mesh.group(r, "ep")[0] for r in self.mesh.stage_ranks(p)})
                      for p in range(self.mesh.pp)]
-        self.experts = ExpertState(model, schedule, routing, migration, parallel.ep, self.routed_tokens, ep_groups)
+        self.experts = ExpertState(model, schedule, routing, settings.migration, parallel.ep, self.routed_tokens,
+                                   ep_groups)
         self.collectives = CollectiveTasks(schedule=schedule, model=model, topology=topology, placement=placement,
                                            plans=self.plans, experts=self.experts, routing=routing, coster=coster,
-                                           runner=self.runner, all_to_all=all_to_all, all_reduce=all_reduce,
+                                           runner=self.runner, all_to_all=settings.collectives.all_to_all,
+                                           all_reduce=settings.collectives.all_reduce,
                                            activation_bytes=activation_bytes,
                                            ring_bytes=parallel.cp * kv_chunk_bytes(model, parallel))
-        self.host = host_model(self.env, topology, host_profile)  # the lanes follow what it allows
+        self.host = host_model(self.env, topology, machine.host_profile)  # the lanes follow what it allows
         self.lanes = self._lanes(collapse)
         if collapse and by_latency:
             self.lanes = self._by_latency(self.lanes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from piper_sim.migration.controller import MigrationEvent, Migrator, migration_from_config
+from piper_sim.migration.controller import MigrationEvent, MigrationSpec, Migrator
 from piper_sim.migration.cost import expert_state_bytes, move_matrix
 from piper_sim.migration.placement import Dispatch, ExpertPlacement, dispatch
 from piper_sim.routing.metrics import ImbalanceTracker
@@ -21,7 +21,7 @@ from piper_sim.workload.task_kinds import Role, TaskKind
 
 
 class ExpertState:
-    def __init__(self, model: ModelSpec, schedule: Schedule, routing: RoutingModel, migration: dict | None,
+    def __init__(self, model: ModelSpec, schedule: Schedule, routing: RoutingModel, migration: MigrationSpec,
                  ep: int, tokens_per_microbatch: int, ep_groups: list[list[int]] | None = None) -> None:
         """ep_groups[stage]: the first rank of each of the stage's EP groups (what a migration decision waits
         for: every group's routing of the step)."""
@@ -30,7 +30,7 @@ class ExpertState:
         self.routed_by_stage = [sorted({(t.layer, t.microbatch) for t in program
                                         if t.kind == TaskKind.ALL_TO_ALL and t.layer >= 0 and t.role != Role.MIGRATE})
                                 for program in schedule.stage_programs]
-        self.spec = migration_from_config(migration)
+        self.spec = migration
         state_bytes = expert_state_bytes(model, self.spec.state_bytes_per_param)
         self.migrators: list[Migrator] = []
         self.stage_of_layer: dict[int, int] = {}

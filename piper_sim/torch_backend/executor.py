@@ -36,6 +36,7 @@ from torch import Tensor
 
 from piper_sim.collectives.halo import HaloMachine
 from piper_sim.errors import PiperError
+from piper_sim.migration.controller import MigrationSpec
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.workload.flops import op_work
 from piper_sim.workload.model import ModelSpec
@@ -70,12 +71,12 @@ class Executor(CommunicationTasks):
 
     def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
                  all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
-                 dtype: torch.dtype = torch.float32, migration: dict | None = None,
+                 dtype: torch.dtype = torch.float32, migration: MigrationSpec | None = None,
                  device: torch.device | str = "cpu", zero: int = 0, sp: bool = False,
                  halo: HaloMachine | None = None, reshard_after_forward: bool = True) -> None:
         if schedule.vpp > 1 and schedule.pp == 1:
             raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
-        migrates = bool(migration and migration.get("enabled") and migration.get("policy", "greedy") != "none")
+        migrates = migration is not None and migration.active
         if zero and migrates:
             raise PiperError("the torch backend does not run expert migration with optimizer.zero > 0 "
                              "(migration moves whole Adam moments, ZeRO shards them)")

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from piper_sim.migration.controller import Migrator, migration_from_config
+from piper_sim.migration.controller import MigrationSpec, Migrator
 from piper_sim.migration.cost import expert_state_bytes
 from piper_sim.migration.placement import ExpertPlacement
 
@@ -26,11 +26,10 @@ SLOTS = ("w1", "w2", "w3")
 
 
 class ExpertMigration:
-    def __init__(self, executor, migration: dict) -> None:
+    def __init__(self, executor, spec: MigrationSpec) -> None:
         self.ex = executor
         model, mesh = executor.model, executor.mesh
         layers = sorted(layer for m in executor.modules for layer in m.owners)
-        spec = migration_from_config(migration)
         self.migrator = Migrator(spec, ExpertPlacement.contiguous(layers, model.num_experts, mesh.ep),
                                  expert_state_bytes(model, spec.state_bytes_per_param))
         self.group = mesh.group(executor.rank, "ep")

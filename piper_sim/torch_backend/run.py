@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from piper_sim.collectives.halo import HaloMachine, halo_machine
-from piper_sim.config import load_config
+from piper_sim.config import Config
 from piper_sim.errors import PiperError
+from piper_sim.machine import Machine, build_machine
 from piper_sim.progress import bar as progress_bar
 from piper_sim.progress import watch
 from piper_sim.routing.kinds import RoutingContext
@@ -32,8 +33,6 @@ from piper_sim.routing.samplers import popularity
 from piper_sim.routing.trace import TraceRecorder
 from piper_sim.schedule.ir import Schedule
 from piper_sim.testbed import load
-from piper_sim.topology.load import load_topology
-from piper_sim.topology.placement import place
 
 from .corpus import ByteCorpus
 from .executor import Executor
@@ -52,9 +51,9 @@ def run_devices() -> str | None:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What each rank needs, picklable: the resolved config mapping, the lowered schedule to run, and where
-    to write."""
-    raw_config: dict
+    """What each rank needs, picklable: the config as loaded (its sections built: a rank reads no config file), the
+    lowered schedule to run, the nodes of the ranks on the machine, and where to write."""
+    config: Config
     schedule: Schedule
     out_dir: str
     node_of: dict[int, int]
@@ -78,7 +77,7 @@ def batch_source(corpus: ByteCorpus, seq_len: int, mbs: int, seed: int, replicas
 
 def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     """One rank: build the executor, run the steps, write rows and losses under out_dir/ranks/."""
-    cfg = load_config(spec.raw_config, devices=run_devices())
+    cfg = spec.config
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores: no oversubscription
     schedule = spec.schedule
     par = cfg.parallel
@@ -92,7 +91,7 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         torch.cuda.set_device(device)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.model.dtype, torch.float32)
     executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of, halo=spec.halo,
-                        all_to_all_algorithm=cfg.all_to_all, batch_fn=batch_fn,
+                        all_to_all_algorithm=cfg.collectives.all_to_all, batch_fn=batch_fn,
                         micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration,
                         device=device, dtype=dtype, zero=cfg.zero, sp=par.sp,
                         reshard_after_forward=cfg.reshard_after_forward)
@@ -148,13 +147,13 @@ def router_bias(cfg):
     bias_e = log(E x p_e) with p the kind's expert popularity for (seed, layer); uniform gives None (the
     real router alone decides). Kinds that change over steps or replay traces cannot steer a real router.
     """
-    kind = cfg.routing.get("kind", "uniform")
+    kind = cfg.routing.kind
     if kind not in STEERABLE:
         raise PiperError(f"routing.kind: {kind!r} cannot steer the real router; "
                          f"allowed for run: {', '.join(STEERABLE)}")
     if kind == "uniform":
         return None
-    params = {k: v for k, v in cfg.routing.items() if k not in ("kind", "capacity_factor")}
+    params = {k: v for k, v in cfg.routing.params.items() if k != "capacity_factor"}
     model = cfg.model
 
     def bias(layer: int) -> list[float]:
@@ -180,17 +179,16 @@ def merge_routing(cfg, ranks_dir: Path, out_path: Path) -> Path | None:
     return rec.write(out_path)
 
 
-def node_map(cfg, num_ranks: int) -> tuple[dict[int, int], HaloMachine]:
-    """(rank -> node index, what HALO needs of the machine) from the config's topology and placement: the
+def node_map(machine: Machine) -> tuple[dict[int, int], HaloMachine]:
+    """(rank -> node index, what HALO needs of the machine) from the machine's topology and placement: the
     nodes, NIC switches and slicing the simulator's HALO sees for the same ranks."""
-    topo = load_topology(cfg.topology, num_ranks)
-    gpus = place(topo, num_ranks, cfg.placement)
+    topo, gpus = machine.topology, machine.placement
     return {r: topo.host_of(g) for r, g in enumerate(gpus)}, halo_machine(list(gpus), topo)
 
 
-def launch(cfg, schedule: Schedule, out_dir: Path, *, timeout_s: float = 600.0, corpus_bytes: int = 2_000_000,
-           capture_grads: bool = False, testbed: str | None = None, progress: bool = False
-           ) -> tuple[pd.DataFrame, list[float], float, list[dict], str] | None:
+def launch(cfg, schedule: Schedule, out_dir: Path, *, machine: Machine | None = None, timeout_s: float = 600.0,
+           corpus_bytes: int = 2_000_000, capture_grads: bool = False, testbed: str | None = None,
+           progress: bool = False) -> tuple[pd.DataFrame, list[float], float, list[dict], str] | None:
     """Run the schedule on the ranks; returns (trace rows, loss per step, wall seconds, peak memory per rank,
     device kind "cuda" or "cpu").
 
@@ -199,15 +197,16 @@ def launch(cfg, schedule: Schedule, out_dir: Path, *, timeout_s: float = 600.0, 
     "peak_device_bytes": on a GPU, torch.cuda.max_memory_allocated, else None; and "step_cpu_s": the CPU its main
     thread used over each step}.
 
-    testbed: the prefix of a running `piper-sim testbed up`; each rank then runs inside its node's
-    network namespace and talks over the shaped links. Otherwise ranks are spawned on this machine.
+    machine: the config's (built from cfg when None): where each rank's node is. testbed: the prefix of a running
+    `piper-sim testbed up`; each rank then runs inside its node's network namespace and talks over the shaped
+    links. Otherwise ranks are spawned on this machine.
     progress: a progress line of the ranks' steps done (piper_sim.progress), read from the one-byte-a-step marks
     each rank appends to out_dir/ranks/rankN.steps.
     """
     world = cfg.parallel.num_gpus
     router_bias(cfg)  # refuse routing kinds a real router cannot follow before starting any rank
-    node_of, halo = node_map(cfg, world)
-    spec = RunSpec(raw_config=cfg.resolved(), schedule=schedule, out_dir=str(out_dir), node_of=node_of, halo=halo,
+    node_of, halo = node_map(machine or build_machine(cfg))
+    spec = RunSpec(config=cfg, schedule=schedule, out_dir=str(out_dir), node_of=node_of, halo=halo,
                    corpus_bytes=corpus_bytes, capture_grads=capture_grads)
     t0 = time.perf_counter()
     ranks = Path(out_dir) / "ranks"

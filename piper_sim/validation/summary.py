@@ -42,7 +42,7 @@ def halo_over_flat(scores: list[dict]) -> list[dict]:
     pairs: dict[str, dict[str, dict]] = {}
     for s in scores:
         if s["pair"]:
-            algo = s["prediction"].config.all_to_all
+            algo = s["prediction"].config.collectives.all_to_all
             pairs.setdefault(s["pair"], {})[algo] = s
     speedups = []
     for label, members in sorted(pairs.items()):
