@@ -23,7 +23,7 @@ _EXPORTS = {
     "up": "emulator", "down": "emulator", "status": "emulator", "exec_in": "emulator", "load": "emulator",
     "Testbed": "emulator", "default_state_path": "emulator",
     "measure_link": "measure", "LinkMeasurement": "measure",
-    "make_plan": "plan", "TestbedPlan": "plan",
+    "make_plan": "cluster_plan", "TestbedPlan": "cluster_plan",
     "TestbedError": "shell", "TestbedUnavailable": "shell", "unavailable_reason": "shell",
 }
 __all__ = sorted(_EXPORTS)
