@@ -9,6 +9,9 @@ module level, function-local and under TYPE_CHECKING alike).
 - the package import graph has no cycle. A node is a first-level subpackage of piper_sim (schedule,
   workload, sim, ...) or a top-level module (cli, simulate, config, ...); an edge is any import between
   two nodes, so a cycle closed only by a late import counts too.
+
+Besides imports: a task's kind, stream or role is compared with its enum (piper_sim/workload/task_kinds.py), never
+with a string.
 """
 
 from __future__ import annotations
