@@ -22,7 +22,7 @@ from typing import Any
 _EXPORTS = {
     "up": "emulator", "down": "emulator", "status": "emulator", "exec_in": "emulator", "load": "emulator",
     "Testbed": "emulator", "default_state_path": "emulator",
-    "measure_link": "measure", "LinkMeasurement": "measure",
+    "measure_link": "tcp_probe", "LinkMeasurement": "tcp_probe",
     "make_plan": "cluster_plan", "TestbedPlan": "cluster_plan",
     "TestbedError": "shell", "TestbedUnavailable": "shell", "unavailable_reason": "shell",
 }

@@ -1,7 +1,7 @@
 """Measure a testbed path with a real TCP transfer: achieved bandwidth and round-trip time.
 
 Owns `measure_link` and the two peers it runs, each in its own node namespace, with plain Python
-sockets: `python -m piper_sim.testbed.measure serve IP NUM_BYTES TIMEOUT_S` (prints its port, then
+sockets: `python -m piper_sim.testbed.tcp_probe serve IP NUM_BYTES TIMEOUT_S` (prints its port, then
 answers pings and receives NUM_BYTES) and `... client SRC_IP DST_IP PORT NUM_BYTES PINGS TIMEOUT_S`
 (prints one JSON line). The client binds the sending node's address and connects to the other node's
 address, so traffic crosses the emulated links, never loopback. The peers import only the stdlib.
@@ -105,7 +105,7 @@ def measure_link(prefix: str, host_a: int, host_b: int, num_bytes: int = 4_000_0
     if bed is None:
         raise TestbedError(f"no testbed {prefix!r} is up (no state file); run up() first")
     a, b = bed.host(host_a), bed.host(host_b)
-    me = [sys.executable, "-m", "piper_sim.testbed.measure"]
+    me = [sys.executable, "-m", "piper_sim.testbed.tcp_probe"]
     server = subprocess.Popen(exec_argv(b.namespace, [*me, "serve", b.ip, str(num_bytes), str(timeout_s)]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=package_env())
     try:
