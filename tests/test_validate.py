@@ -11,6 +11,7 @@ import pytest
 from piper_sim import progress
 from piper_sim.analysis.ranking import spearman
 from piper_sim.cli import main
+from piper_sim.collectives.algorithms import CollectiveChoice
 from piper_sim.validation.report import format_validation
 from piper_sim.validation.summary import summarize
 
@@ -41,7 +42,8 @@ def test_validate_scores_a_stored_case(tmp_path, capsys, monkeypatch):
 def _score(case, pred, meas, pair=""):
     return {"case": case, "pair": pair, "predicted_step_s": pred, "measured_step_s": meas, "error": pred / meas - 1,
             "tolerance": 0.2, "memory_error": float("nan"),
-            "prediction": SimpleNamespace(config=SimpleNamespace(all_to_all=case.rsplit("-", 1)[-1]))}
+            "prediction": SimpleNamespace(config=SimpleNamespace(
+                collectives=CollectiveChoice(all_to_all=case.rsplit("-", 1)[-1])))}
 
 
 def _phases():

@@ -1,7 +1,7 @@
 """Validation: predictions from a calibrated profile alone, scored against measured runs of the cases in
 validation/cases/ (`piper-sim validate`).
 
-- cases: the case format, finding cases, case_digest, predict_case
+- cases: the case format, finding cases, case_digest, prediction_config (a case priced by a profile), predict_case
 - scoring: step and phase times of a trace, score_case (one case against its measurement)
 - summary: the statistics over the cases (MAPE, max error, order, HALO over flat, memory, references)
 - ordering: the order of cases as their measurements establish it

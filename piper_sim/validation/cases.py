@@ -17,11 +17,11 @@ from pathlib import Path
 import yaml
 
 from piper_sim.collectives.algorithms import REAL_RUN_REVISION
-from piper_sim.config import DEFAULTS, load_config
+from piper_sim.config import DEFAULTS, Config, load_config
 from piper_sim.errors import ConfigError, PiperError
 from piper_sim.profile_choice import choose_profile
 from piper_sim.result import RunResult
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 
 CASE_KEYS = {"description", "config", "testbed", "tolerance", "pair", "measures"}
 # a topology file's default cost profile prices predictions only: a real run does not depend on it
@@ -97,10 +97,15 @@ def check_case_profile(case: Case, profile: str | dict) -> None:
                    allow_mismatch=cost.get("allow_device_mismatch") is True)
 
 
-def predict_case(case: Case, profile: str | dict) -> RunResult:
-    """Simulate the case from the profile, replaying the measured run's routing decisions."""
+def prediction_config(case: Case, profile: str | dict) -> Config:
+    """The case's config priced by the profile, replaying the measured run's routing decisions."""
     raw = case_config(case)
     raw["cost"] = {**raw.get("cost", {}), "profile": profile}
     if (case.measured / "routing.npz").exists():
         raw["routing"] = {"kind": "trace", "path": str(case.measured / "routing.npz")}
-    return simulate(load_config(raw))
+    return load_config(raw)
+
+
+def predict_case(case: Case, profile: str | dict) -> RunResult:
+    """Simulate the case from the profile (prediction_config)."""
+    return simulate(prediction_config(case, profile))

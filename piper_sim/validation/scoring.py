@@ -15,15 +15,16 @@ import numpy as np
 import pandas as pd
 
 from piper_sim.errors import PiperError
+from piper_sim.machine import Machine, build_machine
 from piper_sim.result import RunResult
 from piper_sim.schedule.ir import Schedule
+from piper_sim.simulator import simulate
 from piper_sim.trace.runtrace import read_trace
-from piper_sim.validation.cases import Case, case_digest, predict_case
+from piper_sim.validation.cases import Case, case_digest, prediction_config
 from piper_sim.validation.concurrency import compute_concurrency, uninterrupted_share
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.presets import load_model
-from piper_sim.workload.profile import HostProfile
-from piper_sim.workload.profile_load import load_host_profile, load_profile
+from piper_sim.workload.profile import DeviceProfile, HostProfile
 from piper_sim.workload.task_kinds import P2P_KINDS
 
 
@@ -76,7 +77,9 @@ def score_case(case: Case, profile: str | dict) -> dict:
     columns of validation.csv, plus its phases, prediction and concurrency tables)."""
     if not (case.measured / "report.json").exists():
         raise PiperError(f"validate: case {case.name} has no measurement (run with --remeasure)")
-    result = predict_case(case, profile)
+    cfg = prediction_config(case, profile)
+    machine = build_machine(cfg)  # its profiles price the prediction and the machine references
+    result = simulate(cfg, machine=machine)
     measured = read_trace(case.measured)
     pred_step, meas_step = step_time(result.trace), step_time(measured)
     info = _measurement_info(case)
@@ -85,7 +88,7 @@ def score_case(case: Case, profile: str | dict) -> dict:
     return {"case": case.name, "pair": case.pair, "description": case.description, "tolerance": case.tolerance,
             "predicted_step_s": pred_step, "measured_step_s": meas_step, "error": pred_step / meas_step - 1,
             **memory, "measured_runs_s": runs, "measured_sessions": measured_sessions(info),
-            **_reference_scores(info.get("reference") or {}, profile),
+            **_reference_scores(info.get("reference") or {}, machine),
             "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
             "phases": _phase_table(result.trace, measured, issued_tasks(result.schedule)), "prediction": result,
             "predicted_uninterrupted_share": uninterrupted_share(steady(result.trace)),
@@ -129,13 +132,13 @@ def _memory_scores(result: RunResult, meas_report: dict) -> dict:
             "memory_error": memory_error}
 
 
-def _reference_scores(reference: dict, profile: str | dict) -> dict:
-    """The machine references timed with the measurement's rounds beside the profile's own."""
-    calibrated = load_host_profile(profile) or HostProfile()
+def _reference_scores(reference: dict, machine: Machine) -> dict:
+    """The machine references timed with the measurement's rounds beside the profile's own (the machine's)."""
+    calibrated = machine.host_profile or HostProfile()
     return {"measured_reference_s": [t * 1e-6 for t in reference.get("cpu_us_per_iteration_by_run") or []],
             "reference_preset": reference.get("preset", ""), "calibrated_reference_s": calibrated.reference_cpu_s,
             "calibrated_reference_preset": calibrated.reference_preset,
-            "cold_reference": dict(reference["cold"], priced_s=cold_priced_s(profile, reference["cold"]))
+            "cold_reference": dict(reference["cold"], priced_s=cold_priced_s(machine.profile, reference["cold"]))
             if reference.get("cold") else None}
 
 
@@ -146,7 +149,7 @@ def measured_sessions(info: dict) -> dict[str, list[float]]:
             for s in [info, *info.get("earlier_sessions", [])] if s.get("run_step_times_s")}
 
 
-def cold_priced_s(profile: str | dict, cold: dict) -> float:
+def cold_priced_s(profile: DeviceProfile, cold: dict) -> float:
     """The cold reference's ops as the profile prices them (forward + backward, TaskCoster.op_s)."""
-    coster = TaskCoster(load_model(cold["model"]), load_profile(profile), int(cold["tokens"]))
+    coster = TaskCoster(load_model(cold["model"]), profile, int(cold["tokens"]))
     return sum(sum(coster.op_s(op, tuple(cold["expert_rows"]))) for op in cold["ops"])
