@@ -30,7 +30,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "piper_sim"
 
 @dataclass(frozen=True)
 class Import:
-    module: str  # the importing module, e.g. piper_sim.calibrate.runner
+    module: str  # the importing module, e.g. piper_sim.calibrate.calibration
     target: str  # the imported module, e.g. piper_sim.torch_backend.bench.runner
     line: int
     late: bool  # inside a function

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from piper_sim.calibrate import fit
-from piper_sim.calibrate.profile import aggregate, build_profile, core_sharing_summary
+from piper_sim.calibrate.records_to_profile import aggregate, build_profile, core_sharing_summary
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.workload.profile_load import load_host_profile, load_profile, load_profiles
@@ -200,7 +200,7 @@ def test_core_sharing_factor_is_the_median_of_each_rounds_ratio_to_one_process_p
 
 
 def test_calibrations_merge_into_the_median_of_each_measured_number(tmp_path):
-    from piper_sim.calibrate.runner import merge_calibrations, refit_profile
+    from piper_sim.calibrate.calibration import merge_calibrations, refit_profile
     from piper_sim.errors import PiperError
 
     def raw(scale: float, rounds: list[float]) -> dict:

@@ -57,8 +57,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_options(args)
     presets = tuple(s.strip() for s in args.presets.split(",") if s.strip())
     if args.check:
+        from piper_sim.calibrate.calibration import _busy_core_s, _own_core_s, foreign_cpu_share
         from piper_sim.calibrate.crosscheck import crosscheck, format_table  # numpy, yaml: not for --help
-        from piper_sim.calibrate.runner import _busy_core_s, _own_core_s, foreign_cpu_share
 
         started, busy0, own0 = time.perf_counter(), _busy_core_s(), _own_core_s()
         rows = crosscheck(args.check, presets=presets, ranks=args.ranks, threads=args.threads)
@@ -70,7 +70,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.out is None:
         raise PiperError("calibrate needs --out FILE.yaml (or --check PROFILE)")
     out_file(args.out, (".yaml", ".yml"))
-    from piper_sim.calibrate.runner import calibrate, refit_profile  # numpy, yaml: not for --help
+    from piper_sim.calibrate.calibration import calibrate, refit_profile  # numpy, yaml: not for --help
 
     if args.refit:
         refit_profile(args.refit, args.out)

@@ -5,7 +5,7 @@ median step time in the case's measured/, and measured.json: every run's step ti
 references timed with each round, and the rounds of the earlier measurements of the case as it is now
 (case_digest). Must not import torch: the real runs go through the measuring backend's entry point
 (measure.measure, which loads torch only in the ranks it launches) and the machine references through
-calibrate's (calibrate.sharing.reference_speed, calibrate.crosscheck), which load it only while timing.
+calibrate's (calibrate.reference_speed.reference_speed, calibrate.crosscheck), which load it only while timing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import yaml
 
 from piper_sim import testbed
 from piper_sim.calibrate.crosscheck import crosscheck
-from piper_sim.calibrate.sharing import reference_speed
+from piper_sim.calibrate.reference_speed import reference_speed
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
 from piper_sim.measure import measure
@@ -41,7 +41,7 @@ def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, 
     """Run every case for real `repeats` times (round by round, so a slow phase of the machine does not land
     on one case's runs) and keep, per case, the run whose steady-state step time is the median in measured/;
     measured.json lists every run's step time. With reference_preset, each round starts by timing the
-    machine's reference workload (calibrate.sharing.reference_speed, as calibrate times it), kept per run;
+    machine's reference workload (calibrate.reference_speed.reference_speed, as calibrate times it), kept per run;
     with reference_profile too, also the preset's layer ops cold on reference_ranks ranks, as the framework
     benchmark times them (calibrate --check: cold_reference). A case's previous measurement is replaced
     only once all its runs are done."""

@@ -2,7 +2,7 @@
 
 Owns the calibration's course: the warning when the machine is busy, the sweep (sweep.make_sweep) and job
 handed to the benchmarks, the raw records (saved with --records), the profile built from them
-(profile.build_profile) and written, rebuilding a profile from saved records (--refit) and merging several
+(records_to_profile.build_profile) and written, rebuilding a profile from saved records (--refit) and merging several
 calibrations. The benchmarks and their ranks are piper_sim.torch_backend.bench (runner.run_local_job,
 run_testbed_job); this module must not import torch, and imports the torch side only when it measures.
 """
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from piper_sim.calibrate.profile import build_profile, write_profile
+from piper_sim.calibrate.records_to_profile import build_profile, write_profile
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
 from piper_sim.errors import PiperError
 from piper_sim.torch_backend.bench.calibration_inputs import CalibrationJob
