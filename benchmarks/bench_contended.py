@@ -96,7 +96,7 @@ class Counters:
 
 def run_one(name: str, microbatches: int | None, profile: bool, sort: str) -> dict:
     from piper_sim.config import load_config
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     raw = WORKLOADS[name]()
     if microbatches:

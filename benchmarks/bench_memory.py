@@ -57,7 +57,7 @@ def one(config: str, overrides: list[str], keep: Path) -> dict:
     import pickle
 
     from piper_sim.config import load_config
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     figures: dict = {"imports_rss_MB": round(_status_kib("VmRSS") / 1024, 1)}
     simulate(load_config("tiny-moe"))  # compiles the kernels

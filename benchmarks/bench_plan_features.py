@@ -26,7 +26,7 @@ from piper_sim.planning.planner import PlanRequest, plan
 from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint
 from piper_sim.reproduce.training import baseline_config
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.presets import load_model
 
 GIB = 2**30

@@ -85,7 +85,7 @@ WARM_UP = {"topology": CLUSTER, "model": "small-moe", "routing": {"kind": "zipf"
 
 def run_one(name: str, profile: bool, sort: str = "cumulative") -> dict:
     from piper_sim.config import load_config
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     raw = {"schedule": "1f1b", "topology": CLUSTER, "cost": {"profile": "mi250x"}, **WORKLOADS[name]}
     cfg = load_config(raw)

@@ -153,7 +153,7 @@ def task_cpu(out: Path, config: dict, profile: str, world: int) -> pd.DataFrame:
     """Per kind, ms per rank-step over the steps after the first: measured CPU and wall inside tasks (the
     executor's rows), and the compute kinds' price with no core sharing (NaN for the rest)."""
     from piper_sim.config import load_config
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     rows = pd.concat(pd.read_parquet(p) for p in sorted((out / "ranks").glob("rank*.parquet")))
     rows = rows[(rows["step"] > 0) & rows["cpu_s"].notna()]

@@ -6,8 +6,8 @@ The Python API (README.md, "Python API"), loaded on first use so that `import pi
     result = simulate(load_config("examples/small-moe.yaml", ["parallel.pp=4"]))
     result.report.step_time_s, result.trace  # the Report, and the RunTrace as a pandas DataFrame
 
-load_config(path or mapping, overrides) -> Config; simulate(Config) -> RunResult. `simulate` is the module
-piper_sim.simulate, callable as its function (piper_sim.simulate.simulate), so that both names mean one thing.
+load_config(path or mapping, overrides) -> Config; simulate(Config) -> RunResult (piper_sim.simulator.simulate,
+the simulator backend's entry point).
 """
 
 from piper_sim.version import __version__
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> object:
 
         return load_config
     if name == "simulate":
-        import importlib
+        from piper_sim.simulator import simulate
 
-        return importlib.import_module("piper_sim.simulate")
+        return simulate
     raise AttributeError(f"module 'piper_sim' has no attribute {name!r}")

@@ -71,7 +71,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from piper_sim.host_memory import MemoryGuard
     from piper_sim.machine import build_machine  # networkx, numpy
     from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run  # not for --help
-    from piper_sim.simulate import check_wall, simulate  # simpy, numpy
+    from piper_sim.simulator import check_wall, simulate  # simpy, numpy
     from piper_sim.trace.tracks import check_detail
 
     perfetto = check_perfetto(check_outputs(args.outputs), args.perfetto)

@@ -7,7 +7,7 @@ profile, to name the flag a bad one came from). Every consumer (simulate, measur
 validation, studies, reproduce) takes the Machine rather than reading the references again. The software stack
 comes with these pieces: the communication libraries' measured parameters with the topology
 (Topology.collectives), the framework's measured costs with the device profile; which algorithms a run uses is
-the config's (Config.collectives). Checks of what a simulated run needs of the machine are simulate.py's.
+the config's (Config.collectives). Checks of what a simulated run needs of the machine are simulator.py's.
 No simpy, no torch.
 """
 

@@ -6,7 +6,7 @@ import pandas as pd
 
 
 def test_the_python_api_simulates_a_config():
-    import piper_sim.simulate  # noqa: F401  (imported first, as the CLI does: the name still simulates)
+    import piper_sim.simulator  # noqa: F401  (the backend module imported first, as the CLI does)
     from piper_sim import load_config, simulate
 
     cfg = load_config("tiny-moe", ["sim.steps=1", "schedule=gpipe"])

@@ -9,7 +9,7 @@ from piper_sim.analysis.budget import BUDGET_TERMS, trace_budget
 from piper_sim.config import load_config
 from piper_sim.planning.estimate import config_estimator
 from piper_sim.planning.estimate_budget import ESTIMATE_TERMS, estimate_budget
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.profile_load import load_profile
 

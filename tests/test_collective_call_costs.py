@@ -18,7 +18,7 @@ from piper_sim.cli import build_parser
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError
 from piper_sim.schedule.build import build_schedule
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.validation.scoring import issued_tasks, phase_times
 from piper_sim.workload.profile_file import profile_path
 from piper_sim.workload.profile_load import load_profile

@@ -30,7 +30,7 @@ BASE = {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches":
     ({**BASE, "model": {"preset": "small-moe", "top_k": 99}}, "model.top_k"),
 ])
 def test_bad_config_names_the_key(raw, key, tmp_path):
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     with pytest.raises(ConfigError) as err:
         simulate(load_config(raw))
@@ -119,7 +119,7 @@ def test_shapes_that_make_no_sense_are_refused(overrides, key):
 def test_the_readme_example_is_x_moe_small_on_one_frontier_node_with_halo():
     from piper_sim.config import load_config
     from piper_sim.paths import config_path
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     cfg = load_config(config_path("x-moe-small-frontier"))
     assert (cfg.model.name, cfg.parallel.num_gpus, cfg.collectives.all_to_all) == ("x-moe-small", 8, "halo")

@@ -11,7 +11,7 @@ from piper_sim.importers.megatron import import_megatron
 from piper_sim.planning.estimate import estimate_config, estimate_with_memory
 from piper_sim.planning.space import enumerate_plans, parse_fixes
 from piper_sim.schedule.build import build_schedule
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.context_parallel import chunk_order, kv_chunk_bytes
 from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.presets import model_from_mapping

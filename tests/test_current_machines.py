@@ -13,7 +13,7 @@ import yaml
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, topology_device_profile
 from piper_sim.workload.cost import gemm_time_s

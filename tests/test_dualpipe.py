@@ -19,7 +19,7 @@ from piper_sim.schedule.io import schedule_from_json, schedule_to_json
 from piper_sim.schedule.ir import Layout, VirtualStages
 from piper_sim.schedule.registry import schedule_layout
 from piper_sim.schedule.validate import ScheduleError, check_coarse, check_schedule, dry_run, dry_run_coarse
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.presets import load_model
 
 BI = Layout.BIDIRECTIONAL

@@ -11,7 +11,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import communicator_kinds, config_reserve_bytes
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.memory import FRAMEWORK_RESERVE_FRACTION, reserve_bytes
 from piper_sim.workload.profile_load import load_profile
 

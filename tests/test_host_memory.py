@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from piper_sim import simulate as simulate_module
+from piper_sim import simulator as simulate_module
 from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.host_memory import GIB, MARGIN_BYTES, MemoryExceeded, MemoryGuard, estimate_run_memory
 from piper_sim.outputs import write_run
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.trace.perfetto import write_perfetto
 
 CONFIG = "tiny-moe"

@@ -11,7 +11,7 @@ import yaml
 from piper_sim.config import load_config
 from piper_sim.paths import data_dir
 from piper_sim.sim.host import DedicatedDevice, SharedCores, host_model
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.topology.load import load_topology
 from piper_sim.workload.profile_file import profile_path
 from piper_sim.workload.profile_load import load_profiles

@@ -17,7 +17,7 @@ from piper_sim.planning.space import parse_fixes
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.io import schedule_from_json, schedule_to_json
 from piper_sim.schedule.validate import check_schedule
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.memory import param_shards, state_bytes_per_param
 from piper_sim.workload.presets import load_model
 

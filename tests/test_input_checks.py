@@ -116,7 +116,7 @@ def test_infinite_numbers_are_refused_where_a_finite_one_is_meant():
 def test_a_null_params_section_is_refused_and_options_are_named_by_their_flag(capsys):
     raw = {"model": {"preset": "tiny-moe"}, "parallel": {"pp": 2, "ep": 2}, "topology": {"preset": "uniform",
                                                                                         "params": None}}
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     assert error_of(lambda: simulate(load_config(raw))).key == "topology.params"
     assert main(["validate", "--profile", "/nonexistent.yaml"]) == 2

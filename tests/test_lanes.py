@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from piper_sim.config import load_config
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 
 ZIPF = {"routing": {"kind": "zipf", "exponent": 1.0}}
 DENSE = {"name": "dense-1b", "num_layers": 8, "d_model": 1024, "num_heads": 16, "vocab_size": 51200, "seq_len": 1024,

@@ -6,7 +6,7 @@ import pytest
 
 from piper_sim.config import load_config
 from piper_sim.schedule.validate import check_schedule, dry_run
-from piper_sim.simulate import build_schedule
+from piper_sim.simulator import build_schedule
 
 GRID = [(sched, pp, vpp, m) for sched, vpps in (("gpipe", (1, 2)), ("1f1b", (1,)), ("interleaved-1f1b", (2, 3)),
                                                   ("zb-h1", (1,)), ("dualpipe", (2,)), ("dualpipe-v", (2,)))

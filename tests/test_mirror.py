@@ -12,7 +12,7 @@ from piper_sim.config import load_config
 from piper_sim.network import mirror
 from piper_sim.network.fairshare import isolated_timeline
 from piper_sim.network.mirror import TimelineMemo
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.topology.load import load_topology
 
 CLUSTER = {"builder": "uniform", "params": {"gpus_per_node": 4, "intra_bandwidth_GBps": 100,

@@ -16,7 +16,7 @@ from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.outputs import check_perfetto, write_run
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.trace import perfetto_proto, tracks
 from piper_sim.trace.perfetto import check_format
 from piper_sim.trace.runtrace import normalize, read_trace, write_trace

@@ -21,7 +21,7 @@ import pytest
 from piper_sim.config import load_config
 from piper_sim.planning.planner import PlanRequest, candidates
 from piper_sim.planning.space import PlanPoint
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.presets import load_model
 
 MODELS = {"small-moe": "small-moe",  # 8 layers, 8 experts

@@ -19,7 +19,7 @@ from piper_sim.planning.space import PlanPoint, enumerate_plans, parse_fixes
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.dryrun import coarse_timing
 from piper_sim.schedule.validate import check_schedule, dry_run
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.studies import config_sweep as sweep_module
 from piper_sim.studies.config_sweep import run_sweep
 from piper_sim.topology.load import load_topology

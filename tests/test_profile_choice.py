@@ -15,7 +15,7 @@ from piper_sim.notes import config_notes
 from piper_sim.paths import data_dir
 from piper_sim.planning.planner import PlanRequest, screen
 from piper_sim.planning.space import parse_fixes
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.studies.config_sweep import sweep_points
 from piper_sim.validation.cases import case_digest, load_case
 from piper_sim.workload.profile_load import load_profile

@@ -12,7 +12,7 @@ import pytest
 from piper_sim import progress
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 
 SIM = ["parallel.num_microbatches=4"]
 
@@ -66,7 +66,7 @@ def test_short_work_and_a_switched_off_line_print_nothing(monkeypatch, capsys):
 
 
 def test_simulate_counts_simulated_time_and_leaves_the_trace_alone(shown, capsys, monkeypatch):
-    from piper_sim import simulate as simulate_module
+    from piper_sim import simulator as simulate_module
     from piper_sim.run_wall import duration_text
 
     cfg = load_config("examples/tiny-moe.yaml", SIM + ["sim.steps=2"])
@@ -89,7 +89,7 @@ def test_simulate_counts_simulated_time_and_leaves_the_trace_alone(shown, capsys
 def test_a_reading_is_the_runs_simulated_time_then_its_end():
     from types import SimpleNamespace
 
-    from piper_sim.simulate import Reading
+    from piper_sim.simulator import Reading
 
     reading = Reading()
     assert reading() == 0.0  # no run under way
@@ -103,7 +103,7 @@ def test_a_restart_says_so_on_the_line_and_counts_from_zero(shown, capsys):
     from types import SimpleNamespace
 
     from piper_sim.sim.host import Asymmetry
-    from piper_sim.simulate import RESTARTS, Reading, _run_lanes
+    from piper_sim.simulator import RESTARTS, Reading, _run_lanes
 
     class Run:
         def __init__(self, lanes: int, diverges: bool) -> None:

@@ -8,7 +8,7 @@ import pytest
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.estimate import estimate_with_memory
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.memory import (
     activation_bytes,
     checkpoint_groups,

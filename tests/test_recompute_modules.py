@@ -13,7 +13,7 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.estimate import config_estimator, estimate_config, estimate_with_memory
 from piper_sim.schedule.build import build_schedule
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.memory import activation_bytes, layer_activation_bytes, routed_row_bytes
 from piper_sim.workload.parallel import TensorSplit
 from piper_sim.workload.presets import load_model

@@ -13,7 +13,7 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.validate import check_schedule, dry_run
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.memory import activation_bytes, state_bytes_per_param
 from piper_sim.workload.presets import load_model
 

@@ -10,7 +10,7 @@ import pytest
 
 from piper_sim.config import load_config
 from piper_sim.network import CollectiveRunner
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 
 CASES = {
     # HALO's sliced phases; the stages' nodes share a chassis' switches, and zero bubble's backward passes

@@ -11,7 +11,7 @@ from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.schedule.build import build_schedule
-from piper_sim.simulate import check_wall, simulate
+from piper_sim.simulator import check_wall, simulate
 from piper_sim.workload.task_kinds import TaskKind
 
 CONFIG = "small-moe"

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from piper_sim.config import load_config
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 
 RAW = {"model": "tiny-moe", "parallel": {"pp": 1, "ep": 8, "num_microbatches": 2}}
 

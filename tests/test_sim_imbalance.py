@@ -8,7 +8,7 @@ import pytest
 
 from piper_sim.config import load_config
 from piper_sim.routing.trace import TraceRecorder
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.profile_load import load_profile
 

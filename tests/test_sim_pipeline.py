@@ -9,7 +9,7 @@ import pytest
 
 from piper_sim.analysis.report import Report
 from piper_sim.config import load_config
-from piper_sim.simulate import simulate as simulate_config
+from piper_sim.simulator import simulate as simulate_config
 
 
 def simulate(raw: dict, **overrides) -> tuple[Report, pd.DataFrame]:
@@ -103,7 +103,7 @@ def test_first_step_peak_memory_is_step_zeros_own_peak():
 def test_a_run_collects_cyclic_garbage_less_often_and_restores_the_collector_after(monkeypatch):
     import gc
 
-    from piper_sim import simulate as simulate_module
+    from piper_sim import simulator as simulate_module
 
     seen = []
     real_build = simulate_module.build_schedule
@@ -127,7 +127,7 @@ def test_a_run_collects_cyclic_garbage_less_often_and_restores_the_collector_aft
 
 
 def test_a_run_too_large_for_the_memory_here_stops_before_it_starts(monkeypatch):
-    from piper_sim import simulate as simulate_module
+    from piper_sim import simulator as simulate_module
     from piper_sim.errors import ConfigError
 
     cfg = load_config("tiny-moe")

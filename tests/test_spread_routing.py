@@ -13,7 +13,7 @@ from piper_sim.collectives.algorithms import ALL_TO_ALL
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.network import CollectiveRunner, FlowNetwork
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.studies.reduced_collective import prepare
 from piper_sim.studies.reduced_collective import simulate as study_simulate
 from piper_sim.studies.routes import RouteTable

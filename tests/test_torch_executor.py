@@ -10,7 +10,7 @@ import torch
 
 from piper_sim.config import load_config
 from piper_sim.schedule.build import build_schedule
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.torch_backend.corpus import ByteCorpus
 from piper_sim.torch_backend.model import ReferenceModel
 from piper_sim.torch_backend.run import RunSpec, batch_source, launch

@@ -33,7 +33,7 @@ from piper_sim.progress import bar as progress_bar
 from piper_sim.run_wall import duration_text
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import plan_reserve_bytes
-from piper_sim.simulate import check_wall, simulate
+from piper_sim.simulator import check_wall, simulate
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.workload.memory import headroom_bytes

@@ -25,7 +25,7 @@ from piper_sim.config import load_config
 from piper_sim.planning.planner import PlanRequest, plan
 from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint, divisors
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 from piper_sim.studies.all_to_all import StudySpec, run_study
 from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology

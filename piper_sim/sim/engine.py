@@ -17,7 +17,7 @@ chained: each member arrives at the next when its own group of the last one ends
 end apart keep their own times; likewise a collective after transfers in flight (the last gradient send before
 the reduce-scatters): each group joins when its own members' transfers have landed. A lane only goes wrong
 when a member's action would fall behind the simulated time (it would have changed what the network already
-did); the engine raises Asymmetry then, and the caller reruns with one lane per rank (see simulate.py). On
+did); the engine raises Asymmetry then, and the caller reruns with one lane per rank (see simulator.py). On
 shared cores (the CPU testbed) the host model times compute per lane, so members must agree; lanes are used
 there only when their compute is equal.
 """

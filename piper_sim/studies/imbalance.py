@@ -28,7 +28,7 @@ from piper_sim.errors import ConfigError, named_by
 from piper_sim.points.keys import KeyedPoint, keyed_point
 from piper_sim.points.store import ResultStore
 from piper_sim.progress import Eta
-from piper_sim.simulate import simulate
+from piper_sim.simulator import simulate
 
 SKEW_PARAM = {"zipf": "exponent", "dirichlet": "concentration", "hot": "share"}
 COLUMNS = ("kind", "skew", "policy", "step_time_s", "mfu", "tflops_per_gpu", "lif", "experts_moved",

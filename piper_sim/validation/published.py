@@ -173,7 +173,7 @@ def score_published(run: PublishedRun, tier: str = "des") -> dict:
 
 def _simulated(cfg) -> dict:
     from piper_sim.analysis.budget import trace_budget
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     result = simulate(cfg)
     report = result.report

@@ -62,7 +62,7 @@ def validation_predictions() -> dict:
 def gpu_predictions(names: list[str] | None = None) -> dict:
     from piper_sim.config import load_config
     from piper_sim.paths import config_path
-    from piper_sim.simulate import simulate
+    from piper_sim.simulator import simulate
 
     return {name: summary(simulate(load_config(config_path(example), overrides)))
             for name, example, overrides in GPU_CASES if names is None or name in names}

@@ -8,9 +8,7 @@ writes nothing (outputs.py writes a run's files).
 from __future__ import annotations
 
 import gc
-import sys
 import time
-import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -196,17 +194,3 @@ def _run_lanes(reading: Reading, simulation: Callable[..., Simulation],
 def _per_stage_max(per_rank, pp: int) -> list[float]:
     per_stage = len(per_rank) // pp
     return [float(max(per_rank[p * per_stage:(p + 1) * per_stage])) for p in range(pp)]
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as simulate(): `from piper_sim import simulate` then gives the function's behaviour
-    whether or not the module was imported before (the package attribute `simulate` is this module)."""
-
-    def __call__(self, cfg: Config, schedule: Schedule | None = None, *, machine: Machine | None = None,
-                 progress: bool = False, outputs: str | None = None, expected_s: float | None = None,
-                 max_wall_minutes: float | None = None) -> RunResult:
-        return simulate(cfg, schedule, machine=machine, progress=progress, outputs=outputs, expected_s=expected_s,
-                        max_wall_minutes=max_wall_minutes)
-
-
-sys.modules[__name__].__class__ = _CallableModule
