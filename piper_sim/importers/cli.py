@@ -11,7 +11,7 @@ from pathlib import Path
 
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError
-from piper_sim.importers.result import Imported
+from piper_sim.importers.imported import Imported
 
 OWN_OPTIONS = ("--out", "--world-size", "--lenient", "--name", "-h", "--help")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from piper_sim.bounds import GPUS_LIMIT, int_limit
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
+from piper_sim.importers.imported import Imported, Translation, config_keys_as, split_unread
 from piper_sim.importers.megatron_model import model_section
-from piper_sim.importers.result import Imported, Translation, config_keys_as, split_unread
 from piper_sim.importers.source import Source, flag_source
 from piper_sim.workload.parallel import parallel_from_section
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, RECOMPUTE_MODULES

@@ -14,7 +14,7 @@ import math
 
 from piper_sim.bounds import model_limit
 from piper_sim.errors import ConfigError
-from piper_sim.importers.result import Translation
+from piper_sim.importers.imported import Translation
 from piper_sim.importers.source import Source
 from piper_sim.workload.hf_import import layer_pattern
 

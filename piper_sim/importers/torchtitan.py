@@ -18,7 +18,7 @@ from pathlib import Path
 from piper_sim.bounds import GPUS_LIMIT, int_limit
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
-from piper_sim.importers.result import Imported, Translation, config_keys_as, split_unread
+from piper_sim.importers.imported import Imported, Translation, config_keys_as, split_unread
 from piper_sim.importers.source import Source, table_source
 from piper_sim.workload.presets import load_model
 
