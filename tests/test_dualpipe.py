@@ -14,10 +14,10 @@ from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint, _schedule_allows
 from piper_sim.schedule.build import build_schedule, split_layers
 from piper_sim.schedule.dryrun import coarse_timing
+from piper_sim.schedule.generator_registry import schedule_layout
 from piper_sim.schedule.generators import dualpipe, dualpipe_v, one_f_one_b, zb_h1
 from piper_sim.schedule.io import schedule_from_json, schedule_to_json
 from piper_sim.schedule.ir import Layout, VirtualStages
-from piper_sim.schedule.registry import schedule_layout
 from piper_sim.schedule.validate import ScheduleError, check_coarse, check_schedule, dry_run, dry_run_coarse
 from piper_sim.simulator import simulate
 from piper_sim.workload.presets import load_model

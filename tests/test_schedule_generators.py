@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from piper_sim.errors import ConfigError, PiperError
+from piper_sim.schedule.generator_registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.generators import gpipe, interleaved_one_f_one_b, one_f_one_b, zb_h1
 from piper_sim.schedule.grid import render_grid
 from piper_sim.schedule.io import schedule_from_csv, schedule_from_json, schedule_to_csv, schedule_to_json
 from piper_sim.schedule.ir import Schedule, Task, VirtualStages, coarse_task_id
-from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.validate import (
     ScheduleError,
     check_coarse,

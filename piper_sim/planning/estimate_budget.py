@@ -15,8 +15,8 @@ from __future__ import annotations
 from piper_sim.planning.estimate import SPLIT_BACKWARD, Estimate, Estimator
 from piper_sim.planning.space import PlanPoint
 from piper_sim.schedule.build import split_layers
+from piper_sim.schedule.generator_registry import schedule_layout
 from piper_sim.schedule.ir import VirtualStages
-from piper_sim.schedule.registry import schedule_layout
 from piper_sim.workload.cost import COST_TERMS
 
 ESTIMATE_TERMS = (*COST_TERMS, "recomputation", "tp_comm", "cp_comm", "ep_comm", "bubble", "pp_comm", "dp_comm",

@@ -12,8 +12,8 @@ import functools
 from dataclasses import dataclass
 
 from piper_sim.schedule.build import split_layers
+from piper_sim.schedule.generator_registry import schedule_layout
 from piper_sim.schedule.ir import VirtualStages
-from piper_sim.schedule.registry import schedule_layout
 
 
 @dataclass(frozen=True)

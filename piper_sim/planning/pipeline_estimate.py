@@ -11,8 +11,8 @@ import functools
 
 from piper_sim.planning.space import PlanPoint
 from piper_sim.schedule.dryrun import CoarseOrder, coarse_order, replay
+from piper_sim.schedule.generator_registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.ir import VirtualStages
-from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.workload.task_kinds import TaskKind
 
 SPLIT_BACKWARD = frozenset({"zb-h1", "dualpipe", "dualpipe-v"})  # backward = input pass + weight pass

@@ -22,9 +22,9 @@ import numpy as np
 
 from piper_sim.planning.space import PlanPoint
 from piper_sim.schedule.build import split_layers
+from piper_sim.schedule.generator_registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.ir import Task, VirtualStages
 from piper_sim.schedule.liveness import activation_deltas
-from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.sim.plan import stage_activation_terms, stage_memory_terms
 from piper_sim.workload.memory import rank_params
 from piper_sim.workload.model import ModelSpec

@@ -7,9 +7,9 @@ simpy, numpy or torch.
 from __future__ import annotations
 
 from piper_sim.config import Config
+from piper_sim.schedule.generator_registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.ir import Schedule, VirtualStages
 from piper_sim.schedule.lower import lower
-from piper_sim.schedule.registry import SCHEDULES, schedule_layout
 from piper_sim.workload.parallel import stage_layer_split
 
 

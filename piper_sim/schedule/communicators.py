@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from piper_sim.schedule.generator_registry import schedule_layout
 from piper_sim.schedule.ir import Layout
-from piper_sim.schedule.registry import schedule_layout
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 

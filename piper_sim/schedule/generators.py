@@ -1,8 +1,8 @@
 """Pure pipeline schedule generators: (pp, vpp, num_microbatches) -> one coarse program per stage.
 
 Owns the orders of gpipe, 1f1b, interleaved-1f1b (Megatron), zb-h1 (Qi et al. 2023), dualpipe
-(DeepSeek-V3) and dualpipe-v; registry.py names them and gives each its layout (ir.Layout). Must not import simpy,
-torch, numpy or anything that runs, nor the registry; generators are pure functions of their arguments.
+(DeepSeek-V3) and dualpipe-v; generator_registry.py names them and gives each its layout (ir.Layout). Must not
+import simpy, torch, numpy or anything that runs, nor the registry; generators are pure functions of their arguments.
 
 A coarse program holds forward / backward (or backward_input + backward_weight) tasks per chunk and
 microbatch, ids from coarse_task_id, and same-rank deps only (B after its F, W after its B). Chunk c
