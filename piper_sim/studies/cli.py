@@ -303,12 +303,12 @@ def cmd_study_scaling(args: argparse.Namespace) -> int:
                        topology=args.topology, profile=args.profile, seq_len=args.seq_len,
                        allow_device_mismatch=args.allow_device_mismatch,
                        fixed=fixed, top_k=args.top, domain=args.ep_domain, **settings)
-    check_machine(base)
+    machine = check_machine(base)  # the first count's: its plan prices on it
     say_space_notes(base)
     requests = scaling_requests(base, counts, weak=args.weak, sequences_per_gpu=args.sequences_per_gpu)
     configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "study scaling", resume=True)
-    table = run_scaling(requests, args.out, weak=args.weak is not None, scheduler=args.scheduler,
+    table = run_scaling(requests, args.out, weak=args.weak is not None, machine=machine, scheduler=args.scheduler,
                         workers=args.workers)
     finish(args.out)
     print(scaling_text(table))

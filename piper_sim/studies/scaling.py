@@ -25,6 +25,7 @@ from piper_sim.analysis import style  # noqa: E402
 from piper_sim.analysis.tables import Col, render  # noqa: E402
 from piper_sim.bounds import GPUS_LIMIT  # noqa: E402
 from piper_sim.errors import ConfigError  # noqa: E402
+from piper_sim.machine import Machine  # noqa: E402
 from piper_sim.planning.planner import PlanRequest, plan  # noqa: E402
 from piper_sim.workload.model import ModelSpec  # noqa: E402
 
@@ -58,15 +59,17 @@ def scaling_requests(base: PlanRequest, counts: list[int], *, weak: str | None, 
             for n, v in zip(counts, vals, strict=True)]
 
 
-def run_scaling(requests: list[PlanRequest], out: Path, *, weak: bool, scheduler: str | None = None,
-                workers: int | None = None, progress: bool = True) -> pd.DataFrame:
+def run_scaling(requests: list[PlanRequest], out: Path, *, weak: bool, machine: Machine | None = None,
+                scheduler: str | None = None, workers: int | None = None, progress: bool = True) -> pd.DataFrame:
     """The scaling study: scaling.csv and scaling.png under out; returns the table as written, with model_label
-    (the model each point built, by what it is) added for the printed table."""
+    (the model each point built, by what it is) added for the printed table. machine: the first request's, where
+    the caller built it (each other count's is built by its plan)."""
     rows, labels = [], []
     for i, request in enumerate(requests):
         if progress:
             print(f"[{i + 1}/{len(requests)}] planning on {request.num_gpus} GPUs ...", file=sys.stderr)
-        result = plan(request, out / "store", scheduler=scheduler, workers=workers, progress=progress)
+        result = plan(request, out / "store", machine=machine if i == 0 else None, scheduler=scheduler,
+                      workers=workers, progress=progress)
         labels.append(model_label(request.model, result.model))
         best = result.best
         if best is None:
