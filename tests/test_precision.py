@@ -17,12 +17,12 @@ from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.planning.estimate_report import estimate_report
 from piper_sim.schedule.ir import Layout, VirtualStages
-from piper_sim.sim.plan import stage_memory_terms
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import layer_activation_bytes, rank_params, routed_row_bytes
 from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import PROFILE_SCHEMA, load_profile
+from piper_sim.workload.stage_memory import stage_memory_terms
 
 PEAK, FP8_PEAK, RATIO, HBM, EFF = 100e12, 200e12, 0.9, 1000e9, 0.8
 PROFILE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1000,

@@ -40,7 +40,7 @@ def test_zero_state_bytes_are_the_zero_paper_formulas():
 def test_zero_memory_per_rank_in_the_simulator():
     plain = simulate(load_config(BASE)).report
     cfg = load_config(BASE)
-    from piper_sim.sim.plan import build_stage_plans
+    from piper_sim.sim.stage_plans import build_stage_plans
 
     plan = build_stage_plans(build_schedule(cfg), cfg.model, cfg.parallel, True)[0]
     dense, expert = plan.params_dense, plan.params_expert

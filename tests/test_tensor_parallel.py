@@ -134,7 +134,7 @@ def test_zero_shards_each_parameter_class_over_its_replicas():
     n_dense, n_stage, n_expert = 4, 8, 2  # dp 2 x ep 4 x etp 1 / tp 2; 8 ranks per stage; dp 2
     state = (params["dense"] * (4 + 12 / n_dense) + params["replicated"] * (4 + 12 / n_stage)
              + params["expert"] * (4 + 12 / n_expert))
-    from piper_sim.sim.plan import build_stage_plans
+    from piper_sim.sim.stage_plans import build_stage_plans
     plans = build_stage_plans(build_schedule(cfg), cfg.model, cfg.parallel, True, zero=1)
     assert plans[0].state_bytes == pytest.approx(state, rel=1e-12)
     assert result.report.fits_memory

@@ -16,7 +16,7 @@ from piper_sim.planning.space import parse_fixes
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.io import schedule_from_csv, schedule_from_json, schedule_to_csv, schedule_to_json
 from piper_sim.schedule.validate import check_schedule
-from piper_sim.sim.plan import build_stage_plans
+from piper_sim.sim.stage_plans import build_stage_plans
 from piper_sim.simulator import simulate
 from piper_sim.workload.fsdp import exposed_gather_s, unit_classes
 from piper_sim.workload.fsdp_state import gathered_window_bytes, unit_params

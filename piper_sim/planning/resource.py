@@ -5,7 +5,7 @@ parameter in mixed precision: fp16 weight and grad, fp32 master, Adam m and v; w
 peak of the activations alive at once under the plan's schedule (schedule/liveness.py: from a
 (chunk, microbatch)'s first forward to its last backward, walked over the generator's own program, so
 1F1B's stage i holds min(pp - i, M) microbatches, GPipe all M, interleaved and ZB-H1 by their orders).
-These are the functions the simulator's memory tracker uses (sim/plan.py), so under balanced routing the
+These are the functions the simulator's memory tracker uses (workload/stage_memory.py), so under balanced routing the
 model and the tracker agree exactly; skewed routing adds the rows a rank's experts really get, which only
 the simulator sees.
 
@@ -25,11 +25,11 @@ from piper_sim.schedule.build import split_layers
 from piper_sim.schedule.generator_registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.ir import Task, VirtualStages
 from piper_sim.schedule.liveness import activation_deltas
-from piper_sim.sim.plan import stage_activation_terms, stage_memory_terms
 from piper_sim.workload.memory import rank_params
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
+from piper_sim.workload.stage_memory import stage_activation_terms, stage_memory_terms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,8 +84,9 @@ _TERMS: dict[tuple, tuple[tuple[float, np.ndarray, float], ...]] = {}  # stage_m
 def _stage_terms(model: ModelSpec, layout, parallel: ParallelSpec, p: int, flash_attention: bool, recompute: str,
                  recompute_layers: int | None, zero: int, checkpoint_layers: int | None, fp8_transposed_copies: bool,
                  recompute_modules: tuple[str, ...], reshard_after_forward: bool) -> tuple[float, np.ndarray, float]:
-    """Stage p's (state bytes, activation bytes per chunk, transient bytes): sim.plan.stage_memory_terms for the
-    stage's chunks of the layout (stage_memory keeps them per plan shape in _TERMS)."""
+    """Stage p's (state bytes, activation bytes per chunk, transient bytes): stage_memory_terms
+    (workload/stage_memory.py) for the stage's chunks of the layout (stage_memory keeps them per plan shape in
+    _TERMS)."""
     stages, layers = _layout_layers(model.num_layers, layout, parallel.pp, parallel.vpp)
     chunks = [stages.of(p, c) for c in range(parallel.vpp)]
     held = tuple(layer for v in chunks for layer in layers[v])
@@ -111,7 +112,7 @@ def _activation_terms(model: ModelSpec, layout, pp: int, vpp: int, p: int, micro
                       flash_attention: bool, recompute: str, recompute_layers: int | None,
                       checkpoint_layers: int | None, recompute_modules: tuple[str, ...], parallel: ParallelSpec
                       ) -> tuple[dict[int, float], float]:
-    """sim.plan.stage_activation_terms of stage p, memoized on what they depend on (the arguments but `parallel`,
+    """stage_memory.stage_activation_terms of stage p, memoized on what they depend on (the arguments but `parallel`,
     which only carries them): plans that differ in ZeRO, EP or DP share them."""
     key = (model, layout, pp, vpp, p, micro_batch_size, split, flash_attention, recompute, recompute_layers,
            checkpoint_layers, recompute_modules)

@@ -1,6 +1,6 @@
 """When a (chunk, microbatch)'s activations are alive in a stage program, and the peak they reach.
 
-Owns the one rule both the simulator's memory tracker (sim/plan.py) and the planner's resource model
+Owns the one rule both the simulator's memory tracker (sim/stage_plans.py) and the planner's resource model
 (planning/resource.py) use: a (chunk, microbatch)'s activations are live from its first forward task to
 its last backward task (backward_weight in zero-bubble schedules, whose weight gradients still need the
 layer inputs). Works on coarse and lowered programs alike (lowering expands each coarse task in place).

@@ -20,7 +20,7 @@ from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.fsdp import shard_axes
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.sim.experts import ExpertState
-from piper_sim.sim.plan import StagePlan
+from piper_sim.sim.stage_plans import StagePlan
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.model import ModelSpec

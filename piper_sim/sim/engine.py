@@ -38,8 +38,15 @@ from piper_sim.sim.collective_tasks import CollectiveTasks
 from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.host import Asymmetry, host_model
 from piper_sim.sim.lane_collectives import LaneCollectives
-from piper_sim.sim.plan import COLLECTIVE_CODE, COMPUTE_CODE, NONBLOCKING_CODE, P2P_CODE, StagePlan, build_stage_plans
 from piper_sim.sim.settings import SimSettings
+from piper_sim.sim.stage_plans import (
+    COLLECTIVE_CODE,
+    COMPUTE_CODE,
+    NONBLOCKING_CODE,
+    P2P_CODE,
+    StagePlan,
+    build_stage_plans,
+)
 from piper_sim.workload.context_parallel import kv_chunk_bytes
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import routed_row_bytes

@@ -1,7 +1,7 @@
 """ZeRO-3 / FSDP: the units whose parameters are gathered, and the gather time prefetch leaves exposed.
 
-Owns what the lowering (schedule/lower.py), the simulator's stage plans (sim/plan.py) and the estimator share about
-`optimizer.zero: 3` (docs/sharding.md); the units' sizes and memory are fsdp_state.py's:
+Owns what the lowering (schedule/lower.py), the simulator's stage plans (sim/stage_plans.py) and the estimator share
+about `optimizer.zero: 3` (docs/sharding.md); the units' sizes and memory are fsdp_state.py's:
 - a unit is one transformer block, as torchtitan and NeMo AutoModel wrap each block with `fully_shard`; a chunk's
   embedding is gathered with its first block and its final norm and head with its last (a chunk with no block
   is one unit, -1);

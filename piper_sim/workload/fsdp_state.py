@@ -1,7 +1,7 @@
 """ZeRO-3 / FSDP: the sizes of a chunk's units and the memory of the units gathered at once (docs/sharding.md).
 
 Owns unit_params (what one rank holds of each unit, by class) and gathered_window_bytes (the stage plan's ZeRO-3
-transient), shared by the simulator's stage plans (sim/plan.py), the planner's resource model and the estimator.
+transient), shared by the simulator's stage plans (sim/stage_plans.py), the planner's resource model and the estimator.
 Units are fsdp.py's. Must not import simpy, torch or the schedule layer.
 """
 
