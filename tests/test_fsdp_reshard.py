@@ -13,7 +13,7 @@ from piper_sim.planning.fsdp_estimate import gather_shares
 from piper_sim.planning.planner import PlanRequest, screen
 from piper_sim.planning.space import PlanPoint, parse_fixes
 from piper_sim.schedule.build import build_coarse_schedule, build_schedule
-from piper_sim.schedule.fsdp import gathering_passes
+from piper_sim.schedule.lower_fsdp import gathering_passes
 from piper_sim.schedule.validate import check_schedule
 from piper_sim.simulator import simulate
 from piper_sim.workload.fsdp_state import gathered_window_bytes

@@ -1,7 +1,7 @@
 """The estimator's ZeRO-3 / FSDP terms: which passes gather and over which groups (docs/sharding.md).
 
 Owns gather_shares (the share of a chunk's forwards and backwards that find its units sharded, from the schedule
-generator's own program and schedule/fsdp.py's gathering_passes, so the estimator and the lowering agree) and
+generator's own program and schedule/lower_fsdp.py's gathering_passes, so the estimator and the lowering agree) and
 shard_groups (the GPUs a class of parameters is gathered and reduce-scattered over, and those its shard is all-reduced
 over under HSDP; unit_reduce_s prices a unit's reduction with them). Pure: no simpy, torch.
 """
@@ -13,7 +13,7 @@ import functools
 from piper_sim.collectives.algorithms import ALL_REDUCE
 from piper_sim.collectives.sharded import REDUCE_SCATTER
 from piper_sim.planning.resource import coarse_programs
-from piper_sim.schedule.fsdp import gathering_passes
+from piper_sim.schedule.lower_fsdp import gathering_passes
 from piper_sim.workload.task_kinds import TaskKind
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from piper_sim.schedule.fsdp import gathering_passes, shard_axes, unit_runs, with_gathers
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.schedule.lower_context_parallel import ring_tasks
+from piper_sim.schedule.lower_fsdp import gathering_passes, shard_axes, unit_runs, with_gathers
 from piper_sim.workload.fsdp import unit_classes
 from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
@@ -132,8 +132,8 @@ class LoweringContext:
     recomputed: int | None = None  # full: layers of each chunk recomputed (None: all)
     recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES  # selective: what it re-runs (workload/recompute.py)
     zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
-    reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (schedule/fsdp.py: gathering_passes)
-    mesh: Mesh | None = None  # ZeRO-3 under HSDP: its shard and replicate groups (schedule/fsdp.py: shard_axes)
+    reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (schedule/lower_fsdp.py: gathering_passes)
+    mesh: Mesh | None = None  # ZeRO-3 under HSDP: its shard and replicate groups (schedule/lower_fsdp.py: shard_axes)
     gathering: frozenset[str] | None = None  # ZeRO-3: the stage's coarse passes that gather (None: every one)
     layout: Layout = Layout.INTERLEAVED
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per virtual stage
@@ -180,7 +180,7 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
     updated parameters all-gathered after the optimizer step, in place of one all-reduce: zero 1 reduce-scatters
     once before the optimizer, zero 2 each chunk's gradients as each micro-batch's backward finishes them; zero 3
     gathers each unit's parameters before its forward and its backward and reduce-scatters its gradients after its
-    backward, every micro-batch (schedule/fsdp.py), and gathers nothing after the optimizer; with
+    backward, every micro-batch (schedule/lower_fsdp.py), and gathers nothing after the optimizer; with
     reshard_after_forward false only the passes that find their chunk sharded gather (gathering_passes). The
     mesh's tp and etp, and sp, place the
     tensor-parallel collectives (TensorSplit; docs/tensor-parallel.md).
@@ -309,7 +309,7 @@ def _fsdp_backward(ctx: LoweringContext, v: int, task: Task, deps: tuple[str, ..
                    redo: list[Segment]) -> list[Task]:
     """ZeRO-3: a chunk's backward unit by unit (last first), each unit's recomputation right before its backward
     (as a per-block checkpoint re-runs it inside the block's backward), with the units' gathers prefetched and
-    their gradients reduce-scattered (schedule/fsdp.py)."""
+    their gradients reduce-scattered (schedule/lower_fsdp.py)."""
     c, m, layers = task.chunk, task.microbatch, ctx.stage_layers[v]
     again = dict(unit_runs(redo, layers))
     runs: list[tuple[int, list[Task]]] = []
@@ -334,7 +334,7 @@ def _chained(runs: list[tuple[int, list[Task]]]) -> list[tuple[int, list[Task]]]
 
 
 def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, reduce: bool = False):
-    """ZeRO-3: the collectives of one unit of a chunk (schedule.fsdp.Collectives), one per class of parameters it
+    """ZeRO-3: the collectives of one unit of a chunk (schedule.lower_fsdp.Collectives), one per class of parameters it
     holds: its parameters' all-gathers, or (reduce) its gradients' reduce-scatters."""
     c, m, layers = task.chunk, task.microbatch, ctx.stage_layers[v]
     what, kind = ("grad", K.REDUCE_SCATTER) if reduce else ("param", K.ALL_GATHER)

@@ -17,8 +17,8 @@ from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, bin
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.network import CollectiveRunner
 from piper_sim.routing.models import RoutingModel
-from piper_sim.schedule.fsdp import shard_axes
 from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.schedule.lower_fsdp import shard_axes
 from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.stage_plans import StagePlan
 from piper_sim.topology.graph import Topology
