@@ -94,7 +94,7 @@ def test_size_labels_parse_back_to_the_bytes():
 
 def test_reproduces_halo_table_names_its_sizes_per_gpu(tmp_path):
     """reproduce's HALO experiment runs the study per GPU; its table's size column says so."""
-    from piper_sim.reproduce.network import halo_section
+    from piper_sim.reproduce.network_experiments import halo_section
     from piper_sim.reproduce.work import run_point
 
     payload = {"kind": "a2a_study", "nodes": 1, "sizes": ["1MiB"], "algorithms": ["rccl", "halo"],

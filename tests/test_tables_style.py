@@ -112,7 +112,7 @@ def test_log_axes_label_in_plain_digits():
 
 
 def test_a2a_levels_draws_grouped_bars_in_the_algorithms_colours():
-    from piper_sim.reproduce.network import _bars
+    from piper_sim.reproduce.network_experiments import _bars
 
     table = pd.DataFrame([{"level": level, "gpus": n, "size per GPU": "1MiB", "algorithm": alg,
                            "busbw GB/s per GPU": bw} for level, n in (("node", 8), ("switch", 32))

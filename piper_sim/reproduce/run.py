@@ -1,10 +1,10 @@
 """`piper-sim reproduce`: the Piper paper's experiments run on the simulator, and DIR/report.md written from them.
 
-Owns EXPERIMENTS (network.py, training.py), reproduce() and the report's Markdown. Every point is stored under
-DIR/points as it finishes (points.store), keyed by points.keys.point_key (its payload, the files it reads, the
-code version), so an interrupted run resumes without recomputing a finished point; the points of all the chosen
-experiments run together, in this process or on Dask (points.dask_runner). Every number of the report comes from
-this run's points. Must not import torch.
+Owns EXPERIMENTS (network_experiments.py, training_experiments.py), reproduce() and the report's Markdown. Every
+point is stored under DIR/points as it finishes (points.store), keyed by points.keys.point_key (its payload, the
+files it reads, the code version), so an interrupted run resumes without recomputing a finished point; the points of
+all the chosen experiments run together, in this process or on Dask (points.dask_runner). Every number of the report
+comes from this run's points. Must not import torch.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from piper_sim.errors import ConfigError
 from piper_sim.points.dask_runner import run_points
 from piper_sim.points.keys import KeyedPoint, keyed_point
 from piper_sim.points.store import ResultStore
-from piper_sim.reproduce import network, training
+from piper_sim.reproduce import network_experiments, training_experiments
 from piper_sim.reproduce.claims import Claim, citation, load_claims, verdict
 from piper_sim.reproduce.experiment import Experiment, Section
 from piper_sim.reproduce.work import run_point
 
-EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in network.EXPERIMENTS + training.EXPERIMENTS}
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e for e in network_experiments.EXPERIMENTS + training_experiments.EXPERIMENTS}
 
 
 def reproduce(names: list[str], out: Path, *, quick: bool, scheduler: str | None = None, workers: int | None = None,
