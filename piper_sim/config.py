@@ -25,7 +25,7 @@ from piper_sim.workload.model import FP8_RECIPES, SET_BY_CONFIG, ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
 from piper_sim.workload.precision import PRECISIONS
 from piper_sim.workload.presets import list_presets, load_model
-from piper_sim.workload.recompute import RECOMPUTE_MODULES, selective_modules
+from piper_sim.workload.recompute import RECOMPUTE_MODES, RECOMPUTE_MODULES, Recompute, selective_modules
 from piper_sim.yamlio import parse_yaml, read_yaml
 
 if TYPE_CHECKING:  # numpy: built in resolve, not loaded by `piper-sim --help`
@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # numpy: built in resolve, not loaded by `piper-sim --help`
 SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
             "cost", "sim", "recompute", "recompute_layers", "recompute_checkpoint_layers", "recompute_modules",
             "optimizer")
-RECOMPUTE_MODES = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 ZERO3_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")  # one backward per chunk (docs/sharding.md)
 TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipe-v")  # each rank holds two chunks: parallel.vpp 2, their only value
@@ -301,7 +300,7 @@ def _checkpoint_layers(full: dict, recompute: str) -> int | None:
     layers = full["recompute_checkpoint_layers"]
     if layers is None:
         return None
-    if recompute != "full":
+    if recompute != Recompute.FULL:
         raise ConfigError("recompute_checkpoint_layers", layers, "unset unless recompute is full")
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= 1 << 20:
         raise ConfigError("recompute_checkpoint_layers", layers, "a positive integer (layers per checkpoint; "
@@ -315,7 +314,7 @@ def _recompute_modules(modules, recompute: str, model: ModelSpec) -> tuple[str, 
     if modules is None:
         return selective_modules(recompute, None)
     allowed = f"a list of distinct names among {', '.join(RECOMPUTE_MODULES)} (Megatron-core's recompute_modules)"
-    if recompute != "selective":
+    if recompute != Recompute.SELECTIVE:
         raise ConfigError("recompute_modules", modules, "unset unless recompute is selective")
     if not isinstance(modules, list) or not modules or len(set(map(str, modules))) < len(modules) \
             or not all(isinstance(m, str) and m in RECOMPUTE_MODULES for m in modules):
@@ -332,7 +331,7 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
     if recompute not in RECOMPUTE_MODES:
         raise ConfigError("recompute", recompute, f"one of {', '.join(RECOMPUTE_MODES)}")
     if layers is not None:
-        if recompute != "full":
+        if recompute != Recompute.FULL:
             raise ConfigError("recompute_layers", layers, "unset unless recompute is full")
         if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
             raise ConfigError("recompute_layers", layers, "a positive integer (layers of each chunk recomputed)")

@@ -17,7 +17,7 @@ from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.trace.runtrace import normalize
-from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute
 
 # a real run's first step pays one-time costs (allocation, first calls, connections): left out of its figures
 # where the run has more steps (analysis/report.py)
@@ -38,11 +38,11 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     if cfg.model.fp8_recipe:  # its linears are torch's, in the model's dtype
         raise ConfigError("cost.precision", "fp8", "bf16 for real runs (the torch backend runs no fp8 GEMMs, and this "
                                                    "machine's CPUs have none; simulate prices fp8)")
-    if cfg.zero == 3 and cfg.recompute == "full":  # its recompute tasks re-run each unit from the unit's input
+    if cfg.zero == 3 and cfg.recompute == Recompute.FULL:  # its recompute tasks re-run each unit from the unit's input
         raise ConfigError("recompute", "full", "none or selective with optimizer.zero 3 for real runs (ZeRO-3 "
                           "recomputes each unit inside its backward, from a per-unit checkpoint the torch backend "
                           "does not keep; simulate prices it)")
-    if cfg.parallel.cp > 1 and cfg.recompute == "selective":  # its core recompute re-runs a core without the ring
+    if cfg.parallel.cp > 1 and cfg.recompute == Recompute.SELECTIVE:  # it re-runs a core without the K/V ring
         raise ConfigError("recompute", "selective", "none or full with parallel.cp > 1 for real runs (the torch "
                           "backend's selective recomputation re-runs the attention core without its K/V ring)")
     if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator

@@ -53,7 +53,7 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.profile import DeviceProfile
-from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute
 from piper_sim.workload.task_kinds import Role, TaskKind
 
 K = TaskKind
@@ -201,9 +201,9 @@ class Estimator:
                    ) -> tuple[float, int]:
         """(seconds, MoE layers whose all-to-alls run again) of what a chunk re-runs before its backward: full,
         the forward of its layers; selective, its layers' recompute modules (as schedule.lower emits them)."""
-        if recompute == "selective":
+        if recompute == Recompute.SELECTIVE:
             segments = selective_segments(self.model, layers, self.recompute_modules)
-        elif recompute == "full":
+        elif recompute == Recompute.FULL:
             segments = chunk_segments(self.model, layers, first=first, last=False, split=coster.split)
         else:
             return 0.0, 0

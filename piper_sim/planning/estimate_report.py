@@ -17,6 +17,7 @@ from piper_sim.config import Config
 from piper_sim.machine import Machine
 from piper_sim.planning.estimate import config_estimator, estimate_with_memory
 from piper_sim.workload.memory import headroom_bytes
+from piper_sim.workload.recompute import Recompute
 
 # report.json keys the simulator fills and the estimator cannot: written as null
 NOT_ESTIMATED = ("step_times_s", "compute_fraction", "bubble_fraction", "exposed_comm_fraction",
@@ -37,7 +38,7 @@ def estimate_report(cfg: Config, machine: Machine | None = None) -> Report:
     return Report(num_gpus=cfg.parallel.num_gpus, num_steps=cfg.steps, step_time_s=est.step_time_s,
                   tokens_per_step=tokens, tokens_per_s=tokens / est.step_time_s,
                   model_flops_per_step=est.model_flops_per_step, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
-                  hfu=est.mfu if cfg.recompute == "none" else None, peak_memory_bytes=[float(p) for p in peaks],
+                  hfu=est.mfu if cfg.recompute == Recompute.NONE else None, peak_memory_bytes=[float(p) for p in peaks],
                   hbm_bytes=hbm, framework_reserve_bytes=reserve, memory_headroom_bytes=headroom,
                   fits_memory=[h >= 0 for h in headroom],
                   mfu_fp8_peak=mfu_over_peak(est.model_flops_per_step, est.step_time_s, cfg.parallel.num_gpus,

@@ -20,6 +20,7 @@ from piper_sim.analysis.tables import Col, render  # noqa: E402
 from piper_sim.planning.planner import PlanResult  # noqa: E402
 from piper_sim.planning.space import PlanPoint  # noqa: E402
 from piper_sim.workload.parallel import megatron_degrees  # noqa: E402
+from piper_sim.workload.recompute import Recompute  # noqa: E402
 
 GIB = 2.0**30
 WHY_TOP = 5
@@ -30,7 +31,7 @@ def megatron_label(row: pd.Series | dict) -> str:
     micro and global batch), then the schedule, all-to-all, recomputation and ZeRO stage as the plan's label."""
     point = PlanPoint(**{k: _plain(row[k]) for k in PlanPoint.__dataclass_fields__})
     degrees = megatron_degrees(point.parallel)
-    extra = (f" rc-{point.recompute}" if point.recompute != "none" else "") + point.sharding_label()
+    extra = (f" rc-{point.recompute}" if point.recompute != Recompute.NONE else "") + point.sharding_label()
     return (" ".join(f"{k}{v}" for k, v in degrees.items() if k != "EDP") + (" SP" if point.sp else "")
             + f" MBS{point.micro_batch_size} GBS{point.parallel.sequences_per_step} {point.schedule} "
               f"{point.all_to_all}{extra}")

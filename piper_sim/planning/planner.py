@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from piper_sim.analysis.ranking import spearman
-from piper_sim.config import RECOMPUTE_MODES, ZERO_STAGES, load_config, with_precision
+from piper_sim.config import ZERO_STAGES, load_config, with_precision
 from piper_sim.errors import ConfigError
 from piper_sim.machine import Machine, place_machine
 from piper_sim.planning.estimate import Estimate, Estimator
@@ -39,6 +39,7 @@ from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.workload.memory import headroom_bytes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import load_model
+from piper_sim.workload.recompute import RECOMPUTE_MODES
 
 DOMAINS = ("node", "switch", "group", "any")
 

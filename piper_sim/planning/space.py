@@ -21,13 +21,14 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
-from piper_sim.config import RECOMPUTE_MODES, TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, ZERO_STAGES
+from piper_sim.config import TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, ZERO_STAGES
 from piper_sim.errors import ConfigError
 from piper_sim.planning.context_parallel_estimate import cp_degrees
 from piper_sim.workload.fsdp import hsdp_replicate
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, tensor_split_widths
 from piper_sim.workload.precision import PRECISIONS
+from piper_sim.workload.recompute import RECOMPUTE_MODES, Recompute
 
 SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipe-v")
 A2A_NAMES = ("flat", "halo")
@@ -69,7 +70,7 @@ class PlanPoint:
         vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
         tp = ((f" tp{self.tp}" if self.tp > 1 else "") + (f" etp{self.etp}" if self.etp > 1 else "")
               + (" sp" if self.sp else "") + (f" cp{self.cp}" if self.cp > 1 else ""))
-        extra = (f" rc-{self.recompute}" if self.recompute != "none" else "") + self.sharding_label()
+        extra = (f" rc-{self.recompute}" if self.recompute != Recompute.NONE else "") + self.sharding_label()
         return (f"pp{self.pp} ep{self.ep} dp{self.dp}{tp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
                 f"{self.schedule} {self.all_to_all}{extra}")
 

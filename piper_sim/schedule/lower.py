@@ -21,7 +21,7 @@ from piper_sim.workload.fsdp import unit_classes
 from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
-from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute
 from piper_sim.workload.task_kinds import Role, TaskKind
 
 K = TaskKind
@@ -365,9 +365,9 @@ def _recompute_segments(ctx: LoweringContext, v: int) -> list[Segment]:
     """What a chunk re-runs before its backward: full, the forward of its first recomputed layers (their
     all-to-alls included); selective, its layers' recompute modules (selective_segments)."""
     layers = ctx.stage_layers[v]
-    if ctx.recompute == "selective":
+    if ctx.recompute == Recompute.SELECTIVE:
         return selective_segments(ctx.model, layers, ctx.recompute_modules)
-    if ctx.recompute == "full":
+    if ctx.recompute == Recompute.FULL:
         redo = layers if ctx.recomputed is None else layers[:ctx.recomputed]
         return chunk_segments(ctx.model, redo, first=ctx.stages.is_first(v), last=False,
                               split=ctx.split) if redo else []

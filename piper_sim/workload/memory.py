@@ -54,7 +54,7 @@ from piper_sim.workload.precision import (
     non_fp8_params,
 )
 from piper_sim.workload.profile import DeviceProfile
-from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, selective_modules
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute, selective_modules
 
 STATE_BYTES_PER_PARAM = 16
 FRAMEWORK_RESERVE_FRACTION = 0.10
@@ -217,14 +217,14 @@ def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size
     parallelism (layer_activation_bytes).
     """
     redone = selective_modules(recompute, modules)
-    keeps_scores = not flash_attention and recompute != "full" and "core_attn" not in redone
+    keeps_scores = not flash_attention and recompute != Recompute.FULL and "core_attn" not in redone
     tokens = micro_batch_size * model.seq_len
     held = tokens * split.sequence_share  # the tokens a rank's residual stream holds
     total = 0.0
-    if recompute == "full" and recomputed and layers:  # one checkpoint (a group's input) per group
+    if recompute == Recompute.FULL and recomputed and layers:  # one checkpoint (a group's input) per group
         total = len(checkpoint_groups(min(recomputed, len(layers)), checkpoint_layers)) * held * model.d_model \
             * model.dtype_bytes
-    kept = layers[recomputed:] if recompute == "full" else layers  # the rest are re-run from the chunk's input
+    kept = layers[recomputed:] if recompute == Recompute.FULL else layers  # the rest are re-run from the chunk's input
     for layer in kept:
         total += layer_activation_bytes(model, layer, micro_batch_size, split=split, discarded=redone,
                                         keep_scores=keeps_scores)
@@ -270,7 +270,7 @@ def recompute_transient_bytes(model: ModelSpec, layers: tuple[int, ...], micro_b
                               checkpoint_layers: int | None = None, split: TensorSplit = NO_SPLIT) -> float:
     """Full recomputation: the activations of the largest group of recomputed layers (checkpoint_layers each; None:
     all of the chunk's at once), alive again while that group's backward runs."""
-    if recompute != "full":
+    if recompute != Recompute.FULL:
         return 0.0
     recomputed_layers = layers[:recomputed]
     return max((sum(layer_activation_bytes(model, recomputed_layers[i], micro_batch_size,

@@ -15,11 +15,24 @@ re-runs; piper-sim models three of its modules:
   output of act(a) * b (SwiGLU) or act(a), fc2's input, is freed after fc2's forward and recomputed from fc1's
   output before fc2's backward (op moe_act:L over the rank's routed rows).
 Megatron-core's other modules (mlp, moe, shared_experts, mla_up_proj, ...) are not modelled (refused by name).
-Pure data; must not import simpy or torch.
+Also owns the recomputation modes (Recompute). Pure data; must not import simpy or torch.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class Recompute(StrEnum):
+    """Activation recomputation (config `recompute`): none, selective (recompute_modules re-run before the backward)
+    or full (the layers' forward re-run; workload/memory.py)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+RECOMPUTE_MODES = tuple(mode.value for mode in Recompute)  # the config's values, as plain strings
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
 DEFAULT_SELECTIVE_MODULES = ("core_attn",)  # Megatron-core's default, and piper-sim's selective recomputation
 
@@ -27,6 +40,6 @@ DEFAULT_SELECTIVE_MODULES = ("core_attn",)  # Megatron-core's default, and piper
 def selective_modules(recompute: str, modules: tuple[str, ...] | None) -> tuple[str, ...]:
     """The modules a plan recomputes: modules as given under selective recomputation (the default ones when None),
     none otherwise."""
-    if recompute != "selective":
+    if recompute != Recompute.SELECTIVE:
         return ()
     return DEFAULT_SELECTIVE_MODULES if modules is None else tuple(modules)
