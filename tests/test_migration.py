@@ -20,7 +20,7 @@ from piper_sim.migration import (
     rank_loads,
     rebalance,
 )
-from piper_sim.migration.placement import contiguous_owners
+from piper_sim.migration.expert_placement import contiguous_owners
 from piper_sim.migration.policies import lpt_assign, relabel_to_keep
 from piper_sim.routing.metrics import ImbalanceTracker, imbalance_factor
 from piper_sim.routing.models import routing_from_config

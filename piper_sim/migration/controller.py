@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from piper_sim.errors import ConfigError
+from piper_sim.migration.expert_placement import ExpertPlacement, rank_loads
 from piper_sim.migration.moved_bytes import Move, placement_moves, total_bytes
-from piper_sim.migration.placement import ExpertPlacement, rank_loads
 from piper_sim.migration.policies import POLICIES, rebalance
 from piper_sim.routing.metrics import imbalance_factor
 from piper_sim.units import is_finite_number

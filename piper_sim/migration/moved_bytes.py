@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from piper_sim.migration.placement import ExpertPlacement
+from piper_sim.migration.expert_placement import ExpertPlacement
 from piper_sim.workload.memory import STATE_BYTES_PER_PARAM
 from piper_sim.workload.model import ModelSpec
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from piper_sim.migration.placement import rank_loads
+from piper_sim.migration.expert_placement import rank_loads
 from piper_sim.registry import Registry
 
 

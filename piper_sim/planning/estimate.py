@@ -28,7 +28,7 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.machine import Machine, build_machine
-from piper_sim.migration.placement import contiguous_owners, dispatch
+from piper_sim.migration.expert_placement import contiguous_owners, dispatch
 from piper_sim.network import phase_delay_s
 from piper_sim.planning.context_parallel_estimate import ring_overlap_s
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s

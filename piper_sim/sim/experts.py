@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from piper_sim.migration.controller import MigrationEvent, MigrationSpec, Migrator
+from piper_sim.migration.expert_placement import Dispatch, ExpertPlacement, dispatch
 from piper_sim.migration.moved_bytes import expert_state_bytes, move_matrix
-from piper_sim.migration.placement import Dispatch, ExpertPlacement, dispatch
 from piper_sim.routing.metrics import ImbalanceTracker
 from piper_sim.routing.models import RoutingModel
 from piper_sim.schedule.ir import Schedule

@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from piper_sim.migration.controller import MigrationSpec, Migrator
+from piper_sim.migration.expert_placement import ExpertPlacement
 from piper_sim.migration.moved_bytes import expert_state_bytes
-from piper_sim.migration.placement import ExpertPlacement
 
 from .groups import DEFAULT_GROUPS
 from .layers import FFN
