@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from piper_sim.analysis.report import make_report
+from piper_sim.analysis.run_report import make_report
 from piper_sim.config import Config, for_devices
 from piper_sim.errors import ConfigError
 from piper_sim.machine import build_machine
@@ -20,7 +20,7 @@ from piper_sim.trace.runtrace import normalize
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute
 
 # a real run's first step pays one-time costs (allocation, first calls, connections): left out of its figures
-# where the run has more steps (analysis/report.py)
+# where the run has more steps (analysis/run_report.py)
 WARMUP_STEPS = 1
 # activations are counted on step 0 only (docs/torch-backend.md)
 MEASURED_MEMORY_KIND = "tensor accounting on step 0: params, grads, Adam moments, autograd-saved activations"

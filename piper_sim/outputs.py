@@ -16,7 +16,7 @@ import yaml
 from piper_sim.analysis.band import band_text
 from piper_sim.analysis.links import link_kind_summary
 from piper_sim.analysis.plots import plot_link_utilization, plot_timeline
-from piper_sim.analysis.report import Report, steps_note
+from piper_sim.analysis.run_report import Report, steps_note
 from piper_sim.analysis.tables import percent
 from piper_sim.config import Config
 from piper_sim.errors import ConfigError

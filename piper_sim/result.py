@@ -1,6 +1,6 @@
 """RunResult: what either backend returns for one config (simulate.simulate and measure.measure).
 
-Owns the record only; the report is analysis.report's, the files outputs.py's.
+Owns the record only; the report is analysis.run_report's, the files outputs.py's.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from piper_sim.analysis.report import Report
+from piper_sim.analysis.run_report import Report
 from piper_sim.analysis.style import context
 from piper_sim.config import Config
 from piper_sim.schedule.ir import Schedule

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from piper_sim.analysis.links import link_table
-from piper_sim.analysis.report import make_report
+from piper_sim.analysis.run_report import make_report
 from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import Config
 from piper_sim.host_memory import MemoryGuard, RunMemory, available_memory_bytes, check_run_memory, estimate_run_memory

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from piper_sim.analysis.report import mfu_over_peak
+from piper_sim.analysis.run_report import mfu_over_peak
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir

@@ -7,7 +7,7 @@ import copy
 import pandas as pd
 import pytest
 
-from piper_sim.analysis.report import Report
+from piper_sim.analysis.run_report import Report
 from piper_sim.config import load_config
 from piper_sim.simulator import simulate as simulate_config
 

@@ -1,4 +1,4 @@
-"""A real run's warm-up step is left out of its figures (analysis.report warmup_steps), compare puts the
+"""A real run's warm-up step is left out of its figures (analysis.run_report warmup_steps), compare puts the
 prediction over the same steps, and a CPU run's MFU is against a CPU profile's peak."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from piper_sim.analysis.compare import compare_runs, same_steps
-from piper_sim.analysis.report import make_report, steps_note
+from piper_sim.analysis.run_report import make_report, steps_note
 from piper_sim.cli import main
 from piper_sim.paths import data_dir
 from piper_sim.workload.profile_load import load_profile

@@ -116,7 +116,7 @@ def band_dict(cfg, tier: str) -> dict | None:
 
 
 def with_band(report, cfg, tier: str):
-    """The report (analysis.report.Report) with its error band: what simulate's report.json carries. The band is
+    """The report (analysis.run_report.Report) with its error band: what simulate's report.json carries. The band is
     added where a prediction is shown, not inside simulate(), so that a stored point does not read the scores."""
     from dataclasses import replace
 

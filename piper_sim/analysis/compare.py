@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from piper_sim.analysis.report import steps_note
+from piper_sim.analysis.run_report import steps_note
 from piper_sim.errors import PiperError
 from piper_sim.profile_choice import CPU, profile_name
 from piper_sim.rundir import is_unfinished

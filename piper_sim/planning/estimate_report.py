@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from piper_sim.analysis.report import Report, mfu_over_peak
+from piper_sim.analysis.run_report import Report, mfu_over_peak
 from piper_sim.config import Config
 from piper_sim.machine import Machine
 from piper_sim.planning.estimate import config_estimator, estimate_with_memory

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from piper_sim.analysis import style
-from piper_sim.analysis.report import Report
+from piper_sim.analysis.run_report import Report
 from piper_sim.analysis.tables import Col, render
 from piper_sim.bounds import int_limit
 from piper_sim.config import Config, load_config
