@@ -100,8 +100,8 @@ def _merge_collectives(base: dict, over: dict) -> dict:
 def load_topology(spec: str | dict | Path, num_gpus: int | None = None) -> Topology:
     """Build the topology; num_gpus sizes it when the file does not fix the node count. The last machine of at least
     KEEP_LINKS links is kept and given again for the same mapping and GPU count (a process that runs several commands
-    on one large machine, as a test session or a reproduce run does, builds it once; within one command the Machine
-    is built once: piper_sim.machine)."""
+    on one large machine, as a test session does, builds it once; within one command the Machine is built once:
+    piper_sim.machine)."""
     raw = read_topology_mapping(spec)
     key = json.dumps([raw, num_gpus], sort_keys=True, default=str)
     if _LAST and _LAST[0] == key:
