@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from piper_sim.errors import ConfigError  # noqa: E402
-from piper_sim.torch_backend.all_to_all import ALGORITHMS, all_to_all  # noqa: E402
+from piper_sim.torch_backend.a2a_algorithms import ALGORITHMS, all_to_all  # noqa: E402
 from piper_sim.torch_backend.groups import DEFAULT_GROUPS  # noqa: E402
 from piper_sim.torch_backend.local_launch import run_local  # noqa: E402
 

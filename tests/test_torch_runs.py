@@ -15,7 +15,7 @@ import torch.distributed as dist
 from piper_sim.config import load_config
 from piper_sim.errors import PiperError
 from piper_sim.schedule.build import build_schedule
-from piper_sim.torch_backend.all_to_all import all_to_all, prepare_groups
+from piper_sim.torch_backend.a2a_algorithms import all_to_all, prepare_groups
 from piper_sim.torch_backend.run import launch
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -226,7 +226,7 @@ class HaloPlan:
     `phases` is exactly what the registered algorithm returns without its split-size exchange; `kind[p]`
     is phase p's role ("direct" on one node; else "intra", "inter" or "redistribute") and `slice[p]` its
     slice (0 for "direct" and "intra"). A flow of a sliced phase carries slice s of each chunk it names
-    (`slice_rows`). The torch backend runs the plan as it is (torch_backend/all_to_all.py)."""
+    (`slice_rows`). The torch backend runs the plan as it is (torch_backend/a2a_algorithms.py)."""
 
     phases: list[Phase]
     kind: list[str]

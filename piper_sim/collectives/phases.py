@@ -67,7 +67,7 @@ def split_exchange(node_gather: bool) -> Callable[[AllToAll], AllToAll]:
     phases only. With node_gather, a ring all_gather inside every node
     of each member's row and column of the split matrix (2 n int64, phase "splits:node") follows, so
     each member knows every chunk to or from its node, as the multi-phase algorithms need
-    (`torch_backend.all_to_all.AllToAllCall.holding`). Phases that waited for nothing now wait for it.
+    (`torch_backend.a2a_algorithms.AllToAllCall.holding`). Phases that waited for nothing now wait for it.
     """
     def wrap(algorithm: AllToAll) -> AllToAll:
         @functools.wraps(algorithm)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .all_to_all import all_to_all, prepare_groups
+from .a2a_algorithms import all_to_all, prepare_groups
 
 ROW_WIDTH = 256  # float32 values per row: 1 KiB rows
 

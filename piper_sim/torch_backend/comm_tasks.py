@@ -15,7 +15,7 @@ from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Task
 from piper_sim.workload.task_kinds import Role, TaskKind
 
-from .all_to_all import all_to_all, dispatch_rows
+from .a2a_algorithms import all_to_all, dispatch_rows
 from .model import State
 from .segments import MicroState, Segment
 

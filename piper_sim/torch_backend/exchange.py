@@ -1,6 +1,6 @@
 """Building blocks of multi-phase all-to-all algorithms: keyed row chunks and padded exchange phases.
 
-Owns the bookkeeping shared by the algorithms in all_to_all.py. Every chunk of rows is named by its
+Owns the bookkeeping shared by the algorithms in a2a_algorithms.py. Every chunk of rows is named by its
 key (source rank, destination rank), global ranks; a rank knows the size of every chunk whose source or
 destination is on its node (`node_split_sizes`), which is every chunk it sends or receives in any
 phase, so a phase is described by which keys each sender sends to each receiver, in order, and the

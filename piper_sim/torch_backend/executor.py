@@ -51,8 +51,8 @@ from piper_sim.workload.task_kinds import (
     TaskKind,
 )
 
+from .a2a_algorithms import prepare_groups
 from .activations import ActivationMeter
-from .all_to_all import prepare_groups
 from .comm_tasks import CommunicationTasks
 from .context_parallel_attention import ContextShard
 from .groups import DEFAULT_GROUPS

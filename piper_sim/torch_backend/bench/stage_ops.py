@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from piper_sim.torch_backend.all_to_all import all_to_all, dispatch_rows
+from piper_sim.torch_backend.a2a_algorithms import all_to_all, dispatch_rows
 from piper_sim.torch_backend.layers import DeferredWeightGrads
 from piper_sim.torch_backend.model import StageModule
 from piper_sim.torch_backend.op_autograd import backward_op, forward_op

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from piper_sim.errors import PiperError
-from piper_sim.torch_backend.all_to_all import all_to_all
+from piper_sim.torch_backend.a2a_algorithms import all_to_all
 from piper_sim.torch_backend.groups import DEFAULT_GROUPS
 from piper_sim.torch_backend.local_launch import run_local
 from piper_sim.workload.presets import load_model
@@ -44,7 +44,7 @@ from .stage_ops import MICRO_BATCH_SIZE
 WARMUP_ITERATIONS = 10
 HOT_EXCHANGES = 200
 SKIPPED_EXCHANGES = 2  # each level's first exchanges wait for the partner to start
-CALLS_PER_EXCHANGE = 2  # flat: the split sizes, then the rows (torch_backend/all_to_all.py)
+CALLS_PER_EXCHANGE = 2  # flat: the split sizes, then the rows (torch_backend/a2a_algorithms.py)
 COUNT_BYTES = 2 * 8  # the split sizes' message: one int64 per member of the pair
 
 
