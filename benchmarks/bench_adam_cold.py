@@ -19,7 +19,7 @@ import time
 import torch
 
 from piper_sim.torch_backend.bench.timing import flush_caches
-from piper_sim.torch_backend.model import StageModule
+from piper_sim.torch_backend.stage_modules import StageModule
 from piper_sim.workload.presets import load_model
 
 

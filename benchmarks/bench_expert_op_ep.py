@@ -19,8 +19,8 @@ import torch
 
 from piper_sim.torch_backend.bench.stage_ops import prepare_stage
 from piper_sim.torch_backend.bench.timing import flush_caches
-from piper_sim.torch_backend.model import StageModule
 from piper_sim.torch_backend.op_autograd import backward_op, forward_op
+from piper_sim.torch_backend.stage_modules import StageModule
 from piper_sim.workload.presets import load_model, spec_to_mapping
 
 OP = "experts:0"

@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 from piper_sim.torch_backend.corpus import VOCAB_SIZE, ByteCorpus  # noqa: E402
 from piper_sim.torch_backend.emulate import build_grid, combine, dispatch, local_all_to_all, run_grid  # noqa: E402
-from piper_sim.torch_backend.model import ReferenceModel, StageModule, stage_ops  # noqa: E402
 from piper_sim.torch_backend.op_autograd import backward_op, forward_op  # noqa: E402
+from piper_sim.torch_backend.stage_modules import ReferenceModel, StageModule, stage_ops  # noqa: E402
 from piper_sim.workload.model import ModelSpec  # noqa: E402
 
 SEQ = 16

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from piper_sim.torch_backend.corpus import VOCAB_SIZE  # noqa: E402
-from piper_sim.torch_backend.model import StageModule, run_without_exchange  # noqa: E402
+from piper_sim.torch_backend.stage_modules import StageModule, run_without_exchange  # noqa: E402
 from piper_sim.torch_backend.tensor_parallel import TensorShard  # noqa: E402
 from piper_sim.workload.model import ModelSpec  # noqa: E402
 

@@ -16,8 +16,8 @@ from piper_sim.schedule.ir import Task
 from piper_sim.workload.task_kinds import Role, TaskKind
 
 from .a2a_algorithms import all_to_all, dispatch_rows
-from .model import State
 from .segments import MicroState, Segment
+from .stage_modules import State
 
 
 class CommunicationTasks:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from piper_sim.workload.model import ModelSpec
 
-from .model import StageModule, State
+from .stage_modules import StageModule, State
 
 
 def local_all_to_all(rows: Sequence[Tensor], splits: Sequence[Sequence[int]]

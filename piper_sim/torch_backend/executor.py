@@ -58,9 +58,9 @@ from .context_parallel_attention import ContextShard
 from .groups import DEFAULT_GROUPS
 from .layers import DeferredWeightGrads
 from .migrate import ExpertMigration
-from .model import StageModule, State
 from .p2p import Transfers
 from .segments import MicroState, Segment, differentiable, leafify, recomputed_ops
+from .stage_modules import StageModule, State
 from .tensor_parallel import TensorShard
 from .tp_tasks import TP_KINDS, TensorParallelTasks
 from .train_state import TrainState

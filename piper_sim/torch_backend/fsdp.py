@@ -35,7 +35,7 @@ from piper_sim.workload.task_kinds import FORWARD_KINDS, RECOMPUTE_KINDS, Role, 
 
 from .activations import ActivationMeter
 from .groups import DEFAULT_GROUPS
-from .model import StageModule
+from .stage_modules import StageModule
 from .tensor_parallel import TensorShard
 from .zero import flatten, views
 

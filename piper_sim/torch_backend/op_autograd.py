@@ -25,7 +25,7 @@ from torch import Tensor
 
 from piper_sim.workload.ops import parse_op
 
-from .model import DIFFERENTIABLE_IO, StageModule, State
+from .stage_modules import DIFFERENTIABLE_IO, StageModule, State
 
 
 @dataclass

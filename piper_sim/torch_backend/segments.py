@@ -13,7 +13,7 @@ from torch import Tensor
 from piper_sim.schedule.ir import Task
 from piper_sim.workload.task_kinds import RECOMPUTE_KINDS, TaskKind
 
-from .model import StageModule, State
+from .stage_modules import StageModule, State
 
 
 @dataclass

@@ -19,7 +19,7 @@ from piper_sim.workload.task_kinds import TaskKind
 from .activations import ActivationMeter
 from .fsdp import Fsdp
 from .groups import DEFAULT_GROUPS
-from .model import StageModule
+from .stage_modules import StageModule
 from .tensor_parallel import PARAM_CLASSES, TensorShard
 from .zero import ShardedGroup
 

@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from piper_sim.torch_backend.a2a_algorithms import all_to_all, dispatch_rows
 from piper_sim.torch_backend.layers import DeferredWeightGrads
-from piper_sim.torch_backend.model import StageModule
 from piper_sim.torch_backend.op_autograd import backward_op, forward_op
+from piper_sim.torch_backend.stage_modules import StageModule
 from piper_sim.workload.presets import load_model
 
 from .calibration_inputs import TimingPlan
