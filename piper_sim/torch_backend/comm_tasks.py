@@ -1,6 +1,6 @@
 """The executor's communication tasks (a mixin of executor.Executor, which owns the state they act on): the MoE
 all-to-alls (forward, their recomputation and their backward), the tensor-parallel collectives on h, the pipeline
-sends and receives, and ZeRO-3's nonblocking collectives (fsdp.py), issued and recorded when they end.
+sends and receives, and ZeRO-3's nonblocking collectives (sharded_params.py), issued and recorded when they end.
 Only piper_sim.torch_backend may import torch.
 """
 

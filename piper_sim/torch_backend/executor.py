@@ -22,7 +22,7 @@ parallelism: the stages hold the rank's slices (tensor_parallel.py) and the sche
 on h and its gradient (tp_tasks.py). The layout (Schedule.stages) says which chunks hold the embedding and the
 head, and where a chunk hands its output to the next on the same rank (DualPipeV's turn). ZeRO-3: the units'
 gathers and reduce-scatters are issued async and waited for by the tasks that depend on them, and a unit is freed
-after its last compute task of a pass (fsdp.py). Context parallelism: the rank's chunks of each sequence, the
+after its last compute task of a pass (sharded_params.py). Context parallelism: the rank's chunks of each sequence, the
 attention running the ring tasks' K/V collectives, recorded as those tasks' rows (context_parallel_attention.py).
 Only piper_sim.torch_backend may import torch.
 """
@@ -125,7 +125,7 @@ class Executor(CommunicationTasks):
         self.train = TrainState(modules=self.modules, shard=self.shard, mesh=self.mesh, rank=rank,
                                 program=self.program, zero=zero, lr=lr, meter=self.meter,
                                 reshard_after_forward=reshard_after_forward)
-        self.fsdp = self.train.fsdp  # ZeRO-3 (fsdp.py): the units' gathers, frees and gradient reduce-scatters
+        self.fsdp = self.train.fsdp  # ZeRO-3 (sharded_params.py): units' gathers, frees, gradient reduce-scatters
         self.replicas = self.mesh.data_parallel  # micro-batch streams of a stage: one per TP group
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
         self._prepare_groups()

@@ -17,8 +17,8 @@ from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.task_kinds import TaskKind
 
 from .activations import ActivationMeter
-from .fsdp import Fsdp
 from .groups import DEFAULT_GROUPS
+from .sharded_params import Fsdp
 from .stage_modules import StageModule
 from .tensor_parallel import PARAM_CLASSES, TensorShard
 from .zero import ShardedGroup
@@ -46,7 +46,7 @@ class TrainState:
         if self.zero in (1, 2) and not self.sharded:  # once (no migration with ZeRO): parameters become flat views
             self.sharded = self._shard(named)
         # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
-        # (ZeRO-3: a unit's gathered buffer is added while it is gathered, fsdp.py)
+        # (ZeRO-3: a unit's gathered buffer is added while it is gathered, sharded_params.py)
         self.meter.param_storages = {p.untyped_storage().data_ptr() for _, p in named
                                      if p.untyped_storage().nbytes()}
         in_shards = {id(p) for group in self.sharded.values() for p in group.params}
