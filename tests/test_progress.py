@@ -144,7 +144,7 @@ def test_the_cli_prints_no_line_when_stderr_is_not_a_terminal(tmp_path, monkeypa
 @pytest.mark.slow  # starts 4 torch ranks (about 30 s on 2 cores)
 def test_run_counts_the_steps_each_rank_finished(shown, tmp_path, capsys):
     from piper_sim.schedule.build import build_schedule
-    from piper_sim.torch_backend.run import STEP_MARKS, launch
+    from piper_sim.torch_backend.training_run import STEP_MARKS, launch
 
     cfg = load_config("examples/tiny-moe.yaml", ["sim.steps=2"])
     launch(cfg, build_schedule(cfg), tmp_path, timeout_s=240, corpus_bytes=100_000, progress=True)

@@ -12,9 +12,9 @@ from piper_sim.config import load_config
 from piper_sim.schedule.build import build_schedule
 from piper_sim.simulator import simulate
 from piper_sim.torch_backend.corpus import ByteCorpus
-from piper_sim.torch_backend.run import RunSpec, batch_source, launch
 from piper_sim.torch_backend.stage_modules import ReferenceModel
 from piper_sim.torch_backend.tensor_parallel import TensorShard
+from piper_sim.torch_backend.training_run import RunSpec, batch_source, launch
 from piper_sim.trace.runtrace import normalize
 
 CORPUS_BYTES = 200_000

@@ -8,7 +8,7 @@ import pytest
 
 from piper_sim.config import load_config
 from piper_sim.schedule.build import build_schedule
-from piper_sim.torch_backend.run import launch
+from piper_sim.torch_backend.training_run import launch
 from piper_sim.workload.memory import rank_params
 
 CORPUS_BYTES = 200_000

@@ -6,7 +6,7 @@ import pytest
 
 from piper_sim.config import load_config
 from piper_sim.schedule.build import build_schedule
-from piper_sim.torch_backend.run import launch
+from piper_sim.torch_backend.training_run import launch
 
 RAW = {"model": {"preset": "tiny-moe", "num_layers": 2}, "routing": {"kind": "zipf", "exponent": 1.5},
        "parallel": {"pp": 1, "ep": 4, "num_microbatches": 2, "micro_batch_size": 2}, "sim": {"steps": 4, "seed": 1}}

@@ -16,7 +16,7 @@ from piper_sim.config import load_config
 from piper_sim.errors import PiperError
 from piper_sim.schedule.build import build_schedule
 from piper_sim.torch_backend.a2a_algorithms import all_to_all, prepare_groups
-from piper_sim.torch_backend.run import launch
+from piper_sim.torch_backend.training_run import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,

@@ -263,7 +263,8 @@ def _launch_in_testbed(spec: RunSpec, world: int, out_dir: Path, prefix: str, ti
     if placed != hosts:
         raise PiperError(f"--testbed {prefix}: the config places ranks on nodes {placed}, the testbed on {hosts}; "
                          "use the testbed's topology file and contiguous placement")
-    launch_in_namespaces("piper_sim.torch_backend.run:worker", (spec,), rank_map, Path(out_dir), timeout_s=timeout_s)
+    launch_in_namespaces("piper_sim.torch_backend.training_run:worker", (spec,), rank_map, Path(out_dir),
+                         timeout_s=timeout_s)
 
 
 def _which_rank(exc: Exception) -> str:
