@@ -3,7 +3,7 @@
 Owns the points of the study (skew values x policies, each a multi-step simulation of one config; and the drift
 run, step time over steps under a routing whose hot experts move, per policy), their checks before anything
 runs (errors name the option that set the bad value), the CSVs and the plots. Each finished point is stored at
-once in the planner's ResultStore under the output directory, keyed by points.keys.point_key (its resolved
+once in the ResultStore (piper_sim.points) under the output directory, keyed by points.keys.point_key (its resolved
 config, the files it reads, the code version), and the CSVs are rewritten as points finish: a rerun recomputes
 nothing finished while its key holds, and says how many points it reused and computed.
 """
