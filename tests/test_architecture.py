@@ -6,6 +6,8 @@ module level, function-local and under TYPE_CHECKING alike).
 - the engine (piper_sim/sim/) imports the flow network only through its face (`from piper_sim.network import
   ...`), never one of its modules; the network (piper_sim/network/) imports neither the engine nor torch
   (directly, or through what it imports);
+- the point runner and store (piper_sim/points/) import none of the planner, the studies and reproduce,
+  which run their points on them;
 - the package import graph has no cycle. A node is a first-level subpackage of piper_sim (schedule,
   workload, sim, ...) or a top-level module (cli, simulate, config, ...); an edge is any import between
   two nodes, so a cycle closed only by a late import counts too.
@@ -232,6 +234,16 @@ def test_network_modules_load_neither_the_engine_nor_torch():
     out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert not out, f"importing piper_sim.network loads {out}"
+
+
+POINTS_CLIENTS = ("piper_sim.planning", "piper_sim.studies", "piper_sim.reproduce")
+
+
+def test_points_import_none_of_the_commands_that_run_on_them():
+    offenders = [imp for imp in imports() if _within(imp.module, "piper_sim.points")
+                 and any(_within(imp.target, c) for c in POINTS_CLIENTS)]
+    assert not offenders, "piper_sim/points/ imports " + ", ".join(
+        f"{imp.target} ({imp.where()})" for imp in offenders)
 
 
 def test_the_package_import_graph_has_no_cycle():
