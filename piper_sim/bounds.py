@@ -66,8 +66,7 @@ def read_int(key: str, value: object, *, low: int = 0, limit: int = INT_LIMIT) -
 def read_number(key: str, value: object, *, low: float = 0.0, high: float = NUMBER_LIMIT,
                 low_open: bool = False) -> float:
     """A finite int or float (not a bool) in [low, high] ((low, high] with low_open), or a ConfigError naming key."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    number = _as_float(value) if ok else math.nan
+    number = _as_float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
     if not (math.isfinite(number) and (low < number if low_open else low <= number) and number <= high):
         raise ConfigError(key, value, f"a number {'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}"
                                       f"to {high:g}")
@@ -82,6 +81,7 @@ def _as_float(value: int | float) -> float:
 
 
 Shape = object  # a type (int, float, str, dict, list), [Shape] (a list of those), {name: Shape} ("*": any name)
+_SHAPE_WORDS: dict[Shape, str] = {dict: "a mapping", list: "a list", str: "text"}  # a mismatch's expected value
 
 
 def check_value(value: object, shape: Shape, key: str) -> None:
@@ -109,4 +109,4 @@ def check_value(value: object, shape: Shape, key: str) -> None:
         elif want is int:
             read_int(where, node, low=-INT_LIMIT)
         elif not isinstance(node, want):  # type: ignore[arg-type]
-            raise ConfigError(where, node, {dict: "a mapping", list: "a list", str: "text"}.get(want, str(want)))
+            raise ConfigError(where, node, _SHAPE_WORDS.get(want, str(want)))

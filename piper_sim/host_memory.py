@@ -109,6 +109,7 @@ def check_run_memory(need: RunMemory, microbatches: int, outputs: str | None, av
     room = None if available is None else available - MARGIN_BYTES
     if room is None or need.total_bytes <= room:
         return
+    assert available is not None  # room is None where available is
     tail = (f"this run needs {need.text()} and this machine has {available / GIB:.1f} GiB available, "
             f"{MARGIN_BYTES / GIB:.1f} GiB of it kept free (docs/architecture.md, Host memory)")
     for fewer in {"all": ("trace", "report"), "trace": ("report",)}.get(outputs or "", ()):

@@ -19,7 +19,7 @@ DEFAULT_PROFILE = "mi250x"  # where the machine names no device profile (uniform
 CPU_RUN_PROFILE = "cpu-dev"  # ranks on this machine's CPUs, where the topology's profile is not a CPU one
 
 
-def profile_name(profile: object) -> str:
+def profile_name(profile: str | dict | None) -> str:
     """A profile as a user names it: its name, or an inline mapping's name key."""
     return profile if isinstance(profile, str) else str((profile or {}).get("name", "inline"))
 
