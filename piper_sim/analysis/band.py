@@ -15,10 +15,13 @@ expected between (1 + low) and (1 + high) times the prediction. Must not import 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
+
+from piper_sim.paths import data_dir
+from piper_sim.workload.profile_file import profile_device_kind
 
 MIN_RUNS = 3
 SCALES = ((64, "<=64 GPUs"), (512, "65-512 GPUs"), (None, ">512 GPUs"))
@@ -48,8 +51,6 @@ class Family:
 
 def family_of(cfg) -> Family:
     """The family of a resolved Config."""
-    from piper_sim.workload.profile_file import profile_device_kind
-
     model = cfg.model
     return Family(hardware=profile_device_kind(cfg.cost_profile),
                   moe=model.num_experts > 1 and bool(model.moe_layer_indices),
@@ -69,8 +70,6 @@ class ErrorBand:
 
 
 def published_root() -> Path:
-    from piper_sim.paths import data_dir
-
     return data_dir("validation") / "published"
 
 
@@ -118,8 +117,6 @@ def band_dict(cfg, tier: str) -> dict | None:
 def with_band(report, cfg, tier: str):
     """The report (analysis.run_report.Report) with its error band: what simulate's report.json carries. The band is
     added where a prediction is shown, not inside simulate(), so that a stored point does not read the scores."""
-    from dataclasses import replace
-
     return replace(report, error_band=band_dict(cfg, tier))
 
 

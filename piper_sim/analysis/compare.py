@@ -21,6 +21,7 @@ from piper_sim.errors import PiperError
 from piper_sim.profile_choice import CPU, profile_name
 from piper_sim.rundir import is_unfinished
 from piper_sim.trace.runtrace import read_trace
+from piper_sim.workload.profile_file import profile_device_kind
 
 # config sections that must be equal for two runs' tasks to be the same tasks
 MUST_MATCH = ("model", "parallel", "schedule", "recompute", "recompute_layers", "optimizer", "collectives")
@@ -96,8 +97,6 @@ def check_comparable(predicted: RunDir, measured: RunDir) -> None:
                          "differ): compare a prediction with a run of the same config")
     profile = (predicted.config.get("cost") or {}).get("profile")
     if measured.report.get("device") == "cpu" and predicted.report.get("backend") == "sim":
-        from piper_sim.workload.profile_file import profile_device_kind
-
         device = profile_device_kind(profile) if profile is not None else ""
         if device != CPU:
             raise PiperError(f"{predicted.path} was predicted with cost profile {profile_name(profile)} "

@@ -13,7 +13,8 @@ import math
 import zlib
 from pathlib import Path
 
-from matplotlib.ticker import Formatter
+import numpy as np
+from matplotlib.ticker import Formatter, LogLocator, NullLocator
 
 from piper_sim.analysis.tables import time_unit
 from piper_sim.workload.task_kinds import TaskKind
@@ -97,8 +98,6 @@ def plain_log_axis(axis) -> None:
     """A log axis (ax.xaxis or ax.yaxis) labelled in plain digits: every decade, and inside a range of under two
     decades also 2 and 5 of each (under one decade 2, 3 and 5; under 0.7 every minor tick), so a short range still
     reads."""
-    from matplotlib.ticker import LogLocator
-
     axis.set_major_locator(LogLocator(base=10))
     axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(2, 10))))
     axis.set_major_formatter(_PlainLog(minor=False))
@@ -128,8 +127,6 @@ class _PlainLog(Formatter):
 
 def count_axis(ax, values: list[int]) -> None:
     """A log-2 x axis of counts (nodes, GPUs) labelled at the data's own values in plain digits."""
-    from matplotlib.ticker import NullLocator
-
     ticks = sorted({int(v) for v in values})
     ax.set_xscale("log", base=2)
     ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
@@ -138,8 +135,6 @@ def count_axis(ax, values: list[int]) -> None:
 
 def from_zero(ax, headroom: float = 1.12) -> None:
     """The y axis from 0 to a little above the highest point the axes' lines draw (no cut-off axis)."""
-    import numpy as np
-
     tops = [float(np.nanmax(line.get_ydata())) for line in ax.lines if len(line.get_ydata())]
     top = max(tops, default=0.0)
     ax.set_ylim(0, top * headroom if top > 0 else 1.0)
