@@ -57,6 +57,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_options(args)
     presets = tuple(s.strip() for s in args.presets.split(",") if s.strip())
     if args.check:
+        # numpy, yaml: not for --help
         from piper_sim.calibrate.calibration import _busy_core_s, _own_core_s, foreign_cpu_share
         from piper_sim.calibrate.crosscheck import crosscheck, format_table  # numpy, yaml: not for --help
 
@@ -77,7 +78,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
         return 0
     if args.benches is not None:
-        from piper_sim.calibrate.update import check_benches, update_network
+        from piper_sim.calibrate.update import check_benches, update_network  # numpy, yaml: not for --help
 
         benches = check_benches(args.benches)
         command = _invocation(f"piper-sim calibrate --out {args.out} --ranks {args.ranks} "
