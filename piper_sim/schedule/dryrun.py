@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.workload.task_kinds import COMPUTE_KINDS, P2P_KINDS, TaskKind
@@ -53,17 +54,20 @@ def duration(durations: Durations, kind: str) -> float:
     return 1 if kind in COMPUTE_KINDS else 0
 
 
-class _Board:
+_Done = TypeVar("_Done", int, float)  # what a key's completion is: a step's index, or an end time
+
+
+class _Board(Generic[_Done]):
     """Completion times by key and the waiters of keys not yet done."""
 
     def __init__(self) -> None:
-        self.done: dict[tuple, float] = {}
+        self.done: dict[tuple, _Done] = {}
         self.waiters: dict[tuple, list] = defaultdict(list)
 
     def first_missing(self, keys: Sequence[tuple]) -> tuple | None:
         return next((k for k in keys if k not in self.done), None)
 
-    def finish(self, key: tuple, end: float) -> list:
+    def finish(self, key: tuple, end: _Done) -> list:
         self.done.setdefault(key, end)
         return self.waiters.pop(key, [])
 
@@ -111,7 +115,7 @@ def coarse_order(programs: Programs, *, vpp: int | None = None, layout: Layout =
     pp = len(programs)
     vpp = vpp or 1 + max((t.chunk for p in programs for t in p), default=0)
     stages = VirtualStages(layout, pp, vpp)
-    board = _Board()  # key -> the step that finished it first
+    board = _Board[int]()  # key -> the step that finished it first
     steps: list[tuple[int, int, str, tuple[int, ...]]] = []
     pc, blocked = [0] * pp, [""] * pp
     ready = deque(range(pp))
@@ -141,7 +145,7 @@ def replay(order: CoarseOrder, durations: Durations = None) -> tuple[list[float]
     """(starts, ends) of the walk's steps: a step starts when its stage's previous task and the steps it waits for
     have ended."""
     times = {kind: duration(durations, kind) for kind in {kind for _, _, kind, _ in order.steps}}
-    clock = [0] * len(order.lengths)
+    clock: list[float] = [0] * len(order.lengths)
     starts: list[float] = []
     ends: list[float] = []
     for stage, _, kind, needs in order.steps:
@@ -175,11 +179,12 @@ class _LoweredRun:
         self.mesh, self.durations = schedule.mesh, durations
         self.programs = [schedule.program(rank) for rank in range(self.mesh.num_ranks)]
         num_ranks = len(self.programs)
-        self.starts = [[None] * len(p) for p in self.programs]
-        self.ends = [[None] * len(p) for p in self.programs]
-        self.pc, self.clock = [0] * num_ranks, [0] * num_ranks
+        self.starts: list[list[float | None]] = [[None] * len(p) for p in self.programs]
+        self.ends: list[list[float | None]] = [[None] * len(p) for p in self.programs]
+        self.pc: list[int] = [0] * num_ranks
+        self.clock: list[float] = [0] * num_ranks
         self.blocked, self.arrived = [""] * num_ranks, [False] * num_ranks
-        self.board = _Board()
+        self.board = _Board[float]()
         self.p2p: dict[tuple, deque] = defaultdict(deque)
         self.collectives: dict[tuple, list] = defaultdict(list)
         self.queue: deque[tuple] = deque(("rank", rank) for rank in range(num_ranks))
@@ -226,8 +231,9 @@ class _LoweredRun:
             if task.is_collective:
                 self._arrive(rank, index, at)
                 continue
-            self._finish(rank, index, at, at + duration(self.durations, task.kind))
-            self.pc[rank], self.clock[rank], self.blocked[rank] = index + 1, self.ends[rank][index], ""
+            end = at + duration(self.durations, task.kind)
+            self._finish(rank, index, at, end)
+            self.pc[rank], self.clock[rank], self.blocked[rank] = index + 1, end, ""
 
     def _arrive(self, rank: int, index: int, at: float) -> None:
         task = self.programs[rank][index]

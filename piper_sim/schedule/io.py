@@ -22,6 +22,7 @@ import csv
 import json
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from piper_sim.errors import PiperError
 from piper_sim.schedule.ir import Layout, Schedule, Task, global_task_id
@@ -54,7 +55,7 @@ def task_from_dict(data: dict) -> Task:
     if unknown:
         raise PiperError(f"schedule file: unknown task field(s) {sorted(unknown)}; "
                          f"allowed: {sorted(_TASK_FIELDS)}")
-    values = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in data.items()}
+    values: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in data.items()}
     return Task(**values)
 
 

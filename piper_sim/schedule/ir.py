@@ -249,7 +249,7 @@ def global_task_id(rank: int, local_id: str) -> str:
     return f"r{rank}:{local_id}"
 
 
-def coarse_task_id(kind: str, chunk: int, microbatch: int) -> str:
+def coarse_task_id(kind: TaskKind, chunk: int, microbatch: int) -> str:
     short = {TaskKind.FORWARD: "F", TaskKind.BACKWARD: "B", TaskKind.BACKWARD_INPUT: "B",
              TaskKind.BACKWARD_WEIGHT: "W"}[kind]
     return f"{short}:c{chunk}:m{microbatch}"

@@ -13,6 +13,7 @@ other way, so its role flips ("dispatch" always means token owners -> expert own
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
 from piper_sim.schedule.lower_context_parallel import ring_tasks
@@ -43,7 +44,7 @@ class Segment:
     expert: bool = False
     role: Role = Role.NONE  # DISPATCH / COMBINE for all-to-all pieces
     layer: int = -1
-    tp: tuple[TaskKind | str, TaskKind | str] = ("", "")
+    tp: tuple[TaskKind | Literal[""], TaskKind | Literal[""]] = ("", "")
     ring: bool = False
 
 
@@ -103,13 +104,13 @@ def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, la
             before, after = around_split(split, layer)
             region(before, [f"dense:{layer}"], after)
             continue
-        before, after = around_moe(split, layer)
-        region(before, [f"router:{layer}"] + ([f"shared:{layer}"] if model.num_shared_experts else []), None)
+        moe_before, moe_after = around_moe(split, layer)
+        region(moe_before, [f"router:{layer}"] + ([f"shared:{layer}"] if model.num_shared_experts else []), None)
         flush()
         segments.append(Segment(role=Role.DISPATCH, layer=layer))
         segments.append(Segment(ops=(f"experts:{layer}",), expert=True))
         segments.append(Segment(role=Role.COMBINE, layer=layer))
-        region(None, [f"moe_out:{layer}"], after)
+        region(None, [f"moe_out:{layer}"], moe_after)
     if last:  # a vocabulary-parallel head: its input is replicated (gathered under sp)
         region(around_split(split, -1)[0], ["head"], None)
     flush()
@@ -236,8 +237,8 @@ def _bucket_reduce_scatters(ctx: LoweringContext, task: Task, after: str) -> lis
     c, m = task.chunk, task.microbatch
     tasks: list[Task] = []
     for kind, axis in _reduction_axes(ctx):
-        tasks.append(Task(task_id=f"reducescatter:grad_{kind}:c{c}:m{m}", kind=K.REDUCE_SCATTER, role=f"grad_{kind}",
-                          chunk=c, microbatch=m, group_axis=axis, deps=(after,)))
+        tasks.append(Task(task_id=f"reducescatter:grad_{kind}:c{c}:m{m}", kind=K.REDUCE_SCATTER,
+                          role=Role(f"grad_{kind}"), chunk=c, microbatch=m, group_axis=axis, deps=(after,)))
     return tasks
 
 
@@ -351,11 +352,12 @@ def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, redu
             if cls not in held:
                 continue
             if shard:
-                tasks.append(Task(task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}", kind=kind, role=f"{what}_{cls}",
-                                  chunk=c, microbatch=m, layer=unit, group_axis=shard, deps=deps, nonblocking=True))
+                tasks.append(Task(task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}", kind=kind,
+                                  role=Role(f"{what}_{cls}"), chunk=c, microbatch=m, layer=unit, group_axis=shard,
+                                  deps=deps, nonblocking=True))
             if reduce and across:  # HSDP: the reduced shard summed over its replicas
                 tasks.append(Task(task_id=f"allreduce:grad_{cls}:c{c}:m{m}:u{unit}", kind=K.ALL_REDUCE,
-                                  role=f"grad_{cls}", chunk=c, microbatch=m, layer=unit, group_axis=across,
+                                  role=Role(f"grad_{cls}"), chunk=c, microbatch=m, layer=unit, group_axis=across,
                                   deps=(tasks[-1].task_id,) if shard else deps, nonblocking=True))
         return tasks
     return collectives
@@ -434,16 +436,16 @@ def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
         return tasks  # the parameters stay sharded until the next step gathers them
     for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
         if ctx.zero:
-            tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind=K.REDUCE_SCATTER, role=f"grad_{kind}",
+            tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind=K.REDUCE_SCATTER, role=Role(f"grad_{kind}"),
                               group_axis=axis, deps=(last,)))
         else:
-            tasks.append(Task(task_id=f"allreduce:grad_{kind}", kind=K.ALL_REDUCE, role=f"grad_{kind}",
+            tasks.append(Task(task_id=f"allreduce:grad_{kind}", kind=K.ALL_REDUCE, role=Role(f"grad_{kind}"),
                               group_axis=axis, deps=(last,)))
         last = tasks[-1].task_id
     tasks.append(Task(task_id="optimizer", kind=K.OPTIMIZER, deps=(last,)))
     last = "optimizer"
     for kind, axis in axes if ctx.zero else ():
-        tasks.append(Task(task_id=f"allgather:param_{kind}", kind=K.ALL_GATHER, role=f"param_{kind}",
+        tasks.append(Task(task_id=f"allgather:param_{kind}", kind=K.ALL_GATHER, role=Role(f"param_{kind}"),
                           group_axis=axis, deps=(last,)))
         last = tasks[-1].task_id
     if ctx.migration:

@@ -79,12 +79,13 @@ def unit_runs(segments: list, layers: tuple[int, ...], *, backward: bool = False
         current = pieces[-1][0]
     known = next((u for u, _ in pieces if u is not None), None)
     runs: list[tuple[int, list]] = []
-    for unit, seg in pieces:
-        unit = known if unit is None else unit
-        if runs and runs[-1][0] == unit:
+    for piece_unit, seg in pieces:
+        owner = known if piece_unit is None else piece_unit
+        assert owner is not None  # a collective comes with compute ops, whose units are ints (unit_of_op)
+        if runs and runs[-1][0] == owner:
             runs[-1][1].append(seg)
         else:
-            runs.append((unit, [seg]))
+            runs.append((owner, [seg]))
     return runs
 
 

@@ -72,7 +72,8 @@ def _fail(title: str, problems: list[str], render: Callable[[], str]) -> NoRetur
 
 def _program_problems(where: str, program: Sequence[Task], kinds: frozenset[str]) -> list[str]:
     """Unique ids, known kinds, deps that exist and come earlier in program order."""
-    problems, position = [], {}
+    problems: list[str] = []
+    position: dict[str, int] = {}
     for index, task in enumerate(program):
         if task.task_id in position:
             problems.append(f"{where}: task id {task.task_id!r} appears twice")
@@ -90,7 +91,7 @@ def _program_problems(where: str, program: Sequence[Task], kinds: frozenset[str]
 
 
 def _coarse_stage_problems(stage: int, program: Sequence[Task], stages: VirtualStages, num_microbatches: int,
-                           backward_kinds: tuple[str, ...]) -> list[str]:
+                           backward_kinds: tuple[TaskKind, ...]) -> list[str]:
     vpp = stages.vpp
     where = f"stage {stage}"
     problems = _program_problems(where, program, COARSE_KINDS)
