@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from piper_sim.stopping import Signals, Terminated, say_stopped, while_loading
@@ -20,11 +21,13 @@ with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one
     from piper_sim.calibrate.cli import register as register_calibrate
     from piper_sim.config import load_config
     from piper_sim.errors import ConfigError, PiperError, named_by
+    from piper_sim.host_memory import MemoryGuard
     from piper_sim.importers.cli import register as register_import
     from piper_sim.notes import config_notes, placement_notes
     from piper_sim.paths import config_path, data_dir
     from piper_sim.planning.cli import register as register_plan
     from piper_sim.progress import bar as progress_bar
+    from piper_sim.progress import enabled
     from piper_sim.reproduce.cli import register as register_reproduce
     from piper_sim.run_wall import DEFAULT_MAX_WALL_MINUTES
     from piper_sim.rundir import finish, open_out_dir, out_file, write_error
@@ -65,13 +68,11 @@ def say_notes(notes: list[str]) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
+    # the command's modules load numpy, pandas, networkx, simpy: not for --help
     from piper_sim.analysis.band import with_band
-    from piper_sim.host_memory import MemoryGuard
-    from piper_sim.machine import build_machine  # networkx, numpy
-    from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run  # not for --help
-    from piper_sim.simulator import check_wall, simulate  # simpy, numpy
+    from piper_sim.machine import build_machine
+    from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run
+    from piper_sim.simulator import check_wall, simulate
     from piper_sim.trace.tracks import check_detail
 
     perfetto = check_perfetto(check_outputs(args.outputs), args.perfetto)
@@ -118,14 +119,14 @@ def written(out: Path, paths: dict[str, Path]) -> str:
 
 def _expected_s(cfg, machine) -> float | None:
     """The total of simulate's progress line where it shows: the simulated seconds the estimator expects."""
-    from piper_sim.planning.estimate_report import expected_run_s
-    from piper_sim.progress import enabled
+    from piper_sim.planning.estimate_report import expected_run_s  # simpy, numpy: not for --help
 
     return expected_run_s(cfg, machine) if enabled() else None
 
 
 def _estimate(args: argparse.Namespace, cfg) -> int:
     """simulate --tier estimate: the planner's estimator on the config; report.json and config.yaml only."""
+    # the command's modules load numpy, pandas, simpy: not for --help
     from piper_sim.analysis.band import with_band
     from piper_sim.outputs import format_report, write_estimate
     from piper_sim.planning.estimate_report import estimate_json, estimate_report, ignored_notes
@@ -170,7 +171,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from piper_sim.topology.load import topology_presets
+    from piper_sim.topology.load import topology_presets  # networkx: not for --help
 
     print("models:")
     for name in list_presets():
@@ -186,6 +187,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # the command's modules load numpy, pandas, networkx (and torch when it runs): not for --help
     from piper_sim.measure import measure, run_devices
     from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run
     from piper_sim.trace.tracks import check_detail
@@ -212,6 +214,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    # the command's modules load numpy, pandas, simpy, matplotlib: not for --help
     from piper_sim.validation.cases import check_case_profile, find_cases
     from piper_sim.validation.remeasure import calibrated_ranks, remeasure
     from piper_sim.validation.report import format_validation, write_validation
@@ -263,6 +266,7 @@ def _scored(items: list, verb: str, score) -> list[dict]:
 
 
 def _validate_published(args: argparse.Namespace) -> int:
+    # the command's modules load pandas, matplotlib: not for --help
     from piper_sim.analysis.band import format_coverage
     from piper_sim.validation.published import (
         band_coverage,
@@ -342,7 +346,7 @@ def _topology_path(name: str) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from piper_sim.analysis.compare import compare_runs, format_comparison
+    from piper_sim.analysis.compare import compare_runs, format_comparison  # pandas: not for --help
 
     if args.out is not None:
         open_out_dir(args.out, "compare")
