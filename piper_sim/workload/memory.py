@@ -44,6 +44,7 @@ Must not import simpy or torch.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
@@ -53,8 +54,10 @@ from piper_sim.workload.precision import (
     fp8_weight_bytes_per_param,
     non_fp8_params,
 )
-from piper_sim.workload.profile import DeviceProfile
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute, selective_modules
+
+if TYPE_CHECKING:  # the profile module loads numpy; the schedule layer imports this module
+    from piper_sim.workload.profile import DeviceProfile
 
 STATE_BYTES_PER_PARAM = 16
 FRAMEWORK_RESERVE_FRACTION = 0.10
