@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from piper_sim.schedule.generator_registry import schedule_layout
 from piper_sim.schedule.ir import Layout
+from piper_sim.workload.memory import reserve_bytes
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import ParallelSpec
 
@@ -44,8 +45,6 @@ def communicator_kinds(parallel: ParallelSpec, model: ModelSpec, schedule: str) 
 def plan_reserve_bytes(profile: DeviceProfile, given_bytes: float | None, parallel: ParallelSpec, model: ModelSpec,
                        schedule: str) -> float:
     """The framework reserve of one device under this plan (memory.reserve_bytes with the plan's communicators)."""
-    from piper_sim.workload.memory import reserve_bytes  # numpy (its profile): not loaded with the schedule layer
-
     return reserve_bytes(profile, given_bytes, communicators=len(communicator_kinds(parallel, model, schedule)))
 
 
