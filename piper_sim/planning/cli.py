@@ -11,7 +11,10 @@ import math
 import sys
 from pathlib import Path
 
+from piper_sim.analysis.band import band_dict, band_text
 from piper_sim.bounds import GPUS_LIMIT
+from piper_sim.collectives.algorithms import MEASURED_ALGORITHMS as LIBRARIES
+from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.machine import Machine, place_machine
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
@@ -20,6 +23,7 @@ from piper_sim.planning.space import parse_fixes, space_notes, split_settings
 from piper_sim.points.cli import add_engine_args
 from piper_sim.points.dask_runner import check_workers, configure_engine
 from piper_sim.rundir import finish, open_out_dir
+from piper_sim.topology.load import load_topology
 from piper_sim.workload.presets import FIELD_LIMITS, load_model
 
 
@@ -28,8 +32,6 @@ def check_machine(request: PlanRequest) -> Machine:
     one fails naming the flag and the config key it fills (topology, cost.profile), the value and what is allowed;
     a profile of other devices than the topology's fails unless --allow-device-mismatch. Says which profile was
     taken where --profile was not given."""
-    from piper_sim.topology.load import load_topology  # networkx
-
     with named_by("--topology"):
         topo = load_topology(request.topology, request.num_gpus)
     check_libraries(request, topo)
@@ -45,8 +47,6 @@ def check_machine(request: PlanRequest) -> Machine:
 def check_libraries(request: PlanRequest, topo) -> None:
     """A --fix of a communication library (rccl, nccl, deepep) the topology has no measured parameters for fails
     naming the --fix (rather than the topology key the first plan would miss)."""
-    from piper_sim.collectives.algorithms import MEASURED_ALGORITHMS as LIBRARIES
-
     fixes = {"collectives.all_to_all": (request.fixed or {}).get("all_to_all", ()),
              "collectives.all_reduce": (request.all_reduce,)}
     have = [lib for lib in LIBRARIES if topo.collectives.get(lib)]
@@ -100,7 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from piper_sim.analysis.band import band_text
+    # matplotlib.pyplot: not for --help
     from piper_sim.planning.plan_outputs import format_plan_table, megatron_label, write_plan
 
     for key, value in (("--gpus", args.gpus), ("--global-batch", args.global_batch)):
@@ -161,7 +161,4 @@ def say_space_notes(request: PlanRequest) -> None:
 
 def chosen_band(result) -> dict | None:
     """The error band of the chosen plan's predicted step, at the tier that priced it (analysis/band.py)."""
-    from piper_sim.analysis.band import band_dict
-    from piper_sim.config import load_config
-
     return band_dict(load_config(result.best_config()), "des" if bool(result.best["refined"]) else "estimate")

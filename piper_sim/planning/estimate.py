@@ -34,8 +34,10 @@ from piper_sim.planning.context_parallel_estimate import ring_overlap_s
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.geometry import Geometry, geometry
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
+from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
+from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Layout
 from piper_sim.schedule.lower import chunk_segments, selective_segments
 from piper_sim.topology.graph import Topology
@@ -45,6 +47,7 @@ from piper_sim.workload.fsdp_state import unit_params
 from piper_sim.workload.memory import (
     PARAM_CLASSES,
     fp8_weight_params,
+    headroom_bytes,
     param_shards,
     rank_param_tensors,
     rank_params,
@@ -436,8 +439,6 @@ def estimate_config(cfg, built: tuple[Estimator, PlanPoint] | None = None) -> tu
     """A whole config (piper_sim.config.Config) priced by the estimator: (its estimate, whether every stage's peak
     fits HBM less the framework reserve, by the resource model). built: config_estimator(cfg), where the caller
     has it already."""
-    from piper_sim.workload.memory import headroom_bytes
-
     estimate, peaks, hbm_bytes, reserve = estimate_with_memory(cfg, built)
     return estimate, min(headroom_bytes(peaks, hbm_bytes, reserve)) >= 0
 
@@ -446,9 +447,6 @@ def estimate_with_memory(cfg, built: tuple[Estimator, PlanPoint] | None = None
                          ) -> tuple[Estimate, list[float], float, float]:
     """A whole config priced by the estimator: (its estimate, each stage's peak memory by the resource model,
     the device's HBM bytes, its framework reserve). built: config_estimator(cfg), where the caller has it."""
-    from piper_sim.planning.resource import stage_memory
-    from piper_sim.schedule.communicators import config_reserve_bytes
-
     estimator, point = built or config_estimator(cfg)
     profile = estimator.profile
     peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention,

@@ -105,7 +105,7 @@ def refine_points(fn: Callable[[dict], dict], points: list[KeyedPoint], store: R
 def _on_dask(fn, queue: list[KeyedPoint], admit, finish, scheduler: str | None, workers: int | None,
              label: str) -> None:
     """Start queue's points on Dask while admit(point) says yes and a worker is free; finish each as it ends."""
-    from distributed import as_completed
+    from distributed import as_completed  # distributed: heavy; only when points run on Dask
 
     with dask_client(scheduler, workers) as client:
         slots = len(client.scheduler_info().get("workers", {})) or workers or workers_limit()
