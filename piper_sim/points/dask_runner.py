@@ -75,7 +75,7 @@ def configure_engine(scheduler: str | None, workers: int | None = None, dashboar
 def dask_client(scheduler: str | None, workers: int | None):
     """A distributed.Client: to `scheduler` when given, else on a LocalCluster of `workers` single-threaded
     processes (default: one per core)."""
-    from distributed import Client, LocalCluster
+    from distributed import Client, LocalCluster  # distributed: heavy (~560 modules); only when points run on Dask
 
     if scheduler:
         probe_scheduler(scheduler)
@@ -172,7 +172,7 @@ def run_points(fn: Callable[[dict], dict], points: Iterable[KeyedPoint], store: 
         for point in todo:
             out[point.digest] = _finish(store, point, fn(point.payload), bar)
     else:
-        from distributed import as_completed
+        from distributed import as_completed  # distributed: heavy; only when points run on Dask
 
         with dask_client(scheduler, workers) as client:
             if _dashboard:
