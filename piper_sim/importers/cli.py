@@ -12,6 +12,8 @@ from pathlib import Path
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError
 from piper_sim.importers.imported import Imported
+from piper_sim.importers.megatron import import_megatron
+from piper_sim.importers.torchtitan import import_torchtitan
 
 OWN_OPTIONS = ("--out", "--world-size", "--lenient", "--name", "-h", "--help")
 
@@ -81,8 +83,6 @@ def _check_world(world: int | None) -> None:
 
 
 def cmd_import_megatron(args: argparse.Namespace) -> int:
-    from piper_sim.importers.megatron import import_megatron
-
     _check_world(args.world_size)
     if not args.argv:
         raise ConfigError("megatron arguments", None, "Megatron-LM's flags after `--`, e.g. -- --num-layers 32 ...")
@@ -91,8 +91,6 @@ def cmd_import_megatron(args: argparse.Namespace) -> int:
 
 
 def cmd_import_torchtitan(args: argparse.Namespace) -> int:
-    from piper_sim.importers.torchtitan import import_torchtitan
-
     _check_world(args.world_size)
     imported = import_torchtitan(args.file, world_size=args.world_size, model=args.model, lenient=args.lenient)
     return _write(imported, args.out)
