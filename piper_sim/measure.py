@@ -32,7 +32,7 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
     named by its prefix); the ranks write their records under work_dir/ranks/ and the real router's
     decisions to work_dir/routing.npz. None on a torchrun rank other than 0 (rank 0 returns the run).
     progress: a progress line of the ranks' steps done on stderr (piper_sim.progress)."""
-    from piper_sim.torch_backend.training_run import launch
+    from piper_sim.torch_backend.training_run import launch  # torch: loaded only when measuring
 
     cfg = for_devices(cfg, run_devices())  # a CPU run's MFU is against a CPU profile's peak
     if cfg.model.fp8_recipe:  # its linears are torch's, in the model's dtype
@@ -83,6 +83,6 @@ def measure(cfg: Config, work_dir: Path, *, schedule: Schedule | None = None, ti
 
 def run_devices() -> str | None:
     """What a real run's ranks compute on where it decides the cost profile ("cpu", or None on GPUs)."""
-    from piper_sim.torch_backend.training_run import run_devices as devices
+    from piper_sim.torch_backend.training_run import run_devices as devices  # torch: loaded only when measuring
 
     return devices()
