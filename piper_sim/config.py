@@ -205,9 +205,10 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
         raise ConfigError("sim.trace_format", trace_format, "parquet or csv")
     if not isinstance(sim.get("collapse", True), bool):
         raise ConfigError("sim.collapse", sim["collapse"], "true or false")
-    from piper_sim.collectives.algorithms import collective_choice  # numpy: not loaded by `piper-sim --help`
-    from piper_sim.migration.controller import migration_from_config  # numpy
-    from piper_sim.routing.models import routing_from_config  # numpy
+    # numpy, networkx: config stays light, since the schedule layer (numpy-free) and `piper-sim --help` import it
+    from piper_sim.collectives.algorithms import collective_choice
+    from piper_sim.migration.controller import migration_from_config
+    from piper_sim.routing.models import routing_from_config
 
     migration = migration_from_config(full["migration"])  # raises ConfigError naming migration.<key>
     routing = routing_from_config(full["routing"], model.num_experts, model.top_k, seed)

@@ -33,7 +33,8 @@ class ProfileChoice:
 def machine_profile(topology: str | dict, devices: str | None = None) -> tuple[str, str | None]:
     """(what the machine is, in words; the profile of its devices or None). devices "cpu": the ranks run on
     this machine's CPUs (a real run), so a topology whose profile is not a CPU one gives way to CPU_RUN_PROFILE."""
-    from piper_sim.topology.load import topology_device_profile  # networkx
+    # networkx, numpy (the builders): config imports this module and stays light (config.py)
+    from piper_sim.topology.load import topology_device_profile
 
     name, profile = topology_device_profile(topology)
     if devices != CPU or (profile is not None and profile_device_kind(profile) == CPU):
