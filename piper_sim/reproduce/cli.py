@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from piper_sim.reproduce.run import reproduce
+    from piper_sim.reproduce.run import reproduce  # simpy, pandas, matplotlib: not for --help
 
     configure_engine(args.scheduler, args.workers, args.dashboard)
     open_out_dir(args.out, "reproduce", resume=True)  # finished points are kept: a rerun resumes

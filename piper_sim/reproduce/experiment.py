@@ -36,10 +36,10 @@ class Experiment:
 
 def figure(out: Path, name: str, draw: Callable) -> str:
     """Draw on a fresh axes and save DIR/figures/NAME.png; the path relative to DIR."""
-    import matplotlib
+    import matplotlib  # matplotlib: heavy; only when an experiment's figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # once the backend is Agg (no display)
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     draw(ax)

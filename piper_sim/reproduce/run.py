@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from piper_sim.analysis.band import Family, band_from, band_text, scored_families
 from piper_sim.errors import ConfigError
 from piper_sim.points.dask_runner import run_points
 from piper_sim.points.keys import KeyedPoint, keyed_point
@@ -84,8 +85,6 @@ def _report(names: list[str], sections: dict[str, Section], wall: dict[str, floa
 
 def _how_sure() -> str:
     """The error bands of the experiments' family (MoE on MI250X), from the published runs (analysis/band.py)."""
-    from piper_sim.analysis.band import Family, band_from, band_text, scored_families
-
     bands = [band_from(Family("mi250x", True, ""), scored_families(tier), tier) for tier in ("des", "estimate")]
     said = "; ".join(band_text(b.to_dict()) for b in bands if b is not None)
     return ("How sure: every experiment predicts MoE training on Frontier's MI250X GCDs; the published runs of that "

@@ -14,7 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from piper_sim.analysis import style
+from piper_sim.paths import data_dir
 from piper_sim.reproduce.experiment import Experiment, Section, figure
+from piper_sim.validation.published import load_published, measured_step_s
+from piper_sim.workload.presets import load_model
 
 GIB = 2**30
 HBM_LINE_GIB = 64  # a MI250X GCD's HBM
@@ -108,8 +111,6 @@ def layer_points(quick: bool) -> list[dict]:
 
 
 def layer_section(results: list[tuple[dict, dict]], out: Path) -> Section:
-    from piper_sim.workload.presets import load_model
-
     rows = []
     for p, r in results:
         m = load_model(p["name"])
@@ -192,9 +193,6 @@ def baseline_config(model: str, gpus: int) -> tuple[dict, float | None]:
     all-to-all and all-reduce, no recomputation, X-MoE's launch script's plan); a model or GCD count without its own
     published run takes that run's config with the model swapped and the data-parallel degree and micro-batches
     scaled to the GCDs at the same global batch."""
-    from piper_sim.paths import data_dir
-    from piper_sim.validation.published import load_published, measured_step_s
-
     run = load_published(data_dir("validation") / "published" / f"{XMOE_RUNS[model]}.yaml")
     config = {**run.config, "model": {**run.config["model"], "preset": model}}
     if run.config["model"]["preset"] == model and int(run.measured["num_gpus"]) == gpus:

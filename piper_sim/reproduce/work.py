@@ -22,6 +22,7 @@ import numpy as np
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL
 from piper_sim.config import load_config
+from piper_sim.planning.estimate import estimate_config
 from piper_sim.planning.planner import PlanRequest, plan
 from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint, divisors
@@ -91,8 +92,6 @@ def _simulate(payload: dict) -> dict:
 
 def _estimate(payload: dict) -> dict:
     """One config priced by the planner's estimator (the quick tier of a "simulate" point)."""
-    from piper_sim.planning.estimate import estimate_config
-
     t0 = time.perf_counter()
     estimate, fits = estimate_config(load_config(payload["config"]))
     return {"step_time_s": estimate.step_time_s, "mfu": estimate.mfu, "tflops_per_gpu": estimate.tflops_per_gpu,
