@@ -6,6 +6,8 @@ GB/s and TFLOPS are decimal (1e9, 1e12); GiB is binary.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any, TypeGuard
 
 from piper_sim.errors import ConfigError
 
@@ -36,7 +38,7 @@ SI_LIMIT = {"bytes_per_s": 1e18, "s": 3600.0, "bytes": 1e18, "flops_per_s": 1e21
 POSITIVE_UNITS = frozenset({"bytes_per_s", "flops_per_s"})
 
 
-def is_finite_number(value: object) -> bool:
+def is_finite_number(value: object) -> TypeGuard[float]:
     """An int or float (not a bool) that is finite: what every numeric config value must be first."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -61,7 +63,7 @@ def to_si(key: str, value: object, *, where: str = "") -> float:
     return number * scale
 
 
-def read_params(raw: dict, schema: dict[str, object], where: str) -> dict[str, object]:
+def read_params(raw: object, schema: Mapping[str, object], where: str) -> dict[str, Any]:
     """Check a mapping against `schema` (key -> default; required when default is ...), convert units.
 
     Keys with a unit suffix come back renamed and converted to SI (latency_us -> latency_s);
@@ -72,7 +74,7 @@ def read_params(raw: dict, schema: dict[str, object], where: str) -> dict[str, o
     unknown = sorted(set(raw) - set(schema))
     if unknown:
         raise ConfigError(f"{where}{unknown[0]}", raw[unknown[0]], f"known keys: {', '.join(sorted(schema))}")
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}  # values as the input gave them (SI where suffixed): the caller checks their types
     for key, default in schema.items():
         if key not in raw:
             if default is ...:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, overload
 
 import numpy as np
 
 from piper_sim.errors import ConfigError
 from piper_sim.workload.flops import (
+    Elementwise,
     Gemm,
     OpWork,
     Traffic,
@@ -59,12 +60,13 @@ BACKWARD_FACTOR = {
 _FORWARD_PASS = FORWARD_KINDS | RECOMPUTE_KINDS  # the kinds that take the forward's measured framework costs
 
 
-def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, fp8: bool = False) -> float | np.ndarray:
+def gemm_time_s(profile: DeviceProfile, gemm: Gemm[Elementwise], dtype_bytes: int, fp8: bool = False) -> Elementwise:
     """The roofline of a GEMM (of gemm.count identical ones); gemm.rows may be an array of row counts. fp8: its
     operands in fp8 (its output in the model's dtype), at the profile's fp8 peak times its bf16 efficiency at this
     shape times fp8_gemm_efficiency_ratio (workload/precision.py)."""
     peak = profile.peak_flops_per_s
     if fp8:
+        assert profile.peak_fp8_flops_per_s is not None  # TaskCoster prices fp8 only with a profile that has one
         peak = profile.peak_fp8_flops_per_s * profile.fp8_gemm_efficiency_ratio
     rate = peak * profile.gemm_sustained_factor
     flop_time = gemm.flops / (rate * profile.gemm_efficiency_at(gemm.rows, gemm.k, gemm.n))
@@ -75,16 +77,20 @@ def gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, fp8: bool 
     return max(flop_time, memory_time)
 
 
-def gemm_bytes(gemm: Gemm, dtype_bytes: int) -> float | np.ndarray:
+def gemm_bytes(gemm: Gemm[Elementwise], dtype_bytes: int) -> Elementwise:
     """HBM traffic of a GEMM (of gemm.count identical ones): both operands read and the output written once."""
     return gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
 
 
-def fp8_gemm_bytes(gemm: Gemm, output_bytes: int) -> float | np.ndarray:
+def fp8_gemm_bytes(gemm: Gemm[Elementwise], output_bytes: int) -> Elementwise:
     """HBM traffic of an fp8 GEMM: both operands read at 1 byte, the output written in the model's dtype."""
     return gemm.count * (gemm.rows * gemm.k + gemm.k * gemm.n + output_bytes * gemm.rows * gemm.n)
 
 
+@overload
+def memory_bound_s(profile: DeviceProfile, traffic: Traffic, scale: float = 1.0) -> float: ...
+@overload
+def memory_bound_s(profile: DeviceProfile, traffic: Traffic, scale: np.ndarray) -> np.ndarray: ...
 def memory_bound_s(profile: DeviceProfile, traffic: Traffic,
                    scale: float | np.ndarray = 1.0) -> float | np.ndarray:
     """Seconds of memory-bound kernels' traffic (times scale: a pass's factor, a count of rows): each kind at the
@@ -128,13 +134,13 @@ def unfused_core_s(profile: DeviceProfile, core: UnfusedPass, dtype_bytes: int,
 COST_TERMS = ("gemm", "attention", "memory_bound", "launch", "framework")
 
 
-def _pass_name(kind: str) -> str:
+def _pass_name(kind: TaskKind) -> str:
     """The pass whose measured framework costs a task of this kind takes."""
     return "forward" if kind in _FORWARD_PASS else "backward"
 
 
 def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                 gemm_s: Callable[[Gemm], float] | None = None, kind: str = K.FORWARD) -> dict[str, float]:
+                 gemm_s: Callable[[Gemm], float] | None = None, kind: TaskKind = K.FORWARD) -> dict[str, float]:
     """Time of an op's work by term (COST_TERMS but framework) in a task of this kind: BACKWARD_FACTOR times the
     forward's, except an unfused attention core's backward, priced from its own GEMMs and traffic (a split
     backward's two passes take half of it each, as they do of every other term); gemm_s: the time of one GEMM
@@ -158,7 +164,7 @@ def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
 
 
 def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                gemm_s: Callable[[Gemm], float] | None = None, kind: str = K.FORWARD) -> float:
+                gemm_s: Callable[[Gemm], float] | None = None, kind: TaskKind = K.FORWARD) -> float:
     """Time of an op's work in a task of this kind: the sum of its terms (work_terms_s)."""
     terms = work_terms_s(profile, work, dtype_bytes, gemm_s, kind)
     return terms["gemm"] + terms["attention"] + terms["memory_bound"] + terms["launch"]
@@ -176,7 +182,7 @@ class TaskCoster:
             raise ConfigError("cost.precision", "fp8", f"bf16 with cost profile {self.profile.name}: it has no "
                               "peak_fp8_TFLOPS (its device has no fp8 GEMMs, or the profile does not give their rates)")
         self._cast_bytes = cast_bytes_per_element(model, self.profile.fp8_transposed_copies)  # per element quantized
-        self._cache: dict[tuple, tuple[float, float]] = {}
+        self._cache: dict[tuple | str, tuple[float, float]] = {}  # by (kind, ops, expert rows); an exchange by op
         self._one_gemm_s: dict[tuple[int, int, int, bool], float] = {}  # a GEMM's time by shape and fp8, count 1
         self._one_expert = np.zeros((1, 2))  # [rows]: one expert's GEMMs (seconds, FLOPs); NaN: not priced yet
 
@@ -196,14 +202,14 @@ class TaskCoster:
         """The time of one of this op's GEMMs: in fp8 where the op's linears run in fp8."""
         return self._fp8_gemm_s if is_fp8_op(self.model, op) else self._gemm_s
 
-    def _cast_s(self, kind: str, op: str, gemms: tuple[Gemm, ...]) -> float:
+    def _cast_s(self, kind: TaskKind, op: str, gemms: tuple[Gemm[float], ...]) -> float:
         """The quantize kernels of an fp8 op in a task of this kind (precision.cast_elements): memory-bound traffic at
         the profile's memory_efficiency; 0 for an op that stays in the model's dtype."""
         if not is_fp8_op(self.model, op):
             return 0.0
         return float(memory_bound_s(self.profile, (("cast", cast_elements(op, gemms, kind) * self._cast_bytes),)))
 
-    def _experts_cast_s(self, kind: str, rows: float | np.ndarray) -> float | np.ndarray:
+    def _experts_cast_s(self, kind: TaskKind, rows: float | np.ndarray) -> float | np.ndarray:
         """The quantize kernels of an experts op over this many routed rows (per rank), as _cast_s prices them."""
         if not self.fp8:
             return 0.0 * rows
@@ -217,7 +223,7 @@ class TaskCoster:
             return 0.0
         return float(memory_bound_s(self.profile, (("cast", fp8_params * self._cast_bytes),)))
 
-    def cost(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
+    def cost(self, kind: TaskKind, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> tuple[float, float]:
         """(seconds, flops) of a compute task of this kind running these ops."""
         key = (kind, ops, expert_rows)
         hit = self._cache.get(key)
@@ -248,7 +254,7 @@ class TaskCoster:
         self._cache[key] = (seconds, flops)
         return seconds, flops
 
-    def cost_terms(self, kind: str, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> dict[str, float]:
+    def cost_terms(self, kind: TaskKind, ops: tuple[str, ...], expert_rows: tuple[int, ...] = ()) -> dict[str, float]:
         """The seconds of cost(kind, ops, expert_rows) by term (COST_TERMS), priced along the same branches; their
         sum is cost()'s seconds up to rounding (tests hold it). Not memoized: for reports, not the engine."""
         factor = BACKWARD_FACTOR[kind]
@@ -324,7 +330,7 @@ class TaskCoster:
             per_expert = table[rows]
         return per_expert
 
-    def experts_cost(self, kind: str, op: str, rows: np.ndarray,
+    def experts_cost(self, kind: TaskKind, op: str, rows: np.ndarray,
                      num_local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, FLOPs) per rank of a compute task of this kind running one experts op (rows and num_local as
         experts_forward_s takes them): cost(kind, (op,), rank's rows) for every rank at once."""
@@ -335,11 +341,12 @@ class TaskCoster:
         factor = BACKWARD_FACTOR[kind]
         return factor * seconds + self._experts_cast_s(kind, rows.sum(axis=1)), factor * flops
 
-    def _moe_path_s(self, kind: str, op: str, work: OpWork) -> float:
+    def _moe_path_s(self, kind: TaskKind, op: str, work: OpWork) -> float:
         """The router and moe_out ops as the profile's measured MoE path (DeviceProfile.moe_path): the router is
         the gate and the gather into the dispatch buffer, moe_out the scatter that combines it; their backward
         swaps gather and scatter and adds the gate's GEMM gradients (a split backward's weight pass: those alone)."""
         path = self.profile.moe_path
+        assert path is not None  # cost() takes this path only where the profile has one
         routed = int(self.tokens * self.split.dispatch_share) * self.model.top_k
         buffer_bytes = routed * self.model.d_model * self.model.dtype_bytes
         gather_s, scatter_s = buffer_bytes / path.gather_bytes_per_s, buffer_bytes / path.scatter_bytes_per_s
@@ -352,7 +359,7 @@ class TaskCoster:
             return BACKWARD_FACTOR[kind] * gate_gemms_s + scatter_s
         return gather_s
 
-    def _framework_s(self, kind: str, op: str, expert_rows: tuple[int, ...],
+    def _framework_s(self, kind: TaskKind, op: str, expert_rows: tuple[int, ...],
                      work: OpWork | None = None) -> float | None:
         """Measured fixed cost of this op in this pass, or None when the profile has none.
 

@@ -9,6 +9,7 @@ the useful work of a causal kernel. Backward is twice the forward (input and wei
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -37,15 +38,20 @@ def kind_bytes(traffic: Traffic, kind: str) -> float:
     return sum(nbytes for k, nbytes in traffic if k == kind)
 
 
+# One number, or an array of them taken element by element (a GEMM's rows, an experts op's row counts by rank): the
+# same arithmetic gives a number for a number and an array for an array.
+Elementwise = TypeVar("Elementwise", float, np.ndarray)
+
+
 @dataclass(frozen=True, slots=True)
-class Gemm:
-    rows: int
+class Gemm(Generic[Elementwise]):
+    rows: Elementwise
     k: int
     n: int
     count: int = 1  # identical GEMMs (e.g. several experts with the same row count)
 
     @property
-    def flops(self) -> float:
+    def flops(self) -> Elementwise:
         return 2.0 * self.rows * self.k * self.n * self.count
 
 
@@ -55,8 +61,8 @@ class UnfusedPass:
     the score matrix, those that read it, and the traffic of the kernels between them (softmax, mask, dropout). A
     GEMM's own writes and reads of the matrix are its traffic (priced with the GEMM), not score_bytes."""
 
-    writes_scores: tuple[Gemm, ...] = ()
-    reads_scores: tuple[Gemm, ...] = ()
+    writes_scores: tuple[Gemm[float], ...] = ()
+    reads_scores: tuple[Gemm[float], ...] = ()
     score_traffic: Traffic = ()  # the softmax's and dropout's traffic over the score matrix
 
     @property
@@ -66,7 +72,7 @@ class UnfusedPass:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpWork:
-    gemms: tuple[Gemm, ...] = ()
+    gemms: tuple[Gemm[float], ...] = ()
     attention_flops: float = 0.0
     attention_seq_len: int = 0
     traffic: Traffic = ()  # HBM traffic of the memory-bound kernels by kind (MEMORY_KINDS)
@@ -153,6 +159,7 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT, fla
     (all of them, or 1/tp under sp); MLA's down projections are replicated over the group (run whole)."""
     d, hd, b, tp = model.d_model, model.attn_head_dim, model.dtype_bytes, split.tp
     h, kv = model.num_heads // tp, max(model.kv_heads // tp, 1)
+    core: float
     if model.mla is not None:
         m = model.mla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -263,7 +270,7 @@ def _experts(model: ModelSpec, expert_rows: tuple[int, ...], etp: int = 1) -> Op
     return replace(experts_besides_gemms(model, expert_rows, etp), gemms=gemms)
 
 
-def expert_gemms(model: ModelSpec, rows: int | np.ndarray, etp: int = 1) -> tuple[Gemm, Gemm]:
+def expert_gemms(model: ModelSpec, rows: Elementwise, etp: int = 1) -> tuple[Gemm[Elementwise], Gemm[Elementwise]]:
     """The GEMMs of one routed expert on `rows` rows (or on each of an array of row counts): its up projections
     (gate and up for 3-matrix experts), then its down projection; widths divided by etp."""
     d, f = model.d_model, model.expert_ffn_dim // etp

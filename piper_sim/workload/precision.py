@@ -40,10 +40,14 @@ FFN_OPS = ("dense", "shared", "experts")  # their GEMMs come in (fc1, fc2) pairs
 class GemmShape(Protocol):
     """What cast_elements reads of a GEMM (workload.flops.Gemm)."""
 
-    rows: int
-    k: int
-    n: int
-    count: int
+    @property
+    def rows(self) -> float: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def count(self) -> int: ...
 
 
 def is_fp8_op(model: ModelSpec, op: str) -> bool:
@@ -63,7 +67,7 @@ def fp8_weight_bytes_per_param(transposed_copies: bool) -> float:
     return 2.0 if transposed_copies else 1.0
 
 
-def cast_elements(op: str, gemms: Sequence[GemmShape], kind: str) -> float:
+def cast_elements(op: str, gemms: Sequence[GemmShape], kind: TaskKind) -> float:
     """Elements an fp8 op quantizes in one task of this kind, for these GEMMs of its forward: a forward (or
     recompute) its linears' inputs (an FFN's fc1 gate and up read one input), a backward (or its input pass) their
     output gradients; a weight pass none (it reuses the columnwise copies the input pass and forward made)."""

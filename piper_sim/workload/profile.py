@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from piper_sim.workload.flops import Elementwise
 from piper_sim.workload.model import ModelSpec
 
 
@@ -31,7 +32,7 @@ class Curve:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log_x", log2_grid(self.x))
 
-    def __call__(self, value: float | np.ndarray) -> float | np.ndarray:
+    def __call__(self, value: Elementwise) -> Elementwise:
         if isinstance(value, np.ndarray):  # many values at once (np.interp: the same arithmetic as interp)
             return np.interp(np.log2(np.maximum(value, 1.0)), self._log_x, self.efficiency)
         hit = self._seen.get(value)
@@ -57,7 +58,7 @@ class ShapeFactor:
         object.__setattr__(self, "_log_rows", log2_grid(self.rows))
         object.__setattr__(self, "_log_width", log2_grid(self.width))
 
-    def __call__(self, rows: float | np.ndarray, width: float) -> float | np.ndarray:
+    def __call__(self, rows: Elementwise, width: float) -> Elementwise:
         if isinstance(rows, np.ndarray):
             return np.interp(np.log2(np.maximum(rows, 1.0)), self._log_rows, self._line(width))
         hit = self._seen.get((rows, width))
@@ -182,7 +183,7 @@ class DeviceProfile:
     fp8_gemm_efficiency_ratio: float = 1.0
     fp8_transposed_copies: bool = True
 
-    def gemm_efficiency_at(self, rows: int | np.ndarray, k: int, n: int) -> float | np.ndarray:
+    def gemm_efficiency_at(self, rows: Elementwise, k: int, n: int) -> Elementwise:
         """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile
         has one (skinny GEMMs: small k or n); rows: one count, or an array of them."""
         eff = self.gemm_efficiency(rows)

@@ -34,6 +34,7 @@ from piper_sim.workload.profile import (
     layer_key,
 )
 from piper_sim.workload.profile_file import read_profile_raw
+from piper_sim.workload.task_kinds import TaskKind
 
 PROFILE_SCHEMA = {
     "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
@@ -118,6 +119,7 @@ def _moe_path(raw: object) -> MoePath | None:
     if raw is None:
         return None
     p = read_params(raw, MOE_PATH_SCHEMA, "cost.profile.moe_path.")
+    assert isinstance(raw, dict)  # read_params took it as a mapping
     for key, si in (("gather_GBps", "gather_bytes_per_s"), ("scatter_GBps", "scatter_bytes_per_s")):
         if not p[si] > 0:
             raise ConfigError(f"cost.profile.moe_path.{key}", raw[key], "a positive rate")
@@ -381,7 +383,7 @@ def _net_of_work(profile: DeviceProfile, framework_s: dict, by_experts: dict, mo
     seq_of = {int(seq) * int(batch): int(seq) for seq, batch in shapes or []}
 
     def net(pass_name: str, op: str, experts: int, series: tuple) -> tuple:
-        factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR["backward"]
+        factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR[TaskKind.BACKWARD]
         return tuple((tokens, max(seconds - factor * _layer_work_s(profile, model, seq_of, op, tokens, experts), 0.0))
                      for tokens, seconds in series)
 
