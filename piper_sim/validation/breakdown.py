@@ -14,8 +14,9 @@ Must not import simpy or torch.
 
 from __future__ import annotations
 
+from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
-from piper_sim.planning.estimate import _routed
+from piper_sim.planning.estimate import _routed, config_estimator
 
 BREAKDOWN_TERMS = ("layer_forward", "layer_backward", "router_forward", "experts_forward", "moe_out_forward",
                    "all_to_all_forward", "unmodelled")
@@ -23,9 +24,6 @@ BREAKDOWN_TERMS = ("layer_forward", "layer_backward", "router_forward", "experts
 
 def predicted_breakdown(run_config: dict, breakdown: dict, name: str) -> list[dict]:
     """Rows (term, published_s, predicted_s) of one run's published breakdown."""
-    from piper_sim.config import load_config
-    from piper_sim.planning.estimate import config_estimator
-
     terms = breakdown.get("terms_ms")
     if not isinstance(terms, dict) or not terms or not set(terms) <= set(BREAKDOWN_TERMS):
         raise ConfigError(f"{name}: breakdown.terms_ms", terms, f"a mapping of {', '.join(BREAKDOWN_TERMS)} to ms")

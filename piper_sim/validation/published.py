@@ -10,22 +10,25 @@ torch.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import pandas as pd
 import yaml
 
 from piper_sim.analysis import style
 from piper_sim.analysis.band import Family, family_of, leave_one_family_out
+from piper_sim.analysis.budget import trace_budget
 from piper_sim.analysis.tables import Col, render
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, PiperError
-
-if TYPE_CHECKING:
-    import pandas as pd
+from piper_sim.planning.estimate import config_estimator, estimate_config
+from piper_sim.planning.estimate_budget import estimate_budget
+from piper_sim.simulator import simulate
+from piper_sim.validation.breakdown import predicted_breakdown
 
 PUBLISHED_DIR = "published"
 
@@ -172,9 +175,6 @@ def score_published(run: PublishedRun, tier: str = "des") -> dict:
 
 
 def _simulated(cfg) -> dict:
-    from piper_sim.analysis.budget import trace_budget
-    from piper_sim.simulator import simulate
-
     result = simulate(cfg)
     report = result.report
     budget = trace_budget(result.trace)
@@ -185,9 +185,6 @@ def _simulated(cfg) -> dict:
 
 
 def _estimated(cfg) -> dict:
-    from piper_sim.planning.estimate import config_estimator, estimate_config
-    from piper_sim.planning.estimate_budget import estimate_budget
-
     built = config_estimator(cfg)  # the machine built once for the estimate, its memory and its budget
     estimate, fits = estimate_config(cfg, built)
     _, budget = estimate_budget(*built)
@@ -198,10 +195,6 @@ def _estimated(cfg) -> dict:
 
 def breakdown_table(runs: list[PublishedRun]) -> pd.DataFrame:
     """Every published breakdown of these runs beside the prediction of the same pieces (validation/breakdown.py)."""
-    import pandas as pd
-
-    from piper_sim.validation.breakdown import predicted_breakdown
-
     rows = [row for run in runs if run.breakdown for row in predicted_breakdown(run.config, run.breakdown, run.name)]
     return pd.DataFrame(rows, columns=["name", "term", "published_s", "predicted_s", "where"])
 
@@ -218,8 +211,6 @@ def budget_table(scores: list[dict]) -> pd.DataFrame:
     """Per run: the measured and predicted step, what the prediction misses (measured - predicted), and the
     predicted step split into its terms (seconds; the estimate tier splits compute by cost term, the DES tier
     gives one rank's step by what fills it: analysis/budget.py, planning/estimate_budget.py)."""
-    import pandas as pd
-
     return pd.DataFrame([{"name": s["name"], "tier": s["tier"], "measured_step_s": s["measured_step_s"],
                           "predicted_step_s": s["predicted_step_s"],
                           "missing_s": s["measured_step_s"] - s["predicted_step_s"], **s["budget"]} for s in scores])
@@ -256,8 +247,6 @@ def family_summary(scores: list[dict]) -> list[dict]:
 
 def band_coverage(scores: list[dict]) -> pd.DataFrame:
     """The error band of each run derived from the other families' runs of these scores (analysis/band.py)."""
-    import pandas as pd
-
     columns = ["name", "error", "hardware", "moe", "scale"]
     tier = scores[0]["tier"] if scores else "des"
     return leave_one_family_out(pd.DataFrame([{k: s[k] for k in columns} for s in scores], columns=columns), tier)
@@ -284,13 +273,10 @@ def format_published(scores: list[dict], summary: dict) -> str:
 
 
 def write_published(out: Path, scores: list[dict], summary: dict) -> None:
-    import json
-
-    import matplotlib
+    import matplotlib  # matplotlib: heavy; only when the plots are written
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
+    import matplotlib.pyplot as plt  # once the backend is Agg (no display)
 
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([{k: v for k, v in s.items() if k != "budget"} for s in scores]).to_csv(out / "published.csv",

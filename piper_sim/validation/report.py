@@ -130,10 +130,10 @@ def _swap_evidence(swap: dict) -> str:
 
 
 def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
-    import matplotlib
+    import matplotlib  # matplotlib: heavy; only when the plots are written
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # once the backend is Agg (no display)
 
     out.mkdir(parents=True, exist_ok=True)
     rows = [{k: v for k, v in s.items() if k not in ("phases", "prediction", "concurrency")} for s in scores]
