@@ -2,7 +2,7 @@
 available (a ConfigError naming what to lower), and watched while it runs (MemoryGuard stops it with a PiperError
 before the kernel would kill it).
 
-The estimate is a sum of measured per-unit costs (benchmarks/bench_memory.py prints them; docs/architecture.md,
+The estimate is a sum of measured per-unit costs (benchmarks/bench_memory.py prints them; docs/performance.md,
 "Host memory", gives the figures): the interpreter with its libraries and compiled kernels, the run's rank-task
 records with the trace and report built from them, the topology and flow network per link and per all-to-all GPU
 pair, and the growth while the chosen outputs are written. A sum is an upper bound: the outputs are written after
@@ -111,7 +111,7 @@ def check_run_memory(need: RunMemory, microbatches: int, outputs: str | None, av
         return
     assert available is not None  # room is None where available is
     tail = (f"this run needs {need.text()} and this machine has {available / GIB:.1f} GiB available, "
-            f"{MARGIN_BYTES / GIB:.1f} GiB of it kept free (docs/architecture.md, Host memory)")
+            f"{MARGIN_BYTES / GIB:.1f} GiB of it kept free (docs/performance.md, Host memory)")
     for fewer in {"all": ("trace", "report"), "trace": ("report",)}.get(outputs or "", ()):
         if smaller(fewer).total_bytes <= room:
             raise ConfigError("--outputs", outputs, f"{fewer} here ({smaller(fewer).text()}): {tail}")
@@ -165,7 +165,7 @@ class MemoryGuard:
             f"stopped before the kernel kills it for memory: this run {held}, estimated at "
             f"{self.estimate_bytes / GIB:.1f} GiB before it started, and this machine has {left / GIB:.2f} GiB "
             f"available, under the {self.margin_bytes / GIB:.1f} GiB margin; fewer micro-batches, steps or GPUs, "
-            "--outputs report, or a machine with more memory (docs/architecture.md, Host memory)")
+            "--outputs report, or a machine with more memory (docs/performance.md, Host memory)")
 
     def check(self) -> None:
         """Raise the guard's MemoryExceeded once available memory has dropped under the margin."""

@@ -1,7 +1,7 @@
 """The wall time a simulate run takes on this machine: estimated before it starts from what drives it, said, and
 refused beyond a limit the user can raise (`simulate --max-wall-minutes`, DEFAULT_MAX_WALL_MINUTES by default).
 
-The estimate is a sum of measured per-unit costs (docs/architecture.md, "Wall time", gives the figures and how they
+The estimate is a sum of measured per-unit costs (docs/performance.md, "Wall time", gives the figures and how they
 were measured): every rank task (its lane's event, its member's clock, its records, its trace row), and under skewed
 routing every EP group's all-to-all per member (the routed rows sampled, the dispatch, a timeline of its own). It is
 a guide, not a bound: contended networks (many flow sets sharing links, each end a solve of their component) and runs
@@ -17,7 +17,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.schedule.ir import Schedule
 from piper_sim.workload.task_kinds import TaskKind
 
-# measured with the simulator on 2 shared cores (docs/architecture.md, "Wall time"):
+# measured with the simulator on 2 shared cores (docs/performance.md, "Wall time"):
 RANK_TASK_S = 9e-6  # a rank task under uniform routing: 5.9-11.9 us (small-moe DP 256 uniform, Frontier; DP 1,024)
 # a skewed all-to-all, per member, beyond its tasks: 44-84 us (bench_sim.py's W2Z and W1Z, 8-rank groups; small-moe
 # DP 64 under zipf routing, 4-rank groups)
@@ -71,5 +71,5 @@ def check_run_wall(work: RunWork, max_wall_minutes: float | None) -> None:
         return
     raise ConfigError(MAX_WALL_FLAG, max_wall_minutes,
                       f"at least {work.wall_s / 60:,.0f} minutes for this run, expected to take {work.text()} on this "
-                      "machine (docs/architecture.md, Wall time); or fewer micro-batches, steps, layers or GPUs, or "
+                      "machine (docs/performance.md, Wall time); or fewer micro-batches, steps, layers or GPUs, or "
                       "--tier estimate (the analytic estimator: seconds at any scale)")

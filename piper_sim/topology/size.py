@@ -10,7 +10,7 @@ memory is refused the same way; one whose build takes more than BUILD_NOTE_S say
 The per-link costs are measured here (tests hold none of them): `load_topology("uniform", 1048576)` builds 6,291,456
 links in 43 s and 3.5 GiB of peak resident memory (6.8 us, 590 B a link); dgx-h100-superpod with num_spines 65536
 for 8 GPUs 1,048,624 links in 3.0 s and 480 MiB (2.8 us, 480 B); fat-tree with num_spines 65536 131,120 links in
-1.1 s (8.5 us: more switches per link). docs/architecture.md, "Machine size", gives the figures and the command.
+1.1 s (8.5 us: more switches per link). docs/performance.md, "Machine size", gives the figures and the command.
 """
 
 from __future__ import annotations
