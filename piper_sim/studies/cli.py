@@ -158,7 +158,7 @@ def cmd_study_collective(args: argparse.Namespace) -> int:
         write_collective_study,
     )
     from piper_sim.studies.collective_plots import write_collective_plots  # matplotlib: not for --help
-    from piper_sim.studies.collective_sweep import build_machine, parse_counts, parse_list
+    from piper_sim.studies.collective_sweep import build_machine, parse_counts, parse_list  # numpy, simpy
 
     kind = COLLECTIVES.get(args.collective, "--collective")
     machine, gpus = machine_options(args), tuple(parse_counts(args.gpus, "--gpus", least=2))

@@ -24,6 +24,7 @@ import yaml  # noqa: E402
 from piper_sim.analysis import style  # noqa: E402
 from piper_sim.analysis.tables import Col, render  # noqa: E402
 from piper_sim.studies.all_to_all import SIZE_PER  # noqa: E402
+from piper_sim.studies.collective import COLLECTIVES
 
 KIND_ORDER = list(style.LINK_KIND_COLORS)
 
@@ -202,8 +203,6 @@ def study_text(out: Path) -> str:
 def plot_collective(df: pd.DataFrame, path: Path, collective: str, context_line: str = "") -> None:
     """Bus bandwidth against size (nccl-tests' S of the collective), one panel per GPU count, one line per
     algorithm: the curve nccl-tests and rccl-tests print as a table."""
-    from piper_sim.studies.collective import COLLECTIVES  # the collectives' conventions
-
     kind = COLLECTIVES.get(collective, "--collective")
     counts = sorted(df["gpus"].unique().tolist())
     fig, axes = _busbw_panels(df, "gpus", counts, "size_bytes")

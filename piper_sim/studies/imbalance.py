@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from piper_sim.analysis import style
 from piper_sim.analysis.run_report import Report
@@ -166,8 +168,6 @@ def study_context(points: list[Point]) -> str:
 def tables_text(out: Path) -> str:
     """The printed tables of the study (analysis/tables.py): one row per (skew, policy), and the drift run per
     policy (its step 0 on the unmigrated placement, its mean after, its last step)."""
-    import pandas as pd
-
     parts = []
     if (out / "imbalance.csv").exists():
         parts.append(render(pd.read_csv(out / "imbalance.csv").to_dict("records"), IMBALANCE_COLUMNS))
@@ -181,12 +181,10 @@ def tables_text(out: Path) -> str:
 
 
 def write_plots(out: Path, context_line: str = "") -> list[Path]:
-    import matplotlib
+    import matplotlib  # matplotlib: heavy; only when the plots are written
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # once the backend is Agg (no display)
 
     paths = []
     if (out / "imbalance.csv").exists():
