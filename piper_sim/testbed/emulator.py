@@ -48,6 +48,7 @@ from piper_sim.testbed.shell import (
     run,
     try_run,
 )
+from piper_sim.topology.load import load_topology
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,8 +143,6 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
     ignored until it is) before the error propagates; should that removal fail, or the process be killed
     (SIGKILL), `down(prefix)` removes the rest.
     """
-    from piper_sim.topology.load import load_topology
-
     require_tools()
     check_prefix(prefix)
     leftovers = [ns for ns in list_namespaces() if namespace_pattern(prefix).fullmatch(ns)]

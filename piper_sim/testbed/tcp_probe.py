@@ -90,6 +90,7 @@ def _client(src: str, dst: str, port: int, num_bytes: int, pings: int, timeout_s
 def measure_link(prefix: str, host_a: int, host_b: int, num_bytes: int = 4_000_000, *, pings: int = 20,
                  timeout_s: float = 30.0, state_path: str | None = None) -> LinkMeasurement:
     """Send num_bytes over TCP from node host_a to node host_b of a running testbed; measure it."""
+    # the peers run this module with the stdlib alone (python -m piper_sim.testbed.tcp_probe)
     from piper_sim.testbed.emulator import load
     from piper_sim.testbed.processes import package_env
     from piper_sim.testbed.shell import TestbedError, exec_argv, require_tools
