@@ -24,6 +24,7 @@ network switches (nodes named as in the YAML, kind "switch") joined by the switc
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import networkx as nx
 
@@ -47,7 +48,7 @@ LINK_KINDS = ("local", "global")
 NODE_NAME = re.compile(r"n\d+\.")
 
 
-def read_quantities(raw: dict, quantities: dict[str, tuple[tuple[str, ...], object]], where: str,
+def read_quantities(raw: dict, quantities: Mapping[str, tuple[tuple[str, ...], object]], where: str,
                     extra_keys: tuple[str, ...]) -> dict[str, float]:
     """Unit-suffixed values with a free choice of unit: {base: SI value}; unknown keys are an error."""
     allowed = set(extra_keys)

@@ -106,6 +106,7 @@ def uniform_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tup
     if graph.nodes[src].get("kind") != "gpu" or graph.nodes[dst].get("kind") != "gpu":
         return ((1.0, topo._shortest_links(src, dst)),)
     h_src, h_dst = graph.nodes[src]["host"], graph.nodes[dst]["host"]
+    nodes: tuple[str, ...]
     if h_src == h_dst:
         nodes = (src, f"n{h_src}.sw", dst)
     else:

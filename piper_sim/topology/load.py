@@ -59,9 +59,10 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
             raw = {**base, **raw, "params": params, "collectives": collectives}
     elif isinstance(spec, str | Path):
         path = topology_file(spec)
-        raw = read_yaml(path, "topology")
-        if not isinstance(raw, dict):
+        loaded = read_yaml(path, "topology")
+        if not isinstance(loaded, dict):
             raise ConfigError("topology", str(spec), "a YAML mapping")
+        raw = loaded
         raw.setdefault("name", path.stem)
         _check_mapping("topology.params", raw.get("params"), "params" in raw)
     else:

@@ -86,7 +86,7 @@ def all_detours(fabric: DragonflyFabric, src: str, dst: str, closures: Closures 
     if g1 == g2:
         if spec.switches_per_group < 3:
             return ()
-        out = []
+        out: list[tuple[tuple[str, ...], int]] = []
         for mid in range(spec.switches_per_group):
             if mid in (s1, s2):
                 continue
