@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from piper_sim.errors import ConfigError
+from piper_sim.trace.perfetto_proto import check_installed, write_proto
 from piper_sim.trace.tracks import STREAM_TID, Tracks, build_tracks
 
 FORMATS = {"json": "perfetto.json (Chrome's JSON trace format; the default)",
@@ -34,8 +35,6 @@ def check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise ConfigError("--perfetto", fmt, "; ".join(f"{k}: {v}" for k, v in FORMATS.items()))
     if fmt == "proto":
-        from piper_sim.trace.perfetto_proto import check_installed
-
         check_installed()
     return fmt
 
@@ -63,8 +62,6 @@ def write_perfetto(df: pd.DataFrame, path: Path, on_rows: Callable[[int], None] 
     (metadata, flows and counters included; a protobuf trace's: its packets)."""
     tracks = build_tracks(perfetto_rows(df), detail, ranks_per_stage, links)
     if fmt == "proto":
-        from piper_sim.trace.perfetto_proto import write_proto
-
         return write_proto(tracks, path, on_rows, chunk_rows)
     written = 0
     with (gzip.open(path, "wt", compresslevel=GZIP_LEVEL) if fmt == "gz" else open(path, "w")) as fh:

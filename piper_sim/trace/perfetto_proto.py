@@ -38,6 +38,7 @@ def track_uuid(pid: int, tid: int | None = None) -> int:
 
 def write_proto(tracks: Tracks, path: Path, on_rows: Callable[[int], None] | None, chunk: int) -> int:
     """Write tracks to path; on_rows(n) after each chunk of n slices. Returns the packets written."""
+    # perfetto: optional (the perfetto extra); check_installed refused --perfetto proto without it
     from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
     ev = tracks.events

@@ -123,7 +123,7 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
 def trace_file(out_dir: Path, fmt: str = "parquet") -> Path:
     """The file write_trace writes: trace.parquet, or trace.csv (asked for, or pyarrow missing)."""
     if fmt == "parquet":
-        try:
+        try:  # pyarrow: optional (the parquet extra); without it the trace is CSV
             import pyarrow  # noqa: F401
         except ImportError:
             fmt = "csv"
@@ -138,6 +138,7 @@ def write_trace(df: pd.DataFrame, out_dir: Path, fmt: str = "parquet", *, row_gr
     path = trace_file(out_dir, fmt)
     chunks = range(0, max(len(df), 1), row_group_rows)
     if path.suffix == ".parquet":
+        # pyarrow: optional (the parquet extra); trace_file chose Parquet only where it is installed
         import pyarrow as pa
         import pyarrow.parquet as pq
 
