@@ -17,11 +17,11 @@ __all__ = ["__version__", "load_config", "simulate"]
 
 def __getattr__(name: str) -> object:
     if name == "load_config":
-        from piper_sim.config import load_config
+        from piper_sim.config import load_config  # on first use: every submodule's import runs this file
 
         return load_config
     if name == "simulate":
-        from piper_sim.simulator import simulate
+        from piper_sim.simulator import simulate  # on first use (simpy, numpy, pandas)
 
         return simulate
     raise AttributeError(f"module 'piper_sim' has no attribute {name!r}")
