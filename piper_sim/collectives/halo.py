@@ -26,7 +26,7 @@ the topology's `collectives.halo` parameters); slice s of phase II follows slice
 phase III follows slice s of phase II, so the forwarding of one slice overlaps the transfer of the next
 and only the last slice's forwarding is exposed. Each slice is its own set of messages (it pays the
 per-message overhead and latency again). Every byte of the matrix reaches its destination exactly once
-(tests/test_collectives.py checks it on uneven matrices).
+(tests/collectives/test_collectives.py checks it on uneven matrices).
 
 The split sizes go first by HALO itself (split_exchange without the node gather): a relay learns the
 sizes of what it forwards from the counts it relays, so no intra-node gather of the split matrix is

@@ -28,7 +28,7 @@ def _chunks_per_microbatch(schedule: str, pp: int, vpp: int) -> int:
 def _dry_run_bubble_s(schedule: str, pp: int, vpp: int, f: float, b: float, w: float) -> float:
     """Makespan less a rank's work for chunk times f, b, w, from the coarse dry run of the schedule at its
     fewest microbatches (2 pp); the bubble does not grow with more microbatches, whose steady-state rounds
-    add only work (tests/test_dualpipe.py checks it against the full dry run). The dry run's walk is one per
+    add only work (tests/schedule/test_dualpipe.py checks it against the full dry run). The dry run's walk is one per
     schedule shape (_bubble_order), replayed with these times."""
     m = 2 * pp
     durations = {TaskKind.FORWARD: f, TaskKind.BACKWARD: b, TaskKind.BACKWARD_INPUT: b, TaskKind.BACKWARD_WEIGHT: w}

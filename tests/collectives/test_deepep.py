@@ -16,7 +16,7 @@ from piper_sim.studies.all_to_all import StudySpec, run_study
 from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology, read_topology_mapping
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA = yaml.safe_load((ROOT / "traces" / "collectives" / "deepep-h800.yaml").read_text())
 PARAMS = {"nvl_efficiency": 0.5, "rdma_efficiency": 0.8}
 

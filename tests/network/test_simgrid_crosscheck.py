@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "validation" / "simgrid" / "crosscheck.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "validation" / "simgrid" / "crosscheck.py"
 _spec = importlib.util.spec_from_file_location("simgrid_crosscheck", SCRIPT)
 crosscheck = importlib.util.module_from_spec(_spec)
 sys.modules["simgrid_crosscheck"] = crosscheck  # dataclasses look their module up

@@ -27,7 +27,7 @@ NIC_GCD = {0: 1, 1: 3, 2: 5, 3: 7}  # NIC k hangs off GCD NIC_GCD[k]
 
 def frontier(num_gpus: int = 8 * 512, **params) -> Topology:
     """Frontier with the hashed router these tests take apart (the preset's default spreads detours over every
-    path through aggregated outside groups: tests/test_spread_routing.py)."""
+    path through aggregated outside groups: tests/topology/test_spread_routing.py)."""
     return load_topology({"preset": "frontier", "params": {"valiant": "hashed", "outside_groups": "exact", **params}},
                          num_gpus)
 

@@ -328,6 +328,6 @@ def test_schedule_layer_imports_nothing_that_runs() -> None:
     code = ("import sys, piper_sim.schedule.generators, piper_sim.schedule.validate, "
             "piper_sim.schedule.grid, piper_sim.schedule.io; "
             "print(sorted({'numpy', 'simpy', 'torch'} & set(sys.modules)))")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"

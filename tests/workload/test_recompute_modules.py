@@ -18,7 +18,7 @@ from piper_sim.workload.memory import activation_bytes, layer_activation_bytes, 
 from piper_sim.workload.parallel import TensorSplit
 from piper_sim.workload.presets import load_model
 
-PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
+PUBLISHED = Path(__file__).resolve().parents[2] / "validation" / "published"
 SMALL = {"model": "small-moe", "topology": "uniform", "parallel": {"pp": 1, "num_microbatches": 3},
          "recompute": "selective"}
 SPLIT = TensorSplit(tp=2, sp=True, etp=1)  # the Qwen3 run's: norms on half the tokens, each rank routes half

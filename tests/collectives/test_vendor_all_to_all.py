@@ -15,7 +15,7 @@ from piper_sim.studies.all_to_all import StudySpec, run_study
 from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology, read_topology_mapping
 
-DATA = Path(__file__).resolve().parents[1] / "traces" / "collectives"
+DATA = Path(__file__).resolve().parents[2] / "traces" / "collectives"
 PARAMS = {"peers_in_flight": 4, "per_peer_us": 3.0, "per_chunk_us": 1.0, "net_chunk_MiB": 0.125,
           "intra_chunk_MiB": 0.5}
 

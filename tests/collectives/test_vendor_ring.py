@@ -18,7 +18,7 @@ from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.topology.placement import gpus_by_host
 
-DATA = Path(__file__).resolve().parents[1] / "traces" / "collectives"
+DATA = Path(__file__).resolve().parents[2] / "traces" / "collectives"
 GIB = 2.0**30
 
 
@@ -132,7 +132,7 @@ def test_nccl_dgx_a100_efficiencies_are_the_cited_derivations():
     params = data["parameters"]
     assert params["intra_efficiency"]["value"] == pytest.approx(20.0 / 25.0)
     assert params["net_efficiency"]["value"] == pytest.approx(91 / 100)
-    topology = yaml.safe_load((Path(__file__).resolve().parents[1] / "topologies" / "dgx-a100-superpod.yaml")
+    topology = yaml.safe_load((Path(__file__).resolve().parents[2] / "topologies" / "dgx-a100-superpod.yaml")
                               .read_text())["collectives"]["nccl"]
     for key, entry in params.items():
         assert topology[key] == entry["value"], key

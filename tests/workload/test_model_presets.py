@@ -22,7 +22,7 @@ from piper_sim.workload.hf_import import model_from_hf_config
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.presets import PRESET_DIR, list_presets, load_model, model_from_mapping
 
-HF_DIR = Path(__file__).parent / "data" / "hf"
+HF_DIR = Path(__file__).resolve().parents[1] / "data" / "hf"
 
 REQUIRED_PRESETS = [
     "x-moe-small", "x-moe-medium", "x-moe-large", "x-moe-super", "weak-110b", "weak-862b", "weak-1.7t",

@@ -12,7 +12,7 @@ import yaml
 from piper_sim.studies.collective import CollectiveSpec, run_collective_study
 from piper_sim.topology.load import read_topology_mapping
 
-DATA = Path(__file__).resolve().parents[1] / "traces" / "collectives"
+DATA = Path(__file__).resolve().parents[2] / "traces" / "collectives"
 PUBLISHED = yaml.safe_load((DATA / "nccl-tests-published.yaml").read_text())
 LIBRARY_FILES = {("nccl", "dgx-a100-superpod"): "nccl-dgx-a100.yaml",
                  ("nccl", "dgx-h100-superpod"): "nccl-dgx-h100.yaml", ("rccl", "frontier"): "rccl-frontier.yaml"}
