@@ -3,7 +3,7 @@
 Each source posts its messages one after another (the topology's per-message overhead, 2 us in the
 dragonfly preset). Flat posts 63 messages per GPU on 64 GPUs; HALO at most 7 per phase. With 4 KiB per
 pair the transfers are short, so posting dominates flat's time; with 1 MiB per pair the saturated global
-links dominate both and HALO is no faster (tests/test_study_all_to_all.py).
+links dominate both and HALO is no faster (tests/studies/test_study_all_to_all.py).
 """
 
 from __future__ import annotations

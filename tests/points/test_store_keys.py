@@ -104,7 +104,7 @@ def inputs(tmp_path) -> dict[str, Path]:
     write_trace(synthesize_trace(zipf, model_name="toy", layers=[0, 1], steps=2, num_microbatches=2, num_sources=2,
                                  tokens_per_source=64), files["trace"])
     files["hf"].parent.mkdir()
-    shutil.copy(Path(__file__).parent / "data" / "hf" / "mixtral-8x7b" / "config.json", files["hf"])
+    shutil.copy(Path(__file__).resolve().parents[1] / "data" / "hf" / "mixtral-8x7b" / "config.json", files["hf"])
     return files
 
 

@@ -1,6 +1,6 @@
 """Context parallelism in the torch backend, in one process: a rank's chunks, RoPE at their positions, and the core
 against the gathered keys equal the whole sequence's attention at those tokens (the distributed runs:
-tests/test_torch_executor.py, cases cp*)."""
+tests/torch_backend/test_torch_executor.py, cases cp*)."""
 
 from __future__ import annotations
 

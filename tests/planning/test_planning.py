@@ -247,7 +247,7 @@ def test_python_m_piper_sim_exits_with_the_commands_status(tmp_path):
 
     done = subprocess.run([sys.executable, "-m", "piper_sim", "plan", "tiny-moe", "--gpus", "8", "--global-batch",
                            "16", "--profile", "nope", "--out", str(tmp_path / "p")], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent)  # this checkout's piper_sim
+                          cwd=Path(__file__).resolve().parents[2])  # this checkout's piper_sim
     assert done.returncode == 2 and "--profile cost.profile" in done.stderr
 
 

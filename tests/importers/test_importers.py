@@ -24,8 +24,8 @@ from piper_sim.planning.plan_outputs import format_plan_table, megatron_label
 from piper_sim.planning.space import PlanPoint
 from piper_sim.workload.parallel import ParallelSpec, megatron_degrees, parallel_from_section
 
-PUBLISHED = Path(__file__).resolve().parents[1] / "validation" / "published"
-HF = Path(__file__).parent / "data" / "hf"
+PUBLISHED = Path(__file__).resolve().parents[2] / "validation" / "published"
+HF = Path(__file__).resolve().parents[1] / "data" / "hf"
 
 # Megatron MoE Model Zoo, model_configs/benchmarking/Qwen3-235B-A22B.yaml (network size and MoE flags);
 # --vocab-size: the Qwen3 tokenizer's 151,669 tokens (any size from 149,563 up pads to 151,936 with 1187 x TP 2 or 4)

@@ -3,7 +3,7 @@ every candidate's knobs, memory per stage, reserve, fit and estimate for three s
 take every schedule, ZeRO stage, resharding choice, HSDP, context parallelism, selective recomputation and fp8.
 The stored tables were written by the screen before its memoization (but for the HSDP rows, rewritten when the
 estimator's memo of the gradient reduction was keyed by the HSDP degree); regenerate them with
-`python tests/test_screen_tables.py` only when a change of the resource model or the estimator is intended."""
+`python tests/planning/test_screen_tables.py` only when a change of the resource model or the estimator is intended."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from piper_sim.topology.placement import place
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import load_profile
 
-STORE = Path(__file__).resolve().parent / "data" / "screen_tables"
+STORE = Path(__file__).resolve().parents[1] / "data" / "screen_tables"
 REQUESTS = {
     "mixtral-16-frontier": dict(model="mixtral-8x7b", num_gpus=16, global_batch=32, topology="frontier",
                                 seq_len=4096, fixed=["parallel.pp=2,4", "parallel.micro_batch_size=1"]),
