@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
 from cases import FAMILIES, Case, generate  # noqa: E402
 from run import DEFECTS, classify, run_cases, summary  # noqa: E402
 

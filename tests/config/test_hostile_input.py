@@ -38,7 +38,7 @@ from piper_sim.topology.load import load_topology
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import load_profiles
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
 from values import npz_bomb, wrapping_counts  # noqa: E402
 
 HF = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,

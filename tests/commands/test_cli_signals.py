@@ -15,7 +15,7 @@ import pytest
 
 from piper_sim.stopping import RESEND_S, Signals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
