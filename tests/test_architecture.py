@@ -10,7 +10,10 @@ module level, function-local and under TYPE_CHECKING alike).
   which run their points on them;
 - the package import graph has no cycle. A node is a first-level subpackage of piper_sim (schedule,
   workload, sim, ...) or a top-level module (cli, simulate, config, ...); an edge is any import between
-  two nodes, so a cycle closed only by a late import counts too.
+  two nodes, so a cycle closed only by a late import counts too;
+- a function-local import is of a heavy or optional package (LATE_PACKAGES: torch, matplotlib's pyplot, pyarrow,
+  perfetto, distributed) or in a module that loads its commands or its API on first use (LAZY_MODULES: the CLIs,
+  piper_sim/__init__.py, the numpy-free config), and a comment says why; every other import is at the top.
 
 Besides imports: a task's kind, stream or role is compared with its enum (piper_sim/workload/task_kinds.py), never
 with a string.
@@ -19,8 +22,11 @@ with a string.
 from __future__ import annotations
 
 import ast
+import io
+import re
 import subprocess
 import sys
+import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -369,3 +375,99 @@ def test_simulation_takes_a_handful_of_built_objects():
     args = init.args
     names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)][1:]  # less self
     assert len(names) <= MAX_SIMULATION_PARAMETERS and not args.vararg and not args.kwarg, names
+
+
+# Function-local imports: each is of a heavy or optional package (LATE_PACKAGES) or in a module that loads its
+# commands or its API on first use (LAZY_MODULES), and says why in a comment on its lines, the line above, or above
+# the run of imports it belongs to (a noqa or type: ignore alone is no reason). Everything else imports at the top.
+LATE_PACKAGES = {
+    "torch": "the torch backend: loaded only where real ranks run",
+    "piper_sim.torch_backend": "imports torch (measure, calibrate)",
+    "matplotlib": "pyplot: heavy, only where plots are drawn (after the Agg backend is chosen)",
+    "pyarrow": "optional (the parquet extra)",
+    "perfetto": "optional (the perfetto extra)",
+    "distributed": "heavy (~560 modules): only where points run on Dask",
+}
+LAZY_MODULES = {
+    "piper_sim": "the public API on first use: every submodule's import runs piper_sim/__init__.py",
+    "piper_sim.cli": "a command's modules (numpy, pandas, simpy, networkx) load when it runs, not for --help",
+    "piper_sim.calibrate.cli": "as piper_sim.cli",
+    "piper_sim.planning.cli": "as piper_sim.cli",
+    "piper_sim.reproduce.cli": "as piper_sim.cli",
+    "piper_sim.studies.cli": "as piper_sim.cli",
+    "piper_sim.config": "loads no numpy: the schedule layer (numpy-free) and --help import it; its sections' "
+                        "parsers (collectives, migration, routing) load numpy and networkx",
+    "piper_sim.profile_choice": "loads no numpy: config imports it; topology.load loads networkx and numpy",
+    "piper_sim.testbed.tcp_probe": "its peers run the module (python -m) with the stdlib alone",
+}
+_NO_REASON = re.compile(r"(noqa(:\s*[A-Z]+\d+(\s*,\s*[A-Z]+\d+)*)?|type:\s*ignore(\[[^\]]*\])?)\s*")
+
+
+def _reason_lines(source: str) -> set[int]:
+    """The lines holding a comment that says something (not a noqa or type: ignore alone)."""
+    return {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT and _NO_REASON.sub("", tok.string.lstrip("#").strip(), count=1)}
+
+
+def _run_heads(tree: ast.Module) -> dict[int, ast.stmt]:
+    """id(import) -> the first import of the run of consecutive import lines it belongs to."""
+    heads: dict[int, ast.stmt] = {}
+    for node in ast.walk(tree):
+        for body in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):
+            head = previous = None
+            for stmt in body if isinstance(body, list) else ():
+                if not isinstance(stmt, ast.Import | ast.ImportFrom):
+                    head = previous = None
+                    continue
+                if previous is None or stmt.lineno != previous.end_lineno + 1:
+                    head = stmt
+                heads[id(stmt)], previous = head, stmt
+    return heads
+
+
+def late_import_offences(package: Path = PACKAGE, packages: dict[str, str] = LATE_PACKAGES,
+                         lazy: dict[str, str] = LAZY_MODULES) -> list[str]:
+    """Every function-local import that is neither of `packages` nor in a `lazy` module, or says no reason."""
+    offences = []
+    for path in sorted(package.rglob("*.py")):
+        module, source = _module_name(path, package), path.read_text()
+        tree = ast.parse(source, filename=str(path))
+        late = _late_nodes(tree)
+        if not late:
+            continue
+        reasons, heads = _reason_lines(source), _run_heads(tree)
+        for node in ast.walk(tree):
+            if id(node) not in late:
+                continue
+            where = f"{path.relative_to(package.parent)}:{node.lineno}"
+            targets = _targets(node, module, path.name == "__init__.py", package)
+            if module not in lazy and not all(any(_within(t, p) for p in packages) for t in targets):
+                offences.append(f"{where}: {', '.join(targets)} (import it at the top)")
+            elif not reasons & set(range(heads[id(node)].lineno - 1, node.end_lineno + 1)):
+                offences.append(f"{where}: {', '.join(targets)} (say why it is late in a comment)")
+    return offences
+
+
+def test_function_local_imports_are_heavy_or_lazy_and_say_why():
+    offences = late_import_offences()
+    assert not offences, ("function-local imports that belong at the top, or that do not say why they are late "
+                          "(LATE_PACKAGES, LAZY_MODULES):\n  " + "\n  ".join(offences))
+
+
+def test_the_analyser_flags_late_imports(tmp_path):
+    pkg = tmp_path / "piper_sim"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "other.py").write_text("")
+    (pkg / "mod.py").write_text(
+        "import json\n\n\ndef f():\n    from piper_sim import other\n\n\ndef g():\n"
+        "    # matplotlib: heavy\n    import matplotlib\n    import matplotlib.pyplot as plt\n\n"
+        "    import torch  # noqa: F401\n    from piper_sim.other import x  # why\n\n\n"
+        "def h():\n    import json\n    import torch  # optional\n")
+    (pkg / "cli.py").write_text("def run():\n    from piper_sim import other\n    from piper_sim import mod  # heavy\n")
+    assert late_import_offences(pkg, {"matplotlib": "", "torch": ""}, {"piper_sim.cli": ""}) == [
+        "piper_sim/cli.py:2: piper_sim.other (say why it is late in a comment)",
+        "piper_sim/mod.py:5: piper_sim.other (import it at the top)",
+        "piper_sim/mod.py:13: torch (say why it is late in a comment)",
+        "piper_sim/mod.py:14: piper_sim.other (import it at the top)",
+        "piper_sim/mod.py:18: json (import it at the top)"]
