@@ -43,11 +43,11 @@ import numpy as np
 
 from piper_sim.collectives.hierarchical import host_groups
 from piper_sim.collectives.params import ParamSchema, algorithm_params, register_params
-from piper_sim.collectives.phases import ALL_TO_ALL, Phase, a2a_flat, matrix_phase, split_exchange
+from piper_sim.collectives.phases import ALL_TO_ALL, Phase, a2a_flat, data_phases, matrix_phase, split_exchange
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.structured import StructuredRouter
 
-HALO_SCHEMA: dict[str, object] = {"chunk_MiB": 1.0, "max_slices": 16}
+HALO_SCHEMA: dict[str, float] = {"chunk_MiB": 1.0, "max_slices": 16}
 register_params("halo", ParamSchema(HALO_SCHEMA, positive=("chunk_MiB",)))
 
 
@@ -263,8 +263,10 @@ def halo_plan(matrix: np.ndarray, host: np.ndarray, switch_id: np.ndarray, chunk
         relay = np.full((host.size, len(groups)), -1, dtype=np.int64)
         return HaloPlan([matrix_phase(matrix, "direct")], ["direct"], [0], 1, host, relay)
     relay, choice = relays if relays is not None else halo_relays(host, switch_id)
-    build = _uniform_flows if isinstance(choice, np.ndarray) else _general_flows
-    intra, inter, forward = build(matrix, host, groups, choice)
+    if isinstance(choice, np.ndarray):
+        intra, inter, forward = _uniform_flows(matrix, host, groups, choice)
+    else:
+        intra, inter, forward = _general_flows(matrix, host, groups, choice)
     if slices is None:
         slices = num_slices(inter[2], chunk_bytes, max_slices)
     phases, kind, index = [flows_phase(intra, "intra")], ["intra"], [0]
@@ -306,7 +308,7 @@ def a2a_halo(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Pha
     """Phase I intra-node, concurrent with phase II (striped over every member's own NIC), then phase III."""
     host, groups = host_groups(members, topo)
     if len(groups) == 1:
-        return a2a_flat.__wrapped__(matrix, members, topo)
+        return data_phases(a2a_flat, matrix, members, topo)
     params = algorithm_params(topo, "halo")
     return halo_plan(matrix, host, _switch_ids(members, topo), float(params["chunk_bytes"]),
                      int(params["max_slices"])).phases

@@ -15,6 +15,7 @@ from piper_sim.collectives.phases import (
     Phase,
     a2a_flat,
     all_reduce_ring,
+    data_phases,
     matrix_phase,
     split_exchange,
 )
@@ -64,7 +65,7 @@ def a2a_2dh(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Phas
     """
     host, groups = host_groups(members, topo)
     if not _uniform_groups(groups):
-        return a2a_flat.__wrapped__(matrix, members, topo)  # the 2dh split exchange stays
+        return data_phases(a2a_flat, matrix, members, topo)  # the 2dh split exchange stays
     n = matrix.shape[0]
     g = groups[0].size
     local = local_index(host, groups)

@@ -12,8 +12,9 @@ Pure Python; no simpy or torch.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from piper_sim.errors import ConfigError
 from piper_sim.topology.graph import Topology
@@ -27,7 +28,7 @@ class ParamSchema:
     """An algorithm's keys (key -> default; required when ...), those that are positive integers, those that must
     be above zero (chunk sizes), and a further check of the read values on a machine (may raise ConfigError)."""
 
-    keys: dict[str, object]
+    keys: Mapping[str, object]
     integers: tuple[str, ...] = ()
     positive: tuple[str, ...] = ()
     check: Callable[[Topology, dict], None] | None = None
@@ -46,7 +47,7 @@ def check_fraction(value: object, key: str) -> None:
         raise ConfigError(key, value, "a fraction in (0, 1]")
 
 
-def algorithm_params(topo: Topology, algorithm: str) -> dict[str, object]:
+def algorithm_params(topo: Topology, algorithm: str) -> dict[str, Any]:
     """The algorithm's parameters on this topology (SI keys), defaults filled in; cached per topology."""
     per_topology = _CACHE.setdefault(topo, {})
     hit = per_topology.get(algorithm)
@@ -62,7 +63,7 @@ def algorithm_params(topo: Topology, algorithm: str) -> dict[str, object]:
         if name in schema.integers or (isinstance(default, int) and not isinstance(default, bool)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{where}{name}", value, "a positive integer")
-        if name in schema.positive and not value > 0:  # type: ignore[operator]
+        if name in schema.positive and not value > 0:
             raise ConfigError(f"{where}{name}", raw.get(name), "a number above 0")
     if schema.check is not None:
         schema.check(topo, params)

@@ -51,9 +51,11 @@ systems) and the tree algorithm; where the library would pick them the ring mode
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +76,7 @@ VENDOR_SCHEMA: dict[str, object] = {
 LIBRARIES = ("rccl", "nccl")
 
 
-def vendor_params(topo: Topology, library: str) -> dict[str, object]:
+def vendor_params(topo: Topology, library: str) -> dict[str, Any]:
     """The library's parameters on this machine (SI keys), checked when read (_check_vendor)."""
     return algorithm_params(topo, library)
 
@@ -107,7 +109,7 @@ def _node_rings(value: object, where: str, per_node: int) -> tuple[tuple[int, ..
 for _library in LIBRARIES:
     register_params(_library, ParamSchema(VENDOR_SCHEMA, integers=("peers_in_flight",),
                                           positive=("net_chunk_MiB", "intra_chunk_MiB"),
-                                          check=lambda topo, p, lib=_library: _check_vendor(topo, p, lib)))
+                                          check=functools.partial(_check_vendor, library=_library)))
 
 
 def _remote(src: np.ndarray, dst: np.ndarray, members: list[str], topo: Topology) -> np.ndarray:
@@ -178,6 +180,7 @@ def ring_orders(members: list[str], topo: Topology, node_rings: tuple[tuple[int,
     _, groups = host_groups(members, topo)
     by_local = _whole_nodes(members, topo, groups, len(node_rings[0])) if node_rings else None
     if by_local is not None:
+        assert node_rings is not None  # by_local comes from them
         return [np.array([local[i] for local in by_local for i in ring]) for ring in node_rings]
     g = groups[0].size
     if len(groups) < 2 or g < 2 or any(group.size != g for group in groups):
