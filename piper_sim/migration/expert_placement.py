@@ -10,7 +10,7 @@ Pure numpy: no simpy, no torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -36,6 +36,7 @@ class ExpertPlacement:
     layers: tuple[int, ...]
     owner: np.ndarray  # int64 [len(layers), E], read-only
     ep: int
+    _index: dict[int, int] = field(init=False, repr=False, compare=False)  # layer -> its row of owner
 
     def __post_init__(self) -> None:
         owner = _frozen(self.owner)

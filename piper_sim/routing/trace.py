@@ -76,7 +76,9 @@ class RoutingTrace:
 
     def equals(self, other: RoutingTrace) -> bool:
         def same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
-            return (a is None) == (b is None) and (a is None or np.array_equal(a, b))
+            if a is None or b is None:
+                return a is b
+            return np.array_equal(a, b)
 
         return (self.meta() == other.meta() and same(self.layers, other.layers) and same(self.counts, other.counts)
                 and same(self.steps, other.steps) and same(self.source_counts, other.source_counts))
@@ -165,7 +167,7 @@ def write_trace(trace: RoutingTrace, path: str | Path) -> Path:
         arrays["source_counts"] = np.asarray(trace.source_counts, dtype=np.int64)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as fh:  # a file handle keeps numpy from appending .npz to other suffixes
-        np.savez_compressed(fh, **arrays)
+        np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub lets ** fill allow_pickle
     return path
 
 
@@ -241,8 +243,9 @@ def _as_int64(trace: RoutingTrace) -> RoutingTrace:
         return None if a is None else np.asarray(a, dtype=np.int64)
 
     return RoutingTrace(model=trace.model, num_experts=int(trace.num_experts), top_k=int(trace.top_k),
-                        tokens_per_step=int(trace.tokens_per_step), layers=cast(trace.layers),
-                        counts=cast(trace.counts), steps=cast(trace.steps), source_counts=cast(trace.source_counts),
+                        tokens_per_step=int(trace.tokens_per_step), layers=np.asarray(trace.layers, dtype=np.int64),
+                        counts=np.asarray(trace.counts, dtype=np.int64), steps=cast(trace.steps),
+                        source_counts=cast(trace.source_counts),
                         source=trace.source, notes=trace.notes)
 
 
@@ -265,8 +268,9 @@ class TraceRecorder:
         self.layers = [int(x) for x in layers]
         self._layer_index = {layer: i for i, layer in enumerate(self.layers)}
         self.per_source = num_microbatches is not None and num_sources is not None
-        self.shape = ((len(self.layers), num_microbatches, num_sources, num_experts) if self.per_source
-                      else (len(self.layers), num_experts))
+        self.shape: tuple[int, ...] = ((len(self.layers), num_microbatches, num_sources, num_experts)
+                                       if num_microbatches is not None and num_sources is not None  # per_source
+                                       else (len(self.layers), num_experts))
         self.notes = dict(notes or {})
         self._steps: dict[int, np.ndarray] = {}
 
