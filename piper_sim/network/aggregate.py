@@ -188,7 +188,7 @@ def _links_equitable(lcls: np.ndarray, local_link: np.ndarray, entry_fcol: np.nd
     num_l, num_f = lcls.size, int(entry_fcol.max()) + 1 if entry_fcol.size else 1
     key = local_link * num_f + entry_fcol
     if num_l * num_f <= DENSE_HISTOGRAM_CELLS:
-        hist = np.bincount(key, weights=entry_count, minlength=num_l * num_f).reshape(num_l, num_f)
+        hist: np.ndarray = np.bincount(key, weights=entry_count, minlength=num_l * num_f).reshape(num_l, num_f)
         hist /= lcount[:, None]
         return bool(np.array_equal(hist, hist[_first_of(lcls)[lcls]]))
     if entry_count.size and np.all(entry_count == entry_count[0]):  # counts are run lengths of the sorted keys

@@ -8,8 +8,10 @@ reservation of a run recorded once (piper_sim.network.recording). Must not impor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import functools
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
@@ -63,6 +65,8 @@ class RouteCache:
         if hit is not None:
             self._cache[key] = hit
             return hit
+        sub_flow: list[int]
+        entry_link: list[int]
         sub_flow, sub_frac, sub_weight, entry_flow, entry_link = [], [], [], [], []
         flow_latency = np.zeros(src.size)
         for f, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
@@ -126,8 +130,8 @@ class CollectiveRunner:
                 self.env.timeout(0).callbacks.append(self._start_together)
             self._starting.append(Starting(phases, gpus, key, done))
             return done
-        done = start_phases(self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits))
-        return done[0] if len(done) == 1 else self.env.all_of(done)
+        ends = start_phases(self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits))
+        return ends[0] if len(ends) == 1 else self.env.all_of(ends)
 
     def _start_together(self, _ev: simpy.Event) -> None:
         """The collectives that start at this instant, grouped by shared links: a group on idle links runs as a
@@ -143,9 +147,10 @@ class CollectiveRunner:
             union = links[cluster[0]] if len(cluster) == 1 else np.unique(np.concatenate([links[i] for i in cluster]))
             if self.network.busy[union].any():
                 for c in members:
-                    events = start_phases(self.env, c.phases, lambda index, phase, waits, c=c: self._phase(
+                    # mypy cannot type a lambda with a default (here binding the loop's c), nor a callback's value
+                    events = start_phases(self.env, c.phases, lambda index, phase, waits, c=c: self._phase(  # type: ignore[misc]
                         phase, c.gpus, (c.key, index), waits))
-                    self.env.all_of(events).callbacks.append(lambda _ev, done=c.done: done.succeed())
+                    self.env.all_of(events).callbacks.append(lambda _ev, done=c.done: done.succeed())  # type: ignore[misc]
             elif len(members) == 1:
                 alone.append(cluster[0])
             else:
@@ -202,9 +207,11 @@ class CollectiveRunner:
                     def state(index: int, rec: PhaseRecord) -> tuple[np.ndarray, np.ndarray]:
                         return rec.state_at(t, self.network.capacity)
                 else:
-                    def state(index: int, rec: PhaseRecord, m=m) -> tuple[np.ndarray, np.ndarray]:
+                    # m bound by default (mypy wants both variants' signatures alike)
+                    def state(index: int, rec: PhaseRecord, m: int = m) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[misc]
                         hit = replayed.get((m, index))  # absent: it starts at this very instant
                         if hit is None:
+                            assert rec.flows is not None  # _break asks for the state of started phases only
                             return rec.flows.sizes.astype(float).copy(), np.full(rec.flows.sizes.shape[0], np.nan)
                         return hit
                 adopted += self._break(run, c, t0, state)
@@ -223,8 +230,13 @@ class CollectiveRunner:
         by_end: dict[float, list[int]] = {}  # one event per distinct end, its members in order
         for m, run in enumerate(runs):
             by_end.setdefault(run.duration_s, []).append(m)
+
+        def end_all(ending: list[int], _ev: simpy.Event) -> None:
+            for m in ending:
+                end(m)
+
         for duration, ending in by_end.items():
-            self.env.timeout(duration).callbacks.append(lambda _ev, ending=ending: [end(m) for m in ending])
+            self.env.timeout(duration).callbacks.append(functools.partial(end_all, ending))
 
     def _break(self, recorded: IsolatedRun, c: Starting, t0: float,
                state: Callable[[int, PhaseRecord], tuple[np.ndarray, np.ndarray]]) -> list:
@@ -247,14 +259,14 @@ class CollectiveRunner:
             else:
                 events.append(self.env.process(self._resume(index, c.phases[index], rec, events, t0, c.gpus, c.key)))
         pending = [ev for ev in events if ev is not None]
-        if pending:
-            self.env.all_of(pending).callbacks.append(lambda _ev: c.done.succeed())
+        if pending:  # simpy drops a callback's value (here the event succeed returns)
+            self.env.all_of(pending).callbacks.append(lambda _ev: c.done.succeed())  # type: ignore[arg-type]
         else:
             c.done.succeed()
         return adopted
 
     def _resume(self, index: int, phase: Phase, rec: PhaseRecord, events: list, t0: float, gpus: tuple[str, ...],
-                key: Hashable) -> PhaseProcess:
+                key: Hashable) -> Generator[simpy.Event, Any, None]:
         """A phase of a broken reservation that had not started: its predecessors still running, or its delay."""
         waits = [events[a] for a in phase.after if events[a] is not None]
         if phase.src.size == 0:

@@ -275,11 +275,11 @@ class FlowNetwork:
             version = fs.version
             for end_s in np.unique(ends[ends < timeline.duration_s]).tolist():
                 which = np.flatnonzero(ends == end_s)
-                self.env.timeout(end_s).callbacks.append(lambda _ev, w=which: self._part_timer(fs, version, w))
+                self.env.timeout(end_s).callbacks.append(lambda _ev, w=which: self._part_timer(fs, version, w))  # type: ignore[misc]  # lambda with a default
 
     def _part_timer(self, fs: FlowSet, version: int, which: np.ndarray) -> None:
         """Parts of a set running from its memoized run end (unless another set has joined it since)."""
-        if version == fs.version and fs.timeline is not None:
+        if version == fs.version and fs.timeline is not None and fs.parts is not None:  # parts: set with the set
             fs.parts.fire(fs.t_start + fs.timeline.finish_offset_s, which)
 
     def _isolated_timeline(self, fs: FlowSet) -> Timeline:
@@ -330,7 +330,7 @@ class FlowNetwork:
         """Record the rates of a memoized run's segments that began before offset until_s (see `log`): a run
         that another set joined goes on from explicit bytes, its later solves logged as any others. A run that
         stays alone to its end logs nothing: its rates follow from its flows (isolated_timeline)."""
-        if self.log is None:
+        if self.log is None or fs.timeline is None:  # (_materialize calls it with a timeline)
             return
         entries, t_prev = self.log.setdefault(fs, []), 0.0
         for t_end, rate in fs.timeline.segments:

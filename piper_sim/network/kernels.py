@@ -73,7 +73,8 @@ def _compressed(entry_flow, local_link, num_flows, num_links):  # pragma: no cov
     return flow_ptr, flow_link, link_ptr, link_flow
 
 
-def refill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndarray, state: tuple) -> None:
+def refill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndarray,
+           state: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
     """Max-min fair rates of the live flows into state's rate array, resumed from the last solve on this incidence
     when flows only left since (state: rate, the live flows of the last solve, the frozen rates per link)."""
     _resume(live, inc.has_link, inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow,

@@ -41,7 +41,7 @@ class TimelineMemo:
 
     def __init__(self, capacity: np.ndarray, reverse_link: np.ndarray | None = None) -> None:
         self.capacity = capacity
-        self._code = np.random.default_rng(0x5EED).integers(1, np.iinfo(np.int64).max, size=capacity.shape[0],
+        self._code = np.random.default_rng(0x5EED).integers(1, np.iinfo(np.int64).max, size=int(capacity.shape[0]),
                                                             dtype=np.int64).astype(np.uint64)
         self._reverse = reverse_link
         self._kept: dict[bytes, _Kept] = {}

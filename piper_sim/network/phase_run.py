@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
@@ -19,7 +20,8 @@ import simpy
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.network.flows import FlowNetwork
 
-PhaseProcess = Generator[simpy.Event, object, object]
+# A phase's SimPy process body; its value: each flow's finish time (None: a phase run that reports none)
+PhaseProcess = Generator[simpy.Event, Any, np.ndarray | None]
 
 
 def phase_delay_s(phase: Phase, overhead_s: float, latency_s: float) -> float:
@@ -49,7 +51,7 @@ class PhaseFlows:
 
 
 def run_phase(env: simpy.Environment, network: FlowNetwork, waits: list[simpy.Event], delay_s: float,
-              flows: PhaseFlows | None) -> PhaseProcess:
+              flows: PhaseFlows | None) -> Generator[simpy.Event, Any, np.ndarray]:
     """One phase (a SimPy process body): wait for the phases before it, pay delay_s, start its flows
     together. Its value: each flow's finish time (seconds, absolute); an empty array for an empty phase
     (flows None), which pays nothing."""

@@ -12,8 +12,10 @@ Must not import torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import functools
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import simpy
@@ -28,9 +30,9 @@ from piper_sim.network.fairshare import (
     isolated_timeline,
     latency_only,
 )
-from piper_sim.network.flows import FlowNetwork, check_finite
+from piper_sim.network.flows import FlowNetwork, FlowSet, check_finite
 from piper_sim.network.mirror import TimelineMemo
-from piper_sim.network.phase_run import PhaseFlows, PhaseProcess, start_phases
+from piper_sim.network.phase_run import PhaseFlows, start_phases
 
 PhaseFlowsOf = Callable[[Phase, tuple[str, ...], Hashable], tuple[object, PhaseFlows, float]]
 
@@ -51,6 +53,7 @@ class PhaseRecord:
         """Bytes each sub-flow still has to send at time t, and the finish times of those that have ended.
         capacity: the links' (bytes/s), for a phase that ran alone (its rates are recomputed, and kept while a
         run of few waves: a recorded run repeats, and so do breaks of its reservation)."""
+        assert self.flows is not None and self.finish_s is not None  # a recorded phase that started its flows
         rates = self.rates
         if rates is None:
             alone = self.alone or isolated_timeline(self.flows.entry_flow, self.flows.entry_link, self.flows.weights,
@@ -108,7 +111,10 @@ def is_chain(phases: list[Phase]) -> bool:
                for i, p in enumerate(phases))
 
 
-class RunMemo:
+V = TypeVar("V")  # what a RunMemo keeps by key
+
+
+class RunMemo(Generic[V]):
     """Recorded runs by key, the oldest dropped first once their phases' sub-flows together pass RECORDED_SUB_FLOWS
     or they pass RECORDED_RUNS: a bound on what they hold more than on how many they are, so a skewed run's
     all-to-alls (each of its own matrix, needed again by its backward a pipeline's depth of micro-batches later)
@@ -117,14 +123,14 @@ class RunMemo:
     def __init__(self, runs_scale: int = 1) -> None:
         """runs_scale: entries at most, in RECORDED_RUNS (a memo of references to another memo's runs keeps more)."""
         self.runs_scale = runs_scale
-        self._items: dict[Hashable, tuple[object, int]] = {}
+        self._items: dict[Hashable, tuple[V, int]] = {}
         self._held = 0
 
-    def get(self, key: Hashable) -> object | None:
+    def get(self, key: Hashable) -> V | None:
         hit = self._items.get(key)
         return None if hit is None else hit[0]
 
-    def put(self, key: Hashable, value: object, run: IsolatedRun) -> None:
+    def put(self, key: Hashable, value: V, run: IsolatedRun) -> None:
         if key in self._items:
             return
         weight = sum(r.flows.sizes.shape[0] for r in run.phases if r.flows is not None) + 1
@@ -152,9 +158,9 @@ class Recorder:
         self.capacity, self.phase_flows = capacity, phase_flows
         self.timelines = TimelineMemo(capacity, reverse_link)
         self._fastest = float(capacity.max()) if capacity.size else 0.0
-        self._runs = RunMemo(16)  # (key, id of the phases' list) -> (that list, its run): a stage's
-        # groups x layers x roles (the runs themselves are _by_signature's)
-        self._by_signature = RunMemo()  # a run's contents (signature) -> its run
+        self._runs = RunMemo[tuple[list[Phase], IsolatedRun]](16)  # (key, id of the phases' list) -> (that list,
+        # its run): a stage's groups x layers x roles (the runs themselves are _by_signature's)
+        self._by_signature = RunMemo[IsolatedRun]()  # a run's contents (signature) -> its run
         self._small_runs: dict[Hashable, Timeline] = {}
         self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
         self._links_by_content: dict[Hashable, np.ndarray] = {}
@@ -274,9 +280,9 @@ class Recorder:
         net = FlowNetwork(env, self.capacity)
         net.log = {} if log else None
         records = [[PhaseRecord() for _ in c.phases] for c in members]
-        sets: dict[tuple[int, int], object] = {}
+        sets: dict[tuple[int, int], FlowSet | None] = {}
 
-        def process(m: int, index: int, phase: Phase, waits: list[simpy.Event]) -> PhaseProcess:
+        def process(m: int, index: int, phase: Phase, waits: list[simpy.Event]) -> Generator[simpy.Event, object, None]:
             if waits:
                 yield env.all_of(waits)
             rec = records[m][index]
@@ -299,7 +305,7 @@ class Recorder:
                 rec.rates = net.log.get(flow_set, [])
 
         for m, c in enumerate(members):
-            start_phases(env, c.phases, lambda index, phase, waits, m=m: process(m, index, phase, waits))
+            start_phases(env, c.phases, functools.partial(process, m))
         if until_s is None:
             env.run()
             net.close()
