@@ -99,13 +99,13 @@ class CollectiveTasks:
                 del self._skewed[key], self._skewed_uses[key]
             return hit
         version = self.experts.version[self.mesh.stage_of(rank)] if task.kind == TaskKind.ALL_TO_ALL else 0
-        key = (group, task.kind, task.role, task.layer, task.chunk, version)
-        hit = self._phase_cache.get(key)
+        cache_key = (group, task.kind, task.role, task.layer, task.chunk, version)
+        hit = self._phase_cache.get(cache_key)
         if hit is None:
-            hit = self._phase_cache[key] = self._build(step, task, group)
+            hit = self._phase_cache[cache_key] = self._build(step, task, group)
         return hit
 
-    def _a2a_phases(self, step: int, layer: int, microbatch: int, role: str, group: tuple[int, ...]):
+    def _a2a_phases(self, step: int, layer: int, microbatch: int, role: Role, group: tuple[int, ...]):
         d = self.experts.dispatch(step, layer, microbatch, group[0])
         matrix = d.bytes_matrix(self.row_bytes, role).astype(float)
         phases = self._a2a_role[role](matrix, [self.placement[r] for r in group], self.topo)

@@ -149,7 +149,7 @@ class Simulation(LaneCollectives):
         """Ranks simulated by one process (a lane): a whole pipeline stage under uniform routing, a stage's EP
         group under skewed routing (the groups' all-to-alls end apart); one lane per rank when cores are
         shared and members' compute differs (the host model times compute per lane)."""
-        singles = [(r,) for r in range(self.mesh.num_ranks)]
+        singles: list[tuple[int, ...]] = [(r,) for r in range(self.mesh.num_ranks)]
         if not collapse:
             return singles
         stages = [tuple(self.mesh.stage_ranks(p)) for p in range(self.mesh.pp)]
@@ -174,7 +174,7 @@ class Simulation(LaneCollectives):
             ranks, nexts = list(self.mesh.stage_ranks(p)), list(self.mesh.stage_ranks(p + 1))
             hops += [self._p2p_latency_s(ranks, nexts)[1], self._p2p_latency_s(nexts, ranks)[1]]
         column = [tuple(h[c] for h in hops) for c in range(stage)]
-        split = []
+        split: list[tuple[int, ...]] = []
         for lane in lanes:
             by_column: dict[tuple, list[int]] = {}
             for rank in lane:
@@ -215,10 +215,11 @@ class Simulation(LaneCollectives):
         stage = self.mesh.stage_of(rank)
         plan = self.plans[stage]
         lane_id = self._lane_of[rank]
-        local = np.array(lane) - stage * self.per_stage
+        offsets = np.array(lane) - stage * self.per_stage
         n = len(lane)
-        if np.array_equal(local, np.arange(local[0], local[0] + n)):  # consecutive ranks: a slice writes faster
-            local = slice(int(local[0]), int(local[0]) + n)
+        local: np.ndarray | slice = offsets  # the members' rows in the stage's records
+        if np.array_equal(offsets, np.arange(offsets[0], offsets[0] + n)):  # consecutive ranks: a slice writes faster
+            local = slice(int(offsets[0]), int(offsets[0]) + n)
         rec = self.records
         start, end, flops, nbytes = rec.start_s[stage], rec.end_s[stage], rec.flops[stage], rec.bytes[stage]
         cpu = rec.cpu_s[stage]
@@ -244,7 +245,7 @@ class Simulation(LaneCollectives):
                     if not ev.triggered:  # blocked on a transfer: woken when it ends
                         yield ev
                         yield from self.host.woken(clock)
-                    np.maximum(clock, ev.value, out=clock)
+                    np.maximum(clock, ev.value, out=clock)  # type: ignore[arg-type]  # simpy's value: end times
                 if plan.mem_at_start[i]:
                     memory += plan.mem_at_start[i]
                     grew = True
@@ -314,7 +315,7 @@ class Simulation(LaneCollectives):
         if wait <= 0:
             done.succeed(self.env.now)
         else:
-            self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed(self.env.now))
+            self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed(self.env.now))  # type: ignore[arg-type]  # value dropped
 
     def _member_rows(self, lane: tuple[int, ...], step: int, layer: int,
                      microbatch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -361,6 +362,8 @@ class Simulation(LaneCollectives):
         if not plan.expert_layers[i]:
             return plan.fixed_cost[i]
         seconds, flops = np.zeros(len(lane)), np.zeros(len(lane))
+        s: float | np.ndarray  # an op's price: one for all members, or one per member
+        f: float | np.ndarray
         for op in task.ops:
             parsed = parse_op(op)
             if parsed.name == "moe_act":  # the activation over the rows each member's experts got
@@ -381,7 +384,7 @@ class Simulation(LaneCollectives):
             flops += f
         return seconds, flops
 
-    def _rows_priced(self, kind: str, op: str, rows: np.ndarray) -> np.ndarray:
+    def _rows_priced(self, kind: TaskKind, op: str, rows: np.ndarray) -> np.ndarray:
         """Seconds per member of an op whose work is over its rows alone (moe_act), one price per distinct count."""
         seconds = np.zeros(len(rows))
         for count in np.unique(rows):
@@ -401,7 +404,7 @@ class Simulation(LaneCollectives):
         return extra
 
     # ---- p2p -----------------------------------------------------------------------------------
-    def _post_p2p(self, lane: tuple[int, ...], lane_id: int, stage: int, local: np.ndarray, step: int, i: int,
+    def _post_p2p(self, lane: tuple[int, ...], lane_id: int, stage: int, local: np.ndarray | slice, step: int, i: int,
                   task: Task, clock: np.ndarray) -> None:
         """Post the members' sends (or receives) of task i at their clocks; a member's transfer starts when both
         its ends are posted. The task's done event's value: each member's end time."""

@@ -8,14 +8,37 @@ arrivals, and the chains that keep groups whose collectives or transfers end apa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import simpy
 
+from piper_sim.network import CollectiveRunner
 from piper_sim.schedule.ir import Task
+from piper_sim.sim.collective_tasks import CollectiveTasks
+from piper_sim.sim.host import HostModel
+from piper_sim.workload.mesh import Mesh
 
 
 class LaneCollectives:
     """Collective arrivals of a lane's members (mixed into Simulation, whose state it reads)."""
+
+    # what it reads of Simulation (set there)
+    env: simpy.Environment
+    mesh: Mesh
+    per_stage: int
+    placement: list[str]
+    runner: CollectiveRunner
+    host: HostModel
+    collectives: CollectiveTasks
+    _arrivals: dict[tuple, list]
+    _async_done: dict[tuple[int, int, int], simpy.Event]
+    _landed: dict[tuple[int, int, int], list]
+    _group_gpus: dict[tuple[int, ...], tuple[str, ...]]
+    _lane_groups: dict[tuple[int, str], list]
+    _at: Callable[[float, Callable[[], object]], None]
+    _check_on_time: Callable[[float], None]
+    _wake: Callable[[simpy.Event, int], None]
 
     def _groups_of_lane(self, lane: tuple[int, ...], axis: str) -> list:
         """[(group, members' indices in the lane, in their stage, in the group)] of the lane's groups."""
@@ -32,7 +55,7 @@ class LaneCollectives:
         return hit
 
     def _arrive(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray, host_s: float,
-                clock: np.ndarray) -> list[tuple[np.ndarray, simpy.Event]]:
+                clock: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
         """Join collective i with every member of the lane, each group at its last member's clock (host_s: its
         host work, the same in each of the lane's groups); returns (members' lane indices, end event) per
         group, the event's value the time the group's collective ends."""
@@ -44,8 +67,8 @@ class LaneCollectives:
             arrival = float(clock[at].max())
             joins.setdefault(arrival, []).append((group, waiting, len(at)))
             out.append((at, stage_local, waiting[1]))
-        for arrival, groups in joins.items():
-            self._at(arrival, lambda t=arrival, groups=groups: [self._join(g, w, (step, g[0], i), m, t, task, host_s)
+        for arrival, groups in joins.items():  # (mypy cannot type a lambda with defaults, nor a list of None)
+            self._at(arrival, lambda t=arrival, groups=groups: [self._join(g, w, (step, g[0], i), m, t, task, host_s)  # type: ignore[misc, func-returns-value]
                                                                 for g, w, m in groups])
         return out
 
@@ -70,7 +93,7 @@ class LaneCollectives:
             if ev.processed:
                 ended(ev, at, stage_local)
             else:
-                ev.callbacks.append(lambda e, at=at, sl=stage_local: ended(e, at, sl))
+                ev.callbacks.append(lambda e, at=at, sl=stage_local: ended(e, at, sl))  # type: ignore[misc]  # lambda with defaults
 
     @staticmethod
     def _settle(running: tuple[str, int, list[tuple[np.ndarray, np.ndarray, simpy.Event]]], clock: np.ndarray,
@@ -184,4 +207,4 @@ class LaneCollectives:
             gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
         done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role), delay_s=self.host.flow_delay_s(host_s))
         calls = self.host.blocking_calls(lambda: self.collectives.calls(task, group))
-        done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))
+        done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))  # type: ignore[misc]  # lambda with defaults

@@ -8,6 +8,7 @@ terms from workload/stage_memory.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.schedule.liveness import activation_deltas
@@ -25,6 +26,14 @@ STREAM_CODE = {Stream.COMPUTE: COMPUTE_CODE, Stream.P2P: P2P_CODE, Stream.COLLEC
 ROWS_OPS = ("experts:", "moe_act:")  # ops priced over the rows each member's experts got (engine._compute_cost)
 EXPERT_KINDS = frozenset({TaskKind.FORWARD_EXPERT, TaskKind.BACKWARD_EXPERT, TaskKind.BACKWARD_EXPERT_INPUT,
                           TaskKind.BACKWARD_WEIGHT, TaskKind.RECOMPUTE_EXPERT})
+
+
+class _StageEnds(TypedDict):
+    """Where a stage's chunks sit, as memory.rank_params and rank_param_tensors take it."""
+
+    first: bool  # it holds the first virtual stage (the embedding)
+    last: bool  # it holds the last (the head)
+    ep: int
 
 
 @dataclass(kw_only=True)
@@ -63,8 +72,8 @@ def build_stage_plans(schedule: Schedule, model: ModelSpec, parallel: ParallelSp
         index = {t.task_id: i for i, t in enumerate(program)}
         chunks = [schedule.virtual_stage(p, c) for c in range(schedule.vpp)]
         layers = tuple(layer for v in chunks for layer in schedule.stage_layers[v])
-        ends = {"first": any(map(stages.is_first, chunks)), "last": any(map(stages.is_last, chunks)),
-                "ep": parallel.ep}
+        ends: _StageEnds = {"first": any(map(stages.is_first, chunks)), "last": any(map(stages.is_last, chunks)),
+                            "ep": parallel.ep}
         params = rank_params(model, layers, **ends, split=parallel.split)
         chunk_params = {c: rank_params(model, schedule.stage_layers[v], first=stages.is_first(v),
                                        last=stages.is_last(v), ep=parallel.ep, split=parallel.split)
