@@ -392,12 +392,15 @@ LAZY_MODULES = {
     "piper_sim": "the public API on first use: every submodule's import runs piper_sim/__init__.py",
     "piper_sim.cli": "a command's modules (numpy, pandas, simpy, networkx) load when it runs, not for --help",
     "piper_sim.calibrate.cli": "as piper_sim.cli",
+    "piper_sim.importers.cli": "as piper_sim.cli",
     "piper_sim.planning.cli": "as piper_sim.cli",
     "piper_sim.reproduce.cli": "as piper_sim.cli",
     "piper_sim.studies.cli": "as piper_sim.cli",
     "piper_sim.config": "loads no numpy: the schedule layer (numpy-free) and --help import it; its sections' "
                         "parsers (collectives, migration, routing) load numpy and networkx",
     "piper_sim.profile_choice": "loads no numpy: config imports it; topology.load loads networkx and numpy",
+    "piper_sim.stopping": "the CLI's first import, before its signal handlers are in place: multiprocessing "
+                          "(~5 ms) loads only where Dask starts",
     "piper_sim.testbed.tcp_probe": "its peers run the module (python -m) with the stdlib alone",
 }
 _NO_REASON = re.compile(r"(noqa(:\s*[A-Z]+\d+(\s*,\s*[A-Z]+\d+)*)?|type:\s*ignore(\[[^\]]*\])?)\s*")

@@ -12,8 +12,6 @@ from pathlib import Path
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.errors import ConfigError
 from piper_sim.importers.imported import Imported
-from piper_sim.importers.megatron import import_megatron
-from piper_sim.importers.torchtitan import import_torchtitan
 
 OWN_OPTIONS = ("--out", "--world-size", "--lenient", "--name", "-h", "--help")
 
@@ -83,6 +81,8 @@ def _check_world(world: int | None) -> None:
 
 
 def cmd_import_megatron(args: argparse.Namespace) -> int:
+    from piper_sim.importers.megatron import import_megatron  # the command's modules: not for --help
+
     _check_world(args.world_size)
     if not args.argv:
         raise ConfigError("megatron arguments", None, "Megatron-LM's flags after `--`, e.g. -- --num-layers 32 ...")
@@ -91,6 +91,8 @@ def cmd_import_megatron(args: argparse.Namespace) -> int:
 
 
 def cmd_import_torchtitan(args: argparse.Namespace) -> int:
+    from piper_sim.importers.torchtitan import import_torchtitan  # tomllib: not for --help
+
     _check_world(args.world_size)
     imported = import_torchtitan(args.file, world_size=args.world_size, model=args.model, lenient=args.lenient)
     return _write(imported, args.out)

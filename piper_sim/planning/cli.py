@@ -11,7 +11,6 @@ import math
 import sys
 from pathlib import Path
 
-from piper_sim.analysis.band import band_dict, band_text
 from piper_sim.bounds import GPUS_LIMIT
 from piper_sim.collectives.algorithms import MEASURED_ALGORITHMS as LIBRARIES
 from piper_sim.config import load_config
@@ -100,7 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    # matplotlib.pyplot: not for --help
+    # the command's outputs (matplotlib.pyplot) and error band: not for --help
+    from piper_sim.analysis.band import band_text
     from piper_sim.planning.plan_outputs import format_plan_table, megatron_label, write_plan
 
     for key, value in (("--gpus", args.gpus), ("--global-batch", args.global_batch)):
@@ -161,4 +161,6 @@ def say_space_notes(request: PlanRequest) -> None:
 
 def chosen_band(result) -> dict | None:
     """The error band of the chosen plan's predicted step, at the tier that priced it (analysis/band.py)."""
+    from piper_sim.analysis.band import band_dict  # not for --help
+
     return band_dict(load_config(result.best_config()), "des" if bool(result.best["refined"]) else "estimate")
