@@ -52,8 +52,10 @@ def main() -> None:
             opt.step()
         hot = median_step_us(opt, args.repeats * 3, cold=False)
         cold = median_step_us(opt, args.repeats, cold=True)
-        print(f"{count} layer(s): {len(params)} tensors, {sum(p.numel() for p in params)} params: "
-              f"hot {hot:.0f} us, cold {cold:.0f} us, cold / hot {cold / hot:.2f}")
+        print(
+            f"{count} layer(s): {len(params)} tensors, {sum(p.numel() for p in params)} params: "
+            f"hot {hot:.0f} us, cold {cold:.0f} us, cold / hot {cold / hot:.2f}"
+        )
 
 
 if __name__ == "__main__":

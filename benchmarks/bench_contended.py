@@ -35,18 +35,58 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-DSV3_512F = {"model": {"preset": "deepseek-v3"}, "topology": "frontier", "cost": {"profile": "mi250x"},
-             "schedule": "interleaved-1f1b", "recompute": "full", "optimizer": {"zero": 1},
-             "parallel": {"pp": 4, "ep": 64, "dp": 2, "tp": 2, "etp": 1, "sp": True, "vpp": 2,
-                          "num_microbatches": 16, "micro_batch_size": 1}}
-L405 = {"model": {"name": "llama3-405b-class", "num_layers": 126, "d_model": 16384, "num_heads": 128,
-                  "num_kv_heads": 8, "vocab_size": 128256, "seq_len": 8192, "expert_ffn_dim": 53248,
-                  "num_experts": 1, "top_k": 1, "expert_matrices": 3, "num_dense_layers": 126,
-                  "dense_ffn_dim": 53248, "dense_matrices": 3},
-        "parallel": {"convention": "megatron", "tp": 8, "pp": 16, "dp": 64, "sp": True, "num_microbatches": 32,
-                     "micro_batch_size": 1},
-        "schedule": "1f1b", "recompute": "selective", "optimizer": {"zero": 1}, "topology": "dgx-h100-superpod",
-        "collectives": {"all_reduce": "ring"}, "cost": {"profile": "h100", "flash_attention": True}}
+DSV3_512F = {
+    "model": {"preset": "deepseek-v3"},
+    "topology": "frontier",
+    "cost": {"profile": "mi250x"},
+    "schedule": "interleaved-1f1b",
+    "recompute": "full",
+    "optimizer": {"zero": 1},
+    "parallel": {
+        "pp": 4,
+        "ep": 64,
+        "dp": 2,
+        "tp": 2,
+        "etp": 1,
+        "sp": True,
+        "vpp": 2,
+        "num_microbatches": 16,
+        "micro_batch_size": 1,
+    },
+}
+L405 = {
+    "model": {
+        "name": "llama3-405b-class",
+        "num_layers": 126,
+        "d_model": 16384,
+        "num_heads": 128,
+        "num_kv_heads": 8,
+        "vocab_size": 128256,
+        "seq_len": 8192,
+        "expert_ffn_dim": 53248,
+        "num_experts": 1,
+        "top_k": 1,
+        "expert_matrices": 3,
+        "num_dense_layers": 126,
+        "dense_ffn_dim": 53248,
+        "dense_matrices": 3,
+    },
+    "parallel": {
+        "convention": "megatron",
+        "tp": 8,
+        "pp": 16,
+        "dp": 64,
+        "sp": True,
+        "num_microbatches": 32,
+        "micro_batch_size": 1,
+    },
+    "schedule": "1f1b",
+    "recompute": "selective",
+    "optimizer": {"zero": 1},
+    "topology": "dgx-h100-superpod",
+    "collectives": {"all_reduce": "ring"},
+    "cost": {"profile": "h100", "flash_attention": True},
+}
 
 
 def _published(name: str) -> dict:
@@ -59,8 +99,11 @@ WORKLOADS = {
     "QWEN3-256H": lambda: _published("mcore-qwen3-235b-h100-256gpu-tp2-ep32"),
     "L405-8K": lambda: L405,
 }
-WARM_UP = {"model": "small-moe", "routing": {"kind": "zipf", "exponent": 1.0},
-           "parallel": {"pp": 2, "ep": 4, "num_microbatches": 2}}
+WARM_UP = {
+    "model": "small-moe",
+    "routing": {"kind": "zipf", "exponent": 1.0},
+    "parallel": {"pp": 2, "ep": 4, "num_microbatches": 2},
+}
 
 
 class Counters:
@@ -115,11 +158,20 @@ def run_one(name: str, microbatches: int | None, profile: bool, sort: str) -> di
         result = simulate(cfg)
     wall = time.perf_counter() - t0  # with the profile's printing when profiled
     s = result.stats
-    return {"wall_s": wall, "step_time_s": result.report.step_time_s, "tasks": s["num_tasks"],
-            "events": counters.events(), "solves": s["num_solves"], "component_solves": counters.solves,
-            "component_mean": counters.solved_flows / max(counters.solves, 1), "component_max": counters.largest,
-            "reserved": s["num_reserved"], "broken": s["num_broken"], "lanes": s["num_lanes"],
-            "peak_GiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # Linux: KiB
+    return {
+        "wall_s": wall,
+        "step_time_s": result.report.step_time_s,
+        "tasks": s["num_tasks"],
+        "events": counters.events(),
+        "solves": s["num_solves"],
+        "component_solves": counters.solves,
+        "component_mean": counters.solved_flows / max(counters.solves, 1),
+        "component_max": counters.largest,
+        "reserved": s["num_reserved"],
+        "broken": s["num_broken"],
+        "lanes": s["num_lanes"],
+        "peak_GiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }  # Linux: KiB
 
 
 def child(name: str, args: argparse.Namespace, base: str | None) -> dict | None:
@@ -143,15 +195,22 @@ def line(label: str, r: dict | None, timeout: float) -> str:
         return f"{label:22s} stopped after {timeout:.0f} s (--timeout)"
     if "failed" in r:
         return f"{label:22s} failed (exit status {r['failed']}; its error above)"
-    return (f"{label:22s} {r['wall_s']:8.1f} {r['step_time_s']:10.4f} {r['tasks']:9d} {r['events']:10d} "
-            f"{r['solves']:9d} {r['component_solves']:8d} {r['component_mean']:8.0f} {r['component_max']:7d} "
-            f"{r['reserved']:8d} {r['broken']:7d} {r.get('peak_GiB', float('nan')):8.2f}")
+    return (
+        f"{label:22s} {r['wall_s']:8.1f} {r['step_time_s']:10.4f} {r['tasks']:9d} {r['events']:10d} "
+        f"{r['solves']:9d} {r['component_solves']:8d} {r['component_mean']:8.0f} {r['component_max']:7d} "
+        f"{r['reserved']:8d} {r['broken']:7d} {r.get('peak_GiB', float('nan')):8.2f}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), metavar="NAME",
-                        help=f"workloads to run (default: all): {', '.join(WORKLOADS)}")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(WORKLOADS),
+        metavar="NAME",
+        help=f"workloads to run (default: all): {', '.join(WORKLOADS)}",
+    )
     parser.add_argument("--base", help="another checkout to run each workload on too (PYTHONPATH), with ratios")
     parser.add_argument("--microbatches", type=int, help="micro-batches per replica instead of the workload's")
     parser.add_argument("--profile", action="store_true", help="cProfile the run (stderr)")
@@ -162,8 +221,11 @@ def main() -> None:
     if args.child:
         print(json.dumps(run_one(args.only[0], args.microbatches, args.profile, args.sort)))
         return
-    print(f"{'':22s} {'wall s':>8s} {'step s':>10s} {'tasks':>9s} {'events':>10s} {'solves':>9s} {'joined':>8s} "
-          f"{'mean':>8s} {'largest':>7s} {'reserved':>8s} {'broken':>7s} {'peak GiB':>8s}", flush=True)
+    print(
+        f"{'':22s} {'wall s':>8s} {'step s':>10s} {'tasks':>9s} {'events':>10s} {'solves':>9s} {'joined':>8s} "
+        f"{'mean':>8s} {'largest':>7s} {'reserved':>8s} {'broken':>7s} {'peak GiB':>8s}",
+        flush=True,
+    )
     for name in args.only or list(WORKLOADS):
         now = child(name, args, None)
         print(line(name, now, args.timeout), flush=True)
@@ -171,11 +233,16 @@ def main() -> None:
             before = child(name, args, args.base)
             print(line("  base", before, args.timeout), flush=True)
             if now and before and "failed" not in now and "failed" not in before:
-                print(f"  {'base / this':20s} {before['wall_s'] / now['wall_s']:8.2f}x wall; step time "
-                      f"{now['step_time_s'] / before['step_time_s'] - 1:+.2e} relative", flush=True)
-    print("solves: fair-share solves (stats['num_solves']); joined: solves of contended components (Filling), "
-          "mean and largest: flows in their joined incidence; events: SimPy events of every environment; peak GiB: "
-          "the run's process's peak resident size (warm-up included)")
+                print(
+                    f"  {'base / this':20s} {before['wall_s'] / now['wall_s']:8.2f}x wall; step time "
+                    f"{now['step_time_s'] / before['step_time_s'] - 1:+.2e} relative",
+                    flush=True,
+                )
+    print(
+        "solves: fair-share solves (stats['num_solves']); joined: solves of contended components (Filling), "
+        "mean and largest: flows in their joined incidence; events: SimPy events of every environment; peak GiB: "
+        "the run's process's peak resident size (warm-up included)"
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def main() -> None:
     ratios: dict[str, dict[int, list[float]]] = {"hot": {}, "cold": {}}
     level_1: dict[str, list[float]] = {"hot": [], "cold": []}
     for r in range(args.rounds):
-        for mode in (("hot", "cold") if r % 2 == 0 else ("cold", "hot")):
+        for mode in ("hot", "cold") if r % 2 == 0 else ("cold", "hot"):
             print(f"round {r + 1}/{args.rounds}: {mode} ...", flush=True)
             records = run_levels(args.preset, LEVELS_FULL, 1, args.window_s, lambda _m: None, cold=mode == "cold")
             base = records[0]["time_s"]
@@ -40,8 +40,10 @@ def main() -> None:
     for mode in ("hot", "cold"):
         medians = (statistics.median(ratios[mode][k]) for k in LEVELS_FULL)
         print(f"{mode} factor (median)   " + "  ".join(f"{m:5.2f}" for m in medians))
-        print(f"{mode} factor (rounds)   " + "  ".join(
-            f"{min(ratios[mode][k]):.2f}-{max(ratios[mode][k]):.2f}" for k in LEVELS_FULL))
+        print(
+            f"{mode} factor (rounds)   "
+            + "  ".join(f"{min(ratios[mode][k]):.2f}-{max(ratios[mode][k]):.2f}" for k in LEVELS_FULL)
+        )
 
 
 if __name__ == "__main__":

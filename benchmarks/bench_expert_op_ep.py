@@ -65,8 +65,9 @@ def main() -> None:
     for ep in (1, 2, 4, 8):
         stage = StageModule(spec, [0], first=True, last=True, ep_rank=0, ep_size=ep)
         local = spec.num_experts // ep
-        state = dict(before[OP], recv_rows=rows.clone(),
-                     recv_expert_ids=torch.randint(0, local, (rows.shape[0],), generator=gen))
+        state = dict(
+            before[OP], recv_rows=rows.clone(), recv_expert_ids=torch.randint(0, local, (rows.shape[0],), generator=gen)
+        )
         f, b = cold_ms(stage, state, args.samples)
         print(f"  ep {ep} ({local} local experts), {rows.shape[0]} rows: forward {f:.2f} ms, backward {b:.2f} ms")
 

@@ -28,9 +28,16 @@ CASES = {  # name: (config, overrides)
     "moe-256": ("x-moe-small-frontier", ["parallel.pp=4", "parallel.ep=64", "parallel.num_microbatches=32"]),
 }
 # output choices, each written in a process of its own: (--outputs, --perfetto, --perfetto-detail)
-CHOICES = {"report": ("report", None, "auto"), "trace": ("trace", None, "auto"), "all": ("all", "json", "auto"),
-           "all-none": ("all", "none", "auto"), "all-gz": ("all", "gz", "auto"), "all-proto": ("all", "proto", "auto"),
-           "all-json-rank": ("all", "json", "rank"), "all-proto-rank": ("all", "proto", "rank")}
+CHOICES = {
+    "report": ("report", None, "auto"),
+    "trace": ("trace", None, "auto"),
+    "all": ("all", "json", "auto"),
+    "all-none": ("all", "none", "auto"),
+    "all-gz": ("all", "gz", "auto"),
+    "all-proto": ("all", "proto", "auto"),
+    "all-json-rank": ("all", "json", "rank"),
+    "all-proto-rank": ("all", "proto", "rank"),
+}
 
 
 def _status_kib(field: str) -> int:
@@ -47,8 +54,10 @@ def _phase(figures: dict, name: str, fn):
     Path("/proc/self/clear_refs").write_text("5")
     t0 = time.perf_counter()
     value = fn()
-    figures[name] = {"peak_growth_MB": round((_status_kib("VmHWM") - before) / 1024, 1),
-                     "wall_s": round(time.perf_counter() - t0, 2)}
+    figures[name] = {
+        "peak_growth_MB": round((_status_kib("VmHWM") - before) / 1024, 1),
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }
     return value
 
 
@@ -65,8 +74,13 @@ def one(config: str, overrides: list[str], keep: Path) -> dict:
     cfg = load_config(config, overrides)
     result = _phase(figures, "simulate", lambda: simulate(cfg))
     trace = result.trace
-    figures.update(tasks=len(trace), links=len(result.topology.capacity_bytes_per_s), ranks=cfg.parallel.num_gpus,
-                   ep=cfg.parallel.ep, step0_rows=int((trace["step"] == trace["step"].min()).sum()))
+    figures.update(
+        tasks=len(trace),
+        links=len(result.topology.capacity_bytes_per_s),
+        ranks=cfg.parallel.num_gpus,
+        ep=cfg.parallel.ep,
+        step0_rows=int((trace["step"] == trace["step"].min()).sum()),
+    )
     keep.write_bytes(pickle.dumps(result))
     return figures
 
@@ -83,8 +97,11 @@ def outputs(keep: Path, choice: str) -> dict:
     figures: dict = {"result_rss_MB": round(_status_kib("VmRSS") / 1024, 1)}
     outputs_, perfetto, detail = CHOICES[choice]
     with tempfile.TemporaryDirectory() as tmp:
-        _phase(figures, f"outputs {choice}",
-               lambda: write_run(Path(tmp) / "out", result, outputs_, perfetto=perfetto, detail=detail))
+        _phase(
+            figures,
+            f"outputs {choice}",
+            lambda: write_run(Path(tmp) / "out", result, outputs_, perfetto=perfetto, detail=detail),
+        )
     return figures
 
 
@@ -97,13 +114,15 @@ def main() -> None:
         return
     import tempfile
 
-    cases = ({"given": (sys.argv[1], [a for a in sys.argv[2:] if a != "--set"])} if len(sys.argv) > 1 else CASES)
+    cases = {"given": (sys.argv[1], [a for a in sys.argv[2:] if a != "--set"])} if len(sys.argv) > 1 else CASES
     for name, (config, overrides) in cases.items():
         with tempfile.TemporaryDirectory() as tmp:
             keep = Path(tmp) / "result.pickle"
             figures = {}
-            for argv in (["--one", str(keep), config, *overrides],
-                         *(["--outputs", str(keep), choice] for choice in CHOICES)):
+            for argv in (
+                ["--one", str(keep), config, *overrides],
+                *(["--outputs", str(keep), choice] for choice in CHOICES),
+            ):
                 done = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
                 if done.returncode:
                     figures["error"] = (done.stderr.strip().splitlines() or ["?"])[-1]

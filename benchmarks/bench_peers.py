@@ -39,15 +39,21 @@ DRIVER = HERE / "simumax_driver.py"
 PEER_WORKLOADS = ("W1", "W2")
 GiB = 2**30
 # the standard ring accounting SimuMax's system file expects per collective (docs/system.md)
-RING_STEPS = {"all_reduce": (2, -1), "all_gather": (1, -1), "reduce_scatter": (1, -1), "p2p": (1, 0),
-              "all2all": (1, -1)}
+RING_STEPS = {
+    "all_reduce": (2, -1),
+    "all_gather": (1, -1),
+    "reduce_scatter": (1, -1),
+    "p2p": (1, 0),
+    "all2all": (1, -1),
+}
 
 
 def piper_config(name: str):
     from piper_sim.config import load_config
 
-    return load_config({"schedule": "1f1b", "topology": bench_sim.CLUSTER, "cost": {"profile": "mi250x"},
-                        **bench_sim.WORKLOADS[name]})
+    return load_config(
+        {"schedule": "1f1b", "topology": bench_sim.CLUSTER, "cost": {"profile": "mi250x"}, **bench_sim.WORKLOADS[name]}
+    )
 
 
 def simumax_inputs(name: str, pp_comm_async: bool) -> tuple[dict, dict, dict, str]:
@@ -60,47 +66,95 @@ def simumax_inputs(name: str, pp_comm_async: bool) -> tuple[dict, dict, dict, st
     if m.num_shared_experts or m.num_dense_layers or m.mla is not None or m.moe_layer_freq != 1 or par.tp != 1:
         raise SystemExit(f"bench_peers: {name} has a feature this mapping does not carry to SimuMax")
     heads = m.num_heads
-    model = {"model_type": "moe", "model_name": m.name, "layer_num": m.num_layers, "hidden_size": m.d_model,
-             "head_num": heads, "kv_head_num": m.num_kv_heads or heads, "head_size": m.head_dim or m.d_model // heads,
-             "intermediate_size": m.expert_ffn_dim, "moe_ffn_hidden_size": m.expert_ffn_dim,
-             "expert_num": m.num_experts, "topk": m.top_k, "vocab_size": m.vocab_size,
-             "use_swiglu": m.expert_matrices == 3}
-    strategy = {"seq_len": m.seq_len, "micro_batch_size": par.micro_batch_size,
-                "micro_batch_num": par.num_microbatches, "dtype": m.dtype, "world_size": par.num_gpus,
-                "tp_size": 1, "pp_size": par.pp, "ep_size": par.ep, "etp_size": 1, "enable_sequence_parallel": False,
-                "interleaving_size": 1, "zero_state": 1, "enable_recompute": cfg.recompute != "none",
-                "enable_dropout": False, "use_flash_sdp": cfg.flash_attention, "pp_comm_async": pp_comm_async}
+    model = {
+        "model_type": "moe",
+        "model_name": m.name,
+        "layer_num": m.num_layers,
+        "hidden_size": m.d_model,
+        "head_num": heads,
+        "kv_head_num": m.num_kv_heads or heads,
+        "head_size": m.head_dim or m.d_model // heads,
+        "intermediate_size": m.expert_ffn_dim,
+        "moe_ffn_hidden_size": m.expert_ffn_dim,
+        "expert_num": m.num_experts,
+        "topk": m.top_k,
+        "vocab_size": m.vocab_size,
+        "use_swiglu": m.expert_matrices == 3,
+    }
+    strategy = {
+        "seq_len": m.seq_len,
+        "micro_batch_size": par.micro_batch_size,
+        "micro_batch_num": par.num_microbatches,
+        "dtype": m.dtype,
+        "world_size": par.num_gpus,
+        "tp_size": 1,
+        "pp_size": par.pp,
+        "ep_size": par.ep,
+        "etp_size": 1,
+        "enable_sequence_parallel": False,
+        "interleaving_size": 1,
+        "zero_state": 1,
+        "enable_recompute": cfg.recompute != "none",
+        "enable_dropout": False,
+        "use_flash_sdp": cfg.flash_attention,
+        "pp_comm_async": pp_comm_async,
+    }
     prof = load_profile(cfg.cost_profile)
     tokens = par.micro_batch_size * m.seq_len
     expert_rows = tokens * m.top_k * par.ep / m.num_experts
-    gemm, grouped, attention = (prof.gemm_efficiency(tokens), prof.gemm_efficiency(expert_rows),
-                                prof.attention_efficiency(m.seq_len))
+    gemm, grouped, attention = (
+        prof.gemm_efficiency(tokens),
+        prof.gemm_efficiency(expert_rows),
+        prof.attention_efficiency(m.seq_len),
+    )
     tflops = prof.peak_flops_per_s / 1e12
-    ops = {"default": gemm, "matmul": gemm, "fp8_matmul": gemm, "group_matmul": grouped, "fp8_group_matmul": grouped,
-           "sdp_fwd": attention, "sdp_bwd": attention}
+    ops = {
+        "default": gemm,
+        "matmul": gemm,
+        "fp8_matmul": gemm,
+        "group_matmul": grouped,
+        "fp8_group_matmul": grouped,
+        "sdp_fwd": attention,
+        "sdp_bwd": attention,
+    }
     host = {**HOST_SCHEMA, **bench_sim.CLUSTER["params"]}
     per_node = host["gpus_per_node"]
 
     def network(bytes_per_s: float, latency_us: float) -> dict:
-        return {"processor_usage": 0.0, "bandwidth": {"efficient_factor": 1.0, "gbps": bytes_per_s / GiB,
-                                                      "latency_us": latency_us},
-                "op": {op: {"scale": s, "offset": o} for op, (s, o) in RING_STEPS.items()}}
+        return {
+            "processor_usage": 0.0,
+            "bandwidth": {"efficient_factor": 1.0, "gbps": bytes_per_s / GiB, "latency_us": latency_us},
+            "op": {op: {"scale": s, "offset": o} for op, (s, o) in RING_STEPS.items()},
+        }
 
     # a path inside a node: GPU -> node switch -> GPU; across nodes: GPU -> NIC -> network switch -> NIC -> GPU
     intra = network(host["intra_bandwidth_GBps"] * 1e9, 2 * host["intra_latency_us"])
     # SimuMax's inter-node bandwidth is a node's (it divides it among the node's GPUs for p2p and the all-to-all)
-    inter = network(per_node * host["nic_bandwidth_GBps"] * 1e9,
-                    2 * (host["nic_latency_us"] + host["switch_latency_us"]))
-    system = {"sys_name": f"{prof.name}-uniform", "num_per_node": per_node,
-              "accelerator": {"backend": "cuda", "mem_gbs": prof.hbm_bytes / GiB, "mode": "roofline",
-                              "op": {k: {"tflops": tflops, "efficient_factor": e} for k, e in ops.items()},
-                              "bandwidth": {"default": {"efficient_factor": prof.memory_efficiency,
-                                                        "gbps": prof.hbm_bytes_per_s / GiB,
-                                                        "latency_us": prof.kernel_launch_s * 1e6}}},
-              "networks": {"intra_with_pcie": False, "low_intra_node": intra, "high_intra_node": intra,
-                           "inter_node": inter}}
-    device = (f"{name}: {tflops:g} TFLOPS; efficiency {gemm:.3f} GEMM ({tokens} rows), {grouped:.3f} grouped GEMM "
-              f"({expert_rows:.0f} rows), {attention:.2f} attention (seq {m.seq_len})")
+    inter = network(
+        per_node * host["nic_bandwidth_GBps"] * 1e9, 2 * (host["nic_latency_us"] + host["switch_latency_us"])
+    )
+    system = {
+        "sys_name": f"{prof.name}-uniform",
+        "num_per_node": per_node,
+        "accelerator": {
+            "backend": "cuda",
+            "mem_gbs": prof.hbm_bytes / GiB,
+            "mode": "roofline",
+            "op": {k: {"tflops": tflops, "efficient_factor": e} for k, e in ops.items()},
+            "bandwidth": {
+                "default": {
+                    "efficient_factor": prof.memory_efficiency,
+                    "gbps": prof.hbm_bytes_per_s / GiB,
+                    "latency_us": prof.kernel_launch_s * 1e6,
+                }
+            },
+        },
+        "networks": {"intra_with_pcie": False, "low_intra_node": intra, "high_intra_node": intra, "inter_node": inter},
+    }
+    device = (
+        f"{name}: {tflops:g} TFLOPS; efficiency {gemm:.3f} GEMM ({tokens} rows), {grouped:.3f} grouped GEMM "
+        f"({expert_rows:.0f} rows), {attention:.2f} attention (seq {m.seq_len})"
+    )
     return model, strategy, system, device
 
 
@@ -116,8 +170,15 @@ def run_simumax(python: Path, simumax: Path, inputs: tuple[dict, dict, dict], ti
         run = Path(tmp)
         for file, content in zip(("model.json", "strategy.json", "system.json"), inputs, strict=True):
             (run / file).write_text(json.dumps(content, indent=1))
-        out = subprocess.run([str(python), str(DRIVER), str(run)], text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=tmp)
+        out = subprocess.run(
+            [str(python), str(DRIVER), str(run)],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=timeout,
+            cwd=tmp,
+        )
         if out.returncode != 0:
             raise RuntimeError("SimuMax failed:\n" + "\n".join(out.stdout.splitlines()[-15:]))
         return json.loads((run / "result.json").read_text())
@@ -141,14 +202,26 @@ def simumax_version(simumax: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--simumax", type=Path, metavar="DIR", help="a copy of SimuMax's repository")
-    parser.add_argument("--simumax-python", type=Path, metavar="PY",
-                        help="the Python SimuMax is installed in (default: DIR/../simumax-venv/bin/python)")
-    parser.add_argument("--only", nargs="+", choices=PEER_WORKLOADS, metavar="NAME", default=list(PEER_WORKLOADS),
-                        help="workloads (default: W1 W2)")
+    parser.add_argument(
+        "--simumax-python",
+        type=Path,
+        metavar="PY",
+        help="the Python SimuMax is installed in (default: DIR/../simumax-venv/bin/python)",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=PEER_WORKLOADS,
+        metavar="NAME",
+        default=list(PEER_WORKLOADS),
+        help="workloads (default: W1 W2)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each tool per workload, least wall kept")
-    parser.add_argument("--pp-comm-async", action="store_true",
-                        help="SimuMax's asynchronous pipeline send/recv (default: blocking, as in Megatron's "
-                             "non-interleaved 1F1B)")
+    parser.add_argument(
+        "--pp-comm-async",
+        action="store_true",
+        help="SimuMax's asynchronous pipeline send/recv (default: blocking, as in Megatron's non-interleaved 1F1B)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is stopped")
     args = parser.parse_args()
     if args.repeats < 1:
@@ -162,8 +235,10 @@ def main() -> None:
     print(f"SimuMax: {simumax} (commit {simumax_version(simumax)}), run by {python}")
     devices = []
     intra, nic = bench_sim.CLUSTER["params"]["intra_bandwidth_GBps"], bench_sim.CLUSTER["params"]["nic_bandwidth_GBps"]
-    print(f"{'':4s} {'GPUs':>4s} | {'piper-sim':>9s} {'warm-up':>7s} {'step ms':>9s} | {'SimuMax':>8s} {'replay':>7s} "
-          f"{'export':>7s} {'step ms':>9s} {'estimate':>9s} | {'ratio':>6s} {'replay':>6s} {'cold':>6s}")
+    print(
+        f"{'':4s} {'GPUs':>4s} | {'piper-sim':>9s} {'warm-up':>7s} {'step ms':>9s} | {'SimuMax':>8s} {'replay':>7s} "
+        f"{'export':>7s} {'step ms':>9s} {'estimate':>9s} | {'ratio':>6s} {'replay':>6s} {'cold':>6s}"
+    )
     with progress_bar(len(args.only) * args.repeats * 2, "bench_peers", "runs", delay_s=0) as line:
         for name in args.only:
             model, strategy, system, device = simumax_inputs(name, args.pp_comm_async)
@@ -176,19 +251,27 @@ def main() -> None:
                     peer.append(run_simumax(python, simumax, (model, strategy, system), args.timeout))
                     line.update(1)
             except subprocess.TimeoutExpired as stopped:
-                line.write(f"{name:4s} {Path(stopped.cmd[1]).name} stopped after {args.timeout:.0f} s (--timeout)",
-                           file=sys.stdout)
+                line.write(
+                    f"{name:4s} {Path(stopped.cmd[1]).name} stopped after {args.timeout:.0f} s (--timeout)",
+                    file=sys.stdout,
+                )
                 continue
             p, s = min(piper, key=lambda r: r["wall_s"]), min(peer, key=lambda r: r["wall_s"])
             replayed = s["wall_s"] - s["export_s"]
-            line.write(f"{name:4s} {p['gpus']:4d} | {p['wall_s']:8.2f}s {p['warm_up_s']:6.2f}s "
-                       f"{p['step_time_ms']:9.1f} | "
-                       f"{s['wall_s']:7.2f}s {s['replay_s']:6.2f}s {s['export_s']:6.2f}s {s['step_time_ms']:9.1f} "
-                       f"{s['estimate_ms']:9.1f} | {s['wall_s'] / p['wall_s']:5.0f}x {replayed / p['wall_s']:5.1f}x "
-                       f"{replayed / (p['wall_s'] + p['warm_up_s']):5.1f}x", file=sys.stdout)
-    p2p = ("asynchronous (--pp-comm-async), as piper-sim's" if args.pp_comm_async else
-           "blocking (pp_comm_async false; --pp-comm-async runs its asynchronous path, whose W2 timeline\n"
-           "  ends far past its own closed-form estimate)")
+            line.write(
+                f"{name:4s} {p['gpus']:4d} | {p['wall_s']:8.2f}s {p['warm_up_s']:6.2f}s "
+                f"{p['step_time_ms']:9.1f} | "
+                f"{s['wall_s']:7.2f}s {s['replay_s']:6.2f}s {s['export_s']:6.2f}s {s['step_time_ms']:9.1f} "
+                f"{s['estimate_ms']:9.1f} | {s['wall_s'] / p['wall_s']:5.0f}x {replayed / p['wall_s']:5.1f}x "
+                f"{replayed / (p['wall_s'] + p['warm_up_s']):5.1f}x",
+                file=sys.stdout,
+            )
+    p2p = (
+        "asynchronous (--pp-comm-async), as piper-sim's"
+        if args.pp_comm_async
+        else "blocking (pp_comm_async false; --pp-comm-async runs its asynchronous path, whose W2 timeline\n"
+        "  ends far past its own closed-form estimate)"
+    )
     print(f"""
 piper-sim: wall seconds of simulate() and the predicted step time, as benchmarks/bench_sim.py prints them (after
   a warm-up run in the same process that loads its compiled kernels: warm-up, paid once a process).
@@ -201,7 +284,7 @@ Where the configurations differ (SimuMax's JSON files are written from piper-sim
 - device: piper-sim's mi250x profile has efficiency curves over GEMM rows and sequence length and a launch cost
   per kernel; SimuMax's system file gets one efficiency per op class, read off those curves at the workload's
   shapes, and the HBM bandwidth x the profile's memory efficiency with its kernel launch as the per-access latency:
-{chr(10).join('    ' + d for d in devices)}
+{chr(10).join("    " + d for d in devices)}
 - network: piper-sim shares flows max-min fairly over the uniform cluster's graph ({intra:g} GB/s per GPU in a node,
   a {nic:g} GB/s NIC per GPU, latency per hop); SimuMax prices each collective analytically on two tiers (the
   same bandwidths, efficiency 1, the path latency per ring step), choosing the tier from the group's size.

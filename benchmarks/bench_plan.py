@@ -29,25 +29,42 @@ from piper_sim.points.store import ResultStore
 from piper_sim.studies.config_sweep import run_sweep
 
 SWEEP_BASE = {"model": "tiny-moe", "topology": "uniform", "parallel": {"pp": 1, "ep": 1, "num_microbatches": 4}}
-SWEEP_GRID = ["parallel.pp=1,2", "parallel.ep=1,2", "collectives.all_to_all=flat,halo",
-              "parallel.num_microbatches=4,8,12,16,20", "parallel.micro_batch_size=1,2,3,4,5"]  # 200 points
+SWEEP_GRID = [
+    "parallel.pp=1,2",
+    "parallel.ep=1,2",
+    "collectives.all_to_all=flat,halo",
+    "parallel.num_microbatches=4,8,12,16,20",
+    "parallel.micro_batch_size=1,2,3,4,5",
+]  # 200 points
 
 
 def bench_screen(args: argparse.Namespace) -> None:
-    request = PlanRequest(model=args.model, num_gpus=args.gpus, global_batch=args.global_batch,
-                          topology="frontier", seq_len=args.seq_len, top_k=args.top)
+    request = PlanRequest(
+        model=args.model,
+        num_gpus=args.gpus,
+        global_batch=args.global_batch,
+        topology="frontier",
+        seq_len=args.seq_len,
+        top_k=args.top,
+    )
     t0 = time.perf_counter()
     model, table, hbm, reserve = screen(request)
     wall = time.perf_counter() - t0
     t1 = time.perf_counter()
     screen(request)  # again, warm: what one more model or batch on the same process costs
     warm = time.perf_counter() - t1
-    print(f"screen: {model.name} ({model.total_params() / 1e9:.0f} B params) on {args.gpus} Frontier GCDs, "
-          f"global batch {args.global_batch} x {model.seq_len} tokens")
-    print(f"  candidates {len(table)}, fit in memory {int(table['fits'].sum())} "
-          f"(usable {(hbm - reserve) / 2**30:.1f} GiB per GCD)")
-    print(f"  wall {wall:.2f} s cold ({wall / len(table) * 1e3:.2f} ms per candidate), {warm:.2f} s warm "
-          f"({warm / len(table) * 1e3:.3f} ms per candidate)")
+    print(
+        f"screen: {model.name} ({model.total_params() / 1e9:.0f} B params) on {args.gpus} Frontier GCDs, "
+        f"global batch {args.global_batch} x {model.seq_len} tokens"
+    )
+    print(
+        f"  candidates {len(table)}, fit in memory {int(table['fits'].sum())} "
+        f"(usable {(hbm - reserve) / 2**30:.1f} GiB per GCD)"
+    )
+    print(
+        f"  wall {wall:.2f} s cold ({wall / len(table) * 1e3:.2f} ms per candidate), {warm:.2f} s warm "
+        f"({warm / len(table) * 1e3:.3f} ms per candidate)"
+    )
     least = table.sort_values("peak_memory_bytes").iloc[0]
     print(f"  least memory: {least['label']} at {least['peak_memory_bytes'] / 2**30:.1f} GiB")
     pool = table if args.ignore_memory else table[table["fits"]]
@@ -57,32 +74,46 @@ def bench_screen(args: argparse.Namespace) -> None:
         return
     points = []
     for _, row in top.iterrows():
-        config = request.config(PlanPoint(**{k: row[k].item() if hasattr(row[k], "item") else row[k]
-                                             for k in PlanPoint.__dataclass_fields__}))
+        config = request.config(
+            PlanPoint(
+                **{k: row[k].item() if hasattr(row[k], "item") else row[k] for k in PlanPoint.__dataclass_fields__}
+            )
+        )
         points.append(keyed_point({"config": config}))
     with tempfile.TemporaryDirectory() as tmp:
         t2 = time.perf_counter()
         budget = None if args.budget is None else parse_duration(args.budget)
-        done = refine_points(simulate_point, points, ResultStore(Path(tmp)), refine_wall_s, budget_s=budget,
-                             workers=args.workers, label="refining")
+        done = refine_points(
+            simulate_point,
+            points,
+            ResultStore(Path(tmp)),
+            refine_wall_s,
+            budget_s=budget,
+            workers=args.workers,
+            label="refining",
+        )
         refine = time.perf_counter() - t2
     ran = [i for i, p in enumerate(points) if p.digest in done.rows]
     sim = [done.rows[points[i].digest]["sim_step_time_s"] for i in ran]
     rho = spearman(top["est_step_time_s"].iloc[ran].tolist(), sim) if len(ran) >= 3 else float("nan")
     best = ran[min(range(len(sim)), key=sim.__getitem__)] if sim else None
     within = f" within {args.budget}" if args.budget else ""
-    print(f"  refinement of the top {len(points)}{' (memory ignored)' if args.ignore_memory else ''}{within} on "
-          f"{args.workers if args.workers is not None else 'one per core'} worker(s): {refine:.1f} s, {len(ran)} "
-          f"refined; rank correlation estimate vs simulation {rho:.2f}")
+    print(
+        f"  refinement of the top {len(points)}{' (memory ignored)' if args.ignore_memory else ''}{within} on "
+        f"{args.workers if args.workers is not None else 'one per core'} worker(s): {refine:.1f} s, {len(ran)} "
+        f"refined; rank correlation estimate vs simulation {rho:.2f}"
+    )
     for i, p in enumerate(points):
         row = done.rows.get(p.digest)
         wall = f"{row['sim_wall_s']:.1f} s" if row else "left at the estimate tier"
         predicted = done.predicted_s.get(p.digest)
         print(f"    {top.iloc[i]['label']}: {wall}" + (f" (predicted {predicted:.1f} s)" if predicted else ""))
     if best is not None:
-        print(f"  best simulated: {top.iloc[best]['label']}: {done.rows[points[best].digest]['sim_step_time_s']:.3f} "
-              f"s per step, {done.rows[points[best].digest]['sim_tflops_per_gpu']:.1f} TFLOPS/GPU, "
-              f"{top.iloc[best]['peak_memory_bytes'] / 2**30:.1f} GiB peak")
+        print(
+            f"  best simulated: {top.iloc[best]['label']}: {done.rows[points[best].digest]['sim_step_time_s']:.3f} "
+            f"s per step, {done.rows[points[best].digest]['sim_tflops_per_gpu']:.1f} TFLOPS/GPU, "
+            f"{top.iloc[best]['peak_memory_bytes'] / 2**30:.1f} GiB peak"
+        )
 
 
 def bench_sweep() -> None:

@@ -28,8 +28,11 @@ def forward_times_us(stage, before: dict, hooks, repeats: int) -> dict[str, floa
         with torch.enable_grad(), context:
             for op in stage.forward_ops():
                 if op.startswith("experts:"):  # ep = 1: the rows this rank sends are the rows it gets
-                    state.update(recv_rows=state["send_rows"], recv_splits=list(state["send_splits"]),
-                                 recv_expert_ids=state["send_expert_ids"])
+                    state.update(
+                        recv_rows=state["send_rows"],
+                        recv_splits=list(state["send_splits"]),
+                        recv_expert_ids=state["send_expert_ids"],
+                    )
                 if op.startswith("moe_out:"):
                     state["combined_rows"] = state["return_rows"]
                 start = time.perf_counter()
@@ -52,8 +55,11 @@ def main() -> None:
         saved[storage.data_ptr()] = storage.nbytes()
         return t
 
-    variants = {"no hooks": None, "identity hook": (lambda t: t, lambda t: t),
-                "storage-counting hook": (count_storage, lambda t: t)}
+    variants = {
+        "no hooks": None,
+        "identity hook": (lambda t: t, lambda t: t),
+        "storage-counting hook": (count_storage, lambda t: t),
+    }
     results = {name: forward_times_us(stage, before, hooks, args.repeats) for name, hooks in variants.items()}
     base = results["no hooks"]
     print(f"forward ops of {args.model}, median us over {args.repeats} passes (ratio to no hooks)")

@@ -29,8 +29,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     _, stage, before = prepare_stage(args.model)
-    print(f"{'op':10s} {'fused us':>9s} {'twice: B':>9s} {'W':>8s} {'/ fused':>8s} {'deferred: B':>12s} {'W':>8s} "
-          f"{'/ fused':>8s}")
+    print(
+        f"{'op':10s} {'fused us':>9s} {'twice: B':>9s} {'W':>8s} {'/ fused':>8s} {'deferred: B':>12s} {'W':>8s} "
+        f"{'/ fused':>8s}"
+    )
     for op in CHECK_OPS:
         probe = forward_op(stage, op, dict(before[op]))
         keys = [k for k, v in probe.outputs.items() if v.requires_grad]
@@ -38,8 +40,9 @@ def main() -> None:
             continue
         seeds = [torch.randn_like(probe.outputs[k]) for k in keys]
         params = [p for p in stage.parameters() if p.requires_grad]
-        timed: dict[str, list[float]] = {name: [] for name in ("fused", "twice_b", "twice_w", "deferred_b",
-                                                                "deferred_w")}
+        timed: dict[str, list[float]] = {
+            name: [] for name in ("fused", "twice_b", "twice_w", "deferred_b", "deferred_w")
+        }
 
         def outputs(deferrable: bool, op: str = op, keys: list = keys) -> tuple[list, list]:
             DeferredWeightGrads.enabled = deferrable
@@ -72,9 +75,12 @@ def main() -> None:
             stage.zero_grad(set_to_none=True)
         DeferredWeightGrads.enabled = False
         m = {k: sorted(v)[len(v) // 2] * 1e6 for k, v in timed.items()}
-        print(f"{op:10s} {m['fused']:9.1f} {m['twice_b']:9.1f} {m['twice_w']:8.1f} "
-              f"{(m['twice_b'] + m['twice_w']) / m['fused']:8.2f} {m['deferred_b']:12.1f} {m['deferred_w']:8.1f} "
-              f"{(m['deferred_b'] + m['deferred_w']) / m['fused']:8.2f}")
+        print(
+            f"{op:10s} {m['fused']:9.1f} {m['twice_b']:9.1f} {m['twice_w']:8.1f} "
+            f"{(m['twice_b'] + m['twice_w']) / m['fused']:8.2f} {m['deferred_b']:12.1f} {m['deferred_w']:8.1f} "
+            f"{(m['deferred_b'] + m['deferred_w']) / m['fused']:8.2f}"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -55,8 +55,13 @@ def measure(topology: str, sizes: list[int], algorithms: list[str], repeats: int
         node_of = {r: bed.rank(r).host for r in rank_map}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "a2a.json"
-            launch_in_namespaces("piper_sim.torch_backend.a2a_timing:time_all_to_all",
-                                 (node_of, sizes, algorithms, repeats, str(out)), rank_map, Path(tmp), timeout_s=900)
+            launch_in_namespaces(
+                "piper_sim.torch_backend.a2a_timing:time_all_to_all",
+                (node_of, sizes, algorithms, repeats, str(out)),
+                rank_map,
+                Path(tmp),
+                timeout_s=900,
+            )
             return json.loads(out.read_text())
     finally:
         down("pstb")
@@ -74,14 +79,18 @@ def main() -> None:
     algorithms = args.algorithms.split(",")
     rows = measure(args.topology, sizes, algorithms, args.repeats)
     world = load_topology(args.topology).num_gpus
-    print(f"{'bytes/pair':>10s} {'algorithm':>9s} {'measured ms':>12s} {'network ms':>11s} {'error':>7s} "
-          f"{'with calls ms':>14s} {'error':>7s}")
+    print(
+        f"{'bytes/pair':>10s} {'algorithm':>9s} {'measured ms':>12s} {'network ms':>11s} {'error':>7s} "
+        f"{'with calls ms':>14s} {'error':>7s}"
+    )
     by = {}
     for r in rows:
         net, full = predict(args.topology, world, r["bytes_per_pair"], r["algorithm"], args.profile)
         by[(r["bytes_per_pair"], r["algorithm"])] = (r["median_s"], net, full)
-        print(f"{r['bytes_per_pair']:10d} {r['algorithm']:>9s} {r['median_s'] * 1e3:12.2f} {net * 1e3:11.2f} "
-              f"{(net / r['median_s'] - 1) * 100:6.1f}% {full * 1e3:14.2f} {(full / r['median_s'] - 1) * 100:6.1f}%")
+        print(
+            f"{r['bytes_per_pair']:10d} {r['algorithm']:>9s} {r['median_s'] * 1e3:12.2f} {net * 1e3:11.2f} "
+            f"{(net / r['median_s'] - 1) * 100:6.1f}% {full * 1e3:14.2f} {(full / r['median_s'] - 1) * 100:6.1f}%"
+        )
     if "flat" in algorithms and "halo" in algorithms:
         print(f"\n{'bytes/pair':>10s} {'measured halo/flat speedup':>27s} {'network':>8s} {'with calls':>11s}")
         for size in sorted({k[0] for k in by}):

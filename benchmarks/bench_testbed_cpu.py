@@ -72,7 +72,7 @@ STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 def machine_states() -> dict[str, float]:
     """Seconds the machine's cores spent in each state so far (/proc/stat's cpu line, in clock ticks)."""
     tick = os.sysconf("SC_CLK_TCK")
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:1 + len(STATES)]
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1 : 1 + len(STATES)]
     return {name: int(v) / tick for name, v in zip(STATES, fields, strict=True)}
 
 
@@ -101,14 +101,20 @@ def main() -> None:
         cfg_path.write_text(yaml.safe_dump(config))
         cli = ["piper-sim", "testbed"]
         subprocess.run([*cli, "down", "--prefix", "pstc"], capture_output=True)
-        subprocess.run([*cli, "up", str((case_dir / case["testbed"]).resolve()), "--prefix", "pstc"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            [*cli, "up", str((case_dir / case["testbed"]).resolve()), "--prefix", "pstc"],
+            check=True,
+            capture_output=True,
+        )
         sampler = threading.Thread(target=sample)
         sampler.start()
         t0 = time.monotonic()
         try:
-            run = subprocess.run([*cli, "run", str(cfg_path), "--prefix", "pstc", "--out", str(Path(tmp) / "out")],
-                                 capture_output=True, text=True)
+            run = subprocess.run(
+                [*cli, "run", str(cfg_path), "--prefix", "pstc", "--out", str(Path(tmp) / "out")],
+                capture_output=True,
+                text=True,
+            )
         finally:
             done.set()
             sampler.join()
@@ -123,8 +129,10 @@ def main() -> None:
     span = b[0] - a[0]
     used = {k: (b[1].get(k, 0.0) - a[1].get(k, 0.0)) / span for k in b[1]}
     rate = sum(v for k, v in used.items() if k.startswith("rank thread"))
-    print(f"{args.case}: {world} ranks, {args.steps} steps in {wall:.1f} s (incl. start-up), "
-          f"steady step {step_s * 1e3:.0f} ms")
+    print(
+        f"{args.case}: {world} ranks, {args.steps} steps in {wall:.1f} s (incl. start-up), "
+        f"steady step {step_s * 1e3:.0f} ms"
+    )
     window = "/proc samples over the last two thirds of the ranks' life, start-up included"
     print(f"ranks' CPU seconds per wall second ({window}): {rate:.2f} of {os.cpu_count()} cores")
     print(f"CPU per rank per step at that rate: {rate * step_s / world * 1e3:.0f} ms")
@@ -133,20 +141,29 @@ def main() -> None:
         if value >= 0.005:
             print(f"  {name:40s} {value:5.2f}   per rank per step {value * step_s / world * 1e3:6.1f} ms")
     states = {k: (b[3][k] - a[3][k]) / span for k in STATES}
-    print("the machine's cores by state (/proc/stat, same window): " +
-          ", ".join(f"{k} {v:.2f}" for k, v in states.items() if v >= 0.005))
+    print(
+        "the machine's cores by state (/proc/stat, same window): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in states.items() if v >= 0.005)
+    )
     print(f"  softirq per rank per step {states['softirq'] * step_s / world * 1e3:.1f} ms")
     main_ms = sum(v for k, v in used.items() if k.startswith("rank thread main")) * step_s / world * 1e3
-    print("per rank per step, steps after the first (ms): main-thread CPU inside tasks, their wall, and the "
-          "profile's price with no core sharing")
+    print(
+        "per rank per step, steps after the first (ms): main-thread CPU inside tasks, their wall, and the "
+        "profile's price with no core sharing"
+    )
     for kind, row in by_kind.iterrows():
-        priced = "" if pd.isna(row["priced_ms"]) else (
-            f"{row['priced_ms']:8.1f}   CPU / priced {row['cpu_ms'] / row['priced_ms']:.2f}")
+        priced = (
+            ""
+            if pd.isna(row["priced_ms"])
+            else (f"{row['priced_ms']:8.1f}   CPU / priced {row['cpu_ms'] / row['priced_ms']:.2f}")
+        )
         print(f"  {kind:16s} CPU {row['cpu_ms']:7.1f}   wall {row['wall_ms']:7.1f}   priced {priced}")
     inside = float(by_kind["cpu_ms"].sum())
     step_ms = by_kind.attrs["step_cpu_ms"]
-    print(f"  {'all tasks':16s} CPU {inside:7.1f}   of the main threads' {step_ms:.1f} over the steps: "
-          f"{step_ms - inside:.1f} between tasks (the /proc samples: {main_ms:.1f}, start-up included)")
+    print(
+        f"  {'all tasks':16s} CPU {inside:7.1f}   of the main threads' {step_ms:.1f} over the steps: "
+        f"{step_ms - inside:.1f} between tasks (the /proc samples: {main_ms:.1f}, start-up included)"
+    )
 
 
 def task_cpu(out: Path, config: dict, profile: str, world: int) -> pd.DataFrame:
@@ -158,22 +175,34 @@ def task_cpu(out: Path, config: dict, profile: str, world: int) -> pd.DataFrame:
     rows = pd.concat(pd.read_parquet(p) for p in sorted((out / "ranks").glob("rank*.parquet")))
     rows = rows[(rows["step"] > 0) & rows["cpu_s"].notna()]
     per = world * rows["step"].nunique() / 1e3  # rank-steps, in ms
-    measured = pd.DataFrame({"cpu_ms": rows.groupby("kind")["cpu_s"].sum() / per,
-                             "wall_ms": (rows["end_s"] - rows["start_s"]).groupby(rows["kind"]).sum() / per})
+    measured = pd.DataFrame(
+        {
+            "cpu_ms": rows.groupby("kind")["cpu_s"].sum() / per,
+            "wall_ms": (rows["end_s"] - rows["start_s"]).groupby(rows["kind"]).sum() / per,
+        }
+    )
     topo = yaml.safe_load(Path(config["topology"]).read_text())
     topo.get("params", {}).pop("shared_cores", None)
     path = out / "topology-unshared.yaml"
     path.write_text(yaml.safe_dump(topo))
-    raw = {**config, "topology": str(path), "cost": {**config.get("cost", {}), "profile": profile},
-           "routing": {"kind": "trace", "path": str(out / "routing.npz")}}
+    raw = {
+        **config,
+        "topology": str(path),
+        "cost": {**config.get("cost", {}), "profile": profile},
+        "routing": {"kind": "trace", "path": str(out / "routing.npz")},
+    }
     trace = simulate(load_config(raw)).trace
     trace = trace[(trace["step"] > 0) & (trace["stream"] == "compute")]
     sim_per = world * trace["step"].nunique() / 1e3
     measured["priced_ms"] = (trace["end_s"] - trace["start_s"]).groupby(trace["kind"].astype(str)).sum() / sim_per
-    steps = [json.loads(p.read_text())["step_cpu_s"][1:] for p in sorted((out / "ranks").glob("rank?*.json"))
-             if not p.name.endswith(".routing.json")]
+    steps = [
+        json.loads(p.read_text())["step_cpu_s"][1:]
+        for p in sorted((out / "ranks").glob("rank?*.json"))
+        if not p.name.endswith(".routing.json")
+    ]
     measured.attrs["step_cpu_ms"] = sum(map(sum, steps)) / sum(map(len, steps)) * 1e3
     return measured
+
 
 if __name__ == "__main__":
     main()

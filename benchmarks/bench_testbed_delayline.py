@@ -61,9 +61,16 @@ def worker(rank: int, world: int, delayline_pid: int, out_path: str) -> None:
                 dist.send(buffer[:floats], dst)
             if src is not None:
                 dist.recv(reply, dst)
-            results.append({"pattern": name, "messages": messages, "payload_bytes": messages * floats * 4,
-                            "links": links, "wall_s": time.perf_counter() - t0,
-                            "delayline_cpu_s": _cpu_s(delayline_pid) - cpu0})
+            results.append(
+                {
+                    "pattern": name,
+                    "messages": messages,
+                    "payload_bytes": messages * floats * 4,
+                    "links": links,
+                    "wall_s": time.perf_counter() - t0,
+                    "delayline_cpu_s": _cpu_s(delayline_pid) - cpu0,
+                }
+            )
         elif rank == dst:
             for _ in range(messages):
                 dist.recv(buffer[:floats], src)
@@ -80,13 +87,19 @@ def measure(topology: str) -> list[dict]:
     bed = up(topology, prefix="pstd")
     try:
         if bed.delayline_pid is None:
-            raise SystemExit(f"this testbed runs without the userspace delay line (delay mode {bed.delay_mode}): "
-                             "nothing to measure")
+            raise SystemExit(
+                f"this testbed runs without the userspace delay line (delay mode {bed.delay_mode}): nothing to measure"
+            )
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "delayline.json"
-            launch_in_namespaces(f"{Path(__file__).stem}:worker", (bed.delayline_pid, str(out)),
-                                 bed.rank_map(), Path(tmp), timeout_s=600,
-                                 env={"PYTHONPATH": str(Path(__file__).resolve().parent)})
+            launch_in_namespaces(
+                f"{Path(__file__).stem}:worker",
+                (bed.delayline_pid, str(out)),
+                bed.rank_map(),
+                Path(tmp),
+                timeout_s=600,
+                env={"PYTHONPATH": str(Path(__file__).resolve().parent)},
+            )
             return json.loads(out.read_text())
     finally:
         down("pstd")
@@ -97,15 +110,21 @@ def main() -> None:
     parser.add_argument("--topology", default=str(ROOT / "topologies" / "testbed-2g.yaml"))
     args = parser.parse_args()
     results = measure(args.topology)
-    print(f"the delay line's CPU, about 3 s per pattern (CPU time in clock ticks of "
-          f"{1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms)")
+    print(
+        f"the delay line's CPU, about 3 s per pattern (CPU time in clock ticks of "
+        f"{1e3 / os.sysconf('SC_CLK_TCK'):.0f} ms)"
+    )
     for r in results:
-        line = (f"  {r['pattern']:48s} {r['payload_bytes'] / 1e6:7.1f} MB in {r['wall_s']:5.2f} s   "
-                f"CPU {r['delayline_cpu_s']:5.2f} s ({r['delayline_cpu_s'] / r['wall_s']:.2f} cores)")
+        line = (
+            f"  {r['pattern']:48s} {r['payload_bytes'] / 1e6:7.1f} MB in {r['wall_s']:5.2f} s   "
+            f"CPU {r['delayline_cpu_s']:5.2f} s ({r['delayline_cpu_s'] / r['wall_s']:.2f} cores)"
+        )
         if r["payload_bytes"]:
             per_byte_ns = r["delayline_cpu_s"] / r["payload_bytes"] * 1e9
-            line += (f"   {per_byte_ns:5.2f} ns per byte, {per_byte_ns / r['links']:5.2f} per byte per link,"
-                     f" {r['delayline_cpu_s'] / r['messages'] * 1e6:7.1f} us per message")
+            line += (
+                f"   {per_byte_ns:5.2f} ns per byte, {per_byte_ns / r['links']:5.2f} per byte per link,"
+                f" {r['delayline_cpu_s'] / r['messages'] * 1e6:7.1f} us per message"
+            )
         print(line)
 
 

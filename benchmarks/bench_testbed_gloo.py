@@ -79,8 +79,16 @@ def worker(rank: int, world: int, repeats: int, out_path: str) -> None:
     patterns = {
         "one flow one way (0->4)": [(0, 4, MIB)],
         "one pair both ways (0<->4)": [(0, 4, MIB), (4, 0, MIB)],
-        "four pairs each way": [(0, 4, quarter), (1, 6, quarter), (2, 5, quarter), (3, 7, quarter),
-                                (4, 0, quarter), (6, 1, quarter), (5, 2, quarter), (7, 3, quarter)],
+        "four pairs each way": [
+            (0, 4, quarter),
+            (1, 6, quarter),
+            (2, 5, quarter),
+            (3, 7, quarter),
+            (4, 0, quarter),
+            (6, 1, quarter),
+            (5, 2, quarter),
+            (7, 3, quarter),
+        ],
     }
     flows = _flows(rank, patterns, repeats)
     pair = _pair_all_to_all(rank, world, repeats * 5)
@@ -99,8 +107,14 @@ def measure(topology: str, repeats: int) -> dict:
         ranks = bed.rank_map()
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "gloo.json"
-            launch_in_namespaces(f"{Path(__file__).stem}:worker", (repeats, str(out)), ranks, Path(tmp),
-                                 timeout_s=600, env={"PYTHONPATH": str(Path(__file__).resolve().parent)})
+            launch_in_namespaces(
+                f"{Path(__file__).stem}:worker",
+                (repeats, str(out)),
+                ranks,
+                Path(tmp),
+                timeout_s=600,
+                env={"PYTHONPATH": str(Path(__file__).resolve().parent)},
+            )
             print(f"testbed {topology}: {len(ranks)} ranks", file=sys.stderr)
             return json.loads(out.read_text())
     finally:

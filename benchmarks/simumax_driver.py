@@ -57,9 +57,11 @@ def timeline_end_ms(trace: Path) -> tuple[float, int]:
 def main() -> None:
     run = Path(sys.argv[1])
     perf = PerfLLM()
-    perf.configure(strategy_config=StrategyConfig.init_from_config_file(str(run / "strategy.json")),
-                   model_config=ModelConfig.init_from_config_file(str(run / "model.json")),
-                   system_config=SystemConfig.init_from_config_file(str(run / "system.json")))
+    perf.configure(
+        strategy_config=StrategyConfig.init_from_config_file(str(run / "strategy.json")),
+        model_config=ModelConfig.init_from_config_file(str(run / "model.json")),
+        system_config=SystemConfig.init_from_config_file(str(run / "system.json")),
+    )
     export: list[float] = []
     timed_exports(export)
     t0 = time.perf_counter()
@@ -69,11 +71,20 @@ def main() -> None:
     t2 = time.perf_counter()
     step_ms, slices = timeline_end_ms(run / "timeline" / "tracing_logs.json")
     estimate = perf.analysis_cost().data
-    (run / "result.json").write_text(json.dumps({
-        "wall_s": t2 - t0, "build_s": t1 - t0, "export_s": sum(export), "replay_s": t2 - t1 - sum(export),
-        "step_time_ms": step_ms, "slices": slices, "lanes": perf.strategy.pp_size,  # simulate() merges a stage's ranks
-        "estimate_ms": milliseconds(estimate.get("duration_time_per_iter")),
-    }))
+    (run / "result.json").write_text(
+        json.dumps(
+            {
+                "wall_s": t2 - t0,
+                "build_s": t1 - t0,
+                "export_s": sum(export),
+                "replay_s": t2 - t1 - sum(export),
+                "step_time_ms": step_ms,
+                "slices": slices,
+                "lanes": perf.strategy.pp_size,  # simulate() merges a stage's ranks
+                "estimate_ms": milliseconds(estimate.get("duration_time_per_iter")),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

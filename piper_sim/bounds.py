@@ -26,9 +26,20 @@ COUNT_LIMITS = {
 }
 # a model's integer fields (ModelSpec), far beyond any published model; fields not named: DIM_LIMIT
 DIM_LIMIT = 2**22
-MODEL_LIMITS = {"num_layers": 2**14, "num_dense_layers": 2**14, "moe_layer_freq": 2**14, "moe_layer_offset": 2**14,
-                "num_experts": 2**16, "num_shared_experts": 2**10, "top_k": 2**10, "seq_len": 2**24,
-                "vocab_size": 2**24, "d_model": 2**20, "num_heads": 2**14, "num_kv_heads": 2**14}
+MODEL_LIMITS = {
+    "num_layers": 2**14,
+    "num_dense_layers": 2**14,
+    "moe_layer_freq": 2**14,
+    "moe_layer_offset": 2**14,
+    "num_experts": 2**16,
+    "num_shared_experts": 2**10,
+    "top_k": 2**10,
+    "seq_len": 2**24,
+    "vocab_size": 2**24,
+    "d_model": 2**20,
+    "num_heads": 2**14,
+    "num_kv_heads": 2**14,
+}
 NUMBER_LIMIT = 1e18  # a plain number (a factor, a count of bytes per parameter): finite and at most this
 
 
@@ -63,13 +74,15 @@ def read_int(key: str, value: object, *, low: int = 0, limit: int = INT_LIMIT) -
     return int(value)
 
 
-def read_number(key: str, value: object, *, low: float = 0.0, high: float = NUMBER_LIMIT,
-                low_open: bool = False) -> float:
+def read_number(
+    key: str, value: object, *, low: float = 0.0, high: float = NUMBER_LIMIT, low_open: bool = False
+) -> float:
     """A finite int or float (not a bool) in [low, high] ((low, high] with low_open), or a ConfigError naming key."""
     number = _as_float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
     if not (math.isfinite(number) and (low < number if low_open else low <= number) and number <= high):
-        raise ConfigError(key, value, f"a number {'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}"
-                                      f"to {high:g}")
+        raise ConfigError(
+            key, value, f"a number {'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}"
+        )
     return number
 
 

@@ -45,20 +45,38 @@ with while_loading():  # Ctrl-C or SIGTERM while the commands' modules load: one
 def _add_config_args(p: argparse.ArgumentParser, out_required: bool = True) -> None:
     p.add_argument("config", help="YAML config (README.md, Configuration) or a shipped example name")
     p.add_argument("--out", required=out_required, type=Path, help="output directory")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set parallel.pp=4 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set parallel.pp=4 (repeatable)",
+    )
 
 
 def _add_outputs_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--outputs", default="all", metavar="report|trace|all",
-                   help="files to write: report (report.json, config.yaml, links.csv, link_kinds.csv), trace (those "
-                        "and the trace), all (those, the Perfetto trace and plots/; the default)")
-    p.add_argument("--perfetto", default=None, metavar="none|json|gz|proto",
-                   help="the Perfetto trace of --outputs all: perfetto.json (json, the default), perfetto.json.gz "
-                        "(gz), perfetto.pftrace (proto: needs the perfetto package) or none")
-    p.add_argument("--perfetto-detail", default="auto", metavar="auto|rank|stage",
-                   help="tracks of the Perfetto trace and the timeline plot: one per rank up to 200,000 trace rows "
-                        "and one per pipeline stage beyond (auto, the default), or rank or stage whatever the size")
+    p.add_argument(
+        "--outputs",
+        default="all",
+        metavar="report|trace|all",
+        help="files to write: report (report.json, config.yaml, links.csv, link_kinds.csv), trace (those "
+        "and the trace), all (those, the Perfetto trace and plots/; the default)",
+    )
+    p.add_argument(
+        "--perfetto",
+        default=None,
+        metavar="none|json|gz|proto",
+        help="the Perfetto trace of --outputs all: perfetto.json (json, the default), perfetto.json.gz "
+        "(gz), perfetto.pftrace (proto: needs the perfetto package) or none",
+    )
+    p.add_argument(
+        "--perfetto-detail",
+        default="auto",
+        metavar="auto|rank|stage",
+        help="tracks of the Perfetto trace and the timeline plot: one per rank up to 200,000 trace rows "
+        "and one per pipeline stage beyond (auto, the default), or rank or stage whatever the size",
+    )
 
 
 def say_notes(notes: list[str]) -> None:
@@ -83,31 +101,56 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _estimate(args, cfg)
     limit = check_minutes("--max-wall-minutes", args.max_wall_minutes)
     par = cfg.parallel
-    split = (f", tp {par.tp}" + (f", etp {par.etp}" if par.etp > 1 else "") + (", sp" if par.sp else "")
-             if par.tp > 1 else "")
+    split = (
+        f", tp {par.tp}" + (f", etp {par.etp}" if par.etp > 1 else "") + (", sp" if par.sp else "")
+        if par.tp > 1
+        else ""
+    )
     schedule = build_schedule(cfg)
     work = check_wall(cfg, schedule, limit)
-    print(f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
-          f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.collectives.all_to_all}): "
-          f"{work.text()} expected ...", file=sys.stderr)
+    print(
+        f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
+        f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.collectives.all_to_all}): "
+        f"{work.text()} expected ...",
+        file=sys.stderr,
+    )
     open_out_dir(args.out, "simulate")
     machine = build_machine(cfg)  # once, for the estimate and the simulation
-    result = simulate(cfg, schedule, machine=machine, progress=True, outputs=check_outputs(args.outputs),
-                      expected_s=_expected_s(cfg, machine), max_wall_minutes=limit)
+    result = simulate(
+        cfg,
+        schedule,
+        machine=machine,
+        progress=True,
+        outputs=check_outputs(args.outputs),
+        expected_s=_expected_s(cfg, machine),
+        max_wall_minutes=limit,
+    )
     result = replace(result, report=with_band(result.report, cfg, "des"))
     # what the machine was built as and where the ranks went, where that can change the answer
-    say_notes([f"topology {result.topology.name}: {note}" for note in result.topology.notes]
-              + placement_notes(cfg, result.topology, result.placement))
+    say_notes(
+        [f"topology {result.topology.name}: {note}" for note in result.topology.notes]
+        + placement_notes(cfg, result.topology, result.placement)
+    )
     with MemoryGuard(result.stats["host_memory_estimate_bytes"]) as guard:
-        paths = write_run(args.out, result, args.outputs, perfetto=perfetto, detail=args.perfetto_detail,
-                          progress=True, check=guard.check)
+        paths = write_run(
+            args.out,
+            result,
+            args.outputs,
+            perfetto=perfetto,
+            detail=args.perfetto_detail,
+            progress=True,
+            check=guard.check,
+        )
     finish(args.out)
     print(format_report(result.report))
     unfit = [p for p, fits in enumerate(result.report.fits_memory or []) if not fits]
     if unfit:
-        print(f"piper-sim: warning: stage(s) {', '.join(map(str, unfit))} need more memory than the device has "
-              f"({result.report.hbm_bytes / 2**30:.1f} GiB HBM less the framework reserve; docs/planning.md): "
-              "this plan would not run; `piper-sim plan` lists plans that fit", file=sys.stderr)
+        print(
+            f"piper-sim: warning: stage(s) {', '.join(map(str, unfit))} need more memory than the device has "
+            f"({result.report.hbm_bytes / 2**30:.1f} GiB HBM less the framework reserve; docs/planning.md): "
+            "this plan would not run; `piper-sim plan` lists plans that fit",
+            file=sys.stderr,
+        )
     print(f"wrote {args.out}/ ({written(args.out, paths)})")
     return 0
 
@@ -156,11 +199,22 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     check_schedule(schedule)
     dry_run(schedule)
     if args.action == "show":
-        print(f"{schedule.name}: pp {schedule.pp}, vpp {schedule.vpp}, {schedule.num_microbatches} microbatches, "
-              f"{schedule.num_tasks()} tasks over {schedule.mesh.num_ranks} ranks (validated, no deadlock)")
-        print(render_grid(build_coarse_schedule(cfg), max_width=args.width,
-                          durations={TaskKind.FORWARD: 1, TaskKind.BACKWARD: 2, TaskKind.BACKWARD_INPUT: 1,
-                                     TaskKind.BACKWARD_WEIGHT: 1}))
+        print(
+            f"{schedule.name}: pp {schedule.pp}, vpp {schedule.vpp}, {schedule.num_microbatches} microbatches, "
+            f"{schedule.num_tasks()} tasks over {schedule.mesh.num_ranks} ranks (validated, no deadlock)"
+        )
+        print(
+            render_grid(
+                build_coarse_schedule(cfg),
+                max_width=args.width,
+                durations={
+                    TaskKind.FORWARD: 1,
+                    TaskKind.BACKWARD: 2,
+                    TaskKind.BACKWARD_INPUT: 1,
+                    TaskKind.BACKWARD_WEIGHT: 1,
+                },
+            )
+        )
         return 0
     if args.out.suffix == ".json":
         args.out.write_text(schedule_to_json(schedule))
@@ -176,8 +230,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
     print("models:")
     for name in list_presets():
         m = load_model(name)
-        print(f"  {name:22s} {m.total_params() / 1e9:9.2f} B params, {m.active_params() / 1e9:8.2f} B active, "
-              f"L {m.num_layers}, d {m.d_model}, E {m.num_experts}, top-{m.top_k}")
+        print(
+            f"  {name:22s} {m.total_params() / 1e9:9.2f} B params, {m.active_params() / 1e9:8.2f} B active, "
+            f"L {m.num_layers}, d {m.d_model}, E {m.num_experts}, top-{m.top_k}"
+        )
     print("topologies: " + ", ".join(topology_presets()))
     profiles = sorted(p.stem for p in (data_dir("traces") / "profiles").glob("*.yaml"))
     print("cost profiles: " + ", ".join(profiles) + "  (cost.profile; traces/profiles/NAME.yaml)")
@@ -199,9 +255,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     say_notes(config_notes(cfg, ("seq_len", "cost.profile")))  # the profile gives the MFU's peak
     par = cfg.parallel
     open_out_dir(args.out, "run")
-    print(f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
-          f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.collectives.all_to_all}) ...",
-          file=sys.stderr)
+    print(
+        f"running {cfg.model.name} on {par.num_gpus} local ranks for {cfg.steps} step(s) "
+        f"(pp {par.pp} x ep {par.ep} x dp {par.dp}, {cfg.schedule}, all-to-all {cfg.collectives.all_to_all}) ...",
+        file=sys.stderr,
+    )
     result = measure(cfg, args.out, timeout_s=args.timeout, testbed=getattr(args, "testbed", None), progress=True)
     if result is None:  # a torchrun rank other than 0: rank 0 writes the run
         return 0
@@ -237,9 +295,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.out is not None:
         open_out_dir(args.out, "validate")
     if args.remeasure:
-        remeasure(cases, repeats=args.repeats, reference_preset=host.reference_preset,
-                  reference_profile=args.profile, reference_ranks=calibrated_ranks(args.profile),
-                  progress=lambda msg: print(msg, file=sys.stderr))
+        remeasure(
+            cases,
+            repeats=args.repeats,
+            reference_preset=host.reference_preset,
+            reference_profile=args.profile,
+            reference_ranks=calibrated_ranks(args.profile),
+            progress=lambda msg: print(msg, file=sys.stderr),
+        )
     elif args.repeats != 1:
         raise PiperError("validate: --repeats applies to --remeasure only")
     scores = _scored(cases, "predicting", lambda case: score_case(case, args.profile))
@@ -248,8 +311,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_validation(args.out, scores, summary)
         finish(args.out)
-        print(f"wrote {args.out}/ (validation.csv, phases.csv, concurrency.csv, summary.json, "
-              "predicted_vs_measured.png)")
+        print(
+            f"wrote {args.out}/ (validation.csv, phases.csv, concurrency.csv, summary.json, predicted_vs_measured.png)"
+        )
     return 1 if summary["outside_tolerance"] else 0
 
 
@@ -299,9 +363,11 @@ def _validate_published(args: argparse.Namespace) -> int:
         write_published(args.out, scores, summary)
         breakdowns.to_csv(args.out / "published_breakdowns.csv", index=False)
         finish(args.out)
-        print(f"wrote {args.out}/ (published.csv, published_budget.csv, published_breakdowns.csv, "
-              "published_families.csv, published_band_coverage.csv, published_summary.json, "
-              "published_vs_predicted.png)")
+        print(
+            f"wrote {args.out}/ (published.csv, published_budget.csv, published_breakdowns.csv, "
+            "published_families.csv, published_band_coverage.csv, published_summary.json, "
+            "published_vs_predicted.png)"
+        )
     return 0
 
 
@@ -312,8 +378,11 @@ def cmd_testbed(args: argparse.Namespace) -> int:
         try:
             bed = testbed.up(_topology_path(args.target), prefix=args.prefix)
         except (KeyboardInterrupt, Terminated) as exc:  # up() removed what it had created and holds the signals
-            print(f"piper-sim: testbed up stopped part-way; what it had created is removed (`piper-sim testbed "
-                  f"status --prefix {args.prefix}` shows nothing left)", file=sys.stderr)
+            print(
+                f"piper-sim: testbed up stopped part-way; what it had created is removed (`piper-sim testbed "
+                f"status --prefix {args.prefix}` shows nothing left)",
+                file=sys.stderr,
+            )
             raise Stopped(130 if isinstance(exc, KeyboardInterrupt) else 143) from None
         for rank, (ns, ip) in sorted(bed.rank_map().items()):
             print(f"rank {rank}: namespace {ns}, {ip}")
@@ -332,8 +401,10 @@ def cmd_testbed(args: argparse.Namespace) -> int:
         try:
             return cmd_run(args)
         except (KeyboardInterrupt, Terminated):  # the ranks are stopped on the way out; the namespaces are not
-            print(f"piper-sim: the testbed stays up: `piper-sim testbed down --prefix {args.prefix}` removes it",
-                  file=sys.stderr)
+            print(
+                f"piper-sim: the testbed stays up: `piper-sim testbed down --prefix {args.prefix}` removes it",
+                file=sys.stderr,
+            )
             raise
     return 0
 
@@ -380,13 +451,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("simulate", help="simulate one config; writes report, trace, Perfetto JSON, plots")
     _add_config_args(p)
-    p.add_argument("--tier", choices=["des", "estimate"], default="des", help="des (default): the discrete-event "
-                   "simulation; estimate: the planner's analytic estimator (seconds at any scale; figures only a "
-                   "simulation gives are null in report.json)")
+    p.add_argument(
+        "--tier",
+        choices=["des", "estimate"],
+        default="des",
+        help="des (default): the discrete-event "
+        "simulation; estimate: the planner's analytic estimator (seconds at any scale; figures only a "
+        "simulation gives are null in report.json)",
+    )
     _add_outputs_arg(p)
-    p.add_argument("--max-wall-minutes", type=float, default=DEFAULT_MAX_WALL_MINUTES, metavar="N",
-                   help="refuse a run expected to take longer than N minutes on this machine (default "
-                        f"{DEFAULT_MAX_WALL_MINUTES:.0f}; 0: no limit); the estimate is shown before the run starts")
+    p.add_argument(
+        "--max-wall-minutes",
+        type=float,
+        default=DEFAULT_MAX_WALL_MINUTES,
+        metavar="N",
+        help="refuse a run expected to take longer than N minutes on this machine (default "
+        f"{DEFAULT_MAX_WALL_MINUTES:.0f}; 0: no limit); the estimate is shown before the run starts",
+    )
     p.set_defaults(func=cmd_simulate)
     p = sub.add_parser("schedule", help="show or export the lowered schedule of a config")
     p.add_argument("action", choices=["show", "export"])
@@ -400,21 +481,43 @@ def build_parser() -> argparse.ArgumentParser:
     _add_outputs_arg(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="predict measured validation cases from a profile; score the errors")
-    p.add_argument("cases", nargs="*", help="case names or directories (default: all in validation/cases); with "
-                   "--published, run names of validation/published (published/NAME also works)")
-    p.add_argument("--profile", help="calibrated cost profile (traces/profiles/NAME.yaml); required for testbed "
-                   "cases, not with --published (each run names its own)")
-    p.add_argument("--published", action="store_true", help="score the simulator on the published training runs "
-                   "of validation/published instead of the testbed cases")
-    p.add_argument("--tier", choices=["des", "estimate"], default="des", help="with --published: simulate each "
-                   "run (des, default) or price it with the planner's estimator (estimate: seconds for the whole set)")
+    p.add_argument(
+        "cases",
+        nargs="*",
+        help="case names or directories (default: all in validation/cases); with "
+        "--published, run names of validation/published (published/NAME also works)",
+    )
+    p.add_argument(
+        "--profile",
+        help="calibrated cost profile (traces/profiles/NAME.yaml); required for testbed "
+        "cases, not with --published (each run names its own)",
+    )
+    p.add_argument(
+        "--published",
+        action="store_true",
+        help="score the simulator on the published training runs of validation/published instead of the testbed cases",
+    )
+    p.add_argument(
+        "--tier",
+        choices=["des", "estimate"],
+        default="des",
+        help="with --published: simulate each "
+        "run (des, default) or price it with the planner's estimator (estimate: seconds for the whole set)",
+    )
     p.add_argument("--remeasure", action="store_true", help="rerun the real side first (root for testbed cases)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="with --remeasure: runs per case; the run with the median step time is kept (default 1)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="with --remeasure: runs per case; the run with the median step time is kept (default 1)",
+    )
     p.add_argument("--out", type=Path, help="write validation.csv, phases.csv, summary.json and a plot here")
     p.set_defaults(func=cmd_validate)
-    p = sub.add_parser("testbed", help="emulated multi-node cluster in network namespaces (root); status exits 0 "
-                                       "only when it is up and complete, 1 otherwise")
+    p = sub.add_parser(
+        "testbed",
+        help="emulated multi-node cluster in network namespaces (root); status exits 0 "
+        "only when it is up and complete, 1 otherwise",
+    )
     p.add_argument("action", choices=["up", "down", "status", "run"])
     p.add_argument("target", nargs="?", help="up: topology YAML or preset; run: CONFIG")
     p.add_argument("--prefix", default="pst", help="name prefix of the namespaces (default pst)")
@@ -436,7 +539,6 @@ def build_parser() -> argparse.ArgumentParser:
     register_reproduce(sub)
     register_import(sub)
     return parser
-
 
 
 class Stopped(BaseException):

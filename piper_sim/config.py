@@ -33,9 +33,23 @@ if TYPE_CHECKING:  # numpy: built in resolve, not loaded by `piper-sim --help`
     from piper_sim.migration.controller import MigrationSpec
     from piper_sim.routing.models import RoutingModel
 
-SECTIONS = ("model", "parallel", "schedule", "topology", "placement", "collectives", "routing", "migration",
-            "cost", "sim", "recompute", "recompute_layers", "recompute_checkpoint_layers", "recompute_modules",
-            "optimizer")
+SECTIONS = (
+    "model",
+    "parallel",
+    "schedule",
+    "topology",
+    "placement",
+    "collectives",
+    "routing",
+    "migration",
+    "cost",
+    "sim",
+    "recompute",
+    "recompute_layers",
+    "recompute_checkpoint_layers",
+    "recompute_modules",
+    "optimizer",
+)
 ZERO_STAGES = (0, 1, 2, 3)
 ZERO3_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")  # one backward per chunk (docs/sharding.md)
 TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipe-v")  # each rank holds two chunks: parallel.vpp 2, their only value
@@ -58,8 +72,21 @@ SECTION_KEYS = {
     "cost": {"profile", "flash_attention", "allow_device_mismatch", "framework_reserve_GiB", "precision", "fp8_recipe"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
     "optimizer": {"zero", "reshard_after_forward", "master_weights"},
-    "parallel": {"pp", "ep", "dp", "tp", "etp", "sp", "vpp", "num_microbatches", "micro_batch_size", "world_size",
-                 "convention", "cp", "dp_shard"},
+    "parallel": {
+        "pp",
+        "ep",
+        "dp",
+        "tp",
+        "etp",
+        "sp",
+        "vpp",
+        "num_microbatches",
+        "micro_batch_size",
+        "world_size",
+        "convention",
+        "cp",
+        "dp_shard",
+    },
 }
 # sections that are not a mapping of known keys: the types they may take
 SECTION_TYPES = {
@@ -115,10 +142,14 @@ class Config:
 def read_config_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists() and str(path) in list_presets():  # a model's name where a run's config belongs
-        raise ConfigError("config", str(path), f"a config file; {path} is a model preset: `piper-sim plan {path} "
-                                               "--gpus N --global-batch SEQS --out DIR` chooses a plan for it and "
-                                               f"writes DIR/best.yaml, or write a config with `model: {path}` and a "
-                                               "parallel section (`piper-sim presets` lists the example configs)")
+        raise ConfigError(
+            "config",
+            str(path),
+            f"a config file; {path} is a model preset: `piper-sim plan {path} "
+            "--gpus N --global-batch SEQS --out DIR` chooses a plan for it and "
+            f"writes DIR/best.yaml, or write a config with `model: {path}` and a "
+            "parallel section (`piper-sim presets` lists the example configs)",
+        )
     raw = read_yaml(path, "config")
     if not isinstance(raw, dict):
         raise ConfigError("config", str(path), "a YAML mapping of sections")
@@ -148,8 +179,9 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         node = out
         for i, part in enumerate(parts[:-1]):
             if not isinstance(node.get(part), dict):
-                node[part] = {} if part not in node or node[part] is None else _as_mapping(
-                    ".".join(parts[:i + 1]), node[part])
+                node[part] = (
+                    {} if part not in node or node[part] is None else _as_mapping(".".join(parts[: i + 1]), node[part])
+                )
             node = node[part]
         node[parts[-1]] = parse_yaml(text, f"--set {key}")
     return out
@@ -219,24 +251,44 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
             raise ConfigError(f"cost.{flag}", full["cost"][flag], "true or false")
     check_context_parallel(parallel, full["cost"]["flash_attention"])
     given = _given_keys(raw)
-    choice = choose_profile(full["topology"], full["cost"]["profile"] if "cost.profile" in given else None,
-                            allow_mismatch=full["cost"].get("allow_device_mismatch", False), devices=devices)
+    choice = choose_profile(
+        full["topology"],
+        full["cost"]["profile"] if "cost.profile" in given else None,
+        allow_mismatch=full["cost"].get("allow_device_mismatch", False),
+        devices=devices,
+    )
     full["cost"]["profile"] = choice.profile
     recompute, recompute_layers, zero = _plan_features(full, parallel)
     check_hsdp(parallel.dp_replicate, zero)
     collectives = collective_choice(full["collectives"])  # raises ConfigError naming collectives.<key>
     return Config(
-        model=model, parallel=parallel, recompute=recompute, recompute_layers=recompute_layers, zero=zero,
-        reshard_after_forward=resolve_reshard(full["optimizer"].get("reshard_after_forward"), zero=zero,
-                                              pp=parallel.pp),
+        model=model,
+        parallel=parallel,
+        recompute=recompute,
+        recompute_layers=recompute_layers,
+        zero=zero,
+        reshard_after_forward=resolve_reshard(
+            full["optimizer"].get("reshard_after_forward"), zero=zero, pp=parallel.pp
+        ),
         recompute_checkpoint_layers=_checkpoint_layers(full, recompute),
         recompute_modules=_recompute_modules(full.get("recompute_modules"), recompute, model),
         framework_reserve_bytes=_reserve_bytes(full["cost"].get("framework_reserve_GiB")),
-        schedule=full["schedule"], topology=full["topology"],
-        placement=full["placement"], collectives=collectives, routing=routing, migration=migration,
-        cost_profile=full["cost"]["profile"], flash_attention=full["cost"]["flash_attention"], steps=steps,
-        seed=seed, trace_format=trace_format, collapse=sim.get("collapse", True), raw=full, given=given,
-        profile_reason=choice.reason, taken=taken,
+        schedule=full["schedule"],
+        topology=full["topology"],
+        placement=full["placement"],
+        collectives=collectives,
+        routing=routing,
+        migration=migration,
+        cost_profile=full["cost"]["profile"],
+        flash_attention=full["cost"]["flash_attention"],
+        steps=steps,
+        seed=seed,
+        trace_format=trace_format,
+        collapse=sim.get("collapse", True),
+        raw=full,
+        given=given,
+        profile_reason=choice.reason,
+        taken=taken,
     )
 
 
@@ -256,8 +308,9 @@ def with_precision(model: ModelSpec, cost: dict) -> ModelSpec:
     if precision not in PRECISIONS:
         raise ConfigError("cost.precision", precision, one_of(PRECISIONS, str(precision)))
     if recipe is not None and (precision != "fp8" or recipe not in FP8_RECIPES):
-        raise ConfigError("cost.fp8_recipe", recipe, " or ".join(FP8_RECIPES) + " with cost.precision fp8, else "
-                                                     "left out")
+        raise ConfigError(
+            "cost.fp8_recipe", recipe, " or ".join(FP8_RECIPES) + " with cost.precision fp8, else left out"
+        )
     if precision == "bf16":
         return model
     return replace(model, fp8_recipe=recipe or FP8_RECIPES[0])
@@ -304,8 +357,12 @@ def _checkpoint_layers(full: dict, recompute: str) -> int | None:
     if recompute != Recompute.FULL:
         raise ConfigError("recompute_checkpoint_layers", layers, "unset unless recompute is full")
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= 1 << 20:
-        raise ConfigError("recompute_checkpoint_layers", layers, "a positive integer (layers per checkpoint; "
-                          "Megatron-LM's --recompute-num-layers with --recompute-method uniform)")
+        raise ConfigError(
+            "recompute_checkpoint_layers",
+            layers,
+            "a positive integer (layers per checkpoint; "
+            "Megatron-LM's --recompute-num-layers with --recompute-method uniform)",
+        )
     return layers
 
 
@@ -317,12 +374,20 @@ def _recompute_modules(modules, recompute: str, model: ModelSpec) -> tuple[str, 
     allowed = f"a list of distinct names among {', '.join(RECOMPUTE_MODULES)} (Megatron-core's recompute_modules)"
     if recompute != Recompute.SELECTIVE:
         raise ConfigError("recompute_modules", modules, "unset unless recompute is selective")
-    if not isinstance(modules, list) or not modules or len(set(map(str, modules))) < len(modules) \
-            or not all(isinstance(m, str) and m in RECOMPUTE_MODULES for m in modules):
+    if (
+        not isinstance(modules, list)
+        or not modules
+        or len(set(map(str, modules))) < len(modules)
+        or not all(isinstance(m, str) and m in RECOMPUTE_MODULES for m in modules)
+    ):
         raise ConfigError("recompute_modules", modules, allowed)
     if model.fp8_recipe and set(modules) - {"core_attn"}:
-        raise ConfigError("recompute_modules", modules, "core_attn only with cost.precision fp8 (the fp8 copies "
-                                                         "of recomputed norm and activation outputs are not modelled)")
+        raise ConfigError(
+            "recompute_modules",
+            modules,
+            "core_attn only with cost.precision fp8 (the fp8 copies "
+            "of recomputed norm and activation outputs are not modelled)",
+        )
     return tuple(modules)
 
 
@@ -339,11 +404,19 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
     if zero not in ZERO_STAGES or isinstance(zero, bool):
         raise ConfigError("optimizer.zero", zero, "0, 1, 2 or 3")
     if zero == 3 and full["schedule"] not in ZERO3_SCHEDULES:
-        raise ConfigError("optimizer.zero", zero, f"0, 1 or 2 with schedule {full['schedule']} (3 with "
-                          f"{', '.join(ZERO3_SCHEDULES)}: a split backward's weight pass is not gathered for)")
+        raise ConfigError(
+            "optimizer.zero",
+            zero,
+            f"0, 1 or 2 with schedule {full['schedule']} (3 with "
+            f"{', '.join(ZERO3_SCHEDULES)}: a split backward's weight pass is not gathered for)",
+        )
     if zero == 2 and full["schedule"] == "dualpipe":
-        raise ConfigError("optimizer.zero", zero, "0 or 1 with schedule dualpipe (its two copies of the layers sum "
-                          "their full gradients after the backward, which ZeRO-2 does not keep)")
+        raise ConfigError(
+            "optimizer.zero",
+            zero,
+            "0 or 1 with schedule dualpipe (its two copies of the layers sum "
+            "their full gradients after the backward, which ZeRO-2 does not keep)",
+        )
     if zero and parallel.data_parallel == 1 and parallel.dp == 1:
         raise ConfigError("optimizer.zero", zero, "0 when there is one data-parallel replica (dp x ep x etp / tp = 1)")
     return recompute, layers, zero
@@ -361,8 +434,12 @@ def for_devices(cfg: Config, devices: str | None) -> Config:
     CPU profile where the config gave none and refuses a given one of other devices (profile_choice.py)."""
     if devices is None:
         return cfg
-    choice = choose_profile(cfg.topology, cfg.cost_profile if "cost.profile" in cfg.given else None,
-                            allow_mismatch=cfg.raw["cost"].get("allow_device_mismatch", False), devices=devices)
+    choice = choose_profile(
+        cfg.topology,
+        cfg.cost_profile if "cost.profile" in cfg.given else None,
+        allow_mismatch=cfg.raw["cost"].get("allow_device_mismatch", False),
+        devices=devices,
+    )
     raw = copy.deepcopy(cfg.raw)
     raw["cost"]["profile"] = choice.profile
     return replace(cfg, cost_profile=choice.profile, profile_reason=choice.reason, raw=raw)

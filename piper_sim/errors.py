@@ -13,15 +13,23 @@ from contextlib import contextmanager
 
 SHORT_VALUE_CHARS = 120
 _SHORT = reprlib.Repr()
-for _name, _limit in (("maxlevel", 2), ("maxdict", 4), ("maxlist", 6), ("maxtuple", 6), ("maxset", 6),
-                      ("maxstring", 80), ("maxlong", 40), ("maxother", 80)):
+for _name, _limit in (
+    ("maxlevel", 2),
+    ("maxdict", 4),
+    ("maxlist", 6),
+    ("maxtuple", 6),
+    ("maxset", 6),
+    ("maxstring", 80),
+    ("maxlong", 40),
+    ("maxother", 80),
+):
     setattr(_SHORT, _name, _limit)
 
 
 def short_repr(value: object) -> str:
     """repr(value), abbreviated: nested levels, long containers, long strings and huge integers cut."""
     text = _SHORT.repr(value)
-    return text if len(text) <= SHORT_VALUE_CHARS else text[:SHORT_VALUE_CHARS - 3] + "..."
+    return text if len(text) <= SHORT_VALUE_CHARS else text[: SHORT_VALUE_CHARS - 3] + "..."
 
 
 ONE_OF_CHARS = 200  # a list of allowed names longer than this is cut to the closest names and the first few

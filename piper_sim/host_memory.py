@@ -84,9 +84,11 @@ class RunMemory:
 
     def text(self) -> str:
         """'about 12.3 GiB (rank tasks 9.1, network 0.1, outputs 2.8, interpreter and libraries 0.3)'."""
-        return (f"about {self.total_bytes / GIB:.1f} GiB (rank tasks {self.tasks_bytes / GIB:.1f}, network "
-                f"{self.network_bytes / GIB:.1f}, outputs {self.outputs_bytes / GIB:.1f}, interpreter and libraries "
-                f"{self.base_bytes / GIB:.1f})")
+        return (
+            f"about {self.total_bytes / GIB:.1f} GiB (rank tasks {self.tasks_bytes / GIB:.1f}, network "
+            f"{self.network_bytes / GIB:.1f}, outputs {self.outputs_bytes / GIB:.1f}, interpreter and libraries "
+            f"{self.base_bytes / GIB:.1f})"
+        )
 
 
 def estimate_run_memory(tasks: int, links: int, all_to_all_pairs: int, outputs: str | None) -> RunMemory:
@@ -96,13 +98,18 @@ def estimate_run_memory(tasks: int, links: int, all_to_all_pairs: int, outputs: 
     fixed, per_row = OUTPUT_BYTES[outputs] if outputs is not None else (0, 0)
     if outputs == "all":  # the default detail's rank events: a bounded part
         fixed += RANK_EVENT_BYTES * min(tasks, AGGREGATE_ROWS)
-    return RunMemory(base_bytes=BASE_BYTES, tasks_bytes=tasks * BYTES_PER_TASK,
-                     network_bytes=links * BYTES_PER_LINK + all_to_all_pairs * BYTES_PER_ALL_TO_ALL_PAIR,
-                     outputs_bytes=fixed + tasks * per_row, outputs_fixed_bytes=fixed)
+    return RunMemory(
+        base_bytes=BASE_BYTES,
+        tasks_bytes=tasks * BYTES_PER_TASK,
+        network_bytes=links * BYTES_PER_LINK + all_to_all_pairs * BYTES_PER_ALL_TO_ALL_PAIR,
+        outputs_bytes=fixed + tasks * per_row,
+        outputs_fixed_bytes=fixed,
+    )
 
 
-def check_run_memory(need: RunMemory, microbatches: int, outputs: str | None, available: int | None,
-                     smaller: Callable[[str], RunMemory]) -> None:
+def check_run_memory(
+    need: RunMemory, microbatches: int, outputs: str | None, available: int | None, smaller: Callable[[str], RunMemory]
+) -> None:
     """Stop a run that would not fit in this machine's available memory, less MARGIN_BYTES (where MemoryGuard would
     stop it), before it starts, naming what to lower: --outputs where fewer outputs would fit (smaller(outputs) is
     the estimate with those outputs), else parallel.num_microbatches (the rank tasks and outputs scale with them)."""
@@ -110,16 +117,21 @@ def check_run_memory(need: RunMemory, microbatches: int, outputs: str | None, av
     if room is None or need.total_bytes <= room:
         return
     assert available is not None  # room is None where available is
-    tail = (f"this run needs {need.text()} and this machine has {available / GIB:.1f} GiB available, "
-            f"{MARGIN_BYTES / GIB:.1f} GiB of it kept free (docs/performance.md, Host memory)")
+    tail = (
+        f"this run needs {need.text()} and this machine has {available / GIB:.1f} GiB available, "
+        f"{MARGIN_BYTES / GIB:.1f} GiB of it kept free (docs/performance.md, Host memory)"
+    )
     for fewer in {"all": ("trace", "report"), "trace": ("report",)}.get(outputs or "", ()):
         if smaller(fewer).total_bytes <= room:
             raise ConfigError("--outputs", outputs, f"{fewer} here ({smaller(fewer).text()}): {tail}")
     scaled = need.per_task_bytes
     fits = max(int(microbatches * (room - (need.total_bytes - scaled)) / scaled), 0) if scaled else 0
-    raise ConfigError("parallel.num_microbatches", microbatches,
-                      f"at most about {fits} here: {tail}; fewer micro-batches, steps or GPUs, --outputs report, or "
-                      "a machine with more memory")
+    raise ConfigError(
+        "parallel.num_microbatches",
+        microbatches,
+        f"at most about {fits} here: {tail}; fewer micro-batches, steps or GPUs, --outputs report, or "
+        "a machine with more memory",
+    )
 
 
 class MemoryExceeded(PiperError):
@@ -132,8 +144,14 @@ class MemoryGuard:
     calls it, naming the run's estimate and its resident size. The simulator calls check() after every lane task,
     the output writers after every file and chunk of rows, so a run stops before the kernel would kill it."""
 
-    def __init__(self, estimate_bytes: float, *, available: Callable[[], int | None] = available_memory_bytes,
-                 margin_bytes: float | None = None, interval_s: float = GUARD_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        estimate_bytes: float,
+        *,
+        available: Callable[[], int | None] = available_memory_bytes,
+        margin_bytes: float | None = None,
+        interval_s: float = GUARD_INTERVAL_S,
+    ) -> None:
         self.estimate_bytes, self.available = estimate_bytes, available
         self.margin_bytes = MARGIN_BYTES if margin_bytes is None else margin_bytes
         self.interval_s = interval_s
@@ -165,7 +183,8 @@ class MemoryGuard:
             f"stopped before the kernel kills it for memory: this run {held}, estimated at "
             f"{self.estimate_bytes / GIB:.1f} GiB before it started, and this machine has {left / GIB:.2f} GiB "
             f"available, under the {self.margin_bytes / GIB:.1f} GiB margin; fewer micro-batches, steps or GPUs, "
-            "--outputs report, or a machine with more memory (docs/performance.md, Host memory)")
+            "--outputs report, or a machine with more memory (docs/performance.md, Host memory)"
+        )
 
     def check(self) -> None:
         """Raise the guard's MemoryExceeded once available memory has dropped under the margin."""

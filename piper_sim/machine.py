@@ -33,8 +33,7 @@ class Machine:
     host_profile: HostProfile | None  # shared-core terms where calibrate measured them (CPU profiles), else None
 
 
-def place_machine(topology: Topology, num_gpus: int, placement: str | list | dict,
-                  profile: str | dict) -> Machine:
+def place_machine(topology: Topology, num_gpus: int, placement: str | list | dict, profile: str | dict) -> Machine:
     """The machine of a built topology: num_gpus ranks placed by `placement` (topology.placement), priced by
     `profile` (a profile name, YAML path or mapping; workload.profile_load)."""
     gpus = tuple(place(topology, num_gpus, placement))

@@ -15,10 +15,10 @@ from piper_sim.profile_choice import profile_name
 # a key left out of the config -> what its default means for the answer, and how to change it
 SILENT_DEFAULTS = {
     "cost.profile": "{value}, {reason} (its peak FLOP/s and efficiencies price every task; set cost.profile, "
-                    "`piper-sim presets` lists them)",
+    "`piper-sim presets` lists them)",
     "topology": "{value} (a generic cluster, not a named machine; set topology to frontier, lumi, ...)",
     "routing": "kind {value} (every expert receives the same share of tokens; set routing.kind to zipf, "
-               "dirichlet or trace for skewed experts)",
+    "dirichlet or trace for skewed experts)",
 }
 
 
@@ -29,11 +29,15 @@ def config_notes(cfg: Config, keys: tuple[str, ...] = ("seq_len", *SILENT_DEFAUL
     for key in keys:
         if key == "seq_len":
             if "model.seq_len" not in cfg.given:
-                out.append(f"{cfg.model.name} runs at the sequence length its preset or config file gives, "
-                           f"{cfg.model.seq_len:,} tokens (set model.seq_len to change it)")
+                out.append(
+                    f"{cfg.model.name} runs at the sequence length its preset or config file gives, "
+                    f"{cfg.model.seq_len:,} tokens (set model.seq_len to change it)"
+                )
         elif key == "cost.profile" and key not in cfg.given:
-            out.append(f"{key} not given: " + SILENT_DEFAULTS[key].format(value=profile_name(cfg.cost_profile),
-                                                                          reason=cfg.profile_reason))
+            out.append(
+                f"{key} not given: "
+                + SILENT_DEFAULTS[key].format(value=profile_name(cfg.cost_profile), reason=cfg.profile_reason)
+            )
         elif key not in cfg.given:
             out.append(f"{key} not given: " + SILENT_DEFAULTS[key].format(value=_default(key)))
     return out
@@ -46,13 +50,17 @@ def placement_notes(cfg: Config, topology, placement: list[str] | tuple[str, ...
     nodes = {topology.host_of(gpu) for gpu in placement}
     if "placement" in cfg.given:
         if len(nodes) == 1:
-            return [f"placement {cfg.placement!r} cannot change the result: the job's {len(placement)} GPUs are one "
-                    "node, so every group is inside it"]
+            return [
+                f"placement {cfg.placement!r} cannot change the result: the job's {len(placement)} GPUs are one "
+                "node, so every group is inside it"
+            ]
         return []
     if len(nodes) < 2 or topology.num_hosts <= len(nodes):
         return []
-    return [f"placement not given: {DEFAULTS['placement']} (ranks fill the machine's first {len(nodes)} nodes in "
-            "order); set placement to switch-packed, scattered or a list of nodes"]
+    return [
+        f"placement not given: {DEFAULTS['placement']} (ranks fill the machine's first {len(nodes)} nodes in "
+        "order); set placement to switch-packed, scattered or a list of nodes"
+    ]
 
 
 def _default(key: str) -> object:

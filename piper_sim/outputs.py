@@ -27,9 +27,11 @@ from piper_sim.trace.perfetto import FILE_NAMES, check_format, first_step_rows, 
 from piper_sim.trace.runtrace import trace_file, write_trace
 from piper_sim.trace.tracks import check_detail, choose_detail, stage_rows
 
-OUTPUTS = {"report": "report.json, config.yaml, links.csv and link_kinds.csv",
-           "trace": "those and the trace (trace.parquet or trace.csv)",
-           "all": "those, the Perfetto trace (--perfetto) and plots/ (the default)"}
+OUTPUTS = {
+    "report": "report.json, config.yaml, links.csv and link_kinds.csv",
+    "trace": "those and the trace (trace.parquet or trace.csv)",
+    "all": "those, the Perfetto trace (--perfetto) and plots/ (the default)",
+}
 # seconds per row of each file on this machine's 2 shared cores (dense-128 of benchmarks/bench_memory.py, 511k
 # rows: trace.parquet 0.3 us, perfetto.json 6 us an event, .json.gz 9 us, .pftrace 12 us, the timeline plot 7 us a
 # trace row): only the progress line's ETA reads them, as each file's share of the work
@@ -50,14 +52,22 @@ def check_perfetto(outputs: str, perfetto: str | None) -> str:
     if perfetto is None:
         return "json" if outputs == "all" else "none"
     if check_format(perfetto) != "none" and outputs != "all":
-        raise ConfigError("--perfetto", perfetto, f"none with --outputs {outputs} (a Perfetto trace is written with "
-                                                  "--outputs all)")
+        raise ConfigError(
+            "--perfetto", perfetto, f"none with --outputs {outputs} (a Perfetto trace is written with --outputs all)"
+        )
     return perfetto
 
 
-def write_run(out_dir: Path, result: RunResult, outputs: str = "all", *, perfetto: str | None = None,
-              detail: str = "auto", progress: bool = False, check: Callable[[], None] | None = None
-              ) -> dict[str, Path]:
+def write_run(
+    out_dir: Path,
+    result: RunResult,
+    outputs: str = "all",
+    *,
+    perfetto: str | None = None,
+    detail: str = "auto",
+    progress: bool = False,
+    check: Callable[[], None] | None = None,
+) -> dict[str, Path]:
     """Write a run's files (either backend), as OUTPUTS[outputs] says: config.yaml (resolved), report.json, where
     the simulator loaded links links.csv, link_kinds.csv (and with all, plots/link_utilization.png); with trace or
     all the trace; with all the Perfetto trace in the format perfetto names (check_perfetto), at detail (tracks.py
@@ -66,8 +76,12 @@ def write_run(out_dir: Path, result: RunResult, outputs: str = "all", *, perfett
     works = _works(out_dir, result, check_outputs(outputs), check_perfetto(outputs, perfetto), check_detail(detail))
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    with progress_bar(sum(rows * per_row for _, rows, per_row, _ in works), "writing outputs", show=progress,
-                      bar_format=WRITING_FORMAT) as line:
+    with progress_bar(
+        sum(rows * per_row for _, rows, per_row, _ in works),
+        "writing outputs",
+        show=progress,
+        bar_format=WRITING_FORMAT,
+    ) as line:
         for key, rows, per_row, write in works:
             line.set_description_str(f"writing {key}", refresh=False)
             if check is not None:
@@ -94,19 +108,37 @@ def _works(out_dir: Path, result: RunResult, outputs: str, perfetto: str, detail
     if links is not None:
         works.append(("links", 0, 0.0, lambda _: _write_links(out_dir, links, result.context, outputs == "all")))
     if outputs in ("trace", "all"):
-        works.append(("trace", len(trace), SECONDS_PER_ROW["trace"],
-                      lambda tick: _write_trace(out_dir, trace, result.config.trace_format, tick)))
+        works.append(
+            (
+                "trace",
+                len(trace),
+                SECONDS_PER_ROW["trace"],
+                lambda tick: _write_trace(out_dir, trace, result.config.trace_format, tick),
+            )
+        )
     rows = perfetto_row_count(trace)
     mesh = result.schedule.mesh
     per_stage = mesh.num_ranks // mesh.pp
     chosen = choose_detail(detail, rows) if per_stage > 1 else "rank"
     if perfetto != "none":
         events = rows // per_stage if chosen == "stage" else rows
-        works.append(("perfetto", events, SECONDS_PER_ROW[perfetto],
-                      lambda tick: _write_perfetto(out_dir, result, perfetto, chosen, per_stage, tick)))
+        works.append(
+            (
+                "perfetto",
+                events,
+                SECONDS_PER_ROW[perfetto],
+                lambda tick: _write_perfetto(out_dir, result, perfetto, chosen, per_stage, tick),
+            )
+        )
     if outputs == "all":
-        works.append(("timeline", first_step_rows(trace) // (per_stage if chosen == "stage" else 1),
-                      SECONDS_PER_ROW["timeline"], lambda _: _write_timeline(out_dir, result, chosen, per_stage)))
+        works.append(
+            (
+                "timeline",
+                first_step_rows(trace) // (per_stage if chosen == "stage" else 1),
+                SECONDS_PER_ROW["timeline"],
+                lambda _: _write_timeline(out_dir, result, chosen, per_stage),
+            )
+        )
     return works
 
 
@@ -136,12 +168,14 @@ def _write_trace(out_dir: Path, trace, fmt: str, tick: Callable[[int], None]) ->
         return {"trace": write_trace(trace, out_dir, fmt, on_rows=tick)}
 
 
-def _write_perfetto(out_dir: Path, result: RunResult, fmt: str, detail: str, per_stage: int,
-                    tick: Callable[[int], None]) -> dict[str, Path]:
+def _write_perfetto(
+    out_dir: Path, result: RunResult, fmt: str, detail: str, per_stage: int, tick: Callable[[int], None]
+) -> dict[str, Path]:
     path = out_dir / FILE_NAMES[fmt]
     with writing(path):
-        write_perfetto(result.trace, path, on_rows=tick, fmt=fmt, detail=detail, ranks_per_stage=per_stage,
-                       links=result.links)
+        write_perfetto(
+            result.trace, path, on_rows=tick, fmt=fmt, detail=detail, ranks_per_stage=per_stage, links=result.links
+        )
     return {"perfetto": path}
 
 
@@ -153,8 +187,13 @@ def _write_timeline(out_dir: Path, result: RunResult, detail: str, per_stage: in
     with writing(path):
         if detail == "stage":
             first = trace[trace["step"] == trace["step"].min()]
-            plot_timeline(stage_rows(first, per_stage), path, f"timeline of step 0 by stage: {result.title}",
-                          result.context, track="stage")
+            plot_timeline(
+                stage_rows(first, per_stage),
+                path,
+                f"timeline of step 0 by stage: {result.title}",
+                result.context,
+                track="stage",
+            )
         else:
             plot_timeline(trace, path, f"timeline of step 0: {result.title}", result.context)
     return {"timeline": path}
@@ -185,19 +224,23 @@ def format_report(report: Report | dict) -> str:
     if isinstance(report, Report):
         report = report.to_dict()
     gib = 2.0**30
-    lines = [f"tier                {report['tier']}: {TIERS.get(report['tier'], report['tier'])}"] \
-        if report.get("tier") else []
+    lines = (
+        [f"tier                {report['tier']}: {TIERS.get(report['tier'], report['tier'])}"]
+        if report.get("tier")
+        else []
+    )
     for key, label, show in (
-            ("num_gpus", "GPUs", str),
-            ("step_time_s", "step time", lambda v: f"{v * 1e3:.3f} ms"),
-            ("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
-            ("tflops_per_gpu", "TFLOPS/GPU", lambda v: f"{v:.2f}"),
-            ("mfu", "MFU", lambda v: percent(v, 2) + (" of the bf16 peak" if "mfu_fp8_peak" in report else "")),
-            ("mfu_fp8_peak", "MFU (fp8 peak)", lambda v: percent(v, 2)),
-            ("bubble_fraction", "bubble", percent),
-            ("exposed_comm_fraction", "exposed comm", percent),
-            ("peak_memory_bytes", "peak memory/stage", lambda v: ", ".join(f"{m / gib:.2f}" for m in v) + " GiB"),
-            ("all_to_all_bandwidth_bytes_per_s", "all-to-all bw", lambda v: f"{v / 1e9:.2f} GB/s per GPU")):
+        ("num_gpus", "GPUs", str),
+        ("step_time_s", "step time", lambda v: f"{v * 1e3:.3f} ms"),
+        ("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
+        ("tflops_per_gpu", "TFLOPS/GPU", lambda v: f"{v:.2f}"),
+        ("mfu", "MFU", lambda v: percent(v, 2) + (" of the bf16 peak" if "mfu_fp8_peak" in report else "")),
+        ("mfu_fp8_peak", "MFU (fp8 peak)", lambda v: percent(v, 2)),
+        ("bubble_fraction", "bubble", percent),
+        ("exposed_comm_fraction", "exposed comm", percent),
+        ("peak_memory_bytes", "peak memory/stage", lambda v: ", ".join(f"{m / gib:.2f}" for m in v) + " GiB"),
+        ("all_to_all_bandwidth_bytes_per_s", "all-to-all bw", lambda v: f"{v / 1e9:.2f} GB/s per GPU"),
+    ):
         if report.get(key) is not None:
             lines.append(f"{label:<20}{show(report[key])}")
     if report.get("error_band") is not None:
@@ -206,18 +249,23 @@ def format_report(report: Report | dict) -> str:
         lines.append(f"{'step time over':<20}{steps_note(report)}")
     if report.get("estimate") is not None:
         e = report["estimate"]
-        lines.append(f"estimate terms      pipeline {e['pipeline_s'] * 1e3:.3f} ms (bubble {e['bubble_s'] * 1e3:.3f}, "
-                     f"all-to-all {e['all_to_all_s'] * 1e3:.3f}), gradients {e['grad_reduce_s'] * 1e3:.3f} ms, "
-                     f"optimizer {e['optimizer_s'] * 1e3:.3f} ms")
+        lines.append(
+            f"estimate terms      pipeline {e['pipeline_s'] * 1e3:.3f} ms (bubble {e['bubble_s'] * 1e3:.3f}, "
+            f"all-to-all {e['all_to_all_s'] * 1e3:.3f}), gradients {e['grad_reduce_s'] * 1e3:.3f} ms, "
+            f"optimizer {e['optimizer_s'] * 1e3:.3f} ms"
+        )
     if "memory_headroom_bytes" in report:
         reserve = report.get("framework_reserve_bytes", 0.0) / gib
-        lines.append("memory headroom     " + ", ".join(f"{h / gib:.2f}" for h in report["memory_headroom_bytes"])
-                     + f" GiB per stage (HBM less the {reserve:.2f} GiB framework reserve"
-                     + ("" if all(report["fits_memory"]) else "; DOES NOT FIT") + ")")
+        lines.append(
+            "memory headroom     "
+            + ", ".join(f"{h / gib:.2f}" for h in report["memory_headroom_bytes"])
+            + f" GiB per stage (HBM less the {reserve:.2f} GiB framework reserve"
+            + ("" if all(report["fits_memory"]) else "; DOES NOT FIT")
+            + ")"
+        )
     if report.get("busiest_link") is not None:
         b = report["busiest_link"]
-        lines.append(f"busiest link        {b['link']} ({b['link_kind']}) "
-                     f"{percent(b['utilization'])} mean utilization")
+        lines.append(f"busiest link        {b['link']} ({b['link_kind']}) {percent(b['utilization'])} mean utilization")
     if "sim_wall_s" in report:
         verb = "estimated in" if report.get("tier") == "estimate" else "simulated in"
         lines.append(f"{verb:<20}{report['sim_wall_s']:.2f} s")

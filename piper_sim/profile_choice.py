@@ -42,9 +42,15 @@ def machine_profile(topology: str | dict, devices: str | None = None) -> tuple[s
     return "a real run on this machine's CPUs", CPU_RUN_PROFILE
 
 
-def choose_profile(topology: str | dict, given: str | dict | None, *, allow_mismatch: bool = False,
-                   devices: str | None = None, key: str = "cost.profile",
-                   allow_key: str = "cost.allow_device_mismatch: true") -> ProfileChoice:
+def choose_profile(
+    topology: str | dict,
+    given: str | dict | None,
+    *,
+    allow_mismatch: bool = False,
+    devices: str | None = None,
+    key: str = "cost.profile",
+    allow_key: str = "cost.allow_device_mismatch: true",
+) -> ProfileChoice:
     """The profile that prices the run: given (checked against the machine's device) or the machine's own."""
     machine, own = machine_profile(topology, devices)
     if given is None:
@@ -57,7 +63,11 @@ def choose_profile(topology: str | dict, given: str | dict | None, *, allow_mism
     kind, want = profile_device_kind(given), profile_device_kind(own)
     if kind != want or not want:
         name = profile_name(given)
-        raise ConfigError(key, name, f"a profile of {want or '?'} devices ({own} or another profile whose device_kind "
-                                     f"is {want or '?'}): {machine} computes on {want or '?'}, {name} prices "
-                                     f"{kind or 'no device_kind'}; or {allow_key} to price it with another device")
+        raise ConfigError(
+            key,
+            name,
+            f"a profile of {want or '?'} devices ({own} or another profile whose device_kind "
+            f"is {want or '?'}): {machine} computes on {want or '?'}, {name} prices "
+            f"{kind or 'no device_kind'}; or {allow_key} to price it with another device",
+        )
     return ProfileChoice(given, "")

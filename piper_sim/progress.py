@@ -35,19 +35,39 @@ def enabled() -> bool:
         return sys.stderr.isatty()
     if value in ("0", "1"):
         return value == "1"
-    raise ConfigError(ENV, os.environ[ENV], "0 (no progress lines), 1 (always, also when stderr is not a "
-                                            "terminal) or auto (unset: on a terminal only)")
+    raise ConfigError(
+        ENV,
+        os.environ[ENV],
+        "0 (no progress lines), 1 (always, also when stderr is not a terminal) or auto (unset: on a terminal only)",
+    )
 
 
-def bar(total: float | None, desc: str, unit: str = "done", *, show: bool = True, delay_s: float | None = None,
-        bar_format: str = BAR_FORMAT, smoothing: float = 0.3) -> tqdm:
+def bar(
+    total: float | None,
+    desc: str,
+    unit: str = "done",
+    *,
+    show: bool = True,
+    delay_s: float | None = None,
+    bar_format: str = BAR_FORMAT,
+    smoothing: float = 0.3,
+) -> tqdm:
     """A progress line on stderr: desc: n/total unit [elapsed<ETA]; shown when show and enabled() allow it, once
     delay_s (default DELAY_S) has passed. smoothing: tqdm's weight of the latest rate in the ETA (0: the mean rate
     since the start, steadier where the work's pace varies). Use as a context manager (it closes the line) or call
     close()."""
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not (show and enabled()),
-                delay=DELAY_S if delay_s is None else delay_s, mininterval=INTERVAL_S, bar_format=bar_format,
-                dynamic_ncols=True, smoothing=smoothing)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        disable=not (show and enabled()),
+        delay=DELAY_S if delay_s is None else delay_s,
+        mininterval=INTERVAL_S,
+        bar_format=bar_format,
+        dynamic_ncols=True,
+        smoothing=smoothing,
+    )
 
 
 def restart(line: tqdm, desc: str) -> None:

@@ -40,8 +40,9 @@ class RunResult:
         """The context line of its plots' titles: model, machine, tier (analysis/style.py)."""
         cfg = self.config
         name = self.topology.name if self.topology is not None else "this machine"
-        return context(cfg.model.name, f"{name}, {cfg.parallel.num_gpus} GPUs",
-                       "des" if self.backend == "sim" else "measured")
+        return context(
+            cfg.model.name, f"{name}, {cfg.parallel.num_gpus} GPUs", "des" if self.backend == "sim" else "measured"
+        )
 
 
 def steps_frame(report: Report) -> pd.DataFrame:

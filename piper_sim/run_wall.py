@@ -41,8 +41,11 @@ class RunWork:
 
     def text(self) -> str:
         """'about 4 min (2,383,872 rank tasks)': the estimate and what drives it."""
-        skewed = (f", {self.skewed_all_to_all_members:,} all-to-all members under skewed routing"
-                  if self.skewed_all_to_all_members else "")
+        skewed = (
+            f", {self.skewed_all_to_all_members:,} all-to-all members under skewed routing"
+            if self.skewed_all_to_all_members
+            else ""
+        )
         return f"about {duration_text(self.wall_s)} ({self.rank_tasks:,} rank tasks{skewed})"
 
 
@@ -51,8 +54,9 @@ def run_work(schedule: Schedule, steps: int, skewed: bool) -> RunWork:
     per_stage = schedule.mesh.num_ranks // schedule.mesh.pp
     tasks = sum(len(program) for program in schedule.stage_programs)
     all_to_alls = sum(task.kind == TaskKind.ALL_TO_ALL for program in schedule.stage_programs for task in program)
-    return RunWork(rank_tasks=steps * per_stage * tasks,
-                   skewed_all_to_all_members=steps * per_stage * all_to_alls if skewed else 0)
+    return RunWork(
+        rank_tasks=steps * per_stage * tasks, skewed_all_to_all_members=steps * per_stage * all_to_alls if skewed else 0
+    )
 
 
 def duration_text(seconds: float) -> str:
@@ -69,7 +73,10 @@ def check_run_wall(work: RunWork, max_wall_minutes: float | None) -> None:
     limit and what to lower."""
     if max_wall_minutes is None or work.wall_s <= max_wall_minutes * 60:
         return
-    raise ConfigError(MAX_WALL_FLAG, max_wall_minutes,
-                      f"at least {work.wall_s / 60:,.0f} minutes for this run, expected to take {work.text()} on this "
-                      "machine (docs/performance.md, Wall time); or fewer micro-batches, steps, layers or GPUs, or "
-                      "--tier estimate (the analytic estimator: seconds at any scale)")
+    raise ConfigError(
+        MAX_WALL_FLAG,
+        max_wall_minutes,
+        f"at least {work.wall_s / 60:,.0f} minutes for this run, expected to take {work.text()} on this "
+        "machine (docs/performance.md, Wall time); or fewer micro-batches, steps, layers or GPUs, or "
+        "--tier estimate (the analytic estimator: seconds at any scale)",
+    )

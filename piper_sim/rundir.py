@@ -61,8 +61,9 @@ def open_out_dir(path: Path, command: str, *, resume: bool = False, flag: str = 
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps({"command": command}) + "\n").encode(), 0)
-        (path / UNFINISHED).write_text(f"piper-sim {command} has not finished writing this folder; "
-                                       "its files may be partial\n")
+        (path / UNFINISHED).write_text(
+            f"piper-sim {command} has not finished writing this folder; its files may be partial\n"
+        )
     except OSError as exc:
         raise _fs_error(path, exc, flag) from None
     return path
@@ -77,8 +78,12 @@ def _check_reuse(path: Path, command: str, flag: str) -> list[str]:
     if entries and previous != command:
         shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
         by = f"written by `piper-sim {previous}`" if previous else f"holding {shown}"
-        raise ConfigError(flag, str(path), f"an empty folder or an earlier output of `piper-sim {command}` "
-                                           f"(this folder is {by}; choose another or remove it)")
+        raise ConfigError(
+            flag,
+            str(path),
+            f"an empty folder or an earlier output of `piper-sim {command}` "
+            f"(this folder is {by}; choose another or remove it)",
+        )
     return entries
 
 
@@ -99,9 +104,12 @@ def _lock(path: Path, flag: str) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ConfigError(flag, str(path), "a folder no other command is writing (another piper-sim command is "
-                                           "writing this one now; wait for it to end or choose another folder)"
-                          ) from None
+        raise ConfigError(
+            flag,
+            str(path),
+            "a folder no other command is writing (another piper-sim command is "
+            "writing this one now; wait for it to end or choose another folder)",
+        ) from None
     _held[key] = (fd, flag, str(path))
     return fd
 
@@ -146,8 +154,9 @@ def write_error(exc: OSError) -> ConfigError | None:
             what = "writing its outputs"
         else:
             continue
-        return ConfigError(flag, given, f"a folder the command can write its outputs to ({what} failed: "
-                                        f"{exc.strerror or exc})")
+        return ConfigError(
+            flag, given, f"a folder the command can write its outputs to ({what} failed: {exc.strerror or exc})"
+        )
     return None
 
 

@@ -38,10 +38,14 @@ from piper_sim.workload.task_kinds import Role
 
 GC_THRESHOLD = (50_000, 20, 20)  # Python's cyclic collector while a run is simulated (the default: 700, 10, 10)
 # the progress line: simulated seconds reached, out of the expected ones where known (index: no expected total)
-SIM_TIME_FORMAT = {False: "{desc}: {n:.4g}/{total:.4g} s simulated [{elapsed}<{remaining}]",
-                   True: "{desc}: {n:.4g} s simulated [{elapsed}]"}
-RESTARTS = ("lanes diverged: restarting with lanes split by latency (2/3)",
-            "lanes diverged: restarting with one lane per rank (3/3)")
+SIM_TIME_FORMAT = {
+    False: "{desc}: {n:.4g}/{total:.4g} s simulated [{elapsed}<{remaining}]",
+    True: "{desc}: {n:.4g} s simulated [{elapsed}]",
+}
+RESTARTS = (
+    "lanes diverged: restarting with lanes split by latency (2/3)",
+    "lanes diverged: restarting with one lane per rank (3/3)",
+)
 
 
 @contextmanager
@@ -57,9 +61,16 @@ def fewer_collections() -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def simulate(cfg: Config, schedule: Schedule | None = None, *, machine: Machine | None = None,
-             progress: bool = False, outputs: str | None = None, expected_s: float | None = None,
-             max_wall_minutes: float | None = None) -> RunResult:
+def simulate(
+    cfg: Config,
+    schedule: Schedule | None = None,
+    *,
+    machine: Machine | None = None,
+    progress: bool = False,
+    outputs: str | None = None,
+    expected_s: float | None = None,
+    max_wall_minutes: float | None = None,
+) -> RunResult:
     """Simulate the config's training steps; schedule: its lowered schedule (built from cfg when None); machine:
     its machine (build_machine(cfg) when None, after the wall-time check);
     progress: a progress line on stderr (piper_sim.progress) when the event loop runs past a few seconds: the
@@ -80,8 +91,15 @@ def check_wall(cfg: Config, schedule: Schedule, max_wall_minutes: float | None) 
     return work
 
 
-def _simulate(cfg: Config, schedule: Schedule | None, machine: Machine | None, progress: bool, outputs: str | None,
-              expected_s: float | None, max_wall_minutes: float | None) -> RunResult:
+def _simulate(
+    cfg: Config,
+    schedule: Schedule | None,
+    machine: Machine | None,
+    progress: bool,
+    outputs: str | None,
+    expected_s: float | None,
+    max_wall_minutes: float | None,
+) -> RunResult:
     t0 = time.perf_counter()
     schedule = schedule or build_schedule(cfg)
     work = check_wall(cfg, schedule, max_wall_minutes)
@@ -90,8 +108,9 @@ def _simulate(cfg: Config, schedule: Schedule | None, machine: Machine | None, p
     topo, profile = machine.topology, machine.profile
     check_collective_params(topo)
     check_tensor_groups(topo, list(machine.placement), par.tp)
-    coster = TaskCoster(cfg.model, profile, par.tokens_per_microbatch(cfg.model.seq_len), par.split,
-                        cfg.flash_attention)
+    coster = TaskCoster(
+        cfg.model, profile, par.tokens_per_microbatch(cfg.model.seq_len), par.split, cfg.flash_attention
+    )
     settings = settings_of(cfg)
 
     def simulation(collapse: bool, by_latency: bool = False) -> Simulation:
@@ -104,8 +123,13 @@ def _simulate(cfg: Config, schedule: Schedule | None, machine: Machine | None, p
     pairs = par.num_gpus * par.ep if par.ep > 1 else 0  # the GPU pairs of the EP groups' all-to-alls
     memory = check_memory(total, len(topo.capacity_bytes_per_s), pairs, cfg, outputs)
     with MemoryGuard(memory.total_bytes, available=available_memory_bytes) as guard:
-        line = progress_bar(expected_s, f"simulating (about {duration_text(work.wall_s)} expected)", show=progress,
-                            bar_format=SIM_TIME_FORMAT[expected_s is None], smoothing=0.0)
+        line = progress_bar(
+            expected_s,
+            f"simulating (about {duration_text(work.wall_s)} expected)",
+            show=progress,
+            bar_format=SIM_TIME_FORMAT[expected_s is None],
+            smoothing=0.0,
+        )
         reading = Reading()
         with watch(line, reading):
             reading.sim = simulation(cfg.collapse)
@@ -113,42 +137,76 @@ def _simulate(cfg: Config, schedule: Schedule | None, machine: Machine | None, p
             reading.end_s = max(float(np.nanmax(end)) for end in records.end_s)
         sim = reading.sim
         t2 = time.perf_counter()
-        trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes,
-                                  records.cpu_s)
+        trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes, records.cpu_s)
         guard.check()
     links = link_table(topo, records.link_bytes, float(trace["end_s"].max() - trace["start_s"].min()))
     experts = sim.experts.summary()
     migrate = trace[trace["role"] == Role.MIGRATE]
     experts["migration"]["time_fraction"] = float(
-        (migrate["end_s"] - migrate["start_s"]).sum() / max(len(trace["rank"].unique()), 1) / trace["end_s"].max())
+        (migrate["end_s"] - migrate["start_s"]).sum() / max(len(trace["rank"].unique()), 1) / trace["end_s"].max()
+    )
     peaks = _per_stage_max(records.peak_memory_bytes, par.pp)
     reserve = config_reserve_bytes(cfg, profile)
     headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
-    report = make_report(trace, num_gpus=par.num_gpus, peak_flops_per_s=profile.peak_flops_per_s,
-                         tokens_per_step=par.sequences_per_step * cfg.model.seq_len,
-                         peak_memory_by_stage=peaks, links=links, memory_headroom_bytes=headroom,
-                         fits_memory=[h >= 0 for h in headroom],
-                         sim_wall_s=time.perf_counter() - t0, hbm_bytes=profile.hbm_bytes, backend="sim", tier="des",
-                         framework_reserve_bytes=reserve,
-                         peak_fp8_flops_per_s=profile.peak_fp8_flops_per_s if cfg.model.fp8_recipe else None,
-                         peak_memory_bytes_first_step=_per_stage_max(records.first_step_peak_memory_bytes, par.pp),
-                         **experts)
-    stats = {"setup_s": t1 - t0, "event_loop_s": t2 - t1, "trace_and_report_s": time.perf_counter() - t2,
-             "num_tasks": len(trace), "num_flows": records.num_flows, "num_solves": records.num_solves,
-             "num_lanes": records.num_lanes, "lanes_by_latency": by_latency, "lanes_fell_back": fell_back,
-             "num_reserved": records.num_reserved,
-             "num_broken": records.num_broken, "num_mirrored": records.num_mirrored,
-             "host_memory_estimate_bytes": memory.total_bytes, "wall_estimate_s": work.wall_s}
-    return RunResult(backend="sim", config=cfg, schedule=schedule, report=report, trace=trace,
-                     steps=steps_frame(report), topology=topo, placement=machine.placement, links=links, stats=stats)
+    report = make_report(
+        trace,
+        num_gpus=par.num_gpus,
+        peak_flops_per_s=profile.peak_flops_per_s,
+        tokens_per_step=par.sequences_per_step * cfg.model.seq_len,
+        peak_memory_by_stage=peaks,
+        links=links,
+        memory_headroom_bytes=headroom,
+        fits_memory=[h >= 0 for h in headroom],
+        sim_wall_s=time.perf_counter() - t0,
+        hbm_bytes=profile.hbm_bytes,
+        backend="sim",
+        tier="des",
+        framework_reserve_bytes=reserve,
+        peak_fp8_flops_per_s=profile.peak_fp8_flops_per_s if cfg.model.fp8_recipe else None,
+        peak_memory_bytes_first_step=_per_stage_max(records.first_step_peak_memory_bytes, par.pp),
+        **experts,
+    )
+    stats = {
+        "setup_s": t1 - t0,
+        "event_loop_s": t2 - t1,
+        "trace_and_report_s": time.perf_counter() - t2,
+        "num_tasks": len(trace),
+        "num_flows": records.num_flows,
+        "num_solves": records.num_solves,
+        "num_lanes": records.num_lanes,
+        "lanes_by_latency": by_latency,
+        "lanes_fell_back": fell_back,
+        "num_reserved": records.num_reserved,
+        "num_broken": records.num_broken,
+        "num_mirrored": records.num_mirrored,
+        "host_memory_estimate_bytes": memory.total_bytes,
+        "wall_estimate_s": work.wall_s,
+    }
+    return RunResult(
+        backend="sim",
+        config=cfg,
+        schedule=schedule,
+        report=report,
+        trace=trace,
+        steps=steps_frame(report),
+        topology=topo,
+        placement=machine.placement,
+        links=links,
+        stats=stats,
+    )
 
 
 def check_memory(tasks: int, links: int, pairs: int, cfg: Config, outputs: str | None) -> RunMemory:
     """The run's estimated peak host memory (host_memory.py); a run that would not fit in the memory available here
     stops before it starts, naming what to lower (rather than being killed for memory after minutes)."""
     memory = estimate_run_memory(tasks, links, pairs, outputs)
-    check_run_memory(memory, cfg.parallel.num_microbatches, outputs, available_memory_bytes(),
-                     lambda fewer: estimate_run_memory(tasks, links, pairs, fewer))
+    check_run_memory(
+        memory,
+        cfg.parallel.num_microbatches,
+        outputs,
+        available_memory_bytes(),
+        lambda fewer: estimate_run_memory(tasks, links, pairs, fewer),
+    )
     return memory
 
 
@@ -166,8 +224,9 @@ class Reading:
         return end_s if end_s is not None else 0.0 if sim is None else float(sim.env.now)
 
 
-def _run_lanes(reading: Reading, simulation: Callable[..., Simulation],
-               restarted: Callable[[str], None]) -> tuple[SimRecords, bool, bool]:
+def _run_lanes(
+    reading: Reading, simulation: Callable[..., Simulation], restarted: Callable[[str], None]
+) -> tuple[SimRecords, bool, bool]:
     """Run reading.sim; when members of a lane diverge (Asymmetry), again with lanes split by route latency
     (Simulation._by_latency), then with one lane per rank, each restart said through restarted(text) before the
     next run is built. reading.sim holds the run under way (None between runs); a run given up is let go. Returns
@@ -193,4 +252,4 @@ def _run_lanes(reading: Reading, simulation: Callable[..., Simulation],
 
 def _per_stage_max(per_rank, pp: int) -> list[float]:
     per_stage = len(per_rank) // pp
-    return [float(max(per_rank[p * per_stage:(p + 1) * per_stage])) for p in range(pp)]
+    return [float(max(per_rank[p * per_stage : (p + 1) * per_stage])) for p in range(pp)]

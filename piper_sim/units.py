@@ -12,14 +12,31 @@ from typing import Any, TypeGuard
 from piper_sim.errors import ConfigError
 
 SUFFIX_SCALE = {
-    "GBps": 1e9, "MBps": 1e6, "Gbps": 1e9 / 8, "Mbps": 1e6 / 8,
-    "us": 1e-6, "ns": 1e-9, "ms": 1e-3, "s": 1.0,
-    "GiB": 2.0**30, "MiB": 2.0**20, "GB": 1e9,
+    "GBps": 1e9,
+    "MBps": 1e6,
+    "Gbps": 1e9 / 8,
+    "Mbps": 1e6 / 8,
+    "us": 1e-6,
+    "ns": 1e-9,
+    "ms": 1e-3,
+    "s": 1.0,
+    "GiB": 2.0**30,
+    "MiB": 2.0**20,
+    "GB": 1e9,
     "TFLOPS": 1e12,
 }
 SI_SUFFIX = {
-    "GBps": "bytes_per_s", "MBps": "bytes_per_s", "Gbps": "bytes_per_s", "Mbps": "bytes_per_s",
-    "us": "s", "ns": "s", "ms": "s", "s": "s", "GiB": "bytes", "MiB": "bytes", "GB": "bytes",
+    "GBps": "bytes_per_s",
+    "MBps": "bytes_per_s",
+    "Gbps": "bytes_per_s",
+    "Mbps": "bytes_per_s",
+    "us": "s",
+    "ns": "s",
+    "ms": "s",
+    "s": "s",
+    "GiB": "bytes",
+    "MiB": "bytes",
+    "GB": "bytes",
     "TFLOPS": "flops_per_s",
 }
 
@@ -83,8 +100,11 @@ def read_params(raw: object, schema: Mapping[str, object], where: str) -> dict[s
         else:
             value = raw[key]
             if value is None and default is not None:  # null only where leaving the key out means null
-                raise ConfigError(f"{where}{key}", None, "a value" + (" (required)" if default is ... else
-                                                                      f" (leave the key out for {default!r})"))
+                raise ConfigError(
+                    f"{where}{key}",
+                    None,
+                    "a value" + (" (required)" if default is ... else f" (leave the key out for {default!r})"),
+                )
         if si_key(key) != key:
             out[si_key(key)] = None if value is None else to_si(key, value, where=where)
         else:

@@ -64,7 +64,7 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, p
     base = node.module or ""
     if node.level:  # relative: from the importing module's package, one level up per extra dot
         parts = module.split(".") if is_package else module.split(".")[:-1]
-        parts = parts[:len(parts) - node.level + 1]
+        parts = parts[: len(parts) - node.level + 1]
         base = ".".join(parts + ([node.module] if node.module else []))
     # `from piper_sim import testbed` imports the module piper_sim.testbed, not only piper_sim
     subs = [f"{base}.{alias.name}" for alias in node.names if _is_module(f"{base}.{alias.name}", package)]
@@ -72,8 +72,13 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, p
 
 
 def _late_nodes(tree: ast.Module) -> set[int]:
-    return {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
-            for n in ast.walk(f) if isinstance(n, ast.Import | ast.ImportFrom)}
+    return {
+        id(n)
+        for f in ast.walk(tree)
+        if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+        for n in ast.walk(f)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+    }
 
 
 def imports(package: Path = PACKAGE) -> Iterator[Import]:
@@ -184,29 +189,40 @@ def _describe(component: list[str], edges: dict[tuple[str, str], list[Import]]) 
 
 
 def test_nothing_outside_torch_backend_imports_torch():
-    offenders = [imp for imp in imports() if imp.target.split(".")[0] == "torch"
-                 and not imp.module.startswith("piper_sim.torch_backend")]
+    offenders = [
+        imp
+        for imp in imports()
+        if imp.target.split(".")[0] == "torch" and not imp.module.startswith("piper_sim.torch_backend")
+    ]
     assert not offenders, "torch imported outside piper_sim/torch_backend/:\n" + "\n".join(
-        f"  {imp.where()}: {imp.target}" for imp in offenders)
+        f"  {imp.where()}: {imp.target}" for imp in offenders
+    )
 
 
 FORBIDDEN_IN_SCHEDULE = ("simpy", "numpy", "torch")
 
 
 def test_schedule_imports_neither_simpy_numpy_nor_torch():
-    offenders = [imp for imp in imports() if imp.module.startswith("piper_sim.schedule")
-                 and imp.target.split(".")[0] in FORBIDDEN_IN_SCHEDULE]
+    offenders = [
+        imp
+        for imp in imports()
+        if imp.module.startswith("piper_sim.schedule") and imp.target.split(".")[0] in FORBIDDEN_IN_SCHEDULE
+    ]
     assert not offenders, "the schedule layer imports " + ", ".join(
-        f"{imp.target} ({imp.where()})" for imp in offenders)
+        f"{imp.target} ({imp.where()})" for imp in offenders
+    )
 
 
 def test_schedule_modules_load_neither_simpy_numpy_nor_torch():
     # what the schedule modules import must not bring these in either (a fresh interpreter)
     modules = [_module_name(p) for p in sorted((PACKAGE / "schedule").glob("*.py"))]
-    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
-            f"print(' '.join(m for m in {FORBIDDEN_IN_SCHEDULE!r} if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    code = (
+        f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+        f"print(' '.join(m for m in {FORBIDDEN_IN_SCHEDULE!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert not out, f"importing piper_sim.schedule loads {out}"
 
 
@@ -215,30 +231,39 @@ def _within(name: str, package: str) -> bool:
 
 
 def test_sim_imports_the_network_only_through_its_face():
-    offenders = [imp for imp in imports() if _within(imp.module, "piper_sim.sim")
-                 and imp.target.startswith("piper_sim.network.")]
+    offenders = [
+        imp for imp in imports() if _within(imp.module, "piper_sim.sim") and imp.target.startswith("piper_sim.network.")
+    ]
     assert not offenders, "piper_sim/sim/ imports the network's modules (import from piper_sim.network):\n" + "\n".join(
-        f"  {imp.where()}: {imp.target}" for imp in offenders)
+        f"  {imp.where()}: {imp.target}" for imp in offenders
+    )
 
 
 FORBIDDEN_IN_NETWORK = ("piper_sim.sim", "torch")
 
 
 def test_network_imports_neither_the_engine_nor_torch():
-    offenders = [imp for imp in imports() if _within(imp.module, "piper_sim.network")
-                 and any(_within(imp.target, f) for f in FORBIDDEN_IN_NETWORK)]
+    offenders = [
+        imp
+        for imp in imports()
+        if _within(imp.module, "piper_sim.network") and any(_within(imp.target, f) for f in FORBIDDEN_IN_NETWORK)
+    ]
     assert not offenders, "piper_sim/network/ imports " + ", ".join(
-        f"{imp.target} ({imp.where()})" for imp in offenders)
+        f"{imp.target} ({imp.where()})" for imp in offenders
+    )
 
 
 def test_network_modules_load_neither_the_engine_nor_torch():
     # what the network's modules import must not bring these in either (a fresh interpreter)
     modules = [_module_name(p) for p in sorted((PACKAGE / "network").glob("*.py"))]
-    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
-            f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
-            f" or m == 'piper_sim.sim' or m.startswith('piper_sim.sim.'))))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    code = (
+        f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+        f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
+        f" or m == 'piper_sim.sim' or m.startswith('piper_sim.sim.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert not out, f"importing piper_sim.network loads {out}"
 
 
@@ -246,24 +271,30 @@ POINTS_CLIENTS = ("piper_sim.planning", "piper_sim.studies", "piper_sim.reproduc
 
 
 def test_points_import_none_of_the_commands_that_run_on_them():
-    offenders = [imp for imp in imports() if _within(imp.module, "piper_sim.points")
-                 and any(_within(imp.target, c) for c in POINTS_CLIENTS)]
-    assert not offenders, "piper_sim/points/ imports " + ", ".join(
-        f"{imp.target} ({imp.where()})" for imp in offenders)
+    offenders = [
+        imp
+        for imp in imports()
+        if _within(imp.module, "piper_sim.points") and any(_within(imp.target, c) for c in POINTS_CLIENTS)
+    ]
+    assert not offenders, "piper_sim/points/ imports " + ", ".join(f"{imp.target} ({imp.where()})" for imp in offenders)
 
 
 def test_the_package_import_graph_has_no_cycle():
     edges = package_graph()
     found = tangles(edges)
     assert not found, "import cycles between packages (all imports, function-local included):\n" + "\n".join(
-        _describe(component, edges) for component in found)
+        _describe(component, edges) for component in found
+    )
 
 
-@pytest.mark.parametrize(("edges", "expected"), [
-    ({("a", "b"): [], ("b", "c"): []}, []),
-    ({("a", "b"): [], ("b", "a"): []}, [["a", "b", "a"]]),
-    ({("a", "b"): [], ("b", "c"): [], ("c", "a"): [], ("d", "a"): []}, [["a", "b", "c", "a"]]),
-])
+@pytest.mark.parametrize(
+    ("edges", "expected"),
+    [
+        ({("a", "b"): [], ("b", "c"): []}, []),
+        ({("a", "b"): [], ("b", "a"): []}, [["a", "b", "a"]]),
+        ({("a", "b"): [], ("b", "c"): [], ("c", "a"): [], ("d", "a"): []}, [["a", "b", "c", "a"]]),
+    ],
+)
 def test_find_cycles_reports_one_cycle_per_tangle(edges, expected):
     assert find_cycles(edges) == expected
 
@@ -275,7 +306,8 @@ def test_the_analyser_sees_late_relative_and_submodule_imports(tmp_path):
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "other.py").write_text("")
     (pkg / "sub" / "mod.py").write_text(
-        "from . import sibling\nfrom piper_sim import other\n\ndef f():\n    import torch\n")
+        "from . import sibling\nfrom piper_sim import other\n\ndef f():\n    import torch\n"
+    )
     (pkg / "sub" / "sibling.py").write_text("")
     found = {(i.target, i.late) for i in imports(pkg)}
     assert found == {("piper_sim.sub.sibling", False), ("piper_sim.other", False), ("torch", True)}
@@ -298,8 +330,12 @@ def _is_vocabulary(node: ast.expr) -> bool:
     if not (isinstance(node, ast.Attribute) and node.attr in VOCABULARY_ATTRIBUTES):
         return False
     owner = node.value
-    return not (isinstance(owner, ast.Attribute) and owner.attr in OTHER_KINDS
-                or isinstance(owner, ast.Name) and owner.id in OTHER_KINDS)
+    return not (
+        isinstance(owner, ast.Attribute)
+        and owner.attr in OTHER_KINDS
+        or isinstance(owner, ast.Name)
+        and owner.id in OTHER_KINDS
+    )
 
 
 def spelled_vocabulary(path: Path) -> list[int]:
@@ -315,17 +351,24 @@ def spelled_vocabulary(path: Path) -> list[int]:
 
 
 def test_kinds_streams_and_roles_are_compared_as_enums():
-    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-                 for line in spelled_vocabulary(path)]
-    assert not offenders, ("a kind, stream or role compared with a string (use TaskKind, Stream, Role or the kind "
-                           "sets of piper_sim/workload/task_kinds.py):\n  " + "\n  ".join(offenders))
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line in spelled_vocabulary(path)
+    ]
+    assert not offenders, (
+        "a kind, stream or role compared with a string (use TaskKind, Stream, Role or the kind "
+        "sets of piper_sim/workload/task_kinds.py):\n  " + "\n  ".join(offenders)
+    )
 
 
 def test_the_analyser_sees_spelled_kinds(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text('a = t.kind == "send"\nb = t.role in ("dispatch", "combine")\nc = "p2p" != t.stream\n'
-                      'd = t.kind == TaskKind.SEND\ne = kind == "send"\nf = t.name == "x"\ng = t.role not in {"tp"}\n'
-                      'h = a.dtype.kind == "f"\ni = cfg.routing.kind != "uniform"\n')
+    module.write_text(
+        'a = t.kind == "send"\nb = t.role in ("dispatch", "combine")\nc = "p2p" != t.stream\n'
+        'd = t.kind == TaskKind.SEND\ne = kind == "send"\nf = t.name == "x"\ng = t.role not in {"tp"}\n'
+        'h = a.dtype.kind == "f"\ni = cfg.routing.kind != "uniform"\n'
+    )
     assert spelled_vocabulary(module) == [1, 2, 3, 7]
 
 
@@ -341,22 +384,34 @@ def raw_config_reads(path: Path) -> list[int]:
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "raw":
             lines.append(node.lineno)
-        elif isinstance(node, ast.Attribute) and node.attr == "get" and isinstance(node.value, ast.Attribute) \
-                and node.value.attr == "raw":
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "get"
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "raw"
+        ):
             lines.append(node.lineno)
-        elif isinstance(node, ast.Attribute) and node.attr == "raw" and isinstance(node.value, ast.Name) \
-                and node.value.id in ("cfg", "config"):
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "raw"
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("cfg", "config")
+        ):
             lines.append(node.lineno)
     return sorted(set(lines))
 
 
 def test_no_module_reads_raw_config_sections_outside_config():
-    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-                 if path != PACKAGE / "config.py" and _module_name(path) not in RAW_CONFIG_READERS
-                 for line in raw_config_reads(path)]
-    assert not offenders, ("raw config sections read outside piper_sim/config.py (take the built section from "
-                           "Config, or list the module in RAW_CONFIG_READERS with its reason):\n  "
-                           + "\n  ".join(offenders))
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "config.py" and _module_name(path) not in RAW_CONFIG_READERS
+        for line in raw_config_reads(path)
+    ]
+    assert not offenders, (
+        "raw config sections read outside piper_sim/config.py (take the built section from "
+        "Config, or list the module in RAW_CONFIG_READERS with its reason):\n  " + "\n  ".join(offenders)
+    )
 
 
 def test_the_analyser_sees_raw_config_reads(tmp_path):
@@ -370,8 +425,13 @@ MAX_SIMULATION_PARAMETERS = 6
 
 def test_simulation_takes_a_handful_of_built_objects():
     tree = ast.parse((PACKAGE / "sim" / "engine.py").read_text())
-    init = next(f for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "Simulation"
-                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    init = next(
+        f
+        for c in ast.walk(tree)
+        if isinstance(c, ast.ClassDef) and c.name == "Simulation"
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    )
     args = init.args
     names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)][1:]  # less self
     assert len(names) <= MAX_SIMULATION_PARAMETERS and not args.vararg and not args.kwarg, names
@@ -397,10 +457,10 @@ LAZY_MODULES = {
     "piper_sim.reproduce.cli": "as piper_sim.cli",
     "piper_sim.studies.cli": "as piper_sim.cli",
     "piper_sim.config": "loads no numpy: the schedule layer (numpy-free) and --help import it; its sections' "
-                        "parsers (collectives, migration, routing) load numpy and networkx",
+    "parsers (collectives, migration, routing) load numpy and networkx",
     "piper_sim.profile_choice": "loads no numpy: config imports it; topology.load loads networkx and numpy",
     "piper_sim.stopping": "the CLI's first import, before its signal handlers are in place: multiprocessing "
-                          "(~5 ms) loads only where Dask starts",
+    "(~5 ms) loads only where Dask starts",
     "piper_sim.testbed.tcp_probe": "its peers run the module (python -m) with the stdlib alone",
 }
 _NO_REASON = re.compile(r"(noqa(:\s*[A-Z]+\d+(\s*,\s*[A-Z]+\d+)*)?|type:\s*ignore(\[[^\]]*\])?)\s*")
@@ -408,8 +468,11 @@ _NO_REASON = re.compile(r"(noqa(:\s*[A-Z]+\d+(\s*,\s*[A-Z]+\d+)*)?|type:\s*ignor
 
 def _reason_lines(source: str) -> set[int]:
     """The lines holding a comment that says something (not a noqa or type: ignore alone)."""
-    return {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-            if tok.type == tokenize.COMMENT and _NO_REASON.sub("", tok.string.lstrip("#").strip(), count=1)}
+    return {
+        tok.start[0]
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT and _NO_REASON.sub("", tok.string.lstrip("#").strip(), count=1)
+    }
 
 
 def _run_heads(tree: ast.Module) -> dict[int, ast.stmt]:
@@ -428,8 +491,9 @@ def _run_heads(tree: ast.Module) -> dict[int, ast.stmt]:
     return heads
 
 
-def late_import_offences(package: Path = PACKAGE, packages: dict[str, str] = LATE_PACKAGES,
-                         lazy: dict[str, str] = LAZY_MODULES) -> list[str]:
+def late_import_offences(
+    package: Path = PACKAGE, packages: dict[str, str] = LATE_PACKAGES, lazy: dict[str, str] = LAZY_MODULES
+) -> list[str]:
     """Every function-local import that is neither of `packages` nor in a `lazy` module, or says no reason."""
     offences = []
     for path in sorted(package.rglob("*.py")):
@@ -453,8 +517,10 @@ def late_import_offences(package: Path = PACKAGE, packages: dict[str, str] = LAT
 
 def test_function_local_imports_are_heavy_or_lazy_and_say_why():
     offences = late_import_offences()
-    assert not offences, ("function-local imports that belong at the top, or that do not say why they are late "
-                          "(LATE_PACKAGES, LAZY_MODULES):\n  " + "\n  ".join(offences))
+    assert not offences, (
+        "function-local imports that belong at the top, or that do not say why they are late "
+        "(LATE_PACKAGES, LAZY_MODULES):\n  " + "\n  ".join(offences)
+    )
 
 
 def test_the_analyser_flags_late_imports(tmp_path):
@@ -466,11 +532,13 @@ def test_the_analyser_flags_late_imports(tmp_path):
         "import json\n\n\ndef f():\n    from piper_sim import other\n\n\ndef g():\n"
         "    # matplotlib: heavy\n    import matplotlib\n    import matplotlib.pyplot as plt\n\n"
         "    import torch  # noqa: F401\n    from piper_sim.other import x  # why\n\n\n"
-        "def h():\n    import json\n    import torch  # optional\n")
+        "def h():\n    import json\n    import torch  # optional\n"
+    )
     (pkg / "cli.py").write_text("def run():\n    from piper_sim import other\n    from piper_sim import mod  # heavy\n")
     assert late_import_offences(pkg, {"matplotlib": "", "torch": ""}, {"piper_sim.cli": ""}) == [
         "piper_sim/cli.py:2: piper_sim.other (say why it is late in a comment)",
         "piper_sim/mod.py:5: piper_sim.other (import it at the top)",
         "piper_sim/mod.py:13: torch (say why it is late in a comment)",
         "piper_sim/mod.py:14: piper_sim.other (import it at the top)",
-        "piper_sim/mod.py:18: json (import it at the top)"]
+        "piper_sim/mod.py:18: json (import it at the top)",
+    ]

@@ -31,8 +31,12 @@ def same(predicted: dict, stored: dict) -> None:
 def flat_floats(entry: dict) -> dict:
     """The entry's floats by name, a list's items one by one (pytest.approx compares a list inside a mapping
     exactly, not within the tolerance)."""
-    named = {"step_time_s": entry["step_time_s"], "mfu": entry["mfu"],
-             "peak_memory_bytes": entry["peak_memory_bytes"], **entry["trace"]["float_sums"]}
+    named = {
+        "step_time_s": entry["step_time_s"],
+        "mfu": entry["mfu"],
+        "peak_memory_bytes": entry["peak_memory_bytes"],
+        **entry["trace"]["float_sums"],
+    }
     out = {}
     for key, value in named.items():
         for i, item in enumerate(value if isinstance(value, list) else [value]):
@@ -53,8 +57,15 @@ def test_a_changed_row_is_seen():
     """The fingerprint sees one task 1e-6 later, and two tasks' times swapped."""
     import pandas as pd
 
-    trace = pd.DataFrame({"step": [0, 0, 0], "rank": [0, 0, 1], "task_id": ["a", "b", "a"],
-                          "start_s": [0.0, 1.0, 2.0], "end_s": [1.0, 2.0, 3.0]})
+    trace = pd.DataFrame(
+        {
+            "step": [0, 0, 0],
+            "rank": [0, 0, 1],
+            "task_id": ["a", "b", "a"],
+            "start_s": [0.0, 1.0, 2.0],
+            "end_s": [1.0, 2.0, 3.0],
+        }
+    )
     base = predictions.trace_fingerprint(trace)["float_sums"]
     later = trace.assign(end_s=[1.0, 2.000001, 3.0])
     swapped = trace.assign(end_s=[2.0, 1.0, 3.0])

@@ -52,9 +52,11 @@ class Family:
 def family_of(cfg) -> Family:
     """The family of a resolved Config."""
     model = cfg.model
-    return Family(hardware=profile_device_kind(cfg.cost_profile),
-                  moe=model.num_experts > 1 and bool(model.moe_layer_indices),
-                  scale=scale_of(cfg.parallel.num_gpus))
+    return Family(
+        hardware=profile_device_kind(cfg.cost_profile),
+        moe=model.num_experts > 1 and bool(model.moe_layer_indices),
+        scale=scale_of(cfg.parallel.num_gpus),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,8 +100,13 @@ def band_from(family: Family, scored: pd.DataFrame, tier: str) -> ErrorBand | No
         chosen = scored[mask]
         if len(chosen) >= MIN_RUNS or depth == 0:
             measured_over_predicted = 1 / (1 + chosen["error"]) - 1
-            return ErrorBand(low=float(measured_over_predicted.min()), high=float(measured_over_predicted.max()),
-                             family=family.label(depth), runs=len(chosen), tier=tier)
+            return ErrorBand(
+                low=float(measured_over_predicted.min()),
+                high=float(measured_over_predicted.max()),
+                family=family.label(depth),
+                runs=len(chosen),
+                tier=tier,
+            )
     raise AssertionError("unreachable")
 
 
@@ -122,8 +129,10 @@ def with_band(report, cfg, tier: str):
 
 def band_text(band: dict) -> str:
     """A band (report.json's error_band) in words, as the commands print it."""
-    return (f"{100 * band['low']:+.0f}% / {100 * band['high']:+.0f}% of the predicted step (measured/predicted - 1 "
-            f"over {band['runs']} published runs: {band['family']}, {band['tier']} tier; docs/metrics.md)")
+    return (
+        f"{100 * band['low']:+.0f}% / {100 * band['high']:+.0f}% of the predicted step (measured/predicted - 1 "
+        f"over {band['runs']} published runs: {band['family']}, {band['tier']} tier; docs/metrics.md)"
+    )
 
 
 def leave_one_family_out(scored: pd.DataFrame, tier: str) -> pd.DataFrame:
@@ -135,10 +144,17 @@ def leave_one_family_out(scored: pd.DataFrame, tier: str) -> pd.DataFrame:
         others = scored[~((scored["hardware"] == run.hardware) & (scored["moe"] == run.moe))]
         band = band_from(family, others, tier)
         actual = 1 / (1 + run.error) - 1
-        rows.append({"name": run.name, "family": family.label(2), "measured_over_predicted": actual,
-                     "band_low": band.low if band else float("nan"), "band_high": band.high if band else float("nan"),
-                     "band_family": band.family if band else "",
-                     "covered": bool(band and band.low <= actual <= band.high)})
+        rows.append(
+            {
+                "name": run.name,
+                "family": family.label(2),
+                "measured_over_predicted": actual,
+                "band_low": band.low if band else float("nan"),
+                "band_high": band.high if band else float("nan"),
+                "band_family": band.family if band else "",
+                "covered": bool(band and band.low <= actual <= band.high),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -147,5 +163,8 @@ def format_coverage(table: pd.DataFrame) -> str:
     if table.empty:
         return ""
     per = table.groupby("family", sort=True)["covered"].agg(["sum", "size"])
-    return (f"error band, leave-one-family-out: covers {int(table['covered'].sum())} of {len(table)} runs ("
-            + ", ".join(f"{family} {int(r['sum'])}/{int(r['size'])}" for family, r in per.iterrows()) + ")")
+    return (
+        f"error band, leave-one-family-out: covers {int(table['covered'].sum())} of {len(table)} runs ("
+        + ", ".join(f"{family} {int(r['sum'])}/{int(r['size'])}" for family, r in per.iterrows())
+        + ")"
+    )

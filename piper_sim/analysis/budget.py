@@ -51,8 +51,9 @@ def trace_budget(df: pd.DataFrame, rank: int | None = None) -> dict[str, float]:
     rank = busiest_rank(df) if rank is None else rank
     rows = df[df["rank"] == rank]
     num_steps = int(df["step"].nunique())
-    terms = np.array([term_of(str(k), str(r), str(s))
-                      for k, r, s in zip(rows["kind"], rows["role"], rows["stream"], strict=True)])
+    terms = np.array(
+        [term_of(str(k), str(r), str(s)) for k, r, s in zip(rows["kind"], rows["role"], rows["stream"], strict=True)]
+    )
     starts, ends = rows["start_s"].to_numpy(float), rows["end_s"].to_numpy(float)
     first, last = float(df["start_s"].min()), float(df["end_s"].max())
     edges = np.unique(np.concatenate([starts, ends, [first, last]]))

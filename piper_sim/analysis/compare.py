@@ -27,8 +27,14 @@ from piper_sim.workload.profile_file import profile_device_kind
 MUST_MATCH = ("model", "parallel", "schedule", "recompute", "recompute_layers", "optimizer", "collectives")
 
 KEYS = ["step", "rank", "task_id"]
-HEADLINE = ("step_time_s", "tokens_per_s", "mfu", "bubble_fraction", "exposed_comm_fraction",
-            "all_to_all_bandwidth_bytes_per_s")
+HEADLINE = (
+    "step_time_s",
+    "tokens_per_s",
+    "mfu",
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "all_to_all_bandwidth_bytes_per_s",
+)
 
 
 @dataclass(kw_only=True)
@@ -75,8 +81,9 @@ def read_run(path: Path) -> RunDir:
         except OSError as exc:
             raise PiperError(f"{path / name}: cannot read it ({exc.strerror}); is {path} a run folder?") from None
         except (ValueError, yaml.YAMLError) as exc:
-            raise PiperError(f"{path / name}: not valid {name.rsplit('.', 1)[1].upper()} "
-                             f"({' '.join(str(exc).split())[:100]})") from None
+            raise PiperError(
+                f"{path / name}: not valid {name.rsplit('.', 1)[1].upper()} ({' '.join(str(exc).split())[:100]})"
+            ) from None
         if not isinstance(parts[name], dict):
             raise PiperError(f"{path / name}: not a mapping, as piper-sim writes it")
     try:
@@ -84,8 +91,9 @@ def read_run(path: Path) -> RunDir:
     except PiperError:
         raise
     except Exception as exc:  # pyarrow and pandas raise many types for a torn or foreign file
-        raise PiperError(f"{path}: its trace cannot be read ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:100]})") from None
+        raise PiperError(
+            f"{path}: its trace cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())[:100]})"
+        ) from None
     return RunDir(path=path, trace=trace, report=parts["report.json"], config=parts["config.yaml"])
 
 
@@ -93,16 +101,20 @@ def check_comparable(predicted: RunDir, measured: RunDir) -> None:
     """Refuse runs whose tasks are not the same tasks, and a CPU run predicted with a profile of another device."""
     differ = [k for k in MUST_MATCH if predicted.config.get(k) != measured.config.get(k)]
     if differ:
-        raise PiperError(f"{predicted.path} and {measured.path} are runs of different configs ({', '.join(differ)} "
-                         "differ): compare a prediction with a run of the same config")
+        raise PiperError(
+            f"{predicted.path} and {measured.path} are runs of different configs ({', '.join(differ)} "
+            "differ): compare a prediction with a run of the same config"
+        )
     profile = (predicted.config.get("cost") or {}).get("profile")
     if measured.report.get("device") == "cpu" and predicted.report.get("backend") == "sim":
         device = profile_device_kind(profile) if profile is not None else ""
         if device != CPU:
-            raise PiperError(f"{predicted.path} was predicted with cost profile {profile_name(profile)} "
-                             f"(device_kind {device or 'none'}), "
-                             f"{measured.path} ran on CPU: predict with a profile calibrated on that machine "
-                             "(--set cost.profile=NAME, traces/profiles/cpu-*.yaml)")
+            raise PiperError(
+                f"{predicted.path} was predicted with cost profile {profile_name(profile)} "
+                f"(device_kind {device or 'none'}), "
+                f"{measured.path} ran on CPU: predict with a profile calibrated on that machine "
+                "(--set cost.profile=NAME, traces/profiles/cpu-*.yaml)"
+            )
 
 
 def mfu_peaks(predicted: RunDir, measured: RunDir) -> tuple[str, str]:
@@ -118,25 +130,41 @@ def compare_runs(pred_dir: Path, meas_dir: Path) -> Comparison:
     joined = join_traces(predicted, measured)
     if joined.empty:
         raise PiperError(f"no task of {pred_dir} matches one of {meas_dir}: are they runs of the same config?")
-    by_kind = joined.groupby("kind_pred").agg(
-        count=("duration_pred_s", "size"), predicted_mean_s=("duration_pred_s", "mean"),
-        measured_mean_s=("duration_meas_s", "mean"), predicted_total_s=("duration_pred_s", "sum"),
-        measured_total_s=("duration_meas_s", "sum")).reset_index().rename(columns={"kind_pred": "kind"})
+    by_kind = (
+        joined.groupby("kind_pred")
+        .agg(
+            count=("duration_pred_s", "size"),
+            predicted_mean_s=("duration_pred_s", "mean"),
+            measured_mean_s=("duration_meas_s", "mean"),
+            predicted_total_s=("duration_pred_s", "sum"),
+            measured_total_s=("duration_meas_s", "sum"),
+        )
+        .reset_index()
+        .rename(columns={"kind_pred": "kind"})
+    )
     by_kind["error"] = by_kind["predicted_total_s"] / by_kind["measured_total_s"] - 1.0
-    by_step = pd.DataFrame({
-        "predicted_s": _step_times(predicted), "measured_s": _step_times(measured)}).dropna()
+    by_step = pd.DataFrame({"predicted_s": _step_times(predicted), "measured_s": _step_times(measured)}).dropna()
     by_step["error"] = by_step["predicted_s"] / by_step["measured_s"] - 1.0
     reports = [same_steps(pred.report, int(meas.report.get("warmup_steps") or 0)), meas.report]
     peaks = mfu_peaks(pred, meas)
-    rows = [(k, reports[0].get(k), reports[1].get(k)) for k in HEADLINE if k in reports[0] and k in reports[1]
-            and (k != "mfu" or peaks[0] == peaks[1])]
+    rows = [
+        (k, reports[0].get(k), reports[1].get(k))
+        for k in HEADLINE
+        if k in reports[0] and k in reports[1] and (k != "mfu" or peaks[0] == peaks[1])
+    ]
     headline = pd.DataFrame(rows, columns=["metric", "predicted", "measured"])
     with np.errstate(divide="ignore", invalid="ignore"):
         headline["error"] = headline["predicted"] / headline["measured"] - 1.0
-    return Comparison(by_kind=by_kind, by_step=by_step.reset_index(names="step"), headline=headline,
-                      matched_tasks=len(joined), unmatched_predicted=len(predicted) - len(joined),
-                      unmatched_measured=len(measured) - len(joined), steps=steps_note(meas.report),
-                      mfu_peaks=peaks)
+    return Comparison(
+        by_kind=by_kind,
+        by_step=by_step.reset_index(names="step"),
+        headline=headline,
+        matched_tasks=len(joined),
+        unmatched_predicted=len(predicted) - len(joined),
+        unmatched_measured=len(measured) - len(joined),
+        steps=steps_note(meas.report),
+        mfu_peaks=peaks,
+    )
 
 
 def same_steps(report: dict, warmup_steps: int) -> dict:
@@ -160,12 +188,18 @@ def _step_times(df: pd.DataFrame) -> pd.Series:
 
 
 def format_comparison(c: Comparison) -> str:
-    lines = [f"matched tasks: {c.matched_tasks} (only predicted: {c.unmatched_predicted}, "
-             f"only measured: {c.unmatched_measured})", "", "per task kind (total time over all ranks):"]
+    lines = [
+        f"matched tasks: {c.matched_tasks} (only predicted: {c.unmatched_predicted}, "
+        f"only measured: {c.unmatched_measured})",
+        "",
+        "per task kind (total time over all ranks):",
+    ]
     lines.append(f"  {'kind':24s} {'count':>7s} {'pred mean ms':>13s} {'meas mean ms':>13s} {'error':>8s}")
     for r in c.by_kind.itertuples():
-        lines.append(f"  {r.kind:24s} {r.count:7d} {r.predicted_mean_s * 1e3:13.4f} {r.measured_mean_s * 1e3:13.4f} "
-                     f"{r.error * 100:7.1f}%")
+        lines.append(
+            f"  {r.kind:24s} {r.count:7d} {r.predicted_mean_s * 1e3:13.4f} {r.measured_mean_s * 1e3:13.4f} "
+            f"{r.error * 100:7.1f}%"
+        )
     lines += ["", "per step:", f"  {'step':>4s} {'pred ms':>10s} {'meas ms':>10s} {'error':>8s}"]
     for r in c.by_step.itertuples():
         lines.append(f"  {r.step:4d} {r.predicted_s * 1e3:10.3f} {r.measured_s * 1e3:10.3f} {r.error * 100:7.1f}%")
@@ -173,6 +207,8 @@ def format_comparison(c: Comparison) -> str:
     for r in c.headline.itertuples():
         lines.append(f"  {r.metric:34s} {r.predicted:14.6g} {r.measured:14.6g} {r.error * 100:7.1f}%")
     if c.mfu_peaks[0] != c.mfu_peaks[1]:
-        lines.append(f"  mfu not compared: predicted against {c.mfu_peaks[0]}'s peak, measured against "
-                     f"{c.mfu_peaks[1]}'s (tokens_per_s compares the same work)")
+        lines.append(
+            f"  mfu not compared: predicted against {c.mfu_peaks[0]}'s peak, measured against "
+            f"{c.mfu_peaks[1]}'s (tokens_per_s compares the same work)"
+        )
     return "\n".join(lines)

@@ -12,18 +12,27 @@ def link_table(topo: Topology, link_bytes: np.ndarray, duration_s: float) -> pd.
     """One row per link that carried traffic, busiest first."""
     used = np.nonzero(link_bytes > 0)[0]
     cap = topo.capacity_bytes_per_s[used]
-    table = pd.DataFrame({
-        "link": [f"{topo.links[i][0]}->{topo.links[i][1]}" for i in used],
-        "link_kind": [topo.link_kinds[i] for i in used],
-        "capacity_bytes_per_s": cap,
-        "bytes": link_bytes[used],
-        "utilization": link_bytes[used] / (cap * duration_s) if duration_s > 0 else 0.0,
-    })
+    table = pd.DataFrame(
+        {
+            "link": [f"{topo.links[i][0]}->{topo.links[i][1]}" for i in used],
+            "link_kind": [topo.link_kinds[i] for i in used],
+            "capacity_bytes_per_s": cap,
+            "bytes": link_bytes[used],
+            "utilization": link_bytes[used] / (cap * duration_s) if duration_s > 0 else 0.0,
+        }
+    )
     return table.sort_values("utilization", ascending=False, kind="stable").reset_index(drop=True)
 
 
 def link_kind_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per link kind: links used, bytes, mean and max utilization."""
-    return (table.groupby("link_kind").agg(links=("link", "size"), bytes=("bytes", "sum"),
-                                           mean_utilization=("utilization", "mean"),
-                                           max_utilization=("utilization", "max")).reset_index())
+    return (
+        table.groupby("link_kind")
+        .agg(
+            links=("link", "size"),
+            bytes=("bytes", "sum"),
+            mean_utilization=("utilization", "mean"),
+            max_utilization=("utilization", "max"),
+        )
+        .reset_index()
+    )

@@ -39,8 +39,12 @@ def timeline_figure(df: pd.DataFrame, what: str = "", context_line: str = "", tr
         for kind, group in rows.groupby("kind", observed=True):
             bars = list(zip(group["start_s"] * factor, (group["end_s"] - group["start_s"]) * factor, strict=True))
             thin = kind in P2P_KINDS  # p2p as thin bars
-            ax.broken_barh(bars, (y + (0.3 if thin else -0.4), 0.1 if thin else 0.7),
-                           facecolors=color("kind", kind), label=str(kind))
+            ax.broken_barh(
+                bars,
+                (y + (0.3 if thin else -0.4), 0.1 if thin else 0.7),
+                facecolors=color("kind", kind),
+                label=str(kind),
+            )
     ax.set_yticks(range(len(ranks)), [f"r{r}" if track == "rank" else f"s{r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
@@ -65,15 +69,17 @@ def plot_link_utilization(links: pd.DataFrame, path: Path, top: int = 40, contex
     busiest = links.sort_values("utilization", ascending=False).head(top)
     fig, ax = plt.subplots(figsize=(12, 4 + 0.1 * len(busiest)))
     kinds = sorted(busiest["link_kind"].unique())
-    ax.barh(np.arange(len(busiest)), busiest["utilization"] * 100,
-            color=[color("link", k) for k in busiest["link_kind"]])
+    ax.barh(
+        np.arange(len(busiest)), busiest["utilization"] * 100, color=[color("link", k) for k in busiest["link_kind"]]
+    )
     ax.set_yticks(np.arange(len(busiest)), busiest["link"], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("mean utilization over the run (%: bytes / (capacity x time))")
     ax.set_ylabel("link (direction src->dst)")
     title(ax, f"busiest {len(busiest)} of {len(links)} links", context_line)
-    ax.legend([plt.Rectangle((0, 0), 1, 1, color=color("link", k)) for k in kinds], kinds, fontsize=7,
-              loc="lower right")  # the shortest bars are at the bottom
+    ax.legend(
+        [plt.Rectangle((0, 0), 1, 1, color=color("link", k)) for k in kinds], kinds, fontsize=7, loc="lower right"
+    )  # the shortest bars are at the bottom
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -53,7 +53,8 @@ def a2a_bandwidth(df: pd.DataFrame) -> float:
     if a2a.empty:
         return 0.0
     calls = a2a.groupby(["step", "task_id", "peers"], observed=True).agg(
-        last_arrival=("start_s", "max"), end=("end_s", "max"), sent=("bytes", "mean"))
+        last_arrival=("start_s", "max"), end=("end_s", "max"), sent=("bytes", "mean")
+    )
     duration = (calls["end"] - calls["last_arrival"]).to_numpy()
     ok = duration > 0
     return float(np.mean(calls["sent"].to_numpy()[ok] / duration[ok])) if ok.any() else 0.0
@@ -108,8 +109,9 @@ class Report:
 
     def to_dict(self, nulls: tuple[str, ...] = ()) -> dict:
         """report.json: every figure the run has (None fields left out, but those named in `nulls`)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) is not None or f.name in nulls}
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None or f.name in nulls
+        }
 
 
 def steady_window(df: pd.DataFrame, warmup_steps: int) -> tuple[pd.DataFrame, float]:
@@ -122,9 +124,18 @@ def steady_window(df: pd.DataFrame, warmup_steps: int) -> tuple[pd.DataFrame, fl
     return df[steps >= first], float(df.loc[steps < first, "end_s"].max())
 
 
-def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tokens_per_step: int,
-                peak_memory_by_stage: list[float], links: pd.DataFrame | None = None, warmup_steps: int | None = None,
-                peak_fp8_flops_per_s: float | None = None, **backend_figures) -> Report:
+def make_report(
+    df: pd.DataFrame,
+    *,
+    num_gpus: int,
+    peak_flops_per_s: float,
+    tokens_per_step: int,
+    peak_memory_by_stage: list[float],
+    links: pd.DataFrame | None = None,
+    warmup_steps: int | None = None,
+    peak_fp8_flops_per_s: float | None = None,
+    **backend_figures,
+) -> Report:
     """The report of one run's trace; backend_figures are the Report fields only one backend has. warmup_steps:
     the first steps left out of every figure (fewer than the run's steps). peak_fp8_flops_per_s: a run in fp8,
     whose MFU is also given over the fp8 peak (mfu_fp8_peak)."""
@@ -132,14 +143,15 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
     if warmup_steps is not None and not 0 <= warmup_steps < len(all_steps):
         raise ValueError(f"warmup_steps {warmup_steps} of a run of {len(all_steps)} steps")
     df, begin_s = steady_window(df, warmup_steps or 0)
-    steps = all_steps[warmup_steps or 0:]
+    steps = all_steps[warmup_steps or 0 :]
     num_steps = len(steps)
     step_time = float(np.mean(steps))
     makespan = float(df["end_s"].max()) - begin_s
     hardware_flops = float(df["flops"].sum()) / num_steps
     recompute = df["kind"].isin(sorted(RECOMPUTE_KINDS))
-    model_flops = hardware_flops - float(df.loc[recompute, "flops"].sum()) / num_steps if recompute.any() \
-        else hardware_flops
+    model_flops = (
+        hardware_flops - float(df.loc[recompute, "flops"].sum()) / num_steps if recompute.any() else hardware_flops
+    )
     is_compute = (df["stream"] == Stream.COMPUTE).to_numpy()
     rank, end = df["rank"].to_numpy(), df["end_s"].to_numpy()
     start = np.maximum(df["start_s"].to_numpy(), begin_s)
@@ -151,9 +163,14 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
     if links is not None and not links.empty:
         busiest = {k: (v.item() if hasattr(v, "item") else v) for k, v in links.iloc[0].to_dict().items()}
     return Report(
-        num_gpus=num_gpus, num_steps=len(all_steps), step_time_s=step_time, step_times_s=all_steps,
-        tokens_per_step=tokens_per_step, tokens_per_s=tokens_per_step / step_time,
-        model_flops_per_step=model_flops, tflops_per_gpu=model_flops / step_time / num_gpus / 1e12,
+        num_gpus=num_gpus,
+        num_steps=len(all_steps),
+        step_time_s=step_time,
+        step_times_s=all_steps,
+        tokens_per_step=tokens_per_step,
+        tokens_per_s=tokens_per_step / step_time,
+        model_flops_per_step=model_flops,
+        tflops_per_gpu=model_flops / step_time / num_gpus / 1e12,
         mfu=model_flops / (step_time * num_gpus * peak_flops_per_s),
         mfu_fp8_peak=mfu_over_peak(model_flops, step_time, num_gpus, peak_fp8_flops_per_s),
         hfu=hardware_flops / (step_time * num_gpus * peak_flops_per_s),
@@ -161,12 +178,16 @@ def make_report(df: pd.DataFrame, *, num_gpus: int, peak_flops_per_s: float, tok
         bubble_fraction=float(np.mean(makespan - busy_any) / makespan),
         exposed_comm_fraction=float(np.mean(busy_any - busy_compute) / makespan),
         peak_memory_bytes=[float(x) for x in peak_memory_by_stage],
-        all_to_all_bandwidth_bytes_per_s=a2a_bandwidth(df), busiest_link=busiest, warmup_steps=warmup_steps,
-        **backend_figures)
+        all_to_all_bandwidth_bytes_per_s=a2a_bandwidth(df),
+        busiest_link=busiest,
+        warmup_steps=warmup_steps,
+        **backend_figures,
+    )
 
 
-def mfu_over_peak(model_flops_per_step: float, step_time_s: float, num_gpus: int,
-                  peak_flops_per_s: float | None) -> float | None:
+def mfu_over_peak(
+    model_flops_per_step: float, step_time_s: float, num_gpus: int, peak_flops_per_s: float | None
+) -> float | None:
     """Model FLOPs per step over what the GPUs' peak does in a step; None without a peak (a bf16 run's fp8 MFU)."""
     if peak_flops_per_s is None:
         return None
@@ -179,8 +200,11 @@ def steps_note(report: dict) -> str:
         return ""
     warm, steps = report["warmup_steps"], report["num_steps"]
     if warm == 0:
-        return f"all {steps} steps, warm-up included (run 2 or more steps to leave step 1 out)" if steps > 1 else \
-            "step 1, warm-up included (run 2 or more steps to leave it out)"
+        return (
+            f"all {steps} steps, warm-up included (run 2 or more steps to leave step 1 out)"
+            if steps > 1
+            else "step 1, warm-up included (run 2 or more steps to leave it out)"
+        )
     kept = f"step {steps}" if warm + 1 == steps else f"steps {warm + 1}-{steps}"
     return f"{kept}; " + ("step 1 is warm-up" if warm == 1 else f"steps 1-{warm} are warm-up")
 
@@ -188,6 +212,15 @@ def steps_note(report: dict) -> str:
 def kind_summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per task kind: count and mean/total duration (s), total bytes and FLOPs."""
     dur = df["end_s"] - df["start_s"]
-    return (df.assign(duration_s=dur).groupby("kind", observed=True)
-            .agg(count=("duration_s", "size"), mean_s=("duration_s", "mean"), total_s=("duration_s", "sum"),
-                 bytes=("bytes", "sum"), flops=("flops", "sum")).reset_index())
+    return (
+        df.assign(duration_s=dur)
+        .groupby("kind", observed=True)
+        .agg(
+            count=("duration_s", "size"),
+            mean_s=("duration_s", "mean"),
+            total_s=("duration_s", "sum"),
+            bytes=("bytes", "sum"),
+            flops=("flops", "sum"),
+        )
+        .reset_index()
+    )

@@ -21,34 +21,71 @@ from piper_sim.workload.task_kinds import TaskKind
 
 # all-to-all and all-reduce algorithms (collectives/: the registries ALL_TO_ALL, ALL_REDUCE)
 ALGORITHM_COLORS = {
-    "flat": "#1f77b4", "halo": "#2ca02c", "rccl": "#ff7f0e", "nccl": "#d62728", "2dh": "#9467bd",
-    "pairwise": "#8c564b", "bruck": "#e377c2", "ring": "#7f7f7f", "tree": "#bcbd22", "hierarchical": "#17becf",
+    "flat": "#1f77b4",
+    "halo": "#2ca02c",
+    "rccl": "#ff7f0e",
+    "nccl": "#d62728",
+    "2dh": "#9467bd",
+    "pairwise": "#8c564b",
+    "bruck": "#e377c2",
+    "ring": "#7f7f7f",
+    "tree": "#bcbd22",
+    "hierarchical": "#17becf",
     "deepep": "#aec7e8",
 }
 # migration policies (migration/policies.py: POLICIES)
 POLICY_COLORS = {"none": "#555555", "greedy": "#e66100", "lpt": "#5d3a9b"}
 # every TaskKind of the schedule IR: compute in blues (forward) and reds (backward), communication apart
 KIND_COLORS = {
-    TaskKind.FORWARD: "#4c72b0", TaskKind.FORWARD_EXPERT: "#64b5cd",
-    TaskKind.RECOMPUTE: "#1f3a68", TaskKind.RECOMPUTE_EXPERT: "#2e7c8f",
-    TaskKind.BACKWARD: "#c44e52", TaskKind.BACKWARD_EXPERT: "#dd8452",
-    TaskKind.BACKWARD_INPUT: "#e8747a", TaskKind.BACKWARD_EXPERT_INPUT: "#f2b077",
-    TaskKind.BACKWARD_WEIGHT: "#8172b3", TaskKind.OPTIMIZER: "#937860",
-    TaskKind.ALL_TO_ALL: "#55a868", TaskKind.ALL_REDUCE: "#ccb974",
-    TaskKind.REDUCE_SCATTER: "#b8860b", TaskKind.ALL_GATHER: "#da8bc3",
-    TaskKind.SEND: "#8c8c8c", TaskKind.RECV: "#b0b0b0",
+    TaskKind.FORWARD: "#4c72b0",
+    TaskKind.FORWARD_EXPERT: "#64b5cd",
+    TaskKind.RECOMPUTE: "#1f3a68",
+    TaskKind.RECOMPUTE_EXPERT: "#2e7c8f",
+    TaskKind.BACKWARD: "#c44e52",
+    TaskKind.BACKWARD_EXPERT: "#dd8452",
+    TaskKind.BACKWARD_INPUT: "#e8747a",
+    TaskKind.BACKWARD_EXPERT_INPUT: "#f2b077",
+    TaskKind.BACKWARD_WEIGHT: "#8172b3",
+    TaskKind.OPTIMIZER: "#937860",
+    TaskKind.ALL_TO_ALL: "#55a868",
+    TaskKind.ALL_REDUCE: "#ccb974",
+    TaskKind.REDUCE_SCATTER: "#b8860b",
+    TaskKind.ALL_GATHER: "#da8bc3",
+    TaskKind.SEND: "#8c8c8c",
+    TaskKind.RECV: "#b0b0b0",
 }
 # link kinds of the topology builders (topology/build_*.py)
 LINK_KIND_COLORS = {
-    "xgmi": "#1b9e77", "nvlink": "#66a61e", "intra": "#a6761d", "cpu": "#7570b3", "gpu_nic": "#e7298a",
-    "nic": "#d95f02", "local": "#e6ab02", "global": "#666666", "up": "#1f78b4", "down": "#a6cee3",
+    "xgmi": "#1b9e77",
+    "nvlink": "#66a61e",
+    "intra": "#a6761d",
+    "cpu": "#7570b3",
+    "gpu_nic": "#e7298a",
+    "nic": "#d95f02",
+    "local": "#e6ab02",
+    "global": "#666666",
+    "up": "#1f78b4",
+    "down": "#a6cee3",
 }
 LINE_STYLES = ("-", "--", ":", "-.")  # a second dimension (message size, routing) where colour is the first
 FAMILIES = {"algorithm": ALGORITHM_COLORS, "policy": POLICY_COLORS, "kind": KIND_COLORS, "link": LINK_KIND_COLORS}
-FALLBACK = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#31a354", "#756bb1", "#636363",
-            "#e6550d")
-TIER_WORDS = {"des": "simulated (discrete-event)", "estimate": "estimated (the planner's analytic model)",
-              "measured": "measured"}
+FALLBACK = (
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#3182bd",
+    "#31a354",
+    "#756bb1",
+    "#636363",
+    "#e6550d",
+)
+TIER_WORDS = {
+    "des": "simulated (discrete-event)",
+    "estimate": "estimated (the planner's analytic model)",
+    "measured": "measured",
+}
 TIER_MARKERS = {"des": "o", "estimate": "^", "measured": "s"}
 
 
@@ -59,8 +96,7 @@ def color(family: str, name: object) -> str:
     return own if own is not None else FALLBACK[zlib.crc32(key.encode()) % len(FALLBACK)]
 
 
-def context(model: str | None = None, machine: str | None = None, tier: str | None = None,
-            *extra: str) -> str:
+def context(model: str | None = None, machine: str | None = None, tier: str | None = None, *extra: str) -> str:
     """The context line of a title: model, machine, tier (its words), then anything else, joined by " | "."""
     parts = [model, machine, TIER_WORDS.get(tier, tier) if tier else None, *extra]
     return " | ".join(str(p) for p in parts if p)

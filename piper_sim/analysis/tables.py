@@ -17,8 +17,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 # unit -> (symbol in the header, factor applied to the stored value, decimals)
-FIXED = {"%": ("%", 100.0, 1), "GiB": ("GiB", 2.0**-30, 2), "GB/s": ("GB/s", 1e-9, 1), "TFLOPS": ("TFLOPS", 1.0, 1),
-         "x": ("x", 1.0, 2), "count": ("", 1.0, 0), "num": ("", 1.0, 2)}
+FIXED = {
+    "%": ("%", 100.0, 1),
+    "GiB": ("GiB", 2.0**-30, 2),
+    "GB/s": ("GB/s", 1e-9, 1),
+    "TFLOPS": ("TFLOPS", 1.0, 1),
+    "x": ("x", 1.0, 2),
+    "count": ("", 1.0, 0),
+    "num": ("", 1.0, 2),
+}
 TIME_UNITS = (("us", 1e-6), ("ms", 1e-3), ("s", 1.0))
 BYTE_UNITS = (("B", 1.0), ("KiB", 2.0**10), ("MiB", 2.0**20), ("GiB", 2.0**30), ("TiB", 2.0**40))
 MAX_DIGITS = 6

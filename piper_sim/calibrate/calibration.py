@@ -49,9 +49,18 @@ def foreign_cpu_share(busy0: float | None, own0: float, wall_s: float) -> float 
     return max(0.0, foreign) / (wall_s * (os.cpu_count() or 1))
 
 
-def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
-              presets: tuple[str, ...] = DEFAULT_PRESETS, command: str = "", timeout_s: float | None = None,
-              records_out: Path | None = None, threads: int | None = None) -> dict:
+def calibrate(
+    out: Path,
+    *,
+    ranks: int,
+    quick: bool,
+    testbed: str | None = None,
+    presets: tuple[str, ...] = DEFAULT_PRESETS,
+    command: str = "",
+    timeout_s: float | None = None,
+    records_out: Path | None = None,
+    threads: int | None = None,
+) -> dict:
     """Run the benchmarks and write the profile to `out`; returns the profile mapping.
 
     records_out: also save the raw per-rank records (JSON) there, for refitting (refit_profile)."""
@@ -65,21 +74,38 @@ def calibrate(out: Path, *, ranks: int, quick: bool, testbed: str | None = None,
     time.sleep(0.5)
     busy_now = foreign_cpu_share(busy0, own0, time.perf_counter() - started)
     if busy_now is not None and busy_now > 0.2:
-        print(f"calibrate: warning: the machine is busy ({100 * busy_now:.0f}% of the cores in use by other "
-              "processes); their work will be measured as contention", file=sys.stderr)
+        print(
+            f"calibrate: warning: the machine is busy ({100 * busy_now:.0f}% of the cores in use by other "
+            "processes); their work will be measured as contention",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory(prefix="piper-calibrate-") as tmp:
-        job = CalibrationJob(records_dir=tmp, quick=quick, presets=presets, cpu_sweep=make_sweep(quick, presets),
-                             cuda_sweep=make_sweep(quick, presets, cuda=True))
+        job = CalibrationJob(
+            records_dir=tmp,
+            quick=quick,
+            presets=presets,
+            cpu_sweep=make_sweep(quick, presets),
+            cuda_sweep=make_sweep(quick, presets, cuda=True),
+        )
         per_rank = bench.run_local_job(job, ranks, timeout, threads)
         testbed_ranks = bench.run_testbed_job(job, testbed, timeout) if testbed else None
     wall = time.perf_counter() - started
     foreign = foreign_cpu_share(busy0, own0, wall)
     if foreign is not None and foreign > 0.05:
-        print(f"calibrate: warning: other processes used {100 * foreign:.0f}% of the cores during the measurement",
-              file=sys.stderr)
-    raw = {"per_rank": per_rank, "testbed_per_rank": testbed_ranks, "quick": quick, "command": command,
-           "versions": bench.library_versions(), "wall_s": wall, "load_average_before": load_before,
-           "foreign_cpu_share": foreign}
+        print(
+            f"calibrate: warning: other processes used {100 * foreign:.0f}% of the cores during the measurement",
+            file=sys.stderr,
+        )
+    raw = {
+        "per_rank": per_rank,
+        "testbed_per_rank": testbed_ranks,
+        "quick": quick,
+        "command": command,
+        "versions": bench.library_versions(),
+        "wall_s": wall,
+        "load_average_before": load_before,
+        "foreign_cpu_share": foreign,
+    }
     if records_out is not None:
         records_out.parent.mkdir(parents=True, exist_ok=True)
         records_out.write_text(json.dumps(raw))
@@ -104,8 +130,10 @@ def refit_profile(records_paths: Path | list[Path], out: Path) -> dict:
         raw = raws[0] if len(raws) == 1 else merge_calibrations(raws, [str(p) for p in paths])
         profile = build_profile(name=out.stem, **raw)
     except (KeyError, TypeError, AttributeError) as err:
-        raise PiperError(f"--refit {' '.join(map(str, paths))}: not the records calibrate --records writes "
-                         f"({type(err).__name__}: {err})") from None
+        raise PiperError(
+            f"--refit {' '.join(map(str, paths))}: not the records calibrate --records writes "
+            f"({type(err).__name__}: {err})"
+        ) from None
     write_profile(out, profile)
     return profile
 
@@ -123,29 +151,45 @@ def merge_calibrations(raws: list[dict], names: list[str]) -> dict:
         if any(p is None for p in per_calibration):
             return None
         if len({len(p) for p in per_calibration}) != 1:
-            raise PiperError(f"--refit: {', '.join(names)} ran different numbers of ranks; merge calibrations of "
-                             "the same --ranks and sweep")
-        return [dict(ranks[0], records=_merge_records([r["records"] for r in ranks], names),
-                     compute_cpu_share=statistics.median(r.get("compute_cpu_share", 0.0) for r in ranks))
-                for ranks in zip(*per_calibration, strict=True)]
+            raise PiperError(
+                f"--refit: {', '.join(names)} ran different numbers of ranks; merge calibrations of "
+                "the same --ranks and sweep"
+            )
+        return [
+            dict(
+                ranks[0],
+                records=_merge_records([r["records"] for r in ranks], names),
+                compute_cpu_share=statistics.median(r.get("compute_cpu_share", 0.0) for r in ranks),
+            )
+            for ranks in zip(*per_calibration, strict=True)
+        ]
 
-    return dict(first, per_rank=merge_ranks("per_rank"), testbed_per_rank=merge_ranks("testbed_per_rank"),
-                command=f"median of {len(raws)} calibrations: " + " | ".join(str(r.get("command", "")) for r in raws),
-                wall_s=sum(float(r.get("wall_s") or 0.0) for r in raws),
-                foreign_cpu_share=max((r["foreign_cpu_share"] for r in raws if r.get("foreign_cpu_share") is not None),
-                                      default=None))
+    return dict(
+        first,
+        per_rank=merge_ranks("per_rank"),
+        testbed_per_rank=merge_ranks("testbed_per_rank"),
+        command=f"median of {len(raws)} calibrations: " + " | ".join(str(r.get("command", "")) for r in raws),
+        wall_s=sum(float(r.get("wall_s") or 0.0) for r in raws),
+        foreign_cpu_share=max(
+            (r["foreign_cpu_share"] for r in raws if r.get("foreign_cpu_share") is not None), default=None
+        ),
+    )
 
 
 def _merge_records(lists: list[list[dict]], names: list[str]) -> list[dict]:
     if len({len(records) for records in lists}) != 1:
-        raise PiperError(f"--refit: {', '.join(names)} hold different numbers of benchmark records; merge "
-                         "calibrations of the same sweep (presets, --quick)")
+        raise PiperError(
+            f"--refit: {', '.join(names)} hold different numbers of benchmark records; merge "
+            "calibrations of the same sweep (presets, --quick)"
+        )
     out = []
     for i, recs in enumerate(zip(*lists, strict=True)):
         labels = [({k: v for k, v in r.items() if isinstance(v, str)}, set(r)) for r in recs]
         if any(label != labels[0] for label in labels):
-            raise PiperError(f"--refit: record {i} differs between {', '.join(names)} ({labels[0][0]} vs another); "
-                             "merge calibrations of the same sweep")
+            raise PiperError(
+                f"--refit: record {i} differs between {', '.join(names)} ({labels[0][0]} vs another); "
+                "merge calibrations of the same sweep"
+            )
         merged = dict(recs[0])
         for key, value in recs[0].items():
             if isinstance(value, float):

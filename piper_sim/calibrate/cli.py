@@ -22,21 +22,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="profile to write, e.g. traces/profiles/cpu-dev.yaml")
     p.add_argument("--ranks", type=int, default=1, help="ranks running every benchmark at once (default 1)")
     p.add_argument("--threads", type=int, help="intra-op threads per rank (default: cores // ranks, as `run` uses)")
-    p.add_argument("--quick", action="store_true",
-                   help="reduced sweep (about 5 minutes on 2 cores), for tests and a first profile")
+    p.add_argument(
+        "--quick", action="store_true", help="reduced sweep (about 5 minutes on 2 cores), for tests and a first profile"
+    )
     p.add_argument("--testbed", metavar="PREFIX", help="also measure communication inside this running testbed")
     p.add_argument("--presets", default="tiny-moe,small-moe", help="model presets whose shapes are swept")
     p.add_argument("--timeout", type=float, help="seconds before the ranks are stopped")
     p.add_argument("--records", type=Path, help="also save the raw per-rank records (JSON) here")
-    p.add_argument("--refit", type=Path, nargs="+", metavar="RECORDS",
-                   help="instead of measuring: rebuild the --out profile from raw records saved with --records; "
-                        "several files (same sweep): the median of each measured number")
-    p.add_argument("--benches", metavar="KINDS",
-                   help="instead of a full calibration: measure only these communication benchmarks (comma-separated: "
-                        "p2p, all_to_all, all_reduce, all_gather, reduce_scatter) and write them into the existing "
-                        "--out profile, calibrated with the same --ranks; the rest of it is kept")
-    p.add_argument("--check", metavar="PROFILE",
-                   help="instead of calibrating: time real StageModule ops and compare with PROFILE's predictions")
+    p.add_argument(
+        "--refit",
+        type=Path,
+        nargs="+",
+        metavar="RECORDS",
+        help="instead of measuring: rebuild the --out profile from raw records saved with --records; "
+        "several files (same sweep): the median of each measured number",
+    )
+    p.add_argument(
+        "--benches",
+        metavar="KINDS",
+        help="instead of a full calibration: measure only these communication benchmarks (comma-separated: "
+        "p2p, all_to_all, all_reduce, all_gather, reduce_scatter) and write them into the existing "
+        "--out profile, calibrated with the same --ranks; the rest of it is kept",
+    )
+    p.add_argument(
+        "--check",
+        metavar="PROFILE",
+        help="instead of calibrating: time real StageModule ops and compare with PROFILE's predictions",
+    )
     p.set_defaults(func=cmd_calibrate)
 
 
@@ -81,25 +93,44 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from piper_sim.calibrate.update import check_benches, update_network  # numpy, yaml: not for --help
 
         benches = check_benches(args.benches)
-        command = _invocation(f"piper-sim calibrate --out {args.out} --ranks {args.ranks} "
-                              f"--benches {','.join(benches)}")
+        command = _invocation(
+            f"piper-sim calibrate --out {args.out} --ranks {args.ranks} --benches {','.join(benches)}"
+        )
         print(f"measuring {', '.join(benches)} with {args.ranks} rank(s) into {args.out} ...", file=sys.stderr)
-        update_network(args.out, ranks=args.ranks, benches=benches, quick=args.quick, command=command,
-                       timeout_s=args.timeout, records_out=args.records, threads=args.threads)
+        update_network(
+            args.out,
+            ranks=args.ranks,
+            benches=benches,
+            quick=args.quick,
+            command=command,
+            timeout_s=args.timeout,
+            records_out=args.records,
+            threads=args.threads,
+        )
         print(f"wrote {args.out}")
         return 0
 
-    command = _invocation(f"piper-sim calibrate --out {args.out} --ranks {args.ranks}"
-                          + (" --quick" if args.quick else ""))
+    command = _invocation(
+        f"piper-sim calibrate --out {args.out} --ranks {args.ranks}" + (" --quick" if args.quick else "")
+    )
     print(f"calibrating with {args.ranks} rank(s), {'quick' if args.quick else 'full'} sweep ...", file=sys.stderr)
-    profile = calibrate(args.out, ranks=args.ranks, quick=args.quick, testbed=args.testbed, presets=presets,
-                        command=command, timeout_s=args.timeout, threads=args.threads,
-                        records_out=args.records)
-    print(f"peak {profile['peak_bf16_TFLOPS'] * 1e3:.1f} GFLOP/s, launch {profile['kernel_launch_us']} us, "
-          f"memory {profile['hbm_bandwidth_GBps']} GB/s, Adam {profile['optimizer_bytes_per_param']} B/param")
+    profile = calibrate(
+        args.out,
+        ranks=args.ranks,
+        quick=args.quick,
+        testbed=args.testbed,
+        presets=presets,
+        command=command,
+        timeout_s=args.timeout,
+        threads=args.threads,
+        records_out=args.records,
+    )
+    print(
+        f"peak {profile['peak_bf16_TFLOPS'] * 1e3:.1f} GFLOP/s, launch {profile['kernel_launch_us']} us, "
+        f"memory {profile['hbm_bandwidth_GBps']} GB/s, Adam {profile['optimizer_bytes_per_param']} B/param"
+    )
     print(f"wrote {args.out}")
     return 0
-
 
 
 def _invocation(fallback: str) -> str:

@@ -60,8 +60,7 @@ def fit_overhead_bandwidth(sizes: Sequence[float], times_s: Sequence[float]) -> 
     s = np.asarray(sizes, dtype=float)
     coef, rms = fit_nonnegative(np.column_stack([np.ones_like(s), s]), times_s)
     bandwidth = 1.0 / coef[1] if coef[1] > 0 else float("inf")
-    return LinearFit(overhead_s=float(coef[0]), bandwidth_per_s=bandwidth, rms_relative_error=rms,
-                     num_points=len(s))
+    return LinearFit(overhead_s=float(coef[0]), bandwidth_per_s=bandwidth, rms_relative_error=rms, num_points=len(s))
 
 
 def net_time_s(time_s: float, overhead_s: float, floor_fraction: float = 0.1) -> float:
@@ -78,8 +77,9 @@ def peak_rate(work: Sequence[float], times_s: Sequence[float], overhead_s: float
     return max(rates)
 
 
-def efficiency_curve(xs: Sequence[float], work: Sequence[float], times_s: Sequence[float], peak: float,
-                     overhead_s: float = 0.0) -> tuple[list[float], list[float]]:
+def efficiency_curve(
+    xs: Sequence[float], work: Sequence[float], times_s: Sequence[float], peak: float, overhead_s: float = 0.0
+) -> tuple[list[float], list[float]]:
     """Efficiency over x (e.g. GEMM rows): for each distinct x, the median over its points of
     work / (peak x net time). Returns (increasing x, efficiencies clipped to (0, 1])."""
     by_x: dict[float, list[float]] = {}
@@ -90,8 +90,9 @@ def efficiency_curve(xs: Sequence[float], work: Sequence[float], times_s: Sequen
     return out_x, out_e
 
 
-def fit_optimizer(num_params: Sequence[float], num_tensors: Sequence[float],
-                  times_s: Sequence[float]) -> tuple[float, float, float, float]:
+def fit_optimizer(
+    num_params: Sequence[float], num_tensors: Sequence[float], times_s: Sequence[float]
+) -> tuple[float, float, float, float]:
     """Fit an optimizer step: time = fixed + per_tensor x tensors + per_param x params.
 
     Returns (fixed_s, per_tensor_s, per_param_s, rms relative error).

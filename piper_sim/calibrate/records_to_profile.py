@@ -70,8 +70,12 @@ def _us(seconds: float) -> float:
 
 
 def _linear_fit_yaml(f: fit.LinearFit, *, scale: float = 1e9, unit: str = "GBps") -> dict:
-    return {"overhead_us": _us(f.overhead_s), f"bandwidth_{unit}": _r(f.bandwidth_per_s / scale),
-            "rms_relative_error": _r(f.rms_relative_error, 3), "num_points": f.num_points}
+    return {
+        "overhead_us": _us(f.overhead_s),
+        f"bandwidth_{unit}": _r(f.bandwidth_per_s / scale),
+        "rms_relative_error": _r(f.rms_relative_error, 3),
+        "num_points": f.num_points,
+    }
 
 
 def fit_launch(records: list[dict]) -> tuple[float, dict]:
@@ -83,10 +87,12 @@ def fit_launch(records: list[dict]) -> tuple[float, dict]:
     return launch, table
 
 
-FRAMEWORK_NOTE = ("executor forward_op / backward_op, caches flushed before each call; ops: time_us at the fewest "
-                  "tokens, time_us_by_tokens at each of tokens (seq_len x micro-batch size); experts:0 by_experts: "
-                  "the same with each number of experts; backward ops: input_pass / weight_pass: the zero-bubble "
-                  "split of the backward")
+FRAMEWORK_NOTE = (
+    "executor forward_op / backward_op, caches flushed before each call; ops: time_us at the fewest "
+    "tokens, time_us_by_tokens at each of tokens (seq_len x micro-batch size); experts:0 by_experts: "
+    "the same with each number of experts; backward ops: input_pass / weight_pass: the zero-bubble "
+    "split of the backward"
+)
 
 
 def fit_framework(records: list[dict]) -> dict | None:
@@ -95,9 +101,12 @@ def fit_framework(records: list[dict]) -> dict | None:
     out = _framework_tables(records, MICRO_MODEL)
     if out is None:
         return None
-    return {"model": "time = per_op_us + per_aten_op_us x (ATen kernels + views), micro MoE (d 8, E 4), "
-                     + FRAMEWORK_NOTE,
-            "micro_model": dict(MICRO_MODEL), "shapes": [list(s) for s in MICRO_SHAPES], **out}
+    return {
+        "model": "time = per_op_us + per_aten_op_us x (ATen kernels + views), micro MoE (d 8, E 4), " + FRAMEWORK_NOTE,
+        "micro_model": dict(MICRO_MODEL),
+        "shapes": [list(s) for s in MICRO_SHAPES],
+        **out,
+    }
 
 
 def fit_framework_by_model(records: list[dict]) -> dict:
@@ -108,8 +117,12 @@ def fit_framework_by_model(records: list[dict]) -> dict:
     for name, layer in layers.items():
         tables = _framework_tables(records, layer)
         shapes = sorted({(r["seq_len"], r["micro_batch_size"]) for r in _select(records, "framework", model=name)})
-        out[name] = {"model": f"one layer of {name} at its own dimensions, " + FRAMEWORK_NOTE, "layer": layer,
-                     "shapes": [list(s) for s in shapes], **(tables or {})}
+        out[name] = {
+            "model": f"one layer of {name} at its own dimensions, " + FRAMEWORK_NOTE,
+            "layer": layer,
+            "shapes": [list(s) for s in shapes],
+            **(tables or {}),
+        }
     return out
 
 
@@ -130,13 +143,23 @@ def _framework_tables(records: list[dict], model: dict) -> dict | None:
         coef, rms = fit.fit_nonnegative(np.column_stack([np.ones_like(counts), counts]), [r["time_s"] for r in base])
         ops: dict = {}
         for r in sorted(sel, key=lambda r: r.get("tokens", 0)):
-            entry = ops.setdefault(r["op"], {"kernels": r["kernels"], "views": r["views"], "time_us": _us(r["time_s"]),
-                                             "tokens": [], "time_us_by_tokens": []})
+            entry = ops.setdefault(
+                r["op"],
+                {
+                    "kernels": r["kernels"],
+                    "views": r["views"],
+                    "time_us": _us(r["time_s"]),
+                    "tokens": [],
+                    "time_us_by_tokens": [],
+                },
+            )
             entry["tokens"].append(int(r.get("tokens", 0)))
             entry["time_us_by_tokens"].append(_us(r["time_s"]))
         by_experts: dict[int, list[float]] = {}
-        for r in sorted((r for r in every if r["pass"] == direction and r["op"].startswith("experts:")),
-                        key=lambda r: r.get("tokens", 0)):
+        for r in sorted(
+            (r for r in every if r["pass"] == direction and r["op"].startswith("experts:")),
+            key=lambda r: r.get("tokens", 0),
+        ):
             by_experts.setdefault(int(r.get("num_experts", base_experts)), []).append(_us(r["time_s"]))
         if len(by_experts) > 1 and "experts:0" in ops:
             counts = sorted(by_experts)
@@ -147,49 +170,80 @@ def _framework_tables(records: list[dict], model: dict) -> dict | None:
                     # only at the token counts the backward kept (a backward timed at 0 or less is dropped)
                     if r["op"] in ops and int(r.get("tokens", 0)) in ops[r["op"]]["tokens"]:
                         ops[r["op"]].setdefault(key, []).append(_us(r["time_s"]))
-        out[name] = {"per_op_us": _us(coef[0]), "per_aten_op_us": _us(coef[1]), "rms_relative_error": _r(rms, 3),
-                     "ops": ops}
+        out[name] = {
+            "per_op_us": _us(coef[0]),
+            "per_aten_op_us": _us(coef[1]),
+            "rms_relative_error": _r(rms, 3),
+            "ops": ops,
+        }
     return out
 
 
 def fit_gemms(records: list[dict], launch_s: float) -> tuple[float, list[float], list[float], dict]:
     gemms = _select(records, "gemm")
     peak = fit.peak_rate([r["flops"] for r in gemms], [r["time_s"] for r in gemms], launch_s)
-    rows, eff = fit.efficiency_curve([r["rows"] for r in gemms], [r["flops"] for r in gemms],
-                                     [r["time_s"] for r in gemms], peak, launch_s)
+    rows, eff = fit.efficiency_curve(
+        [r["rows"] for r in gemms], [r["flops"] for r in gemms], [r["time_s"] for r in gemms], peak, launch_s
+    )
     best = max(gemms, key=lambda r: r["flops"] / fit.net_time_s(r["time_s"], launch_s))
     by_shape = []
     for k, n in dict.fromkeys((r["k"], r["n"]) for r in gemms):
         pts = sorted(_select(gemms, "gemm", k=k, n=n), key=lambda r: r["rows"])
-        by_shape.append({"label": pts[0]["label"], "k": k, "n": n, "rows": [r["rows"] for r in pts],
-                         "time_us": [_us(r["time_s"]) for r in pts],
-                         "efficiency": [_r(r["flops"] / (peak * fit.net_time_s(r["time_s"], launch_s)), 3)
-                                        for r in pts]})
+        by_shape.append(
+            {
+                "label": pts[0]["label"],
+                "k": k,
+                "n": n,
+                "rows": [r["rows"] for r in pts],
+                "time_us": [_us(r["time_s"]) for r in pts],
+                "efficiency": [_r(r["flops"] / (peak * fit.net_time_s(r["time_s"], launch_s)), 3) for r in pts],
+            }
+        )
     ffns = []
     for label in dict.fromkeys(r["label"] for r in _select(records, "ffn")):
         pts = sorted(_select(records, "ffn", label=label), key=lambda r: r["rows"])
-        ffns.append({"label": label, "d_model": pts[0]["d_model"], "ffn_dim": pts[0]["ffn_dim"],
-                     "matrices": pts[0]["matrices"], "rows": [r["rows"] for r in pts],
-                     "time_us": [_us(r["time_s"]) for r in pts], "gemm_sum_us": [_us(r["gemm_sum_s"]) for r in pts],
-                     "whole_over_gemm_sum": [_r(r["time_s"] / r["gemm_sum_s"], 3) for r in pts]})
-    detail = {"peak_at": {"rows": best["rows"], "k": best["k"], "n": best["n"]},
-              "curve": "per rows, median over the (k, n) pairs of flops / (peak x (time - kernel_launch))",
-              "by_shape": by_shape, "expert_ffn": ffns}
+        ffns.append(
+            {
+                "label": label,
+                "d_model": pts[0]["d_model"],
+                "ffn_dim": pts[0]["ffn_dim"],
+                "matrices": pts[0]["matrices"],
+                "rows": [r["rows"] for r in pts],
+                "time_us": [_us(r["time_s"]) for r in pts],
+                "gemm_sum_us": [_us(r["gemm_sum_s"]) for r in pts],
+                "whole_over_gemm_sum": [_r(r["time_s"] / r["gemm_sum_s"], 3) for r in pts],
+            }
+        )
+    detail = {
+        "peak_at": {"rows": best["rows"], "k": best["k"], "n": best["n"]},
+        "curve": "per rows, median over the (k, n) pairs of flops / (peak x (time - kernel_launch))",
+        "by_shape": by_shape,
+        "expert_ffn": ffns,
+    }
     return peak, rows, eff, detail
 
 
 def fit_attention(records: list[dict], peak: float, launch_s: float) -> tuple[list[float], list[float], list[dict]]:
     attn = _select(records, "attention")
-    seq, eff = fit.efficiency_curve([r["seq_len"] for r in attn], [r["flops"] for r in attn],
-                                    [r["time_s"] for r in attn], peak, launch_s)
+    seq, eff = fit.efficiency_curve(
+        [r["seq_len"] for r in attn], [r["flops"] for r in attn], [r["time_s"] for r in attn], peak, launch_s
+    )
     detail = []
     for label in dict.fromkeys(r["label"] for r in attn):
         pts = sorted(_select(attn, "attention", label=label), key=lambda r: r["seq_len"])
-        detail.append({"label": label, "batch": pts[0]["batch"], "heads": pts[0]["heads"],
-                       "head_dim": pts[0]["head_dim"], "seq_len": [r["seq_len"] for r in pts],
-                       "time_us": [_us(r["time_s"]) for r in pts],
-                       "efficiency": [_r(min(1.0, r["flops"] / (peak * fit.net_time_s(r["time_s"], launch_s))), 3)
-                                      for r in pts]})
+        detail.append(
+            {
+                "label": label,
+                "batch": pts[0]["batch"],
+                "heads": pts[0]["heads"],
+                "head_dim": pts[0]["head_dim"],
+                "seq_len": [r["seq_len"] for r in pts],
+                "time_us": [_us(r["time_s"]) for r in pts],
+                "efficiency": [
+                    _r(min(1.0, r["flops"] / (peak * fit.net_time_s(r["time_s"], launch_s))), 3) for r in pts
+                ],
+            }
+        )
     return seq, eff, detail
 
 
@@ -198,9 +252,10 @@ def fit_memory(records: list[dict], cuda: bool) -> tuple[float, dict]:
     simple = [r for r in elem if r["op"] in ("add", "mul")]
     in_model = [r for r in simple if cuda or r["tensor_bytes"] <= MODEL_RANGE_MAX_BYTES]
     model_fit = fit.fit_overhead_bandwidth([r["bytes"] for r in in_model], [r["time_s"] for r in in_model])
-    detail: dict = {"chosen": "model_range" if not cuda else "all sizes",
-                    "model_range": {"max_tensor_bytes": MODEL_RANGE_MAX_BYTES if not cuda else None,
-                                    **_linear_fit_yaml(model_fit)}}
+    detail: dict = {
+        "chosen": "model_range" if not cuda else "all sizes",
+        "model_range": {"max_tensor_bytes": MODEL_RANGE_MAX_BYTES if not cuda else None, **_linear_fit_yaml(model_fit)},
+    }
     dram = [r for r in simple if r["tensor_bytes"] >= DRAM_MIN_BYTES]
     if len(dram) >= 2:
         dram_fit = fit.fit_overhead_bandwidth([r["bytes"] for r in dram], [r["time_s"] for r in dram])
@@ -209,24 +264,31 @@ def fit_memory(records: list[dict], cuda: bool) -> tuple[float, dict]:
     for op in dict.fromkeys(r["op"] for r in elem):
         pts = sorted(_select(elem, "elementwise", op=op), key=lambda r: r["tensor_bytes"])
         op_fit = fit.fit_overhead_bandwidth([r["bytes"] for r in pts], [r["time_s"] for r in pts])
-        by_op[op] = {"tensor_bytes": [r["tensor_bytes"] for r in pts], "time_us": [_us(r["time_s"]) for r in pts],
-                     "achieved_GBps": [_r(r["bytes"] / r["time_s"] / 1e9) for r in pts],
-                     "fit_all_sizes": _linear_fit_yaml(op_fit)}
+        by_op[op] = {
+            "tensor_bytes": [r["tensor_bytes"] for r in pts],
+            "time_us": [_us(r["time_s"]) for r in pts],
+            "achieved_GBps": [_r(r["bytes"] / r["time_s"] / 1e9) for r in pts],
+            "fit_all_sizes": _linear_fit_yaml(op_fit),
+        }
     detail["by_op"] = by_op
     return model_fit.bandwidth_per_s, detail
 
 
 def fit_optimizer_records(records: list[dict], bandwidth: float) -> tuple[float, dict]:
     pts = _select(records, "optimizer")
-    fixed, per_tensor, per_param, rms = fit.fit_optimizer([r["params"] for r in pts], [r["tensors"] for r in pts],
-                                                          [r["time_s"] for r in pts])
+    fixed, per_tensor, per_param, rms = fit.fit_optimizer(
+        [r["params"] for r in pts], [r["tensors"] for r in pts], [r["time_s"] for r in pts]
+    )
     bytes_per_param = fit.optimizer_bytes_per_param(per_param, bandwidth)
     return bytes_per_param, {
         "model": "time = fixed + per_tensor x tensors + per_param x params (Adam, torch defaults; on CPU "
-                 "each step timed after a cache flush)",
-        "fixed_us": _us(fixed), "per_tensor_us": _us(per_tensor), "per_param_ns": _r(per_param * 1e9),
+        "each step timed after a cache flush)",
+        "fixed_us": _us(fixed),
+        "per_tensor_us": _us(per_tensor),
+        "per_param_ns": _r(per_param * 1e9),
         "rms_relative_error": _r(rms, 3),
-        "points": [{"params": r["params"], "tensors": r["tensors"], "time_us": _us(r["time_s"])} for r in pts]}
+        "points": [{"params": r["params"], "tensors": r["tensors"], "time_us": _us(r["time_s"])} for r in pts],
+    }
 
 
 def network_summary(records: list[dict]) -> dict:
@@ -242,8 +304,11 @@ def network_summary(records: list[dict]) -> dict:
             for series, pts in by_series.items():
                 pts.sort(key=lambda r: r["bytes"])
                 f = fit.fit_overhead_bandwidth([r["bytes"] for r in pts], [r["time_s"] for r in pts])
-                entry = {"bytes": [r["bytes"] for r in pts], "time_us": [_us(r["time_s"]) for r in pts],
-                         "fit": _linear_fit_yaml(f)}
+                entry = {
+                    "bytes": [r["bytes"] for r in pts],
+                    "time_us": [_us(r["time_s"]) for r in pts],
+                    "fit": _linear_fit_yaml(f),
+                }
                 if bench != "p2p":
                     entry["concurrent_groups"] = pts[0]["groups"]
                 by_series[series] = entry
@@ -263,25 +328,30 @@ def blocking_wait_summary(records: list[dict], network: dict) -> dict | None:
     calls, hot = pts[0]["calls_per_exchange"], pts[0]["hot_s"]
     call_bytes = [pts[0]["count_bytes"], pts[0]["row_bytes"]]
     priced = sum(fit_["overhead_us"] * 1e-6 + b / (fit_["bandwidth_GBps"] * 1e9) for b in call_bytes)
-    return {"model": "a blocking exchange (pairs, flat all-to-all through the torch backend) costs more than its "
-                     "calls are priced, and more the more ranks compute, since each wake-up waits for a core: "
-                     "extra per library call = (mean time from the last arrival to return - priced) / calls; "
-                     "load 0 is the exchange back to back, the others follow one layer's forward + backward with "
-                     "K processes per core",
-            "preset": pts[0]["preset"], "cores": pts[0]["cores"], "calls_per_exchange": calls,
-            "call_bytes": call_bytes, "priced_us": _us(priced),
-            "ranks_per_core": [0] + [r["ranks_per_core"] for r in pts],
-            "computing_per_core": [0.0] + [_r(r["computing_per_core"], 3) for r in pts],
-            "after_last_us": [_us(hot)] + [_us(r["time_s"]) for r in pts],
-            "median_us": [_us(pts[0]["hot_median_s"])] + [_us(r["median_s"]) for r in pts],
-            "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
-            "exchanges": [r["exchanges"] for r in pts],
-            # recorded, not charged: one iteration of the compute between exchanges, wall and main-thread CPU
-            # (older records lack them)
-            "iteration_us": [_us(r["iteration_s"]) if "iteration_s" in r else None for r in pts],
-            "iteration_cpu_us": [_us(r["iteration_cpu_s"]) if "iteration_cpu_s" in r else None for r in pts],
-            "extra_per_call_us": [_us(max(t - priced, 0.0) / calls) for t in [hot] + [r["time_s"] for r in pts]],
-            "scheduler_slice_us": _us(slices[0]["time_s"])}
+    return {
+        "model": "a blocking exchange (pairs, flat all-to-all through the torch backend) costs more than its "
+        "calls are priced, and more the more ranks compute, since each wake-up waits for a core: "
+        "extra per library call = (mean time from the last arrival to return - priced) / calls; "
+        "load 0 is the exchange back to back, the others follow one layer's forward + backward with "
+        "K processes per core",
+        "preset": pts[0]["preset"],
+        "cores": pts[0]["cores"],
+        "calls_per_exchange": calls,
+        "call_bytes": call_bytes,
+        "priced_us": _us(priced),
+        "ranks_per_core": [0] + [r["ranks_per_core"] for r in pts],
+        "computing_per_core": [0.0] + [_r(r["computing_per_core"], 3) for r in pts],
+        "after_last_us": [_us(hot)] + [_us(r["time_s"]) for r in pts],
+        "median_us": [_us(pts[0]["hot_median_s"])] + [_us(r["median_s"]) for r in pts],
+        "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
+        "exchanges": [r["exchanges"] for r in pts],
+        # recorded, not charged: one iteration of the compute between exchanges, wall and main-thread CPU
+        # (older records lack them)
+        "iteration_us": [_us(r["iteration_s"]) if "iteration_s" in r else None for r in pts],
+        "iteration_cpu_us": [_us(r["iteration_cpu_s"]) if "iteration_cpu_s" in r else None for r in pts],
+        "extra_per_call_us": [_us(max(t - priced, 0.0) / calls) for t in [hot] + [r["time_s"] for r in pts]],
+        "scheduler_slice_us": _us(slices[0]["time_s"]),
+    }
 
 
 def core_sharing_summary(records: list[dict]) -> dict | None:
@@ -294,22 +364,39 @@ def core_sharing_summary(records: list[dict]) -> dict | None:
     base = pts[0]
     paired = all(len(r["window_means_s"]) == len(base["window_means_s"]) for r in pts)
     # each round's ratio to level 1 of the same round (the machine drifts between rounds), median over rounds
-    per_round = [[r_t / b_t for r_t, b_t in zip(r["window_means_s"], base["window_means_s"], strict=True)]
-                 if paired else [r["time_s"] / base["time_s"]] for r in pts]
-    return {"model": "CPU time of compute with K processes taking turns on each core / CPU time at one per core "
-                     "(forward + backward of one layer, one thread per process, all cores busy); the median over "
-                     "rounds of the ratio to one per core in the same round",
-            "preset": pts[0]["preset"], "cores": pts[0]["cores"], "ranks_per_core": [r["ranks_per_core"] for r in pts],
-            "cpu_time_factor": [_r(statistics.median(ratios), 3) for ratios in per_round],
-            "factor_by_round": [[_r(x, 3) for x in ratios] for ratios in per_round],
-            "cpu_us_per_iteration": [_us(r["time_s"]) for r in pts],
-            "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
-            "cores_used": [r["cores_used"] for r in pts]}
+    per_round = [
+        [r_t / b_t for r_t, b_t in zip(r["window_means_s"], base["window_means_s"], strict=True)]
+        if paired
+        else [r["time_s"] / base["time_s"]]
+        for r in pts
+    ]
+    return {
+        "model": "CPU time of compute with K processes taking turns on each core / CPU time at one per core "
+        "(forward + backward of one layer, one thread per process, all cores busy); the median over "
+        "rounds of the ratio to one per core in the same round",
+        "preset": pts[0]["preset"],
+        "cores": pts[0]["cores"],
+        "ranks_per_core": [r["ranks_per_core"] for r in pts],
+        "cpu_time_factor": [_r(statistics.median(ratios), 3) for ratios in per_round],
+        "factor_by_round": [[_r(x, 3) for x in ratios] for ratios in per_round],
+        "cpu_us_per_iteration": [_us(r["time_s"]) for r in pts],
+        "window_means_us": [[_us(t) for t in r["window_means_s"]] for r in pts],
+        "cores_used": [r["cores_used"] for r in pts],
+    }
 
 
-def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dict] | None, quick: bool,
-                  command: str, versions: dict, wall_s: float, load_average_before: list[float] | None = None,
-                  foreign_cpu_share: float | None = None) -> dict:
+def build_profile(
+    *,
+    name: str,
+    per_rank: list[dict],
+    testbed_per_rank: list[dict] | None,
+    quick: bool,
+    command: str,
+    versions: dict,
+    wall_s: float,
+    load_average_before: list[float] | None = None,
+    foreign_cpu_share: float | None = None,
+) -> dict:
     machine = dict(per_rank[0]["machine"], load_average_before=load_average_before)
     cuda = "accelerator" in machine
     records = aggregate(per_rank)
@@ -320,37 +407,61 @@ def build_profile(*, name: str, per_rank: list[dict], testbed_per_rank: list[dic
     opt_bytes, opt_detail = fit_optimizer_records(records, bandwidth)
     ranks = machine["ranks"]
     hbm_gib = machine["accelerator_memory_GiB"] if cuda else machine["memory_GiB"] / ranks
-    kind = (f"{machine['accelerator']}, bf16" if cuda else
-            f"CPU ({machine['processor']}, {machine['cpu_count']} cores), {ranks} rank(s) x "
-            f"{machine['threads_per_rank']} thread(s), fp32")
+    kind = (
+        f"{machine['accelerator']}, bf16"
+        if cuda
+        else f"CPU ({machine['processor']}, {machine['cpu_count']} cores), {ranks} rank(s) x "
+        f"{machine['threads_per_rank']} thread(s), fp32"
+    )
     network = {"local": network_summary(records).get("local", {})}
     if testbed_per_rank:
         network["testbed"] = network_summary(aggregate(testbed_per_rank))
-    spread = [r["rank_spread"] for r in records
-              if r["bench"] not in (*COMM_BENCHES, *HOST_BENCHES) and r["rank_spread"]]
+    spread = [
+        r["rank_spread"] for r in records if r["bench"] not in (*COMM_BENCHES, *HOST_BENCHES) and r["rank_spread"]
+    ]
     return {
-        "name": name, "device": kind, **({} if cuda else {"device_kind": CPU}),  # GPUs: named by hand (docs)
-        "source": (f"measured by piper-sim calibrate ({'quick' if quick else 'full'} sweep) with {ranks} rank(s) "
-                   "running every benchmark at once (contention included; times are per rank). "
-                   + ("" if cuda else "On CPU peak_bf16_TFLOPS is the measured fp32 peak (key name kept for the "
-                      "schema) and hbm_bandwidth_GBps the bandwidth at the models' tensor sizes (cache). ")
-                   + "See docs/calibration.md."),
-        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "versions": versions, "machine": machine,
-        "peak_bf16_TFLOPS": _r(peak / 1e12, 5), "hbm_GiB": _r(hbm_gib), "hbm_bandwidth_GBps": _r(bandwidth / 1e9),
-        "memory_efficiency": 1.0, "kernel_launch_us": _us(launch),
+        "name": name,
+        "device": kind,
+        **({} if cuda else {"device_kind": CPU}),  # GPUs: named by hand (docs)
+        "source": (
+            f"measured by piper-sim calibrate ({'quick' if quick else 'full'} sweep) with {ranks} rank(s) "
+            "running every benchmark at once (contention included; times are per rank). "
+            + (
+                ""
+                if cuda
+                else "On CPU peak_bf16_TFLOPS is the measured fp32 peak (key name kept for the "
+                "schema) and hbm_bandwidth_GBps the bandwidth at the models' tensor sizes (cache). "
+            )
+            + "See docs/calibration.md."
+        ),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "versions": versions,
+        "machine": machine,
+        "peak_bf16_TFLOPS": _r(peak / 1e12, 5),
+        "hbm_GiB": _r(hbm_gib),
+        "hbm_bandwidth_GBps": _r(bandwidth / 1e9),
+        "memory_efficiency": 1.0,
+        "kernel_launch_us": _us(launch),
         "gemm_efficiency": {"rows": [int(x) for x in rows], "efficiency": [_r(e, 3) for e in gemm_eff]},
         "attention_efficiency": {"seq_len": [int(x) for x in seq], "efficiency": [_r(e, 3) for e in attn_eff]},
         "optimizer_bytes_per_param": _r(opt_bytes),
         "measurements": {
-            "command": command, "sweep": "quick" if quick else "full", "calibrate_wall_s": round(wall_s, 1),
+            "command": command,
+            "sweep": "quick" if quick else "full",
+            "calibrate_wall_s": round(wall_s, 1),
             "foreign_cpu_share": None if foreign_cpu_share is None else _r(foreign_cpu_share, 2),
             "rank_spread_median": _r(fit.median(spread), 3) if spread else None,
             "compute_cpu_share_per_rank": [
-                _r(p["compute_cpu_share"], 3) if "compute_cpu_share" in p else None for p in per_rank],
-            "per_op_overhead": tiny, "framework_overhead": fit_framework(records),
-            "framework_overhead_by_model": fit_framework_by_model(records), "gemm": gemm_detail,
-            "attention": attn_detail, "memory": memory,
-            "optimizer": opt_detail, "network": network,
+                _r(p["compute_cpu_share"], 3) if "compute_cpu_share" in p else None for p in per_rank
+            ],
+            "per_op_overhead": tiny,
+            "framework_overhead": fit_framework(records),
+            "framework_overhead_by_model": fit_framework_by_model(records),
+            "gemm": gemm_detail,
+            "attention": attn_detail,
+            "memory": memory,
+            "optimizer": opt_detail,
+            "network": network,
             "blocking_wait": blocking_wait_summary(records, network["local"]),
             "core_sharing": core_sharing_summary(records),
         },

@@ -25,5 +25,9 @@ def reference_speed(preset: str, progress: Callable[[str], None] = lambda _msg: 
     shows (about 6 s)."""
     (record,) = run_levels(preset, (1,), REFERENCE_ROUNDS, REFERENCE_WINDOW_S, progress)
     means = [t * 1e6 for t in record["window_means_s"]]
-    return {"preset": preset, "cores": record["cores"], "cpu_us_per_iteration": round(statistics.median(means), 1),
-            "window_means_us": [round(t, 1) for t in means]}
+    return {
+        "preset": preset,
+        "cores": record["cores"],
+        "cpu_us_per_iteration": round(statistics.median(means), 1),
+        "window_means_us": [round(t, 1) for t in means],
+    }

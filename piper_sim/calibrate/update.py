@@ -41,24 +41,36 @@ def check_benches(text: str) -> tuple[str, ...]:
 def read_existing(out: Path, ranks: int) -> dict:
     """The profile --benches writes into: a calibrated profile (its machine and measurements) of --ranks ranks."""
     if not out.is_file():
-        raise PiperError(f"calibrate --benches: {out} is no profile; --benches adds to a calibrated profile "
-                         "(calibrate it in full first)")
+        raise PiperError(
+            f"calibrate --benches: {out} is no profile; --benches adds to a calibrated profile "
+            "(calibrate it in full first)"
+        )
     try:
         profile = yaml.safe_load(out.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise PiperError(f"calibrate --benches: cannot read {out} as a profile ({type(err).__name__})") from None
     machine = profile.get("machine") if isinstance(profile, dict) else None
     if not isinstance(machine, dict) or not isinstance(profile.get("measurements"), dict):
-        raise PiperError(f"calibrate --benches: {out} has no machine and measurements; --benches adds to a profile "
-                         "that piper-sim calibrate wrote")
+        raise PiperError(
+            f"calibrate --benches: {out} has no machine and measurements; --benches adds to a profile "
+            "that piper-sim calibrate wrote"
+        )
     if machine.get("ranks") != ranks:
         raise ConfigError("--ranks", ranks, f"the ranks {out} was calibrated with ({machine.get('ranks')})")
     return profile
 
 
-def update_network(out: Path, *, ranks: int, benches: tuple[str, ...], quick: bool, command: str,
-                   timeout_s: float | None = None, records_out: Path | None = None,
-                   threads: int | None = None) -> dict:
+def update_network(
+    out: Path,
+    *,
+    ranks: int,
+    benches: tuple[str, ...],
+    quick: bool,
+    command: str,
+    timeout_s: float | None = None,
+    records_out: Path | None = None,
+    threads: int | None = None,
+) -> dict:
     """Measure `benches` on `ranks` local ranks (the profile's threads per rank unless given) and write them into
     the profile at `out` (with_network); returns the profile mapping."""
     profile = read_existing(out, ranks)
@@ -69,21 +81,37 @@ def update_network(out: Path, *, ranks: int, benches: tuple[str, ...], quick: bo
     started, busy0, own0 = time.perf_counter(), _busy_core_s(), _own_core_s()
     load_before = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="piper-calibrate-") as tmp:
-        job = CalibrationJob(records_dir=tmp, quick=quick, presets=DEFAULT_PRESETS, compute=False, benches=benches,
-                             cpu_sweep=make_sweep(quick, DEFAULT_PRESETS),
-                             cuda_sweep=make_sweep(quick, DEFAULT_PRESETS, cuda=True))
-        per_rank = bench.run_local_job(job, ranks, timeout_s or 1800.0,
-                                       threads or profile["machine"].get("threads_per_rank"))
+        job = CalibrationJob(
+            records_dir=tmp,
+            quick=quick,
+            presets=DEFAULT_PRESETS,
+            compute=False,
+            benches=benches,
+            cpu_sweep=make_sweep(quick, DEFAULT_PRESETS),
+            cuda_sweep=make_sweep(quick, DEFAULT_PRESETS, cuda=True),
+        )
+        per_rank = bench.run_local_job(
+            job, ranks, timeout_s or 1800.0, threads or profile["machine"].get("threads_per_rank")
+        )
     wall = time.perf_counter() - started
     foreign = foreign_cpu_share(busy0, own0, wall)
     if foreign is not None and foreign > 0.05:
-        print(f"calibrate: warning: other processes used {100 * foreign:.0f}% of the cores during the measurement",
-              file=sys.stderr)
-    run = {"benches": list(benches), "command": command, "sweep": "quick" if quick else "full",
-           "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "ranks": ranks,
-           "threads_per_rank": per_rank[0]["machine"]["threads_per_rank"], "versions": bench.library_versions(),
-           "calibrate_wall_s": round(wall, 1), "load_average_before": load_before,
-           "foreign_cpu_share": None if foreign is None else round(foreign, 2)}
+        print(
+            f"calibrate: warning: other processes used {100 * foreign:.0f}% of the cores during the measurement",
+            file=sys.stderr,
+        )
+    run = {
+        "benches": list(benches),
+        "command": command,
+        "sweep": "quick" if quick else "full",
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "ranks": ranks,
+        "threads_per_rank": per_rank[0]["machine"]["threads_per_rank"],
+        "versions": bench.library_versions(),
+        "calibrate_wall_s": round(wall, 1),
+        "load_average_before": load_before,
+        "foreign_cpu_share": None if foreign is None else round(foreign, 2),
+    }
     if records_out is not None:
         records_out.parent.mkdir(parents=True, exist_ok=True)
         records_out.write_text(json.dumps({"per_rank": per_rank, "run": run}))
@@ -113,11 +141,12 @@ def _line_comments(text: str) -> dict[str, str]:
     for line in text.splitlines()[1:]:
         body, sep, comment = line.partition("  #")
         if sep and not line.startswith((" ", "#")):
-            out[body.rstrip()] = line[len(body.rstrip()):]
+            out[body.rstrip()] = line[len(body.rstrip()) :]
     return out
 
 
 def _restore_comments(path: Path, comments: dict[str, str]) -> None:
     lines = path.read_text().splitlines()
-    path.write_text("\n".join(line + comments.get(line, "") if not line.startswith(" ") else line
-                              for line in lines) + "\n")
+    path.write_text(
+        "\n".join(line + comments.get(line, "") if not line.startswith(" ") else line for line in lines) + "\n"
+    )

@@ -33,10 +33,29 @@ from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.errors import ConfigError, one_of
 from piper_sim.topology.graph import Topology
 
-__all__ = ["ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BROADCAST", "MEASURED_ALGORITHMS", "REDUCE_SCATTER",
-           "REAL_RUN_REVISION", "CollectiveChoice", "Fanout", "Phase", "bind_fanout", "check_collective_params",
-           "collective_choice", "data_phases", "deepep", "halo", "hierarchical", "matrix_phase", "split_exchange",
-           "split_phases", "vendor"]
+__all__ = [
+    "ALL_GATHER",
+    "ALL_REDUCE",
+    "ALL_TO_ALL",
+    "BROADCAST",
+    "MEASURED_ALGORITHMS",
+    "REDUCE_SCATTER",
+    "REAL_RUN_REVISION",
+    "CollectiveChoice",
+    "Fanout",
+    "Phase",
+    "bind_fanout",
+    "check_collective_params",
+    "collective_choice",
+    "data_phases",
+    "deepep",
+    "halo",
+    "hierarchical",
+    "matrix_phase",
+    "split_exchange",
+    "split_phases",
+    "vendor",
+]
 
 # Algorithms whose parameters are a machine's measurements (topology.collectives.<name>): a machine without them
 # cannot run them (the planner's --fix says so before the first plan).

@@ -101,8 +101,7 @@ def relays(host: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
     return np.stack([group[local % group.size] for group in groups], axis=1)
 
 
-def deepep_phases(matrix: np.ndarray, members: list[str], topo: Topology, fanout: Fanout | None = None
-                  ) -> list[Phase]:
+def deepep_phases(matrix: np.ndarray, members: list[str], topo: Topology, fanout: Fanout | None = None) -> list[Phase]:
     """DeepEP's data phases for a bytes matrix over the members (module docstring); a combine's are its dispatch's
     (the matrix transposed) run backwards. Without a fanout the matrix is taken as a dispatch's."""
     if fanout is not None and fanout.combine:
@@ -130,8 +129,7 @@ def _charged(phase: Phase, efficiency: float) -> Phase:
 
 @ALL_TO_ALL.register("deepep")
 @split_exchange(node_gather=False)
-def a2a_deepep(matrix: np.ndarray, members: list[str], topo: Topology, fanout: Fanout | None = None
-               ) -> list[Phase]:
+def a2a_deepep(matrix: np.ndarray, members: list[str], topo: Topology, fanout: Fanout | None = None) -> list[Phase]:
     """DeepEP's normal kernels: RDMA once per node to the same rail, NVLink forwarding; one node: NVLink direct."""
     return deepep_phases(matrix, members, topo, fanout)
 

@@ -66,8 +66,11 @@ def nic_attachments(members: list[str], topo: Topology) -> tuple[np.ndarray, lis
         name = f"n{host}.nic{local}"
         if name in graph:
             nic[m] = local
-            attached = sorted(v for v in graph.successors(name)
-                              if graph.nodes[v].get("kind") == "switch" and "host" not in graph.nodes[v])
+            attached = sorted(
+                v
+                for v in graph.successors(name)
+                if graph.nodes[v].get("kind") == "switch" and "host" not in graph.nodes[v]
+            )
             switch[m] = attached[0] if attached else ""
     return nic, switch
 
@@ -138,8 +141,9 @@ def flows_phase(flows: Flows, name: str, after: tuple[int, ...] = (), scale: flo
     return Phase(src=src[keep], dst=dst[keep], sizes=size[keep].astype(float) * scale, name=name, after=after)
 
 
-def _uniform_flows(matrix: np.ndarray, host: np.ndarray, groups: list[np.ndarray],
-                   recv: np.ndarray) -> tuple[Flows, Flows, Flows]:
+def _uniform_flows(
+    matrix: np.ndarray, host: np.ndarray, groups: list[np.ndarray], recv: np.ndarray
+) -> tuple[Flows, Flows, Flows]:
     """(phase I, phase II, phase III) flows when every node holds g members (no dense n x n temporaries);
     recv: `_uniform_relays`."""
     n, g, h = matrix.shape[0], groups[0].size, len(groups)
@@ -161,8 +165,9 @@ def _uniform_flows(matrix: np.ndarray, host: np.ndarray, groups: list[np.ndarray
     return intra, inter, forward
 
 
-def _general_flows(matrix: np.ndarray, host: np.ndarray, groups: list[np.ndarray],
-                   table: dict[tuple[int, int], tuple[int, ...]]) -> tuple[Flows, Flows, Flows]:
+def _general_flows(
+    matrix: np.ndarray, host: np.ndarray, groups: list[np.ndarray], table: dict[tuple[int, int], tuple[int, ...]]
+) -> tuple[Flows, Flows, Flows]:
     """The same flows for nodes holding different numbers of members (small groups: loops); table:
     `relay_table`."""
     n = matrix.shape[0]
@@ -252,8 +257,15 @@ def slice_rows(rows: int, s: int, slices: int) -> tuple[int, int]:
     return rows * s // slices, rows * (s + 1) // slices
 
 
-def halo_plan(matrix: np.ndarray, host: np.ndarray, switch_id: np.ndarray, chunk_bytes: float, max_slices: int,
-              slices: int | None = None, relays: Relays | None = None) -> HaloPlan:
+def halo_plan(
+    matrix: np.ndarray,
+    host: np.ndarray,
+    switch_id: np.ndarray,
+    chunk_bytes: float,
+    max_slices: int,
+    slices: int | None = None,
+    relays: Relays | None = None,
+) -> HaloPlan:
     """HALO's data phases for a bytes matrix over members on hosts `host` (0, 1, ... in order of first
     appearance) whose NICs sit on switches `switch_id` (equal ids: the same switch; each member with none
     known its own id). slices: phase II's slice count, None to derive it from the matrix (`num_slices`);
@@ -298,8 +310,11 @@ def halo_machine(gpus: list[str], topo: Topology) -> HaloMachine:
     """The HaloMachine of ranks placed on gpus (rank r on gpus[r]), for the torch backend."""
     params = algorithm_params(topo, "halo")
     ids = _switch_ids(gpus, topo)
-    return HaloMachine({r: int(i) for r, i in enumerate(ids.tolist()) if i >= 0}, float(params["chunk_bytes"]),
-                       int(params["max_slices"]))
+    return HaloMachine(
+        {r: int(i) for r, i in enumerate(ids.tolist()) if i >= 0},
+        float(params["chunk_bytes"]),
+        int(params["max_slices"]),
+    )
 
 
 @ALL_TO_ALL.register("halo")
@@ -310,5 +325,6 @@ def a2a_halo(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Pha
     if len(groups) == 1:
         return data_phases(a2a_flat, matrix, members, topo)
     params = algorithm_params(topo, "halo")
-    return halo_plan(matrix, host, _switch_ids(members, topo), float(params["chunk_bytes"]),
-                     int(params["max_slices"])).phases
+    return halo_plan(
+        matrix, host, _switch_ids(members, topo), float(params["chunk_bytes"]), int(params["max_slices"])
+    ).phases

@@ -41,8 +41,9 @@ def local_index(host: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
 
 
 def _empty(name: str, after: tuple[int, ...] = ()) -> Phase:
-    return Phase(src=np.zeros(0, dtype=np.int64), dst=np.zeros(0, dtype=np.int64), sizes=np.zeros(0),
-                 name=name, after=after)
+    return Phase(
+        src=np.zeros(0, dtype=np.int64), dst=np.zeros(0, dtype=np.int64), sizes=np.zeros(0), name=name, after=after
+    )
 
 
 # ---- 2D hierarchical -----------------------------------------------------------------------------
@@ -109,8 +110,9 @@ def a2a_bruck(matrix: np.ndarray, members: list[str], topo: Topology) -> list[Ph
         sent = np.bincount(pos[moving], weights=size[moving], minlength=n)
         senders = np.flatnonzero(sent)
         after = (len(phases) - 1,) if phases else ()
-        phases.append(Phase(src=senders, dst=(senders + (1 << k)) % n, sizes=sent[senders], after=after,
-                            name=f"round{k}"))
+        phases.append(
+            Phase(src=senders, dst=(senders + (1 << k)) % n, sizes=sent[senders], after=after, name=f"round{k}")
+        )
         k += 1
     return phases
 

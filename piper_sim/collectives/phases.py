@@ -69,6 +69,7 @@ def split_exchange(node_gather: bool) -> Callable[[AllToAll], AllToAll]:
     each member knows every chunk to or from its node, as the multi-phase algorithms need
     (`torch_backend.a2a_algorithms.AllToAllCall.holding`). Phases that waited for nothing now wait for it.
     """
+
     def wrap(algorithm: AllToAll) -> AllToAll:
         @functools.wraps(algorithm)
         def with_splits(matrix: np.ndarray, members: list[str], topo: Topology, **options) -> list[Phase]:
@@ -76,8 +77,10 @@ def split_exchange(node_gather: bool) -> Callable[[AllToAll], AllToAll]:
             n = matrix.shape[0]
             if n < 2 or not phases:
                 return phases
-            meta = [replace(p, name=f"splits:{p.name}") for p in algorithm(np.full((n, n), float(SPLIT_BYTES)),
-                                                                          members, topo)]
+            meta = [
+                replace(p, name=f"splits:{p.name}")
+                for p in algorithm(np.full((n, n), float(SPLIT_BYTES)), members, topo)
+            ]
             if node_gather:
                 host = np.array([topo.host_of(m) for m in members])
                 rings = [g for g in (np.flatnonzero(host == h) for h in dict.fromkeys(host.tolist())) if g.size > 1]
@@ -85,11 +88,21 @@ def split_exchange(node_gather: bool) -> Callable[[AllToAll], AllToAll]:
                     steps = max(g.size for g in rings) - 1
                     src = np.concatenate(rings)
                     dst = np.concatenate([np.roll(g, -1) for g in rings])
-                    meta.append(Phase(src=src, dst=dst, sizes=np.full(src.size, 2.0 * SPLIT_BYTES * n * steps),
-                                      messages=steps, after=tuple(range(len(meta))), name="splits:node"))
+                    meta.append(
+                        Phase(
+                            src=src,
+                            dst=dst,
+                            sizes=np.full(src.size, 2.0 * SPLIT_BYTES * n * steps),
+                            messages=steps,
+                            after=tuple(range(len(meta))),
+                            name="splits:node",
+                        )
+                    )
             last = tuple(range(len(meta)))
             return meta + [replace(p, after=tuple(a + len(meta) for a in p.after) or last) for p in phases]
+
         return with_splits
+
     return wrap
 
 
@@ -141,5 +154,12 @@ def all_reduce_ring(size_bytes: float, members: list[str], topo: Topology) -> li
     if n < 2:
         return []
     src = np.arange(n)
-    return [Phase(src=src, dst=(src + 1) % n, sizes=np.full(n, 2.0 * (n - 1) / n * size_bytes),
-                  messages=2 * (n - 1), name="ring")]
+    return [
+        Phase(
+            src=src,
+            dst=(src + 1) % n,
+            sizes=np.full(n, 2.0 * (n - 1) / n * size_bytes),
+            messages=2 * (n - 1),
+            name="ring",
+        )
+    ]

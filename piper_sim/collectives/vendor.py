@@ -69,9 +69,15 @@ from piper_sim.topology.graph import Topology
 from piper_sim.topology.placement import gpus_by_host
 
 VENDOR_SCHEMA: dict[str, object] = {
-    "peers_in_flight": ..., "per_peer_us": ..., "per_chunk_us": ...,
-    "net_chunk_MiB": 0.125, "intra_chunk_MiB": 0.5,
-    "intra_per_chunk_us": None, "intra_efficiency": 1.0, "net_efficiency": 1.0, "rings": None,
+    "peers_in_flight": ...,
+    "per_peer_us": ...,
+    "per_chunk_us": ...,
+    "net_chunk_MiB": 0.125,
+    "intra_chunk_MiB": 0.5,
+    "intra_per_chunk_us": None,
+    "intra_efficiency": 1.0,
+    "net_efficiency": 1.0,
+    "rings": None,
 }
 LIBRARIES = ("rccl", "nccl")
 
@@ -93,8 +99,7 @@ def _node_rings(value: object, where: str, per_node: int) -> tuple[tuple[int, ..
     """The machine's rings through one node, each an order of the node's GPUs by local index ("0 1 5 4 ...")."""
     if value is None or (isinstance(value, tuple) and all(isinstance(r, tuple) for r in value)):
         return value
-    allowed = (f"a list of rings, each a permutation of the node's {per_node} local GPU indices written as "
-               "'0 1 3 2 ...'")
+    allowed = f"a list of rings, each a permutation of the node's {per_node} local GPU indices written as '0 1 3 2 ...'"
     if not isinstance(value, list) or not value or not all(isinstance(r, str) for r in value):
         raise ConfigError(where, value, allowed)
     try:
@@ -107,9 +112,15 @@ def _node_rings(value: object, where: str, per_node: int) -> tuple[tuple[int, ..
 
 
 for _library in LIBRARIES:
-    register_params(_library, ParamSchema(VENDOR_SCHEMA, integers=("peers_in_flight",),
-                                          positive=("net_chunk_MiB", "intra_chunk_MiB"),
-                                          check=functools.partial(_check_vendor, library=_library)))
+    register_params(
+        _library,
+        ParamSchema(
+            VENDOR_SCHEMA,
+            integers=("peers_in_flight",),
+            positive=("net_chunk_MiB", "intra_chunk_MiB"),
+            check=functools.partial(_check_vendor, library=_library),
+        ),
+    )
 
 
 def _remote(src: np.ndarray, dst: np.ndarray, members: list[str], topo: Topology) -> np.ndarray:
@@ -117,8 +128,9 @@ def _remote(src: np.ndarray, dst: np.ndarray, members: list[str], topo: Topology
     return host[src] != host[dst]
 
 
-def vendor_costs(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, members: list[str], topo: Topology,
-                 library: str) -> tuple[float, int]:
+def vendor_costs(
+    src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, members: list[str], topo: Topology, library: str
+) -> tuple[float, int]:
     """(host-side cost before the flows, rounds of peers) of the library's all-to-all of these flows."""
     p = vendor_params(topo, library)
     n = len(members)
@@ -132,8 +144,9 @@ def vendor_costs(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, members: l
     return peers * float(p["per_peer_s"]) + busiest, rounds
 
 
-def charged_sizes(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, members: list[str], topo: Topology,
-                  library: str) -> np.ndarray:
+def charged_sizes(
+    src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, members: list[str], topo: Topology, library: str
+) -> np.ndarray:
     """Each flow's bytes over the library's efficiency on its path (the same array when both are 1)."""
     p = vendor_params(topo, library)
     intra, net = float(p["intra_efficiency"]), float(p["net_efficiency"])
@@ -167,8 +180,9 @@ def _host_gpus(topo: Topology) -> dict[int, list[str]]:
     return hit
 
 
-def ring_orders(members: list[str], topo: Topology, node_rings: tuple[tuple[int, ...], ...] | None = None
-                ) -> list[np.ndarray]:
+def ring_orders(
+    members: list[str], topo: Topology, node_rings: tuple[tuple[int, ...], ...] | None = None
+) -> list[np.ndarray]:
     """The library's rings (channels) over the members, as member-index orders (module docstring).
 
     Where the members are whole nodes and the machine lists its rings through a node (`node_rings`: the
@@ -185,12 +199,12 @@ def ring_orders(members: list[str], topo: Topology, node_rings: tuple[tuple[int,
     g = groups[0].size
     if len(groups) < 2 or g < 2 or any(group.size != g for group in groups):
         return [np.arange(len(members))]
-    return [np.array([group[(c - h + i) % g] for h, group in enumerate(groups) for i in range(g)])
-            for c in range(g)]
+    return [np.array([group[(c - h + i) % g] for h, group in enumerate(groups) for i in range(g)]) for c in range(g)]
 
 
-def _whole_nodes(members: list[str], topo: Topology, groups: list[np.ndarray], node_size: int
-                 ) -> list[dict[int, int]] | None:
+def _whole_nodes(
+    members: list[str], topo: Topology, groups: list[np.ndarray], node_size: int
+) -> list[dict[int, int]] | None:
     """Per host group, local GPU index -> member index, when every group is a whole node of node_size GPUs."""
     hosts = _host_gpus(topo)
     out = []
@@ -202,8 +216,17 @@ def _whole_nodes(members: list[str], topo: Topology, groups: list[np.ndarray], n
     return out
 
 
-def rings_phase(library: str, size_bytes: float, members: list[str], topo: Topology, *, per_ring: float,
-                messages: int, name: str, chain: bool = False) -> list[Phase]:
+def rings_phase(
+    library: str,
+    size_bytes: float,
+    members: list[str],
+    topo: Topology,
+    *,
+    per_ring: float,
+    messages: int,
+    name: str,
+    chain: bool = False,
+) -> list[Phase]:
     """One phase of one flow per pair of neighbours on the library's rings (chain: the chains that follow them from
     member 0, broadcast.chain_hops), each ring carrying per_ring x its share of the buffer over each of its hops (the
     rings' shares summed where they share a hop), bytes charged over the library's efficiency."""
@@ -215,8 +238,11 @@ def rings_phase(library: str, size_bytes: float, members: list[str], topo: Topol
     pairs, count = np.unique(np.concatenate([src * n + dst for src, dst in hops]), return_counts=True)
     src, dst = pairs // n, pairs % n
     sizes = count * (per_ring * size_bytes / len(rings))
-    return [Phase(src=src, dst=dst, sizes=charged_sizes(src, dst, sizes, members, topo, library), messages=messages,
-                  name=name)]
+    return [
+        Phase(
+            src=src, dst=dst, sizes=charged_sizes(src, dst, sizes, members, topo, library), messages=messages, name=name
+        )
+    ]
 
 
 def vendor_ring(library: str, steps: int, name: str) -> Sharded:
@@ -225,8 +251,9 @@ def vendor_ring(library: str, steps: int, name: str) -> Sharded:
 
     def model(size_bytes: float, members: list[str], topo: Topology) -> list[Phase]:
         n = len(members)
-        return rings_phase(library, size_bytes, members, topo, per_ring=steps * (n - 1) / n,
-                           messages=steps * (n - 1), name=name)
+        return rings_phase(
+            library, size_bytes, members, topo, per_ring=steps * (n - 1) / n, messages=steps * (n - 1), name=name
+        )
 
     model.__name__ = model.__qualname__ = f"{name.replace('-', '_')}_{library}"
     model.__doc__ = f"{library.upper()}'s {name}: its rings at its copy efficiency (module docstring)."
@@ -238,8 +265,9 @@ def vendor_broadcast(library: str) -> Sharded:
     buffer, pipelined (broadcast.py): n - 1 sequential messages fill the pipeline."""
 
     def model(size_bytes: float, members: list[str], topo: Topology) -> list[Phase]:
-        return rings_phase(library, size_bytes, members, topo, per_ring=1.0, messages=len(members) - 1,
-                           name="chain", chain=True)
+        return rings_phase(
+            library, size_bytes, members, topo, per_ring=1.0, messages=len(members) - 1, name="chain", chain=True
+        )
 
     model.__name__ = model.__qualname__ = f"broadcast_{library}"
     model.__doc__ = f"{library.upper()}'s broadcast: chains along its rings at its copy efficiency."
@@ -248,7 +276,10 @@ def vendor_broadcast(library: str) -> Sharded:
 
 for _library in LIBRARIES:
     ALL_TO_ALL.register(_library)(split_exchange(node_gather=False)(vendor_all_to_all(_library)))
-    for _registry, _steps, _name in ((ALL_REDUCE, 2, "ring"), (REDUCE_SCATTER, 1, "ring-reduce-scatter"),
-                                     (ALL_GATHER, 1, "ring-all-gather")):
+    for _registry, _steps, _name in (
+        (ALL_REDUCE, 2, "ring"),
+        (REDUCE_SCATTER, 1, "ring-reduce-scatter"),
+        (ALL_GATHER, 1, "ring-all-gather"),
+    ):
         _registry.register(_library)(vendor_ring(_library, _steps, _name))
     BROADCAST.register(_library)(vendor_broadcast(_library))

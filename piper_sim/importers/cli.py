@@ -24,8 +24,9 @@ class ImportParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.launch_line = launch_line
 
-    def parse_known_args(self, args: list[str] | None = None,
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(
+        self, args: list[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         if not self.launch_line:
             return super().parse_known_args(args, namespace)
         tokens = [token for token in (sys.argv[1:] if args is None else args) if token != "--"]
@@ -47,31 +48,49 @@ class ImportParser(argparse.ArgumentParser):
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="the YAML file to write (default: print it)")
-    p.add_argument("--world-size", type=int, help="the job's GPUs (Megatron and torchtitan take them from the "
-                   "launcher; torchrun's --nnodes and --nproc-per-node among Megatron's flags also give them)")
-    p.add_argument("--lenient", action="store_true", help="take a documented approximation, noted in the YAML, "
-                   "where the run uses what piper-sim cannot express (context parallelism, FSDP, fp8, ...) rather "
-                   "than refuse it (docs/importing.md)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        help="the job's GPUs (Megatron and torchtitan take them from the "
+        "launcher; torchrun's --nnodes and --nproc-per-node among Megatron's flags also give them)",
+    )
+    p.add_argument(
+        "--lenient",
+        action="store_true",
+        help="take a documented approximation, noted in the YAML, "
+        "where the run uses what piper-sim cannot express (context parallelism, FSDP, fp8, ...) rather "
+        "than refuse it (docs/importing.md)",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import", help="a Megatron-LM argument list or a torchtitan TOML -> a piper-sim config",
-                       description="Translate a training run's own configuration into a piper-sim config. Every "
-                                   "flag or key not translated is listed on stderr and at the top of the YAML. "
-                                   "See docs/importing.md.")
+    p = sub.add_parser(
+        "import",
+        help="a Megatron-LM argument list or a torchtitan TOML -> a piper-sim config",
+        description="Translate a training run's own configuration into a piper-sim config. Every "
+        "flag or key not translated is listed on stderr and at the top of the YAML. "
+        "See docs/importing.md.",
+    )
     kinds = p.add_subparsers(dest="kind", required=True, parser_class=ImportParser)
-    m = kinds.add_parser("megatron", launch_line=True, help="Megatron-LM / Megatron-core arguments (after `--`)",
-                         description="piper-sim import megatron [--out FILE] [--world-size N] [--lenient] -- "
-                                     "[torchrun --nnodes N --nproc-per-node G pretrain_gpt.py] --num-layers ... "
-                                     "(piper-sim's options may come anywhere on the line)")
+    m = kinds.add_parser(
+        "megatron",
+        launch_line=True,
+        help="Megatron-LM / Megatron-core arguments (after `--`)",
+        description="piper-sim import megatron [--out FILE] [--world-size N] [--lenient] -- "
+        "[torchrun --nnodes N --nproc-per-node G pretrain_gpt.py] --num-layers ... "
+        "(piper-sim's options may come anywhere on the line)",
+    )
     _add_common(m)
     m.add_argument("--name", default=None, help="the model's name in the config (default: the --out file's stem)")
     m.set_defaults(func=cmd_import_megatron)
     t = kinds.add_parser("torchtitan", help="a torchtitan job TOML")
     t.add_argument("file", type=Path, help="the TOML (torchtitan's train_configs/*.toml)")
     _add_common(t)
-    t.add_argument("--model", help="the model's shapes: a preset, a model YAML or an HF config.json (default: "
-                   "[model] hf_assets_path/config.json)")
+    t.add_argument(
+        "--model",
+        help="the model's shapes: a preset, a model YAML or an HF config.json (default: "
+        "[model] hf_assets_path/config.json)",
+    )
     t.set_defaults(func=cmd_import_torchtitan)
 
 

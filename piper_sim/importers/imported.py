@@ -34,8 +34,9 @@ class Translation:
         approximation, noted."""
         if not self.lenient:
             raise ConfigError(key, value, f"{allowed}; or import with --lenient, which {approximation}")
-        self.notes.append(f"approximated (--lenient): {key} {value}: the import {approximation} (piper-sim allows "
-                          f"{allowed})")
+        self.notes.append(
+            f"approximated (--lenient): {key} {value}: the import {approximation} (piper-sim allows {allowed})"
+        )
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,10 @@ class Imported:
         """One line each: the notes, then the flags or keys left untranslated."""
         lines = list(self.notes)
         if self.not_translated:
-            lines.append(f"not translated (piper-sim does not model them, or the importer does not know them): "
-                         f"{'; '.join(self.not_translated)}")
+            lines.append(
+                f"not translated (piper-sim does not model them, or the importer does not know them): "
+                f"{'; '.join(self.not_translated)}"
+            )
         if self.no_bearing:
             lines.append(f"not translated (no bearing on a step's time or memory): {'; '.join(self.no_bearing)}")
         return lines
@@ -62,8 +65,11 @@ class Imported:
         """The config as YAML under a comment header that says where it came from and every message."""
         header = [f"piper-sim config imported from {self.source} (piper-sim import; docs/importing.md)."]
         header += [f"- {line}" for line in self.messages()]
-        comments = [f"# {wrapped}" for line in header
-                    for wrapped in textwrap.wrap(line, COMMENT_WIDTH, subsequent_indent="  ", break_on_hyphens=False)]
+        comments = [
+            f"# {wrapped}"
+            for line in header
+            for wrapped in textwrap.wrap(line, COMMENT_WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+        ]
         return "\n".join(comments) + "\n" + yaml.safe_dump(self.config, sort_keys=False)
 
 

@@ -34,12 +34,19 @@ def model_section(flags: Source, t: Translation, tp: int, name: str) -> dict:
     heads = flags.integer("num-attention-heads", limit=model_limit("num_heads"))
     swiglu = flags.switch("swiglu")
     ffn = flags.integer("ffn-hidden-size", int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden)
-    section = {"name": name, "num_layers": layers, "d_model": hidden, "num_heads": heads,
-               **_attention(flags, hidden, heads),
-               "vocab_size": vocab_size(flags, tp),
-               "seq_len": flags.integer("seq-length", limit=model_limit("seq_len")),
-               "tie_embeddings": not flags.switch("untie-embeddings-and-output-weights"), "rotary": _rotary(flags),
-               "dropout": _dropout(flags, t), "dtype": _dtype(flags)}
+    section = {
+        "name": name,
+        "num_layers": layers,
+        "d_model": hidden,
+        "num_heads": heads,
+        **_attention(flags, hidden, heads),
+        "vocab_size": vocab_size(flags, tp),
+        "seq_len": flags.integer("seq-length", limit=model_limit("seq_len")),
+        "tie_embeddings": not flags.switch("untie-embeddings-and-output-weights"),
+        "rotary": _rotary(flags),
+        "dropout": _dropout(flags, t),
+        "dtype": _dtype(flags),
+    }
     section.update(_ffn(flags, layers, ffn, 3 if swiglu else 2))
     section["source"] = "Megatron-LM arguments (piper-sim import megatron)"
     return section
@@ -49,18 +56,26 @@ def _attention(flags: Source, hidden: int, heads: int) -> dict:
     """Heads and head width (--kv-channels, GQA's --num-query-groups), or MLA's ranks (--multi-latent-attention)."""
     if flags.switch("multi-latent-attention"):
         q_lora = flags.get("q-lora-rank")
-        return {"num_kv_heads": 0, "mla": {
-            "q_lora_rank": 0 if q_lora is None else flags.integer("q-lora-rank"),
-            "kv_lora_rank": flags.integer("kv-lora-rank", 32),
-            "qk_nope_head_dim": flags.integer("qk-head-dim", 128),
-            "qk_rope_head_dim": flags.integer("qk-pos-emb-head-dim", 64),
-            "v_head_dim": flags.integer("v-head-dim", 128)}}
+        return {
+            "num_kv_heads": 0,
+            "mla": {
+                "q_lora_rank": 0 if q_lora is None else flags.integer("q-lora-rank"),
+                "kv_lora_rank": flags.integer("kv-lora-rank", 32),
+                "qk_nope_head_dim": flags.integer("qk-head-dim", 128),
+                "qk_rope_head_dim": flags.integer("qk-pos-emb-head-dim", 64),
+                "v_head_dim": flags.integer("v-head-dim", 128),
+            },
+        }
     kv_channels = flags.integer("kv-channels", 0, low=0)
     if not kv_channels and hidden % heads:
-        raise ConfigError(flags.key("num-attention-heads"), heads, f"a divisor of --hidden-size ({hidden}), or give "
-                                                                   "--kv-channels")
-    out = {"num_kv_heads": flags.integer("num-query-groups", heads, limit=model_limit("num_kv_heads"))
-           if flags.switch("group-query-attention") else heads}
+        raise ConfigError(
+            flags.key("num-attention-heads"), heads, f"a divisor of --hidden-size ({hidden}), or give --kv-channels"
+        )
+    out = {
+        "num_kv_heads": flags.integer("num-query-groups", heads, limit=model_limit("num_kv_heads"))
+        if flags.switch("group-query-attention")
+        else heads
+    }
     if kv_channels and kv_channels != hidden // heads:
         out["head_dim"] = kv_channels
     return out
@@ -71,10 +86,21 @@ def _ffn(flags: Source, layers: int, ffn: int, matrices: int) -> dict:
     --moe-layer-freq names, the others dense of --ffn-hidden-size."""
     experts = flags.integer("num-experts", None, limit=model_limit("num_experts"))
     if experts is None:
-        return {"expert_ffn_dim": ffn, "num_experts": 1, "top_k": 1, "expert_matrices": matrices,
-                "num_dense_layers": layers, "dense_ffn_dim": ffn, "dense_matrices": matrices}
-    out = {"expert_ffn_dim": flags.integer("moe-ffn-hidden-size", ffn), "num_experts": experts,
-           "top_k": flags.integer("moe-router-topk", 2, limit=model_limit("top_k")), "expert_matrices": matrices}
+        return {
+            "expert_ffn_dim": ffn,
+            "num_experts": 1,
+            "top_k": 1,
+            "expert_matrices": matrices,
+            "num_dense_layers": layers,
+            "dense_ffn_dim": ffn,
+            "dense_matrices": matrices,
+        }
+    out = {
+        "expert_ffn_dim": flags.integer("moe-ffn-hidden-size", ffn),
+        "num_experts": experts,
+        "top_k": flags.integer("moe-router-topk", 2, limit=model_limit("top_k")),
+        "expert_matrices": matrices,
+    }
     shared = flags.integer("moe-shared-expert-intermediate-size", None)
     if shared:
         out.update(num_shared_experts=1, shared_expert_ffn_dim=shared)
@@ -144,9 +170,13 @@ def vocab_size(flags: Source, tp: int) -> int:
     elif flags.given("vocab-size"):
         size = flags.integer("vocab-size", limit=model_limit("vocab_size"))
     else:
-        raise ConfigError("--vocab-size", None, "the tokenizer's vocabulary size: Megatron-LM reads it from the "
-                          "tokenizer (--tokenizer-model), which piper-sim does not load; add --vocab-size N (before "
-                          "Megatron's padding)")
+        raise ConfigError(
+            "--vocab-size",
+            None,
+            "the tokenizer's vocabulary size: Megatron-LM reads it from the "
+            "tokenizer (--tokenizer-model), which piper-sim does not load; add --vocab-size N (before "
+            "Megatron's padding)",
+        )
     multiple = flags.integer("make-vocab-size-divisible-by", 128, limit=model_limit("vocab_size")) * tp
     return math.ceil(size / multiple) * multiple
 
@@ -162,8 +192,12 @@ def _dropout(flags: Source, t: Translation) -> float:
     """ModelSpec's one dropout: --attention-dropout and --hidden-dropout (Megatron's defaults 0.1 each)."""
     attention, hidden = flags.number("attention-dropout", 0.1), flags.number("hidden-dropout", 0.1)
     if attention != hidden:
-        t.refuse(flags.key("hidden-dropout"), hidden, f"equal to --attention-dropout ({attention}): piper-sim has "
-                 "one dropout probability (model.dropout)", f"takes the larger, {max(attention, hidden)}")
+        t.refuse(
+            flags.key("hidden-dropout"),
+            hidden,
+            f"equal to --attention-dropout ({attention}): piper-sim has one dropout probability (model.dropout)",
+            f"takes the larger, {max(attention, hidden)}",
+        )
     return max(attention, hidden)
 
 

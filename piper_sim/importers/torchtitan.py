@@ -23,16 +23,33 @@ from piper_sim.importers.source import Source, table_source
 from piper_sim.workload.presets import load_model
 
 # sections that set no shape, plan or kernel
-NO_BEARING = ("job.", "profiling.", "metrics.", "optimizer.", "lr_scheduler.", "checkpoint.", "validation.",
-              "dataloader.", "fault_tolerance.", "comm.", "debug.", "memory_estimation.")
+NO_BEARING = (
+    "job.",
+    "profiling.",
+    "metrics.",
+    "optimizer.",
+    "lr_scheduler.",
+    "checkpoint.",
+    "validation.",
+    "dataloader.",
+    "fault_tolerance.",
+    "comm.",
+    "debug.",
+    "memory_estimation.",
+)
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved-1f1b", "DualPipeV": "dualpipe-v"}
 SINGLE_STAGE = ("1F1B", "GPipe")
 P = "parallelism."
-FLAG_OF_KEY = {"parallel.tp": f"{P}tensor_parallel_degree", "parallel.pp": f"{P}pipeline_parallel_degree",
-               "parallel.ep": f"{P}expert_parallel_degree", "parallel.etp": f"{P}expert_tensor_parallel_degree",
-               "parallel.dp": f"{P}data_parallel_shard_degree",
-               "parallel.vpp": f"{P}pipeline_parallel_layers_per_stage",
-               "model.seq_len": "training.seq_len", "parallel.micro_batch_size": "training.local_batch_size"}
+FLAG_OF_KEY = {
+    "parallel.tp": f"{P}tensor_parallel_degree",
+    "parallel.pp": f"{P}pipeline_parallel_degree",
+    "parallel.ep": f"{P}expert_parallel_degree",
+    "parallel.etp": f"{P}expert_tensor_parallel_degree",
+    "parallel.dp": f"{P}data_parallel_shard_degree",
+    "parallel.vpp": f"{P}pipeline_parallel_layers_per_stage",
+    "model.seq_len": "training.seq_len",
+    "parallel.micro_batch_size": "training.local_batch_size",
+}
 
 
 def read_toml(path: Path) -> dict:
@@ -40,12 +57,14 @@ def read_toml(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
-        raise ConfigError("torchtitan config", str(path), f"a readable TOML file ({' '.join(str(exc).split())[:120]})"
-                          ) from None
+        raise ConfigError(
+            "torchtitan config", str(path), f"a readable TOML file ({' '.join(str(exc).split())[:120]})"
+        ) from None
 
 
-def import_torchtitan(path: Path, *, world_size: int | None = None, model: str | None = None,
-                      lenient: bool = False) -> Imported:
+def import_torchtitan(
+    path: Path, *, world_size: int | None = None, model: str | None = None, lenient: bool = False
+) -> Imported:
     """The config of a torchtitan TOML; world_size gives the GPUs where data_parallel_shard_degree is -1 (the
     ranks left over), and model the shapes (a preset, a model YAML or an HF config.json)."""
     keys, t = table_source(read_toml(path), f"torchtitan config {path}"), Translation(lenient)
@@ -56,12 +75,19 @@ def import_torchtitan(path: Path, *, world_size: int | None = None, model: str |
     parallel, zero, cp = _parallel(keys, t, world_size)
     parallel.update(_batches(keys, t, parallel, cp))
     schedule, parallel["vpp"] = _schedule(keys, t, parallel["pp"], layers)
-    config = {"model": section, "parallel": parallel, "schedule": schedule,
-              **_recompute(keys, t, layers // (parallel["pp"] * parallel["vpp"])),
-              "optimizer": {"zero": zero, **_reshard(keys, zero)},
-              "collectives": {"all_to_all": "deepep" if keys.text(f"{P}expert_parallel_comm_backend", "standard",
-                                                                  ("standard", "deepep")) == "deepep" else "flat"},
-              "cost": _fp8(keys, t, spec.num_experts > 1)}
+    config = {
+        "model": section,
+        "parallel": parallel,
+        "schedule": schedule,
+        **_recompute(keys, t, layers // (parallel["pp"] * parallel["vpp"])),
+        "optimizer": {"zero": zero, **_reshard(keys, zero)},
+        "collectives": {
+            "all_to_all": "deepep"
+            if keys.text(f"{P}expert_parallel_comm_backend", "standard", ("standard", "deepep")) == "deepep"
+            else "flat"
+        },
+        "cost": _fp8(keys, t, spec.num_experts > 1),
+    }
     with config_keys_as(FLAG_OF_KEY):
         load_config(config)
     inert = NO_BEARING + (() if config["cost"] else ("quantize.",))  # without a converter its tables do nothing
@@ -79,14 +105,22 @@ def _model(keys: Source, t: Translation, path: Path, given: str | None) -> dict:
         found = [c for c in (Path(assets) / "config.json", path.parent / assets / "config.json") if c.is_file()]
         ref = str(found[0].resolve()) if found else None
     if ref is None:
-        raise ConfigError("--model", None, f"the model's shapes: a preset, a model YAML or an HF config.json "
-                          f"(torchtitan's {name} {flavor} is defined in its code; [model] hf_assets_path "
-                          f"{assets!r} holds no config.json here)")
+        raise ConfigError(
+            "--model",
+            None,
+            f"the model's shapes: a preset, a model YAML or an HF config.json "
+            f"(torchtitan's {name} {flavor} is defined in its code; [model] hf_assets_path "
+            f"{assets!r} holds no config.json here)",
+        )
     precision = keys.text("training.mixed_precision_param", "bfloat16", ("bfloat16", "float32"))
     keys.get("training.dtype")  # the optimizer's master copy: piper-sim's memory model keeps fp32 Adam state
     t.note(f"model: torchtitan's {name} {flavor}, shapes from {ref}")
-    return {"preset": ref, "name": f"{name}-{flavor}", "seq_len": keys.integer("training.seq_len", 2048),
-            "dtype": "bf16" if precision == "bfloat16" else "fp32"}
+    return {
+        "preset": ref,
+        "name": f"{name}-{flavor}",
+        "seq_len": keys.integer("training.seq_len", 2048),
+        "dtype": "bf16" if precision == "bfloat16" else "fp32",
+    }
 
 
 def _fp8(keys: Source, t: Translation, moe: bool) -> dict:
@@ -96,13 +130,21 @@ def _fp8(keys: Source, t: Translation, moe: bool) -> dict:
     if not any("float8" in c or "mx" in c for c in converters):
         return {}
     if any("mx" in c for c in converters) or (moe and not any("grouped_mm.float8" in c for c in converters)):
-        t.refuse("model.converters", converters, "quantize.linear.float8 (with quantize.grouped_mm.float8 for an "
-                 "MoE model): piper-sim runs every linear, the experts' included, in fp8 with per-tensor scales",
-                 "prices every linear in fp8 with current scaling")
+        t.refuse(
+            "model.converters",
+            converters,
+            "quantize.linear.float8 (with quantize.grouped_mm.float8 for an "
+            "MoE model): piper-sim runs every linear, the experts' included, in fp8 with per-tensor scales",
+            "prices every linear in fp8 with current scaling",
+        )
     recipe = keys.text("quantize.linear.float8.recipe_name", "tensorwise")
     if recipe != "tensorwise":
-        t.refuse("quantize.linear.float8.recipe_name", recipe, "tensorwise: piper-sim prices per-tensor scaling",
-                 "prices it as tensorwise (current) scaling")
+        t.refuse(
+            "quantize.linear.float8.recipe_name",
+            recipe,
+            "tensorwise: piper-sim prices per-tensor scaling",
+            "prices it as tensorwise (current) scaling",
+        )
     return {"precision": "fp8", "fp8_recipe": "current"}
 
 
@@ -112,26 +154,53 @@ def _parallel(keys: Source, t: Translation, world: int | None) -> tuple[dict, in
     ranks (torchtitan's fsdp mesh), and with data_parallel_replicate_degree > 1 too HSDP (parallel.dp_shard; the
     replicate degree is what it leaves; docs/sharding.md). Context parallelism runs as piper-sim's K/V ring
     (docs/context-parallel.md)."""
-    degree = {k: keys.integer(f"{P}{k}_degree", 1, limit=GPUS_LIMIT) for k in
-              ("data_parallel_replicate", "tensor_parallel", "pipeline_parallel", "context_parallel",
-               "expert_parallel", "expert_tensor_parallel")}
-    rep, tp, pp, cp = (degree[k] for k in ("data_parallel_replicate", "tensor_parallel", "pipeline_parallel",
-                                           "context_parallel"))
+    degree = {
+        k: keys.integer(f"{P}{k}_degree", 1, limit=GPUS_LIMIT)
+        for k in (
+            "data_parallel_replicate",
+            "tensor_parallel",
+            "pipeline_parallel",
+            "context_parallel",
+            "expert_parallel",
+            "expert_tensor_parallel",
+        )
+    }
+    rep, tp, pp, cp = (
+        degree[k] for k in ("data_parallel_replicate", "tensor_parallel", "pipeline_parallel", "context_parallel")
+    )
     shard = _shard_degree(keys, world, rep * tp * pp * cp)
     rotate = keys.text(f"{P}context_parallel_rotate_method", "allgather") if cp > 1 else ""
     if rotate == "allgather":
-        t.note("context_parallel_rotate_method allgather: priced as the K/V ring (the same bytes; torch's all-gather "
-               "variant gathers them before each attention core)")
+        t.note(
+            "context_parallel_rotate_method allgather: priced as the K/V ring (the same bytes; torch's all-gather "
+            "variant gathers them before each attention core)"
+        )
     elif rotate:
-        t.refuse(f"{P}context_parallel_rotate_method", rotate, "allgather: piper-sim models the K/V ring",
-                 "prices the K/V ring in place of the all-to-all rotation")
+        t.refuse(
+            f"{P}context_parallel_rotate_method",
+            rotate,
+            "allgather: piper-sim models the K/V ring",
+            "prices the K/V ring in place of the all-to-all rotation",
+        )
     zero = 3 if shard * cp > 1 else 0
     hsdp = {"dp_shard": shard * cp} if zero == 3 and rep > 1 else {}
     if tp > 1:
         t.note("parallel.sp true: torchtitan's tensor-parallel plans shard the norms' activations by sequence")
-    return {"convention": "megatron", "tp": tp, "pp": pp, "dp": rep * shard, **({"cp": cp} if cp > 1 else {}),
+    return (
+        {
+            "convention": "megatron",
+            "tp": tp,
+            "pp": pp,
+            "dp": rep * shard,
+            **({"cp": cp} if cp > 1 else {}),
             "ep": degree["expert_parallel"],
-            "etp": degree["expert_tensor_parallel"], "sp": tp > 1, **hsdp}, zero, cp
+            "etp": degree["expert_tensor_parallel"],
+            "sp": tp > 1,
+            **hsdp,
+        },
+        zero,
+        cp,
+    )
 
 
 RESHARD = {"default": "default", "always": True, "never": False}  # torchtitan/distributed/fsdp.py's policies
@@ -171,8 +240,11 @@ def _batches(keys: Source, t: Translation, parallel: dict, cp: int) -> dict:
     total = keys.integer("training.global_batch_size", -1, low=-1)
     total = local * dp if total == -1 else total
     if total <= 0 or total % (local * dp):
-        raise ConfigError("training.global_batch_size", total, f"-1 or a multiple of local_batch_size x the "
-                                                               f"data-parallel degree ({local} x {dp})")
+        raise ConfigError(
+            "training.global_batch_size",
+            total,
+            f"-1 or a multiple of local_batch_size x the data-parallel degree ({local} x {dp})",
+        )
     accumulation = total // (local * dp)
     if parallel["pp"] == 1:
         return {"micro_batch_size": local, "num_microbatches": accumulation}
@@ -180,8 +252,10 @@ def _batches(keys: Source, t: Translation, parallel: dict, cp: int) -> dict:
     if local % mbs:
         raise ConfigError(f"{P}pipeline_parallel_microbatch_size", mbs, f"a divisor of local_batch_size ({local})")
     if accumulation > 1:
-        t.note(f"{accumulation} gradient-accumulation steps run as one pipeline schedule of "
-               f"{accumulation * local // mbs} micro-batches (torchtitan flushes the pipeline after each)")
+        t.note(
+            f"{accumulation} gradient-accumulation steps run as one pipeline schedule of "
+            f"{accumulation * local // mbs} micro-batches (torchtitan flushes the pipeline after each)"
+        )
     return {"micro_batch_size": mbs, "num_microbatches": accumulation * local // mbs}
 
 
@@ -194,16 +268,24 @@ def _schedule(keys: Source, t: Translation, pp: int, layers: int) -> tuple[str, 
     per_stage = keys.integer(f"{P}pipeline_parallel_layers_per_stage", None)
     vpp = 1 if name in SINGLE_STAGE else 2
     if per_stage is not None:
-        weights = sum(keys.integer(f"{P}pipeline_parallel_{end}_stage_less_layers", 1, low=0) for end in
-                      ("first", "last"))
+        weights = sum(
+            keys.integer(f"{P}pipeline_parallel_{end}_stage_less_layers", 1, low=0) for end in ("first", "last")
+        )
         stages = math.ceil((layers + weights) / per_stage)
         if stages % pp:
-            raise ConfigError(f"{P}pipeline_parallel_layers_per_stage", per_stage, f"a size giving a multiple of "
-                              f"pipeline_parallel_degree ({pp}) stages; it gives {stages}")
+            raise ConfigError(
+                f"{P}pipeline_parallel_layers_per_stage",
+                per_stage,
+                f"a size giving a multiple of pipeline_parallel_degree ({pp}) stages; it gives {stages}",
+            )
         vpp = stages // pp
     if name not in SCHEDULES:
-        t.refuse(f"{P}pipeline_parallel_schedule", name, f"one of {', '.join(SCHEDULES)}", "runs the interleaved "
-                 "1F1B schedule with the same stages" if vpp > 1 else "runs 1F1B")
+        t.refuse(
+            f"{P}pipeline_parallel_schedule",
+            name,
+            f"one of {', '.join(SCHEDULES)}",
+            "runs the interleaved 1F1B schedule with the same stages" if vpp > 1 else "runs 1F1B",
+        )
     return SCHEDULES.get(name, "interleaved-1f1b" if vpp > 1 else "1f1b"), vpp
 
 
@@ -218,14 +300,25 @@ def _recompute(keys: Source, t: Translation, chunk_layers: int) -> dict:
         return {"recompute": "full", "recompute_checkpoint_layers": 1}
     if mode == "selective" and option.isdigit():
         count = chunk_layers // int(option)
-        t.refuse("activation_checkpoint.selective_ac_option", option, "0 or 1: piper-sim recomputes the first N "
-                 "layers of each chunk, not every N-th", f"recomputes the first {count} of each chunk's "
-                 f"{chunk_layers} layers (as many as every {option}-th)")
-        return {"recompute": "full", "recompute_layers": count, "recompute_checkpoint_layers": 1} if count else {
-            "recompute": "none"}
+        t.refuse(
+            "activation_checkpoint.selective_ac_option",
+            option,
+            "0 or 1: piper-sim recomputes the first N layers of each chunk, not every N-th",
+            f"recomputes the first {count} of each chunk's {chunk_layers} layers (as many as every {option}-th)",
+        )
+        return (
+            {"recompute": "full", "recompute_layers": count, "recompute_checkpoint_layers": 1}
+            if count
+            else {"recompute": "none"}
+        )
     kept = "selective" if mode == "selective" else "none"
-    t.refuse("activation_checkpoint.mode", f"{mode} {option}".strip(), "none, full, or selective with an integer "
-             "option", f"takes recompute {kept} (the attention core's recomputation; torchtitan's per-operator "
-             "policy recomputes the elementwise ops and every other matmul)" if kept == "selective" else
-             "takes recompute none (the compiler's memory budget is not modelled)")
+    t.refuse(
+        "activation_checkpoint.mode",
+        f"{mode} {option}".strip(),
+        "none, full, or selective with an integer option",
+        f"takes recompute {kept} (the attention core's recomputation; torchtitan's per-operator "
+        "policy recomputes the elementwise ops and every other matmul)"
+        if kept == "selective"
+        else "takes recompute none (the compiler's memory budget is not modelled)",
+    )
     return {"recompute": kept}

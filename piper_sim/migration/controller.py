@@ -65,18 +65,27 @@ def migration_from_config(raw: Mapping[str, Any] | None) -> MigrationSpec:
     _check("enabled", spec["enabled"], isinstance(spec["enabled"], bool), "true or false")
     _check("policy", spec["policy"], spec["policy"] in POLICIES, f"one of {', '.join(POLICIES.names())}")
     threshold = spec["threshold"]
-    _check("threshold", threshold, is_finite_number(threshold) and threshold >= 1,
-           "a finite number >= 1 (load imbalance factor, max / mean)")
+    _check(
+        "threshold",
+        threshold,
+        is_finite_number(threshold) and threshold >= 1,
+        "a finite number >= 1 (load imbalance factor, max / mean)",
+    )
     _check("interval", spec["interval"], _is_int(spec["interval"]) and spec["interval"] >= 1, "an integer >= 1")
     _check("max_swaps", spec["max_swaps"], _is_int(spec["max_swaps"]) and spec["max_swaps"] >= 0, "an integer >= 0")
     sbp = spec["state_bytes_per_param"]
     _check("state_bytes_per_param", sbp, _is_int(sbp) and sbp > 0, "a positive integer (16: Piper's convention)")
     gain = spec["min_gain"]
-    _check("min_gain", gain, is_finite_number(gain) and 0 <= gain < 1,
-           "a fraction in [0, 1)")
-    return MigrationSpec(enabled=spec["enabled"], policy=str(spec["policy"]), threshold=float(threshold),
-                         interval=spec["interval"], max_swaps=spec["max_swaps"], state_bytes_per_param=sbp,
-                         min_gain=float(gain))
+    _check("min_gain", gain, is_finite_number(gain) and 0 <= gain < 1, "a fraction in [0, 1)")
+    return MigrationSpec(
+        enabled=spec["enabled"],
+        policy=str(spec["policy"]),
+        threshold=float(threshold),
+        interval=spec["interval"],
+        max_swaps=spec["max_swaps"],
+        state_bytes_per_param=sbp,
+        min_gain=float(gain),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,8 +118,9 @@ class MigrationEvent:
         return bool(self.moves)
 
 
-def migration_step(spec: MigrationSpec, placement: ExpertPlacement, loads: Mapping[int, np.ndarray], step: int,
-                   bytes_per_expert: int) -> MigrationEvent:
+def migration_step(
+    spec: MigrationSpec, placement: ExpertPlacement, loads: Mapping[int, np.ndarray], step: int, bytes_per_expert: int
+) -> MigrationEvent:
     """Decide one check: for each layer with loads, rebalance if its imbalance exceeds the threshold."""
     decisions = []
     new = placement
@@ -129,8 +139,16 @@ def migration_step(spec: MigrationSpec, placement: ExpertPlacement, loads: Mappi
             after = imbalance_factor(rank_loads(expert_loads, new_owners, placement.ep))
             if not np.array_equal(new_owners, owners):
                 new = new.with_owners(layer, new_owners)
-        decisions.append(LayerDecision(layer=layer, lif_before=before, lif_after=after, triggered=triggered,
-                                       swaps=swaps, moved=int(np.count_nonzero(new_owners != owners))))
+        decisions.append(
+            LayerDecision(
+                layer=layer,
+                lif_before=before,
+                lif_after=after,
+                triggered=triggered,
+                swaps=swaps,
+                moved=int(np.count_nonzero(new_owners != owners)),
+            )
+        )
     moves = placement_moves(placement, new, bytes_per_expert) if new is not placement else ()
     return MigrationEvent(step=step, checked=True, decisions=tuple(decisions), moves=moves, placement=new)
 
@@ -167,8 +185,14 @@ class Migrator:
         """JSON-ready totals for the report: checks, migrations, experts and bytes moved per EP group."""
         moved = [e for e in self.events if e.migrated]
         policy = self.spec.policy if self.spec.enabled else "none"
-        return {"policy": policy, "checks": sum(e.checked for e in self.events),
-                "migrations": len(moved), "experts_moved": sum(len(e.moves) for e in moved),
-                "bytes_moved_per_group": sum(e.bytes_per_group for e in moved),
-                "per_step": [{"step": e.step, "experts_moved": len(e.moves), "bytes_per_group": e.bytes_per_group}
-                             for e in self.events]}
+        return {
+            "policy": policy,
+            "checks": sum(e.checked for e in self.events),
+            "migrations": len(moved),
+            "experts_moved": sum(len(e.moves) for e in moved),
+            "bytes_moved_per_group": sum(e.bytes_per_group for e in moved),
+            "per_step": [
+                {"step": e.step, "experts_moved": len(e.moves), "bytes_per_group": e.bytes_per_group}
+                for e in self.events
+            ],
+        }

@@ -52,8 +52,10 @@ class ExpertPlacement:
         per_rank = np.stack([np.bincount(row, minlength=self.ep) for row in owner]) if len(owner) else None
         if per_rank is not None and np.any(per_rank != experts // self.ep):
             bad = int(np.argwhere(per_rank != experts // self.ep)[0][0])
-            raise ValueError(f"layer {self.layers[bad]}: every rank must hold {experts // self.ep} experts; "
-                             f"got {per_rank[bad].tolist()}")
+            raise ValueError(
+                f"layer {self.layers[bad]}: every rank must hold {experts // self.ep} experts; "
+                f"got {per_rank[bad].tolist()}"
+            )
         object.__setattr__(self, "_index", {layer: i for i, layer in enumerate(self.layers)})
 
     @classmethod
@@ -143,5 +145,6 @@ def dispatch(counts: np.ndarray, owners: np.ndarray, ep: int) -> Dispatch:
 
 def rank_loads(expert_loads: np.ndarray, owners: np.ndarray, ep: int) -> np.ndarray:
     """Load per rank: sum of its experts' loads (float64 [ep])."""
-    return np.bincount(np.asarray(owners, dtype=np.int64), weights=np.asarray(expert_loads, dtype=np.float64),
-                       minlength=ep)
+    return np.bincount(
+        np.asarray(owners, dtype=np.int64), weights=np.asarray(expert_loads, dtype=np.float64), minlength=ep
+    )

@@ -43,8 +43,15 @@ def placement_moves(old: ExpertPlacement, new: ExpertPlacement, bytes_per_expert
     moves = []
     for i, layer in enumerate(old.layers):
         for e in np.flatnonzero(old.owner[i] != new.owner[i]):
-            moves.append(Move(layer=layer, expert=int(e), src=int(old.owner[i, e]), dst=int(new.owner[i, e]),
-                              bytes=bytes_per_expert))
+            moves.append(
+                Move(
+                    layer=layer,
+                    expert=int(e),
+                    src=int(old.owner[i, e]),
+                    dst=int(new.owner[i, e]),
+                    bytes=bytes_per_expert,
+                )
+            )
     return tuple(moves)
 
 

@@ -76,8 +76,9 @@ def _canonical(ids: np.ndarray) -> np.ndarray:
     return rank[inverse]
 
 
-def merge_identical(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
-                    weight: np.ndarray | None = None) -> Merged:
+def merge_identical(
+    entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray, weight: np.ndarray | None = None
+) -> Merged:
     """Merge flows whose sorted link lists and sizes are equal; weights add up."""
     num = sizes.shape[0]
     weight = np.ones(num) if weight is None else np.asarray(weight, dtype=float)
@@ -93,8 +94,13 @@ def merge_identical(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.nd
     rep = np.full(k, num, dtype=np.int64)
     np.minimum.at(rep, flow_of, np.arange(num))
     keep = np.isin(entry_flow, rep)
-    return Merged(entry_flow=flow_of[entry_flow[keep]], entry_link=entry_link[keep], sizes=sizes[rep].astype(float),
-                  weight=np.bincount(flow_of, weights=weight, minlength=k), flow_of=flow_of)
+    return Merged(
+        entry_flow=flow_of[entry_flow[keep]],
+        entry_link=entry_link[keep],
+        sizes=sizes[rep].astype(float),
+        weight=np.bincount(flow_of, weights=weight, minlength=k),
+        flow_of=flow_of,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,8 +155,14 @@ def _hash_table(k: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, 1 << HASH_BITS, size=k).astype(float)
 
 
-def _refine(colors: np.ndarray, entry_owner: np.ndarray, entry_other_color: np.ndarray,
-            weight: np.ndarray | None, divisor: np.ndarray | None, seed: int) -> np.ndarray:
+def _refine(
+    colors: np.ndarray,
+    entry_owner: np.ndarray,
+    entry_other_color: np.ndarray,
+    weight: np.ndarray | None,
+    divisor: np.ndarray | None,
+    seed: int,
+) -> np.ndarray:
     """New colours: (old colour, two hashed multisets of neighbour colours weighted by `weight`)."""
     k = int(entry_other_color.max()) + 1 if entry_other_color.size else 1
     sig = []
@@ -182,8 +194,9 @@ def _flows_equitable(fcls: np.ndarray, entry_flow: np.ndarray, entry_lcol: np.nd
     return bool(np.array_equal(table, table[_first_of(fcls)[fcls]]))
 
 
-def _links_equitable(lcls: np.ndarray, local_link: np.ndarray, entry_fcol: np.ndarray, entry_count: np.ndarray,
-                     lcount: np.ndarray) -> bool:
+def _links_equitable(
+    lcls: np.ndarray, local_link: np.ndarray, entry_fcol: np.ndarray, entry_count: np.ndarray, lcount: np.ndarray
+) -> bool:
     """Every link of a class carries the same number of flows of each flow class (exact)."""
     num_l, num_f = lcls.size, int(entry_fcol.max()) + 1 if entry_fcol.size else 1
     key = local_link * num_f + entry_fcol
@@ -214,8 +227,9 @@ def _links_equitable(lcls: np.ndarray, local_link: np.ndarray, entry_fcol: np.nd
     if np.any(per[1:][repeat] != per[:-1][repeat]):  # two links of a class carry a flow class unequally
         return False
     pairs = cls_col[np.concatenate(([True], ~repeat))]
-    return bool(np.all(np.bincount(who, minlength=num_l)
-                       == np.bincount(pairs // num_f, minlength=int(lcls.max()) + 1)[lcls]))
+    return bool(
+        np.all(np.bincount(who, minlength=num_l) == np.bincount(pairs // num_f, minlength=int(lcls.max()) + 1)[lcls])
+    )
 
 
 def _same_within(classes: np.ndarray, values: np.ndarray) -> bool:
@@ -223,9 +237,18 @@ def _same_within(classes: np.ndarray, values: np.ndarray) -> bool:
     return bool(np.array_equal(values, values[_first_of(classes)[classes]])) if classes.size else True
 
 
-def lump(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray, capacity: np.ndarray, *,
-         count: np.ndarray | None = None, link_count: np.ndarray | None = None,
-         color: np.ndarray | None = None, refine: bool = True, seed: int = 0) -> Lumped:
+def lump(
+    entry_flow: np.ndarray,
+    entry_link: np.ndarray,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    *,
+    count: np.ndarray | None = None,
+    link_count: np.ndarray | None = None,
+    color: np.ndarray | None = None,
+    refine: bool = True,
+    seed: int = 0,
+) -> Lumped:
     """Quotient of the flow set by the coarsest equitable partition refining (size, colour) / capacity.
 
     capacity[l] is the capacity of one link with id l (all ids of the topology); count[f] the number of
@@ -239,8 +262,19 @@ def lump(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray, capa
     sizes_f = np.asarray(sizes, dtype=float)
     cap_used = np.asarray(capacity, dtype=float)[used]
     if not refine:
-        return _quotient(entry_flow, local_link, used, sizes_f, capacity, count, lcount, np.arange(num_flows),
-                         np.arange(used.size), 0, True)
+        return _quotient(
+            entry_flow,
+            local_link,
+            used,
+            sizes_f,
+            capacity,
+            count,
+            lcount,
+            np.arange(num_flows),
+            np.arange(used.size),
+            0,
+            True,
+        )
     fcol = _relabel(sizes_f.view(np.int64), np.zeros(num_flows, dtype=np.int64) if color is None else color)
     lcol = _relabel(cap_used.view(np.int64))
     entry_count = count[entry_flow]
@@ -252,18 +286,42 @@ def lump(entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray, capa
         lcol, fcol = new_l, new_f
         if stable:
             break
-    exact = (_same_within(fcol, sizes_f) and _same_within(lcol, cap_used)
-             and _flows_equitable(fcol, entry_flow, lcol[local_link])
-             and _links_equitable(lcol, local_link, fcol[entry_flow], entry_count, lcount))
+    exact = (
+        _same_within(fcol, sizes_f)
+        and _same_within(lcol, cap_used)
+        and _flows_equitable(fcol, entry_flow, lcol[local_link])
+        and _links_equitable(lcol, local_link, fcol[entry_flow], entry_count, lcount)
+    )
     if not exact:  # a hash collision merged unequal items: keep every flow and link apart
         fcol, lcol = np.arange(num_flows), np.arange(used.size)
-    return _quotient(entry_flow, local_link, used, sizes_f, capacity, count, lcount, _canonical(fcol),
-                     _canonical(lcol), rounds, exact)
+    return _quotient(
+        entry_flow,
+        local_link,
+        used,
+        sizes_f,
+        capacity,
+        count,
+        lcount,
+        _canonical(fcol),
+        _canonical(lcol),
+        rounds,
+        exact,
+    )
 
 
-def _quotient(entry_flow: np.ndarray, local_link: np.ndarray, used: np.ndarray, sizes: np.ndarray,
-              capacity: np.ndarray, count: np.ndarray, lcount: np.ndarray, fcls: np.ndarray, lcls: np.ndarray,
-              rounds: int, exact: bool) -> Lumped:
+def _quotient(
+    entry_flow: np.ndarray,
+    local_link: np.ndarray,
+    used: np.ndarray,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    count: np.ndarray,
+    lcount: np.ndarray,
+    fcls: np.ndarray,
+    lcls: np.ndarray,
+    rounds: int,
+    exact: bool,
+) -> Lumped:
     num_fc = int(fcls.max()) + 1 if fcls.size else 0
     num_lc = int(lcls.max()) + 1 if lcls.size else 0
     rep = _first_of(fcls)
@@ -276,7 +334,15 @@ def _quotient(entry_flow: np.ndarray, local_link: np.ndarray, used: np.ndarray, 
     link_class = np.full(np.asarray(capacity).shape[0], -1, dtype=np.int64)
     link_class[used] = lcls
     order = np.argsort(fcls[entry_flow[keep]], kind="stable")
-    return Lumped(flow_class=fcls, link_class=link_class, entry_flow=fcls[entry_flow[keep]][order],
-                  entry_link=lcls[local_link[keep]][order], sizes=np.asarray(sizes, dtype=float)[rep],
-                  weight=np.bincount(fcls, weights=count, minlength=num_fc), capacity=cap_one * link_count,
-                  link_count=link_count, rounds=rounds, exact_check=exact)
+    return Lumped(
+        flow_class=fcls,
+        link_class=link_class,
+        entry_flow=fcls[entry_flow[keep]][order],
+        entry_link=lcls[local_link[keep]][order],
+        sizes=np.asarray(sizes, dtype=float)[rep],
+        weight=np.bincount(fcls, weights=count, minlength=num_fc),
+        capacity=cap_one * link_count,
+        link_count=link_count,
+        rounds=rounds,
+        exact_check=exact,
+    )

@@ -82,7 +82,7 @@ class Parts:
             ready &= np.isin(np.arange(ready.size), only)
         for p in np.flatnonzero(ready).tolist():
             self.fired[p] = True
-            self.events[p].succeed(finish_s[self.offsets[p]:self.offsets[p + 1]].copy())
+            self.events[p].succeed(finish_s[self.offsets[p] : self.offsets[p + 1]].copy())
 
 
 def union(pending: list[Pending]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Hashable | None, Parts]:
@@ -91,6 +91,11 @@ def union(pending: list[Pending]) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     offsets = np.cumsum([0] + [p.sizes.shape[0] for p in pending])
     entry_flow = np.concatenate([p.entry_flow + off for p, off in zip(pending, offsets, strict=False)])
     keys = tuple(p.key for p in pending)
-    return (entry_flow, np.concatenate([p.entry_link for p in pending]), np.concatenate([p.weight for p in pending]),
-            np.concatenate([p.sizes for p in pending]), None if any(k is None for k in keys) else keys,
-            Parts([p.sizes.shape[0] for p in pending], [p.done for p in pending]))
+    return (
+        entry_flow,
+        np.concatenate([p.entry_link for p in pending]),
+        np.concatenate([p.weight for p in pending]),
+        np.concatenate([p.sizes for p in pending]),
+        None if any(k is None for k in keys) else keys,
+        Parts([p.sizes.shape[0] for p in pending], [p.done for p in pending]),
+    )

@@ -80,9 +80,15 @@ class RouteCache:
                 entry_link.extend(links)
         latency = float(flow_latency.max()) if src.size else 0.0
         weights = np.array(sub_weight)
-        routes = Routes(np.array(sub_flow, dtype=np.int64), np.array(sub_frac), np.array(entry_flow, dtype=np.int64),
-                        np.array(entry_link, dtype=np.int64), latency, flow_latency,
-                        None if (weights == 1.0).all() else weights)
+        routes = Routes(
+            np.array(sub_flow, dtype=np.int64),
+            np.array(sub_frac),
+            np.array(entry_flow, dtype=np.int64),
+            np.array(entry_link, dtype=np.int64),
+            latency,
+            flow_latency,
+            None if (weights == 1.0).all() else weights,
+        )
         self._cache[key] = self._by_content[content] = routes
         return routes
 
@@ -109,8 +115,14 @@ class CollectiveRunner:
         self._starting: list[Starting] = []  # multi-phase collectives starting at this instant
         self.num_reserved = self.num_broken = 0
 
-    def run(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float = 0.0,
-            finish_times: bool = False) -> simpy.Event:
+    def run(
+        self,
+        phases: list[Phase],
+        gpus: tuple[str, ...],
+        key: Hashable,
+        delay_s: float = 0.0,
+        finish_times: bool = False,
+    ) -> simpy.Event:
         """Event that fires when every phase has ended. key names (members, algorithm, pattern).
 
         delay_s: a host-side cost paid before the first phase (the profile's per-call overhead).
@@ -148,8 +160,13 @@ class CollectiveRunner:
             if self.network.busy[union].any():
                 for c in members:
                     # mypy cannot type a lambda with a default (here binding the loop's c), nor a callback's value
-                    events = start_phases(self.env, c.phases, lambda index, phase, waits, c=c: self._phase(  # type: ignore[misc]
-                        phase, c.gpus, (c.key, index), waits))
+                    events = start_phases(
+                        self.env,
+                        c.phases,
+                        lambda index, phase, waits, c=c: self._phase(  # type: ignore[misc]
+                            phase, c.gpus, (c.key, index), waits
+                        ),
+                    )
                     self.env.all_of(events).callbacks.append(lambda _ev, done=c.done: done.succeed())  # type: ignore[misc]
             elif len(members) == 1:
                 alone.append(cluster[0])
@@ -157,11 +174,11 @@ class CollectiveRunner:
                 self._reserve(members, self.recorder.run_together(members), union, self.recorder.replay(members))
         if alone:
             union = links[alone[0]] if len(alone) == 1 else np.concatenate([links[i] for i in alone])  # disjoint
-            self._reserve([starting[i] for i in alone], [self.recorder.isolated_run(starting[i]) for i in alone],
-                          union, None)
+            self._reserve(
+                [starting[i] for i in alone], [self.recorder.isolated_run(starting[i]) for i in alone], union, None
+            )
 
-    def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float,
-                 finish_times: bool):
+    def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float, finish_times: bool):
         yield self.env.timeout(delay_s)
         return (yield self.run(phases, gpus, key, finish_times=finish_times))
 
@@ -173,8 +190,13 @@ class CollectiveRunner:
     def _phase_flows(self, phase: Phase, gpus: tuple[str, ...], key: Hashable) -> tuple[Routes, PhaseFlows, float]:
         pattern = (key, phase.src.tobytes(), phase.dst.tobytes())
         routes = self.route_cache.routes(gpus, phase.src, phase.dst, pattern)
-        flows = PhaseFlows(routes.entry_flow, routes.entry_link, phase.sizes[routes.sub_flow] * routes.sub_fraction,
-                           weight=routes.sub_weight, key=pattern)
+        flows = PhaseFlows(
+            routes.entry_flow,
+            routes.entry_link,
+            phase.sizes[routes.sub_flow] * routes.sub_fraction,
+            weight=routes.sub_weight,
+            key=pattern,
+        )
         return routes, flows, phase_delay_s(phase, self.overhead_s, routes.latency_s)
 
     def _phase(self, phase: Phase, gpus: tuple[str, ...], key: Hashable, waits: list[simpy.Event]) -> PhaseProcess:
@@ -187,8 +209,13 @@ class CollectiveRunner:
         return finish
 
     # ---- reservations ----------------------------------------------------------------------------
-    def _reserve(self, members: list[Starting], runs: list[IsolatedRun], links: np.ndarray,
-                 replay: Callable[[float], dict] | None) -> None:
+    def _reserve(
+        self,
+        members: list[Starting],
+        runs: list[IsolatedRun],
+        links: np.ndarray,
+        replay: Callable[[float], dict] | None,
+    ) -> None:
         """Hold the links while the collectives run as recorded; each member's done fires at its own end. If other
         flows come onto the links, the members still running turn into flow sets (_break)."""
         t0 = self.env.now
@@ -204,6 +231,7 @@ class CollectiveRunner:
             for m in sorted(running):
                 c, run = members[m], runs[m]
                 if replayed is None:
+
                     def state(index: int, rec: PhaseRecord) -> tuple[np.ndarray, np.ndarray]:
                         return rec.state_at(t, self.network.capacity)
                 else:
@@ -214,6 +242,7 @@ class CollectiveRunner:
                             assert rec.flows is not None  # _break asks for the state of started phases only
                             return rec.flows.sizes.astype(float).copy(), np.full(rec.flows.sizes.shape[0], np.nan)
                         return hit
+
                 adopted += self._break(run, c, t0, state)
             running.clear()
             self.network.resolve_sets(adopted)
@@ -238,8 +267,13 @@ class CollectiveRunner:
         for duration, ending in by_end.items():
             self.env.timeout(duration).callbacks.append(functools.partial(end_all, ending))
 
-    def _break(self, recorded: IsolatedRun, c: Starting, t0: float,
-               state: Callable[[int, PhaseRecord], tuple[np.ndarray, np.ndarray]]) -> list:
+    def _break(
+        self,
+        recorded: IsolatedRun,
+        c: Starting,
+        t0: float,
+        state: Callable[[int, PhaseRecord], tuple[np.ndarray, np.ndarray]],
+    ) -> list:
         """Another flow set needs the reserved links: the phases running now become flow sets with the bytes they
         still have to send (state; returned, for the caller to solve), those not started wait and start as in a
         run of every phase."""
@@ -253,8 +287,18 @@ class CollectiveRunner:
             elif rec.flows is not None and rec.start_s <= t:
                 remaining, finish = state(index, rec)
                 ev = self.env.event()
-                adopted.append(self.network.adopt(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.weights,
-                                                  remaining, finish + t0, t0 + rec.start_s, ev, key=rec.flows.key))
+                adopted.append(
+                    self.network.adopt(
+                        rec.flows.entry_flow,
+                        rec.flows.entry_link,
+                        rec.flows.weights,
+                        remaining,
+                        finish + t0,
+                        t0 + rec.start_s,
+                        ev,
+                        key=rec.flows.key,
+                    )
+                )
                 events.append(ev)
             else:
                 events.append(self.env.process(self._resume(index, c.phases[index], rec, events, t0, c.gpus, c.key)))
@@ -265,8 +309,9 @@ class CollectiveRunner:
             c.done.succeed()
         return adopted
 
-    def _resume(self, index: int, phase: Phase, rec: PhaseRecord, events: list, t0: float, gpus: tuple[str, ...],
-                key: Hashable) -> Generator[simpy.Event, Any, None]:
+    def _resume(
+        self, index: int, phase: Phase, rec: PhaseRecord, events: list, t0: float, gpus: tuple[str, ...], key: Hashable
+    ) -> Generator[simpy.Event, Any, None]:
         """A phase of a broken reservation that had not started: its predecessors still running, or its delay."""
         waits = [events[a] for a in phase.after if events[a] is not None]
         if phase.src.size == 0:
@@ -281,5 +326,6 @@ class CollectiveRunner:
             wait = t0 + rec.start_s - self.env.now
         if wait > 0:
             yield self.env.timeout(wait)
-        yield self.network.start(flows.entry_flow, flows.entry_link, flows.sizes, weight=flows.weight, key=flows.key,
-                                 counted=False)
+        yield self.network.start(
+            flows.entry_flow, flows.entry_link, flows.sizes, weight=flows.weight, key=flows.key, counted=False
+        )

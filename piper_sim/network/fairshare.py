@@ -21,8 +21,9 @@ def compact_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return kernels.compact(np.asarray(ids, dtype=np.int64))
 
 
-def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray,
-                  capacity: np.ndarray) -> np.ndarray:
+def max_min_rates(
+    entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, capacity: np.ndarray
+) -> np.ndarray:
     """Max-min fair rate per flow (bytes/s) by progressive filling.
 
     entry_flow/entry_link list the (flow, link) incidences; weight[f] is how many identical flows
@@ -34,8 +35,7 @@ def max_min_rates(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.nda
     return fill_rates(entry_flow, local_link, weight, capacity[links])
 
 
-def fill_rates(entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray,
-               capacity: np.ndarray) -> np.ndarray:
+def fill_rates(entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     """max_min_rates with links already numbered 0..L-1 (capacity[L]); links no entry uses are ignored."""
     return Filling(entry_flow, local_link, weight, capacity).solve(np.ones(weight.shape[0], dtype=bool))
 
@@ -49,13 +49,13 @@ class Filling:
     zero.
     """
 
-    def __init__(self, entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray,
-                 capacity: np.ndarray) -> None:
+    def __init__(
+        self, entry_flow: np.ndarray, local_link: np.ndarray, weight: np.ndarray, capacity: np.ndarray
+    ) -> None:
         self.incidence = kernels.Incidence(entry_flow, local_link, weight.shape[0], capacity.shape[0])
         self.weight, self.capacity = weight.astype(float), capacity.astype(float)
         # the last solve: rates, live flows, frozen rates per link (a solve after flows only left resumes from it)
-        self.state = (np.zeros(weight.shape[0]), np.zeros(weight.shape[0], dtype=np.bool_),
-                      np.zeros(capacity.shape[0]))
+        self.state = (np.zeros(weight.shape[0]), np.zeros(weight.shape[0], dtype=np.bool_), np.zeros(capacity.shape[0]))
 
     def solve(self, live: np.ndarray) -> np.ndarray:
         kernels.refill(self.incidence, self.weight, self.capacity, np.asarray(live, dtype=np.bool_), self.state)
@@ -84,9 +84,16 @@ class Structure:
 LATENCY_ONLY_S = 5e-8  # a flow set that holds each link it crosses at most this long alone runs outside the sharing
 
 
-def latency_only(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                 capacity: np.ndarray, limit_s: float, fastest_bytes_per_s: float,
-                 compacted: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
+def latency_only(
+    entry_flow: np.ndarray,
+    entry_link: np.ndarray,
+    weight: np.ndarray,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    limit_s: float,
+    fastest_bytes_per_s: float,
+    compacted: tuple[np.ndarray, np.ndarray] | None = None,
+) -> bool:
     """Whether a flow set's bytes on each link it crosses take that link at most limit_s (LATENCY_ONLY_S, less
     than one switch hop's latency on the machines modelled). Such a set (the split sizes an all-to-all exchanges
     first: 8 bytes a pair) is priced by the overhead and latency its phase pays before its flows enter; its bytes
@@ -105,8 +112,14 @@ def latency_only(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndar
     return bool((load <= limit_s * capacity[links]).all())
 
 
-def isolated_timeline(entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                      capacity: np.ndarray, keep_rates: bool = True) -> Timeline:
+def isolated_timeline(
+    entry_flow: np.ndarray,
+    entry_link: np.ndarray,
+    weight: np.ndarray,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    keep_rates: bool = True,
+) -> Timeline:
     """A flow set's run alone on its links: solve the fair shares, run until the next flows end, repeat
     (kernels.timeline). keep_rates: False when only its finish times and duration are wanted (no segments)."""
     links, local = compact_ids(entry_link)

@@ -37,12 +37,39 @@ STRUCTURE_ENTRIES = 1 << 23  # ... and the (flow, link) incidences they hold tog
 class FlowSet:
     """Flows that start together (one phase of a collective, or one p2p transfer)."""
 
-    __slots__ = ("entry_flow", "entry_link", "weight", "remaining", "rate", "t_last", "done", "version",
-                 "timeline", "t_start", "links", "finish_s", "seq", "neighbors", "armed", "structure", "key",
-                 "parts")
+    __slots__ = (
+        "entry_flow",
+        "entry_link",
+        "weight",
+        "remaining",
+        "rate",
+        "t_last",
+        "done",
+        "version",
+        "timeline",
+        "t_start",
+        "links",
+        "finish_s",
+        "seq",
+        "neighbors",
+        "armed",
+        "structure",
+        "key",
+        "parts",
+    )
 
-    def __init__(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray,
-                 done: simpy.Event, now: float, links: np.ndarray, seq: int, key: Hashable | None = None) -> None:
+    def __init__(
+        self,
+        entry_flow: np.ndarray,
+        entry_link: np.ndarray,
+        weight: np.ndarray,
+        sizes: np.ndarray,
+        done: simpy.Event,
+        now: float,
+        links: np.ndarray,
+        seq: int,
+        key: Hashable | None = None,
+    ) -> None:
         self.entry_flow, self.entry_link, self.weight = entry_flow, entry_link, weight
         self.key = key  # what the caller named it (a collective's members, algorithm, role and phase): for errors
         self.seq = seq  # start order: sets are always handled in it, so runs repeat exactly
@@ -70,9 +97,14 @@ class Reservation:
 class FlowNetwork:
     """All flows in flight on one topology."""
 
-    def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray,
-                 slowdown: Callable[[np.ndarray], np.ndarray] | None = None,
-                 latency_only_s: float = LATENCY_ONLY_S, batch: bool = False) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        capacity_bytes_per_s: np.ndarray,
+        slowdown: Callable[[np.ndarray], np.ndarray] | None = None,
+        latency_only_s: float = LATENCY_ONLY_S,
+        batch: bool = False,
+    ) -> None:
         """slowdown: load per link (the weights of its live flows) -> divisor of each link's capacity, for
         resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity.
         latency_only_s: a flow set that holds each of its links at most this long runs outside the sharing
@@ -102,8 +134,15 @@ class FlowNetwork:
         self._pending: list[Pending] = []  # sets asked to start at this instant (batch)
 
     # ---- public ----------------------------------------------------------------------------------
-    def start(self, entry_flow: np.ndarray, entry_link: np.ndarray, sizes: np.ndarray,
-              weight: np.ndarray | None = None, key: Hashable | None = None, counted: bool = True) -> simpy.Event:
+    def start(
+        self,
+        entry_flow: np.ndarray,
+        entry_link: np.ndarray,
+        sizes: np.ndarray,
+        weight: np.ndarray | None = None,
+        key: Hashable | None = None,
+        counted: bool = True,
+    ) -> simpy.Event:
         """Start flows now; the returned event fires when all have arrived, with each flow's finish time. A set
         too small to share links (fairshare.latency_only) ends as it starts.
 
@@ -119,12 +158,16 @@ class FlowNetwork:
             if key is not None:
                 self._links_of[key] = distinct
         if counted:  # bytes per link, summed over the set's own links only (a machine has thousands)
-            self.count(np.bincount(distinct[1], weights=(sizes * weight)[entry_flow], minlength=distinct[0].shape[0]),
-                       int(weight.sum()), distinct[0])
+            self.count(
+                np.bincount(distinct[1], weights=(sizes * weight)[entry_flow], minlength=distinct[0].shape[0]),
+                int(weight.sum()),
+                distinct[0],
+            )
         done = self.env.event()
         keep = sizes > EPS_BYTES
-        if not keep.any() or latency_only(entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s,
-                                          self._fastest, distinct):  # nothing to move, or too little to share links
+        if not keep.any() or latency_only(
+            entry_flow, entry_link, weight, sizes, self.capacity, self.latency_only_s, self._fastest, distinct
+        ):  # nothing to move, or too little to share links
             done.succeed(np.full(sizes.shape[0], self.env.now))
             return done
         pending = Pending(entry_flow, entry_link, weight, np.where(keep, sizes, 0.0), distinct[0], key, done)
@@ -148,8 +191,15 @@ class FlowNetwork:
         """Sets that share links enter as one (one as itself); returns it unless it runs alone from a memoized run."""
         if len(sets) == 1:
             p, parts = sets[0], None
-            entry_flow, entry_link, weight, sizes, key, links, done = (p.entry_flow, p.entry_link, p.weight, p.sizes,
-                                                                       p.key, p.links, p.done)
+            entry_flow, entry_link, weight, sizes, key, links, done = (
+                p.entry_flow,
+                p.entry_link,
+                p.weight,
+                p.sizes,
+                p.key,
+                p.links,
+                p.done,
+            )
         else:
             entry_flow, entry_link, weight, sizes, key, parts = union(sets)
             links, done = np.unique(np.concatenate([p.links for p in sets])), self.env.event()
@@ -212,13 +262,21 @@ class FlowNetwork:
             self.release(r)
             r.on_break()
 
-    def adopt(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, remaining: np.ndarray,
-              finish_s: np.ndarray, t_start: float, done: simpy.Event, key: Hashable | None = None) -> FlowSet:
+    def adopt(
+        self,
+        entry_flow: np.ndarray,
+        entry_link: np.ndarray,
+        weight: np.ndarray,
+        remaining: np.ndarray,
+        finish_s: np.ndarray,
+        t_start: float,
+        done: simpy.Event,
+        key: Hashable | None = None,
+    ) -> FlowSet:
         """Add a flow set that has been running since t_start (flow weights, bytes still to send, finish times of
         the flows that have ended, NaN for the others); the caller resolves it (resolve_sets). key: as start's."""
         links = compact_ids(entry_link)[0]
-        fs = FlowSet(entry_flow, entry_link, weight, remaining, done, self.env.now, links,
-                     self.num_sets, key)
+        fs = FlowSet(entry_flow, entry_link, weight, remaining, done, self.env.now, links, self.num_sets, key)
         fs.t_start, fs.finish_s = t_start, np.array(finish_s, dtype=float)
         self._settle(fs, fs.rate)  # bytes left found by subtracting recorded rates can round to a few ulps' worth
         self.num_sets += 1
@@ -379,8 +437,9 @@ class FlowNetwork:
                 hit = Structure(sets, self.capacity, filled=self.slowdown is None)
             self._structures[key] = hit
             self._structure_entries += hit.entry_link.shape[0]
-            while len(self._structures) > 1 and (len(self._structures) > MAX_STRUCTURES
-                                                 or self._structure_entries > STRUCTURE_ENTRIES):
+            while len(self._structures) > 1 and (
+                len(self._structures) > MAX_STRUCTURES or self._structure_entries > STRUCTURE_ENTRIES
+            ):
                 self._structure_entries -= self._structures.pop(next(iter(self._structures))).entry_link.shape[0]
         for fs in sets:
             fs.structure = hit
@@ -401,14 +460,14 @@ class FlowNetwork:
         else:
             live = np.zeros(st.num_flows, dtype=bool)
             for fs, start in zip(sets, starts, strict=True):
-                live[start:start + fs.remaining.shape[0]] = fs.remaining > EPS_BYTES
+                live[start : start + fs.remaining.shape[0]] = fs.remaining > EPS_BYTES
         if st.filling is not None:
             self.num_solves += 1
             rate = st.filling.solve(live)
         else:
             rate = self._solve_arrays(st.entry_flow, st.entry_link, st.weight * live, live)
         for fs, start, kept in zip(sets, starts, armed, strict=True):
-            new = rate[start:start + fs.remaining.shape[0]]
+            new = rate[start : start + fs.remaining.shape[0]]
             unchanged = kept and np.array_equal(new, fs.rate)
             fs.rate = new
             if self.log is not None:
@@ -419,8 +478,10 @@ class FlowNetwork:
 
     def _schedule(self, fs: FlowSet, delay: float) -> None:
         if not 0.0 <= delay < math.inf:  # NaN too: SimPy would take it and never reach the event
-            raise RuntimeError(f"flow set {describe(fs.key)}: its next end is {delay!r} s away at {self.env.now!r} s "
-                               f"(bytes left {fs.remaining.tolist()[:4]}, rates {fs.rate.tolist()[:4]})")
+            raise RuntimeError(
+                f"flow set {describe(fs.key)}: its next end is {delay!r} s away at {self.env.now!r} s "
+                f"(bytes left {fs.remaining.tolist()[:4]}, rates {fs.rate.tolist()[:4]})"
+            )
         version = fs.version
         fs.armed = True
         ev = self.env.timeout(delay)
@@ -463,9 +524,11 @@ class FlowNetwork:
         bad = np.flatnonzero(~np.isfinite(fs.finish_s))
         if bad.size:
             f = int(bad[0])
-            raise RuntimeError(f"flow set {describe(fs.key)} ended at {self.env.now!r} s with finish time "
-                               f"{float(fs.finish_s[f])!r} for {bad.size} of its {fs.finish_s.size} flows (flow {f}: "
-                               f"{float(fs.remaining[f])!r} bytes left, started at {fs.t_start!r} s)")
+            raise RuntimeError(
+                f"flow set {describe(fs.key)} ended at {self.env.now!r} s with finish time "
+                f"{float(fs.finish_s[f])!r} for {bad.size} of its {fs.finish_s.size} flows (flow {f}: "
+                f"{float(fs.remaining[f])!r} bytes left, started at {fs.t_start!r} s)"
+            )
         if fs.parts is not None:
             fs.parts.fire(fs.finish_s)
         fs.done.succeed(fs.finish_s)
@@ -474,8 +537,10 @@ class FlowNetwork:
 def check_finite(sizes: np.ndarray, key: Hashable | None, at_s: float) -> None:
     """A flow set's sizes must be finite: one clear error naming it (what it would do to the run is undefined)."""
     if not np.isfinite(sizes).all():
-        raise RuntimeError(f"flow set {describe(key)} asked to start at {at_s!r} s with sizes "
-                           f"{sizes.tolist()[:4]} bytes: a size must be finite")
+        raise RuntimeError(
+            f"flow set {describe(key)} asked to start at {at_s!r} s with sizes "
+            f"{sizes.tolist()[:4]} bytes: a size must be finite"
+        )
 
 
 def describe(key: Hashable | None) -> str:

@@ -24,27 +24,47 @@ class Incidence:
     """A flow set's (flow, link) incidences, flow-major and link-major, links numbered 0..L-1, with the scratch
     arrays its solves reuse."""
 
-    __slots__ = ("flow_ptr", "flow_link", "link_ptr", "link_flow", "num_flows", "num_links", "has_link",
-                 "scratch")
+    __slots__ = ("flow_ptr", "flow_link", "link_ptr", "link_flow", "num_flows", "num_links", "has_link", "scratch")
 
     def __init__(self, entry_flow: np.ndarray, local_link: np.ndarray, num_flows: int, num_links: int) -> None:
         self.num_flows, self.num_links = num_flows, num_links
         self.flow_ptr, self.flow_link, self.link_ptr, self.link_flow = _compressed(
-            np.asarray(entry_flow, dtype=np.int64), np.asarray(local_link, dtype=np.int64), num_flows, num_links)
+            np.asarray(entry_flow, dtype=np.int64), np.asarray(local_link, dtype=np.int64), num_flows, num_links
+        )
         self.has_link = self.flow_ptr[1:] > self.flow_ptr[:-1]
-        self.scratch = (np.zeros(num_links), np.zeros(num_links), np.zeros(num_links, dtype=np.int64),
-                        np.zeros(num_links, dtype=np.int64), np.zeros(num_flows, dtype=np.bool_))
+        self.scratch = (
+            np.zeros(num_links),
+            np.zeros(num_links),
+            np.zeros(num_links, dtype=np.int64),
+            np.zeros(num_links, dtype=np.int64),
+            np.zeros(num_flows, dtype=np.bool_),
+        )
         # load, cap, rising_on, active, rising: a filling's (_refill) working arrays, all zero between fillings
 
 
-def timeline(inc: Incidence, weight: np.ndarray, sizes: np.ndarray, capacity: np.ndarray,
-             eps_bytes: float, keep_rates: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def timeline(
+    inc: Incidence,
+    weight: np.ndarray,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    eps_bytes: float,
+    keep_rates: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The set's run alone from time 0: (end of each wave, rates in it [wave, flow] (no rows unless keep_rates),
     each flow's finish), a wave lasting until the next flows end. Flows of at most eps_bytes, or crossing no link,
     finish at 0."""
-    return _timeline(inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow, np.asarray(weight, dtype=float),
-                     np.asarray(sizes, dtype=float), np.asarray(capacity, dtype=float), eps_bytes, keep_rates,
-                     *inc.scratch)
+    return _timeline(
+        inc.flow_ptr,
+        inc.flow_link,
+        inc.link_ptr,
+        inc.link_flow,
+        np.asarray(weight, dtype=float),
+        np.asarray(sizes, dtype=float),
+        np.asarray(capacity, dtype=float),
+        eps_bytes,
+        keep_rates,
+        *inc.scratch,
+    )
 
 
 @numba.njit(cache=True)
@@ -73,17 +93,48 @@ def _compressed(entry_flow, local_link, num_flows, num_links):  # pragma: no cov
     return flow_ptr, flow_link, link_ptr, link_flow
 
 
-def refill(inc: Incidence, weight: np.ndarray, capacity: np.ndarray, live: np.ndarray,
-           state: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+def refill(
+    inc: Incidence,
+    weight: np.ndarray,
+    capacity: np.ndarray,
+    live: np.ndarray,
+    state: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
     """Max-min fair rates of the live flows into state's rate array, resumed from the last solve on this incidence
     when flows only left since (state: rate, the live flows of the last solve, the frozen rates per link)."""
-    _resume(live, inc.has_link, inc.flow_ptr, inc.flow_link, inc.link_ptr, inc.link_flow,
-            np.asarray(weight, dtype=float), np.asarray(capacity, dtype=float), *state, *inc.scratch)
+    _resume(
+        live,
+        inc.has_link,
+        inc.flow_ptr,
+        inc.flow_link,
+        inc.link_ptr,
+        inc.link_flow,
+        np.asarray(weight, dtype=float),
+        np.asarray(capacity, dtype=float),
+        *state,
+        *inc.scratch,
+    )
 
 
 @numba.njit(cache=True)
-def _resume(live, has_link, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate, last_live,
-            frozen_load, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+def _resume(
+    live,
+    has_link,
+    flow_ptr,
+    flow_link,
+    link_ptr,
+    link_flow,
+    weight,
+    capacity,
+    rate,
+    last_live,
+    frozen_load,
+    load,
+    cap,
+    rising_on,
+    active,
+    rising,
+):  # pragma: no cover - compiled
     """Flows that left since the last solve (live then, not now) give up their rates, and every flow at or above the
     lowest of those rates refills from it (as _timeline's waves); a flow live now and not then starts it over."""
     num_flows = live.shape[0]
@@ -119,8 +170,24 @@ def _resume(live, has_link, flow_ptr, flow_link, link_ptr, link_flow, weight, ca
     for f in range(num_flows):
         last_live[f] = live[f] and has_link[f]
     if count:
-        _refill(members, count, level, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
-                frozen_load, load, cap, rising_on, active, rising)
+        _refill(
+            members,
+            count,
+            level,
+            flow_ptr,
+            flow_link,
+            link_ptr,
+            link_flow,
+            weight,
+            capacity,
+            rate,
+            frozen_load,
+            load,
+            cap,
+            rising_on,
+            active,
+            rising,
+        )
 
 
 @numba.njit(cache=True)
@@ -136,8 +203,22 @@ def _min_ratio(index, count, numerator, denominator):  # pragma: no cover - comp
 
 
 @numba.njit(cache=True)
-def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity, eps_bytes, keep_rates,
-              load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+def _timeline(
+    flow_ptr,
+    flow_link,
+    link_ptr,
+    link_flow,
+    weight,
+    sizes,
+    capacity,
+    eps_bytes,
+    keep_rates,
+    load,
+    cap,
+    rising_on,
+    active,
+    rising,
+):  # pragma: no cover - compiled
     """A flow set alone from time 0, wave by wave, each wave's filling resumed at the lowest leaver's level (the
     module's docstring; frozen_load keeps the frozen rates per link). A flow's bytes left are kept from the time its
     rate last changed, so a wave touches only the flows it refills."""
@@ -164,8 +245,24 @@ def _timeline(flow_ptr, flow_link, link_ptr, link_flow, weight, sizes, capacity,
     done_at = np.full(num_flows, np.inf)  # when it has eps_bytes left (a leaver of a wave ending then, at the latest)
     num_refill, level, waves, kept_end = live, 0.0, 0, np.inf
     while live > 0:
-        _refill(refill, num_refill, level, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
-                frozen_load, load, cap, rising_on, active, rising)
+        _refill(
+            refill,
+            num_refill,
+            level,
+            flow_ptr,
+            flow_link,
+            link_ptr,
+            link_flow,
+            weight,
+            capacity,
+            rate,
+            frozen_load,
+            load,
+            cap,
+            rising_on,
+            active,
+            rising,
+        )
         t_next = kept_end  # the next end: the earliest of the flows that kept their rates and of those refilled
         for i in range(num_refill):
             f = refill[i]
@@ -218,8 +315,24 @@ def _unfreeze(f, flow_ptr, flow_link, weight, rate, frozen_load):  # pragma: no 
 
 
 @numba.njit(cache=True)
-def _refill(flows, num_flows, level, flow_ptr, flow_link, link_ptr, link_flow, weight, capacity, rate,
-            frozen_load, load, cap, rising_on, active, rising):  # pragma: no cover - compiled
+def _refill(
+    flows,
+    num_flows,
+    level,
+    flow_ptr,
+    flow_link,
+    link_ptr,
+    link_flow,
+    weight,
+    capacity,
+    rate,
+    frozen_load,
+    load,
+    cap,
+    rising_on,
+    active,
+    rising,
+):  # pragma: no cover - compiled
     """Progressive filling of flows[:num_flows] from `level` up, the other flows on their links frozen
     (frozen_load); each flow that freezes adds its rate to frozen_load."""
     num_active = 0

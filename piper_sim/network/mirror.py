@@ -28,8 +28,15 @@ _MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))  # odd mul
 class _Kept:
     __slots__ = ("timeline", "order", "entry_flow", "entry_link", "weight", "sizes")
 
-    def __init__(self, timeline: Timeline, order: np.ndarray, entry_flow: np.ndarray, entry_link: np.ndarray,
-                 weight: np.ndarray, sizes: np.ndarray):
+    def __init__(
+        self,
+        timeline: Timeline,
+        order: np.ndarray,
+        entry_flow: np.ndarray,
+        entry_link: np.ndarray,
+        weight: np.ndarray,
+        sizes: np.ndarray,
+    ):
         self.timeline, self.order, self.entry_flow, self.entry_link = timeline, order, entry_flow, entry_link
         self.weight, self.sizes = weight, sizes
 
@@ -41,14 +48,18 @@ class TimelineMemo:
 
     def __init__(self, capacity: np.ndarray, reverse_link: np.ndarray | None = None) -> None:
         self.capacity = capacity
-        self._code = np.random.default_rng(0x5EED).integers(1, np.iinfo(np.int64).max, size=int(capacity.shape[0]),
-                                                            dtype=np.int64).astype(np.uint64)
+        self._code = (
+            np.random.default_rng(0x5EED)
+            .integers(1, np.iinfo(np.int64).max, size=int(capacity.shape[0]), dtype=np.int64)
+            .astype(np.uint64)
+        )
         self._reverse = reverse_link
         self._kept: dict[bytes, _Kept] = {}
         self.num_solved = self.num_reordered = self.num_mirrored = 0
 
-    def timeline(self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray,
-                 sizes: np.ndarray) -> Timeline:
+    def timeline(
+        self, entry_flow: np.ndarray, entry_link: np.ndarray, weight: np.ndarray, sizes: np.ndarray
+    ) -> Timeline:
         key = None
         if sizes.shape[0] >= MIN_FLOWS:
             weight = np.ascontiguousarray(weight, dtype=np.float64)
@@ -65,8 +76,15 @@ class TimelineMemo:
             self._kept[key] = _Kept(timeline, order, entry_flow, entry_link, weight, sizes)
         return timeline
 
-    def _found(self, key: bytes, order: np.ndarray, entry_flow: np.ndarray, entry_link: np.ndarray,
-               weight: np.ndarray, sizes: np.ndarray) -> Timeline | None:
+    def _found(
+        self,
+        key: bytes,
+        order: np.ndarray,
+        entry_flow: np.ndarray,
+        entry_link: np.ndarray,
+        weight: np.ndarray,
+        sizes: np.ndarray,
+    ) -> Timeline | None:
         """A kept timeline of these flows listed in another order, or of their mirror image; None when none is."""
         found = self._match(key, order, entry_flow, entry_link, weight, sizes)
         if found is not None:
@@ -84,16 +102,24 @@ class TimelineMemo:
         return found
 
     @staticmethod
-    def _key(entry_flow: np.ndarray, link_code: np.ndarray, weight: np.ndarray,
-             sizes: np.ndarray) -> tuple[bytes, np.ndarray]:
+    def _key(
+        entry_flow: np.ndarray, link_code: np.ndarray, weight: np.ndarray, sizes: np.ndarray
+    ) -> tuple[bytes, np.ndarray]:
         """The flows' hashes (of the link set, weight and size) sorted, as bytes, and the order that sorts them."""
         flow_hash = _wrapped_sums(entry_flow, link_code, sizes.shape[0])  # the same for the links in any order
         flow_hash = flow_hash * _MIX[0] + weight.view(np.uint64) * _MIX[1] + sizes.view(np.uint64)  # wraps
         order = np.argsort(flow_hash, kind="stable")
         return flow_hash[order].tobytes(), order
 
-    def _match(self, key: bytes, order: np.ndarray, entry_flow: np.ndarray, mapped_link: np.ndarray,
-               weight: np.ndarray, sizes: np.ndarray) -> Timeline | None:
+    def _match(
+        self,
+        key: bytes,
+        order: np.ndarray,
+        entry_flow: np.ndarray,
+        mapped_link: np.ndarray,
+        weight: np.ndarray,
+        sizes: np.ndarray,
+    ) -> Timeline | None:
         """The kept timeline whose flows pair with these (the i-th in sorted order with the i-th), when each pair
         has equal weights and sizes and crosses the same links (these mapped), permuted to these flows' order; None
         when there is none."""

@@ -50,8 +50,9 @@ class PhaseFlows:
         return np.ones(self.sizes.shape[0]) if self.weight is None else self.weight
 
 
-def run_phase(env: simpy.Environment, network: FlowNetwork, waits: list[simpy.Event], delay_s: float,
-              flows: PhaseFlows | None) -> Generator[simpy.Event, Any, np.ndarray]:
+def run_phase(
+    env: simpy.Environment, network: FlowNetwork, waits: list[simpy.Event], delay_s: float, flows: PhaseFlows | None
+) -> Generator[simpy.Event, Any, np.ndarray]:
     """One phase (a SimPy process body): wait for the phases before it, pay delay_s, start its flows
     together. Its value: each flow's finish time (seconds, absolute); an empty array for an empty phase
     (flows None), which pays nothing."""
@@ -61,12 +62,12 @@ def run_phase(env: simpy.Environment, network: FlowNetwork, waits: list[simpy.Ev
         return np.zeros(0)
     if delay_s > 0:
         yield env.timeout(delay_s)
-    return (yield network.start(flows.entry_flow, flows.entry_link, flows.sizes, weight=flows.weight,
-                                key=flows.key))
+    return (yield network.start(flows.entry_flow, flows.entry_link, flows.sizes, weight=flows.weight, key=flows.key))
 
 
-def start_phases(env: simpy.Environment, phases: list[Phase],
-                 process: Callable[[int, Phase, list[simpy.Event]], PhaseProcess]) -> list[simpy.Event]:
+def start_phases(
+    env: simpy.Environment, phases: list[Phase], process: Callable[[int, Phase, list[simpy.Event]], PhaseProcess]
+) -> list[simpy.Event]:
     """Start one process per phase, in order; process(index, phase, waits) gets the done events of the
     phases in the phase's `after`. Returns each phase's done event."""
     done: list[simpy.Event] = []

@@ -56,8 +56,9 @@ class PhaseRecord:
         assert self.flows is not None and self.finish_s is not None  # a recorded phase that started its flows
         rates = self.rates
         if rates is None:
-            alone = self.alone or isolated_timeline(self.flows.entry_flow, self.flows.entry_link, self.flows.weights,
-                                                    self.flows.sizes, capacity)
+            alone = self.alone or isolated_timeline(
+                self.flows.entry_flow, self.flows.entry_link, self.flows.weights, self.flows.sizes, capacity
+            )
             if alone.num_waves <= KEPT_WAVES:
                 self.alone = alone
             starts = [0.0] + [end for end, _ in alone.segments[:-1]]
@@ -107,8 +108,7 @@ KEPT_WAVES = 8  # a phase that ran alone keeps its rates once computed if it ran
 
 def is_chain(phases: list[Phase]) -> bool:
     """Each phase waits for the one before it (and perhaps earlier ones), the first for none."""
-    return all(p.after == () if i == 0 else (i - 1 in p.after and max(p.after) == i - 1)
-               for i, p in enumerate(phases))
+    return all(p.after == () if i == 0 else (i - 1 in p.after and max(p.after) == i - 1) for i, p in enumerate(phases))
 
 
 V = TypeVar("V")  # what a RunMemo keeps by key
@@ -176,8 +176,7 @@ class Recorder:
         content = (c.gpus, tuple((p.src.tobytes(), p.dst.tobytes()) for p in c.phases))
         links = self._links_by_content.get(content)
         if links is None:
-            ids = [self.phase_flows(p, c.gpus, (c.key, i))[1].entry_link for i, p in enumerate(c.phases)
-                   if p.src.size]
+            ids = [self.phase_flows(p, c.gpus, (c.key, i))[1].entry_link for i, p in enumerate(c.phases) if p.src.size]
             links = compact_ids(np.concatenate(ids))[0] if ids else np.zeros(0, dtype=np.int64)
             bounded_put(self._links_by_content, content, links, 8 * MAX_RECORDED_RUNS)
         bounded_put(self._link_memo, memo, (c.phases, links), 16 * MAX_RECORDED_RUNS)  # a stage's groups x layers
@@ -187,8 +186,13 @@ class Recorder:
     def signature(c: Starting) -> Hashable:
         """What a collective's run depends on: its members and its phases' contents (not its name: dispatch and
         combine of one matrix run alike)."""
-        return (c.gpus, tuple((p.src.tobytes(), p.dst.tobytes(), p.sizes.tobytes(), p.after, p.messages,
-                              p.overhead_s, p.delay_s) for p in c.phases))
+        return (
+            c.gpus,
+            tuple(
+                (p.src.tobytes(), p.dst.tobytes(), p.sizes.tobytes(), p.after, p.messages, p.overhead_s, p.delay_s)
+                for p in c.phases
+            ),
+        )
 
     def isolated_run(self, c: Starting) -> IsolatedRun:
         """The collective's course alone on the network (recorded in a private one; memoized)."""
@@ -230,11 +234,17 @@ class Recorder:
         links = compact_ids(np.concatenate(entry_links))[0] if entry_links else np.zeros(0, dtype=np.int64)
         link_bytes = np.zeros(self.capacity.shape[0])
         for f in started:
-            link_bytes += np.bincount(f.entry_link, weights=(f.sizes * f.weights)[f.entry_flow],
-                                      minlength=link_bytes.shape[0])
+            link_bytes += np.bincount(
+                f.entry_link, weights=(f.sizes * f.weights)[f.entry_flow], minlength=link_bytes.shape[0]
+            )
         link_bytes = link_bytes[links]  # kept for its own links only: runs are many, the machine's links too
-        return IsolatedRun(duration_s=max(r.end_s for r in records), links=links, link_bytes=link_bytes,
-                           num_flows=int(sum(f.weights.sum() for f in started)), phases=records)
+        return IsolatedRun(
+            duration_s=max(r.end_s for r in records),
+            links=links,
+            link_bytes=link_bytes,
+            num_flows=int(sum(f.weights.sum() for f in started)),
+            phases=records,
+        )
 
     def _record_chain(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable) -> list[PhaseRecord]:
         """Phases that run one after another (the split exchange, then the data; rounds) each run alone: their
@@ -250,8 +260,15 @@ class Recorder:
                 rec.start_s = t = t + delay
             check_finite(rec.flows.sizes, rec.flows.key, t)
             sizes = np.where(rec.flows.sizes > EPS_BYTES, rec.flows.sizes, 0.0)
-            if not sizes.any() or latency_only(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.weights, sizes,
-                                               self.capacity, LATENCY_ONLY_S, self._fastest):  # as the network does
+            if not sizes.any() or latency_only(
+                rec.flows.entry_flow,
+                rec.flows.entry_link,
+                rec.flows.weights,
+                sizes,
+                self.capacity,
+                LATENCY_ONLY_S,
+                self._fastest,
+            ):  # as the network does
                 rec.end_s, rec.finish_s, rec.rates = t, np.full(sizes.shape[0], t), []
                 continue
             timeline = self._alone(rec.flows, sizes)
@@ -271,8 +288,9 @@ class Recorder:
                 bounded_put(self._small_runs, known, timeline)
         return timeline
 
-    def _record_events(self, members: list[Starting], *, log: bool,
-                       until_s: float | None = None) -> tuple[list[list[PhaseRecord]], dict]:
+    def _record_events(
+        self, members: list[Starting], *, log: bool, until_s: float | None = None
+    ) -> tuple[list[list[PhaseRecord]], dict]:
         """Collectives whose phases may overlap, run from time 0 in a private flow network of their own: each
         member's phase records (log: with the rates of the solves of sets that did not run alone), and with
         until_s, the state of the phases running at that time {(member, phase): (bytes left, finish times)}."""
@@ -294,8 +312,9 @@ class Recorder:
                 yield env.timeout(delay)
             rec.start_s = env.now
             net.last_set = None
-            done = net.start(rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, weight=rec.flows.weight,
-                             key=rec.flows.key)
+            done = net.start(
+                rec.flows.entry_flow, rec.flows.entry_link, rec.flows.sizes, weight=rec.flows.weight, key=rec.flows.key
+            )
             flow_set = sets[(m, index)] = net.last_set
             finish = yield done
             rec.end_s, rec.finish_s = env.now, np.asarray(finish)

@@ -36,11 +36,13 @@ def ring_overlap_s(estimator, coster, compute_s: float, forward: bool) -> float:
     if split.cp == 1:
         return compute_s
     size = split.cp * kv_bytes(model, coster.tokens, split.tp)
-    gpus = tuple(estimator.gpus[:split.cp * split.tp:split.tp])
+    gpus = tuple(estimator.gpus[: split.cp * split.tp : split.tp])
 
     def ring_s(registry) -> float:
-        return estimator._cached(("cp", id(registry), gpus, size), lambda: estimator.phases_s(
-            registry.get("ring")(size, list(gpus), estimator.topo), gpus))
+        return estimator._cached(
+            ("cp", id(registry), gpus, size),
+            lambda: estimator.phases_s(registry.get("ring")(size, list(gpus), estimator.topo), gpus),
+        )
 
     ring = ring_s(ALL_GATHER) + (0.0 if forward else ring_s(REDUCE_SCATTER))
     return max(compute_s, ring)

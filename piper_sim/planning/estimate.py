@@ -82,9 +82,17 @@ class Estimate:
 class Estimator:
     """Prices plans of one model on one topology (built for all the plans' GPUs) with one device profile."""
 
-    def __init__(self, model: ModelSpec, topology: Topology, placement: list[str], profile: DeviceProfile,
-                 *, collectives_all_reduce: str = "ring", flash_attention: bool = True,
-                 recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        topology: Topology,
+        placement: list[str],
+        profile: DeviceProfile,
+        *,
+        collectives_all_reduce: str = "ring",
+        flash_attention: bool = True,
+        recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+    ) -> None:
         self.model, self.topo, self.gpus, self.profile = model, topology, placement, profile
         self.flash = flash_attention
         self.recompute_modules = recompute_modules  # what selective recomputation re-runs (workload/recompute.py)
@@ -108,14 +116,17 @@ class Estimator:
         split = point.parallel.split
         shape = geometry(m.num_layers, point.schedule, point.pp, point.vpp)
         stages, layers = shape.stages, shape.layers
-        a2a = self._cached(("a2a", point.ep, point.all_to_all, tokens, split),
-                           lambda: self._all_to_all_s(point, tokens))
+        a2a = self._cached(
+            ("a2a", point.ep, point.all_to_all, tokens, split), lambda: self._all_to_all_s(point, tokens)
+        )
         zb = point.schedule in SPLIT_BACKWARD
         # a stage's times depend on these only (and, under ZeRO-2 and -3, on the stage's data-parallel groups and,
         # without resharding, on the schedule's passes): plans that differ elsewhere share them
-        stage_key = ("stage", tokens, split, point.ep, stages.layout, point.pp, point.vpp, zb, point.recompute,
-                     point.zero, a2a) + (() if point.zero < 2 else (point.num_gpus, point.parallel.dp_replicate)) \
+        stage_key = (
+            ("stage", tokens, split, point.ep, stages.layout, point.pp, point.vpp, zb, point.recompute, point.zero, a2a)
+            + (() if point.zero < 2 else (point.num_gpus, point.parallel.dp_replicate))
             + ((point.schedule, point.num_microbatches, point.reshard_after_forward) if point.zero == 3 else ())
+        )
         per_stage, flops_per_rank_mb = [], []
         for p in range(point.pp):
             times, flops = self._cached(stage_key + (p,), lambda p=p: self._stage_s(point, shape, p, a2a))
@@ -124,21 +135,40 @@ class Estimator:
         pipeline = pipeline_s(point, per_stage)
         hop = self._cached(("p2p", point.pp, tokens, split), lambda: self._p2p_s(point, tokens))
         p2p = 2 * (stages.pipeline_length - 1) * hop  # dualpipe: its two pipelines' hops overlap
-        grad, optimizer = self._cached(("reduce", point.pp, point.vpp, stages.layout, point.ep, point.dp, point.zero,
-                                        split, point.parallel.dp_replicate), lambda: self._reduce_s(point, layers))
+        grad, optimizer = self._cached(
+            (
+                "reduce",
+                point.pp,
+                point.vpp,
+                stages.layout,
+                point.ep,
+                point.dp,
+                point.zero,
+                split,
+                point.parallel.dp_replicate,
+            ),
+            lambda: self._reduce_s(point, layers),
+        )
         step = pipeline + p2p + grad + optimizer
         ranks_per_stage = point.num_gpus // point.pp
         model_flops = sum(flops_per_rank_mb) * ranks_per_stage * point.num_microbatches
         busiest = max(point.num_microbatches * (f + b + w) for f, b, w, _ in per_stage)
         return Estimate(
-            step_time_s=step, pipeline_s=pipeline + p2p, bubble_s=max(pipeline - busiest, 0.0),
-            all_to_all_s=point.num_microbatches * max(s[3] for s in per_stage), p2p_s=p2p, grad_reduce_s=grad,
-            optimizer_s=optimizer, model_flops_per_step=model_flops,
+            step_time_s=step,
+            pipeline_s=pipeline + p2p,
+            bubble_s=max(pipeline - busiest, 0.0),
+            all_to_all_s=point.num_microbatches * max(s[3] for s in per_stage),
+            p2p_s=p2p,
+            grad_reduce_s=grad,
+            optimizer_s=optimizer,
+            model_flops_per_step=model_flops,
             tflops_per_gpu=model_flops / step / point.num_gpus / 1e12,
-            mfu=model_flops / (step * point.num_gpus * self.profile.peak_flops_per_s))
+            mfu=model_flops / (step * point.num_gpus * self.profile.peak_flops_per_s),
+        )
 
-    def _stage_s(self, point: PlanPoint, shape: Geometry, p: int, a2a: float
-                 ) -> tuple[tuple[float, float, float, float], float]:
+    def _stage_s(
+        self, point: PlanPoint, shape: Geometry, p: int, a2a: float
+    ) -> tuple[tuple[float, float, float, float], float]:
         """Stage p's ((F, B, W, all-to-all) of one micro-batch, its FLOPs per rank) (estimate's per_stage)."""
         tokens = point.parallel.tokens_per_microbatch(self.model.seq_len)
         split = point.parallel.split
@@ -149,10 +179,12 @@ class Estimator:
             v, first, last, held = chunk.virtual, chunk.first, chunk.last, chunk.layers
             key = ("chunk", tokens, split, point.ep, held, first, last, zb)
             cf, cb, cw, cflops, moe = self._cached(
-                key, lambda held=held, first=first, last=last: self._chunk(coster, point.ep, held, first, last, zb))
+                key, lambda held=held, first=first, last=last: self._chunk(coster, point.ep, held, first, last, zb)
+            )
             key = ("redo", tokens, split, point.ep, held, first, point.recompute)
             rs, redo_moe = self._cached(
-                key, lambda held=held, first=first: self._recompute(coster, point.ep, held, first, point.recompute))
+                key, lambda held=held, first=first: self._recompute(coster, point.ep, held, first, point.recompute)
+            )
             f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
             if point.zero == 3:  # the units' gathers that prefetch cannot hide, forward and backward
                 ef, eb = self._fsdp_s(point, shape.layers, p, v, a2a)
@@ -166,8 +198,16 @@ class Estimator:
         return (f + a2a_s / 2, b + a2a_s / 2, w, a2a_s), flops
 
     # ---- compute -------------------------------------------------------------------------------
-    def _chunk(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, last: bool, zb: bool,
-               terms: dict[str, float] | None = None) -> tuple[float, float, float, float, int]:
+    def _chunk(
+        self,
+        coster: TaskCoster,
+        ep: int,
+        layers: tuple[int, ...],
+        first: bool,
+        last: bool,
+        zb: bool,
+        terms: dict[str, float] | None = None,
+    ) -> tuple[float, float, float, float, int]:
         """(forward s, backward s (input pass for ZB), weight pass s, FLOPs, MoE layers) of one microbatch; with
         `terms`, its compute by cost term (workload.cost.COST_TERMS) and its TP collectives ("tp_comm") added there."""
         f = b = w = flops = 0.0
@@ -183,9 +223,14 @@ class Estimator:
                 moe += seg.role == Role.DISPATCH
                 continue
             rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
-            kinds = (K.FORWARD_EXPERT if seg.expert else K.FORWARD,
-                     *((K.BACKWARD_EXPERT_INPUT if seg.expert else K.BACKWARD_INPUT, K.BACKWARD_WEIGHT) if zb
-                       else (K.BACKWARD_EXPERT if seg.expert else K.BACKWARD,)))
+            kinds = (
+                K.FORWARD_EXPERT if seg.expert else K.FORWARD,
+                *(
+                    (K.BACKWARD_EXPERT_INPUT if seg.expert else K.BACKWARD_INPUT, K.BACKWARD_WEIGHT)
+                    if zb
+                    else (K.BACKWARD_EXPERT if seg.expert else K.BACKWARD,)
+                ),
+            )
             fs, ff = coster.cost(kinds[0], seg.ops, rows)
             bs, bf = coster.cost(kinds[1], seg.ops, rows)
             ws, wf = coster.cost(kinds[2], seg.ops, rows) if zb else (0.0, 0.0)
@@ -200,8 +245,9 @@ class Estimator:
                     terms[term] = terms.get(term, 0.0) + value
         return f, b, w, flops, moe
 
-    def _recompute(self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, recompute: str
-                   ) -> tuple[float, int]:
+    def _recompute(
+        self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, recompute: str
+    ) -> tuple[float, int]:
         """(seconds, MoE layers whose all-to-alls run again) of what a chunk re-runs before its backward: full,
         the forward of its layers; selective, its layers' recompute modules (as schedule.lower emits them)."""
         if recompute == Recompute.SELECTIVE:
@@ -235,9 +281,13 @@ class Estimator:
         split = coster.split
         size = coster.tokens * self.model.d_model * self.model.dtype_bytes
         registry = {K.ALL_REDUCE: ALL_REDUCE, K.REDUCE_SCATTER: REDUCE_SCATTER, K.ALL_GATHER: ALL_GATHER}[kind]
-        gpus = tuple(self.gpus[:split.tp])
-        return self._cached(("tp", kind, split.tp, size), lambda: self.phases_s(
-            registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), gpus))
+        gpus = tuple(self.gpus[: split.tp])
+        return self._cached(
+            ("tp", kind, split.tp, size),
+            lambda: self.phases_s(
+                registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), gpus
+            ),
+        )
 
     def _all_to_all_s(self, point: PlanPoint, tokens: int) -> float:
         """One dispatch (or combine) of one microbatch in the first EP group (its ranks of one TP index)."""
@@ -246,9 +296,10 @@ class Estimator:
         routed = tokens * point.parallel.split.dispatch_share
         per_pair = routed * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
         matrix = np.full((point.ep, point.ep), per_pair)  # the diagonal (rows that stay) moves nothing
-        gpus = tuple(self.gpus[:point.ep * point.etp:point.etp])
-        algorithm = bind_fanout(ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"),
-                                Fanout(self.model.top_k, self.model.num_experts))
+        gpus = tuple(self.gpus[: point.ep * point.etp : point.etp])
+        algorithm = bind_fanout(
+            ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"), Fanout(self.model.top_k, self.model.num_experts)
+        )
         return self.phases_s(algorithm(matrix, list(gpus), self.topo))
 
     def _p2p_s(self, point: PlanPoint, tokens: int) -> float:
@@ -267,8 +318,11 @@ class Estimator:
         for p in range(point.pp):
             chunks = [stages.of(p, c) for c in range(point.vpp)]
             held = tuple(layer for v in chunks for layer in layers[v])
-            ends = {"first": any(map(stages.is_first, chunks)), "last": any(map(stages.is_last, chunks)),
-                    "ep": point.ep}
+            ends = {
+                "first": any(map(stages.is_first, chunks)),
+                "last": any(map(stages.is_last, chunks)),
+                "ep": point.ep,
+            }
             params = rank_params(self.model, held, **ends, split=point.parallel.split)
             grad = 0.0
             if stages.layout == Layout.BIDIRECTIONAL:  # DualPipe's two copies: summed with the mirror stage's first
@@ -276,18 +330,34 @@ class Estimator:
                 grad += self._reduce_group_s(sum(params.values()), mirror, 0)
             for kind, gpus in self._replica_groups(point, p).items():
                 if len(gpus) > 1 and point.zero == 3:  # the step waits for its last unit's reduce-scatter
-                    unit = unit_params(self.model, layers[chunks[0]], first=ends["first"], last=False, ep=point.ep,
-                                       split=point.parallel.split)
-                    grad += unit_reduce_s(self, next(iter(unit.values()))[kind] * self.model.dtype_bytes, gpus,
-                                          point.parallel.dp_replicate)
+                    unit = unit_params(
+                        self.model,
+                        layers[chunks[0]],
+                        first=ends["first"],
+                        last=False,
+                        ep=point.ep,
+                        split=point.parallel.split,
+                    )
+                    grad += unit_reduce_s(
+                        self,
+                        next(iter(unit.values()))[kind] * self.model.dtype_bytes,
+                        gpus,
+                        point.parallel.dp_replicate,
+                    )
                 elif len(gpus) > 1:
                     grad += self._reduce_group_s(params[kind], gpus, point.zero)
-            shards = param_shards(zero=point.zero, data_parallel=point.parallel.data_parallel, dp=point.dp,
-                                  stage_size=per_stage, replicate=point.parallel.dp_replicate)
+            shards = param_shards(
+                zero=point.zero,
+                data_parallel=point.parallel.data_parallel,
+                dp=point.dp,
+                stage_size=per_stage,
+                replicate=point.parallel.dp_replicate,
+            )
             updated = sum(params[kind] / shards[kind] for kind in PARAM_CLASSES)
             tensors = rank_param_tensors(self.model, held, **ends)
-            fp8_params = fp8_weight_params(self.model, params, held, first=ends["first"], last=ends["last"],
-                                           tp=point.parallel.split.tp)
+            fp8_params = fp8_weight_params(
+                self.model, params, held, first=ends["first"], last=ends["last"], tp=point.parallel.split.tp
+            )
             worst_grad = max(worst_grad, grad)
             coster = self.coster(1)
             worst_opt = max(worst_opt, coster.optimizer_time_s(updated, tensors) + coster.fp8_weight_cast_s(fp8_params))
@@ -296,56 +366,101 @@ class Estimator:
     def _replica_groups(self, point: PlanPoint, p: int) -> dict[str, list[str]]:
         """The replicas of stage p's rank 0's parameters of each class (memory.PARAM_CLASSES)."""
         per_stage = point.num_gpus // point.pp
-        stage = self.gpus[p * per_stage:(p + 1) * per_stage]
-        return {"dense": stage[::point.tp], "replicated": stage if point.tp > 1 else [],
-                "expert": stage[::point.ep * point.etp]}
+        stage = self.gpus[p * per_stage : (p + 1) * per_stage]
+        return {
+            "dense": stage[:: point.tp],
+            "replicated": stage if point.tp > 1 else [],
+            "expert": stage[:: point.ep * point.etp],
+        }
 
     def _bucket_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int) -> float:
         """ZeRO-2: one micro-batch's reduce-scatter of a chunk's gradients, every class."""
         stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
-        params = rank_params(self.model, layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=point.ep,
-                             split=point.parallel.split)
-        return sum(self._sharded_s(REDUCE_SCATTER, params[kind] * self.model.dtype_bytes, gpus)
-                   for kind, gpus in self._replica_groups(point, p).items() if len(gpus) > 1)
+        params = rank_params(
+            self.model,
+            layers[v],
+            first=stages.is_first(v),
+            last=stages.is_last(v),
+            ep=point.ep,
+            split=point.parallel.split,
+        )
+        return sum(
+            self._sharded_s(REDUCE_SCATTER, params[kind] * self.model.dtype_bytes, gpus)
+            for kind, gpus in self._replica_groups(point, p).items()
+            if len(gpus) > 1
+        )
 
-    def _fsdp_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int, a2a: float
-                ) -> tuple[float, float]:
+    def _fsdp_s(
+        self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int, a2a: float
+    ) -> tuple[float, float]:
         """ZeRO-3: (forward, backward) gather time of one micro-batch's pass of chunk v that its units' compute does
         not hide (workload.fsdp.exposed_gather_s; all-to-alls count as compute: they block the compute stream),
         times the share of the passes that gather."""
         stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
         first, last = stages.is_first(v), stages.is_last(v)
         par = point.parallel
-        key = ("fsdp", par.tokens_per_microbatch(self.model.seq_len), par.split, point.ep, point.num_gpus // point.pp,
-               p, par.dp_replicate, layers[v], first, last, point.recompute, a2a)
+        key = (
+            "fsdp",
+            par.tokens_per_microbatch(self.model.seq_len),
+            par.split,
+            point.ep,
+            point.num_gpus // point.pp,
+            p,
+            par.dp_replicate,
+            layers[v],
+            first,
+            last,
+            point.recompute,
+            a2a,
+        )
         forward, backward = self._cached(key, lambda: self._exposed_gathers_s(point, layers[v], p, first, last, a2a))
-        shares = gather_shares(point.schedule, point.pp, point.vpp, point.num_microbatches, p,
-                               stages.where(v)[1], point.reshard_after_forward)
+        shares = gather_shares(
+            point.schedule,
+            point.pp,
+            point.vpp,
+            point.num_microbatches,
+            p,
+            stages.where(v)[1],
+            point.reshard_after_forward,
+        )
         return shares[0] * forward, shares[1] * backward
 
-    def _exposed_gathers_s(self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool,
-                           a2a: float) -> tuple[float, float]:
+    def _exposed_gathers_s(
+        self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool, a2a: float
+    ) -> tuple[float, float]:
         """ZeRO-3: (forward, backward) exposed gather time of one pass of a chunk holding `layers` at stage p, every
         pass gathering: its units' gathers (which depend on the split, EP, the chunk and the stage's groups) against
         their passes' compute (the micro-batch's tokens, the split, EP, the chunk, recomputation, all-to-all)."""
         par = point.parallel
         tokens, split = par.tokens_per_microbatch(self.model.seq_len), par.split
-        gathers = self._cached(("gathers", split, point.ep, point.num_gpus // point.pp, p, par.dp_replicate, layers,
-                                first, last), lambda: self._unit_gathers_s(point, layers, p, first, last))
-        forward, backward = self._cached(("passes", tokens, split, point.ep, layers, first, last, point.recompute, a2a),
-                                         lambda: self._chunk_unit_passes_s(point, layers, first, last, a2a))
+        gathers = self._cached(
+            ("gathers", split, point.ep, point.num_gpus // point.pp, p, par.dp_replicate, layers, first, last),
+            lambda: self._unit_gathers_s(point, layers, p, first, last),
+        )
+        forward, backward = self._cached(
+            ("passes", tokens, split, point.ep, layers, first, last, point.recompute, a2a),
+            lambda: self._chunk_unit_passes_s(point, layers, first, last, a2a),
+        )
         return exposed_gather_s(gathers, forward), exposed_gather_s(gathers[::-1], backward[::-1])
 
-    def _unit_gathers_s(self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool
-                        ) -> list[float]:
+    def _unit_gathers_s(
+        self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool
+    ) -> list[float]:
         """ZeRO-3: the all-gather time of each unit of the chunk, every class over its shard group."""
         groups = shard_groups(self._replica_groups(point, p), point.parallel.dp_replicate)[0]  # HSDP: within a shard
         units = unit_params(self.model, layers, first=first, last=last, ep=point.ep, split=point.parallel.split)
-        return [sum(self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
-                    for kind, gpus in groups.items() if len(gpus) > 1) for params in units.values()]
+        return [
+            sum(
+                self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
+                for kind, gpus in groups.items()
+                if len(gpus) > 1
+            )
+            for params in units.values()
+        ]
 
-    def _chunk_unit_passes_s(self, point: PlanPoint, layers: tuple[int, ...], first: bool, last: bool, a2a: float
-                             ) -> tuple[list[float], list[float]]:
+    def _chunk_unit_passes_s(
+        self, point: PlanPoint, layers: tuple[int, ...], first: bool, last: bool, a2a: float
+    ) -> tuple[list[float], list[float]]:
         """ZeRO-3: the (forward, backward) compute of each unit of the chunk (_unit_passes_s)."""
         coster = self.coster(point.parallel.tokens_per_microbatch(self.model.seq_len), point.parallel.split)
         units = list(layers) if layers else [NO_BLOCK]
@@ -358,8 +473,9 @@ class Estimator:
             backward.append(b)
         return forward, backward
 
-    def _unit_passes_s(self, coster: TaskCoster, point: PlanPoint, unit: int, ends: tuple[bool, bool], a2a: float
-                       ) -> tuple[float, float]:
+    def _unit_passes_s(
+        self, coster: TaskCoster, point: PlanPoint, unit: int, ends: tuple[bool, bool], a2a: float
+    ) -> tuple[float, float]:
         """ZeRO-3: (forward, backward) compute of one unit (a layer; negative: the embedding or the head) in one
         micro-batch, its all-to-alls included and its recomputation before the backward."""
         layers = (unit,) if unit >= 0 else ()
@@ -372,16 +488,18 @@ class Estimator:
         groups in every plan that shares their stage's placement."""
         collective = registry.get(self.all_reduce, "collectives.all_reduce")
         group = tuple(gpus)
-        return self._cached(("sharded", collective, size, group),
-                            lambda: self.phases_s(collective(size, list(group), self.topo), group))
+        return self._cached(
+            ("sharded", collective, size, group), lambda: self.phases_s(collective(size, list(group), self.topo), group)
+        )
 
     def _reduce_group_s(self, params: float, gpus: list[str], zero: int) -> float:
         """One all-reduce of the gradients, or with ZeRO their reduce-scatter (ZeRO-1; ZeRO-2's are per chunk,
         _bucket_s) and the parameters' all-gather."""
         size = params * self.model.dtype_bytes
         if not zero:
-            return self.phases_s(ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo),
-                                 tuple(gpus))
+            return self.phases_s(
+                ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), tuple(gpus)
+            )
         registries = (ALL_GATHER,) if zero == 2 else (REDUCE_SCATTER, ALL_GATHER)
         return sum(self._sharded_s(registry, size, gpus) for registry in registries)
 
@@ -420,8 +538,14 @@ class Estimator:
                 fractions.extend([fraction] * len(path))
                 latency = max(latency, self.topo.path_latency_s(path))
         touched, index = np.unique(np.array(links, dtype=np.int64), return_inverse=True)
-        return (index, np.array(flows, dtype=np.int64), np.array(fractions),
-                self.topo.capacity_bytes_per_s[touched], latency)
+        return (
+            index,
+            np.array(flows, dtype=np.int64),
+            np.array(fractions),
+            self.topo.capacity_bytes_per_s[touched],
+            latency,
+        )
+
 
 @functools.lru_cache(maxsize=4096)
 def _rows_cached(num_experts: int, top_k: int, ep: int, layer: int, tokens: int) -> tuple[int, ...]:
@@ -443,17 +567,25 @@ def estimate_config(cfg, built: tuple[Estimator, PlanPoint] | None = None) -> tu
     return estimate, min(headroom_bytes(peaks, hbm_bytes, reserve)) >= 0
 
 
-def estimate_with_memory(cfg, built: tuple[Estimator, PlanPoint] | None = None
-                         ) -> tuple[Estimate, list[float], float, float]:
+def estimate_with_memory(
+    cfg, built: tuple[Estimator, PlanPoint] | None = None
+) -> tuple[Estimate, list[float], float, float]:
     """A whole config priced by the estimator: (its estimate, each stage's peak memory by the resource model,
     the device's HBM bytes, its framework reserve). built: config_estimator(cfg), where the caller has it."""
     estimator, point = built or config_estimator(cfg)
     profile = estimator.profile
-    peaks = [m.peak_bytes for m in stage_memory(cfg.model, point, flash_attention=cfg.flash_attention,
-                                                recompute_layers=cfg.recompute_layers,
-                                                checkpoint_layers=cfg.recompute_checkpoint_layers,
-                                                fp8_transposed_copies=profile.fp8_transposed_copies,
-                                                recompute_modules=cfg.recompute_modules)]
+    peaks = [
+        m.peak_bytes
+        for m in stage_memory(
+            cfg.model,
+            point,
+            flash_attention=cfg.flash_attention,
+            recompute_layers=cfg.recompute_layers,
+            checkpoint_layers=cfg.recompute_checkpoint_layers,
+            fp8_transposed_copies=profile.fp8_transposed_copies,
+            recompute_modules=cfg.recompute_modules,
+        )
+    ]
     return estimator.estimate(point), peaks, profile.hbm_bytes, config_reserve_bytes(cfg, profile)
 
 
@@ -461,13 +593,32 @@ def config_estimator(cfg, machine: Machine | None = None) -> tuple[Estimator, Pl
     """The estimator of a whole config's machine (build_machine(cfg) where the caller has none), and the config's
     plan as a PlanPoint."""
     par = cfg.parallel
-    point = PlanPoint(pp=par.pp, ep=par.ep, dp=par.dp, cp=par.cp, vpp=par.vpp, micro_batch_size=par.micro_batch_size,
-                      num_microbatches=par.num_microbatches, schedule=cfg.schedule,
-                      all_to_all=cfg.collectives.all_to_all,
-                      recompute=cfg.recompute, zero=cfg.zero, tp=par.tp, etp=par.etp, sp=par.sp,
-                      reshard_after_forward=cfg.reshard_after_forward, dp_shard=par.dp_shard)
+    point = PlanPoint(
+        pp=par.pp,
+        ep=par.ep,
+        dp=par.dp,
+        cp=par.cp,
+        vpp=par.vpp,
+        micro_batch_size=par.micro_batch_size,
+        num_microbatches=par.num_microbatches,
+        schedule=cfg.schedule,
+        all_to_all=cfg.collectives.all_to_all,
+        recompute=cfg.recompute,
+        zero=cfg.zero,
+        tp=par.tp,
+        etp=par.etp,
+        sp=par.sp,
+        reshard_after_forward=cfg.reshard_after_forward,
+        dp_shard=par.dp_shard,
+    )
     machine = machine or build_machine(cfg)
-    estimator = Estimator(cfg.model, machine.topology, list(machine.placement), machine.profile,
-                          collectives_all_reduce=cfg.collectives.all_reduce, flash_attention=cfg.flash_attention,
-                          recompute_modules=cfg.recompute_modules or DEFAULT_SELECTIVE_MODULES)
+    estimator = Estimator(
+        cfg.model,
+        machine.topology,
+        list(machine.placement),
+        machine.profile,
+        collectives_all_reduce=cfg.collectives.all_reduce,
+        flash_attention=cfg.flash_attention,
+        recompute_modules=cfg.recompute_modules or DEFAULT_SELECTIVE_MODULES,
+    )
     return estimator, point

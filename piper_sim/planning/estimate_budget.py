@@ -19,8 +19,17 @@ from piper_sim.schedule.generator_registry import schedule_layout
 from piper_sim.schedule.ir import VirtualStages
 from piper_sim.workload.cost import COST_TERMS
 
-ESTIMATE_TERMS = (*COST_TERMS, "recomputation", "tp_comm", "cp_comm", "ep_comm", "bubble", "pp_comm", "dp_comm",
-                  "optimizer")
+ESTIMATE_TERMS = (
+    *COST_TERMS,
+    "recomputation",
+    "tp_comm",
+    "cp_comm",
+    "ep_comm",
+    "bubble",
+    "pp_comm",
+    "dp_comm",
+    "optimizer",
+)
 
 
 def estimate_budget(estimator: Estimator, point: PlanPoint) -> tuple[Estimate, dict[str, float]]:
@@ -53,8 +62,9 @@ def estimate_budget(estimator: Estimator, point: PlanPoint) -> tuple[Estimate, d
         if best is None or work > best[0]:
             best = (work, p, terms)
     _, stage, terms = best
-    terms["bubble"] = estimate.step_time_s - sum(terms.values()) - estimate.p2p_s - estimate.grad_reduce_s \
-        - estimate.optimizer_s
+    terms["bubble"] = (
+        estimate.step_time_s - sum(terms.values()) - estimate.p2p_s - estimate.grad_reduce_s - estimate.optimizer_s
+    )
     terms["pp_comm"] = estimate.p2p_s
     terms["dp_comm"] += estimate.grad_reduce_s
     terms["optimizer"] = estimate.optimizer_s

@@ -20,9 +20,17 @@ from piper_sim.workload.memory import headroom_bytes
 from piper_sim.workload.recompute import Recompute
 
 # report.json keys the simulator fills and the estimator cannot: written as null
-NOT_ESTIMATED = ("step_times_s", "compute_fraction", "bubble_fraction", "exposed_comm_fraction",
-                 "all_to_all_bandwidth_bytes_per_s", "busiest_link", "peak_memory_bytes_first_step", "imbalance",
-                 "migration")
+NOT_ESTIMATED = (
+    "step_times_s",
+    "compute_fraction",
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "all_to_all_bandwidth_bytes_per_s",
+    "busiest_link",
+    "peak_memory_bytes_first_step",
+    "imbalance",
+    "migration",
+)
 
 
 def estimate_report(cfg: Config, machine: Machine | None = None) -> Report:
@@ -35,16 +43,28 @@ def estimate_report(cfg: Config, machine: Machine | None = None) -> Report:
     tokens = cfg.parallel.sequences_per_step * cfg.model.seq_len
     nulls = dict.fromkeys(NOT_ESTIMATED)
     fp8_peak = built[0].profile.peak_fp8_flops_per_s if cfg.model.fp8_recipe else None  # the MFU's other peak
-    return Report(num_gpus=cfg.parallel.num_gpus, num_steps=cfg.steps, step_time_s=est.step_time_s,
-                  tokens_per_step=tokens, tokens_per_s=tokens / est.step_time_s,
-                  model_flops_per_step=est.model_flops_per_step, tflops_per_gpu=est.tflops_per_gpu, mfu=est.mfu,
-                  hfu=est.mfu if cfg.recompute == Recompute.NONE else None, peak_memory_bytes=[float(p) for p in peaks],
-                  hbm_bytes=hbm, framework_reserve_bytes=reserve, memory_headroom_bytes=headroom,
-                  fits_memory=[h >= 0 for h in headroom],
-                  mfu_fp8_peak=mfu_over_peak(est.model_flops_per_step, est.step_time_s, cfg.parallel.num_gpus,
-                                             fp8_peak),
-                  backend="sim", tier="estimate", estimate={k: float(v) for k, v in est.__dict__.items()},
-                  sim_wall_s=time.perf_counter() - t0, **nulls)
+    return Report(
+        num_gpus=cfg.parallel.num_gpus,
+        num_steps=cfg.steps,
+        step_time_s=est.step_time_s,
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / est.step_time_s,
+        model_flops_per_step=est.model_flops_per_step,
+        tflops_per_gpu=est.tflops_per_gpu,
+        mfu=est.mfu,
+        hfu=est.mfu if cfg.recompute == Recompute.NONE else None,
+        peak_memory_bytes=[float(p) for p in peaks],
+        hbm_bytes=hbm,
+        framework_reserve_bytes=reserve,
+        memory_headroom_bytes=headroom,
+        fits_memory=[h >= 0 for h in headroom],
+        mfu_fp8_peak=mfu_over_peak(est.model_flops_per_step, est.step_time_s, cfg.parallel.num_gpus, fp8_peak),
+        backend="sim",
+        tier="estimate",
+        estimate={k: float(v) for k, v in est.__dict__.items()},
+        sim_wall_s=time.perf_counter() - t0,
+        **nulls,
+    )
 
 
 def expected_run_s(cfg: Config, machine: Machine | None = None) -> float:

@@ -17,8 +17,9 @@ from piper_sim.schedule.lower_fsdp import gathering_passes
 from piper_sim.workload.task_kinds import TaskKind
 
 
-def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: int, chunk: int,
-                  reshard_after_forward: bool) -> tuple[float, float]:
+def gather_shares(
+    schedule: str, pp: int, vpp: int, microbatches: int, stage: int, chunk: int, reshard_after_forward: bool
+) -> tuple[float, float]:
     """(forwards, backwards) of chunk `chunk` at stage `stage` that gather its units, each as a share of the
     micro-batches: (1, 1) when every pass reshards; without resharding after the forward the forwards that follow a
     backward (or start the step) and the backwards that follow a backward."""
@@ -28,8 +29,9 @@ def gather_shares(schedule: str, pp: int, vpp: int, microbatches: int, stage: in
 
 
 @functools.lru_cache(maxsize=4096)
-def _no_reshard_shares(schedule: str, pp: int, vpp: int, microbatches: int
-                       ) -> dict[tuple[int, int], tuple[float, float]]:
+def _no_reshard_shares(
+    schedule: str, pp: int, vpp: int, microbatches: int
+) -> dict[tuple[int, int], tuple[float, float]]:
     """gather_shares without resharding after the forward, for every (stage, chunk) of one schedule at once (its
     program is generated once, shared with the resource model's live counts: resource.coarse_programs)."""
     shares = {}
@@ -40,8 +42,10 @@ def _no_reshard_shares(schedule: str, pp: int, vpp: int, microbatches: int
             if task.task_id in gathering and task.kind in (TaskKind.FORWARD, TaskKind.BACKWARD):
                 counts[task.chunk, task.kind] = counts.get((task.chunk, task.kind), 0) + 1
         for chunk in range(vpp):
-            shares[stage, chunk] = (counts.get((chunk, TaskKind.FORWARD), 0) / microbatches,
-                                    counts.get((chunk, TaskKind.BACKWARD), 0) / microbatches)
+            shares[stage, chunk] = (
+                counts.get((chunk, TaskKind.FORWARD), 0) / microbatches,
+                counts.get((chunk, TaskKind.BACKWARD), 0) / microbatches,
+            )
     return shares
 
 

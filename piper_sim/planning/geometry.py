@@ -39,9 +39,18 @@ class Geometry:
 def geometry(num_layers: int, schedule: str, pp: int, vpp: int) -> Geometry:
     stages = VirtualStages(schedule_layout(schedule), pp, vpp)
     layers = split_layers(num_layers, stages)
-    chunks = tuple(tuple(Chunk(c, v, stages.is_first(v), stages.is_last(v), layers[v])
-                         for c, v in ((c, stages.of(p, c)) for c in range(vpp))) for p in range(pp))
-    return Geometry(stages=stages, layers=layers, chunks=chunks,
-                    held=tuple(tuple(layer for chunk in row for layer in chunk.layers) for row in chunks),
-                    first=tuple(any(chunk.first for chunk in row) for row in chunks),
-                    last=tuple(any(chunk.last for chunk in row) for row in chunks))
+    chunks = tuple(
+        tuple(
+            Chunk(c, v, stages.is_first(v), stages.is_last(v), layers[v])
+            for c, v in ((c, stages.of(p, c)) for c in range(vpp))
+        )
+        for p in range(pp)
+    )
+    return Geometry(
+        stages=stages,
+        layers=layers,
+        chunks=chunks,
+        held=tuple(tuple(layer for chunk in row for layer in chunk.layers) for row in chunks),
+        first=tuple(any(chunk.first for chunk in row) for row in chunks),
+        last=tuple(any(chunk.last for chunk in row) for row in chunks),
+    )

@@ -32,9 +32,12 @@ def megatron_label(row: pd.Series | dict) -> str:
     point = PlanPoint(**{k: _plain(row[k]) for k in PlanPoint.__dataclass_fields__})
     degrees = megatron_degrees(point.parallel)
     extra = (f" rc-{point.recompute}" if point.recompute != Recompute.NONE else "") + point.sharding_label()
-    return (" ".join(f"{k}{v}" for k, v in degrees.items() if k != "EDP") + (" SP" if point.sp else "")
-            + f" MBS{point.micro_batch_size} GBS{point.parallel.sequences_per_step} {point.schedule} "
-              f"{point.all_to_all}{extra}")
+    return (
+        " ".join(f"{k}{v}" for k, v in degrees.items() if k != "EDP")
+        + (" SP" if point.sp else "")
+        + f" MBS{point.micro_batch_size} GBS{point.parallel.sequences_per_step} {point.schedule} "
+        f"{point.all_to_all}{extra}"
+    )
 
 
 def _plain(value: object) -> object:
@@ -50,14 +53,21 @@ def labelled(table: pd.DataFrame, convention: str = "piper") -> pd.DataFrame:
 
 def write_plan(out: Path, result: PlanResult, convention: str = "piper") -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"parquet": out / "plans.parquet", "csv": out / "plans.csv", "best": out / "best.yaml",
-             "pareto": out / "pareto.png", "why": out / "why.md"}
+    paths = {
+        "parquet": out / "plans.parquet",
+        "csv": out / "plans.csv",
+        "best": out / "best.yaml",
+        "pareto": out / "pareto.png",
+        "why": out / "why.md",
+    }
     table = labelled(result.table, convention)
     table.to_parquet(paths["parquet"], index=False)
     table.to_csv(paths["csv"], index=False)
     if result.best is not None:
-        header = (f"# The plan `piper-sim plan` chose for {result.model.name} on {result.request.num_gpus} GPUs "
-                  f"(global batch {result.request.global_batch}); run it with `piper-sim simulate best.yaml`.\n")
+        header = (
+            f"# The plan `piper-sim plan` chose for {result.model.name} on {result.request.num_gpus} GPUs "
+            f"(global batch {result.request.global_batch}); run it with `piper-sim simulate best.yaml`.\n"
+        )
         paths["best"].write_text(header + yaml.safe_dump(result.best_config(), sort_keys=False))
     else:
         paths.pop("best")
@@ -84,14 +94,27 @@ def plot_pareto(result: PlanResult, path: Path) -> None:
     ax.axvline(usable, color="tab:red", ls="--", lw=1, label=f"usable HBM {usable:.1f} GiB")
     if result.best is not None:
         b = result.best
-        ax.scatter([b["peak_memory_bytes"] / GIB], [mfu.loc[b.name]], marker="*", s=160, c="tab:green",
-                   label="chosen", zorder=5)
+        ax.scatter(
+            [b["peak_memory_bytes"] / GIB],
+            [mfu.loc[b.name]],
+            marker="*",
+            s=160,
+            c="tab:green",
+            label="chosen",
+            zorder=5,
+        )
     ax.set_xlabel("peak memory per GPU (GiB, worst stage)")
     ax.set_ylabel("MFU (%)")
-    style.title(ax, "MFU against peak memory, every candidate plan",
-                style.context(result.model.name, style.machine_label(result.request.topology, result.request.num_gpus),
-                              None,
-                              "estimated; refined plans simulated"))
+    style.title(
+        ax,
+        "MFU against peak memory, every candidate plan",
+        style.context(
+            result.model.name,
+            style.machine_label(result.request.topology, result.request.num_gpus),
+            None,
+            "estimated; refined plans simulated",
+        ),
+    )
     ax.legend(fontsize=8, loc="best", framealpha=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -103,42 +126,66 @@ def why_markdown(result: PlanResult) -> str:
     t = result.table
     top = t[t["fits"]].head(WHY_TOP)
     usable = (result.hbm_bytes - result.reserve_bytes) / GIB
-    lines = [f"# Why this plan: {result.model.name} on {result.request.num_gpus} GPUs",
-             "", f"{len(t)} candidates, {int(t['fits'].sum())} fit in {usable:.1f} GiB usable per GPU "
-             f"({result.hbm_bytes / GIB:.1f} GiB HBM less a {result.reserve_bytes / GIB:.1f} GiB reserve). "
-             "Estimated terms per step (analytic tier); simulated step time where refined.", ""]
+    lines = [
+        f"# Why this plan: {result.model.name} on {result.request.num_gpus} GPUs",
+        "",
+        f"{len(t)} candidates, {int(t['fits'].sum())} fit in {usable:.1f} GiB usable per GPU "
+        f"({result.hbm_bytes / GIB:.1f} GiB HBM less a {result.reserve_bytes / GIB:.1f} GiB reserve). "
+        "Estimated terms per step (analytic tier); simulated step time where refined.",
+        "",
+    ]
     if top.empty:
-        lines.append("No plan fits. Closest: " + ", ".join(
-            f"{r.label} ({r.why_not})" for r in t.sort_values("memory_headroom_bytes", ascending=False).head(3)
-            .itertuples()))
+        lines.append(
+            "No plan fits. Closest: "
+            + ", ".join(
+                f"{r.label} ({r.why_not})"
+                for r in t.sort_values("memory_headroom_bytes", ascending=False).head(3).itertuples()
+            )
+        )
         return "\n".join(lines) + "\n"
-    lines += ["| rank | plan | step (s) | sim? | bubble (s) | all-to-all (s) | p2p (s) | grad reduce (s) | "
-              "headroom (GiB) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| rank | plan | step (s) | sim? | bubble (s) | all-to-all (s) | p2p (s) | grad reduce (s) | headroom (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in top.itertuples():
-        lines.append(f"| {r.rank} | {r.label} | {r.step_time_s:.3f} | {'yes' if r.refined else 'no'} | "
-                     f"{r.est_bubble_s:.3f} | {r.est_all_to_all_s:.3f} | {r.est_p2p_s:.3f} | "
-                     f"{r.est_grad_reduce_s:.3f} | {r.memory_headroom_bytes / GIB:.1f} |")
+        lines.append(
+            f"| {r.rank} | {r.label} | {r.step_time_s:.3f} | {'yes' if r.refined else 'no'} | "
+            f"{r.est_bubble_s:.3f} | {r.est_all_to_all_s:.3f} | {r.est_p2p_s:.3f} | "
+            f"{r.est_grad_reduce_s:.3f} | {r.memory_headroom_bytes / GIB:.1f} |"
+        )
     best, rest = top.iloc[0], top.iloc[1:]
     lines.append("")
     for r in rest.itertuples():
-        diffs = {"bubble": r.est_bubble_s - best["est_bubble_s"],
-                 "all-to-all": r.est_all_to_all_s - best["est_all_to_all_s"], "p2p": r.est_p2p_s - best["est_p2p_s"],
-                 "gradient reduction": r.est_grad_reduce_s - best["est_grad_reduce_s"],
-                 "compute": (r.est_pipeline_s - r.est_bubble_s - r.est_all_to_all_s - r.est_p2p_s)
-                 - (best["est_pipeline_s"] - best["est_bubble_s"] - best["est_all_to_all_s"] - best["est_p2p_s"])}
+        diffs = {
+            "bubble": r.est_bubble_s - best["est_bubble_s"],
+            "all-to-all": r.est_all_to_all_s - best["est_all_to_all_s"],
+            "p2p": r.est_p2p_s - best["est_p2p_s"],
+            "gradient reduction": r.est_grad_reduce_s - best["est_grad_reduce_s"],
+            "compute": (r.est_pipeline_s - r.est_bubble_s - r.est_all_to_all_s - r.est_p2p_s)
+            - (best["est_pipeline_s"] - best["est_bubble_s"] - best["est_all_to_all_s"] - best["est_p2p_s"]),
+        }
         term, gap = max(diffs.items(), key=lambda kv: kv[1])
-        lines.append(f"- rank {r.rank} ({r.label}) is {r.step_time_s - best['step_time_s']:+.3f} s per step behind; "
-                     f"the largest term against the chosen plan: {term} ({gap:+.3f} s).")
+        lines.append(
+            f"- rank {r.rank} ({r.label}) is {r.step_time_s - best['step_time_s']:+.3f} s per step behind; "
+            f"the largest term against the chosen plan: {term} ({gap:+.3f} s)."
+        )
     if not math.isnan(result.rank_correlation):
-        lines.append(f"\nRank correlation of estimate and simulation on the refined plans: "
-                     f"{result.rank_correlation:.2f}.")
+        lines.append(
+            f"\nRank correlation of estimate and simulation on the refined plans: {result.rank_correlation:.2f}."
+        )
     return "\n".join(lines) + "\n"
 
 
-PLAN_COLUMNS = [Col("rank", "rank", "count"), Col("label", "plan"), Col("fits", "fits", "yes/no"),
-                Col("peak_memory_bytes", "peak memory", "GiB"), Col("est_step_time_s", "estimated step", "time"),
-                Col("sim_step_time_s", "simulated step", "time"), Col("tflops", "TFLOPS/GPU", "TFLOPS"),
-                Col("mfu", "MFU", "%")]
+PLAN_COLUMNS = [
+    Col("rank", "rank", "count"),
+    Col("label", "plan"),
+    Col("fits", "fits", "yes/no"),
+    Col("peak_memory_bytes", "peak memory", "GiB"),
+    Col("est_step_time_s", "estimated step", "time"),
+    Col("sim_step_time_s", "simulated step", "time"),
+    Col("tflops", "TFLOPS/GPU", "TFLOPS"),
+    Col("mfu", "MFU", "%"),
+]
 
 
 def format_plan_table(result: PlanResult, rows: int = 10, convention: str = "piper") -> str:
@@ -150,6 +197,12 @@ def format_plan_table(result: PlanResult, rows: int = 10, convention: str = "pip
     records = []
     for (_, r), mfu in zip(t.iterrows(), mfu_column(t), strict=True):
         refined = bool(r["refined"])
-        records.append({**r.to_dict(), "sim_step_time_s": r["sim_step_time_s"] if refined else None, "mfu": mfu,
-                        "tflops": r["sim_tflops_per_gpu"] if refined else r["est_tflops_per_gpu"]})
+        records.append(
+            {
+                **r.to_dict(),
+                "sim_step_time_s": r["sim_step_time_s"] if refined else None,
+                "mfu": mfu,
+                "tflops": r["sim_tflops_per_gpu"] if refined else r["est_tflops_per_gpu"],
+            }
+        )
     return render(records, PLAN_COLUMNS)

@@ -71,8 +71,13 @@ class PlanRequest:
 
     def profile_choice(self) -> ProfileChoice:
         """The profile that prices the plans (--profile, checked against the topology's devices, or theirs)."""
-        return choose_profile(self.topology, self.profile, allow_mismatch=self.allow_device_mismatch, key="--profile",
-                              allow_key="--allow-device-mismatch")
+        return choose_profile(
+            self.topology,
+            self.profile,
+            allow_mismatch=self.allow_device_mismatch,
+            key="--profile",
+            allow_key="--allow-device-mismatch",
+        )
 
     def config(self, point: PlanPoint) -> dict:
         """The full config of one candidate, ready for `simulate` or `run`."""
@@ -83,8 +88,13 @@ class PlanRequest:
             cost["precision"] = self.precision
         sections = point.config_sections()
         sections["collectives"]["all_reduce"] = self.all_reduce
-        return {"model": self.model_section(), "topology": self.topology, "placement": "contiguous", "cost": cost,
-                **sections}
+        return {
+            "model": self.model_section(),
+            "topology": self.topology,
+            "placement": "contiguous",
+            "cost": cost,
+            **sections,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,8 +134,12 @@ def domain_gpus(topology_spec: str | dict, num_gpus: int, domain: str, topo: Top
     per_node = sum(1 for g in topo.gpus if topo.host_of(g) == host0)
     params = read_topology_mapping(topology_spec).get("params") or {}
     per_switch = per_node * int(params.get("nodes_per_switch", 1))
-    sizes = {"node": per_node, "switch": per_switch,
-             "group": per_switch * int(params.get("switches_per_group", 0)) or num_gpus, "any": num_gpus}
+    sizes = {
+        "node": per_node,
+        "switch": per_switch,
+        "group": per_switch * int(params.get("switches_per_group", 0)) or num_gpus,
+        "any": num_gpus,
+    }
     return min(sizes[domain], num_gpus)
 
 
@@ -134,20 +148,30 @@ def candidates(request: PlanRequest, model: ModelSpec, topo: Topology | None = N
     recomputation modes its attention allows (selective recomputation only without flash attention). topo: the
     request's topology (built when None)."""
     topo = topo or load_topology(request.topology, request.num_gpus)
-    return enumerate_plans(model, request.num_gpus, request.global_batch, fixed=request.fixed,
-                           domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain, topo),
-                           **_space(request, topo))
+    return enumerate_plans(
+        model,
+        request.num_gpus,
+        request.global_batch,
+        fixed=request.fixed,
+        domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain, topo),
+        **_space(request, topo),
+    )
 
 
 def _space(request: PlanRequest, topo: Topology) -> dict:
     """enumerate_plans' keyword arguments for this request, but for the fixes and the locality domain."""
-    return {"node_gpus": domain_gpus(request.topology, request.num_gpus, "node", topo), "schedules": SCHEDULE_NAMES,
-            "all_to_alls": A2A_NAMES, "zeros": ZERO_STAGES,
-            "recomputes": ("none", "full") if request.flash_attention else RECOMPUTE_MODES}
+    return {
+        "node_gpus": domain_gpus(request.topology, request.num_gpus, "node", topo),
+        "schedules": SCHEDULE_NAMES,
+        "all_to_alls": A2A_NAMES,
+        "zeros": ZERO_STAGES,
+        "recomputes": ("none", "full") if request.flash_attention else RECOMPUTE_MODES,
+    }
 
 
-def screen(request: PlanRequest, *, machine: Machine | None = None, progress: bool = True,
-           estimate_unfit: bool = True) -> tuple[ModelSpec, pd.DataFrame, float, float]:
+def screen(
+    request: PlanRequest, *, machine: Machine | None = None, progress: bool = True, estimate_unfit: bool = True
+) -> tuple[ModelSpec, pd.DataFrame, float, float]:
     """Every candidate with its memory per stage, framework reserve (its communicators'), fit and analytic estimate
     (not yet ranked); the device's HBM and the largest candidate's reserve. machine: the request's
     (request_machine(request) when None). progress: a line with an ETA on stderr
@@ -158,11 +182,23 @@ def screen(request: PlanRequest, *, machine: Machine | None = None, progress: bo
     topo, profile = machine.topology, machine.profile
     points = candidates(request, model, topo)
     if not points:
-        raise no_plan_error(model, request.num_gpus, request.global_batch, domain=request.domain,
-                            domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain, topo),
-                            fixed=request.fixed or {}, **_space(request, topo))
-    estimator = Estimator(model, topo, list(machine.placement), profile, collectives_all_reduce=request.all_reduce,
-                          flash_attention=request.flash_attention)
+        raise no_plan_error(
+            model,
+            request.num_gpus,
+            request.global_batch,
+            domain=request.domain,
+            domain_gpus=domain_gpus(request.topology, request.num_gpus, request.domain, topo),
+            fixed=request.fixed or {},
+            **_space(request, topo),
+        )
+    estimator = Estimator(
+        model,
+        topo,
+        list(machine.placement),
+        profile,
+        collectives_all_reduce=request.all_reduce,
+        flash_attention=request.flash_attention,
+    )
     with progress_bar(len(points), "screening plans", "plans", show=progress) as line:
         rows = []
         for point in points:
@@ -172,24 +208,32 @@ def screen(request: PlanRequest, *, machine: Machine | None = None, progress: bo
     return model, table, profile.hbm_bytes, float(table["framework_reserve_bytes"].max())
 
 
-def _screen_row(request: PlanRequest, model: ModelSpec, profile, estimator: Estimator, point: PlanPoint,
-                estimate_unfit: bool) -> dict:
+def _screen_row(
+    request: PlanRequest, model: ModelSpec, profile, estimator: Estimator, point: PlanPoint, estimate_unfit: bool
+) -> dict:
     """One candidate's row of the screen: its knobs, memory per stage, reserve, fit and estimate (NaN for a plan
     that does not fit unless estimate_unfit)."""
-    memory = stage_memory(model, point, flash_attention=request.flash_attention,
-                          fp8_transposed_copies=profile.fp8_transposed_copies)
+    memory = stage_memory(
+        model, point, flash_attention=request.flash_attention, fp8_transposed_copies=profile.fp8_transposed_copies
+    )
     peaks = [m.peak_bytes for m in memory]
     reserve = plan_reserve_bytes(profile, request.reserve_bytes, point.parallel, model, point.schedule)
     headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
     worst = int(np.argmin(headroom))
-    return {**point.as_row(), "label": point.label(), "peak_memory_bytes": max(peaks),
-            "framework_reserve_bytes": reserve,
-            "stage0_memory_bytes": peaks[0], "memory_headroom_bytes": min(headroom),
-            "fits": min(headroom) >= 0,
-            "why_not": "" if min(headroom) >= 0 else
-            f"stage {worst} needs {peaks[worst] / 2**30:.1f} GiB, "
-            f"{(profile.hbm_bytes - reserve) / 2**30:.1f} GiB usable",
-            **(estimator.estimate(point).as_row() if estimate_unfit or min(headroom) >= 0 else _NO_ESTIMATE)}
+    return {
+        **point.as_row(),
+        "label": point.label(),
+        "peak_memory_bytes": max(peaks),
+        "framework_reserve_bytes": reserve,
+        "stage0_memory_bytes": peaks[0],
+        "memory_headroom_bytes": min(headroom),
+        "fits": min(headroom) >= 0,
+        "why_not": ""
+        if min(headroom) >= 0
+        else f"stage {worst} needs {peaks[worst] / 2**30:.1f} GiB, "
+        f"{(profile.hbm_bytes - reserve) / 2**30:.1f} GiB usable",
+        **(estimator.estimate(point).as_row() if estimate_unfit or min(headroom) >= 0 else _NO_ESTIMATE),
+    }
 
 
 _NO_ESTIMATE = {f"est_{name}": float("nan") for name in Estimate.__dataclass_fields__}
@@ -200,11 +244,17 @@ def simulate_point(payload: dict) -> dict:
     t0 = time.perf_counter()
     result = simulate(load_config(payload["config"]))
     r = result.report
-    return {"sim_step_time_s": r.step_time_s, "sim_mfu": r.mfu, "sim_tflops_per_gpu": r.tflops_per_gpu,
-            "sim_tokens_per_s": r.tokens_per_s, "sim_bubble_fraction": r.bubble_fraction,
-            "sim_exposed_comm_fraction": r.exposed_comm_fraction,
-            "sim_peak_memory_bytes": max(r.peak_memory_bytes), "sim_all_to_all_bandwidth_bytes_per_s":
-            r.all_to_all_bandwidth_bytes_per_s, "sim_wall_s": time.perf_counter() - t0}
+    return {
+        "sim_step_time_s": r.step_time_s,
+        "sim_mfu": r.mfu,
+        "sim_tflops_per_gpu": r.tflops_per_gpu,
+        "sim_tokens_per_s": r.tokens_per_s,
+        "sim_bubble_fraction": r.bubble_fraction,
+        "sim_exposed_comm_fraction": r.exposed_comm_fraction,
+        "sim_peak_memory_bytes": max(r.peak_memory_bytes),
+        "sim_all_to_all_bandwidth_bytes_per_s": r.all_to_all_bandwidth_bytes_per_s,
+        "sim_wall_s": time.perf_counter() - t0,
+    }
 
 
 def refine_wall_s(point: KeyedPoint) -> float:
@@ -213,16 +263,25 @@ def refine_wall_s(point: KeyedPoint) -> float:
     return check_wall(cfg, build_schedule(cfg), None).wall_s
 
 
-def plan(request: PlanRequest, out: Path, *, machine: Machine | None = None, scheduler: str | None = None,
-         workers: int | None = None, progress: bool = True, budget_s: float | None = None,
-         estimate_unfit: bool = True) -> PlanResult:
+def plan(
+    request: PlanRequest,
+    out: Path,
+    *,
+    machine: Machine | None = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+    budget_s: float | None = None,
+    estimate_unfit: bool = True,
+) -> PlanResult:
     """Screen every candidate, refine the top K that fit with the simulator (within budget_s where given:
     refine.refine_points), rank (ties: less memory first). machine, estimate_unfit: screen's."""
     t0 = time.perf_counter()
     model, table, hbm, _ = screen(request, machine=machine, progress=progress, estimate_unfit=estimate_unfit)
     screen_s = time.perf_counter() - t0
-    table = table.sort_values(["fits", "est_step_time_s", "peak_memory_bytes"], ascending=[False, True, True],
-                              kind="stable")
+    table = table.sort_values(
+        ["fits", "est_step_time_s", "peak_memory_bytes"], ascending=[False, True, True], kind="stable"
+    )
     refine = table[table["fits"]].head(request.top_k)
     points = []
     for _, row in refine.iterrows():
@@ -230,11 +289,23 @@ def plan(request: PlanRequest, out: Path, *, machine: Machine | None = None, sch
         points.append(keyed_point({"config": config}))
     if progress:
         within = f" within {duration_text(budget_s)}" if budget_s is not None else ""
-        print(f"plan: {len(table)} candidates, {int(table['fits'].sum())} fit in memory; screened in "
-              f"{screen_s:.2f} s; simulating the top {len(points)}{within}", file=sys.stderr)
+        print(
+            f"plan: {len(table)} candidates, {int(table['fits'].sum())} fit in memory; screened in "
+            f"{screen_s:.2f} s; simulating the top {len(points)}{within}",
+            file=sys.stderr,
+        )
     t1 = time.perf_counter()
-    done = refine_points(simulate_point, points, ResultStore(out), refine_wall_s, budget_s=budget_s,
-                         scheduler=scheduler, workers=workers, label="simulating plans", progress=progress)
+    done = refine_points(
+        simulate_point,
+        points,
+        ResultStore(out),
+        refine_wall_s,
+        budget_s=budget_s,
+        scheduler=scheduler,
+        workers=workers,
+        label="simulating plans",
+        progress=progress,
+    )
     refine_s = time.perf_counter() - t1
     ran = [i for i, point in enumerate(points) if point.digest in done.rows]
     if progress:
@@ -245,22 +316,35 @@ def plan(request: PlanRequest, out: Path, *, machine: Machine | None = None, sch
     table["refined"] = table["sim_step_time_s"].notna()
     # step times equal to 9 significant digits are a tie (e.g. ZeRO-1 and ZeRO-2): less memory first
     table["_step"] = table["step_time_s"].map(lambda t: float(f"{t:.9g}"))
-    table = table.sort_values(["fits", "refined", "_step", "peak_memory_bytes"],
-                              ascending=[False, False, True, True], kind="stable").drop(columns="_step")
+    table = table.sort_values(
+        ["fits", "refined", "_step", "peak_memory_bytes"], ascending=[False, False, True, True], kind="stable"
+    ).drop(columns="_step")
     table.insert(0, "rank", range(1, len(table) + 1))
     refined = table[table["refined"]]
-    rho = (spearman(refined["est_step_time_s"].tolist(), refined["sim_step_time_s"].tolist())
-           if len(refined) >= 3 else float("nan"))
-    return PlanResult(request=request, model=model, table=table.reset_index(drop=True), hbm_bytes=hbm,
-                      reserve_bytes=float(table["framework_reserve_bytes"].iloc[0]), rank_correlation=rho,
-                      screen_s=screen_s, refine_s=refine_s)
+    rho = (
+        spearman(refined["est_step_time_s"].tolist(), refined["sim_step_time_s"].tolist())
+        if len(refined) >= 3
+        else float("nan")
+    )
+    return PlanResult(
+        request=request,
+        model=model,
+        table=table.reset_index(drop=True),
+        hbm_bytes=hbm,
+        reserve_bytes=float(table["framework_reserve_bytes"].iloc[0]),
+        rank_correlation=rho,
+        screen_s=screen_s,
+        refine_s=refine_s,
+    )
 
 
 def _say_tiers(labels: list[str], ran: list[int]) -> None:
     """Which of the top plans were refined and which were left at the estimate tier, on stderr."""
     left = [label for i, label in enumerate(labels) if i not in set(ran)]
-    print(f"plan: refined {len(ran)} of the top {len(labels)}: " + ("; ".join(labels[i] for i in ran) or "none"),
-          file=sys.stderr)
+    print(
+        f"plan: refined {len(ran)} of the top {len(labels)}: " + ("; ".join(labels[i] for i in ran) or "none"),
+        file=sys.stderr,
+    )
     if left:
         print(f"plan: left at the estimate tier: {'; '.join(left)}", file=sys.stderr)
 

@@ -52,10 +52,19 @@ class Refinement:
     scale: float = 1.0  # measured over predicted wall, of the points run (1 before any)
 
 
-def refine_points(fn: Callable[[dict], dict], points: list[KeyedPoint], store: ResultStore,
-                  predict: Callable[[KeyedPoint], float], *, budget_s: float | None = None,
-                  scheduler: str | None = None, workers: int | None = None, label: str = "refining plans",
-                  progress: bool = True, clock: Callable[[], float] = time.perf_counter) -> Refinement:
+def refine_points(
+    fn: Callable[[dict], dict],
+    points: list[KeyedPoint],
+    store: ResultStore,
+    predict: Callable[[KeyedPoint], float],
+    *,
+    budget_s: float | None = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    label: str = "refining plans",
+    progress: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Refinement:
     """fn(payload) -> row for each of points in their order (the best estimate first) that is not stored, as long as
     budget_s (None: no limit) covers its predicted wall (predict(point), scaled by the plans run so far; row's
     'sim_wall_s' is its measured wall); a point stored under its key is reused and costs nothing. workers=0 runs in
@@ -102,8 +111,9 @@ def refine_points(fn: Callable[[dict], dict], points: list[KeyedPoint], store: R
     return done
 
 
-def _on_dask(fn, queue: list[KeyedPoint], admit, finish, scheduler: str | None, workers: int | None,
-             label: str) -> None:
+def _on_dask(
+    fn, queue: list[KeyedPoint], admit, finish, scheduler: str | None, workers: int | None, label: str
+) -> None:
     """Start queue's points on Dask while admit(point) says yes and a worker is free; finish each as it ends."""
     from distributed import as_completed  # distributed: heavy; only when points run on Dask
 
@@ -130,15 +140,17 @@ def _on_dask(fn, queue: list[KeyedPoint], admit, finish, scheduler: str | None, 
             fill()
 
 
-def _say(done: Refinement, points: list[KeyedPoint], store: ResultStore, wall_s: float, label: str,
-         budget_s: float | None) -> None:
+def _say(
+    done: Refinement, points: list[KeyedPoint], store: ResultStore, wall_s: float, label: str, budget_s: float | None
+) -> None:
     computed = store.tally.computed
     lines = store.tally.lines(label)
     if computed:
         lines[0] += f" in {wall_s:.1f} s"
     if computed and done.predicted_s:
-        lines.append(f"{label}: measured wall {done.scale:.2f}x the predicted one (run_wall.py) over the "
-                     f"{computed} run")
+        lines.append(
+            f"{label}: measured wall {done.scale:.2f}x the predicted one (run_wall.py) over the {computed} run"
+        )
     if done.left:
         why = f"not started within the budget of {duration_text(budget_s)}" if budget_s is not None else "not run"
         lines.append(f"{label}: {len(done.left)} of {len(points)} left at the estimate tier ({why})")

@@ -48,28 +48,65 @@ def coarse_programs(schedule: str, pp: int, vpp: int, num_microbatches: int) -> 
     return SCHEDULES.get(schedule, "schedule")(pp, vpp, num_microbatches)
 
 
-def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = True,
-                 recompute_layers: int | None = None, checkpoint_layers: int | None = None,
-                 fp8_transposed_copies: bool = True,
-                 recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> list[StageMemory]:
+def stage_memory(
+    model: ModelSpec,
+    point: PlanPoint,
+    *,
+    flash_attention: bool = True,
+    recompute_layers: int | None = None,
+    checkpoint_layers: int | None = None,
+    fp8_transposed_copies: bool = True,
+    recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+) -> list[StageMemory]:
     """Per pipeline stage: state and peak activation bytes of one of its ranks (a config's recompute_layers and
     recompute_checkpoint_layers where given; the planner's plans recompute whole chunks); fp8_transposed_copies:
     the device's, for a model in fp8 (DeviceProfile); recompute_modules: a config's, for selective recomputation."""
     # The terms do not depend on the micro-batch count (only live_counts does) nor on the all-to-all: plans that
     # differ only there share them (one lookup per plan).
-    key = (model, schedule_layout(point.schedule), point.pp, point.ep, point.dp, point.tp, point.etp, point.sp,
-           point.vpp, point.micro_batch_size, point.cp, point.dp_shard, flash_attention, point.recompute,
-           recompute_layers, point.zero, checkpoint_layers, fp8_transposed_copies, recompute_modules,
-           point.reshard_after_forward)
+    key = (
+        model,
+        schedule_layout(point.schedule),
+        point.pp,
+        point.ep,
+        point.dp,
+        point.tp,
+        point.etp,
+        point.sp,
+        point.vpp,
+        point.micro_batch_size,
+        point.cp,
+        point.dp_shard,
+        flash_attention,
+        point.recompute,
+        recompute_layers,
+        point.zero,
+        checkpoint_layers,
+        fp8_transposed_copies,
+        recompute_modules,
+        point.reshard_after_forward,
+    )
     terms = _TERMS.get(key)
     if terms is None:
         if len(_TERMS) >= 65536:
             _TERMS.clear()
         parallel = replace(point.parallel, num_microbatches=1)
-        terms = _TERMS[key] = tuple(_stage_terms(
-            model, key[1], parallel, p, flash_attention, point.recompute, recompute_layers, point.zero,
-            checkpoint_layers, fp8_transposed_copies, recompute_modules, point.reshard_after_forward)
-            for p in range(point.pp))
+        terms = _TERMS[key] = tuple(
+            _stage_terms(
+                model,
+                key[1],
+                parallel,
+                p,
+                flash_attention,
+                point.recompute,
+                recompute_layers,
+                point.zero,
+                checkpoint_layers,
+                fp8_transposed_copies,
+                recompute_modules,
+                point.reshard_after_forward,
+            )
+            for p in range(point.pp)
+        )
     out = []
     for p, (state, act, transient) in enumerate(terms):
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
@@ -81,25 +118,66 @@ def stage_memory(model: ModelSpec, point: PlanPoint, *, flash_attention: bool = 
 _TERMS: dict[tuple, tuple[tuple[float, np.ndarray, float], ...]] = {}  # stage_memory's terms of every stage
 
 
-def _stage_terms(model: ModelSpec, layout, parallel: ParallelSpec, p: int, flash_attention: bool, recompute: str,
-                 recompute_layers: int | None, zero: int, checkpoint_layers: int | None, fp8_transposed_copies: bool,
-                 recompute_modules: tuple[str, ...], reshard_after_forward: bool) -> tuple[float, np.ndarray, float]:
+def _stage_terms(
+    model: ModelSpec,
+    layout,
+    parallel: ParallelSpec,
+    p: int,
+    flash_attention: bool,
+    recompute: str,
+    recompute_layers: int | None,
+    zero: int,
+    checkpoint_layers: int | None,
+    fp8_transposed_copies: bool,
+    recompute_modules: tuple[str, ...],
+    reshard_after_forward: bool,
+) -> tuple[float, np.ndarray, float]:
     """Stage p's (state bytes, activation bytes per chunk, transient bytes): stage_memory_terms
     (workload/stage_memory.py) for the stage's chunks of the layout (stage_memory keeps them per plan shape in
     _TERMS)."""
     stages, layers = _layout_layers(model.num_layers, layout, parallel.pp, parallel.vpp)
     chunks = [stages.of(p, c) for c in range(parallel.vpp)]
     held = tuple(layer for v in chunks for layer in layers[v])
-    params = rank_params(model, held, first=any(map(stages.is_first, chunks)),
-                         last=any(map(stages.is_last, chunks)), ep=parallel.ep, split=parallel.split)
-    activations = _activation_terms(model, layout, parallel.pp, parallel.vpp, p, parallel.micro_batch_size,
-                                    parallel.split, flash_attention, recompute, recompute_layers, checkpoint_layers,
-                                    recompute_modules, parallel)
-    terms = stage_memory_terms(model, layers, chunks, parallel, params, flash_attention=flash_attention,
-                               recompute=recompute, recompute_layers=recompute_layers, zero=zero, stages=stages,
-                               checkpoint_layers=checkpoint_layers, fp8_transposed_copies=fp8_transposed_copies,
-                               recompute_modules=recompute_modules, reshard_after_forward=reshard_after_forward,
-                               activations=activations)
+    params = rank_params(
+        model,
+        held,
+        first=any(map(stages.is_first, chunks)),
+        last=any(map(stages.is_last, chunks)),
+        ep=parallel.ep,
+        split=parallel.split,
+    )
+    activations = _activation_terms(
+        model,
+        layout,
+        parallel.pp,
+        parallel.vpp,
+        p,
+        parallel.micro_batch_size,
+        parallel.split,
+        flash_attention,
+        recompute,
+        recompute_layers,
+        checkpoint_layers,
+        recompute_modules,
+        parallel,
+    )
+    terms = stage_memory_terms(
+        model,
+        layers,
+        chunks,
+        parallel,
+        params,
+        flash_attention=flash_attention,
+        recompute=recompute,
+        recompute_layers=recompute_layers,
+        zero=zero,
+        stages=stages,
+        checkpoint_layers=checkpoint_layers,
+        fp8_transposed_copies=fp8_transposed_copies,
+        recompute_modules=recompute_modules,
+        reshard_after_forward=reshard_after_forward,
+        activations=activations,
+    )
     act = np.array([terms["act"][c] for c in range(parallel.vpp)])
     act.setflags(write=False)
     return terms["state"], act, terms["transient"]
@@ -108,22 +186,53 @@ def _stage_terms(model: ModelSpec, layout, parallel: ParallelSpec, p: int, flash
 _ACTIVATIONS: dict[tuple, tuple[dict[int, float], float]] = {}
 
 
-def _activation_terms(model: ModelSpec, layout, pp: int, vpp: int, p: int, micro_batch_size: int, split,
-                      flash_attention: bool, recompute: str, recompute_layers: int | None,
-                      checkpoint_layers: int | None, recompute_modules: tuple[str, ...], parallel: ParallelSpec
-                      ) -> tuple[dict[int, float], float]:
+def _activation_terms(
+    model: ModelSpec,
+    layout,
+    pp: int,
+    vpp: int,
+    p: int,
+    micro_batch_size: int,
+    split,
+    flash_attention: bool,
+    recompute: str,
+    recompute_layers: int | None,
+    checkpoint_layers: int | None,
+    recompute_modules: tuple[str, ...],
+    parallel: ParallelSpec,
+) -> tuple[dict[int, float], float]:
     """stage_memory.stage_activation_terms of stage p, memoized on what they depend on (the arguments but `parallel`,
     which only carries them): plans that differ in ZeRO, EP or DP share them."""
-    key = (model, layout, pp, vpp, p, micro_batch_size, split, flash_attention, recompute, recompute_layers,
-           checkpoint_layers, recompute_modules)
+    key = (
+        model,
+        layout,
+        pp,
+        vpp,
+        p,
+        micro_batch_size,
+        split,
+        flash_attention,
+        recompute,
+        recompute_layers,
+        checkpoint_layers,
+        recompute_modules,
+    )
     if key not in _ACTIVATIONS:
         if len(_ACTIVATIONS) >= 65536:
             _ACTIVATIONS.clear()
         stages, layers = _layout_layers(model.num_layers, layout, pp, vpp)
         _ACTIVATIONS[key] = stage_activation_terms(
-            model, layers, [stages.of(p, c) for c in range(vpp)], parallel,
-            flash_attention=flash_attention, recompute=recompute, recompute_layers=recompute_layers, stages=stages,
-            checkpoint_layers=checkpoint_layers, recompute_modules=recompute_modules)
+            model,
+            layers,
+            [stages.of(p, c) for c in range(vpp)],
+            parallel,
+            flash_attention=flash_attention,
+            recompute=recompute,
+            recompute_layers=recompute_layers,
+            stages=stages,
+            checkpoint_layers=checkpoint_layers,
+            recompute_modules=recompute_modules,
+        )
     return _ACTIVATIONS[key]
 
 

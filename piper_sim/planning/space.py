@@ -61,33 +61,67 @@ class PlanPoint:
     @functools.cached_property
     def parallel(self) -> ParallelSpec:
         """The point's ParallelSpec (built once: the estimator and the memory model ask for it many times)."""
-        return ParallelSpec(pp=self.pp, ep=self.ep, dp=self.dp, tp=self.tp, etp=self.etp, sp=self.sp, vpp=self.vpp,
-                            num_microbatches=self.num_microbatches, micro_batch_size=self.micro_batch_size, cp=self.cp,
-                            dp_shard=self.dp_shard)
+        return ParallelSpec(
+            pp=self.pp,
+            ep=self.ep,
+            dp=self.dp,
+            tp=self.tp,
+            etp=self.etp,
+            sp=self.sp,
+            vpp=self.vpp,
+            num_microbatches=self.num_microbatches,
+            micro_batch_size=self.micro_batch_size,
+            cp=self.cp,
+            dp_shard=self.dp_shard,
+        )
 
     def label(self) -> str:
         """Every knob that differs from its default: two points of one space never share a label."""
         vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
-        tp = ((f" tp{self.tp}" if self.tp > 1 else "") + (f" etp{self.etp}" if self.etp > 1 else "")
-              + (" sp" if self.sp else "") + (f" cp{self.cp}" if self.cp > 1 else ""))
+        tp = (
+            (f" tp{self.tp}" if self.tp > 1 else "")
+            + (f" etp{self.etp}" if self.etp > 1 else "")
+            + (" sp" if self.sp else "")
+            + (f" cp{self.cp}" if self.cp > 1 else "")
+        )
         extra = (f" rc-{self.recompute}" if self.recompute != Recompute.NONE else "") + self.sharding_label()
-        return (f"pp{self.pp} ep{self.ep} dp{self.dp}{tp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
-                f"{self.schedule} {self.all_to_all}{extra}")
+        return (
+            f"pp{self.pp} ep{self.ep} dp{self.dp}{tp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
+            f"{self.schedule} {self.all_to_all}{extra}"
+        )
 
     def sharding_label(self) -> str:
         """The label's ZeRO part: " z3", with " no-reshard" where ZeRO-3 keeps the units gathered after the forward."""
-        return ((f" z{self.zero}" if self.zero else "") + ("" if self.reshard_after_forward else " no-reshard")
-                + (f" hsdp{self.dp_shard}" if self.dp_shard else ""))
+        return (
+            (f" z{self.zero}" if self.zero else "")
+            + ("" if self.reshard_after_forward else " no-reshard")
+            + (f" hsdp{self.dp_shard}" if self.dp_shard else "")
+        )
 
     def config_sections(self) -> dict:
         """The config sections this point sets (merged over the base config)."""
-        return {"parallel": {"pp": self.pp, "ep": self.ep, "dp": self.dp, "tp": self.tp, "etp": self.etp,
-                             "sp": self.sp, "vpp": self.vpp, **({"cp": self.cp} if self.cp > 1 else {}),
-                             **({"dp_shard": self.dp_shard} if self.dp_shard else {}),
-                             "num_microbatches": self.num_microbatches, "micro_batch_size": self.micro_batch_size},
-                "schedule": self.schedule, "collectives": {"all_to_all": self.all_to_all},
-                "recompute": self.recompute, "optimizer": {"zero": self.zero, **(
-                    {} if self.reshard_after_forward else {"reshard_after_forward": False})}}
+        return {
+            "parallel": {
+                "pp": self.pp,
+                "ep": self.ep,
+                "dp": self.dp,
+                "tp": self.tp,
+                "etp": self.etp,
+                "sp": self.sp,
+                "vpp": self.vpp,
+                **({"cp": self.cp} if self.cp > 1 else {}),
+                **({"dp_shard": self.dp_shard} if self.dp_shard else {}),
+                "num_microbatches": self.num_microbatches,
+                "micro_batch_size": self.micro_batch_size,
+            },
+            "schedule": self.schedule,
+            "collectives": {"all_to_all": self.all_to_all},
+            "recompute": self.recompute,
+            "optimizer": {
+                "zero": self.zero,
+                **({} if self.reshard_after_forward else {"reshard_after_forward": False}),
+            },
+        }
 
     def as_row(self) -> dict:
         return asdict(self)
@@ -95,15 +129,30 @@ class PlanPoint:
 
 KNOB_NAMES = tuple(f.name for f in fields(PlanPoint))
 # --fix keys as users write them (config keys) -> knob
-FIX_KEYS = {"parallel.pp": "pp", "parallel.ep": "ep", "parallel.dp": "dp", "parallel.vpp": "vpp",
-            "parallel.tp": "tp", "parallel.etp": "etp", "parallel.sp": "sp", "parallel.cp": "cp",
-            "parallel.dp_shard": "dp_shard",
-            "parallel.micro_batch_size": "micro_batch_size", "parallel.num_microbatches": "num_microbatches",
-            "schedule": "schedule", "collectives.all_to_all": "all_to_all", "recompute": "recompute",
-            "optimizer.zero": "zero", "optimizer.reshard_after_forward": "reshard_after_forward"}
+FIX_KEYS = {
+    "parallel.pp": "pp",
+    "parallel.ep": "ep",
+    "parallel.dp": "dp",
+    "parallel.vpp": "vpp",
+    "parallel.tp": "tp",
+    "parallel.etp": "etp",
+    "parallel.sp": "sp",
+    "parallel.cp": "cp",
+    "parallel.dp_shard": "dp_shard",
+    "parallel.micro_batch_size": "micro_batch_size",
+    "parallel.num_microbatches": "num_microbatches",
+    "schedule": "schedule",
+    "collectives.all_to_all": "all_to_all",
+    "recompute": "recompute",
+    "optimizer.zero": "zero",
+    "optimizer.reshard_after_forward": "reshard_after_forward",
+}
 # --fix keys of the settings every plan of a request shares (one value each) -> PlanRequest field
-SETTING_KEYS = {"collectives.all_reduce": "all_reduce", "cost.flash_attention": "flash_attention",
-                "cost.precision": "precision"}
+SETTING_KEYS = {
+    "collectives.all_reduce": "all_reduce",
+    "cost.flash_attention": "flash_attention",
+    "cost.precision": "precision",
+}
 BOOLEAN_KNOBS = ("sp", "flash_attention", "reshard_after_forward")
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4)
 DEFAULT_VPP = (1, 2, 4)
@@ -118,12 +167,19 @@ def parse_fixes(items: list[str]) -> dict[str, tuple]:
         key, sep, value = item.partition("=")
         knob = FIX_KEYS.get(key) or SETTING_KEYS.get(key) or (key if key in KNOB_NAMES else None)
         if not sep or knob is None or not value:
-            raise ConfigError("--fix", item, f"KEY=VALUE[,VALUE...] with KEY one of {', '.join(FIX_KEYS)}, "
-                                             f"or KEY=VALUE with KEY one of {', '.join(SETTING_KEYS)}")
+            raise ConfigError(
+                "--fix",
+                item,
+                f"KEY=VALUE[,VALUE...] with KEY one of {', '.join(FIX_KEYS)}, "
+                f"or KEY=VALUE with KEY one of {', '.join(SETTING_KEYS)}",
+            )
         values = tuple(v.strip() for v in value.split(","))
         if knob in SETTING_KEYS.values() and len(values) != 1:
-            raise ConfigError(f"--fix {key}", value, "one value: every plan of a request shares it (run the planner "
-                                                     "once per value to compare them)")
+            raise ConfigError(
+                f"--fix {key}",
+                value,
+                "one value: every plan of a request shares it (run the planner once per value to compare them)",
+            )
         out[knob] = _fix_values(f"--fix {key}", knob, values)
     return out
 
@@ -136,8 +192,13 @@ def _fix_values(flag: str, knob: str, values: tuple[str, ...]) -> tuple:
         if bad:
             raise ConfigError(flag, bad[0], "true or false")
         return tuple(flags[v.lower()] for v in values)
-    names = {"schedule": SCHEDULE_NAMES, "all_to_all": tuple(ALL_TO_ALL.names()), "recompute": RECOMPUTE_MODES,
-             "all_reduce": all_reduce_names(), "precision": PRECISIONS}
+    names = {
+        "schedule": SCHEDULE_NAMES,
+        "all_to_all": tuple(ALL_TO_ALL.names()),
+        "recompute": RECOMPUTE_MODES,
+        "all_reduce": all_reduce_names(),
+        "precision": PRECISIONS,
+    }
     if knob in names:
         bad = [v for v in values if v not in names[knob]]
         if bad:
@@ -176,12 +237,16 @@ def space_notes(model: ModelSpec, fixed: dict[str, tuple] | None) -> list[str]:
     fixed = fixed or {}
     notes = []
     if is_dense(model) and "etp" not in fixed and any(tp > 1 for tp in fixed.get("tp", DEFAULT_TP)):
-        notes.append(f"{model.name} is dense: parallel.etp follows parallel.tp (its FFNs split like the rest of "
-                     "each layer; --fix parallel.etp to set it)")
+        notes.append(
+            f"{model.name} is dense: parallel.etp follows parallel.tp (its FFNs split like the rest of "
+            "each layer; --fix parallel.etp to set it)"
+        )
     two_chunk = [s for s in fixed.get("schedule", SCHEDULE_NAMES) if s in TWO_CHUNK_SCHEDULES]
     if two_chunk and "vpp" in fixed and 2 not in fixed["vpp"]:
-        notes.append(f"schedule {' and '.join(two_chunk)}: parallel.vpp 2, the only value it allows (each rank holds "
-                     f"two chunks); --fix parallel.vpp={','.join(map(str, fixed['vpp']))} bounds the other schedules")
+        notes.append(
+            f"schedule {' and '.join(two_chunk)}: parallel.vpp 2, the only value it allows (each rank holds "
+            f"two chunks); --fix parallel.vpp={','.join(map(str, fixed['vpp']))} bounds the other schedules"
+        )
     return notes
 
 
@@ -189,11 +254,20 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domain_gpus: int,
-                    fixed: dict[str, tuple] | None = None, schedules: tuple[str, ...] = SCHEDULE_NAMES,
-                    all_to_alls: tuple[str, ...] = A2A_NAMES, recomputes: tuple[str, ...] = ("none",),
-                    zeros: tuple[int, ...] = (0,), node_gpus: int = 1, tps: tuple[int, ...] = DEFAULT_TP
-                    ) -> list[PlanPoint]:
+def enumerate_plans(
+    model: ModelSpec,
+    num_gpus: int,
+    global_batch: int,
+    *,
+    domain_gpus: int,
+    fixed: dict[str, tuple] | None = None,
+    schedules: tuple[str, ...] = SCHEDULE_NAMES,
+    all_to_alls: tuple[str, ...] = A2A_NAMES,
+    recomputes: tuple[str, ...] = ("none",),
+    zeros: tuple[int, ...] = (0,),
+    node_gpus: int = 1,
+    tps: tuple[int, ...] = DEFAULT_TP,
+) -> list[PlanPoint]:
     """Every plan that satisfies the structural constraints, in a fixed order.
 
     global_batch: sequences per step (= micro_batch_size x num_microbatches x the data-parallel replicas, dp x ep
@@ -215,9 +289,26 @@ def enumerate_plans(model: ModelSpec, num_gpus: int, global_batch: int, *, domai
         for etp in allowed("etp", sorted({1, tp} if "etp" in fixed else {tp} if is_dense(model) else {1})):
             for sp in allowed("sp", (True, False) if tp > 1 and "sp" in fixed else ((tp > 1),)):
                 for cp in cp_degrees(model, fixed):
-                    out.extend(replace(point, cp=cp) for point in _plans_at(
-                        model, num_gpus, global_batch, domain_gpus, allowed, fixed, schedules, all_to_alls, recomputes,
-                        zeros, tp, etp, sp, node_gpus, cp))
+                    out.extend(
+                        replace(point, cp=cp)
+                        for point in _plans_at(
+                            model,
+                            num_gpus,
+                            global_batch,
+                            domain_gpus,
+                            allowed,
+                            fixed,
+                            schedules,
+                            all_to_alls,
+                            recomputes,
+                            zeros,
+                            tp,
+                            etp,
+                            sp,
+                            node_gpus,
+                            cp,
+                        )
+                    )
     return out
 
 
@@ -226,12 +317,14 @@ def _zeros(zeros: tuple[int, ...], schedule: str, replicated: bool) -> tuple[int
     backward per chunk (config.py says why)."""
     if not replicated:
         return (0,)
-    return tuple(z for z in zeros if not (z == 2 and schedule == "dualpipe")
-                 and not (z == 3 and schedule not in ZERO3_SCHEDULES))
+    return tuple(
+        z for z in zeros if not (z == 2 and schedule == "dualpipe") and not (z == 3 and schedule not in ZERO3_SCHEDULES)
+    )
 
 
-def _fsdp_options(zero: int, allowed, fixed: dict, stage: int, tp: int, dp: int, node_gpus: int
-                  ) -> list[tuple[bool, int]]:
+def _fsdp_options(
+    zero: int, allowed, fixed: dict, stage: int, tp: int, dp: int, node_gpus: int
+) -> list[tuple[bool, int]]:
     """ZeRO-3's (reshard_after_forward, dp_shard) pairs a plan may take: both reshard settings; shards over every
     replica (0) and, where a stage spans several nodes, HSDP with one node's replicas per shard (torchtitan's
     dp_shard within a node, dp_replicate across) or the --fix parallel.dp_shard values. Other stages: (True, 0)."""
@@ -247,34 +340,59 @@ def _fsdp_options(zero: int, allowed, fixed: dict, stage: int, tp: int, dp: int,
         except ConfigError:
             continue
         valid.append(0 if replicate == 1 else shard)
-    return [(r, s) for r in allowed("reshard_after_forward", (True, False))
-            for s in allowed("dp_shard", sorted(set(valid)))]
+    return [
+        (r, s) for r in allowed("reshard_after_forward", (True, False)) for s in allowed("dp_shard", sorted(set(valid)))
+    ]
 
 
 def _splits(model: ModelSpec, tp: int) -> bool:
     return all(width % tp == 0 for _, width in tensor_split_widths(model))
 
 
-def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: int, allowed, fixed: dict,
-              schedules: tuple[str, ...], all_to_alls: tuple[str, ...], recomputes: tuple[str, ...],
-              zeros: tuple[int, ...], tp: int, etp: int, sp: bool, node_gpus: int, cp: int = 1) -> list[PlanPoint]:
+def _plans_at(
+    model: ModelSpec,
+    num_gpus: int,
+    global_batch: int,
+    domain_gpus: int,
+    allowed,
+    fixed: dict,
+    schedules: tuple[str, ...],
+    all_to_alls: tuple[str, ...],
+    recomputes: tuple[str, ...],
+    zeros: tuple[int, ...],
+    tp: int,
+    etp: int,
+    sp: bool,
+    node_gpus: int,
+    cp: int = 1,
+) -> list[PlanPoint]:
     out = []
     for pp in allowed("pp", [d for d in divisors(num_gpus) if d <= model.num_layers]):
         stage = num_gpus // pp
         if stage % etp or stage % (tp * cp):
             continue
-        for ep in allowed("ep", [d for d in divisors(stage // etp)
-                                 if model.num_experts % d == 0 and d * etp <= domain_gpus
-                                 and (etp > 1 or d % tp == 0)]):
+        for ep in allowed(
+            "ep",
+            [
+                d
+                for d in divisors(stage // etp)
+                if model.num_experts % d == 0 and d * etp <= domain_gpus and (etp > 1 or d % tp == 0)
+            ],
+        ):
             dp = stage // (ep * etp)
             if "dp" in fixed and dp not in fixed["dp"]:
                 continue
             replicas = stage // (tp * cp)  # micro-batch streams: one per tensor- and context-parallel group
             if global_batch % replicas:
                 continue
-            for mbs in allowed("micro_batch_size", [b for b in sorted(set(DEFAULT_MICRO_BATCH_SIZES) | set(fixed.get(
-                    "micro_batch_size", ()))) if (global_batch // replicas) % b == 0
-                    and (tp == 1 or (b * model.seq_len // cp) % tp == 0)]):
+            for mbs in allowed(
+                "micro_batch_size",
+                [
+                    b
+                    for b in sorted(set(DEFAULT_MICRO_BATCH_SIZES) | set(fixed.get("micro_batch_size", ())))
+                    if (global_batch // replicas) % b == 0 and (tp == 1 or (b * model.seq_len // cp) % tp == 0)
+                ],
+            ):
                 m = global_batch // replicas // mbs
                 if "num_microbatches" in fixed and m not in fixed["num_microbatches"]:
                     continue
@@ -286,10 +404,25 @@ def _plans_at(model: ModelSpec, num_gpus: int, global_batch: int, domain_gpus: i
                             for recompute in allowed("recompute", recomputes):
                                 for zero in allowed("zero", _zeros(zeros, schedule, stage // tp > 1 or dp > 1)):
                                     for reshard, shard in _fsdp_options(zero, allowed, fixed, stage, tp, dp, node_gpus):
-                                        out.append(PlanPoint(pp=pp, ep=ep, dp=dp, vpp=vpp, micro_batch_size=mbs,
-                                                             num_microbatches=m, schedule=schedule, all_to_all=a2a,
-                                                             recompute=recompute, zero=zero, tp=tp, etp=etp, sp=sp,
-                                                             reshard_after_forward=reshard, dp_shard=shard))
+                                        out.append(
+                                            PlanPoint(
+                                                pp=pp,
+                                                ep=ep,
+                                                dp=dp,
+                                                vpp=vpp,
+                                                micro_batch_size=mbs,
+                                                num_microbatches=m,
+                                                schedule=schedule,
+                                                all_to_all=a2a,
+                                                recompute=recompute,
+                                                zero=zero,
+                                                tp=tp,
+                                                etp=etp,
+                                                sp=sp,
+                                                reshard_after_forward=reshard,
+                                                dp_shard=shard,
+                                            )
+                                        )
     return out
 
 
@@ -334,28 +467,48 @@ def _check_fixed(fixed: dict[str, tuple], num_gpus: int, global_batch: int) -> N
         raise ConfigError("--global-batch", global_batch, "a positive number of sequences")
 
 
-def no_plan_error(model: ModelSpec, num_gpus: int, global_batch: int, *, domain: str, domain_gpus: int,
-                  fixed: dict[str, tuple], **space) -> ConfigError:
+def no_plan_error(
+    model: ModelSpec,
+    num_gpus: int,
+    global_batch: int,
+    *,
+    domain: str,
+    domain_gpus: int,
+    fixed: dict[str, tuple],
+    **space,
+) -> ConfigError:
     """The error of a request whose space is empty, naming what rules every plan out: --ep-domain where a wider
     domain admits plans with the same fixes, else the last given --fix without which there are plans (with a value
     that admits one), else the request itself. space: enumerate_plans' other keyword arguments."""
+
     def plans(fixes: dict, gpus: int) -> list[PlanPoint]:
         return enumerate_plans(model, num_gpus, global_batch, fixed=fixes, domain_gpus=gpus, **space)
 
     if domain_gpus < num_gpus and (wider := plans(fixed, num_gpus)):
-        return ConfigError("--ep-domain", domain, f"a domain an EP group fits in: a {domain} holds {domain_gpus} GPUs, "
-                                                  f"and with --ep-domain any there are {len(wider)} plans (e.g. "
-                                                  f"{wider[0].label()})")
+        return ConfigError(
+            "--ep-domain",
+            domain,
+            f"a domain an EP group fits in: a {domain} holds {domain_gpus} GPUs, "
+            f"and with --ep-domain any there are {len(wider)} plans (e.g. "
+            f"{wider[0].label()})",
+        )
     keys = {knob: key for key, knob in FIX_KEYS.items()}
     for knob in reversed([k for k in fixed if k in keys]):  # the last given first: most likely the one in conflict
         key = keys[knob]
         if without := plans({k: v for k, v in fixed.items() if k != knob}, domain_gpus):
-            dense = (" (a dense model has no expert layers: its etp follows tp)"
-                     if knob == "etp" and is_dense(model) else "")
-            return ConfigError(f"--fix {key}", ",".join(map(str, fixed[knob])),
-                               f"values that admit a plan with the other --fix values{dense}: without this fix there "
-                               f"are {len(without)} plans, e.g. {key}={getattr(without[0], knob)}")
-    return ConfigError("plan", f"{model.name} on {num_gpus} GPUs, global batch {global_batch}",
-                       "a GPU count, batch and --fix values that admit at least one plan (ep must divide "
-                       f"{model.num_experts} experts and fit the {domain} (--ep-domain), pp <= {model.num_layers} "
-                       "layers, the batch must split into whole microbatches)")
+            dense = (
+                " (a dense model has no expert layers: its etp follows tp)" if knob == "etp" and is_dense(model) else ""
+            )
+            return ConfigError(
+                f"--fix {key}",
+                ",".join(map(str, fixed[knob])),
+                f"values that admit a plan with the other --fix values{dense}: without this fix there "
+                f"are {len(without)} plans, e.g. {key}={getattr(without[0], knob)}",
+            )
+    return ConfigError(
+        "plan",
+        f"{model.name} on {num_gpus} GPUs, global batch {global_batch}",
+        "a GPU count, batch and --fix values that admit at least one plan (ep must divide "
+        f"{model.num_experts} experts and fit the {domain} (--ep-domain), pp <= {model.num_layers} "
+        "layers, the batch must split into whole microbatches)",
+    )

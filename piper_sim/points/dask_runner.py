@@ -52,8 +52,12 @@ def workers_limit() -> int:
 def check_workers(workers: int | None) -> None:
     """--workers: 0 (in this process) up to workers_limit(), or None (one per core)."""
     if workers is not None and not 0 <= workers <= workers_limit():
-        raise ConfigError("--workers", workers, f"0 (run in this process) to {workers_limit()}, this machine's cores "
-                                                "(one single-threaded worker process per core)")
+        raise ConfigError(
+            "--workers",
+            workers,
+            f"0 (run in this process) to {workers_limit()}, this machine's cores "
+            "(one single-threaded worker process per core)",
+        )
 
 
 def configure_engine(scheduler: str | None, workers: int | None = None, dashboard: bool = False) -> None:
@@ -65,8 +69,12 @@ def configure_engine(scheduler: str | None, workers: int | None = None, dashboar
     if dashboard and workers == 0:
         raise ConfigError("--dashboard", "on", "a run on Dask: --workers 0 runs the points in this process, without it")
     if dashboard and not scheduler and importlib.util.find_spec("bokeh") is None:
-        raise ConfigError("--dashboard", "on", "bokeh installed, which Dask draws its dashboard with (pip install "
-                                               "'bokeh>=3.1', or pip install -e '.[dashboard]')")
+        raise ConfigError(
+            "--dashboard",
+            "on",
+            "bokeh installed, which Dask draws its dashboard with (pip install "
+            "'bokeh>=3.1', or pip install -e '.[dashboard]')",
+        )
     check_scheduler(scheduler)
     _dashboard = dashboard
 
@@ -82,8 +90,7 @@ def dask_client(scheduler: str | None, workers: int | None):
         try:
             client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError, ValueError) as exc:
-            raise ConfigError("--scheduler", scheduler, f"{SCHEDULER_ALLOWED} ({type(exc).__name__}: {exc})"
-                              ) from None
+            raise ConfigError("--scheduler", scheduler, f"{SCHEDULER_ALLOWED} ({type(exc).__name__}: {exc})") from None
         try:
             yield client
         finally:
@@ -94,12 +101,18 @@ def dask_client(scheduler: str | None, workers: int | None):
     with ExitStack() as stack:
         stack.callback(dask_log.setLevel, dask_log.level)  # last out: after the cluster has closed
         with interrupt_to_this_process_only():  # the workers never see a Ctrl-C: closing the cluster stops them
-            cluster = stack.enter_context(LocalCluster(
-                n_workers=workers or workers_limit(), threads_per_worker=1, processes=True,
-                dashboard_address=DASHBOARD_ADDRESS if _dashboard else None,
-                # workers log only what is fatal to them: a task's error reaches this process as the task's result,
-                # and a worker orphaned by a killed command would log its lost scheduler's heartbeats with tracebacks
-                silence_logs=logging.CRITICAL))
+            cluster = stack.enter_context(
+                LocalCluster(
+                    n_workers=workers or workers_limit(),
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=DASHBOARD_ADDRESS if _dashboard else None,
+                    # workers log only what is fatal to them: a task's error reaches this process as the task's
+                    # result, and a worker orphaned by a killed command would log its lost scheduler's heartbeats
+                    # with tracebacks
+                    silence_logs=logging.CRITICAL,
+                )
+            )
         client = stack.enter_context(Client(cluster))
         try:
             yield client
@@ -114,8 +127,12 @@ def scheduler_endpoint(scheduler: str) -> tuple[str, int]:
     protocol, sep, rest = scheduler.partition("://")
     protocol, rest = (protocol, rest) if sep else ("tcp", scheduler)
     if protocol not in PROTOCOLS:
-        raise ConfigError("--scheduler", scheduler, f"{SCHEDULER_ALLOWED} (protocol {protocol}:// is not supported: "
-                                                    f"piper-sim connects over {', '.join(PROTOCOLS)})")
+        raise ConfigError(
+            "--scheduler",
+            scheduler,
+            f"{SCHEDULER_ALLOWED} (protocol {protocol}:// is not supported: "
+            f"piper-sim connects over {', '.join(PROTOCOLS)})",
+        )
     host, _, port = rest.rstrip("/").rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 2**16:
         raise ConfigError("--scheduler", scheduler, f"{SCHEDULER_ALLOWED} (tcp://HOST:PORT)")
@@ -152,9 +169,16 @@ def _read_up_to(sock: socket.socket, nbytes: int) -> bytes:
     return data
 
 
-def run_points(fn: Callable[[dict], dict], points: Iterable[KeyedPoint], store: ResultStore, *,
-               scheduler: str | None = None, workers: int | None = None, label: str = "points",
-               progress: bool = True) -> dict[str, dict]:
+def run_points(
+    fn: Callable[[dict], dict],
+    points: Iterable[KeyedPoint],
+    store: ResultStore,
+    *,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    label: str = "points",
+    progress: bool = True,
+) -> dict[str, dict]:
     """fn(payload) -> row for every point not stored under its key; returns {digest: row} for all points. What
     was reused and computed is in store.tally, and said on stderr (with progress).
 
@@ -177,8 +201,9 @@ def run_points(fn: Callable[[dict], dict], points: Iterable[KeyedPoint], store: 
         with dask_client(scheduler, workers) as client:
             if _dashboard:
                 print(f"piper-sim: Dask dashboard of {label}: {client.dashboard_link}", file=sys.stderr)
-            futures = {client.submit(fn, point.payload, key=f"{label}-{point.digest}", pure=False): point
-                       for point in todo}
+            futures = {
+                client.submit(fn, point.payload, key=f"{label}-{point.digest}", pure=False): point for point in todo
+            }
             for future in as_completed(futures):
                 out[futures[future].digest] = _finish(store, futures[future], future.result(), bar)
     bar.close()

@@ -43,8 +43,7 @@ from piper_sim.yamlio import read_yaml
 
 PACKAGE_DIR = Path(piper_sim.__file__).resolve().parent
 NOT_PRICING_DIRS = frozenset({"torch_backend", "testbed"})
-NOT_PRICING_NAMES = frozenset({"cli.py", "__main__.py", "progress.py", "plots.py", "collective_plots.py",
-                               "measure.py"})
+NOT_PRICING_NAMES = frozenset({"cli.py", "__main__.py", "progress.py", "plots.py", "collective_plots.py", "measure.py"})
 MAX_CHAIN = 16  # files a `preset:` or `extends:` chain may follow (a loop is cut there)
 
 
@@ -191,6 +190,9 @@ def _parsed(path: str, digest: str) -> object:
 
 
 RESOLVERS: dict[str, Callable[[object], list[Path]]] = {
-    "model": _model_files, "topology": _topology_files, "profile": _profile_files, "cost": _cost_files,
+    "model": _model_files,
+    "topology": _topology_files,
+    "profile": _profile_files,
+    "cost": _cost_files,
     "routing": _routing_files,
 }

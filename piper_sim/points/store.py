@@ -38,6 +38,7 @@ def row_digest(row: dict) -> str:
 class Tally:
     """What a run did with its points: reused from the store, found stored under another key, found unreadable,
     computed."""
+
     reused: int = 0
     stale: int = 0
     unreadable: int = 0
@@ -49,8 +50,9 @@ class Tally:
         for count, why in ((self.stale, "made with other inputs or code"), (self.unreadable, "unreadable")):
             if count:
                 were, are = ("were", "are") if count != 1 else ("was", "is")
-                out.append(f"{label}: {count} stored point{'s' if count != 1 else ''} {were} {why} and {are} "
-                           "recomputed")
+                out.append(
+                    f"{label}: {count} stored point{'s' if count != 1 else ''} {were} {why} and {are} recomputed"
+                )
         return out
 
     def as_dict(self) -> dict[str, int]:
@@ -100,8 +102,13 @@ def _read_record(path: Path) -> dict | None:
         record = json.loads(path.read_bytes().decode())
     except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8, not JSON, nested too deep
         return None
-    if not (isinstance(record, dict) and isinstance(record.get("key"), str) and isinstance(record.get("row"), dict)
-            and record["row"] and record.get("row_sha256") == row_digest(record["row"])):
+    if not (
+        isinstance(record, dict)
+        and isinstance(record.get("key"), str)
+        and isinstance(record.get("row"), dict)
+        and record["row"]
+        and record.get("row_sha256") == row_digest(record["row"])
+    ):
         return None
     return record
 

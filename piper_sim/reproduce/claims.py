@@ -44,14 +44,21 @@ def load_claims() -> tuple[dict, dict[str, Claim]]:
     claims = {}
     for name, c in data["claims"].items():
         low, high = (float(v) for v in c["range"])
-        claims[name] = Claim(text=c["text"], where=c["where"], figure=c["figure"], low=low, high=high,
-                             tolerance=float(c.get("tolerance", 0.0)), reading=c.get("reading", ""))
+        claims[name] = Claim(
+            text=c["text"],
+            where=c["where"],
+            figure=c["figure"],
+            low=low,
+            high=high,
+            tolerance=float(c.get("tolerance", 0.0)),
+            reading=c.get("reading", ""),
+        )
     return data["source"], claims
 
 
 def citation() -> str:
     source, _ = load_claims()
-    return f"{source['authors']}, \"{source['title']}\", arXiv {source['arxiv']} ({source['year']})"
+    return f'{source["authors"]}, "{source["title"]}", arXiv {source["arxiv"]} ({source["year"]})'
 
 
 def verdict(claim: Claim, predicted: tuple[float, float]) -> str:

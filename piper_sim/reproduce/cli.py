@@ -14,14 +14,20 @@ NAMES = ("a2a-levels", "halo", "memory-map", "layer-ceiling", "models", "vs-xmoe
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("reproduce", help="the Piper paper's experiments on the simulator; writes DIR/report.md",
-                       description="Run the Piper paper's experiments on the simulator (plans chosen by the "
-                                   "planner) and write DIR/report.md: per experiment a table, a plot, the paper's "
-                                   "claim and what the simulator predicts. Resumable: rerun with the same --out. "
-                                   f"Experiments: {', '.join(NAMES)}.")
+    p = sub.add_parser(
+        "reproduce",
+        help="the Piper paper's experiments on the simulator; writes DIR/report.md",
+        description="Run the Piper paper's experiments on the simulator (plans chosen by the "
+        "planner) and write DIR/report.md: per experiment a table, a plot, the paper's "
+        "claim and what the simulator predicts. Resumable: rerun with the same --out. "
+        f"Experiments: {', '.join(NAMES)}.",
+    )
     p.add_argument("experiments", nargs="*", metavar="EXPERIMENT", help="experiments to run (default: all)")
-    p.add_argument("--quick", action="store_true", help="fewer points (sizes, machine sizes, steps; the planner's "
-                   "estimate instead of simulated plans)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer points (sizes, machine sizes, steps; the planner's estimate instead of simulated plans)",
+    )
     add_engine_args(p)
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.set_defaults(func=cmd_reproduce)

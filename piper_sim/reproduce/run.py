@@ -26,11 +26,19 @@ from piper_sim.reproduce.experiment import Experiment, Section
 from piper_sim.reproduce.work import run_point
 
 EXPERIMENTS: dict[str, Experiment] = {
-    e.name: e for e in network_experiments.EXPERIMENTS + training_experiments.EXPERIMENTS}
+    e.name: e for e in network_experiments.EXPERIMENTS + training_experiments.EXPERIMENTS
+}
 
 
-def reproduce(names: list[str], out: Path, *, quick: bool, scheduler: str | None = None, workers: int | None = None,
-              progress: bool = True) -> Path:
+def reproduce(
+    names: list[str],
+    out: Path,
+    *,
+    quick: bool,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> Path:
     """Run the named experiments (all when empty) and write DIR/report.md; returns its path."""
     chosen = names or list(EXPERIMENTS)
     for name in chosen:
@@ -46,10 +54,19 @@ def reproduce(names: list[str], out: Path, *, quick: bool, scheduler: str | None
                 point = point._replace(payload={**payload, "out": str(out / "plans" / point.digest)})
             planned[name].append(point)
     everything = [point for points in planned.values() for point in points]
-    results = run_points(run_point, everything, ResultStore(out), scheduler=scheduler, workers=workers,
-                         label="reproduce", progress=progress)
-    sections = {name: EXPERIMENTS[name].section([(p.payload, results[p.digest]) for p in points], out)
-                for name, points in planned.items()}
+    results = run_points(
+        run_point,
+        everything,
+        ResultStore(out),
+        scheduler=scheduler,
+        workers=workers,
+        label="reproduce",
+        progress=progress,
+    )
+    sections = {
+        name: EXPERIMENTS[name].section([(p.payload, results[p.digest]) for p in points], out)
+        for name, points in planned.items()
+    }
     wall = {name: sum(results[p.digest].get("wall_s", 0.0) for p in points) for name, points in planned.items()}
     path = out / "report.md"
     path.write_text(_report(chosen, sections, wall, quick=quick, total_s=time.perf_counter() - t0))
@@ -58,28 +75,41 @@ def reproduce(names: list[str], out: Path, *, quick: bool, scheduler: str | None
     return path
 
 
-def _report(names: list[str], sections: dict[str, Section], wall: dict[str, float], *, quick: bool,
-            total_s: float) -> str:
+def _report(
+    names: list[str], sections: dict[str, Section], wall: dict[str, float], *, quick: bool, total_s: float
+) -> str:
     mode = "--quick" if quick else "full"
     _, claims = load_claims()
-    lines = ["# The Piper paper's experiments on piper-sim", "",
-             f"Written by `piper-sim reproduce {' '.join(names)}{' --quick' if quick else ''}` ({mode} set). Every "
-             "figure below comes from this run's points (stored under points/); nothing is tuned to the paper's "
-             f"results. Claims are the paper's: {citation()}; each is checked on one figure of this run "
-             "(piper_sim/reproduce/claims.yaml says where the paper makes it and how a worded claim is read).", "",
-             f"Wall time of this invocation: {total_s:.0f} s (points reused from an earlier run cost nothing).", "",
-             _how_sure(), "",
-             *_verdict_table(names, sections, claims), ""]
+    lines = [
+        "# The Piper paper's experiments on piper-sim",
+        "",
+        f"Written by `piper-sim reproduce {' '.join(names)}{' --quick' if quick else ''}` ({mode} set). Every "
+        "figure below comes from this run's points (stored under points/); nothing is tuned to the paper's "
+        f"results. Claims are the paper's: {citation()}; each is checked on one figure of this run "
+        "(piper_sim/reproduce/claims.yaml says where the paper makes it and how a worded claim is read).",
+        "",
+        f"Wall time of this invocation: {total_s:.0f} s (points reused from an earlier run cost nothing).",
+        "",
+        _how_sure(),
+        "",
+        *_verdict_table(names, sections, claims),
+        "",
+    ]
     for name in names:
         experiment, section = EXPERIMENTS[name], sections[name]
         lines += [f"## {name}: {experiment.title}", ""]
         lines += _claim_lines(claims.get(name), section)
-        lines += [f"- **This run predicts**: {section.prediction}",
-                  f"- **Mechanism**: {section.mechanism}"]
+        lines += [f"- **This run predicts**: {section.prediction}", f"- **Mechanism**: {section.mechanism}"]
         if section.notes:
             lines.append(f"- **Points**: {section.notes}")
-        lines += [f"- Computing its points took {wall[name]:.0f} s.", "", markdown_table(section.table), "",
-                  f"![{name}]({section.plot})", ""]
+        lines += [
+            f"- Computing its points took {wall[name]:.0f} s.",
+            "",
+            markdown_table(section.table),
+            "",
+            f"![{name}]({section.plot})",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -87,8 +117,10 @@ def _how_sure() -> str:
     """The error bands of the experiments' family (MoE on MI250X), from the published runs (analysis/band.py)."""
     bands = [band_from(Family("mi250x", True, ""), scored_families(tier), tier) for tier in ("des", "estimate")]
     said = "; ".join(band_text(b.to_dict()) for b in bands if b is not None)
-    return ("How sure: every experiment predicts MoE training on Frontier's MI250X GCDs; the published runs of that "
-            f"family give the expected error band {said}. A claim's verdict is only as firm as that band.")
+    return (
+        "How sure: every experiment predicts MoE training on Frontier's MI250X GCDs; the published runs of that "
+        f"family give the expected error band {said}. A claim's verdict is only as firm as that band."
+    )
 
 
 def claim_verdicts(names: list[str], sections: dict[str, Section], claims: dict[str, Claim]) -> pd.DataFrame:
@@ -99,8 +131,15 @@ def claim_verdicts(names: list[str], sections: dict[str, Section], claims: dict[
         if claim is None:
             continue
         predicted = sections[name].figures.get(claim.figure, (float("nan"), float("nan")))
-        rows.append({"experiment": name, "figure": claim.figure, "paper": claim.range_text(),
-                     "this run": _span(predicted), "verdict": verdict(claim, predicted)})
+        rows.append(
+            {
+                "experiment": name,
+                "figure": claim.figure,
+                "paper": claim.range_text(),
+                "this run": _span(predicted),
+                "verdict": verdict(claim, predicted),
+            }
+        )
     return pd.DataFrame(rows, columns=["experiment", "figure", "paper", "this run", "verdict"])
 
 
@@ -116,9 +155,10 @@ def _claim_lines(claim: Claim | None, section: Section) -> list[str]:
         return ["- **Paper's claim**: none; this experiment shows what the simulator predicts."]
     predicted = section.figures.get(claim.figure, (float("nan"), float("nan")))
     said = verdict(claim, predicted)
-    lines = [f"- **Paper's claim** ({claim.where}): {claim.text}"
-             + (f" Read as: {claim.reading}." if claim.reading else ""),
-             f"- **Verdict**: {said} ({claim.figure}: this run {_span(predicted)}, the paper {claim.range_text()})."]
+    lines = [
+        f"- **Paper's claim** ({claim.where}): {claim.text}" + (f" Read as: {claim.reading}." if claim.reading else ""),
+        f"- **Verdict**: {said} ({claim.figure}: this run {_span(predicted)}, the paper {claim.range_text()}).",
+    ]
     if said != "agrees":
         lines.append(f"- **Why it differs**: {section.versus_paper or 'no mechanism named by this experiment.'}")
     return lines
@@ -133,6 +173,7 @@ def _span(values: tuple[float, float]) -> str:
 
 def markdown_table(table: pd.DataFrame) -> str:
     """A DataFrame as a Markdown table, floats to 4 significant digits."""
+
     def cell(value: object) -> str:
         if isinstance(value, float):
             return "" if value != value else f"{value:.4g}"

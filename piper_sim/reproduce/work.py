@@ -47,13 +47,22 @@ def _a2a(payload: dict) -> dict:
     phases = ALL_TO_ALL.get(payload["algorithm"], "algorithm")(matrix, gpus, topo)
     t0 = time.perf_counter()
     _, run = run_collective(phases, gpus, topo)
-    return {"time_s": run.time_s, "busbw_bytes_per_s": size * (n - 1) / n / run.time_s,
-            "hosts": len({topo.host_of(g) for g in gpus}), "wall_s": time.perf_counter() - t0}
+    return {
+        "time_s": run.time_s,
+        "busbw_bytes_per_s": size * (n - 1) / n / run.time_s,
+        "hosts": len({topo.host_of(g) for g in gpus}),
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def _a2a_study(payload: dict) -> dict:
-    spec = StudySpec(topology=payload["topology"], nodes=(payload["nodes"],), sizes=tuple(payload["sizes"]),
-                     algorithms=tuple(payload["algorithms"]), size_per="gpu")
+    spec = StudySpec(
+        topology=payload["topology"],
+        nodes=(payload["nodes"],),
+        sizes=tuple(payload["sizes"]),
+        algorithms=tuple(payload["algorithms"]),
+        size_per="gpu",
+    )
     t0 = time.perf_counter()
     rows = [row for row, _ in run_study(spec, log=lambda _s: None)]
     return {"rows": rows, "wall_s": time.perf_counter() - t0}
@@ -70,11 +79,27 @@ def _memory_map(payload: dict) -> dict:
             dp = n // (pp * ep)
             if batch % (dp * ep):
                 continue
-            point = PlanPoint(pp=pp, ep=ep, dp=dp, vpp=1, micro_batch_size=1, num_microbatches=batch // (dp * ep),
-                              schedule="1f1b", all_to_all="flat", recompute=payload["recompute"])
+            point = PlanPoint(
+                pp=pp,
+                ep=ep,
+                dp=dp,
+                vpp=1,
+                micro_batch_size=1,
+                num_microbatches=batch // (dp * ep),
+                schedule="1f1b",
+                all_to_all="flat",
+                recompute=payload["recompute"],
+            )
             peaks = [stage.peak_bytes for stage in stage_memory(model, point)]
-            cells.append({"pp": pp, "ep": ep, "dp": dp, "stage0_bytes": peaks[0],
-                          "peak_stage": max(range(len(peaks)), key=peaks.__getitem__)})
+            cells.append(
+                {
+                    "pp": pp,
+                    "ep": ep,
+                    "dp": dp,
+                    "stage0_bytes": peaks[0],
+                    "peak_stage": max(range(len(peaks)), key=peaks.__getitem__),
+                }
+            )
     return {"cells": cells, "wall_s": time.perf_counter() - t0}
 
 
@@ -82,21 +107,34 @@ def _simulate(payload: dict) -> dict:
     t0 = time.perf_counter()
     result = simulate(load_config(payload["config"]))
     r = result.report
-    return {"step_time_s": r.step_time_s, "step_times_s": list(r.step_times_s), "mfu": r.mfu,
-            "tflops_per_gpu": r.tflops_per_gpu, "tokens_per_s": r.tokens_per_s,
-            "peak_memory_bytes": max(r.peak_memory_bytes), "fits_memory": all(r.fits_memory),
-            "all_to_all_fraction": _a2a_fraction(result.trace, r), "migration": r.migration or {},
-            "exposed_comm_fraction": r.exposed_comm_fraction, "bubble_fraction": r.bubble_fraction,
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "step_time_s": r.step_time_s,
+        "step_times_s": list(r.step_times_s),
+        "mfu": r.mfu,
+        "tflops_per_gpu": r.tflops_per_gpu,
+        "tokens_per_s": r.tokens_per_s,
+        "peak_memory_bytes": max(r.peak_memory_bytes),
+        "fits_memory": all(r.fits_memory),
+        "all_to_all_fraction": _a2a_fraction(result.trace, r),
+        "migration": r.migration or {},
+        "exposed_comm_fraction": r.exposed_comm_fraction,
+        "bubble_fraction": r.bubble_fraction,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def _estimate(payload: dict) -> dict:
     """One config priced by the planner's estimator (the quick tier of a "simulate" point)."""
     t0 = time.perf_counter()
     estimate, fits = estimate_config(load_config(payload["config"]))
-    return {"step_time_s": estimate.step_time_s, "mfu": estimate.mfu, "tflops_per_gpu": estimate.tflops_per_gpu,
-            "fits_memory": fits, "all_to_all_fraction": estimate.all_to_all_s / estimate.step_time_s,
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "step_time_s": estimate.step_time_s,
+        "mfu": estimate.mfu,
+        "tflops_per_gpu": estimate.tflops_per_gpu,
+        "fits_memory": fits,
+        "all_to_all_fraction": estimate.all_to_all_s / estimate.step_time_s,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def _a2a_fraction(trace, report) -> float:
@@ -117,13 +155,25 @@ def _plan(payload: dict) -> dict:
         return {"fits": False, "candidates": len(result.table), "wall_s": time.perf_counter() - t0}
     tier = "DES" if bool(best["refined"]) else "estimate"
     sim = tier == "DES"
-    return {"fits": True, "plan": str(best["label"]), "tier": tier, "candidates": len(result.table),
-            "fitting": int(result.table["fits"].sum()),
-            "step_time_s": float(best["step_time_s"]),
-            "tflops_per_gpu": float(best["sim_tflops_per_gpu"] if sim else best["est_tflops_per_gpu"]),
-            "mfu": float(best["sim_mfu"] if sim else best["est_mfu"]),
-            "peak_memory_bytes": float(best["peak_memory_bytes"]), "wall_s": time.perf_counter() - t0}
+    return {
+        "fits": True,
+        "plan": str(best["label"]),
+        "tier": tier,
+        "candidates": len(result.table),
+        "fitting": int(result.table["fits"].sum()),
+        "step_time_s": float(best["step_time_s"]),
+        "tflops_per_gpu": float(best["sim_tflops_per_gpu"] if sim else best["est_tflops_per_gpu"]),
+        "mfu": float(best["sim_mfu"] if sim else best["est_mfu"]),
+        "peak_memory_bytes": float(best["peak_memory_bytes"]),
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
-KINDS = {"a2a": _a2a, "a2a_study": _a2a_study, "memory_map": _memory_map, "simulate": _simulate,
-         "estimate": _estimate, "plan": _plan}
+KINDS = {
+    "a2a": _a2a,
+    "a2a_study": _a2a_study,
+    "memory_map": _memory_map,
+    "simulate": _simulate,
+    "estimate": _estimate,
+    "plan": _plan,
+}

@@ -97,8 +97,11 @@ def capacity_param() -> Param:
             raise ValueError
         return out
 
-    return Param(default=None, allowed=f"null (no dropping) or a positive number up to {CAPACITY_FACTOR_LIMIT:g}",
-                 convert=convert)
+    return Param(
+        default=None,
+        allowed=f"null (no dropping) or a positive number up to {CAPACITY_FACTOR_LIMIT:g}",
+        convert=convert,
+    )
 
 
 COMMON_PARAMS: dict[str, Param] = {"capacity_factor": capacity_param()}
@@ -158,8 +161,11 @@ class RoutingKind:
         spec = {**COMMON_PARAMS, **self.params}
         for key in raw:
             if key not in spec:
-                raise ConfigError(f"routing.{key}", raw[key],
-                                  f"a parameter of routing kind {self.name!r}: one of {', '.join(self.allowed_keys())}")
+                raise ConfigError(
+                    f"routing.{key}",
+                    raw[key],
+                    f"a parameter of routing kind {self.name!r}: one of {', '.join(self.allowed_keys())}",
+                )
         out: dict[str, Any] = {}
         for key, param in spec.items():
             if key in raw:

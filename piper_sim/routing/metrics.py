@@ -65,17 +65,24 @@ class ImbalanceTracker:
             by_layer[layer].append(lif)
             by_step[step].append(lif)
         per_layer = {
-            int(layer): {"lif": float(np.mean(v)), "lif_max": float(np.max(v)),
-                         "microbatch_lif": float(np.mean([x for (_s, ly), xs in self._mb_lif.items() if ly == layer
-                                                          for x in xs]))}
-            for layer, v in sorted(by_layer.items())}
-        per_step = [{"step": int(s), "lif": float(np.mean(v)), "lif_max": float(np.max(v))}
-                    for s, v in sorted(by_step.items())]
+            int(layer): {
+                "lif": float(np.mean(v)),
+                "lif_max": float(np.max(v)),
+                "microbatch_lif": float(
+                    np.mean([x for (_s, ly), xs in self._mb_lif.items() if ly == layer for x in xs])
+                ),
+            }
+            for layer, v in sorted(by_layer.items())
+        }
+        per_step = [
+            {"step": int(s), "lif": float(np.mean(v)), "lif_max": float(np.max(v))} for s, v in sorted(by_step.items())
+        ]
         all_values = [x for v in by_layer.values() for x in v]
-        overall = {"lif": float(np.mean(all_values)) if all_values else 1.0,
-                   "lif_max": float(np.max(all_values)) if all_values else 1.0,
-                   "microbatch_lif": float(np.mean([x for xs in self._mb_lif.values() for x in xs]))
-                   if self._mb_lif else 1.0}
+        overall = {
+            "lif": float(np.mean(all_values)) if all_values else 1.0,
+            "lif_max": float(np.max(all_values)) if all_values else 1.0,
+            "microbatch_lif": float(np.mean([x for xs in self._mb_lif.values() for x in xs])) if self._mb_lif else 1.0,
+        }
         return {"per_layer": per_layer, "per_step": per_step, "overall": overall}
 
 

@@ -61,21 +61,34 @@ class RoutingModel:
         """Rows one source may send one expert per all-to-all; None in no-drop mode."""
         return expert_capacity(self.capacity_factor, tokens_per_source, self.top_k, self.num_experts)
 
-    def context(self, step: int, layer: int, microbatch: int, group: int, num_sources: int,
-                tokens_per_source: int) -> RoutingContext:
-        return RoutingContext(step=step, layer=layer, microbatch=microbatch, group=group, num_sources=num_sources,
-                              tokens_per_source=tokens_per_source, num_experts=self.num_experts, top_k=self.top_k,
-                              seed=self.seed, params=self.params, state=self._state)
+    def context(
+        self, step: int, layer: int, microbatch: int, group: int, num_sources: int, tokens_per_source: int
+    ) -> RoutingContext:
+        return RoutingContext(
+            step=step,
+            layer=layer,
+            microbatch=microbatch,
+            group=group,
+            num_sources=num_sources,
+            tokens_per_source=tokens_per_source,
+            num_experts=self.num_experts,
+            top_k=self.top_k,
+            seed=self.seed,
+            params=self.params,
+            state=self._state,
+        )
 
-    def route(self, step: int, layer: int, microbatch: int, group: int, num_sources: int,
-              tokens_per_source: int) -> RoutedCounts:
+    def route(
+        self, step: int, layer: int, microbatch: int, group: int, num_sources: int, tokens_per_source: int
+    ) -> RoutedCounts:
         """Kept and dropped rows [source, expert] for one all-to-all; kept + dropped rows sum to tokens x top_k."""
         ctx = self.context(step, layer, microbatch, group, num_sources, tokens_per_source)
         raw = self.spec.counts(ctx)
         return apply_capacity(raw, self.capacity(tokens_per_source))
 
-    def counts(self, step: int, layer: int, microbatch: int, group: int, num_sources: int,
-               tokens_per_source: int) -> np.ndarray:
+    def counts(
+        self, step: int, layer: int, microbatch: int, group: int, num_sources: int, tokens_per_source: int
+    ) -> np.ndarray:
         """counts[source, expert]: rows dispatched (after dropping); exact even split under uniform routing."""
         return self.route(step, layer, microbatch, group, num_sources, tokens_per_source).kept
 

@@ -37,16 +37,24 @@ def load_trace(path: str, num_experts: int) -> RoutingTrace:
     """The trace a routing section replays, read (once: the config keeps the routing model built at load)."""
     resolved = resolve_trace_path(path)
     if not resolved.is_file():
-        raise ConfigError("routing.path", path, "an existing routing trace file (.npz; relative paths are looked "
-                                                "up in the working directory, then the project root)")
+        raise ConfigError(
+            "routing.path",
+            path,
+            "an existing routing trace file (.npz; relative paths are looked "
+            "up in the working directory, then the project root)",
+        )
     try:
         trace = read_trace(resolved)
     except TraceError as exc:
-        raise ConfigError("routing.path", path, f"a routing trace (docs/routing.md); this file: "
-                                                f"{exc.message}") from None
+        raise ConfigError(
+            "routing.path", path, f"a routing trace (docs/routing.md); this file: {exc.message}"
+        ) from None
     if trace.num_experts != num_experts:
-        raise ConfigError("routing.path", path, f"a trace with the model's {num_experts} experts (experts mismatch: "
-                                                f"the trace has {trace.num_experts})")
+        raise ConfigError(
+            "routing.path",
+            path,
+            f"a trace with the model's {num_experts} experts (experts mismatch: the trace has {trace.num_experts})",
+        )
     return trace
 
 
@@ -60,8 +68,12 @@ def layer_position(trace: RoutingTrace, layer: int, mode: str, path: str) -> int
         return int(hits[0])
     if mode == "wrap":
         return layer % len(trace.layers)
-    raise ConfigError("routing.path", path, f"a trace with layer {layer} (missing layer: it has layers "
-                                            f"{trace.layers.tolist()}); or set routing.layers: wrap")
+    raise ConfigError(
+        "routing.path",
+        path,
+        f"a trace with layer {layer} (missing layer: it has layers "
+        f"{trace.layers.tolist()}); or set routing.layers: wrap",
+    )
 
 
 def replay_counts(ctx: RoutingContext) -> np.ndarray:
@@ -89,7 +101,12 @@ def _path_param() -> Param:
     return Param(default=..., allowed="the path of a routing trace (.npz)", convert=convert)
 
 
-register_kind(RoutingKind(
-    name="trace", counts=replay_counts, setup=_setup,
-    params={"path": _path_param(), "layers": choice("exact", ("exact", "wrap")), "step_offset": integer(0)},
-    doc="replay a routing trace file, scaled to the simulated tokens (docs/routing.md)"))
+register_kind(
+    RoutingKind(
+        name="trace",
+        counts=replay_counts,
+        setup=_setup,
+        params={"path": _path_param(), "layers": choice("exact", ("exact", "wrap")), "step_offset": integer(0)},
+        doc="replay a routing trace file, scaled to the simulated tokens (docs/routing.md)",
+    )
+)

@@ -108,8 +108,14 @@ def _sampled(popularity, by_step: bool = False):
     memo: dict[tuple, np.ndarray] = {}
 
     def counts(ctx: RoutingContext) -> np.ndarray:
-        key = (ctx.seed, ctx.layer, ctx.step if by_step else 0, ctx.num_experts, ctx.top_k,
-               tuple(sorted(ctx.params.items())))
+        key = (
+            ctx.seed,
+            ctx.layer,
+            ctx.step if by_step else 0,
+            ctx.num_experts,
+            ctx.top_k,
+            tuple(sorted(ctx.params.items())),
+        )
         probs = memo.get(key)
         if probs is None:
             if len(memo) >= POPULARITY_MEMO:
@@ -124,8 +130,12 @@ def _uniform_counts(ctx: RoutingContext) -> np.ndarray:
     return np.tile(even_split(ctx.rows_per_source, ctx.num_experts), (ctx.num_sources, 1))
 
 
-POPULARITY = {"zipf": zipf_popularity, "dirichlet": dirichlet_popularity, "hot": hot_popularity,
-              "drift": drift_popularity}
+POPULARITY = {
+    "zipf": zipf_popularity,
+    "dirichlet": dirichlet_popularity,
+    "hot": hot_popularity,
+    "drift": drift_popularity,
+}
 
 
 def popularity(kind: str, ctx: RoutingContext) -> np.ndarray:
@@ -135,22 +145,49 @@ def popularity(kind: str, ctx: RoutingContext) -> np.ndarray:
     return POPULARITY[kind](ctx)
 
 
-register_kind(RoutingKind(
-    name="uniform", counts=_uniform_counts, static=True,
-    doc="every source splits its tokens x top_k rows evenly over the experts (exact, no noise)"))
-register_kind(RoutingKind(
-    name="zipf", counts=_sampled(zipf_popularity), params={"exponent": non_negative_float(1.0)},
-    doc="expert of popularity rank r gets a share ~ r^-exponent; ranks shuffled per (seed, layer)"))
-register_kind(RoutingKind(
-    name="dirichlet", counts=_sampled(dirichlet_popularity), params={"concentration": positive_float(1.0)},
-    doc="expert shares ~ Dirichlet(concentration x 1), drawn per (seed, layer); small concentration = skewed"))
-register_kind(RoutingKind(
-    name="hot", counts=_sampled(hot_popularity),
-    params={"fraction": fraction(0.125), "share": fraction(0.5, open_low=False)},
-    doc="round(fraction x E) experts (at least one) chosen per (seed, layer) get `share` of the rows"))
-register_kind(RoutingKind(
-    name="drift", counts=_sampled(drift_popularity, by_step=True),
-    params={"shape": choice("hot", ("hot", "zipf")), "fraction": fraction(0.125),
-            "share": fraction(0.5, open_low=False), "exponent": non_negative_float(1.0),
-            "rate": non_negative_float(0.25)},
-    doc="a hot or zipf popularity whose hot positions move `rate` experts per step (fractional rates blend)"))
+register_kind(
+    RoutingKind(
+        name="uniform",
+        counts=_uniform_counts,
+        static=True,
+        doc="every source splits its tokens x top_k rows evenly over the experts (exact, no noise)",
+    )
+)
+register_kind(
+    RoutingKind(
+        name="zipf",
+        counts=_sampled(zipf_popularity),
+        params={"exponent": non_negative_float(1.0)},
+        doc="expert of popularity rank r gets a share ~ r^-exponent; ranks shuffled per (seed, layer)",
+    )
+)
+register_kind(
+    RoutingKind(
+        name="dirichlet",
+        counts=_sampled(dirichlet_popularity),
+        params={"concentration": positive_float(1.0)},
+        doc="expert shares ~ Dirichlet(concentration x 1), drawn per (seed, layer); small concentration = skewed",
+    )
+)
+register_kind(
+    RoutingKind(
+        name="hot",
+        counts=_sampled(hot_popularity),
+        params={"fraction": fraction(0.125), "share": fraction(0.5, open_low=False)},
+        doc="round(fraction x E) experts (at least one) chosen per (seed, layer) get `share` of the rows",
+    )
+)
+register_kind(
+    RoutingKind(
+        name="drift",
+        counts=_sampled(drift_popularity, by_step=True),
+        params={
+            "shape": choice("hot", ("hot", "zipf")),
+            "fraction": fraction(0.125),
+            "share": fraction(0.5, open_low=False),
+            "exponent": non_negative_float(1.0),
+            "rate": non_negative_float(0.25),
+        },
+        doc="a hot or zipf popularity whose hot positions move `rate` experts per step (fractional rates blend)",
+    )
+)

@@ -70,9 +70,16 @@ class RoutingTrace:
         return self.steps if self.steps is not None else np.arange(self.num_steps, dtype=np.int64)
 
     def meta(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "model": self.model, "num_experts": self.num_experts,
-                "top_k": self.top_k, "tokens_per_step": self.tokens_per_step, "source": self.source,
-                "notes": self.notes}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model,
+            "num_experts": self.num_experts,
+            "top_k": self.top_k,
+            "tokens_per_step": self.tokens_per_step,
+            "source": self.source,
+            "notes": self.notes,
+        }
 
     def equals(self, other: RoutingTrace) -> bool:
         def same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
@@ -80,8 +87,13 @@ class RoutingTrace:
                 return a is b
             return np.array_equal(a, b)
 
-        return (self.meta() == other.meta() and same(self.layers, other.layers) and same(self.counts, other.counts)
-                and same(self.steps, other.steps) and same(self.source_counts, other.source_counts))
+        return (
+            self.meta() == other.meta()
+            and same(self.layers, other.layers)
+            and same(self.counts, other.counts)
+            and same(self.steps, other.steps)
+            and same(self.source_counts, other.source_counts)
+        )
 
     def validate(self, where: str = "<memory>") -> RoutingTrace:
         """Raise TraceError naming the first inconsistency; returns self."""
@@ -117,8 +129,9 @@ def validate_trace(trace: RoutingTrace, where: str) -> None:
     if steps == 0 or num_layers == 0:
         raise TraceError(where, f"counts has no steps or no layers (shape {list(counts.shape)})")
     if experts != trace.num_experts:
-        raise TraceError(where, f"experts mismatch: counts has {experts} experts, meta.num_experts is "
-                                f"{trace.num_experts}")
+        raise TraceError(
+            where, f"experts mismatch: counts has {experts} experts, meta.num_experts is {trace.num_experts}"
+        )
     layers = _int_array("layers", trace.layers, 1, "[layers]", where)
     if len(layers) != num_layers:
         raise TraceError(where, f"layers lists {len(layers)} layers but counts has {num_layers}")
@@ -127,8 +140,7 @@ def validate_trace(trace: RoutingTrace, where: str) -> None:
     if trace.steps is not None:
         numbers = _int_array("steps", trace.steps, 1, "[steps]", where)
         if len(numbers) != steps or np.any(np.diff(numbers) <= 0):
-            raise TraceError(where, f"steps must list {steps} strictly increasing step numbers; got "
-                                    f"{numbers.tolist()}")
+            raise TraceError(where, f"steps must list {steps} strictly increasing step numbers; got {numbers.tolist()}")
     expected = trace.tokens_per_step * trace.top_k
     sums = counts.sum(axis=2)
     empty = np.argwhere(sums == 0)
@@ -138,18 +150,28 @@ def validate_trace(trace: RoutingTrace, where: str) -> None:
     wrong = np.argwhere(sums != expected)
     if len(wrong):
         s, li = (int(i) for i in wrong[0])
-        raise TraceError(where, f"counts of step {s}, layer {int(layers[li])} sum to {int(sums[s, li])}; expected "
-                                f"tokens_per_step x top_k = {expected}")
+        raise TraceError(
+            where,
+            f"counts of step {s}, layer {int(layers[li])} sum to {int(sums[s, li])}; expected "
+            f"tokens_per_step x top_k = {expected}",
+        )
     if counts.max() > trace.tokens_per_step:
         s, li, e = (int(i) for i in np.argwhere(counts > trace.tokens_per_step)[0])
-        raise TraceError(where, f"expert {e} of step {s}, layer {int(layers[li])} got {int(counts[s, li, e])} rows, "
-                                f"more than the {trace.tokens_per_step} tokens of the step")
+        raise TraceError(
+            where,
+            f"expert {e} of step {s}, layer {int(layers[li])} got {int(counts[s, li, e])} rows, "
+            f"more than the {trace.tokens_per_step} tokens of the step",
+        )
     if trace.source_counts is not None:
-        per_source = _int_array("source_counts", trace.source_counts, 5,
-                                "[steps, layers, microbatches, sources, experts]", where)
+        per_source = _int_array(
+            "source_counts", trace.source_counts, 5, "[steps, layers, microbatches, sources, experts]", where
+        )
         if per_source.shape[:2] != counts.shape[:2] or per_source.shape[4] != experts:
-            raise TraceError(where, f"source_counts shape {list(per_source.shape)} does not match counts shape "
-                                    f"{list(counts.shape)} (expected [{steps}, {num_layers}, M, R, {experts}])")
+            raise TraceError(
+                where,
+                f"source_counts shape {list(per_source.shape)} does not match counts shape "
+                f"{list(counts.shape)} (expected [{steps}, {num_layers}, M, R, {experts}])",
+            )
         if not np.array_equal(per_source.sum(axis=(2, 3)), counts):
             raise TraceError(where, "source_counts summed over microbatches and sources differ from counts")
 
@@ -158,9 +180,11 @@ def write_trace(trace: RoutingTrace, path: str | Path) -> Path:
     """Validate and write as a compressed .npz; returns the path written."""
     path = Path(path)
     trace.validate(str(path))
-    arrays: dict[str, np.ndarray] = {"meta": np.array(json.dumps(trace.meta(), sort_keys=True)),
-                                     "layers": np.asarray(trace.layers, dtype=np.int64),
-                                     "counts": np.asarray(trace.counts, dtype=np.int64)}
+    arrays: dict[str, np.ndarray] = {
+        "meta": np.array(json.dumps(trace.meta(), sort_keys=True)),
+        "layers": np.asarray(trace.layers, dtype=np.int64),
+        "counts": np.asarray(trace.counts, dtype=np.int64),
+    }
     if trace.steps is not None:
         arrays["steps"] = np.asarray(trace.steps, dtype=np.int64)
     if trace.source_counts is not None:
@@ -200,14 +224,21 @@ def read_trace(path: str | Path, *, num_experts: int | None = None) -> RoutingTr
     missing = [k for k in ("model", "num_experts", "top_k", "tokens_per_step") if k not in meta]
     if missing:
         raise TraceError(where, f"meta lacks {', '.join(missing)}")
-    trace = RoutingTrace(model=str(meta["model"]), num_experts=meta["num_experts"], top_k=meta["top_k"],
-                         tokens_per_step=meta["tokens_per_step"], layers=arrays["layers"], counts=arrays["counts"],
-                         steps=arrays.get("steps"), source_counts=arrays.get("source_counts"),
-                         source=str(meta.get("source", "")), notes=dict(meta.get("notes") or {}))
+    trace = RoutingTrace(
+        model=str(meta["model"]),
+        num_experts=meta["num_experts"],
+        top_k=meta["top_k"],
+        tokens_per_step=meta["tokens_per_step"],
+        layers=arrays["layers"],
+        counts=arrays["counts"],
+        steps=arrays.get("steps"),
+        source_counts=arrays.get("source_counts"),
+        source=str(meta.get("source", "")),
+        notes=dict(meta.get("notes") or {}),
+    )
     trace.validate(where)
     if num_experts is not None and trace.num_experts != num_experts:
-        raise TraceError(where, f"experts mismatch: the trace has {trace.num_experts} experts, the model "
-                                f"{num_experts}")
+        raise TraceError(where, f"experts mismatch: the trace has {trace.num_experts} experts, the model {num_experts}")
     return _as_int64(trace)
 
 
@@ -216,15 +247,21 @@ def check_declared_size(path: Path, where: str) -> None:
     bytes, from the zip directory and the .npy headers alone: a small file can declare terabytes."""
     with path.open("rb") as fh:
         if fh.read(len(npy_format.MAGIC_PREFIX)) == npy_format.MAGIC_PREFIX:
-            raise TraceError(where, "a single .npy array, not a trace: a trace is one .npz holding the arrays meta, "
-                                    "layers and counts (docs/routing.md; piper_sim.routing.write_trace writes one)")
+            raise TraceError(
+                where,
+                "a single .npy array, not a trace: a trace is one .npz holding the arrays meta, "
+                "layers and counts (docs/routing.md; piper_sim.routing.write_trace writes one)",
+            )
     total = 0
     with zipfile.ZipFile(path) as archive:
         for info in archive.infolist():
             total += max(info.file_size, _npy_bytes(archive, info))
             if total > TRACE_BYTES_LIMIT:
-                raise TraceError(where, f"its arrays declare {total:,} bytes by {info.filename!r}, more than the "
-                                        f"{TRACE_BYTES_LIMIT:,} a trace may hold")
+                raise TraceError(
+                    where,
+                    f"its arrays declare {total:,} bytes by {info.filename!r}, more than the "
+                    f"{TRACE_BYTES_LIMIT:,} a trace may hold",
+                )
 
 
 def _npy_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
@@ -242,11 +279,18 @@ def _as_int64(trace: RoutingTrace) -> RoutingTrace:
     def cast(a: np.ndarray | None) -> np.ndarray | None:
         return None if a is None else np.asarray(a, dtype=np.int64)
 
-    return RoutingTrace(model=trace.model, num_experts=int(trace.num_experts), top_k=int(trace.top_k),
-                        tokens_per_step=int(trace.tokens_per_step), layers=np.asarray(trace.layers, dtype=np.int64),
-                        counts=np.asarray(trace.counts, dtype=np.int64), steps=cast(trace.steps),
-                        source_counts=cast(trace.source_counts),
-                        source=trace.source, notes=trace.notes)
+    return RoutingTrace(
+        model=trace.model,
+        num_experts=int(trace.num_experts),
+        top_k=int(trace.top_k),
+        tokens_per_step=int(trace.tokens_per_step),
+        layers=np.asarray(trace.layers, dtype=np.int64),
+        counts=np.asarray(trace.counts, dtype=np.int64),
+        steps=cast(trace.steps),
+        source_counts=cast(trace.source_counts),
+        source=trace.source,
+        notes=trace.notes,
+    )
 
 
 class TraceRecorder:
@@ -261,16 +305,27 @@ class TraceRecorder:
     counts are kept too (source_counts); otherwise all microbatches and sources of a step are summed.
     """
 
-    def __init__(self, *, model: str, num_experts: int, top_k: int, layers: Sequence[int], source: str = "",
-                 num_microbatches: int | None = None, num_sources: int | None = None,
-                 notes: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        num_experts: int,
+        top_k: int,
+        layers: Sequence[int],
+        source: str = "",
+        num_microbatches: int | None = None,
+        num_sources: int | None = None,
+        notes: dict[str, Any] | None = None,
+    ) -> None:
         self.model, self.num_experts, self.top_k, self.source = model, num_experts, top_k, source
         self.layers = [int(x) for x in layers]
         self._layer_index = {layer: i for i, layer in enumerate(self.layers)}
         self.per_source = num_microbatches is not None and num_sources is not None
-        self.shape: tuple[int, ...] = ((len(self.layers), num_microbatches, num_sources, num_experts)
-                                       if num_microbatches is not None and num_sources is not None  # per_source
-                                       else (len(self.layers), num_experts))
+        self.shape: tuple[int, ...] = (
+            (len(self.layers), num_microbatches, num_sources, num_experts)
+            if num_microbatches is not None and num_sources is not None  # per_source
+            else (len(self.layers), num_experts)
+        )
         self.notes = dict(notes or {})
         self._steps: dict[int, np.ndarray] = {}
 
@@ -283,8 +338,11 @@ class TraceRecorder:
         buf = self._steps.setdefault(int(step), np.zeros(self.shape, dtype=np.int64))
         if self.per_source:
             if not (0 <= microbatch < self.shape[1] and 0 <= source < self.shape[2]):
-                raise TraceError("capture", f"microbatch {microbatch} or source {source} out of range "
-                                            f"({self.shape[1]} microbatches, {self.shape[2]} sources)")
+                raise TraceError(
+                    "capture",
+                    f"microbatch {microbatch} or source {source} out of range "
+                    f"({self.shape[1]} microbatches, {self.shape[2]} sources)",
+                )
             buf[self._layer_index[layer], microbatch, source] += counts
         else:
             buf[self._layer_index[layer]] += counts
@@ -297,13 +355,23 @@ class TraceRecorder:
         counts = stacked.sum(axis=(2, 3)) if self.per_source else stacked
         totals = np.unique(counts.sum(axis=2))
         if len(totals) != 1 or totals[0] % self.top_k:
-            raise TraceError("capture", f"layers and steps saw different token counts (rows {totals.tolist()}); "
-                                        "a trace needs the same tokens per step in every layer")
-        return RoutingTrace(model=self.model, num_experts=self.num_experts, top_k=self.top_k,
-                            tokens_per_step=int(totals[0]) // self.top_k, layers=np.array(self.layers, dtype=np.int64),
-                            counts=counts, steps=np.array(order, dtype=np.int64),
-                            source_counts=stacked if self.per_source else None, source=self.source,
-                            notes=self.notes).validate("capture")
+            raise TraceError(
+                "capture",
+                f"layers and steps saw different token counts (rows {totals.tolist()}); "
+                "a trace needs the same tokens per step in every layer",
+            )
+        return RoutingTrace(
+            model=self.model,
+            num_experts=self.num_experts,
+            top_k=self.top_k,
+            tokens_per_step=int(totals[0]) // self.top_k,
+            layers=np.array(self.layers, dtype=np.int64),
+            counts=counts,
+            steps=np.array(order, dtype=np.int64),
+            source_counts=stacked if self.per_source else None,
+            source=self.source,
+            notes=self.notes,
+        ).validate("capture")
 
     def write(self, path: str | Path) -> Path:
         return write_trace(self.to_trace(), path)

@@ -24,15 +24,29 @@ def build_coarse_schedule(cfg: Config) -> Schedule:
     par = cfg.parallel
     generator = SCHEDULES.get(cfg.schedule, "schedule")
     programs = generator(par.pp, par.vpp, par.num_microbatches)
-    return Schedule(name=cfg.schedule, mesh=par.mesh, vpp=par.vpp, num_microbatches=par.num_microbatches,
-                    stage_programs=programs, layout=schedule_layout(cfg.schedule))
+    return Schedule(
+        name=cfg.schedule,
+        mesh=par.mesh,
+        vpp=par.vpp,
+        num_microbatches=par.num_microbatches,
+        stage_programs=programs,
+        layout=schedule_layout(cfg.schedule),
+    )
 
 
 def build_schedule(cfg: Config) -> Schedule:
     """The lowered schedule of one training step for this config."""
     coarse = build_coarse_schedule(cfg)
     layers = split_layers(cfg.model.num_layers, coarse.stages)
-    return lower(coarse, cfg.model, layers, migration=cfg.migration.active, recompute=cfg.recompute,
-                 recomputed=cfg.recompute_layers, zero=cfg.zero, sp=cfg.parallel.sp,
-                 reshard_after_forward=cfg.reshard_after_forward,
-                 recompute_modules=cfg.recompute_modules)
+    return lower(
+        coarse,
+        cfg.model,
+        layers,
+        migration=cfg.migration.active,
+        recompute=cfg.recompute,
+        recomputed=cfg.recompute_layers,
+        zero=cfg.zero,
+        sp=cfg.parallel.sp,
+        reshard_after_forward=cfg.reshard_after_forward,
+        recompute_modules=cfg.recompute_modules,
+    )

@@ -36,14 +36,21 @@ def communicator_kinds(parallel: ParallelSpec, model: ModelSpec, schedule: str) 
     """The process-group kinds (COMMUNICATOR_KINDS) with more than one rank the plan's lowered schedule uses."""
     mesh = parallel.mesh
     moe = bool(model.moe_layer_indices) and model.num_experts > 1
-    used = {"tp": mesh.tp > 1, "pp": mesh.pp > 1, "ep": moe and mesh.ep > 1, "ep_dp": mesh.data_parallel > 1,
-            "dp": moe and mesh.dp > 1, "stage": mesh.tp > 1,
-            "mirror": mesh.pp > 1 and schedule_layout(schedule) == Layout.BIDIRECTIONAL}
+    used = {
+        "tp": mesh.tp > 1,
+        "pp": mesh.pp > 1,
+        "ep": moe and mesh.ep > 1,
+        "ep_dp": mesh.data_parallel > 1,
+        "dp": moe and mesh.dp > 1,
+        "stage": mesh.tp > 1,
+        "mirror": mesh.pp > 1 and schedule_layout(schedule) == Layout.BIDIRECTIONAL,
+    }
     return tuple(kind for kind in COMMUNICATOR_KINDS if used[kind])
 
 
-def plan_reserve_bytes(profile: DeviceProfile, given_bytes: float | None, parallel: ParallelSpec, model: ModelSpec,
-                       schedule: str) -> float:
+def plan_reserve_bytes(
+    profile: DeviceProfile, given_bytes: float | None, parallel: ParallelSpec, model: ModelSpec, schedule: str
+) -> float:
     """The framework reserve of one device under this plan (memory.reserve_bytes with the plan's communicators)."""
     return reserve_bytes(profile, given_bytes, communicators=len(communicator_kinds(parallel, model, schedule)))
 

@@ -156,16 +156,21 @@ def replay(order: CoarseOrder, durations: Durations = None) -> tuple[list[float]
     return starts, ends
 
 
-def coarse_timing(programs: Programs, *, vpp: int | None = None, durations: Durations = None,
-                  layout: Layout = Layout.INTERLEAVED) -> Timing:
+def coarse_timing(
+    programs: Programs, *, vpp: int | None = None, durations: Durations = None, layout: Layout = Layout.INTERLEAVED
+) -> Timing:
     """Dry run of coarse programs with durations (coarse_order's walk, replayed)."""
     order = coarse_order(programs, vpp=vpp, layout=layout)
     starts: list[list] = [[None] * n for n in order.lengths]
     ends: list[list] = [[None] * n for n in order.lengths]
     for (stage, position, _, _), start, end in zip(order.steps, *replay(order, durations), strict=True):
         starts[stage][position], ends[stage][position] = start, end
-    return Timing(starts=_freeze(starts), ends=_freeze(ends), blocked=order.blocked,
-                  row_labels=tuple(f"stage {p}" for p in range(len(order.lengths))))
+    return Timing(
+        starts=_freeze(starts),
+        ends=_freeze(ends),
+        blocked=order.blocked,
+        row_labels=tuple(f"stage {p}" for p in range(len(order.lengths))),
+    )
 
 
 def _freeze(rows: list[list]) -> tuple[tuple, ...]:
@@ -203,8 +208,12 @@ class _LoweredRun:
             elif not self.blocked[rank] or self.pc[rank] >= len(row):
                 task = self.programs[rank][index]
                 self.blocked[rank] = f"{task.task_id} ({task.kind}) never completed"
-        return Timing(starts=_freeze(self.starts), ends=_freeze(self.ends), blocked=tuple(self.blocked),
-                      row_labels=tuple(f"rank {r}" for r in range(len(self.programs))))
+        return Timing(
+            starts=_freeze(self.starts),
+            ends=_freeze(self.ends),
+            blocked=tuple(self.blocked),
+            row_labels=tuple(f"rank {r}" for r in range(len(self.programs))),
+        )
 
     def _deps_ready(self, rank: int, task: Task, waiter: tuple) -> float | None:
         """Time when all deps are done, or None after registering `waiter` on a missing one."""

@@ -30,8 +30,9 @@ def _task(kind: TaskKind, chunk: int, microbatch: int) -> Task:
         deps = (coarse_task_id(TaskKind.BACKWARD_INPUT, chunk, microbatch),)
     else:
         deps = (coarse_task_id(TaskKind.FORWARD, chunk, microbatch),)
-    return Task(task_id=coarse_task_id(kind, chunk, microbatch), kind=kind, microbatch=microbatch,
-                chunk=chunk, deps=deps)
+    return Task(
+        task_id=coarse_task_id(kind, chunk, microbatch), kind=kind, microbatch=microbatch, chunk=chunk, deps=deps
+    )
 
 
 def _program(steps: list[Step]) -> Program:
@@ -39,8 +40,7 @@ def _program(steps: list[Step]) -> Program:
 
 
 def _check_sizes(pp: int, vpp: int, num_microbatches: int) -> None:
-    for key, value in (("parallel.pp", pp), ("parallel.vpp", vpp),
-                       ("parallel.num_microbatches", num_microbatches)):
+    for key, value in (("parallel.pp", pp), ("parallel.vpp", vpp), ("parallel.num_microbatches", num_microbatches)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(key, value, "an integer >= 1")
 
@@ -118,8 +118,9 @@ def interleaved_one_f_one_b(pp: int, vpp: int, num_microbatches: int) -> Program
     if vpp < 2:
         raise ConfigError("parallel.vpp", vpp, "an integer >= 2 for interleaved-1f1b (use 1f1b for vpp = 1)")
     if num_microbatches % pp:
-        raise ConfigError("parallel.num_microbatches", num_microbatches,
-                          f"a multiple of parallel.pp ({pp}) for interleaved-1f1b")
+        raise ConfigError(
+            "parallel.num_microbatches", num_microbatches, f"a multiple of parallel.pp ({pp}) for interleaved-1f1b"
+        )
     return tuple(_program(_interleaved_steps(pp, vpp, p, num_microbatches)) for p in range(pp))
 
 
@@ -256,8 +257,9 @@ def dualpipe(pp: int, vpp: int, num_microbatches: int) -> Programs:
         raise ConfigError("parallel.pp", pp, "an even number for dualpipe (ranks pair up from both ends)")
     _check_two_chunks("dualpipe", vpp)
     if num_microbatches % 2 or num_microbatches < 2 * pp:
-        raise ConfigError("parallel.num_microbatches", num_microbatches,
-                          f"an even number >= 2 * parallel.pp ({2 * pp}) for dualpipe")
+        raise ConfigError(
+            "parallel.num_microbatches", num_microbatches, f"an even number >= 2 * parallel.pp ({2 * pp}) for dualpipe"
+        )
     return tuple(_program(_dualpipe_steps(pp, p, num_microbatches)) for p in range(pp))
 
 
@@ -271,7 +273,9 @@ def dualpipe_v(pp: int, vpp: int, num_microbatches: int) -> Programs:
     _check_sizes(pp, vpp, num_microbatches)
     _check_two_chunks("dualpipe-v", vpp)
     if num_microbatches < 2 * pp:
-        raise ConfigError("parallel.num_microbatches", num_microbatches,
-                          f"a number >= 2 * parallel.pp ({2 * pp}) for dualpipe-v")
-    return tuple(_program(_dualpipe_phases(_DualPipeRank(flip=0, starts=(0, 0)), pp, p, num_microbatches))
-                 for p in range(pp))
+        raise ConfigError(
+            "parallel.num_microbatches", num_microbatches, f"a number >= 2 * parallel.pp ({2 * pp}) for dualpipe-v"
+        )
+    return tuple(
+        _program(_dualpipe_phases(_DualPipeRank(flip=0, starts=(0, 0)), pp, p, num_microbatches)) for p in range(pp)
+    )

@@ -17,8 +17,13 @@ from piper_sim.schedule.ir import Layout, Schedule, Task
 from piper_sim.workload.task_kinds import TaskKind
 
 LETTERS = {
-    TaskKind.FORWARD: "F", TaskKind.FORWARD_EXPERT: "F", TaskKind.BACKWARD: "B", TaskKind.BACKWARD_INPUT: "B",
-    TaskKind.BACKWARD_EXPERT: "B", TaskKind.BACKWARD_EXPERT_INPUT: "B", TaskKind.BACKWARD_WEIGHT: "W",
+    TaskKind.FORWARD: "F",
+    TaskKind.FORWARD_EXPERT: "F",
+    TaskKind.BACKWARD: "B",
+    TaskKind.BACKWARD_INPUT: "B",
+    TaskKind.BACKWARD_EXPERT: "B",
+    TaskKind.BACKWARD_EXPERT_INPUT: "B",
+    TaskKind.BACKWARD_WEIGHT: "W",
     TaskKind.OPTIMIZER: "O",
 }
 BUBBLE = "."
@@ -26,7 +31,7 @@ ELLIPSIS = "..."
 
 
 def cell_label(task: Task, show_chunk: bool) -> str:
-    """"F3", "B3.1" (chunk 1), "W3", or the bare letter for a task without microbatch."""
+    """ "F3", "B3.1" (chunk 1), "W3", or the bare letter for a task without microbatch."""
     label = LETTERS.get(task.kind, task.kind[:1].upper())
     if task.microbatch >= 0:
         label += str(task.microbatch)
@@ -46,8 +51,14 @@ def _row_cells(program: Sequence[Task], starts: Sequence, ends: Sequence, show_c
     return cells
 
 
-def render_timing(programs: Sequence[Sequence[Task]], timing: Timing, *, max_width: int = 120,
-                  rows: Sequence[int] | None = None, labels: Sequence[str] | None = None) -> str:
+def render_timing(
+    programs: Sequence[Sequence[Task]],
+    timing: Timing,
+    *,
+    max_width: int = 120,
+    rows: Sequence[int] | None = None,
+    labels: Sequence[str] | None = None,
+) -> str:
     """Render the rows of a dry-run timing; rows that could not finish get a "stuck" line below.
 
     programs[row] is the program of timing row `row`; `rows` selects and orders the rows shown,
@@ -73,8 +84,13 @@ def render_timing(programs: Sequence[Sequence[Task]], timing: Timing, *, max_wid
     return "\n".join(lines)
 
 
-def render_grid(programs: Sequence[Sequence[Task]] | Schedule, *, max_width: int = 120,
-                durations: Durations = None, vpp: int | None = None) -> str:
+def render_grid(
+    programs: Sequence[Sequence[Task]] | Schedule,
+    *,
+    max_width: int = 120,
+    durations: Durations = None,
+    vpp: int | None = None,
+) -> str:
     """Grid of coarse stage programs (interleaved layout), or of a Schedule (coarse, or lowered: first rank
     of each stage; its layout).
 
@@ -97,4 +113,3 @@ def render_grid(programs: Sequence[Sequence[Task]] | Schedule, *, max_width: int
 def grid_width(num_columns: int, cell_width: int, label_width: int) -> int:
     """Characters of one untruncated grid line."""
     return label_width + 3 + max(0, num_columns * (cell_width + 1) - 1)
-

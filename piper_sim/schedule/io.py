@@ -31,8 +31,24 @@ from piper_sim.workload.task_kinds import COARSE_KINDS
 
 FORMAT = "piper-sim-schedule"
 VERSION = 1
-CSV_COLUMNS = ("rank", "stage", "task_id", "local_id", "kind", "stream", "microbatch", "chunk", "ops", "deps",
-               "role", "layer", "peers", "tag", "peer_stage", "group_axis")
+CSV_COLUMNS = (
+    "rank",
+    "stage",
+    "task_id",
+    "local_id",
+    "kind",
+    "stream",
+    "microbatch",
+    "chunk",
+    "ops",
+    "deps",
+    "role",
+    "layer",
+    "peers",
+    "tag",
+    "peer_stage",
+    "group_axis",
+)
 OPTIONAL_COLUMNS = ("nonblocking",)  # "1" for a nonblocking collective (ZeRO-3); files without it have none
 _TUPLE_FIELDS = ("ops", "deps")
 _INT_FIELDS = ("microbatch", "chunk", "layer", "peer_stage")
@@ -53,8 +69,7 @@ def task_to_dict(task: Task) -> dict:
 def task_from_dict(data: dict) -> Task:
     unknown = set(data) - _TASK_FIELDS
     if unknown:
-        raise PiperError(f"schedule file: unknown task field(s) {sorted(unknown)}; "
-                         f"allowed: {sorted(_TASK_FIELDS)}")
+        raise PiperError(f"schedule file: unknown task field(s) {sorted(unknown)}; allowed: {sorted(_TASK_FIELDS)}")
     values: dict[str, Any] = {k: tuple(v) if k in _TUPLE_FIELDS else v for k, v in data.items()}
     return Task(**values)
 
@@ -63,15 +78,29 @@ def schedule_to_json(schedule: Schedule, *, indent: int | None = None) -> str:
     """The schedule as JSON; "layout" only when it is not the default interleaved one."""
     mesh = schedule.mesh
     layout = {} if schedule.layout == Layout.INTERLEAVED else {"layout": str(schedule.layout)}
-    return json.dumps({
-        "format": FORMAT, "version": VERSION, "name": schedule.name,
-        "mesh": {"pp": mesh.pp, "dp": mesh.dp, "ep": mesh.ep, "tp": mesh.tp, "etp": mesh.etp,
-                 **({"cp": mesh.cp} if mesh.cp > 1 else {}), **({"replicate": mesh.replicate} if mesh.replicate > 1
-                                                                 else {})},
-        "vpp": schedule.vpp, "num_microbatches": schedule.num_microbatches, "lowered": schedule.lowered,
-        **layout, "stage_layers": [list(layers) for layers in schedule.stage_layers],
-        "stage_programs": [[task_to_dict(t) for t in program] for program in schedule.stage_programs],
-    }, indent=indent)
+    return json.dumps(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": schedule.name,
+            "mesh": {
+                "pp": mesh.pp,
+                "dp": mesh.dp,
+                "ep": mesh.ep,
+                "tp": mesh.tp,
+                "etp": mesh.etp,
+                **({"cp": mesh.cp} if mesh.cp > 1 else {}),
+                **({"replicate": mesh.replicate} if mesh.replicate > 1 else {}),
+            },
+            "vpp": schedule.vpp,
+            "num_microbatches": schedule.num_microbatches,
+            "lowered": schedule.lowered,
+            **layout,
+            "stage_layers": [list(layers) for layers in schedule.stage_layers],
+            "stage_programs": [[task_to_dict(t) for t in program] for program in schedule.stage_programs],
+        },
+        indent=indent,
+    )
 
 
 def schedule_from_json(text: str) -> Schedule:
@@ -85,12 +114,14 @@ def schedule_from_json(text: str) -> Schedule:
         raise PiperError(f"schedule file: version {data.get('version')!r}; allowed: {VERSION}")
     try:
         return Schedule(
-            name=data["name"], mesh=Mesh(**data["mesh"]), vpp=data["vpp"],
-            num_microbatches=data["num_microbatches"], lowered=data["lowered"],
+            name=data["name"],
+            mesh=Mesh(**data["mesh"]),
+            vpp=data["vpp"],
+            num_microbatches=data["num_microbatches"],
+            lowered=data["lowered"],
             layout=Layout(data.get("layout", Layout.INTERLEAVED)),
             stage_layers=tuple(tuple(layers) for layers in data["stage_layers"]),
-            stage_programs=tuple(tuple(task_from_dict(t) for t in program)
-                                 for program in data["stage_programs"]),
+            stage_programs=tuple(tuple(task_from_dict(t) for t in program) for program in data["stage_programs"]),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise PiperError(f"schedule file: missing or bad field ({error})") from error
@@ -98,9 +129,15 @@ def schedule_from_json(text: str) -> Schedule:
 
 def _csv_row(row: dict, task: Task, stage: int) -> dict:
     return {
-        **row, "stage": stage, "local_id": task.task_id, "ops": ";".join(row["ops"]),
-        "deps": ";".join(row["deps"]), "peers": ";".join(str(p) for p in row["peers"]),
-        "peer_stage": task.peer_stage, "group_axis": task.group_axis, "nonblocking": "1" if task.nonblocking else "",
+        **row,
+        "stage": stage,
+        "local_id": task.task_id,
+        "ops": ";".join(row["ops"]),
+        "deps": ";".join(row["deps"]),
+        "peers": ";".join(str(p) for p in row["peers"]),
+        "peer_stage": task.peer_stage,
+        "group_axis": task.group_axis,
+        "nonblocking": "1" if task.nonblocking else "",
     }
 
 
@@ -122,11 +159,18 @@ def _split(text: str) -> tuple[str, ...]:
 
 def _task_from_row(row: dict) -> Task:
     prefix = global_task_id(int(row["rank"]), "")
-    deps = tuple(d[len(prefix):] if d.startswith(prefix) else d for d in _split(row["deps"]))
-    return Task(task_id=row["local_id"], kind=row["kind"], ops=_split(row["ops"]), deps=deps,
-                role=row["role"], tag=row["tag"], group_axis=row["group_axis"],
-                nonblocking=row.get("nonblocking") == "1",
-                **{name: int(row[name]) for name in _INT_FIELDS})
+    deps = tuple(d[len(prefix) :] if d.startswith(prefix) else d for d in _split(row["deps"]))
+    return Task(
+        task_id=row["local_id"],
+        kind=row["kind"],
+        ops=_split(row["ops"]),
+        deps=deps,
+        role=row["role"],
+        tag=row["tag"],
+        group_axis=row["group_axis"],
+        nonblocking=row.get("nonblocking") == "1",
+        **{name: int(row[name]) for name in _INT_FIELDS},
+    )
 
 
 def _read_rank_programs(path: str | Path) -> dict[int, list[Task]]:
@@ -144,24 +188,38 @@ def _read_rank_programs(path: str | Path) -> dict[int, list[Task]]:
     return programs
 
 
-def schedule_from_csv(path: str | Path, mesh: Mesh, *, name: str = "", vpp: int | None = None,
-                      num_microbatches: int | None = None, lowered: bool | None = None,
-                      layout: Layout = Layout.INTERLEAVED) -> Schedule:
+def schedule_from_csv(
+    path: str | Path,
+    mesh: Mesh,
+    *,
+    name: str = "",
+    vpp: int | None = None,
+    num_microbatches: int | None = None,
+    lowered: bool | None = None,
+    layout: Layout = Layout.INTERLEAVED,
+) -> Schedule:
     """Read a CSV written by schedule_to_csv back; see the module docstring for what CSV loses."""
     by_rank = _read_rank_programs(path)
     if sorted(by_rank) != list(range(mesh.num_ranks)):
-        raise PiperError(f"schedule CSV {path}: ranks {sorted(by_rank)[:8]}... do not match a mesh "
-                         f"of {mesh.num_ranks} ranks")
+        raise PiperError(
+            f"schedule CSV {path}: ranks {sorted(by_rank)[:8]}... do not match a mesh of {mesh.num_ranks} ranks"
+        )
     programs = tuple(tuple(by_rank[mesh.stage_ranks(p)[0]]) for p in range(mesh.pp))
     for rank, tasks in by_rank.items():
         if tuple(tasks) != programs[mesh.stage_of(rank)]:
-            raise PiperError(f"schedule CSV {path}: rank {rank} runs a different program than the "
-                             f"first rank of stage {mesh.stage_of(rank)}")
+            raise PiperError(
+                f"schedule CSV {path}: rank {rank} runs a different program than the "
+                f"first rank of stage {mesh.stage_of(rank)}"
+            )
     all_tasks = [t for program in programs for t in program]
     return Schedule(
-        name=name, mesh=mesh, stage_programs=programs, layout=layout,
+        name=name,
+        mesh=mesh,
+        stage_programs=programs,
+        layout=layout,
         vpp=vpp if vpp is not None else 1 + max((t.chunk for t in all_tasks), default=0),
-        num_microbatches=(num_microbatches if num_microbatches is not None
-                          else 1 + max((t.microbatch for t in all_tasks), default=0)),
+        num_microbatches=(
+            num_microbatches if num_microbatches is not None else 1 + max((t.microbatch for t in all_tasks), default=0)
+        ),
         lowered=lowered if lowered is not None else any(t.kind not in COARSE_KINDS for t in all_tasks),
     )

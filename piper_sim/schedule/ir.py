@@ -236,12 +236,22 @@ class Schedule:
                 peers = (self.mesh.peer(rank, task.peer_stage),)
             elif task.is_collective:
                 peers = self.mesh.group(rank, task.group_axis)
-            out.append({
-                "task_id": global_task_id(rank, task.task_id), "rank": rank, "kind": task.kind,
-                "stream": task.stream, "microbatch": task.microbatch, "chunk": task.chunk,
-                "ops": task.ops, "deps": tuple(global_task_id(rank, d) for d in task.deps),
-                "role": task.role, "layer": task.layer, "peers": peers, "tag": task.tag,
-            })
+            out.append(
+                {
+                    "task_id": global_task_id(rank, task.task_id),
+                    "rank": rank,
+                    "kind": task.kind,
+                    "stream": task.stream,
+                    "microbatch": task.microbatch,
+                    "chunk": task.chunk,
+                    "ops": task.ops,
+                    "deps": tuple(global_task_id(rank, d) for d in task.deps),
+                    "role": task.role,
+                    "layer": task.layer,
+                    "peers": peers,
+                    "tag": task.tag,
+                }
+            )
         return out
 
 
@@ -250,6 +260,10 @@ def global_task_id(rank: int, local_id: str) -> str:
 
 
 def coarse_task_id(kind: TaskKind, chunk: int, microbatch: int) -> str:
-    short = {TaskKind.FORWARD: "F", TaskKind.BACKWARD: "B", TaskKind.BACKWARD_INPUT: "B",
-             TaskKind.BACKWARD_WEIGHT: "W"}[kind]
+    short = {
+        TaskKind.FORWARD: "F",
+        TaskKind.BACKWARD: "B",
+        TaskKind.BACKWARD_INPUT: "B",
+        TaskKind.BACKWARD_WEIGHT: "W",
+    }[kind]
     return f"{short}:c{chunk}:m{microbatch}"

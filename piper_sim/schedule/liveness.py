@@ -15,8 +15,9 @@ from piper_sim.schedule.ir import Task
 from piper_sim.workload.task_kinds import BACKWARD_KINDS, TaskKind
 
 
-def activation_deltas(program: Sequence[Task], act_bytes_by_chunk: Mapping[int, float]
-                      ) -> tuple[list[float], list[float]]:
+def activation_deltas(
+    program: Sequence[Task], act_bytes_by_chunk: Mapping[int, float]
+) -> tuple[list[float], list[float]]:
     """Bytes added at the start of each task and released at its end (negative), per program position."""
     at_start, at_end = [0.0] * len(program), [0.0] * len(program)
     first: dict[tuple[int, int], int] = {}

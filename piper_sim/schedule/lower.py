@@ -27,9 +27,12 @@ from piper_sim.workload.task_kinds import Role, TaskKind
 
 K = TaskKind
 BACKWARD_KIND = {
-    (K.BACKWARD, False): K.BACKWARD, (K.BACKWARD, True): K.BACKWARD_EXPERT,
-    (K.BACKWARD_INPUT, False): K.BACKWARD_INPUT, (K.BACKWARD_INPUT, True): K.BACKWARD_EXPERT_INPUT,
-    (K.RECOMPUTE, False): K.RECOMPUTE, (K.RECOMPUTE, True): K.RECOMPUTE_EXPERT,
+    (K.BACKWARD, False): K.BACKWARD,
+    (K.BACKWARD, True): K.BACKWARD_EXPERT,
+    (K.BACKWARD_INPUT, False): K.BACKWARD_INPUT,
+    (K.BACKWARD_INPUT, True): K.BACKWARD_EXPERT_INPUT,
+    (K.RECOMPUTE, False): K.RECOMPUTE,
+    (K.RECOMPUTE, True): K.RECOMPUTE_EXPERT,
 }
 
 
@@ -53,8 +56,10 @@ def around_split(split: TensorSplit, layer: int) -> tuple[Segment, Segment]:
     in the backward before it and in the forward after it; with sequence parallelism an all-gather before and
     a reduce-scatter after, each the other's backward)."""
     if split.sp:
-        return (Segment(tp=(K.ALL_GATHER, K.REDUCE_SCATTER), layer=layer),
-                Segment(tp=(K.REDUCE_SCATTER, K.ALL_GATHER), layer=layer))
+        return (
+            Segment(tp=(K.ALL_GATHER, K.REDUCE_SCATTER), layer=layer),
+            Segment(tp=(K.REDUCE_SCATTER, K.ALL_GATHER), layer=layer),
+        )
     return Segment(tp=("", K.ALL_REDUCE), layer=layer), Segment(tp=(K.ALL_REDUCE, ""), layer=layer)
 
 
@@ -69,8 +74,9 @@ def around_moe(split: TensorSplit, layer: int) -> tuple[Segment | None, Segment 
     return Segment(tp=("", K.ALL_GATHER), layer=layer), Segment(tp=(K.ALL_GATHER, ""), layer=layer)
 
 
-def chunk_segments(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool,
-                   split: TensorSplit = NO_SPLIT) -> list[Segment]:
+def chunk_segments(
+    model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, split: TensorSplit = NO_SPLIT
+) -> list[Segment]:
     """The forward of one chunk as compute segments, all-to-alls and tensor-parallel collectives, in order."""
     segments: list[Segment] = []
     ops: list[str] = []
@@ -147,17 +153,22 @@ class LoweringContext:
         """A chunk's forward segments (the same for every microbatch; do not modify the list)."""
         key = (K.FORWARD, virtual_stage)
         if key not in self._memo:
-            self._memo[key] = chunk_segments(self.model, self.stage_layers[virtual_stage],
-                                             first=self.stages.is_first(virtual_stage),
-                                             last=self.stages.is_last(virtual_stage), split=self.split)
+            self._memo[key] = chunk_segments(
+                self.model,
+                self.stage_layers[virtual_stage],
+                first=self.stages.is_first(virtual_stage),
+                last=self.stages.is_last(virtual_stage),
+                split=self.split,
+            )
         return self._memo[key]
 
     def backward_segments(self, virtual_stage: int) -> list[Segment]:
         """The forward's segments in reverse, each all-to-all's role the other's (dispatch's gradient is a combine)."""
         key = (K.BACKWARD, virtual_stage)
         if key not in self._memo:
-            self._memo[key] = [replace(s, role=_FLIP[s.role]) if s.role else s
-                               for s in reversed(self.segments(virtual_stage))]
+            self._memo[key] = [
+                replace(s, role=_FLIP[s.role]) if s.role else s for s in reversed(self.segments(virtual_stage))
+            ]
         return self._memo[key]
 
     def recompute_segments(self, virtual_stage: int) -> list[Segment]:
@@ -167,10 +178,19 @@ class LoweringContext:
         return self._memo[key]
 
 
-def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], *,
-          migration: bool = False, recompute: str = "none", recomputed: int | None = None,
-          zero: int = 0, sp: bool = False, reshard_after_forward: bool = True,
-          recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> Schedule:
+def lower(
+    coarse: Schedule,
+    model: ModelSpec,
+    stage_layers: tuple[tuple[int, ...], ...],
+    *,
+    migration: bool = False,
+    recompute: str = "none",
+    recomputed: int | None = None,
+    zero: int = 0,
+    sp: bool = False,
+    reshard_after_forward: bool = True,
+    recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+) -> Schedule:
     """Lower a generator's coarse schedule into executable per-stage programs.
 
     migration: end each program with a `migrate` exchange over the EP group (expert migration
@@ -188,12 +208,23 @@ def lower(coarse: Schedule, model: ModelSpec, stage_layers: tuple[tuple[int, ...
     """
     mesh = coarse.mesh
     ctx = LoweringContext(
-        model=model, pp=coarse.pp, vpp=coarse.vpp, stage_layers=stage_layers, expert_group="ep",
+        model=model,
+        pp=coarse.pp,
+        vpp=coarse.vpp,
+        stage_layers=stage_layers,
+        expert_group="ep",
         reduce_dense_axis="ep_dp" if mesh.data_parallel > 1 else "",
-        reduce_expert_axis="dp" if mesh.dp > 1 else "", reduce_replicated_axis="stage" if mesh.tp > 1 else "",
-        split=TensorSplit(tp=mesh.tp, sp=sp, etp=mesh.etp, cp=mesh.cp), migration=migration and mesh.ep > 1,
-        recompute=recompute, recomputed=recomputed, zero=zero, layout=coarse.layout,
-        recompute_modules=tuple(recompute_modules), reshard_after_forward=reshard_after_forward, mesh=mesh,
+        reduce_expert_axis="dp" if mesh.dp > 1 else "",
+        reduce_replicated_axis="stage" if mesh.tp > 1 else "",
+        split=TensorSplit(tp=mesh.tp, sp=sp, etp=mesh.etp, cp=mesh.cp),
+        migration=migration and mesh.ep > 1,
+        recompute=recompute,
+        recomputed=recomputed,
+        zero=zero,
+        layout=coarse.layout,
+        recompute_modules=tuple(recompute_modules),
+        reshard_after_forward=reshard_after_forward,
+        mesh=mesh,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
     return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
@@ -213,8 +244,16 @@ def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) 
         elif task.kind == K.BACKWARD_WEIGHT:
             ops = tuple(op for s in ctx.segments(v) for op in s.ops)
             deps = tuple(last_of[d] for d in task.deps)
-            new = [Task(task_id=task.task_id, kind=K.BACKWARD_WEIGHT, microbatch=task.microbatch,
-                        chunk=task.chunk, ops=ops, deps=deps)]
+            new = [
+                Task(
+                    task_id=task.task_id,
+                    kind=K.BACKWARD_WEIGHT,
+                    microbatch=task.microbatch,
+                    chunk=task.chunk,
+                    ops=ops,
+                    deps=deps,
+                )
+            ]
         else:
             raise ValueError(f"cannot lower coarse task kind {task.kind!r}")
         last_of[task.task_id] = _last_blocking(new)
@@ -226,8 +265,15 @@ def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) 
 
 
 def _reduction_axes(ctx: LoweringContext) -> list[tuple[str, str]]:
-    return [(kind, axis) for kind, axis in (("dense", ctx.reduce_dense_axis), ("expert", ctx.reduce_expert_axis),
-                                            ("replicated", ctx.reduce_replicated_axis)) if axis]
+    return [
+        (kind, axis)
+        for kind, axis in (
+            ("dense", ctx.reduce_dense_axis),
+            ("expert", ctx.reduce_expert_axis),
+            ("replicated", ctx.reduce_replicated_axis),
+        )
+        if axis
+    ]
 
 
 def _bucket_reduce_scatters(ctx: LoweringContext, task: Task, after: str) -> list[Task]:
@@ -237,8 +283,17 @@ def _bucket_reduce_scatters(ctx: LoweringContext, task: Task, after: str) -> lis
     c, m = task.chunk, task.microbatch
     tasks: list[Task] = []
     for kind, axis in _reduction_axes(ctx):
-        tasks.append(Task(task_id=f"reducescatter:grad_{kind}:c{c}:m{m}", kind=K.REDUCE_SCATTER,
-                          role=Role(f"grad_{kind}"), chunk=c, microbatch=m, group_axis=axis, deps=(after,)))
+        tasks.append(
+            Task(
+                task_id=f"reducescatter:grad_{kind}:c{c}:m{m}",
+                kind=K.REDUCE_SCATTER,
+                role=Role(f"grad_{kind}"),
+                chunk=c,
+                microbatch=m,
+                group_axis=axis,
+                deps=(after,),
+            )
+        )
     return tasks
 
 
@@ -251,21 +306,41 @@ def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: di
     if prev is not None:
         prev_stage, prev_chunk = ctx.stages.where(prev)
         if prev_stage != p:
-            tasks.append(Task(task_id=f"recv:act:c{c}:m{m}", kind=K.RECV, microbatch=m, chunk=c, role=Role.ACT,
-                              peer_stage=prev_stage, tag=f"act:v{v}:m{m}"))
+            tasks.append(
+                Task(
+                    task_id=f"recv:act:c{c}:m{m}",
+                    kind=K.RECV,
+                    microbatch=m,
+                    chunk=c,
+                    role=Role.ACT,
+                    peer_stage=prev_stage,
+                    tag=f"act:v{v}:m{m}",
+                )
+            )
             deps = (tasks[-1].task_id,)
         else:  # previous virtual stage on this same rank: a local dependency
             deps = (last_of[f"F:c{prev_chunk}:m{m}"],)
     if ctx.zero == 3:
-        runs = [(u, _expand(segs, f"{prefix}:u{u}", K.FORWARD, task, deps, ctx.expert_group))
-                for u, segs in unit_runs(ctx.segments(v), ctx.stage_layers[v])]
+        runs = [
+            (u, _expand(segs, f"{prefix}:u{u}", K.FORWARD, task, deps, ctx.expert_group))
+            for u, segs in unit_runs(ctx.segments(v), ctx.stage_layers[v])
+        ]
         tasks.extend(with_gathers(_chained(runs), _unit_collectives(ctx, v, task, "F")))
     else:
         tasks.extend(_expand(ctx.segments(v), prefix, K.FORWARD, task, deps, ctx.expert_group))
     if after is not None and ctx.stages.where(after)[0] != p:
-        tasks.append(Task(task_id=f"send:act:c{c}:m{m}", kind=K.SEND, microbatch=m, chunk=c, role=Role.ACT,
-                          peer_stage=ctx.stages.where(after)[0], tag=f"act:v{after}:m{m}",
-                          deps=(tasks[-1].task_id,)))
+        tasks.append(
+            Task(
+                task_id=f"send:act:c{c}:m{m}",
+                kind=K.SEND,
+                microbatch=m,
+                chunk=c,
+                role=Role.ACT,
+                peer_stage=ctx.stages.where(after)[0],
+                tag=f"act:v{after}:m{m}",
+                deps=(tasks[-1].task_id,),
+            )
+        )
     return tasks
 
 
@@ -278,8 +353,17 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
     if after is not None:
         next_stage, next_chunk = ctx.stages.where(after)
         if next_stage != p:
-            tasks.append(Task(task_id=f"recv:grad:c{c}:m{m}", kind=K.RECV, microbatch=m, chunk=c, role=Role.GRAD,
-                              peer_stage=next_stage, tag=f"grad:v{v}:m{m}"))
+            tasks.append(
+                Task(
+                    task_id=f"recv:grad:c{c}:m{m}",
+                    kind=K.RECV,
+                    microbatch=m,
+                    chunk=c,
+                    role=Role.GRAD,
+                    peer_stage=next_stage,
+                    tag=f"grad:v{v}:m{m}",
+                )
+            )
             deps = (*deps, tasks[-1].task_id)
         else:
             deps = (*deps, last_of[f"B:c{next_chunk}:m{m}"])
@@ -292,9 +376,18 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
     if ctx.zero != 3:
         tasks.extend(_expand(ctx.backward_segments(v), prefix, task.kind, task, deps, ctx.expert_group))
     if prev is not None and ctx.stages.where(prev)[0] != p:
-        tasks.append(Task(task_id=f"send:grad:c{c}:m{m}", kind=K.SEND, microbatch=m, chunk=c, role=Role.GRAD,
-                          peer_stage=ctx.stages.where(prev)[0], tag=f"grad:v{prev}:m{m}",
-                          deps=(_last_blocking(tasks),)))
+        tasks.append(
+            Task(
+                task_id=f"send:grad:c{c}:m{m}",
+                kind=K.SEND,
+                microbatch=m,
+                chunk=c,
+                role=Role.GRAD,
+                peer_stage=ctx.stages.where(prev)[0],
+                tag=f"grad:v{prev}:m{m}",
+                deps=(_last_blocking(tasks),),
+            )
+        )
     return tasks
 
 
@@ -306,8 +399,7 @@ def _last_blocking(tasks: list[Task]) -> str:
     return next(t.task_id for t in reversed(tasks) if not t.is_issued)
 
 
-def _fsdp_backward(ctx: LoweringContext, v: int, task: Task, deps: tuple[str, ...],
-                   redo: list[Segment]) -> list[Task]:
+def _fsdp_backward(ctx: LoweringContext, v: int, task: Task, deps: tuple[str, ...], redo: list[Segment]) -> list[Task]:
     """ZeRO-3: a chunk's backward unit by unit (last first), each unit's recomputation right before its backward
     (as a per-block checkpoint re-runs it inside the block's backward), with the units' gathers prefetched and
     their gradients reduce-scattered (schedule/lower_fsdp.py)."""
@@ -319,8 +411,9 @@ def _fsdp_backward(ctx: LoweringContext, v: int, task: Task, deps: tuple[str, ..
         after = (unit_tasks[-1].task_id,) if unit_tasks else deps
         unit_tasks += _expand(segs, f"B:c{c}:m{m}:u{u}", task.kind, task, after, ctx.expert_group)
         runs.append((u, unit_tasks))
-    return with_gathers(_chained(runs), _unit_collectives(ctx, v, task, "B"),
-                        _unit_collectives(ctx, v, task, "B", reduce=True))
+    return with_gathers(
+        _chained(runs), _unit_collectives(ctx, v, task, "B"), _unit_collectives(ctx, v, task, "B", reduce=True)
+    )
 
 
 def _chained(runs: list[tuple[int, list[Task]]]) -> list[tuple[int, list[Task]]]:
@@ -344,22 +437,44 @@ def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, redu
         return lambda unit, deps: []  # the chunk's units are still gathered (reshard_after_forward false)
 
     def collectives(unit: int, deps: tuple[str, ...]) -> list[Task]:
-        held = unit_classes(ctx.model, unit, last=ctx.stages.is_last(v) and unit == (layers[-1:] or (unit,))[0],
-                            tp=ctx.split.tp)
+        held = unit_classes(
+            ctx.model, unit, last=ctx.stages.is_last(v) and unit == (layers[-1:] or (unit,))[0], tp=ctx.split.tp
+        )
         tasks: list[Task] = []
         for cls, _ in _reduction_axes(ctx):
             shard, across = shard_axes(ctx.mesh, cls)
             if cls not in held:
                 continue
             if shard:
-                tasks.append(Task(task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}", kind=kind,
-                                  role=Role(f"{what}_{cls}"), chunk=c, microbatch=m, layer=unit, group_axis=shard,
-                                  deps=deps, nonblocking=True))
+                tasks.append(
+                    Task(
+                        task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}",
+                        kind=kind,
+                        role=Role(f"{what}_{cls}"),
+                        chunk=c,
+                        microbatch=m,
+                        layer=unit,
+                        group_axis=shard,
+                        deps=deps,
+                        nonblocking=True,
+                    )
+                )
             if reduce and across:  # HSDP: the reduced shard summed over its replicas
-                tasks.append(Task(task_id=f"allreduce:grad_{cls}:c{c}:m{m}:u{unit}", kind=K.ALL_REDUCE,
-                                  role=Role(f"grad_{cls}"), chunk=c, microbatch=m, layer=unit, group_axis=across,
-                                  deps=(tasks[-1].task_id,) if shard else deps, nonblocking=True))
+                tasks.append(
+                    Task(
+                        task_id=f"allreduce:grad_{cls}:c{c}:m{m}:u{unit}",
+                        kind=K.ALL_REDUCE,
+                        role=Role(f"grad_{cls}"),
+                        chunk=c,
+                        microbatch=m,
+                        layer=unit,
+                        group_axis=across,
+                        deps=(tasks[-1].task_id,) if shard else deps,
+                        nonblocking=True,
+                    )
+                )
         return tasks
+
     return collectives
 
 
@@ -370,9 +485,10 @@ def _recompute_segments(ctx: LoweringContext, v: int) -> list[Segment]:
     if ctx.recompute == Recompute.SELECTIVE:
         return selective_segments(ctx.model, layers, ctx.recompute_modules)
     if ctx.recompute == Recompute.FULL:
-        redo = layers if ctx.recomputed is None else layers[:ctx.recomputed]
-        return chunk_segments(ctx.model, redo, first=ctx.stages.is_first(v), last=False,
-                              split=ctx.split) if redo else []
+        redo = layers if ctx.recomputed is None else layers[: ctx.recomputed]
+        return (
+            chunk_segments(ctx.model, redo, first=ctx.stages.is_first(v), last=False, split=ctx.split) if redo else []
+        )
     return []
 
 
@@ -386,14 +502,19 @@ def selective_segments(model: ModelSpec, layers: tuple[int, ...], modules: tuple
         ops += [f"attn_core:{layer}"] if "core_attn" in modules else []
         if "layernorm" in modules:
             ops += ([f"attn_norm:{layer}"] if model.mla is not None else []) + (
-                [f"moe_norm:{layer}"] if model.is_moe_layer(layer) else [])
-    acts = [Segment(ops=(f"moe_act:{layer}",), expert=True) for layer in layers
-            if "moe_act" in modules and model.is_moe_layer(layer)]
+                [f"moe_norm:{layer}"] if model.is_moe_layer(layer) else []
+            )
+    acts = [
+        Segment(ops=(f"moe_act:{layer}",), expert=True)
+        for layer in layers
+        if "moe_act" in modules and model.is_moe_layer(layer)
+    ]
     return ([Segment(ops=tuple(ops))] if ops else []) + acts
 
 
-def _expand(segments: list[Segment], prefix: str, kind: TaskKind, task: Task, deps: tuple[str, ...],
-            expert_group: str) -> list[Task]:
+def _expand(
+    segments: list[Segment], prefix: str, kind: TaskKind, task: Task, deps: tuple[str, ...], expert_group: str
+) -> list[Task]:
     tasks: list[Task] = []
     forward = kind in (K.FORWARD, K.RECOMPUTE)
     for index, seg in enumerate(segments):
@@ -401,16 +522,41 @@ def _expand(segments: list[Segment], prefix: str, kind: TaskKind, task: Task, de
             tp_kind = seg.tp[0] if forward else seg.tp[1]
             if not tp_kind:
                 continue
-            new = Task(task_id=f"{prefix}:s{index}:tp", kind=tp_kind, microbatch=task.microbatch, chunk=task.chunk,
-                       role=Role.TP, layer=seg.layer, group_axis="tp", deps=deps)
+            new = Task(
+                task_id=f"{prefix}:s{index}:tp",
+                kind=tp_kind,
+                microbatch=task.microbatch,
+                chunk=task.chunk,
+                role=Role.TP,
+                layer=seg.layer,
+                group_axis="tp",
+                deps=deps,
+            )
         elif seg.role:
-            new = Task(task_id=f"{prefix}:L{seg.layer}:{seg.role}", kind=K.ALL_TO_ALL, microbatch=task.microbatch,
-                       chunk=task.chunk, role=seg.role, layer=seg.layer, group_axis=expert_group, deps=deps)
+            new = Task(
+                task_id=f"{prefix}:L{seg.layer}:{seg.role}",
+                kind=K.ALL_TO_ALL,
+                microbatch=task.microbatch,
+                chunk=task.chunk,
+                role=seg.role,
+                layer=seg.layer,
+                group_axis=expert_group,
+                deps=deps,
+            )
         else:
-            seg_kind = kind if kind == K.FORWARD and not seg.expert else (
-                K.FORWARD_EXPERT if kind == K.FORWARD else BACKWARD_KIND[(kind, seg.expert)])
-            new = Task(task_id=f"{prefix}:s{index}", kind=seg_kind, microbatch=task.microbatch,
-                       chunk=task.chunk, ops=seg.ops, deps=deps)
+            seg_kind = (
+                kind
+                if kind == K.FORWARD and not seg.expert
+                else (K.FORWARD_EXPERT if kind == K.FORWARD else BACKWARD_KIND[(kind, seg.expert)])
+            )
+            new = Task(
+                task_id=f"{prefix}:s{index}",
+                kind=seg_kind,
+                microbatch=task.microbatch,
+                chunk=task.chunk,
+                ops=seg.ops,
+                deps=deps,
+            )
             if seg.ring:  # issued with the attention, waited for by what follows it
                 ring = ring_tasks(new.task_id, task, seg.layer, deps, forward)
                 tasks.extend([*ring, new])
@@ -425,28 +571,67 @@ def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
     last = program[-1].task_id
     tasks: list[Task] = []
     if ctx.layout == Layout.BIDIRECTIONAL:  # DualPipe's two copies of the layers: every gradient summed first
-        tasks.append(Task(task_id="allreduce:grad_mirror", kind=K.ALL_REDUCE, role=Role.GRAD_MIRROR,
-                          group_axis="mirror", deps=(last,)))
+        tasks.append(
+            Task(
+                task_id="allreduce:grad_mirror",
+                kind=K.ALL_REDUCE,
+                role=Role.GRAD_MIRROR,
+                group_axis="mirror",
+                deps=(last,),
+            )
+        )
         last = tasks[-1].task_id
     axes = _reduction_axes(ctx)
     if ctx.zero == 3:  # each unit's gradients were reduce-scattered after its backward: the step waits for them
-        tasks.append(Task(task_id="optimizer", kind=K.OPTIMIZER, deps=(last, *(
-            t.task_id for t in program if t.kind in (K.REDUCE_SCATTER, K.ALL_REDUCE) and t.nonblocking
-            and t.role != Role.CP))))
+        tasks.append(
+            Task(
+                task_id="optimizer",
+                kind=K.OPTIMIZER,
+                deps=(
+                    last,
+                    *(
+                        t.task_id
+                        for t in program
+                        if t.kind in (K.REDUCE_SCATTER, K.ALL_REDUCE) and t.nonblocking and t.role != Role.CP
+                    ),
+                ),
+            )
+        )
         return tasks  # the parameters stay sharded until the next step gathers them
     for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
         if ctx.zero:
-            tasks.append(Task(task_id=f"reducescatter:grad_{kind}", kind=K.REDUCE_SCATTER, role=Role(f"grad_{kind}"),
-                              group_axis=axis, deps=(last,)))
+            tasks.append(
+                Task(
+                    task_id=f"reducescatter:grad_{kind}",
+                    kind=K.REDUCE_SCATTER,
+                    role=Role(f"grad_{kind}"),
+                    group_axis=axis,
+                    deps=(last,),
+                )
+            )
         else:
-            tasks.append(Task(task_id=f"allreduce:grad_{kind}", kind=K.ALL_REDUCE, role=Role(f"grad_{kind}"),
-                              group_axis=axis, deps=(last,)))
+            tasks.append(
+                Task(
+                    task_id=f"allreduce:grad_{kind}",
+                    kind=K.ALL_REDUCE,
+                    role=Role(f"grad_{kind}"),
+                    group_axis=axis,
+                    deps=(last,),
+                )
+            )
         last = tasks[-1].task_id
     tasks.append(Task(task_id="optimizer", kind=K.OPTIMIZER, deps=(last,)))
     last = "optimizer"
     for kind, axis in axes if ctx.zero else ():
-        tasks.append(Task(task_id=f"allgather:param_{kind}", kind=K.ALL_GATHER, role=Role(f"param_{kind}"),
-                          group_axis=axis, deps=(last,)))
+        tasks.append(
+            Task(
+                task_id=f"allgather:param_{kind}",
+                kind=K.ALL_GATHER,
+                role=Role(f"param_{kind}"),
+                group_axis=axis,
+                deps=(last,),
+            )
+        )
         last = tasks[-1].task_id
     if ctx.migration:
         tasks.append(Task(task_id="migrate", kind=K.ALL_TO_ALL, role=Role.MIGRATE, group_axis="ep", deps=(last,)))

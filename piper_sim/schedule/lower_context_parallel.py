@@ -21,6 +21,17 @@ WHAT = {TaskKind.ALL_GATHER: "kv", TaskKind.REDUCE_SCATTER: "dkv"}
 
 def ring_tasks(task_id: str, task: Task, layer: int, deps: tuple[str, ...], forward: bool) -> list[Task]:
     """The ring collectives beside the attention compute task `task_id` of layer `layer` (same deps as it)."""
-    return [Task(task_id=f"{task_id}:cp_{WHAT[kind]}", kind=kind, microbatch=task.microbatch, chunk=task.chunk,
-                 role=Role.CP, layer=layer, group_axis="cp", deps=deps, nonblocking=True)
-            for kind in (FORWARD_RING if forward else BACKWARD_RING)]
+    return [
+        Task(
+            task_id=f"{task_id}:cp_{WHAT[kind]}",
+            kind=kind,
+            microbatch=task.microbatch,
+            chunk=task.chunk,
+            role=Role.CP,
+            layer=layer,
+            group_axis="cp",
+            deps=deps,
+            nonblocking=True,
+        )
+        for kind in (FORWARD_RING if forward else BACKWARD_RING)
+    ]

@@ -89,8 +89,9 @@ def unit_runs(segments: list, layers: tuple[int, ...], *, backward: bool = False
     return runs
 
 
-def with_gathers(runs: list[tuple[int, list[Task]]], gathers: Collectives,
-                 reduces: Collectives | None = None) -> list[Task]:
+def with_gathers(
+    runs: list[tuple[int, list[Task]]], gathers: Collectives, reduces: Collectives | None = None
+) -> list[Task]:
     """A pass's tasks, unit by unit, with each unit's gathers issued one unit ahead (the first unit's when the
     pass's input is there: its first task's deps) and each unit's first compute task waiting for them; reduces:
     (the backward) each unit's gradient reduce-scatters after its last task."""

@@ -29,8 +29,15 @@ class ScheduleError(PiperError):
     """An invalid or deadlocking schedule; the message shows the rank x step grid."""
 
 
-def dry_run_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int, *,
-                   durations: Durations = None, layout: Layout = Layout.INTERLEAVED) -> float:
+def dry_run_coarse(
+    programs: Programs,
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    *,
+    durations: Durations = None,
+    layout: Layout = Layout.INTERLEAVED,
+) -> float:
     """Check coarse programs (check_coarse), run them and return the makespan.
 
     With the default unit durations the makespan is the number of steps (rounds); pass e.g.
@@ -85,34 +92,49 @@ def _program_problems(where: str, program: Sequence[Task], kinds: frozenset[str]
             if dep not in position:
                 problems.append(f"{where}: {task.task_id} depends on unknown task {dep!r}")
             elif position[dep] >= index:
-                problems.append(f"{where}: {task.task_id} (step {index}) depends on {dep} "
-                                f"which comes later (step {position[dep]})")
+                problems.append(
+                    f"{where}: {task.task_id} (step {index}) depends on {dep} which comes later (step {position[dep]})"
+                )
     return problems
 
 
-def _coarse_stage_problems(stage: int, program: Sequence[Task], stages: VirtualStages, num_microbatches: int,
-                           backward_kinds: tuple[TaskKind, ...]) -> list[str]:
+def _coarse_stage_problems(
+    stage: int,
+    program: Sequence[Task],
+    stages: VirtualStages,
+    num_microbatches: int,
+    backward_kinds: tuple[TaskKind, ...],
+) -> list[str]:
     vpp = stages.vpp
     where = f"stage {stage}"
     problems = _program_problems(where, program, COARSE_KINDS)
     for task in (t for t in program if t.kind in COARSE_KINDS):  # other kinds: reported above
         if not (0 <= task.chunk < vpp and 0 <= task.microbatch < num_microbatches):
-            problems.append(f"{where}: {task.task_id} has chunk {task.chunk}, microbatch "
-                            f"{task.microbatch}; allowed: chunk < {vpp}, microbatch < {num_microbatches}")
+            problems.append(
+                f"{where}: {task.task_id} has chunk {task.chunk}, microbatch "
+                f"{task.microbatch}; allowed: chunk < {vpp}, microbatch < {num_microbatches}"
+            )
         elif task.task_id != coarse_task_id(task.kind, task.chunk, task.microbatch):
             problems.append(f"{where}: task id {task.task_id!r} does not match its kind, chunk, microbatch")
     counts = Counter((t.kind, t.chunk, t.microbatch) for t in program)
-    problems += [f"{where}: {coarse_task_id(*key)} ({key[0]}) appears {counts[key]} times; expected once"
-                 for key in product((TaskKind.FORWARD, *backward_kinds), range(vpp), range(num_microbatches))
-                 if stages.runs(stage, key[1], key[2], num_microbatches) and counts[key] != 1]
-    problems += [f"{where}: {coarse_task_id(*key)} runs microbatch {key[2]} on a chunk of another pipeline"
-                 for key in counts if not stages.runs(stage, key[1], key[2], num_microbatches)
-                 and 0 <= key[1] < vpp and 0 <= key[2] < num_microbatches]
+    problems += [
+        f"{where}: {coarse_task_id(*key)} ({key[0]}) appears {counts[key]} times; expected once"
+        for key in product((TaskKind.FORWARD, *backward_kinds), range(vpp), range(num_microbatches))
+        if stages.runs(stage, key[1], key[2], num_microbatches) and counts[key] != 1
+    ]
+    problems += [
+        f"{where}: {coarse_task_id(*key)} runs microbatch {key[2]} on a chunk of another pipeline"
+        for key in counts
+        if not stages.runs(stage, key[1], key[2], num_microbatches)
+        and 0 <= key[1] < vpp
+        and 0 <= key[2] < num_microbatches
+    ]
     return problems
 
 
-def check_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int, *,
-                 layout: Layout = Layout.INTERLEAVED) -> None:
+def check_coarse(
+    programs: Programs, pp: int, vpp: int, num_microbatches: int, *, layout: Layout = Layout.INTERLEAVED
+) -> None:
     """Every (kind, chunk, microbatch) once per stage (the chunks of the microbatch's pipeline, under a
     bidirectional layout); deps exist and come earlier.
 
@@ -124,11 +146,17 @@ def check_coarse(programs: Programs, pp: int, vpp: int, num_microbatches: int, *
     split = any(t.kind in (TaskKind.BACKWARD_INPUT, TaskKind.BACKWARD_WEIGHT) for p in programs for t in p)
     backward_kinds = (TaskKind.BACKWARD_INPUT, TaskKind.BACKWARD_WEIGHT) if split else (TaskKind.BACKWARD,)
     stages = VirtualStages(layout, pp, vpp)
-    problems = [problem for stage, program in enumerate(programs)
-                for problem in _coarse_stage_problems(stage, program, stages, num_microbatches, backward_kinds)]
+    problems = [
+        problem
+        for stage, program in enumerate(programs)
+        for problem in _coarse_stage_problems(stage, program, stages, num_microbatches, backward_kinds)
+    ]
     if problems:
-        _fail("invalid coarse schedule", problems,
-              lambda: render_timing(programs, coarse_timing(programs, vpp=vpp, layout=layout)))
+        _fail(
+            "invalid coarse schedule",
+            problems,
+            lambda: render_timing(programs, coarse_timing(programs, vpp=vpp, layout=layout)),
+        )
 
 
 def _p2p_problems(schedule: Schedule) -> list[str]:
@@ -147,15 +175,20 @@ def _p2p_problems(schedule: Schedule) -> list[str]:
     for (kind, src, dst, tag), count in sorted(ends.items()):
         other = ends[(TaskKind.RECV if kind == TaskKind.SEND else TaskKind.SEND, src, dst, tag)]
         if count != 1 or other != 1:
-            problems.append(f"{kind} from stage {src} to stage {dst} tag {tag!r}: {count} {kind}(s), "
-                            f"{other} matching; expected exactly one of each")
+            problems.append(
+                f"{kind} from stage {src} to stage {dst} tag {tag!r}: {count} {kind}(s), "
+                f"{other} matching; expected exactly one of each"
+            )
     return problems
 
 
 def _collective_problems(schedule: Schedule) -> list[str]:
-    return [f"stage {stage}: {task.task_id} has group_axis {task.group_axis!r}; allowed: {GROUP_AXES}"
-            for stage, program in enumerate(schedule.stage_programs) for task in program
-            if task.is_collective and task.group_axis not in GROUP_AXES]
+    return [
+        f"stage {stage}: {task.task_id} has group_axis {task.group_axis!r}; allowed: {GROUP_AXES}"
+        for stage, program in enumerate(schedule.stage_programs)
+        for task in program
+        if task.is_collective and task.group_axis not in GROUP_AXES
+    ]
 
 
 def check_lowered(schedule: Schedule) -> None:
@@ -163,12 +196,18 @@ def check_lowered(schedule: Schedule) -> None:
     send/recv pairs match by peer stage and tag, collectives name a valid group axis."""
     if len(schedule.stage_programs) != schedule.pp:
         raise ScheduleError(f"expected {schedule.pp} stage programs, got {len(schedule.stage_programs)}")
-    problems = [problem for stage, program in enumerate(schedule.stage_programs)
-                for problem in _program_problems(f"stage {stage}", program, KNOWN_KINDS)]
+    problems = [
+        problem
+        for stage, program in enumerate(schedule.stage_programs)
+        for problem in _program_problems(f"stage {stage}", program, KNOWN_KINDS)
+    ]
     problems += _p2p_problems(schedule) + _collective_problems(schedule)
     if problems:
-        _fail(f"invalid lowered schedule {schedule.name!r}", problems,
-              lambda: _lowered_grid(schedule, lowered_timing(schedule)))
+        _fail(
+            f"invalid lowered schedule {schedule.name!r}",
+            problems,
+            lambda: _lowered_grid(schedule, lowered_timing(schedule)),
+        )
 
 
 def check_schedule(schedule: Schedule) -> None:
@@ -176,14 +215,15 @@ def check_schedule(schedule: Schedule) -> None:
     if schedule.lowered:
         check_lowered(schedule)
     else:
-        check_coarse(schedule.stage_programs, schedule.pp, schedule.vpp, schedule.num_microbatches,
-                     layout=schedule.layout)
+        check_coarse(
+            schedule.stage_programs, schedule.pp, schedule.vpp, schedule.num_microbatches, layout=schedule.layout
+        )
 
 
 def _lowered_grid(schedule: Schedule, timing: Timing) -> str:
     stuck = timing.stuck_rows()
     firsts = {schedule.mesh.stage_ranks(p)[0] for p in range(schedule.pp)}
-    rows = sorted(firsts | set(stuck[:_MAX_GRID_ROWS]))[:_MAX_GRID_ROWS + schedule.pp]
+    rows = sorted(firsts | set(stuck[:_MAX_GRID_ROWS]))[: _MAX_GRID_ROWS + schedule.pp]
     programs = [schedule.program(rank) for rank in range(schedule.mesh.num_ranks)]
     return render_timing(programs, timing, rows=rows)
 
@@ -196,11 +236,19 @@ def dry_run(schedule: Schedule, durations: Durations = None) -> float:
     ScheduleError naming where each stuck rank waits, with the grid, on deadlock.
     """
     if not schedule.lowered:
-        return dry_run_coarse(schedule.stage_programs, schedule.pp, schedule.vpp,
-                              schedule.num_microbatches, durations=durations, layout=schedule.layout)
+        return dry_run_coarse(
+            schedule.stage_programs,
+            schedule.pp,
+            schedule.vpp,
+            schedule.num_microbatches,
+            durations=durations,
+            layout=schedule.layout,
+        )
     timing = lowered_timing(schedule, durations)
     if timing.deadlocked:
         stuck = timing.stuck_rows()
-        raise ScheduleError(f"deadlock in schedule {schedule.name!r}: {len(stuck)} of "
-                            f"{schedule.mesh.num_ranks} ranks are stuck\n{_lowered_grid(schedule, timing)}")
+        raise ScheduleError(
+            f"deadlock in schedule {schedule.name!r}: {len(stuck)} of "
+            f"{schedule.mesh.num_ranks} ranks are stuck\n{_lowered_grid(schedule, timing)}"
+        )
     return timing.makespan

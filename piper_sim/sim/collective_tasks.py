@@ -28,22 +28,45 @@ from piper_sim.workload.task_kinds import Role, TaskKind
 
 
 class CollectiveTasks:
-    def __init__(self, *, schedule: Schedule, model: ModelSpec, topology: Topology, placement: list[str],
-                 plans: list[StagePlan], experts: ExpertState, routing: RoutingModel, coster: TaskCoster,
-                 runner: CollectiveRunner, all_to_all: str, all_reduce: str, activation_bytes: float,
-                 ring_bytes: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        schedule: Schedule,
+        model: ModelSpec,
+        topology: Topology,
+        placement: list[str],
+        plans: list[StagePlan],
+        experts: ExpertState,
+        routing: RoutingModel,
+        coster: TaskCoster,
+        runner: CollectiveRunner,
+        all_to_all: str,
+        all_reduce: str,
+        activation_bytes: float,
+        ring_bytes: float = 0.0,
+    ) -> None:
         self.mesh, self.model, self.topo, self.placement = schedule.mesh, model, topology, placement
         self.plans, self.experts, self.routing, self.coster, self.runner = plans, experts, routing, coster, runner
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
         # by role: an algorithm that deduplicates tokens (deepep) knows the model's top-k and a combine's matrix
-        self._a2a_role = {role: bind_fanout(self.a2a, Fanout(model.top_k, model.num_experts, role == Role.COMBINE))
-                          for role in (Role.DISPATCH, Role.COMBINE)}
+        self._a2a_role = {
+            role: bind_fanout(self.a2a, Fanout(model.top_k, model.num_experts, role == Role.COMBINE))
+            for role in (Role.DISPATCH, Role.COMBINE)
+        }
         self.all_reduce = ALL_REDUCE.get(all_reduce, "collectives.all_reduce")
         self.a2a_name, self.ar_name = all_to_all, all_reduce
-        self.sharded = {TaskKind.REDUCE_SCATTER: REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
-                        TaskKind.ALL_GATHER: ALL_GATHER.get(all_reduce, "collectives.all_reduce")
-                        } if any(t.kind in (TaskKind.REDUCE_SCATTER, TaskKind.ALL_GATHER)
-                                 for prog in schedule.stage_programs for t in prog) else {}
+        self.sharded = (
+            {
+                TaskKind.REDUCE_SCATTER: REDUCE_SCATTER.get(all_reduce, "collectives.all_reduce"),
+                TaskKind.ALL_GATHER: ALL_GATHER.get(all_reduce, "collectives.all_reduce"),
+            }
+            if any(
+                t.kind in (TaskKind.REDUCE_SCATTER, TaskKind.ALL_GATHER)
+                for prog in schedule.stage_programs
+                for t in prog
+            )
+            else {}
+        )
         self.row_bytes = model.d_model * model.dtype_bytes
         self.activation_bytes = activation_bytes  # a micro-batch's activations, whole
         self.ring_bytes = ring_bytes  # context parallelism: a micro-batch's K/V of one layer, all its CP ranks'
@@ -52,9 +75,12 @@ class CollectiveTasks:
         # skewed all-to-alls' phases by (step, layer, microbatch, role, group), from the first member's ask to the last
         self._skewed: dict[tuple, tuple] = {}
         self._skewed_uses: dict[tuple, int] = {}
-        self._a2a_uses = Counter((stage, t.layer, t.microbatch, t.role)  # a stage's, for each of its groups
-                                 for stage, program in enumerate(schedule.stage_programs)
-                                 for t in program if t.kind == TaskKind.ALL_TO_ALL)
+        self._a2a_uses = Counter(
+            (stage, t.layer, t.microbatch, t.role)  # a stage's, for each of its groups
+            for stage, program in enumerate(schedule.stage_programs)
+            for t in program
+            if t.kind == TaskKind.ALL_TO_ALL
+        )
 
     def calls(self, task: Task, group: tuple[int, ...]) -> int:
         """Library calls a collective makes: one per phase (split-size exchange included), as the torch
@@ -131,7 +157,6 @@ class CollectiveTasks:
                     shard, _ = shard_axes(self.mesh, kind)
                     size /= len(self.mesh.group(group[0], shard)) if shard else 1
             else:
-                size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0
-                                                 else held[kind])
+                size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0 else held[kind])
         algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
         return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name

@@ -75,8 +75,15 @@ class SimRecords:
 
 
 class Simulation(LaneCollectives):
-    def __init__(self, schedule: Schedule, machine: Machine, settings: SimSettings, coster: TaskCoster,
-                 collapse: bool = False, by_latency: bool = False) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        machine: Machine,
+        settings: SimSettings,
+        coster: TaskCoster,
+        collapse: bool = False,
+        by_latency: bool = False,
+    ) -> None:
         """The run of schedule on machine under settings (sim/settings.py), compute priced by coster; collapse:
         one lane per stage (per EP group under skewed routing), split by route latency where by_latency; else
         one lane per rank."""
@@ -90,31 +97,49 @@ class Simulation(LaneCollectives):
         self.env = simpy.Environment()
         self.network = FlowNetwork(self.env, topology.capacity_bytes_per_s, batch=True)
         self.runner = CollectiveRunner(self.env, self.network, topology)
-        self.plans: list[StagePlan] = build_stage_plans(schedule, model, parallel, settings.flash_attention,
-                                                        recompute=settings.recompute,
-                                                        recompute_layers=settings.recompute_layers,
-                                                        checkpoint_layers=settings.checkpoint_layers,
-                                                        zero=settings.zero,
-                                                        fp8_transposed_copies=coster.profile.fp8_transposed_copies,
-                                                        recompute_modules=recompute_modules,
-                                                        reshard_after_forward=settings.reshard_after_forward)
+        self.plans: list[StagePlan] = build_stage_plans(
+            schedule,
+            model,
+            parallel,
+            settings.flash_attention,
+            recompute=settings.recompute,
+            recompute_layers=settings.recompute_layers,
+            checkpoint_layers=settings.checkpoint_layers,
+            zero=settings.zero,
+            fp8_transposed_copies=coster.profile.fp8_transposed_copies,
+            recompute_modules=recompute_modules,
+            reshard_after_forward=settings.reshard_after_forward,
+        )
         for plan in self.plans:
-            plan.fixed_cost = [coster.cost(t.kind, t.ops) if t.is_compute and t.kind != TaskKind.OPTIMIZER and not e
-                               else (0.0, 0.0) for t, e in zip(plan.program, plan.expert_layers, strict=True)]
+            plan.fixed_cost = [
+                coster.cost(t.kind, t.ops) if t.is_compute and t.kind != TaskKind.OPTIMIZER and not e else (0.0, 0.0)
+                for t, e in zip(plan.program, plan.expert_layers, strict=True)
+            ]
         self.tokens = parallel.tokens_per_microbatch(model.seq_len)  # a rank's: its sequence chunks under cp
         self.routed_tokens = int(self.tokens * parallel.split.dispatch_share)  # tokens a rank routes
         activation_bytes = float(self.tokens * model.d_model * model.dtype_bytes)  # a micro-batch's, whole
         self.p2p_bytes = activation_bytes * parallel.split.sequence_share  # what a rank sends a stage on
-        ep_groups = [sorted({self.mesh.group(r, "ep")[0] for r in self.mesh.stage_ranks(p)})
-                     for p in range(self.mesh.pp)]
-        self.experts = ExpertState(model, schedule, routing, settings.migration, parallel.ep, self.routed_tokens,
-                                   ep_groups)
-        self.collectives = CollectiveTasks(schedule=schedule, model=model, topology=topology, placement=placement,
-                                           plans=self.plans, experts=self.experts, routing=routing, coster=coster,
-                                           runner=self.runner, all_to_all=settings.collectives.all_to_all,
-                                           all_reduce=settings.collectives.all_reduce,
-                                           activation_bytes=activation_bytes,
-                                           ring_bytes=parallel.cp * kv_chunk_bytes(model, parallel))
+        ep_groups = [
+            sorted({self.mesh.group(r, "ep")[0] for r in self.mesh.stage_ranks(p)}) for p in range(self.mesh.pp)
+        ]
+        self.experts = ExpertState(
+            model, schedule, routing, settings.migration, parallel.ep, self.routed_tokens, ep_groups
+        )
+        self.collectives = CollectiveTasks(
+            schedule=schedule,
+            model=model,
+            topology=topology,
+            placement=placement,
+            plans=self.plans,
+            experts=self.experts,
+            routing=routing,
+            coster=coster,
+            runner=self.runner,
+            all_to_all=settings.collectives.all_to_all,
+            all_reduce=settings.collectives.all_reduce,
+            activation_bytes=activation_bytes,
+            ring_bytes=parallel.cp * kv_chunk_bytes(model, parallel),
+        )
         self.host = host_model(self.env, topology, machine.host_profile)  # the lanes follow what it allows
         self.lanes = self._lanes(collapse)
         if collapse and by_latency:
@@ -141,8 +166,12 @@ class Simulation(LaneCollectives):
             bytes=[np.zeros(shape(p)) for p in range(self.mesh.pp)],
             cpu_s=[np.full(shape(p), np.nan) for p in range(self.mesh.pp)],
             peak_memory_bytes=np.zeros(self.mesh.num_ranks),
-            first_step_peak_memory_bytes=np.zeros(self.mesh.num_ranks), link_bytes=self.network.link_bytes,
-            num_flows=0, num_solves=0, num_lanes=len(self.lanes))
+            first_step_peak_memory_bytes=np.zeros(self.mesh.num_ranks),
+            link_bytes=self.network.link_bytes,
+            num_flows=0,
+            num_solves=0,
+            num_lanes=len(self.lanes),
+        )
 
     # ---- lanes ---------------------------------------------------------------------------------
     def _lanes(self, collapse: bool) -> list[tuple[int, ...]]:
@@ -237,9 +266,12 @@ class Simulation(LaneCollectives):
                     running = None
                 # a collective after transfers (p2p only, not a ring): each group joins when its members' have landed
                 # (_after_landing)
-                after_landing = (plan.streams[i] == COLLECTIVE_CODE and bool(plan.async_deps[i])
-                                 and self.host.joins_as_transfers_land()
-                                 and all(plan.streams[d] == P2P_CODE for d in plan.async_deps[i]))
+                after_landing = (
+                    plan.streams[i] == COLLECTIVE_CODE
+                    and bool(plan.async_deps[i])
+                    and self.host.joins_as_transfers_land()
+                    and all(plan.streams[d] == P2P_CODE for d in plan.async_deps[i])
+                )
                 for d in () if after_landing else plan.async_deps[i]:
                     ev = self._async_done[(lane_id, step, d)]
                     if not ev.triggered:  # blocked on a transfer: woken when it ends
@@ -274,11 +306,21 @@ class Simulation(LaneCollectives):
                         yield from self._settle(running, clock, end[step])
                         running = None
                     if after_landing:
-                        running = (task.group_axis, i, self._after_landing(
-                            lane, lane_id, step, i, task, nbytes[step], host, plan.async_deps[i], start[step], clock))
+                        running = (
+                            task.group_axis,
+                            i,
+                            self._after_landing(
+                                lane, lane_id, step, i, task, nbytes[step], host, plan.async_deps[i], start[step], clock
+                            ),
+                        )
                     elif running is not None:  # right after another: its members arrive as their groups of it end
-                        running = (task.group_axis, i, self._chain(lane, step, i, task, nbytes[step], host,
-                                                                   running[2], start[step], end[step], clock))
+                        running = (
+                            task.group_axis,
+                            i,
+                            self._chain(
+                                lane, step, i, task, nbytes[step], host, running[2], start[step], end[step], clock
+                            ),
+                        )
                     else:
                         yield from self.host.sync(clock)
                         start[step, local, i] = clock
@@ -317,8 +359,9 @@ class Simulation(LaneCollectives):
         else:
             self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed(self.env.now))  # type: ignore[arg-type]  # value dropped
 
-    def _member_rows(self, lane: tuple[int, ...], step: int, layer: int,
-                     microbatch: int) -> tuple[np.ndarray, np.ndarray]:
+    def _member_rows(
+        self, lane: tuple[int, ...], step: int, layer: int, microbatch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Rows each lane member's experts get for one MoE layer and microbatch, as Dispatch holds them:
         (rows[member, j] of its j-th expert, experts it holds). Under uniform routing the same for every step and
         microbatch until the placement changes, so taken once per placement."""
@@ -333,32 +376,38 @@ class Simulation(LaneCollectives):
             by_group: dict[int, list[tuple[int, int]]] = {}
             for m, rank in enumerate(lane):
                 by_group.setdefault(self.mesh.group(rank, "ep")[0], []).append((m, self.mesh.coords(rank)["ep"]))
-            groups = self._lane_ep[lane[0]] = [(first, *map(np.array, zip(*pairs, strict=True)))
-                                               for first, pairs in by_group.items()]
+            groups = self._lane_ep[lane[0]] = [
+                (first, *map(np.array, zip(*pairs, strict=True))) for first, pairs in by_group.items()
+            ]
         if len(groups) == 1:
             first, _, ep_index = groups[0]
             d = self.experts.dispatch(step, layer, microbatch, first)
             rows = (d.local_rows[ep_index], d.num_local[ep_index])
         else:
-            found = [(members, ep_index, self.experts.dispatch(step, layer, microbatch, first))
-                     for first, members, ep_index in groups]
+            found = [
+                (members, ep_index, self.experts.dispatch(step, layer, microbatch, first))
+                for first, members, ep_index in groups
+            ]
             matrix = np.zeros((len(lane), max(d.local_rows.shape[1] for *_, d in found)), dtype=np.int64)
             num_local = np.zeros(len(lane), dtype=np.int64)
             for members, ep_index, d in found:
-                matrix[members, :d.local_rows.shape[1]] = d.local_rows[ep_index]
+                matrix[members, : d.local_rows.shape[1]] = d.local_rows[ep_index]
                 num_local[members] = d.num_local[ep_index]
             rows = (matrix, num_local)
         if key is not None:
             self._rows[key] = rows
         return rows
 
-    def _compute_cost(self, lane: tuple[int, ...], stage: int, step: int, i: int,
-                      task: Task) -> tuple[float | np.ndarray, float | np.ndarray]:
+    def _compute_cost(
+        self, lane: tuple[int, ...], stage: int, step: int, i: int, task: Task
+    ) -> tuple[float | np.ndarray, float | np.ndarray]:
         """(seconds, flops) of a compute task: one value for all members, or one per member (expert ops)."""
         plan = self.plans[stage]
         if task.kind == TaskKind.OPTIMIZER:
-            return (self.coster.optimizer_time_s(plan.optimizer_params, plan.param_tensors)
-                    + self.coster.fp8_weight_cast_s(plan.fp8_params)), 0.0
+            return (
+                self.coster.optimizer_time_s(plan.optimizer_params, plan.param_tensors)
+                + self.coster.fp8_weight_cast_s(plan.fp8_params)
+            ), 0.0
         if not plan.expert_layers[i]:
             return plan.fixed_cost[i]
         seconds, flops = np.zeros(len(lane)), np.zeros(len(lane))
@@ -367,8 +416,9 @@ class Simulation(LaneCollectives):
         for op in task.ops:
             parsed = parse_op(op)
             if parsed.name == "moe_act":  # the activation over the rows each member's experts got
-                seconds += self._rows_priced(task.kind, op, self._member_rows(lane, step, parsed.layer,
-                                                                              task.microbatch)[0].sum(axis=1))
+                seconds += self._rows_priced(
+                    task.kind, op, self._member_rows(lane, step, parsed.layer, task.microbatch)[0].sum(axis=1)
+                )
                 continue
             if not parsed.is_experts:
                 s, f = self.coster.cost(task.kind, (op,))
@@ -377,7 +427,7 @@ class Simulation(LaneCollectives):
                 continue
             rows, num_local = self._member_rows(lane, step, parsed.layer, task.microbatch)
             if (rows == rows[0]).all() and (num_local == num_local[0]).all():  # one price for all (memoized)
-                s, f = self.coster.cost(task.kind, (op,), tuple(rows[0, :num_local[0]].tolist()))
+                s, f = self.coster.cost(task.kind, (op,), tuple(rows[0, : num_local[0]].tolist()))
             else:
                 s, f = self.coster.experts_cost(task.kind, op, rows, num_local)
             seconds += s
@@ -399,13 +449,23 @@ class Simulation(LaneCollectives):
             parsed = parse_op(op)
             if parsed.is_experts:
                 rows = self._member_rows(lane, step, parsed.layer, task.microbatch)[0].sum(axis=1)
-                extra += ((rows - self.routed_tokens * self.model.top_k)
-                          * routed_row_bytes(self.model, self.parallel.etp, self.recompute_modules))
+                extra += (rows - self.routed_tokens * self.model.top_k) * routed_row_bytes(
+                    self.model, self.parallel.etp, self.recompute_modules
+                )
         return extra
 
     # ---- p2p -----------------------------------------------------------------------------------
-    def _post_p2p(self, lane: tuple[int, ...], lane_id: int, stage: int, local: np.ndarray | slice, step: int, i: int,
-                  task: Task, clock: np.ndarray) -> None:
+    def _post_p2p(
+        self,
+        lane: tuple[int, ...],
+        lane_id: int,
+        stage: int,
+        local: np.ndarray | slice,
+        step: int,
+        i: int,
+        task: Task,
+        clock: np.ndarray,
+    ) -> None:
         """Post the members' sends (or receives) of task i at their clocks; a member's transfer starts when both
         its ends are posted. The task's done event's value: each member's end time."""
         done = self._async_done[(lane_id, step, i)] = self.env.event()
@@ -436,8 +496,9 @@ class Simulation(LaneCollectives):
             self._check_on_time(start_s)
             n = len(gpus) // 2
             phase = Phase(src=members, dst=members + n, sizes=np.full(members.size, size), name="p2p")
-            transfer = self.runner.run([phase], gpus, (gpus, "p2p", ""), delay_s=self.coster.profile.p2p_overhead_s,
-                                       finish_times=True)
+            transfer = self.runner.run(
+                [phase], gpus, (gpus, "p2p", ""), delay_s=self.coster.profile.p2p_overhead_s, finish_times=True
+            )
 
             def landed(ev) -> None:
                 ends[members] = ev.value
@@ -448,6 +509,7 @@ class Simulation(LaneCollectives):
                 pending[0] -= 1
                 if not pending[0]:
                     finish()
+
             transfer.callbacks.append(landed)
 
         # members whose transfers start together on routes of one latency share one flow set

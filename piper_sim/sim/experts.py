@@ -21,15 +21,30 @@ from piper_sim.workload.task_kinds import Role, TaskKind
 
 
 class ExpertState:
-    def __init__(self, model: ModelSpec, schedule: Schedule, routing: RoutingModel, migration: MigrationSpec,
-                 ep: int, tokens_per_microbatch: int, ep_groups: list[list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        schedule: Schedule,
+        routing: RoutingModel,
+        migration: MigrationSpec,
+        ep: int,
+        tokens_per_microbatch: int,
+        ep_groups: list[list[int]] | None = None,
+    ) -> None:
         """ep_groups[stage]: the first rank of each of the stage's EP groups (what a migration decision waits
         for: every group's routing of the step)."""
         self.routing, self.ep, self.tokens = routing, ep, tokens_per_microbatch
         self.ep_groups = ep_groups or [[] for _ in range(schedule.pp)]
-        self.routed_by_stage = [sorted({(t.layer, t.microbatch) for t in program
-                                        if t.kind == TaskKind.ALL_TO_ALL and t.layer >= 0 and t.role != Role.MIGRATE})
-                                for program in schedule.stage_programs]
+        self.routed_by_stage = [
+            sorted(
+                {
+                    (t.layer, t.microbatch)
+                    for t in program
+                    if t.kind == TaskKind.ALL_TO_ALL and t.layer >= 0 and t.role != Role.MIGRATE
+                }
+            )
+            for program in schedule.stage_programs
+        ]
         self.spec = migration
         state_bytes = expert_state_bytes(model, self.spec.state_bytes_per_param)
         self.migrators: list[Migrator] = []
@@ -92,8 +107,10 @@ class ExpertState:
         per_stage = [m.summary() for m in self.migrators]
         return {
             "imbalance": self.tracker.summary() if not self.routing.is_uniform else {"overall": {"lif": 1.0}},
-            "migration": {"policy": per_stage[0]["policy"] if per_stage else "none",
-                          "experts_moved": sum(s["experts_moved"] for s in per_stage),
-                          "bytes_moved_per_group": sum(s["bytes_moved_per_group"] for s in per_stage),
-                          "per_stage": per_stage},
+            "migration": {
+                "policy": per_stage[0]["policy"] if per_stage else "none",
+                "experts_moved": sum(s["experts_moved"] for s in per_stage),
+                "bytes_moved_per_group": sum(s["bytes_moved_per_group"] for s in per_stage),
+                "per_stage": per_stage,
+            },
         }

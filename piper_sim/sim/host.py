@@ -204,8 +204,9 @@ class SharedCores:
             return self.env.timeout(seconds)
         assert self.cpu is not None, "attach_lanes first"
         links = np.array([lane_id, self.num_lanes], dtype=np.int64)
-        return self.cpu.start(np.zeros(2, dtype=np.int64), links, np.array([seconds * CORE_NS]),
-                              weight=np.array([float(members)]))
+        return self.cpu.start(
+            np.zeros(2, dtype=np.int64), links, np.array([seconds * CORE_NS]), weight=np.array([float(members)])
+        )
 
     def _count_computing(self, ranks: int) -> None:
         if self.charges_wakeups:

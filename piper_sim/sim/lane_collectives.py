@@ -50,12 +50,19 @@ class LaneCollectives:
             for position, rank in enumerate(lane):
                 by_group.setdefault(self.mesh.group(rank, axis), []).append(position)
             hit = self._lane_groups[key] = [
-                (group, np.array(at), np.array([lane[p] for p in at]) - stage_base,
-                 np.array([group.index(lane[p]) for p in at])) for group, at in by_group.items()]
+                (
+                    group,
+                    np.array(at),
+                    np.array([lane[p] for p in at]) - stage_base,
+                    np.array([group.index(lane[p]) for p in at]),
+                )
+                for group, at in by_group.items()
+            ]
         return hit
 
-    def _arrive(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray, host_s: float,
-                clock: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
+    def _arrive(
+        self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray, host_s: float, clock: np.ndarray
+    ) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
         """Join collective i with every member of the lane, each group at its last member's clock (host_s: its
         host work, the same in each of the lane's groups); returns (members' lane indices, end event) per
         group, the event's value the time the group's collective ends."""
@@ -68,12 +75,27 @@ class LaneCollectives:
             joins.setdefault(arrival, []).append((group, waiting, len(at)))
             out.append((at, stage_local, waiting[1]))
         for arrival, groups in joins.items():  # (mypy cannot type a lambda with defaults, nor a list of None)
-            self._at(arrival, lambda t=arrival, groups=groups: [self._join(g, w, (step, g[0], i), m, t, task, host_s)  # type: ignore[misc, func-returns-value]
-                                                                for g, w, m in groups])
+            self._at(
+                arrival,
+                lambda t=arrival, groups=groups: [
+                    self._join(g, w, (step, g[0], i), m, t, task, host_s)  # type: ignore[misc, func-returns-value]
+                    for g, w, m in groups
+                ],
+            )
         return out
 
-    def _issue(self, lane: tuple[int, ...], lane_id: int, step: int, i: int, task: Task, nbytes: np.ndarray,
-               host_s: float, clock: np.ndarray, end: np.ndarray) -> None:
+    def _issue(
+        self,
+        lane: tuple[int, ...],
+        lane_id: int,
+        step: int,
+        i: int,
+        task: Task,
+        nbytes: np.ndarray,
+        host_s: float,
+        clock: np.ndarray,
+        end: np.ndarray,
+    ) -> None:
         """Issue nonblocking collective i (ZeRO-3's): its groups join as _arrive says, and the task's done event
         (what a task that depends on it waits for) fires when every group has ended, its value each member's end
         time."""
@@ -96,8 +118,9 @@ class LaneCollectives:
                 ev.callbacks.append(lambda e, at=at, sl=stage_local: ended(e, at, sl))  # type: ignore[misc]  # lambda with defaults
 
     @staticmethod
-    def _settle(running: tuple[str, int, list[tuple[np.ndarray, np.ndarray, simpy.Event]]], clock: np.ndarray,
-                end: np.ndarray):
+    def _settle(
+        running: tuple[str, int, list[tuple[np.ndarray, np.ndarray, simpy.Event]]], clock: np.ndarray, end: np.ndarray
+    ):
         """Wait for each group of the running collective to end: its members' clocks and end records."""
         _, i, groups = running
         for at, stage_local, ev in groups:
@@ -115,9 +138,19 @@ class LaneCollectives:
             waiting = self._arrivals[key] = [0, self.env.event(), phases, sent, algo]
         return waiting
 
-    def _after_landing(self, lane: tuple[int, ...], lane_id: int, step: int, i: int, task: Task, nbytes: np.ndarray,
-                       host_s: float, deps: tuple[int, ...], start: np.ndarray,
-                       clock: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
+    def _after_landing(
+        self,
+        lane: tuple[int, ...],
+        lane_id: int,
+        step: int,
+        i: int,
+        task: Task,
+        nbytes: np.ndarray,
+        host_s: float,
+        deps: tuple[int, ...],
+        start: np.ndarray,
+        clock: np.ndarray,
+    ) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
         """Collective i waits for the lane's transfers `deps`: each member arrives at the later of its clock and
         its own transfers' landing, and each group joins when its members have (at its last member's time), not
         when the lane's last transfer lands (members' transfers land apart: routes of different latency)."""
@@ -139,8 +172,7 @@ class LaneCollectives:
             group, at, stage_local, _ = groups[k]
             start[stage_local, i] = clock[at]
             arrival = float(clock[at].max())
-            self._at(arrival, lambda: self._join(group, waits[k], (step, group[0], i), len(at), arrival, task,
-                                                 host_s))
+            self._at(arrival, lambda: self._join(group, waits[k], (step, group[0], i), len(at), arrival, task, host_s))
 
         def watch(positions: np.ndarray, landed: np.ndarray) -> None:
             np.maximum.at(clock, positions, landed[positions])
@@ -159,9 +191,19 @@ class LaneCollectives:
                 join(k)
         return [(at, stage_local, w[1]) for (_, at, stage_local, _), w in zip(groups, waits, strict=True)]
 
-    def _chain(self, lane: tuple[int, ...], step: int, i: int, task: Task, nbytes: np.ndarray, host_s: float,
-               before: list[tuple[np.ndarray, np.ndarray, simpy.Event]], start: np.ndarray, end: np.ndarray,
-               clock: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
+    def _chain(
+        self,
+        lane: tuple[int, ...],
+        step: int,
+        i: int,
+        task: Task,
+        nbytes: np.ndarray,
+        host_s: float,
+        before: list[tuple[np.ndarray, np.ndarray, simpy.Event]],
+        start: np.ndarray,
+        end: np.ndarray,
+        clock: np.ndarray,
+    ) -> list[tuple[np.ndarray, np.ndarray, simpy.Event]]:
         """Collective i right after collective i - 1 (e.g. a step's gradient reduce-scatters, one group axis after
         another): each member arrives when its own group of i - 1 ends, and each group of i joins when its last
         member has, not when the lane's last group of i - 1 ends (groups' collectives may end apart: routes of
@@ -193,8 +235,16 @@ class LaneCollectives:
             out.append((at, stage_local, waiting[1]))
         return out
 
-    def _join(self, group: tuple[int, ...], waiting: list, key: tuple, members: int, arrival_s: float, task: Task,
-              host_s: float) -> None:
+    def _join(
+        self,
+        group: tuple[int, ...],
+        waiting: list,
+        key: tuple,
+        members: int,
+        arrival_s: float,
+        task: Task,
+        host_s: float,
+    ) -> None:
         """`members` of the group arrive at arrival_s (now, or earlier when they start nothing); the last start
         the collective."""
         waiting[0] += members

@@ -38,8 +38,18 @@ class SimSettings:
 
 def settings_of(cfg: Config) -> SimSettings:
     """The settings of a config's simulated run."""
-    return SimSettings(model=cfg.model, parallel=cfg.parallel, collectives=cfg.collectives, routing=cfg.routing,
-                       migration=cfg.migration, steps=cfg.steps, flash_attention=cfg.flash_attention,
-                       recompute=cfg.recompute, recompute_layers=cfg.recompute_layers,
-                       checkpoint_layers=cfg.recompute_checkpoint_layers, recompute_modules=cfg.recompute_modules,
-                       zero=cfg.zero, reshard_after_forward=cfg.reshard_after_forward)
+    return SimSettings(
+        model=cfg.model,
+        parallel=cfg.parallel,
+        collectives=cfg.collectives,
+        routing=cfg.routing,
+        migration=cfg.migration,
+        steps=cfg.steps,
+        flash_attention=cfg.flash_attention,
+        recompute=cfg.recompute,
+        recompute_layers=cfg.recompute_layers,
+        checkpoint_layers=cfg.recompute_checkpoint_layers,
+        recompute_modules=cfg.recompute_modules,
+        zero=cfg.zero,
+        reshard_after_forward=cfg.reshard_after_forward,
+    )

@@ -47,16 +47,50 @@ from piper_sim.studies.prepcache import PreparedCache
 from piper_sim.studies.routes import TooManyFlows
 from piper_sim.topology.graph import Topology
 
-__all__ = ["HOST_EQUIVARIANT", "KIND_COLUMNS", "SIZE_PER", "STUDY_COLUMNS", "StudySpec", "build_topology",
-           "parse_list", "parse_nodes", "parse_size", "run_study", "write_study"]
+__all__ = [
+    "HOST_EQUIVARIANT",
+    "KIND_COLUMNS",
+    "SIZE_PER",
+    "STUDY_COLUMNS",
+    "StudySpec",
+    "build_topology",
+    "parse_list",
+    "parse_nodes",
+    "parse_size",
+    "run_study",
+    "write_study",
+]
 
 HOST_EQUIVARIANT = frozenset({"flat", "2dh", "halo", "rccl", "nccl", "deepep"})  # uniform phases map onto themselves
 # when same-class hosts swap (halo: its relays follow the NICs' switches; rccl, nccl: flat's flows)
 STUDY_COLUMNS = [
-    "nodes", "gpus", "size", "size_per", "bytes_per_pair", "bytes_per_gpu", "algorithm", "routing", "valiant",
-    "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "busiest_link", "busiest_link_kind",
-    "busiest_utilization", "saturated_kinds", "split_exchange_s", "messages_per_gpu", "serial_overhead_s", "pairs",
-    "network_flows", "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s", "note",
+    "nodes",
+    "gpus",
+    "size",
+    "size_per",
+    "bytes_per_pair",
+    "bytes_per_gpu",
+    "algorithm",
+    "routing",
+    "valiant",
+    "time_s",
+    "algbw_bytes_per_s",
+    "busbw_bytes_per_s",
+    "busiest_link",
+    "busiest_link_kind",
+    "busiest_utilization",
+    "saturated_kinds",
+    "split_exchange_s",
+    "messages_per_gpu",
+    "serial_overhead_s",
+    "pairs",
+    "network_flows",
+    "simulated_flows",
+    "simulated_links",
+    "solves",
+    "prepare_s",
+    "simulate_s",
+    "note",
 ]
 SIZE_PER = {"gpu": "per GPU", "pair": "per GPU pair"}  # --size-per: how the tables and plots name a size
 KIND_COLUMNS = ["nodes", "size", "algorithm", *KIND_FIELDS]
@@ -87,8 +121,17 @@ class StudySpec(MachineSpec):
     def keyed(self, nodes: int, algorithm: str, size: str) -> KeyedPoint:
         """One row in the result store: everything the row depends on."""
         own = {"size_per": self.size_per, **({"fanout": self.fanout} if self.fanout is not None else {})}
-        return keyed_point({"study": "all-to-all", **self.machine_fields(), **own, "nodes": nodes,
-                            "algorithm": algorithm, "bytes": parse_size(size), "size": size})
+        return keyed_point(
+            {
+                "study": "all-to-all",
+                **self.machine_fields(),
+                **own,
+                "nodes": nodes,
+                "algorithm": algorithm,
+                "bytes": parse_size(size),
+                "size": size,
+            }
+        )
 
     def machines(self) -> tuple[int, ...]:
         return self.nodes
@@ -99,8 +142,9 @@ class StudySpec(MachineSpec):
     def build(self, nodes: int) -> tuple[Topology, list[str]]:
         return build_topology(self, nodes)
 
-    def rows(self, topo: Topology, gpus: list[str], algorithm: str, cache: PreparedCache, nodes: int,
-             sizes: list[str]) -> Iterator[tuple[dict, list[dict]]]:
+    def rows(
+        self, topo: Topology, gpus: list[str], algorithm: str, cache: PreparedCache, nodes: int, sizes: list[str]
+    ) -> Iterator[tuple[dict, list[dict]]]:
         return _algorithm_rows(self, topo, gpus, algorithm, cache, nodes, sizes)
 
 
@@ -109,14 +153,16 @@ def build_topology(spec: StudySpec, nodes: int) -> tuple[Topology, list[str]]:
     return build_machine(spec, nodes=nodes)
 
 
-def run_study(spec: StudySpec, log: Log = stderr_log, store: ResultStore | None = None
-              ) -> Iterator[tuple[dict, list[dict]]]:
+def run_study(
+    spec: StudySpec, log: Log = stderr_log, store: ResultStore | None = None
+) -> Iterator[tuple[dict, list[dict]]]:
     """Yield (study row, link-kind rows) per (nodes, algorithm, size), smallest machines first (sweep.run_sweep)."""
     return run_sweep(spec, log, store)
 
 
-def _algorithm_rows(spec: StudySpec, topo: Topology, gpus: list[str], alg: str, cache: PreparedCache,
-                    nodes: int, sizes: list[str]) -> Iterator[tuple[dict, list[dict]]]:
+def _algorithm_rows(
+    spec: StudySpec, topo: Topology, gpus: list[str], alg: str, cache: PreparedCache, nodes: int, sizes: list[str]
+) -> Iterator[tuple[dict, list[dict]]]:
     n = len(gpus)
     per_pair = [parse_size(s) / (n if spec.size_per == "gpu" else 1) for s in sizes]
     symmetric = alg in HOST_EQUIVARIANT
@@ -131,23 +177,43 @@ def _algorithm_rows(spec: StudySpec, topo: Topology, gpus: list[str], alg: str, 
     del splits  # n x n flows: not held while the data phases are built
     for label, pair_bytes in zip(sizes, per_pair, strict=True):
         phases = data_phases(algorithm, np.full((n, n), pair_bytes), gpus, topo)
-        yield point(cache, phases, symmetric, _head(spec, topo, nodes, label, pair_bytes, alg),
-                    {"nodes": nodes, "size": label, "algorithm": alg}, _timing(n * pair_bytes, n, splits_s))
+        yield point(
+            cache,
+            phases,
+            symmetric,
+            _head(spec, topo, nodes, label, pair_bytes, alg),
+            {"nodes": nodes, "size": label, "algorithm": alg},
+            _timing(n * pair_bytes, n, splits_s),
+        )
 
 
 def _head(spec: StudySpec, topo: Topology, nodes: int, label: str, pair_bytes: float, alg: str) -> dict:
     n = topo.num_gpus
-    return {"nodes": nodes, "gpus": n, "size": label, "size_per": spec.size_per, "bytes_per_pair": pair_bytes,
-            "bytes_per_gpu": n * pair_bytes, "algorithm": alg, **routing_fields(spec, topo)}
+    return {
+        "nodes": nodes,
+        "gpus": n,
+        "size": label,
+        "size_per": spec.size_per,
+        "bytes_per_pair": pair_bytes,
+        "bytes_per_gpu": n * pair_bytes,
+        "algorithm": alg,
+        **routing_fields(spec, topo),
+    }
 
 
 def _timing(buffer_bytes: float, n: int, splits_s: float) -> Callable[[float], dict]:
     """nccl-tests' bandwidths of the per-GPU buffer, over the data phases' time and the split-size exchange's."""
+
     def timing(data_s: float) -> dict:
         time_s = data_s + splits_s
         algbw = buffer_bytes / time_s if time_s > 0 else float("inf")
-        return {"time_s": time_s, "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * (n - 1) / n,
-                "split_exchange_s": splits_s}
+        return {
+            "time_s": time_s,
+            "algbw_bytes_per_s": algbw,
+            "busbw_bytes_per_s": algbw * (n - 1) / n,
+            "split_exchange_s": splits_s,
+        }
+
     return timing
 
 

@@ -74,19 +74,44 @@ class Collective:
 
 
 COLLECTIVES: Registry[Collective] = Registry("collective")
-for _c in (Collective("all_reduce", ALL_REDUCE, "each rank's buffer", "2(n-1)/n", lambda n: 2 * (n - 1) / n),
-           Collective("all_gather", ALL_GATHER, "the gathered buffer per rank", "(n-1)/n", lambda n: (n - 1) / n),
-           Collective("reduce_scatter", REDUCE_SCATTER, "the input buffer per rank", "(n-1)/n", lambda n: (n - 1) / n),
-           Collective("all_to_all", ALL_TO_ALL, "the send buffer per rank", "(n-1)/n", lambda n: (n - 1) / n,
-                      HOST_EQUIVARIANT),
-           Collective("broadcast", BROADCAST, "the root's buffer", "1", lambda n: 1.0)):
+for _c in (
+    Collective("all_reduce", ALL_REDUCE, "each rank's buffer", "2(n-1)/n", lambda n: 2 * (n - 1) / n),
+    Collective("all_gather", ALL_GATHER, "the gathered buffer per rank", "(n-1)/n", lambda n: (n - 1) / n),
+    Collective("reduce_scatter", REDUCE_SCATTER, "the input buffer per rank", "(n-1)/n", lambda n: (n - 1) / n),
+    Collective(
+        "all_to_all", ALL_TO_ALL, "the send buffer per rank", "(n-1)/n", lambda n: (n - 1) / n, HOST_EQUIVARIANT
+    ),
+    Collective("broadcast", BROADCAST, "the root's buffer", "1", lambda n: 1.0),
+):
     COLLECTIVES.register(_c.name)(_c)
 
 STUDY_COLUMNS = [
-    "collective", "gpus", "nodes", "size", "size_bytes", "algorithm", "routing", "valiant", "time_s",
-    "algbw_bytes_per_s", "busbw_bytes_per_s", "busbw_factor", "busiest_link", "busiest_link_kind",
-    "busiest_utilization", "saturated_kinds", "messages_per_gpu", "serial_overhead_s", "pairs", "network_flows",
-    "simulated_flows", "simulated_links", "solves", "prepare_s", "simulate_s", "note",
+    "collective",
+    "gpus",
+    "nodes",
+    "size",
+    "size_bytes",
+    "algorithm",
+    "routing",
+    "valiant",
+    "time_s",
+    "algbw_bytes_per_s",
+    "busbw_bytes_per_s",
+    "busbw_factor",
+    "busiest_link",
+    "busiest_link_kind",
+    "busiest_utilization",
+    "saturated_kinds",
+    "messages_per_gpu",
+    "serial_overhead_s",
+    "pairs",
+    "network_flows",
+    "simulated_flows",
+    "simulated_links",
+    "solves",
+    "prepare_s",
+    "simulate_s",
+    "note",
 ]
 KIND_COLUMNS = ["gpus", "size", "algorithm", *KIND_FIELDS]
 
@@ -94,8 +119,11 @@ KIND_COLUMNS = ["gpus", "size", "algorithm", *KIND_FIELDS]
 def machine_algorithms(collective: str, topo: Topology) -> list[str]:
     """The collective's algorithms this machine can run: those needing a library's measured parameters only where
     the machine gives them (topology.collectives)."""
-    return [a for a in COLLECTIVES.get(collective, "--collective").algorithms.names()
-            if a not in MEASURED_ALGORITHMS or a in topo.collectives]
+    return [
+        a
+        for a in COLLECTIVES.get(collective, "--collective").algorithms.names()
+        if a not in MEASURED_ALGORITHMS or a in topo.collectives
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,12 +150,25 @@ class CollectiveSpec(MachineSpec):
         runnable = machine_algorithms(self.collective, topo)
         for alg in self.algorithms:
             if alg not in runnable:
-                raise ConfigError("--algorithms", alg, f"one the machine has parameters for: {', '.join(runnable)} "
-                                                       f"(topology.collectives.{alg} is not given)")
+                raise ConfigError(
+                    "--algorithms",
+                    alg,
+                    f"one the machine has parameters for: {', '.join(runnable)} "
+                    f"(topology.collectives.{alg} is not given)",
+                )
 
     def keyed(self, gpus: int, algorithm: str, size: str) -> KeyedPoint:
-        return keyed_point({"study": "collective", "collective": self.collective, **self.machine_fields(),
-                            "gpus": gpus, "algorithm": algorithm, "bytes": parse_size(size), "size": size})
+        return keyed_point(
+            {
+                "study": "collective",
+                "collective": self.collective,
+                **self.machine_fields(),
+                "gpus": gpus,
+                "algorithm": algorithm,
+                "bytes": parse_size(size),
+                "size": size,
+            }
+        )
 
     def machines(self) -> tuple[int, ...]:
         return self.gpus
@@ -138,29 +179,47 @@ class CollectiveSpec(MachineSpec):
     def build(self, gpus: int) -> tuple[Topology, list[str]]:
         return build_machine(self, gpus=gpus)
 
-    def rows(self, topo: Topology, gpus: list[str], algorithm: str, cache: PreparedCache, machine: int,
-             sizes: list[str]) -> Iterator[tuple[dict, list[dict]]]:
+    def rows(
+        self, topo: Topology, gpus: list[str], algorithm: str, cache: PreparedCache, machine: int, sizes: list[str]
+    ) -> Iterator[tuple[dict, list[dict]]]:
         n, kind = len(gpus), self.kind
-        head = {"collective": self.collective, "gpus": n, "nodes": len({topo.host_of(g) for g in gpus}),
-                "algorithm": algorithm, **routing_fields(self, topo)}
+        head = {
+            "collective": self.collective,
+            "gpus": n,
+            "nodes": len({topo.host_of(g) for g in gpus}),
+            "algorithm": algorithm,
+            **routing_fields(self, topo),
+        }
         for label in sizes:
             size = parse_size(label)
-            yield point(cache, kind.phases(algorithm, size, gpus, topo), algorithm in kind.host_equivariant,
-                        {**head, "size": label, "size_bytes": size}, {"gpus": n, "size": label, "algorithm": algorithm},
-                        _timing(size, kind.factor(n)))
+            yield point(
+                cache,
+                kind.phases(algorithm, size, gpus, topo),
+                algorithm in kind.host_equivariant,
+                {**head, "size": label, "size_bytes": size},
+                {"gpus": n, "size": label, "algorithm": algorithm},
+                _timing(size, kind.factor(n)),
+            )
 
 
 def _timing(size_bytes: float, factor: float) -> Callable[[float], dict]:
     """nccl-tests' time and bandwidths of a collective of size S."""
+
     def timing(time_s: float) -> dict:
         algbw = size_bytes / time_s if time_s > 0 else float("inf")
-        return {"time_s": time_s, "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * factor,
-                "busbw_factor": factor}
+        return {
+            "time_s": time_s,
+            "algbw_bytes_per_s": algbw,
+            "busbw_bytes_per_s": algbw * factor,
+            "busbw_factor": factor,
+        }
+
     return timing
 
 
-def run_collective_study(spec: CollectiveSpec, log: Log = stderr_log, store: ResultStore | None = None
-                         ) -> Iterator[tuple[dict, list[dict]]]:
+def run_collective_study(
+    spec: CollectiveSpec, log: Log = stderr_log, store: ResultStore | None = None
+) -> Iterator[tuple[dict, list[dict]]]:
     """Yield (study row, link-kind rows) per (GPUs, algorithm, size), fewest GPUs first (sweep.run_sweep)."""
     return run_sweep(spec, log, store)
 
@@ -174,12 +233,18 @@ def table_columns(collective: str) -> list[Col]:
     """The printed table's columns in nccl-tests' units (size in B, time in us, bandwidths in GB/s, two decimals),
     the size header saying what S is for this collective and the busbw header its factor."""
     kind = COLLECTIVES.get(collective, "--collective")
-    return [Col("gpus", "GPUs", "count"), Col("nodes", "nodes", "count"),
-            Col("size_bytes", f"size: {kind.size_meaning} (B)", "count"), Col("algorithm", "algorithm"),
-            Col("time_us", "time (us)", "num"), Col("algbw_bytes_per_s", "algbw = size / time", "GB/s", digits=2),
-            Col("busbw_bytes_per_s", f"busbw = algbw x {kind.factor_text}", "GB/s", digits=2),
-            Col("busiest_link_kind", "busiest link"), Col("busiest_utilization", "its utilization", "%"),
-            Col("note", "note")]
+    return [
+        Col("gpus", "GPUs", "count"),
+        Col("nodes", "nodes", "count"),
+        Col("size_bytes", f"size: {kind.size_meaning} (B)", "count"),
+        Col("algorithm", "algorithm"),
+        Col("time_us", "time (us)", "num"),
+        Col("algbw_bytes_per_s", "algbw = size / time", "GB/s", digits=2),
+        Col("busbw_bytes_per_s", f"busbw = algbw x {kind.factor_text}", "GB/s", digits=2),
+        Col("busiest_link_kind", "busiest link"),
+        Col("busiest_utilization", "its utilization", "%"),
+        Col("note", "note"),
+    ]
 
 
 def study_text(study_csv: Path) -> str:

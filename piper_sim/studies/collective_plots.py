@@ -52,8 +52,7 @@ def _busbw_panels(df: pd.DataFrame, panel: str, values: list, x: str) -> tuple[p
     for ax, value in zip(axes[0], values, strict=True):
         for alg, group in df[df[panel] == value].groupby("algorithm", sort=False):
             g = group.sort_values(x)
-            ax.plot(g[x], g["busbw_bytes_per_s"] / 1e9, marker="o", color=style.color("algorithm", alg),
-                    label=str(alg))
+            ax.plot(g[x], g["busbw_bytes_per_s"] / 1e9, marker="o", color=style.color("algorithm", alg), label=str(alg))
         ax.grid(alpha=0.3)
     return fig, list(axes[0])
 
@@ -82,8 +81,18 @@ def plot_bandwidth(df: pd.DataFrame, path: Path, context_line: str = "") -> None
 def speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     """time(flat) / time(alg) per (nodes, size, algorithm); empty without flat rows."""
     merged = with_speedup(df, how="inner")
-    return merged[["nodes", "size", "algorithm", "time_s", "flat_time_s", "speedup_vs_flat", "messages_per_gpu",
-                   "serial_overhead_s"]]
+    return merged[
+        [
+            "nodes",
+            "size",
+            "algorithm",
+            "time_s",
+            "flat_time_s",
+            "speedup_vs_flat",
+            "messages_per_gpu",
+            "serial_overhead_s",
+        ]
+    ]
 
 
 def with_speedup(df: pd.DataFrame, how: str) -> pd.DataFrame:
@@ -101,8 +110,14 @@ def plot_speedup(df: pd.DataFrame, path: Path, context_line: str = "") -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     for (alg, size), group in table[table["algorithm"] != "flat"].groupby(["algorithm", "size"], sort=False):
         g = group.sort_values("nodes")
-        ax.plot(g["nodes"], g["speedup_vs_flat"], marker="o", color=style.color("algorithm", alg),
-                ls=style.LINE_STYLES[sizes.index(size) % len(style.LINE_STYLES)], label=f"{alg} {size}")
+        ax.plot(
+            g["nodes"],
+            g["speedup_vs_flat"],
+            marker="o",
+            color=style.color("algorithm", alg),
+            ls=style.LINE_STYLES[sizes.index(size) % len(style.LINE_STYLES)],
+            label=f"{alg} {size}",
+        )
     ax.axhline(1.0, color="black", lw=0.8)
     style.count_axis(ax, list(df["nodes"]))
     ax.set_yscale("log")
@@ -148,6 +163,7 @@ def plot_link_kinds(kinds: pd.DataFrame, df: pd.DataFrame, path: Path, context_l
 
 def markdown(table: pd.DataFrame) -> str:
     """A markdown table; floats with 4 significant digits, missing values blank."""
+
     def cell(v: object) -> str:
         if isinstance(v, float):
             return "" if v != v else f"{v:.4g}"
@@ -172,20 +188,31 @@ def write_plots(out: Path) -> list[Path]:
         plot_link_kinds(kinds, df, paths[2], line)
     tables, per = out / "tables.md", size_per(df)
     with tables.open("w") as f:
-        f.write(f"# Speedup over flat (sizes {per})\n\n"
-                + markdown(speedup_table(df).rename(columns={"size": f"size {per}"})) + "\n\n")
+        f.write(
+            f"# Speedup over flat (sizes {per})\n\n"
+            + markdown(speedup_table(df).rename(columns={"size": f"size {per}"}))
+            + "\n\n"
+        )
         if not kinds.empty:
             largest = _sizes(df)[-1]
-            f.write(f"# Highest utilization per link kind ({largest} {per})\n\n" + markdown(kind_table(kinds, df))
-                    + "\n")
+            f.write(
+                f"# Highest utilization per link kind ({largest} {per})\n\n" + markdown(kind_table(kinds, df)) + "\n"
+            )
     return [p for p in paths if p.exists()] + [tables]
 
 
-STUDY_COLUMNS = [Col("nodes", "nodes", "count"), Col("gpus", "GPUs", "count"), Col("size", "size"),
-                 Col("algorithm", "algorithm"), Col("time_s", "time", "time"),
-                 Col("busbw_bytes_per_s", "bus bw per GPU", "GB/s"), Col("speedup_vs_flat", "over flat", "x"),
-                 Col("busiest_link_kind", "busiest link"), Col("busiest_utilization", "its utilization", "%"),
-                 Col("note", "note")]
+STUDY_COLUMNS = [
+    Col("nodes", "nodes", "count"),
+    Col("gpus", "GPUs", "count"),
+    Col("size", "size"),
+    Col("algorithm", "algorithm"),
+    Col("time_s", "time", "time"),
+    Col("busbw_bytes_per_s", "bus bw per GPU", "GB/s"),
+    Col("speedup_vs_flat", "over flat", "x"),
+    Col("busiest_link_kind", "busiest link"),
+    Col("busiest_utilization", "its utilization", "%"),
+    Col("note", "note"),
+]
 
 
 def study_text(out: Path) -> str:
@@ -195,8 +222,11 @@ def study_text(out: Path) -> str:
     if df.empty:
         return ""
     rows = with_speedup(df, how="left").sort_values(["nodes", "bytes_per_pair"], kind="stable").to_dict("records")
-    columns = [Col(c.key, f"size {size_per(df)}") if c.key == "size" else c for c in STUDY_COLUMNS
-               if c.key != "note" or ("note" in df and df["note"].notna().any())]
+    columns = [
+        Col(c.key, f"size {size_per(df)}") if c.key == "size" else c
+        for c in STUDY_COLUMNS
+        if c.key != "note" or ("note" in df and df["note"].notna().any())
+    ]
     return render(rows, columns)
 
 

@@ -52,8 +52,9 @@ def parse_size(text: str, key: str = "--sizes") -> float:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     size = float(m.group(1)) * SIZE_UNITS[m.group(2) or "B"] if m and (m.group(2) or "B") in SIZE_UNITS else None
     if size is None or not 0 < size <= MAX_SIZE_BYTES:
-        raise ConfigError(key, text, f"a size above 0 B, at most 1 PiB, with a unit in {', '.join(SIZE_UNITS)} "
-                                     "(e.g. 1MiB)")
+        raise ConfigError(
+            key, text, f"a size above 0 B, at most 1 PiB, with a unit in {', '.join(SIZE_UNITS)} (e.g. 1MiB)"
+        )
     return size
 
 
@@ -106,12 +107,12 @@ class MachineSpec:
         return {**{name: getattr(self, name) for name in names}, "machine": read_topology_mapping(self.topology)}
 
     def cache(self, topo: Topology, gpus: list[str]) -> PreparedCache:
-        return PreparedCache(gpus, topo, lump_flows=self.lump, spread=self.valiant == "spread",
-                             max_sub_flows=self.max_flows)
+        return PreparedCache(
+            gpus, topo, lump_flows=self.lump, spread=self.valiant == "spread", max_sub_flows=self.max_flows
+        )
 
 
-def build_machine(spec: MachineSpec, nodes: int | None = None, gpus: int | None = None
-                  ) -> tuple[Topology, list[str]]:
+def build_machine(spec: MachineSpec, nodes: int | None = None, gpus: int | None = None) -> tuple[Topology, list[str]]:
     """The machine of `nodes` nodes (all their GPUs) or of as many nodes as `gpus` GPUs need (the first `gpus`
     placed), a dragonfly's detours as --valiant says. With mean-field detours the outside groups of a dragonfly's
     whole machine are aggregated by class (exact for that routing; piper_sim.topology.dragonfly), unless set."""
@@ -146,13 +147,23 @@ def link_rows(topo: Topology, run: CollectiveRun) -> tuple[list[dict], dict]:
         sel = (kinds == kind) & (run.link_bytes > 0)
         if not sel.any():
             continue
-        rows.append({"link_kind": kind, "links_used": int(sel.sum()), "bytes": float(run.link_bytes[sel].sum()),
-                     "mean_utilization": float(util[sel].mean()), "max_utilization": float(util[sel].max()),
-                     "saturated_links": int((util[sel] >= SATURATED).sum())})
+        rows.append(
+            {
+                "link_kind": kind,
+                "links_used": int(sel.sum()),
+                "bytes": float(run.link_bytes[sel].sum()),
+                "mean_utilization": float(util[sel].mean()),
+                "max_utilization": float(util[sel].max()),
+                "saturated_links": int((util[sel] >= SATURATED).sum()),
+            }
+        )
     top = int(np.argmax(util)) if util.size else 0
-    busiest = {"busiest_link": "->".join(topo.links[top]), "busiest_link_kind": topo.link_kinds[top],
-               "busiest_utilization": float(util[top]) if util.size else 0.0,
-               "saturated_kinds": " ".join(r["link_kind"] for r in rows if r["saturated_links"])}
+    busiest = {
+        "busiest_link": "->".join(topo.links[top]),
+        "busiest_link_kind": topo.link_kinds[top],
+        "busiest_utilization": float(util[top]) if util.size else 0.0,
+        "saturated_kinds": " ".join(r["link_kind"] for r in rows if r["saturated_links"]),
+    }
     return rows, busiest
 
 
@@ -165,15 +176,28 @@ def routing_fields(spec: MachineSpec, topo: Topology) -> dict:
 
 def run_fields(prep: Prepared, run: CollectiveRun, topo: Topology) -> dict:
     """What a row says of the simulation itself: flows before and after the reductions, solves, wall times."""
-    return {"pairs": prep.num_pairs, "network_flows": prep.num_sub_flows,
-            "simulated_flows": prep.lumped.num_flow_classes, "simulated_links": prep.lumped.num_link_classes,
-            "solves": run.num_solves, "prepare_s": prep.prepare_s, "simulate_s": run.simulate_s,
-            "note": "; ".join(topo.notes + ([] if prep.lumped.exact_check
-                                           else ["lumping fell back to no reduction (hash collision)"]))}
+    return {
+        "pairs": prep.num_pairs,
+        "network_flows": prep.num_sub_flows,
+        "simulated_flows": prep.lumped.num_flow_classes,
+        "simulated_links": prep.lumped.num_link_classes,
+        "solves": run.num_solves,
+        "prepare_s": prep.prepare_s,
+        "simulate_s": run.simulate_s,
+        "note": "; ".join(
+            topo.notes + ([] if prep.lumped.exact_check else ["lumping fell back to no reduction (hash collision)"])
+        ),
+    }
 
 
-def point(cache: PreparedCache, phases: list[Phase], symmetric: bool, head: dict, kind_head: dict,
-          timing: Callable[[float], dict]) -> tuple[dict, list[dict]]:
+def point(
+    cache: PreparedCache,
+    phases: list[Phase],
+    symmetric: bool,
+    head: dict,
+    kind_head: dict,
+    timing: Callable[[float], dict],
+) -> tuple[dict, list[dict]]:
     """One point's row and link-kind rows: the phases simulated on the cache's machine. head: the row's own fields
     (machine, size, algorithm, routing); kind_head: what each link-kind row repeats of them; timing(time of the
     phases) -> the row's time_s and bandwidths. A point that would route more paths than the study allows is a row
@@ -185,8 +209,14 @@ def point(cache: PreparedCache, phases: list[Phase], symmetric: bool, head: dict
         return skipped(head, f"skipped: {exc}", msgs), []
     run = simulate(prep, cache.topo)
     kinds, busiest = link_rows(cache.topo, run)
-    row = {**head, **timing(run.time_s), **busiest, "messages_per_gpu": msgs,
-           "serial_overhead_s": msgs * cache.topo.params.message_overhead_s, **run_fields(prep, run, cache.topo)}
+    row = {
+        **head,
+        **timing(run.time_s),
+        **busiest,
+        "messages_per_gpu": msgs,
+        "serial_overhead_s": msgs * cache.topo.params.message_overhead_s,
+        **run_fields(prep, run, cache.topo),
+    }
     return row, [{**kind_head, **k} for k in kinds]
 
 
@@ -219,21 +249,27 @@ class Sweep(Protocol):
 
     def cache(self, topo: Topology, gpus: list[str]) -> PreparedCache: ...
 
-    def rows(self, topo: Topology, gpus: list[str], algorithm: str, cache: PreparedCache, machine: int,
-             sizes: list[str]) -> Iterator[tuple[dict, list[dict]]]: ...
+    def rows(
+        self, topo: Topology, gpus: list[str], algorithm: str, cache: PreparedCache, machine: int, sizes: list[str]
+    ) -> Iterator[tuple[dict, list[dict]]]: ...
 
 
-def run_sweep(sweep: Sweep, log: Log = stderr_log, store: ResultStore | None = None
-              ) -> Iterator[tuple[dict, list[dict]]]:
+def run_sweep(
+    sweep: Sweep, log: Log = stderr_log, store: ResultStore | None = None
+) -> Iterator[tuple[dict, list[dict]]]:
     """Yield (study row, link-kind rows) per (machine, algorithm, size), smallest machines first. With a store,
     rows it holds are yielded from it (nothing finished is recomputed) and new rows are put in it."""
     sweep.check()
     machines = sweep.machines()
     total, done = len(machines) * len(sweep.algorithms) * len(sweep.sizes), 0
-    keys = {m: {(alg, size): sweep.keyed(m, alg, size) for alg in sweep.algorithms for size in sweep.sizes}
-            for m in machines}
-    stored = {m: {point: store.get(k.digest, k.key) if store is not None else None for point, k in ks.items()}
-              for m, ks in keys.items()}
+    keys = {
+        m: {(alg, size): sweep.keyed(m, alg, size) for alg in sweep.algorithms for size in sweep.sizes}
+        for m in machines
+    }
+    stored = {
+        m: {point: store.get(k.digest, k.key) if store is not None else None for point, k in ks.items()}
+        for m, ks in keys.items()
+    }
     eta = Eta(sum(1 for rows in stored.values() for row in rows.values() if row is None))
     for m in machines:
         todo = {point for point in keys[m] if stored[m].get(point) is None}
@@ -269,13 +305,16 @@ def progress_line(done: int, total: int, where: str, row: dict) -> str:
     head = f"[{done}/{total}] {where}, {row['size']}, {row['algorithm']}"
     if row.get("note", "").startswith("skipped"):
         return f"{head}: {row['note']}"
-    return (f"{head}: {row['time_s'] * 1e3:.4g} ms, busbw {row['busbw_bytes_per_s'] / 1e9:.3g} GB/s/GPU, busiest "
-            f"{row['busiest_link_kind']} {row['busiest_utilization']:.0%} ({row['network_flows']} flows -> "
-            f"{row['simulated_flows']} classes, {row['prepare_s'] + row['simulate_s']:.1f} s)")
+    return (
+        f"{head}: {row['time_s'] * 1e3:.4g} ms, busbw {row['busbw_bytes_per_s'] / 1e9:.3g} GB/s/GPU, busiest "
+        f"{row['busiest_link_kind']} {row['busiest_utilization']:.0%} ({row['network_flows']} flows -> "
+        f"{row['simulated_flows']} classes, {row['prepare_s'] + row['simulate_s']:.1f} s)"
+    )
 
 
-def write_sweep(sweep: Sweep, out: Path, columns: list[str], kind_columns: list[str], command: str,
-                log: Log | None = None) -> tuple[Path, Path]:
+def write_sweep(
+    sweep: Sweep, out: Path, columns: list[str], kind_columns: list[str], command: str, log: Log | None = None
+) -> tuple[Path, Path]:
     """Run the sweep, appending each row to study.csv / link_kinds.csv as it completes; every row is also kept
     in the result store under out/points/, so that a rerun into the same folder recomputes nothing finished while
     its key holds (points.keys)."""

@@ -64,49 +64,80 @@ def sweep_points(base: dict, grid: list[tuple[str, list[str]]]) -> list[tuple[di
     return out
 
 
-def run_sweep(config: str | Path | dict, grid_items: list[str], out: Path, *, overrides: list[str] | None = None,
-              scheduler: str | None = None, workers: int | None = None, progress: bool = True) -> pd.DataFrame:
+def run_sweep(
+    config: str | Path | dict,
+    grid_items: list[str],
+    out: Path,
+    *,
+    overrides: list[str] | None = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
     base = config if isinstance(config, dict) else read_config_file(config)
     base = apply_overrides(base, overrides or [])
     points = sweep_points(base, parse_grid(grid_items))
     keyed = [keyed_point({"config": resolved}) for _, resolved in points]
     store = ResultStore(out)
-    results = run_points(simulate_point, keyed, store, scheduler=scheduler, workers=workers, label="sweep",
-                         progress=progress)
-    table = pd.DataFrame([{**values, "digest": point.digest, **results[point.digest]}
-                          for (values, _), point in zip(points, keyed, strict=True)])
+    results = run_points(
+        simulate_point, keyed, store, scheduler=scheduler, workers=workers, label="sweep", progress=progress
+    )
+    table = pd.DataFrame(
+        [
+            {**values, "digest": point.digest, **results[point.digest]}
+            for (values, _), point in zip(points, keyed, strict=True)
+        ]
+    )
     out.mkdir(parents=True, exist_ok=True)
     with writing(out / "sweep.csv"):
         table.to_csv(out / "sweep.csv", index=False)
     with writing(out / "sweep.parquet"):
         table.to_parquet(out / "sweep.parquet", index=False)
     with writing(out / "sweep.yaml"):
-        (out / "sweep.yaml").write_text(yaml.safe_dump({"base": base, "grid": grid_items,
-                                                        "points": store.tally.as_dict()}, sort_keys=False))
+        (out / "sweep.yaml").write_text(
+            yaml.safe_dump({"base": base, "grid": grid_items, "points": store.tally.as_dict()}, sort_keys=False)
+        )
     return table
 
 
-def sweep_text(table: pd.DataFrame, config: str | Path | dict, grid_items: list[str], *,
-               overrides: list[str] | None = None, max_rows: int = 40) -> str:
+def sweep_text(
+    table: pd.DataFrame,
+    config: str | Path | dict,
+    grid_items: list[str],
+    *,
+    overrides: list[str] | None = None,
+    max_rows: int = 40,
+) -> str:
     """The printed table of a sweep (analysis/tables.py): the grid's values, each point's GPUs, its figures, and
     whether its busiest stage fits the device's HBM less the framework reserve."""
     base = config if isinstance(config, dict) else read_config_file(config)
-    configs = [load_config(resolved) for _, resolved in sweep_points(apply_overrides(base, overrides or []),
-                                                                       parse_grid(grid_items))]
-    rows = [{**row, "gpus": cfg.parallel.num_gpus, "fits": _fits(cfg, row["sim_peak_memory_bytes"])}
-            for row, cfg in zip(table.to_dict("records"), configs, strict=True)]
+    configs = [
+        load_config(resolved)
+        for _, resolved in sweep_points(apply_overrides(base, overrides or []), parse_grid(grid_items))
+    ]
+    rows = [
+        {**row, "gpus": cfg.parallel.num_gpus, "fits": _fits(cfg, row["sim_peak_memory_bytes"])}
+        for row, cfg in zip(table.to_dict("records"), configs, strict=True)
+    ]
     columns = [Col(key, key) for key, _ in parse_grid(grid_items)] + SWEEP_COLUMNS
-    return render(rows[:max_rows], columns) + (f"\n... {len(rows) - max_rows} more points in sweep.csv"
-                                               if len(rows) > max_rows else "")
+    return render(rows[:max_rows], columns) + (
+        f"\n... {len(rows) - max_rows} more points in sweep.csv" if len(rows) > max_rows else ""
+    )
 
 
-SWEEP_COLUMNS = [Col("gpus", "GPUs", "count"), Col("sim_step_time_s", "step", "time"),
-                 Col("sim_tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"), Col("sim_mfu", "MFU", "%"),
-                 Col("sim_tokens_per_s", "tokens/s", "count"), Col("sim_bubble_fraction", "bubble", "%"),
-                 Col("sim_exposed_comm_fraction", "exposed comm", "%"),
-                 Col("sim_peak_memory_bytes", "peak memory", "GiB"), Col("fits", "fits", "yes/no"),
-                 Col("sim_all_to_all_bandwidth_bytes_per_s", "all-to-all per GPU", "GB/s"),
-                 Col("sim_wall_s", "simulated in", "time")]
+SWEEP_COLUMNS = [
+    Col("gpus", "GPUs", "count"),
+    Col("sim_step_time_s", "step", "time"),
+    Col("sim_tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"),
+    Col("sim_mfu", "MFU", "%"),
+    Col("sim_tokens_per_s", "tokens/s", "count"),
+    Col("sim_bubble_fraction", "bubble", "%"),
+    Col("sim_exposed_comm_fraction", "exposed comm", "%"),
+    Col("sim_peak_memory_bytes", "peak memory", "GiB"),
+    Col("fits", "fits", "yes/no"),
+    Col("sim_all_to_all_bandwidth_bytes_per_s", "all-to-all per GPU", "GB/s"),
+    Col("sim_wall_s", "simulated in", "time"),
+]
 
 
 def _fits(cfg, peak_bytes: float) -> bool:

@@ -33,8 +33,18 @@ from piper_sim.progress import Eta
 from piper_sim.simulator import simulate
 
 SKEW_PARAM = {"zipf": "exponent", "dirichlet": "concentration", "hot": "share"}
-COLUMNS = ("kind", "skew", "policy", "step_time_s", "mfu", "tflops_per_gpu", "lif", "experts_moved",
-           "bytes_moved_per_group", "migration_time_fraction")
+COLUMNS = (
+    "kind",
+    "skew",
+    "policy",
+    "step_time_s",
+    "mfu",
+    "tflops_per_gpu",
+    "lif",
+    "experts_moved",
+    "bytes_moved_per_group",
+    "migration_time_fraction",
+)
 DRIFT_COLUMNS = ("policy", "step", "step_time_s")
 
 
@@ -53,11 +63,15 @@ def summarize_run(report: Report) -> dict:
     steps = report.step_times_s
     steady = steps[1:] if len(steps) > 1 else steps  # step 0 runs on the unmigrated placement
     mig = report.migration or {}
-    return {"step_time_s": float(np.mean(steady)), "mfu": report.mfu * report.step_time_s / np.mean(steady),
-            "tflops_per_gpu": report.tflops_per_gpu * report.step_time_s / np.mean(steady),
-            "lif": (report.imbalance or {}).get("overall", {}).get("lif", 1.0),
-            "experts_moved": mig.get("experts_moved", 0), "bytes_moved_per_group": mig.get("bytes_moved_per_group", 0),
-            "migration_time_fraction": mig.get("time_fraction", 0.0)}
+    return {
+        "step_time_s": float(np.mean(steady)),
+        "mfu": report.mfu * report.step_time_s / np.mean(steady),
+        "tflops_per_gpu": report.tflops_per_gpu * report.step_time_s / np.mean(steady),
+        "lif": (report.imbalance or {}).get("overall", {}).get("lif", 1.0),
+        "experts_moved": mig.get("experts_moved", 0),
+        "bytes_moved_per_group": mig.get("bytes_moved_per_group", 0),
+        "migration_time_fraction": mig.get("time_fraction", 0.0),
+    }
 
 
 @dataclass(frozen=True)
@@ -77,8 +91,9 @@ def _count(flag: str, value: int, low: int) -> int:
     return value
 
 
-def study_points(raw: dict, *, kind: str, skews: list[float], policies: list[str], steps: int, drift_steps: int,
-                 drift_rate: float) -> list[Point]:
+def study_points(
+    raw: dict, *, kind: str, skews: list[float], policies: list[str], steps: int, drift_steps: int, drift_rate: float
+) -> list[Point]:
     """Every point of the study, its config resolved and checked; errors name the option that set the value."""
     if kind not in SKEW_PARAM:
         raise ConfigError("--kind", kind, f"one of {', '.join(SKEW_PARAM)}")
@@ -92,13 +107,25 @@ def study_points(raw: dict, *, kind: str, skews: list[float], policies: list[str
     for policy in policies:
         with named_by("--policies"):
             load_config(config_for(raw, kind, skews[0], policy, steps))
-    points = [Point("imbalance", {"kind": kind, "skew": skew, "policy": policy},
-                    load_config(config_for(raw, kind, skew, policy, steps))) for skew in skews for policy in policies]
+    points = [
+        Point(
+            "imbalance",
+            {"kind": kind, "skew": skew, "policy": policy},
+            load_config(config_for(raw, kind, skew, policy, steps)),
+        )
+        for skew in skews
+        for policy in policies
+    ]
     if drift_steps:
         with named_by("--drift-rate"):
-            points += [Point("drift", {"policy": policy},
-                             load_config(config_for(raw, "drift", None, policy, drift_steps, {"rate": drift_rate})))
-                       for policy in policies]
+            points += [
+                Point(
+                    "drift",
+                    {"policy": policy},
+                    load_config(config_for(raw, "drift", None, policy, drift_steps, {"rate": drift_rate})),
+                )
+                for policy in policies
+            ]
     return points
 
 
@@ -149,14 +176,25 @@ def _write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
     tmp.replace(path)
 
 
-IMBALANCE_COLUMNS = [Col("kind", "routing"), Col("skew", "skew", "num"), Col("policy", "migration"),
-                     Col("step_time_s", "step", "time"), Col("mfu", "MFU", "%"),
-                     Col("tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"), Col("lif", "load imbalance", "x"),
-                     Col("experts_moved", "experts moved", "count"),
-                     Col("bytes_moved_per_group", "moved per EP group", "bytes"),
-                     Col("migration_time_fraction", "migration share", "%")]
-DRIFT_SUMMARY = [Col("policy", "migration"), Col("steps", "steps", "count"), Col("first_s", "step 0", "time"),
-                 Col("mean_s", "mean after step 0", "time"), Col("last_s", "last step", "time")]
+IMBALANCE_COLUMNS = [
+    Col("kind", "routing"),
+    Col("skew", "skew", "num"),
+    Col("policy", "migration"),
+    Col("step_time_s", "step", "time"),
+    Col("mfu", "MFU", "%"),
+    Col("tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"),
+    Col("lif", "load imbalance", "x"),
+    Col("experts_moved", "experts moved", "count"),
+    Col("bytes_moved_per_group", "moved per EP group", "bytes"),
+    Col("migration_time_fraction", "migration share", "%"),
+]
+DRIFT_SUMMARY = [
+    Col("policy", "migration"),
+    Col("steps", "steps", "count"),
+    Col("first_s", "step 0", "time"),
+    Col("mean_s", "mean after step 0", "time"),
+    Col("last_s", "last step", "time"),
+]
 
 
 def study_context(points: list[Point]) -> str:
@@ -173,9 +211,16 @@ def tables_text(out: Path) -> str:
         parts.append(render(pd.read_csv(out / "imbalance.csv").to_dict("records"), IMBALANCE_COLUMNS))
     if (out / "drift.csv").exists():
         drift = pd.read_csv(out / "drift.csv")
-        rows = [{"policy": policy, "steps": len(g), "first_s": g["step_time_s"].iloc[0],
-                 "mean_s": g["step_time_s"].iloc[1:].mean() if len(g) > 1 else None,
-                 "last_s": g["step_time_s"].iloc[-1]} for policy, g in drift.groupby("policy", sort=False)]
+        rows = [
+            {
+                "policy": policy,
+                "steps": len(g),
+                "first_s": g["step_time_s"].iloc[0],
+                "mean_s": g["step_time_s"].iloc[1:].mean() if len(g) > 1 else None,
+                "last_s": g["step_time_s"].iloc[-1],
+            }
+            for policy, g in drift.groupby("policy", sort=False)
+        ]
         parts.append("drifting hot experts:\n" + render(rows, DRIFT_SUMMARY))
     return "\n\n".join(parts)
 
@@ -210,8 +255,9 @@ def write_plots(out: Path, context_line: str = "") -> list[Path]:
         unit, factor = style.seconds_scale(float(df["step_time_s"].max()) if len(df) else 0.0)
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for policy, group in df.groupby("policy", sort=False):
-            ax.plot(group["step"], group["step_time_s"] * factor, "o-", color=style.color("policy", policy),
-                    label=policy)
+            ax.plot(
+                group["step"], group["step_time_s"] * factor, "o-", color=style.color("policy", policy), label=policy
+            )
         ax.set_xlabel("step")
         ax.set_ylabel(f"step time ({unit})")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -33,8 +33,10 @@ class MoeBuffer:
         return asdict(self)
 
     def formula(self) -> str:
-        return (f"{self.tokens_per_microbatch:,} tokens ({self.micro_batch_size} x {self.seq_len:,}) x top-k "
-                f"{self.top_k} x hidden {self.d_model:,} x {self.bytes_per_element} B = {self.buffer_bytes:,} B")
+        return (
+            f"{self.tokens_per_microbatch:,} tokens ({self.micro_batch_size} x {self.seq_len:,}) x top-k "
+            f"{self.top_k} x hidden {self.d_model:,} x {self.bytes_per_element} B = {self.buffer_bytes:,} B"
+        )
 
 
 def _positive(flag: str, value: int | None, limit: int) -> None:
@@ -51,10 +53,17 @@ def moe_buffer(model: str, micro_batch_size: int | None = None, seq_len: int | N
     mbs = micro_batch_size or 1
     seq = seq_len or spec.seq_len
     tokens = mbs * seq
-    return MoeBuffer(model=spec.name, micro_batch_size=mbs, seq_len=seq, tokens_per_microbatch=tokens,
-                     top_k=spec.top_k, num_experts=spec.num_experts, d_model=spec.d_model,
-                     bytes_per_element=spec.dtype_bytes,
-                     buffer_bytes=tokens * spec.top_k * spec.d_model * spec.dtype_bytes)
+    return MoeBuffer(
+        model=spec.name,
+        micro_batch_size=mbs,
+        seq_len=seq,
+        tokens_per_microbatch=tokens,
+        top_k=spec.top_k,
+        num_experts=spec.num_experts,
+        d_model=spec.d_model,
+        bytes_per_element=spec.dtype_bytes,
+        buffer_bytes=tokens * spec.top_k * spec.d_model * spec.dtype_bytes,
+    )
 
 
 def size_label(size_bytes: int) -> str:

@@ -79,8 +79,9 @@ def rescaled(prep: Prepared, factors: np.ndarray) -> Prepared | None:
     kind = prep.class_remote
     mixed = kind < 0
     per_class = factors[prep.class_phase, np.maximum(kind, 0)]
-    if mixed.any() and not np.allclose(factors[prep.class_phase[mixed], 0], factors[prep.class_phase[mixed], 1],
-                                       rtol=1e-9, atol=0.0):
+    if mixed.any() and not np.allclose(
+        factors[prep.class_phase[mixed], 0], factors[prep.class_phase[mixed], 1], rtol=1e-9, atol=0.0
+    ):
         return None
     return replace(prep, lumped=replace(lp, sizes=lp.sizes * per_class))
 
@@ -109,8 +110,15 @@ class PreparedCache:
             reused = rescaled(prep, factors)
             if reused is not None:
                 return replace(reused, phases=light(phases), prepare_s=0.0)
-        prep = prepare(phases, self.gpus, self.topo, symmetric=symmetric, lump_flows=self.lump_flows,
-                       spread=self.spread, max_sub_flows=self.max_sub_flows)
+        prep = prepare(
+            phases,
+            self.gpus,
+            self.topo,
+            symmetric=symmetric,
+            lump_flows=self.lump_flows,
+            spread=self.spread,
+            max_sub_flows=self.max_sub_flows,
+        )
         prep = replace(prep, phases=light(phases))
         self._entries[(key, symmetric)] = (prep, largest)
         return prep

@@ -72,8 +72,15 @@ class CollectiveRun:
     simulate_s: float
 
 
-def _orbit_reps(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, host: np.ndarray, hclass: np.ndarray,
-                hpos: np.ndarray, csize: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _orbit_reps(
+    src: np.ndarray,
+    dst: np.ndarray,
+    sizes: np.ndarray,
+    host: np.ndarray,
+    hclass: np.ndarray,
+    hpos: np.ndarray,
+    csize: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """(indices of one flow per orbit, orbit sizes); raises if the flows are not orbit-invariant.
 
     The representative of an orbit has its source on the first host of its class and its destination on
@@ -91,8 +98,16 @@ def _orbit_reps(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, host: np.nd
     return idx, count
 
 
-def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topology, *, symmetric: bool = False,
-            lump_flows: bool = True, spread: bool = False, max_sub_flows: int | None = None) -> Prepared:
+def prepare(
+    phases: list[Phase],
+    gpus: list[str] | tuple[str, ...],
+    topo: Topology,
+    *,
+    symmetric: bool = False,
+    lump_flows: bool = True,
+    spread: bool = False,
+    max_sub_flows: int | None = None,
+) -> Prepared:
     """Route, reduce and lump the phases' flows.
 
     symmetric=True asserts the traffic is host-invariant (the reduction is used when the routing is
@@ -117,8 +132,17 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
         phase_of.append(np.full(idx.size, k, dtype=np.int64))
     if classes is not None:
         orbit, orbit_count, orbit_keys = link_orbits(topo, classes)
-        wider = extend(topo, classes, table.spread, list(zip(src, dst, sizes, count, strict=True)), table.host,
-                       table.local, orbit, orbit_count, orbit_keys)
+        wider = extend(
+            topo,
+            classes,
+            table.spread,
+            list(zip(src, dst, sizes, count, strict=True)),
+            table.host,
+            table.local,
+            orbit,
+            orbit_count,
+            orbit_keys,
+        )
         if wider is not None:
             flows, orbit, orbit_count, generators = wider
             num_generators = len(generators)
@@ -136,20 +160,37 @@ def prepare(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topolo
     np.maximum.at(latency, sub_phase, sf.latency_s)
     capacity = np.zeros(orbit_count.size)
     capacity[orbit] = topo.capacity_bytes_per_s
-    lumped = lump(sf.entry_flow, orbit[sf.entry_link], size_a[sf.pair] * sf.fraction, capacity, count=sub_count,
-                  link_count=orbit_count, color=sub_phase, refine=lump_flows)
+    lumped = lump(
+        sf.entry_flow,
+        orbit[sf.entry_link],
+        size_a[sf.pair] * sf.fraction,
+        capacity,
+        count=sub_count,
+        link_count=orbit_count,
+        color=sub_phase,
+        refine=lump_flows,
+    )
     class_phase = np.zeros(lumped.num_flow_classes, dtype=np.int64)
     class_phase[lumped.flow_class] = sub_phase
     remote = (table.host[src_a] != table.host[dst_a])[sf.pair]
     crossing = np.bincount(lumped.flow_class, weights=remote, minlength=lumped.num_flow_classes)
     members = np.bincount(lumped.flow_class, minlength=lumped.num_flow_classes)
     class_remote = np.where(crossing == members, 1, np.where(crossing == 0, 0, -1))
-    return Prepared(phases=phases, lumped=lumped, class_weight=lumped.weight / scale, class_phase=class_phase,
-                    latency_s=latency, class_remote=class_remote, link_class=lumped.link_class[orbit],
-                    num_pairs=num_pairs,
-                    num_sub_flows=int(round(np.rint(count_a[sf.pair]).sum())), num_routed=int(sf.pair.size),
-                    symmetric=classes is not None, num_automorphisms=num_generators,
-                    prepare_s=time.perf_counter() - t0)
+    return Prepared(
+        phases=phases,
+        lumped=lumped,
+        class_weight=lumped.weight / scale,
+        class_phase=class_phase,
+        latency_s=latency,
+        class_remote=class_remote,
+        link_class=lumped.link_class[orbit],
+        num_pairs=num_pairs,
+        num_sub_flows=int(round(np.rint(count_a[sf.pair]).sum())),
+        num_routed=int(sf.pair.size),
+        symmetric=classes is not None,
+        num_automorphisms=num_generators,
+        prepare_s=time.perf_counter() - t0,
+    )
 
 
 def _count_scale(weight: np.ndarray) -> int:
@@ -187,8 +228,9 @@ def time_unit(prep: Prepared) -> float:
     representable time step can clear, and FlowNetwork re-solves forever at one instant.)
     """
     lp = prep.lumped
-    load = np.bincount(lp.entry_link, weights=(lp.sizes * prep.class_weight)[lp.entry_flow],
-                       minlength=lp.num_link_classes)
+    load = np.bincount(
+        lp.entry_link, weights=(lp.sizes * prep.class_weight)[lp.entry_flow], minlength=lp.num_link_classes
+    )
     est = float(np.max(load / lp.capacity, initial=0.0))
     return float(2.0 ** max(0, math.ceil(math.log2(est)))) if est > 1.0 else 1.0
 
@@ -209,22 +251,31 @@ def simulate(prep: Prepared, topo: Topology) -> CollectiveRun:
         local = np.full(lp.num_flow_classes, -1, dtype=np.int64)
         local[classes] = np.arange(classes.size)
         mask = local[lp.entry_flow] >= 0
-        flows = PhaseFlows(local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] / unit,
-                           weight=prep.class_weight[classes])
+        flows = PhaseFlows(
+            local[lp.entry_flow[mask]], lp.entry_link[mask], lp.sizes[classes] / unit, weight=prep.class_weight[classes]
+        )
         return run_phase(env, net, waits, phase_delay_s(ph, overhead, prep.latency_s[k]) / unit, flows)
 
     done = start_phases(env, prep.phases, phase)
     if done:
         env.run(env.all_of(done))
-    per_link = np.divide(net.link_bytes * unit, lp.link_count, out=np.zeros_like(net.link_bytes),
-                         where=lp.link_count > 0)
+    per_link = np.divide(
+        net.link_bytes * unit, lp.link_count, out=np.zeros_like(net.link_bytes), where=lp.link_count > 0
+    )
     link_bytes = np.where(prep.link_class >= 0, per_link[np.maximum(prep.link_class, 0)], 0.0)
-    return CollectiveRun(time_s=env.now * unit, link_bytes=link_bytes, num_solves=net.num_solves,
-                         simulate_s=time.perf_counter() - t0)
+    return CollectiveRun(
+        time_s=env.now * unit, link_bytes=link_bytes, num_solves=net.num_solves, simulate_s=time.perf_counter() - t0
+    )
 
 
-def run_collective(phases: list[Phase], gpus: list[str] | tuple[str, ...], topo: Topology, *,
-                   symmetric: bool = False, lump_flows: bool = True, spread: bool = False
-                   ) -> tuple[Prepared, CollectiveRun]:
+def run_collective(
+    phases: list[Phase],
+    gpus: list[str] | tuple[str, ...],
+    topo: Topology,
+    *,
+    symmetric: bool = False,
+    lump_flows: bool = True,
+    spread: bool = False,
+) -> tuple[Prepared, CollectiveRun]:
     prep = prepare(phases, gpus, topo, symmetric=symmetric, lump_flows=lump_flows, spread=spread)
     return prep, simulate(prep, topo)

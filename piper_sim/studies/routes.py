@@ -69,25 +69,33 @@ def _pad(rows: Sequence[tuple[int, ...]]) -> np.ndarray:
     width = max((len(r) for r in rows), default=0)
     out = np.full((len(rows), max(width, 1)), -1, dtype=np.int64)
     for n, row in enumerate(rows):
-        out[n, :len(row)] = row
+        out[n, : len(row)] = row
     return out
 
 
-def _from_matrix(table: np.ndarray, pair: np.ndarray, fraction: np.ndarray, latency: np.ndarray,
-                 weight: np.ndarray | None = None) -> SubFlows:
+def _from_matrix(
+    table: np.ndarray, pair: np.ndarray, fraction: np.ndarray, latency: np.ndarray, weight: np.ndarray | None = None
+) -> SubFlows:
     valid = table >= 0
     rows = np.repeat(np.arange(table.shape[0]), valid.sum(axis=1))
     links = table[valid]
     lat = np.bincount(rows, weights=latency[links], minlength=table.shape[0])
-    return SubFlows(pair=pair, fraction=fraction, latency_s=lat, entry_flow=rows, entry_link=links,
-                    weight=np.ones(pair.size) if weight is None else weight)
+    return SubFlows(
+        pair=pair,
+        fraction=fraction,
+        latency_s=lat,
+        entry_flow=rows,
+        entry_link=links,
+        weight=np.ones(pair.size) if weight is None else weight,
+    )
 
 
 class RouteTable:
     """Routes between members (GPU names in member order) of one topology."""
 
-    def __init__(self, topo: Topology, gpus: Sequence[str], *, spread: bool = False,
-                 max_sub_flows: int | None = None) -> None:
+    def __init__(
+        self, topo: Topology, gpus: Sequence[str], *, spread: bool = False, max_sub_flows: int | None = None
+    ) -> None:
         """spread=True: mean-field Valiant detours on dragonflies (piper_sim.topology.spread).
 
         max_sub_flows: refuse (TooManyFlows) to route more paths than this (memory grows ~1 KB per path).
@@ -133,27 +141,47 @@ class RouteTable:
         router: StructuredRouter = self.topo.router  # type: ignore[assignment]
         node, fabric, index = router.node, router.fabric, self.topo.link_index
         hosts, hpos = np.unique(np.concatenate([self.host[src], self.host[dst]]), return_inverse=True)
-        hs, hd = hpos[:src.size], hpos[src.size:]
+        hs, hd = hpos[: src.size], hpos[src.size :]
         i, j = self.local[src], self.local[dst]
         g, k = node.gpus_per_node, node.nics_per_node
         nics = np.array([[node.route_nics(a, b) for b in range(g)] for a in range(g)], dtype=np.int64)
         ks, kd = nics[i, j, 0], nics[i, j, 1]
-        intra = _pad([_chain_ids(index, [f"n{h}.{x}" for x in node.gpu_paths[(a, b)]]) if a != b else ()
-                      for h in hosts.tolist() for a in range(g) for b in range(g)])
-        up = _pad([router._up_ids(index, h, a, c) if (a, c) in node.nic_paths else ()
-                   for h in hosts.tolist() for a in range(g) for c in range(k)])
-        down = _pad([router._down_ids(index, h, c, b) if (b, c) in node.nic_paths else ()
-                     for h in hosts.tolist() for c in range(k) for b in range(g)])
+        intra = _pad(
+            [
+                _chain_ids(index, [f"n{h}.{x}" for x in node.gpu_paths[(a, b)]]) if a != b else ()
+                for h in hosts.tolist()
+                for a in range(g)
+                for b in range(g)
+            ]
+        )
+        up = _pad(
+            [
+                router._up_ids(index, h, a, c) if (a, c) in node.nic_paths else ()
+                for h in hosts.tolist()
+                for a in range(g)
+                for c in range(k)
+            ]
+        )
+        down = _pad(
+            [
+                router._down_ids(index, h, c, b) if (b, c) in node.nic_paths else ()
+                for h in hosts.tolist()
+                for c in range(k)
+                for b in range(g)
+            ]
+        )
         names = [fabric.nic_switch(h, c) for h in hosts.tolist() for c in range(k)]
         switch_names, switch_of = np.unique(np.array(names), return_inverse=True)
         sw_s, sw_d = switch_of[hs * k + ks], switch_of[hd * k + kd]
         same = hs == hd
         same_idx = np.flatnonzero(same)
         other_idx = np.flatnonzero(~same)
-        key = mix64_array(router.seed, self.host[src[other_idx]], i[other_idx], self.host[dst[other_idx]],
-                          j[other_idx])
-        choice = (np.full(other_idx.size, -1, dtype=np.int64) if self.spread
-                  else self._choice(fabric, switch_names, sw_s[other_idx], sw_d[other_idx], key))
+        key = mix64_array(router.seed, self.host[src[other_idx]], i[other_idx], self.host[dst[other_idx]], j[other_idx])
+        choice = (
+            np.full(other_idx.size, -1, dtype=np.int64)
+            if self.spread
+            else self._choice(fabric, switch_names, sw_s[other_idx], sw_d[other_idx], key)
+        )
         group = _dense(sw_s[other_idx], sw_d[other_idx], choice)
         first = np.unique(group, return_index=True)[1]
         chains: list[tuple[int, ...]] = []
@@ -162,8 +190,11 @@ class RouteTable:
         start, count = np.zeros(first.size, dtype=np.int64), np.zeros(first.size, dtype=np.int64)
         for u, rep in enumerate(first.tolist()):
             a, b = str(switch_names[sw_s[other_idx[rep]]]), str(switch_names[sw_d[other_idx[rep]]])
-            paths = (self._spread_paths(fabric, a, b) if self.spread
-                     else tuple((f, 1.0, seq) for f, seq in fabric.switch_paths(a, b, int(key[rep]))))
+            paths = (
+                self._spread_paths(fabric, a, b)
+                if self.spread
+                else tuple((f, 1.0, seq) for f, seq in fabric.switch_paths(a, b, int(key[rep])))
+            )
             start[u], count[u] = len(chains), len(paths)
             for f, w, seq in paths:
                 chains.append(router._switch_chain(index, seq))
@@ -177,18 +208,35 @@ class RouteTable:
         sub_pair = np.repeat(other_idx, reps)
         path = np.repeat(start[group], reps) + np.arange(sub_pair.size) - np.repeat(np.cumsum(reps) - reps, reps)
         p_s, p_d = np.repeat(hs[other_idx], reps), np.repeat(hd[other_idx], reps)
-        table = np.concatenate([up[(p_s * g + i[sub_pair]) * k + ks[sub_pair]], chain[path],
-                                down[(p_d * k + kd[sub_pair]) * g + j[sub_pair]]], axis=1)
-        inner = _from_matrix(intra[(hs[same_idx] * g + i[same_idx]) * g + j[same_idx]], same_idx,
-                             np.ones(same_idx.size), self.topo.latency_s)
-        outer = _from_matrix(table, sub_pair, chain_frac_arr[path] if path.size else np.zeros(0), self.topo.latency_s,
-                             chain_weight_arr[path] if path.size else np.zeros(0))
-        return SubFlows(pair=np.concatenate([inner.pair, outer.pair]),
-                        weight=np.concatenate([inner.weight, outer.weight]),
-                        fraction=np.concatenate([inner.fraction, outer.fraction]),
-                        latency_s=np.concatenate([inner.latency_s, outer.latency_s]),
-                        entry_flow=np.concatenate([inner.entry_flow, outer.entry_flow + inner.pair.size]),
-                        entry_link=np.concatenate([inner.entry_link, outer.entry_link]))
+        table = np.concatenate(
+            [
+                up[(p_s * g + i[sub_pair]) * k + ks[sub_pair]],
+                chain[path],
+                down[(p_d * k + kd[sub_pair]) * g + j[sub_pair]],
+            ],
+            axis=1,
+        )
+        inner = _from_matrix(
+            intra[(hs[same_idx] * g + i[same_idx]) * g + j[same_idx]],
+            same_idx,
+            np.ones(same_idx.size),
+            self.topo.latency_s,
+        )
+        outer = _from_matrix(
+            table,
+            sub_pair,
+            chain_frac_arr[path] if path.size else np.zeros(0),
+            self.topo.latency_s,
+            chain_weight_arr[path] if path.size else np.zeros(0),
+        )
+        return SubFlows(
+            pair=np.concatenate([inner.pair, outer.pair]),
+            weight=np.concatenate([inner.weight, outer.weight]),
+            fraction=np.concatenate([inner.fraction, outer.fraction]),
+            latency_s=np.concatenate([inner.latency_s, outer.latency_s]),
+            entry_flow=np.concatenate([inner.entry_flow, outer.entry_flow + inner.pair.size]),
+            entry_link=np.concatenate([inner.entry_link, outer.entry_link]),
+        )
 
     def _spread_paths(self, fabric: DragonflyFabric, a: str, b: str) -> tuple:
         """spread_switch_paths, cached on the fabric for these closures (shared by every collective on it)."""
@@ -200,11 +248,13 @@ class RouteTable:
         return hit
 
     @staticmethod
-    def _choice(fabric: object, switch_names: np.ndarray, sw_s: np.ndarray, sw_d: np.ndarray,
-                key: np.ndarray) -> np.ndarray:
+    def _choice(
+        fabric: object, switch_names: np.ndarray, sw_s: np.ndarray, sw_d: np.ndarray, key: np.ndarray
+    ) -> np.ndarray:
         """What, besides the two switches, the switch path depends on (-1: nothing)."""
-        if isinstance(fabric, RailFatTree) or (isinstance(fabric, DragonflyFabric)
-                                               and fabric.spec.routing == "minimal"):
+        if isinstance(fabric, RailFatTree) or (
+            isinstance(fabric, DragonflyFabric) and fabric.spec.routing == "minimal"
+        ):
             return np.full(sw_s.size, -1, dtype=np.int64)
         if not isinstance(fabric, DragonflyFabric):
             return key.astype(np.int64)  # unknown fabric: one switch-path call per pair
@@ -248,8 +298,11 @@ def host_classes(topo: Topology, gpus: Sequence[str], *, spread: bool = False) -
     router = topo.router
     symmetric = router in (uniform_router, ecmp_router) or (
         isinstance(router, StructuredRouter)
-        and (isinstance(router.fabric, RailFatTree)
-             or (isinstance(router.fabric, DragonflyFabric) and (spread or router.fabric.spec.routing == "minimal"))))
+        and (
+            isinstance(router.fabric, RailFatTree)
+            or (isinstance(router.fabric, DragonflyFabric) and (spread or router.fabric.spec.routing == "minimal"))
+        )
+    )
     if not symmetric:
         return None
     graph = topo.graph
@@ -262,8 +315,9 @@ def host_classes(topo: Topology, gpus: Sequence[str], *, spread: bool = False) -
             switches = sorted(v for v in graph.successors(name) if "host" not in graph.nodes[v])
             nics[data["host"]].append((int(data.get("local_index", 0)), ",".join(switches)))
     keys: dict[tuple, int] = {}
-    return {h: keys.setdefault((tuple(sorted(locals_of[h])), tuple(sorted(nics[h]))), len(keys))
-            for h in sorted(locals_of)}
+    return {
+        h: keys.setdefault((tuple(sorted(locals_of[h])), tuple(sorted(nics[h]))), len(keys)) for h in sorted(locals_of)
+    }
 
 
 def link_orbits(topo: Topology, classes: dict[int, int]) -> tuple[np.ndarray, np.ndarray, list[tuple]]:

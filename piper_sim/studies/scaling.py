@@ -40,8 +40,9 @@ def parse_counts(text: str) -> list[int]:
     return counts
 
 
-def scaling_requests(base: PlanRequest, counts: list[int], *, weak: str | None, sequences_per_gpu: int | None
-                     ) -> list[PlanRequest]:
+def scaling_requests(
+    base: PlanRequest, counts: list[int], *, weak: str | None, sequences_per_gpu: int | None
+) -> list[PlanRequest]:
     """One planner request per GPU count."""
     if weak is None:
         return [replace(base, num_gpus=n) for n in counts]
@@ -55,12 +56,22 @@ def scaling_requests(base: PlanRequest, counts: list[int], *, weak: str | None, 
         raise ConfigError("--sequences-per-gpu", sequences_per_gpu, "a positive integer (weak scaling)")
     model = base.model if isinstance(base.model, dict) else {"preset": base.model}
     field = key.removeprefix("model.")
-    return [replace(base, num_gpus=n, global_batch=sequences_per_gpu * n, model={**model, field: yaml.safe_load(v)})
-            for n, v in zip(counts, vals, strict=True)]
+    return [
+        replace(base, num_gpus=n, global_batch=sequences_per_gpu * n, model={**model, field: yaml.safe_load(v)})
+        for n, v in zip(counts, vals, strict=True)
+    ]
 
 
-def run_scaling(requests: list[PlanRequest], out: Path, *, weak: bool, machine: Machine | None = None,
-                scheduler: str | None = None, workers: int | None = None, progress: bool = True) -> pd.DataFrame:
+def run_scaling(
+    requests: list[PlanRequest],
+    out: Path,
+    *,
+    weak: bool,
+    machine: Machine | None = None,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
     """The scaling study: scaling.csv and scaling.png under out; returns the table as written, with model_label
     (the model each point built, by what it is) added for the printed table. machine: the first request's, where
     the caller built it (each other count's is built by its plan)."""
@@ -68,28 +79,47 @@ def run_scaling(requests: list[PlanRequest], out: Path, *, weak: bool, machine: 
     for i, request in enumerate(requests):
         if progress:
             print(f"[{i + 1}/{len(requests)}] planning on {request.num_gpus} GPUs ...", file=sys.stderr)
-        result = plan(request, out / "store", machine=machine if i == 0 else None, scheduler=scheduler,
-                      workers=workers, progress=progress)
+        result = plan(
+            request,
+            out / "store",
+            machine=machine if i == 0 else None,
+            scheduler=scheduler,
+            workers=workers,
+            progress=progress,
+        )
         labels.append(model_label(request.model, result.model))
         best = result.best
         if best is None:
             rows.append({"gpus": request.num_gpus, "plan": "no plan fits", "fits": False})
             continue
         refined = bool(best["refined"])
-        rows.append({"gpus": request.num_gpus, "model": result.model.name,
-                     "params_b": result.model.total_params() / 1e9, "global_batch": request.global_batch,
-                     "plan": best["label"], "fits": True, "refined": refined, "step_time_s": best["step_time_s"],
-                     "tflops_per_gpu": best["sim_tflops_per_gpu"] if refined else best["est_tflops_per_gpu"],
-                     "mfu": best["sim_mfu"] if refined else best["est_mfu"],
-                     "tokens_per_s": request.global_batch * result.model.seq_len / best["step_time_s"],
-                     "peak_memory_bytes": best["peak_memory_bytes"], "candidates": len(result.table)})
+        rows.append(
+            {
+                "gpus": request.num_gpus,
+                "model": result.model.name,
+                "params_b": result.model.total_params() / 1e9,
+                "global_batch": request.global_batch,
+                "plan": best["label"],
+                "fits": True,
+                "refined": refined,
+                "step_time_s": best["step_time_s"],
+                "tflops_per_gpu": best["sim_tflops_per_gpu"] if refined else best["est_tflops_per_gpu"],
+                "mfu": best["sim_mfu"] if refined else best["est_mfu"],
+                "tokens_per_s": request.global_batch * result.model.seq_len / best["step_time_s"],
+                "peak_memory_bytes": best["peak_memory_bytes"],
+                "candidates": len(result.table),
+            }
+        )
     table = pd.DataFrame(rows)
     fit = table[table["fits"]]
     if not fit.empty:
         first = fit.iloc[0]
         per_gpu = table["tokens_per_s"] / table["gpus"]
-        table["scaling_efficiency"] = (table["tflops_per_gpu"] / first["tflops_per_gpu"] if weak
-                                       else per_gpu / (first["tokens_per_s"] / first["gpus"]))
+        table["scaling_efficiency"] = (
+            table["tflops_per_gpu"] / first["tflops_per_gpu"]
+            if weak
+            else per_gpu / (first["tokens_per_s"] / first["gpus"])
+        )
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "scaling.csv", index=False)
     table["model_label"] = labels
@@ -97,8 +127,15 @@ def run_scaling(requests: list[PlanRequest], out: Path, *, weak: bool, machine: 
     return table
 
 
-SHORT_KEYS = {"num_experts": "E", "top_k": "top", "num_layers": "L", "d_model": "d", "expert_ffn_dim": "dffn",
-              "seq_len": "seq", "num_shared_experts": "shared"}
+SHORT_KEYS = {
+    "num_experts": "E",
+    "top_k": "top",
+    "num_layers": "L",
+    "d_model": "d",
+    "expert_ffn_dim": "dffn",
+    "seq_len": "seq",
+    "num_shared_experts": "shared",
+}
 
 
 def model_label(section: str | dict, model: ModelSpec) -> str:
@@ -119,17 +156,28 @@ def params_text(params: float) -> str:
     return f"{billions:.1f}B" if billions < 100 else f"{billions:.0f}B"
 
 
-SCALING_COLUMNS = [Col("gpus", "GPUs", "count"), Col("model_label", "model"), Col("global_batch", "batch (seqs)",
-                   "count"), Col("plan", "plan"), Col("tier", "tier"), Col("step_time_s", "step", "time"),
-                   Col("tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"), Col("mfu", "MFU", "%"),
-                   Col("tokens_per_s", "tokens/s", "count"), Col("peak_memory_bytes", "peak memory", "GiB"),
-                   Col("scaling_efficiency", "efficiency", "%"), Col("candidates", "plans considered", "count")]
+SCALING_COLUMNS = [
+    Col("gpus", "GPUs", "count"),
+    Col("model_label", "model"),
+    Col("global_batch", "batch (seqs)", "count"),
+    Col("plan", "plan"),
+    Col("tier", "tier"),
+    Col("step_time_s", "step", "time"),
+    Col("tflops_per_gpu", "TFLOPS/GPU", "TFLOPS"),
+    Col("mfu", "MFU", "%"),
+    Col("tokens_per_s", "tokens/s", "count"),
+    Col("peak_memory_bytes", "peak memory", "GiB"),
+    Col("scaling_efficiency", "efficiency", "%"),
+    Col("candidates", "plans considered", "count"),
+]
 
 
 def scaling_text(table: pd.DataFrame) -> str:
     """The printed table of a scaling study (analysis/tables.py); tier: how the point's step was priced."""
-    rows = [{**r, "tier": "" if not r.get("fits") else "simulated" if r.get("refined") else "estimated"}
-            for r in table.to_dict("records")]
+    rows = [
+        {**r, "tier": "" if not r.get("fits") else "simulated" if r.get("refined") else "estimated"}
+        for r in table.to_dict("records")
+    ]
     return render(rows, SCALING_COLUMNS)
 
 
@@ -144,20 +192,28 @@ def scaling_figure(table: pd.DataFrame, weak: bool, context_line: str = "") -> p
     t = table[table["fits"]] if "fits" in table else table
     tiers = t["refined"].map({True: "des", False: "estimate"}) if "refined" in t else pd.Series(dtype=str)
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
-    for ax, column, label, scale in ((axes[0], "tflops_per_gpu", "TFLOPS per GPU", 1.0),
-                                     (axes[1], "mfu", "MFU (%)", 100.0),
-                                     (axes[2], "scaling_efficiency", "scaling efficiency (%)", 100.0)):
+    for ax, column, label, scale in (
+        (axes[0], "tflops_per_gpu", "TFLOPS per GPU", 1.0),
+        (axes[1], "mfu", "MFU (%)", 100.0),
+        (axes[2], "scaling_efficiency", "scaling efficiency (%)", 100.0),
+    ):
         if column in t:
             ax.plot(t["gpus"], t[column] * scale, "-", color="0.6", lw=1)
             for tier in dict.fromkeys(tiers):
                 sel = tiers == tier
-                ax.plot(t.loc[sel, "gpus"], t.loc[sel, column] * scale, style.TIER_MARKERS[tier], color="tab:blue",
-                        label=style.TIER_WORDS[tier])
+                ax.plot(
+                    t.loc[sel, "gpus"],
+                    t.loc[sel, column] * scale,
+                    style.TIER_MARKERS[tier],
+                    color="tab:blue",
+                    label=style.TIER_WORDS[tier],
+                )
             style.from_zero(ax)
         style.count_axis(ax, list(t["gpus"]))
         if weak and "model_label" in t:
-            ax.set_xticks(list(t["gpus"]), [f"{g:,}\n{m}" for g, m in zip(t["gpus"], t["model_label"], strict=True)],
-                          fontsize=7)
+            ax.set_xticks(
+                list(t["gpus"]), [f"{g:,}\n{m}" for g, m in zip(t["gpus"], t["model_label"], strict=True)], fontsize=7
+            )
         ax.set_xlabel("GPUs" + (" (model built at each count)" if weak else ""))
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -166,7 +222,10 @@ def scaling_figure(table: pd.DataFrame, weak: bool, context_line: str = "") -> p
     scope = "weak" if weak else "strong"
     model = t["model_label"].iloc[0] if "model_label" in t and len(t) and not weak else None
     tier = tiers.iloc[0] if tiers.nunique() == 1 else "simulated and estimated points" if len(tiers) else None
-    style.suptitle(fig, f"{scope} scaling: the planner's best plan at each GPU count (predictions, not measurements)",
-                   style.context(model, context_line, tier))
+    style.suptitle(
+        fig,
+        f"{scope} scaling: the planner's best plan at each GPU count (predictions, not measurements)",
+        style.context(model, context_line, tier),
+    )
     fig.tight_layout()
     return fig

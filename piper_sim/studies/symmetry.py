@@ -69,11 +69,18 @@ def _candidates(fabric: DragonflyFabric, graph) -> list[SwitchMap]:
     if fabric.outside and k > 1:  # every block has global links to the machine: rotate closures of blocks
         closures = (_rotation_closure(fabric, graph, g, b) for g in whole for b in range(blocks))
         return [c for c in closures if c]
-    rot = [{sw(g, b * k + s): sw(g, b * k + (s + 1) % k) for s in range(k)}
-           for g in whole for b in range(blocks)] if k > 1 else []
+    rot = (
+        [{sw(g, b * k + s): sw(g, b * k + (s + 1) % k) for s in range(k)} for g in whole for b in range(blocks)]
+        if k > 1
+        else []
+    )
     out: list[SwitchMap] = list(rot)
-    out += [a | b for n, a in enumerate(rot) for b in rot[n + 1:]
-            if fabric.locate(next(iter(a)))[0] != fabric.locate(next(iter(b)))[0]]
+    out += [
+        a | b
+        for n, a in enumerate(rot)
+        for b in rot[n + 1 :]
+        if fabric.locate(next(iter(a)))[0] != fabric.locate(next(iter(b)))[0]
+    ]
     for g in whole:
         for b in range(blocks - 1):
             swap = {}
@@ -98,7 +105,10 @@ def _edges_preserved(topo: Topology, sigma: SwitchMap) -> bool:
                     return False
                 d, e = graph.edges[a, b], graph.edges[ia, ib]
                 if (d["bandwidth_bytes_per_s"], d.get("latency_s"), d.get("link_kind")) != (
-                        e["bandwidth_bytes_per_s"], e.get("latency_s"), e.get("link_kind")):
+                    e["bandwidth_bytes_per_s"],
+                    e.get("latency_s"),
+                    e.get("link_kind"),
+                ):
                     return False
     return True
 
@@ -109,8 +119,9 @@ def _paths(fabric: DragonflyFabric, a: str, b: str, spread: bool, cache: dict) -
         if spread:
             cache[key] = sorted(spread_switch_paths(fabric, a, b))
         else:
-            cache[key] = (sorted((f, 1.0, seq) for f, seq in fabric.minimal_paths(a, b)) if a != b
-                          else [(1.0, 1.0, (a,))])
+            cache[key] = (
+                sorted((f, 1.0, seq) for f, seq in fabric.minimal_paths(a, b)) if a != b else [(1.0, 1.0, (a,))]
+            )
     return cache[key]
 
 
@@ -120,8 +131,9 @@ def _routes_commute(fabric: DragonflyFabric, sigma: SwitchMap, sample: list[str]
     ends = set(fabric.job_groups)
     pairs = [(a, b) for a in sigma if fabric.locate(a)[0] in ends for b in sample]
     for a, b in pairs + [(b, a) for a, b in pairs]:
-        mapped = sorted((f, w, tuple(sigma.get(x, x) for x in seq))
-                        for f, w, seq in _paths(fabric, a, b, spread, cache))
+        mapped = sorted(
+            (f, w, tuple(sigma.get(x, x) for x in seq)) for f, w, seq in _paths(fabric, a, b, spread, cache)
+        )
         if mapped != _paths(fabric, sigma.get(a, a), sigma.get(b, b), spread, cache):
             return False
     return True
@@ -158,8 +170,9 @@ def _verify(topo: Topology, classes: dict[int, int], spread: bool) -> list[tuple
     cache: dict = {}
     found = []
     for sigma in _candidates(fabric, topo.graph):
-        perm = np.array([by_signature.get(tuple(sigma.get(x, x) for x in signature[c]), -1)
-                         for c in range(len(signature))])
+        perm = np.array(
+            [by_signature.get(tuple(sigma.get(x, x) for x in signature[c]), -1) for c in range(len(signature))]
+        )
         if (perm < 0).any() or len(set(perm.tolist())) != perm.size or (size[perm] != size).any():
             continue
         if _edges_preserved(topo, sigma) and _routes_commute(fabric, sigma, sample, spread, cache):
@@ -191,9 +204,17 @@ def orbit_labels(images: Sequence[np.ndarray], start: np.ndarray | None = None) 
 PhaseFlows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # src, dst, sizes, count (member level)
 
 
-def extend(topo: Topology, classes: dict[int, int], spread: bool, flows: list[PhaseFlows], host: np.ndarray,
-           local: np.ndarray, orbit: np.ndarray, orbit_count: np.ndarray, orbit_keys: list[tuple]
-           ) -> tuple[list[PhaseFlows], np.ndarray, np.ndarray, list[SwitchMap]] | None:
+def extend(
+    topo: Topology,
+    classes: dict[int, int],
+    spread: bool,
+    flows: list[PhaseFlows],
+    host: np.ndarray,
+    local: np.ndarray,
+    orbit: np.ndarray,
+    orbit_count: np.ndarray,
+    orbit_keys: list[tuple],
+) -> tuple[list[PhaseFlows], np.ndarray, np.ndarray, list[SwitchMap]] | None:
     """Merge host-swap orbits of flows and links further under verified switch automorphisms.
 
     flows are the host-swap representatives per phase (one per orbit, count = orbit size), of a traffic
@@ -208,8 +229,7 @@ def extend(topo: Topology, classes: dict[int, int], spread: bool, flows: list[Ph
     if not gens:
         return None
     num_c = max(classes.values()) + 1
-    cs, cd, kind = (a.reshape(-1) for a in np.meshgrid(np.arange(num_c), np.arange(num_c), np.arange(3),
-                                                         indexing="ij"))
+    cs, cd, kind = (a.reshape(-1) for a in np.meshgrid(np.arange(num_c), np.arange(num_c), np.arange(3), indexing="ij"))
     kept, images, label = [], [], np.arange(cs.size)
     for sigma, perm in gens:  # keep the generators that merge class pairs
         img = (perm[cs] * num_c + perm[cd]) * 3 + kind
@@ -241,8 +261,17 @@ def extend(topo: Topology, classes: dict[int, int], spread: bool, flows: list[Ph
     return out, merged[orbit], np.bincount(merged, weights=orbit_count), [sigma for sigma, _ in gens]
 
 
-def _spot_check(gens: list, a: np.ndarray, b: np.ndarray, k: np.ndarray, i: np.ndarray, j: np.ndarray,
-                sizes: np.ndarray, num_c: int, num_g: int) -> bool:
+def _spot_check(
+    gens: list,
+    a: np.ndarray,
+    b: np.ndarray,
+    k: np.ndarray,
+    i: np.ndarray,
+    j: np.ndarray,
+    sizes: np.ndarray,
+    num_c: int,
+    num_g: int,
+) -> bool:
     """Images of a sample of representatives are representatives with the same size."""
     code = (((a * num_g + i) * num_c + b) * num_g + j) * 3 + k
     order = np.argsort(code)
@@ -261,8 +290,11 @@ def _link_images(gens: list, orbit_keys: list[tuple]) -> list[np.ndarray] | None
     for sigma, perm in gens:
         img = []
         for key in orbit_keys:
-            mapped = ((key[0], sigma.get(key[1], key[1]), sigma.get(key[2], key[2])) if key[0] == "link"
-                      else (int(perm[key[0]]), tuple(sigma.get(x, x) for x in key[1])))
+            mapped = (
+                (key[0], sigma.get(key[1], key[1]), sigma.get(key[2], key[2]))
+                if key[0] == "link"
+                else (int(perm[key[0]]), tuple(sigma.get(x, x) for x in key[1]))
+            )
             if mapped not in index:
                 return None
             img.append(index[mapped])

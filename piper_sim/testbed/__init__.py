@@ -20,11 +20,20 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "up": "emulator", "down": "emulator", "status": "emulator", "exec_in": "emulator", "load": "emulator",
-    "Testbed": "emulator", "default_state_path": "emulator",
-    "measure_link": "tcp_probe", "LinkMeasurement": "tcp_probe",
-    "make_plan": "cluster_plan", "TestbedPlan": "cluster_plan",
-    "TestbedError": "shell", "TestbedUnavailable": "shell", "unavailable_reason": "shell",
+    "up": "emulator",
+    "down": "emulator",
+    "status": "emulator",
+    "exec_in": "emulator",
+    "load": "emulator",
+    "Testbed": "emulator",
+    "default_state_path": "emulator",
+    "measure_link": "tcp_probe",
+    "LinkMeasurement": "tcp_probe",
+    "make_plan": "cluster_plan",
+    "TestbedPlan": "cluster_plan",
+    "TestbedError": "shell",
+    "TestbedUnavailable": "shell",
+    "unavailable_reason": "shell",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -144,9 +144,12 @@ def _network_switches(topo: Topology) -> list[str]:
         raise ConfigError(f"topology {topo.name}", "no network switch", "a testbed topology (builder: testbed)")
     net = nx.Graph(topo.graph.subgraph(switches).to_undirected())
     if not nx.is_tree(net):
-        raise ConfigError(f"topology {topo.name} switch links", sorted(net.edges()),
-                          "a loop-free connected switch graph (the emulator bridges all switches into "
-                          "one L2 domain; loops would need routed switches, which it does not build)")
+        raise ConfigError(
+            f"topology {topo.name} switch links",
+            sorted(net.edges()),
+            "a loop-free connected switch graph (the emulator bridges all switches into "
+            "one L2 domain; loops would need routed switches, which it does not build)",
+        )
     return switches
 
 
@@ -157,8 +160,9 @@ def _host_nics(topo: Topology, switches: list[str]) -> dict[int, tuple[str, str]
         if d.get("kind") != "nic":
             continue
         if d["host"] in nics:
-            raise ConfigError(f"topology {topo.name}", f"host {d['host']} has several NICs",
-                              "one NIC per node (builder: testbed)")
+            raise ConfigError(
+                f"topology {topo.name}", f"host {d['host']} has several NICs", "one NIC per node (builder: testbed)"
+            )
         ups = [s for s in topo.graph.successors(n) if s in switches]
         if len(ups) != 1:
             raise ConfigError(f"topology {topo.name}", f"NIC {n} linked to {ups}", "exactly one network switch")
@@ -178,42 +182,88 @@ def make_plan(topo: Topology, prefix: str = "pst", subnet: str = DEFAULT_SUBNET)
     nics = _host_nics(topo, switches)
     net = _subnet(subnet, len(nics))
     addresses = list(net.hosts())
-    hosts = tuple(HostPlan(host=h, namespace=host_namespace(prefix, h), ip=str(addresses[i]),
-                           interface=HOST_INTERFACE, switch=nics[h][1]) for i, h in enumerate(nics))
-    switch_plans = tuple(SwitchPlan(name=s, namespace=switch_namespace(prefix, i), bridge=BRIDGE)
-                         for i, s in enumerate(switches))
+    hosts = tuple(
+        HostPlan(
+            host=h,
+            namespace=host_namespace(prefix, h),
+            ip=str(addresses[i]),
+            interface=HOST_INTERFACE,
+            switch=nics[h][1],
+        )
+        for i, h in enumerate(nics)
+    )
+    switch_plans = tuple(
+        SwitchPlan(name=s, namespace=switch_namespace(prefix, i), bridge=BRIDGE) for i, s in enumerate(switches)
+    )
     links: list[LinkPlan] = []
     for host in hosts:
         nic, sw = nics[host.host]
-        links.append(LinkPlan(
-            name=f"{nic}-{sw}", kind=topo.graph.edges[nic, sw].get("link_kind", "nic"),
-            a=LinkEnd(namespace=host.namespace, interface=HOST_INTERFACE),
-            b=LinkEnd(namespace=switch_namespace(prefix, switch_index[sw]), interface=f"h{host.host}"),
-            a_to_b=_shaping(topo, nic, sw), b_to_a=_shaping(topo, sw, nic)))
+        links.append(
+            LinkPlan(
+                name=f"{nic}-{sw}",
+                kind=topo.graph.edges[nic, sw].get("link_kind", "nic"),
+                a=LinkEnd(namespace=host.namespace, interface=HOST_INTERFACE),
+                b=LinkEnd(namespace=switch_namespace(prefix, switch_index[sw]), interface=f"h{host.host}"),
+                a_to_b=_shaping(topo, nic, sw),
+                b_to_a=_shaping(topo, sw, nic),
+            )
+        )
     done: set[frozenset[str]] = set()
     for u, v in topo.graph.edges():
         if u in switch_index and v in switch_index and frozenset((u, v)) not in done:
             done.add(frozenset((u, v)))
             iu, iv = switch_index[u], switch_index[v]
-            links.append(LinkPlan(
-                name=f"{u}-{v}", kind=topo.graph.edges[u, v].get("link_kind", "local"),
-                a=LinkEnd(namespace=switch_namespace(prefix, iu), interface=f"s{iv}"),
-                b=LinkEnd(namespace=switch_namespace(prefix, iv), interface=f"s{iu}"),
-                a_to_b=_shaping(topo, u, v), b_to_a=_shaping(topo, v, u)))
+            links.append(
+                LinkPlan(
+                    name=f"{u}-{v}",
+                    kind=topo.graph.edges[u, v].get("link_kind", "local"),
+                    a=LinkEnd(namespace=switch_namespace(prefix, iu), interface=f"s{iv}"),
+                    b=LinkEnd(namespace=switch_namespace(prefix, iv), interface=f"s{iu}"),
+                    a_to_b=_shaping(topo, u, v),
+                    b_to_a=_shaping(topo, v, u),
+                )
+            )
     by_host = {h.host: h for h in hosts}
-    ranks = tuple(RankPlan(rank=r, gpu=g, host=topo.host_of(g), namespace=by_host[topo.host_of(g)].namespace,
-                           ip=by_host[topo.host_of(g)].ip) for r, g in enumerate(topo.gpus))
-    return TestbedPlan(prefix=prefix, topology=topo.name, subnet=str(net), hosts=hosts,
-                       switches=switch_plans, links=tuple(links), ranks=ranks)
+    ranks = tuple(
+        RankPlan(
+            rank=r,
+            gpu=g,
+            host=topo.host_of(g),
+            namespace=by_host[topo.host_of(g)].namespace,
+            ip=by_host[topo.host_of(g)].ip,
+        )
+        for r, g in enumerate(topo.gpus)
+    )
+    return TestbedPlan(
+        prefix=prefix,
+        topology=topo.name,
+        subnet=str(net),
+        hosts=hosts,
+        switches=switch_plans,
+        links=tuple(links),
+        ranks=ranks,
+    )
 
 
 def plan_from_dict(d: dict) -> TestbedPlan:
     """Inverse of TestbedPlan.to_dict (reads the plan back from a state file)."""
-    def link(x: dict) -> LinkPlan:
-        return LinkPlan(name=x["name"], kind=x["kind"], a=LinkEnd(**x["a"]), b=LinkEnd(**x["b"]),
-                        a_to_b=Shaping(**x["a_to_b"]), b_to_a=Shaping(**x["b_to_a"]))
 
-    return TestbedPlan(prefix=d["prefix"], topology=d["topology"], subnet=d["subnet"],
-                       hosts=tuple(HostPlan(**h) for h in d["hosts"]),
-                       switches=tuple(SwitchPlan(**s) for s in d["switches"]),
-                       links=tuple(link(x) for x in d["links"]), ranks=tuple(RankPlan(**r) for r in d["ranks"]))
+    def link(x: dict) -> LinkPlan:
+        return LinkPlan(
+            name=x["name"],
+            kind=x["kind"],
+            a=LinkEnd(**x["a"]),
+            b=LinkEnd(**x["b"]),
+            a_to_b=Shaping(**x["a_to_b"]),
+            b_to_a=Shaping(**x["b_to_a"]),
+        )
+
+    return TestbedPlan(
+        prefix=d["prefix"],
+        topology=d["topology"],
+        subnet=d["subnet"],
+        hosts=tuple(HostPlan(**h) for h in d["hosts"]),
+        switches=tuple(SwitchPlan(**s) for s in d["switches"]),
+        links=tuple(link(x) for x in d["links"]),
+        ranks=tuple(RankPlan(**r) for r in d["ranks"]),
+    )

@@ -128,14 +128,28 @@ def _write_json(path: Path, data: dict) -> None:
 def _state(plan: TestbedPlan, mode: str, pid: int | None, source: str) -> dict:
     tap = {link.name for link in plan.links if netdev.link_uses_tap(link, mode)}
     delay_links = [d for d in plan.to_dict()["links"] if d["name"] in tap]
-    return {"version": 1, "prefix": plan.prefix, "topology_source": source, "delay_mode": mode,
-            "delayline_pid": pid, "created_unix_s": time.time(), "plan": plan.to_dict(),
-            "namespaces": plan.namespaces, "delay_links": delay_links,
-            "rank_map": {str(r.rank): [r.namespace, r.ip] for r in plan.ranks}}
+    return {
+        "version": 1,
+        "prefix": plan.prefix,
+        "topology_source": source,
+        "delay_mode": mode,
+        "delayline_pid": pid,
+        "created_unix_s": time.time(),
+        "plan": plan.to_dict(),
+        "namespaces": plan.namespaces,
+        "delay_links": delay_links,
+        "rank_map": {str(r.rank): [r.namespace, r.ip] for r in plan.ranks},
+    }
 
 
-def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str | Path | None = None,
-       delay: str = "auto", subnet: str = DEFAULT_SUBNET) -> Testbed:
+def up(
+    topology_yaml: str | Path | dict,
+    prefix: str = "pst",
+    *,
+    state_path: str | Path | None = None,
+    delay: str = "auto",
+    subnet: str = DEFAULT_SUBNET,
+) -> Testbed:
     """Create the emulated cluster of a topology (preset name, YAML path or mapping); returns it.
 
     delay: "auto" (netem if the kernel has it, else the TAP delay line), "netem", "tap" or "none".
@@ -147,8 +161,10 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
     check_prefix(prefix)
     leftovers = [ns for ns in list_namespaces() if namespace_pattern(prefix).fullmatch(ns)]
     if leftovers or processes.delayline_pids(prefix):
-        raise TestbedError(f"testbed {prefix!r} is already up or left over ({', '.join(leftovers) or 'delay line'});"
-                           f" run `piper-sim testbed down --prefix {prefix}` first")
+        raise TestbedError(
+            f"testbed {prefix!r} is already up or left over ({', '.join(leftovers) or 'delay line'});"
+            f" run `piper-sim testbed down --prefix {prefix}` first"
+        )
     topo = load_topology(topology_yaml)
     plan = make_plan(topo, prefix, subnet)
     path = Path(state_path) if state_path is not None else default_state_path(prefix)
@@ -158,8 +174,10 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
             netdev.run_all(netdev.namespace_commands(ns))
         mode = netdev.resolve_delay_mode(delay, plan.hosts[0].namespace, any(x.has_delay for x in plan.links))
         if mode == "tap" and not Path("/dev/net/tun").exists():
-            raise TestbedUnavailable("this kernel has no sch_netem and /dev/net/tun is missing: link latency "
-                                     "cannot be emulated; use delay='none'")
+            raise TestbedUnavailable(
+                "this kernel has no sch_netem and /dev/net/tun is missing: link latency "
+                "cannot be emulated; use delay='none'"
+            )
         bridges = {s.namespace: s.bridge for s in plan.switches}
         for switch in plan.switches:
             netdev.run_all(netdev.switch_commands(switch))
@@ -184,9 +202,11 @@ def up(topology_yaml: str | Path | dict, prefix: str = "pst", *, state_path: str
             try:
                 down(prefix, state_path=path)
             except Exception as cleanup:
-                raise TestbedError(f"testbed {prefix!r} stopped part-way ({type(exc).__name__}) and removing what "
-                                   f"it had created failed ({cleanup}); run `piper-sim testbed down --prefix "
-                                   f"{prefix}`") from exc
+                raise TestbedError(
+                    f"testbed {prefix!r} stopped part-way ({type(exc).__name__}) and removing what "
+                    f"it had created failed ({cleanup}); run `piper-sim testbed down --prefix "
+                    f"{prefix}`"
+                ) from exc
         raise
     return Testbed(plan=plan, state_path=path, delay_mode=mode, delayline_pid=pid)
 
@@ -216,8 +236,12 @@ def load(prefix: str = "pst", state_path: str | Path | None = None) -> Testbed |
         state = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return Testbed(plan=plan_from_dict(state["plan"]), state_path=path, delay_mode=state["delay_mode"],
-                   delayline_pid=state.get("delayline_pid"))
+    return Testbed(
+        plan=plan_from_dict(state["plan"]),
+        state_path=path,
+        delay_mode=state["delay_mode"],
+        delayline_pid=state.get("delayline_pid"),
+    )
 
 
 def down(prefix: str = "pst", *, state_path: str | Path | None = None) -> dict[str, list]:
@@ -246,8 +270,7 @@ def down(prefix: str = "pst", *, state_path: str | Path | None = None) -> dict[s
     for name in _root_links(prefix):
         if try_run(["ip", "link", "del", "dev", name]):
             removed["links"].append(name)
-    paths = {default_state_path(prefix), _log_path(prefix), locate_state(prefix, state_path),
-             _pointer_path(prefix)}
+    paths = {default_state_path(prefix), _log_path(prefix), locate_state(prefix, state_path), _pointer_path(prefix)}
     for path in sorted(paths):
         if path.exists():
             path.unlink()
@@ -271,11 +294,16 @@ def status(prefix: str = "pst", *, state_path: str | Path | None = None) -> dict
     pids = processes.delayline_pids(prefix)
     needs_delayline = bool(bed and bed.delayline_pid is not None)
     return {
-        "prefix": prefix, "state_path": str(bed.state_path) if bed else None, "up": bool(existing),
-        "namespaces": existing, "missing_namespaces": sorted(set(expected) - set(existing)),
-        "delay_mode": bed.delay_mode if bed else None, "delayline_pids": pids,
+        "prefix": prefix,
+        "state_path": str(bed.state_path) if bed else None,
+        "up": bool(existing),
+        "namespaces": existing,
+        "missing_namespaces": sorted(set(expected) - set(existing)),
+        "delay_mode": bed.delay_mode if bed else None,
+        "delayline_pids": pids,
         "healthy": bool(bed) and set(expected) <= set(existing) and (bool(pids) or not needs_delayline),
-        "hosts": [{"host": h.host, "namespace": h.namespace, "ip": h.ip, "switch": h.switch}
-                  for h in bed.plan.hosts] if bed else [],
+        "hosts": [{"host": h.host, "namespace": h.namespace, "ip": h.ip, "switch": h.switch} for h in bed.plan.hosts]
+        if bed
+        else [],
         "rank_map": bed.rank_map() if bed else {},
     }

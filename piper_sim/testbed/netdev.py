@@ -37,8 +37,10 @@ def shaping_commands(end: LinkEnd, shaping: Shaping, mode: str) -> list[list[str
     tc = ["tc", "-n", end.namespace, "qdisc", "add", "dev", end.interface]
     if mode == "netem" and shaping.delay_s > 0:
         delay_us = max(1, round(shaping.delay_s * 1e6))
-        return [[*tc, "root", "handle", "1:", "netem", "delay", f"{delay_us}us", "limit", "100000"],
-                [*tc, "parent", "1:1", "handle", "10:", *tbf_args(shaping)]]
+        return [
+            [*tc, "root", "handle", "1:", "netem", "delay", f"{delay_us}us", "limit", "100000"],
+            [*tc, "parent", "1:1", "handle", "10:", *tbf_args(shaping)],
+        ]
     return [[*tc, "root", "handle", "1:", *tbf_args(shaping)]]
 
 
@@ -49,10 +51,27 @@ def link_uses_tap(link: LinkPlan, mode: str) -> bool:
 def create_commands(link: LinkPlan, mode: str) -> list[list[str]]:
     """Create both ends of a link directly inside their namespaces (nothing lands in the root netns)."""
     if link_uses_tap(link, mode):
-        return [["ip", "-n", end.namespace, "tuntap", "add", "dev", end.interface, "mode", "tap", "vnet_hdr"]
-                for end in (link.a, link.b)]
-    return [["ip", "link", "add", link.a.interface, "netns", link.a.namespace, "type", "veth",
-             "peer", "name", link.b.interface, "netns", link.b.namespace]]
+        return [
+            ["ip", "-n", end.namespace, "tuntap", "add", "dev", end.interface, "mode", "tap", "vnet_hdr"]
+            for end in (link.a, link.b)
+        ]
+    return [
+        [
+            "ip",
+            "link",
+            "add",
+            link.a.interface,
+            "netns",
+            link.a.namespace,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            link.b.interface,
+            "netns",
+            link.b.namespace,
+        ]
+    ]
 
 
 def link_commands(link: LinkPlan, mode: str, bridges: dict[str, str]) -> list[list[str]]:
@@ -74,9 +93,11 @@ def link_commands(link: LinkPlan, mode: str, bridges: dict[str, str]) -> list[li
 
 def switch_commands(switch: SwitchPlan) -> list[list[str]]:
     ip = ["ip", "-n", switch.namespace, "link"]
-    return [[*ip, "add", switch.bridge, "type", "bridge", "stp_state", "0"],
-            [*ip, "set", "dev", switch.bridge, "addrgenmode", "none"],
-            [*ip, "set", "dev", switch.bridge, "up"]]
+    return [
+        [*ip, "add", switch.bridge, "type", "bridge", "stp_state", "0"],
+        [*ip, "set", "dev", switch.bridge, "addrgenmode", "none"],
+        [*ip, "set", "dev", switch.bridge, "up"],
+    ]
 
 
 def namespace_commands(namespace: str) -> list[list[str]]:
@@ -92,7 +113,7 @@ def netem_available(namespace: str) -> bool:
 
 
 def resolve_delay_mode(mode: str, probe_namespace: str, any_delay: bool) -> str:
-    """"auto" picks netem when the kernel has it, else the TAP delay line (else none if no link delays)."""
+    """ "auto" picks netem when the kernel has it, else the TAP delay line (else none if no link delays)."""
     if mode not in DELAY_MODES:
         raise TestbedError(f"testbed delay mode {mode!r}: allowed {', '.join(DELAY_MODES)}")
     if mode == "none" or not any_delay:
@@ -100,8 +121,10 @@ def resolve_delay_mode(mode: str, probe_namespace: str, any_delay: bool) -> str:
     if mode in ("auto", "netem") and netem_available(probe_namespace):
         return "netem"
     if mode == "netem":
-        raise TestbedError("testbed delay mode 'netem': this kernel has no sch_netem "
-                           "(CONFIG_NET_SCH_NETEM); use delay='tap' (userspace delay line) or 'auto'")
+        raise TestbedError(
+            "testbed delay mode 'netem': this kernel has no sch_netem "
+            "(CONFIG_NET_SCH_NETEM); use delay='tap' (userspace delay line) or 'auto'"
+        )
     return "tap"
 
 

@@ -33,8 +33,15 @@ def start_delayline(prefix: str, state_path: Path, log_path: Path, timeout_s: fl
     """Start the delay line for a testbed and wait until it has attached every TAP; returns its pid."""
     argv = [sys.executable, "-m", DELAYLINE_MODULE, "--prefix", prefix, str(state_path)]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                start_new_session=True, env=package_env(), cwd="/")
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+            env=package_env(),
+            cwd="/",
+        )
     _CHILDREN[proc.pid] = proc
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout_s)

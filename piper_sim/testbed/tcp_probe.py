@@ -87,8 +87,16 @@ def _client(src: str, dst: str, port: int, num_bytes: int, pings: int, timeout_s
     print(json.dumps({"elapsed_s": elapsed, "first_bytes": first, "total_s": total, "rtts_s": rtts}))
 
 
-def measure_link(prefix: str, host_a: int, host_b: int, num_bytes: int = 4_000_000, *, pings: int = 20,
-                 timeout_s: float = 30.0, state_path: str | None = None) -> LinkMeasurement:
+def measure_link(
+    prefix: str,
+    host_a: int,
+    host_b: int,
+    num_bytes: int = 4_000_000,
+    *,
+    pings: int = 20,
+    timeout_s: float = 30.0,
+    state_path: str | None = None,
+) -> LinkMeasurement:
     """Send num_bytes over TCP from node host_a to node host_b of a running testbed; measure it."""
     # the peers run this module with the stdlib alone (python -m piper_sim.testbed.tcp_probe)
     from piper_sim.testbed.emulator import load
@@ -107,8 +115,13 @@ def measure_link(prefix: str, host_a: int, host_b: int, num_bytes: int = 4_000_0
         raise TestbedError(f"no testbed {prefix!r} is up (no state file); run up() first")
     a, b = bed.host(host_a), bed.host(host_b)
     me = [sys.executable, "-m", "piper_sim.testbed.tcp_probe"]
-    server = subprocess.Popen(exec_argv(b.namespace, [*me, "serve", b.ip, str(num_bytes), str(timeout_s)]),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=package_env())
+    server = subprocess.Popen(
+        exec_argv(b.namespace, [*me, "serve", b.ip, str(num_bytes), str(timeout_s)]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=package_env(),
+    )
     try:
         assert server.stdout is not None
         port = server.stdout.readline().strip()
@@ -116,7 +129,11 @@ def measure_link(prefix: str, host_a: int, host_b: int, num_bytes: int = 4_000_0
             raise TestbedError(f"measurement server in {b.namespace} did not start: {server.stderr.read()}")
         client = subprocess.run(
             exec_argv(a.namespace, [*me, "client", a.ip, b.ip, port, str(num_bytes), str(pings), str(timeout_s)]),
-            capture_output=True, text=True, env=package_env(), timeout=timeout_s + 10)
+            capture_output=True,
+            text=True,
+            env=package_env(),
+            timeout=timeout_s + 10,
+        )
         if client.returncode != 0:
             raise TestbedError(f"measurement client in {a.namespace} failed: {client.stderr.strip()}")
         server.wait(timeout=timeout_s)
@@ -128,10 +145,15 @@ def measure_link(prefix: str, host_a: int, host_b: int, num_bytes: int = 4_000_0
             if stream is not None:
                 stream.close()
     res = json.loads(client.stdout)
-    return LinkMeasurement(src_host=host_a, dst_host=host_b, num_bytes=num_bytes,
-                           bandwidth_bytes_per_s=(num_bytes - res["first_bytes"]) / res["elapsed_s"],
-                           duration_s=res["total_s"], rtt_s=statistics.median(res["rtts_s"]),
-                           rtt_min_s=min(res["rtts_s"]))
+    return LinkMeasurement(
+        src_host=host_a,
+        dst_host=host_b,
+        num_bytes=num_bytes,
+        bandwidth_bytes_per_s=(num_bytes - res["first_bytes"]) / res["elapsed_s"],
+        duration_s=res["total_s"],
+        rtt_s=statistics.median(res["rtts_s"]),
+        rtt_min_s=min(res["rtts_s"]),
+    )
 
 
 def main(argv: list[str]) -> int:

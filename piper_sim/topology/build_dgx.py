@@ -46,13 +46,25 @@ from piper_sim.units import positive_int, read_params
 CROSS_RAIL_MODES = ("spine", "pxn")
 NODE_FABRICS = ("nvswitch", "mesh")
 DGX_SCHEMA: dict[str, object] = {
-    "num_nodes": None, "gpus_per_node": 8, "nodes_per_su": 32, "num_spines": 16, "uplinks_per_leaf": None,
-    "node_fabric": "nvswitch", "nvlink_bandwidth_GBps": 450.0, "nvlink_latency_us": 0.5,
-    "xgmi_link_bandwidth_GBps": 64.0, "xgmi_latency_us": 0.5,
-    "gpu_nic_bandwidth_GBps": 64.0, "gpu_nic_latency_us": 0.5,
-    "nic_bandwidth_GBps": 50.0, "nic_latency_us": 0.1,
-    "uplink_bandwidth_GBps": 50.0, "uplink_latency_us": 0.1, "switch_latency_us": 0.13,
-    "cross_rail": "spine", "message_overhead_us": 2.0,
+    "num_nodes": None,
+    "gpus_per_node": 8,
+    "nodes_per_su": 32,
+    "num_spines": 16,
+    "uplinks_per_leaf": None,
+    "node_fabric": "nvswitch",
+    "nvlink_bandwidth_GBps": 450.0,
+    "nvlink_latency_us": 0.5,
+    "xgmi_link_bandwidth_GBps": 64.0,
+    "xgmi_latency_us": 0.5,
+    "gpu_nic_bandwidth_GBps": 64.0,
+    "gpu_nic_latency_us": 0.5,
+    "nic_bandwidth_GBps": 50.0,
+    "nic_latency_us": 0.1,
+    "uplink_bandwidth_GBps": 50.0,
+    "uplink_latency_us": 0.1,
+    "switch_latency_us": 0.13,
+    "cross_rail": "spine",
+    "message_overhead_us": 2.0,
 }
 
 
@@ -88,8 +100,12 @@ class RailFatTree:
                 leaf = f"su{u}.leaf{r}"
                 graph.add_node(leaf, kind="switch", group=u, rail=r)
                 for s in range(self.num_spines):
-                    graph.add_edges_from(((leaf, f"spine{s}"), (f"spine{s}", leaf)), bandwidth_bytes_per_s=bandwidth,
-                                         latency_s=latency, link_kind="up")
+                    graph.add_edges_from(
+                        ((leaf, f"spine{s}"), (f"spine{s}", leaf)),
+                        bandwidth_bytes_per_s=bandwidth,
+                        latency_s=latency,
+                        link_kind="up",
+                    )
 
 
 def dgx_node(gpus_per_node: int, p: dict, *, pxn: bool) -> NodeModel:
@@ -97,15 +113,39 @@ def dgx_node(gpus_per_node: int, p: dict, *, pxn: bool) -> NodeModel:
     devices = [(f"g{i}", "gpu", i) for i in range(gpus_per_node)]
     devices += [(f"nic{i}", "nic", i) for i in range(gpus_per_node)]
     if p["node_fabric"] == "mesh":
-        links = [LocalLink(a=f"g{i}", b=f"g{j}", bandwidth_bytes_per_s=p["xgmi_link_bandwidth_bytes_per_s"],
-                           latency_s=p["xgmi_latency_s"], link_kind="xgmi")
-                 for i in range(gpus_per_node) for j in range(i + 1, gpus_per_node)]
+        links = [
+            LocalLink(
+                a=f"g{i}",
+                b=f"g{j}",
+                bandwidth_bytes_per_s=p["xgmi_link_bandwidth_bytes_per_s"],
+                latency_s=p["xgmi_latency_s"],
+                link_kind="xgmi",
+            )
+            for i in range(gpus_per_node)
+            for j in range(i + 1, gpus_per_node)
+        ]
     else:
         devices.insert(0, ("nvsw", "switch", 0))
-        links = [LocalLink(a=f"g{i}", b="nvsw", bandwidth_bytes_per_s=p["nvlink_bandwidth_bytes_per_s"],
-                           latency_s=p["nvlink_latency_s"] / 2, link_kind="nvlink") for i in range(gpus_per_node)]
-    links += [LocalLink(a=f"g{i}", b=f"nic{i}", bandwidth_bytes_per_s=p["gpu_nic_bandwidth_bytes_per_s"],
-                        latency_s=p["gpu_nic_latency_s"], link_kind="gpu_nic") for i in range(gpus_per_node)]
+        links = [
+            LocalLink(
+                a=f"g{i}",
+                b="nvsw",
+                bandwidth_bytes_per_s=p["nvlink_bandwidth_bytes_per_s"],
+                latency_s=p["nvlink_latency_s"] / 2,
+                link_kind="nvlink",
+            )
+            for i in range(gpus_per_node)
+        ]
+    links += [
+        LocalLink(
+            a=f"g{i}",
+            b=f"nic{i}",
+            bandwidth_bytes_per_s=p["gpu_nic_bandwidth_bytes_per_s"],
+            latency_s=p["gpu_nic_latency_s"],
+            link_kind="gpu_nic",
+        )
+        for i in range(gpus_per_node)
+    ]
     return make_node_model(devices, links, transit_kinds=frozenset({"switch", "gpu"}), src_nic_follows_dst=pxn)
 
 
@@ -118,30 +158,43 @@ def build_dgx_superpod(raw: dict, num_gpus: int | None) -> Topology:
     gpus_per_node = positive_int(f"{WHERE}gpus_per_node", p["gpus_per_node"])
     per_su = positive_int(f"{WHERE}nodes_per_su", p["nodes_per_su"])
     spines = positive_int(f"{WHERE}num_spines", p["num_spines"])
-    uplinks = positive_int(f"{WHERE}uplinks_per_leaf", per_su if p["uplinks_per_leaf"] is None
-                           else p["uplinks_per_leaf"])
+    uplinks = positive_int(
+        f"{WHERE}uplinks_per_leaf", per_su if p["uplinks_per_leaf"] is None else p["uplinks_per_leaf"]
+    )
     for key, allowed in (("cross_rail", CROSS_RAIL_MODES), ("node_fabric", NODE_FABRICS)):
         if p[key] not in allowed:
             raise ConfigError(f"{WHERE}{key}", p[key], f"one of {', '.join(allowed)}")
     num_nodes = num_nodes_for(WHERE, num_gpus, gpus_per_node, p["num_nodes"])
     num_sus = math.ceil(num_nodes / per_su)
     node_links = gpus_per_node * (gpus_per_node - 1 if p["node_fabric"] == "mesh" else 2) + 2 * gpus_per_node
-    terms = {host_key(p, gpus_per_node, num_gpus): num_nodes * (node_links + 2 * gpus_per_node),
-             "gpus_per_node": gpus_per_node**2, "num_spines": 2 * num_sus * gpus_per_node * spines}
-    check_machine_size("dgx-superpod", terms, num_gpus,
-                       {"num_nodes": num_nodes, "gpus_per_node": gpus_per_node, "num_spines": spines})
+    terms = {
+        host_key(p, gpus_per_node, num_gpus): num_nodes * (node_links + 2 * gpus_per_node),
+        "gpus_per_node": gpus_per_node**2,
+        "num_spines": 2 * num_sus * gpus_per_node * spines,
+    }
+    check_machine_size(
+        "dgx-superpod", terms, num_gpus, {"num_nodes": num_nodes, "gpus_per_node": gpus_per_node, "num_spines": spines}
+    )
     node = dgx_node(gpus_per_node, p, pxn=p["cross_rail"] == "pxn")
     fabric = RailFatTree(nodes_per_su=per_su, num_rails=gpus_per_node, num_spines=spines)
     graph = nx.DiGraph()
     attrs = {h: {"group": fabric.su_of(h), "switch": f"su{fabric.su_of(h)}"} for h in range(num_nodes)}
     gpus = add_node_instances(graph, node, num_nodes, attrs)
     fabric.add_switches(graph, num_sus, p, uplinks)
-    nic = {"bandwidth_bytes_per_s": p["nic_bandwidth_bytes_per_s"], "link_kind": "nic",
-           "latency_s": p["nic_latency_s"] + p["switch_latency_s"]}
+    nic = {
+        "bandwidth_bytes_per_s": p["nic_bandwidth_bytes_per_s"],
+        "link_kind": "nic",
+        "latency_s": p["nic_latency_s"] + p["switch_latency_s"],
+    }
     for h in range(num_nodes):
         for r in range(gpus_per_node):
             a, b = f"n{h}.nic{r}", fabric.nic_switch(h, r)
             graph.add_edges_from(((a, b), (b, a)), **nic)
-    return Topology(name="dgx-superpod", graph=graph, gpus=gpus, router=StructuredRouter(node=node, fabric=fabric),
-                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]),
-                    notes=size_notes(p["num_nodes"], num_nodes))
+    return Topology(
+        name="dgx-superpod",
+        graph=graph,
+        gpus=gpus,
+        router=StructuredRouter(node=node, fabric=fabric),
+        params=NetworkParams(message_overhead_s=p["message_overhead_s"]),
+        notes=size_notes(p["num_nodes"], num_nodes),
+    )

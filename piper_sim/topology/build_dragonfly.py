@@ -34,13 +34,29 @@ WHERE = "topology.params."
 
 # Defaults are Slingshot-11 numbers (200 Gb/s ports = 25 GB/s; see topologies/frontier.yaml sources).
 FABRIC_SCHEMA: dict[str, object] = {
-    "num_nodes": None, "num_groups": None, "max_nodes": None,
-    "switches_per_group": 32, "nodes_per_switch": 4, "nic_switch_spread": True,
-    "local_bandwidth_GBps": 25.0, "local_latency_us": 0.1,
-    "global_links_per_group_pair": 4, "global_bandwidth_GBps": 25.0, "global_latency_us": 0.5,
-    "nic_bandwidth_GBps": 25.0, "nic_latency_us": 0.1, "switch_latency_us": 0.35,
-    "routing": "minimal", "valiant": "hashed", "adaptive_minimal_fraction": 0.5, "seed": 0, "message_overhead_us": 2.0,
-    "network_scope": "machine", "outside_groups": "exact", "background_load": 0.0, "allocation": "contiguous",
+    "num_nodes": None,
+    "num_groups": None,
+    "max_nodes": None,
+    "switches_per_group": 32,
+    "nodes_per_switch": 4,
+    "nic_switch_spread": True,
+    "local_bandwidth_GBps": 25.0,
+    "local_latency_us": 0.1,
+    "global_links_per_group_pair": 4,
+    "global_bandwidth_GBps": 25.0,
+    "global_latency_us": 0.5,
+    "nic_bandwidth_GBps": 25.0,
+    "nic_latency_us": 0.1,
+    "switch_latency_us": 0.35,
+    "routing": "minimal",
+    "valiant": "hashed",
+    "adaptive_minimal_fraction": 0.5,
+    "seed": 0,
+    "message_overhead_us": 2.0,
+    "network_scope": "machine",
+    "outside_groups": "exact",
+    "background_load": 0.0,
+    "allocation": "contiguous",
 }
 
 
@@ -102,18 +118,26 @@ def read_dragonfly_spec(p: dict, num_nodes: int, nics_per_node: int, where: str 
     per_group = switches * per_switch
     groups = None if p["num_groups"] is None else positive_int(f"{where}num_groups", p["num_groups"])
     if groups is not None and groups * per_group < num_nodes:
-        raise ConfigError(f"{where}num_groups", groups,
-                          f"at least {-(-num_nodes // per_group)} groups for {num_nodes} nodes")
+        raise ConfigError(
+            f"{where}num_groups", groups, f"at least {-(-num_nodes // per_group)} groups for {num_nodes} nodes"
+        )
     positions = allocate(p["allocation"], num_nodes, groups, per_group, f"{where}allocation")
     needed = max(positions) // per_group + 1
-    return DragonflySpec(num_groups=groups if groups is not None else needed, switches_per_group=switches,
-                         nodes_per_switch=per_switch, nics_per_node=nics_per_node,
-                         nic_switch_spread=p["nic_switch_spread"], global_links_per_group_pair=links,
-                         routing=p["routing"], valiant=_choice(p, "valiant", VALIANT_MODES, where),
-                         adaptive_minimal_fraction=frac, positions=tuple(positions),
-                         network_scope=_choice(p, "network_scope", SCOPES, where),
-                         outside_groups=_choice(p, "outside_groups", OUTSIDE_MODES, where),
-                         background=_background(p["background_load"], where))
+    return DragonflySpec(
+        num_groups=groups if groups is not None else needed,
+        switches_per_group=switches,
+        nodes_per_switch=per_switch,
+        nics_per_node=nics_per_node,
+        nic_switch_spread=p["nic_switch_spread"],
+        global_links_per_group_pair=links,
+        routing=p["routing"],
+        valiant=_choice(p, "valiant", VALIANT_MODES, where),
+        adaptive_minimal_fraction=frac,
+        positions=tuple(positions),
+        network_scope=_choice(p, "network_scope", SCOPES, where),
+        outside_groups=_choice(p, "outside_groups", OUTSIDE_MODES, where),
+        background=_background(p["background_load"], where),
+    )
 
 
 def dragonfly_links(spec: DragonflySpec, node: NodeModel, num_nodes: int, host: str) -> dict[str, int]:
@@ -122,27 +146,36 @@ def dragonfly_links(spec: DragonflySpec, node: NodeModel, num_nodes: int, host: 
     local links, the global links between them (one per switch pair at most) and the node model's GPU-pair paths."""
     groups = len({pos // spec.nodes_per_group for pos in spec.positions or range(num_nodes)})
     switches, per_pair = spec.switches_per_group, spec.global_links_per_group_pair
-    terms = {host: num_nodes * 2 * (len(node.links) + node.nics_per_node),
-             "switches_per_group": groups * switches * (switches - 1), "gpus_per_node": node.gpus_per_node**2}
+    terms = {
+        host: num_nodes * 2 * (len(node.links) + node.nics_per_node),
+        "switches_per_group": groups * switches * (switches - 1),
+        "gpus_per_node": node.gpus_per_node**2,
+    }
     terms[""] = terms.get("", 0) + groups * (groups - 1) * min(per_pair, switches * switches)
     return terms
 
 
-def build_on_dragonfly(name: str, node: NodeModel, p: dict, num_gpus: int | None,
-                       where: str = WHERE) -> Topology:
+def build_on_dragonfly(name: str, node: NodeModel, p: dict, num_gpus: int | None, where: str = WHERE) -> Topology:
     """Hosts of `node`, sized by num_nodes or the GPU count, on a dragonfly fabric; structured routing."""
     num_nodes = num_nodes_for(where, num_gpus, node.gpus_per_node, p["num_nodes"])
     spec = read_dragonfly_spec(p, num_nodes, node.nics_per_node, where)
-    values = {"num_nodes": num_nodes, "switches_per_group": spec.switches_per_group,
-              "gpus_per_node": node.gpus_per_node}
-    check_machine_size(name, dragonfly_links(spec, node, num_nodes, host_key(p, node.gpus_per_node, num_gpus)),
-                       num_gpus, values, where)
+    values = {
+        "num_nodes": num_nodes,
+        "switches_per_group": spec.switches_per_group,
+        "gpus_per_node": node.gpus_per_node,
+    }
+    check_machine_size(
+        name, dragonfly_links(spec, node, num_nodes, host_key(p, node.gpus_per_node, num_gpus)), num_gpus, values, where
+    )
     fabric = DragonflyFabric(spec, num_nodes)
     graph = nx.DiGraph()
     gpus = add_node_instances(graph, node, num_nodes, fabric.gpu_attrs(num_nodes))
     fabric.add_switches(graph, p)
-    nic = {"bandwidth_bytes_per_s": p["nic_bandwidth_bytes_per_s"], "link_kind": "nic",
-           "latency_s": p["nic_latency_s"] + p["switch_latency_s"]}
+    nic = {
+        "bandwidth_bytes_per_s": p["nic_bandwidth_bytes_per_s"],
+        "link_kind": "nic",
+        "latency_s": p["nic_latency_s"] + p["switch_latency_s"],
+    }
     for h in range(num_nodes):
         for k in range(node.nics_per_node):
             a, b = f"n{h}.nic{k}", fabric.nic_switch(h, k)
@@ -150,16 +183,25 @@ def build_on_dragonfly(name: str, node: NodeModel, p: dict, num_gpus: int | None
     notes = fabric.notes()
     if p["num_groups"] is None:
         notes.append(f"machine size not given (num_groups): only the job's {len(fabric.job_groups)} group(s) exist")
-    return Topology(name=name, graph=graph, gpus=gpus, router=StructuredRouter(node=node, fabric=fabric,
-                                                                               seed=p["seed"]),
-                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]), notes=notes)
+    return Topology(
+        name=name,
+        graph=graph,
+        gpus=gpus,
+        router=StructuredRouter(node=node, fabric=fabric, seed=p["seed"]),
+        params=NetworkParams(message_overhead_s=p["message_overhead_s"]),
+        notes=notes,
+    )
 
 
 # ---- generic builder ---------------------------------------------------------------------------
 GENERIC_SCHEMA: dict[str, object] = {
-    **FABRIC_SCHEMA, "gpus_per_node": 4, "nics_per_node": None,
-    "intra_bandwidth_GBps": 100.0, "intra_latency_us": 1.0,
-    "gpu_nic_bandwidth_GBps": 50.0, "gpu_nic_latency_us": 0.0,
+    **FABRIC_SCHEMA,
+    "gpus_per_node": 4,
+    "nics_per_node": None,
+    "intra_bandwidth_GBps": 100.0,
+    "intra_latency_us": 1.0,
+    "gpu_nic_bandwidth_GBps": 50.0,
+    "gpu_nic_latency_us": 0.0,
 }
 
 
@@ -167,11 +209,26 @@ def simple_node(gpus_per_node: int, nics_per_node: int, p: dict) -> NodeModel:
     """GPUs on a non-blocking node switch ("intra"); GPU i wired to NIC i * nics // gpus ("gpu_nic")."""
     devices = [("sw", "switch", 0)] + [(f"g{i}", "gpu", i) for i in range(gpus_per_node)]
     devices += [(f"nic{k}", "nic", k) for k in range(nics_per_node)]
-    links = [LocalLink(a=f"g{i}", b="sw", bandwidth_bytes_per_s=p["intra_bandwidth_bytes_per_s"],
-                       latency_s=p["intra_latency_s"] / 2, link_kind="intra") for i in range(gpus_per_node)]
-    links += [LocalLink(a=f"g{i}", b=f"nic{i * nics_per_node // gpus_per_node}",
-                        bandwidth_bytes_per_s=p["gpu_nic_bandwidth_bytes_per_s"],
-                        latency_s=p["gpu_nic_latency_s"], link_kind="gpu_nic") for i in range(gpus_per_node)]
+    links = [
+        LocalLink(
+            a=f"g{i}",
+            b="sw",
+            bandwidth_bytes_per_s=p["intra_bandwidth_bytes_per_s"],
+            latency_s=p["intra_latency_s"] / 2,
+            link_kind="intra",
+        )
+        for i in range(gpus_per_node)
+    ]
+    links += [
+        LocalLink(
+            a=f"g{i}",
+            b=f"nic{i * nics_per_node // gpus_per_node}",
+            bandwidth_bytes_per_s=p["gpu_nic_bandwidth_bytes_per_s"],
+            latency_s=p["gpu_nic_latency_s"],
+            link_kind="gpu_nic",
+        )
+        for i in range(gpus_per_node)
+    ]
     return make_node_model(devices, links, transit_kinds=frozenset({"switch"}))
 
 

@@ -32,22 +32,37 @@ from piper_sim.units import read_params
 NUM_GCDS = 8
 # Number of 50 GB/s xGMI links between GCD pairs (OLCF Frontier User Guide node diagram).
 FRONTIER_XGMI_LINKS: dict[tuple[int, int], int] = {
-    (0, 1): 4, (2, 3): 4, (4, 5): 4, (6, 7): 4,
-    (0, 6): 2, (2, 4): 2,
-    (0, 2): 1, (1, 3): 1, (1, 5): 1, (3, 7): 1, (4, 6): 1, (5, 7): 1,
+    (0, 1): 4,
+    (2, 3): 4,
+    (4, 5): 4,
+    (6, 7): 4,
+    (0, 6): 2,
+    (2, 4): 2,
+    (0, 2): 1,
+    (1, 3): 1,
+    (1, 5): 1,
+    (3, 7): 1,
+    (4, 6): 1,
+    (5, 7): 1,
 }
 FRONTIER_NIC_GCDS = (1, 3, 5, 7)
 
 NODE_SCHEMA: dict[str, object] = {
-    "xgmi_link_bandwidth_GBps": 50.0, "xgmi_latency_us": 0.5,
-    "cpu_bandwidth_GBps": 36.0, "cpu_latency_us": 1.0,
+    "xgmi_link_bandwidth_GBps": 50.0,
+    "xgmi_latency_us": 0.5,
+    "cpu_bandwidth_GBps": 36.0,
+    "cpu_latency_us": 1.0,
     "nic_gcds": list(FRONTIER_NIC_GCDS),
-    "gpu_nic_bandwidth_GBps": 50.0, "gpu_nic_latency_us": 0.5,
+    "gpu_nic_bandwidth_GBps": 50.0,
+    "gpu_nic_latency_us": 0.5,
 }
-FRONTIER_SCHEMA: dict[str, object] = {**FABRIC_SCHEMA, **NODE_SCHEMA, "max_nodes": 9856,
-                                      "global_links_per_group_pair": 4}
-LUMI_SCHEMA: dict[str, object] = {**FABRIC_SCHEMA, **NODE_SCHEMA, "max_nodes": 2560,
-                                  "global_links_per_group_pair": 29}
+FRONTIER_SCHEMA: dict[str, object] = {
+    **FABRIC_SCHEMA,
+    **NODE_SCHEMA,
+    "max_nodes": 9856,
+    "global_links_per_group_pair": 4,
+}
+LUMI_SCHEMA: dict[str, object] = {**FABRIC_SCHEMA, **NODE_SCHEMA, "max_nodes": 2560, "global_links_per_group_pair": 29}
 
 
 def read_nic_gcds(value: object, where: str = WHERE) -> tuple[int, ...]:
@@ -67,13 +82,36 @@ def frontier_node(p: dict, nic_gcds: tuple[int, ...] = FRONTIER_NIC_GCDS) -> Nod
     """The MI250X node: 8 GCDs on the xGMI graph, a CPU, NIC k on GCD nic_gcds[k]."""
     devices = [(f"g{i}", "gpu", i) for i in range(NUM_GCDS)] + [("cpu", "cpu", 0)]
     devices += [(f"nic{k}", "nic", k) for k in range(len(nic_gcds))]
-    links = [LocalLink(a=f"g{a}", b=f"g{b}", bandwidth_bytes_per_s=n * p["xgmi_link_bandwidth_bytes_per_s"],
-                       latency_s=p["xgmi_latency_s"], link_kind="xgmi")
-             for (a, b), n in FRONTIER_XGMI_LINKS.items()]
-    links += [LocalLink(a=f"g{i}", b="cpu", bandwidth_bytes_per_s=p["cpu_bandwidth_bytes_per_s"],
-                        latency_s=p["cpu_latency_s"], link_kind="cpu") for i in range(NUM_GCDS)]
-    links += [LocalLink(a=f"g{gcd}", b=f"nic{k}", bandwidth_bytes_per_s=p["gpu_nic_bandwidth_bytes_per_s"],
-                        latency_s=p["gpu_nic_latency_s"], link_kind="gpu_nic") for k, gcd in enumerate(nic_gcds)]
+    links = [
+        LocalLink(
+            a=f"g{a}",
+            b=f"g{b}",
+            bandwidth_bytes_per_s=n * p["xgmi_link_bandwidth_bytes_per_s"],
+            latency_s=p["xgmi_latency_s"],
+            link_kind="xgmi",
+        )
+        for (a, b), n in FRONTIER_XGMI_LINKS.items()
+    ]
+    links += [
+        LocalLink(
+            a=f"g{i}",
+            b="cpu",
+            bandwidth_bytes_per_s=p["cpu_bandwidth_bytes_per_s"],
+            latency_s=p["cpu_latency_s"],
+            link_kind="cpu",
+        )
+        for i in range(NUM_GCDS)
+    ]
+    links += [
+        LocalLink(
+            a=f"g{gcd}",
+            b=f"nic{k}",
+            bandwidth_bytes_per_s=p["gpu_nic_bandwidth_bytes_per_s"],
+            latency_s=p["gpu_nic_latency_s"],
+            link_kind="gpu_nic",
+        )
+        for k, gcd in enumerate(nic_gcds)
+    ]
     return make_node_model(devices, links, transit_kinds=frozenset({"gpu"}))
 
 

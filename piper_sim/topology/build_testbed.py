@@ -48,8 +48,9 @@ LINK_KINDS = ("local", "global")
 NODE_NAME = re.compile(r"n\d+\.")
 
 
-def read_quantities(raw: dict, quantities: Mapping[str, tuple[tuple[str, ...], object]], where: str,
-                    extra_keys: tuple[str, ...]) -> dict[str, float]:
+def read_quantities(
+    raw: dict, quantities: Mapping[str, tuple[tuple[str, ...], object]], where: str, extra_keys: tuple[str, ...]
+) -> dict[str, float]:
     """Unit-suffixed values with a free choice of unit: {base: SI value}; unknown keys are an error."""
     allowed = set(extra_keys)
     out: dict[str, float] = {}
@@ -67,8 +68,7 @@ def read_quantities(raw: dict, quantities: Mapping[str, tuple[tuple[str, ...], o
             out[base] = float(default)  # type: ignore[arg-type]
     unknown = sorted(set(raw) - allowed)
     if unknown:
-        raise ConfigError(f"{where}{unknown[0]}", raw[unknown[0]],
-                          f"known keys: {', '.join(sorted(allowed))}")
+        raise ConfigError(f"{where}{unknown[0]}", raw[unknown[0]], f"known keys: {', '.join(sorted(allowed))}")
     return out
 
 
@@ -122,8 +122,9 @@ def _add_switch_links(graph: nx.DiGraph, raw: object, switches: dict[str, int | 
             raise ConfigError(f"{w}kind", kind, f"one of {', '.join(LINK_KINDS)}")
         if not q["bandwidth"] > 0:
             raise ConfigError(f"{w}bandwidth", 0, "a positive bandwidth")
-        add_duplex(graph, item["a"], item["b"], bandwidth_bytes_per_s=q["bandwidth"], latency_s=q["latency"],
-                   link_kind=kind)
+        add_duplex(
+            graph, item["a"], item["b"], bandwidth_bytes_per_s=q["bandwidth"], latency_s=q["latency"], link_kind=kind
+        )
 
 
 @register_builder("testbed")
@@ -151,21 +152,32 @@ def build_testbed(raw: dict, num_gpus: int | None) -> Topology:
         for g in range(gpus_per_node):
             gpu = f"n{h}.g{g}"
             graph.add_node(gpu, kind="gpu", host=h, local_index=g)
-            add_duplex(graph, gpu, node_sw, bandwidth_bytes_per_s=q["intra_bandwidth"],
-                       latency_s=q["intra_latency"] / 2, link_kind="intra")
-            add_duplex(graph, gpu, nic, bandwidth_bytes_per_s=q["intra_bandwidth"], latency_s=0.0,
-                       link_kind="gpu_nic")
+            add_duplex(
+                graph,
+                gpu,
+                node_sw,
+                bandwidth_bytes_per_s=q["intra_bandwidth"],
+                latency_s=q["intra_latency"] / 2,
+                link_kind="intra",
+            )
+            add_duplex(graph, gpu, nic, bandwidth_bytes_per_s=q["intra_bandwidth"], latency_s=0.0, link_kind="gpu_nic")
             gpus.append(gpu)
-        add_duplex(graph, nic, switch, bandwidth_bytes_per_s=q["nic_bandwidth"], latency_s=q["nic_latency"],
-                   link_kind="nic")
+        add_duplex(
+            graph, nic, switch, bandwidth_bytes_per_s=q["nic_bandwidth"], latency_s=q["nic_latency"], link_kind="nic"
+        )
     net = graph.subgraph(switches).to_undirected()
     if not nx.is_connected(net):
         raise ConfigError(f"{where}switch_links", raw.get("switch_links"), "links that connect all switches")
     cores = raw.get("shared_cores", 0)
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
         raise ConfigError(f"{where}shared_cores", cores, "a non-negative integer (0: no shared cores)")
-    return Topology(name="testbed", graph=graph, gpus=gpus, router=testbed_router,
-                    params=NetworkParams(message_overhead_s=q["message_overhead"], shared_cores=cores))
+    return Topology(
+        name="testbed",
+        graph=graph,
+        gpus=gpus,
+        router=testbed_router,
+        params=NetworkParams(message_overhead_s=q["message_overhead"], shared_cores=cores),
+    )
 
 
 def testbed_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:
@@ -176,8 +188,11 @@ def testbed_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tup
     if len(ends) == 1 and None not in ends and graph.nodes[src]["kind"] == graph.nodes[dst]["kind"] == "gpu":
         nodes = [src, f"n{graph.nodes[src]['host']}.sw", dst]
     else:
-        hidden = [n for n, d in graph.nodes(data=True) if "host" in d and n not in (src, dst)
-                  and not (d["kind"] == "nic" and d["host"] in ends)]
+        hidden = [
+            n
+            for n, d in graph.nodes(data=True)
+            if "host" in d and n not in (src, dst) and not (d["kind"] == "nic" and d["host"] in ends)
+        ]
         view = nx.restricted_view(graph, hidden, [])
         try:
             nodes = nx.shortest_path(view, src, dst, weight=lambda u, v, d: 1.0 + d.get("latency_s", 0.0))

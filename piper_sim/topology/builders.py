@@ -23,20 +23,21 @@ BUILDERS: Registry[Builder] = Registry("topology.builder")
 register_builder = BUILDERS.register
 
 
-def add_duplex(graph: nx.DiGraph, a: str, b: str, *, bandwidth_bytes_per_s: float, latency_s: float,
-               link_kind: str) -> None:
+def add_duplex(
+    graph: nx.DiGraph, a: str, b: str, *, bandwidth_bytes_per_s: float, latency_s: float, link_kind: str
+) -> None:
     """Two directed links a->b and b->a with the same capacity (full duplex)."""
     for u, v in ((a, b), (b, a)):
-        graph.add_edge(u, v, bandwidth_bytes_per_s=bandwidth_bytes_per_s, latency_s=latency_s,
-                       link_kind=link_kind)
+        graph.add_edge(u, v, bandwidth_bytes_per_s=bandwidth_bytes_per_s, latency_s=latency_s, link_kind=link_kind)
 
 
 def num_nodes_for(where: str, num_gpus: int | None, gpus_per_node: int, given: int | None) -> int:
     if given is not None:
         nodes = positive_int(f"{where}num_nodes", given)
         if num_gpus is not None and num_gpus > nodes * gpus_per_node:
-            raise ConfigError(f"{where}num_nodes", nodes,
-                              f"at least {math.ceil(num_gpus / gpus_per_node)} nodes for {num_gpus} GPUs")
+            raise ConfigError(
+                f"{where}num_nodes", nodes, f"at least {math.ceil(num_gpus / gpus_per_node)} nodes for {num_gpus} GPUs"
+            )
         return nodes
     if num_gpus is None:
         raise ConfigError(f"{where}num_nodes", None, "a value when the GPU count is not known")
@@ -47,8 +48,10 @@ def size_notes(given: int | None, nodes: int) -> list[str]:
     """A topology's note when its node count came from the job (num_nodes not given)."""
     if given is not None:
         return []
-    return [f"machine size not given (num_nodes): only the job's {nodes} node(s) exist, so placement has no "
-            "other nodes to choose"]
+    return [
+        f"machine size not given (num_nodes): only the job's {nodes} node(s) exist, so placement has no "
+        "other nodes to choose"
+    ]
 
 
 HOST_LINKS_PER_GPU = 6  # add_hosts and a NIC's link to the network: GPU-switch, GPU-NIC, NIC-network, both ways
@@ -64,19 +67,35 @@ def add_hosts(graph: nx.DiGraph, num_nodes: int, gpus_per_node: int, p: dict) ->
             gpu, nic = f"n{h}.g{g}", f"n{h}.nic{g}"
             graph.add_node(gpu, kind="gpu", host=h, local_index=g)
             graph.add_node(nic, kind="nic", host=h, local_index=g)
-            add_duplex(graph, gpu, switch, bandwidth_bytes_per_s=p["intra_bandwidth_bytes_per_s"],
-                       latency_s=p["intra_latency_s"], link_kind="intra")
-            add_duplex(graph, gpu, nic, bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"], latency_s=0.0,
-                       link_kind="gpu_nic")
+            add_duplex(
+                graph,
+                gpu,
+                switch,
+                bandwidth_bytes_per_s=p["intra_bandwidth_bytes_per_s"],
+                latency_s=p["intra_latency_s"],
+                link_kind="intra",
+            )
+            add_duplex(
+                graph,
+                gpu,
+                nic,
+                bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
+                latency_s=0.0,
+                link_kind="gpu_nic",
+            )
             gpus.append(gpu)
     return gpus
 
 
 HOST_SCHEMA = {
-    "num_nodes": None, "gpus_per_node": 8,
-    "intra_bandwidth_GBps": ..., "intra_latency_us": 1.0,
-    "nic_bandwidth_GBps": ..., "nic_latency_us": 1.0,
-    "switch_latency_us": 0.5, "message_overhead_us": 0.0,
+    "num_nodes": None,
+    "gpus_per_node": 8,
+    "intra_bandwidth_GBps": ...,
+    "intra_latency_us": 1.0,
+    "nic_bandwidth_GBps": ...,
+    "nic_latency_us": 1.0,
+    "switch_latency_us": 0.5,
+    "message_overhead_us": 0.0,
 }
 
 
@@ -86,17 +105,32 @@ def build_uniform(raw: dict, num_gpus: int | None) -> Topology:
     p = read_params(raw, HOST_SCHEMA, "topology.params.")
     gpus_per_node = positive_int("topology.params.gpus_per_node", p["gpus_per_node"])
     nodes = num_nodes_for("topology.params.", num_gpus, gpus_per_node, p["num_nodes"])
-    check_machine_size("uniform", {host_key(p, gpus_per_node, num_gpus): nodes * gpus_per_node * HOST_LINKS_PER_GPU},
-                       num_gpus, {"num_nodes": nodes, "gpus_per_node": gpus_per_node})
+    check_machine_size(
+        "uniform",
+        {host_key(p, gpus_per_node, num_gpus): nodes * gpus_per_node * HOST_LINKS_PER_GPU},
+        num_gpus,
+        {"num_nodes": nodes, "gpus_per_node": gpus_per_node},
+    )
     graph = nx.DiGraph()
     gpus = add_hosts(graph, nodes, gpus_per_node, p)
     graph.add_node("net.sw", kind="switch")
     for h in range(nodes):
         for g in range(gpus_per_node):
-            add_duplex(graph, f"n{h}.nic{g}", "net.sw", bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
-                       latency_s=p["nic_latency_s"] + p["switch_latency_s"], link_kind="nic")
-    return Topology(name="uniform", graph=graph, gpus=gpus, router=uniform_router,
-                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]))
+            add_duplex(
+                graph,
+                f"n{h}.nic{g}",
+                "net.sw",
+                bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
+                latency_s=p["nic_latency_s"] + p["switch_latency_s"],
+                link_kind="nic",
+            )
+    return Topology(
+        name="uniform",
+        graph=graph,
+        gpus=gpus,
+        router=uniform_router,
+        params=NetworkParams(message_overhead_s=p["message_overhead_s"]),
+    )
 
 
 def uniform_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:
@@ -116,8 +150,13 @@ def uniform_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tup
     return ((1.0, tuple(topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False))),)
 
 
-FAT_TREE_SCHEMA = {**HOST_SCHEMA, "nodes_per_leaf": 4, "num_spines": 4, "uplink_bandwidth_GBps": None,
-                   "uplink_latency_us": 1.0}
+FAT_TREE_SCHEMA = {
+    **HOST_SCHEMA,
+    "nodes_per_leaf": 4,
+    "num_spines": 4,
+    "uplink_bandwidth_GBps": None,
+    "uplink_latency_us": 1.0,
+}
 
 
 @register_builder("fat-tree")
@@ -136,8 +175,9 @@ def build_fat_tree(raw: dict, num_gpus: int | None) -> Topology:
     num_leaves = math.ceil(nodes / per_leaf)
     hosts = host_key(p, gpus_per_node, num_gpus)
     terms = {hosts: nodes * gpus_per_node * HOST_LINKS_PER_GPU, "num_spines": 2 * num_leaves * spines}
-    check_machine_size("fat-tree", terms, num_gpus,
-                       {"num_nodes": nodes, "gpus_per_node": gpus_per_node, "num_spines": spines})
+    check_machine_size(
+        "fat-tree", terms, num_gpus, {"num_nodes": nodes, "gpus_per_node": gpus_per_node, "num_spines": spines}
+    )
     graph = nx.DiGraph()
     gpus = add_hosts(graph, nodes, gpus_per_node, p)
     for s in range(spines):
@@ -145,21 +185,38 @@ def build_fat_tree(raw: dict, num_gpus: int | None) -> Topology:
     for leaf in range(num_leaves):
         graph.add_node(f"leaf{leaf}", kind="switch")
         for s in range(spines):
-            add_duplex(graph, f"leaf{leaf}", f"spine{s}", bandwidth_bytes_per_s=uplink,
-                       latency_s=p["uplink_latency_s"] + p["switch_latency_s"], link_kind="up")
+            add_duplex(
+                graph,
+                f"leaf{leaf}",
+                f"spine{s}",
+                bandwidth_bytes_per_s=uplink,
+                latency_s=p["uplink_latency_s"] + p["switch_latency_s"],
+                link_kind="up",
+            )
     for h in range(nodes):
         for g in range(gpus_per_node):
-            add_duplex(graph, f"n{h}.nic{g}", f"leaf{h // per_leaf}",
-                       bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
-                       latency_s=p["nic_latency_s"] + p["switch_latency_s"], link_kind="nic")
-    return Topology(name="fat-tree", graph=graph, gpus=gpus, router=ecmp_router,
-                    params=NetworkParams(message_overhead_s=p["message_overhead_s"]),
-                    notes=size_notes(p["num_nodes"], nodes))
+            add_duplex(
+                graph,
+                f"n{h}.nic{g}",
+                f"leaf{h // per_leaf}",
+                bandwidth_bytes_per_s=p["nic_bandwidth_bytes_per_s"],
+                latency_s=p["nic_latency_s"] + p["switch_latency_s"],
+                link_kind="nic",
+            )
+    return Topology(
+        name="fat-tree",
+        graph=graph,
+        gpus=gpus,
+        router=ecmp_router,
+        params=NetworkParams(message_overhead_s=p["message_overhead_s"]),
+        notes=size_notes(p["num_nodes"], nodes),
+    )
 
 
 def ecmp_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:
     """Equal split over all shortest paths (by hop count), as ECMP hashing spreads many flows."""
     paths = sorted(nx.all_shortest_paths(topo.graph, src, dst))
     frac = 1.0 / len(paths)
-    return tuple((frac, tuple(topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False)))
-                 for nodes in paths)
+    return tuple(
+        (frac, tuple(topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False))) for nodes in paths
+    )

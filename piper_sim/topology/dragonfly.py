@@ -134,9 +134,14 @@ class DragonflyFabric:
         links = range(self.spec.global_links_per_group_pair)
         classes: dict[tuple, list[int]] = {}
         for m in others:
-            key = tuple((tuple(self.global_endpoint(j, m, link) for link in links),
-                         tuple(self.global_endpoint(m, j, link) for link in links),
-                         tuple(self.background_fraction(j, m, link) for link in links)) for j in self.job_groups)
+            key = tuple(
+                (
+                    tuple(self.global_endpoint(j, m, link) for link in links),
+                    tuple(self.global_endpoint(m, j, link) for link in links),
+                    tuple(self.background_fraction(j, m, link) for link in links),
+                )
+                for j in self.job_groups
+            )
             classes.setdefault(key, []).append(m)
         return {m: (members[0], len(members)) for members in classes.values() for m in members}
 
@@ -161,8 +166,10 @@ class DragonflyFabric:
         """What a reader of results must know about the modelled network."""
         spec, jobs = self.spec, len(self.job_groups)
         if spec.network_scope == "job" and spec.num_groups > jobs:
-            return [f"network_scope job: only the job's {jobs} of the machine's {spec.num_groups} groups are "
-                    "modelled; non-minimal routes cross only them"]
+            return [
+                f"network_scope job: only the job's {jobs} of the machine's {spec.num_groups} groups are "
+                "modelled; non-minimal routes cross only them"
+            ]
         return []
 
     # ---- graph -------------------------------------------------------------------------------
@@ -173,11 +180,14 @@ class DragonflyFabric:
             for s in self._switches_of(g):
                 graph.add_node(sw(g, s), kind="switch", group=g, switch_index=s)
         for g in self.built_groups:
-            local = {"bandwidth_bytes_per_s": p["local_bandwidth_bytes_per_s"] * self.class_size[g],
-                     "link_kind": "local", "latency_s": p["local_latency_s"] + p["switch_latency_s"]}
+            local = {
+                "bandwidth_bytes_per_s": p["local_bandwidth_bytes_per_s"] * self.class_size[g],
+                "link_kind": "local",
+                "latency_s": p["local_latency_s"] + p["switch_latency_s"],
+            }
             switches = self._switches_of(g)
             for n, s in enumerate(switches):
-                for t in switches[n + 1:]:
+                for t in switches[n + 1 :]:
                     graph.add_edges_from(((sw(g, s), sw(g, t)), (sw(g, t), sw(g, s))), **local)
         for g, peer in self._global_pairs():
             for link in range(self.spec.global_links_per_group_pair):
@@ -185,8 +195,12 @@ class DragonflyFabric:
 
     def _global_pairs(self) -> list[tuple[int, int]]:
         jobs = set(self.job_groups)
-        return [(g, q) for n, g in enumerate(self.built_groups) for q in self.built_groups[n + 1:]
-                if g in jobs or q in jobs]
+        return [
+            (g, q)
+            for n, g in enumerate(self.built_groups)
+            for q in self.built_groups[n + 1 :]
+            if g in jobs or q in jobs
+        ]
 
     def _add_global(self, graph: nx.DiGraph, p: dict, g: int, peer: int, link: int) -> None:
         size = max(self.class_size[g], self.class_size[peer])
@@ -199,8 +213,9 @@ class DragonflyFabric:
                 graph.edges[u, v]["bandwidth_bytes_per_s"] += bandwidth
                 graph.edges[u, v]["num_links"] += size
             else:
-                graph.add_edge(u, v, bandwidth_bytes_per_s=bandwidth, latency_s=latency, link_kind="global",
-                               num_links=size)
+                graph.add_edge(
+                    u, v, bandwidth_bytes_per_s=bandwidth, latency_s=latency, link_kind="global", num_links=size
+                )
 
     # ---- routing -----------------------------------------------------------------------------
     def weighted_switch_paths(self, src: str, dst: str, flow_key: int) -> WeightedSwitchPaths:
@@ -300,8 +315,11 @@ class DragonflyFabric:
             return None
         mid_group = self.intermediate(g1, g2, flow_key % (len(self.transit) - 2))
         if self.outside.get(mid_group, (mid_group, 1))[1] > 1:
-            raise ConfigError("topology.params.outside_groups", "aggregate",
-                              "exact for hashed Valiant detours (aggregate serves the mean-field spread)")
+            raise ConfigError(
+                "topology.params.outside_groups",
+                "aggregate",
+                "exact for hashed Valiant detours (aggregate serves the mean-field spread)",
+            )
         links = spec.global_links_per_group_pair
         first, second = (flow_key >> 20) % links, (flow_key >> 40) % links
         return self.via(g1, s1, g2, s2, mid_group, first, second)
@@ -313,8 +331,16 @@ class DragonflyFabric:
         if mid is None:
             return dedupe((sw(g1, s1), sw(g1, ep(g1, g2, out_link)), sw(g2, ep(g2, g1, in_link)), sw(g2, s2)))
         rep = self.outside.get(mid, (mid, 1))[0]
-        return dedupe((sw(g1, s1), sw(g1, ep(g1, mid, out_link)), sw(rep, ep(mid, g1, out_link)),
-                       sw(rep, ep(mid, g2, in_link)), sw(g2, ep(g2, mid, in_link)), sw(g2, s2)))
+        return dedupe(
+            (
+                sw(g1, s1),
+                sw(g1, ep(g1, mid, out_link)),
+                sw(rep, ep(mid, g1, out_link)),
+                sw(rep, ep(mid, g2, in_link)),
+                sw(g2, ep(g2, mid, in_link)),
+                sw(g2, s2),
+            )
+        )
 
 
 def _nth_excluding(n: int, excluded: set[int]) -> int:

@@ -54,8 +54,9 @@ class Topology:
             if bw is None or not bw > 0:
                 raise ConfigError(f"topology {self.name} link {u}->{v} bandwidth", bw, "a positive number")
             if data.get("latency_s", 0.0) < 0:
-                raise ConfigError(f"topology {self.name} link {u}->{v} latency", data["latency_s"],
-                                  "a non-negative number")
+                raise ConfigError(
+                    f"topology {self.name} link {u}->{v} latency", data["latency_s"], "a non-negative number"
+                )
 
     # ---- links ---------------------------------------------------------------------------------
     @cached_property

@@ -51,8 +51,9 @@ def read_topology_mapping(spec: str | dict | Path) -> dict:
         if "preset" in raw:
             preset = raw.pop("preset")
             if not isinstance(preset, str):
-                raise ConfigError("topology.preset", preset,
-                                  f"a preset ({', '.join(topology_presets())}) or a YAML path")
+                raise ConfigError(
+                    "topology.preset", preset, f"a preset ({', '.join(topology_presets())}) or a YAML path"
+                )
             base = read_topology_mapping(preset)
             params = {**(base.get("params") or {}), **(raw.pop("params", None) or {})}
             collectives = _merge_collectives(base.get("collectives") or {}, raw.pop("collectives", None) or {})

@@ -65,8 +65,11 @@ def fill_hosts(topo: Topology, num_ranks: int, host_order: list[int]) -> list[st
         out.extend(hosts[h])
         if len(out) >= num_ranks:
             return out[:num_ranks]
-    raise ConfigError("placement", f"{len(host_order)} nodes",
-                      f"enough nodes for {num_ranks} ranks (the machine has {topo.num_gpus} GPUs)")
+    raise ConfigError(
+        "placement",
+        f"{len(host_order)} nodes",
+        f"enough nodes for {num_ranks} ranks (the machine has {topo.num_gpus} GPUs)",
+    )
 
 
 @register_placement("contiguous")
@@ -106,8 +109,9 @@ def _locality_from_wiring(topo: Topology, hosts: set[int]) -> dict[int, tuple[in
         host = data.get("host")
         if data.get("kind") != "nic" or host not in hosts or host in found:
             continue
-        switches = sorted(n for n in graph.successors(name)
-                          if graph.nodes[n].get("kind") == "switch" and "host" not in graph.nodes[n])
+        switches = sorted(
+            n for n in graph.successors(name) if graph.nodes[n].get("kind") == "switch" and "host" not in graph.nodes[n]
+        )
         if switches:
             found[host] = (int(graph.nodes[switches[0]].get("group", 0)), switches[0])
     return {h: found.get(h, (0, f"host{h}")) for h in hosts}
@@ -116,8 +120,9 @@ def _locality_from_wiring(topo: Topology, hosts: set[int]) -> dict[int, tuple[in
 def _check_options(options: dict, allowed: tuple[str, ...], policy: str) -> None:
     unknown = sorted(set(options) - {"policy", *allowed})
     if unknown:
-        raise ConfigError(f"placement.{unknown[0]}", options[unknown[0]],
-                          f"options of {policy}: {', '.join(('policy', *allowed))}")
+        raise ConfigError(
+            f"placement.{unknown[0]}", options[unknown[0]], f"options of {policy}: {', '.join(('policy', *allowed))}"
+        )
 
 
 def _candidate_hosts(topo: Topology, options: dict) -> list[int]:
@@ -198,13 +203,17 @@ def check_tensor_groups(topo: Topology, placement: list[str], tp: int) -> None:
     if tp == 1:
         return
     for first in range(0, len(placement), tp):
-        hosts = {topo.host_of(gpu) for gpu in placement[first:first + tp]}
+        hosts = {topo.host_of(gpu) for gpu in placement[first : first + tp]}
         if len(hosts) > 1:
             per_node = len(gpus_by_host(topo)[topo.host_of(placement[first])])
-            raise ConfigError("parallel.tp", tp, f"a tensor-parallel group inside one node: ranks {first}.."
-                              f"{first + tp - 1} land on nodes {sorted(hosts)} of {topo.name} ({per_node} GPUs "
-                              "per node); use a tp that divides the GPUs of a node and a placement that fills "
-                              "nodes in rank order")
+            raise ConfigError(
+                "parallel.tp",
+                tp,
+                f"a tensor-parallel group inside one node: ranks {first}.."
+                f"{first + tp - 1} land on nodes {sorted(hosts)} of {topo.name} ({per_node} GPUs "
+                "per node); use a tp that divides the GPUs of a node and a placement that fills "
+                "nodes in rank order",
+            )
 
 
 # ---- allocation on the machine -------------------------------------------------------------------
@@ -226,8 +235,7 @@ def _seed(options: dict, where: str) -> int:
 
 
 @ALLOCATIONS.register("contiguous")
-def allocate_contiguous(num_nodes: int, num_groups: int | None, per_group: int, options: dict,
-                        where: str) -> list[int]:
+def allocate_contiguous(num_nodes: int, num_groups: int | None, per_group: int, options: dict, where: str) -> list[int]:
     return list(range(num_nodes))
 
 
@@ -236,8 +244,12 @@ def allocate_spread(num_nodes: int, num_groups: int | None, per_group: int, opti
     machine = _machine_groups(num_groups, "spread", where)
     k = options.get("groups")
     if isinstance(k, bool) or not isinstance(k, int) or not -(-num_nodes // per_group) <= k <= min(machine, num_nodes):
-        raise ConfigError(f"{where}.groups", k, f"an integer from {-(-num_nodes // per_group)} (the groups "
-                          f"{num_nodes} nodes need) to {min(machine, num_nodes)}")
+        raise ConfigError(
+            f"{where}.groups",
+            k,
+            f"an integer from {-(-num_nodes // per_group)} (the groups "
+            f"{num_nodes} nodes need) to {min(machine, num_nodes)}",
+        )
     groups = sorted(random.Random(_seed(options, where)).sample(range(machine), k))
     share = [num_nodes // k + (i < num_nodes % k) for i in range(k)]
     return [g * per_group + n for g, count in zip(groups, share, strict=True) for n in range(count)]
@@ -249,20 +261,28 @@ def allocate_random(num_nodes: int, num_groups: int | None, per_group: int, opti
     return sorted(random.Random(_seed(options, where)).sample(range(machine * per_group), num_nodes))
 
 
-def allocate(spec: str | list | dict, num_nodes: int, num_groups: int | None, per_group: int,
-             where: str) -> list[int]:
+def allocate(spec: str | list | dict, num_nodes: int, num_groups: int | None, per_group: int, where: str) -> list[int]:
     """Machine node positions of the job's nodes, ascending (see the module docstring)."""
     if isinstance(spec, list):
         total = None if num_groups is None else num_groups * per_group
-        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 and (total is None or n < total)
-                   for n in spec) or len(set(spec)) != len(spec) or len(spec) != num_nodes:
-            raise ConfigError(where, spec, f"{num_nodes} distinct machine node positions"
-                              + (f" in 0..{total - 1}" if total else ""))
+        if (
+            not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 and (total is None or n < total) for n in spec
+            )
+            or len(set(spec)) != len(spec)
+            or len(spec) != num_nodes
+        ):
+            raise ConfigError(
+                where, spec, f"{num_nodes} distinct machine node positions" + (f" in 0..{total - 1}" if total else "")
+            )
         return sorted(spec)
     options = {"policy": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, dict) else None
     if options is None:
-        raise ConfigError(where, spec, "contiguous, {policy: spread, groups, seed}, {policy: random, seed} "
-                          "or a list of machine node positions")
+        raise ConfigError(
+            where,
+            spec,
+            "contiguous, {policy: spread, groups, seed}, {policy: random, seed} or a list of machine node positions",
+        )
     policy = str(options.pop("policy", "contiguous"))
     allowed = {"contiguous": set(), "spread": {"groups", "seed"}, "random": {"seed"}}.get(policy, set())
     unknown = sorted(set(options) - allowed)

@@ -40,8 +40,9 @@ def machine_links_limit(num_gpus: int | None) -> int:
     return max(MACHINE_LINKS_FLOOR, MACHINE_LINKS_PER_GPU * (num_gpus or 0))
 
 
-def check_machine_size(name: str, terms: dict[str, int], num_gpus: int | None, values: dict[str, int],
-                       where: str = "topology.params.") -> None:
+def check_machine_size(
+    name: str, terms: dict[str, int], num_gpus: int | None, values: dict[str, int], where: str = "topology.params."
+) -> None:
     """Before a builder builds a machine for a job of num_gpus GPUs: refuse one far larger than the job needs, or one
     that does not fit in this machine's memory; say a build that takes more than BUILD_NOTE_S. terms: the links the
     builder would build, by the size parameter that sets their number ("": the job's own size); values: the
@@ -50,19 +51,29 @@ def check_machine_size(name: str, terms: dict[str, int], num_gpus: int | None, v
     key = max(terms, key=terms.__getitem__)
     value = values[key] if key else f"{num_gpus:,} GPUs"
     name_key = f"{where}{key}" if key else "topology"
-    cost = (f"{links:,} links, about {build_seconds(links):,.0f} s and {links * BUILD_BYTES_PER_LINK / GIB:.1f} GiB "
-            "to build")
+    cost = (
+        f"{links:,} links, about {build_seconds(links):,.0f} s and {links * BUILD_BYTES_PER_LINK / GIB:.1f} GiB "
+        "to build"
+    )
     limit = machine_links_limit(num_gpus)
     if links > limit:
         job = f"a {num_gpus:,}-GPU job" if num_gpus else "a machine"
-        lower = (f"a smaller {key}" + (", or none to build just the job's nodes" if key in JOB_SIZED else "")
-                 if key else "fewer GPUs")
-        raise ConfigError(name_key, value, f"a machine of at most {limit:,} links for {job} (these parameters make "
-                                           f"{cost}): {lower}")
+        lower = (
+            f"a smaller {key}" + (", or none to build just the job's nodes" if key in JOB_SIZED else "")
+            if key
+            else "fewer GPUs"
+        )
+        raise ConfigError(
+            name_key, value, f"a machine of at most {limit:,} links for {job} (these parameters make {cost}): {lower}"
+        )
     available = available_memory_bytes()
     if available is not None and links * BUILD_BYTES_PER_LINK > available - MARGIN_BYTES:
-        raise ConfigError(name_key, value, f"a machine that fits in this machine's {available / GIB:.1f} GiB available "
-                                           f"less {MARGIN_BYTES / GIB:.0f} GiB ({cost})")
+        raise ConfigError(
+            name_key,
+            value,
+            f"a machine that fits in this machine's {available / GIB:.1f} GiB available "
+            f"less {MARGIN_BYTES / GIB:.0f} GiB ({cost})",
+        )
     if build_seconds(links) > BUILD_NOTE_S:
         print(f"piper-sim: building topology {name}: {cost}", file=sys.stderr, flush=True)
 

@@ -56,13 +56,16 @@ def _link_ends(fabric: DragonflyFabric, g: int, mid: int) -> tuple[tuple[str, ..
     if hit is None:
         sw, ep, rep = fabric.switch_name, fabric.global_endpoint, fabric.outside.get(mid, (mid, 1))[0]
         links = range(fabric.spec.global_links_per_group_pair)
-        hit = cache[(g, mid)] = (tuple(sw(g, ep(g, mid, a)) for a in links),
-                                 tuple(sw(rep, ep(mid, g, a)) for a in links))
+        hit = cache[(g, mid)] = (
+            tuple(sw(g, ep(g, mid, a)) for a in links),
+            tuple(sw(rep, ep(mid, g, a)) for a in links),
+        )
     return hit
 
 
-def _choices(closures: Closures | None, g: int, block: int, keep: tuple[str, ...], other_end: tuple[str, ...],
-             k: int) -> list[int]:
+def _choices(
+    closures: Closures | None, g: int, block: int, keep: tuple[str, ...], other_end: tuple[str, ...], k: int
+) -> list[int]:
     """Link indices to keep at one end of a detour: one when a verified rotation of that end's block fixes
     the endpoints and the other end (the 4 choices are one orbit), else all."""
     moved = closures.get((g, block)) if closures else None
@@ -71,8 +74,9 @@ def _choices(closures: Closures | None, g: int, block: int, keep: tuple[str, ...
     return [0]
 
 
-def all_detours(fabric: DragonflyFabric, src: str, dst: str, closures: Closures | None = None
-                ) -> tuple[tuple[tuple[str, ...], int], ...]:
+def all_detours(
+    fabric: DragonflyFabric, src: str, dst: str, closures: Closures | None = None
+) -> tuple[tuple[tuple[str, ...], int], ...]:
     """Every path DragonflyFabric.valiant_path can return for src -> dst (same construction), each with the
     number of detours it stands for: an aggregated class of outside groups counts its size (dragonfly.py).
 
@@ -121,15 +125,19 @@ def _minimal(fabric: DragonflyFabric, src: str, dst: str, closures: Closures | N
     paths = tuple((f, 1.0, seq) for f, seq in fabric.minimal_paths(src, dst))
     (g1, _), (g2, _) = fabric.locate(src), fabric.locate(dst)
     k = fabric.spec.global_links_per_group_pair
-    if g1 != g2 and len(paths) == k and _choices(closures, g1, fabric.global_endpoint(g1, g2, 0) // k,
-                                                 (src, dst), (), k) == [0]:
+    if (
+        g1 != g2
+        and len(paths) == k
+        and _choices(closures, g1, fabric.global_endpoint(g1, g2, 0) // k, (src, dst), (), k) == [0]
+    ):
         f, _, seq = paths[0]
         return ((f, float(k), seq),)
     return paths
 
 
-def spread_switch_paths(fabric: DragonflyFabric, src: str, dst: str, closures: Closures | None = None
-                        ) -> WeightedSwitchPaths:
+def spread_switch_paths(
+    fabric: DragonflyFabric, src: str, dst: str, closures: Closures | None = None
+) -> WeightedSwitchPaths:
     """Minimal paths as the fabric splits them, plus the Valiant share spread over all detours."""
     if src == dst:
         return ((1.0, 1.0, (src,)),)

@@ -62,8 +62,13 @@ class NodeModel:
         return (dst_nic if self.src_nic_follows_dst else self.gpu_nic[i]), dst_nic
 
 
-def make_node_model(devices: Iterable[tuple[str, str, int]], links: Iterable[LocalLink], *,
-                    transit_kinds: frozenset[str], src_nic_follows_dst: bool = False) -> NodeModel:
+def make_node_model(
+    devices: Iterable[tuple[str, str, int]],
+    links: Iterable[LocalLink],
+    *,
+    transit_kinds: frozenset[str],
+    src_nic_follows_dst: bool = False,
+) -> NodeModel:
     """Solve the node-local routes once: fewest hops, then widest bottleneck, then device order.
 
     Only devices whose kind is in `transit_kinds` may be passed through (e.g. GCDs on Frontier, the
@@ -90,13 +95,25 @@ def make_node_model(devices: Iterable[tuple[str, str, int]], links: Iterable[Loc
                 nic_paths[(i, k)] = path
                 nic_scores.setdefault(i, []).append((hops, neg_bw, k))
     gpu_nic = tuple(min(nic_scores[i])[2] if i in nic_scores else -1 for i, _ in gpus)
-    return NodeModel(devices=devices, links=links, gpus_per_node=len(gpus), nics_per_node=len(nics),
-                     gpu_paths=gpu_paths, nic_paths=nic_paths, gpu_nic=gpu_nic,
-                     src_nic_follows_dst=src_nic_follows_dst)
+    return NodeModel(
+        devices=devices,
+        links=links,
+        gpus_per_node=len(gpus),
+        nics_per_node=len(nics),
+        gpu_paths=gpu_paths,
+        nic_paths=nic_paths,
+        gpu_nic=gpu_nic,
+        src_nic_follows_dst=src_nic_follows_dst,
+    )
 
 
-def _best_paths(src: str, adjacency: dict[str, list[tuple[str, float]]], order: dict[str, int],
-                kinds: dict[str, str], transit_kinds: frozenset[str]) -> dict[str, tuple[int, float, tuple]]:
+def _best_paths(
+    src: str,
+    adjacency: dict[str, list[tuple[str, float]]],
+    order: dict[str, int],
+    kinds: dict[str, str],
+    transit_kinds: frozenset[str],
+) -> dict[str, tuple[int, float, tuple]]:
     """Label-setting search with key (hops, -bottleneck bandwidth, device order of the path)."""
     best: dict[str, tuple[int, float, tuple[str, ...]]] = {}
     heap: list[tuple[int, float, tuple[int, ...], tuple[str, ...]]] = [(0, -float("inf"), (order[src],), (src,))]
@@ -114,8 +131,9 @@ def _best_paths(src: str, adjacency: dict[str, list[tuple[str, float]]], order: 
     return best
 
 
-def add_node_instances(graph: nx.DiGraph, model: NodeModel, num_nodes: int,
-                       gpu_attrs: Mapping[int, Mapping[str, object]] | None = None) -> list[str]:
+def add_node_instances(
+    graph: nx.DiGraph, model: NodeModel, num_nodes: int, gpu_attrs: Mapping[int, Mapping[str, object]] | None = None
+) -> list[str]:
     """Add `num_nodes` copies of the node to the graph; returns the GPU names in device order."""
     gpus: list[str] = []
     for h in range(num_nodes):
@@ -127,8 +145,11 @@ def add_node_instances(graph: nx.DiGraph, model: NodeModel, num_nodes: int,
             graph.add_node(f"n{h}.{name}", **attrs)
         for link in model.links:
             a, b = f"n{h}.{link.a}", f"n{h}.{link.b}"
-            data = {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s,
-                    "link_kind": link.link_kind}
+            data = {
+                "bandwidth_bytes_per_s": link.bandwidth_bytes_per_s,
+                "latency_s": link.latency_s,
+                "link_kind": link.link_kind,
+            }
             graph.add_edges_from(((a, b), (b, a)), **data)
         gpus.extend(f"n{h}.g{i}" for i in range(model.gpus_per_node))
     return gpus
@@ -188,8 +209,11 @@ class StructuredRouter:
         down = self._down_ids(index, hd, kd, j)
         ends, key = (self.fabric.nic_switch(hs, ks), self.fabric.nic_switch(hd, kd)), mix64(self.seed, hs, i, hd, j)
         weighted = getattr(self.fabric, "weighted_switch_paths", None)
-        paths = (weighted(*ends, key) if weighted
-                 else tuple((f, 1.0, seq) for f, seq in self.fabric.switch_paths(*ends, key)))
+        paths = (
+            weighted(*ends, key)
+            if weighted
+            else tuple((f, 1.0, seq) for f, seq in self.fabric.switch_paths(*ends, key))
+        )
         return tuple((frac, weight, up + self._switch_chain(index, seq) + down) for frac, weight, seq in paths)
 
     def _up_ids(self, index: dict, host: int, i: int, k: int) -> tuple[int, ...]:

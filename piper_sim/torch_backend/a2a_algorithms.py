@@ -58,11 +58,16 @@ class AllToAllCall:
             sizes = {(s, d): 1 for s in self.ranks for d in self.ranks}
         else:
             counts = torch.tensor(self.send_splits, dtype=torch.int64, device=self.rows.device).view(-1, 1)
-            column, _ = self.algorithm(replace(self, rows=counts, send_splits=(1,) * len(self.ranks),
-                                               counts_only=True))
+            column, _ = self.algorithm(replace(self, rows=counts, send_splits=(1,) * len(self.ranks), counts_only=True))
             local = NodeLayout.of(self.ranks, self.node_of).local(self.node_of[self.me])
-            sizes = node_split_sizes(self.send_splits, column.view(-1).tolist(), self.ranks, local,
-                                     self.group(local) if len(local) > 1 else None, self.rows.device)
+            sizes = node_split_sizes(
+                self.send_splits,
+                column.view(-1).tolist(),
+                self.ranks,
+                local,
+                self.group(local) if len(local) > 1 else None,
+                self.rows.device,
+            )
         hold = Holding(sizes=sizes, template=self.rows[:0])
         chunks = torch.split(self.rows, list(self.send_splits))
         hold.chunks = {(self.me, d): c for d, c in zip(self.ranks, chunks, strict=True)}
@@ -77,9 +82,16 @@ AllToAllFn = Callable[[AllToAllCall], tuple[Tensor, list[int]]]
 ALGORITHMS: Registry[AllToAllFn] = Registry("all_to_all algorithm")
 
 
-def all_to_all(rows: Tensor, send_splits: Sequence[int], group_ranks: Sequence[int],
-               node_of: dict[int, int], algorithm: str = "flat", *,
-               groups: GroupCache | None = None, halo: HaloMachine | None = None) -> tuple[Tensor, list[int]]:
+def all_to_all(
+    rows: Tensor,
+    send_splits: Sequence[int],
+    group_ranks: Sequence[int],
+    node_of: dict[int, int],
+    algorithm: str = "flat",
+    *,
+    groups: GroupCache | None = None,
+    halo: HaloMachine | None = None,
+) -> tuple[Tensor, list[int]]:
     """Exchange rows among group_ranks (global ranks; send_splits[i] rows go to group_ranks[i]).
 
     Returns (recv_rows, recv_splits): the rows from each member concatenated in group order, and how
@@ -98,14 +110,28 @@ def all_to_all(rows: Tensor, send_splits: Sequence[int], group_ranks: Sequence[i
         raise ValueError(f"rank {dist.get_rank()} is not in group {ranks}")
     if len(ranks) == 1:  # every row stays: no exchange, no library call
         return rows.contiguous(), list(splits)
-    call = AllToAllCall(rows=rows.contiguous(), send_splits=splits, ranks=ranks, node_of=dict(node_of),
-                        groups=groups or DEFAULT_GROUPS, algorithm=fn, halo=halo or HaloMachine())
+    call = AllToAllCall(
+        rows=rows.contiguous(),
+        send_splits=splits,
+        ranks=ranks,
+        node_of=dict(node_of),
+        groups=groups or DEFAULT_GROUPS,
+        algorithm=fn,
+        halo=halo or HaloMachine(),
+    )
     return fn(call)
 
 
-def dispatch_rows(rows: Tensor, expert_ids: Tensor, send_splits: Sequence[int], group_ranks: Sequence[int],
-                  node_of: dict[int, int], algorithm: str = "flat", *,
-                  halo: HaloMachine | None = None) -> tuple[Tensor, Tensor, list[int]]:
+def dispatch_rows(
+    rows: Tensor,
+    expert_ids: Tensor,
+    send_splits: Sequence[int],
+    group_ranks: Sequence[int],
+    node_of: dict[int, int],
+    algorithm: str = "flat",
+    *,
+    halo: HaloMachine | None = None,
+) -> tuple[Tensor, Tensor, list[int]]:
     """The MoE dispatch as the executor runs it: the expert ids ride as one extra float32 column of the rows
     (exact below 2^24), so the dispatch is one exchange. Returns (recv_rows in the rows' dtype, contiguous;
     recv_expert_ids, int64; recv_splits). Collective over group_ranks."""
@@ -114,8 +140,7 @@ def dispatch_rows(rows: Tensor, expert_ids: Tensor, send_splits: Sequence[int], 
     return both[:, :-1].to(rows.dtype).contiguous(), both[:, -1].round().to(torch.int64), recv_splits
 
 
-def prepare_groups(group_ranks: Sequence[int], node_of: dict[int, int],
-                   groups: GroupCache | None = None) -> None:
+def prepare_groups(group_ranks: Sequence[int], node_of: dict[int, int], groups: GroupCache | None = None) -> None:
     """Create, ahead of the first call, the groups the algorithms use: EP group, node group, rail group.
 
     Collective over group_ranks (every member calls it).
@@ -189,8 +214,15 @@ def halo(call: AllToAllCall) -> tuple[Tensor, list[int]]:
         raise ValueError(f"halo: more than 2^{COUNT_BITS - 1} rows in one message")
     device = call.rows.device
     counts = torch.tensor((splits + (largest << COUNT_BITS)).tolist(), dtype=torch.int64, device=device).view(-1, 1)
-    got = run_plan(count_plan, me, ranks, {(me, d): counts[d:d + 1] for d in range(n)}, lambda key: 1, counts[:0],
-                   prefix="splits:")
+    got = run_plan(
+        count_plan,
+        me,
+        ranks,
+        {(me, d): counts[d : d + 1] for d in range(n)},
+        lambda key: 1,
+        counts[:0],
+        prefix="splits:",
+    )
     values = {key: int(v) for (key, _), v in got.items() if len(v)}  # one row per chunk, in one of its slices
     sizes = {key: v & ((1 << COUNT_BITS) - 1) for key, v in values.items()}
     sizes.update({(me, d): int(c) for d, c in enumerate(splits.tolist())})
@@ -199,8 +231,15 @@ def halo(call: AllToAllCall) -> tuple[Tensor, list[int]]:
     matrix = np.zeros((n, n))  # what this member knows of the matrix: every chunk it sends, receives or relays
     for key, rows in sizes.items():
         matrix[key] = rows * row_bytes
-    plan = halo_plan(matrix, host, switch, machine.chunk_bytes, machine.max_slices, relays=relays,
-                     slices=num_slices(np.array([most * row_bytes]), machine.chunk_bytes, machine.max_slices))
+    plan = halo_plan(
+        matrix,
+        host,
+        switch,
+        machine.chunk_bytes,
+        machine.max_slices,
+        relays=relays,
+        slices=num_slices(np.array([most * row_bytes]), machine.chunk_bytes, machine.max_slices),
+    )
     template = call.rows[:0]
     own = dict(zip(((me, d) for d in range(n)), torch.split(call.rows, list(call.send_splits)), strict=True))
     got = run_plan(plan, me, ranks, own, sizes.__getitem__, template)
@@ -218,8 +257,9 @@ def _halo_members(host: np.ndarray, switch: np.ndarray, machine: HaloMachine) ->
     if hit is None:
         n = host.size
         relays = halo_relays(host, switch)
-        counts = halo_plan(np.full((n, n), float(SPLIT_BYTES)), host, switch, machine.chunk_bytes,
-                           machine.max_slices, relays=relays)
+        counts = halo_plan(
+            np.full((n, n), float(SPLIT_BYTES)), host, switch, machine.chunk_bytes, machine.max_slices, relays=relays
+        )
         hit = _HALO_MEMBERS[key] = (relays, counts)
     return hit
 
@@ -233,8 +273,9 @@ def two_dim_hierarchical(call: AllToAllCall) -> tuple[Tensor, list[int]]:
     """
     layout, me = NodeLayout.of(call.ranks, call.node_of), call.me
     if not _uniform(layout):
-        raise ConfigError("collectives.all_to_all", "2dh", "halo, flat or pairwise when nodes hold unequal "
-                          "numbers of EP ranks")
+        raise ConfigError(
+            "collectives.all_to_all", "2dh", "halo, flat or pairwise when nodes hold unequal numbers of EP ranks"
+        )
     hold = call.holding()
     local = layout.local(layout.node_of[me])
     rail = _rail(layout, layout.local_index(me))

@@ -21,8 +21,15 @@ from .a2a_algorithms import all_to_all, prepare_groups
 ROW_WIDTH = 256  # float32 values per row: 1 KiB rows
 
 
-def time_all_to_all(rank: int, world: int, node_of: dict[int, int], sizes_bytes: list[int], algorithms: list[str],
-                    repeats: int, out_path: str) -> None:
+def time_all_to_all(
+    rank: int,
+    world: int,
+    node_of: dict[int, int],
+    sizes_bytes: list[int],
+    algorithms: list[str],
+    repeats: int,
+    out_path: str,
+) -> None:
     group = list(range(world))
     prepare_groups(group, node_of)
     results = []
@@ -39,7 +46,13 @@ def time_all_to_all(rank: int, world: int, node_of: dict[int, int], sizes_bytes:
                 all_to_all(data, splits, group, node_of, algorithm)
                 dist.barrier()
                 times.append(time.perf_counter() - t0)
-            results.append({"algorithm": algorithm, "bytes_per_pair": rows_per_pair * ROW_WIDTH * 4,
-                            "median_s": statistics.median(times), "times_s": times})
+            results.append(
+                {
+                    "algorithm": algorithm,
+                    "bytes_per_pair": rows_per_pair * ROW_WIDTH * 4,
+                    "median_s": statistics.median(times),
+                    "times_s": times,
+                }
+            )
     if rank == 0:
         Path(out_path).write_text(json.dumps(results, indent=1))

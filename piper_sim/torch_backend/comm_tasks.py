@@ -22,6 +22,7 @@ from .stage_modules import State
 
 class CommunicationTasks:
     """Executor methods for the schedule's communication tasks."""
+
     def _all_to_all(self, task: Task) -> float:
         ms = self._micro(task)
         group = self.mesh.group(self.rank, "ep")
@@ -41,26 +42,34 @@ class CommunicationTasks:
         grad = ms.pending.pop(grad_key, None)
         if grad is None:
             grad = torch.zeros(sum(a2a["recv_splits"]), self.model.d_model, device=self.device, dtype=self.dtype)
-        rows, _ = all_to_all(grad.contiguous(), a2a["recv_splits"], group, self.node_of, self.algorithm,
-                             halo=self.halo)
+        rows, _ = all_to_all(grad.contiguous(), a2a["recv_splits"], group, self.node_of, self.algorithm, halo=self.halo)
         ms.pending[out_key] = rows
         return float(rows.numel() * rows.element_size())
 
-    def _a2a_forward(self, task: Task, state: State, group: tuple[int, ...], segments: list[Segment], *,
-                     redo: bool = False) -> float:
+    def _a2a_forward(
+        self, task: Task, state: State, group: tuple[int, ...], segments: list[Segment], *, redo: bool = False
+    ) -> float:
         """The forward exchange on state; its record goes on segments (redo: a stand-in for the recomputed one)."""
         if task.role == Role.DISPATCH:
             splits = list(state["send_splits"])
-            rows, ids, recv_splits = dispatch_rows(state["send_rows"], state["send_expert_ids"], splits, group,
-                                                   self.node_of, self.algorithm, halo=self.halo)
+            rows, ids, recv_splits = dispatch_rows(
+                state["send_rows"],
+                state["send_expert_ids"],
+                splits,
+                group,
+                self.node_of,
+                self.algorithm,
+                halo=self.halo,
+            )
             state.update(recv_rows=rows.requires_grad_(True), recv_splits=recv_splits, recv_expert_ids=ids)
             record = {"role": Role.DISPATCH, "send_splits": splits, "recv_splits": recv_splits}
             sent = state["send_rows"]
             nbytes = (sum(splits) - splits[group.index(self.rank)]) * sent.shape[1] * sent.element_size()
         else:
             splits = list(state["recv_splits"])
-            rows, back = all_to_all(state["return_rows"].detach(), splits, group, self.node_of, self.algorithm,
-                                    halo=self.halo)
+            rows, back = all_to_all(
+                state["return_rows"].detach(), splits, group, self.node_of, self.algorithm, halo=self.halo
+            )
             state["combined_rows"] = rows.requires_grad_(True)
             record = {"role": Role.COMBINE, "send_splits": splits, "recv_splits": back}
             nbytes = (sum(splits) - splits[group.index(self.rank)]) * rows.shape[1] * rows.element_size()
@@ -106,6 +115,7 @@ class CommunicationTasks:
         def done(posted: float, ended: float) -> None:
             finish()
             self._record(task, posted, ended, nbytes, 0.0)
+
         self.transfers.track(task.task_id, work, start, done)
 
     def _ring_rows(self, task: Task) -> None:
@@ -115,8 +125,10 @@ class CommunicationTasks:
             return
         kinds = [t.kind for t in self.ring]
         if kinds != [kind for kind, *_ in calls]:
-            raise PiperError(f"task {task.task_id}: its ring tasks {kinds} but its attention ran "
-                             f"{[kind for kind, *_ in calls]} (context parallelism)")
+            raise PiperError(
+                f"task {task.task_id}: its ring tasks {kinds} but its attention ran "
+                f"{[kind for kind, *_ in calls]} (context parallelism)"
+            )
         for ring, (_, start, end, nbytes, cpu) in zip(self.ring, calls, strict=True):
             self._record(ring, start, end, nbytes, 0.0, cpu)
         self.ring.clear()

@@ -39,8 +39,12 @@ class ContextShard:
         """Positions in the sequence of a rank's tokens (this rank's by default): chunks i and 2 cp - 1 - i."""
         i = self.index if index is None else index
         size = seq_len // (2 * self.cp)
-        return torch.cat([torch.arange(i * size, (i + 1) * size, device=device),
-                          torch.arange((2 * self.cp - 1 - i) * size, (2 * self.cp - i) * size, device=device)])
+        return torch.cat(
+            [
+                torch.arange(i * size, (i + 1) * size, device=device),
+                torch.arange((2 * self.cp - 1 - i) * size, (2 * self.cp - i) * size, device=device),
+            ]
+        )
 
     def local(self, x: Tensor) -> Tensor:
         """The rank's tokens of (batch, seq) tokens or targets."""
@@ -56,8 +60,11 @@ class ContextShard:
         kv = torch.stack([k.detach(), v.detach()]).contiguous()
         two, b, h, s, d = kv.shape
         out = kv.new_empty((self.cp * two, b, h, s, d))  # by rank
-        self._timed(TaskKind.ALL_GATHER, float(out.numel() * out.element_size()),
-                    lambda: dist.all_gather_into_tensor(out, kv, group=self.group))
+        self._timed(
+            TaskKind.ALL_GATHER,
+            float(out.numel() * out.element_size()),
+            lambda: dist.all_gather_into_tensor(out, kv, group=self.group),
+        )
         whole = out.view(self.cp, two, b, h, s, d).permute(1, 2, 3, 0, 4, 5).reshape(two, b, h, self.cp * s, d)
         return whole[0], whole[1]
 
@@ -67,8 +74,11 @@ class ContextShard:
         pieces = torch.stack([dk, dv]).reshape(2, b, h, self.cp, s // self.cp, d).permute(3, 0, 1, 2, 4, 5)
         pieces = pieces.reshape(self.cp * 2, b, h, s // self.cp, d)  # by rank
         out = pieces.new_empty((2, b, h, s // self.cp, d))
-        self._timed(TaskKind.REDUCE_SCATTER, float(pieces.numel() * pieces.element_size()),
-                    lambda: dist.reduce_scatter_tensor(out, pieces, group=self.group))
+        self._timed(
+            TaskKind.REDUCE_SCATTER,
+            float(pieces.numel() * pieces.element_size()),
+            lambda: dist.reduce_scatter_tensor(out, pieces, group=self.group),
+        )
         return out[0], out[1]
 
     def core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -56,8 +56,7 @@ class ByteCorpus:
     val_files: tuple[str, ...]
 
     @classmethod
-    def from_stdlib(cls, *, max_bytes: int = 4_000_000, val_every: int = 10,
-                    root: Path | None = None) -> ByteCorpus:
+    def from_stdlib(cls, *, max_bytes: int = 4_000_000, val_every: int = 10, root: Path | None = None) -> ByteCorpus:
         """Read sorted stdlib sources until max_bytes; file i goes to val when i % val_every == val_every-1."""
         if max_bytes <= 0:
             raise ConfigError("corpus.max_bytes", max_bytes, "a positive integer")
@@ -75,24 +74,30 @@ class ByteCorpus:
             parts[split].append(data)
             names[split].append(path.relative_to(base).as_posix())
             total += len(data)
-        return cls(train=_as_tensor(b"".join(parts["train"])), val=_as_tensor(b"".join(parts["val"])),
-                   train_files=tuple(names["train"]), val_files=tuple(names["val"]))
+        return cls(
+            train=_as_tensor(b"".join(parts["train"])),
+            val=_as_tensor(b"".join(parts["val"])),
+            train_files=tuple(names["train"]),
+            val_files=tuple(names["val"]),
+        )
 
     def data(self, split: str) -> Tensor:
         if split not in SPLITS:
             raise ConfigError("corpus.split", split, f"one of {', '.join(SPLITS)}")
         return self.train if split == "train" else self.val
 
-    def batches(self, seq_len: int, batch_size: int, seed: int, split: str = "train",
-                num_batches: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
+    def batches(
+        self, seq_len: int, batch_size: int, seed: int, split: str = "train", num_batches: int | None = None
+    ) -> Iterator[tuple[Tensor, Tensor]]:
         """Random windows (seeded): tokens (batch, seq_len) and targets shifted by one, both int64.
 
         Endless unless num_batches is given.
         """
         data = self.data(split)
         if data.numel() < seq_len + 2:
-            raise ConfigError("corpus.max_bytes", data.numel(), f"more than seq_len + 1 ({seq_len + 1}) "
-                              f"bytes in the {split} split")
+            raise ConfigError(
+                "corpus.max_bytes", data.numel(), f"more than seq_len + 1 ({seq_len + 1}) bytes in the {split} split"
+            )
         gen = torch.Generator().manual_seed(seed)
         offsets = torch.arange(seq_len + 1)
         count = 0

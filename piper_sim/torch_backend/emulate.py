@@ -18,8 +18,7 @@ from piper_sim.workload.model import ModelSpec
 from .stage_modules import StageModule, State
 
 
-def local_all_to_all(rows: Sequence[Tensor], splits: Sequence[Sequence[int]]
-                     ) -> tuple[list[Tensor], list[list[int]]]:
+def local_all_to_all(rows: Sequence[Tensor], splits: Sequence[Sequence[int]]) -> tuple[list[Tensor], list[list[int]]]:
     """rows[r] split by splits[r] (one count per destination); returns what each rank receives
     (chunks concatenated in source order) and its receive splits (one count per source)."""
     num_ranks = len(rows)
@@ -57,8 +56,7 @@ def run_ep_group(stages: Sequence[StageModule], states: Sequence[State]) -> None
             combine(states)
 
 
-def run_grid(grid: Sequence[Sequence[StageModule]], tokens: Sequence[Tensor],
-             targets: Sequence[Tensor]) -> list[State]:
+def run_grid(grid: Sequence[Sequence[StageModule]], tokens: Sequence[Tensor], targets: Sequence[Tensor]) -> list[State]:
     """grid[pp_stage][ep_rank]; tokens/targets per EP rank. Returns the final state per EP rank."""
     states: list[State] = [{"tokens": t, "targets": y} for t, y in zip(tokens, targets, strict=True)]
     for stages in grid:
@@ -68,10 +66,20 @@ def run_grid(grid: Sequence[Sequence[StageModule]], tokens: Sequence[Tensor],
     return states
 
 
-def build_grid(spec: ModelSpec, stage_layers: Sequence[Sequence[int]], ep_size: int, *, seed: int = 0,
-               dtype: torch.dtype = torch.float32) -> list[list[StageModule]]:
+def build_grid(
+    spec: ModelSpec,
+    stage_layers: Sequence[Sequence[int]],
+    ep_size: int,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> list[list[StageModule]]:
     """StageModules for consecutive virtual stages (one layer list each) times EP ranks."""
     last = len(stage_layers) - 1
-    return [[StageModule(spec, layers, first=p == 0, last=p == last, ep_rank=e, ep_size=ep_size,
-                         seed=seed, dtype=dtype) for e in range(ep_size)]
-            for p, layers in enumerate(stage_layers)]
+    return [
+        [
+            StageModule(spec, layers, first=p == 0, last=p == last, ep_rank=e, ep_size=ep_size, seed=seed, dtype=dtype)
+            for e in range(ep_size)
+        ]
+        for p, layers in enumerate(stage_layers)
+    ]

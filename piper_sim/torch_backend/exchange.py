@@ -61,8 +61,14 @@ class Pending:
     finish: Callable[[], None]
 
 
-def node_split_sizes(row: Sequence[int], column: Sequence[int], ranks: Sequence[int], local: Sequence[int],
-                     node_group: dist.ProcessGroup | None, device: torch.device) -> dict[Key, int]:
+def node_split_sizes(
+    row: Sequence[int],
+    column: Sequence[int],
+    ranks: Sequence[int],
+    local: Sequence[int],
+    node_group: dist.ProcessGroup | None,
+    device: torch.device,
+) -> dict[Key, int]:
     """sizes[(s, d)] for every chunk to or from this rank's node: one all_gather inside the node of each
     member's row (what it sends to each group member) and column (what each member sends it), in
     group order."""
@@ -84,8 +90,9 @@ def node_split_sizes(row: Sequence[int], column: Sequence[int], ranks: Sequence[
     return sizes
 
 
-def a2a_phase(hold: Holding, me: int, members: Sequence[int], keys_fn: KeysFn,
-              group: dist.ProcessGroup | None) -> Pending:
+def a2a_phase(
+    hold: Holding, me: int, members: Sequence[int], keys_fn: KeysFn, group: dist.ProcessGroup | None
+) -> Pending:
     """All-to-all among members (sorted global ranks of `group`): keys_fn(sender, receiver) per pair."""
     members = sorted(members)
     send = [hold.pack(keys_fn(me, t)) for t in members]
@@ -95,8 +102,7 @@ def a2a_phase(hold: Holding, me: int, members: Sequence[int], keys_fn: KeysFn,
         return Pending(lambda: None)
     recv_sizes = [hold.padded(keys) for keys in recv_keys]
     out = hold.template.new_empty((sum(recv_sizes), *hold.template.shape[1:]))
-    work = dist.all_to_all_single(out, torch.cat(send), recv_sizes, [len(c) for c in send],
-                                  group=group, async_op=True)
+    work = dist.all_to_all_single(out, torch.cat(send), recv_sizes, [len(c) for c in send], group=group, async_op=True)
 
     def finish() -> None:
         work.wait()
@@ -109,8 +115,9 @@ def a2a_phase(hold: Holding, me: int, members: Sequence[int], keys_fn: KeysFn,
 def p2p_phase(hold: Holding, sends: dict[int, list[Key]], recvs: dict[int, list[Key]]) -> Pending:
     """Batched asynchronous point-to-point messages: sends[peer] / recvs[peer] list the keys of each."""
     ops = [dist.P2POp(dist.isend, hold.pack(keys), peer) for peer, keys in sends.items()]
-    buffers = {peer: hold.template.new_empty((hold.padded(keys), *hold.template.shape[1:]))
-               for peer, keys in recvs.items()}
+    buffers = {
+        peer: hold.template.new_empty((hold.padded(keys), *hold.template.shape[1:])) for peer, keys in recvs.items()
+    }
     ops += [dist.P2POp(dist.irecv, buf, peer) for peer, buf in buffers.items()]
     works = dist.batch_isend_irecv(ops) if ops else []
 

@@ -69,17 +69,34 @@ from .train_state import TrainState
 class Executor(CommunicationTasks):
     """Runs the program of one rank. Built inside an initialized torch.distributed process."""
 
-    def __init__(self, *, schedule: Schedule, model: ModelSpec, rank: int, node_of: dict[int, int],
-                 all_to_all_algorithm: str, batch_fn, micro_batch_size: int, seed: int = 0, lr: float = 1e-3,
-                 dtype: torch.dtype = torch.float32, migration: MigrationSpec | None = None,
-                 device: torch.device | str = "cpu", zero: int = 0, sp: bool = False,
-                 halo: HaloMachine | None = None, reshard_after_forward: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        schedule: Schedule,
+        model: ModelSpec,
+        rank: int,
+        node_of: dict[int, int],
+        all_to_all_algorithm: str,
+        batch_fn,
+        micro_batch_size: int,
+        seed: int = 0,
+        lr: float = 1e-3,
+        dtype: torch.dtype = torch.float32,
+        migration: MigrationSpec | None = None,
+        device: torch.device | str = "cpu",
+        zero: int = 0,
+        sp: bool = False,
+        halo: HaloMachine | None = None,
+        reshard_after_forward: bool = True,
+    ) -> None:
         if schedule.vpp > 1 and schedule.pp == 1:
             raise PiperError("the torch backend runs vpp > 1 only with pp > 1 (chunks on one rank are not chained)")
         migrates = migration is not None and migration.active
         if zero and migrates:
-            raise PiperError("the torch backend does not run expert migration with optimizer.zero > 0 "
-                             "(migration moves whole Adam moments, ZeRO shards them)")
+            raise PiperError(
+                "the torch backend does not run expert migration with optimizer.zero > 0 "
+                "(migration moves whole Adam moments, ZeRO shards them)"
+            )
         if migrates and schedule.mesh.tp > 1:
             raise PiperError("the torch backend does not run expert migration with parallel.tp > 1")
         self.schedule, self.model, self.rank = schedule, model, rank
@@ -104,27 +121,46 @@ class Executor(CommunicationTasks):
         self.modules: list[StageModule] = []
         for c in range(schedule.vpp):
             v = schedule.virtual_stage(self.stage, c)
-            self.modules.append(StageModule(model, schedule.stage_layers[v], first=self.stages.is_first(v),
-                                            last=self.stages.is_last(v),
-                                            ep_rank=self.coords["ep"], ep_size=self.mesh.ep, seed=seed, dtype=dtype,
-                                            device=self.device, shard=self.shard))
+            self.modules.append(
+                StageModule(
+                    model,
+                    schedule.stage_layers[v],
+                    first=self.stages.is_first(v),
+                    last=self.stages.is_last(v),
+                    ep_rank=self.coords["ep"],
+                    ep_size=self.mesh.ep,
+                    seed=seed,
+                    dtype=dtype,
+                    device=self.device,
+                    shard=self.shard,
+                )
+            )
         for c, ops in self.redo.items():  # selective recomputation: those layers keep only q, k, v of the core
             for op in ops:
                 if op.startswith("attn_core:"):
                     self.modules[c].layers[op.partition(":")[2]].attn.selective = True
         self.context = None  # context parallelism (context_parallel_attention.py): the rank's chunks, CP group's K/V
         if self.mesh.cp > 1:
-            self.context = ContextShard(self.mesh.cp, self.coords["cp"],
-                                        DEFAULT_GROUPS.get(self.mesh.group(rank, "cp")))
+            self.context = ContextShard(
+                self.mesh.cp, self.coords["cp"], DEFAULT_GROUPS.get(self.mesh.group(rank, "cp"))
+            )
             for module in self.modules:
                 for layer in module.layers.values():
                     layer.attn.context = self.context
         self.ring: list[Task] = []  # the ring tasks issued beside the attention task that runs their collectives
         self.dtype = dtype
         self.meter = ActivationMeter()
-        self.train = TrainState(modules=self.modules, shard=self.shard, mesh=self.mesh, rank=rank,
-                                program=self.program, zero=zero, lr=lr, meter=self.meter,
-                                reshard_after_forward=reshard_after_forward)
+        self.train = TrainState(
+            modules=self.modules,
+            shard=self.shard,
+            mesh=self.mesh,
+            rank=rank,
+            program=self.program,
+            zero=zero,
+            lr=lr,
+            meter=self.meter,
+            reshard_after_forward=reshard_after_forward,
+        )
         self.fsdp = self.train.fsdp  # ZeRO-3 (sharded_params.py): units' gathers, frees, gradient reduce-scatters
         self.replicas = self.mesh.data_parallel  # micro-batch streams of a stage: one per TP group
         self.loss_scale = 1.0 / (schedule.num_microbatches * self.replicas)
@@ -145,8 +181,9 @@ class Executor(CommunicationTasks):
         for module in self.modules:
             for index, layer in module.layers.items():
                 if getattr(layer, "router", None) is not None:
-                    layer.router.logit_bias = torch.tensor(expert_logit_bias(int(index)), dtype=torch.float32,
-                                                           device=self.device)
+                    layer.router.logit_bias = torch.tensor(
+                        expert_logit_bias(int(index)), dtype=torch.float32, device=self.device
+                    )
 
     def _prepare_groups(self) -> None:
         ep_group = self.mesh.group(self.rank, "ep")
@@ -287,8 +324,9 @@ class Executor(CommunicationTasks):
         ms.segments.append(seg)
         return flops + seg.flops
 
-    def _segment(self, task: Task, ops: tuple[str, ...], state: State, *, record_routing: bool,
-                 floats: bool = False) -> Segment:
+    def _segment(
+        self, task: Task, ops: tuple[str, ...], state: State, *, record_routing: bool, floats: bool = False
+    ) -> Segment:
         """Run ops with autograd on the state as one segment: inputs as fresh leaves, the activations it keeps
         counted (step 0)."""
         if not ops:
@@ -322,8 +360,11 @@ class Executor(CommunicationTasks):
         """Full recomputation keeps the chunk's input state (all but the targets: the head, their only
         reader, is never recomputed)."""
         ms.checkpoint = {k: v for k, v in ms.state.items() if k != "targets"}
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for t in ms.checkpoint.values() if isinstance(t, Tensor)}
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in ms.checkpoint.values()
+            if isinstance(t, Tensor)
+        }
         ms.checkpoint_bytes = float(sum(storages.values()))
         self.meter.account(ms.checkpoint_bytes)
 
@@ -365,8 +406,9 @@ class Executor(CommunicationTasks):
         return flops
 
     def _op_flops(self, op: str, state: State) -> float:
-        tokens = self.model.seq_len // self.mesh.cp * (state["h"].shape[0] if "h" in state and state["h"].dim() == 3
-                                                       else 1)
+        tokens = (
+            self.model.seq_len // self.mesh.cp * (state["h"].shape[0] if "h" in state and state["h"].dim() == 3 else 1)
+        )
         if op.startswith("experts:"):
             counts = torch.bincount(state["recv_expert_ids"], minlength=self.model.num_experts)
             rows = tuple(int(c) for c in counts.tolist() if c > 0)
@@ -419,8 +461,9 @@ class Executor(CommunicationTasks):
         return flops
 
     # ---- records -------------------------------------------------------------------------------
-    def _record(self, task: Task, start: float, end: float, nbytes: float, flops: float,
-                cpu_s: float = float("nan")) -> None:
+    def _record(
+        self, task: Task, start: float, end: float, nbytes: float, flops: float, cpu_s: float = float("nan")
+    ) -> None:
         """One trace row; cpu_s is the CPU time of the rank's main thread during a blocking task (NaN for a
         send/recv, which runs in the background)."""
         peers = ""
@@ -429,9 +472,22 @@ class Executor(CommunicationTasks):
         elif task.is_collective:
             group = self.mesh.group(self.rank, task.group_axis)
             peers = f"{task.group_axis}:{group[0]}+{len(group)}"
-        self.records.append({
-            "step": self.step, "rank": self.rank, "task_id": task.task_id, "kind": task.kind, "stream": task.stream,
-            "microbatch": task.microbatch, "chunk": task.chunk, "layer": task.layer, "role": task.role,
-            "peers": peers, "start_s": start - self.t0, "end_s": end - self.t0, "bytes": nbytes, "flops": flops,
-            "cpu_s": cpu_s})
-
+        self.records.append(
+            {
+                "step": self.step,
+                "rank": self.rank,
+                "task_id": task.task_id,
+                "kind": task.kind,
+                "stream": task.stream,
+                "microbatch": task.microbatch,
+                "chunk": task.chunk,
+                "layer": task.layer,
+                "role": task.role,
+                "peers": peers,
+                "start_s": start - self.t0,
+                "end_s": end - self.t0,
+                "bytes": nbytes,
+                "flops": flops,
+                "cpu_s": cpu_s,
+            }
+        )

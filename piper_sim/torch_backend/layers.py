@@ -257,8 +257,9 @@ class AttentionCore(torch.autograd.Function):
 class FFN(nn.Module):
     """One expert (routed, shared) or a dense FFN: W2(gelu(W1 x)), or SwiGLU W2(silu(W1 x) * W3 x)."""
 
-    def __init__(self, d_model: int, ffn_dim: int, num_matrices: int, *,
-                 device: torch.device | str | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self, d_model: int, ffn_dim: int, num_matrices: int, *, device: torch.device | str | None, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.w1 = _param(ffn_dim, d_model, device=device, dtype=dtype)
         self.w2 = _param(d_model, ffn_dim, device=device, dtype=dtype)
@@ -292,8 +293,9 @@ class SwiGLU(torch.autograd.Function):
 class Router(nn.Module):
     """Linear gate, softmax over all routed experts, top-k, top-k weights renormalised to sum to one."""
 
-    def __init__(self, d_model: int, num_experts: int, top_k: int, *,
-                 device: torch.device | str | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self, d_model: int, num_experts: int, top_k: int, *, device: torch.device | str | None, dtype: torch.dtype
+    ) -> None:
         super().__init__()
         self.top_k = top_k
         self.weight = _param(num_experts, d_model, device=device, dtype=dtype)
@@ -318,8 +320,16 @@ class Layer(nn.Module):
     attention and the dense FFN (1/tp) and of every expert (1/etp).
     """
 
-    def __init__(self, spec: ModelSpec, layer_index: int, expert_range: range, *,
-                 device: torch.device | str | None, dtype: torch.dtype, shard: TensorShard = NO_SHARD) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_index: int,
+        expert_range: range,
+        *,
+        device: torch.device | str | None,
+        dtype: torch.dtype,
+        shard: TensorShard = NO_SHARD,
+    ) -> None:
         super().__init__()
         d, kw = spec.d_model, {"device": device, "dtype": dtype}
         self.is_moe = spec.is_moe_layer(layer_index)
@@ -331,7 +341,9 @@ class Layer(nn.Module):
             self.dense = FFN(d, width // shard.tp, spec.dense_matrix_count, **kw)
             return
         self.router = Router(d, spec.num_experts, spec.top_k, **kw)
-        self.shared = nn.ModuleList(FFN(d, spec.shared_ffn_dim // shard.etp, spec.expert_matrices, **kw)
-                                    for _ in range(spec.num_shared_experts))
-        self.experts = nn.ModuleDict({str(e): FFN(d, spec.expert_ffn_dim // shard.etp, spec.expert_matrices, **kw)
-                                      for e in expert_range})
+        self.shared = nn.ModuleList(
+            FFN(d, spec.shared_ffn_dim // shard.etp, spec.expert_matrices, **kw) for _ in range(spec.num_shared_experts)
+        )
+        self.experts = nn.ModuleDict(
+            {str(e): FFN(d, spec.expert_ffn_dim // shard.etp, spec.expert_matrices, **kw) for e in expert_range}
+        )

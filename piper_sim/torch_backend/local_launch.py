@@ -55,21 +55,34 @@ def free_port(host: str = HOST) -> int:
     raise OSError(f"no free TCP port on {host}")
 
 
-def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, backend: str,
-           collective_timeout_s: float, num_threads: int | None, parent_pid: int, args: tuple[Any, ...]) -> None:
+def _child(
+    rank: int,
+    fn: Callable[..., Any],
+    world_size: int,
+    port: int,
+    backend: str,
+    collective_timeout_s: float,
+    num_threads: int | None,
+    parent_pid: int,
+    args: tuple[Any, ...],
+) -> None:
     rank_process_setup(parent_pid)
     if num_threads:
         torch.set_num_threads(num_threads)
-    os.environ.update(MASTER_ADDR=HOST, MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size))
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=collective_timeout_s))
+    os.environ.update(MASTER_ADDR=HOST, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=collective_timeout_s))
     fn(rank, world_size, *args)
     shutdown()
 
 
-def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-              timeout_s: float = 60.0, num_threads: int | None = 1) -> None:
+def run_local(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 60.0,
+    num_threads: int | None = 1,
+) -> None:
     """Run fn(rank, world_size, *args) on world_size spawned processes; raise on failure or timeout.
 
     fn must be importable (a module-level function). A child's exception is re-raised here
@@ -79,9 +92,13 @@ def run_local(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     """
     port = free_port()
     with children_ignore_interrupts():  # Ctrl-C reaches this process only; it stops the ranks (finally)
-        context = mp.start_processes(_child, args=(fn, world_size, port, backend, timeout_s, num_threads,
-                                                   os.getpid(), args),
-                                     nprocs=world_size, join=False, start_method="spawn")
+        context = mp.start_processes(
+            _child,
+            args=(fn, world_size, port, backend, timeout_s, num_threads, os.getpid(), args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):

@@ -30,8 +30,11 @@ class ExpertMigration:
         self.ex = executor
         model, mesh = executor.model, executor.mesh
         layers = sorted(layer for m in executor.modules for layer in m.owners)
-        self.migrator = Migrator(spec, ExpertPlacement.contiguous(layers, model.num_experts, mesh.ep),
-                                 expert_state_bytes(model, spec.state_bytes_per_param))
+        self.migrator = Migrator(
+            spec,
+            ExpertPlacement.contiguous(layers, model.num_experts, mesh.ep),
+            expert_state_bytes(model, spec.state_bytes_per_param),
+        )
         self.group = mesh.group(executor.rank, "ep")
         self.stage_group = mesh.group(executor.rank, "ep_dp")
 
@@ -103,10 +106,13 @@ class ExpertMigration:
             if p is None:
                 continue
             state = self.ex.train.optimizer.state.get(p, {})
-            out += [p.data, p.grad if p.grad is not None else torch.zeros_like(p),
-                    state.get("exp_avg", torch.zeros_like(p)), state.get("exp_avg_sq", torch.zeros_like(p)),
-                    torch.as_tensor(state.get("step", torch.zeros(())), dtype=torch.float32,
-                                    device=p.device).reshape(1)]
+            out += [
+                p.data,
+                p.grad if p.grad is not None else torch.zeros_like(p),
+                state.get("exp_avg", torch.zeros_like(p)),
+                state.get("exp_avg_sq", torch.zeros_like(p)),
+                torch.as_tensor(state.get("step", torch.zeros(())), dtype=torch.float32, device=p.device).reshape(1),
+            ]
         return [t.contiguous() for t in out]
 
     def _install(self, expert: FFN, buffers: list[Tensor]) -> None:
@@ -119,5 +125,8 @@ class ExpertMigration:
             p.data.copy_(data)
             p.grad = grad if grad.abs().sum() > 0 else None
             if step.item() > 0:
-                self.ex.train.pending_optimizer_state[p] = {"step": step.reshape(()), "exp_avg": exp_avg,
-                                                      "exp_avg_sq": exp_avg_sq}
+                self.ex.train.pending_optimizer_state[p] = {
+                    "step": step.reshape(()),
+                    "exp_avg": exp_avg,
+                    "exp_avg_sq": exp_avg_sq,
+                }

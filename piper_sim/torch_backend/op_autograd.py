@@ -43,8 +43,11 @@ def forward_op(stage: StageModule, op: str, state: State) -> OpRecord:
     name = parse_op(op)[0]
     in_keys, out_keys = DIFFERENTIABLE_IO[name]
     splits = {k: list(state[k]) for k in ("send_splits", "recv_splits")} if name == "experts" else {}
-    inputs = {k: state[k].detach().requires_grad_(True) for k in in_keys
-              if isinstance(state.get(k), Tensor) and state[k].is_floating_point()}
+    inputs = {
+        k: state[k].detach().requires_grad_(True)
+        for k in in_keys
+        if isinstance(state.get(k), Tensor) and state[k].is_floating_point()
+    }
     state.update(inputs)
     stage.run_op(op, state)
     outputs = {k: state[k] for k in out_keys if isinstance(state.get(k), Tensor) and state[k].requires_grad}

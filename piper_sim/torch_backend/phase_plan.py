@@ -42,8 +42,15 @@ class Traffic:
 TRAFFIC = Traffic()
 
 
-def run_plan(plan: HaloPlan, me: int, ranks: tuple[int, ...], own: dict[Key, Tensor], rows: Callable[[Key], int],
-             template: Tensor, prefix: str = "") -> dict[Piece, Tensor]:
+def run_plan(
+    plan: HaloPlan,
+    me: int,
+    ranks: tuple[int, ...],
+    own: dict[Key, Tensor],
+    rows: Callable[[Key], int],
+    template: Tensor,
+    prefix: str = "",
+) -> dict[Piece, Tensor]:
     """Run the plan's phases as member `me` (an index into ranks, the call's global ranks).
 
     own: this member's chunks (me, d); rows(key): the rows of every chunk this member sends or receives;
@@ -111,8 +118,9 @@ def run_plan(plan: HaloPlan, me: int, ranks: tuple[int, ...], own: dict[Key, Ten
     return received
 
 
-def assemble(plan: HaloPlan, me: int, own: dict[Key, Tensor], received: dict[Piece, Tensor],
-             template: Tensor) -> list[Tensor]:
+def assemble(
+    plan: HaloPlan, me: int, own: dict[Key, Tensor], received: dict[Piece, Tensor], template: Tensor
+) -> list[Tensor]:
     """Every source's chunk for `me`, in member order: its own, or the pieces received, slice by slice."""
     out = []
     for s in range(plan.host.size):

@@ -48,8 +48,13 @@ Issued = tuple[dist.Work, Callable[[], None]] | None
 class FlatUnit:
     """One unit's parameters of one class over its shard group (module docstring)."""
 
-    def __init__(self, named: list[tuple[str, nn.Parameter]], shard_ranks: tuple[int, ...],
-                 replicate_ranks: tuple[int, ...], meter: ActivationMeter) -> None:
+    def __init__(
+        self,
+        named: list[tuple[str, nn.Parameter]],
+        shard_ranks: tuple[int, ...],
+        replicate_ranks: tuple[int, ...],
+        meter: ActivationMeter,
+    ) -> None:
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.meter = meter
@@ -57,7 +62,7 @@ class FlatUnit:
         self.across = DEFAULT_GROUPS.get(replicate_ranks) if len(replicate_ranks) > 1 else None
         self.flat, self.shard_numel = flatten(self.params, len(shard_ranks))
         index = dist.get_rank(self.group) if self.group is not None else 0
-        mine = self.flat[index * self.shard_numel:(index + 1) * self.shard_numel]
+        mine = self.flat[index * self.shard_numel : (index + 1) * self.shard_numel]
         # a shard group of one (HSDP with dp_shard 1) holds the unit whole: Adam steps the buffer itself
         self.shard = nn.Parameter(mine.clone() if self.group is not None else mine)
         self.pending: dict[int, Tensor] = {}  # micro-batch -> its reduce-scattered part, for the HSDP all-reduce
@@ -121,6 +126,7 @@ class FlatUnit:
                 self.pending[microbatch] = part
             else:
                 self._add(part)
+
         return work, done
 
     def all_reduce(self, microbatch: int) -> Issued:
@@ -166,8 +172,17 @@ def unit_of_param(name: str, layers: tuple[int, ...]) -> int:
 class Fsdp:
     """A rank's ZeRO-3 units and the schedule's tasks on them."""
 
-    def __init__(self, *, modules: list[StageModule], shard: TensorShard, mesh: Mesh, rank: int,
-                 program: tuple[Task, ...], meter: ActivationMeter, reshard_after_forward: bool) -> None:
+    def __init__(
+        self,
+        *,
+        modules: list[StageModule],
+        shard: TensorShard,
+        mesh: Mesh,
+        rank: int,
+        program: tuple[Task, ...],
+        meter: ActivationMeter,
+        reshard_after_forward: bool,
+    ) -> None:
         self.reshard_after_forward = reshard_after_forward
         axes: dict[tuple[int, int, str], dict[str, str]] = {}  # (chunk, unit, class) -> {"shard": axis, ...}
         for task in program:
@@ -186,9 +201,12 @@ class Fsdp:
         self.units: dict[tuple[int, int, str], FlatUnit] = {}
         for key in sorted(members):
             where = axes[key]
-            self.units[key] = FlatUnit(members[key], mesh.group(rank, where["shard"]) if "shard" in where else (rank,),
-                                       mesh.group(rank, where["replicate"]) if "replicate" in where else (rank,),
-                                       meter)
+            self.units[key] = FlatUnit(
+                members[key],
+                mesh.group(rank, where["shard"]) if "shard" in where else (rank,),
+                mesh.group(rank, where["replicate"]) if "replicate" in where else (rank,),
+                meter,
+            )
         # the last compute task of each unit in each pass: the unit is freed after it
         last: dict[tuple[str, int, int, int], str] = {}
         self.unit_of: dict[str, tuple[str, int, int]] = {}  # compute task -> (pass, chunk, unit)

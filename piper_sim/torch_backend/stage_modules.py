@@ -91,10 +91,20 @@ class StageModule(nn.Module):
     (vocabulary-parallel cross-entropy); "attn", "dense" and (experts split, etp == tp) "moe_out" write
     h / tp + their partial output, which the schedule's TP collective after them sums."""
 
-    def __init__(self, spec: ModelSpec, layer_indices: Sequence[int], *, first: bool, last: bool,
-                 ep_rank: int = 0, ep_size: int = 1, seed: int = 0,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
-                 shard: TensorShard = NO_SHARD) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layer_indices: Sequence[int],
+        *,
+        first: bool,
+        last: bool,
+        ep_rank: int = 0,
+        ep_size: int = 1,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+        shard: TensorShard = NO_SHARD,
+    ) -> None:
         super().__init__()
         self.spec, self.first, self.last, self.shard = spec, first, last, shard
         self.layer_indices = tuple(layer_indices)
@@ -106,16 +116,23 @@ class StageModule(nn.Module):
                 raise ConfigError("layer_indices", index, f"in [0, {spec.num_layers})")
         kw = {"device": device, "dtype": dtype}
         if (first or last) and spec.vocab_size % shard.tp:
-            raise ConfigError("parallel.tp", shard.tp, f"a divisor of model.vocab_size ({spec.vocab_size}) to run "
-                              "the vocabulary-parallel embedding and head")
+            raise ConfigError(
+                "parallel.tp",
+                shard.tp,
+                f"a divisor of model.vocab_size ({spec.vocab_size}) to run the vocabulary-parallel embedding and head",
+            )
         self.vocab_shard = spec.vocab_size // shard.tp
         if first:
             self.embed = nn.Embedding(self.vocab_shard, spec.d_model, **kw)
-        self.layers = nn.ModuleDict({str(i): Layer(spec, i, self.expert_range, shard=shard, **kw)
-                                     for i in self.layer_indices})
+        self.layers = nn.ModuleDict(
+            {str(i): Layer(spec, i, self.expert_range, shard=shard, **kw) for i in self.layer_indices}
+        )
         # expert -> EP rank, per MoE layer; contiguous at start, changed by expert migration
-        self.owners = {i: torch.arange(spec.num_experts) // self.experts_per_rank
-                       for i in self.layer_indices if spec.is_moe_layer(i)}
+        self.owners = {
+            i: torch.arange(spec.num_experts) // self.experts_per_rank
+            for i in self.layer_indices
+            if spec.is_moe_layer(i)
+        }
         if last:
             self.norm = RMSNorm(spec.d_model, **kw)
             self.head = nn.Linear(spec.d_model, self.vocab_shard, bias=False, **kw)
@@ -147,15 +164,18 @@ class StageModule(nn.Module):
 
     def _check(self, ok: bool, op: str) -> None:
         if not ok:
-            raise ValueError(f"op {op!r} does not run on this stage (layers {self.layer_indices}, "
-                             f"first={self.first}, last={self.last})")
+            raise ValueError(
+                f"op {op!r} does not run on this stage (layers {self.layer_indices}, "
+                f"first={self.first}, last={self.last})"
+            )
 
     def _head(self, h: Tensor, targets: Tensor) -> Tensor:
         logits = linear(self.norm(h), self.head.weight)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # at least fp32
         if self.shard.tp > 1:
-            return VocabParallelCrossEntropy.apply(logits.flatten(0, -2), targets.flatten(),
-                                                   self.shard.vocab_start(self.vocab_shard), self.shard.group)
+            return VocabParallelCrossEntropy.apply(
+                logits.flatten(0, -2), targets.flatten(), self.shard.vocab_start(self.vocab_shard), self.shard.group
+            )
         return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
     def destination_rank(self, expert_ids: Tensor, layer_index: int) -> Tensor:
@@ -222,8 +242,9 @@ def run_local_experts(experts: nn.ModuleDict, rows: Tensor, expert_ids: Tensor, 
 
 
 def _experts(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:
-    state["return_rows"] = run_local_experts(layer.experts, state["recv_rows"], state["recv_expert_ids"],
-                                             stage.spec.num_experts)
+    state["return_rows"] = run_local_experts(
+        layer.experts, state["recv_rows"], state["recv_expert_ids"], stage.spec.num_experts
+    )
 
 
 def _moe_out(stage: StageModule, layer: Layer, layer_index: int, state: State) -> None:
@@ -237,16 +258,25 @@ def _moe_out(stage: StageModule, layer: Layer, layer_index: int, state: State) -
     state["h"] = stage.shard.residual(h, split=stage.shard.experts_split) + out.view_as(h)
 
 
-_LAYER_OPS = {"attn": _attn, "dense": _dense, "router": _router, "shared": _shared,
-              "experts": _experts, "moe_out": _moe_out}
+_LAYER_OPS = {
+    "attn": _attn,
+    "dense": _dense,
+    "router": _router,
+    "shared": _shared,
+    "experts": _experts,
+    "moe_out": _moe_out,
+}
 
 
 def run_without_exchange(stage: StageModule, ops: Iterable[str], state: State) -> None:
     """Run ops on one EP rank that holds every expert: dispatch and combine are the identity."""
     for op in ops:
         if op.startswith("experts:"):
-            state.update(recv_rows=state["send_rows"], recv_splits=list(state["send_splits"]),
-                         recv_expert_ids=state["send_expert_ids"])
+            state.update(
+                recv_rows=state["send_rows"],
+                recv_splits=list(state["send_splits"]),
+                recv_expert_ids=state["send_expert_ids"],
+            )
         stage.run_op(op, state)
         if op.startswith("experts:"):
             state["combined_rows"] = state["return_rows"]
@@ -255,12 +285,19 @@ def run_without_exchange(stage: StageModule, ops: Iterable[str], state: State) -
 class ReferenceModel(nn.Module):
     """The full model in one process (ep=1, all layers, all experts), built from StageModule."""
 
-    def __init__(self, spec: ModelSpec, *, seed: int = 0, device: torch.device | str | None = None,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        seed: int = 0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         self.spec = spec
-        self.stage = StageModule(spec, range(spec.num_layers), first=True, last=True, seed=seed,
-                                 device=device, dtype=dtype)
+        self.stage = StageModule(
+            spec, range(spec.num_layers), first=True, last=True, seed=seed, device=device, dtype=dtype
+        )
 
     def run(self, tokens: Tensor, targets: Tensor) -> State:
         """All ops in order; dispatch and combine are the identity (one EP rank)."""
@@ -275,5 +312,15 @@ class ReferenceModel(nn.Module):
         return self.loss(tokens, targets)
 
 
-__all__ = ["DIFFERENTIABLE_IO", "FFN", "ReferenceModel", "StageModule", "State", "expert_range",
-           "layer_ops", "run_local_experts", "run_without_exchange", "stage_ops"]
+__all__ = [
+    "DIFFERENTIABLE_IO",
+    "FFN",
+    "ReferenceModel",
+    "StageModule",
+    "State",
+    "expert_range",
+    "layer_ops",
+    "run_local_experts",
+    "run_without_exchange",
+    "stage_ops",
+]

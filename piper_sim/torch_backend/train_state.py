@@ -25,16 +25,37 @@ from .zero import ShardedGroup
 
 
 class TrainState:
-    def __init__(self, *, modules: list[StageModule], shard: TensorShard, mesh: Mesh, rank: int,
-                 program: tuple[Task, ...], zero: int, lr: float, meter: ActivationMeter,
-                 reshard_after_forward: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        modules: list[StageModule],
+        shard: TensorShard,
+        mesh: Mesh,
+        rank: int,
+        program: tuple[Task, ...],
+        zero: int,
+        lr: float,
+        meter: ActivationMeter,
+        reshard_after_forward: bool = True,
+    ) -> None:
         self.modules, self.shard, self.mesh, self.rank, self.program = modules, shard, mesh, rank, program
         self.zero, self.lr, self.meter = zero, lr, meter
         self.optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=lr)
         self.pending_optimizer_state: dict = {}  # moved experts' Adam moments, for the next rebuild
         self.sharded: dict[str, ShardedGroup] = {}  # ZeRO: a parameter class (PARAM_CLASSES) -> its sharded group
-        self.fsdp = Fsdp(modules=modules, shard=shard, mesh=mesh, rank=rank, program=program, meter=meter,
-                         reshard_after_forward=reshard_after_forward) if zero == 3 else None
+        self.fsdp = (
+            Fsdp(
+                modules=modules,
+                shard=shard,
+                mesh=mesh,
+                rank=rank,
+                program=program,
+                meter=meter,
+                reshard_after_forward=reshard_after_forward,
+            )
+            if zero == 3
+            else None
+        )
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -47,15 +68,16 @@ class TrainState:
             self.sharded = self._shard(named)
         # by storage: autograd also saves views of the weights (linear keeps weight.t()), which are not activations
         # (ZeRO-3: a unit's gathered buffer is added while it is gathered, sharded_params.py)
-        self.meter.param_storages = {p.untyped_storage().data_ptr() for _, p in named
-                                     if p.untyped_storage().nbytes()}
+        self.meter.param_storages = {p.untyped_storage().data_ptr() for _, p in named if p.untyped_storage().nbytes()}
         in_shards = {id(p) for group in self.sharded.values() for p in group.params}
         in_shards |= self.fsdp.params() if self.fsdp else set()
         whole = [p for _, p in named if id(p) not in in_shards]
         # parameters, their gradients and Adam's two moments: the training state of the rank
-        self.meter.static_bytes = (4.0 * sum(p.numel() * p.element_size() for p in whole)
-                                   + sum(group.state_bytes() for group in self.sharded.values())
-                                   + (self.fsdp.state_bytes() if self.fsdp else 0.0))
+        self.meter.static_bytes = (
+            4.0 * sum(p.numel() * p.element_size() for p in whole)
+            + sum(group.state_bytes() for group in self.sharded.values())
+            + (self.fsdp.state_bytes() if self.fsdp else 0.0)
+        )
         trainable = whole + [group.shard for group in self.sharded.values()]
         trainable += self.fsdp.shards() if self.fsdp else []
         old = self.optimizer.state
@@ -79,8 +101,12 @@ class TrainState:
 
     def named_parameters(self) -> dict[str, Tensor]:
         """Tests: every parameter of the rank as it is now (ZeRO-3: gathered from the shards)."""
-        out = {n: p.detach().clone() for m in self.modules for n, p in m.named_parameters()
-               if not self.fsdp or id(p) not in self.fsdp.params()}
+        out = {
+            n: p.detach().clone()
+            for m in self.modules
+            for n, p in m.named_parameters()
+            if not self.fsdp or id(p) not in self.fsdp.params()
+        }
         return {**out, **(self.fsdp.full_params() if self.fsdp else {})}
 
     def all_reduce(self, task: Task) -> float:
@@ -94,7 +120,7 @@ class TrainState:
         offset = 0
         for p in params:
             n = p.numel()
-            p.grad = flat[offset:offset + n].view_as(p).clone()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
         return float(flat.numel() * flat.element_size())
 
@@ -110,8 +136,14 @@ class TrainState:
         """Adam on what this rank updates (whole parameters, or its ZeRO shards); then no gradient is left.
         captured_grads: filled with the reduced gradients before the update (tests)."""
         if captured_grads is not None:
-            captured_grads.update({n: p.grad.detach().clone() for m in self.modules
-                                   for n, p in m.named_parameters() if p.grad is not None})
+            captured_grads.update(
+                {
+                    n: p.grad.detach().clone()
+                    for m in self.modules
+                    for n, p in m.named_parameters()
+                    if p.grad is not None
+                }
+            )
             for group in self.sharded.values():  # what the rank holds of them unreduced is replaced
                 captured_grads.update(group.reduced_grads())
             if self.fsdp:

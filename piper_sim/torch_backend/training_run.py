@@ -53,6 +53,7 @@ def run_devices() -> str | None:
 class RunSpec:
     """What each rank needs, picklable: the config as loaded (its sections built: a rank reads no config file), the
     lowered schedule to run, the nodes of the ranks on the machine, and where to write."""
+
     config: Config
     schedule: Schedule
     out_dir: str
@@ -83,18 +84,32 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=spec.corpus_bytes)
     torch.manual_seed(cfg.seed)
-    batch_fn = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.batch_parallel,
-                            par.num_microbatches)
+    batch_fn = batch_source(
+        corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.batch_parallel, par.num_microbatches
+    )
     device, dtype = torch.device("cpu"), torch.float32  # on CPU the backend computes in float32
     if torch.cuda.is_available():  # one GPU per rank, round-robin over this host's GPUs (nccl), the model's dtype
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.model.dtype, torch.float32)
-    executor = Executor(schedule=schedule, model=cfg.model, rank=rank, node_of=spec.node_of, halo=spec.halo,
-                        all_to_all_algorithm=cfg.collectives.all_to_all, batch_fn=batch_fn,
-                        micro_batch_size=par.micro_batch_size, seed=cfg.seed, lr=spec.lr, migration=cfg.migration,
-                        device=device, dtype=dtype, zero=cfg.zero, sp=par.sp,
-                        reshard_after_forward=cfg.reshard_after_forward)
+    executor = Executor(
+        schedule=schedule,
+        model=cfg.model,
+        rank=rank,
+        node_of=spec.node_of,
+        halo=spec.halo,
+        all_to_all_algorithm=cfg.collectives.all_to_all,
+        batch_fn=batch_fn,
+        micro_batch_size=par.micro_batch_size,
+        seed=cfg.seed,
+        lr=spec.lr,
+        migration=cfg.migration,
+        device=device,
+        dtype=dtype,
+        zero=cfg.zero,
+        sp=par.sp,
+        reshard_after_forward=cfg.reshard_after_forward,
+    )
     if spec.capture_grads:
         executor.captured_grads = {}
     bias = router_bias(cfg)
@@ -117,8 +132,14 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     # on a GPU: the most the caching allocator held for tensors on the rank's device
     peak_device = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    mine = (executor.records, peak_rss, executor.peak_tensor_bytes, executor.routing_rows, peak_device,
-            executor.step_cpu_s)
+    mine = (
+        executor.records,
+        peak_rss,
+        executor.peak_tensor_bytes,
+        executor.routing_rows,
+        peak_device,
+        executor.step_cpu_s,
+    )
     if spec.gather:  # multi-node: no shared file system assumed, rank 0 writes every rank's files
         gathered: list = [None] * world_size if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -127,9 +148,16 @@ def worker(rank: int, world_size: int, spec: RunSpec) -> None:
         parts = {rank: mine}
     for r, (part_rows, rss, tensors, routing, device_bytes, step_cpu) in parts.items():
         pd.DataFrame(part_rows).to_parquet(out / f"rank{r}.parquet", index=False)
-        (out / f"rank{r}.json").write_text(json.dumps({"peak_rss_bytes": rss, "peak_tensor_bytes": tensors,
-                                                       "peak_device_bytes": device_bytes,
-                                                       "step_cpu_s": step_cpu}))
+        (out / f"rank{r}.json").write_text(
+            json.dumps(
+                {
+                    "peak_rss_bytes": rss,
+                    "peak_tensor_bytes": tensors,
+                    "peak_device_bytes": device_bytes,
+                    "step_cpu_s": step_cpu,
+                }
+            )
+        )
         (out / f"rank{r}.routing.json").write_text(json.dumps(routing))
     if executor.captured_grads is not None:
         torch.save(executor.captured_grads, out / f"rank{rank}.grads.pt")
@@ -149,16 +177,27 @@ def router_bias(cfg):
     """
     kind = cfg.routing.kind
     if kind not in STEERABLE:
-        raise PiperError(f"routing.kind: {kind!r} cannot steer the real router; "
-                         f"allowed for run: {', '.join(STEERABLE)}")
+        raise PiperError(
+            f"routing.kind: {kind!r} cannot steer the real router; allowed for run: {', '.join(STEERABLE)}"
+        )
     if kind == "uniform":
         return None
     params = {k: v for k, v in cfg.routing.params.items() if k != "capacity_factor"}
     model = cfg.model
 
     def bias(layer: int) -> list[float]:
-        ctx = RoutingContext(step=0, layer=layer, microbatch=0, group=0, num_sources=1, tokens_per_source=1,
-                             num_experts=model.num_experts, top_k=model.top_k, seed=cfg.seed, params=params)
+        ctx = RoutingContext(
+            step=0,
+            layer=layer,
+            microbatch=0,
+            group=0,
+            num_sources=1,
+            tokens_per_source=1,
+            num_experts=model.num_experts,
+            top_k=model.top_k,
+            seed=cfg.seed,
+            params=params,
+        )
         p = np.clip(popularity(kind, ctx), 1e-9, None)
         return np.log(p * model.num_experts).tolist()
 
@@ -170,9 +209,15 @@ def merge_routing(cfg, ranks_dir: Path, out_path: Path) -> Path | None:
     layers = list(cfg.model.moe_layer_indices)
     if not layers:
         return None
-    rec = TraceRecorder(model=cfg.model.name, num_experts=cfg.model.num_experts, top_k=cfg.model.top_k,
-                        layers=layers, num_microbatches=cfg.parallel.num_microbatches, num_sources=cfg.parallel.ep,
-                        source="captured by piper-sim run (torch backend): the real router's top-k choices")
+    rec = TraceRecorder(
+        model=cfg.model.name,
+        num_experts=cfg.model.num_experts,
+        top_k=cfg.model.top_k,
+        layers=layers,
+        num_microbatches=cfg.parallel.num_microbatches,
+        num_sources=cfg.parallel.ep,
+        source="captured by piper-sim run (torch backend): the real router's top-k choices",
+    )
     for path in sorted(ranks_dir.glob("rank*.routing.json")):
         for step, layer, mb, source, counts in json.loads(path.read_text()):
             rec.record(step, layer, counts, microbatch=mb, source=source)
@@ -186,9 +231,18 @@ def node_map(machine: Machine) -> tuple[dict[int, int], HaloMachine]:
     return {r: topo.host_of(g) for r, g in enumerate(gpus)}, halo_machine(list(gpus), topo)
 
 
-def launch(cfg, schedule: Schedule, out_dir: Path, *, machine: Machine | None = None, timeout_s: float = 600.0,
-           corpus_bytes: int = 2_000_000, capture_grads: bool = False, testbed: str | None = None,
-           progress: bool = False) -> tuple[pd.DataFrame, list[float], float, list[dict], str] | None:
+def launch(
+    cfg,
+    schedule: Schedule,
+    out_dir: Path,
+    *,
+    machine: Machine | None = None,
+    timeout_s: float = 600.0,
+    corpus_bytes: int = 2_000_000,
+    capture_grads: bool = False,
+    testbed: str | None = None,
+    progress: bool = False,
+) -> tuple[pd.DataFrame, list[float], float, list[dict], str] | None:
     """Run the schedule on the ranks; returns (trace rows, loss per step, wall seconds, peak memory per rank,
     device kind "cuda" or "cpu").
 
@@ -206,8 +260,15 @@ def launch(cfg, schedule: Schedule, out_dir: Path, *, machine: Machine | None = 
     world = cfg.parallel.num_gpus
     router_bias(cfg)  # refuse routing kinds a real router cannot follow before starting any rank
     node_of, halo = node_map(machine or build_machine(cfg))
-    spec = RunSpec(config=cfg, schedule=schedule, out_dir=str(out_dir), node_of=node_of, halo=halo,
-                   corpus_bytes=corpus_bytes, capture_grads=capture_grads)
+    spec = RunSpec(
+        config=cfg,
+        schedule=schedule,
+        out_dir=str(out_dir),
+        node_of=node_of,
+        halo=halo,
+        corpus_bytes=corpus_bytes,
+        capture_grads=capture_grads,
+    )
     t0 = time.perf_counter()
     ranks = Path(out_dir) / "ranks"
     if running_under_torchrun():
@@ -261,10 +322,13 @@ def _launch_in_testbed(spec: RunSpec, world: int, out_dir: Path, prefix: str, ti
     placed = {r: host for r, host in spec.node_of.items()}
     hosts = {r: bed.rank(r).host for r in range(world)}
     if placed != hosts:
-        raise PiperError(f"--testbed {prefix}: the config places ranks on nodes {placed}, the testbed on {hosts}; "
-                         "use the testbed's topology file and contiguous placement")
-    launch_in_namespaces("piper_sim.torch_backend.training_run:worker", (spec,), rank_map, Path(out_dir),
-                         timeout_s=timeout_s)
+        raise PiperError(
+            f"--testbed {prefix}: the config places ranks on nodes {placed}, the testbed on {hosts}; "
+            "use the testbed's topology file and contiguous placement"
+        )
+    launch_in_namespaces(
+        "piper_sim.torch_backend.training_run:worker", (spec,), rank_map, Path(out_dir), timeout_s=timeout_s
+    )
 
 
 def _which_rank(exc: Exception) -> str:

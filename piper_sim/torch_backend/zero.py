@@ -38,7 +38,7 @@ def views(params: list[nn.Parameter], flat: Tensor) -> list[Tensor]:
     """Each parameter's place in a flat buffer, shaped like it."""
     out, offset = [], 0
     for p in params:
-        out.append(flat[offset:offset + p.numel()].view_as(p))
+        out.append(flat[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
     return out
 
@@ -54,7 +54,7 @@ class ShardedGroup:
         self.numel = sum(p.numel() for p in self.params)
         self.flat, self.shard_numel = flatten(self.params, dist.get_world_size(self.group))
         index = dist.get_rank(self.group)
-        self.shard = nn.Parameter(self.flat[index * self.shard_numel:(index + 1) * self.shard_numel])
+        self.shard = nn.Parameter(self.flat[index * self.shard_numel : (index + 1) * self.shard_numel])
 
     def _views(self, flat: Tensor) -> list[Tensor]:
         return views(self.params, flat)

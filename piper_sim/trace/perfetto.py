@@ -20,10 +20,12 @@ from piper_sim.errors import ConfigError
 from piper_sim.trace.perfetto_proto import check_installed, write_proto
 from piper_sim.trace.tracks import STREAM_TID, Tracks, build_tracks
 
-FORMATS = {"json": "perfetto.json (Chrome's JSON trace format; the default)",
-           "gz": "perfetto.json.gz (the same, gzipped: about 10x smaller)",
-           "proto": "perfetto.pftrace (Perfetto's protobuf; needs the perfetto package: pip install -e '.[perfetto]')",
-           "none": "no Perfetto trace"}
+FORMATS = {
+    "json": "perfetto.json (Chrome's JSON trace format; the default)",
+    "gz": "perfetto.json.gz (the same, gzipped: about 10x smaller)",
+    "proto": "perfetto.pftrace (Perfetto's protobuf; needs the perfetto package: pip install -e '.[perfetto]')",
+    "none": "no Perfetto trace",
+}
 FILE_NAMES = {"json": "perfetto.json", "gz": "perfetto.json.gz", "proto": "perfetto.pftrace"}
 MAX_EVENTS = 2_000_000
 CHUNK_ROWS = 10_000  # rows encoded at once: about 2.6 kB each in flight (their dicts and JSON), 26 MB
@@ -54,9 +56,17 @@ def perfetto_row_count(df: pd.DataFrame) -> int:
     return first_step_rows(df) if len(df) > MAX_EVENTS else len(df)
 
 
-def write_perfetto(df: pd.DataFrame, path: Path, on_rows: Callable[[int], None] | None = None,
-                   chunk_rows: int = CHUNK_ROWS, *, fmt: str = "json", detail: str = "rank",
-                   ranks_per_stage: int | None = None, links: pd.DataFrame | None = None) -> int:
+def write_perfetto(
+    df: pd.DataFrame,
+    path: Path,
+    on_rows: Callable[[int], None] | None = None,
+    chunk_rows: int = CHUNK_ROWS,
+    *,
+    fmt: str = "json",
+    detail: str = "rank",
+    ranks_per_stage: int | None = None,
+    links: pd.DataFrame | None = None,
+) -> int:
     """Write the tracks of perfetto_rows(df) at detail rank or stage (tracks.build_tracks) as fmt (json, gz,
     proto), chunk_rows events at a time; on_rows(n) after each chunk of n events. Returns how many events
     (metadata, flows and counters included; a protobuf trace's: its packets)."""
@@ -64,7 +74,7 @@ def write_perfetto(df: pd.DataFrame, path: Path, on_rows: Callable[[int], None] 
     if fmt == "proto":
         return write_proto(tracks, path, on_rows, chunk_rows)
     written = 0
-    with (gzip.open(path, "wt", compresslevel=GZIP_LEVEL) if fmt == "gz" else open(path, "w")) as fh:
+    with gzip.open(path, "wt", compresslevel=GZIP_LEVEL) if fmt == "gz" else open(path, "w") as fh:
         fh.write('{"traceEvents": [')
         for events in _chunks(tracks, chunk_rows, on_rows):
             if events:
@@ -79,12 +89,12 @@ def _chunks(tracks: Tracks, chunk_rows: int, on_rows: Callable[[int], None] | No
     yield _meta(tracks)
     events = tracks.events
     for first in range(0, len(events), chunk_rows):
-        part = events.iloc[first:first + chunk_rows]
+        part = events.iloc[first : first + chunk_rows]
         yield _slices(part, tracks.aggregated)
         if on_rows is not None:
             on_rows(len(part))
     for first in range(0, len(tracks.flows), chunk_rows):
-        yield _flows(events, tracks.flows[first:first + chunk_rows], first)
+        yield _flows(events, tracks.flows[first : first + chunk_rows], first)
     yield _counters(tracks)
 
 
@@ -99,8 +109,9 @@ def _meta(tracks: Tracks) -> list[dict]:
 
 def _slices(ev: pd.DataFrame, aggregated: bool) -> list[dict]:
     """One complete ('X') event per row; an aggregated one says its ranks and their ends' spread."""
-    columns = [ev[c].tolist() for c in ("pid", "tid", "ts_us", "dur_us", "name", "cat", "step", "bytes", "flops",
-                                        "peers")]
+    columns = [
+        ev[c].tolist() for c in ("pid", "tid", "ts_us", "dur_us", "name", "cat", "step", "bytes", "flops", "peers")
+    ]
     more = [ev[c].tolist() for c in ("ranks", "end_spread_us")] if aggregated else [[None] * len(ev)] * 2
     out = []
     for pid, tid, ts, dur, name, cat, step, nbytes, flops, peers, ranks, spread in zip(*columns, *more, strict=True):
@@ -127,9 +138,12 @@ def _counters(tracks: Tracks) -> list[dict]:
     if not tracks.counters:
         return []
     pid = tracks.counter_pid
-    out: list[dict] = [{"ph": "M", "name": "process_name", "pid": pid,
-                        "args": {"name": "links: mean utilization over the run (%)"}}]
+    out: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "links: mean utilization over the run (%)"}}
+    ]
     for ts, scale in ((0.0, 100.0), (tracks.end_us, 0.0)):
-        out.extend({"ph": "C", "pid": pid, "ts": ts, "name": link, "args": {"utilization_pct": round(u * scale, 3)}}
-                   for link, u in tracks.counters)
+        out.extend(
+            {"ph": "C", "pid": pid, "ts": ts, "name": link, "args": {"utilization_pct": round(u * scale, 3)}}
+            for link, u in tracks.counters
+        )
     return out

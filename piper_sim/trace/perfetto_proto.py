@@ -27,8 +27,9 @@ BEGIN, END, COUNTER = 1, 2, 4  # TrackEvent.Type: TYPE_SLICE_BEGIN, TYPE_SLICE_E
 def check_installed() -> None:
     """--perfetto proto needs the perfetto package; without it, a ConfigError naming the other formats."""
     if importlib.util.find_spec("perfetto") is None:
-        raise ConfigError("--perfetto", "proto", "json or gz here: proto needs the perfetto package (pip install -e "
-                                                 "'.[perfetto]')")
+        raise ConfigError(
+            "--perfetto", "proto", "json or gz here: proto needs the perfetto package (pip install -e '.[perfetto]')"
+        )
 
 
 def track_uuid(pid: int, tid: int | None = None) -> int:
@@ -51,14 +52,23 @@ def write_proto(tracks: Tracks, path: Path, on_rows: Callable[[int], None] | Non
     # by time; at one time ends (0) before begins (1), the longer of two begins first and the later-begun of two
     # ends first, so that slices with a common bound nest
     order = np.lexsort((np.concatenate([-(end_ns - ts_ns), -ts_ns]), np.repeat([1, 0], n), times))
-    names = ("pid", "tid", "name", "cat", "step", "bytes", "flops", "peers",
-             *(("ranks", "end_spread_us") if tracks.aggregated else ()))
+    names = (
+        "pid",
+        "tid",
+        "name",
+        "cat",
+        "step",
+        "bytes",
+        "flops",
+        "peers",
+        *(("ranks", "end_spread_us") if tracks.aggregated else ()),
+    )
     written = 0
     with open(path, "wb") as fh:
         builder = TraceProtoBuilder()
         _descriptors(builder, tracks)
         for first in range(0, len(order), 2 * chunk):
-            part = order[first:first + 2 * chunk]
+            part = order[first : first + 2 * chunk]
             ids = np.where(part < n, part, part - n)
             columns = {c: ev[c].iloc[ids].tolist() for c in names}
             for j, (i, begin) in enumerate(zip(ids.tolist(), (part < n).tolist(), strict=True)):
@@ -93,9 +103,13 @@ def _flush(builder, fh) -> int:
 
 
 def _annotate(event, columns: dict[str, list], i: int, aggregated: bool) -> None:
-    for name, kind in (("step", "int_value"), ("bytes", "double_value"), ("flops", "double_value"),
-                       ("peers", "string_value"), *((("ranks", "int_value"), ("end_spread_us", "double_value"))
-                                                    if aggregated else ())):
+    for name, kind in (
+        ("step", "int_value"),
+        ("bytes", "double_value"),
+        ("flops", "double_value"),
+        ("peers", "string_value"),
+        *((("ranks", "int_value"), ("end_spread_us", "double_value")) if aggregated else ()),
+    ):
         note = event.debug_annotations.add()
         note.name = name
         value = columns[name][i]

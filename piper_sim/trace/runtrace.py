@@ -23,8 +23,23 @@ from piper_sim.schedule.ir import Schedule
 from piper_sim.workload.mesh import GROUP_AXES
 from piper_sim.workload.task_kinds import P2P_KINDS
 
-COLUMNS = ("step", "rank", "task_id", "kind", "stream", "microbatch", "chunk", "layer", "role", "peers",
-           "start_s", "end_s", "bytes", "flops", "cpu_s")
+COLUMNS = (
+    "step",
+    "rank",
+    "task_id",
+    "kind",
+    "stream",
+    "microbatch",
+    "chunk",
+    "layer",
+    "role",
+    "peers",
+    "start_s",
+    "end_s",
+    "bytes",
+    "flops",
+    "cpu_s",
+)
 CATEGORICAL = ("task_id", "kind", "stream", "role", "peers")
 ROW_GROUP_ROWS = 131_072  # rows of a Parquet row group (and of a CSV chunk): about 6 MB of this schema in flight
 
@@ -51,8 +66,9 @@ def peer_codes(schedule: Schedule, stage: int) -> tuple[np.ndarray, list[str]]:
             codes[:, i] = 1 + ranks + (task.peer_stage - stage) * (n_ranks // mesh.pp)
         elif task.is_collective:
             codes[:, i] = 1 + n_ranks + AXES.index(task.group_axis) * n_ranks + first[task.group_axis]
-    categories = [""] + [str(r) for r in range(n_ranks)] + [
-        f"{axis}:{f}+{size[axis]}" for axis in AXES for f in range(n_ranks)]
+    categories = (
+        [""] + [str(r) for r in range(n_ranks)] + [f"{axis}:{f}+{size[axis]}" for axis in AXES for f in range(n_ranks)]
+    )
     return codes, categories
 
 
@@ -61,13 +77,23 @@ def _categorical(values_by_stage: list[list[str]], reps: list[int]) -> pd.Catego
     labels of every stage (the categories normalize gives), without a string per row."""
     categories = sorted({v for values in values_by_stage for v in values})
     index = {v: i for i, v in enumerate(categories)}
-    codes = np.concatenate([np.tile(np.array([index[v] for v in values], dtype=np.int64), r)
-                            for values, r in zip(values_by_stage, reps, strict=True)])
+    codes = np.concatenate(
+        [
+            np.tile(np.array([index[v] for v in values], dtype=np.int64), r)
+            for values, r in zip(values_by_stage, reps, strict=True)
+        ]
+    )
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=str))
 
 
-def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list[np.ndarray],
-                      flops: list[np.ndarray], nbytes: list[np.ndarray], cpu_s: list[np.ndarray]) -> pd.DataFrame:
+def trace_from_arrays(
+    schedule: Schedule,
+    start_s: list[np.ndarray],
+    end_s: list[np.ndarray],
+    flops: list[np.ndarray],
+    nbytes: list[np.ndarray],
+    cpu_s: list[np.ndarray],
+) -> pd.DataFrame:
     """Build the trace from per-stage arrays indexed [step, rank within stage, task index]."""
     mesh = schedule.mesh
     per_stage = mesh.num_ranks // mesh.pp
@@ -76,17 +102,26 @@ def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list
     reps = [steps * ranks for steps, ranks, _ in shapes]
 
     def per_task(attr) -> np.ndarray:
-        return np.concatenate([np.tile(np.array([attr(t) for t in program], dtype=np.int64), r)
-                               for program, r in zip(programs, reps, strict=True)])
+        return np.concatenate(
+            [
+                np.tile(np.array([attr(t) for t in program], dtype=np.int64), r)
+                for program, r in zip(programs, reps, strict=True)
+            ]
+        )
 
     columns: dict[str, object] = {
         "step": np.concatenate([np.repeat(np.arange(steps), ranks * n) for steps, ranks, n in shapes]),
-        "rank": np.concatenate([p * per_stage + np.tile(np.repeat(np.arange(ranks), n), steps)
-                                for p, (steps, ranks, n) in enumerate(shapes)]),
+        "rank": np.concatenate(
+            [
+                p * per_stage + np.tile(np.repeat(np.arange(ranks), n), steps)
+                for p, (steps, ranks, n) in enumerate(shapes)
+            ]
+        ),
         "task_id": _categorical([[t.task_id for t in program] for program in programs], reps),
         "kind": _categorical([[t.kind.value for t in program] for program in programs], reps),
         "stream": _categorical([[t.stream.value for t in program] for program in programs], reps),
-        "microbatch": per_task(lambda t: t.microbatch), "chunk": per_task(lambda t: t.chunk),
+        "microbatch": per_task(lambda t: t.microbatch),
+        "chunk": per_task(lambda t: t.chunk),
         "layer": per_task(lambda t: t.layer),
         "role": _categorical([[t.role.value for t in program] for program in programs], reps),
     }
@@ -94,11 +129,15 @@ def trace_from_arrays(schedule: Schedule, start_s: list[np.ndarray], end_s: list
     labels = sorted({categories[c] for codes, categories in peers for c in np.unique(codes).tolist()})
     where = {c: i for i, c in enumerate(labels)}
     columns["peers"] = pd.Categorical.from_codes(
-        np.concatenate([np.tile(np.array([where.get(c, -1) for c in categories])[codes.reshape(-1)], steps)
-                        for (codes, categories), (steps, _, _) in zip(peers, shapes, strict=True)]),
-        categories=pd.Index(labels, dtype=str))
-    for name, arrays in (("start_s", start_s), ("end_s", end_s), ("bytes", nbytes), ("flops", flops),
-                         ("cpu_s", cpu_s)):
+        np.concatenate(
+            [
+                np.tile(np.array([where.get(c, -1) for c in categories])[codes.reshape(-1)], steps)
+                for (codes, categories), (steps, _, _) in zip(peers, shapes, strict=True)
+            ]
+        ),
+        categories=pd.Index(labels, dtype=str),
+    )
+    for name, arrays in (("start_s", start_s), ("end_s", end_s), ("bytes", nbytes), ("flops", flops), ("cpu_s", cpu_s)):
         columns[name] = np.concatenate([a.reshape(-1) for a in arrays]).astype(float)
     return pd.DataFrame(columns, copy=False)  # the new arrays as they are: no second copy of a large run's trace
 
@@ -130,8 +169,14 @@ def trace_file(out_dir: Path, fmt: str = "parquet") -> Path:
     return out_dir / f"trace.{fmt}"
 
 
-def write_trace(df: pd.DataFrame, out_dir: Path, fmt: str = "parquet", *, row_group_rows: int = ROW_GROUP_ROWS,
-                on_rows: Callable[[int], None] | None = None) -> Path:
+def write_trace(
+    df: pd.DataFrame,
+    out_dir: Path,
+    fmt: str = "parquet",
+    *,
+    row_group_rows: int = ROW_GROUP_ROWS,
+    on_rows: Callable[[int], None] | None = None,
+) -> Path:
     """Write the trace to trace_file(out_dir, fmt): Parquet in row groups of row_group_rows rows, each converted
     and written in turn (the whole table is never held twice), or CSV in chunks of as many rows; on_rows(n) after
     each chunk of n rows."""
@@ -145,14 +190,15 @@ def write_trace(df: pd.DataFrame, out_dir: Path, fmt: str = "parquet", *, row_gr
         schema = pa.Schema.from_pandas(df.iloc[:0], preserve_index=False)
         with pq.ParquetWriter(path, schema) as writer:
             for first in chunks:
-                part = df.iloc[first:first + row_group_rows]
-                writer.write_table(pa.Table.from_pandas(part, schema=schema, preserve_index=False),
-                                   row_group_size=row_group_rows)
+                part = df.iloc[first : first + row_group_rows]
+                writer.write_table(
+                    pa.Table.from_pandas(part, schema=schema, preserve_index=False), row_group_size=row_group_rows
+                )
                 if on_rows is not None:
                     on_rows(len(part))
         return path
     for first in chunks:
-        part = df.iloc[first:first + row_group_rows]
+        part = df.iloc[first : first + row_group_rows]
         part.to_csv(path, index=False, mode="w" if first == 0 else "a", header=first == 0)
         if on_rows is not None:
             on_rows(len(part))

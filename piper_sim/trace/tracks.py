@@ -22,9 +22,11 @@ from piper_sim.errors import ConfigError
 from piper_sim.workload.task_kinds import P2P_KINDS, Stream, TaskKind
 
 STREAM_TID = {Stream.COMPUTE: 0, Stream.P2P: 1, Stream.COLLECTIVE: 2}
-DETAILS = {"auto": "one track per rank up to AGGREGATE_ROWS trace rows, one per pipeline stage beyond (the default)",
-           "rank": "one track per rank and stream, whatever the size",
-           "stage": "one track per pipeline stage and stream: each task's envelope over the stage's ranks"}
+DETAILS = {
+    "auto": "one track per rank up to AGGREGATE_ROWS trace rows, one per pipeline stage beyond (the default)",
+    "rank": "one track per rank and stream, whatever the size",
+    "stage": "one track per pipeline stage and stream: each task's envelope over the stage's ranks",
+}
 # past this many trace rows a trace shows one track per stage (auto): perfetto.json takes about 190 B and 6 us a
 # row to write on this machine (dense-100b-frontier's 511k rows: 97 MB in 2.9 s, benchmarks/bench_memory.py), and
 # Perfetto's UI loads a JSON trace of about 1M events slowly; a 200k-row trace is about 38 MB
@@ -66,8 +68,9 @@ class Tracks:
         return max(self.process_names, default=-1) + 1
 
 
-def build_tracks(df: pd.DataFrame, detail: str, ranks_per_stage: int | None = None,
-                 links: pd.DataFrame | None = None) -> Tracks:
+def build_tracks(
+    df: pd.DataFrame, detail: str, ranks_per_stage: int | None = None, links: pd.DataFrame | None = None
+) -> Tracks:
     """The Tracks of trace rows df at detail rank or stage (choose_detail); ranks_per_stage: the ranks of a
     pipeline stage (stage = rank // ranks_per_stage; needed for stage); links: the run's link table (link,
     utilization), whose busiest COUNTER_LINKS become counters."""
@@ -82,8 +85,14 @@ def build_tracks(df: pd.DataFrame, detail: str, ranks_per_stage: int | None = No
     if links is not None and len(links):
         busiest = links.sort_values("utilization", ascending=False).head(COUNTER_LINKS)
         counters = [(str(link), float(u)) for link, u in zip(busiest["link"], busiest["utilization"], strict=True)]
-    return Tracks(events=events, process_names=names, flows=flow_pairs(events), counters=counters, end_us=end_us,
-                  aggregated=detail == "stage")
+    return Tracks(
+        events=events,
+        process_names=names,
+        flows=flow_pairs(events),
+        counters=counters,
+        end_us=end_us,
+        aggregated=detail == "stage",
+    )
 
 
 def _times(start_s: pd.Series, end_s: pd.Series) -> tuple[pd.Series, pd.Series]:
@@ -92,11 +101,21 @@ def _times(start_s: pd.Series, end_s: pd.Series) -> tuple[pd.Series, pd.Series]:
 
 def _rank_events(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, str]]:
     ts, dur = _times(df["start_s"], df["end_s"])
-    events = pd.DataFrame({"pid": df["rank"].to_numpy(np.int64), "tid": _tids(df["stream"]),
-                           "ts_us": ts.to_numpy(), "dur_us": dur.to_numpy(), "name": _labels(df["task_id"]),
-                           "cat": _labels(df["kind"]), "step": df["step"].to_numpy(np.int64),
-                           "bytes": df["bytes"].to_numpy(), "flops": df["flops"].to_numpy(),
-                           "peers": _labels(df["peers"]), "peer_pid": _peer_ranks(df["peers"], df["kind"])})
+    events = pd.DataFrame(
+        {
+            "pid": df["rank"].to_numpy(np.int64),
+            "tid": _tids(df["stream"]),
+            "ts_us": ts.to_numpy(),
+            "dur_us": dur.to_numpy(),
+            "name": _labels(df["task_id"]),
+            "cat": _labels(df["kind"]),
+            "step": df["step"].to_numpy(np.int64),
+            "bytes": df["bytes"].to_numpy(),
+            "flops": df["flops"].to_numpy(),
+            "peers": _labels(df["peers"]),
+            "peer_pid": _peer_ranks(df["peers"], df["kind"]),
+        }
+    )
     _p2p_keys(events, df)
     return events, {int(r): f"rank {r}" for r in sorted(df["rank"].unique().tolist())}
 
@@ -107,26 +126,45 @@ def stage_rows(df: pd.DataFrame, ranks_per_stage: int) -> pd.DataFrame:
     bytes, flops, peers (and role and microbatch where df has them); stage = rank // ranks_per_stage."""
     extra = [c for c in ("role", "microbatch") if c in df.columns]
     grouped = df.assign(stage=df["rank"].to_numpy(np.int64) // ranks_per_stage).groupby(
-        ["step", "stage", "task_id"], observed=True, sort=False)
-    return grouped.agg(start_s=("start_s", "min"), end_s=("end_s", "max"), first_end_s=("end_s", "min"),
-                       ranks=("rank", "size"), kind=("kind", "first"), stream=("stream", "first"),
-                       bytes=("bytes", "first"), flops=("flops", "first"), peers=("peers", "first"),
-                       **{c: (c, "first") for c in extra}).reset_index()
+        ["step", "stage", "task_id"], observed=True, sort=False
+    )
+    return grouped.agg(
+        start_s=("start_s", "min"),
+        end_s=("end_s", "max"),
+        first_end_s=("end_s", "min"),
+        ranks=("rank", "size"),
+        kind=("kind", "first"),
+        stream=("stream", "first"),
+        bytes=("bytes", "first"),
+        flops=("flops", "first"),
+        peers=("peers", "first"),
+        **{c: (c, "first") for c in extra},
+    ).reset_index()
 
 
 def _stage_events(df: pd.DataFrame, ranks_per_stage: int) -> tuple[pd.DataFrame, dict[int, str]]:
     agg = stage_rows(df, ranks_per_stage).rename(columns={"stage": "pid"})
     ts, dur = _times(agg["start_s"], agg["end_s"])
     peer_rank = _peer_ranks(agg["peers"], agg["kind"])
-    events = pd.DataFrame({"pid": agg["pid"].to_numpy(np.int64), "tid": _tids(agg["stream"]),
-                           "ts_us": ts.to_numpy(), "dur_us": dur.to_numpy(), "name": _labels(agg["task_id"]),
-                           "cat": _labels(agg["kind"]), "step": agg["step"].to_numpy(np.int64),
-                           "bytes": agg["bytes"].to_numpy(), "flops": agg["flops"].to_numpy(),
-                           "peers": np.where(peer_rank >= 0, "stage " + (peer_rank // ranks_per_stage).astype(str),
-                                             agg["peers"].astype(str)),
-                           "ranks": agg["ranks"].to_numpy(np.int64),
-                           "end_spread_us": ((agg["end_s"] - agg["first_end_s"]) * 1e6).round(3).to_numpy(),
-                           "peer_pid": np.where(peer_rank >= 0, peer_rank // ranks_per_stage, -1)})
+    events = pd.DataFrame(
+        {
+            "pid": agg["pid"].to_numpy(np.int64),
+            "tid": _tids(agg["stream"]),
+            "ts_us": ts.to_numpy(),
+            "dur_us": dur.to_numpy(),
+            "name": _labels(agg["task_id"]),
+            "cat": _labels(agg["kind"]),
+            "step": agg["step"].to_numpy(np.int64),
+            "bytes": agg["bytes"].to_numpy(),
+            "flops": agg["flops"].to_numpy(),
+            "peers": np.where(
+                peer_rank >= 0, "stage " + (peer_rank // ranks_per_stage).astype(str), agg["peers"].astype(str)
+            ),
+            "ranks": agg["ranks"].to_numpy(np.int64),
+            "end_spread_us": ((agg["end_s"] - agg["first_end_s"]) * 1e6).round(3).to_numpy(),
+            "peer_pid": np.where(peer_rank >= 0, peer_rank // ranks_per_stage, -1),
+        }
+    )
     _p2p_keys(events, agg)
     stages = sorted(agg["pid"].unique().tolist())
     names = {p: f"stage {p} (ranks {p * ranks_per_stage}-{(p + 1) * ranks_per_stage - 1})" for p in stages}
@@ -168,11 +206,18 @@ def flow_pairs(events: pd.DataFrame) -> np.ndarray:
         return np.zeros((0, 2), dtype=np.int64)
     p2p = events[(events["peer_pid"] >= 0) & events["cat"].astype(str).isin(P2P_KINDS)]
     send = p2p["cat"].astype(str).to_numpy() == TaskKind.SEND
-    keys = pd.DataFrame({"pos": p2p.index.to_numpy(), "send": send, "ts": p2p["ts_us"].to_numpy(),
-                         "step": p2p["step"].to_numpy(), "role": p2p["role"].to_numpy(),
-                         "mb": p2p["microbatch"].to_numpy(),
-                         "src": np.where(send, p2p["pid"], p2p["peer_pid"]),
-                         "dst": np.where(send, p2p["peer_pid"], p2p["pid"])}).sort_values("ts", kind="stable")
+    keys = pd.DataFrame(
+        {
+            "pos": p2p.index.to_numpy(),
+            "send": send,
+            "ts": p2p["ts_us"].to_numpy(),
+            "step": p2p["step"].to_numpy(),
+            "role": p2p["role"].to_numpy(),
+            "mb": p2p["microbatch"].to_numpy(),
+            "src": np.where(send, p2p["pid"], p2p["peer_pid"]),
+            "dst": np.where(send, p2p["peer_pid"], p2p["pid"]),
+        }
+    ).sort_values("ts", kind="stable")
     by = ["step", "role", "mb", "src", "dst"]
     keys["n"] = keys.groupby([*by, "send"], sort=False).cumcount()
     pairs = keys[keys["send"]].merge(keys[~keys["send"]], on=[*by, "n"], suffixes=("_s", "_r"))

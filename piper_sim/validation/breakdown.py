@@ -18,8 +18,15 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.estimate import _routed, config_estimator
 
-BREAKDOWN_TERMS = ("layer_forward", "layer_backward", "router_forward", "experts_forward", "moe_out_forward",
-                   "all_to_all_forward", "unmodelled")
+BREAKDOWN_TERMS = (
+    "layer_forward",
+    "layer_backward",
+    "router_forward",
+    "experts_forward",
+    "moe_out_forward",
+    "all_to_all_forward",
+    "unmodelled",
+)
 
 
 def predicted_breakdown(run_config: dict, breakdown: dict, name: str) -> list[dict]:
@@ -32,15 +39,27 @@ def predicted_breakdown(run_config: dict, breakdown: dict, name: str) -> list[di
     layer = int(breakdown.get("layer", 0))
     coster = estimator.coster(point.micro_batch_size * cfg.model.seq_len, point.parallel.split)
     predicted = _predicted(estimator, point, coster, layer)
-    return [{"name": name, "term": term, "published_s": float(ms) / 1e3, "predicted_s": predicted[term],
-             "where": breakdown.get("where", "")} for term, ms in terms.items()]
+    return [
+        {
+            "name": name,
+            "term": term,
+            "published_s": float(ms) / 1e3,
+            "predicted_s": predicted[term],
+            "where": breakdown.get("where", ""),
+        }
+        for term, ms in terms.items()
+    ]
 
 
 def _predicted(estimator, point, coster, layer: int) -> dict[str, float]:
     forward, backward, weight, _, moe = estimator._chunk(coster, point.ep, (layer,), False, False, False)
     a2a = 2 * moe * estimator._all_to_all_s(point, coster.tokens)  # dispatch and combine
-    out = {"layer_forward": forward + a2a, "layer_backward": backward + weight + a2a, "all_to_all_forward": a2a,
-           "unmodelled": 0.0}
+    out = {
+        "layer_forward": forward + a2a,
+        "layer_backward": backward + weight + a2a,
+        "all_to_all_forward": a2a,
+        "unmodelled": 0.0,
+    }
     rows = estimator._expert_rows(point.ep, f"experts:{layer}", _routed(coster)) if moe else ()
     for op in ("router", "experts", "moe_out"):
         out[f"{op}_forward"] = coster.op_s(f"{op}:{layer}", rows if op == "experts" else ())[0] if moe else 0.0

@@ -48,9 +48,15 @@ def load_case(path: Path) -> Case:
     bad = sorted(set(raw) - CASE_KEYS)
     if bad:
         raise ConfigError(f"{path.name}/case.yaml: {bad[0]}", raw[bad[0]], f"one of {', '.join(sorted(CASE_KEYS))}")
-    return Case(name=path.name, path=path, description=raw.get("description", ""), config=raw["config"],
-                testbed=raw.get("testbed"), tolerance=float(raw.get("tolerance", {}).get("step_time", 0.2)),
-                pair=str(raw.get("pair", "")))
+    return Case(
+        name=path.name,
+        path=path,
+        description=raw.get("description", ""),
+        config=raw["config"],
+        testbed=raw.get("testbed"),
+        tolerance=float(raw.get("tolerance", {}).get("step_time", 0.2)),
+        pair=str(raw.get("pair", "")),
+    )
 
 
 def find_cases(names: list[str], root: Path) -> list[Case]:
@@ -93,8 +99,9 @@ def check_case_profile(case: Case, profile: str | dict) -> None:
     (piper_sim.profile_choice; a case asks for another with cost.allow_device_mismatch)."""
     raw = case_config(case)
     cost = raw.get("cost") if isinstance(raw.get("cost"), dict) else {}
-    choose_profile(raw.get("topology", DEFAULTS["topology"]), profile,
-                   allow_mismatch=cost.get("allow_device_mismatch") is True)
+    choose_profile(
+        raw.get("topology", DEFAULTS["topology"]), profile, allow_mismatch=cost.get("allow_device_mismatch") is True
+    )
 
 
 def prediction_config(case: Case, profile: str | dict) -> Config:

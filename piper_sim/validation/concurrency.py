@@ -32,7 +32,7 @@ def compute_concurrency(trace: pd.DataFrame) -> pd.Series:
     levels = np.concatenate([[0], counts])
     spans = np.diff(edges)
     share = np.bincount(levels, weights=spans, minlength=ranks + 1) / (t1 - t0)
-    return pd.Series(share[:ranks + 1], index=pd.RangeIndex(ranks + 1, name="ranks_computing"))
+    return pd.Series(share[: ranks + 1], index=pd.RangeIndex(ranks + 1, name="ranks_computing"))
 
 
 def mean_computing(share: pd.Series) -> float:

@@ -46,29 +46,41 @@ def order_swaps(scores: list[dict]) -> list[dict]:
     ordered (whether the measurement orders the pair at all: measured_order)."""
     out = []
     for i, a in enumerate(scores):
-        for b in scores[i + 1:]:
+        for b in scores[i + 1 :]:
             fast, slow = (a, b) if a["measured_step_s"] <= b["measured_step_s"] else (b, a)
             if fast["predicted_step_s"] <= slow["predicted_step_s"]:
                 continue
             fast_runs, slow_runs = fast.get("measured_runs_s") or [], slow.get("measured_runs_s") or []
             fast_sessions, slow_sessions = _sessions(fast), _sessions(slow)
             rounds, sessions = shared_rounds(fast_sessions, slow_sessions)
-            out.append({"faster": fast["case"], "slower": slow["case"],
-                        "measured_gap": slow["measured_step_s"] / fast["measured_step_s"] - 1,
-                        "runs_overlap": len(fast_runs) > 1 and len(slow_runs) > 1 and max(fast_runs) >= min(slow_runs),
-                        "rounds_faster": [sum(f < s for f, s in rounds), len(rounds)] if len(rounds) > 1 else None,
-                        "sessions": sessions,
-                        "ordered": measured_order(fast_sessions, slow_sessions) != 0})
+            out.append(
+                {
+                    "faster": fast["case"],
+                    "slower": slow["case"],
+                    "measured_gap": slow["measured_step_s"] / fast["measured_step_s"] - 1,
+                    "runs_overlap": len(fast_runs) > 1 and len(slow_runs) > 1 and max(fast_runs) >= min(slow_runs),
+                    "rounds_faster": [sum(f < s for f, s in rounds), len(rounds)] if len(rounds) > 1 else None,
+                    "sessions": sessions,
+                    "ordered": measured_order(fast_sessions, slow_sessions) != 0,
+                }
+            )
     return sorted(out, key=lambda x: x["measured_gap"])
 
 
 def order_summary(scores: list[dict], swaps: list[dict]) -> dict:
     """How many pairs the measurement orders, and which of those the prediction orders the other way."""
-    ordered = sum(measured_order(_sessions(a), _sessions(b)) != 0 for i, a in enumerate(scores) for b in scores[i + 1:])
+    ordered = sum(
+        measured_order(_sessions(a), _sessions(b)) != 0 for i, a in enumerate(scores) for b in scores[i + 1 :]
+    )
     sessions = {s for score in scores for s in _sessions(score)}
     wrong = [f"{sw['faster']} < {sw['slower']}" for sw in swaps if sw["ordered"]]
-    return {"pairs": len(scores) * (len(scores) - 1) // 2, "ordered_pairs": ordered, "swapped": wrong,
-            "same": not wrong, "sessions": len(sessions)}
+    return {
+        "pairs": len(scores) * (len(scores) - 1) // 2,
+        "ordered_pairs": ordered,
+        "swapped": wrong,
+        "same": not wrong,
+        "sessions": len(sessions),
+    }
 
 
 def _sessions(score: dict) -> Sessions:

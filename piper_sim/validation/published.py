@@ -55,8 +55,11 @@ def find_published(names: list[str], root: Path) -> list[PublishedRun]:
         for name in names:
             path = root / f"{Path(name).name.removesuffix('.yaml')}.yaml"
             if not path.exists():
-                raise ConfigError("validate --published", name,
-                                  f"a run of {root} ({', '.join(p.stem for p in sorted(root.glob('*.yaml')))})")
+                raise ConfigError(
+                    "validate --published",
+                    name,
+                    f"a run of {root} ({', '.join(p.stem for p in sorted(root.glob('*.yaml')))})",
+                )
             paths.append(path)
     return [load_published(p) for p in paths]
 
@@ -70,10 +73,18 @@ def load_published(path: Path) -> PublishedRun:
         if not isinstance(data, dict) or key not in data:
             raise ConfigError(f"{path.name}: {key}", None, "name, source, measured and config sections")
     source = data["source"]
-    text = (f"{source.get('title', '')} ({source.get('year', '')}), {source.get('where', '')}"
-            if isinstance(source, dict) else str(source))
-    return PublishedRun(name=str(data["name"]), source=text, measured=data["measured"], config=data["config"],
-                        breakdown=data.get("breakdown"))
+    text = (
+        f"{source.get('title', '')} ({source.get('year', '')}), {source.get('where', '')}"
+        if isinstance(source, dict)
+        else str(source)
+    )
+    return PublishedRun(
+        name=str(data["name"]),
+        source=text,
+        measured=data["measured"],
+        config=data["config"],
+        breakdown=data.get("breakdown"),
+    )
 
 
 def measured_step_s(run: PublishedRun) -> float:
@@ -90,8 +101,13 @@ def measured_step_s(run: PublishedRun) -> float:
 def _narayanan2021(run: PublishedRun) -> float:
     """Narayanan et al. 2021, equation 3 (with activation recomputation): 96 B s l h^2 (1 + s/6h + V/16lh)."""
     model = load_config(run.config).model
-    b, s, layers, h, v = (int(run.measured["global_batch"]), model.seq_len, model.num_layers, model.d_model,
-                          model.vocab_size)
+    b, s, layers, h, v = (
+        int(run.measured["global_batch"]),
+        model.seq_len,
+        model.num_layers,
+        model.d_model,
+        model.vocab_size,
+    )
     return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
 
 
@@ -124,8 +140,13 @@ def _megatron_deepspeed(run: PublishedRun) -> float:
     one forward, B s l ((2 + 2 // (heads / kv_heads)) h^2 + 2 s h_attn + matrices x d_ffn x h x top_k) + B s V h,
     times 3 (forward and backward) and 2 FLOPs each; no recomputation and no shared experts counted."""
     model = load_config(run.config).model
-    b, s, layers, h, v = (int(run.measured["global_batch"]), model.seq_len, model.num_layers, model.d_model,
-                          model.vocab_size)
+    b, s, layers, h, v = (
+        int(run.measured["global_batch"]),
+        model.seq_len,
+        model.num_layers,
+        model.d_model,
+        model.vocab_size,
+    )
     gqa = model.num_heads // model.kv_heads
     attention = (2 + 2 // gqa) * h * h + 2 * model.attn_head_dim * model.num_heads * s
     ffn = model.expert_matrices * model.expert_ffn_dim * h * model.top_k
@@ -139,14 +160,20 @@ def _palm(run: PublishedRun) -> float:
     input embedding, routed experts top_k of num_experts."""
     model = load_config(run.config).model
     input_embedding = 0 if model.tie_embeddings else model.vocab_size * model.d_model
-    per_token = (6 * (model.active_params() - input_embedding)
-                 + 12 * model.num_layers * model.num_heads * model.attn_head_dim * model.seq_len)
+    per_token = (
+        6 * (model.active_params() - input_embedding)
+        + 12 * model.num_layers * model.num_heads * model.attn_head_dim * model.seq_len
+    )
     return per_token * run.tokens_per_step
 
 
-FLOP_FORMULAS = {"narayanan2021-eq3": _narayanan2021, "megatron-core": _megatron_core,
-                 "megatron-core-2025": _megatron_core_2025, "megatron-deepspeed": _megatron_deepspeed,
-                 "palm": _palm}
+FLOP_FORMULAS = {
+    "narayanan2021-eq3": _narayanan2021,
+    "megatron-core": _megatron_core,
+    "megatron-core-2025": _megatron_core_2025,
+    "megatron-deepspeed": _megatron_deepspeed,
+    "palm": _palm,
+}
 
 
 TIERS = ("des", "estimate")
@@ -158,39 +185,60 @@ def score_published(run: PublishedRun, tier: str = "des") -> dict:
     t0 = time.perf_counter()
     cfg = load_config(run.config)
     if cfg.parallel.num_gpus != int(run.measured["num_gpus"]):
-        raise ConfigError(f"{run.name}: config.parallel", cfg.parallel.num_gpus,
-                          f"the published GPU count ({run.measured['num_gpus']})")
+        raise ConfigError(
+            f"{run.name}: config.parallel",
+            cfg.parallel.num_gpus,
+            f"the published GPU count ({run.measured['num_gpus']})",
+        )
     if tier not in TIERS:
         raise ConfigError("--tier", tier, " or ".join(TIERS))
     figures = _simulated(cfg) if tier == "des" else _estimated(cfg)
     measured = measured_step_s(run)
     gpus = cfg.parallel.num_gpus
     family = family_of(cfg)
-    return {"name": run.name, "num_gpus": gpus, "tier": tier, "measured_step_s": measured, **figures,
-            "hardware": family.hardware, "moe": family.moe, "scale": family.scale,
-            "error": figures["predicted_step_s"] / measured - 1,
-            "measured_tokens_per_s_per_gpu": run.tokens_per_step / measured / gpus,
-            "predicted_tokens_per_s_per_gpu": run.tokens_per_step / figures["predicted_step_s"] / gpus,
-            "wall_s": time.perf_counter() - t0, "source": run.source}
+    return {
+        "name": run.name,
+        "num_gpus": gpus,
+        "tier": tier,
+        "measured_step_s": measured,
+        **figures,
+        "hardware": family.hardware,
+        "moe": family.moe,
+        "scale": family.scale,
+        "error": figures["predicted_step_s"] / measured - 1,
+        "measured_tokens_per_s_per_gpu": run.tokens_per_step / measured / gpus,
+        "predicted_tokens_per_s_per_gpu": run.tokens_per_step / figures["predicted_step_s"] / gpus,
+        "wall_s": time.perf_counter() - t0,
+        "source": run.source,
+    }
 
 
 def _simulated(cfg) -> dict:
     result = simulate(cfg)
     report = result.report
     budget = trace_budget(result.trace)
-    return {"predicted_step_s": report.step_time_s, "predicted_mfu": report.mfu,
-            "bubble_fraction": report.bubble_fraction, "exposed_comm_fraction": report.exposed_comm_fraction,
-            "fits_memory": all(report.fits_memory or [True]),
-            "budget": {k: v for k, v in budget.items() if k not in ("rank", "step_s")}}
+    return {
+        "predicted_step_s": report.step_time_s,
+        "predicted_mfu": report.mfu,
+        "bubble_fraction": report.bubble_fraction,
+        "exposed_comm_fraction": report.exposed_comm_fraction,
+        "fits_memory": all(report.fits_memory or [True]),
+        "budget": {k: v for k, v in budget.items() if k not in ("rank", "step_s")},
+    }
 
 
 def _estimated(cfg) -> dict:
     built = config_estimator(cfg)  # the machine built once for the estimate, its memory and its budget
     estimate, fits = estimate_config(cfg, built)
     _, budget = estimate_budget(*built)
-    return {"predicted_step_s": estimate.step_time_s, "predicted_mfu": estimate.mfu,
-            "bubble_fraction": estimate.bubble_s / estimate.step_time_s, "exposed_comm_fraction": float("nan"),
-            "fits_memory": fits, "budget": {k: v for k, v in budget.items() if k != "stage"}}
+    return {
+        "predicted_step_s": estimate.step_time_s,
+        "predicted_mfu": estimate.mfu,
+        "bubble_fraction": estimate.bubble_s / estimate.step_time_s,
+        "exposed_comm_fraction": float("nan"),
+        "fits_memory": fits,
+        "budget": {k: v for k, v in budget.items() if k != "stage"},
+    }
 
 
 def breakdown_table(runs: list[PublishedRun]) -> pd.DataFrame:
@@ -202,8 +250,10 @@ def breakdown_table(runs: list[PublishedRun]) -> pd.DataFrame:
 def format_breakdowns(table: pd.DataFrame) -> str:
     """The published breakdowns beside their predictions, one line per term (ms)."""
     lines = [f"{'published breakdown':<38} {'term':<20} {'published ms':>12} {'predicted ms':>12}"]
-    lines += [f"{r.name:<38} {r.term:<20} {1e3 * r.published_s:>12.2f} {1e3 * r.predicted_s:>12.2f}"
-              for r in table.itertuples(index=False)]
+    lines += [
+        f"{r.name:<38} {r.term:<20} {1e3 * r.published_s:>12.2f} {1e3 * r.predicted_s:>12.2f}"
+        for r in table.itertuples(index=False)
+    ]
     return "\n".join(lines)
 
 
@@ -211,21 +261,43 @@ def budget_table(scores: list[dict]) -> pd.DataFrame:
     """Per run: the measured and predicted step, what the prediction misses (measured - predicted), and the
     predicted step split into its terms (seconds; the estimate tier splits compute by cost term, the DES tier
     gives one rank's step by what fills it: analysis/budget.py, planning/estimate_budget.py)."""
-    return pd.DataFrame([{"name": s["name"], "tier": s["tier"], "measured_step_s": s["measured_step_s"],
-                          "predicted_step_s": s["predicted_step_s"],
-                          "missing_s": s["measured_step_s"] - s["predicted_step_s"], **s["budget"]} for s in scores])
+    return pd.DataFrame(
+        [
+            {
+                "name": s["name"],
+                "tier": s["tier"],
+                "measured_step_s": s["measured_step_s"],
+                "predicted_step_s": s["predicted_step_s"],
+                "missing_s": s["measured_step_s"] - s["predicted_step_s"],
+                **s["budget"],
+            }
+            for s in scores
+        ]
+    )
 
 
 def summarize_published(scores: list[dict]) -> dict:
     errors = [abs(s["error"]) for s in scores]
     worst = max(scores, key=lambda s: abs(s["error"]))
-    pairs = [(a, b) for a, b in combinations(scores, 2)
-             if a["measured_tokens_per_s_per_gpu"] != b["measured_tokens_per_s_per_gpu"]]
-    kept = sum((a["measured_tokens_per_s_per_gpu"] > b["measured_tokens_per_s_per_gpu"])
-               == (a["predicted_tokens_per_s_per_gpu"] > b["predicted_tokens_per_s_per_gpu"]) for a, b in pairs)
-    return {"runs": len(scores), "mape": sum(errors) / len(errors), "worst": worst["name"],
-            "worst_error": worst["error"], "beyond_30pct": sum(e > 0.30 for e in errors),
-            "order_kept": kept / len(pairs) if pairs else 1.0, "pairs": len(pairs)}
+    pairs = [
+        (a, b)
+        for a, b in combinations(scores, 2)
+        if a["measured_tokens_per_s_per_gpu"] != b["measured_tokens_per_s_per_gpu"]
+    ]
+    kept = sum(
+        (a["measured_tokens_per_s_per_gpu"] > b["measured_tokens_per_s_per_gpu"])
+        == (a["predicted_tokens_per_s_per_gpu"] > b["predicted_tokens_per_s_per_gpu"])
+        for a, b in pairs
+    )
+    return {
+        "runs": len(scores),
+        "mape": sum(errors) / len(errors),
+        "worst": worst["name"],
+        "worst_error": worst["error"],
+        "beyond_30pct": sum(e > 0.30 for e in errors),
+        "order_kept": kept / len(pairs) if pairs else 1.0,
+        "pairs": len(pairs),
+    }
 
 
 def family_summary(scores: list[dict]) -> list[dict]:
@@ -238,10 +310,16 @@ def family_summary(scores: list[dict]) -> list[dict]:
             groups.setdefault(Family(s["hardware"], s["moe"], s["scale"]).label(depth), []).append(s)
         for label, members in sorted(groups.items()):
             worst = max(members, key=lambda s: abs(s["error"]))
-            rows.append({"family": label, "runs": len(members),
-                         "mape": sum(abs(s["error"]) for s in members) / len(members),
-                         "mean_signed": sum(s["error"] for s in members) / len(members),
-                         "worst": worst["name"], "worst_error": worst["error"]})
+            rows.append(
+                {
+                    "family": label,
+                    "runs": len(members),
+                    "mape": sum(abs(s["error"]) for s in members) / len(members),
+                    "mean_signed": sum(s["error"] for s in members) / len(members),
+                    "worst": worst["name"],
+                    "worst_error": worst["error"],
+                }
+            )
     return rows
 
 
@@ -252,12 +330,23 @@ def band_coverage(scores: list[dict]) -> pd.DataFrame:
     return leave_one_family_out(pd.DataFrame([{k: s[k] for k in columns} for s in scores], columns=columns), tier)
 
 
-FAMILY_COLUMNS = [Col("family", "family"), Col("runs", "runs", "count"), Col("mape", "MAPE", "%"),
-                  Col("mean_signed", "mean error", "%", signed=True),
-                  Col("worst_error", "worst error", "%", signed=True), Col("worst", "worst run")]
-RUN_COLUMNS = [Col("name", "run"), Col("num_gpus", "GPUs", "count"), Col("measured_step_s", "measured step", "time"),
-               Col("predicted_step_s", "predicted step", "time"), Col("error", "error", "%", signed=True),
-               Col("fits_memory", "fits", "yes/no"), Col("tier", "tier")]
+FAMILY_COLUMNS = [
+    Col("family", "family"),
+    Col("runs", "runs", "count"),
+    Col("mape", "MAPE", "%"),
+    Col("mean_signed", "mean error", "%", signed=True),
+    Col("worst_error", "worst error", "%", signed=True),
+    Col("worst", "worst run"),
+]
+RUN_COLUMNS = [
+    Col("name", "run"),
+    Col("num_gpus", "GPUs", "count"),
+    Col("measured_step_s", "measured step", "time"),
+    Col("predicted_step_s", "predicted step", "time"),
+    Col("error", "error", "%", signed=True),
+    Col("fits_memory", "fits", "yes/no"),
+    Col("tier", "tier"),
+]
 
 
 def format_families(rows: list[dict]) -> str:
@@ -266,9 +355,11 @@ def format_families(rows: list[dict]) -> str:
 
 def format_published(scores: list[dict], summary: dict) -> str:
     lines = render(scores, RUN_COLUMNS).splitlines()
-    lines.append(f"MAPE {100 * summary['mape']:.1f}% over {summary['runs']} runs; worst {summary['worst']} "
-                 f"{100 * summary['worst_error']:+.1f}%; {summary['beyond_30pct']} beyond 30%; order by throughput "
-                 f"kept on {100 * summary['order_kept']:.0f}% of {summary['pairs']} pairs")
+    lines.append(
+        f"MAPE {100 * summary['mape']:.1f}% over {summary['runs']} runs; worst {summary['worst']} "
+        f"{100 * summary['worst_error']:+.1f}%; {summary['beyond_30pct']} beyond 30%; order by throughput "
+        f"kept on {100 * summary['order_kept']:.0f}% of {summary['pairs']} pairs"
+    )
     return "\n".join(lines)
 
 
@@ -279,8 +370,9 @@ def write_published(out: Path, scores: list[dict], summary: dict) -> None:
     import matplotlib.pyplot as plt  # once the backend is Agg (no display)
 
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([{k: v for k, v in s.items() if k != "budget"} for s in scores]).to_csv(out / "published.csv",
-                                                                                         index=False)
+    pd.DataFrame([{k: v for k, v in s.items() if k != "budget"} for s in scores]).to_csv(
+        out / "published.csv", index=False
+    )
     budget_table(scores).to_csv(out / "published_budget.csv", index=False)
     pd.DataFrame(family_summary(scores)).to_csv(out / "published_families.csv", index=False)
     band_coverage(scores).to_csv(out / "published_band_coverage.csv", index=False)
@@ -295,8 +387,11 @@ def write_published(out: Path, scores: list[dict], summary: dict) -> None:
     for axis in (ax.xaxis, ax.yaxis):
         style.plain_log_axis(axis)
     tiers = sorted({str(s["tier"]) for s in scores})
-    style.title(ax, f"Published runs: MAPE {100 * summary['mape']:.1f}%",
-                style.context(None, "each run's own machine", tiers[0] if len(tiers) == 1 else ", ".join(tiers)))
+    style.title(
+        ax,
+        f"Published runs: MAPE {100 * summary['mape']:.1f}%",
+        style.context(None, "each run's own machine", tiers[0] if len(tiers) == 1 else ", ".join(tiers)),
+    )
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "published_vs_predicted.png", dpi=120)

@@ -35,9 +35,16 @@ KEEP = ("report.json", "config.yaml", "routing.npz", "trace.parquet", "trace.csv
 TESTBED_PREFIX = "pstv"
 
 
-def remeasure(cases: list[Case], *, repeats: int = 1, timeout_s: float = 900.0, reference_preset: str = "",
-              reference_profile: str | None = None, reference_ranks: int = 2,
-              progress: Callable[[str], None] = lambda _msg: None) -> None:
+def remeasure(
+    cases: list[Case],
+    *,
+    repeats: int = 1,
+    timeout_s: float = 900.0,
+    reference_preset: str = "",
+    reference_profile: str | None = None,
+    reference_ranks: int = 2,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> None:
     """Run every case for real `repeats` times (round by round, so a slow phase of the machine does not land
     on one case's runs) and keep, per case, the run whose steady-state step time is the median in measured/;
     measured.json lists every run's step time. With reference_preset, each round starts by timing the
@@ -76,11 +83,17 @@ def _keep_median_run(case: Case, repeats: int, session: str, references: list[di
     runs = [case.path / f"measured.run{rep}" for rep in range(repeats)]
     steps = [step_time(read_trace(run)) for run in runs]
     kept = sorted(range(repeats), key=lambda r: steps[r])[(repeats - 1) // 2]
-    info = {"command": f"piper-sim validate {case.name} --remeasure --repeats {repeats}",
-            "session": session, "case_digest": case_digest(case),
-            "date": _dt.date.today().isoformat(), "machine": platform.platform(),
-            "python": platform.python_version(), "testbed": case.testbed,
-            "run_step_times_s": [round(t, 9) for t in steps], "kept_run": kept}
+    info = {
+        "command": f"piper-sim validate {case.name} --remeasure --repeats {repeats}",
+        "session": session,
+        "case_digest": case_digest(case),
+        "date": _dt.date.today().isoformat(),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "testbed": case.testbed,
+        "run_step_times_s": [round(t, 9) for t in steps],
+        "kept_run": kept,
+    }
     if references:
         info["reference"] = _reference_record(references)
     info["earlier_sessions"] = earlier_sessions(case)
@@ -93,11 +106,16 @@ def _keep_median_run(case: Case, repeats: int, session: str, references: list[di
 
 def _reference_record(references: list[dict]) -> dict:
     """measured.json's reference: the preset and each round's time (and the cold reference's)."""
-    record = {"preset": references[0]["preset"], "cores": references[0]["cores"],
-              "cpu_us_per_iteration_by_run": [r["cpu_us_per_iteration"] for r in references]}
+    record = {
+        "preset": references[0]["preset"],
+        "cores": references[0]["cores"],
+        "cpu_us_per_iteration_by_run": [r["cpu_us_per_iteration"] for r in references],
+    }
     if "cold" in references[0]:
-        record["cold"] = {**{k: v for k, v in references[0]["cold"].items() if k != "measured_us"},
-                          "measured_us_by_run": [r["cold"]["measured_us"] for r in references]}
+        record["cold"] = {
+            **{k: v for k, v in references[0]["cold"].items() if k != "measured_us"},
+            "measured_us_by_run": [r["cold"]["measured_us"] for r in references],
+        }
     return record
 
 
@@ -107,8 +125,11 @@ def earlier_sessions(case: Case) -> list[dict]:
     path = case.measured / "measured.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     keys = ("session", "date", "command", "machine", "case_digest", "run_step_times_s")
-    return [{k: s[k] for k in keys if k in s} for s in [old, *old.get("earlier_sessions", [])]
-            if s.get("run_step_times_s") and s.get("case_digest") == case_digest(case)]
+    return [
+        {k: s[k] for k in keys if k in s}
+        for s in [old, *old.get("earlier_sessions", [])]
+        if s.get("run_step_times_s") and s.get("case_digest") == case_digest(case)
+    ]
 
 
 def calibrated_ranks(profile: str) -> int:
@@ -123,8 +144,14 @@ def cold_reference(profile: str, preset: str, ranks: int) -> dict:
     (of the experts op), measured_us (the sum)}. The cold, memory-bound work is what drifts most on a shared host."""
     rows = crosscheck(profile, presets=(preset,), ranks=ranks)
     experts = next((r["expert_rows"] for r in rows if r["op"].startswith("experts:")), [])
-    return {"model": preset, "ranks": ranks, "tokens": rows[0]["tokens"], "ops": [r["op"] for r in rows],
-            "expert_rows": experts, "measured_us": round(sum(r["fwd_s"] + r["bwd_s"] for r in rows) * 1e6, 1)}
+    return {
+        "model": preset,
+        "ranks": ranks,
+        "tokens": rows[0]["tokens"],
+        "ops": [r["op"] for r in rows],
+        "expert_rows": experts,
+        "measured_us": round(sum(r["fwd_s"] + r["bwd_s"] for r in rows) * 1e6, 1),
+    }
 
 
 def _measure_once(case: Case, out: Path, timeout_s: float) -> None:

@@ -19,34 +19,51 @@ from piper_sim.analysis.tables import Col, render
 
 def format_validation(scores: list[dict], summary: dict) -> str:
     lines = _case_table(scores)
-    lines += ["", f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
-              f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']} "
-              "(by the scored step times)"]
+    lines += [
+        "",
+        f"MAPE {summary['mape'] * 100:.1f}%   max error {summary['max_error'] * 100:.1f}%   "
+        f"rank correlation {summary['rank_correlation']:.3f}   same order: {summary['same_order']} "
+        "(by the scored step times)",
+    ]
     pooled = summary.get("pooled")
     if pooled:
         worst = pooled["worst_case"]
-        lines.append(f"over every session's rounds (up to {pooled['sessions']} sessions, at least "
-                     f"{pooled['rounds_min']} rounds per case; the median of all): MAPE {pooled['mape'] * 100:.1f}%   "
-                     f"max error {pooled['max_error'] * 100:.1f}% ({worst} {pooled['errors'][worst] * 100:+.1f}%)")
+        lines.append(
+            f"over every session's rounds (up to {pooled['sessions']} sessions, at least "
+            f"{pooled['rounds_min']} rounds per case; the median of all): MAPE {pooled['mape'] * 100:.1f}%   "
+            f"max error {pooled['max_error'] * 100:.1f}% ({worst} {pooled['errors'][worst] * 100:+.1f}%)"
+        )
     lines += _order_lines(summary)
     spreads = [s["measured_spread"] for s in scores if not np.isnan(s.get("measured_spread", float("nan")))]
     if spreads:
-        lines.append(f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "
-                     f"max {max(spreads) * 100:.0f}%; the run with the median step time is scored")
+        lines.append(
+            f"measured runs (slowest / fastest - 1, column 'runs'): median {np.median(spreads) * 100:.0f}%, "
+            f"max {max(spreads) * 100:.0f}%; the run with the median step time is scored"
+        )
     lines += _reference_lines(summary.get("machine_speed")) + _concurrency_lines(summary.get("compute_concurrency"))
     if summary["memory_max_error"] is not None:
-        lines.append(f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
-                     f"max {summary['memory_max_error'] * 100:.1f}%")
+        lines.append(
+            f"peak memory per stage: mean error {summary['memory_mean_error'] * 100:.1f}%, "
+            f"max {summary['memory_max_error'] * 100:.1f}%"
+        )
     for sp in summary["halo_over_flat"]:
-        lines.append(f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
-                     f"({sp['error'] * 100:+.1f}%)")
+        lines.append(
+            f"HALO over flat [{sp['pair']}]: measured {sp['measured']:.2f}x, predicted {sp['predicted']:.2f}x "
+            f"({sp['error'] * 100:+.1f}%)"
+        )
     return "\n".join(lines)
 
 
-CASE_COLUMNS = [Col("case", "case"), Col("predicted_step_s", "predicted step", "time"),
-                Col("measured_step_s", "measured step", "time"), Col("error", "error", "%", signed=True),
-                Col("within", "within tolerance", "yes/no"), Col("memory_error", "memory error", "%", signed=True),
-                Col("measured_spread", "runs' spread", "%", digits=0), Col("worst_phase", "worst phase")]
+CASE_COLUMNS = [
+    Col("case", "case"),
+    Col("predicted_step_s", "predicted step", "time"),
+    Col("measured_step_s", "measured step", "time"),
+    Col("error", "error", "%", signed=True),
+    Col("within", "within tolerance", "yes/no"),
+    Col("memory_error", "memory error", "%", signed=True),
+    Col("measured_spread", "runs' spread", "%", digits=0),
+    Col("worst_phase", "worst phase"),
+]
 
 
 def _case_table(scores: list[dict]) -> list[str]:
@@ -56,8 +73,13 @@ def _case_table(scores: list[dict]) -> list[str]:
     for s in scores:
         ph = s["phases"].dropna(subset=["error"])
         worst = ph.loc[ph["error"].abs().idxmax()] if not ph.empty else None
-        rows.append({**s, "within": abs(s["error"]) <= s["tolerance"],
-                     "worst_phase": f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else ""})
+        rows.append(
+            {
+                **s,
+                "within": abs(s["error"]) <= s["tolerance"],
+                "worst_phase": f"{worst.name} {worst['error'] * 100:+.0f}%" if worst is not None else "",
+            }
+        )
     return render(rows, CASE_COLUMNS).splitlines()
 
 
@@ -66,16 +88,23 @@ def _order_lines(summary: dict) -> list[str]:
     lines = []
     order = summary.get("measured_order")
     if order:
-        lines.append(f"measured order: {order['ordered_pairs']} of {order['pairs']} pairs of cases ordered by the "
-                     f"measurement (one faster in every round both ran; {order['sessions']} session(s)), "
-                     f"{len(order['swapped'])} of them predicted the other way: same measured order: {order['same']}")
+        lines.append(
+            f"measured order: {order['ordered_pairs']} of {order['pairs']} pairs of cases ordered by the "
+            f"measurement (one faster in every round both ran; {order['sessions']} session(s)), "
+            f"{len(order['swapped'])} of them predicted the other way: same measured order: {order['same']}"
+        )
     swaps = summary.get("order_swaps", [])
-    lines += [f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}"
-              f"{_swap_evidence(sw)}, predicted slower" for sw in swaps]
+    lines += [
+        f"  out of order: {sw['faster']} measured {sw['measured_gap'] * 100:.1f}% faster than {sw['slower']}"
+        f"{_swap_evidence(sw)}, predicted slower"
+        for sw in swaps
+    ]
     if swaps:
         apart = sum(1 for sw in swaps if not sw.get("runs_overlap"))
-        lines.append(f"  {apart} of {len(swaps)} swapped pairs were measured apart (runs not overlapping), "
-                     f"{sum(1 for sw in swaps if sw.get('ordered'))} ordered by the measurement")
+        lines.append(
+            f"  {apart} of {len(swaps)} swapped pairs were measured apart (runs not overlapping), "
+            f"{sum(1 for sw in swaps if sw.get('ordered'))} ordered by the measurement"
+        )
     return lines
 
 
@@ -83,14 +112,18 @@ def _reference_lines(speed: dict | None) -> list[str]:
     """The machine's hot and cold references during the measurement against the profile's."""
     if not speed:
         return []
-    lines = [f"machine reference ({speed['preset']} layer forward + backward, one process per core): "
-             f"{speed['calibrated_s'] * 1e6:.0f} us at calibration, {speed['measured_median_s'] * 1e6:.0f} us "
-             f"during the measurement {_rounds_text(speed)} CPU time per iteration"]
+    lines = [
+        f"machine reference ({speed['preset']} layer forward + backward, one process per core): "
+        f"{speed['calibrated_s'] * 1e6:.0f} us at calibration, {speed['measured_median_s'] * 1e6:.0f} us "
+        f"during the measurement {_rounds_text(speed)} CPU time per iteration"
+    ]
     cold = speed.get("cold")
     if cold:
-        lines.append(f"cold reference ({cold['model']} layer ops, forward + backward, cold on {cold['ranks']} "
-                     f"ranks, {cold['tokens']} tokens): priced {cold['priced_s'] * 1e6:.0f} us by the profile, "
-                     f"measured {cold['measured_median_s'] * 1e6:.0f} us {_rounds_text(cold)}")
+        lines.append(
+            f"cold reference ({cold['model']} layer ops, forward + backward, cold on {cold['ranks']} "
+            f"ranks, {cold['tokens']} tokens): priced {cold['priced_s'] * 1e6:.0f} us by the profile, "
+            f"measured {cold['measured_median_s'] * 1e6:.0f} us {_rounds_text(cold)}"
+        )
     return lines
 
 
@@ -100,28 +133,36 @@ def _concurrency_lines(conc: dict | None) -> list[str]:
         return []
     mean_p, mean_m = conc["predicted_mean_ranks_computing"], conc["measured_mean_ranks_computing"]
     none_p, none_m = conc["predicted_share_none_computing"], conc["measured_share_none_computing"]
-    lines = [f"ranks computing at once (mean over the cases): predicted {mean_p:.2f}, measured {mean_m:.2f}; "
-             f"no rank computing {none_p * 100:.0f}% of the time predicted, {none_m * 100:.0f}% measured "
-             "(concurrency.csv)"]
+    lines = [
+        f"ranks computing at once (mean over the cases): predicted {mean_p:.2f}, measured {mean_m:.2f}; "
+        f"no rank computing {none_p * 100:.0f}% of the time predicted, {none_m * 100:.0f}% measured "
+        "(concurrency.csv)"
+    ]
     if "measured_share_uninterrupted" in conc:
-        lines.append(f"compute tasks with a core to themselves (CPU >= 0.9 x wall; validation.csv): predicted "
-                     f"{conc['predicted_share_uninterrupted'] * 100:.0f}%, measured "
-                     f"{conc['measured_share_uninterrupted'] * 100:.0f}% (mean over the cases)")
+        lines.append(
+            f"compute tasks with a core to themselves (CPU >= 0.9 x wall; validation.csv): predicted "
+            f"{conc['predicted_share_uninterrupted'] * 100:.0f}%, measured "
+            f"{conc['measured_share_uninterrupted'] * 100:.0f}% (mean over the cases)"
+        )
     return lines
 
 
 def _rounds_text(ref: dict) -> str:
     """'(median of N rounds, MIN-MAX): +R%' of a machine reference (microseconds)."""
-    return (f"(median of {ref['rounds']} rounds, {ref['measured_min_s'] * 1e6:.0f}-{ref['measured_max_s'] * 1e6:.0f}): "
-            f"{(ref['ratio'] - 1) * 100:+.0f}%")
+    return (
+        f"(median of {ref['rounds']} rounds, {ref['measured_min_s'] * 1e6:.0f}-{ref['measured_max_s'] * 1e6:.0f}): "
+        f"{(ref['ratio'] - 1) * 100:+.0f}%"
+    )
 
 
 def _swap_evidence(swap: dict) -> str:
     notes = []
     if swap.get("rounds_faster"):
         sessions = swap.get("sessions", 1)
-        notes.append("faster in {} of {} rounds".format(*swap["rounds_faster"])
-                     + (f" of {sessions} sessions" if sessions > 1 else ""))
+        notes.append(
+            "faster in {} of {} rounds".format(*swap["rounds_faster"])
+            + (f" of {sessions} sessions" if sessions > 1 else "")
+        )
     if swap.get("runs_overlap"):
         notes.append("their runs overlap")
     if swap.get("ordered"):
@@ -160,8 +201,11 @@ def write_validation(out: Path, scores: list[dict], summary: dict) -> None:
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
     ax.set_xlabel("measured step time (ms)")
     ax.set_ylabel("predicted step time (ms)")
-    style.title(ax, f"validation cases: MAPE {summary['mape'] * 100:.1f}%, max {summary['max_error'] * 100:.1f}%",
-                style.context(None, None, "des", "against measured runs"))
+    style.title(
+        ax,
+        f"validation cases: MAPE {summary['mape'] * 100:.1f}%, max {summary['max_error'] * 100:.1f}%",
+        style.context(None, None, "des", "against measured runs"),
+    )
     fig.tight_layout()
     fig.savefig(out / "predicted_vs_measured.png", dpi=110)
     plt.close(fig)

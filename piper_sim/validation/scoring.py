@@ -85,16 +85,27 @@ def score_case(case: Case, profile: str | dict) -> dict:
     info = _measurement_info(case)
     runs = info.get("run_step_times_s") or []
     memory = _memory_scores(result, json.loads((case.measured / "report.json").read_text()))
-    return {"case": case.name, "pair": case.pair, "description": case.description, "tolerance": case.tolerance,
-            "predicted_step_s": pred_step, "measured_step_s": meas_step, "error": pred_step / meas_step - 1,
-            **memory, "measured_runs_s": runs, "measured_sessions": measured_sessions(info),
-            **_reference_scores(info.get("reference") or {}, machine),
-            "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
-            "phases": _phase_table(result.trace, measured, issued_tasks(result.schedule)), "prediction": result,
-            "predicted_uninterrupted_share": uninterrupted_share(steady(result.trace)),
-            "measured_uninterrupted_share": uninterrupted_share(steady(measured)),
-            "concurrency": pd.DataFrame({"predicted": compute_concurrency(steady(result.trace)),
-                                         "measured": compute_concurrency(steady(measured))}).fillna(0.0)}
+    return {
+        "case": case.name,
+        "pair": case.pair,
+        "description": case.description,
+        "tolerance": case.tolerance,
+        "predicted_step_s": pred_step,
+        "measured_step_s": meas_step,
+        "error": pred_step / meas_step - 1,
+        **memory,
+        "measured_runs_s": runs,
+        "measured_sessions": measured_sessions(info),
+        **_reference_scores(info.get("reference") or {}, machine),
+        "measured_spread": max(runs) / min(runs) - 1 if len(runs) > 1 else float("nan"),
+        "phases": _phase_table(result.trace, measured, issued_tasks(result.schedule)),
+        "prediction": result,
+        "predicted_uninterrupted_share": uninterrupted_share(steady(result.trace)),
+        "measured_uninterrupted_share": uninterrupted_share(steady(measured)),
+        "concurrency": pd.DataFrame(
+            {"predicted": compute_concurrency(steady(result.trace)), "measured": compute_concurrency(steady(measured))}
+        ).fillna(0.0),
+    }
 
 
 def _measurement_info(case: Case) -> dict:
@@ -103,16 +114,19 @@ def _measurement_info(case: Case) -> dict:
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     digest = case_digest(case)
     if info.get("case_digest", digest) != digest:
-        raise PiperError(f"validate: case {case.name} changed (its config, topology or the backend's all-to-all "
-                         "revision) since it was measured; measure it again with --remeasure")
+        raise PiperError(
+            f"validate: case {case.name} changed (its config, topology or the backend's all-to-all "
+            "revision) since it was measured; measure it again with --remeasure"
+        )
     return info
 
 
 def _phase_table(predicted: pd.DataFrame, measured: pd.DataFrame, issued: frozenset[str]) -> pd.DataFrame:
     """Per task kind: predicted and measured time, the error, and the CPU priced and measured (issued tasks left
     out: phase_times)."""
-    phases = pd.DataFrame({"predicted_s": phase_times(predicted, issued),
-                           "measured_s": phase_times(measured, issued)}).fillna(0)
+    phases = pd.DataFrame(
+        {"predicted_s": phase_times(predicted, issued), "measured_s": phase_times(measured, issued)}
+    ).fillna(0)
     phases["error"] = phases["predicted_s"] / phases["measured_s"].replace(0, np.nan) - 1
     phases["priced_cpu_s"], phases["measured_cpu_s"] = phase_cpu(predicted, issued), phase_cpu(measured, issued)
     return phases
@@ -126,27 +140,40 @@ def _memory_scores(result: RunResult, meas_report: dict) -> dict:
     # a run that counts activations on step 0 is compared with the prediction's step-0 peak
     pred_mem = result.report.peak_memory_bytes_first_step if "step 0" in kind else result.report.peak_memory_bytes
     meas_mem = meas_report.get("peak_memory_bytes", [])
-    memory_error = max((p / m - 1 for p, m in zip(pred_mem, meas_mem, strict=False) if m > 0), key=abs,
-                       default=float("nan")) if memory_ok else float("nan")
-    return {"predicted_memory_bytes": pred_mem, "measured_memory_bytes": meas_mem if memory_ok else [],
-            "memory_error": memory_error}
+    memory_error = (
+        max((p / m - 1 for p, m in zip(pred_mem, meas_mem, strict=False) if m > 0), key=abs, default=float("nan"))
+        if memory_ok
+        else float("nan")
+    )
+    return {
+        "predicted_memory_bytes": pred_mem,
+        "measured_memory_bytes": meas_mem if memory_ok else [],
+        "memory_error": memory_error,
+    }
 
 
 def _reference_scores(reference: dict, machine: Machine) -> dict:
     """The machine references timed with the measurement's rounds beside the profile's own (the machine's)."""
     calibrated = machine.host_profile or HostProfile()
-    return {"measured_reference_s": [t * 1e-6 for t in reference.get("cpu_us_per_iteration_by_run") or []],
-            "reference_preset": reference.get("preset", ""), "calibrated_reference_s": calibrated.reference_cpu_s,
-            "calibrated_reference_preset": calibrated.reference_preset,
-            "cold_reference": dict(reference["cold"], priced_s=cold_priced_s(machine.profile, reference["cold"]))
-            if reference.get("cold") else None}
+    return {
+        "measured_reference_s": [t * 1e-6 for t in reference.get("cpu_us_per_iteration_by_run") or []],
+        "reference_preset": reference.get("preset", ""),
+        "calibrated_reference_s": calibrated.reference_cpu_s,
+        "calibrated_reference_preset": calibrated.reference_preset,
+        "cold_reference": dict(reference["cold"], priced_s=cold_priced_s(machine.profile, reference["cold"]))
+        if reference.get("cold")
+        else None,
+    }
 
 
 def measured_sessions(info: dict) -> dict[str, list[float]]:
     """The step time of each round of every measurement in measured.json (the scored one and its
     earlier_sessions), by its session id; {} when it lists no runs."""
-    return {str(s.get("session", "")): list(s["run_step_times_s"])
-            for s in [info, *info.get("earlier_sessions", [])] if s.get("run_step_times_s")}
+    return {
+        str(s.get("session", "")): list(s["run_step_times_s"])
+        for s in [info, *info.get("earlier_sessions", [])]
+        if s.get("run_step_times_s")
+    }
 
 
 def cold_priced_s(profile: DeviceProfile, cold: dict) -> float:

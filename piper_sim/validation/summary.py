@@ -25,10 +25,13 @@ def summarize(scores: list[dict]) -> dict:
     return {
         "memory_max_error": float(max(memory)) if memory else None,
         "memory_mean_error": float(np.mean(memory)) if memory else None,
-        "cases": len(scores), "mape": float(errors.mean()) if len(errors) else 0.0,
+        "cases": len(scores),
+        "mape": float(errors.mean()) if len(errors) else 0.0,
         "max_error": float(errors.max()) if len(errors) else 0.0,
         "rank_correlation": spearman([s["predicted_step_s"] for s in scores], [s["measured_step_s"] for s in scores]),
-        "same_order": not swaps, "order_swaps": swaps, "measured_order": order_summary(scores, swaps),
+        "same_order": not swaps,
+        "order_swaps": swaps,
+        "measured_order": order_summary(scores, swaps),
         "outside_tolerance": [s["case"] for s in scores if abs(s["error"]) > s["tolerance"]],
         "halo_over_flat": halo_over_flat(scores),
         "machine_speed": machine_speed(scores),
@@ -50,8 +53,9 @@ def halo_over_flat(scores: list[dict]) -> list[dict]:
             f, h = members["flat"], members["halo"]
             measured = f["measured_step_s"] / h["measured_step_s"]
             predicted = f["predicted_step_s"] / h["predicted_step_s"]
-            speedups.append({"pair": label, "measured": measured, "predicted": predicted,
-                             "error": predicted / measured - 1})
+            speedups.append(
+                {"pair": label, "measured": measured, "predicted": predicted, "error": predicted / measured - 1}
+            )
     return speedups
 
 
@@ -64,10 +68,14 @@ def pooled_summary(scores: list[dict]) -> dict | None:
         return None
     errors = {s["case"]: s["predicted_step_s"] / float(np.median(pooled[s["case"]])) - 1 for s in scores}
     worst = max(errors, key=lambda c: abs(errors[c]))
-    return {"mape": float(np.mean([abs(e) for e in errors.values()])), "max_error": abs(errors[worst]),
-            "worst_case": worst, "errors": errors,
-            "sessions": max(len(s["measured_sessions"]) for s in scores),
-            "rounds_min": min(len(r) for r in pooled.values())}
+    return {
+        "mape": float(np.mean([abs(e) for e in errors.values()])),
+        "max_error": abs(errors[worst]),
+        "worst_case": worst,
+        "errors": errors,
+        "sessions": max(len(s["measured_sessions"]) for s in scores),
+        "rounds_min": min(len(r) for r in pooled.values()),
+    }
 
 
 def concurrency_summary(scores: list[dict]) -> dict | None:
@@ -76,12 +84,17 @@ def concurrency_summary(scores: list[dict]) -> dict | None:
     tables = [s["concurrency"] for s in scores if s.get("concurrency") is not None]
     if not tables:
         return None
-    out = {f"{side}_{what}": float(np.mean([fn(t[side]) for t in tables]))
-           for side in ("predicted", "measured")
-           for what, fn in (("mean_ranks_computing", mean_computing), ("share_none_computing", lambda c: c[0]))}
+    out = {
+        f"{side}_{what}": float(np.mean([fn(t[side]) for t in tables]))
+        for side in ("predicted", "measured")
+        for what, fn in (("mean_ranks_computing", mean_computing), ("share_none_computing", lambda c: c[0]))
+    }
     # compute tasks with a core to themselves: over the cases whose measurement has CPU per task
-    whole = [(s["predicted_uninterrupted_share"], s["measured_uninterrupted_share"]) for s in scores
-             if not np.isnan(s.get("measured_uninterrupted_share", np.nan))]
+    whole = [
+        (s["predicted_uninterrupted_share"], s["measured_uninterrupted_share"])
+        for s in scores
+        if not np.isnan(s.get("measured_uninterrupted_share", np.nan))
+    ]
     if whole:
         out["predicted_share_uninterrupted"], out["measured_share_uninterrupted"] = map(float, np.mean(whole, axis=0))
     return out
@@ -103,14 +116,23 @@ def machine_speed(scores: list[dict]) -> dict | None:
     colds = {json.dumps(s["cold_reference"], sort_keys=True) for s in scores if s.get("cold_reference")}
     if len(colds) == 1:
         cold = json.loads(colds.pop())
-        out["cold"] = {"model": cold["model"], "ranks": cold["ranks"], "tokens": cold["tokens"],
-                       "priced_s": cold["priced_s"],
-                       **_rounds(sorted(t * 1e-6 for t in cold["measured_us_by_run"]), cold["priced_s"])}
+        out["cold"] = {
+            "model": cold["model"],
+            "ranks": cold["ranks"],
+            "tokens": cold["tokens"],
+            "priced_s": cold["priced_s"],
+            **_rounds(sorted(t * 1e-6 for t in cold["measured_us_by_run"]), cold["priced_s"]),
+        }
     return out
 
 
 def _rounds(times: list[float], base_s: float) -> dict:
     """The median, range and count of sorted round times, and the median over base_s."""
     median = float(np.median(times))
-    return {"measured_median_s": median, "measured_min_s": times[0], "measured_max_s": times[-1], "rounds": len(times),
-            "ratio": median / base_s}
+    return {
+        "measured_median_s": median,
+        "measured_min_s": times[0],
+        "measured_max_s": times[-1],
+        "rounds": len(times),
+        "ratio": median / base_s,
+    }

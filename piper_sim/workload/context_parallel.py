@@ -34,9 +34,13 @@ BACKWARD_RING_BUFFERS = 4  # TE's backward: p2p_comm_buffers, two of (K/V, dK/dV
 def check_context_parallel(parallel: ParallelSpec, flash_attention: bool) -> None:
     """A CP plan's requirements beyond the mesh's (ParallelSpec checks those): the fused attention kernel."""
     if parallel.cp > 1 and not flash_attention:
-        raise ConfigError("parallel.cp", parallel.cp, "1 with cost.flash_attention false: ring attention runs the "
-                          "fused (flash) attention kernel on each K/V chunk (Megatron-core's context parallelism "
-                          "needs Transformer Engine's fused attention)")
+        raise ConfigError(
+            "parallel.cp",
+            parallel.cp,
+            "1 with cost.flash_attention false: ring attention runs the "
+            "fused (flash) attention kernel on each K/V chunk (Megatron-core's context parallelism "
+            "needs Transformer Engine's fused attention)",
+        )
 
 
 def rank_view(model: ModelSpec, cp: int) -> ModelSpec:

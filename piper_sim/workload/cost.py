@@ -53,9 +53,15 @@ class ExchangeTask(Protocol):
 MOE_PATH_OPS = ("router:", "moe_out:")  # the ops a profile's measured MoE path prices (DeviceProfile.moe_path)
 K = TaskKind
 BACKWARD_FACTOR = {
-    K.FORWARD: 1.0, K.FORWARD_EXPERT: 1.0, K.BACKWARD: 2.0, K.BACKWARD_EXPERT: 2.0,
-    K.BACKWARD_INPUT: 1.0, K.BACKWARD_EXPERT_INPUT: 1.0, K.BACKWARD_WEIGHT: 1.0,
-    K.RECOMPUTE: 1.0, K.RECOMPUTE_EXPERT: 1.0,
+    K.FORWARD: 1.0,
+    K.FORWARD_EXPERT: 1.0,
+    K.BACKWARD: 2.0,
+    K.BACKWARD_EXPERT: 2.0,
+    K.BACKWARD_INPUT: 1.0,
+    K.BACKWARD_EXPERT_INPUT: 1.0,
+    K.BACKWARD_WEIGHT: 1.0,
+    K.RECOMPUTE: 1.0,
+    K.RECOMPUTE_EXPERT: 1.0,
 }
 _FORWARD_PASS = FORWARD_KINDS | RECOMPUTE_KINDS  # the kinds that take the forward's measured framework costs
 
@@ -91,16 +97,17 @@ def fp8_gemm_bytes(gemm: Gemm[Elementwise], output_bytes: int) -> Elementwise:
 def memory_bound_s(profile: DeviceProfile, traffic: Traffic, scale: float = 1.0) -> float: ...
 @overload
 def memory_bound_s(profile: DeviceProfile, traffic: Traffic, scale: np.ndarray) -> np.ndarray: ...
-def memory_bound_s(profile: DeviceProfile, traffic: Traffic,
-                   scale: float | np.ndarray = 1.0) -> float | np.ndarray:
+def memory_bound_s(profile: DeviceProfile, traffic: Traffic, scale: float | np.ndarray = 1.0) -> float | np.ndarray:
     """Seconds of memory-bound kernels' traffic (times scale: a pass's factor, a count of rows): each kind at the
     profile's measured share of HBM bandwidth for it (memory_kernel_efficiency), the kinds it has none for at
     memory_efficiency; a profile without the table prices all bytes at memory_efficiency in one sum."""
     shares = profile.memory_kernel_efficiency
     if not shares:
         return scale * traffic_bytes(traffic) / (profile.hbm_bytes_per_s * profile.memory_efficiency)
-    return sum(scale * nbytes / (profile.hbm_bytes_per_s * shares.get(kind, profile.memory_efficiency))
-               for kind, nbytes in traffic)
+    return sum(
+        scale * nbytes / (profile.hbm_bytes_per_s * shares.get(kind, profile.memory_efficiency))
+        for kind, nbytes in traffic
+    )
 
 
 def batched_gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, memory_share: float) -> float:
@@ -111,8 +118,9 @@ def batched_gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, me
     return max(gemm.flops / rate, gemm_bytes(gemm, dtype_bytes) / (profile.hbm_bytes_per_s * memory_share))
 
 
-def unfused_core_s(profile: DeviceProfile, core: UnfusedPass, dtype_bytes: int,
-                   gemm_s: Callable[[Gemm], float]) -> float:
+def unfused_core_s(
+    profile: DeviceProfile, core: UnfusedPass, dtype_bytes: int, gemm_s: Callable[[Gemm], float]
+) -> float:
     """One pass of an attention core without flash attention: its batched GEMMs (at the profile's measured batched
     rates, or each as one GEMM of its shape where the profile has none) and the score traffic of the softmax and
     dropout kernels between them."""
@@ -139,15 +147,22 @@ def _pass_name(kind: TaskKind) -> str:
     return "forward" if kind in _FORWARD_PASS else "backward"
 
 
-def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                 gemm_s: Callable[[Gemm], float] | None = None, kind: TaskKind = K.FORWARD) -> dict[str, float]:
+def work_terms_s(
+    profile: DeviceProfile,
+    work: OpWork,
+    dtype_bytes: int,
+    gemm_s: Callable[[Gemm], float] | None = None,
+    kind: TaskKind = K.FORWARD,
+) -> dict[str, float]:
     """Time of an op's work by term (COST_TERMS but framework) in a task of this kind: BACKWARD_FACTOR times the
     forward's, except an unfused attention core's backward, priced from its own GEMMs and traffic (a split
     backward's two passes take half of it each, as they do of every other term); gemm_s: the time of one GEMM
     (gemm_time_s unless given, e.g. memoized)."""
     if gemm_s is None:
+
         def gemm_s(g: Gemm) -> float:
             return gemm_time_s(profile, g, dtype_bytes)
+
     factor = BACKWARD_FACTOR[kind]
     attention = 0.0
     if work.unfused_forward is not None and work.unfused_backward is not None:
@@ -156,15 +171,26 @@ def work_terms_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
         else:
             attention = factor / 2 * unfused_core_s(profile, work.unfused_backward, dtype_bytes, gemm_s)
     elif work.attention_flops:
-        attention = factor * work.attention_flops / (profile.peak_flops_per_s
-                                                     * profile.attention_efficiency(work.attention_seq_len))
-    return {"gemm": factor * sum(gemm_s(g) for g in work.gemms), "attention": attention,
-            "memory_bound": memory_bound_s(profile, work.traffic, factor),
-            "launch": factor * work.num_kernels * profile.kernel_launch_s}
+        attention = (
+            factor
+            * work.attention_flops
+            / (profile.peak_flops_per_s * profile.attention_efficiency(work.attention_seq_len))
+        )
+    return {
+        "gemm": factor * sum(gemm_s(g) for g in work.gemms),
+        "attention": attention,
+        "memory_bound": memory_bound_s(profile, work.traffic, factor),
+        "launch": factor * work.num_kernels * profile.kernel_launch_s,
+    }
 
 
-def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
-                gemm_s: Callable[[Gemm], float] | None = None, kind: TaskKind = K.FORWARD) -> float:
+def work_time_s(
+    profile: DeviceProfile,
+    work: OpWork,
+    dtype_bytes: int,
+    gemm_s: Callable[[Gemm], float] | None = None,
+    kind: TaskKind = K.FORWARD,
+) -> float:
     """Time of an op's work in a task of this kind: the sum of its terms (work_terms_s)."""
     terms = work_terms_s(profile, work, dtype_bytes, gemm_s, kind)
     return terms["gemm"] + terms["attention"] + terms["memory_bound"] + terms["launch"]
@@ -173,14 +199,24 @@ def work_time_s(profile: DeviceProfile, work: OpWork, dtype_bytes: int,
 class TaskCoster:
     """Time and FLOPs of compute tasks for one model, profile and micro-batch size, memoized."""
 
-    def __init__(self, model: ModelSpec, profile: DeviceProfile, tokens_per_microbatch: int,
-                 split: TensorSplit = NO_SPLIT, flash_attention: bool = True) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        profile: DeviceProfile,
+        tokens_per_microbatch: int,
+        split: TensorSplit = NO_SPLIT,
+        flash_attention: bool = True,
+    ) -> None:
         self.model, self.profile, self.tokens = model, profile.for_model(model), tokens_per_microbatch
         self.split, self.flash = split, flash_attention
         self.fp8 = bool(model.fp8_recipe)  # its linears' GEMMs in fp8 (workload/precision.py)
         if self.fp8 and self.profile.peak_fp8_flops_per_s is None:
-            raise ConfigError("cost.precision", "fp8", f"bf16 with cost profile {self.profile.name}: it has no "
-                              "peak_fp8_TFLOPS (its device has no fp8 GEMMs, or the profile does not give their rates)")
+            raise ConfigError(
+                "cost.precision",
+                "fp8",
+                f"bf16 with cost profile {self.profile.name}: it has no "
+                "peak_fp8_TFLOPS (its device has no fp8 GEMMs, or the profile does not give their rates)",
+            )
         self._cast_bytes = cast_bytes_per_element(model, self.profile.fp8_transposed_copies)  # per element quantized
         self._cache: dict[tuple | str, tuple[float, float]] = {}  # by (kind, ops, expert rows); an exchange by op
         self._one_gemm_s: dict[tuple[int, int, int, bool], float] = {}  # a GEMM's time by shape and fp8, count 1
@@ -262,8 +298,9 @@ class TaskCoster:
         measured_experts = (_pass_name(kind), "experts") in self.profile.framework_s
         for op in ops:
             if expert_rows and op.startswith("experts:") and not measured_experts:
-                gemm, memory, launch = self._experts_parts(np.array([expert_rows], dtype=np.int64),
-                                                           np.array([len(expert_rows)]))
+                gemm, memory, launch = self._experts_parts(
+                    np.array([expert_rows], dtype=np.int64), np.array([len(expert_rows)])
+                )
                 for term, value in (("gemm", gemm), ("memory_bound", memory), ("launch", launch)):
                     terms[term] += factor * float(value[0])
                 terms["memory_bound"] += float(self._experts_cast_s(kind, sum(expert_rows)))
@@ -276,16 +313,18 @@ class TaskCoster:
             if fixed is not None:
                 terms["framework"] += fixed
                 work = replace(work, num_kernels=0)
-            for term, value in work_terms_s(self.profile, work, self.model.dtype_bytes, self._op_gemm_s(op),
-                                            kind).items():
+            for term, value in work_terms_s(
+                self.profile, work, self.model.dtype_bytes, self._op_gemm_s(op), kind
+            ).items():
                 terms[term] += value
             terms["memory_bound"] += self._cast_s(kind, op, work.gemms)
         return terms
 
     def _experts_s(self, expert_rows: tuple[int, ...]) -> tuple[float, float]:
         """(seconds, FLOPs) of an experts op's forward on these rows per expert (experts_forward_s of one rank)."""
-        seconds, flops = self.experts_forward_s(np.array([expert_rows], dtype=np.int64).reshape(1, len(expert_rows)),
-                                                np.array([len(expert_rows)]))
+        seconds, flops = self.experts_forward_s(
+            np.array([expert_rows], dtype=np.int64).reshape(1, len(expert_rows)), np.array([len(expert_rows)])
+        )
         return float(seconds[0]), float(flops[0])
 
     def experts_forward_s(self, rows: np.ndarray, num_local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -315,7 +354,7 @@ class TaskCoster:
         top = int(rows.max(initial=0))
         if top >= len(table):
             grown = np.full((max(top + 1, 2 * len(table)), 2), np.nan)
-            grown[:len(table)] = table
+            grown[: len(table)] = table
             table = self._one_expert = grown
         rows = np.maximum(rows, 0)
         per_expert = table[rows]
@@ -323,15 +362,18 @@ class TaskCoster:
         if unpriced.any():  # the new row counts at once (every count's price comes from here)
             counts = np.unique(rows[unpriced])
             gemms = expert_gemms(self.model, counts, self.split.etp)
-            one = [g.count * gemm_time_s(self.profile, replace(g, count=1), self.model.dtype_bytes, self.fp8)
-                   for g in gemms]
+            one = [
+                g.count * gemm_time_s(self.profile, replace(g, count=1), self.model.dtype_bytes, self.fp8)
+                for g in gemms
+            ]
             table[counts, 0] = sum(one)
             table[counts, 1] = sum(g.flops for g in gemms)
             per_expert = table[rows]
         return per_expert
 
-    def experts_cost(self, kind: TaskKind, op: str, rows: np.ndarray,
-                     num_local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def experts_cost(
+        self, kind: TaskKind, op: str, rows: np.ndarray, num_local: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, FLOPs) per rank of a compute task of this kind running one experts op (rows and num_local as
         experts_forward_s takes them): cost(kind, (op,), rank's rows) for every rank at once."""
         if (_pass_name(kind), "experts") in self.profile.framework_s:  # measured fixed costs: rank by rank
@@ -359,8 +401,9 @@ class TaskCoster:
             return BACKWARD_FACTOR[kind] * gate_gemms_s + scatter_s
         return gather_s
 
-    def _framework_s(self, kind: TaskKind, op: str, expert_rows: tuple[int, ...],
-                     work: OpWork | None = None) -> float | None:
+    def _framework_s(
+        self, kind: TaskKind, op: str, expert_rows: tuple[int, ...], work: OpWork | None = None
+    ) -> float | None:
         """Measured fixed cost of this op in this pass, or None when the profile has none.
 
         A split backward (zero bubble) defers only the linears' weight GEMMs (torch backend:
@@ -383,8 +426,9 @@ class TaskCoster:
                 base *= active / max(self.profile.framework_experts, 1)
             else:  # a fixed part and a part per expert, interpolated in tokens between the fitted lines
                 at, fixed, per_expert = zip(*lines, strict=True)
-                base = max(float(np.interp(self.tokens, at, fixed) + np.interp(self.tokens, at, per_expert) * active),
-                           0.0)
+                base = max(
+                    float(np.interp(self.tokens, at, fixed) + np.interp(self.tokens, at, per_expert) * active), 0.0
+                )
         if kind not in SPLIT_BACKWARD_KINDS:
             return base
         split = self.profile.framework_split.get(name)
@@ -402,8 +446,10 @@ class TaskCoster:
         as the simulator prices it; expert_rows are the rows each local expert gets (zeros dropped)."""
         expert = op.startswith("experts:")
         rows = tuple(r for r in expert_rows if r > 0) if expert else ()
-        return (self.cost(K.FORWARD_EXPERT if expert else K.FORWARD, (op,), rows)[0],
-                self.cost(K.BACKWARD_EXPERT if expert else K.BACKWARD, (op,), rows)[0])
+        return (
+            self.cost(K.FORWARD_EXPERT if expert else K.FORWARD, (op,), rows)[0],
+            self.cost(K.BACKWARD_EXPERT if expert else K.BACKWARD, (op,), rows)[0],
+        )
 
     def exchange_s(self, task: ExchangeTask) -> float:
         """Host work around one MoE all-to-all (dispatch or combine) besides its library calls: the fixed cost
@@ -421,8 +467,11 @@ class TaskCoster:
                 tokens, seconds = zip(*entry[1], strict=True)
                 routed = int(self.tokens * self.split.dispatch_share)
                 work = replace(exchange_work(self.model, op, routed), num_kernels=0)
-                hit = (float(np.interp(self.tokens, tokens, seconds))
-                       + work_time_s(self.profile, work, self.model.dtype_bytes), 0.0)
+                hit = (
+                    float(np.interp(self.tokens, tokens, seconds))
+                    + work_time_s(self.profile, work, self.model.dtype_bytes),
+                    0.0,
+                )
             self._cache[op] = hit
         return hit[0]
 

@@ -95,12 +95,18 @@ class OpWork:
     def model_flops(self, tp: int) -> float:
         """The rank's share of the model's FLOPs: work repeated on every rank of its tensor-parallel group
         counts once per group."""
-        repeated = sum(g.flops for g in self.gemms[:self.repeated_gemms])
+        repeated = sum(g.flops for g in self.gemms[: self.repeated_gemms])
         return self.flops - repeated * (1 - 1 / tp)
 
 
-def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...] = (),
-            split: TensorSplit = NO_SPLIT, flash: bool = True) -> OpWork:
+def op_work(
+    model: ModelSpec,
+    op: str,
+    tokens: int,
+    expert_rows: tuple[int, ...] = (),
+    split: TensorSplit = NO_SPLIT,
+    flash: bool = True,
+) -> OpWork:
     """Forward work of one op on `tokens` tokens (micro-batch x seq) of one rank.
 
     expert_rows: for "experts:L", the rows each local expert receives. split: the plan's tensor parallelism
@@ -120,27 +126,42 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
         return _attention(model, tokens, split, flash)
     if name == "attn_core":  # the core alone: its FLOPs (and without flash attention, the score matrix's work)
         full = _attention(model, tokens, split, flash)
-        return OpWork(attention_flops=full.attention_flops, attention_seq_len=full.attention_seq_len, num_kernels=1,
-                      unfused_forward=full.unfused_forward, unfused_backward=full.unfused_backward)
+        return OpWork(
+            attention_flops=full.attention_flops,
+            attention_seq_len=full.attention_seq_len,
+            num_kernels=1,
+            unfused_forward=full.unfused_forward,
+            unfused_backward=full.unfused_backward,
+        )
     if name == "dense":  # the pre-FFN norm, the FFN, the residual add
         width, m = model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count
         ffn = _ffn(tokens, d, width // tp, m, b, copies=1)
-        return replace(ffn, traffic=norm_traffic(model, tokens, split) + ffn.traffic
-                       + residual_traffic(model, tokens, split), num_kernels=ffn.num_kernels + 2)
+        return replace(
+            ffn,
+            traffic=norm_traffic(model, tokens, split) + ffn.traffic + residual_traffic(model, tokens, split),
+            num_kernels=ffn.num_kernels + 2,
+        )
     if name == "router":  # the pre-MoE norm (on the tokens the rank holds), the gate, the permutation
-        return OpWork(gemms=(Gemm(routed, d, model.num_experts),),
-                      traffic=norm_traffic(model, tokens, split) + (("permute", model.top_k * routed * d * b),
-                                                                    ("softmax", 8 * routed * model.num_experts)),
-                      num_kernels=6, repeated_gemms=int(tp > 1 and split.dispatch_share == 1))
+        return OpWork(
+            gemms=(Gemm(routed, d, model.num_experts),),
+            traffic=norm_traffic(model, tokens, split)
+            + (("permute", model.top_k * routed * d * b), ("softmax", 8 * routed * model.num_experts)),
+            num_kernels=6,
+            repeated_gemms=int(tp > 1 and split.dispatch_share == 1),
+        )
     if name == "shared":
-        return _ffn(routed, d, model.shared_ffn_dim // split.etp, model.expert_matrices, b,
-                    copies=model.num_shared_experts)
+        return _ffn(
+            routed, d, model.shared_ffn_dim // split.etp, model.expert_matrices, b, copies=model.num_shared_experts
+        )
     if name == "experts":
         return _experts(model, expert_rows, split.etp)
     if name == "moe_out":  # un-permute, the shared experts' output added, the residual add
         shared = 3 * tokens * split.sequence_share * d * b if model.num_shared_experts else 0.0
-        return OpWork(traffic=(("permute", model.top_k * routed * d * b), ("residual", shared))
-                      + residual_traffic(model, tokens, split), num_kernels=4)
+        return OpWork(
+            traffic=(("permute", model.top_k * routed * d * b), ("residual", shared))
+            + residual_traffic(model, tokens, split),
+            num_kernels=4,
+        )
     if name in ("attn_norm", "moe_norm"):  # a norm alone, re-run by selective recomputation (workload/recompute.py)
         return OpWork(traffic=norm_traffic(model, tokens, split), num_kernels=1)  # as the attn and router ops run it
     if name == "moe_act":  # the experts' activation alone, over the rows (balanced: routed x top_k), one grouped kernel
@@ -148,9 +169,11 @@ def op_work(model: ModelSpec, op: str, tokens: int, expert_rows: tuple[int, ...]
         return OpWork(traffic=(("activation", expert_activation_bytes(model, rows, split.etp)),), num_kernels=1)
     if name == "head":
         vocab = -(-model.vocab_size // tp)  # a vocabulary-parallel head: the rank's shard of the logits
-        return OpWork(gemms=(Gemm(tokens, d, vocab),),
-                      traffic=norm_traffic(model, tokens, split) + (("loss", 3 * tokens * vocab * 4),),
-                      num_kernels=5)
+        return OpWork(
+            gemms=(Gemm(tokens, d, vocab),),
+            traffic=norm_traffic(model, tokens, split) + (("loss", 3 * tokens * vocab * 4),),
+            num_kernels=5,
+        )
     raise ValueError(f"no work formula for op {op!r}")
 
 
@@ -165,8 +188,10 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT, fla
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         down = [Gemm(tokens, d, m.kv_lora_rank + m.qk_rope_head_dim)]  # replicated over the group
         down += [Gemm(tokens, d, m.q_lora_rank)] if m.q_lora_rank else []
-        gemms = down + [Gemm(tokens, m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim)),
-                        Gemm(tokens, h * m.v_head_dim, d)]
+        gemms = down + [
+            Gemm(tokens, m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim)),
+            Gemm(tokens, h * m.v_head_dim, d),
+        ]
         gemms += [Gemm(tokens, m.q_lora_rank, h * qk)] if m.q_lora_rank else [Gemm(tokens, d, h * qk)]
         core = tokens * model.seq_len * h * (qk + m.v_head_dim)
         repeated = len(down) if tp > 1 else 0
@@ -174,13 +199,23 @@ def _attention(model: ModelSpec, tokens: int, split: TensorSplit = NO_SPLIT, fla
         gemms = [Gemm(tokens, d, (h + 2 * kv) * hd), Gemm(tokens, h * hd, d)]
         core = 2.0 * tokens * model.seq_len * h * hd
         repeated = 0
-    traffic = (norm_traffic(model, tokens, split) + rotary_traffic(model, tokens, h, kv)
-               + (("copy", 4 / tp * tokens * d * b),)  # q, k, v, output
-               + residual_traffic(model, tokens, split))
+    traffic = (
+        norm_traffic(model, tokens, split)
+        + rotary_traffic(model, tokens, h, kv)
+        + (("copy", 4 / tp * tokens * d * b),)  # q, k, v, output
+        + residual_traffic(model, tokens, split)
+    )
     forward, backward = (None, None) if flash else unfused_attention(model, tokens, h)
-    return OpWork(gemms=tuple(gemms), attention_flops=core, attention_seq_len=model.seq_len,
-                  traffic=traffic, num_kernels=8 + 2 * model.rotary, repeated_gemms=repeated,
-                  unfused_forward=forward, unfused_backward=backward)
+    return OpWork(
+        gemms=tuple(gemms),
+        attention_flops=core,
+        attention_seq_len=model.seq_len,
+        traffic=traffic,
+        num_kernels=8 + 2 * model.rotary,
+        repeated_gemms=repeated,
+        unfused_forward=forward,
+        unfused_backward=backward,
+    )
 
 
 # Score-matrix traffic per score of the kernels between the batched GEMMs, in elements of the model's dtype, and the
@@ -205,13 +240,16 @@ def unfused_attention(model: ModelSpec, tokens: int, heads: int) -> tuple[Unfuse
     batch = max(tokens // s, 1) * heads
     scores, b = batch * s * s, model.dtype_bytes
     dropout = (DROPOUT_ELEMENTS * b + DROPOUT_MASK_BYTES) if model.dropout else 0.0
-    forward = UnfusedPass(writes_scores=(Gemm(s, qk, s, count=batch),), reads_scores=(Gemm(s, s, v, count=batch),),
-                          score_traffic=(("softmax", SOFTMAX_FORWARD_ELEMENTS * b * scores),
-                                         ("dropout", dropout * scores)))
-    backward = UnfusedPass(writes_scores=(Gemm(s, v, s, count=batch),),
-                           reads_scores=(Gemm(s, s, v, count=batch), Gemm(s, s, qk, count=2 * batch)),
-                           score_traffic=(("softmax", SOFTMAX_BACKWARD_ELEMENTS * b * scores),
-                                          ("dropout", dropout * scores)))
+    forward = UnfusedPass(
+        writes_scores=(Gemm(s, qk, s, count=batch),),
+        reads_scores=(Gemm(s, s, v, count=batch),),
+        score_traffic=(("softmax", SOFTMAX_FORWARD_ELEMENTS * b * scores), ("dropout", dropout * scores)),
+    )
+    backward = UnfusedPass(
+        writes_scores=(Gemm(s, v, s, count=batch),),
+        reads_scores=(Gemm(s, s, v, count=batch), Gemm(s, s, qk, count=2 * batch)),
+        score_traffic=(("softmax", SOFTMAX_BACKWARD_ELEMENTS * b * scores), ("dropout", dropout * scores)),
+    )
     return forward, backward
 
 
@@ -255,9 +293,11 @@ def activation_kernel_bytes(matrices: int, rows: float, width: int, dtype_bytes:
 def _ffn(tokens: int, d: int, width: int, matrices: int, dtype_bytes: int, copies: int) -> OpWork:
     up = Gemm(tokens, d, width, count=copies * (matrices - 1))
     down = Gemm(tokens, width, d, count=copies)
-    return OpWork(gemms=(up, down), traffic=(("activation", copies * activation_kernel_bytes(matrices, tokens, width,
-                                                                                      dtype_bytes)),),
-                  num_kernels=copies * (matrices + 2))
+    return OpWork(
+        gemms=(up, down),
+        traffic=(("activation", copies * activation_kernel_bytes(matrices, tokens, width, dtype_bytes)),),
+        num_kernels=copies * (matrices + 2),
+    )
 
 
 def _experts(model: ModelSpec, expert_rows: tuple[int, ...], etp: int = 1) -> OpWork:
@@ -265,8 +305,11 @@ def _experts(model: ModelSpec, expert_rows: tuple[int, ...], etp: int = 1) -> Op
     for rows in expert_rows:
         if rows > 0:
             by_rows[rows] = by_rows.get(rows, 0) + 1
-    gemms = tuple(replace(g, count=g.count * count) for rows, count in sorted(by_rows.items())
-                  for g in expert_gemms(model, rows, etp))
+    gemms = tuple(
+        replace(g, count=g.count * count)
+        for rows, count in sorted(by_rows.items())
+        for g in expert_gemms(model, rows, etp)
+    )
     return replace(experts_besides_gemms(model, expert_rows, etp), gemms=gemms)
 
 
@@ -282,8 +325,10 @@ def experts_besides_gemms(model: ModelSpec, expert_rows: tuple[int, ...], etp: i
     expert."""
     d, m, b = model.d_model, model.expert_matrices, model.dtype_bytes
     rows = sum(expert_rows)
-    return OpWork(traffic=(("activation", expert_activation_bytes(model, rows, etp)), ("copy", rows * 2 * d * b)),
-                  num_kernels=len(expert_rows) * (m + 2))
+    return OpWork(
+        traffic=(("activation", expert_activation_bytes(model, rows, etp)), ("copy", rows * 2 * d * b)),
+        num_kernels=len(expert_rows) * (m + 2),
+    )
 
 
 def expert_activation_bytes(model: ModelSpec, rows: float, etp: int = 1) -> float:

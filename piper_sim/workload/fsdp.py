@@ -30,11 +30,17 @@ def resolve_reshard(value: object, *, zero: int, pp: int) -> bool:
     if value is None:
         return True
     if zero != 3:
-        raise ConfigError("optimizer.reshard_after_forward", value, "left out unless optimizer.zero is 3 (it is "
-                                                                    "FSDP's: only ZeRO-3 gathers parameters)")
+        raise ConfigError(
+            "optimizer.reshard_after_forward",
+            value,
+            "left out unless optimizer.zero is 3 (it is FSDP's: only ZeRO-3 gathers parameters)",
+        )
     if not isinstance(value, bool) and value != "default":
-        raise ConfigError("optimizer.reshard_after_forward", value, "true, false or default (torchtitan's: true "
-                                                                    "without pipeline parallelism, false with it)")
+        raise ConfigError(
+            "optimizer.reshard_after_forward",
+            value,
+            "true, false or default (torchtitan's: true without pipeline parallelism, false with it)",
+        )
     return pp == 1 if value == "default" else bool(value)
 
 
@@ -49,17 +55,25 @@ def hsdp_replicate(dp_shard: object, *, data_parallel: int, dp: int) -> int:
         return 1
     allowed = sorted({data_parallel // r for r in range(1, dp + 1) if dp % r == 0})
     if data_parallel % dp_shard or dp % (data_parallel // dp_shard):
-        raise ConfigError("parallel.dp_shard", dp_shard, f"one of {', '.join(map(str, allowed))} (the "
-                          f"{data_parallel} data-parallel replicas over a number of replicate blocks that divides "
-                          f"parallel.dp, {dp}), or 0")
+        raise ConfigError(
+            "parallel.dp_shard",
+            dp_shard,
+            f"one of {', '.join(map(str, allowed))} (the "
+            f"{data_parallel} data-parallel replicas over a number of replicate blocks that divides "
+            f"parallel.dp, {dp}), or 0",
+        )
     return data_parallel // dp_shard
 
 
 def check_hsdp(replicate: int, zero: int) -> None:
     """HSDP shards only ZeRO-3's parameters: parallel.dp_shard below the replicas needs optimizer.zero 3."""
     if replicate > 1 and zero != 3:
-        raise ConfigError("optimizer.zero", zero, "3 with parallel.dp_shard (HSDP shards ZeRO-3's parameters within "
-                          "the shard group), or leave parallel.dp_shard out")
+        raise ConfigError(
+            "optimizer.zero",
+            zero,
+            "3 with parallel.dp_shard (HSDP shards ZeRO-3's parameters within "
+            "the shard group), or leave parallel.dp_shard out",
+        )
 
 
 def unit_of_op(op: str, layers: tuple[int, ...]) -> int:
@@ -76,9 +90,6 @@ def unit_of_op(op: str, layers: tuple[int, ...]) -> int:
 def chunk_units(layers: tuple[int, ...]) -> tuple[int, ...]:
     """A chunk's units in forward order."""
     return layers if layers else (NO_BLOCK,)
-
-
-
 
 
 def exposed_gather_s(gathers_s: list[float], computes_s: list[float]) -> float:

@@ -13,14 +13,19 @@ from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 
 
-def unit_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int,
-                split: TensorSplit = NO_SPLIT) -> dict[int, dict[str, float]]:
+def unit_params(
+    model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int, split: TensorSplit = NO_SPLIT
+) -> dict[int, dict[str, float]]:
     """Per unit of a chunk of these layers (first/last: it holds the embedding/the head), the parameters one rank
     holds of it by class (memory.rank_params)."""
     if not layers:
         return {NO_BLOCK: rank_params(model, (), first=first, last=last, ep=ep, split=split)}
-    return {layer: rank_params(model, (layer,), first=first and layer == layers[0],
-                               last=last and layer == layers[-1], ep=ep, split=split) for layer in layers}
+    return {
+        layer: rank_params(
+            model, (layer,), first=first and layer == layers[0], last=last and layer == layers[-1], ep=ep, split=split
+        )
+        for layer in layers
+    }
 
 
 def gathered_params(params: dict[str, float], shards: dict[str, int]) -> float:
@@ -29,8 +34,9 @@ def gathered_params(params: dict[str, float], shards: dict[str, int]) -> float:
     return sum(params[kind] for kind in PARAM_CLASSES if shards[kind] > 1)
 
 
-def gathered_window_bytes(units: list[dict[str, float]], shards: dict[str, int], dtype_bytes: int, *,
-                          reshard_after_forward: bool = True) -> float:
+def gathered_window_bytes(
+    units: list[dict[str, float]], shards: dict[str, int], dtype_bytes: int, *, reshard_after_forward: bool = True
+) -> float:
     """Bytes a rank's gathered units take at most, its units (of every chunk, in forward order) given: two
     consecutive units' full parameters (the one computing and the prefetched one) and, in the backward, two
     units' full gradients (the one computing and the one being reduce-scattered), 2 x dtype x the largest pair.

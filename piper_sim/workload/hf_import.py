@@ -36,12 +36,22 @@ def model_from_hf_config(config: Mapping[str, Any], name: str) -> ModelSpec:
 
 # ---- helpers --------------------------------------------------------------------------------------
 # the ModelSpec field each HF key sizes: its bound (bounds.MODEL_LIMITS) applies to the HF value as to the YAML one
-HF_FIELDS = {"num_hidden_layers": "num_layers", "hidden_size": "d_model", "num_attention_heads": "num_heads",
-             "num_key_value_heads": "num_kv_heads", "max_position_embeddings": "seq_len",
-             "original_max_position_embeddings": "seq_len", "num_local_experts": "num_experts",
-             "n_routed_experts": "num_experts", "num_experts": "num_experts", "num_experts_per_tok": "top_k",
-             "n_shared_experts": "num_shared_experts", "first_k_dense_replace": "num_dense_layers",
-             "moe_layer_freq": "moe_layer_freq", "decoder_sparse_step": "moe_layer_freq"}
+HF_FIELDS = {
+    "num_hidden_layers": "num_layers",
+    "hidden_size": "d_model",
+    "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "max_position_embeddings": "seq_len",
+    "original_max_position_embeddings": "seq_len",
+    "num_local_experts": "num_experts",
+    "n_routed_experts": "num_experts",
+    "num_experts": "num_experts",
+    "num_experts_per_tok": "top_k",
+    "n_shared_experts": "num_shared_experts",
+    "first_k_dense_replace": "num_dense_layers",
+    "moe_layer_freq": "moe_layer_freq",
+    "decoder_sparse_step": "moe_layer_freq",
+}
 
 
 def _int(config: Mapping[str, Any], key: str, default: int | None = None, allow_zero: bool = False) -> int:
@@ -103,9 +113,12 @@ def _with_dense(spec: dict[str, Any], pattern: dict[str, int], dense_ffn_dim: in
 @HF_IMPORTERS.register("mixtral")
 def _mixtral(config: Mapping[str, Any], name: str) -> ModelSpec:
     spec = _common(config, name)
-    spec.update(expert_ffn_dim=_int(config, "intermediate_size"),
-                num_experts=_int(config, "num_local_experts"),
-                top_k=_int(config, "num_experts_per_tok"), expert_matrices=3)
+    spec.update(
+        expert_ffn_dim=_int(config, "intermediate_size"),
+        num_experts=_int(config, "num_local_experts"),
+        top_k=_int(config, "num_experts_per_tok"),
+        expert_matrices=3,
+    )
     return ModelSpec(**spec)
 
 
@@ -117,8 +130,9 @@ def _deepseek(config: Mapping[str, Any], name: str) -> ModelSpec:
     first_dense = _int(config, "first_k_dense_replace", default=0, allow_zero=True)
     freq = _int(config, "moe_layer_freq", default=1)
     moe = [i for i in range(num_layers) if i >= first_dense and i % freq == 0]
-    spec = _with_dense(spec, layer_pattern(moe, num_layers, "hf_config.first_k_dense_replace"),
-                       _int(config, "intermediate_size"))
+    spec = _with_dense(
+        spec, layer_pattern(moe, num_layers, "hf_config.first_k_dense_replace"), _int(config, "intermediate_size")
+    )
     q_lora = config.get("q_lora_rank")
     spec.update(
         expert_ffn_dim=_int(config, "moe_intermediate_size"),

@@ -80,12 +80,14 @@ def state_bytes_per_param(zero: int, shards: int, dtype_bytes: int = 2, master_w
     return 2 * dtype_bytes + optimizer / shards
 
 
-def state_bytes(params: dict[str, float], *, zero: int, shards: dict[str, int], dtype_bytes: int = 2,
-                master_weights: bool = True) -> float:
+def state_bytes(
+    params: dict[str, float], *, zero: int, shards: dict[str, int], dtype_bytes: int = 2, master_weights: bool = True
+) -> float:
     """Training state of a rank's parameters, each class ("dense", "replicated", "expert"; rank_params)
     sharded over its replicas as shards[class] says (ZeRO; 1 when the optimizer state is not sharded)."""
-    return sum(params[kind] * state_bytes_per_param(zero, shards[kind], dtype_bytes, master_weights)
-               for kind in PARAM_CLASSES)
+    return sum(
+        params[kind] * state_bytes_per_param(zero, shards[kind], dtype_bytes, master_weights) for kind in PARAM_CLASSES
+    )
 
 
 PARAM_CLASSES = ("dense", "replicated", "expert")
@@ -100,8 +102,9 @@ def param_shards(*, zero: int, data_parallel: int, dp: int, stage_size: int, rep
     return {"dense": data_parallel // replicate, "replicated": stage_size // replicate, "expert": dp // replicate}
 
 
-def fp8_weight_params(model: ModelSpec, params: dict[str, float], layers: tuple[int, ...], *, first: bool,
-                      last: bool, tp: int) -> float:
+def fp8_weight_params(
+    model: ModelSpec, params: dict[str, float], layers: tuple[int, ...], *, first: bool, last: bool, tp: int
+) -> float:
     """Of a rank's parameters (rank_params of these layers), those of its fp8 linears (workload/precision.py); 0 in
     bf16."""
     if not model.fp8_recipe:
@@ -134,8 +137,9 @@ def headroom_bytes(peaks: list[float], hbm_bytes: float, reserve: float) -> list
     return [hbm_bytes - reserve - peak for peak in peaks]
 
 
-def rank_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int,
-                split: TensorSplit = NO_SPLIT) -> dict[str, float]:
+def rank_params(
+    model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, ep: int, split: TensorSplit = NO_SPLIT
+) -> dict[str, float]:
     """Parameters one rank holds for these layers, by class: "dense" (attention, dense FFNs, the vocabulary:
     split over tp; replicated over the data-parallel replicas), "replicated" (tp > 1: what every rank of the
     stage holds whole, as Megatron does: norms, the router, MLA's down projections, and shared experts when
@@ -145,8 +149,9 @@ def rank_params(model: ModelSpec, layers: tuple[int, ...], *, first: bool, last:
 
 
 @functools.lru_cache(maxsize=65536)
-def _rank_params(model: ModelSpec, layers: tuple[int, ...], first: bool, last: bool, ep: int,
-                 split: TensorSplit) -> dict[str, float]:
+def _rank_params(
+    model: ModelSpec, layers: tuple[int, ...], first: bool, last: bool, ep: int, split: TensorSplit
+) -> dict[str, float]:
     tp, etp = split.tp, split.etp
     dense = whole = expert = 0.0
     emb = model.vocab_size * model.d_model
@@ -206,10 +211,19 @@ def routed_row_bytes(model: ModelSpec, etp: int = 1, modules: tuple[str, ...] = 
     return kept - fp8_routed_row_saving_bytes(model, etp)
 
 
-def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *, last: bool,
-                     flash_attention: bool = True, recompute: str = "none", recomputed: int = 0,
-                     checkpoint_layers: int | None = None, split: TensorSplit = NO_SPLIT,
-                     modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES) -> float:
+def activation_bytes(
+    model: ModelSpec,
+    layers: tuple[int, ...],
+    micro_batch_size: int,
+    *,
+    last: bool,
+    flash_attention: bool = True,
+    recompute: str = "none",
+    recomputed: int = 0,
+    checkpoint_layers: int | None = None,
+    split: TensorSplit = NO_SPLIT,
+    modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+) -> float:
     """Activations one micro-batch leaves on a rank between its forward and backward for these layers.
 
     recompute "full": the first `recomputed` layers keep only the input of each group of `checkpoint_layers`
@@ -225,19 +239,31 @@ def activation_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size
     held = tokens * split.sequence_share  # the tokens a rank's residual stream holds
     total = 0.0
     if recompute == Recompute.FULL and recomputed and layers:  # one checkpoint (a group's input) per group
-        total = len(checkpoint_groups(min(recomputed, len(layers)), checkpoint_layers)) * held * model.d_model \
+        total = (
+            len(checkpoint_groups(min(recomputed, len(layers)), checkpoint_layers))
+            * held
+            * model.d_model
             * model.dtype_bytes
+        )
     kept = layers[recomputed:] if recompute == Recompute.FULL else layers  # the rest are re-run from the chunk's input
     for layer in kept:
-        total += layer_activation_bytes(model, layer, micro_batch_size, split=split, discarded=redone,
-                                        keep_scores=keeps_scores)
+        total += layer_activation_bytes(
+            model, layer, micro_batch_size, split=split, discarded=redone, keep_scores=keeps_scores
+        )
     if last:
         total += 2 * held * model.d_model * model.dtype_bytes + 4 * tokens * model.vocab_size / split.tp
     return total
 
 
-def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, *, keep_scores: bool,
-                           split: TensorSplit = NO_SPLIT, discarded: tuple[str, ...] = ()) -> float:
+def layer_activation_bytes(
+    model: ModelSpec,
+    layer: int,
+    micro_batch_size: int,
+    *,
+    keep_scores: bool,
+    split: TensorSplit = NO_SPLIT,
+    discarded: tuple[str, ...] = (),
+) -> float:
     """What one layer keeps for its backward pass, per micro-batch (the terms of the module docstring).
 
     Tensor parallelism (Korthikanti et al. 2022, section 4.2): q, k, v, the attention output, the scores and
@@ -260,25 +286,43 @@ def layer_activation_bytes(model: ModelSpec, layer: int, micro_batch_size: int, 
         routed = tokens * split.dispatch_share
         other_bytes += routed * k * routed_row_bytes(model, split.etp, discarded) + 4 * routed * model.num_experts
         elements += routed * k * d  # combine
-        elements += (routed * model.num_shared_experts
-                     * ffn_inner(model.shared_ffn_dim, model.expert_matrices) / split.etp)
+        elements += (
+            routed * model.num_shared_experts * ffn_inner(model.shared_ffn_dim, model.expert_matrices) / split.etp
+        )
     else:
         elements += tokens * ffn_inner(model.dense_ffn_dim or model.expert_ffn_dim, model.dense_matrix_count) / tp
     fp8_delta = fp8_activation_delta_bytes(model, layer, micro_batch_size, split)
     return elements * model.dtype_bytes + other_bytes + fp8_delta
 
 
-def recompute_transient_bytes(model: ModelSpec, layers: tuple[int, ...], micro_batch_size: int, *,
-                              recompute: str, recomputed: int, flash_attention: bool = True,
-                              checkpoint_layers: int | None = None, split: TensorSplit = NO_SPLIT) -> float:
+def recompute_transient_bytes(
+    model: ModelSpec,
+    layers: tuple[int, ...],
+    micro_batch_size: int,
+    *,
+    recompute: str,
+    recomputed: int,
+    flash_attention: bool = True,
+    checkpoint_layers: int | None = None,
+    split: TensorSplit = NO_SPLIT,
+) -> float:
     """Full recomputation: the activations of the largest group of recomputed layers (checkpoint_layers each; None:
     all of the chunk's at once), alive again while that group's backward runs."""
     if recompute != Recompute.FULL:
         return 0.0
     recomputed_layers = layers[:recomputed]
-    return max((sum(layer_activation_bytes(model, recomputed_layers[i], micro_batch_size,
-                                           keep_scores=not flash_attention, split=split) for i in group)
-                for group in checkpoint_groups(len(recomputed_layers), checkpoint_layers)), default=0.0)
+    return max(
+        (
+            sum(
+                layer_activation_bytes(
+                    model, recomputed_layers[i], micro_batch_size, keep_scores=not flash_attention, split=split
+                )
+                for i in group
+            )
+            for group in checkpoint_groups(len(recomputed_layers), checkpoint_layers)
+        ),
+        default=0.0,
+    )
 
 
 def checkpoint_groups(num_layers: int, checkpoint_layers: int | None) -> list[range]:

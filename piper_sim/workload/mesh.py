@@ -82,8 +82,14 @@ class Mesh:
         ep_index = rank // self.etp % self.ep
         dp_index = rank // (self.etp * self.ep) % self.dp
         pp_index = rank // self.stage_size
-        return {"pp": pp_index, "dp": dp_index, "ep": ep_index, "etp": etp_index, "tp": rank % self.tp,
-                "cp": rank % self.stage_size // self.tp % self.cp}
+        return {
+            "pp": pp_index,
+            "dp": dp_index,
+            "ep": ep_index,
+            "etp": etp_index,
+            "tp": rank % self.tp,
+            "cp": rank % self.stage_size // self.tp % self.cp,
+        }
 
     def rank_of(self, *, pp: int, dp: int = 0, ep: int = 0, etp: int = 0) -> int:
         return ((pp * self.dp + dp) * self.ep + ep) * self.etp + etp
@@ -130,8 +136,11 @@ class Mesh:
         c = self.coords(rank)
         if axis == "replicate":
             return tuple(rank + (k - c["dp"] // block) * block * self.ep * self.etp for k in range(self.replicate))
-        return tuple(r for r in self.group(rank, axis.removesuffix("_shard"))
-                     if self.coords(r)["dp"] // block == c["dp"] // block)
+        return tuple(
+            r
+            for r in self.group(rank, axis.removesuffix("_shard"))
+            if self.coords(r)["dp"] // block == c["dp"] // block
+        )
 
     def groups(self, axis: str, pp_index: int) -> list[tuple[int, ...]]:
         """All distinct groups along `axis` in one pipeline stage."""

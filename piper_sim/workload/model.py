@@ -75,8 +75,17 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        positive = ("num_layers", "d_model", "num_heads", "vocab_size", "seq_len", "expert_ffn_dim",
-                    "num_experts", "top_k", "moe_layer_freq")
+        positive = (
+            "num_layers",
+            "d_model",
+            "num_heads",
+            "vocab_size",
+            "seq_len",
+            "expert_ffn_dim",
+            "num_experts",
+            "top_k",
+            "moe_layer_freq",
+        )
         for key in positive:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -92,24 +101,29 @@ class ModelSpec:
         if self.fp8_recipe not in ("", *FP8_RECIPES):
             raise ConfigError("cost.fp8_recipe", self.fp8_recipe, " or ".join(FP8_RECIPES))
         if not 0 <= self.num_dense_layers <= self.num_layers:
-            raise ConfigError("model.num_dense_layers", self.num_dense_layers,
-                              f"between 0 and num_layers ({self.num_layers})")
+            raise ConfigError(
+                "model.num_dense_layers", self.num_dense_layers, f"between 0 and num_layers ({self.num_layers})"
+            )
         if self.num_dense_layers and self.dense_ffn_dim <= 0:
-            raise ConfigError("model.dense_ffn_dim", self.dense_ffn_dim,
-                              "a positive integer when num_dense_layers > 0")
+            raise ConfigError("model.dense_ffn_dim", self.dense_ffn_dim, "a positive integer when num_dense_layers > 0")
         if not self.head_dim and self.num_heads > self.d_model:
-            raise ConfigError("model.num_heads", self.num_heads,
-                              f"at most d_model ({self.d_model}) unless model.head_dim is set (head_dim would be 0)")
+            raise ConfigError(
+                "model.num_heads",
+                self.num_heads,
+                f"at most d_model ({self.d_model}) unless model.head_dim is set (head_dim would be 0)",
+            )
         moe_layers = self.num_layers - self.num_dense_layers - self.moe_layer_offset
         if self.num_experts > 1 and moe_layers > 0 and self.moe_layer_freq > moe_layers:
-            raise ConfigError("model.moe_layer_freq", self.moe_layer_freq,
-                              f"at most the layers after the dense ones and the offset ({moe_layers}); "
-                              "beyond it only the first of them would be MoE")
+            raise ConfigError(
+                "model.moe_layer_freq",
+                self.moe_layer_freq,
+                f"at most the layers after the dense ones and the offset ({moe_layers}); "
+                "beyond it only the first of them would be MoE",
+            )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float) or not 0 <= self.dropout < 1:
             raise ConfigError("model.dropout", self.dropout, "a probability from 0 up to (not including) 1")
         if self.num_kv_heads and self.num_heads % self.num_kv_heads:
-            raise ConfigError("model.num_kv_heads", self.num_kv_heads,
-                              f"a divisor of num_heads ({self.num_heads})")
+            raise ConfigError("model.num_kv_heads", self.num_kv_heads, f"a divisor of num_heads ({self.num_heads})")
 
     # ---- derived shape -------------------------------------------------------------------------
     @property
@@ -153,8 +167,11 @@ class ModelSpec:
                 q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk_dim
             else:
                 q = d * h * qk_dim
-            kv = (d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
-                  + m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim))
+            kv = (
+                d * (m.kv_lora_rank + m.qk_rope_head_dim)
+                + m.kv_lora_rank
+                + m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim)
+            )
             return q + kv + h * m.v_head_dim * d + norms
         hd = self.attn_head_dim
         return d * h * hd + 2 * d * self.kv_heads * hd + h * hd * d + norms
@@ -218,4 +235,3 @@ def model_field_names() -> set[str]:
 
 def mla_field_names() -> set[str]:
     return {f.name for f in fields(MLASpec)}
-

@@ -25,8 +25,20 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-OP_NAMES = ("embed", "attn", "attn_core", "dense", "router", "shared", "experts", "moe_out", "head", "attn_norm",
-            "moe_norm", "moe_act")
+OP_NAMES = (
+    "embed",
+    "attn",
+    "attn_core",
+    "dense",
+    "router",
+    "shared",
+    "experts",
+    "moe_out",
+    "head",
+    "attn_norm",
+    "moe_norm",
+    "moe_act",
+)
 
 
 class Op(NamedTuple):

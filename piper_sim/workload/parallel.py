@@ -74,25 +74,42 @@ class ParallelSpec:
         if not isinstance(self.sp, bool):
             raise ConfigError("parallel.sp", self.sp, "true or false")
         if self.sp and self.tp == 1:
-            raise ConfigError("parallel.sp", self.sp, "false unless parallel.tp > 1 (sequence parallelism splits "
-                              "the tensor-parallel group's activations)")
+            raise ConfigError(
+                "parallel.sp",
+                self.sp,
+                "false unless parallel.tp > 1 (sequence parallelism splits the tensor-parallel group's activations)",
+            )
         if self.etp not in (1, self.tp):
             raise ConfigError("parallel.etp", self.etp, f"1 or parallel.tp ({self.tp})")
         if self.etp == 1 and self.ep % self.tp:
-            raise ConfigError("parallel.tp", self.tp, f"a divisor of parallel.ep ({self.ep}) when parallel.etp is 1 "
-                              "(a tensor-parallel group lies inside an expert-parallel group); or set etp to tp")
+            raise ConfigError(
+                "parallel.tp",
+                self.tp,
+                f"a divisor of parallel.ep ({self.ep}) when parallel.etp is 1 "
+                "(a tensor-parallel group lies inside an expert-parallel group); or set etp to tp",
+            )
         if (self.dp * self.ep * self.etp) % (self.tp * self.cp):
-            raise ConfigError("parallel.cp", self.cp, f"a divisor of a stage's dense replicas, dp x ep x etp / tp = "
-                              f"{self.dp * self.ep * self.etp / self.tp:g} (the context-parallel ranks of a "
-                              "micro-batch are data-parallel ranks of the dense layers, as in Megatron-core)")
+            raise ConfigError(
+                "parallel.cp",
+                self.cp,
+                f"a divisor of a stage's dense replicas, dp x ep x etp / tp = "
+                f"{self.dp * self.ep * self.etp / self.tp:g} (the context-parallel ranks of a "
+                "micro-batch are data-parallel ranks of the dense layers, as in Megatron-core)",
+            )
         hsdp_replicate(self.dp_shard, data_parallel=self.data_parallel, dp=self.dp)
         product = self.num_gpus
         if product > GPUS_LIMIT:
-            raise ConfigError("parallel", f"pp*dp*ep*etp = {self.pp}*{self.dp}*{self.ep}*{self.etp} = {product:,} GPUs",
-                              f"at most {GPUS_LIMIT:,} GPUs")
+            raise ConfigError(
+                "parallel",
+                f"pp*dp*ep*etp = {self.pp}*{self.dp}*{self.ep}*{self.etp} = {product:,} GPUs",
+                f"at most {GPUS_LIMIT:,} GPUs",
+            )
         if self.world_size and self.world_size != product:
-            raise ConfigError("parallel.world_size", self.world_size,
-                              f"pp*dp*ep*etp = {self.pp}*{self.dp}*{self.ep}*{self.etp} = {product}")
+            raise ConfigError(
+                "parallel.world_size",
+                self.world_size,
+                f"pp*dp*ep*etp = {self.pp}*{self.dp}*{self.ep}*{self.etp} = {product}",
+            )
 
     @property
     def num_gpus(self) -> int:
@@ -100,8 +117,9 @@ class ParallelSpec:
 
     @property
     def mesh(self) -> Mesh:
-        return Mesh(pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp, etp=self.etp, cp=self.cp,
-                    replicate=self.dp_replicate)
+        return Mesh(
+            pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp, etp=self.etp, cp=self.cp, replicate=self.dp_replicate
+        )
 
     @functools.cached_property
     def dp_replicate(self) -> int:
@@ -141,8 +159,9 @@ class ParallelSpec:
         if model.num_experts % self.ep:
             raise ConfigError("parallel.ep", self.ep, f"a divisor of model.num_experts ({model.num_experts})")
         if self.pp * self.vpp > model.num_layers:
-            raise ConfigError("parallel.pp", self.pp,
-                              f"pp * vpp <= model.num_layers ({model.num_layers}); vpp is {self.vpp}")
+            raise ConfigError(
+                "parallel.pp", self.pp, f"pp * vpp <= model.num_layers ({model.num_layers}); vpp is {self.vpp}"
+            )
         if self.tp > 1:
             for what, width in tensor_split_widths(model):
                 if width % self.tp:
@@ -150,13 +169,21 @@ class ParallelSpec:
         if self.etp > 1 and model.expert_ffn_dim % self.etp:
             raise ConfigError("parallel.etp", self.etp, f"a divisor of model.expert_ffn_dim ({model.expert_ffn_dim})")
         if self.cp > 1 and model.seq_len % (2 * self.cp):
-            raise ConfigError("parallel.cp", self.cp, f"a degree whose 2 x cp chunks divide model.seq_len "
-                              f"({model.seq_len}): each rank holds two of them (Megatron-core's load-balanced causal "
-                              "split)")
+            raise ConfigError(
+                "parallel.cp",
+                self.cp,
+                f"a degree whose 2 x cp chunks divide model.seq_len "
+                f"({model.seq_len}): each rank holds two of them (Megatron-core's load-balanced causal "
+                "split)",
+            )
         tokens = self.tokens_per_microbatch(model.seq_len)
         if self.tp > 1 and tokens % self.tp and (self.sp or self.etp == 1):
-            raise ConfigError("parallel.tp", self.tp, f"a divisor of a micro-batch's tokens ({tokens}) when the "
-                              "tensor-parallel group splits them (sp, or etp 1)")
+            raise ConfigError(
+                "parallel.tp",
+                self.tp,
+                f"a divisor of a micro-batch's tokens ({tokens}) when the "
+                "tensor-parallel group splits them (sp, or etp 1)",
+            )
 
 
 MAX_DEGREE = 1 << 20
@@ -188,9 +215,13 @@ def _from_megatron(values: dict) -> dict:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(f"parallel.{key}", value, "a positive integer")
     if (tp * cp * dp) % (ep * etp):
-        raise ConfigError("parallel.dp", dp, f"a data-parallel size such that ep x etp ({ep} x {etp}) divides the "
-                          f"tp x cp x dp ranks of a stage ({tp} x {cp} x {dp}): Megatron-core carves the experts out "
-                          "of them")
+        raise ConfigError(
+            "parallel.dp",
+            dp,
+            f"a data-parallel size such that ep x etp ({ep} x {etp}) divides the "
+            f"tp x cp x dp ranks of a stage ({tp} x {cp} x {dp}): Megatron-core carves the experts out "
+            "of them",
+        )
     out["dp"] = tp * cp * dp // (ep * etp)
     return out
 
@@ -198,9 +229,16 @@ def _from_megatron(values: dict) -> dict:
 def megatron_degrees(spec: ParallelSpec) -> dict[str, int]:
     """The plan as Megatron-core counts it, the inverse of `convention: megatron`: TP, PP, EP, ETP, DP (the
     data-parallel size, GPUs / (TP x CP x PP)), VPP, EDP (the experts' data parallelism, piper-sim's dp) and CP."""
-    return {"TP": spec.tp, "PP": spec.pp, "EP": spec.ep, "ETP": spec.etp,
-            "DP": spec.num_gpus // (spec.tp * spec.cp * spec.pp), "VPP": spec.vpp, "EDP": spec.dp,
-            **({"CP": spec.cp} if spec.cp > 1 else {})}
+    return {
+        "TP": spec.tp,
+        "PP": spec.pp,
+        "EP": spec.ep,
+        "ETP": spec.etp,
+        "DP": spec.num_gpus // (spec.tp * spec.cp * spec.pp),
+        "VPP": spec.vpp,
+        "EDP": spec.dp,
+        **({"CP": spec.cp} if spec.cp > 1 else {}),
+    }
 
 
 def tensor_split_widths(model: ModelSpec) -> list[tuple[str, int]]:

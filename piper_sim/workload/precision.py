@@ -93,8 +93,9 @@ def non_fp8_params(model: ModelSpec, layers: Sequence[int], *, first: bool, last
     return total
 
 
-def fp8_activation_delta_bytes(model: ModelSpec, layer: int, micro_batch_size: int,
-                               split: TensorSplit = NO_SPLIT) -> float:
+def fp8_activation_delta_bytes(
+    model: ModelSpec, layer: int, micro_batch_size: int, split: TensorSplit = NO_SPLIT
+) -> float:
     """How much less (negative) or more one layer keeps for its backward under fp8 than memory.layer_activation_bytes
     counts in the model's dtype, besides the routed rows (memory.routed_row_bytes): the norm outputs that feed fp8
     linears kept as an fp8 copy per linear reading them (MLA's q and kv down projections: two); the attention output

@@ -57,8 +57,9 @@ def load_model(spec: str | os.PathLike[str] | Mapping[str, Any] | ModelSpec, key
         path = model_file(text)
         if path is not None:
             return load_model_file(path, key=key)
-        raise ConfigError(key, text, f"a preset name (one of {', '.join(list_presets())}) "
-                                     "or a path to a .yaml file or HF config.json")
+        raise ConfigError(
+            key, text, f"a preset name (one of {', '.join(list_presets())}) or a path to a .yaml file or HF config.json"
+        )
     raise ConfigError(key, spec, "a preset name, a mapping of ModelSpec fields, or a file path")
 
 
@@ -96,8 +97,7 @@ def _load_preset(name: str) -> ModelSpec:
     return load_model_file(PRESET_DIR / f"{name}.yaml", key=f"model (preset {name})")
 
 
-def model_from_mapping(data: Mapping[str, Any], key: str = "model",
-                       default_name: str = "custom") -> ModelSpec:
+def model_from_mapping(data: Mapping[str, Any], key: str = "model", default_name: str = "custom") -> ModelSpec:
     """Build a ModelSpec from a mapping of its fields; `preset: name` starts from a preset (or file)."""
     if "model_type" in data and PRESET_KEY not in data:
         return model_from_hf_config(data, str(data.get("name") or data.get("model_type")))
@@ -110,10 +110,10 @@ def model_from_mapping(data: Mapping[str, Any], key: str = "model",
         if base_ref not in list_presets() and not base_ref.endswith(_FILE_SUFFIXES):
             raise ConfigError(f"{key}.{PRESET_KEY}", base_ref, f"one of {', '.join(list_presets())}")
         values = spec_to_mapping(load_model(base_ref, key=f"{key}.{PRESET_KEY}"))
-        if set(overrides) - _NON_STRUCTURAL and not {"published_params", "published_active_params"} & set(
-                overrides):
-            values.update(published_params=0.0, published_active_params=0.0,
-                          source=f"{values['source']} (with overrides)".strip())
+        if set(overrides) - _NON_STRUCTURAL and not {"published_params", "published_active_params"} & set(overrides):
+            values.update(
+                published_params=0.0, published_active_params=0.0, source=f"{values['source']} (with overrides)".strip()
+            )
     _check_keys(overrides, model_field_names(), key)
     if isinstance(overrides.get("mla"), Mapping) and isinstance(values.get("mla"), Mapping):
         overrides["mla"] = {**values["mla"], **overrides["mla"]}  # partial MLA override

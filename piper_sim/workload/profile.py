@@ -242,8 +242,20 @@ class HostProfile:
 
 
 # ModelSpec fields a layer's op times do not depend on (or that vary by run: tokens, experts per rank)
-NOT_IN_LAYER_KEY = frozenset({"name", "num_layers", "seq_len", "num_experts", "num_dense_layers", "moe_layer_freq",
-                              "moe_layer_offset", "published_params", "published_active_params", "source"})
+NOT_IN_LAYER_KEY = frozenset(
+    {
+        "name",
+        "num_layers",
+        "seq_len",
+        "num_experts",
+        "num_dense_layers",
+        "moe_layer_freq",
+        "moe_layer_offset",
+        "published_params",
+        "published_active_params",
+        "source",
+    }
+)
 
 
 def layer_key(model: ModelSpec) -> tuple:

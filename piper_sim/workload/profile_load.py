@@ -37,14 +37,35 @@ from piper_sim.workload.profile_file import read_profile_raw
 from piper_sim.workload.task_kinds import TaskKind
 
 PROFILE_SCHEMA = {
-    "name": ..., "device": ..., "source": "", "date": "", "versions": None, "machine": None,
-    "peak_bf16_TFLOPS": ..., "hbm_GiB": ..., "hbm_bandwidth_GBps": ..., "memory_efficiency": 0.8,
-    "kernel_launch_us": 5.0, "gemm_efficiency": ..., "attention_efficiency": ..., "optimizer_bytes_per_param": 36,
-    "measurements": None, "collective_overhead_us": 0.0, "p2p_overhead_us": 0.0, "gemm_shape_factor": None,
-    "extends": None, "moe_path": None, "device_kind": "", "framework_reserve_GiB": None,
+    "name": ...,
+    "device": ...,
+    "source": "",
+    "date": "",
+    "versions": None,
+    "machine": None,
+    "peak_bf16_TFLOPS": ...,
+    "hbm_GiB": ...,
+    "hbm_bandwidth_GBps": ...,
+    "memory_efficiency": 0.8,
+    "kernel_launch_us": 5.0,
+    "gemm_efficiency": ...,
+    "attention_efficiency": ...,
+    "optimizer_bytes_per_param": 36,
+    "measurements": None,
+    "collective_overhead_us": 0.0,
+    "p2p_overhead_us": 0.0,
+    "gemm_shape_factor": None,
+    "extends": None,
+    "moe_path": None,
+    "device_kind": "",
+    "framework_reserve_GiB": None,
     "framework_reserve": None,
-    "gemm_sustained_factor": 1.0, "attention_bmm_memory_efficiency": None, "memory_kernel_efficiency": None,
-    "peak_fp8_TFLOPS": None, "fp8_gemm_efficiency_ratio": 1.0, "fp8_transposed_copies": True,
+    "gemm_sustained_factor": 1.0,
+    "attention_bmm_memory_efficiency": None,
+    "memory_kernel_efficiency": None,
+    "peak_fp8_TFLOPS": None,
+    "fp8_gemm_efficiency_ratio": 1.0,
+    "fp8_transposed_copies": True,
 }
 RESERVE_SCHEMA = {"context_MiB": ..., "first_communicator_MiB": ..., "per_communicator_MiB": ...}
 # the collectives whose measured per-call overhead (network.local.<kind>.groups_of_<n>.fit) the simulator charges
@@ -54,14 +75,28 @@ MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
 ATTENTION_BMM_SCHEMA = {"writes_scores": ..., "reads_scores": ...}
 # the parts of `measurements` a load reads, by type (bounds.check_value); calibrate's other records are left alone
 _FIT = {"fit": {"overhead_us": float}}
-_OP = {"time_us": float, "time_us_by_tokens": [float], "tokens": [int], "input_pass_us_by_tokens": [float],
-       "weight_pass_us_by_tokens": [float], "by_experts": {"experts": [int], "time_us_by_tokens": [[float]]}}
-_FRAMEWORK = {"micro_model": dict, "layer": dict, "shapes": [[int]], "model": str,
-              **{pass_name: {"ops": {"*": _OP}} for pass_name in ("forward", "backward")}}
+_OP = {
+    "time_us": float,
+    "time_us_by_tokens": [float],
+    "tokens": [int],
+    "input_pass_us_by_tokens": [float],
+    "weight_pass_us_by_tokens": [float],
+    "by_experts": {"experts": [int], "time_us_by_tokens": [[float]]},
+}
+_FRAMEWORK = {
+    "micro_model": dict,
+    "layer": dict,
+    "shapes": [[int]],
+    "model": str,
+    **{pass_name: {"ops": {"*": _OP}} for pass_name in ("forward", "backward")},
+}
 MEASUREMENTS_SHAPE = {
     "network": {"local": {kind: {"*": _FIT} for kind in (*CALL_COSTS, "p2p")}},
-    "optimizer": {"fixed_us": float, "per_tensor_us": float}, "framework_overhead": _FRAMEWORK,
-    "framework_overhead_by_model": {"*": _FRAMEWORK}, "core_sharing": dict, "blocking_wait": dict,
+    "optimizer": {"fixed_us": float, "per_tensor_us": float},
+    "framework_overhead": _FRAMEWORK,
+    "framework_overhead_by_model": {"*": _FRAMEWORK},
+    "core_sharing": dict,
+    "blocking_wait": dict,
 }
 
 
@@ -82,20 +117,30 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
     measurements = p.get("measurements") or {}
     check_value(measurements, MEASUREMENTS_SHAPE, "cost.profile.measurements")
     profile = DeviceProfile(
-        name=p["name"], device=p["device"], source=p["source"], peak_flops_per_s=p["peak_bf16_flops_per_s"],
-        hbm_bytes=p["hbm_bytes"], hbm_bytes_per_s=p["hbm_bandwidth_bytes_per_s"],
-        framework_reserve_bytes=_reserve(p), framework_reserve=_reserve_by_communicator(p),
-        memory_efficiency=p["memory_efficiency"], kernel_launch_s=p["kernel_launch_s"],
+        name=p["name"],
+        device=p["device"],
+        source=p["source"],
+        peak_flops_per_s=p["peak_bf16_flops_per_s"],
+        hbm_bytes=p["hbm_bytes"],
+        hbm_bytes_per_s=p["hbm_bandwidth_bytes_per_s"],
+        framework_reserve_bytes=_reserve(p),
+        framework_reserve=_reserve_by_communicator(p),
+        memory_efficiency=p["memory_efficiency"],
+        kernel_launch_s=p["kernel_launch_s"],
         gemm_efficiency=_curve(p["gemm_efficiency"], "gemm_efficiency", "rows"),
         attention_efficiency=_curve(p["attention_efficiency"], "attention_efficiency", "seq_len"),
         optimizer_bytes_per_param=float(p["optimizer_bytes_per_param"]),
-        gemm_shape_factor=_shape_factor(p["gemm_shape_factor"]), moe_path=_moe_path(p["moe_path"]),
+        gemm_shape_factor=_shape_factor(p["gemm_shape_factor"]),
+        moe_path=_moe_path(p["moe_path"]),
         gemm_sustained_factor=p["gemm_sustained_factor"],
         attention_bmm_memory_efficiency=_attention_bmm(p["attention_bmm_memory_efficiency"]),
         memory_kernel_efficiency=_memory_kernels(p["memory_kernel_efficiency"]),
         **_fp8(p),
-        **{"collective_overhead_s": p["collective_overhead_s"], "p2p_overhead_s": p["p2p_overhead_s"],
-           **_device_measured(measurements)},
+        **{
+            "collective_overhead_s": p["collective_overhead_s"],
+            "p2p_overhead_s": p["p2p_overhead_s"],
+            **_device_measured(measurements),
+        },
     )
     framework = measurements.get("framework_overhead") or {}
     tables = _checked_tables(framework, "cost.profile.measurements.framework_overhead")
@@ -103,12 +148,18 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         profile = replace(profile, **_fitted(profile, tables, framework.get("micro_model"), framework.get("shapes")))
     by_layer = []
     for name, entry in (measurements.get("framework_overhead_by_model") or {}).items():
-        tables = _checked_tables(entry, f"cost.profile.measurements.framework_overhead_by_model.{name}") if isinstance(
-            entry, dict) else {}
+        tables = (
+            _checked_tables(entry, f"cost.profile.measurements.framework_overhead_by_model.{name}")
+            if isinstance(entry, dict)
+            else {}
+        )
         layer = entry.get("layer") if isinstance(entry, dict) else None
         if not tables or not isinstance(layer, dict):
-            raise ConfigError(f"cost.profile.measurements.framework_overhead_by_model.{name}", entry,
-                              "a layer (model dict) and forward/backward op tables, as calibrate writes them")
+            raise ConfigError(
+                f"cost.profile.measurements.framework_overhead_by_model.{name}",
+                entry,
+                "a layer (model dict) and forward/backward op tables, as calibrate writes them",
+            )
         by_layer.append((layer_key(load_model(layer)), _fitted(profile, tables, layer, entry.get("shapes"))))
     if by_layer:
         profile = replace(profile, framework_by_layer=tuple(by_layer))
@@ -163,8 +214,11 @@ def _fp8(p: dict) -> dict:
     if peak is None and (ratio != 1.0 or not transposed):
         key = "fp8_gemm_efficiency_ratio" if ratio != 1.0 else "fp8_transposed_copies"
         raise ConfigError(f"cost.profile.{key}", p[key], "left out where the profile has no peak_fp8_TFLOPS")
-    return {"peak_fp8_flops_per_s": peak, "fp8_gemm_efficiency_ratio": float(ratio),
-            "fp8_transposed_copies": transposed}
+    return {
+        "peak_fp8_flops_per_s": peak,
+        "fp8_gemm_efficiency_ratio": float(ratio),
+        "fp8_transposed_copies": transposed,
+    }
 
 
 def _reserve(p: dict) -> float | None:
@@ -182,19 +236,28 @@ def _reserve_by_communicator(p: dict) -> FrameworkReserve | None:
     if raw is None:
         return None
     if p["framework_reserve_bytes"] is not None:
-        raise ConfigError("cost.profile.framework_reserve", raw,
-                          "left out where the profile gives framework_reserve_GiB (one of the two)")
+        raise ConfigError(
+            "cost.profile.framework_reserve",
+            raw,
+            "left out where the profile gives framework_reserve_GiB (one of the two)",
+        )
     r = read_params(raw, RESERVE_SCHEMA, "cost.profile.framework_reserve.")
     if not r["context_bytes"] + r["first_communicator_bytes"] < p["hbm_bytes"]:
-        raise ConfigError("cost.profile.framework_reserve.first_communicator_MiB", raw["first_communicator_MiB"],
-                          "a number of MiB that with context_MiB leaves some of hbm_GiB")
+        raise ConfigError(
+            "cost.profile.framework_reserve.first_communicator_MiB",
+            raw["first_communicator_MiB"],
+            "a number of MiB that with context_MiB leaves some of hbm_GiB",
+        )
     return FrameworkReserve(**r)
 
 
 def _check_device_numbers(p: dict) -> None:
     """Sizes and rates a device cannot be without (read_params has checked units: finite, non-negative)."""
-    for key, si in (("peak_bf16_TFLOPS", "peak_bf16_flops_per_s"), ("hbm_GiB", "hbm_bytes"),
-                    ("hbm_bandwidth_GBps", "hbm_bandwidth_bytes_per_s")):
+    for key, si in (
+        ("peak_bf16_TFLOPS", "peak_bf16_flops_per_s"),
+        ("hbm_GiB", "hbm_bytes"),
+        ("hbm_bandwidth_GBps", "hbm_bandwidth_bytes_per_s"),
+    ):
         if not p[si] > 0:
             raise ConfigError(f"cost.profile.{key}", p[si], "a positive number")
     for key in ("memory_efficiency", "gemm_sustained_factor"):
@@ -209,11 +272,19 @@ def _curve(raw: object, key: str, x_key: str) -> Curve:
     if not isinstance(raw, dict) or set(raw) != {x_key, "efficiency"}:
         raise ConfigError(f"cost.profile.{key}", raw, f"a mapping with keys {x_key} and efficiency")
     xs, eff = raw[x_key], raw["efficiency"]
-    if (not isinstance(xs, list) or not isinstance(eff, list) or len(xs) != len(eff) or len(xs) < 1
-            or not all(is_finite_number(v) for v in xs + eff)
-            or any(not 0 < v < 1e18 for v in xs) or any(not 0 < e <= 1 for e in eff) or xs != sorted(xs)):
-        raise ConfigError(f"cost.profile.{key}", raw,
-                          "equal-length lists; increasing positive x; efficiencies in (0, 1]")
+    if (
+        not isinstance(xs, list)
+        or not isinstance(eff, list)
+        or len(xs) != len(eff)
+        or len(xs) < 1
+        or not all(is_finite_number(v) for v in xs + eff)
+        or any(not 0 < v < 1e18 for v in xs)
+        or any(not 0 < e <= 1 for e in eff)
+        or xs != sorted(xs)
+    ):
+        raise ConfigError(
+            f"cost.profile.{key}", raw, "equal-length lists; increasing positive x; efficiencies in (0, 1]"
+        )
     return Curve(x=tuple(float(v) for v in xs), efficiency=tuple(float(e) for e in eff))
 
 
@@ -225,15 +296,27 @@ def _shape_factor(raw: object) -> ShapeFactor | None:
     if not isinstance(raw, dict) or set(raw) != {"rows", "width", "factor"}:
         raise ConfigError(where, raw, "a mapping with keys rows, width and factor")
     rows, width, factor = raw["rows"], raw["width"], raw["factor"]
-    axes_ok = all(isinstance(a, list) and a and all(is_finite_number(v) and 0 < v < 1e18 for v in a)
-                  and a == sorted(set(a)) for a in (rows, width))
-    if (not axes_ok or not isinstance(factor, list) or len(factor) != len(rows)
-            or any(not isinstance(line, list) or len(line) != len(width) for line in factor)
-            or any(not is_finite_number(f) or not 0 < f <= 1 for line in factor for f in line)):
-        raise ConfigError(where, raw, "increasing positive rows and width; factor: one list per rows value, one "
-                                      "fraction in (0, 1] per width")
-    return ShapeFactor(rows=tuple(float(v) for v in rows), width=tuple(float(v) for v in width),
-                       factor=tuple(tuple(float(f) for f in line) for line in factor))
+    axes_ok = all(
+        isinstance(a, list) and a and all(is_finite_number(v) and 0 < v < 1e18 for v in a) and a == sorted(set(a))
+        for a in (rows, width)
+    )
+    if (
+        not axes_ok
+        or not isinstance(factor, list)
+        or len(factor) != len(rows)
+        or any(not isinstance(line, list) or len(line) != len(width) for line in factor)
+        or any(not is_finite_number(f) or not 0 < f <= 1 for line in factor for f in line)
+    ):
+        raise ConfigError(
+            where,
+            raw,
+            "increasing positive rows and width; factor: one list per rows value, one fraction in (0, 1] per width",
+        )
+    return ShapeFactor(
+        rows=tuple(float(v) for v in rows),
+        width=tuple(float(v) for v in width),
+        factor=tuple(tuple(float(f) for f in line) for line in factor),
+    )
 
 
 def _device_measured(measurements: dict) -> dict:
@@ -243,16 +326,21 @@ def _device_measured(measurements: dict) -> dict:
     local = (measurements.get("network") or {}).get("local") or {}
     overheads = {}
     for kind in CALL_COSTS:
-        series = sorted((int(name.rpartition("_")[2]), float(v["fit"]["overhead_us"]) * 1e-6)
-                        for name, v in (local.get(kind) or {}).items() if name.startswith("groups_of_"))
+        series = sorted(
+            (int(name.rpartition("_")[2]), float(v["fit"]["overhead_us"]) * 1e-6)
+            for name, v in (local.get(kind) or {}).items()
+            if name.startswith("groups_of_")
+        )
         if series:
             overheads[kind] = tuple(series)
     if overheads:
         out["collective_overheads"] = overheads
     optimizer = measurements.get("optimizer") or {}
     if "per_tensor_us" in optimizer:
-        out.update(optimizer_fixed_s=float(optimizer.get("fixed_us", 0.0)) * 1e-6,
-                   optimizer_per_tensor_s=float(optimizer["per_tensor_us"]) * 1e-6)
+        out.update(
+            optimizer_fixed_s=float(optimizer.get("fixed_us", 0.0)) * 1e-6,
+            optimizer_per_tensor_s=float(optimizer["per_tensor_us"]) * 1e-6,
+        )
     p2p = ((local.get("p2p") or {}).get("pairs_1") or {}).get("fit")
     if p2p:
         out["p2p_overhead_s"] = float(p2p["overhead_us"]) * 1e-6
@@ -275,11 +363,20 @@ def _host_measured(measurements: dict) -> HostProfile | None:
 def _core_sharing(raw: object) -> tuple[tuple[float, float], ...]:
     levels = raw.get("ranks_per_core") if isinstance(raw, dict) else None
     factors = raw.get("cpu_time_factor") if isinstance(raw, dict) else None
-    if (not isinstance(levels, list) or not isinstance(factors, list) or len(levels) != len(factors) or not levels
-            or any(not is_finite_number(v) or v < 1 for v in levels) or levels != sorted(set(levels))
-            or any(not is_finite_number(f) or f <= 0 for f in factors)):
-        raise ConfigError("cost.profile.measurements.core_sharing", raw,
-                          "ranks_per_core (increasing, from 1) and cpu_time_factor (positive) of equal length")
+    if (
+        not isinstance(levels, list)
+        or not isinstance(factors, list)
+        or len(levels) != len(factors)
+        or not levels
+        or any(not is_finite_number(v) or v < 1 for v in levels)
+        or levels != sorted(set(levels))
+        or any(not is_finite_number(f) or f <= 0 for f in factors)
+    ):
+        raise ConfigError(
+            "cost.profile.measurements.core_sharing",
+            raw,
+            "ranks_per_core (increasing, from 1) and cpu_time_factor (positive) of equal length",
+        )
     return tuple((float(v), float(f)) for v, f in zip(levels, factors, strict=True))
 
 
@@ -290,8 +387,11 @@ def _reference_s(sharing: dict) -> float:
     if rounds == []:
         return 0.0
     if not isinstance(rounds, list) or any(not is_finite_number(v) or v <= 0 for v in rounds):
-        raise ConfigError("cost.profile.measurements.core_sharing", sharing,
-                          "window_means_us (a list per level of positive microseconds) or cpu_us_per_iteration")
+        raise ConfigError(
+            "cost.profile.measurements.core_sharing",
+            sharing,
+            "window_means_us (a list per level of positive microseconds) or cpu_us_per_iteration",
+        )
     return float(np.median(rounds)) * 1e-6
 
 
@@ -299,13 +399,23 @@ def _blocking_wait(raw: object) -> tuple[tuple[tuple[float, float], ...], float]
     loads = raw.get("computing_per_core") if isinstance(raw, dict) else None
     extra = raw.get("extra_per_call_us") if isinstance(raw, dict) else None
     slice_us = raw.get("scheduler_slice_us") if isinstance(raw, dict) else None
-    if (not isinstance(loads, list) or not isinstance(extra, list) or len(loads) != len(extra) or not loads
-            or any(not is_finite_number(v) or v < 0 for v in loads) or loads != sorted(set(loads))
-            or any(not is_finite_number(e) or e < 0 for e in extra)
-            or not is_finite_number(slice_us) or slice_us <= 0):
-        raise ConfigError("cost.profile.measurements.blocking_wait", raw,
-                          "computing_per_core (>= 0, increasing) and extra_per_call_us (>= 0) of equal length, "
-                          "and scheduler_slice_us > 0")
+    if (
+        not isinstance(loads, list)
+        or not isinstance(extra, list)
+        or len(loads) != len(extra)
+        or not loads
+        or any(not is_finite_number(v) or v < 0 for v in loads)
+        or loads != sorted(set(loads))
+        or any(not is_finite_number(e) or e < 0 for e in extra)
+        or not is_finite_number(slice_us)
+        or slice_us <= 0
+    ):
+        raise ConfigError(
+            "cost.profile.measurements.blocking_wait",
+            raw,
+            "computing_per_core (>= 0, increasing) and extra_per_call_us (>= 0) of equal length, "
+            "and scheduler_slice_us > 0",
+        )
     return tuple((float(v), float(e) * 1e-6) for v, e in zip(loads, extra, strict=True)), float(slice_us) * 1e-6
 
 
@@ -321,8 +431,12 @@ def _checked_tables(framework: dict, where: str) -> dict:
     try:
         return _framework_tables(framework)
     except (KeyError, ValueError) as exc:
-        raise ConfigError(where, framework, "forward and backward op tables as calibrate writes them: each op's "
-                          f"time_us or tokens and times of equal length ({exc})") from None
+        raise ConfigError(
+            where,
+            framework,
+            "forward and backward op tables as calibrate writes them: each op's "
+            f"time_us or tokens and times of equal length ({exc})",
+        ) from None
 
 
 def _framework_tables(framework: dict) -> dict:
@@ -343,8 +457,10 @@ def _framework_tables(framework: dict) -> dict:
         entry = ((framework.get(pass_name) or {}).get("ops") or {}).get("experts:0") or {}
         fit = entry.get("by_experts")
         if fit:
-            by_experts[pass_name] = tuple((int(e), _series_s(entry["tokens"], times))
-                                          for e, times in zip(fit["experts"], fit["time_us_by_tokens"], strict=True))
+            by_experts[pass_name] = tuple(
+                (int(e), _series_s(entry["tokens"], times))
+                for e, times in zip(fit["experts"], fit["time_us_by_tokens"], strict=True)
+            )
     if by_experts:
         out["by_experts"] = by_experts
     split = {}
@@ -353,7 +469,8 @@ def _framework_tables(framework: dict) -> dict:
         if inputs and weights:
             split[op.partition(":")[0]] = tuple(
                 (int(t), i / b if b > 0 else 1.0, w / b if b > 0 else 0.0)
-                for t, b, i, w in zip(entry["tokens"], entry["time_us_by_tokens"], inputs, weights, strict=True))
+                for t, b, i, w in zip(entry["tokens"], entry["time_us_by_tokens"], inputs, weights, strict=True)
+            )
     if split:
         out["framework_split"] = split
     return out
@@ -375,8 +492,9 @@ def _fitted(profile: DeviceProfile, tables: dict, model: dict | None, shapes: li
     return tables
 
 
-def _net_of_work(profile: DeviceProfile, framework_s: dict, by_experts: dict, model: dict,
-                 shapes: list | None) -> tuple[dict, dict]:
+def _net_of_work(
+    profile: DeviceProfile, framework_s: dict, by_experts: dict, model: dict, shapes: list | None
+) -> tuple[dict, dict]:
     """The framework tables less the arithmetic of the model they were measured on as this profile prices
     it (the micro model's is small but not nothing: attention at 256 tokens; a preset layer's is most of
     its time), so that a priced op does not count it twice."""
@@ -384,12 +502,18 @@ def _net_of_work(profile: DeviceProfile, framework_s: dict, by_experts: dict, mo
 
     def net(pass_name: str, op: str, experts: int, series: tuple) -> tuple:
         factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR[TaskKind.BACKWARD]
-        return tuple((tokens, max(seconds - factor * _layer_work_s(profile, model, seq_of, op, tokens, experts), 0.0))
-                     for tokens, seconds in series)
+        return tuple(
+            (tokens, max(seconds - factor * _layer_work_s(profile, model, seq_of, op, tokens, experts), 0.0))
+            for tokens, seconds in series
+        )
 
-    return ({key: (op, net(key[0], op, model["num_experts"], series)) for key, (op, series) in framework_s.items()},
-            {pass_name: tuple((e, net(pass_name, "experts:0", e, series)) for e, series in series_by_e)
-             for pass_name, series_by_e in by_experts.items()})
+    return (
+        {key: (op, net(key[0], op, model["num_experts"], series)) for key, (op, series) in framework_s.items()},
+        {
+            pass_name: tuple((e, net(pass_name, "experts:0", e, series)) for e, series in series_by_e)
+            for pass_name, series_by_e in by_experts.items()
+        },
+    )
 
 
 def _layer_work_s(profile: DeviceProfile, layer: dict, seq_of: dict, op: str, tokens: int, experts: int) -> float:
@@ -401,8 +525,7 @@ def _layer_work_s(profile: DeviceProfile, layer: dict, seq_of: dict, op: str, to
     return work_time_s(profile, replace(op_work(model, op, tokens, rows), num_kernels=0), model.dtype_bytes)
 
 
-def expert_lines(by_experts: Sequence[tuple[int, Sequence[tuple[int, float]]]]
-                 ) -> tuple[tuple[int, float, float], ...]:
+def expert_lines(by_experts: Sequence[tuple[int, Sequence[tuple[int, float]]]]) -> tuple[tuple[int, float, float], ...]:
     """The experts op's fixed cost as a line over the number of experts, at each token count measured:
     from ((experts, ((tokens, seconds), ...)), ...) with one token grid, ((tokens, fixed_s, per_expert_s), ...)
     by ordinary least squares (np.polyfit, degree 1) over the expert counts."""

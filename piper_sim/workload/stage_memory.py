@@ -51,37 +51,76 @@ class OnePipeline:
         return virtual % self.num_virtual == self.num_virtual - 1
 
 
-def stage_activation_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
-                           parallel: ParallelSpec, *, flash_attention: bool, recompute: str,
-                           recompute_layers: int | None, stages: PipelineEnds, checkpoint_layers: int | None = None,
-                           recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES
-                           ) -> tuple[dict[int, float], float]:
+def stage_activation_terms(
+    model: ModelSpec,
+    stage_layers: tuple[tuple[int, ...], ...],
+    chunks: list[int],
+    parallel: ParallelSpec,
+    *,
+    flash_attention: bool,
+    recompute: str,
+    recompute_layers: int | None,
+    stages: PipelineEnds,
+    checkpoint_layers: int | None = None,
+    recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+) -> tuple[dict[int, float], float]:
     """(activations per chunk, the recomputation's transient) of a stage: the terms of stage_memory_terms that
     depend on the micro-batch size, the tensor / context split and the stage's chunks only (not on ZeRO, EP or
     DP)."""
-    recomputed = {c: len(stage_layers[v]) if recompute_layers is None else recompute_layers
-                  for c, v in enumerate(chunks)}
+    recomputed = {
+        c: len(stage_layers[v]) if recompute_layers is None else recompute_layers for c, v in enumerate(chunks)
+    }
     split = parallel.split
     seen = rank_view(model, parallel.cp)  # a CP rank's activations: its chunks of each sequence
-    act = {c: activation_bytes(seen, stage_layers[v], parallel.micro_batch_size, last=stages.is_last(v),
-                               flash_attention=flash_attention, recompute=recompute, recomputed=recomputed[c],
-                               checkpoint_layers=checkpoint_layers, split=split, modules=recompute_modules)
-           for c, v in enumerate(chunks)}
+    act = {
+        c: activation_bytes(
+            seen,
+            stage_layers[v],
+            parallel.micro_batch_size,
+            last=stages.is_last(v),
+            flash_attention=flash_attention,
+            recompute=recompute,
+            recomputed=recomputed[c],
+            checkpoint_layers=checkpoint_layers,
+            split=split,
+            modules=recompute_modules,
+        )
+        for c, v in enumerate(chunks)
+    }
     transient = max(
-        recompute_transient_bytes(seen, stage_layers[v], parallel.micro_batch_size, recompute=recompute,
-                                  recomputed=recomputed[c], checkpoint_layers=checkpoint_layers,
-                                  flash_attention=flash_attention, split=split)
-        for c, v in enumerate(chunks))
+        recompute_transient_bytes(
+            seen,
+            stage_layers[v],
+            parallel.micro_batch_size,
+            recompute=recompute,
+            recomputed=recomputed[c],
+            checkpoint_layers=checkpoint_layers,
+            flash_attention=flash_attention,
+            split=split,
+        )
+        for c, v in enumerate(chunks)
+    )
     return act, transient
 
 
-def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ...], chunks: list[int],
-                       parallel: ParallelSpec, params: dict[str, float], *, flash_attention: bool,
-                       recompute: str, recompute_layers: int | None, zero: int,
-                       stages: PipelineEnds | None = None, checkpoint_layers: int | None = None,
-                       fp8_transposed_copies: bool = True, reshard_after_forward: bool = True,
-                       recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
-                       activations: tuple[dict[int, float], float] | None = None) -> dict:
+def stage_memory_terms(
+    model: ModelSpec,
+    stage_layers: tuple[tuple[int, ...], ...],
+    chunks: list[int],
+    parallel: ParallelSpec,
+    params: dict[str, float],
+    *,
+    flash_attention: bool,
+    recompute: str,
+    recompute_layers: int | None,
+    zero: int,
+    stages: PipelineEnds | None = None,
+    checkpoint_layers: int | None = None,
+    fp8_transposed_copies: bool = True,
+    reshard_after_forward: bool = True,
+    recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+    activations: tuple[dict[int, float], float] | None = None,
+) -> dict:
     """A stage's memory terms, shared with the planner's resource model: activations per chunk, training state
     (with the fp8 copies of its fp8 linears' weights under fp8), the recomputation transient, the parameters its
     optimizer updates and those of its fp8 linears. stages: the schedule's layout (which virtual stages end a
@@ -91,26 +130,71 @@ def stage_memory_terms(model: ModelSpec, stage_layers: tuple[tuple[int, ...], ..
     if stages is None:  # interleaved: the last virtual stage ends the one pipeline
         stages = OnePipeline(len(stage_layers))
     act, recompute_transient = activations or stage_activation_terms(
-        model, stage_layers, chunks, parallel, flash_attention=flash_attention, recompute=recompute,
-        recompute_layers=recompute_layers, stages=stages, checkpoint_layers=checkpoint_layers,
-        recompute_modules=recompute_modules)
+        model,
+        stage_layers,
+        chunks,
+        parallel,
+        flash_attention=flash_attention,
+        recompute=recompute,
+        recompute_layers=recompute_layers,
+        stages=stages,
+        checkpoint_layers=checkpoint_layers,
+        recompute_modules=recompute_modules,
+    )
     split = parallel.split
     transient = ring_buffer_bytes(model, parallel) + recompute_transient
-    shards = param_shards(zero=zero, data_parallel=parallel.data_parallel, dp=parallel.dp,
-                          stage_size=parallel.num_gpus // parallel.pp, replicate=parallel.dp_replicate)
+    shards = param_shards(
+        zero=zero,
+        data_parallel=parallel.data_parallel,
+        dp=parallel.dp,
+        stage_size=parallel.num_gpus // parallel.pp,
+        replicate=parallel.dp_replicate,
+    )
     if zero == 3:  # the gathered units: two units' parameters and two units' gradients at most (workload/fsdp.py)
-        transient += gathered_window_bytes([held for v in chunks for held in unit_params(
-            model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,
-            split=split).values()], shards, model.dtype_bytes, reshard_after_forward=reshard_after_forward)
+        transient += gathered_window_bytes(
+            [
+                held
+                for v in chunks
+                for held in unit_params(
+                    model,
+                    stage_layers[v],
+                    first=stages.is_first(v),
+                    last=stages.is_last(v),
+                    ep=parallel.ep,
+                    split=split,
+                ).values()
+            ],
+            shards,
+            model.dtype_bytes,
+            reshard_after_forward=reshard_after_forward,
+        )
     if zero == 2:  # a chunk's full gradients live while its backward runs, until they are reduce-scattered
-        transient += max(model.dtype_bytes * sum(
-            rank_params(model, stage_layers[v], first=stages.is_first(v), last=stages.is_last(v), ep=parallel.ep,
-                        split=split).values()) for v in chunks)
+        transient += max(
+            model.dtype_bytes
+            * sum(
+                rank_params(
+                    model,
+                    stage_layers[v],
+                    first=stages.is_first(v),
+                    last=stages.is_last(v),
+                    ep=parallel.ep,
+                    split=split,
+                ).values()
+            )
+            for v in chunks
+        )
     held = tuple(layer for v in chunks for layer in stage_layers[v])
-    fp8_params = fp8_weight_params(model, params, held, first=any(map(stages.is_first, chunks)),
-                                   last=any(map(stages.is_last, chunks)), tp=split.tp)
-    state = state_bytes(params, zero=zero, shards=shards, dtype_bytes=model.dtype_bytes,
-                        master_weights=model.master_weights)
+    fp8_params = fp8_weight_params(
+        model, params, held, first=any(map(stages.is_first, chunks)), last=any(map(stages.is_last, chunks)), tp=split.tp
+    )
+    state = state_bytes(
+        params, zero=zero, shards=shards, dtype_bytes=model.dtype_bytes, master_weights=model.master_weights
+    )
     state += fp8_weight_copy_bytes(fp8_params, fp8_transposed_copies)
-    return {"act": act, "transient": transient, "state": state,
-            "optimizer_params": sum(params[kind] / shards[kind] for kind in PARAM_CLASSES), "fp8_params": fp8_params}
+    return {
+        "act": act,
+        "transient": transient,
+        "state": state,
+        "optimizer_params": sum(params[kind] / shards[kind] for kind in PARAM_CLASSES),
+        "fp8_params": fp8_params,
+    }

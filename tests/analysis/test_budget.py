@@ -16,13 +16,20 @@ from piper_sim.workload.profile_load import load_profile
 
 @pytest.mark.parametrize("profile", ["mi250x", "mi250x-xmoe", "cpu-8rank"])  # roofline, measured MoE path, fixed costs
 def test_a_tasks_cost_terms_add_up_to_its_cost(profile):
-    cfg = load_config({"model": "x-moe-small", "topology": "frontier", "cost": {"profile": profile,
-                                                                              "allow_device_mismatch": True},
-                       "parallel": {"pp": 1, "ep": 8, "num_microbatches": 2}})
+    cfg = load_config(
+        {
+            "model": "x-moe-small",
+            "topology": "frontier",
+            "cost": {"profile": profile, "allow_device_mismatch": True},
+            "parallel": {"pp": 1, "ep": 8, "num_microbatches": 2},
+        }
+    )
     coster = TaskCoster(cfg.model, load_profile(profile), cfg.model.seq_len)
     rows = (700, 0, 312, 45)
-    cases = [(kind, ("attn:1", "router:1")) for kind in ("forward", "backward", "backward_input", "backward_weight",
-                                                          "recompute")]
+    cases = [
+        (kind, ("attn:1", "router:1"))
+        for kind in ("forward", "backward", "backward_input", "backward_weight", "recompute")
+    ]
     cases += [(kind, ("experts:1",)) for kind in ("forward_expert", "backward_expert", "recompute_expert")]
     cases += [("forward", ("moe_out:1", "head")), ("backward", ("embed", "attn:0"))]
     for kind, ops in cases:
@@ -35,12 +42,26 @@ def test_a_tasks_cost_terms_add_up_to_its_cost(profile):
 
 
 PLANS = [
-    {"model": "x-moe-small", "topology": "frontier", "collectives": {"all_to_all": "halo"},
-     "parallel": {"pp": 2, "ep": 4, "num_microbatches": 8}, "recompute": "full", "optimizer": {"zero": 2}},
-    {"model": "x-moe-small", "topology": "frontier", "schedule": "zb-h1",
-     "parallel": {"pp": 4, "ep": 2, "num_microbatches": 8, "tp": 1}},
-    {"model": "mixtral-8x7b", "topology": "frontier", "schedule": "interleaved-1f1b",
-     "parallel": {"pp": 4, "ep": 4, "tp": 2, "sp": True, "vpp": 2, "num_microbatches": 8}},
+    {
+        "model": "x-moe-small",
+        "topology": "frontier",
+        "collectives": {"all_to_all": "halo"},
+        "parallel": {"pp": 2, "ep": 4, "num_microbatches": 8},
+        "recompute": "full",
+        "optimizer": {"zero": 2},
+    },
+    {
+        "model": "x-moe-small",
+        "topology": "frontier",
+        "schedule": "zb-h1",
+        "parallel": {"pp": 4, "ep": 2, "num_microbatches": 8, "tp": 1},
+    },
+    {
+        "model": "mixtral-8x7b",
+        "topology": "frontier",
+        "schedule": "interleaved-1f1b",
+        "parallel": {"pp": 4, "ep": 4, "tp": 2, "sp": True, "vpp": 2, "num_microbatches": 8},
+    },
 ]
 
 
@@ -64,19 +85,30 @@ def _trace(rows: list[tuple]) -> pd.DataFrame:
 
 
 def test_a_trace_budget_gives_every_instant_of_the_rank_to_one_term():
-    df = _trace([
-        (0, 0, "forward", "", "compute", 0.0, 2.0),
-        (0, 0, "all_to_all", "dispatch", "collective", 1.0, 3.0),  # 1 s hidden under compute, 1 s exposed
-        (0, 0, "send", "act", "p2p", 2.5, 4.0),  # overlaps the all-to-all: EP first, then 1 s of PP
-        (0, 0, "recompute", "", "compute", 5.0, 6.0),
-        (0, 0, "all_reduce", "grad_dense", "collective", 6.0, 7.5),
-        (0, 0, "optimizer", "", "compute", 7.5, 8.0),
-        (0, 1, "forward", "", "compute", 0.0, 1.0),  # a lighter rank: not the one the budget takes
-    ])
+    df = _trace(
+        [
+            (0, 0, "forward", "", "compute", 0.0, 2.0),
+            (0, 0, "all_to_all", "dispatch", "collective", 1.0, 3.0),  # 1 s hidden under compute, 1 s exposed
+            (0, 0, "send", "act", "p2p", 2.5, 4.0),  # overlaps the all-to-all: EP first, then 1 s of PP
+            (0, 0, "recompute", "", "compute", 5.0, 6.0),
+            (0, 0, "all_reduce", "grad_dense", "collective", 6.0, 7.5),
+            (0, 0, "optimizer", "", "compute", 7.5, 8.0),
+            (0, 1, "forward", "", "compute", 0.0, 1.0),  # a lighter rank: not the one the budget takes
+        ]
+    )
     budget = trace_budget(df)
     assert budget["rank"] == 0 and budget["step_s"] == 8.0
-    expected = {"compute": 2.0, "ep_comm": 1.0, "pp_comm": 1.0, "idle": 1.0, "recomputation": 1.0,
-                "dp_comm": 1.5, "optimizer": 0.5, "tp_comm": 0.0, "cp_comm": 0.0}
+    expected = {
+        "compute": 2.0,
+        "ep_comm": 1.0,
+        "pp_comm": 1.0,
+        "idle": 1.0,
+        "recomputation": 1.0,
+        "dp_comm": 1.5,
+        "optimizer": 0.5,
+        "tp_comm": 0.0,
+        "cp_comm": 0.0,
+    }
     assert {k: budget[k] for k in BUDGET_TERMS} == pytest.approx(expected)
 
 

@@ -21,12 +21,17 @@ def _scored(rows: list[tuple[str, float, str, bool, str]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["name", "error", "hardware", "moe", "scale"])
 
 
-SCORED = _scored([
-    ("a", -0.10, "a100", False, "<=64 GPUs"), ("b", 0.05, "a100", False, "<=64 GPUs"),
-    ("c", -0.20, "a100", False, "<=64 GPUs"), ("d", -0.30, "mi250x", True, "65-512 GPUs"),
-    ("e", -0.25, "mi250x", True, "65-512 GPUs"), ("f", -0.40, "mi250x", True, "<=64 GPUs"),
-    ("g", 0.25, "h100", True, "65-512 GPUs"),
-])
+SCORED = _scored(
+    [
+        ("a", -0.10, "a100", False, "<=64 GPUs"),
+        ("b", 0.05, "a100", False, "<=64 GPUs"),
+        ("c", -0.20, "a100", False, "<=64 GPUs"),
+        ("d", -0.30, "mi250x", True, "65-512 GPUs"),
+        ("e", -0.25, "mi250x", True, "65-512 GPUs"),
+        ("f", -0.40, "mi250x", True, "<=64 GPUs"),
+        ("g", 0.25, "h100", True, "65-512 GPUs"),
+    ]
+)
 
 
 def test_the_band_is_the_measured_over_predicted_range_of_the_nearest_family():
@@ -56,15 +61,17 @@ def test_leave_one_family_out_never_uses_the_runs_own_family():
 
 
 def test_a_config_family_reads_the_profiles_device_and_whether_any_layer_is_moe():
-    moe = load_config({"model": "x-moe-small", "topology": "frontier",
-                       "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4}})
+    moe = load_config(
+        {"model": "x-moe-small", "topology": "frontier", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4}}
+    )
     assert family_of(moe) == Family("mi250x", True, "<=64 GPUs")
     assert scale_of(64) == "<=64 GPUs" and scale_of(65) == "65-512 GPUs" and scale_of(513) == ">512 GPUs"
 
 
 def test_the_shipped_scores_give_a_band_for_a_frontier_moe_config():
-    cfg = load_config({"model": "x-moe-small", "topology": "frontier",
-                       "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4}})
+    cfg = load_config(
+        {"model": "x-moe-small", "topology": "frontier", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4}}
+    )
     band = error_band(cfg, "des")
     assert band is not None and band.family.startswith("mi250x MoE") and band.runs >= 3
     assert band.low <= band.high and band.low > 0  # every X-MoE run is predicted fast: measured slower
@@ -73,8 +80,10 @@ def test_the_shipped_scores_give_a_band_for_a_frontier_moe_config():
 def test_validate_published_reports_each_family_apart():
     from piper_sim.validation.published import band_coverage, family_summary
 
-    scores = [{"name": n, "error": e, "hardware": h, "moe": m, "scale": s, "tier": "des"}
-              for n, e, h, m, s in SCORED.itertuples(index=False)]
+    scores = [
+        {"name": n, "error": e, "hardware": h, "moe": m, "scale": s, "tier": "des"}
+        for n, e, h, m, s in SCORED.itertuples(index=False)
+    ]
     rows = {r["family"]: r for r in family_summary(scores)}
     assert rows["a100 dense"]["runs"] == 3 and rows["a100 dense"]["mape"] == pytest.approx((0.10 + 0.05 + 0.20) / 3)
     assert rows["a100 dense"]["mean_signed"] == pytest.approx(-0.25 / 3)

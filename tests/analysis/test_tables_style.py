@@ -34,14 +34,41 @@ def test_negative_zero_and_signs():
 
 
 def test_columns_take_the_unit_their_values_read_in():
-    rows = [{"work": 5.215642e10, "step": 0.065066, "big": 52.5, "mem": 188157952.0, "bw": 1.972772e10,
-             "mfu": 0.409409, "bubble": -5.865524e-16, "ok": np.bool_(True), "gpus": np.int64(1024)}]
-    cols = [Col("work", "work", "si", si_symbol="FLOP"), Col("step", "step", "time"), Col("big", "long", "time"),
-            Col("mem", "peak", "bytes"), Col("bw", "all-to-all", "GB/s"), Col("mfu", "MFU", "%"),
-            Col("bubble", "bubble", "%"), Col("ok", "fits", "yes/no"), Col("gpus", "GPUs", "count")]
+    rows = [
+        {
+            "work": 5.215642e10,
+            "step": 0.065066,
+            "big": 52.5,
+            "mem": 188157952.0,
+            "bw": 1.972772e10,
+            "mfu": 0.409409,
+            "bubble": -5.865524e-16,
+            "ok": np.bool_(True),
+            "gpus": np.int64(1024),
+        }
+    ]
+    cols = [
+        Col("work", "work", "si", si_symbol="FLOP"),
+        Col("step", "step", "time"),
+        Col("big", "long", "time"),
+        Col("mem", "peak", "bytes"),
+        Col("bw", "all-to-all", "GB/s"),
+        Col("mfu", "MFU", "%"),
+        Col("bubble", "bubble", "%"),
+        Col("ok", "fits", "yes/no"),
+        Col("gpus", "GPUs", "count"),
+    ]
     header, rule, row = render(rows, cols).splitlines()
-    for label in ("work (GFLOP)", "step (ms)", "long (s)", "peak (MiB)", "all-to-all (GB/s)", "MFU (%)",
-                  "bubble (%)", "GPUs"):
+    for label in (
+        "work (GFLOP)",
+        "step (ms)",
+        "long (s)",
+        "peak (MiB)",
+        "all-to-all (GB/s)",
+        "MFU (%)",
+        "bubble (%)",
+        "GPUs",
+    ):
         assert label in header
     assert row.split() == ["52.16", "65.07", "52.50", "179.4", "19.7", "40.9", "0.0", "yes", "1,024"]
     assert "e+" not in row and "e-" not in row
@@ -72,8 +99,9 @@ def test_every_name_has_one_colour_in_every_family():
 def _trace(kinds: list[str], end_s: float) -> pd.DataFrame:
     n = len(kinds)
     start = np.linspace(0, end_s, n, endpoint=False)
-    return pd.DataFrame({"step": 0, "rank": 0, "kind": pd.Categorical(kinds), "start_s": start,
-                         "end_s": start + end_s / n})
+    return pd.DataFrame(
+        {"step": 0, "rank": 0, "kind": pd.Categorical(kinds), "start_s": start, "end_s": start + end_s / n}
+    )
 
 
 def test_timeline_colours_and_names_every_task_kind():
@@ -102,8 +130,9 @@ def test_log_axes_label_in_plain_digits():
     style.plain_log_axis(ax.xaxis)
     fig.canvas.draw()
     low, high = ax.get_xlim()
-    labels = [t.get_text() for t in ax.get_xticklabels(which="both") if t.get_text() and low <= t.get_position()[0]
-              <= high]
+    labels = [
+        t.get_text() for t in ax.get_xticklabels(which="both") if t.get_text() and low <= t.get_position()[0] <= high
+    ]
     assert all("10^" not in t and "\\times" not in t and "$" not in t for t in labels)
     assert sorted(labels, key=float) == ["1", "2", "5", "10", "20"]  # under two decades: 2 and 5 of each too
     assert style.plain_number(0.9) == "0.9" and style.plain_number(0.05) == "0.05"
@@ -114,13 +143,18 @@ def test_log_axes_label_in_plain_digits():
 def test_a2a_levels_draws_grouped_bars_in_the_algorithms_colours():
     from piper_sim.reproduce.network_experiments import _bars
 
-    table = pd.DataFrame([{"level": level, "gpus": n, "size per GPU": "1MiB", "algorithm": alg,
-                           "busbw GB/s per GPU": bw} for level, n in (("node", 8), ("switch", 32))
-                          for alg, bw in (("rccl", 10.0), ("halo", 20.0))])
+    table = pd.DataFrame(
+        [
+            {"level": level, "gpus": n, "size per GPU": "1MiB", "algorithm": alg, "busbw GB/s per GPU": bw}
+            for level, n in (("node", 8), ("switch", 32))
+            for alg, bw in (("rccl", 10.0), ("halo", 20.0))
+        ]
+    )
     fig, ax = plt.subplots()
     _bars(ax, table)
     assert len(ax.lines) == 0  # categories are not joined by lines
-    assert [mcolors.to_hex(p.get_facecolor()) for p in ax.patches] == [style.ALGORITHM_COLORS["rccl"]] * 2 + \
-        [style.ALGORITHM_COLORS["halo"]] * 2
+    assert [mcolors.to_hex(p.get_facecolor()) for p in ax.patches] == [style.ALGORITHM_COLORS["rccl"]] * 2 + [
+        style.ALGORITHM_COLORS["halo"]
+    ] * 2
     assert [p.get_height() for p in ax.patches] == [10.0, 10.0, 20.0, 20.0]
     plt.close(fig)

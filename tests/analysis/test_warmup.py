@@ -23,16 +23,33 @@ def _trace(step_s: list[float], flops: float = 1e9) -> pd.DataFrame:
     rows, t = [], 0.0
     for step, length in enumerate(step_s):
         for rank in (0, 1):
-            rows.append({"step": step, "rank": rank, "task_id": f"F{step}", "kind": "forward", "stream": "compute",
-                         "start_s": t + (0.5 * length if rank else 0.0), "end_s": t + length, "flops": flops,
-                         "bytes": 0.0, "peers": ""})
+            rows.append(
+                {
+                    "step": step,
+                    "rank": rank,
+                    "task_id": f"F{step}",
+                    "kind": "forward",
+                    "stream": "compute",
+                    "start_s": t + (0.5 * length if rank else 0.0),
+                    "end_s": t + length,
+                    "flops": flops,
+                    "bytes": 0.0,
+                    "peers": "",
+                }
+            )
         t += length
     return pd.DataFrame(rows)
 
 
 def _report(step_s: list[float], warmup: int | None):
-    return make_report(_trace(step_s), num_gpus=2, peak_flops_per_s=PEAK, tokens_per_step=100,
-                       peak_memory_by_stage=[0.0], warmup_steps=warmup)
+    return make_report(
+        _trace(step_s),
+        num_gpus=2,
+        peak_flops_per_s=PEAK,
+        tokens_per_step=100,
+        peak_memory_by_stage=[0.0],
+        warmup_steps=warmup,
+    )
 
 
 def test_the_warm_up_step_is_left_out_of_every_figure():
@@ -77,8 +94,23 @@ def test_a_cpu_run_and_its_prediction_compare_over_the_same_steps_and_peak(tmp_p
     assert report["step_time_s"] == pytest.approx(report["step_times_s"][1])
     peak = report["model_flops_per_step"] / (report["step_time_s"] * report["num_gpus"] * report["mfu"])
     assert peak == pytest.approx(load_profile("cpu-dev").peak_flops_per_s, rel=1e-9)
-    assert main(["simulate", str(config), "--out", str(sim), "--set", "cost.profile=cpu-dev", "--set",
-                 "routing.kind=trace", "--set", f"routing.path={real / 'routing.npz'}"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                str(config),
+                "--out",
+                str(sim),
+                "--set",
+                "cost.profile=cpu-dev",
+                "--set",
+                "routing.kind=trace",
+                "--set",
+                f"routing.path={real / 'routing.npz'}",
+            ]
+        )
+        == 0
+    )
     c = compare_runs(sim, real)
     errors = c.headline.set_index("metric")["error"]
     assert errors["mfu"] == pytest.approx(errors["tokens_per_s"], rel=1e-9)  # one peak: MFU moves with throughput

@@ -76,8 +76,15 @@ def test_optimizer_fit_recovers_per_tensor_and_per_parameter_costs():
     assert fit.optimizer_bytes_per_param(per_param, 40e9) == pytest.approx(60.0)
 
 
-MACHINE = {"platform": "test", "processor": "synthetic", "cpu_count": 4, "ranks": 2, "threads_per_rank": 2,
-           "dtype": "float32", "memory_GiB": 16.0}
+MACHINE = {
+    "platform": "test",
+    "processor": "synthetic",
+    "cpu_count": 4,
+    "ranks": 2,
+    "threads_per_rank": 2,
+    "dtype": "float32",
+    "memory_GiB": 16.0,
+}
 
 
 def _synthetic_records(rank_scale: float) -> list[dict]:
@@ -85,60 +92,157 @@ def _synthetic_records(rank_scale: float) -> list[dict]:
     launch, peak, bw = 2e-6, 80e9, 40e9
     recs: list[dict] = []
     for grad in (False, True):
-        recs += [{"bench": "tiny", "op": op, "autograd": grad, "time_s": launch * rank_scale}
-                 for op in ("add", "mul", "softmax", "linear")]
+        recs += [
+            {"bench": "tiny", "op": op, "autograd": grad, "time_s": launch * rank_scale}
+            for op in ("add", "mul", "softmax", "linear")
+        ]
     for rows, k, n, flops, t in _gemm_points(peak, launch, {1: 0.1, 16: 0.5, 256: 0.9, 4096: 1.0}):
-        recs.append({"bench": "gemm", "rows": rows, "k": k, "n": n, "label": f"{k}x{n}", "flops": flops,
-                     "time_s": t * rank_scale})
+        recs.append(
+            {
+                "bench": "gemm",
+                "rows": rows,
+                "k": k,
+                "n": n,
+                "label": f"{k}x{n}",
+                "flops": flops,
+                "time_s": t * rank_scale,
+            }
+        )
     for seq, eff in ((64, 0.2), (256, 0.4)):
         flops = 2.0 * 2 * seq * seq * 4 * 16
-        recs.append({"bench": "attention", "seq_len": seq, "batch": 2, "heads": 4, "head_dim": 16, "label": "a",
-                     "flops": flops, "time_s": (launch + flops / (peak * eff)) * rank_scale})
+        recs.append(
+            {
+                "bench": "attention",
+                "seq_len": seq,
+                "batch": 2,
+                "heads": 4,
+                "head_dim": 16,
+                "label": "a",
+                "flops": flops,
+                "time_s": (launch + flops / (peak * eff)) * rank_scale,
+            }
+        )
     for size in SIZES[:6]:
         for op in ("add", "mul"):
-            recs.append({"bench": "elementwise", "op": op, "tensor_bytes": size, "bytes": 3 * size,
-                         "time_s": (launch + 3 * size / bw) * rank_scale})
+            recs.append(
+                {
+                    "bench": "elementwise",
+                    "op": op,
+                    "tensor_bytes": size,
+                    "bytes": 3 * size,
+                    "time_s": (launch + 3 * size / bw) * rank_scale,
+                }
+            )
     for p, t in ((16384, 1), (16384, 16), (4194304, 1), (4194304, 16)):
         recs.append({"bench": "optimizer", "params": p, "tensors": t, "time_s": (12e-6 * t + 1.5e-9 * p) * rank_scale})
     for op, kernels, views in (("embed", 1, 0), ("attn:0", 43, 31), ("router:0", 22, 6), ("head", 10, 8)):
         for direction, per_op, per_aten in (("fwd", 10e-6, 3e-6), ("bwd", 20e-6, 2e-6)):
             for tokens in (8, 256):  # index work grows with the tokens: 0.1 us per token
                 t = (per_op + per_aten * (kernels + views) + 1e-7 * tokens) * rank_scale
-                recs.append({"bench": "framework", "op": op, "pass": direction, "kernels": kernels, "views": views,
-                             "tokens": tokens, "time_s": t})
+                recs.append(
+                    {
+                        "bench": "framework",
+                        "op": op,
+                        "pass": direction,
+                        "kernels": kernels,
+                        "views": views,
+                        "tokens": tokens,
+                        "time_s": t,
+                    }
+                )
                 if direction == "bwd":  # the zero-bubble split: 90% in the input pass, 20% in the weight pass
-                    recs += [{"bench": "framework", "op": op, "pass": split, "kernels": 0, "views": 0,
-                              "tokens": tokens, "time_s": share * t}
-                             for split, share in (("bwd_input", 0.9), ("bwd_weight", 0.2))]
+                    recs += [
+                        {
+                            "bench": "framework",
+                            "op": op,
+                            "pass": split,
+                            "kernels": 0,
+                            "views": 0,
+                            "tokens": tokens,
+                            "time_s": share * t,
+                        }
+                        for split, share in (("bwd_input", 0.9), ("bwd_weight", 0.2))
+                    ]
     # the experts op (10 ATen ops) with 2, 4 and 8 experts: on the per-op law at 4 experts, 5 us per expert
     for direction, per_op, per_aten in (("fwd", 10e-6, 3e-6), ("bwd", 20e-6, 2e-6)):
         for experts in (2, 4, 8):
             for tokens in (8, 256):
-                recs.append({"bench": "framework", "op": "experts:0", "pass": direction, "kernels": 10, "views": 0,
-                             "tokens": tokens, "num_experts": experts,
-                             "time_s": (per_op + per_aten * 10 + 5e-6 * (experts - 4) + 1e-7 * tokens) * rank_scale})
+                recs.append(
+                    {
+                        "bench": "framework",
+                        "op": "experts:0",
+                        "pass": direction,
+                        "kernels": 10,
+                        "views": 0,
+                        "tokens": tokens,
+                        "num_experts": experts,
+                        "time_s": (per_op + per_aten * 10 + 5e-6 * (experts - 4) + 1e-7 * tokens) * rank_scale,
+                    }
+                )
     if rank_scale == 1.0:  # rank 0 only, as the benchmark records it
         # a blocking exchange: 0.7 ms back to back, 1.3 and 2.3 ms at 0.7 and 1.3 ranks computing per core
-        recs += [{"bench": "blocking_wait", "preset": "tiny-moe", "ranks_per_core": k, "cores": 4, "processes": 4 * k,
-                  "computing_per_core": load, "time_s": t, "median_s": t, "window_means_s": [t], "exchanges": 50,
-                  "calls_per_exchange": 2, "hot_s": 700e-6, "hot_median_s": 600e-6, "count_bytes": 16,
-                  "row_bytes": 99984} for k, load, t in ((1, 0.7, 1.3e-3), (2, 1.3, 2.3e-3))]
+        recs += [
+            {
+                "bench": "blocking_wait",
+                "preset": "tiny-moe",
+                "ranks_per_core": k,
+                "cores": 4,
+                "processes": 4 * k,
+                "computing_per_core": load,
+                "time_s": t,
+                "median_s": t,
+                "window_means_s": [t],
+                "exchanges": 50,
+                "calls_per_exchange": 2,
+                "hot_s": 700e-6,
+                "hot_median_s": 600e-6,
+                "count_bytes": 16,
+                "row_bytes": 99984,
+            }
+            for k, load, t in ((1, 0.7, 1.3e-3), (2, 1.3, 2.3e-3))
+        ]
         recs.append({"bench": "scheduler_slice", "time_s": 4e-3})
-        recs += [{"bench": "core_sharing", "ranks_per_core": k, "cores": 4, "preset": "tiny-moe", "time_s": t,
-                  "window_means_s": [t], "cores_used": 3.98, "window_s": 2.0}
-                 for k, t in ((1, 4e-3), (2, 4.6e-3), (4, 5.2e-3))]
+        recs += [
+            {
+                "bench": "core_sharing",
+                "ranks_per_core": k,
+                "cores": 4,
+                "preset": "tiny-moe",
+                "time_s": t,
+                "window_means_s": [t],
+                "cores_used": 3.98,
+                "window_s": 2.0,
+            }
+            for k, t in ((1, 4e-3), (2, 4.6e-3), (4, 5.2e-3))
+        ]
     for size in SIZES:
-        recs.append({"bench": "p2p", "level": "local", "pairs": 1, "bytes": size,
-                     "time_s": (30e-6 + size / 2e9) * rank_scale})
-        recs.append({"bench": "all_to_all", "level": "local", "group_size": 2, "groups": 1, "bytes": size,
-                     "time_s": 100e-6 + size / 1e9})
+        recs.append(
+            {"bench": "p2p", "level": "local", "pairs": 1, "bytes": size, "time_s": (30e-6 + size / 2e9) * rank_scale}
+        )
+        recs.append(
+            {
+                "bench": "all_to_all",
+                "level": "local",
+                "group_size": 2,
+                "groups": 1,
+                "bytes": size,
+                "time_s": 100e-6 + size / 1e9,
+            }
+        )
     return recs
 
 
 def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     per_rank = [{"rank": r, "machine": MACHINE, "records": _synthetic_records(s)} for r, s in enumerate((1.0, 1.0))]
-    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
-                            versions={"torch": "x"}, wall_s=1.0)
+    profile = build_profile(
+        name="synthetic",
+        per_rank=per_rank,
+        testbed_per_rank=None,
+        quick=True,
+        command="test",
+        versions={"torch": "x"},
+        wall_s=1.0,
+    )
     assert profile["kernel_launch_us"] == pytest.approx(2.0)
     assert profile["device_kind"] == "cpu"  # it matches the CPU testbeds' device_profile (profile_choice)
     assert profile["peak_bf16_TFLOPS"] == pytest.approx(0.08)
@@ -151,9 +255,11 @@ def test_profile_from_synthetic_records_has_the_machine_numbers_and_loads():
     assert p2p["bandwidth_GBps"] == pytest.approx(2.0, rel=1e-3)
     framework = profile["measurements"]["framework_overhead"]
     assert (framework["forward"]["per_op_us"], framework["forward"]["per_aten_op_us"]) == pytest.approx(
-        (10.8, 3), rel=1e-3)  # fitted at the fewest tokens (8: 0.8 us of index work in every op)
+        (10.8, 3), rel=1e-3
+    )  # fitted at the fewest tokens (8: 0.8 us of index work in every op)
     assert (framework["backward"]["per_op_us"], framework["backward"]["per_aten_op_us"]) == pytest.approx(
-        (20.8, 2), rel=1e-3)
+        (20.8, 2), rel=1e-3
+    )
     router = framework["forward"]["ops"]["router:0"]
     assert router["tokens"] == [8, 256]
     assert router["time_us_by_tokens"] == pytest.approx([10 + 3 * 28 + 0.8, 10 + 3 * 28 + 25.6])
@@ -181,9 +287,16 @@ def test_core_sharing_factor_is_the_median_of_each_rounds_ratio_to_one_process_p
     # the machine ran twice as slow in round 2: the ratio of the means (7.0 / 6.0 ms at 2 per core) would mix
     # that drift into the factor; each round's ratio is 1.1 or 1.2, and a third round's outlier does not move it
     def level(k: int, means_ms: list[float]) -> dict:
-        return {"bench": "core_sharing", "ranks_per_core": k, "cores": 2, "preset": "tiny-moe",
-                "time_s": sum(means_ms) / len(means_ms) * 1e-3, "window_means_s": [m * 1e-3 for m in means_ms],
-                "cores_used": 2.0, "window_s": 1.0}
+        return {
+            "bench": "core_sharing",
+            "ranks_per_core": k,
+            "cores": 2,
+            "preset": "tiny-moe",
+            "time_s": sum(means_ms) / len(means_ms) * 1e-3,
+            "window_means_s": [m * 1e-3 for m in means_ms],
+            "cores_used": 2.0,
+            "window_s": 1.0,
+        }
 
     summary = core_sharing_summary([level(2, [4.4, 9.6, 6.0]), level(1, [4.0, 8.0, 4.0])])
     assert summary["ranks_per_core"] == [1, 2]
@@ -204,20 +317,31 @@ def test_calibrations_merge_into_the_median_of_each_measured_number(tmp_path):
     from piper_sim.errors import PiperError
 
     def raw(scale: float, rounds: list[float]) -> dict:
-        per_rank = [{"rank": r, "machine": MACHINE, "records": [dict(rec, time_s=rec["time_s"] * scale)
-                                                                 for rec in _synthetic_records(s)],
-                     "compute_cpu_share": 0.9} for r, s in enumerate((1.0, 0.5))]
+        per_rank = [
+            {
+                "rank": r,
+                "machine": MACHINE,
+                "records": [dict(rec, time_s=rec["time_s"] * scale) for rec in _synthetic_records(s)],
+                "compute_cpu_share": 0.9,
+            }
+            for r, s in enumerate((1.0, 0.5))
+        ]
         for rec in per_rank[0]["records"]:
             if rec["bench"] == "core_sharing":
                 rec["window_means_s"] = [t * rec["time_s"] for t in rounds]
-        return {"per_rank": per_rank, "testbed_per_rank": None, "quick": True, "command": f"calibrate x{scale}",
-                "versions": {"torch": "x"}, "wall_s": 60.0}
+        return {
+            "per_rank": per_rank,
+            "testbed_per_rank": None,
+            "quick": True,
+            "command": f"calibrate x{scale}",
+            "versions": {"torch": "x"},
+            "wall_s": 60.0,
+        }
 
     # three calibrations, the machine 1x, 3x and 1.5x as slow: each number is the middle one
     raws = [raw(1.0, [1.0]), raw(3.0, [2.0, 2.0]), raw(1.5, [1.0])]
     merged = merge_calibrations(raws, ["a", "b", "c"])
-    for got, *each in zip(merged["per_rank"][1]["records"], *(r["per_rank"][1]["records"] for r in raws),
-                          strict=True):
+    for got, *each in zip(merged["per_rank"][1]["records"], *(r["per_rank"][1]["records"] for r in raws), strict=True):
         assert got["time_s"] == pytest.approx(sorted(e["time_s"] for e in each)[1])
     sharing = [r for r in merged["per_rank"][0]["records"] if r["bench"] == "core_sharing"]
     assert all(len(r["window_means_s"]) == 4 for r in sharing)  # the rounds of all three, in order
@@ -246,16 +370,25 @@ def test_framework_cost_follows_the_tokens_net_of_the_micro_models_own_work():
     from piper_sim.workload.presets import load_model
 
     per_rank = [{"rank": r, "machine": MACHINE, "records": _synthetic_records(1.0)} for r in range(2)]
-    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
-                            versions={"torch": "x"}, wall_s=1.0)
+    profile = build_profile(
+        name="synthetic",
+        per_rank=per_rank,
+        testbed_per_rank=None,
+        quick=True,
+        command="test",
+        versions={"torch": "x"},
+        wall_s=1.0,
+    )
     cost = load_profile(profile)
     (op, series) = cost.framework_s[("forward", "router")]
     assert op == "router:0" and [t for t, _ in series] == [8, 256]
     raw_us = profile["measurements"]["framework_overhead"]["forward"]["ops"]["router:0"]["time_us_by_tokens"]
     assert all(0 <= net <= raw * 1e-6 for (_, net), raw in zip(series, raw_us, strict=True))
     model = load_model("tiny-moe")
-    at = {tokens: TaskCoster(model, cost, tokens)._framework_s("forward", "router:0", ())
-          for tokens in (8, 132, 256, 4096)}
+    at = {
+        tokens: TaskCoster(model, cost, tokens)._framework_s("forward", "router:0", ())
+        for tokens in (8, 132, 256, 4096)
+    }
     assert at[132] == pytest.approx((at[8] + at[256]) / 2)  # linear between the measured token counts
     assert at[4096] == pytest.approx(at[256])  # flat beyond them
     assert at[256] > at[8]
@@ -266,13 +399,23 @@ def test_experts_framework_cost_is_a_fixed_part_plus_a_part_per_expert_with_rows
     from piper_sim.workload.presets import load_model
 
     per_rank = [{"rank": r, "machine": MACHINE, "records": _synthetic_records(1.0)} for r in range(2)]
-    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
-                            versions={"torch": "x"}, wall_s=1.0)
+    profile = build_profile(
+        name="synthetic",
+        per_rank=per_rank,
+        testbed_per_rank=None,
+        quick=True,
+        command="test",
+        versions={"torch": "x"},
+        wall_s=1.0,
+    )
     fit = profile["measurements"]["framework_overhead"]["forward"]["ops"]["experts:0"]["by_experts"]
     assert fit["experts"] == [2, 4, 8]
     # forward: 10 + 3 x 10 us at 4 experts, 5 us per expert, 0.1 us per token (8 and 256 tokens)
-    assert fit["time_us_by_tokens"] == [pytest.approx([30.8, 55.6]), pytest.approx([40.8, 65.6]),
-                                        pytest.approx([60.8, 85.6])]
+    assert fit["time_us_by_tokens"] == [
+        pytest.approx([30.8, 55.6]),
+        pytest.approx([40.8, 65.6]),
+        pytest.approx([60.8, 85.6]),
+    ]
     coster = TaskCoster(load_model("tiny-moe"), load_profile(profile), 8)
     one, five = (coster._framework_s("forward_expert", "experts:0", (64,) * n + (0,) * (8 - n)) for n in (1, 5))
     # at 8 tokens: 20.8 us fixed + 5 us per expert with rows (the micro model's own GEMM work, netted out, is
@@ -293,11 +436,27 @@ def _layer_records(layer: dict) -> list[dict]:
         shape = {**tag, "seq_len": seq, "micro_batch_size": batch, "tokens": tokens, "kernels": 20, "views": 5}
         for direction, scale in (("fwd", 1.0), ("bwd", 2.0)):
             for op, us in (("attn:0", 800.0), ("router:0", 300.0)):
-                recs.append({**shape, "bench": "framework", "op": op, "pass": direction, "num_experts": 8,
-                             "time_s": scale * (us + tokens) * 1e-6})
+                recs.append(
+                    {
+                        **shape,
+                        "bench": "framework",
+                        "op": op,
+                        "pass": direction,
+                        "num_experts": 8,
+                        "time_s": scale * (us + tokens) * 1e-6,
+                    }
+                )
             for experts in (2, 4, 8):
-                recs.append({**shape, "bench": "framework", "op": "experts:0", "pass": direction,
-                             "num_experts": experts, "time_s": scale * (400.0 + 50.0 * experts + tokens) * 1e-6})
+                recs.append(
+                    {
+                        **shape,
+                        "bench": "framework",
+                        "op": "experts:0",
+                        "pass": direction,
+                        "num_experts": experts,
+                        "time_s": scale * (400.0 + 50.0 * experts + tokens) * 1e-6,
+                    }
+                )
     return recs
 
 
@@ -309,8 +468,15 @@ def test_a_layer_calibrated_at_its_own_dimensions_prices_that_model_at_the_measu
     layer = model_layer(load_model("tiny-moe"))
     records = _synthetic_records(1.0) + _layer_records(layer)
     per_rank = [{"rank": r, "machine": MACHINE, "records": records} for r in range(2)]
-    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
-                            versions={"torch": "x"}, wall_s=1.0)
+    profile = build_profile(
+        name="synthetic",
+        per_rank=per_rank,
+        testbed_per_rank=None,
+        quick=True,
+        command="test",
+        versions={"torch": "x"},
+        wall_s=1.0,
+    )
     entry = profile["measurements"]["framework_overhead_by_model"]["tiny-moe"]
     assert entry["layer"] == layer and entry["shapes"] == [[8, 1], [128, 2]]
     assert entry["forward"]["ops"]["experts:0"]["by_experts"]["experts"] == [2, 4, 8]
@@ -350,8 +516,15 @@ def test_split_backward_passes_take_their_measured_share_of_the_backward():
     from piper_sim.workload.presets import load_model
 
     per_rank = [{"rank": r, "machine": MACHINE, "records": _synthetic_records(1.0)} for r in range(2)]
-    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
-                            versions={"torch": "x"}, wall_s=1.0)
+    profile = build_profile(
+        name="synthetic",
+        per_rank=per_rank,
+        testbed_per_rank=None,
+        quick=True,
+        command="test",
+        versions={"torch": "x"},
+        wall_s=1.0,
+    )
     attn = profile["measurements"]["framework_overhead"]["backward"]["ops"]["attn:0"]
     assert attn["input_pass_us_by_tokens"] == pytest.approx([0.9 * t for t in attn["time_us_by_tokens"]], abs=0.1)
     coster = TaskCoster(load_model("tiny-moe"), load_profile(profile), 100)
@@ -361,7 +534,8 @@ def test_split_backward_passes_take_their_measured_share_of_the_backward():
     # an op without a measured split (experts here): the input pass takes all, the weight pass its GEMMs
     rows = (64,) * 8
     assert coster._framework_s("backward_expert_input", "experts:0", rows) == pytest.approx(
-        coster._framework_s("backward_expert", "experts:0", rows))
+        coster._framework_s("backward_expert", "experts:0", rows)
+    )
 
 
 def test_a_backward_timed_at_zero_drops_its_split_at_that_token_count_too():
@@ -371,8 +545,15 @@ def test_a_backward_timed_at_zero_drops_its_split_at_that_token_count_too():
         if r["bench"] == "framework" and r["op"] == "attn:0" and r["pass"] == "bwd" and r["tokens"] == 256:
             r["time_s"] = 0.0
     per_rank = [{"rank": r, "machine": MACHINE, "records": records} for r in range(2)]
-    profile = build_profile(name="synthetic", per_rank=per_rank, testbed_per_rank=None, quick=True, command="test",
-                            versions={"torch": "x"}, wall_s=1.0)
+    profile = build_profile(
+        name="synthetic",
+        per_rank=per_rank,
+        testbed_per_rank=None,
+        quick=True,
+        command="test",
+        versions={"torch": "x"},
+        wall_s=1.0,
+    )
     attn = profile["measurements"]["framework_overhead"]["backward"]["ops"]["attn:0"]
     assert attn["tokens"] == [8] and len(attn["input_pass_us_by_tokens"]) == len(attn["weight_pass_us_by_tokens"]) == 1
     assert load_profile(profile).framework_split["attn"][0][0] == 8
@@ -384,8 +565,14 @@ def test_an_ops_samples_pool_over_rounds_before_the_medians_are_taken():
     counts = {"fwd_kernels": 5, "fwd_views": 2, "bwd_kernels": 9, "bwd_views": 3}
 
     def samples(scale: float) -> dict:  # seconds of single calls, one round of the framework benchmark
-        return {"counts": counts, "fwd": [1.0 * scale, 1.2 * scale], "all": [3.0 * scale, 3.4 * scale],
-                "split_fwd": [1.1 * scale], "split_input": [2.5 * scale], "split_weight": [0.4 * scale]}
+        return {
+            "counts": counts,
+            "fwd": [1.0 * scale, 1.2 * scale],
+            "all": [3.0 * scale, 3.4 * scale],
+            "split_fwd": [1.1 * scale],
+            "split_input": [2.5 * scale],
+            "split_weight": [0.4 * scale],
+        }
 
     # a round on a machine 3x slower: pooled, the medians sit between the rounds
     pooled = pool_samples(pool_samples(None, samples(1.0)), samples(3.0))
@@ -409,8 +596,10 @@ def test_cold_calls_time_each_call_after_flushing_the_caches():
 
 
 def test_aggregate_takes_the_median_rank_for_compute_and_the_slowest_for_collectives():
-    recs = [[{"bench": "gemm", "rows": 1, "time_s": t}, {"bench": "all_reduce", "bytes": 8, "time_s": t}]
-            for t in (1.0, 2.0, 6.0)]
+    recs = [
+        [{"bench": "gemm", "rows": 1, "time_s": t}, {"bench": "all_reduce", "bytes": 8, "time_s": t}]
+        for t in (1.0, 2.0, 6.0)
+    ]
     agg = {r["bench"]: r for r in aggregate([{"records": r} for r in recs])}
     assert agg["gemm"]["time_s"] == 2.0
     assert agg["all_reduce"]["time_s"] == 6.0
@@ -421,8 +610,11 @@ def test_testbed_levels_pair_ranks_on_one_node_and_across_nodes():
     from piper_sim.torch_backend.bench.runner import testbed_levels
 
     levels = testbed_levels({0: 0, 1: 0, 2: 1, 3: 1, 4: 2, 5: 2})
-    assert levels == {"intra-node": [(0, 1), (2, 3), (4, 5)], "node0-node1": [(0, 2), (1, 3)],
-                      "node0-node2": [(0, 4), (1, 5)]}
+    assert levels == {
+        "intra-node": [(0, 1), (2, 3), (4, 5)],
+        "node0-node1": [(0, 2), (1, 3)],
+        "node0-node2": [(0, 4), (1, 5)],
+    }
 
 
 def _increasing(xs: list[float]) -> bool:
@@ -432,8 +624,12 @@ def _increasing(xs: list[float]) -> bool:
 @pytest.mark.slow  # the whole quick sweep (about 5 minutes on 2 cores)
 def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     out = tmp_path / "cpu-test.yaml"
-    proc = subprocess.run([sys.executable, "-m", "piper_sim.cli", "calibrate", "--quick", "--ranks", "2",
-                           "--out", str(out)], capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-m", "piper_sim.cli", "calibrate", "--quick", "--ranks", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     raw = yaml.safe_load(out.read_text())
     profile = load_profile(out)
@@ -468,6 +664,7 @@ def test_quick_calibration_writes_a_loadable_profile(tmp_path):
     assert layer["forward"]["ops"]["experts:0"]["by_experts"]["experts"] == [2, 4, 8]
     assert all(op["time_us_by_tokens"][0] > 0 for op in layer["forward"]["ops"].values())
     from piper_sim.workload.presets import load_model
+
     assert profile.for_model(load_model("tiny-moe")).framework_s != profile.framework_s
     assert profile.for_model(load_model("small-moe")) is profile
     # the host work around an exchange: forward only, priced for a dispatch and for a combine

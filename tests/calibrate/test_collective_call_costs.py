@@ -41,8 +41,12 @@ def test_the_cpu_profiles_carry_measured_gather_and_reduce_scatter_call_costs(na
             assert profile.collective_call_s(kind, size) == pytest.approx(_fit_s(raw, kind, series))
             assert _fit_s(raw, kind, series) > 0
     runs = raw["measurements"]["network"]["separate_runs"]
-    assert any(set(SHARDED) <= set(run["benches"]) and run["command"].startswith("piper-sim calibrate")
-               and run["ranks"] == raw["machine"]["ranks"] for run in runs)
+    assert any(
+        set(SHARDED) <= set(run["benches"])
+        and run["command"].startswith("piper-sim calibrate")
+        and run["ranks"] == raw["machine"]["ranks"]
+        for run in runs
+    )
 
 
 def _profile_with_costs(gather_us: float, scatter_us: float) -> dict:
@@ -53,12 +57,22 @@ def _profile_with_costs(gather_us: float, scatter_us: float) -> dict:
     return raw
 
 
-@pytest.mark.parametrize("plan", [{"optimizer": {"zero": 3}}, {"optimizer": {"zero": 1}},
-                                  {"parallel": {"pp": 2, "ep": 2, "cp": 2, "num_microbatches": 2}}])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        {"optimizer": {"zero": 3}},
+        {"optimizer": {"zero": 1}},
+        {"parallel": {"pp": 2, "ep": 2, "cp": 2, "num_microbatches": 2}},
+    ],
+)
 def test_the_simulator_charges_each_gather_and_reduce_scatter_the_profiles_call_cost(plan):
-    raw = {"model": {"preset": "tiny-moe", "num_layers": 2}, "sim": {"steps": 1},
-           "parallel": {"pp": 2, "ep": 2, "num_microbatches": 2}, "cost": {"profile": _profile_with_costs(700, 300)},
-           **plan}
+    raw = {
+        "model": {"preset": "tiny-moe", "num_layers": 2},
+        "sim": {"steps": 1},
+        "parallel": {"pp": 2, "ep": 2, "num_microbatches": 2},
+        "cost": {"profile": _profile_with_costs(700, 300)},
+        **plan,
+    }
     trace = simulate(load_config(raw)).trace
     for kind, cost_s in (("all_gather", 700e-6), ("reduce_scatter", 300e-6)):
         rows = trace[trace["kind"] == kind]
@@ -73,8 +87,9 @@ def test_benches_are_checked_before_anything_is_measured(tmp_path):
         with pytest.raises(ConfigError) as err:
             check_benches(bad)
         assert err.value.key == "--benches"
-    args = build_parser().parse_args(["calibrate", "--out", str(tmp_path / "p.yaml"), "--benches", "all_gather",
-                                      "--testbed", "pst"])
+    args = build_parser().parse_args(
+        ["calibrate", "--out", str(tmp_path / "p.yaml"), "--benches", "all_gather", "--testbed", "pst"]
+    )
     with pytest.raises(ConfigError) as err:
         check_options(args)
     assert err.value.key == "--testbed"
@@ -89,11 +104,25 @@ def test_benches_are_checked_before_anything_is_measured(tmp_path):
 
 
 def _records(time_us: float) -> list[dict]:
-    return [{"rank": r, "machine": {"threads_per_rank": 1},
-             "records": [{"bench": kind, "level": "local", "group_size": 2, "groups": 2, "bytes": size,
-                          "time_s": (time_us + size / 1e3) * 1e-6}
-                         for kind in ("all_gather", "all_reduce") for size in (1024, 65536, 1048576)]}
-            for r in range(4)]
+    return [
+        {
+            "rank": r,
+            "machine": {"threads_per_rank": 1},
+            "records": [
+                {
+                    "bench": kind,
+                    "level": "local",
+                    "group_size": 2,
+                    "groups": 2,
+                    "bytes": size,
+                    "time_s": (time_us + size / 1e3) * 1e-6,
+                }
+                for kind in ("all_gather", "all_reduce")
+                for size in (1024, 65536, 1048576)
+            ],
+        }
+        for r in range(4)
+    ]
 
 
 def test_a_separate_run_replaces_only_its_benches_and_is_recorded():
@@ -107,21 +136,31 @@ def test_a_separate_run_replaces_only_its_benches_and_is_recorded():
     assert network["local"]["all_reduce"] == raw["measurements"]["network"]["local"]["all_reduce"]
     assert network["separate_runs"][-1] == run
     assert {k: v for k, v in updated.items() if k != "measurements"} == {
-        k: v for k, v in raw.items() if k != "measurements"}
+        k: v for k, v in raw.items() if k != "measurements"
+    }
     assert load_profile(updated).collective_call_s("all_gather", 2) == pytest.approx(900e-6, rel=1e-3)
 
 
 def test_phase_times_leave_out_the_nonblocking_collectives():
-    schedule = build_schedule(load_config({"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2, "num_microbatches": 2},
-                                           "optimizer": {"zero": 3}}))
+    schedule = build_schedule(
+        load_config(
+            {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2, "num_microbatches": 2}, "optimizer": {"zero": 3}}
+        )
+    )
     issued = issued_tasks(schedule)
     nonblocking = next(t for t in schedule.stage_programs[0] if t.nonblocking)
     blocking = next(t for t in schedule.stage_programs[0] if t.kind == "forward")
     assert nonblocking.task_id in issued and blocking.task_id not in issued
-    rows = pd.DataFrame({"step": [1, 1, 1], "rank": [0, 0, 0], "task_id": [nonblocking.task_id, blocking.task_id,
-                                                                           "F:send"],
-                         "kind": [nonblocking.kind.value, "forward", "send"], "start_s": [0.0, 0.0, 0.0],
-                         "end_s": [5.0, 1.0, 7.0]})
+    rows = pd.DataFrame(
+        {
+            "step": [1, 1, 1],
+            "rank": [0, 0, 0],
+            "task_id": [nonblocking.task_id, blocking.task_id, "F:send"],
+            "kind": [nonblocking.kind.value, "forward", "send"],
+            "start_s": [0.0, 0.0, 0.0],
+            "end_s": [5.0, 1.0, 7.0],
+        }
+    )
     assert phase_times(rows, issued).to_dict() == {"forward": 1.0}
     assert phase_times(rows)[nonblocking.kind.value] == 5.0  # without the schedule's ids it is counted
 
@@ -131,9 +170,24 @@ def test_a_separate_run_measures_the_collectives_into_a_profile(tmp_path):
     out = tmp_path / "cpu-2rank.yaml"
     original = profile_path("cpu-2rank").read_text()
     out.write_text(original)
-    proc = subprocess.run([sys.executable, "-m", "piper_sim.cli", "calibrate", "--out", str(out), "--ranks", "2",
-                           "--quick", "--benches", "all_gather,reduce_scatter"], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "piper_sim.cli",
+            "calibrate",
+            "--out",
+            str(out),
+            "--ranks",
+            "2",
+            "--quick",
+            "--benches",
+            "all_gather,reduce_scatter",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     raw, before = yaml.safe_load(out.read_text()), yaml.safe_load(original)
     local = raw["measurements"]["network"]["local"]

@@ -14,14 +14,22 @@ from piper_sim.topology.load import read_topology_mapping
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "collectives"
 PUBLISHED = yaml.safe_load((DATA / "nccl-tests-published.yaml").read_text())
-LIBRARY_FILES = {("nccl", "dgx-a100-superpod"): "nccl-dgx-a100.yaml",
-                 ("nccl", "dgx-h100-superpod"): "nccl-dgx-h100.yaml", ("rccl", "frontier"): "rccl-frontier.yaml"}
+LIBRARY_FILES = {
+    ("nccl", "dgx-a100-superpod"): "nccl-dgx-a100.yaml",
+    ("nccl", "dgx-h100-superpod"): "nccl-dgx-h100.yaml",
+    ("rccl", "frontier"): "rccl-frontier.yaml",
+}
 
 
 def study_busbw_GBps(point: dict) -> float:
-    spec = CollectiveSpec(topology=point["topology"], collective=point["collective"], gpus=(point["gpus"],),
-                          sizes=(f"{point['bytes']}B",), algorithms=(point["library"],),
-                          topology_params=point.get("topology_params", {}))
+    spec = CollectiveSpec(
+        topology=point["topology"],
+        collective=point["collective"],
+        gpus=(point["gpus"],),
+        sizes=(f"{point['bytes']}B",),
+        algorithms=(point["library"],),
+        topology_params=point.get("topology_params", {}),
+    )
     ((row, _),) = list(run_collective_study(spec, log=lambda s: None))
     return row["busbw_bytes_per_s"] / 1e9
 
@@ -57,8 +65,9 @@ def test_points_also_stored_with_the_parameters_agree_with_them():
     rccl = yaml.safe_load((DATA / "rccl-frontier.yaml").read_text())
     nccl = yaml.safe_load((DATA / "nccl-dgx-h100.yaml").read_text())
     elsewhere = {("all_gather", p["bytes"]): p["busbw_GBps"] for m in rccl["measured"] for p in m["points"]}
-    elsewhere |= {("all_to_all", p["bytes"]): p["busbw_GBps"] for m in nccl["all_to_all_measurements"]
-                  for p in m["points"]}
+    elsewhere |= {
+        ("all_to_all", p["bytes"]): p["busbw_GBps"] for m in nccl["all_to_all_measurements"] for p in m["points"]
+    }
     shared = [p for p in PUBLISHED["points"] if "also_in" in p]
     assert len(shared) == 3
     for point in shared:

@@ -22,9 +22,14 @@ VENDOR = {"peers_in_flight": 4, "per_peer_us": 3.0, "per_chunk_us": 1.0}  # a ve
 
 
 def uniform(num_gpus: int, gpus_per_node: int = 4, nic: float = 10) -> Topology:
-    return load_topology({"builder": "uniform", "params": {
-        "gpus_per_node": gpus_per_node, "intra_bandwidth_GBps": 100, "nic_bandwidth_GBps": nic},
-        "collectives": {"rccl": VENDOR, "nccl": VENDOR}}, num_gpus)
+    return load_topology(
+        {
+            "builder": "uniform",
+            "params": {"gpus_per_node": gpus_per_node, "intra_bandwidth_GBps": 100, "nic_bandwidth_GBps": nic},
+            "collectives": {"rccl": VENDOR, "nccl": VENDOR},
+        },
+        num_gpus,
+    )
 
 
 def uneven_matrix(n: int, seed: int = 0) -> np.ndarray:
@@ -271,7 +276,7 @@ def test_tree_all_reduce_has_two_log_rounds(n):
     phases = ALL_REDUCE.get("tree")(1e6, topo.gpus[:n], topo)
     assert_dag(phases)
     assert len(phases) == 2 * math.ceil(math.log2(n))
-    reduce, bcast = phases[: len(phases) // 2], phases[len(phases) // 2:]
+    reduce, bcast = phases[: len(phases) // 2], phases[len(phases) // 2 :]
     senders = np.concatenate([p.src for p in reduce])
     receivers = np.concatenate([p.dst for p in bcast])
     # every member but the root sends its partial sum once and receives the result once

@@ -22,9 +22,19 @@ PARAMS = {"nvl_efficiency": 0.5, "rdma_efficiency": 0.8}
 
 
 def uniform(num_gpus: int, params: dict | None = None):
-    return load_topology({"builder": "uniform", "params": {
-        "gpus_per_node": 4, "intra_bandwidth_GBps": 100, "nic_bandwidth_GBps": 10, "message_overhead_us": 2.0},
-        "collectives": {"deepep": params or PARAMS}}, num_gpus)
+    return load_topology(
+        {
+            "builder": "uniform",
+            "params": {
+                "gpus_per_node": 4,
+                "intra_bandwidth_GBps": 100,
+                "nic_bandwidth_GBps": 10,
+                "message_overhead_us": 2.0,
+            },
+            "collectives": {"deepep": params or PARAMS},
+        },
+        num_gpus,
+    )
 
 
 # ---- the published table ------------------------------------------------------------------------
@@ -39,8 +49,16 @@ def test_parameters_are_the_derivations_from_the_table():
     line = DATA["h800_machine"]["nvlink_bandwidth_GBps"]["value"]
     nic = DATA["h800_machine"]["nic_bandwidth_GBps"]["value"]
     nvl = np.mean([points[8][k] * 7 / 8 for k in ("dispatch_GBps", "combine_GBps")]) / line
-    rdma = np.mean([points[ep][k] * (nodes - 1) / nodes for ep, nodes in ((32, 4), (64, 8))
-                    for k in ("dispatch_GBps", "combine_GBps")]) / nic
+    rdma = (
+        np.mean(
+            [
+                points[ep][k] * (nodes - 1) / nodes
+                for ep, nodes in ((32, 4), (64, 8))
+                for k in ("dispatch_GBps", "combine_GBps")
+            ]
+        )
+        / nic
+    )
     params = read_topology_mapping("dgx-h100-superpod")["collectives"]["deepep"]
     assert DATA["parameters"]["nvl_efficiency"]["value"] == params["nvl_efficiency"] == pytest.approx(nvl, abs=5e-4)
     assert DATA["parameters"]["rdma_efficiency"]["value"] == params["rdma_efficiency"] == pytest.approx(rdma, abs=5e-4)
@@ -51,8 +69,14 @@ def table_bandwidths() -> dict[tuple[int, str], float]:
     distinct GPUs) they reach, own included, x bytes per token / the data phases' time."""
     line = DATA["h800_machine"]["nvlink_bandwidth_GBps"]["value"]
     sizes = {role: f"{TOKENS * TOP_K * b}B" for role, b in TOKEN_BYTES.items()}
-    spec = StudySpec(topology="dgx-h100-superpod", nodes=(1, 2, 4, 8), sizes=tuple(sizes.values()),
-                     algorithms=("deepep",), topology_params={"nvlink_bandwidth_GBps": line}, fanout=(TOP_K, EXPERTS))
+    spec = StudySpec(
+        topology="dgx-h100-superpod",
+        nodes=(1, 2, 4, 8),
+        sizes=tuple(sizes.values()),
+        algorithms=("deepep",),
+        topology_params={"nvlink_bandwidth_GBps": line},
+        fanout=(TOP_K, EXPERTS),
+    )
     out = {}
     for row, _ in run_study(spec, log=lambda s: None):
         role = next(r for r, s in sizes.items() if s == row["size"])
@@ -92,9 +116,10 @@ def test_fanout_sends_each_token_once_per_node_and_gpu():
     once per other node, the forward phase once per GPU (each byte over its efficiency); no fanout: the copies."""
     topo = uniform(16)
     m = np.full((16, 16), 8.0 * 1000 / 16)  # 1000 tokens a source, 8 copies each, spread evenly
-    for fanout, per_node, per_gpu in ((None, 4 * 8000 / 16, 8000 / 16),
-                                      (Fanout(8, 64), 1000 * hit_probability(1 / 4, 8, 64),
-                                       1000 * hit_probability(1 / 16, 8, 64))):
+    for fanout, per_node, per_gpu in (
+        (None, 4 * 8000 / 16, 8000 / 16),
+        (Fanout(8, 64), 1000 * hit_probability(1 / 4, 8, 64), 1000 * hit_probability(1 / 16, 8, 64)),
+    ):
         rdma, forward = data_phases(bind_fanout(ALL_TO_ALL.get("deepep"), fanout), m, topo.gpus, topo)
         assert (rdma.name, forward.name) == ("rdma", "forward") and rdma.after == forward.after == ()
         assert rdma.sizes.sum() == pytest.approx(16 * 3 * per_node / 0.8)
@@ -121,8 +146,9 @@ def test_combine_runs_the_dispatch_backwards():
     topo = uniform(16)
     m = np.random.default_rng(2).random((16, 16)) * 1e6
     dispatch = data_phases(bind_fanout(ALL_TO_ALL.get("deepep"), Fanout(8, 64)), m, topo.gpus, topo)
-    combine = data_phases(bind_fanout(ALL_TO_ALL.get("deepep"), Fanout(8, 64, combine=True)), m.T.copy(),
-                          topo.gpus, topo)
+    combine = data_phases(
+        bind_fanout(ALL_TO_ALL.get("deepep"), Fanout(8, 64, combine=True)), m.T.copy(), topo.gpus, topo
+    )
     for d, c in zip(dispatch, combine, strict=True):
         np.testing.assert_array_equal(d.src, c.dst)
         np.testing.assert_array_equal(d.dst, c.src)

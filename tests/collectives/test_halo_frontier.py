@@ -21,8 +21,10 @@ def times(nodes: int, size_mib: float, spread: bool = True) -> dict[str, float]:
     topo, gpus = build_topology(spec, nodes)
     n = len(gpus)
     m = np.full((n, n), size_mib * MIB / n)
-    return {alg: run_collective(ALL_TO_ALL.get(alg)(m, gpus, topo), gpus, topo, symmetric=True,
-                                spread=spread)[1].time_s for alg in ("flat", "halo")}
+    return {
+        alg: run_collective(ALL_TO_ALL.get(alg)(m, gpus, topo), gpus, topo, symmetric=True, spread=spread)[1].time_s
+        for alg in ("flat", "halo")
+    }
 
 
 def check(nodes: int, size_mib: float) -> None:

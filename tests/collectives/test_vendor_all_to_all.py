@@ -16,14 +16,23 @@ from piper_sim.studies.reduced_collective import run_collective
 from piper_sim.topology.load import load_topology, read_topology_mapping
 
 DATA = Path(__file__).resolve().parents[2] / "traces" / "collectives"
-PARAMS = {"peers_in_flight": 4, "per_peer_us": 3.0, "per_chunk_us": 1.0, "net_chunk_MiB": 0.125,
-          "intra_chunk_MiB": 0.5}
+PARAMS = {"peers_in_flight": 4, "per_peer_us": 3.0, "per_chunk_us": 1.0, "net_chunk_MiB": 0.125, "intra_chunk_MiB": 0.5}
 
 
 def uniform(num_gpus: int, library: str = "rccl") -> object:
-    return load_topology({"builder": "uniform", "params": {
-        "gpus_per_node": 4, "intra_bandwidth_GBps": 100, "nic_bandwidth_GBps": 10, "message_overhead_us": 2.0},
-        "collectives": {library: PARAMS}}, num_gpus)
+    return load_topology(
+        {
+            "builder": "uniform",
+            "params": {
+                "gpus_per_node": 4,
+                "intra_bandwidth_GBps": 100,
+                "nic_bandwidth_GBps": 10,
+                "message_overhead_us": 2.0,
+            },
+            "collectives": {library: PARAMS},
+        },
+        num_gpus,
+    )
 
 
 @pytest.mark.parametrize("library", ["rccl", "nccl"])
@@ -80,8 +89,14 @@ MACHINES = {"nccl-dgx-h100.yaml": ("nccl", "dgx-h100-superpod"), "rccl-frontier.
 
 def study_busbw(topology: str, library: str, nodes: int, gpus_per_node: int, nbytes: int) -> float:
     """Bus bandwidth (GB/s) the all-to-all study gives for one nccl-tests point (per-rank buffer nbytes)."""
-    spec = StudySpec(topology=topology, nodes=(nodes,), sizes=(f"{nbytes}B",), algorithms=(library,),
-                     size_per="gpu", topology_params={"gpus_per_node": gpus_per_node})
+    spec = StudySpec(
+        topology=topology,
+        nodes=(nodes,),
+        sizes=(f"{nbytes}B",),
+        algorithms=(library,),
+        size_per="gpu",
+        topology_params={"gpus_per_node": gpus_per_node},
+    )
     ((row, _),) = list(run_study(spec, log=lambda s: None))
     return row["busbw_bytes_per_s"] / 1e9
 
@@ -132,8 +147,9 @@ def test_efficiency_charges_bytes_over_the_fraction():
     topo.collectives = {"nccl": {**PARAMS, "intra_efficiency": 0.5, "net_efficiency": 0.8, "intra_per_chunk_us": 0.0}}
     m = np.full((16, 16), 2.0**20)
     _, (data,) = split_phases(ALL_TO_ALL.get("nccl")(m, topo.gpus, topo))
-    remote = np.array([topo.host_of(topo.gpus[s]) != topo.host_of(topo.gpus[d]) for s, d in
-                       zip(data.src, data.dst, strict=True)])
+    remote = np.array(
+        [topo.host_of(topo.gpus[s]) != topo.host_of(topo.gpus[d]) for s, d in zip(data.src, data.dst, strict=True)]
+    )
     np.testing.assert_allclose(data.sizes, np.where(remote, 2.0**20 / 0.8, 2.0**20 / 0.5))
     assert data.delay_s == pytest.approx(15 * 3e-6 + 12 * 8 * 1e-6)  # intra-node chunks cost nothing here
     topo = uniform(16, "nccl")  # parameters are cached per topology: a fresh one

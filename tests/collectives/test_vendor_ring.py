@@ -80,8 +80,12 @@ def test_rccl_on_frontier_runs_its_own_rings_through_a_node():
     assert busbw_GBps("rccl", topo, 8) == pytest.approx(4 * 0.81 * 50, rel=0.01)
     assert busbw_GBps("ring", topo, 8) == pytest.approx(50, rel=0.01)
     rings = ring_orders(topo.gpus, topo, vendor_params(topo, "rccl")["rings"])
-    assert [r[:8].tolist() for r in rings] == [[0, 1, 5, 4, 6, 7, 3, 2], [2, 3, 7, 6, 4, 5, 1, 0],
-                                              [7, 6, 0, 1, 3, 2, 4, 5], [5, 4, 2, 3, 1, 0, 6, 7]]
+    assert [r[:8].tolist() for r in rings] == [
+        [0, 1, 5, 4, 6, 7, 3, 2],
+        [2, 3, 7, 6, 4, 5, 1, 0],
+        [7, 6, 0, 1, 3, 2, 4, 5],
+        [5, 4, 2, 3, 1, 0, 6, 7],
+    ]
     assert all((r[8:] - 8).tolist() == r[:8].tolist() for r in rings)  # the next node in the same order
     partial = topo.gpus[:4] + topo.gpus[8:12]  # not whole nodes: one ring per member of a node
     assert len(ring_orders(partial, topo, vendor_params(topo, "rccl")["rings"])) == 4
@@ -132,8 +136,9 @@ def test_nccl_dgx_a100_efficiencies_are_the_cited_derivations():
     params = data["parameters"]
     assert params["intra_efficiency"]["value"] == pytest.approx(20.0 / 25.0)
     assert params["net_efficiency"]["value"] == pytest.approx(91 / 100)
-    topology = yaml.safe_load((Path(__file__).resolve().parents[2] / "topologies" / "dgx-a100-superpod.yaml")
-                              .read_text())["collectives"]["nccl"]
+    topology = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "topologies" / "dgx-a100-superpod.yaml").read_text()
+    )["collectives"]["nccl"]
     for key, entry in params.items():
         assert topology[key] == entry["value"], key
     (held_out,) = data["held_out"]

@@ -46,6 +46,7 @@ def test_a_signal_dropped_in_a_ctypes_callback_is_sent_again_quietly(capfd, kept
 def test_a_stop_settles_the_signals_so_a_pending_resend_cannot_interrupt_its_line(kept_handlers):
     """The command's stop is decided while the dropped signal's resend is still pending: the resend (and a second
     Ctrl-C) must not raise again on the way out, which would end the process by the signal (status -2), not 130."""
+
     def body() -> None:
         signal.raise_signal(signal.SIGINT)
 
@@ -65,15 +66,26 @@ def test_without_a_signal_other_exceptions_are_not_a_stop():
     assert signals.stop_code(KeyboardInterrupt()) == 130
 
 
-@pytest.mark.parametrize(("sig", "delay_s", "code", "word"), [(signal.SIGINT, 0.3, 130, "interrupted"),
-                                                               (signal.SIGINT, 2.5, 130, "interrupted"),
-                                                               (signal.SIGTERM, 2.0, 143, "terminated")])
+@pytest.mark.parametrize(
+    ("sig", "delay_s", "code", "word"),
+    [
+        (signal.SIGINT, 0.3, 130, "interrupted"),
+        (signal.SIGINT, 2.5, 130, "interrupted"),
+        (signal.SIGTERM, 2.0, 143, "terminated"),
+    ],
+)
 def test_a_signal_to_simulate_prints_one_line(tmp_path, sig, delay_s, code, word):
     """A fresh numba cache: the kernels compile during the run, so a signal may land in numba's compiler (0.3 s:
     while the modules load)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "PIPER_SIM_PROGRESS": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "piper_sim", "simulate", "small-moe", "--out", str(tmp_path / "o")],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "piper_sim", "simulate", "small-moe", "--out", str(tmp_path / "o")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(delay_s)
     proc.send_signal(sig)
     err = proc.communicate(timeout=120)[1]

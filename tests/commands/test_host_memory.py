@@ -32,8 +32,9 @@ def tiny_result():
 
 def _estimate(result, outputs):
     par = result.config.parallel
-    return estimate_run_memory(len(result.trace), len(result.topology.capacity_bytes_per_s), par.num_gpus * par.ep,
-                               outputs)
+    return estimate_run_memory(
+        len(result.trace), len(result.topology.capacity_bytes_per_s), par.num_gpus * par.ep, outputs
+    )
 
 
 def test_the_estimate_counts_the_outputs_written(tiny_result):
@@ -54,7 +55,8 @@ def test_a_run_whose_outputs_would_not_fit_is_told_to_write_fewer(tiny_result, m
     assert (err.value.key, err.value.value) == ("--outputs", "all")
     assert str(err.value.allowed).startswith("report here") or str(err.value.allowed).startswith("trace here")
     assert f"{every.total_bytes / GIB:.1f} GiB" in str(err.value) and f"{available / GIB:.1f} GiB available" in str(
-        err.value)
+        err.value
+    )
     assert simulate(cfg, outputs="report").report.step_time_s == tiny_result.report.step_time_s
 
 
@@ -90,8 +92,7 @@ def test_a_run_that_drains_the_memory_stops_itself(monkeypatch):
 
 def test_the_guard_trips_from_its_thread_when_memory_drops_under_the_margin():
     readings = iter([8 * GIB, 4 * GIB])
-    with MemoryGuard(3 * GIB, available=lambda: next(readings, GIB // 4), margin_bytes=GIB,
-                     interval_s=0.01) as guard:
+    with MemoryGuard(3 * GIB, available=lambda: next(readings, GIB // 4), margin_bytes=GIB, interval_s=0.01) as guard:
         guard.check()  # 8 GiB at the start: nothing
         deadline = time.monotonic() + 10
         with pytest.raises(MemoryExceeded, match="estimated at 3.0 GiB"):
@@ -105,12 +106,14 @@ def test_outputs_choose_the_files_written(tiny_result, tmp_path):
     listed = {}
     for outputs in ("report", "trace", "all"):
         write_run(tmp_path / outputs, tiny_result, outputs)
-        listed[outputs] = sorted(str(p.relative_to(tmp_path / outputs)) for p in (tmp_path / outputs).rglob("*")
-                                 if p.is_file())
+        listed[outputs] = sorted(
+            str(p.relative_to(tmp_path / outputs)) for p in (tmp_path / outputs).rglob("*") if p.is_file()
+        )
     assert listed["report"] == ["config.yaml", "link_kinds.csv", "links.csv", "report.json"]
     assert listed["trace"] == sorted(listed["report"] + ["trace.parquet"])
-    assert listed["all"] == sorted(listed["trace"] + ["perfetto.json", "plots/link_utilization.png",
-                                                      "plots/timeline.png"])
+    assert listed["all"] == sorted(
+        listed["trace"] + ["perfetto.json", "plots/link_utilization.png", "plots/timeline.png"]
+    )
     with pytest.raises(ConfigError) as err:
         write_run(tmp_path / "bad", tiny_result, "plots")
     assert err.value.key == "--outputs" and not (tmp_path / "bad").exists()
@@ -141,13 +144,20 @@ def test_cli_simulate_outputs_report(tmp_path, capsys):
 def _trace(rows: int) -> pd.DataFrame:
     rng = np.random.default_rng(0)
     start = rng.random(rows)
-    return pd.DataFrame({
-        "rank": rng.integers(0, 16, rows), "stream": pd.Categorical(rng.choice(["compute", "p2p", "collective"], rows)),
-        "task_id": pd.Categorical([f"F:c0:m{i % 97}:s{i % 13}" for i in range(rows)]),
-        "kind": pd.Categorical(rng.choice(["forward", "backward", "send"], rows)), "step": np.zeros(rows, int),
-        "bytes": rng.random(rows) * 1e6, "flops": rng.random(rows) * 1e9,
-        "peers": pd.Categorical(rng.choice(["", "3", "ep:0+4"], rows)), "start_s": start,
-        "end_s": start + rng.random(rows)})
+    return pd.DataFrame(
+        {
+            "rank": rng.integers(0, 16, rows),
+            "stream": pd.Categorical(rng.choice(["compute", "p2p", "collective"], rows)),
+            "task_id": pd.Categorical([f"F:c0:m{i % 97}:s{i % 13}" for i in range(rows)]),
+            "kind": pd.Categorical(rng.choice(["forward", "backward", "send"], rows)),
+            "step": np.zeros(rows, int),
+            "bytes": rng.random(rows) * 1e6,
+            "flops": rng.random(rows) * 1e9,
+            "peers": pd.Categorical(rng.choice(["", "3", "ep:0+4"], rows)),
+            "start_s": start,
+            "end_s": start + rng.random(rows),
+        }
+    )
 
 
 def test_perfetto_is_written_a_chunk_at_a_time(tmp_path):

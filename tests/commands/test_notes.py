@@ -9,8 +9,13 @@ from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 
 BARE = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2}}
-EXPLICIT = {**BARE, "model": {"preset": "tiny-moe", "seq_len": 64}, "cost": "mi250x", "topology": "uniform",
-            "routing": {"kind": "uniform"}}
+EXPLICIT = {
+    **BARE,
+    "model": {"preset": "tiny-moe", "seq_len": 64},
+    "cost": "mi250x",
+    "topology": "uniform",
+    "routing": {"kind": "uniform"},
+}
 
 
 def test_each_left_out_key_is_said_once_and_given_ones_are_not():
@@ -43,8 +48,10 @@ def test_a_fat_tree_sized_by_the_job_says_so():
 
 def test_simulate_prints_the_notes(tmp_path, capsys):
     config = tmp_path / "c.yaml"
-    config.write_text("model: tiny-moe\nparallel: {pp: 2, ep: 8, num_microbatches: 2}\n"
-                      "topology: {preset: fat-tree, params: {num_nodes: 4}}\n")
+    config.write_text(
+        "model: tiny-moe\nparallel: {pp: 2, ep: 8, num_microbatches: 2}\n"
+        "topology: {preset: fat-tree, params: {num_nodes: 4}}\n"
+    )
     assert main(["simulate", str(config), "--out", str(tmp_path / "o")]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("piper-sim: note: ")]
     assert [n.split()[2] for n in notes] == ["tiny-moe", "cost.profile", "routing", "placement"], notes

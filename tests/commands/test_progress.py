@@ -25,8 +25,17 @@ def shown(monkeypatch):
     monkeypatch.setattr(progress, "INTERVAL_S", 0.01)
 
 
-@pytest.mark.parametrize(("value", "tty", "expected"), [("0", True, False), ("1", False, True), ("auto", True, True),
-                                                        ("", False, False), (None, False, False), (None, True, True)])
+@pytest.mark.parametrize(
+    ("value", "tty", "expected"),
+    [
+        ("0", True, False),
+        ("1", False, True),
+        ("auto", True, True),
+        ("", False, False),
+        (None, False, False),
+        (None, True, True),
+    ],
+)
 def test_the_switch_and_the_terminal_decide(value, tty, expected, monkeypatch):
     if value is None:
         monkeypatch.delenv(progress.ENV, raising=False)

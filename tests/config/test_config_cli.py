@@ -15,20 +15,23 @@ from piper_sim.errors import ConfigError
 BASE = {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4}}
 
 
-@pytest.mark.parametrize("raw,key", [
-    ({**BASE, "bogus": 1}, "bogus"),
-    ({**BASE, "parallel": {"pp": 2, "ep": 4, "pipeline": 3}}, "parallel.pipeline"),
-    ({**BASE, "parallel": {"pp": 2, "ep": 3}}, "parallel.ep"),  # 3 does not divide 8 experts
-    ({**BASE, "parallel": {"pp": 16, "ep": 1}}, "parallel.pp"),  # 8 layers < 16 stages
-    ({**BASE, "parallel": {"pp": 2, "ep": 4, "world_size": 16}}, "parallel.world_size"),
-    ({**BASE, "parallel": {"pp": "two"}}, "parallel.pp"),
-    ({**BASE, "schedule": "2f2b"}, "schedule"),
-    ({**BASE, "collectives": {"all_to_all": "magic"}}, "collectives.all_to_all"),
-    ({**BASE, "sim": {"steps": 0}}, "sim.steps"),
-    ({**BASE, "cost": {"profile": "no-such-gpu"}}, "cost.profile"),
-    ({**BASE, "topology": "no-such-machine"}, "topology"),
-    ({**BASE, "model": {"preset": "small-moe", "top_k": 99}}, "model.top_k"),
-])
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        ({**BASE, "bogus": 1}, "bogus"),
+        ({**BASE, "parallel": {"pp": 2, "ep": 4, "pipeline": 3}}, "parallel.pipeline"),
+        ({**BASE, "parallel": {"pp": 2, "ep": 3}}, "parallel.ep"),  # 3 does not divide 8 experts
+        ({**BASE, "parallel": {"pp": 16, "ep": 1}}, "parallel.pp"),  # 8 layers < 16 stages
+        ({**BASE, "parallel": {"pp": 2, "ep": 4, "world_size": 16}}, "parallel.world_size"),
+        ({**BASE, "parallel": {"pp": "two"}}, "parallel.pp"),
+        ({**BASE, "schedule": "2f2b"}, "schedule"),
+        ({**BASE, "collectives": {"all_to_all": "magic"}}, "collectives.all_to_all"),
+        ({**BASE, "sim": {"steps": 0}}, "sim.steps"),
+        ({**BASE, "cost": {"profile": "no-such-gpu"}}, "cost.profile"),
+        ({**BASE, "topology": "no-such-machine"}, "topology"),
+        ({**BASE, "model": {"preset": "small-moe", "top_k": 99}}, "model.top_k"),
+    ],
+)
 def test_bad_config_names_the_key(raw, key, tmp_path):
     from piper_sim.simulator import simulate
 
@@ -54,13 +57,30 @@ def test_overrides_apply_and_parse_values():
 def test_cli_simulate_writes_the_contract_files(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["simulate", "small-moe", "--out", str(out), "--set", "parallel.num_microbatches=4"]) == 0
-    for name in ("config.yaml", "report.json", "trace.parquet", "perfetto.json", "links.csv",
-                 "plots/timeline.png", "plots/link_utilization.png"):
+    for name in (
+        "config.yaml",
+        "report.json",
+        "trace.parquet",
+        "perfetto.json",
+        "links.csv",
+        "plots/timeline.png",
+        "plots/link_utilization.png",
+    ):
         assert (out / name).exists(), name
     report = json.loads((out / "report.json").read_text())
-    for key in ("num_gpus", "step_time_s", "tokens_per_s", "model_flops_per_step", "tflops_per_gpu", "mfu",
-                "bubble_fraction", "exposed_comm_fraction", "peak_memory_bytes", "all_to_all_bandwidth_bytes_per_s",
-                "sim_wall_s"):
+    for key in (
+        "num_gpus",
+        "step_time_s",
+        "tokens_per_s",
+        "model_flops_per_step",
+        "tflops_per_gpu",
+        "mfu",
+        "bubble_fraction",
+        "exposed_comm_fraction",
+        "peak_memory_bytes",
+        "all_to_all_bandwidth_bytes_per_s",
+        "sim_wall_s",
+    ):
         assert key in report, key
     assert report["num_gpus"] == 8 and len(report["peak_memory_bytes"]) == 2
     perfetto = json.loads((out / "perfetto.json").read_text())
@@ -70,8 +90,11 @@ def test_cli_simulate_writes_the_contract_files(tmp_path, capsys):
 def test_cli_bad_config_prints_one_line_and_exits_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: small-moe\nparallel: {pp: 2, ep: 3}\n")
-    proc = subprocess.run([sys.executable, "-m", "piper_sim.cli", "simulate", str(bad), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "piper_sim.cli", "simulate", str(bad), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "parallel.ep" in proc.stderr and "divisor" in proc.stderr
@@ -106,10 +129,13 @@ def test_version_is_printed(capsys):
     assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"piper-sim {__version__}"
 
 
-@pytest.mark.parametrize(("overrides", "key"), [
-    (["model.num_heads=512", "model.d_model=256"], "model.num_heads"),
-    (["model.moe_layer_freq=100"], "model.moe_layer_freq"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["model.num_heads=512", "model.d_model=256"], "model.num_heads"),
+        (["model.moe_layer_freq=100"], "model.moe_layer_freq"),
+    ],
+)
 def test_shapes_that_make_no_sense_are_refused(overrides, key):
     with pytest.raises(ConfigError) as err:
         load_config({"model": "tiny-moe", "parallel": {"pp": 1, "ep": 1, "num_microbatches": 1}}, overrides)

@@ -19,8 +19,11 @@ SWEEP_CASES = 6 * len(FAMILIES)  # the slow sweep: each family six times
 
 def _assert_clean(cases: list[Case]) -> None:
     outcomes = run_cases(cases, jobs=2, timeout_s=60.0)
-    defects = [f"{o.kind}: {o.case.label()}: piper-sim {' '.join(o.case.argv)[:160]}: {o.detail}"
-               for o in outcomes if o.kind in DEFECTS]
+    defects = [
+        f"{o.kind}: {o.case.label()}: piper-sim {' '.join(o.case.argv)[:160]}: {o.detail}"
+        for o in outcomes
+        if o.kind in DEFECTS
+    ]
     assert not defects, summary(outcomes) + "\n" + "\n".join(defects)
 
 

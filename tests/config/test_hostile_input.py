@@ -41,22 +41,43 @@ from piper_sim.workload.profile_load import load_profiles
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
 from values import npz_bomb, wrapping_counts  # noqa: E402
 
-HF = {"model_type": "mixtral", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
-      "vocab_size": 1000, "max_position_embeddings": 256, "intermediate_size": 256, "num_local_experts": 8,
-      "num_experts_per_tok": 2}
+HF = {
+    "model_type": "mixtral",
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "vocab_size": 1000,
+    "max_position_embeddings": 256,
+    "intermediate_size": 256,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
 
 
-@pytest.mark.parametrize(("key", "value"), [("hidden_size", 10**30), ("hidden_size", 2**63),
-                                            ("num_hidden_layers", 10**10), ("num_local_experts", 10**9),
-                                            ("vocab_size", 2**63), ("max_position_embeddings", 2**40)])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("hidden_size", 10**30),
+        ("hidden_size", 2**63),
+        ("num_hidden_layers", 10**10),
+        ("num_local_experts", 10**9),
+        ("vocab_size", 2**63),
+        ("max_position_embeddings", 2**40),
+    ],
+)
 def test_hf_config_values_meet_the_yaml_paths_bounds(tmp_path: Path, key: str, value: int) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**HF, key: value}))
     with pytest.raises(ConfigError) as err:
         load_model(str(path))
     assert err.value.key == f"hf_config.{key}" and err.value.value == value
-    yaml_key = {"hidden_size": "d_model", "num_hidden_layers": "num_layers", "num_local_experts": "num_experts",
-                "vocab_size": "vocab_size", "max_position_embeddings": "seq_len"}[key]
+    yaml_key = {
+        "hidden_size": "d_model",
+        "num_hidden_layers": "num_layers",
+        "num_local_experts": "num_experts",
+        "vocab_size": "vocab_size",
+        "max_position_embeddings": "seq_len",
+    }[key]
     with pytest.raises(ConfigError, match=f"model.{yaml_key}"):  # the same bound on the YAML path
         load_model({"preset": "tiny-moe", yaml_key: value})
 
@@ -73,19 +94,28 @@ def _framework(raw: dict) -> dict:
     return raw["measurements"]["framework_overhead"]
 
 
-@pytest.mark.parametrize(("edit", "key"), [
-    (lambda r: r.update(measurements=[1, 2]), "cost.profile.measurements"),
-    (lambda r: r["measurements"].update(network="x"), "cost.profile.measurements.network"),
-    (lambda r: r["measurements"].update(optimizer={"per_tensor_us": "x"}),
-     "cost.profile.measurements.optimizer.per_tensor_us"),
-    (lambda r: r["measurements"].update(framework_overhead=[1]), "cost.profile.measurements.framework_overhead"),
-    (lambda r: _framework(r).update(micro_model="abc"), "cost.profile.measurements.framework_overhead.micro_model"),
-    (lambda r: _framework(r).update(micro_model={"num_experts": 4}),
-     "cost.profile.measurements.framework_overhead.micro_model.num_layers"),
-    (lambda r: _framework(r).update(shapes=[[1]]), "cost.profile.measurements.framework_overhead.shapes"),
-    (lambda r: _framework(r)["forward"]["ops"]["embed"].update(tokens=[1]),
-     "cost.profile.measurements.framework_overhead"),
-])
+@pytest.mark.parametrize(
+    ("edit", "key"),
+    [
+        (lambda r: r.update(measurements=[1, 2]), "cost.profile.measurements"),
+        (lambda r: r["measurements"].update(network="x"), "cost.profile.measurements.network"),
+        (
+            lambda r: r["measurements"].update(optimizer={"per_tensor_us": "x"}),
+            "cost.profile.measurements.optimizer.per_tensor_us",
+        ),
+        (lambda r: r["measurements"].update(framework_overhead=[1]), "cost.profile.measurements.framework_overhead"),
+        (lambda r: _framework(r).update(micro_model="abc"), "cost.profile.measurements.framework_overhead.micro_model"),
+        (
+            lambda r: _framework(r).update(micro_model={"num_experts": 4}),
+            "cost.profile.measurements.framework_overhead.micro_model.num_layers",
+        ),
+        (lambda r: _framework(r).update(shapes=[[1]]), "cost.profile.measurements.framework_overhead.shapes"),
+        (
+            lambda r: _framework(r)["forward"]["ops"]["embed"].update(tokens=[1]),
+            "cost.profile.measurements.framework_overhead",
+        ),
+    ],
+)
 def test_profile_measurements_of_the_wrong_type_name_their_key(tmp_path: Path, edit, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_profiles(_profile(tmp_path, "cpu-2rank", edit))
@@ -116,11 +146,16 @@ def test_huge_capacity_factor_and_world_are_refused() -> None:
         load_config("tiny-moe", ["parallel.dp=1048576"])
 
 
-@pytest.mark.parametrize(("entry", "key"), [({"halo": {"chunk_MiB": 0}}, "halo.chunk_MiB"),
-                                            ({"halo": {"max_slices": 0}}, "halo.max_slices"),
-                                            ({"rccl": {"net_chunk_MiB": 0}}, "rccl.net_chunk_MiB"),
-                                            ({"rccl": {"rings": ["0 1 2"]}}, "rccl.rings"),
-                                            ({"bogus": {"x": 1}}, "bogus")])
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ({"halo": {"chunk_MiB": 0}}, "halo.chunk_MiB"),
+        ({"halo": {"max_slices": 0}}, "halo.max_slices"),
+        ({"rccl": {"net_chunk_MiB": 0}}, "rccl.net_chunk_MiB"),
+        ({"rccl": {"rings": ["0 1 2"]}}, "rccl.rings"),
+        ({"bogus": {"x": 1}}, "bogus"),
+    ],
+)
 def test_a_machines_collective_parameters_are_read_whether_used_or_not(entry: dict, key: str) -> None:
     topo = load_topology({"preset": "frontier", "collectives": entry}, 8)
     with pytest.raises(ConfigError) as err:
@@ -165,11 +200,15 @@ def test_a_trace_declaring_terabytes_is_refused_from_its_headers_before_loading(
     assert f"{trace_module.TRACE_BYTES_LIMIT:,}" in _refused_as_routing_path(path).allowed
 
 
-@pytest.mark.parametrize("edit", [
-    lambda a: a.update(counts=wrapping_counts(a["counts"])),
-    lambda a: a.update(counts=a["counts"] * 1e30),
-    lambda a: a.update(meta=np.array(json.dumps({**json.loads(str(a["meta"])), "tokens_per_step": 2**63}))),
-], ids=["uint64-wrapping", "float-1e30", "meta-2^63"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda a: a.update(counts=wrapping_counts(a["counts"])),
+        lambda a: a.update(counts=a["counts"] * 1e30),
+        lambda a: a.update(meta=np.array(json.dumps({**json.loads(str(a["meta"])), "tokens_per_step": 2**63}))),
+    ],
+    ids=["uint64-wrapping", "float-1e30", "meta-2^63"],
+)
 def test_trace_counts_beyond_int64_are_refused_not_wrapped(tmp_path: Path, edit) -> None:
     arrays = _trace_arrays()
     edit(arrays)
@@ -183,12 +222,18 @@ ROW = {"step_time_s": 0.25, "mfu": 0.4}
 
 def _damaged_records(key: str) -> dict[str, bytes]:
     edited = {"key": key, "row": {**ROW, "step_time_s": 0.5}, "row_sha256": row_digest(ROW)}
-    return {"truncated": json.dumps({"key": key, "row": ROW}).encode()[:20], "binary": bytes(range(256)),
-            "empty-file": b"", "not-a-mapping": b"[1, 2]",
-            "key-not-text": json.dumps({"key": [1], "row": ROW}).encode(),
-            "row-missing": json.dumps({"key": key}).encode(), "row-empty": json.dumps({"key": key, "row": {}}).encode(),
-            "row-nan": json.dumps({"key": key, "row": {k: float("nan") for k in ROW}}).encode(),
-            "row-edited": json.dumps(edited).encode(), "nested-deep": b"[" * 100_000 + b"]" * 100_000}
+    return {
+        "truncated": json.dumps({"key": key, "row": ROW}).encode()[:20],
+        "binary": bytes(range(256)),
+        "empty-file": b"",
+        "not-a-mapping": b"[1, 2]",
+        "key-not-text": json.dumps({"key": [1], "row": ROW}).encode(),
+        "row-missing": json.dumps({"key": key}).encode(),
+        "row-empty": json.dumps({"key": key, "row": {}}).encode(),
+        "row-nan": json.dumps({"key": key, "row": {k: float("nan") for k in ROW}}).encode(),
+        "row-edited": json.dumps(edited).encode(),
+        "nested-deep": b"[" * 100_000 + b"]" * 100_000,
+    }
 
 
 @pytest.mark.parametrize("kind", sorted(_damaged_records("k")))
@@ -236,8 +281,9 @@ def test_a_second_command_on_a_folder_being_written_is_refused(tmp_path: Path, c
 def test_a_claimed_folder_is_free_again_once_its_command_finished(tmp_path: Path) -> None:
     out = open_out_dir(tmp_path / "out", "simulate")
     finish(out)
-    done = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(60)", ""), str(out)], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", HOLD.replace("time.sleep(60)", ""), str(out)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout.strip() == "held"
 
 
@@ -310,8 +356,9 @@ def test_a_silent_service_is_refused_after_the_connect_timeout(monkeypatch) -> N
 def test_an_unsupported_scheduler_protocol_is_refused_by_name(address: str) -> None:
     with pytest.raises(ConfigError) as err:
         check_scheduler(address)
-    assert err.value.key == "--scheduler" and (address.split(":")[0] + "://" in err.value.allowed
-                                              or "HOST:PORT" in err.value.allowed)
+    assert err.value.key == "--scheduler" and (
+        address.split(":")[0] + "://" in err.value.allowed or "HOST:PORT" in err.value.allowed
+    )
 
 
 def test_a_dask_scheduler_passes_the_probe() -> None:
@@ -324,18 +371,42 @@ def test_a_dask_scheduler_passes_the_probe() -> None:
 
 def _cli(argv: list[str], cwd: Path, timeout_s: float = 120) -> subprocess.CompletedProcess:
     """piper-sim in a subprocess, killed at the time limit (a hang fails the test, never the suite)."""
-    return subprocess.run([sys.executable, "-m", "piper_sim.cli", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "piper_sim.cli", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
 
 
-@pytest.mark.parametrize(("argv", "key"), [
-    (["reproduce", "a2a-levels", "--quick", "--workers", "-1"], "--workers"),
-    (["reproduce", "a2a-levels", "--quick", "--workers", "1000"], "--workers"),
-    (["study", "scaling", "tiny-moe", "--gpus", "8,99999999999", "--strong", "--global-batch", "8", "--topology",
-      "uniform"], "--gpus"),
-], ids=["reproduce-workers--1", "reproduce-workers-1000", "scaling-gpus-1e11"])
-def test_worker_and_gpu_counts_beyond_their_bounds_are_refused_at_once(tmp_path: Path, argv: list[str],
-                                                                      key: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [
+        (["reproduce", "a2a-levels", "--quick", "--workers", "-1"], "--workers"),
+        (["reproduce", "a2a-levels", "--quick", "--workers", "1000"], "--workers"),
+        (
+            [
+                "study",
+                "scaling",
+                "tiny-moe",
+                "--gpus",
+                "8,99999999999",
+                "--strong",
+                "--global-batch",
+                "8",
+                "--topology",
+                "uniform",
+            ],
+            "--gpus",
+        ),
+    ],
+    ids=["reproduce-workers--1", "reproduce-workers-1000", "scaling-gpus-1e11"],
+)
+def test_worker_and_gpu_counts_beyond_their_bounds_are_refused_at_once(
+    tmp_path: Path, argv: list[str], key: str
+) -> None:
     done = _cli([*argv, "--out", "out"], tmp_path, timeout_s=60)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(f"piper-sim: error: {key}")
     assert not (tmp_path / "out").exists()  # refused before the folder was claimed
@@ -352,9 +423,15 @@ def _sweep_on_a_cluster(tmp_path: Path) -> subprocess.Popen:
     """A sweep on a LocalCluster of 2 workers, in a process group of its own, once its first point is stored (the
     workers are up and computing)."""
     grid = "sim.steps=" + ",".join(str(n) for n in range(4, 40))
-    proc = subprocess.Popen([sys.executable, "-m", "piper_sim.cli", "sweep", "small-moe", "--grid", grid, "--workers",
-                             "2", "--out", "out"], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "piper_sim.cli", "sweep", "small-moe", "--grid", grid, "--workers", "2", "--out", "out"],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while not list((tmp_path / "out" / "points").glob("*.json")):
         assert proc.poll() is None and time.monotonic() < deadline, "the sweep ended or stalled before its first point"

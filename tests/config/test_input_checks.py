@@ -22,10 +22,15 @@ def error_of(fn, *args, **kwargs) -> ConfigError:
     return err.value
 
 
-@pytest.mark.parametrize("content,allowed", [
-    (b"model: \xff\n", "UTF-8"), (b"a: b: c\n", "line 1, column 5"), (b"[" * 5000 + b"]" * 5000, "nested"),
-    (b"[" * 100 + b"]" * 100, "nested at most 64"),
-])
+@pytest.mark.parametrize(
+    "content,allowed",
+    [
+        (b"model: \xff\n", "UTF-8"),
+        (b"a: b: c\n", "line 1, column 5"),
+        (b"[" * 5000 + b"]" * 5000, "nested"),
+        (b"[" * 100 + b"]" * 100, "nested at most 64"),
+    ],
+)
 def test_bad_yaml_files_are_one_line_naming_the_key(tmp_path, content, allowed):
     path = tmp_path / "c.yaml"
     path.write_bytes(content)
@@ -36,7 +41,8 @@ def test_bad_yaml_files_are_one_line_naming_the_key(tmp_path, content, allowed):
 def test_a_folder_and_an_alias_bomb_are_refused(tmp_path):
     assert "folder" in str(error_of(read_yaml, tmp_path, "topology"))
     bomb = "a0: &a0 [1,1,1,1,1,1,1,1,1,1]\n" + "".join(
-        f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))
+        f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)
+    )
     err = error_of(parse_yaml, bomb, "--set x")
     assert f"{MAX_VALUES:,} values" in str(err) and len(str(err)) < 400
 
@@ -73,8 +79,7 @@ def test_config_errors_rebuild_from_their_args_and_echo_short_values():
 
 def test_unknown_placement_keys_are_refused_for_every_policy(tmp_path):
     for placement in ({"policy": "contiguous", "bogus": 1}, {"policy": "explicit", "nodes": [0], "seed": 1}):
-        assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "o"), "--set",
-                     f"placement={placement}"]) == 2
+        assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "o"), "--set", f"placement={placement}"]) == 2
 
 
 def test_out_folders_are_claimed_by_one_command(tmp_path):
@@ -108,14 +113,19 @@ def test_compare_refuses_runs_of_different_configs_and_unfinished_runs(tmp_path,
 
 def test_infinite_numbers_are_refused_where_a_finite_one_is_meant():
     base = {"model": {"preset": "tiny-moe"}, "parallel": {"pp": 2, "ep": 2}}
-    for raw, key in (({"migration": {"enabled": True, "threshold": float("inf")}}, "migration.threshold"),
-                     ({"model": {"preset": "tiny-moe", "published_params": float("inf")}}, "model.published_params")):
+    for raw, key in (
+        ({"migration": {"enabled": True, "threshold": float("inf")}}, "migration.threshold"),
+        ({"model": {"preset": "tiny-moe", "published_params": float("inf")}}, "model.published_params"),
+    ):
         assert error_of(load_config, {**base, **raw}).key == key
 
 
 def test_a_null_params_section_is_refused_and_options_are_named_by_their_flag(capsys):
-    raw = {"model": {"preset": "tiny-moe"}, "parallel": {"pp": 2, "ep": 2}, "topology": {"preset": "uniform",
-                                                                                        "params": None}}
+    raw = {
+        "model": {"preset": "tiny-moe"},
+        "parallel": {"pp": 2, "ep": 2},
+        "topology": {"preset": "uniform", "params": None},
+    }
     from piper_sim.simulator import simulate
 
     assert error_of(lambda: simulate(load_config(raw))).key == "topology.params"

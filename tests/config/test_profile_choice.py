@@ -23,13 +23,24 @@ from piper_sim.workload.profile_load import load_profile
 TINY = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2}}
 
 
-@pytest.mark.parametrize(("topology", "profile"), [
-    ("dgx-h100-superpod", "h100"), ("dgx-a100-superpod", "a100"), ("frontier", "mi250x"), ("lumi", "mi250x"),
-    ("dgx-h200-superpod", "h200"), ("dgx-b200-superpod", "b200"), ("gb200-nvl72", "gb200"),
-    ("mi300x-cluster", "mi300x"),
-    ("testbed-2g", "cpu-2rank"), ("testbed-flat", "cpu-2rank"),
-    ("uniform", "mi250x"), ("fat-tree", "mi250x"), ("dragonfly", "mi250x"),  # generic: the global default
-])
+@pytest.mark.parametrize(
+    ("topology", "profile"),
+    [
+        ("dgx-h100-superpod", "h100"),
+        ("dgx-a100-superpod", "a100"),
+        ("frontier", "mi250x"),
+        ("lumi", "mi250x"),
+        ("dgx-h200-superpod", "h200"),
+        ("dgx-b200-superpod", "b200"),
+        ("gb200-nvl72", "gb200"),
+        ("mi300x-cluster", "mi300x"),
+        ("testbed-2g", "cpu-2rank"),
+        ("testbed-flat", "cpu-2rank"),
+        ("uniform", "mi250x"),
+        ("fat-tree", "mi250x"),
+        ("dragonfly", "mi250x"),  # generic: the global default
+    ],
+)
 def test_a_config_without_a_profile_takes_its_topologys(topology, profile):
     cfg = load_config({**TINY, "topology": topology})
     assert cfg.cost_profile == profile and cfg.raw["cost"]["profile"] == profile  # config.yaml records it
@@ -37,8 +48,15 @@ def test_a_config_without_a_profile_takes_its_topologys(topology, profile):
 
 
 def test_a_simulation_of_h100s_is_priced_as_h100s():
-    result = simulate(load_config({"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4},
-                                   "topology": "dgx-h100-superpod"}))
+    result = simulate(
+        load_config(
+            {
+                "model": "small-moe",
+                "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4},
+                "topology": "dgx-h100-superpod",
+            }
+        )
+    )
     h100 = load_profile("h100")
     assert result.report.hbm_bytes == h100.hbm_bytes != load_profile("mi250x").hbm_bytes
     peak = result.report.model_flops_per_step / (result.report.step_time_s * 8 * result.report.mfu)
@@ -47,8 +65,16 @@ def test_a_simulation_of_h100s_is_priced_as_h100s():
 
 def test_plan_prices_the_topologys_gpus():
     # issue 40's case: Qwen3-30B-A3B on 16 H100s was screened against MI250X memory
-    request = PlanRequest(model="qwen3-30b-a3b", num_gpus=16, global_batch=256, seq_len=4096,
-                          topology="dgx-h100-superpod", fixed=parse_fixes(["parallel.ep=16"]), domain="any", top_k=0)
+    request = PlanRequest(
+        model="qwen3-30b-a3b",
+        num_gpus=16,
+        global_batch=256,
+        seq_len=4096,
+        topology="dgx-h100-superpod",
+        fixed=parse_fixes(["parallel.ep=16"]),
+        domain="any",
+        top_k=0,
+    )
     _, table, hbm_bytes, _ = screen(request)
     assert hbm_bytes == load_profile("h100").hbm_bytes
     assert request.config(_point(table))["cost"]["profile"] == "h100"  # what the refined plans simulate
@@ -67,10 +93,16 @@ def _point(table):
     return PlanPoint(**{k: _py(row[k]) for k in PlanPoint.__dataclass_fields__})
 
 
-@pytest.mark.parametrize(("topology", "profile"), [
-    ("frontier", "h100"), ("dgx-h100-superpod", "mi250x"), ("dgx-a100-superpod", "h100"), ("testbed-2g", "mi250x"),
-    ("frontier", "cpu-dev"),
-])
+@pytest.mark.parametrize(
+    ("topology", "profile"),
+    [
+        ("frontier", "h100"),
+        ("dgx-h100-superpod", "mi250x"),
+        ("dgx-a100-superpod", "h100"),
+        ("testbed-2g", "mi250x"),
+        ("frontier", "cpu-dev"),
+    ],
+)
 def test_a_profile_of_another_device_is_refused_unless_asked_for(topology, profile):
     with pytest.raises(ConfigError) as err:
         load_config({**TINY, "topology": topology, "cost": {"profile": profile}})
@@ -81,11 +113,15 @@ def test_a_profile_of_another_device_is_refused_unless_asked_for(topology, profi
     assert cfg.cost_profile == profile
 
 
-@pytest.mark.parametrize(("topology", "profile"), [
-    ("frontier", "mi250x-xmoe"),  # extends mi250x: the same device
-    ("testbed-2g", "cpu-8rank"), ("testbed-flat", "cpu-dev"),  # another calibration of the same CPUs
-    ("uniform", "h100"),  # a generic machine takes any device
-])
+@pytest.mark.parametrize(
+    ("topology", "profile"),
+    [
+        ("frontier", "mi250x-xmoe"),  # extends mi250x: the same device
+        ("testbed-2g", "cpu-8rank"),
+        ("testbed-flat", "cpu-dev"),  # another calibration of the same CPUs
+        ("uniform", "h100"),  # a generic machine takes any device
+    ],
+)
 def test_a_profile_of_the_same_device_is_taken(topology, profile):
     assert load_config({**TINY, "topology": topology, "cost": profile}).cost_profile == profile
 
@@ -114,13 +150,17 @@ def test_a_real_run_on_cpu_takes_a_cpu_profile():
 
 
 def test_a_sweep_prices_each_points_topology():
-    points = sweep_points({**TINY, "parallel": {"pp": 2, "ep": 2}},
-                          [("topology", ["frontier", "dgx-h100-superpod", "uniform"])])
+    points = sweep_points(
+        {**TINY, "parallel": {"pp": 2, "ep": 2}}, [("topology", ["frontier", "dgx-h100-superpod", "uniform"])]
+    )
     assert [resolved["cost"]["profile"] for _, resolved in points] == ["mi250x", "h100", "mi250x"]
 
 
-@pytest.mark.parametrize("path", sorted((data_dir("validation") / "published").glob("*.yaml"))
-                         + sorted(data_dir("examples").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    sorted((data_dir("validation") / "published").glob("*.yaml")) + sorted(data_dir("examples").glob("*.yaml")),
+    ids=lambda p: p.stem,
+)
 def test_published_and_example_configs_stay_valid(path):
     raw = yaml.safe_load(path.read_text())
     config = raw.get("config", raw)

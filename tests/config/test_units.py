@@ -29,9 +29,22 @@ def test_non_finite_negative_and_absurd_values_name_the_key(value):
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "1.0e+30"])
 def test_the_cli_refuses_them_in_one_line(value, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "piper_sim.cli", "simulate", "tiny-moe", "--out", str(tmp_path),
-                           "--set", f"topology.params.nic_bandwidth_GBps={value}"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "piper_sim.cli",
+            "simulate",
+            "tiny-moe",
+            "--out",
+            str(tmp_path),
+            "--set",
+            f"topology.params.nic_bandwidth_GBps={value}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr

@@ -55,10 +55,18 @@ def command(argv: list[str]) -> list[str]:
 
 def make_reference(folder: Path, timeout_s: float) -> None:
     """The run folders `compare` cases start from: two simulations of tiny-moe and one of small-moe."""
-    for name, argv in (("sim", ["simulate", "tiny-moe"]), ("sim2", ["simulate", "tiny-moe", "--set", "sim.seed=1"]),
-                       ("other", ["simulate", "small-moe"])):
-        subprocess.run(command([*argv, "--out", str(folder / name)]), env=environment(), check=True,
-                       capture_output=True, timeout=timeout_s)
+    for name, argv in (
+        ("sim", ["simulate", "tiny-moe"]),
+        ("sim2", ["simulate", "tiny-moe", "--set", "sim.seed=1"]),
+        ("other", ["simulate", "small-moe"]),
+    ):
+        subprocess.run(
+            command([*argv, "--out", str(folder / name)]),
+            env=environment(),
+            check=True,
+            capture_output=True,
+            timeout=timeout_s,
+        )
 
 
 def prepare(case: Case, folder: Path, shared: Path | None) -> None:
@@ -105,9 +113,17 @@ def classify(case: Case, returncode: int | None, stderr: str) -> tuple[str, str]
 def run_case(case: Case, folder: Path, shared: Path | None, timeout_s: float) -> Outcome:
     prepare(case, folder, shared)
     start = time.perf_counter()
-    proc = subprocess.Popen(command(case.argv), cwd=folder, env=environment(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
-                            start_new_session=True)  # a group of its own: a hang's ranks are stopped with it
+    proc = subprocess.Popen(
+        command(case.argv),
+        cwd=folder,
+        env=environment(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )  # a group of its own: a hang's ranks are stopped with it
     try:
         _, stderr = proc.communicate(timeout=timeout_s)
         returncode: int | None = proc.returncode
@@ -120,8 +136,7 @@ def run_case(case: Case, folder: Path, shared: Path | None, timeout_s: float) ->
     return Outcome(case, kind, returncode, detail, time.perf_counter() - start)
 
 
-def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 60.0,
-              progress: bool = False) -> list[Outcome]:
+def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 60.0, progress: bool = False) -> list[Outcome]:
     with tempfile.TemporaryDirectory(prefix="piper-fuzz-") as tmp:
         root = Path(tmp)
         shared = None
@@ -130,15 +145,19 @@ def run_cases(cases: list[Case], *, jobs: int = 2, timeout_s: float = 60.0,
             make_reference(shared / "ref", timeout_s)
         outcomes: list[Outcome] = []
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(run_case, case, root / f"case{i}", shared, timeout_s)
-                       for i, case in enumerate(cases)]
+            futures = [
+                pool.submit(run_case, case, root / f"case{i}", shared, timeout_s) for i, case in enumerate(cases)
+            ]
             for i, future in enumerate(futures):
                 outcomes.append(future.result())
                 if progress:
                     o = outcomes[-1]
                     mark = "!!" if o.kind in DEFECTS else "  "
-                    print(f"{mark} [{i + 1}/{len(cases)}] {o.kind:9s} {o.wall_s:5.1f}s {o.case.label()[:90]}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"{mark} [{i + 1}/{len(cases)}] {o.kind:9s} {o.wall_s:5.1f}s {o.case.label()[:90]}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     return outcomes
 
 
@@ -156,12 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a case counts as a hang")
     parser.add_argument("--progress", action="store_true", help="a line per finished case on stderr")
     args = parser.parse_args(argv)
-    outcomes = run_cases(generate(args.cases, args.seed), jobs=args.jobs, timeout_s=args.timeout,
-                         progress=args.progress)
+    outcomes = run_cases(
+        generate(args.cases, args.seed), jobs=args.jobs, timeout_s=args.timeout, progress=args.progress
+    )
     for o in outcomes:
         if o.kind in DEFECTS:
-            print(f"{o.kind:9s} {o.case.label()}\n          piper-sim {' '.join(o.case.argv)[:200]}\n"
-                  f"          {o.detail}")
+            print(
+                f"{o.kind:9s} {o.case.label()}\n          piper-sim {' '.join(o.case.argv)[:200]}\n          {o.detail}"
+            )
     print(summary(outcomes))
     return 1 if any(o.kind in DEFECTS for o in outcomes) else 0
 

@@ -114,12 +114,35 @@ TOPOLOGY_KEYS = (
 )
 
 # mappings where an unknown key must be refused by name
-MAPPINGS = ("", "parallel", "sim", "cost", "collectives", "routing", "migration", "optimizer", "model",
-            "topology", "topology.params", "placement")
+MAPPINGS = (
+    "",
+    "parallel",
+    "sim",
+    "cost",
+    "collectives",
+    "routing",
+    "migration",
+    "optimizer",
+    "model",
+    "topology",
+    "topology.params",
+    "placement",
+)
 
 # text that is not valid YAML, or YAML that must not reach a reader unchecked
-BAD_YAML_TEXT = ("[1, 2", "{a: 1", "a: b: c", "'unterminated", "!!python/object/apply:os.system ['true']",
-                 "*undefined_alias", "@x", "`x`", "\t- 1", "key: [}", "%YAML 9.9\n---\n1")
+BAD_YAML_TEXT = (
+    "[1, 2",
+    "{a: 1",
+    "a: b: c",
+    "'unterminated",
+    "!!python/object/apply:os.system ['true']",
+    "*undefined_alias",
+    "@x",
+    "`x`",
+    "\t- 1",
+    "key: [}",
+    "%YAML 9.9\n---\n1",
+)
 
 
 def anchor_bomb(levels: int = 9) -> str:

@@ -23,9 +23,11 @@ VALIDATION_PROFILE = "cpu-2rank"
 GPU_CASES = (
     ("small-moe-mi250x", "small-moe", ["cost.profile=mi250x"]),
     ("small-moe-h100-halo", "small-moe", ["cost.profile=h100", "collectives.all_to_all=halo"]),
-    ("small-moe-mi250x-frontier-zipf", "small-moe",
-     ["cost.profile=mi250x", "topology=frontier", "routing.kind=zipf", "routing.exponent=1.0",
-      "schedule=zb-h1"]),
+    (
+        "small-moe-mi250x-frontier-zipf",
+        "small-moe",
+        ["cost.profile=mi250x", "topology=frontier", "routing.kind=zipf", "routing.exponent=1.0", "schedule=zb-h1"],
+    ),
 )
 
 
@@ -41,22 +43,31 @@ def trace_fingerprint(trace: pd.DataFrame) -> dict:
     frame = frame.sort_values(["step", "rank", "task_id"], kind="stable").reset_index(drop=True)
     floats = [c for c in frame.columns if frame[c].dtype.kind == "f"]
     weight = 1.0 + (np.arange(len(frame)) * 2654435761 % 1009) / 1009.0
-    return {"rows_sha256": hashlib.sha256(frame.drop(columns=floats).to_csv(index=False).encode()).hexdigest(),
-            "float_sums": {c: [float(frame[c].sum()), float((frame[c] * weight).sum())] for c in floats}}
+    return {
+        "rows_sha256": hashlib.sha256(frame.drop(columns=floats).to_csv(index=False).encode()).hexdigest(),
+        "float_sums": {c: [float(frame[c].sum()), float((frame[c] * weight).sum())] for c in floats},
+    }
 
 
 def summary(result) -> dict:
     r = result.report
-    return {"step_time_s": r.step_time_s, "mfu": r.mfu, "peak_memory_bytes": r.peak_memory_bytes,
-            "num_tasks": len(result.trace), "trace": trace_fingerprint(result.trace)}
+    return {
+        "step_time_s": r.step_time_s,
+        "mfu": r.mfu,
+        "peak_memory_bytes": r.peak_memory_bytes,
+        "num_tasks": len(result.trace),
+        "trace": trace_fingerprint(result.trace),
+    }
 
 
 def validation_predictions() -> dict:
     from piper_sim.paths import data_dir
     from piper_sim.validation.cases import find_cases, predict_case
 
-    return {case.name: summary(predict_case(case, VALIDATION_PROFILE))
-            for case in find_cases([], data_dir("validation") / "cases")}
+    return {
+        case.name: summary(predict_case(case, VALIDATION_PROFILE))
+        for case in find_cases([], data_dir("validation") / "cases")
+    }
 
 
 def gpu_predictions(names: list[str] | None = None) -> dict:
@@ -64,8 +75,11 @@ def gpu_predictions(names: list[str] | None = None) -> dict:
     from piper_sim.paths import config_path
     from piper_sim.simulator import simulate
 
-    return {name: summary(simulate(load_config(config_path(example), overrides)))
-            for name, example, overrides in GPU_CASES if names is None or name in names}
+    return {
+        name: summary(simulate(load_config(config_path(example), overrides)))
+        for name, example, overrides in GPU_CASES
+        if names is None or name in names
+    }
 
 
 def compute() -> dict:

@@ -29,70 +29,90 @@ HF = Path(__file__).resolve().parents[1] / "data" / "hf"
 
 # Megatron MoE Model Zoo, model_configs/benchmarking/Qwen3-235B-A22B.yaml (network size and MoE flags);
 # --vocab-size: the Qwen3 tokenizer's 151,669 tokens (any size from 149,563 up pads to 151,936 with 1187 x TP 2 or 4)
-QWEN3 = ("--swiglu --untie-embeddings-and-output-weights --position-embedding-type rope --normalization RMSNorm "
-         "--num-layers 94 --hidden-size 4096 --ffn-hidden-size 12288 --num-attention-heads 64 --kv-channels 128 "
-         "--group-query-attention --num-query-groups 4 --qk-layernorm --seq-length 4096 "
-         "--max-position-embeddings 40960 "
-         "--tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen3-235B-A22B --vocab-size 151669 "
-         "--make-vocab-size-divisible-by 1187 --attention-dropout 0.0 --hidden-dropout 0.0 --num-experts 128 "
-         "--moe-ffn-hidden-size 1536 --moe-router-topk 8 --moe-grouped-gemm --bf16 --use-flash-attn "
-         "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --sequence-parallel "
-         "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
-         "--expert-tensor-parallel-size 1 "
-         "--micro-batch-size 1 --global-batch-size 2048 --moe-token-dispatcher-type flex --moe-enable-deepep "
-         "--lr 3.9e-6 --weight-decay 0.1 ")
+QWEN3 = (
+    "--swiglu --untie-embeddings-and-output-weights --position-embedding-type rope --normalization RMSNorm "
+    "--num-layers 94 --hidden-size 4096 --ffn-hidden-size 12288 --num-attention-heads 64 --kv-channels 128 "
+    "--group-query-attention --num-query-groups 4 --qk-layernorm --seq-length 4096 "
+    "--max-position-embeddings 40960 "
+    "--tokenizer-type HuggingFaceTokenizer --tokenizer-model Qwen/Qwen3-235B-A22B --vocab-size 151669 "
+    "--make-vocab-size-divisible-by 1187 --attention-dropout 0.0 --hidden-dropout 0.0 --num-experts 128 "
+    "--moe-ffn-hidden-size 1536 --moe-router-topk 8 --moe-grouped-gemm --bf16 --use-flash-attn "
+    "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --sequence-parallel "
+    "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+    "--expert-tensor-parallel-size 1 "
+    "--micro-batch-size 1 --global-batch-size 2048 --moe-token-dispatcher-type flex --moe-enable-deepep "
+    "--lr 3.9e-6 --weight-decay 0.1 "
+)
 # Model Zoo model_configs/benchmarking/Mixtral-8x22B.yaml; runtime.conf's Mixtral-8x22B plan; run_mixtral_8x22B.sh
-MIXTRAL_8X22B = ("--swiglu --untie-embeddings-and-output-weights --position-embedding-type rope --num-layers 56 "
-                 "--hidden-size 6144 "
-                 "--ffn-hidden-size 16384 --num-attention-heads 48 --group-query-attention --num-query-groups 8 "
-                 "--seq-length 4096 --tokenizer-type Llama2Tokenizer --make-vocab-size-divisible-by 128 "
-                 "--attention-dropout 0.0 --hidden-dropout 0.0 --num-experts 8 --moe-router-topk 2 --bf16 "
-                 "--use-flash-attn --use-distributed-optimizer --tp-comm-overlap --sequence-parallel "
-                 "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --expert-model-parallel-size 8 "
-                 "--expert-tensor-parallel-size 1 --num-virtual-stages-per-pipeline-rank 7 --micro-batch-size 1 "
-                 "--global-batch-size 256 --moe-token-dispatcher-type alltoall --moe-router-force-load-balancing "
-                 "--nnodes 16 --nproc-per-node 8")
+MIXTRAL_8X22B = (
+    "--swiglu --untie-embeddings-and-output-weights --position-embedding-type rope --num-layers 56 "
+    "--hidden-size 6144 "
+    "--ffn-hidden-size 16384 --num-attention-heads 48 --group-query-attention --num-query-groups 8 "
+    "--seq-length 4096 --tokenizer-type Llama2Tokenizer --make-vocab-size-divisible-by 128 "
+    "--attention-dropout 0.0 --hidden-dropout 0.0 --num-experts 8 --moe-router-topk 2 --bf16 "
+    "--use-flash-attn --use-distributed-optimizer --tp-comm-overlap --sequence-parallel "
+    "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --expert-model-parallel-size 8 "
+    "--expert-tensor-parallel-size 1 --num-virtual-stages-per-pipeline-rank 7 --micro-batch-size 1 "
+    "--global-batch-size 256 --moe-token-dispatcher-type alltoall --moe-router-force-load-balancing "
+    "--nnodes 16 --nproc-per-node 8"
+)
 # Megatron-LM's MoE README, Mixtral 8x7B's reference mapping (TP 1, EP 8, PP 4, VP 8, MBS 1, GBS 256, 64 GPUs)
-MIXTRAL_8X7B = ("--swiglu --untie-embeddings-and-output-weights --position-embedding-type rope --num-layers 32 "
-                "--hidden-size 4096 "
-                "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 "
-                "--seq-length 4096 --tokenizer-type Llama2Tokenizer --attention-dropout 0.0 --hidden-dropout 0.0 "
-                "--num-experts 8 --moe-router-topk 2 --bf16 --use-flash-attn --use-distributed-optimizer "
-                "--pipeline-model-parallel-size 4 --expert-model-parallel-size 8 "
-                "--num-layers-per-virtual-pipeline-stage 1 --micro-batch-size 1 --global-batch-size 256 "
-                "--moe-token-dispatcher-type alltoall")
+MIXTRAL_8X7B = (
+    "--swiglu --untie-embeddings-and-output-weights --position-embedding-type rope --num-layers 32 "
+    "--hidden-size 4096 "
+    "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 "
+    "--seq-length 4096 --tokenizer-type Llama2Tokenizer --attention-dropout 0.0 --hidden-dropout 0.0 "
+    "--num-experts 8 --moe-router-topk 2 --bf16 --use-flash-attn --use-distributed-optimizer "
+    "--pipeline-model-parallel-size 4 --expert-model-parallel-size 8 "
+    "--num-layers-per-virtual-pipeline-stage 1 --micro-batch-size 1 --global-batch-size 256 "
+    "--moe-token-dispatcher-type alltoall"
+)
 # GPT runs of Narayanan et al. 2021 and Korthikanti et al. 2022: GPT-2's BPE vocabulary, FFN 4h with GELU, tied
 # embeddings, dropout 0.1 (Megatron's defaults), fp16, the unfused attention core of the local implementation
-GPT = "--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --seq-length 2048 " \
-      "--fp16 --transformer-impl local "
+GPT = (
+    "--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --seq-length 2048 "
+    "--fp16 --transformer-impl local "
+)
 FULL_UNIFORM_1 = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
 
 CASES = {
     "mcore-qwen3-235b-h100-256gpu-tp2-ep32": (
         QWEN3 + "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --expert-model-parallel-size 32 "
         "--num-layers-per-virtual-pipeline-stage 3 --nnodes 32 --nproc-per-node 8 "
-        "--recompute-granularity selective --recompute-modules layernorm moe_act", False),
+        "--recompute-granularity selective --recompute-modules layernorm moe_act",
+        False,
+    ),
     "mcore-qwen3-235b-h100-256gpu-tp4-ep8": (
         QWEN3 + "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 --expert-model-parallel-size 8 "
-        "--num-layers-per-virtual-pipeline-stage 3 --nnodes 32 --nproc-per-node 8", False),
+        "--num-layers-per-virtual-pipeline-stage 3 --nnodes 32 --nproc-per-node 8",
+        False,
+    ),
     "mcore-mixtral-8x22b-h100-128gpu": (MIXTRAL_8X22B, False),
     "mcore-mixtral-8x7b-h100-64gpu": (MIXTRAL_8X7B + " --nnodes 8 --nproc-per-node 8", False),
     "korthikanti2022-22b-selective-sp": (
         GPT + "--num-layers 48 --hidden-size 6144 --num-attention-heads 64 --tensor-model-parallel-size 8 "
         "--sequence-parallel --recompute-activations --micro-batch-size 4 --global-batch-size 4 "
-        "--nproc-per-node 8", False),
+        "--nproc-per-node 8",
+        False,
+    ),
     "korthikanti2022-175b-full": (
         GPT + FULL_UNIFORM_1 + "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 "
         "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --num-layers-per-virtual-pipeline-stage 4 "
-        "--micro-batch-size 1 --global-batch-size 64 --nnodes 8 --nproc-per-node 8", False),
+        "--micro-batch-size 1 --global-batch-size 64 --nnodes 8 --nproc-per-node 8",
+        False,
+    ),
     "megatron2021-t2-174p6b-384gpu": (
         GPT + FULL_UNIFORM_1 + "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 "
         "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 12 --micro-batch-size 1 "
-        "--global-batch-size 1536 --nnodes 48 --nproc-per-node 8", False),
+        "--global-batch-size 1536 --nnodes 48 --nproc-per-node 8",
+        False,
+    ),
     "megatron2021-t1-529p6b": (
         GPT + FULL_UNIFORM_1 + "--num-layers 105 --hidden-size 20480 --num-attention-heads 128 "
         "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 35 --micro-batch-size 1 "
-        "--global-batch-size 2520 --nnodes 315 --nproc-per-node 8", False),
+        "--global-batch-size 2520 --nnodes 315 --nproc-per-node 8",
+        False,
+    ),
 }
 
 
@@ -101,19 +121,29 @@ def model_shape(spec) -> dict:
     out = asdict(spec)
     for key in ("name", "source", "published_params", "published_active_params"):
         out.pop(key)
-    out.update(num_kv_heads=spec.kv_heads if spec.mla is None else 0, head_dim=spec.attn_head_dim,
-               dense_matrices=spec.dense_matrix_count,
-               shared_expert_ffn_dim=spec.shared_ffn_dim if spec.num_shared_experts else 0)
+    out.update(
+        num_kv_heads=spec.kv_heads if spec.mla is None else 0,
+        head_dim=spec.attn_head_dim,
+        dense_matrices=spec.dense_matrix_count,
+        shared_expert_ffn_dim=spec.shared_ffn_dim if spec.num_shared_experts else 0,
+    )
     if all(spec.is_moe_layer(i) for i in range(spec.num_layers)):
         out["dense_ffn_dim"] = 0  # no dense layer: its width means nothing
     return out
 
 
 def plan_of(cfg) -> dict:
-    return {"parallel": cfg.parallel, "schedule": cfg.schedule, "recompute": cfg.recompute,
-            "recompute_layers": cfg.recompute_layers, "recompute_checkpoint_layers": cfg.recompute_checkpoint_layers,
-            "recompute_modules": cfg.recompute_modules,
-            "zero": cfg.zero, "all_to_all": cfg.collectives.all_to_all, "flash_attention": cfg.flash_attention}
+    return {
+        "parallel": cfg.parallel,
+        "schedule": cfg.schedule,
+        "recompute": cfg.recompute,
+        "recompute_layers": cfg.recompute_layers,
+        "recompute_checkpoint_layers": cfg.recompute_checkpoint_layers,
+        "recompute_modules": cfg.recompute_modules,
+        "zero": cfg.zero,
+        "all_to_all": cfg.collectives.all_to_all,
+        "flash_attention": cfg.flash_attention,
+    }
 
 
 @pytest.mark.parametrize("run", sorted(CASES))
@@ -150,23 +180,34 @@ def test_flags_not_translated_are_listed_in_the_yaml_and_none_is_dropped():
     assert yaml.safe_load(text) == imported.config
 
 
-@pytest.mark.parametrize("extra, flag, check", [
-    # CP 2 over Ulysses' all-to-all: priced as the K/V ring (CP 2 kept, DP = world / (TP x PP x CP) = 4)
-    ("--context-parallel-size 2 --cp-comm-type a2a", "--cp-comm-type", lambda c: c.parallel.cp == 2),
-    ("--use-torch-fsdp2", "--use-torch-fsdp2", lambda c: c.zero == 2),
-    ("--fp8-format hybrid --fp8-recipe mxfp8", "--fp8-recipe", lambda c: c.model.fp8_recipe == "current"),
-    ("--fp4-format e2m1", "--fp4-format", lambda c: c.model.fp8_recipe == "current"),
-    ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type",
-     lambda c: c.collectives.all_to_all == "flat"),
-    ("--decoder-first-pipeline-num-layers 6", "--decoder-first-pipeline-num-layers", lambda c: c.parallel.pp == 2),
-    ("--recompute-granularity selective --recompute-modules core_attn mlp", "--recompute-modules",
-     lambda c: c.recompute == "selective"),
-])
+@pytest.mark.parametrize(
+    "extra, flag, check",
+    [
+        # CP 2 over Ulysses' all-to-all: priced as the K/V ring (CP 2 kept, DP = world / (TP x PP x CP) = 4)
+        ("--context-parallel-size 2 --cp-comm-type a2a", "--cp-comm-type", lambda c: c.parallel.cp == 2),
+        ("--use-torch-fsdp2", "--use-torch-fsdp2", lambda c: c.zero == 2),
+        ("--fp8-format hybrid --fp8-recipe mxfp8", "--fp8-recipe", lambda c: c.model.fp8_recipe == "current"),
+        ("--fp4-format e2m1", "--fp4-format", lambda c: c.model.fp8_recipe == "current"),
+        (
+            "--moe-token-dispatcher-type allgather",
+            "--moe-token-dispatcher-type",
+            lambda c: c.collectives.all_to_all == "flat",
+        ),
+        ("--decoder-first-pipeline-num-layers 6", "--decoder-first-pipeline-num-layers", lambda c: c.parallel.pp == 2),
+        (
+            "--recompute-granularity selective --recompute-modules core_attn mlp",
+            "--recompute-modules",
+            lambda c: c.recompute == "selective",
+        ),
+    ],
+)
 def test_what_piper_sim_cannot_express_is_refused_by_name_or_approximated(extra, flag, check):
-    flags = (f"--num-layers 16 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --vocab-size 1000 --bf16 "
-             f"--num-experts 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
-             f"--expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --global-batch-size 64 "
-             f"--use-distributed-optimizer --moe-token-dispatcher-type alltoall {extra}").split()
+    flags = (
+        f"--num-layers 16 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --vocab-size 1000 --bf16 "
+        f"--num-experts 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+        f"--expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --global-batch-size 64 "
+        f"--use-distributed-optimizer --moe-token-dispatcher-type alltoall {extra}"
+    ).split()
     with pytest.raises(ConfigError) as info:
         import_megatron(flags, world_size=32)
     assert info.value.key == flag and "--lenient" in info.value.allowed
@@ -175,18 +216,26 @@ def test_what_piper_sim_cannot_express_is_refused_by_name_or_approximated(extra,
     assert any(flag in note for note in imported.notes)
 
 
-@pytest.mark.parametrize("extra, recipe", [("", None), ("--fp8-format hybrid", "delayed"),
-                                           ("--fp8-format e4m3 --fp8-recipe tensorwise", "current")])
+@pytest.mark.parametrize(
+    "extra, recipe",
+    [("", None), ("--fp8-format hybrid", "delayed"), ("--fp8-format e4m3 --fp8-recipe tensorwise", "current")],
+)
 def test_fp8_flags_set_the_cost_models_precision_and_recipe(extra, recipe):
     cfg = load_config(import_megatron([*SMALL.split(), "--bf16", *extra.split()], world_size=1).config)
     assert (cfg.model.fp8_recipe or None, cfg.model.dtype) == (recipe, "bf16")
 
 
-@pytest.mark.parametrize("extra, rotary", [("", False), ("--position-embedding-type learned_absolute", False),
-                                           ("--position-embedding-type rope", True),
-                                           ("--position-embedding-type yarn", True),
-                                           ("--use-rotary-position-embeddings", True),
-                                           ("--position-embedding-type none", False)])
+@pytest.mark.parametrize(
+    "extra, rotary",
+    [
+        ("", False),
+        ("--position-embedding-type learned_absolute", False),
+        ("--position-embedding-type rope", True),
+        ("--position-embedding-type yarn", True),
+        ("--use-rotary-position-embeddings", True),
+        ("--position-embedding-type none", False),
+    ],
+)
 def test_the_position_embedding_type_says_whether_q_and_k_are_rotated(extra, rotary):
     imported = import_megatron([*SMALL.split(), *extra.split()], world_size=1)
     assert load_config(imported.config).model.rotary is rotary
@@ -201,8 +250,20 @@ def test_an_unknown_position_embedding_type_names_the_flag():
 
 @pytest.mark.parametrize("tp, divisible, vocab", [(8, None, 51200), (1, None, 50304), (2, "1187", 151936)])
 def test_the_vocabulary_is_padded_as_megatron_pads_it(tp, divisible, vocab):
-    flags = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8", "--seq-length", "64",
-             "--tensor-model-parallel-size", str(tp), "--vocab-size", "50257" if divisible is None else "151669"]
+    flags = [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "8",
+        "--seq-length",
+        "64",
+        "--tensor-model-parallel-size",
+        str(tp),
+        "--vocab-size",
+        "50257" if divisible is None else "151669",
+    ]
     flags += ["--make-vocab-size-divisible-by", divisible] if divisible else []
     assert import_megatron(flags, world_size=8).config["model"]["vocab_size"] == vocab
     with pytest.raises(ConfigError) as info:
@@ -213,8 +274,10 @@ def test_the_vocabulary_is_padded_as_megatron_pads_it(tp, divisible, vocab):
 SMALL = "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 512 --num-experts 4"
 
 
-@pytest.mark.parametrize("freq, moe_layers", [("1", range(8)), ("2", [0, 2, 4, 6]), ("([0]*3+[1]*5)", range(3, 8)),
-                                              ("[0,1]*4", [1, 3, 5, 7])])
+@pytest.mark.parametrize(
+    "freq, moe_layers",
+    [("1", range(8)), ("2", [0, 2, 4, 6]), ("([0]*3+[1]*5)", range(3, 8)), ("[0,1]*4", [1, 3, 5, 7])],
+)
 def test_the_moe_layer_pattern_follows_moe_layer_freq(freq, moe_layers):
     model = load_config(import_megatron([*SMALL.split(), "--moe-layer-freq", freq], world_size=1).config).model
     assert list(model.moe_layer_indices) == list(moe_layers)
@@ -241,15 +304,27 @@ def test_legacy_checkpoint_activations_is_full_recompute_one_layer_per_checkpoin
     legacy = import_megatron([*SMALL.split(), "--checkpoint-activations"], world_size=1).config
     modern = import_megatron([*SMALL.split(), *FULL_UNIFORM_1.split()], world_size=1).config
     assert legacy == modern and modern["recompute_checkpoint_layers"] == 1
-    block = import_megatron([*SMALL.split(), "--recompute-granularity", "full", "--recompute-method", "block",
-                             "--recompute-num-layers", "3"], world_size=1).config
+    block = import_megatron(
+        [
+            *SMALL.split(),
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "block",
+            "--recompute-num-layers",
+            "3",
+        ],
+        world_size=1,
+    ).config
     assert (block["recompute_layers"], block["recompute_checkpoint_layers"]) == (3, 1)
 
 
 def test_a_bad_plan_names_the_megatron_flag():
     with pytest.raises(ConfigError) as info:
-        import_megatron([*SMALL.split(), "--expert-model-parallel-size", "3", "--moe-token-dispatcher-type",
-                         "alltoall"], world_size=3)
+        import_megatron(
+            [*SMALL.split(), "--expert-model-parallel-size", "3", "--moe-token-dispatcher-type", "alltoall"],
+            world_size=3,
+        )
     assert info.value.key.startswith("--expert-model-parallel-size")
 
 
@@ -285,8 +360,9 @@ enable = true
 
 def _toml(tmp_path, shard=1, ac="full", option="2", assets=None, converters="[]"):
     path = tmp_path / "job.toml"
-    path.write_text(TOML.format(shard=shard, ac=ac, option=option, assets=assets or HF / "mixtral-8x7b",
-                                converters=converters))
+    path.write_text(
+        TOML.format(shard=shard, ac=ac, option=option, assets=assets or HF / "mixtral-8x7b", converters=converters)
+    )
     return path
 
 
@@ -303,8 +379,10 @@ def test_a_torchtitan_toml_imports_with_the_model_of_its_hf_assets(tmp_path):
 
 
 def test_torchtitan_every_nth_layer_checkpointing_is_refused_or_approximated(tmp_path):
-    for kwargs, key in (({"ac": "selective", "option": "4"}, "activation_checkpoint.selective_ac_option"),
-                        ({"ac": "selective", "option": "op"}, "activation_checkpoint.mode")):
+    for kwargs, key in (
+        ({"ac": "selective", "option": "4"}, "activation_checkpoint.selective_ac_option"),
+        ({"ac": "selective", "option": "op"}, "activation_checkpoint.mode"),
+    ):
         path = _toml(tmp_path, **kwargs)
         with pytest.raises(ConfigError) as info:
             import_torchtitan(path)
@@ -333,10 +411,12 @@ def test_a_torchtitan_toml_without_a_model_asks_for_one(tmp_path):
 
 def test_the_cli_writes_a_yaml_that_loads_and_simulates(tmp_path, capsys):
     out = tmp_path / "plan.yaml"
-    flags = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256 --vocab-size 256 --swiglu "
-             "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --expert-model-parallel-size 4 "
-             "--pipeline-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 16 --bf16 "
-             "--moe-token-dispatcher-type alltoall --qk-layernorm").split()
+    flags = (
+        "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 256 --vocab-size 256 --swiglu "
+        "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --expert-model-parallel-size 4 "
+        "--pipeline-model-parallel-size 2 --micro-batch-size 2 --global-batch-size 16 --bf16 "
+        "--moe-token-dispatcher-type alltoall --qk-layernorm"
+    ).split()
     assert main(["import", "megatron", "--world-size", "8", "--", *flags, "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "--qk-layernorm" in err and out.read_text().startswith("# piper-sim config imported")
@@ -353,26 +433,64 @@ def test_the_cli_refuses_in_one_line_and_prints_the_yaml_without_out(tmp_path, c
     assert load_config(yaml.safe_load(capsys.readouterr().out)).parallel.num_gpus == 16
 
 
-@pytest.mark.parametrize("spec", [ParallelSpec(pp=8, ep=32, dp=1, tp=2, etp=1, sp=True, vpp=4, num_microbatches=128),
-                                  ParallelSpec(pp=2, ep=4, dp=3, tp=4, etp=4, num_microbatches=6, micro_batch_size=2),
-                                  ParallelSpec(pp=12, dp=4, tp=8, etp=8, num_microbatches=384)])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ParallelSpec(pp=8, ep=32, dp=1, tp=2, etp=1, sp=True, vpp=4, num_microbatches=128),
+        ParallelSpec(pp=2, ep=4, dp=3, tp=4, etp=4, num_microbatches=6, micro_batch_size=2),
+        ParallelSpec(pp=12, dp=4, tp=8, etp=8, num_microbatches=384),
+    ],
+)
 def test_megatron_degrees_invert_the_megatron_convention(spec):
     degrees = megatron_degrees(spec)
     assert degrees["DP"] * degrees["TP"] * degrees["PP"] == spec.num_gpus and degrees["EDP"] == spec.dp
     section = {k.lower(): v for k, v in degrees.items() if k != "EDP"}
-    assert parallel_from_section({**section, "convention": "megatron", "sp": spec.sp, "micro_batch_size":
-                                  spec.micro_batch_size, "num_microbatches": spec.num_microbatches}) == spec
+    assert (
+        parallel_from_section(
+            {
+                **section,
+                "convention": "megatron",
+                "sp": spec.sp,
+                "micro_batch_size": spec.micro_batch_size,
+                "num_microbatches": spec.num_microbatches,
+            }
+        )
+        == spec
+    )
 
 
 def test_a_plan_is_labelled_with_megatrons_flags_as_the_model_zoo_counts_them():
     # the Model Zoo's Qwen3-235B row: TP 2, EP 32, PP 8, ETP 1, VPP 4, DP 16, MBS 1, GBS 2048 (mcore-qwen3-*-tp2-ep32)
-    point = PlanPoint(pp=8, ep=32, dp=1, tp=2, etp=1, sp=True, vpp=4, micro_batch_size=1, num_microbatches=128,
-                      schedule="interleaved-1f1b", all_to_all="deepep", zero=1)
+    point = PlanPoint(
+        pp=8,
+        ep=32,
+        dp=1,
+        tp=2,
+        etp=1,
+        sp=True,
+        vpp=4,
+        micro_batch_size=1,
+        num_microbatches=128,
+        schedule="interleaved-1f1b",
+        all_to_all="deepep",
+        zero=1,
+    )
     label = "TP2 PP8 EP32 ETP1 DP16 VPP4 SP MBS1 GBS2048 interleaved-1f1b deepep z1"
     assert megatron_label(point.as_row()) == label
-    row = {**point.as_row(), "rank": 1, "label": point.label(), "fits": True, "refined": False,
-           "peak_memory_bytes": 2**30, "est_step_time_s": 20.0, "sim_step_time_s": float("nan"),
-           "sim_tflops_per_gpu": float("nan"), "est_tflops_per_gpu": 200.0, "sim_mfu": float("nan"), "est_mfu": 0.2}
+    row = {
+        **point.as_row(),
+        "rank": 1,
+        "label": point.label(),
+        "fits": True,
+        "refined": False,
+        "peak_memory_bytes": 2**30,
+        "est_step_time_s": 20.0,
+        "sim_step_time_s": float("nan"),
+        "sim_tflops_per_gpu": float("nan"),
+        "est_tflops_per_gpu": 200.0,
+        "sim_mfu": float("nan"),
+        "est_mfu": 0.2,
+    }
     result = SimpleNamespace(table=pd.DataFrame([row]))
     assert label in format_plan_table(result, convention="megatron")
     assert point.label() in format_plan_table(result) and label not in format_plan_table(result)
@@ -380,8 +498,29 @@ def test_a_plan_is_labelled_with_megatrons_flags_as_the_model_zoo_counts_them():
 
 def test_plan_convention_megatron_writes_the_megatron_column(tmp_path, capsys):
     out = tmp_path / "plan"
-    assert main(["plan", "tiny-moe", "--gpus", "8", "--topology", "uniform", "--global-batch", "16", "--top", "1",
-                 "--workers", "0", "--convention", "megatron", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "tiny-moe",
+                "--gpus",
+                "8",
+                "--topology",
+                "uniform",
+                "--global-batch",
+                "16",
+                "--top",
+                "1",
+                "--workers",
+                "0",
+                "--convention",
+                "megatron",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     table = pd.read_csv(out / "plans.csv")
     for row in table.itertuples():
         flags = dict(re.findall(r"([A-Z]+)(\d+)", row.megatron))

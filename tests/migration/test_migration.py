@@ -35,15 +35,16 @@ def test_contiguous_dispatch_matches_the_simulators_old_formula():
     np.testing.assert_array_equal(d.rows, counts.reshape(ep, ep, epr).sum(axis=2))
     assert d.rows.dtype == d.local_rows.dtype == np.int64
     for r in range(ep):
-        assert d.expert_rows[r] == tuple(counts[:, r * epr:(r + 1) * epr].sum(axis=0).tolist())
+        assert d.expert_rows[r] == tuple(counts[:, r * epr : (r + 1) * epr].sum(axis=0).tolist())
     np.testing.assert_array_equal(d.bytes_matrix(10, "combine"), (d.rows * 10).T)
 
 
 @pytest.mark.parametrize("capacity_factor", [None, 1.0])
 def test_every_token_is_dispatched_and_combined_once_or_dropped(capacity_factor):
     ep, experts, tokens, k = 4, 16, 512, 2
-    m = routing_from_config({"kind": "hot", "fraction": 0.125, "share": 0.6, "capacity_factor": capacity_factor},
-                            experts, k, 3)
+    m = routing_from_config(
+        {"kind": "hot", "fraction": 0.125, "share": 0.6, "capacity_factor": capacity_factor}, experts, k, 3
+    )
     owners = np.random.default_rng(0).permutation(contiguous_owners(experts, ep))
     r = m.route(1, 2, 0, 0, ep, tokens)
     d = dispatch(r.kept, owners, ep)
@@ -200,8 +201,11 @@ def simulate_steps(policy: str, steps: int = 12) -> tuple[float, int]:
     experts, ep, k, tokens = 32, 8, 2, 1024
     routing = routing_from_config({"kind": "drift", "fraction": 0.125, "share": 0.5, "rate": 0.25}, experts, k, 0)
     layers = [0, 1]
-    migrator = Migrator(migration_from_config({"enabled": True, "policy": policy, "threshold": 1.1}),
-                        ExpertPlacement.contiguous(layers, experts, ep), 1000)
+    migrator = Migrator(
+        migration_from_config({"enabled": True, "policy": policy, "threshold": 1.1}),
+        ExpertPlacement.contiguous(layers, experts, ep),
+        1000,
+    )
     tracker = ImbalanceTracker()
     for step in range(steps):
         for layer in layers:

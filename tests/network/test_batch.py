@@ -20,8 +20,9 @@ def _random_sets(seed: int) -> tuple[np.ndarray, list]:
     sets = []
     for _ in range(int(rng.integers(3, 9))):
         n = int(rng.integers(1, 6))
-        links_of = [rng.choice(num_links, size=int(rng.integers(1, min(3, num_links) + 1)), replace=False)
-                    for _ in range(n)]
+        links_of = [
+            rng.choice(num_links, size=int(rng.integers(1, min(3, num_links) + 1)), replace=False) for _ in range(n)
+        ]
         sizes = rng.choice([2e4, 1e5, 3e5], size=n) if rng.random() < 0.5 else rng.uniform(1e4, 1e6, size=n)
         sets.append((float(rng.choice([0.0, 0.05, 0.3])), links_of, sizes))
     return capacity, sets
@@ -57,16 +58,21 @@ def test_sets_starting_together_end_as_unbatched_ones_and_fire_at_their_own_ends
     np.testing.assert_allclose(batched, unbatched, rtol=1e-12, atol=0)
     np.testing.assert_allclose(batched, _events_from_zero(capacity, sets), rtol=1e-9, atol=0)
     ends = np.cumsum([0] + [len(s[2]) for s in sets])
-    np.testing.assert_allclose(fired, [batched[a:b].max() for a, b in zip(ends[:-1], ends[1:], strict=True)],
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        fired, [batched[a:b].max() for a, b in zip(ends[:-1], ends[1:], strict=True)], rtol=1e-12
+    )
 
 
 def test_parts_of_a_memoized_run_alone_fire_at_their_own_ends():
     """Two sets on one idle link start together (one set of two parts, its run alone memoized): the small one's
     event fires at its own end, the large one's at the run's; the second time the run is found, not solved."""
     capacity = np.array([1e6])
-    sets = [(0.0, [np.array([0])], np.array([1e5])), (0.0, [np.array([0])], np.array([3e5])),
-            (1.0, [np.array([0])], np.array([1e5])), (1.0, [np.array([0])], np.array([3e5]))]
+    sets = [
+        (0.0, [np.array([0])], np.array([1e5])),
+        (0.0, [np.array([0])], np.array([3e5])),
+        (1.0, [np.array([0])], np.array([1e5])),
+        (1.0, [np.array([0])], np.array([3e5])),
+    ]
     finish, fired = _run(capacity, sets, batch=True, keyed=True)
     np.testing.assert_allclose(finish, [0.2, 0.4, 1.2, 1.4], rtol=1e-12)
     np.testing.assert_allclose(fired, [0.2, 0.4, 1.2, 1.4], rtol=1e-12)

@@ -15,8 +15,10 @@ from piper_sim.network.mirror import TimelineMemo
 from piper_sim.simulator import simulate
 from piper_sim.topology.load import load_topology
 
-CLUSTER = {"builder": "uniform", "params": {"gpus_per_node": 4, "intra_bandwidth_GBps": 100,
-                                            "nic_bandwidth_GBps": 12.5}}
+CLUSTER = {
+    "builder": "uniform",
+    "params": {"gpus_per_node": 4, "intra_bandwidth_GBps": 100, "nic_bandwidth_GBps": 12.5},
+}
 
 
 def _flows(topo, matrix: np.ndarray, transposed: bool = False):
@@ -135,9 +137,12 @@ def test_links_back_are_the_reversed_links_of_equal_capacity():
 
 @pytest.mark.parametrize("topology", [CLUSTER, "frontier"])
 def test_a_skewed_run_is_the_same_with_and_without_mirror_images(topology, monkeypatch):
-    raw = {"model": {"preset": "small-moe", "num_experts": 16}, "topology": topology,
-           "routing": {"kind": "zipf", "exponent": 1.2},
-           "parallel": {"pp": 2, "ep": 16, "num_microbatches": 4, "micro_batch_size": 2}}
+    raw = {
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "topology": topology,
+        "routing": {"kind": "zipf", "exponent": 1.2},
+        "parallel": {"pp": 2, "ep": 16, "num_microbatches": 4, "micro_batch_size": 2},
+    }
     with_mirrors = simulate(load_config(raw))
     monkeypatch.setattr(mirror, "MIN_FLOWS", 1 << 30)  # every timeline solved
     solved = simulate(load_config(raw))

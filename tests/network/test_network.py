@@ -58,9 +58,21 @@ def test_max_min_with_weights_is_identical_flows():
 
 
 def test_isolated_transfer_takes_latency_plus_bytes_over_bandwidth():
-    topo = load_topology({"builder": "uniform", "params": {
-        "gpus_per_node": 2, "intra_bandwidth_GBps": 100, "intra_latency_us": 1.0, "nic_bandwidth_GBps": 10,
-        "nic_latency_us": 3.0, "switch_latency_us": 0.5, "message_overhead_us": 2.0}}, 4)
+    topo = load_topology(
+        {
+            "builder": "uniform",
+            "params": {
+                "gpus_per_node": 2,
+                "intra_bandwidth_GBps": 100,
+                "intra_latency_us": 1.0,
+                "nic_bandwidth_GBps": 10,
+                "nic_latency_us": 3.0,
+                "switch_latency_us": 0.5,
+                "message_overhead_us": 2.0,
+            },
+        },
+        4,
+    )
     env = simpy.Environment()
     runner = CollectiveRunner(env, FlowNetwork(env, topo.capacity_bytes_per_s), topo)
     size = 1e8
@@ -74,9 +86,20 @@ def test_isolated_transfer_takes_latency_plus_bytes_over_bandwidth():
 
 def test_flat_all_to_all_on_uniform_cluster_is_nic_bound():
     """8 GPUs on 2 nodes, every pair 1 MB: inter-node part limited by each GPU's 10 GB/s NIC."""
-    topo = load_topology({"builder": "uniform", "params": {
-        "gpus_per_node": 4, "intra_bandwidth_GBps": 100, "intra_latency_us": 0.0, "nic_bandwidth_GBps": 10,
-        "nic_latency_us": 0.0, "switch_latency_us": 0.0}}, 8)
+    topo = load_topology(
+        {
+            "builder": "uniform",
+            "params": {
+                "gpus_per_node": 4,
+                "intra_bandwidth_GBps": 100,
+                "intra_latency_us": 0.0,
+                "nic_bandwidth_GBps": 10,
+                "nic_latency_us": 0.0,
+                "switch_latency_us": 0.0,
+            },
+        },
+        8,
+    )
     env = simpy.Environment()
     runner = CollectiveRunner(env, FlowNetwork(env, topo.capacity_bytes_per_s), topo)
     matrix = np.full((8, 8), 1e6)
@@ -205,8 +228,9 @@ def test_filling_gives_the_rates_of_a_plain_filling_as_flows_leave(seed):
         expected = dense_max_min(entry_flow, entry_link, weight, capacity, live)
         np.testing.assert_allclose(filling.solve(live), expected, rtol=1e-12, atol=0)
     live[:] = True
-    np.testing.assert_allclose(filling.solve(live), dense_max_min(entry_flow, entry_link, weight, capacity, live),
-                               rtol=1e-12)
+    np.testing.assert_allclose(
+        filling.solve(live), dense_max_min(entry_flow, entry_link, weight, capacity, live), rtol=1e-12
+    )
 
 
 def _events_from_zero(capacity, sets):
@@ -244,8 +268,9 @@ def test_the_live_network_with_resumed_fillings_gives_the_finish_times_of_solves
     sets = []
     for _ in range(int(rng.integers(2, 6))):
         n = int(rng.integers(1, 12))
-        links_of = [rng.choice(num_links, size=int(rng.integers(1, min(4, num_links + 1))), replace=False)
-                    for _ in range(n)]
+        links_of = [
+            rng.choice(num_links, size=int(rng.integers(1, min(4, num_links + 1))), replace=False) for _ in range(n)
+        ]
         sets.append((float(rng.choice([0.0, 0.05, 0.3])), links_of, rng.uniform(1e4, 1e6, size=n)))
     env = simpy.Environment()
     net = FlowNetwork(env, capacity)
@@ -259,8 +284,9 @@ def test_the_live_network_with_resumed_fillings_gives_the_finish_times_of_solves
     for index, (t0, links_of, sizes) in enumerate(sets):
         env.process(one(index, t0, links_of, sizes))
     env.run()
-    np.testing.assert_allclose(np.concatenate([got[i] for i in range(len(sets))]), _events_from_zero(capacity, sets),
-                               rtol=1e-9, atol=0)
+    np.testing.assert_allclose(
+        np.concatenate([got[i] for i in range(len(sets))]), _events_from_zero(capacity, sets), rtol=1e-9, atol=0
+    )
 
 
 @pytest.mark.parametrize("small_bytes, shares", [(2.0, False), (200.0, True)])
@@ -319,17 +345,27 @@ def test_an_adopted_set_with_bytes_below_the_threshold_has_ended():
     env = simpy.Environment()
     net = FlowNetwork(env, np.array([1e9]))
     done = env.event()
-    fs = net.adopt(np.array([0, 1]), np.array([0, 0]), np.ones(2), np.array([5e-8, 1e6]), np.full(2, np.nan), 0.0,
-                   done)
+    fs = net.adopt(np.array([0, 1]), np.array([0, 0]), np.ones(2), np.array([5e-8, 1e6]), np.full(2, np.nan), 0.0, done)
     net.resolve_sets([fs])
     env.run()
     np.testing.assert_allclose(done.value, [0.0, 1e6 / 1e9], rtol=1e-12)
 
 
 def _two_gpu_runner():
-    topo = load_topology({"builder": "uniform", "params": {
-        "gpus_per_node": 2, "intra_bandwidth_GBps": 100, "intra_latency_us": 1.0, "nic_bandwidth_GBps": 10,
-        "nic_latency_us": 3.0, "switch_latency_us": 0.5}}, 4)
+    topo = load_topology(
+        {
+            "builder": "uniform",
+            "params": {
+                "gpus_per_node": 2,
+                "intra_bandwidth_GBps": 100,
+                "intra_latency_us": 1.0,
+                "nic_bandwidth_GBps": 10,
+                "nic_latency_us": 3.0,
+                "switch_latency_us": 0.5,
+            },
+        },
+        4,
+    )
     env = simpy.Environment()
     return env, CollectiveRunner(env, FlowNetwork(env, topo.capacity_bytes_per_s), topo)
 

@@ -15,20 +15,31 @@ from piper_sim.simulator import simulate
 CASES = {
     # HALO's sliced phases; the stages' nodes share a chassis' switches, and zero bubble's backward passes
     # overlap one stage's all-to-alls with another's, so some reservations are broken into
-    "halo-frontier": {"model": {"preset": "small-moe", "num_experts": 16}, "topology": "frontier",
-                      "collectives": {"all_to_all": "halo"}, "schedule": "zb-h1",
-                      "parallel": {"pp": 4, "ep": 16, "num_microbatches": 8, "micro_batch_size": 8}},
+    "halo-frontier": {
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "topology": "frontier",
+        "collectives": {"all_to_all": "halo"},
+        "schedule": "zb-h1",
+        "parallel": {"pp": 4, "ep": 16, "num_microbatches": 8, "micro_batch_size": 8},
+    },
     "ring-all-reduce-dp4": {"model": "small-moe", "parallel": {"pp": 2, "ep": 2, "dp": 4, "num_microbatches": 4}},
-    "halo-zipf-migration": {"model": {"preset": "small-moe", "num_experts": 16}, "topology": "frontier",
-                            "collectives": {"all_to_all": "halo"}, "routing": {"kind": "zipf", "exponent": 1.2},
-                            "migration": {"enabled": True, "policy": "greedy"}, "sim": {"steps": 2},
-                            "parallel": {"pp": 2, "ep": 16, "num_microbatches": 4}},
+    "halo-zipf-migration": {
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "topology": "frontier",
+        "collectives": {"all_to_all": "halo"},
+        "routing": {"kind": "zipf", "exponent": 1.2},
+        "migration": {"enabled": True, "policy": "greedy"},
+        "sim": {"steps": 2},
+        "parallel": {"pp": 2, "ep": 16, "num_microbatches": 4},
+    },
     # mean-field dragonfly detours (flows of weight 1/K); two EP groups on one chassis' switches start their
     # all-to-alls together, layer after layer (one reservation of their run together)
-    "flat-frontier-spread": {"model": {"preset": "small-moe", "num_experts": 16},
-                             "topology": {"preset": "frontier", "params": {"valiant": "spread"}},
-                             "collectives": {"all_to_all": "flat"},
-                             "parallel": {"pp": 1, "ep": 16, "dp": 2, "num_microbatches": 4}},
+    "flat-frontier-spread": {
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "topology": {"preset": "frontier", "params": {"valiant": "spread"}},
+        "collectives": {"all_to_all": "flat"},
+        "parallel": {"pp": 1, "ep": 16, "dp": 2, "num_microbatches": 4},
+    },
 }
 
 
@@ -57,8 +68,13 @@ def test_a_recorded_phase_counts_every_rate_it_ran_at():
 
     flows = PhaseFlows(np.array([0, 1]), np.array([0, 0]), np.array([100.0, 10.0]))
     # 5 B/s each until t = 2, when flow 1 ends; two solves at that instant set 10, then 20 B/s for flow 0
-    rec = PhaseRecord(start_s=0.0, end_s=6.5, flows=flows, finish_s=np.array([6.5, 2.0]),
-                      rates=[(0.0, np.array([5.0, 5.0])), (2.0, np.array([10.0, 0.0])), (2.0, np.array([20.0, 0.0]))])
+    rec = PhaseRecord(
+        start_s=0.0,
+        end_s=6.5,
+        flows=flows,
+        finish_s=np.array([6.5, 2.0]),
+        rates=[(0.0, np.array([5.0, 5.0])), (2.0, np.array([10.0, 0.0])), (2.0, np.array([20.0, 0.0]))],
+    )
     remaining, finish = rec.state_at(4.0, np.array([10.0]))
     assert remaining.tolist() == [100.0 - 10.0 - 40.0, 0.0]
     assert np.isnan(finish[0]) and finish[1] == 2.0
@@ -73,10 +89,14 @@ def test_recorded_runs_are_kept_under_a_bound_on_their_sub_flows(monkeypatch):
     from piper_sim.network.phase_run import PhaseFlows
 
     def run(sub_flows: int) -> recording.IsolatedRun:
-        flows = PhaseFlows(np.zeros(sub_flows, dtype=np.int64), np.zeros(sub_flows, dtype=np.int64),
-                           np.ones(sub_flows))
-        return recording.IsolatedRun(duration_s=1.0, links=np.zeros(1, dtype=np.int64), link_bytes=np.ones(1),
-                                     num_flows=sub_flows, phases=[recording.PhaseRecord(flows=flows)])
+        flows = PhaseFlows(np.zeros(sub_flows, dtype=np.int64), np.zeros(sub_flows, dtype=np.int64), np.ones(sub_flows))
+        return recording.IsolatedRun(
+            duration_s=1.0,
+            links=np.zeros(1, dtype=np.int64),
+            link_bytes=np.ones(1),
+            num_flows=sub_flows,
+            phases=[recording.PhaseRecord(flows=flows)],
+        )
 
     monkeypatch.setattr(recording, "RECORDED_SUB_FLOWS", 1000)
     monkeypatch.setattr(recording, "RECORDED_RUNS", 50)
@@ -97,8 +117,10 @@ def test_collectives_starting_together_are_grouped_by_shared_links_transitively(
 
     rng = np.random.default_rng(0)
     for _ in range(300):
-        links = [np.unique(rng.integers(0, int(rng.integers(5, 120)), int(rng.integers(0, 6))))
-                 for _ in range(int(rng.integers(0, 10)))]
+        links = [
+            np.unique(rng.integers(0, int(rng.integers(5, 120)), int(rng.integers(0, 6))))
+            for _ in range(int(rng.integers(0, 10)))
+        ]
         share = [[bool(np.intersect1d(a, b).size) for b in links] for a in links]
         reach = [{i} for i in range(len(links))]  # the transitive closure of sharing a link, by brute force
         for _ in links:
@@ -126,8 +148,15 @@ def test_a_replayed_run_lets_go_of_its_joined_incidences():
         return None, flows, 0.0
 
     recorder = Recorder(np.full(8, 100.0), phase_flows)
-    members = [Starting([Phase(src=np.arange(3) + 3 * m, dst=np.arange(3), sizes=np.array([100.0, 200.0, 300.0]))],
-                        ("a", "b", "c", "d", "e", "f"), ("group", m), None) for m in range(2)]
+    members = [
+        Starting(
+            [Phase(src=np.arange(3) + 3 * m, dst=np.arange(3), sizes=np.array([100.0, 200.0, 300.0]))],
+            ("a", "b", "c", "d", "e", "f"),
+            ("group", m),
+            None,
+        )
+        for m in range(2)
+    ]
 
     def structures() -> int:
         return sum(type(o) is fairshare.Structure for o in gc.get_objects())

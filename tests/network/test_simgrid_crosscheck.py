@@ -19,8 +19,9 @@ AVAILABLE, REASON = crosscheck.simgrid_available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=REASON)
 
 
-@pytest.mark.parametrize("name", ["two_flows", "max_min", "incast", "uniform_a2a", "frontier_a2a",
-                                  "dragonfly_adaptive_a2a"])
+@pytest.mark.parametrize(
+    "name", ["two_flows", "max_min", "incast", "uniform_a2a", "frontier_a2a", "dragonfly_adaptive_a2a"]
+)
 def test_flow_completion_times_agree_with_simgrid(name):
     case = crosscheck.CASES[name]()
     ours, theirs = crosscheck.ours_finish_times(case), crosscheck.simgrid_finish_times(case)

@@ -18,12 +18,14 @@ BASE = {"model": "tiny-moe", "topology": "uniform", "parallel": {"pp": 1, "ep": 
 
 
 def _points(n: int):
-    return [keyed_point({"config": {**BASE, "parallel": {**BASE["parallel"], "num_microbatches": 2 + i}}})
-            for i in range(n)]
+    return [
+        keyed_point({"config": {**BASE, "parallel": {**BASE["parallel"], "num_microbatches": 2 + i}}}) for i in range(n)
+    ]
 
 
-@pytest.mark.parametrize("text, seconds", [("90s", 90), ("3min", 180), ("1h", 3600), ("1.5h", 5400),
-                                           (" 2 min ", 120), (".5s", 0.5)])
+@pytest.mark.parametrize(
+    "text, seconds", [("90s", 90), ("3min", 180), ("1h", 3600), ("1.5h", 5400), (" 2 min ", 120), (".5s", 0.5)]
+)
 def test_durations_parse(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -35,8 +37,27 @@ def test_a_bad_duration_names_the_flag_and_the_form(text):
 
 
 def test_plan_refuses_a_bad_budget_before_any_work(tmp_path, capsys):
-    assert main(["plan", "tiny-moe", "--gpus", "8", "--global-batch", "16", "--topology", "uniform", "--budget",
-                 "3 fortnights", "--workers", "0", "--out", str(tmp_path / "p")]) == 2
+    assert (
+        main(
+            [
+                "plan",
+                "tiny-moe",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "16",
+                "--topology",
+                "uniform",
+                "--budget",
+                "3 fortnights",
+                "--workers",
+                "0",
+                "--out",
+                str(tmp_path / "p"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--budget" in err and "3 fortnights" in err and not (tmp_path / "p").exists()
 
@@ -58,8 +79,9 @@ class Clock:
 def test_the_budget_stops_starting_new_refinements(tmp_path):
     clock = Clock(10.0)
     points = _points(5)
-    done = refine_points(clock.run, points, ResultStore(tmp_path), lambda p: 10.0, budget_s=25.0, workers=0,
-                         clock=clock, progress=False)
+    done = refine_points(
+        clock.run, points, ResultStore(tmp_path), lambda p: 10.0, budget_s=25.0, workers=0, clock=clock, progress=False
+    )
     # starts at 0 s and 10 s fit (ends 10, 20 <= 25); the third would end at 30 s: it and those after stay
     assert list(done.rows) == [p.digest for p in points[:2]]
     assert done.left == [p.digest for p in points[2:]] and clock.now == 20.0
@@ -68,8 +90,9 @@ def test_the_budget_stops_starting_new_refinements(tmp_path):
 def test_the_prediction_is_scaled_by_the_plans_run(tmp_path):
     clock = Clock(30.0)  # each point takes 3x its prediction of 10 s
     points = _points(4)
-    done = refine_points(clock.run, points, ResultStore(tmp_path), lambda p: 10.0, budget_s=65.0, workers=0,
-                         clock=clock, progress=False)
+    done = refine_points(
+        clock.run, points, ResultStore(tmp_path), lambda p: 10.0, budget_s=65.0, workers=0, clock=clock, progress=False
+    )
     # the first starts (10 s predicted); then 30 + 3 x 10 = 60 <= 65 starts the second; 60 + 30 > 65 stops
     assert len(done.rows) == 2 and done.scale == pytest.approx(3.0)
 
@@ -88,8 +111,14 @@ def test_an_interrupted_refinement_resumed_recomputes_nothing_done(tmp_path):
         refine_points(interrupted, points, ResultStore(tmp_path), lambda p: 1.0, workers=0, progress=False)
     again: list[int] = []
     store = ResultStore(tmp_path)
-    done = refine_points(lambda payload: again.append(payload["config"]["parallel"]["num_microbatches"])
-                         or simulate_point(payload), points, store, lambda p: 1.0, workers=0, progress=False)
+    done = refine_points(
+        lambda payload: again.append(payload["config"]["parallel"]["num_microbatches"]) or simulate_point(payload),
+        points,
+        store,
+        lambda p: 1.0,
+        workers=0,
+        progress=False,
+    )
     assert ran == [2, 3] and again == [4, 5]
     assert store.tally.reused == 2 and store.tally.computed == 2 and len(done.rows) == 4 and not done.left
 
@@ -97,8 +126,14 @@ def test_an_interrupted_refinement_resumed_recomputes_nothing_done(tmp_path):
 def test_on_dask_the_budget_stops_at_the_first_plan_that_does_not_fit(tmp_path, capsys):
     points = _points(4)
     slow = points[2].digest
-    done = refine_points(simulate_point, points, ResultStore(tmp_path), lambda p: 1e6 if p.digest == slow else 1e-3,
-                         budget_s=600.0, workers=1)
+    done = refine_points(
+        simulate_point,
+        points,
+        ResultStore(tmp_path),
+        lambda p: 1e6 if p.digest == slow else 1e-3,
+        budget_s=600.0,
+        workers=1,
+    )
     assert list(done.rows) == [p.digest for p in points[:2]] and done.left == [p.digest for p in points[2:]]
     assert "2 of 4 left at the estimate tier (not started within the budget of 10 min)" in capsys.readouterr().err
 

@@ -17,14 +17,29 @@ from piper_sim.planning.space import parse_fixes, space_notes, split_settings
 from piper_sim.points import dask_runner
 from piper_sim.workload.presets import load_model
 
-DENSE = {"preset": "small-moe", "name": "small-dense", "num_experts": 1, "top_k": 1, "num_dense_layers": 8,
-         "dense_ffn_dim": 1024}
+DENSE = {
+    "preset": "small-moe",
+    "name": "small-dense",
+    "num_experts": 1,
+    "top_k": 1,
+    "num_dense_layers": 8,
+    "dense_ffn_dim": 1024,
+}
 
 
 def request(fixes: list[str], **kw) -> PlanRequest:
     fixed, settings = split_settings(parse_fixes(fixes))
-    return PlanRequest(**{"model": "small-moe", "num_gpus": 16, "global_batch": 64, "topology": "frontier",
-                          "fixed": fixed, **settings, **kw})
+    return PlanRequest(
+        **{
+            "model": "small-moe",
+            "num_gpus": 16,
+            "global_batch": 64,
+            "topology": "frontier",
+            "fixed": fixed,
+            **settings,
+            **kw,
+        }
+    )
 
 
 def test_fix_sets_the_all_to_all_to_a_communication_library():
@@ -34,22 +49,29 @@ def test_fix_sets_the_all_to_all_to_a_communication_library():
 
 def test_fix_sets_the_all_reduce_and_flash_attention_of_every_plan():
     ring = request(["parallel.pp=1", "parallel.ep=2", "parallel.tp=1"])
-    rccl = request(["parallel.pp=1", "parallel.ep=2", "parallel.tp=1", "collectives.all_reduce=rccl",
-                    "cost.flash_attention=false"])
+    rccl = request(
+        ["parallel.pp=1", "parallel.ep=2", "parallel.tp=1", "collectives.all_reduce=rccl", "cost.flash_attention=false"]
+    )
     assert (rccl.all_reduce, rccl.flash_attention) == ("rccl", False)
     point = candidates(rccl, load_model("small-moe"))[0]
     config = load_config(rccl.config(point))
     assert (config.collectives.all_reduce, config.flash_attention) == ("rccl", False)
     # the estimate prices the gradient reduction with the fixed algorithm (dp 8 replicas of the dense weights)
     by_ring = screen(ring)[1].set_index("label")["est_grad_reduce_s"]
-    by_rccl = screen(request(["parallel.pp=1", "parallel.ep=2", "parallel.tp=1",
-                              "collectives.all_reduce=rccl"]))[1].set_index("label")["est_grad_reduce_s"]
+    by_rccl = screen(request(["parallel.pp=1", "parallel.ep=2", "parallel.tp=1", "collectives.all_reduce=rccl"]))[
+        1
+    ].set_index("label")["est_grad_reduce_s"]
     assert (by_ring != by_rccl.loc[by_ring.index]).any()
 
 
-@pytest.mark.parametrize(("fix", "key"), [("cost.flash_attention=true,false", "--fix cost.flash_attention"),
-                                          ("collectives.all_reduce=tree", "--fix collectives.all_reduce"),
-                                          ("collectives.all_to_all=smoke", "--fix collectives.all_to_all")])
+@pytest.mark.parametrize(
+    ("fix", "key"),
+    [
+        ("cost.flash_attention=true,false", "--fix cost.flash_attention"),
+        ("collectives.all_reduce=tree", "--fix collectives.all_reduce"),
+        ("collectives.all_to_all=smoke", "--fix collectives.all_to_all"),
+    ],
+)
 def test_a_setting_takes_one_value_that_every_plan_can_use(fix, key):
     with pytest.raises(ConfigError) as err:
         parse_fixes([fix])
@@ -59,11 +81,31 @@ def test_a_setting_takes_one_value_that_every_plan_can_use(fix, key):
 def test_a_library_the_topology_has_no_parameters_for_names_the_fix(tmp_path, capsys):
     from piper_sim.cli import main
 
-    code = main(["plan", "small-moe", "--gpus", "16", "--global-batch", "64", "--topology", "dgx-h100-superpod",
-                 "--fix", "collectives.all_to_all=rccl", "--top", "0", "--out", str(tmp_path / "p")])
+    code = main(
+        [
+            "plan",
+            "small-moe",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--topology",
+            "dgx-h100-superpod",
+            "--fix",
+            "collectives.all_to_all=rccl",
+            "--top",
+            "0",
+            "--out",
+            str(tmp_path / "p"),
+        ]
+    )
     assert code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        "piper-sim: error: --fix collectives.all_to_all: got 'rccl'")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("piper-sim: error: --fix collectives.all_to_all: got 'rccl'")
+    )
 
 
 def test_a_dense_model_with_a_tp_fix_takes_etp_equal_to_tp_and_says_so():
@@ -72,14 +114,14 @@ def test_a_dense_model_with_a_tp_fix_takes_etp_equal_to_tp_and_says_so():
     assert points and {(p.tp, p.etp, p.ep) for p in points} == {(2, 2, 1)}
     assert any("parallel.etp follows parallel.tp" in n for n in space_notes(load_model(DENSE), dense.fixed))
     with pytest.raises(ConfigError) as err:  # an expert TP of 1 asked for: the error names it
-        screen(request(["parallel.tp=2", "parallel.etp=1"], model=DENSE, num_gpus=8, global_batch=8,
-                       topology="uniform"))
+        screen(
+            request(["parallel.tp=2", "parallel.etp=1"], model=DENSE, num_gpus=8, global_batch=8, topology="uniform")
+        )
     assert err.value.key == "--fix parallel.etp"
 
 
 def test_an_ep_group_wider_than_the_domain_names_ep_domain():
-    wide = request(["parallel.ep=16"], model={"preset": "small-moe", "num_experts": 16},
-                   topology="dgx-h100-superpod")
+    wide = request(["parallel.ep=16"], model={"preset": "small-moe", "num_experts": 16}, topology="dgx-h100-superpod")
     with pytest.raises(ConfigError) as err:
         screen(wide)
     assert (err.value.key, err.value.value) == ("--ep-domain", "switch")
@@ -87,8 +129,13 @@ def test_an_ep_group_wider_than_the_domain_names_ep_domain():
 
 
 def test_a_tp_by_ep_plan_table_has_one_row_per_plan(tmp_path):
-    fixes = ["parallel.tp=2", "parallel.ep=4", "parallel.micro_batch_size=2", "parallel.etp=1,2",
-             "parallel.sp=true,false"]
+    fixes = [
+        "parallel.tp=2",
+        "parallel.ep=4",
+        "parallel.micro_batch_size=2",
+        "parallel.etp=1,2",
+        "parallel.sp=true,false",
+    ]
     req = request(fixes, topology="dgx-h100-superpod", top_k=2)
     points = candidates(req, load_model("small-moe"))
     assert len({p.label() for p in points}) == len(points) == len(set(points))

@@ -24,28 +24,60 @@ from piper_sim.planning.space import PlanPoint
 from piper_sim.simulator import simulate
 from piper_sim.workload.presets import load_model
 
-MODELS = {"small-moe": "small-moe",  # 8 layers, 8 experts
-          "small-dense": {"preset": "small-moe", "name": "small-dense", "num_experts": 1, "top_k": 1,
-                          "num_dense_layers": 8, "dense_ffn_dim": 1024}}
+MODELS = {
+    "small-moe": "small-moe",  # 8 layers, 8 experts
+    "small-dense": {
+        "preset": "small-moe",
+        "name": "small-dense",
+        "num_experts": 1,
+        "top_k": 1,
+        "num_dense_layers": 8,
+        "dense_ffn_dim": 1024,
+    },
+}
 TOPOLOGIES = ("uniform", "frontier")
 GPUS = (4, 8, 16)
 EVERY_TP_FORM = {"etp": (1, 2), "sp": (True, False)}  # the planner's default is etp 1 with sequence parallelism
-AXES = ("pp", "ep", "dp", "tp", "etp", "sp", "vpp", "micro_batch_size", "num_microbatches", "schedule",
-        "all_to_all", "recompute", "zero")
+AXES = (
+    "pp",
+    "ep",
+    "dp",
+    "tp",
+    "etp",
+    "sp",
+    "vpp",
+    "micro_batch_size",
+    "num_microbatches",
+    "schedule",
+    "all_to_all",
+    "recompute",
+    "zero",
+)
 CASES = list(itertools.product(MODELS, TOPOLOGIES, GPUS))
 
 
 @cache
 def case_plans(model: str, topology: str, gpus: int, flash: bool) -> list[tuple[PlanRequest, PlanPoint]]:
     """The plans the planner enumerates for one case (a global batch of one sequence per GPU: few micro-batches)."""
-    request = PlanRequest(model=MODELS[model], num_gpus=gpus, global_batch=gpus, topology=topology,
-                          flash_attention=flash, fixed=EVERY_TP_FORM)
+    request = PlanRequest(
+        model=MODELS[model],
+        num_gpus=gpus,
+        global_batch=gpus,
+        topology=topology,
+        flash_attention=flash,
+        fixed=EVERY_TP_FORM,
+    )
     return [(request, point) for point in candidates(request, load_model(MODELS[model]))]
 
 
 def features(model: str, topology: str, gpus: int, flash: bool, point: PlanPoint) -> dict:
-    return {"model": model, "topology": topology, "gpus": gpus, "flash": flash,
-            **{axis: getattr(point, axis) for axis in AXES}}
+    return {
+        "model": model,
+        "topology": topology,
+        "gpus": gpus,
+        "flash": flash,
+        **{axis: getattr(point, axis) for axis in AXES},
+    }
 
 
 def pairwise_cover(rows: list[dict]) -> list[int]:
@@ -54,8 +86,7 @@ def pairwise_cover(rows: list[dict]) -> list[int]:
     axes = list(rows[0])
     pairs = list(itertools.combinations(range(len(axes)), 2))
     ids: dict[tuple, int] = {}
-    table = np.array([[ids.setdefault((a, row[axes[a]], b, row[axes[b]]), len(ids)) for a, b in pairs]
-                      for row in rows])
+    table = np.array([[ids.setdefault((a, row[axes[a]], b, row[axes[b]]), len(ids)) for a, b in pairs] for row in rows])
     held = np.zeros(len(ids), dtype=bool)
     chosen = []
     while not held.all():
@@ -75,9 +106,12 @@ def check_plan(request: PlanRequest, point: PlanPoint) -> None:
 
 @cache
 def quick_subset() -> list[tuple[PlanRequest, PlanPoint, dict]]:
-    pool = [(request, point, features(model, topology, gpus, flash, point))
-            for model, topology, gpus in CASES for flash in (True, False)
-            for request, point in case_plans(model, topology, gpus, flash)]
+    pool = [
+        (request, point, features(model, topology, gpus, flash, point))
+        for model, topology, gpus in CASES
+        for flash in (True, False)
+        for request, point in case_plans(model, topology, gpus, flash)
+    ]
     return [pool[i] for i in pairwise_cover([row for _, _, row in pool])]
 
 

@@ -57,9 +57,27 @@ def test_halo_is_tried_only_where_an_ep_group_leaves_a_node():
     # the twin dropped is the same simulation: EP 8 inside a node of the 8-GPU uniform cluster, 16 GPUs
     request = PlanRequest(model="tiny-moe", num_gpus=16, global_batch=16, topology="uniform", profile="mi250x")
     assert load_topology("uniform", 16).num_hosts == 2
-    flat, halo = (simulate(load_config(request.config(PlanPoint(
-        pp=1, ep=8, dp=2, vpp=1, micro_batch_size=1, num_microbatches=1, schedule="1f1b", all_to_all=a2a,
-        recompute="none", zero=0)))).report.step_time_s for a2a in ("flat", "halo"))
+    flat, halo = (
+        simulate(
+            load_config(
+                request.config(
+                    PlanPoint(
+                        pp=1,
+                        ep=8,
+                        dp=2,
+                        vpp=1,
+                        micro_batch_size=1,
+                        num_microbatches=1,
+                        schedule="1f1b",
+                        all_to_all=a2a,
+                        recompute="none",
+                        zero=0,
+                    )
+                )
+            )
+        ).report.step_time_s
+        for a2a in ("flat", "halo")
+    )
     assert flat == halo
 
 
@@ -71,20 +89,44 @@ def test_every_emitted_plan_validates_and_dry_runs():
         dry_run(schedule)
 
 
-GRID = [PlanPoint(pp=pp, ep=ep, dp=8 // (pp * ep), vpp=vpp, micro_batch_size=mbs, num_microbatches=m, schedule=s,
-                  all_to_all="flat", recompute=rc, zero=zero)
-        for pp, ep, vpp, mbs, m, s, rc, zero in [
-            (1, 8, 1, 2, 4, "1f1b", "none", 0), (2, 4, 1, 1, 8, "1f1b", "none", 0), (2, 4, 1, 1, 8, "gpipe", "none", 0),
-            (2, 2, 2, 1, 8, "interleaved-1f1b", "none", 0), (4, 2, 1, 2, 4, "zb-h1", "none", 0),
-            (8, 1, 1, 1, 8, "1f1b", "none", 0), (2, 2, 1, 1, 8, "1f1b", "full", 2), (4, 1, 1, 2, 4, "zb-h1", "full", 1),
-            (2, 4, 2, 1, 8, "interleaved-1f1b", "selective", 2), (4, 2, 2, 1, 8, "dualpipe", "none", 0),
-            (2, 4, 2, 1, 8, "dualpipe", "none", 0), (4, 2, 2, 1, 8, "dualpipe-v", "none", 0)]]
+GRID = [
+    PlanPoint(
+        pp=pp,
+        ep=ep,
+        dp=8 // (pp * ep),
+        vpp=vpp,
+        micro_batch_size=mbs,
+        num_microbatches=m,
+        schedule=s,
+        all_to_all="flat",
+        recompute=rc,
+        zero=zero,
+    )
+    for pp, ep, vpp, mbs, m, s, rc, zero in [
+        (1, 8, 1, 2, 4, "1f1b", "none", 0),
+        (2, 4, 1, 1, 8, "1f1b", "none", 0),
+        (2, 4, 1, 1, 8, "gpipe", "none", 0),
+        (2, 2, 2, 1, 8, "interleaved-1f1b", "none", 0),
+        (4, 2, 1, 2, 4, "zb-h1", "none", 0),
+        (8, 1, 1, 1, 8, "1f1b", "none", 0),
+        (2, 2, 1, 1, 8, "1f1b", "full", 2),
+        (4, 1, 1, 2, 4, "zb-h1", "full", 1),
+        (2, 4, 2, 1, 8, "interleaved-1f1b", "selective", 2),
+        (4, 2, 2, 1, 8, "dualpipe", "none", 0),
+        (2, 4, 2, 1, 8, "dualpipe", "none", 0),
+        (4, 2, 2, 1, 8, "dualpipe-v", "none", 0),
+    ]
+]
 
 
 @pytest.mark.parametrize("point", GRID, ids=lambda p: p.label())
 def test_resource_model_agrees_with_the_tracker(point):
-    request = PlanRequest(model="small-moe", num_gpus=8, global_batch=point.micro_batch_size * point.num_microbatches
-                          * point.dp * point.ep, topology="uniform")
+    request = PlanRequest(
+        model="small-moe",
+        num_gpus=8,
+        global_batch=point.micro_batch_size * point.num_microbatches * point.dp * point.ep,
+        topology="uniform",
+    )
     report = simulate(load_config(request.config(point))).report
     model = load_model("small-moe")
     modelled = [m.peak_bytes for m in stage_memory(model, point)]
@@ -102,15 +144,24 @@ def test_estimator_is_close_to_the_simulator(point):
     assert estimator.estimate(point).step_time_s == pytest.approx(simulated, rel=0.1)
 
 
-@pytest.mark.parametrize(("schedule", "pp", "vpp", "m"), [("1f1b", 4, 1, 8), ("gpipe", 4, 1, 8), ("1f1b", 8, 1, 8),
-                                                          ("interleaved-1f1b", 4, 2, 8), ("zb-h1", 4, 1, 8),
-                                                          ("zb-h1", 4, 1, 16)])
+@pytest.mark.parametrize(
+    ("schedule", "pp", "vpp", "m"),
+    [
+        ("1f1b", 4, 1, 8),
+        ("gpipe", 4, 1, 8),
+        ("1f1b", 8, 1, 8),
+        ("interleaved-1f1b", 4, 2, 8),
+        ("zb-h1", 4, 1, 8),
+        ("zb-h1", 4, 1, 16),
+    ],
+)
 def test_pipeline_closed_forms_equal_the_dry_run(schedule, pp, vpp, m):
     f, b, w = 1.0, 2.0, 0.0
     if schedule == "zb-h1":
         b, w = 1.0, 1.0
-    point = PlanPoint(pp=pp, ep=1, dp=1, vpp=vpp, micro_batch_size=1, num_microbatches=m, schedule=schedule,
-                      all_to_all="flat")
+    point = PlanPoint(
+        pp=pp, ep=1, dp=1, vpp=vpp, micro_batch_size=1, num_microbatches=m, schedule=schedule, all_to_all="flat"
+    )
     durations = {"forward": f / vpp, "backward": b / vpp, "backward_input": b / vpp, "backward_weight": w / vpp}
     makespan = coarse_timing(coarse_programs(schedule, pp, vpp, m), vpp=vpp, durations=durations).makespan
     assert pipeline_s(point, [(f, b, w, 0.0)] * pp) == pytest.approx(makespan, rel=1e-9)
@@ -120,15 +171,17 @@ def test_a_plan_the_model_calls_infeasible_is_flagged_by_simulate():
     request = PlanRequest(model="x-moe-medium", num_gpus=8, global_batch=8, topology="frontier")
     _, table, _, _ = screen(request)
     row = table[~table["fits"]].iloc[0]
-    point = PlanPoint(**{k: row[k].item() if hasattr(row[k], "item") else row[k]
-                         for k in PlanPoint.__dataclass_fields__})
+    point = PlanPoint(
+        **{k: row[k].item() if hasattr(row[k], "item") else row[k] for k in PlanPoint.__dataclass_fields__}
+    )
     report = simulate(load_config(request.config(point))).report
     assert not all(report.fits_memory) and min(report.memory_headroom_bytes) < 0
 
 
 def test_a_fixed_knob_outside_the_default_search_is_honoured():
-    request = PlanRequest(model="tiny-moe", num_gpus=8, global_batch=8, topology="uniform",
-                          fixed=parse_fixes(["optimizer.zero=2"]))
+    request = PlanRequest(
+        model="tiny-moe", num_gpus=8, global_batch=8, topology="uniform", fixed=parse_fixes(["optimizer.zero=2"])
+    )
     _, table, _, _ = screen(request)
     assert len(table) > 0 and set(table["zero"]) == {2}
 
@@ -149,10 +202,27 @@ def test_plan_builds_the_topology_once(tmp_path, monkeypatch):
     builds, estimates = [], []
     build, estimate = topology_load._build, planner.Estimator.estimate
     monkeypatch.setattr(topology_load, "_build", lambda *a: builds.append(a) or build(*a))
-    monkeypatch.setattr(planner.Estimator, "estimate",
-                        lambda self, point: estimates.append(len(builds)) or estimate(self, point))
-    main(["plan", "tiny-moe", "--gpus", "8", "--global-batch", "8", "--topology", "uniform", "--top", "0",
-          "--workers", "0", "--out", str(tmp_path / "plan")])
+    monkeypatch.setattr(
+        planner.Estimator, "estimate", lambda self, point: estimates.append(len(builds)) or estimate(self, point)
+    )
+    main(
+        [
+            "plan",
+            "tiny-moe",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "--topology",
+            "uniform",
+            "--top",
+            "0",
+            "--workers",
+            "0",
+            "--out",
+            str(tmp_path / "plan"),
+        ]
+    )
     assert estimates and estimates[0] == 1 and len(builds) == 1
 
 
@@ -196,8 +266,24 @@ def test_dask_local_cluster_gives_the_in_process_table(tmp_path):
 
 def test_plan_cli_writes_its_outputs(tmp_path, capsys):
     out = tmp_path / "plan"
-    code = main(["plan", "tiny-moe", "--gpus", "8", "--topology", "uniform", "--global-batch", "16", "--top", "3",
-                 "--workers", "0", "--out", str(out)])
+    code = main(
+        [
+            "plan",
+            "tiny-moe",
+            "--gpus",
+            "8",
+            "--topology",
+            "uniform",
+            "--global-batch",
+            "16",
+            "--top",
+            "3",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     for name in ("plans.parquet", "plans.csv", "best.yaml", "pareto.png", "why.md"):
         assert (out / name).exists(), name
@@ -209,8 +295,16 @@ def test_plan_cli_writes_its_outputs(tmp_path, capsys):
     assert best.parallel.num_gpus == 8 and best.parallel.sequences_per_step == 16
 
 
-@pytest.mark.parametrize("args", [["--fix", "foo=1"], ["--fix", "parallel.pp=3"], ["--fix", "schedule=zz"],
-                                  ["--gpus", "0"], ["--scheduler", "tcp://127.0.0.1:9"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--fix", "foo=1"],
+        ["--fix", "parallel.pp=3"],
+        ["--fix", "schedule=zz"],
+        ["--gpus", "0"],
+        ["--scheduler", "tcp://127.0.0.1:9"],
+    ],
+)
 def test_plan_bad_input_is_one_clear_error(tmp_path, capsys, args):
     base = {"--gpus": "8", "--global-batch": "16"}
     argv = ["plan", "tiny-moe", "--topology", "uniform", "--out", str(tmp_path / "p")]
@@ -224,15 +318,28 @@ def test_plan_bad_input_is_one_clear_error(tmp_path, capsys, args):
     assert len(errors) == 1 and args[0].lstrip("-").split("=")[0] in errors[0]  # names the option
 
 
-@pytest.mark.parametrize(("command", "flag", "key", "allowed"), [
-    (["plan", "tiny-moe", "--gpus", "8", "--global-batch", "16"], "--topology", "topology", "frontier"),
-    (["plan", "tiny-moe", "--gpus", "8", "--global-batch", "16"], "--profile", "cost.profile", "mi250x"),
-    (["study", "scaling", "tiny-moe", "--gpus", "8,16", "--strong", "--global-batch", "16"], "--profile",
-     "cost.profile", "mi250x"),
-    (["study", "scaling", "tiny-moe", "--gpus", "8,16", "--strong", "--global-batch", "16"], "--topology",
-     "topology", "frontier")])
-def test_a_bad_topology_or_profile_names_the_flag_and_the_key_before_any_work(tmp_path, capsys, command, flag, key,
-                                                                              allowed):
+@pytest.mark.parametrize(
+    ("command", "flag", "key", "allowed"),
+    [
+        (["plan", "tiny-moe", "--gpus", "8", "--global-batch", "16"], "--topology", "topology", "frontier"),
+        (["plan", "tiny-moe", "--gpus", "8", "--global-batch", "16"], "--profile", "cost.profile", "mi250x"),
+        (
+            ["study", "scaling", "tiny-moe", "--gpus", "8,16", "--strong", "--global-batch", "16"],
+            "--profile",
+            "cost.profile",
+            "mi250x",
+        ),
+        (
+            ["study", "scaling", "tiny-moe", "--gpus", "8,16", "--strong", "--global-batch", "16"],
+            "--topology",
+            "topology",
+            "frontier",
+        ),
+    ],
+)
+def test_a_bad_topology_or_profile_names_the_flag_and_the_key_before_any_work(
+    tmp_path, capsys, command, flag, key, allowed
+):
     out = tmp_path / "p"
     assert main([*command, flag, "no-such-thing", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -245,15 +352,46 @@ def test_python_m_piper_sim_exits_with_the_commands_status(tmp_path):
     import sys
     from pathlib import Path
 
-    done = subprocess.run([sys.executable, "-m", "piper_sim", "plan", "tiny-moe", "--gpus", "8", "--global-batch",
-                           "16", "--profile", "nope", "--out", str(tmp_path / "p")], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[2])  # this checkout's piper_sim
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "piper_sim",
+            "plan",
+            "tiny-moe",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "16",
+            "--profile",
+            "nope",
+            "--out",
+            str(tmp_path / "p"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # this checkout's piper_sim
     assert done.returncode == 2 and "--profile cost.profile" in done.stderr
 
 
 def test_no_plan_fits_exits_non_zero(tmp_path, capsys):
-    code = main(["plan", "x-moe-large", "--gpus", "8", "--global-batch", "8", "--top", "1", "--workers", "0",
-                 "--out", str(tmp_path / "p")])
+    code = main(
+        [
+            "plan",
+            "x-moe-large",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "--top",
+            "1",
+            "--workers",
+            "0",
+            "--out",
+            str(tmp_path / "p"),
+        ]
+    )
     assert code == 1
     assert "no plan fits" in capsys.readouterr().err
     assert "No plan fits" in (tmp_path / "p" / "why.md").read_text()

@@ -25,14 +25,32 @@ from piper_sim.workload.profile_load import load_profile
 
 STORE = Path(__file__).resolve().parents[1] / "data" / "screen_tables"
 REQUESTS = {
-    "mixtral-16-frontier": dict(model="mixtral-8x7b", num_gpus=16, global_batch=32, topology="frontier",
-                                seq_len=4096, fixed=["parallel.pp=2,4", "parallel.micro_batch_size=1"]),
-    "dsv2-16-frontier-cp-selective": dict(model="deepseek-v2", num_gpus=16, global_batch=8, topology="frontier",
-                                          seq_len=32768, flash_attention=False,
-                                          fixed=["parallel.pp=2", "parallel.micro_batch_size=1", "parallel.tp=1"]),
-    "qwen3-30b-16-h100-fp8": dict(model="qwen3-30b-a3b", num_gpus=16, global_batch=32, topology="dgx-h100-superpod",
-                                  seq_len=4096, precision="fp8",
-                                  fixed=["parallel.pp=1,2", "parallel.micro_batch_size=2"]),
+    "mixtral-16-frontier": dict(
+        model="mixtral-8x7b",
+        num_gpus=16,
+        global_batch=32,
+        topology="frontier",
+        seq_len=4096,
+        fixed=["parallel.pp=2,4", "parallel.micro_batch_size=1"],
+    ),
+    "dsv2-16-frontier-cp-selective": dict(
+        model="deepseek-v2",
+        num_gpus=16,
+        global_batch=8,
+        topology="frontier",
+        seq_len=32768,
+        flash_attention=False,
+        fixed=["parallel.pp=2", "parallel.micro_batch_size=1", "parallel.tp=1"],
+    ),
+    "qwen3-30b-16-h100-fp8": dict(
+        model="qwen3-30b-a3b",
+        num_gpus=16,
+        global_batch=32,
+        topology="dgx-h100-superpod",
+        seq_len=4096,
+        precision="fp8",
+        fixed=["parallel.pp=1,2", "parallel.micro_batch_size=2"],
+    ),
 }
 
 
@@ -52,9 +70,11 @@ def test_the_screen_tables_are_unchanged():
         if got != stored:
             differ = [(a, b) for a, b in zip(stored.splitlines(), got.splitlines(), strict=False) if a != b]
             header = stored.splitlines()[0]
-            raise AssertionError(f"{name}: {len(differ)} rows differ (rows {len(stored.splitlines())} stored, "
-                                 f"{len(got.splitlines())} now); columns {header}; first stored/now:\n"
-                                 + "\n".join(differ[0] if differ else ("", "")))
+            raise AssertionError(
+                f"{name}: {len(differ)} rows differ (rows {len(stored.splitlines())} stored, "
+                f"{len(got.splitlines())} now); columns {header}; first stored/now:\n"
+                + "\n".join(differ[0] if differ else ("", ""))
+            )
 
 
 def test_without_estimating_the_plans_that_do_not_fit_the_plans_that_fit_are_unchanged():
@@ -63,8 +83,9 @@ def test_without_estimating_the_plans_that_do_not_fit_the_plans_that_fit_are_unc
     got = pd.read_csv(io.StringIO(table_text("mixtral-16-frontier", estimate_unfit=False)))
     estimates = [c for c in stored.columns if c.startswith("est_")]
     assert 0 < stored["fits"].sum() < len(stored)
-    pd.testing.assert_frame_equal(got[got["fits"]], stored[stored["fits"]], check_dtype=False,
-                                  check_exact=True)  # int-valued floats read back as ints
+    pd.testing.assert_frame_equal(
+        got[got["fits"]], stored[stored["fits"]], check_dtype=False, check_exact=True
+    )  # int-valued floats read back as ints
     assert got.loc[~got["fits"], estimates].isna().all().all()
     pd.testing.assert_frame_equal(got.drop(columns=estimates), stored.drop(columns=estimates), check_exact=True)
 

@@ -36,8 +36,14 @@ def test_the_estimate_tier_writes_the_simulations_keys_and_a_step_time_near_it(t
 
 
 def test_the_estimate_tier_prices_1024_gpus(tmp_path):
-    sets = ["model=x-moe-small", "parallel.pp=4", "parallel.ep=64", "parallel.dp=4", "parallel.num_microbatches=16",
-            "parallel.micro_batch_size=1"]
+    sets = [
+        "model=x-moe-small",
+        "parallel.pp=4",
+        "parallel.ep=64",
+        "parallel.dp=4",
+        "parallel.num_microbatches=16",
+        "parallel.micro_batch_size=1",
+    ]
     est = report(tmp_path, "big", "--tier", "estimate", *[a for s in sets for a in ("--set", s)])
     assert est["num_gpus"] == 1024 and len(est["peak_memory_bytes"]) == 4
     assert est["step_time_s"] > est["estimate"]["all_to_all_s"] > 0
@@ -47,7 +53,8 @@ def test_the_estimate_tier_prices_1024_gpus(tmp_path):
 def test_what_the_estimate_leaves_out_is_named():
     plain = load_config("small-moe")
     assert ignored_notes(plain) == []
-    skewed = load_config("small-moe", ["routing={kind: zipf, exponent: 1.0}",
-                                       "migration={enabled: true, policy: greedy}"])
+    skewed = load_config(
+        "small-moe", ["routing={kind: zipf, exponent: 1.0}", "migration={enabled: true, policy: greedy}"]
+    )
     notes = ignored_notes(skewed)
     assert len(notes) == 2 and notes[0].startswith("routing.kind") and notes[1].startswith("migration")

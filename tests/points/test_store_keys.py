@@ -39,8 +39,18 @@ def _halve_peak(path: Path) -> None:
 
 
 def _sweep_cli(profile: Path, out: Path) -> tuple[float, dict]:
-    argv = ["sweep", "small-moe", "--set", f"cost.profile={profile}", "--grid", "parallel.pp=2", "--workers", "0",
-            "--out", str(out)]
+    argv = [
+        "sweep",
+        "small-moe",
+        "--set",
+        f"cost.profile={profile}",
+        "--grid",
+        "parallel.pp=2",
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     step = float(pd.read_csv(out / "sweep.csv")["sim_step_time_s"].iloc[0])
     return step, yaml.safe_load((out / "sweep.yaml").read_text())["points"]
@@ -63,24 +73,38 @@ def test_an_unchanged_rerun_reuses_every_point(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep_module, "simulate_point", lambda payload: pytest.fail("a stored point was recomputed"))
     again = run_sweep(BASE, GRID, tmp_path, workers=0, progress=False)
     assert again.equals(first)
-    assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["points"] == {"reused": 2, "stale": 0,
-                                                                                "unreadable": 0, "computed": 0}
+    assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["points"] == {
+        "reused": 2,
+        "stale": 0,
+        "unreadable": 0,
+        "computed": 0,
+    }
 
 
 def test_another_code_version_recomputes_every_point(tmp_path, monkeypatch):
     first = run_sweep(BASE, GRID, tmp_path, workers=0, progress=False)
     monkeypatch.setattr(keys, "code_version", lambda: "0.0.0+another")
     again = run_sweep(BASE, GRID, tmp_path, workers=0, progress=False)
-    assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["points"] == {"reused": 0, "stale": 2,
-                                                                                "unreadable": 0, "computed": 2}
+    assert yaml.safe_load((tmp_path / "sweep.yaml").read_text())["points"] == {
+        "reused": 0,
+        "stale": 2,
+        "unreadable": 0,
+        "computed": 2,
+    }
     cols = [c for c in first.columns if c != "sim_wall_s"]
     assert again[cols].equals(first[cols])  # the same code in fact: the same figures, computed again
 
 
 def test_the_code_version_counts_pricing_sources_only():
     counted = {"simulator.py", "sim/engine.py", "workload/cost.py", "workload/profile_load.py", "points/keys.py"}
-    left_out = {"cli.py", "planning/cli.py", "progress.py", "torch_backend/training_run.py", "measure.py",
-                "studies/collective_plots.py"}
+    left_out = {
+        "cli.py",
+        "planning/cli.py",
+        "progress.py",
+        "torch_backend/training_run.py",
+        "measure.py",
+        "studies/collective_plots.py",
+    }
     rels = {p.relative_to(keys.PACKAGE_DIR).as_posix() for p in keys.PACKAGE_DIR.rglob("*.py")}
     assert counted | left_out <= rels
     assert all(keys.counts_in_code_version(Path(r)) for r in counted)
@@ -91,41 +115,64 @@ def test_the_code_version_counts_pricing_sources_only():
 def inputs(tmp_path) -> dict[str, Path]:
     """A raw config naming one file of each kind a point reads: a model YAML whose preset is another model file,
     a topology YAML, a profile that extends another, a routing trace; and an HF config.json model."""
-    files = {"base_profile": tmp_path / "base.yaml", "profile": tmp_path / "child.yaml",
-             "topology": tmp_path / "topo.yaml", "model": tmp_path / "model.yaml",
-             "base_model": tmp_path / "base-model.yaml", "trace": tmp_path / "trace.npz",
-             "hf": tmp_path / "hf" / "config.json"}
+    files = {
+        "base_profile": tmp_path / "base.yaml",
+        "profile": tmp_path / "child.yaml",
+        "topology": tmp_path / "topo.yaml",
+        "model": tmp_path / "model.yaml",
+        "base_model": tmp_path / "base-model.yaml",
+        "trace": tmp_path / "trace.npz",
+        "hf": tmp_path / "hf" / "config.json",
+    }
     shutil.copy(data_dir("traces/profiles") / "mi250x.yaml", files["base_profile"])
     files["profile"].write_text(f"extends: {files['base_profile']}\nname: child\n")
     shutil.copy(data_dir("topologies") / "uniform.yaml", files["topology"])
     files["base_model"].write_text("preset: tiny-moe\nseq_len: 64\n")
     files["model"].write_text(f"preset: {files['base_model']}\nname: keyed\n")
     zipf = routing_from_config({"kind": "zipf", "exponent": 1.1}, 8, 2, 5)
-    write_trace(synthesize_trace(zipf, model_name="toy", layers=[0, 1], steps=2, num_microbatches=2, num_sources=2,
-                                 tokens_per_source=64), files["trace"])
+    write_trace(
+        synthesize_trace(
+            zipf, model_name="toy", layers=[0, 1], steps=2, num_microbatches=2, num_sources=2, tokens_per_source=64
+        ),
+        files["trace"],
+    )
     files["hf"].parent.mkdir()
     shutil.copy(Path(__file__).resolve().parents[1] / "data" / "hf" / "mixtral-8x7b" / "config.json", files["hf"])
     return files
 
 
 def _raw(files: dict[str, Path], model: str = "model") -> dict:
-    return {"model": str(files[model]), "topology": str(files["topology"]), "cost": {"profile": str(files["profile"])},
-            "parallel": {"pp": 1, "ep": 2, "num_microbatches": 2},
-            "routing": {"kind": "trace", "path": str(files["trace"]), "layers": "wrap"}}
+    return {
+        "model": str(files[model]),
+        "topology": str(files["topology"]),
+        "cost": {"profile": str(files["profile"])},
+        "parallel": {"pp": 1, "ep": 2, "num_microbatches": 2},
+        "routing": {"kind": "trace", "path": str(files["trace"]), "layers": "wrap"},
+    }
 
 
 def test_the_key_follows_every_file_a_point_reads(inputs):
     payload, hf_payload = {"config": _raw(inputs)}, {"config": _raw(inputs, "hf")}
-    assert set(input_files(payload)) == {inputs[k] for k in ("base_profile", "profile", "topology", "model",
-                                                            "base_model", "trace")} | {
-        PRESET_DIR / "tiny-moe.yaml"}
+    assert set(input_files(payload)) == {
+        inputs[k] for k in ("base_profile", "profile", "topology", "model", "base_model", "trace")
+    } | {PRESET_DIR / "tiny-moe.yaml"}
     before = {name: point_key(payload if name != "hf" else hf_payload) for name in inputs}
     assert before == {name: point_key(payload if name != "hf" else hf_payload) for name in inputs}  # stable
     for name, path in inputs.items():
         if path.suffix == ".npz":
             zipf = routing_from_config({"kind": "zipf", "exponent": 2.0}, 8, 2, 5)
-            write_trace(synthesize_trace(zipf, model_name="toy", layers=[0, 1], steps=2, num_microbatches=2,
-                                         num_sources=2, tokens_per_source=64), path)
+            write_trace(
+                synthesize_trace(
+                    zipf,
+                    model_name="toy",
+                    layers=[0, 1],
+                    steps=2,
+                    num_microbatches=2,
+                    num_sources=2,
+                    tokens_per_source=64,
+                ),
+                path,
+            )
         else:
             path.write_text(path.read_text() + "\n" if path.suffix == ".json" else path.read_text() + "# edited\n")
         assert point_key(payload if name != "hf" else hf_payload) != before[name], name
@@ -145,21 +192,35 @@ def test_every_data_file_a_point_opens_is_an_input_of_its_key(inputs):
     """The point run in a fresh process, every file it opens recorded: each data file (not Python's, not a
     library's, not the system's) is one its key digests."""
     payload = {"config": _raw(inputs)}
-    done = subprocess.run([sys.executable, "-c", AUDIT, json.dumps(payload)], capture_output=True, text=True,
-                          timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", AUDIT, json.dumps(payload)], capture_output=True, text=True, timeout=300, check=True
+    )
     opened = {Path(p).resolve() for p in json.loads(done.stdout.splitlines()[-1])}
     system = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, "/proc", "/sys", "/dev", "/etc", "/usr"}]
-    data = {p for p in opened if p.is_file() and p.suffix not in (".py", ".pyc", ".so", ".pth")
-            and not any(p.is_relative_to(root) for root in system) and "cache" not in p.as_posix().lower()
-            and not any(part.endswith((".egg-info", ".dist-info")) for part in p.parts)}  # package metadata
+    data = {
+        p
+        for p in opened
+        if p.is_file()
+        and p.suffix not in (".py", ".pyc", ".so", ".pth")
+        and not any(p.is_relative_to(root) for root in system)
+        and "cache" not in p.as_posix().lower()
+        and not any(part.endswith((".egg-info", ".dist-info")) for part in p.parts)
+    }  # package metadata
     assert {inputs["profile"].resolve(), inputs["trace"].resolve(), inputs["topology"].resolve()} <= data
     assert data <= {p.resolve() for p in input_files(payload)}
 
 
 def test_the_studies_recompute_points_made_by_other_code(tmp_path, monkeypatch):
     spec = StudySpec(topology="uniform", nodes=(1,), sizes=("1MiB",), algorithms=("flat", "halo"))
-    points = study_points({**BASE, "routing": {"kind": "zipf"}}, kind="zipf", skews=[1.0], policies=["none"],
-                          steps=1, drift_steps=0, drift_rate=0.0)
+    points = study_points(
+        {**BASE, "routing": {"kind": "zipf"}},
+        kind="zipf",
+        skews=[1.0],
+        policies=["none"],
+        steps=1,
+        drift_steps=0,
+        drift_rate=0.0,
+    )
 
     def run_both() -> tuple[list[str], str]:
         write_study(spec, tmp_path / "a2a", lambda line: None)

@@ -131,7 +131,7 @@ def test_dirichlet_smaller_concentration_is_more_skewed():
 def test_hot_experts_get_their_share():
     m = model({"kind": "hot", "fraction": 0.25, "share": 0.7}, experts=16, top_k=1)
     p = popularity("hot", m.context(0, 0, 0, 0, 1, 1))
-    hot = np.argsort(-p)[:hot_count(16, 0.25)]
+    hot = np.argsort(-p)[: hot_count(16, 0.25)]
     assert len(hot) == 4
     s = shares(m)
     assert s[hot].sum() == pytest.approx(0.7, abs=0.005)
@@ -161,8 +161,9 @@ def test_drift_moves_hot_experts_at_the_rate():
     ends = [popularity("drift", m.context(s, 0, 0, 0, 1, 1)) for s in (0, 1)]
     np.testing.assert_allclose(mid, (ends[0] + ends[1]) / 2)
     still = model({**raw, "rate": 0.0}, experts=16, top_k=1)
-    np.testing.assert_allclose(popularity("drift", still.context(0, 0, 0, 0, 1, 1)),
-                               popularity("drift", still.context(50, 0, 0, 0, 1, 1)))
+    np.testing.assert_allclose(
+        popularity("drift", still.context(0, 0, 0, 0, 1, 1)), popularity("drift", still.context(50, 0, 0, 0, 1, 1))
+    )
 
 
 def test_apportion_sums_and_proportions():
@@ -199,9 +200,11 @@ def test_kept_popularities_give_the_counts_drawn_afresh():
     popularity drawn again, for each step, parameter and layer."""
     from piper_sim.routing import samplers
 
-    for raw, drawn in (({"kind": "drift", "rate": 1.0}, samplers.drift_popularity),
-                       ({"kind": "zipf", "exponent": 1.0}, samplers.zipf_popularity),
-                       ({"kind": "zipf", "exponent": 2.0}, samplers.zipf_popularity)):
+    for raw, drawn in (
+        ({"kind": "drift", "rate": 1.0}, samplers.drift_popularity),
+        ({"kind": "zipf", "exponent": 1.0}, samplers.zipf_popularity),
+        ({"kind": "zipf", "exponent": 2.0}, samplers.zipf_popularity),
+    ):
         m = routing_from_config(raw, 16, 2, 7)
         for step, layer in ((0, 1), (1, 1), (2, 1), (2, 3), (0, 1)):
             ctx = m.context(step, layer, 0, 0, 4, 64)

@@ -22,8 +22,9 @@ LAYERS = [1, 2, 4]
 @pytest.fixture
 def trace() -> RoutingTrace:
     zipf = routing_from_config({"kind": "zipf", "exponent": 1.1}, 8, 2, 5)
-    return synthesize_trace(zipf, model_name="toy", layers=LAYERS, steps=3, num_microbatches=2, num_sources=4,
-                            tokens_per_source=100)
+    return synthesize_trace(
+        zipf, model_name="toy", layers=LAYERS, steps=3, num_microbatches=2, num_sources=4, tokens_per_source=100
+    )
 
 
 def replay_model(path, **extra):
@@ -98,8 +99,9 @@ def test_config_errors_for_trace_kind(tmp_path, trace):
 
 
 def test_recorder_builds_the_same_trace(trace):
-    rec = TraceRecorder(model="toy", num_experts=8, top_k=2, layers=LAYERS, source=trace.source,
-                        num_microbatches=2, num_sources=4)
+    rec = TraceRecorder(
+        model="toy", num_experts=8, top_k=2, layers=LAYERS, source=trace.source, num_microbatches=2, num_sources=4
+    )
     flat = TraceRecorder(model="toy", num_experts=8, top_k=2, layers=LAYERS, source=trace.source)
     for s in range(3):
         for li, layer in enumerate(LAYERS):
@@ -130,8 +132,14 @@ def _save(path, **arrays):
 
 
 def _meta(**over) -> np.ndarray:
-    meta = {"format": "piper-sim-routing-trace", "version": 1, "model": "toy", "num_experts": 4, "top_k": 1,
-            "tokens_per_step": 4}
+    meta = {
+        "format": "piper-sim-routing-trace",
+        "version": 1,
+        "model": "toy",
+        "num_experts": 4,
+        "top_k": 1,
+        "tokens_per_step": 4,
+    }
     meta.update(over)
     return np.array(json.dumps(meta))
 
@@ -140,14 +148,18 @@ GOOD = np.ones((2, 2, 4), dtype=np.int64)
 BAD_FILES = {
     "wrong_shape": ({"counts": np.ones((2, 4), dtype=np.int64)}, r"counts must have shape \[steps, layers, experts\]"),
     "negative": ({"counts": np.array([[[2, 2, 1, -1]] * 2] * 2)}, "negative counts"),
-    "missing_layer": ({"counts": np.concatenate([GOOD[:, :1], np.zeros((2, 1, 4), int)], axis=1)},
-                      "missing layer: step 0 has no counts for layer 3"),
+    "missing_layer": (
+        {"counts": np.concatenate([GOOD[:, :1], np.zeros((2, 1, 4), int)], axis=1)},
+        "missing layer: step 0 has no counts for layer 3",
+    ),
     "experts_mismatch": ({"meta": _meta(num_experts=8)}, "experts mismatch: counts has 4 experts"),
     "layers_mismatch": ({"layers": np.array([0, 1, 2])}, "layers lists 3 layers but counts has 2"),
     "layers_order": ({"layers": np.array([3, 1])}, "strictly increasing"),
     "wrong_sum": ({"meta": _meta(tokens_per_step=5)}, "sum to 4; expected tokens_per_step x top_k = 5"),
-    "over_tokens": ({"counts": np.array([[[4, 0, 0, 0]] * 2] * 2), "meta": _meta(top_k=2, tokens_per_step=2)},
-                    "more than the 2 tokens"),
+    "over_tokens": (
+        {"counts": np.array([[[4, 0, 0, 0]] * 2] * 2), "meta": _meta(top_k=2, tokens_per_step=2)},
+        "more than the 2 tokens",
+    ),
     "float_counts": ({"counts": GOOD * 0.5}, "must hold integers"),
     "missing_counts": ({"counts": None}, "missing array 'counts'"),
     "bad_format": ({"meta": _meta(format="something-else")}, "meta.format"),

@@ -53,8 +53,9 @@ def test_microbatches_split_between_the_two_pipelines() -> None:
     bi = VirtualStages(BI, 4, 2)
     assert [m for m in range(8) if bi.runs(1, 0, m, 8)] == [0, 1, 2, 3]
     assert [m for m in range(8) if bi.runs(1, 1, m, 8)] == [4, 5, 6, 7]
-    assert all(VirtualStages(Layout.INTERLEAVED, 4, 2).runs(p, c, m, 8)
-               for p in range(4) for c in range(2) for m in range(8))
+    assert all(
+        VirtualStages(Layout.INTERLEAVED, 4, 2).runs(p, c, m, 8) for p in range(4) for c in range(2) for m in range(8)
+    )
 
 
 # ---------------------------------------------------------------- generator
@@ -77,11 +78,17 @@ def test_the_interleaved_dry_run_of_dualpipe_does_not_pass() -> None:
         dry_run_coarse(dualpipe(4, 2, 8), 4, 2, 8)
 
 
-@pytest.mark.parametrize(("pp", "vpp", "m", "key"), [
-    (3, 2, 12, "parallel.pp"), (4, 1, 8, "parallel.vpp"), (4, 3, 8, "parallel.vpp"),
-    (4, 2, 9, "parallel.num_microbatches"), (4, 2, 6, "parallel.num_microbatches"),
-    (0, 2, 8, "parallel.pp"),
-])
+@pytest.mark.parametrize(
+    ("pp", "vpp", "m", "key"),
+    [
+        (3, 2, 12, "parallel.pp"),
+        (4, 1, 8, "parallel.vpp"),
+        (4, 3, 8, "parallel.vpp"),
+        (4, 2, 9, "parallel.num_microbatches"),
+        (4, 2, 6, "parallel.num_microbatches"),
+        (0, 2, 8, "parallel.pp"),
+    ],
+)
 def test_dualpipe_constraints_name_the_key(pp: int, vpp: int, m: int, key: str) -> None:
     with pytest.raises(ConfigError) as error:
         dualpipe(pp, vpp, m)
@@ -89,9 +96,14 @@ def test_dualpipe_constraints_name_the_key(pp: int, vpp: int, m: int, key: str) 
     assert not _schedule_allows("dualpipe", max(pp, 1), vpp, m, 64)
 
 
-@pytest.mark.parametrize(("pp", "vpp", "m", "key"), [
-    (4, 1, 8, "parallel.vpp"), (4, 2, 7, "parallel.num_microbatches"), (2, 2, 0, "parallel.num_microbatches"),
-])
+@pytest.mark.parametrize(
+    ("pp", "vpp", "m", "key"),
+    [
+        (4, 1, 8, "parallel.vpp"),
+        (4, 2, 7, "parallel.num_microbatches"),
+        (2, 2, 0, "parallel.num_microbatches"),
+    ],
+)
 def test_dualpipe_v_constraints_name_the_key(pp: int, vpp: int, m: int, key: str) -> None:
     with pytest.raises(ConfigError) as error:
         dualpipe_v(pp, vpp, m)
@@ -114,10 +126,14 @@ def test_dualpipe_order_follows_the_reference_at_pp_4() -> None:
     """DualPipe.step on rank 0 of 4, 8 microbatches (0-3 down, 4-7 up), worked by hand: 1 (nF0) F0 F1;
     2 (nF0F1) F2 F4; 3 (nB1W1F1) B4 W4 F5; 4 (nF0B1F1B0) F3 B5 F6 B0; 5 (nB1F1B0) B6 F7 B1; 6 (nB1B0) B7
     and B2 with its weight pass deferred; 7 (nWB0) W2 B3 deferred; 8 (nW) W3. An unsplit backward is B W."""
-    order = [f"{'W' if t.kind == 'backward_weight' else t.kind[0].upper()}{t.microbatch}.{t.chunk}"
-             for t in dualpipe(4, 2, 8)[0]]
-    assert " ".join(order) == ("F0.0 F1.0 F2.0 F4.1 B4.1 W4.1 F5.1 F3.0 B5.1 W5.1 F6.1 B0.0 W0.0 B6.1 W6.1 "
-                               "F7.1 B1.0 W1.0 B7.1 W7.1 B2.0 W2.0 B3.0 W3.0")
+    order = [
+        f"{'W' if t.kind == 'backward_weight' else t.kind[0].upper()}{t.microbatch}.{t.chunk}"
+        for t in dualpipe(4, 2, 8)[0]
+    ]
+    assert " ".join(order) == (
+        "F0.0 F1.0 F2.0 F4.1 B4.1 W4.1 F5.1 F3.0 B5.1 W5.1 F6.1 B0.0 W0.0 B6.1 W6.1 "
+        "F7.1 B1.0 W1.0 B7.1 W7.1 B2.0 W2.0 B3.0 W3.0"
+    )
 
 
 @pytest.mark.parametrize(("pp", "m"), SHAPES)
@@ -134,8 +150,14 @@ def test_dualpipe_bubble_is_below_1f1b_and_zb_h1(pp: int, m: int) -> None:
 
 
 def _config(pp: int = 4, m: int = 8, **extra):
-    overrides = ["schedule=dualpipe", f"parallel.pp={pp}", "parallel.vpp=2", f"parallel.num_microbatches={m}",
-                 f"parallel.ep={8 // pp}", *[f"{k}={v}" for k, v in extra.items()]]
+    overrides = [
+        "schedule=dualpipe",
+        f"parallel.pp={pp}",
+        "parallel.vpp=2",
+        f"parallel.num_microbatches={m}",
+        f"parallel.ep={8 // pp}",
+        *[f"{k}={v}" for k, v in extra.items()],
+    ]
     return load_config("examples/small-moe.yaml", overrides)
 
 
@@ -174,8 +196,9 @@ def test_the_two_copies_gradients_are_summed_over_the_mirror_group() -> None:
 
 def test_simulated_dualpipe_bubble_is_below_1f1b() -> None:
     def bubble(schedule: str, vpp: int) -> float:
-        cfg = load_config("examples/small-moe.yaml", [f"schedule={schedule}", f"parallel.vpp={vpp}",
-                                                      "parallel.pp=4", "parallel.ep=2"])
+        cfg = load_config(
+            "examples/small-moe.yaml", [f"schedule={schedule}", f"parallel.vpp={vpp}", "parallel.pp=4", "parallel.ep=2"]
+        )
         return simulate(cfg).report.bubble_fraction
 
     assert bubble("dualpipe", 2) < bubble("1f1b", 1)
@@ -184,10 +207,12 @@ def test_simulated_dualpipe_bubble_is_below_1f1b() -> None:
 
 def test_memory_model_counts_both_copies_of_the_parameters() -> None:
     model = load_model("small-moe")
-    point = PlanPoint(pp=4, ep=2, dp=1, vpp=2, micro_batch_size=2, num_microbatches=8, schedule="dualpipe",
-                      all_to_all="flat")
-    single = PlanPoint(pp=4, ep=2, dp=1, vpp=1, micro_batch_size=2, num_microbatches=8, schedule="1f1b",
-                       all_to_all="flat")
+    point = PlanPoint(
+        pp=4, ep=2, dp=1, vpp=2, micro_batch_size=2, num_microbatches=8, schedule="dualpipe", all_to_all="flat"
+    )
+    single = PlanPoint(
+        pp=4, ep=2, dp=1, vpp=1, micro_batch_size=2, num_microbatches=8, schedule="1f1b", all_to_all="flat"
+    )
     dual, base = stage_memory(model, point), stage_memory(model, single)
     assert sum(s.state_bytes for s in dual) == pytest.approx(2 * sum(s.state_bytes for s in base))
 
@@ -195,29 +220,51 @@ def test_memory_model_counts_both_copies_of_the_parameters() -> None:
 # ---------------------------------------------------------------- planner
 
 
-@pytest.mark.parametrize(("schedule", "pp", "m"), [
-    ("dualpipe", 2, 4), ("dualpipe", 2, 16), ("dualpipe", 4, 8), ("dualpipe", 4, 24), ("dualpipe", 8, 16),
-    ("dualpipe", 8, 40), ("dualpipe-v", 2, 4), ("dualpipe-v", 3, 7), ("dualpipe-v", 4, 20), ("dualpipe-v", 8, 16),
-])
+@pytest.mark.parametrize(
+    ("schedule", "pp", "m"),
+    [
+        ("dualpipe", 2, 4),
+        ("dualpipe", 2, 16),
+        ("dualpipe", 4, 8),
+        ("dualpipe", 4, 24),
+        ("dualpipe", 8, 16),
+        ("dualpipe", 8, 40),
+        ("dualpipe-v", 2, 4),
+        ("dualpipe-v", 3, 7),
+        ("dualpipe-v", 4, 20),
+        ("dualpipe-v", 8, 16),
+    ],
+)
 @pytest.mark.parametrize(("f", "b", "w"), [(1.0, 1.0, 1.0), (1.0, 2.0, 0.5), (2.0, 1.0, 1.0)])
 def test_pipeline_time_equals_the_dry_run(schedule: str, pp: int, m: int, f: float, b: float, w: float) -> None:
     """The estimator's per-rank times per microbatch: dualpipe runs one chunk task of each kind on each rank
     (durations f, b, w), dualpipe-v two (f / 2, b / 2, w / 2 each)."""
-    point = PlanPoint(pp=pp, ep=1, dp=1, vpp=2, micro_batch_size=1, num_microbatches=m, schedule=schedule,
-                      all_to_all="flat")
+    point = PlanPoint(
+        pp=pp, ep=1, dp=1, vpp=2, micro_batch_size=1, num_microbatches=m, schedule=schedule, all_to_all="flat"
+    )
     per_task = 1 if schedule == "dualpipe" else 2
     durations = {"forward": f / per_task, "backward_input": b / per_task, "backward_weight": w / per_task}
     generator = dualpipe if schedule == "dualpipe" else dualpipe_v
-    makespan = coarse_timing(generator(pp, 2, m), vpp=2, durations=durations,
-                             layout=schedule_layout(schedule)).makespan
+    makespan = coarse_timing(generator(pp, 2, m), vpp=2, durations=durations, layout=schedule_layout(schedule)).makespan
     assert pipeline_s(point, [(f, b, w, 0.0)] * pp) == pytest.approx(makespan, rel=1e-9)
 
 
 def test_a_microbatch_on_the_other_pipelines_chunk_is_reported() -> None:
     programs = dualpipe(2, 2, 4)
-    moved = tuple(tuple(dataclasses.replace(t, chunk=1, task_id=t.task_id.replace(":c0:", ":c1:"),
-                                            deps=tuple(d.replace(":c0:", ":c1:") for d in t.deps))
-                        if t.microbatch == 0 else t for t in program) for program in programs)
+    moved = tuple(
+        tuple(
+            dataclasses.replace(
+                t,
+                chunk=1,
+                task_id=t.task_id.replace(":c0:", ":c1:"),
+                deps=tuple(d.replace(":c0:", ":c1:") for d in t.deps),
+            )
+            if t.microbatch == 0
+            else t
+            for t in program
+        )
+        for program in programs
+    )
     with pytest.raises(ScheduleError, match="runs microbatch 0 on a chunk of another pipeline"):
         check_coarse(moved, 2, 2, 4, layout=BI)
 

@@ -78,14 +78,17 @@ def test_coarse_tasks_follow_the_ir() -> None:
     assert all(t.task_id == coarse_task_id(t.kind, t.chunk, t.microbatch) for p in programs for t in p)
 
 
-@pytest.mark.parametrize(("name", "pp", "vpp", "m", "key"), [
-    ("interleaved-1f1b", 4, 1, 8, "parallel.vpp"),
-    ("interleaved-1f1b", 4, 2, 6, "parallel.num_microbatches"),
-    ("1f1b", 4, 2, 8, "parallel.vpp"),
-    ("zb-h1", 4, 2, 8, "parallel.vpp"),
-    ("gpipe", 0, 1, 8, "parallel.pp"),
-    ("1f1b", 4, 1, 0, "parallel.num_microbatches"),
-])
+@pytest.mark.parametrize(
+    ("name", "pp", "vpp", "m", "key"),
+    [
+        ("interleaved-1f1b", 4, 1, 8, "parallel.vpp"),
+        ("interleaved-1f1b", 4, 2, 6, "parallel.num_microbatches"),
+        ("1f1b", 4, 2, 8, "parallel.vpp"),
+        ("zb-h1", 4, 2, 8, "parallel.vpp"),
+        ("gpipe", 0, 1, 8, "parallel.pp"),
+        ("1f1b", 4, 1, 0, "parallel.num_microbatches"),
+    ],
+)
 def test_unsupported_parameters_raise_config_error(name: str, pp: int, vpp: int, m: int, key: str) -> None:
     with pytest.raises(ConfigError) as error:
         SCHEDULES.get(name)(pp, vpp, m)
@@ -128,8 +131,10 @@ def test_gpipe_interleaves_chunks_with_smaller_bubble() -> None:
     assert _bubble_per_microbatch_work(gpipe(4, 2, 8), 4, 2, 8, PAPER_UNITS) == pytest.approx(3 / 2)
 
 
-@pytest.mark.parametrize(("name", "vpp"), [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1),
-                                         ("dualpipe", 2), ("dualpipe-v", 2)])
+@pytest.mark.parametrize(
+    ("name", "vpp"),
+    [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("dualpipe", 2), ("dualpipe-v", 2)],
+)
 def test_large_dry_run(name: str, vpp: int) -> None:
     programs = SCHEDULES.get(name)(32, vpp, 128)
     makespan = dry_run_coarse(programs, 32, vpp, 128, layout=schedule_layout(name))
@@ -164,8 +169,16 @@ def test_dep_pointing_later_raises_with_grid() -> None:
 def test_deadlocking_order_raises() -> None:
     f, b = ("forward", "backward")
     order = [(f, 0), (b, 0), (f, 1), (b, 1)]
-    stage0 = tuple(Task(task_id=coarse_task_id(k, 0, mb), kind=k, chunk=0, microbatch=mb,
-                        deps=() if k == f else (coarse_task_id(f, 0, mb),)) for k, mb in order)
+    stage0 = tuple(
+        Task(
+            task_id=coarse_task_id(k, 0, mb),
+            kind=k,
+            chunk=0,
+            microbatch=mb,
+            deps=() if k == f else (coarse_task_id(f, 0, mb),),
+        )
+        for k, mb in order
+    )
     stage1 = (stage0[2], stage0[3], stage0[0], stage0[1])
     check_coarse((stage0, stage1), 2, 1, 2)
     with pytest.raises(ScheduleError, match="deadlock") as error:
@@ -193,8 +206,7 @@ def test_grid_chunks_durations_and_truncation() -> None:
     grid = render_grid(interleaved_one_f_one_b(2, 2, 2), max_width=200)
     assert grid.splitlines()[0].startswith("stage 0 | F0.0 F1.0 F0.1 F1.1")
     paper = render_grid(one_f_one_b(2, 1, 2), durations=PAPER_UNITS)
-    assert paper.splitlines() == ["stage 0 | F0 F1 .  .  B0 B0 .  B1 B1",
-                                 "stage 1 | .  F0 B0 B0 F1 B1 B1 .  ."]
+    assert paper.splitlines() == ["stage 0 | F0 F1 .  .  B0 B0 .  B1 B1", "stage 1 | .  F0 B0 B0 F1 B1 B1 .  ."]
     short = render_grid(one_f_one_b(4, 1, 8), max_width=40)
     assert all(len(line) <= 40 and line.endswith("...") for line in short.splitlines())
     assert short.splitlines()[0] == "stage 0 | F0 F1 F2 F3 .  .  .  B0 F4 ..."
@@ -220,27 +232,60 @@ def _lower_p2p(programs, pp: int, vpp: int) -> tuple[tuple[Task, ...], ...]:
             source = virtual - 1 if task.kind == "forward" else virtual + 1
             if task.kind != "backward_weight" and 0 <= source < num_virtual:
                 tag = f"{task.kind[0]}:v{virtual}:m{mb}"
-                out.append(Task(task_id=f"recv:{tag}", kind="recv", microbatch=mb, chunk=task.chunk,
-                                peer_stage=source % pp, tag=tag, role="act"))
+                out.append(
+                    Task(
+                        task_id=f"recv:{tag}",
+                        kind="recv",
+                        microbatch=mb,
+                        chunk=task.chunk,
+                        peer_stage=source % pp,
+                        tag=tag,
+                        role="act",
+                    )
+                )
                 task = dataclasses.replace(task, deps=(*task.deps, f"recv:{tag}"))
             out.append(task)
             target = virtual + 1 if task.kind == "forward" else virtual - 1
             if task.kind != "backward_weight" and 0 <= target < num_virtual:
                 tag = f"{task.kind[0]}:v{target}:m{mb}"
-                out.append(Task(task_id=f"send:{tag}", kind="send", microbatch=mb, chunk=task.chunk,
-                                peer_stage=target % pp, tag=tag, role="act", deps=(task.task_id,)))
+                out.append(
+                    Task(
+                        task_id=f"send:{tag}",
+                        kind="send",
+                        microbatch=mb,
+                        chunk=task.chunk,
+                        peer_stage=target % pp,
+                        tag=tag,
+                        role="act",
+                        deps=(task.task_id,),
+                    )
+                )
         lowered.append(tuple(out))
     return tuple(lowered)
 
 
-@pytest.mark.parametrize(("name", "pp", "vpp", "m"), [
-    ("gpipe", 4, 1, 8), ("1f1b", 4, 1, 8), ("1f1b", 3, 1, 2), ("interleaved-1f1b", 4, 2, 8),
-    ("zb-h1", 4, 1, 8), ("gpipe", 2, 3, 4), ("1f1b", 32, 1, 128),
-])
+@pytest.mark.parametrize(
+    ("name", "pp", "vpp", "m"),
+    [
+        ("gpipe", 4, 1, 8),
+        ("1f1b", 4, 1, 8),
+        ("1f1b", 3, 1, 2),
+        ("interleaved-1f1b", 4, 2, 8),
+        ("zb-h1", 4, 1, 8),
+        ("gpipe", 2, 3, 4),
+        ("1f1b", 32, 1, 128),
+    ],
+)
 def test_lowered_dry_run_matches_coarse(name: str, pp: int, vpp: int, m: int) -> None:
     coarse = SCHEDULES.get(name)(pp, vpp, m)
-    schedule = Schedule(name=name, mesh=Mesh(pp=pp, ep=2), vpp=vpp, num_microbatches=m,
-                        stage_programs=_lower_p2p(coarse, pp, vpp), lowered=True)
+    schedule = Schedule(
+        name=name,
+        mesh=Mesh(pp=pp, ep=2),
+        vpp=vpp,
+        num_microbatches=m,
+        stage_programs=_lower_p2p(coarse, pp, vpp),
+        lowered=True,
+    )
     check_lowered(schedule)
     assert dry_run(schedule) == dry_run_coarse(coarse, pp, vpp, m)
     assert dry_run(schedule, PAPER_UNITS) == dry_run_coarse(coarse, pp, vpp, m, durations=PAPER_UNITS)
@@ -250,11 +295,18 @@ def _moe_schedule() -> Schedule:
     """Two stages, ep = 2: forward with an all-to-all, activations and gradients over p2p."""
     stage0 = (
         Task(task_id="F0", kind="forward", microbatch=0, chunk=0, ops=("embed", "attn:0", "router:0")),
-        Task(task_id="a2a", kind="all_to_all", microbatch=0, chunk=0, role="dispatch", layer=0,
-             group_axis="ep", deps=("F0",)),
+        Task(
+            task_id="a2a",
+            kind="all_to_all",
+            microbatch=0,
+            chunk=0,
+            role="dispatch",
+            layer=0,
+            group_axis="ep",
+            deps=("F0",),
+        ),
         Task(task_id="FE0", kind="forward_expert", microbatch=0, chunk=0, ops=("experts:0",), deps=("a2a",)),
-        Task(task_id="send", kind="send", microbatch=0, chunk=0, role="act", peer_stage=1, tag="act:m0",
-             deps=("FE0",)),
+        Task(task_id="send", kind="send", microbatch=0, chunk=0, role="act", peer_stage=1, tag="act:m0", deps=("FE0",)),
         Task(task_id="recv", kind="recv", microbatch=0, chunk=0, role="grad", peer_stage=1, tag="grad:m0"),
         Task(task_id="B0", kind="backward", microbatch=0, chunk=0, deps=("recv", "F0")),
     )
@@ -262,12 +314,20 @@ def _moe_schedule() -> Schedule:
         Task(task_id="recv", kind="recv", microbatch=0, chunk=0, role="act", peer_stage=0, tag="act:m0"),
         Task(task_id="F0", kind="forward", microbatch=0, chunk=0, ops=("head",), deps=("recv",)),
         Task(task_id="B0", kind="backward", microbatch=0, chunk=0, ops=("head",), deps=("F0",)),
-        Task(task_id="send", kind="send", microbatch=0, chunk=0, role="grad", peer_stage=0, tag="grad:m0",
-             deps=("B0",)),
+        Task(
+            task_id="send", kind="send", microbatch=0, chunk=0, role="grad", peer_stage=0, tag="grad:m0", deps=("B0",)
+        ),
         Task(task_id="ar", kind="all_reduce", role="grad_dense", group_axis="dp", deps=("B0",)),
     )
-    return Schedule(name="moe", mesh=Mesh(pp=2, ep=2), vpp=1, num_microbatches=1, lowered=True,
-                    stage_programs=(stage0, stage1), stage_layers=((0,), (1,)))
+    return Schedule(
+        name="moe",
+        mesh=Mesh(pp=2, ep=2),
+        vpp=1,
+        num_microbatches=1,
+        lowered=True,
+        stage_programs=(stage0, stage1),
+        stage_layers=((0,), (1,)),
+    )
 
 
 def test_lowered_dry_run_with_collectives() -> None:
@@ -275,8 +335,10 @@ def test_lowered_dry_run_with_collectives() -> None:
     check_lowered(schedule)
     # stage 0: F0 [0,1], all-to-all at 1, FE0 [1,2], send at 2; stage 1: F0 [2,3], B0 [3,4]; B0 [4,5].
     assert dry_run(schedule) == 5
-    assert dry_run(schedule, {"forward": 1, "forward_expert": 1, "backward": 2, "all_to_all": 0.5,
-                              "send": 0.25}) == 1 + 0.5 + 1 + 0.25 + 1 + 2 + 0.25 + 2
+    assert (
+        dry_run(schedule, {"forward": 1, "forward_expert": 1, "backward": 2, "all_to_all": 0.5, "send": 0.25})
+        == 1 + 0.5 + 1 + 0.25 + 1 + 2 + 0.25 + 2
+    )
     assert render_grid(schedule).splitlines() == ["stage 0 | F0 F0 .  .  B0", "stage 1 | .  .  F0 B0 ."]
 
 
@@ -291,8 +353,9 @@ def test_lowered_deadlock_and_mismatched_tags() -> None:
     assert "rank 0 stuck: B0 waits for recv" in str(error.value)
     assert "rank 2 stuck: F0 waits for recv" in str(error.value)
     bad_tag = dataclasses.replace(stage0[3], tag="act:m9")
-    mismatched = dataclasses.replace(schedule, stage_programs=(
-        (*stage0[:3], bad_tag, *stage0[4:]), schedule.stage_programs[1]))
+    mismatched = dataclasses.replace(
+        schedule, stage_programs=((*stage0[:3], bad_tag, *stage0[4:]), schedule.stage_programs[1])
+    )
     with pytest.raises(ScheduleError, match="tag 'act:m9'") as error:
         check_lowered(mismatched)
     assert "rank 0 | F0 F0" in str(error.value)
@@ -302,8 +365,10 @@ def test_lowered_deadlock_and_mismatched_tags() -> None:
 
 
 def test_json_round_trip() -> None:
-    for schedule in (_moe_schedule(), Schedule(name="zb-h1", mesh=Mesh(pp=4, dp=2, ep=2), vpp=1,
-                                               num_microbatches=8, stage_programs=zb_h1(4, 1, 8))):
+    for schedule in (
+        _moe_schedule(),
+        Schedule(name="zb-h1", mesh=Mesh(pp=4, dp=2, ep=2), vpp=1, num_microbatches=8, stage_programs=zb_h1(4, 1, 8)),
+    ):
         assert schedule_from_json(schedule_to_json(schedule)) == schedule
     with pytest.raises(PiperError, match="format"):
         schedule_from_json("{}")
@@ -318,16 +383,19 @@ def test_csv_round_trip(tmp_path) -> None:
     assert lines[1].startswith("0,0,r0:F0,F0,forward,compute,0,0,embed;attn:0;router:0,")
     back = schedule_from_csv(path, schedule.mesh, name="moe")
     assert back == dataclasses.replace(schedule, stage_layers=())
-    coarse = Schedule(name="", mesh=Mesh(pp=2, ep=2), vpp=2, num_microbatches=4,
-                      stage_programs=interleaved_one_f_one_b(2, 2, 4))
+    coarse = Schedule(
+        name="", mesh=Mesh(pp=2, ep=2), vpp=2, num_microbatches=4, stage_programs=interleaved_one_f_one_b(2, 2, 4)
+    )
     schedule_to_csv(coarse, path)
     assert schedule_from_csv(path, coarse.mesh) == coarse
 
 
 def test_schedule_layer_imports_nothing_that_runs() -> None:
-    code = ("import sys, piper_sim.schedule.generators, piper_sim.schedule.validate, "
-            "piper_sim.schedule.grid, piper_sim.schedule.io; "
-            "print(sorted({'numpy', 'simpy', 'torch'} & set(sys.modules)))")
+    code = (
+        "import sys, piper_sim.schedule.generators, piper_sim.schedule.validate, "
+        "piper_sim.schedule.grid, piper_sim.schedule.io; "
+        "print(sorted({'numpy', 'simpy', 'torch'} & set(sys.modules)))"
+    )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"

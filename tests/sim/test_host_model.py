@@ -21,8 +21,11 @@ def _profile_with_host_terms() -> dict:
     """mi250x plus the shared-core measurements of the calibrated CPU profile."""
     gpu = yaml.safe_load(profile_path("mi250x").read_text())
     cpu = yaml.safe_load(profile_path("cpu-2rank").read_text())["measurements"]
-    return dict(gpu, name="mi250x-with-host-terms",
-                measurements={"core_sharing": cpu["core_sharing"], "blocking_wait": cpu["blocking_wait"]})
+    return dict(
+        gpu,
+        name="mi250x-with-host-terms",
+        measurements={"core_sharing": cpu["core_sharing"], "blocking_wait": cpu["blocking_wait"]},
+    )
 
 
 def _run(profile, topology: str = "uniform"):

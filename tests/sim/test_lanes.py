@@ -9,52 +9,103 @@ from piper_sim.config import load_config
 from piper_sim.simulator import simulate
 
 ZIPF = {"routing": {"kind": "zipf", "exponent": 1.0}}
-DENSE = {"name": "dense-1b", "num_layers": 8, "d_model": 1024, "num_heads": 16, "vocab_size": 51200, "seq_len": 1024,
-         "expert_ffn_dim": 4096, "num_experts": 1, "top_k": 1, "num_dense_layers": 8, "dense_ffn_dim": 4096,
-         "dtype": "fp16"}
+DENSE = {
+    "name": "dense-1b",
+    "num_layers": 8,
+    "d_model": 1024,
+    "num_heads": 16,
+    "vocab_size": 51200,
+    "seq_len": 1024,
+    "expert_ffn_dim": 4096,
+    "num_experts": 1,
+    "top_k": 1,
+    "num_dense_layers": 8,
+    "dense_ffn_dim": 4096,
+    "dtype": "fp16",
+}
 CASES = {
     "uniform-cluster": {"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
-    "interleaved-zb": {"model": "small-moe", "schedule": "zb-h1",
-                       "parallel": {"pp": 4, "ep": 2, "num_microbatches": 8}},
-    "fat-tree-ecmp": {"model": "small-moe", "topology": "fat-tree",
-                      "parallel": {"pp": 2, "ep": 8, "dp": 4, "num_microbatches": 4}},
-    "frontier-shared-nics": {"model": "small-moe", "topology": "frontier", "collectives": {"all_to_all": "halo"},
-                             "parallel": {"pp": 4, "ep": 8, "num_microbatches": 4}},
-    "frontier-across-nodes": {"model": {"preset": "small-moe", "num_experts": 16}, "topology": "frontier",
-                              "collectives": {"all_to_all": "halo"},
-                              "parallel": {"pp": 4, "ep": 16, "dp": 2, "num_microbatches": 4}},
+    "interleaved-zb": {
+        "model": "small-moe",
+        "schedule": "zb-h1",
+        "parallel": {"pp": 4, "ep": 2, "num_microbatches": 8},
+    },
+    "fat-tree-ecmp": {
+        "model": "small-moe",
+        "topology": "fat-tree",
+        "parallel": {"pp": 2, "ep": 8, "dp": 4, "num_microbatches": 4},
+    },
+    "frontier-shared-nics": {
+        "model": "small-moe",
+        "topology": "frontier",
+        "collectives": {"all_to_all": "halo"},
+        "parallel": {"pp": 4, "ep": 8, "num_microbatches": 4},
+    },
+    "frontier-across-nodes": {
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "topology": "frontier",
+        "collectives": {"all_to_all": "halo"},
+        "parallel": {"pp": 4, "ep": 16, "dp": 2, "num_microbatches": 4},
+    },
     "zipf-dp2": {"model": "small-moe", **ZIPF, "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
-    "zipf-frontier": {"model": {"preset": "small-moe", "num_experts": 16}, "topology": "frontier", **ZIPF,
-                      "collectives": {"all_to_all": "halo"},
-                      "parallel": {"pp": 2, "ep": 16, "num_microbatches": 4}},
-    "drift-migration-steps": {"model": "small-moe", "routing": {"kind": "drift", "rate": 0.5},
-                              "migration": {"enabled": True, "policy": "greedy"}, "sim": {"steps": 4},
-                              "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4}},
-    "tp2-sp-zipf": {"model": "small-moe", **ZIPF,
-                    "parallel": {"pp": 2, "ep": 4, "tp": 2, "sp": True, "num_microbatches": 4}},
-    "tp2-etp2-frontier": {"model": "small-moe", "topology": "frontier", "collectives": {"all_to_all": "halo"},
-                          "parallel": {"pp": 2, "ep": 4, "tp": 2, "etp": 2, "num_microbatches": 4}},
-    "zipf-dualpipe-v": {"model": "small-moe", "schedule": "dualpipe-v", **ZIPF,
-                        "parallel": {"pp": 2, "ep": 4, "vpp": 2, "num_microbatches": 4}},
+    "zipf-frontier": {
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "topology": "frontier",
+        **ZIPF,
+        "collectives": {"all_to_all": "halo"},
+        "parallel": {"pp": 2, "ep": 16, "num_microbatches": 4},
+    },
+    "drift-migration-steps": {
+        "model": "small-moe",
+        "routing": {"kind": "drift", "rate": 0.5},
+        "migration": {"enabled": True, "policy": "greedy"},
+        "sim": {"steps": 4},
+        "parallel": {"pp": 2, "ep": 4, "dp": 2, "num_microbatches": 4},
+    },
+    "tp2-sp-zipf": {
+        "model": "small-moe",
+        **ZIPF,
+        "parallel": {"pp": 2, "ep": 4, "tp": 2, "sp": True, "num_microbatches": 4},
+    },
+    "tp2-etp2-frontier": {
+        "model": "small-moe",
+        "topology": "frontier",
+        "collectives": {"all_to_all": "halo"},
+        "parallel": {"pp": 2, "ep": 4, "tp": 2, "etp": 2, "num_microbatches": 4},
+    },
+    "zipf-dualpipe-v": {
+        "model": "small-moe",
+        "schedule": "dualpipe-v",
+        **ZIPF,
+        "parallel": {"pp": 2, "ep": 4, "vpp": 2, "num_microbatches": 4},
+    },
     # back-to-back gradient reduce-scatters over the ep x dp groups, then the expert dp groups, whose collectives
     # end apart (their members' routes differ in latency): each group joins the next when its own members have
-    "frontier-chained-reduce-scatters": {"model": {"preset": "small-moe", "num_experts": 16}, "topology": "frontier",
-                                         "collectives": {"all_to_all": "halo"}, "schedule": "zb-h1",
-                                         "optimizer": {"zero": 1},
-                                         "parallel": {"pp": 2, "ep": 16, "dp": 4, "tp": 2, "sp": True,
-                                                      "num_microbatches": 4}},
+    "frontier-chained-reduce-scatters": {
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "topology": "frontier",
+        "collectives": {"all_to_all": "halo"},
+        "schedule": "zb-h1",
+        "optimizer": {"zero": 1},
+        "parallel": {"pp": 2, "ep": 16, "dp": 4, "tp": 2, "sp": True, "num_microbatches": 4},
+    },
     # the last backward's gradient send, then the reduce-scatter that waits for it: members' transfers land apart
     # (after tensor-parallel reduce-scatters that ended apart); each group joins when its own members' have landed
-    "frontier-collective-after-transfers": {"model": {"preset": "small-moe", "num_experts": 16},
-                                            "topology": "frontier", "collectives": {"all_to_all": "halo"},
-                                            "optimizer": {"zero": 1},
-                                            "parallel": {"pp": 2, "ep": 8, "dp": 4, "tp": 2, "sp": True,
-                                                         "num_microbatches": 4}},
+    "frontier-collective-after-transfers": {
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "topology": "frontier",
+        "collectives": {"all_to_all": "halo"},
+        "optimizer": {"zero": 1},
+        "parallel": {"pp": 2, "ep": 8, "dp": 4, "tp": 2, "sp": True, "num_microbatches": 4},
+    },
     # a dense Megatron-style pipeline whose stages' columns cross the fat tree on routes of two latencies: each
     # member's transfers land a little apart every micro-batch, more than a stage-wide lane can absorb
-    "dense-pipeline-latency-classes": {"model": DENSE, "topology": "dgx-a100-superpod", "cost": {"profile": "a100"},
-                                       "parallel": {"convention": "megatron", "tp": 8, "pp": 4, "dp": 8,
-                                                    "num_microbatches": 16}},
+    "dense-pipeline-latency-classes": {
+        "model": DENSE,
+        "topology": "dgx-a100-superpod",
+        "cost": {"profile": "a100"},
+        "parallel": {"convention": "megatron", "tp": 8, "pp": 4, "dp": 8, "num_microbatches": 16},
+    },
 }
 
 
@@ -78,8 +129,13 @@ def test_skewed_routing_uses_a_lane_per_expert_parallel_group():
 
 
 def test_lanes_do_not_fall_back_on_frontier():
-    for name in ("frontier-shared-nics", "frontier-across-nodes", "zipf-frontier", "frontier-chained-reduce-scatters",
-                 "frontier-collective-after-transfers"):
+    for name in (
+        "frontier-shared-nics",
+        "frontier-across-nodes",
+        "zipf-frontier",
+        "frontier-chained-reduce-scatters",
+        "frontier-collective-after-transfers",
+    ):
         result = simulate(load_config(CASES[name]))
         assert not result.stats["lanes_fell_back"], name
         assert result.stats["num_lanes"] < result.report.num_gpus, name

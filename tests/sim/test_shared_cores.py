@@ -14,8 +14,11 @@ RAW = {"model": "tiny-moe", "parallel": {"pp": 1, "ep": 8, "num_microbatches": 2
 
 def first_forward_s(cores: int, profile: str | dict | None = None) -> float:
     # a GPU profile on the CPU testbed (asked for): its cores' sharing alone, without cpu-2rank's measured terms
-    raw = {**RAW, "topology": {"preset": "testbed-flat", "params": {"shared_cores": cores}},
-           "cost": {"profile": "mi250x" if profile is None else profile, "allow_device_mismatch": True}}
+    raw = {
+        **RAW,
+        "topology": {"preset": "testbed-flat", "params": {"shared_cores": cores}},
+        "cost": {"profile": "mi250x" if profile is None else profile, "allow_device_mismatch": True},
+    }
     trace = simulate(load_config(raw)).trace
     first = trace[(trace["task_id"] == "F:c0:m0:s0")]
     assert len(first) == 8 and first["start_s"].nunique() == 1  # all eight ranks start it together
@@ -67,9 +70,13 @@ def test_an_all_to_all_in_a_group_of_one_costs_its_measured_host_work():
     ops = profile["measurements"]["framework_overhead_by_model"]["tiny-moe"]["forward"]["ops"]
     for op in ("dispatch:0", "combine:0"):
         ops.pop(op, None)
-    raw = {**RAW, "parallel": {"pp": 2, "ep": 1, "num_microbatches": 2, "micro_batch_size": 2},
-           "model": {"preset": "tiny-moe", "seq_len": 128},
-           "topology": {"preset": "testbed-flat", "params": {"shared_cores": 2}}, "cost": {"profile": profile}}
+    raw = {
+        **RAW,
+        "parallel": {"pp": 2, "ep": 1, "num_microbatches": 2, "micro_batch_size": 2},
+        "model": {"preset": "tiny-moe", "seq_len": 128},
+        "topology": {"preset": "testbed-flat", "params": {"shared_cores": 2}},
+        "cost": {"profile": profile},
+    }
 
     def durations() -> dict[bool, np.ndarray]:
         trace = simulate(load_config(raw)).trace
@@ -80,8 +87,13 @@ def test_an_all_to_all_in_a_group_of_one_costs_its_measured_host_work():
     unmeasured = durations()
     assert all(len(d) > 0 and (d == 0).all() for d in unmeasured.values())  # nothing measured: nothing charged
     for op, times_us in (("dispatch:0", [300.0, 400.0, 500.0]), ("combine:0", [30.0, 40.0, 50.0])):
-        ops[op] = {"kernels": 5, "views": 0, "time_us": times_us[0], "tokens": [8, 256, 1024],
-                   "time_us_by_tokens": times_us}
+        ops[op] = {
+            "kernels": 5,
+            "views": 0,
+            "time_us": times_us[0],
+            "tokens": [8, 256, 1024],
+            "time_us_by_tokens": times_us,
+        }
     measured = durations()  # 2 x 128 tokens: the times measured at 256 tokens (2 ranks, one core each)
     assert measured[True] == pytest.approx(400e-6, rel=1e-6)
     assert measured[False] == pytest.approx(40e-6, rel=1e-6)
@@ -89,8 +101,11 @@ def test_an_all_to_all_in_a_group_of_one_costs_its_measured_host_work():
 
 def _profile_with_blocking_wait(loads: list[float], extra_us: list[float], slice_us: float = 1000.0) -> dict:
     raw = _profile_with_core_sharing([1], [1.0])
-    raw["measurements"]["blocking_wait"] = {"computing_per_core": loads, "extra_per_call_us": extra_us,
-                                            "scheduler_slice_us": slice_us}
+    raw["measurements"]["blocking_wait"] = {
+        "computing_per_core": loads,
+        "extra_per_call_us": extra_us,
+        "scheduler_slice_us": slice_us,
+    }
     return raw
 
 

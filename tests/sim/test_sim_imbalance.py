@@ -44,13 +44,19 @@ def test_skew_slows_the_step_and_expert_time_follows_the_rows():
     # the slowest expert task is the one with the most FLOPs (most rows): straggler follows the max load
     durations, flops = np.array(loads).T
     assert np.argmax(durations) == np.argmax(flops)
-    assert coster.cost("forward_expert", ("experts:0",), (100, 100))[0] < coster.cost(
-        "forward_expert", ("experts:0",), (400, 400))[0]
+    assert (
+        coster.cost("forward_expert", ("experts:0",), (100, 100))[0]
+        < coster.cost("forward_expert", ("experts:0",), (400, 400))[0]
+    )
 
 
 def test_greedy_migration_lowers_imbalance_and_moves_real_bytes():
-    raw = {**BASE, "model": {"preset": "small-moe", "num_experts": 16},
-           "routing": {"kind": "zipf", "exponent": 1.2}, "sim": {"steps": 4}}
+    raw = {
+        **BASE,
+        "model": {"preset": "small-moe", "num_experts": 16},
+        "routing": {"kind": "zipf", "exponent": 1.2},
+        "sim": {"steps": 4},
+    }
     none = simulate(load_config(raw))
     greedy = simulate(load_config({**raw, "migration": {"enabled": True, "policy": "greedy"}}))
     mig = greedy.report.migration

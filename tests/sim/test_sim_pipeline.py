@@ -46,8 +46,9 @@ def test_step_time_and_bubble_match_closed_form(negligible_comm_config, schedule
 
 def test_interleaving_shrinks_bubble_by_about_vpp(negligible_comm_config):
     base, _ = simulate(negligible_comm_config, parallel__num_microbatches=8)
-    inter, _ = simulate(negligible_comm_config, schedule="interleaved-1f1b", parallel__vpp=2,
-                        parallel__num_microbatches=8)
+    inter, _ = simulate(
+        negligible_comm_config, schedule="interleaved-1f1b", parallel__vpp=2, parallel__num_microbatches=8
+    )
     # bubble time (not fraction) shrinks by vpp: (p-1)/vpp chunks of F+B instead of (p-1)
     base_bubble = base.bubble_fraction * base.step_time_s
     inter_bubble = inter.bubble_fraction * inter.step_time_s
@@ -89,11 +90,14 @@ def test_first_step_peak_memory_is_step_zeros_own_peak():
     """The report's step-0 peak (what a run that counts activations on step 0 measures) is the whole run's
     peak for a one-step run, and never above it when later steps route differently."""
 
-    raw = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4},
-           "routing": {"kind": "dirichlet"}, "sim": {"steps": 3}}
+    raw = {
+        "model": "tiny-moe",
+        "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4},
+        "routing": {"kind": "dirichlet"},
+        "sim": {"steps": 3},
+    }
     report = simulate_config(load_config(raw)).report
-    assert all(f <= p for f, p in zip(report.peak_memory_bytes_first_step, report.peak_memory_bytes,
-                                      strict=True))
+    assert all(f <= p for f, p in zip(report.peak_memory_bytes_first_step, report.peak_memory_bytes, strict=True))
     assert report.peak_memory_bytes_first_step != report.peak_memory_bytes  # later steps route differently
     one = simulate_config(load_config({**raw, "sim": {"steps": 1}})).report
     assert one.peak_memory_bytes_first_step == one.peak_memory_bytes

@@ -15,12 +15,27 @@ from piper_sim.topology.load import load_topology
 GLOBAL_BW = 1e9
 # 2 groups of 4 switches, 1 node (1 GPU, 1 NIC) per switch, 2 global links per group pair; everything but
 # the global links fast and every latency and overhead 0, so the global links bound the all-to-all.
-SMALL = {"gpus_per_node": 1, "nics_per_node": 1, "switches_per_group": 4, "nodes_per_switch": 1,
-         "global_links_per_group_pair": 2, "global_bandwidth_GBps": GLOBAL_BW / 1e9, "local_bandwidth_GBps": 1e3,
-         "nic_bandwidth_GBps": 1e3, "intra_bandwidth_GBps": 1e3, "gpu_nic_bandwidth_GBps": 1e3,
-         "message_overhead_us": 0.0, "intra_latency_us": 0.0, "gpu_nic_latency_us": 0.0, "nic_latency_us": 0.0,
-         "local_latency_us": 0.0, "global_latency_us": 0.0, "switch_latency_us": 0.0, "num_groups": 74,
-         "routing": "adaptive"}
+SMALL = {
+    "gpus_per_node": 1,
+    "nics_per_node": 1,
+    "switches_per_group": 4,
+    "nodes_per_switch": 1,
+    "global_links_per_group_pair": 2,
+    "global_bandwidth_GBps": GLOBAL_BW / 1e9,
+    "local_bandwidth_GBps": 1e3,
+    "nic_bandwidth_GBps": 1e3,
+    "intra_bandwidth_GBps": 1e3,
+    "gpu_nic_bandwidth_GBps": 1e3,
+    "message_overhead_us": 0.0,
+    "intra_latency_us": 0.0,
+    "gpu_nic_latency_us": 0.0,
+    "nic_latency_us": 0.0,
+    "local_latency_us": 0.0,
+    "global_latency_us": 0.0,
+    "switch_latency_us": 0.0,
+    "num_groups": 74,
+    "routing": "adaptive",
+}
 
 
 def small(**params) -> object:
@@ -100,9 +115,12 @@ def test_allocations_spread_a_job_over_groups():
     assert len(set(rand.router.fabric.job_groups)) > 20
     explicit = load_topology({**frontier, "params": {"allocation": [5, 700, 9000]}}, 8 * 3)
     assert [explicit.router.fabric.home(h)[0] for h in range(3)] == [0, 5, 70]
-    for bad, key in (({"policy": "spread", "groups": 99}, "topology.params.allocation.groups"),
-                     ({"policy": "random", "sorted": True}, "topology.params.allocation.sorted"),
-                     ([0, 0], "topology.params.allocation"), ("packed", "topology.params.allocation")):
+    for bad, key in (
+        ({"policy": "spread", "groups": 99}, "topology.params.allocation.groups"),
+        ({"policy": "random", "sorted": True}, "topology.params.allocation.sorted"),
+        ([0, 0], "topology.params.allocation"),
+        ("packed", "topology.params.allocation"),
+    ):
         with pytest.raises(ConfigError) as err:
             load_topology({**frontier, "params": {"allocation": bad}}, 16)
         assert err.value.key == key

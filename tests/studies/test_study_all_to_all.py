@@ -18,8 +18,10 @@ from piper_sim.topology.load import load_topology
 from piper_sim.topology.spread import all_detours
 from piper_sim.topology.structured import mix64
 
-UNIFORM = {"builder": "uniform", "params": {"gpus_per_node": 8, "intra_bandwidth_GBps": 100,
-                                            "nic_bandwidth_GBps": 12.5, "message_overhead_us": 2.0}}
+UNIFORM = {
+    "builder": "uniform",
+    "params": {"gpus_per_node": 8, "intra_bandwidth_GBps": 100, "nic_bandwidth_GBps": 12.5, "message_overhead_us": 2.0},
+}
 DRAGONFLY = {"preset": "dragonfly", "params": {"num_groups": 3}}
 
 
@@ -48,7 +50,8 @@ def test_merging_identical_flows_is_exact():
     merged = merge_identical(entry_flow, entry_link, sizes)
     assert merged.sizes.size == 4 and merged.weight.sum() == 8  # (0,1)x3 splits by size: 1e8 x3 merge, 5e7 alone
     assert flows_time(merged.entry_flow, merged.entry_link, merged.sizes, capacity, merged.weight) == pytest.approx(
-        flows_time(entry_flow, entry_link, sizes, capacity), rel=1e-12)
+        flows_time(entry_flow, entry_link, sizes, capacity), rel=1e-12
+    )
 
 
 def test_lumping_symmetric_flows_gives_one_class():
@@ -67,8 +70,11 @@ def test_lumping_symmetric_flows_gives_one_class():
 def test_lumped_run_equals_the_engine(spec, num_gpus, algorithm, matrix):
     topo = load_topology(spec, num_gpus)
     n = topo.num_gpus
-    m = (np.full((n, n), 2.0**20) if matrix == "uniform"
-         else np.random.default_rng(0).exponential(1e6, (n, n)) * (np.random.default_rng(1).random((n, n)) < 0.5))
+    m = (
+        np.full((n, n), 2.0**20)
+        if matrix == "uniform"
+        else np.random.default_rng(0).exponential(1e6, (n, n)) * (np.random.default_rng(1).random((n, n)) < 0.5)
+    )
     phases = ALL_TO_ALL.get(algorithm)(m, topo.gpus, topo)
     prep, run = run_collective(phases, topo.gpus, topo)
     assert prep.lumped.exact_check
@@ -87,8 +93,9 @@ def test_host_symmetry_reduction_is_exact(spec, algorithm):
     assert prep.symmetric and prep.num_routed < prep.num_sub_flows
     run = simulate(prep, topo)
     assert run.time_s == pytest.approx(engine_time(phases, topo), rel=1e-12)
-    np.testing.assert_allclose(run.link_bytes, simulate(prepare(phases, topo.gpus, topo), topo).link_bytes,
-                               rtol=1e-9, atol=1e-3)
+    np.testing.assert_allclose(
+        run.link_bytes, simulate(prepare(phases, topo.gpus, topo), topo).link_bytes, rtol=1e-9, atol=1e-3
+    )
 
 
 def test_spread_detours_lump_exactly_and_contain_the_hashed_choice():
@@ -99,13 +106,20 @@ def test_spread_detours_lump_exactly_and_contain_the_hashed_choice():
         assert fabric.valiant_path(a, b, mix64(key)) in [seq for seq, _ in all_detours(fabric, a, b)]
     phases = ALL_TO_ALL.get("flat")(np.full((48, 48), 2.0**20), topo.gpus, topo)
     lumped = simulate(prepare(phases, topo.gpus, topo, spread=True, symmetric=True), topo).time_s
-    assert lumped == pytest.approx(simulate(prepare(phases, topo.gpus, topo, spread=True, lump_flows=False),
-                                            topo).time_s, rel=1e-12)
+    assert lumped == pytest.approx(
+        simulate(prepare(phases, topo.gpus, topo, spread=True, lump_flows=False), topo).time_s, rel=1e-12
+    )
 
 
-@pytest.mark.parametrize("spec", [{"preset": "frontier"}, {"preset": "dragonfly", "params": {"num_groups": 3,
-                                                                                             "routing": "valiant"}},
-                                  {"preset": "dgx-h100-superpod"}, UNIFORM])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"preset": "frontier"},
+        {"preset": "dragonfly", "params": {"num_groups": 3, "routing": "valiant"}},
+        {"preset": "dgx-h100-superpod"},
+        UNIFORM,
+    ],
+)
 def test_vectorized_routes_match_topology_paths(spec):
     topo = load_topology(spec, 64)
     rng = np.random.default_rng(0)
@@ -130,8 +144,22 @@ def test_mix64_vectorized():
 # ---- the study -----------------------------------------------------------------------------------
 def test_study_writes_csv_and_plots(tmp_path):
     out = tmp_path / "study"
-    rc = cli_main(["study", "all-to-all", "--topology", "uniform", "--nodes", "1,2", "--sizes", "64KiB,1MiB",
-                   "--algorithms", "flat,2dh,halo", "--out", str(out)])
+    rc = cli_main(
+        [
+            "study",
+            "all-to-all",
+            "--topology",
+            "uniform",
+            "--nodes",
+            "1,2",
+            "--sizes",
+            "64KiB,1MiB",
+            "--algorithms",
+            "flat,2dh,halo",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     with (out / "study.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -141,7 +169,8 @@ def test_study_writes_csv_and_plots(tmp_path):
     n = 16
     assert flat["size_per"] == "gpu" and float(flat["bytes_per_gpu"]) == 2**20  # the default: each GPU's buffer
     assert float(flat["busbw_bytes_per_s"]) == pytest.approx(
-        2**20 * (n - 1) / n / float(flat["time_s"]))  # bus bandwidth = bytes each GPU sends to others / time
+        2**20 * (n - 1) / n / float(flat["time_s"])
+    )  # bus bandwidth = bytes each GPU sends to others / time
     assert flat["busiest_link_kind"] in ("gpu_nic", "nic")
     with (out / "link_kinds.csv").open() as f:
         assert list(next(csv.DictReader(f))) == KIND_COLUMNS
@@ -180,8 +209,10 @@ def test_halo_vs_flat_on_one_non_blocking_switch(chunk_mib):
     """
     topo = load_topology({**UNIFORM, "collectives": {"halo": {"chunk_MiB": chunk_mib}}}, 72)
     m = np.full((72, 72), 2.0**20)
-    t = {alg: run_collective(ALL_TO_ALL.get(alg)(m, topo.gpus, topo), topo.gpus, topo)[1].time_s
-         for alg in ("flat", "halo")}
+    t = {
+        alg: run_collective(ALL_TO_ALL.get(alg)(m, topo.gpus, topo), topo.gpus, topo)[1].time_s
+        for alg in ("flat", "halo")
+    }
     big_t, o, relay = 64 * 2.0**20 / 12.5e9, 2e-6, 56 * 2.0**20 / 100e9
     inter = topo.path_latency_s(topo.route(topo.gpus[0], topo.gpus[8]))
     intra = topo.path_latency_s(topo.route(topo.gpus[0], topo.gpus[1]))
@@ -222,8 +253,13 @@ def test_tapered_dragonfly_halo_vs_flat_ratio_and_reason():
 def test_switch_automorphisms_reduce_exactly(routing):
     """A small Frontier-like dragonfly (3 groups of 8 switches, 4 global links per group pair): chassis-block
     rotations (paired across groups) are verified automorphisms; the reduced run equals the unreduced one."""
-    params = {"switches_per_group": 8, "nodes_per_switch": 1, "global_links_per_group_pair": 4, "num_groups": 3,
-              "routing": routing}
+    params = {
+        "switches_per_group": 8,
+        "nodes_per_switch": 1,
+        "global_links_per_group_pair": 4,
+        "num_groups": 3,
+        "routing": routing,
+    }
     topo = load_topology({"preset": "frontier", "params": params}, 192)
     phases = ALL_TO_ALL.get("flat")(np.full((192, 192), 2.0**20), topo.gpus, topo)
     spread = routing == "adaptive"
@@ -278,8 +314,16 @@ def test_a_collective_on_the_same_pairs_reuses_the_prepared_one_with_a_factor_pe
     from piper_sim.studies.prepcache import PreparedCache
 
     topo = load_topology(topology, 8 * nodes)
-    topo.collectives = {"rccl": {"peers_in_flight": 4, "per_peer_us": 3.0, "per_chunk_us": 1.0,
-                                 "intra_efficiency": 0.5, "net_efficiency": 0.8, "intra_per_chunk_us": 0.0}}
+    topo.collectives = {
+        "rccl": {
+            "peers_in_flight": 4,
+            "per_peer_us": 3.0,
+            "per_chunk_us": 1.0,
+            "intra_efficiency": 0.5,
+            "net_efficiency": 0.8,
+            "intra_per_chunk_us": 0.0,
+        }
+    }
     n = len(topo.gpus)
     matrix = np.full((n, n), 2.0**20)
     cache = PreparedCache(list(topo.gpus), topo)

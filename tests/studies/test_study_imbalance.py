@@ -9,9 +9,30 @@ from piper_sim.cli import main
 
 def test_imbalance_study_writes_rows_and_plots(tmp_path):
     out = tmp_path / "imb"
-    assert main(["study", "imbalance", "small-moe", "--skews", "0,2", "--policies", "none,greedy", "--steps", "3",
-                 "--drift-steps", "4", "--set", "model.num_experts=16", "--set", "parallel.num_microbatches=4",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "study",
+                "imbalance",
+                "small-moe",
+                "--skews",
+                "0,2",
+                "--policies",
+                "none,greedy",
+                "--steps",
+                "3",
+                "--drift-steps",
+                "4",
+                "--set",
+                "model.num_experts=16",
+                "--set",
+                "parallel.num_microbatches=4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     df = pd.read_csv(out / "imbalance.csv")
     assert len(df) == 4 and set(df["policy"]) == {"none", "greedy"}
     none = df[df["policy"] == "none"].set_index("skew")

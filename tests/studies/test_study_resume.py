@@ -33,8 +33,9 @@ class Interrupt:
 
 def test_an_interrupted_imbalance_study_recomputes_nothing_finished(tmp_path):
     raw = read_config_file(config_path("tiny-moe"))
-    points = study_points(raw, kind="zipf", skews=[0.0, 1.0, 2.0], policies=["none", "greedy"], steps=2,
-                          drift_steps=3, drift_rate=0.5)
+    points = study_points(
+        raw, kind="zipf", skews=[0.0, 1.0, 2.0], policies=["none", "greedy"], steps=2, drift_steps=3, drift_rate=0.5
+    )
     assert len(points) == 8
     first = Interrupt(4, "] ")
     with pytest.raises(KeyboardInterrupt):
@@ -64,8 +65,21 @@ def test_an_interrupted_all_to_all_study_recomputes_nothing_finished(tmp_path):
 
 
 def test_the_cli_resumes_into_its_own_folder_and_marks_it_finished(tmp_path, capsys):
-    argv = ["study", "imbalance", "tiny-moe", "--skews", "0", "--policies", "none", "--steps", "2",
-            "--drift-steps", "0", "--out", str(tmp_path / "s")]
+    argv = [
+        "study",
+        "imbalance",
+        "tiny-moe",
+        "--skews",
+        "0",
+        "--policies",
+        "none",
+        "--steps",
+        "2",
+        "--drift-steps",
+        "0",
+        "--out",
+        str(tmp_path / "s"),
+    ]
     assert main(argv) == 0 and not (tmp_path / "s" / UNFINISHED).exists()
     capsys.readouterr()
     assert main(argv) == 0

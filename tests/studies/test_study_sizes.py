@@ -17,10 +17,30 @@ MIB = 2**20
 
 def study(tmp_path, *args: str) -> tuple[pd.DataFrame, pd.DataFrame, str, dict]:
     out = tmp_path / "study"
-    assert main(["study", "all-to-all", "--topology", "uniform", "--nodes", "2", "--algorithms", "flat",
-                 *args, "--out", str(out)]) == 0
-    return (pd.read_csv(out / "study.csv"), pd.read_csv(out / "link_kinds.csv"), (out / "tables.md").read_text(),
-            yaml.safe_load((out / "study.yaml").read_text()))
+    assert (
+        main(
+            [
+                "study",
+                "all-to-all",
+                "--topology",
+                "uniform",
+                "--nodes",
+                "2",
+                "--algorithms",
+                "flat",
+                *args,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    return (
+        pd.read_csv(out / "study.csv"),
+        pd.read_csv(out / "link_kinds.csv"),
+        (out / "tables.md").read_text(),
+        yaml.safe_load((out / "study.yaml").read_text()),
+    )
 
 
 def test_a_size_is_each_gpus_whole_buffer_by_default(tmp_path):
@@ -36,6 +56,7 @@ def test_a_size_is_each_gpus_whole_buffer_by_default(tmp_path):
 
 def test_a_size_per_pair_is_the_gpu_count_times_a_size_per_gpu():
     """16 GPUs: 64 KiB per pair is the 1 MiB per GPU all-to-all, to the bit."""
+
     def row(size: str, per: str) -> dict:
         spec = StudySpec(topology="uniform", nodes=(2,), sizes=(size,), algorithms=("flat",), size_per=per)
         return next(run_study(spec, log=lambda _s: None))[0]
@@ -46,10 +67,13 @@ def test_a_size_per_pair_is_the_gpu_count_times_a_size_per_gpu():
     assert row("1MiB", "pair")["bytes_per_gpu"] == 16 * MIB
 
 
-@pytest.mark.parametrize(("model", "mbs", "seq", "expected"), [
-    ("x-moe-small", None, None, 1 * 2048 * 6 * 2048 * 2),  # the preset's seq 2048, top-6, d 2048, bf16
-    ("mixtral-8x7b", 2, 1024, 2 * 1024 * 2 * 4096 * 2),  # top-2, d 4096
-])
+@pytest.mark.parametrize(
+    ("model", "mbs", "seq", "expected"),
+    [
+        ("x-moe-small", None, None, 1 * 2048 * 6 * 2048 * 2),  # the preset's seq 2048, top-6, d 2048, bf16
+        ("mixtral-8x7b", 2, 1024, 2 * 1024 * 2 * 4096 * 2),  # top-2, d 4096
+    ],
+)
 def test_model_gives_one_moe_layers_buffer(model, mbs, seq, expected):
     buffer = moe_buffer(model, mbs, seq)
     assert buffer.buffer_bytes == expected
@@ -59,16 +83,28 @@ def test_model_gives_one_moe_layers_buffer(model, mbs, seq, expected):
 def test_the_cli_studies_the_models_buffer_and_records_its_inputs(tmp_path):
     rows, _, _, meta = study(tmp_path, "--model", "x-moe-small")
     assert rows["size"].tolist() == ["48MiB"] and rows["bytes_per_gpu"].tolist() == [48 * MIB]
-    assert meta["moe_buffer"] == {"model": "x-moe-small", "micro_batch_size": 1, "seq_len": 2048,
-                                  "tokens_per_microbatch": 2048, "top_k": 6, "num_experts": 64, "d_model": 2048,
-                                  "bytes_per_element": 2, "buffer_bytes": 48 * MIB}
+    assert meta["moe_buffer"] == {
+        "model": "x-moe-small",
+        "micro_batch_size": 1,
+        "seq_len": 2048,
+        "tokens_per_microbatch": 2048,
+        "top_k": 6,
+        "num_experts": 64,
+        "d_model": 2048,
+        "bytes_per_element": 2,
+        "buffer_bytes": 48 * MIB,
+    }
 
 
-@pytest.mark.parametrize(("args", "key"), [(["--model", "x-moe-small", "--sizes", "1MiB"], "--sizes"),
-                                           (["--model", "x-moe-small", "--size-per", "pair"], "--size-per"),
-                                           (["--seq-len", "512"], "--seq-len"),
-                                           (["--model", "x-moe-small", "--micro-batch-size", "0"],
-                                            "--micro-batch-size")])
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["--model", "x-moe-small", "--sizes", "1MiB"], "--sizes"),
+        (["--model", "x-moe-small", "--size-per", "pair"], "--size-per"),
+        (["--seq-len", "512"], "--seq-len"),
+        (["--model", "x-moe-small", "--micro-batch-size", "0"], "--micro-batch-size"),
+    ],
+)
 def test_size_options_that_do_not_go_together_are_refused(tmp_path, capsys, args, key):
     out = tmp_path / "never"
     assert main(["study", "all-to-all", "--topology", "uniform", "--nodes", "1", *args, "--out", str(out)]) == 2
@@ -97,8 +133,13 @@ def test_reproduces_halo_table_names_its_sizes_per_gpu(tmp_path):
     from piper_sim.reproduce.network_experiments import halo_section
     from piper_sim.reproduce.work import run_point
 
-    payload = {"kind": "a2a_study", "nodes": 1, "sizes": ["1MiB"], "algorithms": ["rccl", "halo"],
-               "topology": "frontier"}
+    payload = {
+        "kind": "a2a_study",
+        "nodes": 1,
+        "sizes": ["1MiB"],
+        "algorithms": ["rccl", "halo"],
+        "topology": "frontier",
+    }
     result = run_point(payload)
     assert {row["size_per"] for row in result["rows"]} == {"gpu"}
     table = halo_section([(payload, result)], tmp_path).table

@@ -28,6 +28,7 @@ PREFIX = "pstt"
 
 def snapshot() -> dict[str, str]:
     """What the root namespace shows: namespaces, interfaces (without counters), qdiscs."""
+
     def out(*argv: str) -> str:
         return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
 
@@ -57,11 +58,16 @@ def test_up_down_leaves_nothing(clean) -> None:
     assert bed.rank_map()[7] == (f"{PREFIX}-n3", "10.250.0.4")
     state = json.loads(default_state_path(PREFIX).read_text())
     assert state["rank_map"]["2"] == [f"{PREFIX}-n1", "10.250.0.2"] and len(state["plan"]["links"]) == 4
-    addr = subprocess.run(exec_in(1, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"], prefix=PREFIX),
-                          check=True, capture_output=True, text=True).stdout
+    addr = subprocess.run(
+        exec_in(1, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"], prefix=PREFIX),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert "10.250.0.2/24" in addr
-    qdiscs = subprocess.run(["tc", "-n", f"{PREFIX}-s0", "qdisc", "show", "dev", "h1"], check=True,
-                            capture_output=True, text=True).stdout
+    qdiscs = subprocess.run(
+        ["tc", "-n", f"{PREFIX}-s0", "qdisc", "show", "dev", "h1"], check=True, capture_output=True, text=True
+    ).stdout
     assert "tbf" in qdiscs and "rate 100Mbit" in qdiscs
     with pytest.raises(TestbedError, match="already up"):
         up("testbed-flat", PREFIX)
@@ -150,8 +156,13 @@ def test_status_of_a_testbed_that_is_down_exits_non_zero(capsys):
 def _up_in_a_process(prefix: str, created: int) -> subprocess.Popen:
     """`piper-sim testbed up testbed-2g` (8 namespaces) in a process of its own, returned once it has created
     `created` namespaces, part-way through."""
-    proc = subprocess.Popen([sys.executable, "-m", "piper_sim", "testbed", "up", "testbed-2g", "--prefix", prefix],
-                            cwd=PACKAGE_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "piper_sim", "testbed", "up", "testbed-2g", "--prefix", prefix],
+        cwd=PACKAGE_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while sum(ns.startswith(f"{prefix}-") for ns in list_namespaces()) < created:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -159,8 +170,9 @@ def _up_in_a_process(prefix: str, created: int) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.parametrize(("sig", "times", "code"), [(signal.SIGINT, 1, 130), (signal.SIGTERM, 1, 143),
-                                                    (signal.SIGINT, 3, 130)])
+@pytest.mark.parametrize(
+    ("sig", "times", "code"), [(signal.SIGINT, 1, 130), (signal.SIGTERM, 1, 143), (signal.SIGINT, 3, 130)]
+)
 def test_up_stopped_part_way_removes_what_it_created(clean, sig, times, code) -> None:
     """Ctrl-C or SIGTERM while `testbed up` builds: it removes everything and says so; more Ctrl-Cs while it
     removes do not cut the removal short."""

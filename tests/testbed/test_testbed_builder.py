@@ -65,16 +65,19 @@ def test_flat() -> None:
     assert topo.params.message_overhead_s == pytest.approx(50e-6)
 
 
-@pytest.mark.parametrize(("change", "key"), [
-    (lambda p: p.update(nic_speed=1), "nic_speed"),
-    (lambda p: p.update(nic_bandwidth_GBps=1), "nic_bandwidth_Mbps"),  # given twice: GBps and Mbps
-    (lambda p: p.pop("nic_bandwidth_Mbps"), "nic_bandwidth_GBps"),
-    (lambda p: p["nodes"].append({"switch": "s9"}), "nodes[4]"),
-    (lambda p: p["switch_links"][0].update(kind="backbone"), "switch_links[0].kind"),
-    (lambda p: p["switch_links"][0].update(b="s0"), "switch_links[0]"),
-    (lambda p: p.update(switch_links=p["switch_links"][:2]), "switch_links"),  # groups not connected
-    (lambda p: p.update(gpus_per_node=0), "gpus_per_node"),
-])
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (lambda p: p.update(nic_speed=1), "nic_speed"),
+        (lambda p: p.update(nic_bandwidth_GBps=1), "nic_bandwidth_Mbps"),  # given twice: GBps and Mbps
+        (lambda p: p.pop("nic_bandwidth_Mbps"), "nic_bandwidth_GBps"),
+        (lambda p: p["nodes"].append({"switch": "s9"}), "nodes[4]"),
+        (lambda p: p["switch_links"][0].update(kind="backbone"), "switch_links[0].kind"),
+        (lambda p: p["switch_links"][0].update(b="s0"), "switch_links[0]"),
+        (lambda p: p.update(switch_links=p["switch_links"][:2]), "switch_links"),  # groups not connected
+        (lambda p: p.update(gpus_per_node=0), "gpus_per_node"),
+    ],
+)
 def test_bad_params_name_the_key(change, key: str) -> None:
     spec = raw("testbed-2g")
     change(spec["params"])

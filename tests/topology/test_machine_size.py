@@ -16,15 +16,18 @@ def small_floor(monkeypatch):
     monkeypatch.setattr(size, "MACHINE_LINKS_FLOOR", 5_000)
 
 
-@pytest.mark.parametrize(("spec", "key"), [
-    ({"preset": "uniform", "params": {"num_nodes": 128}}, "topology.params.num_nodes"),
-    ({"preset": "uniform", "params": {"gpus_per_node": 1024}}, "topology.params.gpus_per_node"),
-    ({"preset": "fat-tree", "params": {"num_spines": 4096}}, "topology.params.num_spines"),
-    ({"preset": "dgx-h100-superpod", "params": {"num_spines": 512}}, "topology.params.num_spines"),
-    ({"preset": "dgx-h100-superpod", "params": {"gpus_per_node": 128}}, "topology.params.gpus_per_node"),
-    ({"preset": "dragonfly", "params": {"switches_per_group": 128}}, "topology.params.switches_per_group"),
-    ({"preset": "dragonfly", "params": {"gpus_per_node": 128}}, "topology.params.gpus_per_node"),
-])
+@pytest.mark.parametrize(
+    ("spec", "key"),
+    [
+        ({"preset": "uniform", "params": {"num_nodes": 128}}, "topology.params.num_nodes"),
+        ({"preset": "uniform", "params": {"gpus_per_node": 1024}}, "topology.params.gpus_per_node"),
+        ({"preset": "fat-tree", "params": {"num_spines": 4096}}, "topology.params.num_spines"),
+        ({"preset": "dgx-h100-superpod", "params": {"num_spines": 512}}, "topology.params.num_spines"),
+        ({"preset": "dgx-h100-superpod", "params": {"gpus_per_node": 128}}, "topology.params.gpus_per_node"),
+        ({"preset": "dragonfly", "params": {"switches_per_group": 128}}, "topology.params.switches_per_group"),
+        ({"preset": "dragonfly", "params": {"gpus_per_node": 128}}, "topology.params.gpus_per_node"),
+    ],
+)
 def test_a_machine_far_larger_than_an_8_gpu_job_names_its_parameter(small_floor, spec, key):
     with pytest.raises(ConfigError) as err:
         load_topology(spec, 8)
@@ -47,8 +50,12 @@ def test_the_estimate_counts_the_links_built(monkeypatch):
 
     for module in ("builders", "build_dgx", "build_dragonfly"):
         monkeypatch.setattr(f"piper_sim.topology.{module}.check_machine_size", spy)
-    for preset, name, gpus_per_node in (("uniform", "uniform", 0), ("fat-tree", "fat-tree", 0),
-                                        ("dgx-h100-superpod", "dgx-superpod", 8), ("dragonfly", "dragonfly", 4)):
+    for preset, name, gpus_per_node in (
+        ("uniform", "uniform", 0),
+        ("fat-tree", "fat-tree", 0),
+        ("dgx-h100-superpod", "dgx-superpod", 8),
+        ("dragonfly", "dragonfly", 4),
+    ):
         topo = load_topology(preset, 256)
         # the node model's GPU-pair paths are counted with the links
         assert seen[name] - gpus_per_node**2 == pytest.approx(topo.graph.number_of_edges(), rel=0.05)

@@ -20,16 +20,29 @@ from piper_sim.topology.placement import PLACEMENTS, place
 
 GB = 1e9
 # xGMI links between GCD pairs (50 GB/s each per direction), DESIGN.md section 5.
-XGMI = {(0, 1): 4, (2, 3): 4, (4, 5): 4, (6, 7): 4, (0, 6): 2, (2, 4): 2,
-        (0, 2): 1, (1, 3): 1, (1, 5): 1, (3, 7): 1, (4, 6): 1, (5, 7): 1}
+XGMI = {
+    (0, 1): 4,
+    (2, 3): 4,
+    (4, 5): 4,
+    (6, 7): 4,
+    (0, 6): 2,
+    (2, 4): 2,
+    (0, 2): 1,
+    (1, 3): 1,
+    (1, 5): 1,
+    (3, 7): 1,
+    (4, 6): 1,
+    (5, 7): 1,
+}
 NIC_GCD = {0: 1, 1: 3, 2: 5, 3: 7}  # NIC k hangs off GCD NIC_GCD[k]
 
 
 def frontier(num_gpus: int = 8 * 512, **params) -> Topology:
     """Frontier with the hashed router these tests take apart (the preset's default spreads detours over every
     path through aggregated outside groups: tests/topology/test_spread_routing.py)."""
-    return load_topology({"preset": "frontier", "params": {"valiant": "hashed", "outside_groups": "exact", **params}},
-                         num_gpus)
+    return load_topology(
+        {"preset": "frontier", "params": {"valiant": "hashed", "outside_groups": "exact", **params}}, num_gpus
+    )
 
 
 def dragonfly(num_gpus: int | None, **params) -> Topology:
@@ -118,22 +131,33 @@ def test_every_gcd_reaches_its_nic_and_leaves_through_it(frontier512: Topology) 
 # ---- dragonfly ---------------------------------------------------------------------------------
 def fabric_counts(topo: Topology) -> dict[str, int]:
     kinds = [topo.link_kinds[i] for i in range(len(topo.links))]
-    return {"switches": sum(1 for _, d in topo.graph.nodes(data=True)
-                            if d["kind"] == "switch" and "host" not in d),
-            "local": kinds.count("local"), "global": kinds.count("global"), "nic": kinds.count("nic")}
+    return {
+        "switches": sum(1 for _, d in topo.graph.nodes(data=True) if d["kind"] == "switch" and "host" not in d),
+        "local": kinds.count("local"),
+        "global": kinds.count("global"),
+        "nic": kinds.count("nic"),
+    }
 
 
 @pytest.mark.parametrize("groups,switches,per_switch,links,nics", [(5, 4, 2, 3, 2), (3, 6, 1, 2, 4)])
-def test_dragonfly_link_counts_closed_form(groups: int, switches: int, per_switch: int, links: int,
-                                           nics: int) -> None:
-    topo = dragonfly(None, num_groups=groups, switches_per_group=switches, nodes_per_switch=per_switch,
-                     global_links_per_group_pair=links, num_nodes=groups * switches * per_switch,
-                     gpus_per_node=4, nics_per_node=nics)
+def test_dragonfly_link_counts_closed_form(groups: int, switches: int, per_switch: int, links: int, nics: int) -> None:
+    topo = dragonfly(
+        None,
+        num_groups=groups,
+        switches_per_group=switches,
+        nodes_per_switch=per_switch,
+        global_links_per_group_pair=links,
+        num_nodes=groups * switches * per_switch,
+        gpus_per_node=4,
+        nics_per_node=nics,
+    )
     nodes = groups * switches * per_switch
-    assert fabric_counts(topo) == {"switches": groups * switches,
-                                   "local": groups * switches * (switches - 1),  # directed, all-to-all
-                                   "global": groups * (groups - 1) * links,  # directed
-                                   "nic": 2 * nodes * nics}
+    assert fabric_counts(topo) == {
+        "switches": groups * switches,
+        "local": groups * switches * (switches - 1),  # directed, all-to-all
+        "global": groups * (groups - 1) * links,  # directed
+        "nic": 2 * nodes * nics,
+    }
     assert topo.num_hosts == nodes
 
 
@@ -141,28 +165,47 @@ def test_frontier_512_nodes_fabric(frontier512: Topology) -> None:
     """The job's 4 groups whole; each of the other 70 of the machine's 74 groups as the 16 switches its
     links to the 4 job groups land on (all-to-all joined) and those 16 x 2 directed global links."""
     groups, outside = 512 // 128, 74 - 512 // 128
-    assert fabric_counts(frontier512) == {"switches": groups * 32 + outside * 16,
-                                          "local": groups * 32 * 31 + outside * 16 * 15,
-                                          "global": groups * (groups - 1) * 4 + outside * groups * 4 * 2,
-                                          "nic": 2 * 512 * 4}
+    assert fabric_counts(frontier512) == {
+        "switches": groups * 32 + outside * 16,
+        "local": groups * 32 * 31 + outside * 16 * 15,
+        "global": groups * (groups - 1) * 4 + outside * groups * 4 * 2,
+        "nic": 2 * 512 * 4,
+    }
     job = frontier(network_scope="job")
-    assert fabric_counts(job) == {"switches": groups * 32, "local": groups * 32 * 31,
-                                  "global": groups * (groups - 1) * 4, "nic": 2 * 512 * 4}
+    assert fabric_counts(job) == {
+        "switches": groups * 32,
+        "local": groups * 32 * 31,
+        "global": groups * (groups - 1) * 4,
+        "nic": 2 * 512 * 4,
+    }
     assert job.notes and "4 of the machine's 74 groups" in job.notes[0]
     assert frontier512.notes == []
     g = frontier512.graph
     for switch in ("g0.sw0", "g2.sw17", "g3.sw31"):
         assert sum(1 for n in g.successors(switch) if g.nodes[n]["kind"] == "nic") == 16
     for host in (0, 5, 130, 511):
-        switches = {next(n for n in g.successors(f"n{host}.nic{k}") if g.nodes[n]["kind"] == "switch")
-                    for k in range(4)}
+        switches = {
+            next(n for n in g.successors(f"n{host}.nic{k}") if g.nodes[n]["kind"] == "switch") for k in range(4)
+        }
         assert len(switches) == 4  # each NIC of a node on a different switch
         assert {s.split(".")[0] for s in switches} == {f"g{host // 128}"}
-    per_switch = [sum(1 for n in g.successors(f"g1.sw{s}") if g.nodes[n]["kind"] == "switch"
-                      and g.edges[f"g1.sw{s}", n]["link_kind"] == "global") for s in range(32)]
+    per_switch = [
+        sum(
+            1
+            for n in g.successors(f"g1.sw{s}")
+            if g.nodes[n]["kind"] == "switch" and g.edges[f"g1.sw{s}", n]["link_kind"] == "global"
+        )
+        for s in range(32)
+    ]
     assert sum(per_switch) == 73 * 4 and max(per_switch) - min(per_switch) <= 1  # 292 links spread over 32
-    job_links = [sum(1 for n in job.graph.successors(f"g1.sw{s}") if job.graph.nodes[n]["kind"] == "switch"
-                     and job.graph.edges[f"g1.sw{s}", n]["link_kind"] == "global") for s in range(32)]
+    job_links = [
+        sum(
+            1
+            for n in job.graph.successors(f"g1.sw{s}")
+            if job.graph.nodes[n]["kind"] == "switch" and job.graph.edges[f"g1.sw{s}", n]["link_kind"] == "global"
+        )
+        for s in range(32)
+    ]
     assert sum(job_links) == 3 * 4 and max(job_links) == 1  # spread, one per switch here
 
 
@@ -194,7 +237,7 @@ def test_valiant_routes_go_through_another_group() -> None:
     topo = frontier(routing="valiant")
     seen_mid: dict[tuple[int, int], set[int]] = {}
     for src, dst in sample_pairs(topo, 600):
-        (frac, links), = topo.paths(src, dst)
+        ((frac, links),) = topo.paths(src, dst)
         nodes = check_path(topo, src, dst, links)
         g1, g2 = topo.host_of(src) // 128, topo.host_of(dst) // 128
         groups = {group_of(topo, n) for n in nodes} - {None}
@@ -207,7 +250,7 @@ def test_valiant_routes_go_through_another_group() -> None:
     assert set().union(*seen_mid.values()) - {0, 1, 2, 3}
     job = frontier(routing="valiant", network_scope="job")
     for src, dst in sample_pairs(job, 200):
-        (_, links), = job.paths(src, dst)
+        ((_, links),) = job.paths(src, dst)
         assert {group_of(job, n) for n in check_path(job, src, dst, links)} - {None} <= {0, 1, 2, 3}
     again = frontier(routing="valiant")
     other_seed = frontier(routing="valiant", seed=7)
@@ -224,8 +267,11 @@ def test_adaptive_fractions_sum_to_one() -> None:
         for _, links in paths:
             check_path(topo, src, dst, links)
         if topo.host_of(src) // 128 != topo.host_of(dst) // 128:
-            minimal = sum(f for f, links in paths if switch_hops(topo, links) <= 3
-                          and sum(topo.link_kinds[x] == "global" for x in links) == 1)
+            minimal = sum(
+                f
+                for f, links in paths
+                if switch_hops(topo, links) <= 3 and sum(topo.link_kinds[x] == "global" for x in links) == 1
+            )
             assert minimal == pytest.approx(0.7)
 
 
@@ -241,19 +287,23 @@ def test_dgx_rails_share_leaves() -> None:
             assert all(g.has_edge(f"n{h}.g{rail}", f"n{h}.nic{rail}") for h in range(32 * su, 32 * su + 32))
     assert g.edges["n0.g0", "n0.nvsw"]["bandwidth_bytes_per_s"] == 450 * GB
     assert g.edges["n0.nic0", "su0.leaf0"]["bandwidth_bytes_per_s"] == 50 * GB
-    (frac, links), = topo.paths("n0.g3", "n31.g3")  # same rail, same SU: one leaf
-    assert [n for n in check_path(topo, "n0.g3", "n31.g3", links) if g.nodes[n]["kind"] == "switch"
-            and "host" not in g.nodes[n]] == ["su0.leaf3"]
+    ((frac, links),) = topo.paths("n0.g3", "n31.g3")  # same rail, same SU: one leaf
+    assert [
+        n
+        for n in check_path(topo, "n0.g3", "n31.g3", links)
+        if g.nodes[n]["kind"] == "switch" and "host" not in g.nodes[n]
+    ] == ["su0.leaf3"]
     paths = topo.paths("n0.g3", "n40.g5")  # other SU, other rail: ECMP over 16 spines
     assert len(paths) == 16 and sum(f for f, _ in paths) == pytest.approx(1.0)
     pxn = load_topology({"preset": "dgx-h100-superpod", "params": {"cross_rail": "pxn"}}, 8 * 64)
-    (frac, links), = pxn.paths("n0.g3", "n31.g5")
+    ((frac, links),) = pxn.paths("n0.g3", "n31.g5")
     assert "su0.leaf5" in check_path(pxn, "n0.g3", "n31.g5", links)
 
 
 # ---- placements --------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", ["contiguous", "switch-packed", {"policy": "scattered", "seed": 3},
-                                  list(range(100, 164))])
+@pytest.mark.parametrize(
+    "spec", ["contiguous", "switch-packed", {"policy": "scattered", "seed": 3}, list(range(100, 164))]
+)
 def test_placements_give_distinct_gpus(frontier512: Topology, spec: object) -> None:
     gpus = place(frontier512, 512, spec)
     assert len(gpus) == len(set(gpus)) == 512
@@ -281,18 +331,21 @@ def test_placements_on_dgx_and_dragonfly() -> None:
 
 
 # ---- errors ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("params,key", [
-    ({"nic_bandwidth_GBps": -25}, "topology.params.nic_bandwidth_GBps"),
-    ({"global_bandwidth_GBps": 0}, "topology.params.global_bandwidth_GBps"),
-    ({"nic_gcds": [1, 3, 5, 9]}, "topology.params.nic_gcds"),
-    ({"nic_gcds": [1, 1, 5, 7]}, "topology.params.nic_gcds"),
-    ({"switches_per_group": 0}, "topology.params.switches_per_group"),
-    ({"nodes_per_switch": 0}, "topology.params.nodes_per_switch"),
-    ({"routing": "ugal"}, "topology.params.routing"),
-    ({"adaptive_minimal_fraction": 1.5}, "topology.params.adaptive_minimal_fraction"),
-    ({"num_groups": 2}, "topology.params.num_groups"),
-    ({"bogus": 1}, "topology.params.bogus"),
-])
+@pytest.mark.parametrize(
+    "params,key",
+    [
+        ({"nic_bandwidth_GBps": -25}, "topology.params.nic_bandwidth_GBps"),
+        ({"global_bandwidth_GBps": 0}, "topology.params.global_bandwidth_GBps"),
+        ({"nic_gcds": [1, 3, 5, 9]}, "topology.params.nic_gcds"),
+        ({"nic_gcds": [1, 1, 5, 7]}, "topology.params.nic_gcds"),
+        ({"switches_per_group": 0}, "topology.params.switches_per_group"),
+        ({"nodes_per_switch": 0}, "topology.params.nodes_per_switch"),
+        ({"routing": "ugal"}, "topology.params.routing"),
+        ({"adaptive_minimal_fraction": 1.5}, "topology.params.adaptive_minimal_fraction"),
+        ({"num_groups": 2}, "topology.params.num_groups"),
+        ({"bogus": 1}, "topology.params.bogus"),
+    ],
+)
 def test_bad_frontier_params_name_the_field(params: dict, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         frontier(8 * 512, **params)
@@ -338,5 +391,6 @@ def test_frontier_4096_gpus_10k_routes_without_networkx_paths(monkeypatch: pytes
     for src, dst in pairs:
         topo.paths(src, dst)
     routed = time.perf_counter()
-    print(f"\nfrontier 512 nodes: build {built - start:.3f} s, 10k routes {routed - built:.3f} s, "
-          f"{len(topo.links)} links")
+    print(
+        f"\nfrontier 512 nodes: build {built - start:.3f} s, 10k routes {routed - built:.3f} s, {len(topo.links)} links"
+    )

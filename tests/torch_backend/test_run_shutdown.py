@@ -42,9 +42,14 @@ def descendants(pid: int) -> set[int]:
 
 def start_run(out: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "piper_sim.cli", "run", "tiny-moe", "--out", str(out), "--set",
-                             "sim.steps=200"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "piper_sim.cli", "run", "tiny-moe", "--out", str(out), "--set", "sim.steps=200"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _sockets(pid: int) -> int:

@@ -221,6 +221,7 @@ def check_halo_case(rank: int, index: int, seed: int) -> None:
     if not sliced:  # every message: the simulator's flows, their senders, receivers and bytes
         assert measured == simulated, (name, rank, sorted(measured.items()), sorted(simulated.items()))
     else:  # whole rows per slice: each message within a row per chunk of 1/slices of the flow, sums exact
+
         def whole(key):
             return re.sub(r"\[\d+/\d+\]", "", key[0]), key[1]
 

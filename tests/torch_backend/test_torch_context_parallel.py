@@ -32,8 +32,9 @@ def test_the_core_on_gathered_keys_is_the_whole_sequence_attention_at_the_ranks_
     q_all, k_all = apply_rope(q).transpose(1, 2), apply_rope(k).transpose(1, 2)
     v_all = v.transpose(1, 2)
     repeat = heads // kv_heads
-    whole = F.scaled_dot_product_attention(q_all, k_all.repeat_interleave(repeat, 1),
-                                           v_all.repeat_interleave(repeat, 1), is_causal=True)
+    whole = F.scaled_dot_product_attention(
+        q_all, k_all.repeat_interleave(repeat, 1), v_all.repeat_interleave(repeat, 1), is_causal=True
+    )
     shards = [ContextShard(cp, i, group=None) for i in range(cp)]
     mine = [s.positions(seq) for s in shards]
     # each rank's RoPE at its tokens' positions, then the keys and values in the CP ranks' order (the all-gather)

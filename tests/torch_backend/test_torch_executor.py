@@ -18,23 +18,37 @@ from piper_sim.torch_backend.training_run import RunSpec, batch_source, launch
 from piper_sim.trace.runtrace import normalize
 
 CORPUS_BYTES = 200_000
-BASE = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 2, "num_microbatches": 4, "micro_batch_size": 2},
-        "sim": {"steps": 1, "seed": 3}, "cost": {"profile": "cpu-dev"}}  # a run on CPUs is priced as one
+BASE = {
+    "model": "tiny-moe",
+    "parallel": {"pp": 2, "ep": 2, "num_microbatches": 4, "micro_batch_size": 2},
+    "sim": {"steps": 1, "seed": 3},
+    "cost": {"profile": "cpu-dev"},
+}  # a run on CPUs is priced as one
 CASES = {
     "1f1b-flat": {},
-    "1f1b-halo": {"collectives": {"all_to_all": "halo"}, "placement": {"policy": "explicit", "nodes": [0, 1]},
-                  "topology": {"builder": "uniform", "params": {"gpus_per_node": 2, "intra_bandwidth_GBps": 100,
-                                                                "nic_bandwidth_GBps": 10}}},
+    "1f1b-halo": {
+        "collectives": {"all_to_all": "halo"},
+        "placement": {"policy": "explicit", "nodes": [0, 1]},
+        "topology": {
+            "builder": "uniform",
+            "params": {"gpus_per_node": 2, "intra_bandwidth_GBps": 100, "nic_bandwidth_GBps": 10},
+        },
+    },
     "interleaved": {"schedule": "interleaved-1f1b", "parallel": {**BASE["parallel"], "vpp": 2}},
     "zb-h1": {"schedule": "zb-h1"},
     "recompute-full": {"recompute": "full"},
     "recompute-full-1-layer-zb-h1": {"recompute": "full", "recompute_layers": 1, "schedule": "zb-h1"},
     "recompute-selective": {"recompute": "selective"},
-    "recompute-full-interleaved": {"recompute": "full", "schedule": "interleaved-1f1b",
-                                   "parallel": {**BASE["parallel"], "vpp": 2}},
+    "recompute-full-interleaved": {
+        "recompute": "full",
+        "schedule": "interleaved-1f1b",
+        "parallel": {**BASE["parallel"], "vpp": 2},
+    },
     "zero-1": {"optimizer": {"zero": 1}},
-    "zero-2-dp2": {"optimizer": {"zero": 2}, "parallel": {"pp": 1, "ep": 2, "dp": 2, "num_microbatches": 2,
-                                                          "micro_batch_size": 2}},
+    "zero-2-dp2": {
+        "optimizer": {"zero": 2},
+        "parallel": {"pp": 1, "ep": 2, "dp": 2, "num_microbatches": 2, "micro_batch_size": 2},
+    },
     # tensor parallelism (docs/tensor-parallel.md): with etp 1 the TP group is the EP group (each rank routes its
     # sequence slice); with etp 2 every expert is split like a dense FFN and the dense layers have 2 replicas
     "tp2": {"parallel": {**BASE["parallel"], "tp": 2}},
@@ -43,29 +57,52 @@ CASES = {
     "tp2-etp2": {"parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "num_microbatches": 2, "micro_batch_size": 2}},
     "tp2-sp-recompute-full": {"recompute": "full", "parallel": {**BASE["parallel"], "tp": 2, "sp": True}},
     "tp2-zb-h1": {"schedule": "zb-h1", "parallel": {**BASE["parallel"], "tp": 2}},
-    "tp2-etp2-sp-zero-1": {"optimizer": {"zero": 1}, "parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "sp": True,
-                                                                  "num_microbatches": 2, "micro_batch_size": 2}},
+    "tp2-etp2-sp-zero-1": {
+        "optimizer": {"zero": 1},
+        "parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "sp": True, "num_microbatches": 2, "micro_batch_size": 2},
+    },
     # ZeRO-3 / FSDP (docs/sharding.md): each unit gathered per pass, its gradients reduce-scattered; kept gathered from
     # a forward to the backward; HSDP: dense units sharded over 2 of the 4 replicas and all-reduced over the other 2,
     # the experts' shard groups of one rank (all-reduced whole)
     "zero-3": {"optimizer": {"zero": 3}},
-    "zero-3-keep-gathered-interleaved": {"optimizer": {"zero": 3, "reshard_after_forward": False},
-                                         "schedule": "interleaved-1f1b", "parallel": {**BASE["parallel"], "vpp": 2}},
-    "hsdp": {"optimizer": {"zero": 3}, "parallel": {"pp": 1, "ep": 2, "dp": 2, "dp_shard": 2, "num_microbatches": 2,
-                                                    "micro_batch_size": 2}},
+    "zero-3-keep-gathered-interleaved": {
+        "optimizer": {"zero": 3, "reshard_after_forward": False},
+        "schedule": "interleaved-1f1b",
+        "parallel": {**BASE["parallel"], "vpp": 2},
+    },
+    "hsdp": {
+        "optimizer": {"zero": 3},
+        "parallel": {"pp": 1, "ep": 2, "dp": 2, "dp_shard": 2, "num_microbatches": 2, "micro_batch_size": 2},
+    },
     # context parallelism (docs/context-parallel.md): 2 chunks of each sequence per rank, K/V gathered over the group
     "cp2": {"parallel": {**BASE["parallel"], "cp": 2, "num_microbatches": 2}},
     "cp2-recompute-full": {"recompute": "full", "parallel": {**BASE["parallel"], "cp": 2, "num_microbatches": 2}},
-    "cp2-tp2-sp-zero-3": {"optimizer": {"zero": 3}, "parallel": {"pp": 1, "ep": 2, "tp": 2, "etp": 2, "sp": True,
-                                                                 "cp": 2, "num_microbatches": 2,
-                                                                 "micro_batch_size": 2}},
+    "cp2-tp2-sp-zero-3": {
+        "optimizer": {"zero": 3},
+        "parallel": {
+            "pp": 1,
+            "ep": 2,
+            "tp": 2,
+            "etp": 2,
+            "sp": True,
+            "cp": 2,
+            "num_microbatches": 2,
+            "micro_batch_size": 2,
+        },
+    },
     "cp4": {"parallel": {"pp": 1, "ep": 4, "cp": 4, "num_microbatches": 2, "micro_batch_size": 1}},
     # DualPipe (docs/schedules.md): two pipelines over the same layers, each rank holding two stages' copies whose
     # gradients the mirror all-reduce sums; DualPipeV: one pipeline down and back up the ranks (a local turn)
-    "dualpipe-pp4": {"schedule": "dualpipe", "model": {"preset": "tiny-moe", "num_layers": 8},
-                     "parallel": {"pp": 4, "vpp": 2, "ep": 2, "num_microbatches": 8, "micro_batch_size": 1}},
-    "dualpipe-v-pp4": {"schedule": "dualpipe-v", "model": {"preset": "tiny-moe", "num_layers": 8},
-                       "parallel": {"pp": 4, "vpp": 2, "ep": 1, "num_microbatches": 8, "micro_batch_size": 1}},
+    "dualpipe-pp4": {
+        "schedule": "dualpipe",
+        "model": {"preset": "tiny-moe", "num_layers": 8},
+        "parallel": {"pp": 4, "vpp": 2, "ep": 2, "num_microbatches": 8, "micro_batch_size": 1},
+    },
+    "dualpipe-v-pp4": {
+        "schedule": "dualpipe-v",
+        "model": {"preset": "tiny-moe", "num_layers": 8},
+        "parallel": {"pp": 4, "vpp": 2, "ep": 1, "num_microbatches": 8, "micro_batch_size": 1},
+    },
 }
 
 
@@ -79,8 +116,9 @@ def reference(cfg) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of the same global batch in one process."""
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=CORPUS_BYTES)
-    batch = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.batch_parallel,
-                         par.num_microbatches)
+    batch = batch_source(
+        corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.batch_parallel, par.num_microbatches
+    )
     model = ReferenceModel(cfg.model, seed=cfg.seed)
     replicas = par.batch_parallel  # one micro-batch stream per TP x CP group
     losses = [model.loss(*batch(0, r, m)) for r in range(replicas) for m in range(par.num_microbatches)]
@@ -112,8 +150,9 @@ def assert_adam_step(cfg, run_dir: Path) -> None:
 def test_distributed_equals_single_process(name, tmp_path):
     raw = {**BASE, **CASES[name]}
     cfg = load_config(raw)
-    trace, losses, _, memory, _ = launch(cfg, build_schedule(cfg), tmp_path, timeout_s=240, corpus_bytes=CORPUS_BYTES,
-                                         capture_grads=True)
+    trace, losses, _, memory, _ = launch(
+        cfg, build_schedule(cfg), tmp_path, timeout_s=240, corpus_bytes=CORPUS_BYTES, capture_grads=True
+    )
     ref_loss, ref_grads = reference(cfg)
     assert losses[0] == pytest.approx(ref_loss, rel=1e-5)
     seen = set()
@@ -182,17 +221,27 @@ def _bf16_worker(rank: int, world: int, algorithm: str, out: str) -> None:
 
     from piper_sim.torch_backend.executor import Executor
 
-    cfg = load_config({**BASE, "model": {"preset": "tiny-moe", "dtype": "bf16"},
-                       "collectives": {"all_to_all": algorithm}})
+    cfg = load_config(
+        {**BASE, "model": {"preset": "tiny-moe", "dtype": "bf16"}, "collectives": {"all_to_all": algorithm}}
+    )
     par = cfg.parallel
     corpus = ByteCorpus.from_stdlib(max_bytes=CORPUS_BYTES)
-    batch = batch_source(corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.data_parallel,
-                         par.num_microbatches)
+    batch = batch_source(
+        corpus, cfg.model.seq_len, par.micro_batch_size, cfg.seed, par.data_parallel, par.num_microbatches
+    )
     losses = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        executor = Executor(schedule=build_schedule(cfg), model=cfg.model, rank=rank,
-                            node_of={r: r // 2 for r in range(world)}, all_to_all_algorithm=algorithm,
-                            batch_fn=batch, micro_batch_size=par.micro_batch_size, seed=cfg.seed, dtype=dtype)
+        executor = Executor(
+            schedule=build_schedule(cfg),
+            model=cfg.model,
+            rank=rank,
+            node_of={r: r // 2 for r in range(world)},
+            all_to_all_algorithm=algorithm,
+            batch_fn=batch,
+            micro_batch_size=par.micro_batch_size,
+            seed=cfg.seed,
+            dtype=dtype,
+        )
         assert all(p.dtype == dtype for m in executor.modules for p in m.parameters())
         step_losses = torch.tensor([executor.run_step(step, 0.0) for step in range(2)], dtype=torch.float64)
         dist.all_reduce(step_losses)

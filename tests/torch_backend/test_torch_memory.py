@@ -12,8 +12,11 @@ from piper_sim.torch_backend.training_run import launch
 from piper_sim.workload.memory import rank_params
 
 CORPUS_BYTES = 200_000
-BASE = {"model": "tiny-moe", "parallel": {"pp": 2, "ep": 1, "num_microbatches": 4, "micro_batch_size": 2},
-        "sim": {"steps": 1, "seed": 3}}
+BASE = {
+    "model": "tiny-moe",
+    "parallel": {"pp": 2, "ep": 1, "num_microbatches": 4, "micro_batch_size": 2},
+    "sim": {"steps": 1, "seed": 3},
+}
 
 
 def peaks(raw: dict, out: Path) -> list[float]:

@@ -19,12 +19,33 @@ from piper_sim.workload.model import ModelSpec  # noqa: E402
 
 SEQ = 16
 # A: dense first layer, then MoE with a shared expert, GQA, SwiGLU experts.
-SPEC_A = ModelSpec(num_layers=3, d_model=32, num_heads=4, num_kv_heads=2, vocab_size=VOCAB_SIZE,
-                   seq_len=SEQ, expert_ffn_dim=16, num_experts=4, top_k=2, num_shared_experts=1,
-                   num_dense_layers=1, dense_ffn_dim=48)
+SPEC_A = ModelSpec(
+    num_layers=3,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    vocab_size=VOCAB_SIZE,
+    seq_len=SEQ,
+    expert_ffn_dim=16,
+    num_experts=4,
+    top_k=2,
+    num_shared_experts=1,
+    num_dense_layers=1,
+    dense_ffn_dim=48,
+)
 # B: alternating MoE / dense layers, 2-matrix GELU experts, no shared expert, 8 experts top 3.
-SPEC_B = ModelSpec(num_layers=2, d_model=32, num_heads=2, vocab_size=VOCAB_SIZE, seq_len=SEQ,
-                   expert_ffn_dim=24, num_experts=8, top_k=3, expert_matrices=2, moe_layer_freq=2)
+SPEC_B = ModelSpec(
+    num_layers=2,
+    d_model=32,
+    num_heads=2,
+    vocab_size=VOCAB_SIZE,
+    seq_len=SEQ,
+    expert_ffn_dim=24,
+    num_experts=8,
+    top_k=3,
+    expert_matrices=2,
+    moe_layer_freq=2,
+)
 # (spec, layers per pipeline stage, ep)
 GRIDS = [(SPEC_A, [[0, 1], [2]], 2), (SPEC_A, [[0, 1, 2]], 4), (SPEC_B, [[0], [1]], 4)]
 GRID_IDS = ["A-pp2-ep2", "A-pp1-ep4", "B-pp2-ep4"]
@@ -116,8 +137,9 @@ def run_grid_op_by_op(grid: list[list[StageModule]], tokens: list, targets: list
         records = [tape[step] for tape in tapes]
         is_experts = records[0].op.startswith("experts:")
         if is_experts:  # combine, reversed
-            rows, _ = local_all_to_all([g.pop("combined_rows") for g in grads],
-                                       [r.splits["send_splits"] for r in records])
+            rows, _ = local_all_to_all(
+                [g.pop("combined_rows") for g in grads], [r.splits["send_splits"] for r in records]
+            )
             for g, r in zip(grads, rows, strict=True):
                 g["return_rows"] = r
         for record, g in zip(records, grads, strict=True):
@@ -162,7 +184,15 @@ def test_router_groups_rows_by_destination_and_counts_experts() -> None:
     with pytest.raises(ValueError):
         StageModule(spec, [1], first=False, last=False).run_op("embed", state)
     assert stage_ops(spec, [0, 1], first=True, last=True) == [
-        "embed", "attn:0", "router:0", "experts:0", "moe_out:0", "attn:1", "dense:1", "head"]
+        "embed",
+        "attn:0",
+        "router:0",
+        "experts:0",
+        "moe_out:0",
+        "attn:1",
+        "dense:1",
+        "head",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +220,17 @@ def test_corpus_is_deterministic_and_split_by_file(corpus: ByteCorpus) -> None:
 
 def test_small_model_learns_stdlib_text(corpus: ByteCorpus) -> None:
     torch.manual_seed(0)
-    spec = ModelSpec(num_layers=2, d_model=64, num_heads=4, vocab_size=VOCAB_SIZE, seq_len=64,
-                     expert_ffn_dim=128, num_experts=4, top_k=2, num_shared_experts=1)
+    spec = ModelSpec(
+        num_layers=2,
+        d_model=64,
+        num_heads=4,
+        vocab_size=VOCAB_SIZE,
+        seq_len=64,
+        expert_ffn_dim=128,
+        num_experts=4,
+        top_k=2,
+        num_shared_experts=1,
+    )
     model = ReferenceModel(spec, seed=0)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []

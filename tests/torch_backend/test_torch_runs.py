@@ -19,8 +19,10 @@ from piper_sim.torch_backend.a2a_algorithms import all_to_all, prepare_groups
 from piper_sim.torch_backend.training_run import launch
 
 ROOT = Path(__file__).resolve().parents[2]
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-                                reason="the testbed needs root, iproute2 (ip) and tc")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="the testbed needs root, iproute2 (ip) and tc",
+)
 
 
 @pytest.mark.slow
@@ -68,10 +70,16 @@ def test_halo_on_the_testbed_equals_flat(tmp_path, monkeypatch):
     bed = up(ROOT / "topologies" / "testbed-2g.yaml", prefix=prefix)
     try:
         rank_map = bed.rank_map()
-        launch_processes("tests.torch_backend.test_torch_runs:a2a_check", (str(tmp_path), 7), len(rank_map), tmp_path,
-                         rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0"} for r in rank_map},
-                         rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _) in rank_map.items()},
-                         master_addr=rank_map[0][1], timeout_s=180)
+        launch_processes(
+            "tests.torch_backend.test_torch_runs:a2a_check",
+            (str(tmp_path), 7),
+            len(rank_map),
+            tmp_path,
+            rank_env={r: {"GLOO_SOCKET_IFNAME": "eth0"} for r in rank_map},
+            rank_prefix={r: ["ip", "netns", "exec", ns] for r, (ns, _) in rank_map.items()},
+            master_addr=rank_map[0][1],
+            timeout_s=180,
+        )
     finally:
         removed = down(prefix)
     assert len(list(tmp_path.glob("a2a*.json"))) == len(rank_map)

@@ -13,8 +13,12 @@ from piper_sim.errors import ConfigError
 from piper_sim.measure import measure
 from piper_sim.schedule.build import build_schedule
 
-BASE = {"model": "tiny-moe", "cost": {"profile": "cpu-dev"}, "sim": {"steps": 2, "seed": 0},
-        "parallel": {"pp": 2, "ep": 2, "num_microbatches": 2, "micro_batch_size": 2}}
+BASE = {
+    "model": "tiny-moe",
+    "cost": {"profile": "cpu-dev"},
+    "sim": {"steps": 2, "seed": 0},
+    "parallel": {"pp": 2, "ep": 2, "num_microbatches": 2, "micro_batch_size": 2},
+}
 PLANS = {
     "zero-3": {"optimizer": {"zero": 3}},
     "cp2": {"parallel": {**BASE["parallel"], "cp": 2}},
@@ -28,8 +32,21 @@ def test_a_real_run_and_its_simulation_match_task_by_task(name, tmp_path):
     config.write_text(yaml.safe_dump({**BASE, **PLANS[name]}))
     real, sim = tmp_path / "real", tmp_path / "sim"
     assert main(["run", str(config), "--out", str(real)]) == 0
-    assert main(["simulate", str(config), "--out", str(sim), "--set", "routing.kind=trace", "--set",
-                 f"routing.path={real / 'routing.npz'}"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                str(config),
+                "--out",
+                str(sim),
+                "--set",
+                "routing.kind=trace",
+                "--set",
+                f"routing.path={real / 'routing.npz'}",
+            ]
+        )
+        == 0
+    )
     c = compare_runs(sim, real)
     schedule = build_schedule(load_config(config))
     tasks = sum(len(schedule.program(r)) for r in range(schedule.mesh.num_ranks))
@@ -39,9 +56,13 @@ def test_a_real_run_and_its_simulation_match_task_by_task(name, tmp_path):
     assert {"all_gather", "reduce_scatter"} <= kinds  # the units' gathers and gradients, or the K/V ring
 
 
-@pytest.mark.parametrize(("plan", "key"), [({"optimizer": {"zero": 3}, "recompute": "full"}, "recompute"),
-                                           ({"parallel": {**BASE["parallel"], "cp": 2}, "recompute": "selective"},
-                                            "recompute")])
+@pytest.mark.parametrize(
+    ("plan", "key"),
+    [
+        ({"optimizer": {"zero": 3}, "recompute": "full"}, "recompute"),
+        ({"parallel": {**BASE["parallel"], "cp": 2}, "recompute": "selective"}, "recompute"),
+    ],
+)
 def test_what_a_real_run_cannot_do_is_refused_by_name(plan, key, tmp_path):
     with pytest.raises(ConfigError) as err:
         measure(load_config({**BASE, **plan}), tmp_path)

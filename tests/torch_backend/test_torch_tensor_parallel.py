@@ -16,19 +16,34 @@ from piper_sim.workload.model import ModelSpec  # noqa: E402
 
 SEQ, BATCH, TP = 16, 2, 2
 # a dense first layer, then MoE with a shared expert; GQA (4 heads, 2 kv heads), SwiGLU experts
-SPEC = ModelSpec(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, vocab_size=VOCAB_SIZE, seq_len=SEQ,
-                 expert_ffn_dim=16, num_experts=4, top_k=2, num_shared_experts=1, num_dense_layers=1,
-                 dense_ffn_dim=48)
-REGIONS = {"attention": ("attn:0",), "dense FFN": ("dense:0",),
-           "MoE block, experts split (etp == tp)": ("router:1", "shared:1", "experts:1", "moe_out:1")}
+SPEC = ModelSpec(
+    num_layers=2,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    vocab_size=VOCAB_SIZE,
+    seq_len=SEQ,
+    expert_ffn_dim=16,
+    num_experts=4,
+    top_k=2,
+    num_shared_experts=1,
+    num_dense_layers=1,
+    dense_ffn_dim=48,
+)
+REGIONS = {
+    "attention": ("attn:0",),
+    "dense FFN": ("dense:0",),
+    "MoE block, experts split (etp == tp)": ("router:1", "shared:1", "experts:1", "moe_out:1"),
+}
 
 
 def stages(tp: int = TP) -> tuple[StageModule, list[StageModule]]:
     """The whole stage and its tp shards (experts split too: etp == tp), float64."""
     kw = {"first": True, "last": False, "seed": 5, "dtype": torch.float64}
     whole = StageModule(SPEC, range(SPEC.num_layers), **kw)
-    shards = [StageModule(SPEC, range(SPEC.num_layers), shard=TensorShard(tp=tp, index=i, etp=tp), **kw)
-              for i in range(tp)]
+    shards = [
+        StageModule(SPEC, range(SPEC.num_layers), shard=TensorShard(tp=tp, index=i, etp=tp), **kw) for i in range(tp)
+    ]
     return whole, shards
 
 

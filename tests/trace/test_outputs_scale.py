@@ -41,8 +41,9 @@ def test_parquet_row_groups_read_back_equal_to_the_trace(run, tmp_path):
     counted = []
     write_trace(run.trace, tmp_path, "csv", row_group_rows=300, on_rows=counted.append)
     assert counted == [300, 300, 300, len(run.trace) - 900]
-    pd.testing.assert_frame_equal(normalize(pd.read_csv(tmp_path / "trace.csv").fillna({"peers": "", "role": ""})),
-                                  normalize(run.trace))
+    pd.testing.assert_frame_equal(
+        normalize(pd.read_csv(tmp_path / "trace.csv").fillna({"peers": "", "role": ""})), normalize(run.trace)
+    )
 
 
 def test_the_flags_errors_name_the_flag_and_what_is_allowed(monkeypatch):
@@ -59,9 +60,14 @@ def test_the_flags_errors_name_the_flag_and_what_is_allowed(monkeypatch):
         check_format("proto")
 
 
-@pytest.mark.parametrize("argv, flag", [(["--perfetto", "xml"], "--perfetto"),
-                                        (["--outputs", "trace", "--perfetto", "gz"], "--perfetto"),
-                                        (["--perfetto-detail", "all"], "--perfetto-detail")])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--perfetto", "xml"], "--perfetto"),
+        (["--outputs", "trace", "--perfetto", "gz"], "--perfetto"),
+        (["--perfetto-detail", "all"], "--perfetto-detail"),
+    ],
+)
 def test_simulate_refuses_a_bad_flag_before_it_runs(tmp_path, capsys, argv, flag):
     assert main(["simulate", "tiny-moe", "--out", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -91,8 +97,9 @@ def test_a_stage_event_is_the_envelope_of_its_ranks(run):
     df = run.trace.copy()
     df.loc[(df["rank"] == 1) & (df["task_id"] == "F:c0:m0:s0"), "end_s"] += 1e-3  # rank 1 ends 1 ms later
     ev = build_tracks(df, "stage", ranks_per_stage=2).events
-    ev = ev[(ev["pid"] == 0) & (ev["step"] == 0)].set_index(ev["name"].astype(str)[(ev["pid"] == 0)
-                                                                                    & (ev["step"] == 0)])
+    ev = ev[(ev["pid"] == 0) & (ev["step"] == 0)].set_index(
+        ev["name"].astype(str)[(ev["pid"] == 0) & (ev["step"] == 0)]
+    )
     rows = df[(df["rank"] < 2) & (df["step"] == 0)]
     for task, group in rows.groupby("task_id", observed=True):
         e = ev.loc[str(task)]
@@ -110,8 +117,9 @@ def test_every_send_has_a_flow_arrow_to_its_receive(run, detail):
     assert len(t.flows) == len(sends) > 0
     s, r = ev.iloc[t.flows[:, 0]], ev.iloc[t.flows[:, 1]]
     assert (s["cat"].astype(str).to_numpy() == "send").all() and (r["cat"].astype(str).to_numpy() == "recv").all()
-    assert (s["peer_pid"].to_numpy() == r["pid"].to_numpy()).all() and (r["peer_pid"].to_numpy()
-                                                                         == s["pid"].to_numpy()).all()
+    assert (s["peer_pid"].to_numpy() == r["pid"].to_numpy()).all() and (
+        r["peer_pid"].to_numpy() == s["pid"].to_numpy()
+    ).all()
     for col in ("step", "microbatch"):
         assert (s[col].to_numpy() == r[col].to_numpy()).all()
     assert (s["role"].astype(str).to_numpy() == r["role"].astype(str).to_numpy()).all()
@@ -147,8 +155,10 @@ def test_proto_holds_a_slice_per_event_flows_and_counters(run, tmp_path):
     assert len(out) == int((run.trace["kind"] == "send").sum())
     # on each track, slices nest: every end closes the slice opened last, at that slice's own end
     ev = build_tracks(run.trace, "rank").events
-    ends = {(int(pid), str(name), int(step)): round(ts * 1e3) + round(dur * 1e3) for pid, name, step, ts, dur
-            in zip(ev["pid"], ev["name"], ev["step"], ev["ts_us"], ev["dur_us"], strict=True)}
+    ends = {
+        (int(pid), str(name), int(step)): round(ts * 1e3) + round(dur * 1e3)
+        for pid, name, step, ts, dur in zip(ev["pid"], ev["name"], ev["step"], ev["ts_us"], ev["dur_us"], strict=True)
+    }
     open_ends: dict[int, list[int]] = {}
     for p in events:
         e = p.track_event
@@ -172,7 +182,10 @@ def test_the_memory_estimate_counts_the_rank_events_of_the_default_detail():
     from piper_sim import host_memory
 
     assert host_memory.AGGREGATE_ROWS == AGGREGATE_ROWS
-    small, large = (host_memory.estimate_run_memory(n, 0, 0, "all").outputs_bytes
-                    - host_memory.estimate_run_memory(n, 0, 0, "trace").outputs_bytes for n in (1_000, 10**7))
+    small, large = (
+        host_memory.estimate_run_memory(n, 0, 0, "all").outputs_bytes
+        - host_memory.estimate_run_memory(n, 0, 0, "trace").outputs_bytes
+        for n in (1_000, 10**7)
+    )
     assert large - small < 2 * host_memory.RANK_EVENT_BYTES * AGGREGATE_ROWS  # bounded: stage tracks beyond
     assert small >= host_memory.RANK_EVENT_BYTES * 1_000

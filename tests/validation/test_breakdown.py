@@ -28,12 +28,25 @@ def test_the_shipped_breakdowns_are_priced_term_by_term():
 
 
 def test_a_layer_is_its_ops_and_collectives_and_the_setting_overrides_apply():
-    config = {"model": "x-moe-small", "topology": "frontier", "parallel": {"pp": 1, "ep": 8, "num_microbatches": 2},
-              "recompute": "full"}
-    rows = {r["term"]: r["predicted_s"] for r in predicted_breakdown(
-        config, {"set": ["recompute=none"], "terms_ms": dict.fromkeys(
-            ("layer_forward", "router_forward", "experts_forward", "moe_out_forward", "all_to_all_forward"), 1.0)},
-        "case")}
+    config = {
+        "model": "x-moe-small",
+        "topology": "frontier",
+        "parallel": {"pp": 1, "ep": 8, "num_microbatches": 2},
+        "recompute": "full",
+    }
+    rows = {
+        r["term"]: r["predicted_s"]
+        for r in predicted_breakdown(
+            config,
+            {
+                "set": ["recompute=none"],
+                "terms_ms": dict.fromkeys(
+                    ("layer_forward", "router_forward", "experts_forward", "moe_out_forward", "all_to_all_forward"), 1.0
+                ),
+            },
+            "case",
+        )
+    }
     estimator, point = config_estimator(load_config(config, ["recompute=none"]))
     coster = estimator.coster(point.micro_batch_size * 2048, point.parallel.split)
     attn = coster.op_s("attn:0")[0]

@@ -27,8 +27,12 @@ def test_back_to_back_tasks_of_one_rank_are_one_rank_computing():
 
 
 def test_compute_tasks_with_a_core_to_themselves_use_about_their_wall_time_in_cpu():
-    rows = [(0, "forward", 0.0, 2.0, 1.9), (1, "backward", 0.0, 2.0, 1.0), (0, "backward_expert", 2.0, 3.0, 0.95),
-            (1, "all_to_all", 2.0, 3.0, 0.1)]  # not a compute task
+    rows = [
+        (0, "forward", 0.0, 2.0, 1.9),
+        (1, "backward", 0.0, 2.0, 1.0),
+        (0, "backward_expert", 2.0, 3.0, 0.95),
+        (1, "all_to_all", 2.0, 3.0, 0.1),
+    ]  # not a compute task
     trace = pd.DataFrame(rows, columns=["rank", "kind", "start_s", "end_s", "cpu_s"])
     assert uninterrupted_share(trace) == pytest.approx(2 / 3)
     assert math.isnan(uninterrupted_share(trace.assign(cpu_s=float("nan"))))  # measured before cpu_s existed

@@ -31,10 +31,19 @@ def test_sessions_that_do_not_pair_fall_back_to_every_run_against_every_run():
 
 
 def _score(case, pred, meas, sessions):
-    return {"case": case, "pair": "", "predicted_step_s": pred, "measured_step_s": meas, "error": pred / meas - 1,
-            "tolerance": 0.2, "memory_error": float("nan"), "measured_runs_s": sessions["now"],
-            "measured_sessions": sessions, "prediction": type("R", (), {"report": {}})(),
-            "phases": pd.DataFrame({"predicted_s": [1.0], "measured_s": [1.0], "error": [0.0]}, index=["forward"])}
+    return {
+        "case": case,
+        "pair": "",
+        "predicted_step_s": pred,
+        "measured_step_s": meas,
+        "error": pred / meas - 1,
+        "tolerance": 0.2,
+        "memory_error": float("nan"),
+        "measured_runs_s": sessions["now"],
+        "measured_sessions": sessions,
+        "prediction": type("R", (), {"report": {}})(),
+        "phases": pd.DataFrame({"predicted_s": [1.0], "measured_s": [1.0], "error": [0.0]}, index=["forward"]),
+    }
 
 
 def test_the_summary_holds_the_prediction_to_the_pairs_the_measurement_orders():

@@ -35,8 +35,9 @@ def test_the_published_aggregate_throughput_matches_the_per_gpu_one():
     for run in find_published([], ROOT):
         m = run.measured
         if "aggregate_PFLOPS" in m:
-            assert m["throughput_TFLOPS_per_gpu"] * m["num_gpus"] / 1e3 == pytest.approx(m["aggregate_PFLOPS"],
-                                                                                          rel=0.01), run.name
+            assert m["throughput_TFLOPS_per_gpu"] * m["num_gpus"] / 1e3 == pytest.approx(
+                m["aggregate_PFLOPS"], rel=0.01
+            ), run.name
 
 
 def test_narayanans_equation_3_is_four_passes_of_the_layers_and_three_of_the_logits():
@@ -46,14 +47,19 @@ def test_narayanans_equation_3_is_four_passes_of_the_layers_and_three_of_the_log
     model = load_config(run.config).model
     b, s, layers, h, v = run.measured["global_batch"], model.seq_len, model.num_layers, model.d_model, model.vocab_size
     layers_forward = 24 * b * s * layers * h * h * (1 + s / (6 * h))
-    assert FLOP_FORMULAS["narayanan2021-eq3"](run) == pytest.approx(4 * layers_forward + 3 * 2 * b * s * h * v,
-                                                                    rel=1e-12)
+    assert FLOP_FORMULAS["narayanan2021-eq3"](run) == pytest.approx(
+        4 * layers_forward + 3 * 2 * b * s * h * v, rel=1e-12
+    )
 
 
 def test_order_is_counted_over_pairs_of_runs():
     def score(name, measured, predicted):
-        return {"name": name, "error": predicted / measured - 1, "measured_tokens_per_s_per_gpu": 1 / measured,
-                "predicted_tokens_per_s_per_gpu": 1 / predicted}
+        return {
+            "name": name,
+            "error": predicted / measured - 1,
+            "measured_tokens_per_s_per_gpu": 1 / measured,
+            "predicted_tokens_per_s_per_gpu": 1 / predicted,
+        }
 
     summary = summarize_published([score("a", 1.0, 1.1), score("b", 2.0, 1.5), score("c", 3.0, 1.4)])
     assert summary["pairs"] == 3 and summary["order_kept"] == pytest.approx(2 / 3)  # b and c swap
@@ -94,11 +100,11 @@ def test_megatron_cores_2025_count_takes_the_causal_half_of_the_attention_scores
     b, s, h, layers = run.measured["global_batch"], model.seq_len, model.d_model, model.num_layers
     assert (s, h, layers, model.num_heads, model.kv_heads) == (4096, 6144, 56, 48, 8)
     per_layer = 1 + 8 / 48 + s / (2 * h) + 16384 / h * 2 * 1.5 + model.vocab_size / (2 * layers * h)
-    assert FLOP_FORMULAS["megatron-core-2025"](run) == pytest.approx(12 * b * s * layers * h * h * per_layer,
-                                                                     rel=1e-12)
+    assert FLOP_FORMULAS["megatron-core-2025"](run) == pytest.approx(12 * b * s * layers * h * h * per_layer, rel=1e-12)
     score_half = 12 * b * s * layers * h * h * s / (2 * h)
     assert FLOP_FORMULAS["megatron-core"](run) - FLOP_FORMULAS["megatron-core-2025"](run) == pytest.approx(
-        score_half, rel=1e-12)
+        score_half, rel=1e-12
+    )
 
 
 def test_palms_count_is_six_n_plus_the_whole_score_matrix():

@@ -19,8 +19,9 @@ from piper_sim.validation.summary import summarize
 def test_validate_scores_a_stored_case(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(progress.ENV, "1")  # the progress line of cases done, forced on and drawn at once
     monkeypatch.setattr(progress, "DELAY_S", 0.0)
-    code = main(["validate", "flat-1f1b-pp2ep4-flat", "2g-1f1b-pp2ep4-flat", "--profile", "cpu-2rank",
-                 "--out", str(tmp_path)])
+    code = main(
+        ["validate", "flat-1f1b-pp2ep4-flat", "2g-1f1b-pp2ep4-flat", "--profile", "cpu-2rank", "--out", str(tmp_path)]
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["cases"] == 2
     assert code == (1 if summary["outside_tolerance"] else 0)
@@ -40,10 +41,18 @@ def test_validate_scores_a_stored_case(tmp_path, capsys, monkeypatch):
 
 
 def _score(case, pred, meas, pair=""):
-    return {"case": case, "pair": pair, "predicted_step_s": pred, "measured_step_s": meas, "error": pred / meas - 1,
-            "tolerance": 0.2, "memory_error": float("nan"),
-            "prediction": SimpleNamespace(config=SimpleNamespace(
-                collectives=CollectiveChoice(all_to_all=case.rsplit("-", 1)[-1])))}
+    return {
+        "case": case,
+        "pair": pair,
+        "predicted_step_s": pred,
+        "measured_step_s": meas,
+        "error": pred / meas - 1,
+        "tolerance": 0.2,
+        "memory_error": float("nan"),
+        "prediction": SimpleNamespace(
+            config=SimpleNamespace(collectives=CollectiveChoice(all_to_all=case.rsplit("-", 1)[-1]))
+        ),
+    }
 
 
 def _phases():
@@ -84,7 +93,8 @@ def test_a_swap_of_cases_whose_runs_overlap_is_marked_and_counted():
     s = summarize([x, y])
     assert s["order_swaps"][0]["runs_overlap"] is False
     assert "1 of 1 swapped pairs were measured apart" in format_validation(
-        [dict(x, phases=_phases()), dict(y, phases=_phases())], s)
+        [dict(x, phases=_phases()), dict(y, phases=_phases())], s
+    )
 
 
 def test_a_swap_counts_the_rounds_in_which_the_faster_case_ran_faster():
@@ -97,7 +107,8 @@ def test_a_swap_counts_the_rounds_in_which_the_faster_case_ran_faster():
     s = summarize([x, y])
     assert s["order_swaps"][0]["rounds_faster"] == [2, 3]
     assert "(faster in 2 of 3 rounds; their runs overlap)" in format_validation(
-        [dict(x, phases=_phases()), dict(y, phases=_phases())], s)
+        [dict(x, phases=_phases()), dict(y, phases=_phases())], s
+    )
     y["measured_runs_s"] = [1.02, 1.03]  # not the same rounds: no pairing
     assert summarize([x, y])["order_swaps"][0]["rounds_faster"] is None
 
@@ -113,17 +124,28 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
 
     case_dir = tmp_path / "local-pp1ep2"
     case_dir.mkdir()
-    config = {"model": {"preset": "tiny-moe", "num_layers": 2, "seq_len": 32},
-              "parallel": {"pp": 1, "ep": 2, "num_microbatches": 2, "micro_batch_size": 1}, "sim": {"steps": 3}}
+    config = {
+        "model": {"preset": "tiny-moe", "num_layers": 2, "seq_len": 32},
+        "parallel": {"pp": 1, "ep": 2, "num_microbatches": 2, "micro_batch_size": 1},
+        "sim": {"steps": 3},
+    }
     (case_dir / "case.yaml").write_text(json.dumps({"description": "local", "config": config}))
     case = load_case(case_dir)
     messages = []
-    remeasure([case], repeats=2, reference_preset="tiny-moe", reference_profile="cpu-2rank", reference_ranks=2,
-              progress=messages.append)
-    assert messages == ["[run 1/2] timing the machine's reference workload (tiny-moe) ...",
-                        "[run 1/2, 1/1] measuring local-pp1ep2 ...",
-                        "[run 2/2] timing the machine's reference workload (tiny-moe) ...",
-                        "[run 2/2, 1/1] measuring local-pp1ep2 ..."]
+    remeasure(
+        [case],
+        repeats=2,
+        reference_preset="tiny-moe",
+        reference_profile="cpu-2rank",
+        reference_ranks=2,
+        progress=messages.append,
+    )
+    assert messages == [
+        "[run 1/2] timing the machine's reference workload (tiny-moe) ...",
+        "[run 1/2, 1/1] measuring local-pp1ep2 ...",
+        "[run 2/2] timing the machine's reference workload (tiny-moe) ...",
+        "[run 2/2, 1/1] measuring local-pp1ep2 ...",
+    ]
     info = json.loads((case.measured / "measured.json").read_text())
     reference = info["reference"]
     assert reference["preset"] == "tiny-moe" and len(reference["cpu_us_per_iteration_by_run"]) == 2
@@ -150,8 +172,10 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
     again = json.loads((case.measured / "measured.json").read_text())
     assert again["session"] >= first and again["case_digest"] == info["case_digest"]
     assert [(s["session"], s["run_step_times_s"]) for s in again["earlier_sessions"]] == [(first, runs)]
-    assert score_case(case, "cpu-2rank")["measured_sessions"] == {again["session"]: again["run_step_times_s"],
-                                                                   first: runs}
+    assert score_case(case, "cpu-2rank")["measured_sessions"] == {
+        again["session"]: again["run_step_times_s"],
+        first: runs,
+    }
     # a case whose config changed since: its measurement is refused, and a new session drops the old rounds
     config["sim"]["steps"] = 4
     (case_dir / "case.yaml").write_text(json.dumps({"description": "local", "config": config}))
@@ -164,22 +188,37 @@ def test_remeasure_runs_each_case_repeatedly_and_keeps_the_median_run(tmp_path):
 def test_machine_speed_compares_the_rounds_reference_with_the_profiles():
     x, y = _score("x", 1.0, 1.0), _score("y", 1.0, 1.0)
     for s in (x, y):
-        s.update(calibrated_reference_s=5e-3, calibrated_reference_preset="tiny-moe", reference_preset="tiny-moe",
-                 measured_reference_s=[5.5e-3, 6.5e-3, 6.0e-3], phases=_phases())
+        s.update(
+            calibrated_reference_s=5e-3,
+            calibrated_reference_preset="tiny-moe",
+            reference_preset="tiny-moe",
+            measured_reference_s=[5.5e-3, 6.5e-3, 6.0e-3],
+            phases=_phases(),
+        )
     summary = summarize([x, y])
     speed = summary["machine_speed"]
     assert speed["rounds"] == 3 and speed["ratio"] == pytest.approx(1.2)
     assert (speed["measured_min_s"], speed["measured_max_s"]) == (5.5e-3, 6.5e-3)
     assert "5000 us at calibration, 6000 us during the measurement (median of 3 rounds, 5500-6500): +20%" in (
-        format_validation([x, y], summary))
-    cold = {"model": "tiny-moe", "ranks": 2, "tokens": 128, "ops": ["attn:0"], "expert_rows": [],
-            "measured_us_by_run": [900.0, 1100.0, 1000.0], "priced_s": 800e-6}
+        format_validation([x, y], summary)
+    )
+    cold = {
+        "model": "tiny-moe",
+        "ranks": 2,
+        "tokens": 128,
+        "ops": ["attn:0"],
+        "expert_rows": [],
+        "measured_us_by_run": [900.0, 1100.0, 1000.0],
+        "priced_s": 800e-6,
+    }
     x["cold_reference"] = y["cold_reference"] = cold
     summary = summarize([x, y])
     assert summary["machine_speed"]["cold"]["ratio"] == pytest.approx(1.25)
     text = format_validation([x, y], summary)
-    assert ("cold reference (tiny-moe layer ops, forward + backward, cold on 2 ranks, 128 tokens): priced 800 us "
-            "by the profile, measured 1000 us (median of 3 rounds, 900-1100): +25%") in text
+    assert (
+        "cold reference (tiny-moe layer ops, forward + backward, cold on 2 ranks, 128 tokens): priced 800 us "
+        "by the profile, measured 1000 us (median of 3 rounds, 900-1100): +25%"
+    ) in text
     y["reference_preset"] = x["reference_preset"] = "small-moe"  # another workload: not comparable
     assert summarize([x, y])["machine_speed"] is None
     assert summarize([_score("z", 1.0, 1.0)])["machine_speed"] is None  # measured without the reference

@@ -17,9 +17,20 @@ from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.presets import model_from_mapping
 
 # a small dense GQA model at a long sequence: 4 layers, d 512, 8 heads of 64, 2 key/value heads
-MODEL = {"name": "long", "num_layers": 4, "d_model": 512, "num_heads": 8, "num_kv_heads": 2, "vocab_size": 1024,
-         "seq_len": 32768, "expert_ffn_dim": 1024, "num_experts": 1, "top_k": 1, "num_dense_layers": 4,
-         "dense_ffn_dim": 2048}
+MODEL = {
+    "name": "long",
+    "num_layers": 4,
+    "d_model": 512,
+    "num_heads": 8,
+    "num_kv_heads": 2,
+    "vocab_size": 1024,
+    "seq_len": 32768,
+    "expert_ffn_dim": 1024,
+    "num_experts": 1,
+    "top_k": 1,
+    "num_dense_layers": 4,
+    "dense_ffn_dim": 2048,
+}
 
 
 def config(cp: int, **parallel):
@@ -28,11 +39,14 @@ def config(cp: int, **parallel):
     return load_config({"model": MODEL, "parallel": section, "topology": "dgx-h100-superpod", "cost": "h100"})
 
 
-@pytest.mark.parametrize("parallel, key", [
-    ({"cp": 0}, "parallel.cp"),
-    ({"cp": 3}, "parallel.cp"),  # does not divide the stage's 8 dense replicas
-    ({"cp": True}, "parallel.cp"),
-])
+@pytest.mark.parametrize(
+    "parallel, key",
+    [
+        ({"cp": 0}, "parallel.cp"),
+        ({"cp": 3}, "parallel.cp"),  # does not divide the stage's 8 dense replicas
+        ({"cp": True}, "parallel.cp"),
+    ],
+)
 def test_bad_cp_is_a_config_error_naming_the_key(parallel, key):
     with pytest.raises(ConfigError) as info:
         load_config({"model": MODEL, "parallel": {"pp": 2, "dp": 8, **parallel}})
@@ -58,8 +72,12 @@ def test_cp_groups_follow_megatrons_tp_cp_order_and_join_the_dense_gradient_grou
 
 
 def test_megatron_convention_counts_world_as_tp_cp_dp_pp():
-    cfg = load_config({"model": MODEL, "parallel": {"convention": "megatron", "tp": 2, "cp": 4, "pp": 2, "dp": 2,
-                                                    "num_microbatches": 2}})
+    cfg = load_config(
+        {
+            "model": MODEL,
+            "parallel": {"convention": "megatron", "tp": 2, "cp": 4, "pp": 2, "dp": 2, "num_microbatches": 2},
+        }
+    )
     assert cfg.parallel.num_gpus == 2 * 4 * 2 * 2
     assert cfg.parallel.sequences_per_step == 2 * 2  # DP 2 x 2 micro-batches: the CP ranks share each sequence
     assert chunk_order(4) == [(0, 7), (1, 6), (2, 5), (3, 4)]
@@ -131,10 +149,12 @@ def test_planner_space_tries_cp_for_long_sequences_only():
 
 
 def test_megatron_import_maps_context_parallel_size():
-    flags = ("--num-layers 4 --hidden-size 512 --num-attention-heads 8 --group-query-attention --num-query-groups 2 "
-             "--seq-length 32768 --max-position-embeddings 32768 --vocab-size 1024 --ffn-hidden-size 2048 --bf16 "
-             "--tensor-model-parallel-size 2 --context-parallel-size 4 --pipeline-model-parallel-size 2 "
-             "--micro-batch-size 1 --global-batch-size 8 --use-flash-attn").split()
+    flags = (
+        "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --group-query-attention --num-query-groups 2 "
+        "--seq-length 32768 --max-position-embeddings 32768 --vocab-size 1024 --ffn-hidden-size 2048 --bf16 "
+        "--tensor-model-parallel-size 2 --context-parallel-size 4 --pipeline-model-parallel-size 2 "
+        "--micro-batch-size 1 --global-batch-size 8 --use-flash-attn"
+    ).split()
     imported = import_megatron(flags, world_size=32)
     assert imported.config["parallel"]["cp"] == 4 and imported.config["parallel"]["dp"] == 2
     cfg = load_config(imported.config)

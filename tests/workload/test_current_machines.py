@@ -68,8 +68,9 @@ def test_small_rows_are_the_hbm_roofline_and_attention_points_are_listed(name):
         assert listed[seq]["status"] in ("measured", "derived", "assumed")
 
 
-@pytest.mark.parametrize(("name", "table"), [("b200", "b200"), ("mi300x", "mi300x"), ("h200", "h100"),
-                                             ("gb200", "b200")])
+@pytest.mark.parametrize(
+    ("name", "table"), [("b200", "b200"), ("mi300x", "mi300x"), ("h200", "h100"), ("gb200", "b200")]
+)
 def test_shape_factor_is_the_cited_table(name, table):
     """b200 and mi300x carry the factors their sources list; h200 and gb200 take those of the same compute die."""
     factor = load_profile(name).gemm_shape_factor
@@ -93,12 +94,15 @@ def test_h200_computes_as_an_h100_and_gb200_as_a_b200():
         assert g * 2500 == pytest.approx(b * 2250, abs=0.5)  # TFLOP/s, to the files' rounding
 
 
-@pytest.mark.parametrize(("name", "mnk", "priced_tflops", "mamf_tflops"), [
-    ("h200", (2048, 2048, 13312), 794.2, 794.5),    # the H100 row, "H200 is the same"
-    ("mi300x", (10240, 15360, 8192), 668.3, 668.4),
-    ("b200", (1792, 16128, 3072), 1317.8, 1745.0),  # wide GEMMs at the width-4096 rate (sources/b200.yaml caveat)
-    ("gb200", (4096, 9728, 2048), 1416.8, 1822.0),
-])
+@pytest.mark.parametrize(
+    ("name", "mnk", "priced_tflops", "mamf_tflops"),
+    [
+        ("h200", (2048, 2048, 13312), 794.2, 794.5),  # the H100 row, "H200 is the same"
+        ("mi300x", (10240, 15360, 8192), 668.3, 668.4),
+        ("b200", (1792, 16128, 3072), 1317.8, 1745.0),  # wide GEMMs at the width-4096 rate (sources/b200.yaml caveat)
+        ("gb200", (4096, 9728, 2048), 1416.8, 1822.0),
+    ],
+)
 def test_mamf_best_shapes_are_priced_as_the_sources_say(name, mnk, priced_tflops, mamf_tflops):
     """The profile's rate at Bekman's best shape: MAMF's measurement where the curve holds it (H200, MI300X); on
     Blackwell the price the sources' caveat states, below MAMF's measurement."""
@@ -122,8 +126,7 @@ def test_each_topology_names_its_profile_and_builds_its_gpus(name):
     assert {g.edges[x, f"su0.leaf{g.nodes[x]['local_index']}"]["bandwidth_bytes_per_s"] for x in nics} == {50 * GB}
     assert {d["bandwidth_bytes_per_s"] for _, _, d in g.edges(data=True) if d["link_kind"] == "gpu_nic"} == {64 * GB}
     kind = "xgmi" if name == "mi300x-cluster" else "nvlink"
-    assert {d["bandwidth_bytes_per_s"] for _, _, d in g.edges(data=True) if d["link_kind"] == kind} == {
-        intra_gbps * GB}
+    assert {d["bandwidth_bytes_per_s"] for _, _, d in g.edges(data=True) if d["link_kind"] == kind} == {intra_gbps * GB}
 
 
 def test_gb200_rack_is_one_nvlink_domain_of_72_gpus():
@@ -131,10 +134,10 @@ def test_gb200_rack_is_one_nvlink_domain_of_72_gpus():
     g = topo.graph
     assert [topo.host_of(f"n1.g{i}") for i in (0, 71)] == [1, 1]
     for dst in ("n0.g1", "n0.g40", "n0.g71"):  # every GPU of the rack: over the NVLink switch, one path
-        (frac, links), = topo.paths("n0.g0", dst)
+        ((frac, links),) = topo.paths("n0.g0", dst)
         assert frac == 1.0 and [topo.link_kinds[x] for x in links] == ["nvlink", "nvlink"]
         assert _bottleneck(topo, links) == 900 * GB
-    (frac, links), = topo.paths("n0.g5", "n1.g5")  # same index, next rack: the NICs and one leaf
+    ((frac, links),) = topo.paths("n0.g5", "n1.g5")  # same index, next rack: the NICs and one leaf
     assert [topo.link_kinds[x] for x in links] == ["gpu_nic", "nic", "nic", "gpu_nic"]
     assert _bottleneck(topo, links) == 50 * GB
     paths = topo.paths("n0.g5", "n1.g6")  # another index: ECMP over the 8 spines, 50 GB/s each
@@ -151,12 +154,12 @@ def test_mi300x_node_is_a_full_mesh_of_xgmi_links():
     for i in range(8):
         for j in range(8):
             if i != j:
-                (frac, links), = topo.paths(f"n0.g{i}", f"n0.g{j}")
+                ((frac, links),) = topo.paths(f"n0.g{i}", f"n0.g{j}")
                 assert [topo.link_kinds[x] for x in links] == ["xgmi"] and _bottleneck(topo, links) == 64 * GB
-    (frac, links), = topo.paths("n0.g2", "n1.g2")  # rail 2: its own NICs and leaf
+    ((frac, links),) = topo.paths("n0.g2", "n1.g2")  # rail 2: its own NICs and leaf
     assert [topo.link_kinds[x] for x in links] == ["gpu_nic", "nic", "nic", "gpu_nic"]
     pxn = load_topology({"preset": "mi300x-cluster", "params": {"cross_rail": "pxn"}}, 16)
-    (frac, links), = pxn.paths("n0.g2", "n1.g6")  # PXN: over xGMI to GPU 6, then rail 6
+    ((frac, links),) = pxn.paths("n0.g2", "n1.g6")  # PXN: over xGMI to GPU 6, then rail 6
     assert [pxn.link_kinds[x] for x in links] == ["xgmi", "gpu_nic", "nic", "nic", "gpu_nic"]
 
 
@@ -181,8 +184,9 @@ def test_presets_lists_the_current_machines(capsys):
 @pytest.mark.parametrize("name", sorted(MACHINES))
 def test_a_small_moe_on_each_machine_is_priced_with_its_profile(name):
     profile = load_profile(MACHINES[name][0])
-    result = simulate(load_config({"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4},
-                                   "topology": name}))
+    result = simulate(
+        load_config({"model": "small-moe", "parallel": {"pp": 2, "ep": 4, "num_microbatches": 4}, "topology": name})
+    )
     report = result.report
     assert report.step_time_s > 0 and report.hbm_bytes == profile.hbm_bytes
     peak = report.model_flops_per_step / (report.step_time_s * 8 * report.mfu)

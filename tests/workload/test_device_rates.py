@@ -16,9 +16,15 @@ from piper_sim.workload.flops import Gemm, OpWork
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import load_profile
 
-BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1000,
-        "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
-        "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]}}
+BASE = {
+    "name": "t",
+    "device": "t",
+    "peak_bf16_TFLOPS": 100,
+    "hbm_GiB": 64,
+    "hbm_bandwidth_GBps": 1000,
+    "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
+    "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]},
+}
 
 
 def test_a_compute_bound_gemm_takes_its_flops_over_the_sustained_rate():
@@ -76,9 +82,23 @@ def test_a_dense_layer_slows_by_the_factor_in_gemms_only():
 
 
 def _gpt_small():
-    return load_model({"name": "gpt-s", "num_layers": 2, "d_model": 4096, "num_heads": 32, "vocab_size": 51200,
-                       "seq_len": 2048, "expert_ffn_dim": 16384, "num_experts": 1, "top_k": 1, "expert_matrices": 2,
-                       "num_dense_layers": 2, "dense_ffn_dim": 16384, "dense_matrices": 2})
+    return load_model(
+        {
+            "name": "gpt-s",
+            "num_layers": 2,
+            "d_model": 4096,
+            "num_heads": 32,
+            "vocab_size": 51200,
+            "seq_len": 2048,
+            "expert_ffn_dim": 16384,
+            "num_experts": 1,
+            "top_k": 1,
+            "expert_matrices": 2,
+            "num_dense_layers": 2,
+            "dense_ffn_dim": 16384,
+            "dense_matrices": 2,
+        }
+    )
 
 
 @pytest.mark.parametrize("name", ["a100", "h100", "mi250x", "mi250x-xmoe", "h200", "b200", "gb200", "mi300x"])

@@ -33,32 +33,57 @@ def test_the_reserve_is_the_configs_then_the_profiles_then_a_fraction_of_hbm():
     assert reserve_bytes(cpu, communicators=4) == pytest.approx(FRAMEWORK_RESERVE_FRACTION * cpu.hbm_bytes)
 
 
-DENSE = {"name": "dense", "num_layers": 4, "d_model": 256, "num_heads": 4, "vocab_size": 1024, "seq_len": 256,
-         "expert_ffn_dim": 1024, "num_experts": 1, "top_k": 1, "num_dense_layers": 4, "dense_ffn_dim": 1024}
+DENSE = {
+    "name": "dense",
+    "num_layers": 4,
+    "d_model": 256,
+    "num_heads": 4,
+    "vocab_size": 1024,
+    "seq_len": 256,
+    "expert_ffn_dim": 1024,
+    "num_experts": 1,
+    "top_k": 1,
+    "num_dense_layers": 4,
+    "dense_ffn_dim": 1024,
+}
 PLANS = [  # (model, parallel, schedule, the kinds of groups the plan opens)
     ("small-moe", {"pp": 2, "ep": 2, "num_microbatches": 2}, "1f1b", ("pp", "ep", "ep_dp")),
     ("small-moe", {"pp": 1, "ep": 2, "dp": 2, "tp": 2, "etp": 1}, "1f1b", ("tp", "ep", "ep_dp", "dp", "stage")),
-    ("small-moe", {"pp": 2, "ep": 2, "dp": 2, "num_microbatches": 4, "vpp": 2}, "dualpipe",
-     ("pp", "ep", "ep_dp", "dp", "mirror")),
+    (
+        "small-moe",
+        {"pp": 2, "ep": 2, "dp": 2, "num_microbatches": 4, "vpp": 2},
+        "dualpipe",
+        ("pp", "ep", "ep_dp", "dp", "mirror"),
+    ),
     ("small-moe", {"pp": 1, "ep": 1, "dp": 1}, "1f1b", ()),
     (DENSE, {"pp": 2, "dp": 2, "num_microbatches": 2}, "1f1b", ("pp", "ep_dp")),
 ]
 
 
 @pytest.mark.parametrize(("model", "parallel", "schedule", "kinds"), PLANS)
-def test_the_plans_communicators_in_closed_form_and_as_the_lowered_schedule_uses_them(model, parallel, schedule,
-                                                                                     kinds):
-    cfg = load_config({"model": model, "topology": "uniform", "parallel": parallel, "schedule": schedule,
-                       "cost": {"profile": "mi250x"}})
+def test_the_plans_communicators_in_closed_form_and_as_the_lowered_schedule_uses_them(model, parallel, schedule, kinds):
+    cfg = load_config(
+        {
+            "model": model,
+            "topology": "uniform",
+            "parallel": parallel,
+            "schedule": schedule,
+            "cost": {"profile": "mi250x"},
+        }
+    )
     assert communicator_kinds(cfg.parallel, cfg.model, cfg.schedule) == kinds
     assert config_reserve_bytes(cfg, load_profile("mi250x")) == (
-        CONTEXT + (FIRST + (len(kinds) - 1) * FURTHER if kinds else 0))
+        CONTEXT + (FIRST + (len(kinds) - 1) * FURTHER if kinds else 0)
+    )
     lowered = build_schedule(cfg)  # the group axes (and p2p) its tasks run on, of more than one rank
     moe = bool(cfg.model.moe_layer_indices)
-    used = {"pp" if t.kind in ("send", "recv") else t.group_axis
-            for program in lowered.stage_programs for t in program
-            if (t.kind in ("send", "recv") or (t.group_axis and len(lowered.mesh.group(0, t.group_axis)) > 1))
-            and (moe or not t.role.endswith("_expert"))}  # a dense model's expert class holds nothing
+    used = {
+        "pp" if t.kind in ("send", "recv") else t.group_axis
+        for program in lowered.stage_programs
+        for t in program
+        if (t.kind in ("send", "recv") or (t.group_axis and len(lowered.mesh.group(0, t.group_axis)) > 1))
+        and (moe or not t.role.endswith("_expert"))
+    }  # a dense model's expert class holds nothing
     assert used == set(kinds)
 
 
@@ -72,7 +97,10 @@ def test_the_profiles_reserve_sources_are_cited():
     entry = sources["framework_reserve"]
     assert "LUMI-AI-Guide/issues/111" in str(entry["source"]["url"]) and entry["status"] == "measured"
     assert {k: entry[k]["value"] for k in ("context_MiB", "first_communicator_MiB", "per_communicator_MiB")} == {
-        "context_MiB": 0, "first_communicator_MiB": 1024, "per_communicator_MiB": 665.6}
+        "context_MiB": 0,
+        "first_communicator_MiB": 1024,
+        "per_communicator_MiB": 665.6,
+    }
     for name in ("a100", "h100"):  # the aggregate NCCL figure stays fixed, cited to nccl#864
         assert "NVIDIA/nccl issue 864" in _sources(name)["framework_reserve_GiB"]["note"]
 
@@ -83,14 +111,23 @@ def _sources(profile: str) -> dict:
 
 def test_a_profile_gives_one_form_of_the_reserve():
     with pytest.raises(ConfigError) as err:
-        load_profile({"extends": "h100", "framework_reserve_GiB": 5, "framework_reserve": {
-            "context_MiB": 90, "first_communicator_MiB": 950, "per_communicator_MiB": 640}})
+        load_profile(
+            {
+                "extends": "h100",
+                "framework_reserve_GiB": 5,
+                "framework_reserve": {"context_MiB": 90, "first_communicator_MiB": 950, "per_communicator_MiB": 640},
+            }
+        )
     assert err.value.key == "cost.profile.framework_reserve"
     fixed = load_profile({"extends": "mi250x", "framework_reserve_GiB": 3})  # replaces the base's by-communicator
     assert fixed.framework_reserve is None and reserve_bytes(fixed, communicators=5) == 3 * GIB
     with pytest.raises(ConfigError) as err:
-        load_profile({"extends": "mi250x", "framework_reserve": {"context_MiB": 90, "first_communicator_MiB": -1,
-                                                                 "per_communicator_MiB": 640}})
+        load_profile(
+            {
+                "extends": "mi250x",
+                "framework_reserve": {"context_MiB": 90, "first_communicator_MiB": -1, "per_communicator_MiB": 640},
+            }
+        )
     assert err.value.key.startswith("cost.profile.framework_reserve.")
 
 

@@ -9,9 +9,15 @@ from piper_sim.workload.cost import gemm_time_s
 from piper_sim.workload.flops import Gemm
 from piper_sim.workload.profile_load import load_profile
 
-BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1e6,
-        "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
-        "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]}}
+BASE = {
+    "name": "t",
+    "device": "t",
+    "peak_bf16_TFLOPS": 100,
+    "hbm_GiB": 64,
+    "hbm_bandwidth_GBps": 1e6,
+    "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
+    "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]},
+}
 TABLE = {"rows": [256, 4096], "width": [1024, 4096], "factor": [[0.25, 1.0], [0.5, 1.0]]}
 
 
@@ -32,12 +38,15 @@ def test_the_factor_is_bilinear_in_log2_and_flat_beyond_the_edges():
     assert gemm_time_s(p, narrow, 2) / narrow.flops > gemm_time_s(p, wide, 2) / wide.flops
 
 
-@pytest.mark.parametrize("bad", [
-    {"rows": [256], "width": [1024], "factor": [[1.5]]},
-    {"rows": [4096, 256], "width": [1024], "factor": [[1.0], [1.0]]},
-    {"rows": [256], "width": [1024, 2048], "factor": [[1.0]]},
-    {"rows": [256], "width": [1024]},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rows": [256], "width": [1024], "factor": [[1.5]]},
+        {"rows": [4096, 256], "width": [1024], "factor": [[1.0], [1.0]]},
+        {"rows": [256], "width": [1024, 2048], "factor": [[1.0]]},
+        {"rows": [256], "width": [1024]},
+    ],
+)
 def test_a_malformed_table_is_an_error(bad):
     with pytest.raises(ConfigError, match="gemm_shape_factor"):
         load_profile({**BASE, "gemm_shape_factor": bad})

@@ -43,8 +43,9 @@ def test_hsdp_gathers_within_the_shard_group_and_all_reduces_the_shards_across_r
     assert kinds[("all_reduce", "grad_expert", "replicate")] > 0  # experts: one rank per shard, summed across
     assert not any(axis in ("ep_dp", "dp") for _, _, axis in kinds)  # nothing spans every replica
     optimizer = schedule.stage_programs[0][-1]
-    assert all(t.task_id in optimizer.deps for t in schedule.stage_programs[0]
-               if t.kind == "all_reduce" and t.nonblocking)
+    assert all(
+        t.task_id in optimizer.deps for t in schedule.stage_programs[0] if t.kind == "all_reduce" and t.nonblocking
+    )
     again = schedule_from_json(schedule_to_json(schedule))
     assert again.mesh.replicate == 2
 
@@ -62,12 +63,15 @@ def test_hsdp_memory_lies_between_zero3_over_every_replica_and_no_sharding():
     assert state_bytes_per_param(3, shards["dense"]) == 16 / 4
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["optimizer.zero=3", "parallel.dp=2", "parallel.dp_shard=3"], "parallel.dp_shard"),
-    (["optimizer.zero=3", "parallel.dp=2", "parallel.dp_shard=2"], "parallel.dp_shard"),  # 4 blocks: dp is 2
-    (["optimizer.zero=3", "parallel.dp=2", "parallel.dp_shard=-1"], "parallel.dp_shard"),
-    (["optimizer.zero=2", "parallel.dp=2", "parallel.dp_shard=4"], "optimizer.zero"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["optimizer.zero=3", "parallel.dp=2", "parallel.dp_shard=3"], "parallel.dp_shard"),
+        (["optimizer.zero=3", "parallel.dp=2", "parallel.dp_shard=2"], "parallel.dp_shard"),  # 4 blocks: dp is 2
+        (["optimizer.zero=3", "parallel.dp=2", "parallel.dp_shard=-1"], "parallel.dp_shard"),
+        (["optimizer.zero=2", "parallel.dp=2", "parallel.dp_shard=4"], "optimizer.zero"),
+    ],
+)
 def test_a_bad_shard_degree_names_its_key_and_the_values_allowed(overrides, key):
     with pytest.raises(ConfigError) as err:
         load_config(MOE, overrides)
@@ -77,17 +81,34 @@ def test_a_bad_shard_degree_names_its_key_and_the_values_allowed(overrides, key)
 
 
 def test_the_planner_tries_one_node_per_shard_where_a_stage_spans_nodes():
-    request = PlanRequest(model="small-moe", num_gpus=32, global_batch=64, topology="uniform",  # 8 GPUs a node
-                          fixed=parse_fixes(["optimizer.zero=3", "parallel.pp=1", "parallel.ep=4", "schedule=1f1b",
-                                                "parallel.tp=1"]))
+    request = PlanRequest(
+        model="small-moe",
+        num_gpus=32,
+        global_batch=64,
+        topology="uniform",  # 8 GPUs a node
+        fixed=parse_fixes(["optimizer.zero=3", "parallel.pp=1", "parallel.ep=4", "schedule=1f1b", "parallel.tp=1"]),
+    )
     points = candidates(request, load_model("small-moe"))
     assert {p.dp_shard for p in points} == {0, 8}  # a stage of 32 over 8-GPU nodes: shards of 8, 4 replicas
     hsdp = next(p for p in points if p.dp_shard)
     assert hsdp.config_sections()["parallel"]["dp_shard"] == 8 and "hsdp8" in hsdp.label()
     assert load_config({"model": "small-moe", **hsdp.config_sections()}).parallel.dp_replicate == 4
-    fixed = PlanRequest(model="small-moe", num_gpus=32, global_batch=64, topology=request.topology,
-                        fixed=parse_fixes(["optimizer.zero=3", "parallel.pp=1", "parallel.ep=4", "schedule=1f1b",
-                                           "parallel.tp=1", "parallel.dp_shard=16"]))
+    fixed = PlanRequest(
+        model="small-moe",
+        num_gpus=32,
+        global_batch=64,
+        topology=request.topology,
+        fixed=parse_fixes(
+            [
+                "optimizer.zero=3",
+                "parallel.pp=1",
+                "parallel.ep=4",
+                "schedule=1f1b",
+                "parallel.tp=1",
+                "parallel.dp_shard=16",
+            ]
+        ),
+    )
     assert {p.dp_shard for p in candidates(fixed, load_model("small-moe"))} == {16}
 
 
@@ -110,12 +131,15 @@ mode = "none"
 """
 
 
-@pytest.mark.parametrize("rep,shard,pp,reshard,zero,dp_shard,keeps", [
-    (2, 8, 1, "", 3, 8, False),  # HSDP 2 x 8; torchtitan's default reshards without PP
-    (1, 8, 2, "", 3, 0, True),  # FSDP over 8; default with PP: no resharding
-    (2, 8, 2, 'fsdp_reshard_after_forward = "always"', 3, 8, False),
-    (8, 1, 1, "", 0, 0, False),  # DDP only: no ZeRO
-])
+@pytest.mark.parametrize(
+    "rep,shard,pp,reshard,zero,dp_shard,keeps",
+    [
+        (2, 8, 1, "", 3, 8, False),  # HSDP 2 x 8; torchtitan's default reshards without PP
+        (1, 8, 2, "", 3, 0, True),  # FSDP over 8; default with PP: no resharding
+        (2, 8, 2, 'fsdp_reshard_after_forward = "always"', 3, 8, False),
+        (8, 1, 1, "", 0, 0, False),  # DDP only: no ZeRO
+    ],
+)
 def test_torchtitan_fsdp_degrees_import_as_zero3_and_hsdp(tmp_path, rep, shard, pp, reshard, zero, dp_shard, keeps):
     path = tmp_path / "job.toml"
     path.write_text(TOML.format(rep=rep, shard=shard, pp=pp, reshard=reshard))

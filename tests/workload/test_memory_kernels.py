@@ -15,18 +15,41 @@ from piper_sim.workload.parallel import TensorSplit
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import load_profile
 
-BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1000,
-        "memory_efficiency": 0.8, "kernel_launch_us": 0,
-        "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
-        "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]}}
+BASE = {
+    "name": "t",
+    "device": "t",
+    "peak_bf16_TFLOPS": 100,
+    "hbm_GiB": 64,
+    "hbm_bandwidth_GBps": 1000,
+    "memory_efficiency": 0.8,
+    "kernel_launch_us": 0,
+    "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
+    "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]},
+}
 OPS = ("embed:0", "attn:0", "dense:0", "router:1", "shared:1", "moe_out:1", "head:0")
 
 
 def _moe(dropout: float = 0.0):
-    return load_model({"name": "m", "num_layers": 2, "d_model": 1024, "num_heads": 16, "vocab_size": 32000,
-                       "seq_len": 2048, "expert_ffn_dim": 512, "num_experts": 8, "top_k": 2, "expert_matrices": 3,
-                       "num_dense_layers": 1, "dense_ffn_dim": 4096, "dense_matrices": 3,
-                       "num_shared_experts": 1, "shared_expert_ffn_dim": 512, "dropout": dropout})
+    return load_model(
+        {
+            "name": "m",
+            "num_layers": 2,
+            "d_model": 1024,
+            "num_heads": 16,
+            "vocab_size": 32000,
+            "seq_len": 2048,
+            "expert_ffn_dim": 512,
+            "num_experts": 8,
+            "top_k": 2,
+            "expert_matrices": 3,
+            "num_dense_layers": 1,
+            "dense_ffn_dim": 4096,
+            "dense_matrices": 3,
+            "num_shared_experts": 1,
+            "shared_expert_ffn_dim": 512,
+            "dropout": dropout,
+        }
+    )
 
 
 def test_a_norm_op_is_its_norm_bytes_at_the_norm_share_and_the_rest_at_memory_efficiency():
@@ -52,12 +75,14 @@ def test_an_activation_share_prices_the_ffn_and_the_experts_activation():
     profile = load_profile({**BASE, "memory_kernel_efficiency": {"activation": 0.25}})
     dense = TaskCoster(model, profile, tokens).cost_terms("forward", ("dense:0",))["memory_bound"]
     norm_and_residual = (2 + 3) * tokens * 1024 * 2
-    assert dense == pytest.approx(3 * tokens * 4096 * 2 / (1000e9 * 0.25) + norm_and_residual / (1000e9 * 0.8),
-                                  rel=1e-12)
+    assert dense == pytest.approx(
+        3 * tokens * 4096 * 2 / (1000e9 * 0.25) + norm_and_residual / (1000e9 * 0.8), rel=1e-12
+    )
     experts = TaskCoster(model, profile, tokens).cost_terms("forward_expert", ("experts:1",), rows)["memory_bound"]
     routed = sum(rows)
-    assert experts == pytest.approx(routed * 3 * 512 * 2 / (1000e9 * 0.25) + routed * 2 * 1024 * 2 / (1000e9 * 0.8),
-                                    rel=1e-12)
+    assert experts == pytest.approx(
+        routed * 3 * 512 * 2 / (1000e9 * 0.25) + routed * 2 * 1024 * 2 / (1000e9 * 0.8), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("op", OPS + ("experts:1",))
@@ -72,8 +97,9 @@ def test_without_a_table_every_op_keeps_its_total_at_memory_efficiency(op):
     got = TaskCoster(model, plain, tokens).cost_terms(kind, (op,), rows)["memory_bound"]
     assert got == work.elementwise_bytes / (1000e9 * 0.8)
     every = load_profile({**BASE, "memory_kernel_efficiency": dict.fromkeys(MEMORY_KINDS, 0.8)})
-    assert TaskCoster(model, every, tokens).cost_terms(kind, (op,), rows)["memory_bound"] == pytest.approx(got,
-                                                                                                        rel=1e-12)
+    assert TaskCoster(model, every, tokens).cost_terms(kind, (op,), rows)["memory_bound"] == pytest.approx(
+        got, rel=1e-12
+    )
 
 
 def test_op_work_reports_each_kernel_kind():

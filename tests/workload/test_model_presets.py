@@ -25,10 +25,29 @@ from piper_sim.workload.presets import PRESET_DIR, list_presets, load_model, mod
 HF_DIR = Path(__file__).resolve().parents[1] / "data" / "hf"
 
 REQUIRED_PRESETS = [
-    "x-moe-small", "x-moe-medium", "x-moe-large", "x-moe-super", "weak-110b", "weak-862b", "weak-1.7t",
-    "mixtral-8x7b", "mixtral-8x22b", "deepseek-v2", "deepseek-v3", "llama4-scout", "llama4-maverick",
-    "qwen3-moe", "qwen3-235b-a22b", "qwen3-30b-a3b", "kimi-k2", "arctic", "grok-1", "glam", "switch-base",
-    "tiny-moe", "small-moe",
+    "x-moe-small",
+    "x-moe-medium",
+    "x-moe-large",
+    "x-moe-super",
+    "weak-110b",
+    "weak-862b",
+    "weak-1.7t",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "deepseek-v2",
+    "deepseek-v3",
+    "llama4-scout",
+    "llama4-maverick",
+    "qwen3-moe",
+    "qwen3-235b-a22b",
+    "qwen3-30b-a3b",
+    "kimi-k2",
+    "arctic",
+    "grok-1",
+    "glam",
+    "switch-base",
+    "tiny-moe",
+    "small-moe",
 ]
 
 # preset -> relative tolerance of total_params() against published_params

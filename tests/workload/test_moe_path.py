@@ -42,12 +42,15 @@ def test_the_moe_path_prices_the_gate_and_the_permutation_of_the_routed_buffer()
     assert coster.cost("forward", ("router:0",))[0] > 3 * plain.cost("forward", ("router:0",))[0]
 
 
-@pytest.mark.parametrize("raw, key", [
-    ({"gate_us": 1500, "gather_GBps": 0, "scatter_GBps": 100}, "moe_path.gather_GBps"),
-    ({"gate_us": 1500, "gather_GBps": 400}, "moe_path.scatter_GBps"),
-    ({"gate_us": 1500, "gather_GBps": 400, "scatter_GBps": 100, "others_us": 2400}, "moe_path.others_us"),
-    ("fast", "moe_path"),
-])
+@pytest.mark.parametrize(
+    "raw, key",
+    [
+        ({"gate_us": 1500, "gather_GBps": 0, "scatter_GBps": 100}, "moe_path.gather_GBps"),
+        ({"gate_us": 1500, "gather_GBps": 400}, "moe_path.scatter_GBps"),
+        ({"gate_us": 1500, "gather_GBps": 400, "scatter_GBps": 100, "others_us": 2400}, "moe_path.others_us"),
+        ("fast", "moe_path"),
+    ],
+)
 def test_a_malformed_moe_path_names_its_key(raw, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_profile({"extends": "mi250x", "name": "x", "device": "x", "moe_path": raw})

@@ -26,17 +26,47 @@ def by_kind(op: str, model, split: TensorSplit, rows: tuple[int, ...] = ()) -> d
 
 def _gpt_gelu():
     """A GPT-3-style dense layer: learned absolute positions (no rotary), GeLU FFN of 4h, dropout 0.1, fp16."""
-    return load_model({"name": "gpt", "num_layers": 2, "d_model": 1024, "num_heads": 16, "vocab_size": 32000,
-                       "seq_len": 2048, "expert_ffn_dim": 4096, "num_experts": 1, "top_k": 1, "expert_matrices": 2,
-                       "num_dense_layers": 2, "dense_ffn_dim": 4096, "dense_matrices": 2, "dropout": 0.1,
-                       "rotary": False, "dtype": "fp16"})
+    return load_model(
+        {
+            "name": "gpt",
+            "num_layers": 2,
+            "d_model": 1024,
+            "num_heads": 16,
+            "vocab_size": 32000,
+            "seq_len": 2048,
+            "expert_ffn_dim": 4096,
+            "num_experts": 1,
+            "top_k": 1,
+            "expert_matrices": 2,
+            "num_dense_layers": 2,
+            "dense_ffn_dim": 4096,
+            "dense_matrices": 2,
+            "dropout": 0.1,
+            "rotary": False,
+            "dtype": "fp16",
+        }
+    )
 
 
 def _swiglu_moe():
     """A SwiGLU MoE layer with GQA (16 heads, 4 kv heads), rotary, one shared expert, no dropout, bf16."""
-    return load_model({"name": "moe", "num_layers": 1, "d_model": 1024, "num_heads": 16, "num_kv_heads": 4,
-                       "vocab_size": 32000, "seq_len": 2048, "expert_ffn_dim": 512, "num_experts": 8, "top_k": 2,
-                       "expert_matrices": 3, "num_shared_experts": 1, "shared_expert_ffn_dim": 1024})
+    return load_model(
+        {
+            "name": "moe",
+            "num_layers": 1,
+            "d_model": 1024,
+            "num_heads": 16,
+            "num_kv_heads": 4,
+            "vocab_size": 32000,
+            "seq_len": 2048,
+            "expert_ffn_dim": 512,
+            "num_experts": 8,
+            "top_k": 2,
+            "expert_matrices": 3,
+            "num_shared_experts": 1,
+            "shared_expert_ffn_dim": 1024,
+        }
+    )
 
 
 def test_a_dense_gelu_layer_under_tp_and_sp():
@@ -46,9 +76,11 @@ def test_a_dense_gelu_layer_under_tp_and_sp():
     held = TOKENS / 2 * 1024  # elements of the residual stream a rank holds
     block_end = {"residual": 3 * held * 2, "dropout": held}  # bias-dropout-add: read x and residual, write sum, mask
     assert by_kind("attn:0", model, split) == pytest.approx(
-        {"norm": 2 * held * 2, "copy": 4 / 2 * TOKENS * 1024 * 2, **block_end})
+        {"norm": 2 * held * 2, "copy": 4 / 2 * TOKENS * 1024 * 2, **block_end}
+    )
     assert by_kind("dense:0", model, split) == pytest.approx(
-        {"norm": 2 * held * 2, "activation": 2 * TOKENS * 2048 * 2, **block_end})
+        {"norm": 2 * held * 2, "activation": 2 * TOKENS * 2048 * 2, **block_end}
+    )
     assert by_kind("head", model, split) == pytest.approx({"norm": 2 * held * 2, "loss": 3 * TOKENS * 16000 * 4})
 
 
@@ -60,16 +92,24 @@ def test_a_swiglu_moe_layer_with_a_shared_expert():
     model, split = _swiglu_moe(), TensorSplit(tp=2, sp=True, etp=2)
     held = TOKENS / 2 * 1024
     assert by_kind("attn:0", model, split) == pytest.approx(
-        {"norm": 2 * held * 2, "rotary": 2 * TOKENS * (8 + 2) * 64 * 2, "copy": 4 / 2 * TOKENS * 1024 * 2,
-         "residual": 3 * held * 2})
+        {
+            "norm": 2 * held * 2,
+            "rotary": 2 * TOKENS * (8 + 2) * 64 * 2,
+            "copy": 4 / 2 * TOKENS * 1024 * 2,
+            "residual": 3 * held * 2,
+        }
+    )
     assert by_kind("router:0", model, split) == pytest.approx(
-        {"norm": 2 * held * 2, "permute": 2 * TOKENS * 1024 * 2, "softmax": 8 * TOKENS * 8})
+        {"norm": 2 * held * 2, "permute": 2 * TOKENS * 1024 * 2, "softmax": 8 * TOKENS * 8}
+    )
     assert by_kind("shared:0", model, split) == pytest.approx({"activation": 3 * TOKENS * 512 * 2})
     rows = (1000, 3000, 0, 4192)
     assert by_kind("experts:0", model, split, rows) == pytest.approx(
-        {"activation": 3 * sum(rows) * 256 * 2, "copy": sum(rows) * 2 * 1024 * 2})
+        {"activation": 3 * sum(rows) * 256 * 2, "copy": sum(rows) * 2 * 1024 * 2}
+    )
     assert by_kind("moe_out:0", model, split) == pytest.approx(
-        {"permute": 2 * TOKENS * 1024 * 2, "residual": (3 + 3) * held * 2})
+        {"permute": 2 * TOKENS * 1024 * 2, "residual": (3 + 3) * held * 2}
+    )
 
 
 def test_gelu_moves_two_elements_per_ffn_element_and_swiglu_three():
@@ -99,7 +139,16 @@ def test_mla_rotates_only_the_rope_parts():
     assert dict(traffic)["rotary"] == 2 * tokens * (32 + 1) * 64 * 2
 
 
-@pytest.mark.parametrize("preset, rotary", [("mixtral-8x7b", True), ("qwen3-235b-a22b", True), ("deepseek-v3", True),
-                                            ("x-moe-small", True), ("switch-base", False), ("glam", False)])
+@pytest.mark.parametrize(
+    "preset, rotary",
+    [
+        ("mixtral-8x7b", True),
+        ("qwen3-235b-a22b", True),
+        ("deepseek-v3", True),
+        ("x-moe-small", True),
+        ("switch-base", False),
+        ("glam", False),
+    ],
+)
 def test_presets_say_whether_they_rotate(preset, rotary):
     assert load_model(preset).rotary is rotary

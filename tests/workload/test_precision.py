@@ -25,23 +25,60 @@ from piper_sim.workload.profile_load import PROFILE_SCHEMA, load_profile
 from piper_sim.workload.stage_memory import stage_memory_terms
 
 PEAK, FP8_PEAK, RATIO, HBM, EFF = 100e12, 200e12, 0.9, 1000e9, 0.8
-PROFILE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 100, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1000,
-           "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
-           "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]},
-           "peak_fp8_TFLOPS": 200, "fp8_gemm_efficiency_ratio": RATIO}
+PROFILE = {
+    "name": "t",
+    "device": "t",
+    "peak_bf16_TFLOPS": 100,
+    "hbm_GiB": 64,
+    "hbm_bandwidth_GBps": 1000,
+    "gemm_efficiency": {"rows": [1, 1024], "efficiency": [0.8, 0.8]},
+    "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]},
+    "peak_fp8_TFLOPS": 200,
+    "fp8_gemm_efficiency_ratio": RATIO,
+}
 D, F, TOKENS = 4096, 16384, 4096
 
 
 def _dense(fp8_recipe: str = "", **extra):
-    return load_model({"name": "gpt", "num_layers": 2, "d_model": D, "num_heads": 32, "vocab_size": 51200,
-                       "seq_len": 2048, "expert_ffn_dim": F, "num_experts": 1, "top_k": 1, "expert_matrices": 2,
-                       "num_dense_layers": 2, "dense_ffn_dim": F, "dense_matrices": 2, **extra}) if not fp8_recipe \
+    return (
+        load_model(
+            {
+                "name": "gpt",
+                "num_layers": 2,
+                "d_model": D,
+                "num_heads": 32,
+                "vocab_size": 51200,
+                "seq_len": 2048,
+                "expert_ffn_dim": F,
+                "num_experts": 1,
+                "top_k": 1,
+                "expert_matrices": 2,
+                "num_dense_layers": 2,
+                "dense_ffn_dim": F,
+                "dense_matrices": 2,
+                **extra,
+            }
+        )
+        if not fp8_recipe
         else replace(_dense(**extra), fp8_recipe=fp8_recipe)
+    )
 
 
 def _moe(fp8_recipe: str = ""):
-    model = load_model({"name": "moe", "num_layers": 2, "d_model": 2048, "num_heads": 16, "vocab_size": 32000,
-                        "seq_len": 2048, "expert_ffn_dim": 1024, "num_experts": 8, "top_k": 2, "expert_matrices": 3})
+    model = load_model(
+        {
+            "name": "moe",
+            "num_layers": 2,
+            "d_model": 2048,
+            "num_heads": 16,
+            "vocab_size": 32000,
+            "seq_len": 2048,
+            "expert_ffn_dim": 1024,
+            "num_experts": 8,
+            "top_k": 2,
+            "expert_matrices": 3,
+        }
+    )
     return replace(model, fp8_recipe=fp8_recipe)
 
 
@@ -54,8 +91,12 @@ def test_a_gemm_bound_layer_runs_its_gemms_at_the_fp8_rate_and_adds_exactly_its_
     """A dense FFN (fc1 4096 -> 16384, fc2 back) on 4096 tokens: GEMM time over (fp8 peak x ratio) / bf16 peak;
     the forward quantizes fc1's and fc2's inputs, the backward their output gradients, at 2 + 1 + 1 bytes each
     (read bf16, write the rowwise and the transposed fp8)."""
-    for kind, elements in (("forward", TOKENS * (D + F)), ("backward", TOKENS * (F + D)),
-                           ("backward_input", TOKENS * (F + D)), ("backward_weight", 0)):
+    for kind, elements in (
+        ("forward", TOKENS * (D + F)),
+        ("backward", TOKENS * (F + D)),
+        ("backward_input", TOKENS * (F + D)),
+        ("backward_weight", 0),
+    ):
         bf16, _ = _terms(_dense(), kind)
         fp8, seconds = _terms(_dense("delayed"), kind)
         assert fp8["gemm"] == pytest.approx(bf16["gemm"] * PEAK / (FP8_PEAK * RATIO), rel=1e-12)
@@ -110,9 +151,19 @@ def _stage_terms(model, transposed=True):
     parallel = ParallelSpec(pp=1, ep=1, num_microbatches=1, micro_batch_size=1)
     layers = ((0, 1),)
     params = rank_params(model, layers[0], first=True, last=True, ep=1)
-    return stage_memory_terms(model, layers, [0], parallel, params, flash_attention=True, recompute="none",
-                              recompute_layers=None, zero=0, stages=VirtualStages(Layout.INTERLEAVED, 1, 1),
-                              fp8_transposed_copies=transposed)
+    return stage_memory_terms(
+        model,
+        layers,
+        [0],
+        parallel,
+        params,
+        flash_attention=True,
+        recompute="none",
+        recompute_layers=None,
+        zero=0,
+        stages=VirtualStages(Layout.INTERLEAVED, 1, 1),
+        fp8_transposed_copies=transposed,
+    )
 
 
 def test_memory_grows_by_the_fp8_weight_copies_of_the_linears_only():
@@ -131,8 +182,9 @@ def test_activations_keep_the_linears_inputs_in_fp8():
     T d, T F fewer bytes), the attention output's fp8 copy besides its bf16 one (T d more); a routed row keeps its fc1
     and fc2 inputs in fp8 (d + F fewer)."""
     t = 2048
-    delta = layer_activation_bytes(_dense("delayed"), 0, 1, keep_scores=False) - \
-        layer_activation_bytes(_dense(), 0, 1, keep_scores=False)
+    delta = layer_activation_bytes(_dense("delayed"), 0, 1, keep_scores=False) - layer_activation_bytes(
+        _dense(), 0, 1, keep_scores=False
+    )
     assert delta == -t * D - t * D - t * F + t * D
     assert routed_row_bytes(_moe()) - routed_row_bytes(_moe("delayed")) == 2048 + 1024
 
@@ -140,8 +192,12 @@ def test_activations_keep_the_linears_inputs_in_fp8():
 def test_mfu_is_over_the_bf16_peak_and_mfu_fp8_peak_over_the_fp8_peak():
     assert mfu_over_peak(1e15, 2.0, 4, None) is None
     assert mfu_over_peak(1e15, 2.0, 4, 1e14) == pytest.approx(1.25)
-    config = {"model": "x-moe-small", "topology": "dgx-h100-superpod", "cost": {"profile": "h100"},
-              "parallel": {"pp": 2, "ep": 4, "num_microbatches": 8, "micro_batch_size": 1}}
+    config = {
+        "model": "x-moe-small",
+        "topology": "dgx-h100-superpod",
+        "cost": {"profile": "h100"},
+        "parallel": {"pp": 2, "ep": 4, "num_microbatches": 8, "micro_batch_size": 1},
+    }
     bf16 = estimate_report(load_config(config))
     fp8 = estimate_report(load_config(config, ["cost.precision=fp8"]))
     assert bf16.mfu_fp8_peak is None and fp8.step_time_s < bf16.step_time_s
@@ -150,9 +206,15 @@ def test_mfu_is_over_the_bf16_peak_and_mfu_fp8_peak_over_the_fp8_peak():
     assert max(fp8.peak_memory_bytes) > max(bf16.peak_memory_bytes)
 
 
-@pytest.mark.parametrize(("override", "key"), [
-    ("cost.precision=fp16", "cost.precision"), ("cost.precision=true", "cost.precision"),
-    ("cost.fp8_recipe=current", "cost.fp8_recipe"), ("model.fp8_recipe=delayed", "model.fp8_recipe")])
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("cost.precision=fp16", "cost.precision"),
+        ("cost.precision=true", "cost.precision"),
+        ("cost.fp8_recipe=current", "cost.fp8_recipe"),
+        ("model.fp8_recipe=delayed", "model.fp8_recipe"),
+    ],
+)
 def test_a_bad_precision_is_one_clear_error(override, key):
     with pytest.raises(ConfigError) as err:
         load_config("tiny-moe", [override])
@@ -190,9 +252,11 @@ def test_the_resolved_config_says_fp8_in_its_cost_section_and_reads_back():
 @pytest.mark.parametrize("key", ["peak_fp8_TFLOPS", "fp8_gemm_efficiency_ratio", "fp8_transposed_copies"])
 def test_each_fp8_rate_of_a_shipped_profile_is_cited_and_an_assumed_one_is_the_default(name, key):
     entry = yaml.safe_load((data_dir("traces/profiles") / "sources" / f"{name}.yaml").read_text())[key]
-    loaded = {"peak_fp8_TFLOPS": load_profile(name).peak_fp8_flops_per_s / 1e12,
-              "fp8_gemm_efficiency_ratio": load_profile(name).fp8_gemm_efficiency_ratio,
-              "fp8_transposed_copies": load_profile(name).fp8_transposed_copies}[key]
+    loaded = {
+        "peak_fp8_TFLOPS": load_profile(name).peak_fp8_flops_per_s / 1e12,
+        "fp8_gemm_efficiency_ratio": load_profile(name).fp8_gemm_efficiency_ratio,
+        "fp8_transposed_copies": load_profile(name).fp8_transposed_copies,
+    }[key]
     assert loaded == pytest.approx(entry["value"], abs=5e-4)
     if entry["status"] == "assumed":
         assert entry["value"] == PROFILE_SCHEMA[key]
@@ -206,8 +270,13 @@ def test_the_planner_prices_every_plan_in_the_precision_fixed():
 
     fixed, settings = split_settings(parse_fixes(["cost.precision=fp8"]))
     assert (fixed, settings) == ({}, {"precision": "fp8"})
-    base = {"model": "x-moe-small", "num_gpus": 8, "global_batch": 64, "topology": "dgx-h100-superpod",
-            "fixed": {"pp": (1,), "ep": (8,), "micro_batch_size": (4,), "schedule": ("1f1b",), "zero": (1,)}}
+    base = {
+        "model": "x-moe-small",
+        "num_gpus": 8,
+        "global_batch": 64,
+        "topology": "dgx-h100-superpod",
+        "fixed": {"pp": (1,), "ep": (8,), "micro_batch_size": (4,), "schedule": ("1f1b",), "zero": (1,)},
+    }
     fp8_model, fp8_table, *_ = screen(PlanRequest(**base, **settings))
     bf16_model, bf16_table, *_ = screen(PlanRequest(**base))
     assert (fp8_model.fp8_recipe, bf16_model.fp8_recipe) == ("delayed", "")

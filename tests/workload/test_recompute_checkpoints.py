@@ -17,8 +17,12 @@ from piper_sim.workload.memory import (
 )
 from piper_sim.workload.presets import load_model
 
-DENSE = {"model": {"preset": "small-moe", "num_dense_layers": 4, "num_layers": 4, "dense_ffn_dim": 512},
-         "topology": "uniform", "parallel": {"pp": 1, "num_microbatches": 2}, "recompute": "full"}
+DENSE = {
+    "model": {"preset": "small-moe", "num_dense_layers": 4, "num_layers": 4, "dense_ffn_dim": 512},
+    "topology": "uniform",
+    "parallel": {"pp": 1, "num_microbatches": 2},
+    "recompute": "full",
+}
 
 
 def test_groups_cover_the_layers_in_order():
@@ -32,12 +36,16 @@ def test_one_layer_groups_keep_each_layers_input_and_one_layers_activations():
     layers, b = (0, 1, 2, 3), 2
     one_input = b * model.seq_len * model.d_model * model.dtype_bytes
     per_layer = [layer_activation_bytes(model, layer, b, keep_scores=False) for layer in layers]
-    kept = {g: activation_bytes(model, layers, b, last=False, recompute="full", recomputed=4, checkpoint_layers=g)
-            for g in (None, 1, 2)}
+    kept = {
+        g: activation_bytes(model, layers, b, last=False, recompute="full", recomputed=4, checkpoint_layers=g)
+        for g in (None, 1, 2)
+    }
     assert kept[None] == pytest.approx(one_input) and kept[1] == pytest.approx(4 * one_input)
     assert kept[2] == pytest.approx(2 * one_input)
-    transient = {g: recompute_transient_bytes(model, layers, b, recompute="full", recomputed=4, checkpoint_layers=g)
-                 for g in (None, 1, 2)}
+    transient = {
+        g: recompute_transient_bytes(model, layers, b, recompute="full", recomputed=4, checkpoint_layers=g)
+        for g in (None, 1, 2)
+    }
     assert transient[None] == pytest.approx(sum(per_layer))
     assert transient[1] == pytest.approx(max(per_layer))
     assert transient[2] == pytest.approx(max(per_layer[0] + per_layer[1], per_layer[2] + per_layer[3]))
@@ -51,7 +59,8 @@ def test_the_simulator_and_the_estimate_hold_the_same_smaller_peak():
     assert peaks[0] == pytest.approx(layer[0], rel=1e-9)
     # the same work either way: the schedule is the same and so is the step
     assert simulate(load_config({**DENSE, "recompute_checkpoint_layers": 1})).report.step_time_s == pytest.approx(
-        simulate(load_config(DENSE)).report.step_time_s, rel=1e-12)
+        simulate(load_config(DENSE)).report.step_time_s, rel=1e-12
+    )
 
 
 def test_the_key_is_checked_and_real_runs_refuse_it(tmp_path):

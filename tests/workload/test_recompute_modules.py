@@ -19,14 +19,19 @@ from piper_sim.workload.parallel import TensorSplit
 from piper_sim.workload.presets import load_model
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "validation" / "published"
-SMALL = {"model": "small-moe", "topology": "uniform", "parallel": {"pp": 1, "num_microbatches": 3},
-         "recompute": "selective"}
+SMALL = {
+    "model": "small-moe",
+    "topology": "uniform",
+    "parallel": {"pp": 1, "num_microbatches": 3},
+    "recompute": "selective",
+}
 SPLIT = TensorSplit(tp=2, sp=True, etp=1)  # the Qwen3 run's: norms on half the tokens, each rank routes half
 
 
 def _delta(model, layer: int, modules: tuple[str, ...], split: TensorSplit = SPLIT, b: int = 2) -> float:
-    return (layer_activation_bytes(model, layer, b, keep_scores=False, split=split)
-            - layer_activation_bytes(model, layer, b, keep_scores=False, split=split, discarded=modules))
+    return layer_activation_bytes(model, layer, b, keep_scores=False, split=split) - layer_activation_bytes(
+        model, layer, b, keep_scores=False, split=split, discarded=modules
+    )
 
 
 def test_layernorm_discards_the_norm_outputs_megatron_keeps_as_modules_of_their_own():
@@ -59,15 +64,19 @@ def test_moe_act_discards_one_expert_width_per_routed_row(preset, etp):
 def test_the_default_module_is_the_attention_core_and_without_it_the_scores_are_kept():
     model, layers, b = load_model("small-moe"), (0, 1, 2), 2
     for flash in (True, False):
-        assert activation_bytes(model, layers, b, last=False, flash_attention=flash, recompute="selective") == \
-            activation_bytes(model, layers, b, last=False, flash_attention=flash, recompute="selective",
-                             modules=("core_attn",))
+        assert activation_bytes(
+            model, layers, b, last=False, flash_attention=flash, recompute="selective"
+        ) == activation_bytes(
+            model, layers, b, last=False, flash_attention=flash, recompute="selective", modules=("core_attn",)
+        )
     none = activation_bytes(model, layers, b, last=False, flash_attention=False)
-    norms = activation_bytes(model, layers, b, last=False, flash_attention=False, recompute="selective",
-                             modules=("layernorm",))
-    core_too = activation_bytes(model, layers, b, last=False, flash_attention=False, recompute="selective",
-                                modules=("core_attn", "layernorm"))
-    scores = 4 * b * model.num_heads * model.seq_len ** 2
+    norms = activation_bytes(
+        model, layers, b, last=False, flash_attention=False, recompute="selective", modules=("layernorm",)
+    )
+    core_too = activation_bytes(
+        model, layers, b, last=False, flash_attention=False, recompute="selective", modules=("core_attn", "layernorm")
+    )
+    scores = 4 * b * model.num_heads * model.seq_len**2
     assert none - norms == pytest.approx(3 * b * model.seq_len * model.d_model * model.dtype_bytes)
     assert norms - core_too == pytest.approx(3 * scores)
 
@@ -80,8 +89,9 @@ def test_the_schedule_reruns_each_modules_kernels_before_the_backward():
     assert [t.ops for t in redo if t.kind == "recompute"] == [tuple(f"moe_norm:{i}" for i in layers)]
     assert [t.ops for t in redo if t.kind == "recompute_expert"] == [(f"moe_act:{i}",) for i in layers]
     default = build_schedule(load_config(SMALL)).stage_programs[0]
-    assert [t.ops for t in default if t.kind == "recompute" and t.microbatch == 0] == \
-        [tuple(f"attn_core:{i}" for i in layers)]
+    assert [t.ops for t in default if t.kind == "recompute" and t.microbatch == 0] == [
+        tuple(f"attn_core:{i}" for i in layers)
+    ]
 
 
 def test_the_time_added_is_the_norm_and_activation_kernels_at_the_profiles_memory_rates():
@@ -104,21 +114,32 @@ def test_the_time_added_is_the_norm_and_activation_kernels_at_the_profiles_memor
 
 
 def test_the_simulator_and_the_estimate_hold_the_same_smaller_peak():
-    cfg = load_config({**SMALL, "parallel": {"pp": 2, "ep": 2, "num_microbatches": 4},
-                       "recompute_modules": ["core_attn", "layernorm", "moe_act"]})
+    cfg = load_config(
+        {
+            **SMALL,
+            "parallel": {"pp": 2, "ep": 2, "num_microbatches": 4},
+            "recompute_modules": ["core_attn", "layernorm", "moe_act"],
+        }
+    )
     default = load_config({**SMALL, "parallel": {"pp": 2, "ep": 2, "num_microbatches": 4}})
     peaks, default_peaks = simulate(cfg).report.peak_memory_bytes, simulate(default).report.peak_memory_bytes
     assert all(p < d for p, d in zip(peaks, default_peaks, strict=True))
     assert estimate_with_memory(cfg)[1] == pytest.approx(peaks, rel=1e-9)
 
 
-@pytest.mark.parametrize("raw", [
-    {"recompute": "full", "recompute_modules": ["moe_act"]},
-    {"recompute": "none", "recompute_modules": ["core_attn"]},
-    {"recompute_modules": ["mlp"]}, {"recompute_modules": []}, {"recompute_modules": "moe_act"},
-    {"recompute_modules": ["moe_act", "moe_act"]}, {"recompute_modules": [1]},
-    {"recompute_modules": ["layernorm"], "cost": {"precision": "fp8", "profile": "h100"}},
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"recompute": "full", "recompute_modules": ["moe_act"]},
+        {"recompute": "none", "recompute_modules": ["core_attn"]},
+        {"recompute_modules": ["mlp"]},
+        {"recompute_modules": []},
+        {"recompute_modules": "moe_act"},
+        {"recompute_modules": ["moe_act", "moe_act"]},
+        {"recompute_modules": [1]},
+        {"recompute_modules": ["layernorm"], "cost": {"precision": "fp8", "profile": "h100"}},
+    ],
+)
 def test_the_key_is_checked(raw):
     with pytest.raises(ConfigError) as err:
         load_config({**SMALL, **raw})

@@ -97,8 +97,9 @@ def test_recomputation_memory_is_the_published_rule():
     for layers in ((0,), (0, 1, 2, 3)):
         none = activation_bytes(model, layers, b, last=False, flash_attention=False)
         selective = activation_bytes(model, layers, b, last=False, flash_attention=False, recompute="selective")
-        full = activation_bytes(model, layers, b, last=False, flash_attention=False, recompute="full",
-                                recomputed=len(layers))
+        full = activation_bytes(
+            model, layers, b, last=False, flash_attention=False, recompute="full", recomputed=len(layers)
+        )
         assert none - selective == pytest.approx(len(layers) * 4 * b * model.num_heads * s * s, rel=0.02)
         assert full == pytest.approx(s * b * h * model.dtype_bytes, rel=0.02)  # one input per chunk
 
@@ -124,15 +125,18 @@ def test_mfu_excludes_recomputation_and_hfu_includes_it():
     assert max(full.peak_memory_bytes) < max(plain.peak_memory_bytes)
 
 
-@pytest.mark.parametrize(("overrides", "key"), [
-    (["optimizer.zero=1", "parallel.ep=1", "parallel.pp=1", "parallel.dp=1"], "optimizer.zero"),
-    (["optimizer.zero=4"], "optimizer.zero"),
-    (["optimizer.zero=3", "schedule=zb-h1"], "optimizer.zero"),
-    (["recompute=some"], "recompute"),
-    (["recompute_layers=2"], "recompute_layers"),
-    (["recompute=full", "recompute_layers=0"], "recompute_layers"),
-    (["optimizer.zero=2", "schedule=dualpipe", "parallel.vpp=2", "parallel.dp=2"], "optimizer.zero"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["optimizer.zero=1", "parallel.ep=1", "parallel.pp=1", "parallel.dp=1"], "optimizer.zero"),
+        (["optimizer.zero=4"], "optimizer.zero"),
+        (["optimizer.zero=3", "schedule=zb-h1"], "optimizer.zero"),
+        (["recompute=some"], "recompute"),
+        (["recompute_layers=2"], "recompute_layers"),
+        (["recompute=full", "recompute_layers=0"], "recompute_layers"),
+        (["optimizer.zero=2", "schedule=dualpipe", "parallel.vpp=2", "parallel.dp=2"], "optimizer.zero"),
+    ],
+)
 def test_bad_plan_features_name_their_key(overrides, key):
     with pytest.raises(ConfigError) as err:
         load_config(BASE, overrides)
@@ -150,8 +154,13 @@ def test_zero2_interleaved_plan_finishes_within_what_zero1_allows():
     # a plan the planner proposes: a flow set joined a memoized isolated run at the instant it ended, where
     # now - t_start rounds below the finish offset; its flow kept a few ulps of bytes and a NaN finish time,
     # which stalled stages 0 and 1 (network._settle)
-    plan = {"model": "small-moe", "topology": "uniform", "schedule": "interleaved-1f1b", "optimizer": {"zero": 2},
-            "parallel": {"pp": 4, "ep": 1, "dp": 2, "vpp": 2, "num_microbatches": 8, "micro_batch_size": 2}}
+    plan = {
+        "model": "small-moe",
+        "topology": "uniform",
+        "schedule": "interleaved-1f1b",
+        "optimizer": {"zero": 2},
+        "parallel": {"pp": 4, "ep": 1, "dp": 2, "vpp": 2, "num_microbatches": 8, "micro_batch_size": 2},
+    }
     zero2_s, rs2_s, bytes2 = _gradient_traffic(simulate(load_config(plan)))
     zero1_s, rs1_s, bytes1 = _gradient_traffic(simulate(load_config(plan, ["optimizer.zero=1"])))
     assert math.isfinite(zero2_s) and zero2_s > 0

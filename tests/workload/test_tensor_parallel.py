@@ -35,8 +35,9 @@ def test_tp_collectives_per_layer_are_megatrons(sp):
     schedule = build_schedule(cfg)
     layers, microbatches = cfg.model.num_layers, cfg.parallel.num_microbatches
     per_microbatch = 4 * layers + 2
-    expected = ({"all_gather": per_microbatch, "reduce_scatter": per_microbatch} if sp
-                else {"all_reduce": per_microbatch})
+    expected = (
+        {"all_gather": per_microbatch, "reduce_scatter": per_microbatch} if sp else {"all_reduce": per_microbatch}
+    )
     assert _tp_tasks(schedule) == {k: v * microbatches for k, v in expected.items()}
     trace = simulate(cfg, schedule).trace
     tp_rows = trace[trace["role"] == "tp"]
@@ -82,8 +83,10 @@ def test_megatron_form_is_the_same_plan():
     """Megatron-core: TP 2, PP 2, EP 4, DP 4 on 16 GPUs, experts carved out of the 8 (TP x DP) ranks of a stage:
     ETP 2 -> expert-dp 1; ETP 1 -> expert-dp 2."""
     for etp, dp in ((2, 1), (1, 2)):
-        megatron = load_config(BASE, ["parallel.convention=megatron", "parallel.tp=2", "parallel.ep=4",
-                                      "parallel.dp=4", f"parallel.etp={etp}"])
+        megatron = load_config(
+            BASE,
+            ["parallel.convention=megatron", "parallel.tp=2", "parallel.ep=4", "parallel.dp=4", f"parallel.etp={etp}"],
+        )
         piper = load_config(BASE, ["parallel.tp=2", "parallel.ep=4", f"parallel.dp={dp}", f"parallel.etp={etp}"])
         assert megatron.parallel == piper.parallel
         assert megatron.parallel.num_gpus == 16  # pp 2 x tp 2 x dp 4
@@ -132,26 +135,33 @@ def test_zero_shards_each_parameter_class_over_its_replicas():
     layers = tuple(range(4))
     params = rank_params(plan_model, layers, first=True, last=False, ep=4, split=cfg.parallel.split)
     n_dense, n_stage, n_expert = 4, 8, 2  # dp 2 x ep 4 x etp 1 / tp 2; 8 ranks per stage; dp 2
-    state = (params["dense"] * (4 + 12 / n_dense) + params["replicated"] * (4 + 12 / n_stage)
-             + params["expert"] * (4 + 12 / n_expert))
+    state = (
+        params["dense"] * (4 + 12 / n_dense)
+        + params["replicated"] * (4 + 12 / n_stage)
+        + params["expert"] * (4 + 12 / n_expert)
+    )
     from piper_sim.sim.stage_plans import build_stage_plans
+
     plans = build_stage_plans(build_schedule(cfg), cfg.model, cfg.parallel, True, zero=1)
     assert plans[0].state_bytes == pytest.approx(state, rel=1e-12)
     assert result.report.fits_memory
 
 
-@pytest.mark.parametrize(("overrides", "key"), [
-    (["parallel.tp=3"], "parallel.tp"),  # 8 heads
-    (["parallel.tp=2", "model.num_kv_heads=1"], "parallel.tp"),
-    (["parallel.tp=2", "parallel.ep=4", "model.num_dense_layers=1", "model.dense_ffn_dim=1001"], "parallel.tp"),
-    (["parallel.sp=true"], "parallel.sp"),
-    (["parallel.tp=2", "parallel.etp=4"], "parallel.etp"),
-    (["parallel.tp=8", "parallel.ep=4"], "parallel.tp"),  # etp 1: tp must divide ep
-    (["parallel.tp=2", "parallel.etp=2", "parallel.ep=1", "parallel.pp=2"], None),  # valid
-    (["parallel.tp=2", "parallel.ep=2", "parallel.pp=1", "optimizer.zero=1"], "optimizer.zero"),
-    (["parallel.convention=nemo"], "parallel.convention"),
-    (["parallel.convention=megatron", "parallel.tp=2", "parallel.ep=8", "parallel.dp=3"], "parallel.dp"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["parallel.tp=3"], "parallel.tp"),  # 8 heads
+        (["parallel.tp=2", "model.num_kv_heads=1"], "parallel.tp"),
+        (["parallel.tp=2", "parallel.ep=4", "model.num_dense_layers=1", "model.dense_ffn_dim=1001"], "parallel.tp"),
+        (["parallel.sp=true"], "parallel.sp"),
+        (["parallel.tp=2", "parallel.etp=4"], "parallel.etp"),
+        (["parallel.tp=8", "parallel.ep=4"], "parallel.tp"),  # etp 1: tp must divide ep
+        (["parallel.tp=2", "parallel.etp=2", "parallel.ep=1", "parallel.pp=2"], None),  # valid
+        (["parallel.tp=2", "parallel.ep=2", "parallel.pp=1", "optimizer.zero=1"], "optimizer.zero"),
+        (["parallel.convention=nemo"], "parallel.convention"),
+        (["parallel.convention=megatron", "parallel.tp=2", "parallel.ep=8", "parallel.dp=3"], "parallel.dp"),
+    ],
+)
 def test_bad_tensor_plans_name_their_key(overrides, key):
     if key is None:
         load_config(BASE, overrides)
@@ -162,8 +172,17 @@ def test_bad_tensor_plans_name_their_key(overrides, key):
 
 
 def test_a_tp_group_split_over_nodes_is_refused():
-    cfg = load_config(BASE, ["parallel.tp=8", "parallel.ep=8", "parallel.etp=8", "parallel.pp=1",
-                             "topology=fat-tree", "topology.params.gpus_per_node=4"])
+    cfg = load_config(
+        BASE,
+        [
+            "parallel.tp=8",
+            "parallel.ep=8",
+            "parallel.etp=8",
+            "parallel.pp=1",
+            "topology=fat-tree",
+            "topology.params.gpus_per_node=4",
+        ],
+    )
     with pytest.raises(ConfigError) as err:
         simulate(cfg)
     assert err.value.key == "parallel.tp" and "inside one node" in str(err.value)
@@ -180,11 +199,23 @@ def test_the_planner_prices_tensor_parallel_plans_as_the_simulator_does(tp, etp,
     from piper_sim.workload.profile_load import load_profile
 
     model = load_model("small-moe")
-    point = PlanPoint(pp=2, ep=4, dp=1, vpp=1, micro_batch_size=2, num_microbatches=8, schedule="1f1b",
-                      all_to_all="flat", tp=tp, etp=etp, sp=sp)
+    point = PlanPoint(
+        pp=2,
+        ep=4,
+        dp=1,
+        vpp=1,
+        micro_batch_size=2,
+        num_microbatches=8,
+        schedule="1f1b",
+        all_to_all="flat",
+        tp=tp,
+        etp=etp,
+        sp=sp,
+    )
     topo = load_topology("frontier", point.num_gpus)
     estimate = Estimator(model, topo, place(topo, point.num_gpus, "contiguous"), load_profile("mi250x")).estimate(point)
     result = simulate(load_config({"model": "small-moe", "topology": "frontier", **point.config_sections()}))
     assert max(m.peak_bytes for m in stage_memory(model, point)) == pytest.approx(
-        max(result.report.peak_memory_bytes), rel=1e-9)
+        max(result.report.peak_memory_bytes), rel=1e-9
+    )
     assert estimate.step_time_s == pytest.approx(result.report.step_time_s, rel=0.15)

@@ -17,18 +17,39 @@ from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import load_profile
 
 # a device whose GEMMs never bind on FLOPs: every batched GEMM takes its traffic at the bandwidth below
-BASE = {"name": "t", "device": "t", "peak_bf16_TFLOPS": 1e9, "hbm_GiB": 64, "hbm_bandwidth_GBps": 1000,
-        "memory_efficiency": 1.0, "kernel_launch_us": 0,
-        "gemm_efficiency": {"rows": [1, 1024], "efficiency": [1.0, 1.0]},
-        "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]}}
+BASE = {
+    "name": "t",
+    "device": "t",
+    "peak_bf16_TFLOPS": 1e9,
+    "hbm_GiB": 64,
+    "hbm_bandwidth_GBps": 1000,
+    "memory_efficiency": 1.0,
+    "kernel_launch_us": 0,
+    "gemm_efficiency": {"rows": [1, 1024], "efficiency": [1.0, 1.0]},
+    "attention_efficiency": {"seq_len": [1, 4096], "efficiency": [0.5, 0.5]},
+}
 S, HD, HEADS = 1024, 64, 4
 
 
 def _model(dropout: float):
-    return load_model({"name": "gpt-t", "num_layers": 1, "d_model": HEADS * HD, "num_heads": HEADS,
-                       "vocab_size": 512, "seq_len": S, "expert_ffn_dim": 1024, "num_experts": 1, "top_k": 1,
-                       "expert_matrices": 2, "num_dense_layers": 1, "dense_ffn_dim": 1024, "dense_matrices": 2,
-                       "dropout": dropout})
+    return load_model(
+        {
+            "name": "gpt-t",
+            "num_layers": 1,
+            "d_model": HEADS * HD,
+            "num_heads": HEADS,
+            "vocab_size": 512,
+            "seq_len": S,
+            "expert_ffn_dim": 1024,
+            "num_experts": 1,
+            "top_k": 1,
+            "expert_matrices": 2,
+            "num_dense_layers": 1,
+            "dense_ffn_dim": 1024,
+            "dense_matrices": 2,
+            "dropout": dropout,
+        }
+    )
 
 
 def _core_s(kind: str, dropout: float, profile=None) -> float:
@@ -85,8 +106,9 @@ def test_a_batched_rate_must_be_a_fraction(bad):
     with pytest.raises(ConfigError, match="attention_bmm_memory_efficiency.reads_scores"):
         load_profile({**BASE, "attention_bmm_memory_efficiency": {"writes_scores": 0.5, "reads_scores": bad}})
     with pytest.raises(ConfigError, match="attention_bmm_memory_efficiency.kind"):
-        load_profile({**BASE, "attention_bmm_memory_efficiency": {"writes_scores": 0.5, "reads_scores": 0.5,
-                                                                  "kind": 1}})
+        load_profile(
+            {**BASE, "attention_bmm_memory_efficiency": {"writes_scores": 0.5, "reads_scores": 0.5, "kind": 1}}
+        )
 
 
 def test_a100_batched_rates_are_the_cited_measurements():

@@ -30,12 +30,25 @@ DENSE = {"preset": "small-moe", "name": "small-dense", "num_layers": 4, "num_den
 
 def _two_nodes(nic_GBps: float) -> dict:
     """A dense 4-layer model on two GPUs, one per node, data-parallel: every gather crosses one NIC of nic_GBps."""
-    return {"model": DENSE, "schedule": "1f1b", "optimizer": {"zero": 3}, "cost": {"profile": "h100"},
-            "parallel": {"pp": 1, "ep": 1, "dp": 2, "num_microbatches": 1, "micro_batch_size": 2},
-            "topology": {"builder": "uniform", "params": {
-                "gpus_per_node": 1, "intra_bandwidth_GBps": 100, "intra_latency_us": 1.0,
-                "nic_bandwidth_GBps": nic_GBps, "nic_latency_us": 1.5, "switch_latency_us": 0.5,
-                "message_overhead_us": 2.0}}}
+    return {
+        "model": DENSE,
+        "schedule": "1f1b",
+        "optimizer": {"zero": 3},
+        "cost": {"profile": "h100"},
+        "parallel": {"pp": 1, "ep": 1, "dp": 2, "num_microbatches": 1, "micro_batch_size": 2},
+        "topology": {
+            "builder": "uniform",
+            "params": {
+                "gpus_per_node": 1,
+                "intra_bandwidth_GBps": 100,
+                "intra_latency_us": 1.0,
+                "nic_bandwidth_GBps": nic_GBps,
+                "nic_latency_us": 1.5,
+                "switch_latency_us": 0.5,
+                "message_overhead_us": 2.0,
+            },
+        },
+    }
 
 
 def test_zero3_state_is_sixteen_bytes_over_the_replicas():
@@ -47,8 +60,11 @@ def test_zero3_state_is_sixteen_bytes_over_the_replicas():
 
 def test_the_gathered_window_is_the_largest_two_units_twice():
     shards = {"dense": 4, "replicated": 1, "expert": 2}
-    units = [{"dense": 10.0, "replicated": 5.0, "expert": 0.0}, {"dense": 10.0, "replicated": 5.0, "expert": 100.0},
-             {"dense": 30.0, "replicated": 5.0, "expert": 0.0}]
+    units = [
+        {"dense": 10.0, "replicated": 5.0, "expert": 0.0},
+        {"dense": 10.0, "replicated": 5.0, "expert": 100.0},
+        {"dense": 30.0, "replicated": 5.0, "expert": 0.0},
+    ]
     # gathered: the sharded classes only (10, 110, 30); the largest pair 140; parameters and gradients, 2 bytes each
     assert gathered_window_bytes(units, shards, 2) == 2 * 2 * 140
     assert gathered_window_bytes(units[:1], shards, 2) == 2 * 2 * 10
@@ -98,16 +114,26 @@ def test_each_unit_is_gathered_before_its_forward_and_backward_and_reduced_after
             assert at[g.task_id] < at[f"F:c0:m0:u{k}:s0"]
         optimizer = program[at["optimizer"]]
         assert {t.task_id for t in program if t.kind == "reduce_scatter"} <= set(optimizer.deps)
-        assert not [t for t in program if t.kind == "all_reduce" or (t.is_collective and t.role.startswith(
-            ("grad_", "param_")) and not t.nonblocking)]  # no step-end reductions, no gather after the optimizer
+        assert not [
+            t
+            for t in program
+            if t.kind == "all_reduce"
+            or (t.is_collective and t.role.startswith(("grad_", "param_")) and not t.nonblocking)
+        ]  # no step-end reductions, no gather after the optimizer
 
 
 def test_nonblocking_survives_the_schedule_files(tmp_path):
     schedule = _program([])
     assert schedule_from_json(schedule_to_json(schedule)) == schedule
     schedule_to_csv(schedule, tmp_path / "z3.csv")
-    back = schedule_from_csv(tmp_path / "z3.csv", schedule.mesh, name=schedule.name,
-                             num_microbatches=schedule.num_microbatches, vpp=schedule.vpp, lowered=True)
+    back = schedule_from_csv(
+        tmp_path / "z3.csv",
+        schedule.mesh,
+        name=schedule.name,
+        num_microbatches=schedule.num_microbatches,
+        vpp=schedule.vpp,
+        lowered=True,
+    )
     assert back == dataclasses.replace(schedule, stage_layers=())
     assert sum(t.nonblocking for t in back.stage_programs[0]) > 0
 
@@ -178,8 +204,14 @@ def test_zero3_refusals_name_the_key():
 
 
 def test_the_planner_ranks_zero3_first_where_only_it_fits():
-    request = PlanRequest(model=DENSE | {"num_layers": 8, "num_dense_layers": 8}, num_gpus=8, global_batch=8,
-                          topology="uniform", profile="h100", fixed=parse_fixes(["parallel.pp=1", "parallel.tp=1"]))
+    request = PlanRequest(
+        model=DENSE | {"num_layers": 8, "num_dense_layers": 8},
+        num_gpus=8,
+        global_batch=8,
+        topology="uniform",
+        profile="h100",
+        fixed=parse_fixes(["parallel.pp=1", "parallel.tp=1"]),
+    )
     _, table, hbm, _ = screen(request)
     assert set(table["zero"]) == {0, 1, 2, 3}
     least = table.groupby("zero")["peak_memory_bytes"].min()

@@ -28,10 +28,12 @@ def line(name: str, scores: list[dict]) -> str:
     halo = max(abs(h["error"]) for h in sm["halo_over_flat"])
     dp2 = next(s["error"] for s in scores if "dp2" in s["case"])
     conc = sm["compute_concurrency"]
-    head = (f"{name:28s} MAPE {sm['mape'] * 100:5.1f}%  max {sm['max_error'] * 100:5.1f}% ({worst['case']})  "
-            f"HALO {halo * 100:5.1f}%  dp2 {dp2 * 100:+5.1f}%  swaps {len(sm['order_swaps'])}  none computing "
-            f"pred {conc['predicted_share_none_computing'] * 100:.0f}% "
-            f"meas {conc['measured_share_none_computing'] * 100:.0f}%")
+    head = (
+        f"{name:28s} MAPE {sm['mape'] * 100:5.1f}%  max {sm['max_error'] * 100:5.1f}% ({worst['case']})  "
+        f"HALO {halo * 100:5.1f}%  dp2 {dp2 * 100:+5.1f}%  swaps {len(sm['order_swaps'])}  none computing "
+        f"pred {conc['predicted_share_none_computing'] * 100:.0f}% "
+        f"meas {conc['measured_share_none_computing'] * 100:.0f}%"
+    )
     return "\n".join([head] + [f"    {s['case']:34s} {s['error'] * 100:+6.1f}%" for s in scores])
 
 

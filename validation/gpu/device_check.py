@@ -38,10 +38,13 @@ def cli(*args: str) -> None:
 
 def config(case: dict, profile: Path, steps: int, cuda: bool) -> dict:
     model = case["model"] if cuda else {**case["model"], "dtype": "fp32"}
-    return {"model": model, "schedule": "1f1b",
-            "parallel": {"pp": 1, "ep": 1, "dp": 1, "num_microbatches": 4,
-                         "micro_batch_size": case["micro_batch_size"]},
-            "cost": {"profile": str(profile)}, "sim": {"steps": steps, "seed": 0}}
+    return {
+        "model": model,
+        "schedule": "1f1b",
+        "parallel": {"pp": 1, "ep": 1, "dp": 1, "num_microbatches": 4, "micro_batch_size": case["micro_batch_size"]},
+        "cost": {"profile": str(profile)},
+        "sim": {"steps": steps, "seed": 0},
+    }
 
 
 def main() -> None:
@@ -60,12 +63,17 @@ def main() -> None:
     profile = out / "profile.yaml"
     t0 = time.perf_counter()
     cli("calibrate", "--out", str(profile), "--ranks", "1", *(["--quick"] if args.quick else []))
-    lines = [f"# Device check: {device}", "",
-             f"torch {torch.__version__}, Python {platform.python_version()}, calibration "
-             f"{'quick' if args.quick else 'full'} ({time.perf_counter() - t0:.0f} s), {args.steps} steps per case, "
-             "steady steps scored (step 0 left out).", "",
-             "| case | predicted step ms | measured step ms | error | predicted peak MB | measured (tensors) MB "
-             "| error | measured (allocator) MB |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Device check: {device}",
+        "",
+        f"torch {torch.__version__}, Python {platform.python_version()}, calibration "
+        f"{'quick' if args.quick else 'full'} ({time.perf_counter() - t0:.0f} s), {args.steps} steps per case, "
+        "steady steps scored (step 0 left out).",
+        "",
+        "| case | predicted step ms | measured step ms | error | predicted peak MB | measured (tensors) MB "
+        "| error | measured (allocator) MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name in args.cases.split(","):
         cfg_path = out / f"{name}.yaml"
         cfg_path.write_text(yaml.safe_dump(config(CASES[name], profile, args.steps, torch.cuda.is_available())))
@@ -77,9 +85,11 @@ def main() -> None:
         m_step, p_step = measured["step_time_s"], predicted["step_time_s"]
         m_mem, p_mem = measured["peak_memory_bytes"][0], predicted["peak_memory_bytes"][0]
         device_mem = (measured.get("peak_device_memory_bytes") or [float("nan")])[0]
-        lines.append(f"| {name} | {p_step * 1e3:.2f} | {m_step * 1e3:.2f} | {(p_step / m_step - 1) * 100:+.1f}% "
-                     f"| {p_mem / 1e6:.1f} | {m_mem / 1e6:.1f} | {(p_mem / m_mem - 1) * 100:+.1f}% "
-                     f"| {device_mem / 1e6:.1f} |")
+        lines.append(
+            f"| {name} | {p_step * 1e3:.2f} | {m_step * 1e3:.2f} | {(p_step / m_step - 1) * 100:+.1f}% "
+            f"| {p_mem / 1e6:.1f} | {m_mem / 1e6:.1f} | {(p_mem / m_mem - 1) * 100:+.1f}% "
+            f"| {device_mem / 1e6:.1f} |"
+        )
         print(lines[-1], flush=True)
     (out / "gpu-validation.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'gpu-validation.md'}")

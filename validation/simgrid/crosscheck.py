@@ -89,8 +89,11 @@ def ours_finish_times(case: FlowCase) -> np.ndarray:
 
 # ---- SimGrid side --------------------------------------------------------------------------------
 def simgrid_finish_times(case: FlowCase) -> np.ndarray:
-    payload = {"capacity": case.capacity.tolist(), "latency": case.latency.tolist(),
-               "flows": [[list(links), size] for links, size in case.flows]}
+    payload = {
+        "capacity": case.capacity.tolist(),
+        "latency": case.latency.tolist(),
+        "flows": [[list(links), size] for links, size in case.flows],
+    }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(payload, f)
     out = subprocess.run([sys.executable, __file__, "--simgrid-child", f.name], capture_output=True, text=True)
@@ -134,31 +137,45 @@ def _simgrid_child(path: str) -> None:
 # ---- cases ---------------------------------------------------------------------------------------
 def case_two_flows() -> FlowCase:
     """Two flows on one 1 GB/s link, 0.5 GB and 1.5 GB: 1.0 s and 2.0 s (the second speeds up)."""
-    return FlowCase(name="two flows share a link", capacity=np.array([1e9]), latency=np.zeros(1),
-                    flows=[((0,), 0.5e9), ((0,), 1.5e9)])
+    return FlowCase(
+        name="two flows share a link",
+        capacity=np.array([1e9]),
+        latency=np.zeros(1),
+        flows=[((0,), 0.5e9), ((0,), 1.5e9)],
+    )
 
 
 def case_max_min() -> FlowCase:
     """Links 10 and 4 GB/s; a on L0, b on L0+L1, c on L1: b = c = 2, a = 8 GB/s, then re-sharing."""
-    return FlowCase(name="max-min, three flows", capacity=np.array([10e9, 4e9]), latency=np.zeros(2),
-                    flows=[((0,), 8e9), ((0, 1), 2e9), ((1,), 4e9)])
+    return FlowCase(
+        name="max-min, three flows",
+        capacity=np.array([10e9, 4e9]),
+        latency=np.zeros(2),
+        flows=[((0,), 8e9), ((0, 1), 2e9), ((1,), 4e9)],
+    )
 
 
 def case_rtt() -> FlowCase:
     """Two 1 GB flows on a 1 GB/s link, paths of 1 us and 3 us latency: piper-sim shares equally."""
-    return FlowCase(name="two flows share a link, path latency 1 us vs 3 us", capacity=np.array([1e9, 1e12, 1e12]),
-                    latency=np.array([0.0, 1e-6, 3e-6]), flows=[((0, 1), 1e9), ((0, 2), 1e9)])
+    return FlowCase(
+        name="two flows share a link, path latency 1 us vs 3 us",
+        capacity=np.array([1e9, 1e12, 1e12]),
+        latency=np.array([0.0, 1e-6, 3e-6]),
+        flows=[((0, 1), 1e9), ((0, 2), 1e9)],
+    )
 
 
 def case_incast() -> FlowCase:
     """Eight senders (10 GB/s each) into one 10 GB/s receiver link, sizes 0.25 to 2 GB."""
     cap = np.full(9, 10e9)
-    return FlowCase(name="incast 8 -> 1", capacity=cap, latency=np.zeros(9),
-                    flows=[((k, 8), 0.25e9 * (k + 1)) for k in range(8)])
+    return FlowCase(
+        name="incast 8 -> 1", capacity=cap, latency=np.zeros(9), flows=[((k, 8), 0.25e9 * (k + 1)) for k in range(8)]
+    )
 
 
-def collective_case(name: str, topology: dict, num_gpus: int, algorithm: str, bytes_per_pair: float,
-                    latency: bool) -> FlowCase:
+def collective_case(
+    name: str, topology: dict, num_gpus: int, algorithm: str, bytes_per_pair: float, latency: bool
+) -> FlowCase:
     """The flows of an all-to-all's first data phase (after the split sizes) exactly as piper-sim's
     CollectiveRunner routes them."""
     from piper_sim.collectives.algorithms import ALL_TO_ALL, split_phases
@@ -185,47 +202,68 @@ def collective_case(name: str, topology: dict, num_gpus: int, algorithm: str, by
 
 UNIFORM = {"preset": "uniform"}
 DRAGONFLY = {"preset": "dragonfly", "params": {"num_groups": 3, "routing": "minimal"}}
-DRAGONFLY_ADAPTIVE = {"preset": "dragonfly", "params": {"num_groups": 3, "routing": "adaptive", "gpus_per_node": 2,
-                                                        "nics_per_node": 1, "nodes_per_switch": 1}}
+DRAGONFLY_ADAPTIVE = {
+    "preset": "dragonfly",
+    "params": {"num_groups": 3, "routing": "adaptive", "gpus_per_node": 2, "nics_per_node": 1, "nodes_per_switch": 1},
+}
 FRONTIER = {"preset": "frontier", "params": {"valiant": "hashed"}}  # one detour per pair: SimGrid flows weigh 1 each
 CASES: dict[str, Callable[[], FlowCase]] = {
     "two_flows": case_two_flows,
     "max_min": case_max_min,
     "incast": case_incast,
     "rtt": case_rtt,
-    "uniform_a2a": lambda: collective_case("flat all-to-all, uniform 2 nodes x 8 GPUs, 1 MiB", UNIFORM, 16,
-                                           "flat", 2**20, latency=False),
-    "dragonfly_a2a": lambda: collective_case("flat all-to-all, dragonfly 3 groups, 12 nodes x 4 GPUs, 256 KiB",
-                                             DRAGONFLY, 48, "flat", 2**18, latency=False),
+    "uniform_a2a": lambda: collective_case(
+        "flat all-to-all, uniform 2 nodes x 8 GPUs, 1 MiB", UNIFORM, 16, "flat", 2**20, latency=False
+    ),
+    "dragonfly_a2a": lambda: collective_case(
+        "flat all-to-all, dragonfly 3 groups, 12 nodes x 4 GPUs, 256 KiB", DRAGONFLY, 48, "flat", 2**18, latency=False
+    ),
     "dragonfly_adaptive_a2a": lambda: collective_case(
-        "flat all-to-all, adaptive dragonfly 3 groups, 12 nodes x 2 GPUs, 256 KiB (multipath)", DRAGONFLY_ADAPTIVE,
-        24, "flat", 2**18, latency=False),
-    "frontier_a2a": lambda: collective_case("flat all-to-all, Frontier 2 nodes x 8 GCDs, 1 MiB", FRONTIER, 16,
-                                            "flat", 2**20, latency=False),
-    "uniform_a2a_latency": lambda: collective_case("uniform all-to-all as above, link latencies kept", UNIFORM, 16,
-                                                   "flat", 2**20, latency=True),
-    "dragonfly_a2a_latency": lambda: collective_case("dragonfly all-to-all as above, link latencies kept",
-                                                     DRAGONFLY, 48, "flat", 2**18, latency=True),
+        "flat all-to-all, adaptive dragonfly 3 groups, 12 nodes x 2 GPUs, 256 KiB (multipath)",
+        DRAGONFLY_ADAPTIVE,
+        24,
+        "flat",
+        2**18,
+        latency=False,
+    ),
+    "frontier_a2a": lambda: collective_case(
+        "flat all-to-all, Frontier 2 nodes x 8 GCDs, 1 MiB", FRONTIER, 16, "flat", 2**20, latency=False
+    ),
+    "uniform_a2a_latency": lambda: collective_case(
+        "uniform all-to-all as above, link latencies kept", UNIFORM, 16, "flat", 2**20, latency=True
+    ),
+    "dragonfly_a2a_latency": lambda: collective_case(
+        "dragonfly all-to-all as above, link latencies kept", DRAGONFLY, 48, "flat", 2**18, latency=True
+    ),
 }
 
 
 def compare(case: FlowCase) -> dict:
     ours, theirs = ours_finish_times(case), simgrid_finish_times(case)
     rel = np.abs(ours - theirs) / np.maximum(theirs, 1e-30)
-    return {"case": case.name, "flows": len(case.flows), "ours_makespan_s": float(ours.max()),
-            "simgrid_makespan_s": float(theirs.max()),
-            "makespan_rel_diff": float(abs(ours.max() - theirs.max()) / theirs.max()),
-            "max_flow_rel_diff": float(rel.max()), "mean_flow_rel_diff": float(rel.mean()),
-            "collective_runner_s": case.collective_s}
+    return {
+        "case": case.name,
+        "flows": len(case.flows),
+        "ours_makespan_s": float(ours.max()),
+        "simgrid_makespan_s": float(theirs.max()),
+        "makespan_rel_diff": float(abs(ours.max() - theirs.max()) / theirs.max()),
+        "max_flow_rel_diff": float(rel.max()),
+        "mean_flow_rel_diff": float(rel.mean()),
+        "collective_runner_s": case.collective_s,
+    }
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| case | flows | piper-sim makespan (s) | SimGrid makespan (s) | makespan diff | max per-flow diff "
-            "| mean per-flow diff | CollectiveRunner (s) |\n|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| case | flows | piper-sim makespan (s) | SimGrid makespan (s) | makespan diff | max per-flow diff "
+        "| mean per-flow diff | CollectiveRunner (s) |\n|---|---|---|---|---|---|---|---|\n"
+    )
     body = "".join(
         f"| {r['case']} | {r['flows']} | {r['ours_makespan_s']:.9g} | {r['simgrid_makespan_s']:.9g} | "
         f"{r['makespan_rel_diff']:.2e} | {r['max_flow_rel_diff']:.2e} | {r['mean_flow_rel_diff']:.2e} | "
-        f"{'' if r['collective_runner_s'] is None else format(r['collective_runner_s'], '.9g')} |\n" for r in rows)
+        f"{'' if r['collective_runner_s'] is None else format(r['collective_runner_s'], '.9g')} |\n"
+        for r in rows
+    )
     return head + body
 
 

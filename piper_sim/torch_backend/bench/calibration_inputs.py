@@ -13,8 +13,19 @@ from dataclasses import dataclass
 # A model whose ops do next to no arithmetic: its op times are the framework's fixed costs. It runs at
 # several (seq_len, micro-batch size) shapes, because index, sort and softmax-type work grows with the
 # tokens even when the arithmetic is negligible: 8, 256 and 1024 tokens.
-MICRO_MODEL = {"name": "micro-moe", "num_layers": 1, "d_model": 8, "num_heads": 2, "vocab_size": 16, "seq_len": 8,
-               "expert_ffn_dim": 8, "num_experts": 4, "top_k": 2, "expert_matrices": 3, "dtype": "fp32"}
+MICRO_MODEL = {
+    "name": "micro-moe",
+    "num_layers": 1,
+    "d_model": 8,
+    "num_heads": 2,
+    "vocab_size": 16,
+    "seq_len": 8,
+    "expert_ffn_dim": 8,
+    "num_experts": 4,
+    "top_k": 2,
+    "expert_matrices": 3,
+    "dtype": "fp32",
+}
 MICRO_SHAPES = ((8, 1), (128, 2), (256, 4))
 # the experts op also runs with these numbers of experts: a fixed part (sort, split, gather) and a part
 # per expert (its GEMMs and activation), fitted as a line over them
@@ -39,8 +50,12 @@ class TimingPlan:
     max_calls: int = 20000  # inner-loop cap per sample
 
     def scaled(self, factor: float) -> TimingPlan:
-        return TimingPlan(sample_s=self.sample_s * factor, num_samples=self.num_samples,
-                          warmup_calls=self.warmup_calls, max_calls=self.max_calls)
+        return TimingPlan(
+            sample_s=self.sample_s * factor,
+            num_samples=self.num_samples,
+            warmup_calls=self.warmup_calls,
+            max_calls=self.max_calls,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,15 +104,21 @@ class Sweep:
 
     def framework_runs(self) -> list[tuple[dict, tuple[int, int]]]:
         """(model dict, (seq_len, micro-batch size)) of every stage the framework benchmark builds."""
-        return ([(MICRO_MODEL, shape) for shape in MICRO_SHAPES]
-                + [(layer, shape) for layer in self.layers for shape in self.layer_shapes])
+        return [(MICRO_MODEL, shape) for shape in MICRO_SHAPES] + [
+            (layer, shape) for layer in self.layers for shape in self.layer_shapes
+        ]
 
     def num_compute_items(self) -> int:
         # per stage: its 7 ops, the 2 exchanges (stage_ops.EXCHANGE_OPS), the experts op at other expert counts
         framework = self.framework_rounds * sum(9 + len(layer_expert_counts(m)) - 1 for m, _ in self.framework_runs())
-        return (len(self.gemm_rows) * len(self.gemm_shapes) + len(self.ffn_rows) * len(self.ffn_shapes) * 2
-                + len(self.attention_seq_lens) * len(self.attention_shapes) + 5 * len(self.elementwise_bytes)
-                + len(self.optimizer_points) + framework)
+        return (
+            len(self.gemm_rows) * len(self.gemm_shapes)
+            + len(self.ffn_rows) * len(self.ffn_shapes) * 2
+            + len(self.attention_seq_lens) * len(self.attention_shapes)
+            + 5 * len(self.elementwise_bytes)
+            + len(self.optimizer_points)
+            + framework
+        )
 
 
 @dataclass(frozen=True)

@@ -41,13 +41,21 @@ def check_worker(rank: int, world: int, job: CheckJob) -> None:
             expert_rows = ()
             if op.startswith("experts:"):
                 expert_rows = tuple(torch.bincount(state["recv_expert_ids"], minlength=spec.num_experts).tolist())
-            rows.append({"model": name, "op": op, "tokens": MICRO_BATCH_SIZE * spec.seq_len,
-                         "expert_rows": list(expert_rows), **measure_op(stage, op, state, plan)})
+            rows.append(
+                {
+                    "model": name,
+                    "op": op,
+                    "tokens": MICRO_BATCH_SIZE * spec.seq_len,
+                    "expert_rows": list(expert_rows),
+                    **measure_op(stage, op, state, plan),
+                }
+            )
     Path(job.out_dir, f"check-rank{rank}.json").write_text(json.dumps(rows))
 
 
-def measure_ops(profile_spec: str, presets: tuple[str, ...], ranks: int, timeout_s: float,
-                threads: int | None = None) -> list[list[dict]]:
+def measure_ops(
+    profile_spec: str, presets: tuple[str, ...], ranks: int, timeout_s: float, threads: int | None = None
+) -> list[list[dict]]:
     """Each rank's rows, one per (preset, op of CHECK_OPS): model, op, tokens, expert_rows (the real
     router's rows per expert, for the experts op), and measure_op's times and ATen op counts."""
     with tempfile.TemporaryDirectory(prefix="piper-check-") as tmp:

@@ -40,18 +40,22 @@ def local_pairs(world: int) -> list[tuple[int, int]]:
 
 def _ping_pong(rank: int, peer: int, buf: torch.Tensor) -> Callable[[], None]:
     if rank < peer:
+
         def fn() -> None:
             dist.send(buf, peer)
             dist.recv(buf, peer)
     else:
+
         def fn() -> None:
             dist.recv(buf, peer)
             dist.send(buf, peer)
+
     return fn
 
 
-def bench_p2p(rank: int, pairs: Sequence[tuple[int, int]], level: str, sizes: Sequence[int], plan: TimingPlan,
-              progress: Progress) -> list[Record]:
+def bench_p2p(
+    rank: int, pairs: Sequence[tuple[int, int]], level: str, sizes: Sequence[int], plan: TimingPlan, progress: Progress
+) -> list[Record]:
     """One-way time of a message of each size between the given pairs, all pairs at once."""
     partner = {a: b for a, b in pairs} | {b: a for a, b in pairs}
     out: list[Record] = []
@@ -77,8 +81,15 @@ def make_groups(world: int) -> dict[int, list[tuple[list[int], object]]]:
     return out
 
 
-def bench_collectives(rank: int, world: int, sizes: Sequence[int], plan: TimingPlan, progress: Progress,
-                      level: str = "local", names: Sequence[str] = COLLECTIVES) -> list[Record]:
+def bench_collectives(
+    rank: int,
+    world: int,
+    sizes: Sequence[int],
+    plan: TimingPlan,
+    progress: Progress,
+    level: str = "local",
+    names: Sequence[str] = COLLECTIVES,
+) -> list[Record]:
     """all_to_all_single (size = bytes each rank sends in all, split evenly), all_reduce (size = bytes of the
     reduced float32 buffer), all_gather_into_tensor and reduce_scatter_tensor (size = bytes of the whole float32
     buffer: the gathered output, the scattered input; each member's shard is 1 / group size of it) in disjoint
@@ -92,13 +103,22 @@ def bench_collectives(rank: int, world: int, sizes: Sequence[int], plan: TimingP
                 fn, nbytes = _collective(name, size, group_size, mine)
                 t = median_s(time_call(fn, plan, collective=True))
                 if mine is not None:
-                    out.append({"bench": name, "level": level, "group_size": group_size,
-                                "groups": len(groups), "bytes": nbytes, "time_s": t})
+                    out.append(
+                        {
+                            "bench": name,
+                            "level": level,
+                            "group_size": group_size,
+                            "groups": len(groups),
+                            "bytes": nbytes,
+                            "time_s": t,
+                        }
+                    )
     return out
 
 
-def _collective(name: str, size: int, group_size: int, mine: tuple[list[int], object] | None
-                ) -> tuple[Callable[[], object], int]:
+def _collective(
+    name: str, size: int, group_size: int, mine: tuple[list[int], object] | None
+) -> tuple[Callable[[], object], int]:
     if mine is None:
         return (lambda: None), size
     pg = mine[1]
@@ -117,9 +137,16 @@ def _collective(name: str, size: int, group_size: int, mine: tuple[list[int], ob
     return (lambda: dist.reduce_scatter_tensor(shard, whole, group=pg)), whole.numel() * 4
 
 
-def run_comm(rank: int, world: int, sizes: Sequence[int], plan: TimingPlan, progress: Progress,
-             levels: dict[str, list[tuple[int, int]]] | None = None, collective_level: str = "local",
-             benches: Sequence[str] | None = None) -> list[Record]:
+def run_comm(
+    rank: int,
+    world: int,
+    sizes: Sequence[int],
+    plan: TimingPlan,
+    progress: Progress,
+    levels: dict[str, list[tuple[int, int]]] | None = None,
+    collective_level: str = "local",
+    benches: Sequence[str] | None = None,
+) -> list[Record]:
     """The communication benchmarks (benches: some of plan.COMM_BENCHES; None: all). levels: topology level -> rank
     pairs (default: one level, 'local'); collectives span the groups of consecutive ranks and are recorded under
     collective_level."""
@@ -131,5 +158,6 @@ def run_comm(rank: int, world: int, sizes: Sequence[int], plan: TimingPlan, prog
         if len(pairs) > 1:
             out += bench_p2p(rank, pairs[:1], level, sizes, plan, progress)
         out += bench_p2p(rank, pairs, level, sizes, plan, progress)
-    return out + bench_collectives(rank, world, sizes, plan, progress, level=collective_level,
-                                   names=COLLECTIVES if benches is None else benches)
+    return out + bench_collectives(
+        rank, world, sizes, plan, progress, level=collective_level, names=COLLECTIVES if benches is None else benches
+    )

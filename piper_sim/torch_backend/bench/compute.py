@@ -25,6 +25,7 @@ from .timing import Device, cold_calls, median_s, time_call
 Record = dict[str, object]
 Progress = Callable[[str], None]
 
+
 def _time(fn: Callable[[], object], plan: TimingPlan, device: Device) -> float:
     return median_s(time_call(fn, plan, sync=device.sync, window=not device.is_cuda))
 
@@ -49,11 +50,14 @@ def bench_tiny_ops(device: Device, plan: TimingPlan, progress: Progress) -> list
         x64, w64 = _rand(device, 1, 64, grad=grad), _rand(device, 64, 64, grad=grad)
         norm_w = _rand(device, 1, grad=grad)
         ops: dict[str, Callable[[], object]] = {
-            "add": lambda a=a, b=b: a + b, "mul": lambda a=a, b=b: a * b,
-            "softmax": lambda a=a: torch.softmax(a, -1), "linear": lambda b=b, w=w: F.linear(b, w),
+            "add": lambda a=a, b=b: a + b,
+            "mul": lambda a=a, b=b: a * b,
+            "softmax": lambda a=a: torch.softmax(a, -1),
+            "linear": lambda b=b, w=w: F.linear(b, w),
             "linear_1x64x64": lambda x=x64, w=w64: F.linear(x, w),
             "rmsnorm_6ops": lambda a=a, w=norm_w: _rmsnorm_like(a, w),
-            "view": lambda x=x64: x.view(-1), "transpose": lambda x=x64: x.transpose(0, 1),
+            "view": lambda x=x64: x.view(-1),
+            "transpose": lambda x=x64: x.transpose(0, 1),
         }
         for name, fn in ops.items():
             out.append({"bench": "tiny", "op": name, "autograd": grad, "time_s": _time(fn, plan, device)})
@@ -70,8 +74,17 @@ def bench_gemms(device: Device, sweep: Sweep, progress: Progress) -> list[Record
             progress(f"gemm {i * len(sweep.gemm_rows) + j + 1}/{total}: rows {rows}, k {shape.k}, n {shape.n}")
             x = _rand(device, rows, shape.k)
             t = _time(lambda x=x, w=w: F.linear(x, w), sweep.timing, device)
-            out.append({"bench": "gemm", "rows": rows, "k": shape.k, "n": shape.n, "label": shape.label,
-                        "flops": 2.0 * rows * shape.k * shape.n, "time_s": t})
+            out.append(
+                {
+                    "bench": "gemm",
+                    "rows": rows,
+                    "k": shape.k,
+                    "n": shape.n,
+                    "label": shape.label,
+                    "flops": 2.0 * rows * shape.k * shape.n,
+                    "time_s": t,
+                }
+            )
     return out
 
 
@@ -95,9 +108,19 @@ def bench_ffns(device: Device, sweep: Sweep, progress: Progress) -> list[Record]
             up = _time(lambda x=x, f=ffn: F.linear(x, f.w1), sweep.timing, device)
             down = _time(lambda h=h, f=ffn: F.linear(h, f.w2), sweep.timing, device)
             flops = 2.0 * rows * shape.d_model * shape.ffn_dim * shape.num_matrices
-            out.append({"bench": "ffn", "rows": rows, "d_model": shape.d_model, "ffn_dim": shape.ffn_dim,
-                        "matrices": shape.num_matrices, "label": shape.label, "flops": flops, "time_s": whole,
-                        "gemm_sum_s": (shape.num_matrices - 1) * up + down})
+            out.append(
+                {
+                    "bench": "ffn",
+                    "rows": rows,
+                    "d_model": shape.d_model,
+                    "ffn_dim": shape.ffn_dim,
+                    "matrices": shape.num_matrices,
+                    "label": shape.label,
+                    "flops": flops,
+                    "time_s": whole,
+                    "gemm_sum_s": (shape.num_matrices - 1) * up + down,
+                }
+            )
     return out
 
 
@@ -111,11 +134,22 @@ def bench_attention(device: Device, sweep: Sweep, progress: Progress) -> list[Re
             count += 1
             progress(f"attention {count}/{total}: seq {seq}, heads {shape.heads}, head dim {shape.head_dim}")
             q, k, v = (_rand(device, shape.batch, shape.heads, seq, shape.head_dim, grad=True) for _ in range(3))
-            t = _time(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                      sweep.timing, device)
+            t = _time(
+                lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True), sweep.timing, device
+            )
             flops = 2.0 * shape.batch * seq * seq * shape.heads * shape.head_dim
-            out.append({"bench": "attention", "seq_len": seq, "batch": shape.batch, "heads": shape.heads,
-                        "head_dim": shape.head_dim, "label": shape.label, "flops": flops, "time_s": t})
+            out.append(
+                {
+                    "bench": "attention",
+                    "seq_len": seq,
+                    "batch": shape.batch,
+                    "heads": shape.heads,
+                    "head_dim": shape.head_dim,
+                    "label": shape.label,
+                    "flops": flops,
+                    "time_s": t,
+                }
+            )
     return out
 
 
@@ -135,14 +169,25 @@ def bench_elementwise(device: Device, sweep: Sweep, progress: Progress) -> list[
         torch.nn.init.ones_(norm.weight)
         rows = _rand(device, max(1, numel // 256), min(numel, 256), grad=True)
         index = torch.randperm(rows.shape[0], device=device.torch_device)
-        ops = {"add": (lambda a=a, b=b: a + b, 3), "mul": (lambda a=a, b=b: a * b, 3),
-               "softmax": (lambda a=a: torch.softmax(a, -1), 2), "rmsnorm": (lambda a=a, n=norm: n(a), 2),
-               "gather": (lambda r=rows, i=index: r[i], 2)}
+        ops = {
+            "add": (lambda a=a, b=b: a + b, 3),
+            "mul": (lambda a=a, b=b: a * b, 3),
+            "softmax": (lambda a=a: torch.softmax(a, -1), 2),
+            "rmsnorm": (lambda a=a, n=norm: n(a), 2),
+            "gather": (lambda r=rows, i=index: r[i], 2),
+        }
         for name, (fn, passes) in ops.items():
             count += 1
             progress(f"elementwise {count}/{total}: {name}, {a.numel() * elem / 1024:.0f} KiB")
-            out.append({"bench": "elementwise", "op": name, "tensor_bytes": a.numel() * elem,
-                        "bytes": passes * a.numel() * elem, "time_s": _time(fn, sweep.timing, device)})
+            out.append(
+                {
+                    "bench": "elementwise",
+                    "op": name,
+                    "tensor_bytes": a.numel() * elem,
+                    "bytes": passes * a.numel() * elem,
+                    "time_s": _time(fn, sweep.timing, device),
+                }
+            )
     return out
 
 
@@ -159,8 +204,14 @@ def bench_optimizer(device: Device, sweep: Sweep, progress: Progress) -> list[Re
             p.grad = torch.randn_like(p)
         opt = torch.optim.Adam(params, lr=1e-6)
         t = _time(opt.step, sweep.timing, device) if device.is_cuda else median_s(cold_calls(opt.step, sweep.timing))
-        out.append({"bench": "optimizer", "params": (num_params // num_tensors) * num_tensors,
-                    "tensors": num_tensors, "time_s": t})
+        out.append(
+            {
+                "bench": "optimizer",
+                "params": (num_params // num_tensors) * num_tensors,
+                "tensors": num_tensors,
+                "time_s": t,
+            }
+        )
     return out
 
 
@@ -174,8 +225,11 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
     spreads over every op instead of landing on the few measured in it. CPU only (the stage is built on the CPU)."""
     if device.is_cuda:
         return []
-    runs = [(model, seq_len, batch, experts, CHECK_OPS if experts == model["num_experts"] else ("experts:0",))
-            for model, (seq_len, batch) in sweep.framework_runs() for experts in layer_expert_counts(model)]
+    runs = [
+        (model, seq_len, batch, experts, CHECK_OPS if experts == model["num_experts"] else ("experts:0",))
+        for model, (seq_len, batch) in sweep.framework_runs()
+        for experts in layer_expert_counts(model)
+    ]
     rounds = sweep.framework_rounds
     plan = dataclasses.replace(sweep.timing, num_samples=max(1, -(-sweep.timing.num_samples // rounds)))
     total = rounds * sum(len(ops) + (len(EXCHANGE_OPS) if ops == CHECK_OPS else 0) for *_, ops in runs)
@@ -186,14 +240,18 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
             _, stage, before = prepare_stage(dict(model, seq_len=seq_len, num_experts=experts), micro_batch_size=batch)
             for op in ops:
                 done += 1
-                progress(f"framework {done}/{total} (round {r + 1}/{rounds}): {model['name']} {op} forward and "
-                         f"backward, {seq_len * batch} tokens, {experts} experts")
+                progress(
+                    f"framework {done}/{total} (round {r + 1}/{rounds}): {model['name']} {op} forward and "
+                    f"backward, {seq_len * batch} tokens, {experts} experts"
+                )
                 key = (index, op)
                 pooled[key] = pool_samples(pooled.get(key), op_samples(stage, op, before[op], plan))
             if ops == CHECK_OPS:  # the host work around the layer's exchanges (forward records only)
                 done += len(EXCHANGE_OPS)
-                progress(f"framework {done}/{total} (round {r + 1}/{rounds}): {model['name']} exchange host work, "
-                         f"{seq_len * batch} tokens")
+                progress(
+                    f"framework {done}/{total} (round {r + 1}/{rounds}): {model['name']} exchange host work, "
+                    f"{seq_len * batch} tokens"
+                )
                 for op, samples in exchange_samples(before, plan).items():
                     pooled[(index, op)] = pool_samples(pooled.get((index, op)), samples)
     out: list[Record] = []
@@ -206,10 +264,22 @@ def bench_framework(device: Device, sweep: Sweep, progress: Progress) -> list[Re
                 if f"{direction}_s" not in m:
                     continue
                 counts = m.get(f"{direction}_kernels", 0), m.get(f"{direction}_views", 0)
-                out.append({"bench": "framework", "model": model["name"], **layer, "op": op, "pass": direction,
-                            "seq_len": seq_len, "micro_batch_size": batch, "tokens": seq_len * batch,
-                            "num_experts": experts, "kernels": counts[0], "views": counts[1],
-                            "time_s": m[f"{direction}_s"]})
+                out.append(
+                    {
+                        "bench": "framework",
+                        "model": model["name"],
+                        **layer,
+                        "op": op,
+                        "pass": direction,
+                        "seq_len": seq_len,
+                        "micro_batch_size": batch,
+                        "tokens": seq_len * batch,
+                        "num_experts": experts,
+                        "kernels": counts[0],
+                        "views": counts[1],
+                        "time_s": m[f"{direction}_s"],
+                    }
+                )
     return out
 
 

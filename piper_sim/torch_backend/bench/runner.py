@@ -50,8 +50,9 @@ class Progress:
 
     def __init__(self, total: int, enabled: bool) -> None:
         self.total, self.enabled, self.done = max(total, 1), enabled, 0
-        self.line = progress_bar(self.total, "calibrate", "items", show=enabled, delay_s=0,
-                                 bar_format=BAR_FORMAT + "{postfix}")
+        self.line = progress_bar(
+            self.total, "calibrate", "items", show=enabled, delay_s=0, bar_format=BAR_FORMAT + "{postfix}"
+        )
         self.last_print, self.last_kind = 0.0, ""
 
     def __call__(self, what: str) -> None:
@@ -84,13 +85,22 @@ def _num_comm_items(world: int, sizes: int, levels: dict | None, benches: tuple[
 
 def machine_facts(rank: int, world: int) -> dict:
     device = pick_device(rank)
-    facts = {"platform": platform.platform(), "processor": _cpu_name(), "cpu_count": os.cpu_count(),
-             "ranks": world, "threads_per_rank": torch.get_num_threads(), "dtype": device.dtype_name,
-             "memory_GiB": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 2)}
+    facts = {
+        "platform": platform.platform(),
+        "processor": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "ranks": world,
+        "threads_per_rank": torch.get_num_threads(),
+        "dtype": device.dtype_name,
+        "memory_GiB": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 2),
+    }
     if device.is_cuda:
         props = torch.cuda.get_device_properties(device.torch_device)
-        facts.update(accelerator=props.name, accelerator_memory_GiB=round(props.total_memory / 2**30, 2),
-                     accelerator_count=torch.cuda.device_count())
+        facts.update(
+            accelerator=props.name,
+            accelerator_memory_GiB=round(props.total_memory / 2**30, 2),
+            accelerator_count=torch.cuda.device_count(),
+        )
     return facts
 
 
@@ -113,8 +123,11 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
     # the blocking wait is priced net of the all-to-all fit, which needs the local comm benchmarks
     blocking = sharing and job.comm and job.levels is None and world >= 2
     sharing_items = core_sharing_items(job.quick) + (blocking_wait_items(job.quick) if blocking else 0)
-    total = ((sweep.num_compute_items() + 1 if job.compute else 0) + (sharing_items if sharing else 0)
-             + (_num_comm_items(world, len(sizes), job.levels, job.benches) if job.comm else 0))
+    total = (
+        (sweep.num_compute_items() + 1 if job.compute else 0)
+        + (sharing_items if sharing else 0)
+        + (_num_comm_items(world, len(sizes), job.levels, job.benches) if job.comm else 0)
+    )
     progress = Progress(total, enabled=rank == 0)
     records: list[dict] = []
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -129,12 +142,21 @@ def worker(rank: int, world: int, job: CalibrationJob) -> None:
         if dist.is_initialized():
             dist.barrier()
     if job.comm:
-        records += [dict(r, where=job.tag) for r in
-                    run_comm(rank, world, sizes, sweep.comm_timing, progress, job.levels, collective_level=job.tag,
-                             benches=job.benches)]
+        records += [
+            dict(r, where=job.tag)
+            for r in run_comm(
+                rank,
+                world,
+                sizes,
+                sweep.comm_timing,
+                progress,
+                job.levels,
+                collective_level=job.tag,
+                benches=job.benches,
+            )
+        ]
     progress.close()
-    payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records,
-               "compute_cpu_share": cpu_share}
+    payload = {"rank": rank, "machine": machine_facts(rank, world), "records": records, "compute_cpu_share": cpu_share}
     Path(job.records_dir, f"{job.tag}-rank{rank}.json").write_text(json.dumps(payload))
 
 
@@ -171,11 +193,22 @@ def run_testbed_job(job: CalibrationJob, prefix: str, timeout_s: float) -> list[
     rank_map = bed.rank_map()
     world = len(rank_map)
     hosts = {r: bed.rank(r).host for r in range(world)}
-    job = dataclasses.replace(job, compute=False, comm=True, levels=testbed_levels(hosts), tag="testbed",
-                              max_message_bytes=TESTBED_MAX_MESSAGE_BYTES)
-    launch_in_namespaces("piper_sim.torch_backend.bench.runner:worker", (job,), rank_map,
-                         Path(job.records_dir) / "testbed-logs", timeout_s=timeout_s,
-                         env={"OMP_NUM_THREADS": str(threads_per_rank(world))})
+    job = dataclasses.replace(
+        job,
+        compute=False,
+        comm=True,
+        levels=testbed_levels(hosts),
+        tag="testbed",
+        max_message_bytes=TESTBED_MAX_MESSAGE_BYTES,
+    )
+    launch_in_namespaces(
+        "piper_sim.torch_backend.bench.runner:worker",
+        (job,),
+        rank_map,
+        Path(job.records_dir) / "testbed-logs",
+        timeout_s=timeout_s,
+        env={"OMP_NUM_THREADS": str(threads_per_rank(world))},
+    )
     return read_records(Path(job.records_dir), job.tag, world)
 
 
@@ -197,5 +230,9 @@ def testbed_levels(hosts: dict[int, int]) -> dict[str, list[tuple[int, int]]]:
 
 
 def library_versions() -> dict[str, str]:
-    return {"piper_sim": str(piper_version), "torch": str(torch.__version__), "python": platform.python_version(),
-            "numpy": numpy.__version__}
+    return {
+        "piper_sim": str(piper_version),
+        "torch": str(torch.__version__),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+    }

@@ -59,8 +59,14 @@ def bench_core_sharing(preset: str, quick: bool, progress: Callable[[str], None]
     return run_levels(preset, levels, num_rounds(quick), 0.5 if quick else 1.0, progress)
 
 
-def run_levels(preset: str, levels: tuple[int, ...], rounds: int, window_s: float,
-               progress: Callable[[str], None], cold: bool = False) -> list[dict]:
+def run_levels(
+    preset: str,
+    levels: tuple[int, ...],
+    rounds: int,
+    window_s: float,
+    progress: Callable[[str], None],
+    cold: bool = False,
+) -> list[dict]:
     """With cold, every iteration starts after a cache flush (timing.flush_caches, untimed): the CPU time of
     the layer as the framework benchmark prices its ops (benchmarks/bench_core_sharing_cold.py)."""
     cores = min(os.cpu_count() or 1, MAX_CORES)
@@ -73,7 +79,7 @@ def run_levels(preset: str, levels: tuple[int, ...], rounds: int, window_s: floa
         for r in range(rounds):
             for i, k in enumerate(levels if r % 2 == 0 else levels[::-1]):
                 progress(f"core sharing round {r + 1}/{rounds}, {i + 1}/{len(levels)}: {k} process(es) per core")
-                active = workers[:k * cores]
+                active = workers[: k * cores]
                 for w in active:
                     w.stdin.write(f"run {window_s}{' cold' if cold else ''}\n")
                     w.stdin.flush()
@@ -88,15 +94,38 @@ def run_levels(preset: str, levels: tuple[int, ...], rounds: int, window_s: floa
                 w.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 w.kill()
-    return [{"bench": "core_sharing", "ranks_per_core": k, "cores": cores, "preset": preset,
-             "time_s": statistics.fmean(per_round[k]), "window_means_s": per_round[k],
-             "cores_used": round(statistics.fmean(used[k]), 3), "window_s": window_s} for k in levels]
+    return [
+        {
+            "bench": "core_sharing",
+            "ranks_per_core": k,
+            "cores": cores,
+            "preset": preset,
+            "time_s": statistics.fmean(per_round[k]),
+            "window_means_s": per_round[k],
+            "cores_used": round(statistics.fmean(used[k]), 3),
+            "window_s": window_s,
+        }
+        for k in levels
+    ]
 
 
 def _start_worker(preset: str, cores: int) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "piper_sim.torch_backend.bench.sharing_worker", "--worker", preset,
-                             "--cores", str(cores)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "piper_sim.torch_backend.bench.sharing_worker",
+            "--worker",
+            preset,
+            "--cores",
+            str(cores),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _read_line(worker: subprocess.Popen, what: str) -> str:

@@ -40,7 +40,6 @@ def layer_iteration(preset: str) -> Callable[[], None]:
     return iteration
 
 
-
 def _worker(preset: str, cores: int) -> None:
     torch.set_num_threads(1)
     pin_to_cores(cores)

@@ -29,9 +29,29 @@ CHECK_OPS = ("embed", "attn:0", "router:0", "shared:0", "experts:0", "moe_out:0"
 # the host work around a layer's all-to-alls, timed by exchange_samples (not model ops: no backward of their own)
 EXCHANGE_OPS = ("dispatch:0", "combine:0")
 # ATen ops that only make a new view or alias (no pass over the data)
-VIEW_OPS = frozenset({"detach", "view", "_unsafe_view", "t", "transpose", "unsqueeze", "squeeze", "slice", "expand",
-                      "split_with_sizes", "split", "lift_fresh", "alias", "as_strided", "permute", "select",
-                      "reshape", "unbind", "_reshape_alias"})
+VIEW_OPS = frozenset(
+    {
+        "detach",
+        "view",
+        "_unsafe_view",
+        "t",
+        "transpose",
+        "unsqueeze",
+        "squeeze",
+        "slice",
+        "expand",
+        "split_with_sizes",
+        "split",
+        "lift_fresh",
+        "alias",
+        "as_strided",
+        "permute",
+        "select",
+        "reshape",
+        "unbind",
+        "_reshape_alias",
+    }
+)
 
 
 class CountOps(TorchDispatchMode):
@@ -60,8 +80,11 @@ def prepare_stage(model: str | dict, seed: int = 0, micro_batch_size: int = MICR
     before: dict[str, dict] = {}
     for op in stage.forward_ops():
         if op.startswith("experts:"):
-            state.update(recv_rows=state["send_rows"].detach(), recv_splits=list(state["send_splits"]),
-                         recv_expert_ids=state["send_expert_ids"])
+            state.update(
+                recv_rows=state["send_rows"].detach(),
+                recv_splits=list(state["send_splits"]),
+                recv_expert_ids=state["send_expert_ids"],
+            )
         if op.startswith("moe_out:"):
             state["combined_rows"] = state["return_rows"].detach()
         before[op] = dict(state)
@@ -80,8 +103,10 @@ def exchange_samples(before: dict, plan: TimingPlan) -> dict[str, dict]:
     node_of = {me[0]: 0}
     rows, ids = before["experts:0"]["send_rows"], before["experts:0"]["send_expert_ids"]
     back = before["moe_out:0"]["return_rows"].detach()
-    calls = {"dispatch:0": lambda: dispatch_rows(rows, ids, [rows.shape[0]], me, node_of),
-             "combine:0": lambda: all_to_all(back, [back.shape[0]], me, node_of)}
+    calls = {
+        "dispatch:0": lambda: dispatch_rows(rows, ids, [rows.shape[0]], me, node_of),
+        "combine:0": lambda: all_to_all(back, [back.shape[0]], me, node_of),
+    }
     out = {}
     for name, fn in calls.items():
         with CountOps() as count:
@@ -113,11 +138,17 @@ def op_samples(stage, op: str, state: dict, plan: TimingPlan) -> dict:
         fwd()
     with CountOps() as all_count:
         fwd_bwd()
-    out = {"counts": {"fwd_kernels": fwd_count.kernels, "fwd_views": fwd_count.views,
-                      "bwd_kernels": all_count.kernels - fwd_count.kernels,
-                      "bwd_views": all_count.views - fwd_count.views},
-           "fwd": cold_calls(fwd, plan), "all": cold_calls(fwd_bwd, plan),
-           **_split_samples(stage, op, state, seeds, plan)}
+    out = {
+        "counts": {
+            "fwd_kernels": fwd_count.kernels,
+            "fwd_views": fwd_count.views,
+            "bwd_kernels": all_count.kernels - fwd_count.kernels,
+            "bwd_views": all_count.views - fwd_count.views,
+        },
+        "fwd": cold_calls(fwd, plan),
+        "all": cold_calls(fwd_bwd, plan),
+        **_split_samples(stage, op, state, seeds, plan),
+    }
     stage.zero_grad(set_to_none=True)
     return out
 
@@ -133,8 +164,13 @@ def op_times(samples: dict) -> dict:
     """measure_op's record from op_samples: median seconds per pass (a backward as the median forward +
     backward less the median forward, and likewise the input pass), and the ATen op counts."""
     med = {k: median_s(v) for k, v in samples.items() if isinstance(v, list)}
-    return {"fwd_s": med["fwd"], "bwd_s": max(med["all"] - med["fwd"], 0.0), **samples["counts"],
-            "bwd_input_s": max(med["split_input"] - med["split_fwd"], 0.0), "bwd_weight_s": med["split_weight"]}
+    return {
+        "fwd_s": med["fwd"],
+        "bwd_s": max(med["all"] - med["fwd"], 0.0),
+        **samples["counts"],
+        "bwd_input_s": max(med["split_input"] - med["split_fwd"], 0.0),
+        "bwd_weight_s": med["split_weight"],
+    }
 
 
 def _split_samples(stage, op: str, state: dict, seeds: dict, plan: TimingPlan) -> dict:
@@ -155,8 +191,11 @@ def _split_samples(stage, op: str, state: dict, seeds: dict, plan: TimingPlan) -
 
     previous, DeferredWeightGrads.enabled = DeferredWeightGrads.enabled, True
     try:
-        return {"split_fwd": cold_calls(fwd, plan), "split_input": cold_calls(fwd_input, plan, setup=queue.clear),
-                "split_weight": cold_calls(lambda: DeferredWeightGrads.apply(queue), plan, setup=fwd_input)}
+        return {
+            "split_fwd": cold_calls(fwd, plan),
+            "split_input": cold_calls(fwd_input, plan, setup=queue.clear),
+            "split_weight": cold_calls(lambda: DeferredWeightGrads.apply(queue), plan, setup=fwd_input),
+        }
     finally:
         DeferredWeightGrads.enabled = previous
         queue.clear()

@@ -77,8 +77,14 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def time_call(fn: Callable[[], object], plan: TimingPlan, *, sync: Callable[[], None] = lambda: None,
-              collective: bool = False, window: bool = False) -> list[float]:
+def time_call(
+    fn: Callable[[], object],
+    plan: TimingPlan,
+    *,
+    sync: Callable[[], None] = lambda: None,
+    collective: bool = False,
+    window: bool = False,
+) -> list[float]:
     """Seconds per call of fn, one value per sample (use the median). All ranks call this together for
     the same benchmark.
 
@@ -144,8 +150,7 @@ def flush_caches() -> None:
     _flush_buffer[0].add_(1.0)
 
 
-def cold_calls(fn: Callable[[], object], plan: TimingPlan,
-               setup: Callable[[], object] = lambda: None) -> list[float]:
+def cold_calls(fn: Callable[[], object], plan: TimingPlan, setup: Callable[[], object] = lambda: None) -> list[float]:
     """Seconds of single calls of fn, each made after flush_caches(), as ops run inside a training step:
     the ops before them (and on a shared host the other ranks) have evicted their code and data. All
     ranks start together (barrier) and flush and call at the same time. setup runs before each call's

@@ -57,8 +57,9 @@ def num_rounds(quick: bool) -> int:
     return 1 if quick else 2
 
 
-def bench_blocking_wait(preset: str, quick: bool, progress: Callable[[str], None],
-                        timeout_s: float = 300.0) -> list[dict]:
+def bench_blocking_wait(
+    preset: str, quick: bool, progress: Callable[[str], None], timeout_s: float = 300.0
+) -> list[dict]:
     """Records: one 'blocking_wait' per level (ranks_per_core, computing_per_core, time_s the mean time from
     the last arrival to return, hot_s, exchanges) and one 'scheduler_slice' (time_s). Runs on the calling
     rank alone."""
@@ -66,8 +67,10 @@ def bench_blocking_wait(preset: str, quick: bool, progress: Callable[[str], None
     levels = LEVELS_QUICK if quick else LEVELS_FULL
     world = _even(max(levels) * cores)
     rounds, window_s = num_rounds(quick), (0.5 if quick else 2.0)
-    progress(f"blocking wait: {world} processes on {cores} core(s), {rounds} x {len(levels)} windows of "
-             f"{window_s} s (about {20 + rounds * len(levels) * window_s:.0f} s)")
+    progress(
+        f"blocking wait: {world} processes on {cores} core(s), {rounds} x {len(levels)} windows of "
+        f"{window_s} s (about {20 + rounds * len(levels) * window_s:.0f} s)"
+    )
     with tempfile.TemporaryDirectory(prefix="piper-wake-") as tmp:
         try:
             run_local(_member, world, preset, cores, levels, rounds, window_s, tmp, timeout_s=timeout_s)
@@ -79,10 +82,19 @@ def bench_blocking_wait(preset: str, quick: bool, progress: Callable[[str], None
     records = []
     row_bytes = logs[0]["row_bytes"]
     for k in levels:
-        records.append(dict(_level_record(logs, k, cores, preset), hot_s=hot, hot_median_s=hot_median,
-                            count_bytes=COUNT_BYTES, row_bytes=row_bytes))
-        progress(f"blocking wait: {k} process(es) per core: {records[-1]['time_s'] * 1e3:.2f} ms after the "
-                 f"last arrival (hot {hot * 1e3:.2f} ms)")
+        records.append(
+            dict(
+                _level_record(logs, k, cores, preset),
+                hot_s=hot,
+                hot_median_s=hot_median,
+                count_bytes=COUNT_BYTES,
+                row_bytes=row_bytes,
+            )
+        )
+        progress(
+            f"blocking wait: {k} process(es) per core: {records[-1]['time_s'] * 1e3:.2f} ms after the "
+            f"last arrival (hot {hot * 1e3:.2f} ms)"
+        )
     progress("blocking wait: scheduler slice")
     records.append({"bench": "scheduler_slice", "time_s": measure_slice_s()})
     return records
@@ -92,8 +104,9 @@ def _even(n: int) -> int:
     return n + n % 2
 
 
-def _member(rank: int, world: int, preset: str, cores: int, levels: tuple[int, ...], rounds: int,
-            window_s: float, out_dir: str) -> None:
+def _member(
+    rank: int, world: int, preset: str, cores: int, levels: tuple[int, ...], rounds: int, window_s: float, out_dir: str
+) -> None:
     """One process of the benchmark (spawned by run_local): pairs (0, 1), (2, 3), ..."""
     pin_to_cores(cores)
     iteration = layer_iteration(preset)
@@ -166,8 +179,18 @@ def _level_record(logs: list[dict], k: int, cores: int, preset: str) -> dict:
         wall += [c1 - c0 for e in entries for c0, c1, *_ in e[SKIPPED_EXCHANGES:]]
         cpu += [c for e in entries for _c0, _c1, c, *_ in e[SKIPPED_EXCHANGES:]]
         computing.append(busy / (end - start) / cores)
-    return {"bench": "blocking_wait", "preset": preset, "ranks_per_core": k, "cores": cores, "processes": active,
-            "computing_per_core": statistics.fmean(computing), "time_s": statistics.fmean(after),
-            "median_s": statistics.median(after), "window_means_s": window_means, "exchanges": len(after) // 2,
-            "iteration_s": statistics.fmean(wall), "iteration_cpu_s": statistics.fmean(cpu),
-            "calls_per_exchange": CALLS_PER_EXCHANGE}
+    return {
+        "bench": "blocking_wait",
+        "preset": preset,
+        "ranks_per_core": k,
+        "cores": cores,
+        "processes": active,
+        "computing_per_core": statistics.fmean(computing),
+        "time_s": statistics.fmean(after),
+        "median_s": statistics.median(after),
+        "window_means_s": window_means,
+        "exchanges": len(after) // 2,
+        "iteration_s": statistics.fmean(wall),
+        "iteration_cpu_s": statistics.fmean(cpu),
+        "calls_per_exchange": CALLS_PER_EXCHANGE,
+    }
