@@ -22,11 +22,20 @@ def main() -> None:
     spec = load_model("x-moe-small")
     routing = routing_from_config(dict(ROUTING), spec.num_experts, spec.top_k, SEED)
     trace = synthesize_trace(
-        routing, model_name=spec.name, layers=list(spec.moe_layer_indices), steps=STEPS,
-        num_microbatches=MICROBATCHES, num_sources=SOURCES, tokens_per_source=TOKENS_PER_SOURCE, per_source=False,
-        source=(f"synthetic, not captured: piper-sim routing kind drift {ROUTING} seed {SEED} for the x-moe-small "
-                f"preset; per step {MICROBATCHES} microbatches x {SOURCES} EP sources x {TOKENS_PER_SOURCE} tokens "
-                "(one 2048-token sequence per source and microbatch); made by traces/routing/make_synthetic.py"))
+        routing,
+        model_name=spec.name,
+        layers=list(spec.moe_layer_indices),
+        steps=STEPS,
+        num_microbatches=MICROBATCHES,
+        num_sources=SOURCES,
+        tokens_per_source=TOKENS_PER_SOURCE,
+        per_source=False,
+        source=(
+            f"synthetic, not captured: piper-sim routing kind drift {ROUTING} seed {SEED} for the x-moe-small "
+            f"preset; per step {MICROBATCHES} microbatches x {SOURCES} EP sources x {TOKENS_PER_SOURCE} tokens "
+            "(one 2048-token sequence per source and microbatch); made by traces/routing/make_synthetic.py"
+        ),
+    )
     print(write_trace(trace, OUT), trace.counts.shape, f"{OUT.stat().st_size} bytes")
 
 
