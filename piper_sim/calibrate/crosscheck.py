@@ -17,12 +17,13 @@ import statistics
 import yaml
 
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS
-from piper_sim.workload.cost import TaskCoster, gemm_time_s, memory_bound_s, work_time_s
+from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.flops import op_work
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import DeviceProfile
 from piper_sim.workload.profile_file import profile_path
 from piper_sim.workload.profile_load import load_profile
+from piper_sim.workload.roofline import gemm_time_s, memory_bound_s, work_time_s
 
 
 def predict(

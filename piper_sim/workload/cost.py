@@ -1,43 +1,37 @@
-"""Compute cost model: time of a compute task from its ops' work and a device profile.
+"""Compute cost model: time and FLOPs of a compute task from its ops' work and a device profile.
 
-Owns the roofline with efficiency curves and TaskCoster, which prices a task's ops from a DeviceProfile
-(piper_sim.workload.profile; read from a file by piper_sim.workload.profile_load). Must not import simpy or torch.
-Time of one GEMM = max(FLOPs / (peak x sustained x eff(rows) x shape(rows, sqrt(k n))), bytes / (HBM x memory
-efficiency)), the shape factor 1 where the profile has none, sustained the profile's gemm_sustained_factor (the share
-of a single launch's rate a GEMM keeps back-to-back under the power limit); a fused attention core uses an efficiency
-curve over sequence length, an unfused one its batched GEMMs (at measured batched rates where the profile has them)
-and its softmax and dropout traffic; memory-bound kernels are bound by HBM bandwidth, at the share measured for their
-kind (norm, activation...) where the profile has one (memory_bound_s); each kernel pays a launch overhead.
-Under fp8 (model.fp8_recipe; workload/precision.py, docs/precision.md) the linears' GEMMs take the fp8 peak times
-fp8_gemm_efficiency_ratio and their quantize kernels' traffic is added to memory_bound.
+Owns TaskCoster, which prices a task's ops from a DeviceProfile (piper_sim.workload.profile; read from a file by
+piper_sim.workload.profile_load) on the roofline of roofline.py, memoized: an op with a fixed cost the profile
+measured for its code path (framework_s; the experts op's by number of experts, a split backward's share per pass)
+takes it plus its arithmetic without per-kernel launches; the router and moe_out ops take the profile's measured MoE
+path where it has one; experts ops are priced per expert row count for every rank at once. Under fp8
+(model.fp8_recipe; workload/precision.py, docs/precision.md) the linears' GEMMs take the fp8 peak times
+fp8_gemm_efficiency_ratio and their quantize kernels' traffic is added to memory_bound. Must not import simpy or torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol, overload
+from typing import Protocol
 
 import numpy as np
 
 from piper_sim.errors import ConfigError
-from piper_sim.workload.flops import (
-    Elementwise,
-    Gemm,
-    OpWork,
-    Traffic,
-    UnfusedPass,
-    exchange_work,
-    expert_gemms,
-    experts_besides_gemms,
-    op_work,
-    traffic_bytes,
-)
+from piper_sim.workload.flops import Gemm, OpWork, exchange_work, expert_gemms, experts_besides_gemms, op_work
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
 from piper_sim.workload.precision import cast_bytes_per_element, cast_elements, is_fp8_op
 from piper_sim.workload.profile import DeviceProfile
-from piper_sim.workload.task_kinds import FORWARD_KINDS, RECOMPUTE_KINDS, SPLIT_BACKWARD_KINDS, Role, TaskKind
+from piper_sim.workload.roofline import (
+    BACKWARD_FACTOR,
+    gemm_time_s,
+    memory_bound_s,
+    pass_of,
+    work_terms_s,
+    work_time_s,
+)
+from piper_sim.workload.task_kinds import SPLIT_BACKWARD_KINDS, Role, TaskKind
 
 
 class ExchangeTask(Protocol):
@@ -52,85 +46,6 @@ class ExchangeTask(Protocol):
 
 MOE_PATH_OPS = ("router:", "moe_out:")  # the ops a profile's measured MoE path prices (DeviceProfile.moe_path)
 K = TaskKind
-BACKWARD_FACTOR = {
-    K.FORWARD: 1.0,
-    K.FORWARD_EXPERT: 1.0,
-    K.BACKWARD: 2.0,
-    K.BACKWARD_EXPERT: 2.0,
-    K.BACKWARD_INPUT: 1.0,
-    K.BACKWARD_EXPERT_INPUT: 1.0,
-    K.BACKWARD_WEIGHT: 1.0,
-    K.RECOMPUTE: 1.0,
-    K.RECOMPUTE_EXPERT: 1.0,
-}
-_FORWARD_PASS = FORWARD_KINDS | RECOMPUTE_KINDS  # the kinds that take the forward's measured framework costs
-
-
-def gemm_time_s(profile: DeviceProfile, gemm: Gemm[Elementwise], dtype_bytes: int, fp8: bool = False) -> Elementwise:
-    """The roofline of a GEMM (of gemm.count identical ones); gemm.rows may be an array of row counts. fp8: its
-    operands in fp8 (its output in the model's dtype), at the profile's fp8 peak times its bf16 efficiency at this
-    shape times fp8_gemm_efficiency_ratio (workload/precision.py)."""
-    peak = profile.peak_flops_per_s
-    if fp8:
-        assert profile.peak_fp8_flops_per_s is not None  # TaskCoster prices fp8 only with a profile that has one
-        peak = profile.peak_fp8_flops_per_s * profile.fp8_gemm_efficiency_ratio
-    rate = peak * profile.gemm_sustained_factor
-    flop_time = gemm.flops / (rate * profile.gemm_efficiency_at(gemm.rows, gemm.k, gemm.n))
-    nbytes = fp8_gemm_bytes(gemm, dtype_bytes) if fp8 else gemm_bytes(gemm, dtype_bytes)
-    memory_time = nbytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
-    if isinstance(flop_time, np.ndarray):
-        return np.maximum(flop_time, memory_time)
-    return max(flop_time, memory_time)
-
-
-def gemm_bytes(gemm: Gemm[Elementwise], dtype_bytes: int) -> Elementwise:
-    """HBM traffic of a GEMM (of gemm.count identical ones): both operands read and the output written once."""
-    return gemm.count * dtype_bytes * (gemm.rows * gemm.k + gemm.k * gemm.n + gemm.rows * gemm.n)
-
-
-def fp8_gemm_bytes(gemm: Gemm[Elementwise], output_bytes: int) -> Elementwise:
-    """HBM traffic of an fp8 GEMM: both operands read at 1 byte, the output written in the model's dtype."""
-    return gemm.count * (gemm.rows * gemm.k + gemm.k * gemm.n + output_bytes * gemm.rows * gemm.n)
-
-
-@overload
-def memory_bound_s(profile: DeviceProfile, traffic: Traffic, scale: float = 1.0) -> float: ...
-@overload
-def memory_bound_s(profile: DeviceProfile, traffic: Traffic, scale: np.ndarray) -> np.ndarray: ...
-def memory_bound_s(profile: DeviceProfile, traffic: Traffic, scale: float | np.ndarray = 1.0) -> float | np.ndarray:
-    """Seconds of memory-bound kernels' traffic (times scale: a pass's factor, a count of rows): each kind at the
-    profile's measured share of HBM bandwidth for it (memory_kernel_efficiency), the kinds it has none for at
-    memory_efficiency; a profile without the table prices all bytes at memory_efficiency in one sum."""
-    shares = profile.memory_kernel_efficiency
-    if not shares:
-        return scale * traffic_bytes(traffic) / (profile.hbm_bytes_per_s * profile.memory_efficiency)
-    return sum(
-        scale * nbytes / (profile.hbm_bytes_per_s * shares.get(kind, profile.memory_efficiency))
-        for kind, nbytes in traffic
-    )
-
-
-def batched_gemm_time_s(profile: DeviceProfile, gemm: Gemm, dtype_bytes: int, memory_share: float) -> float:
-    """A batched GEMM of the unfused attention core at the profile's measured rate for its kind: the larger of its
-    FLOPs at the rows curve's sustained rate (the batch's many heads fill the device, which the single-GEMM shape
-    factor does not describe) and its traffic at the measured share of HBM bandwidth."""
-    rate = profile.peak_flops_per_s * profile.gemm_sustained_factor * profile.gemm_efficiency(gemm.rows)
-    return max(gemm.flops / rate, gemm_bytes(gemm, dtype_bytes) / (profile.hbm_bytes_per_s * memory_share))
-
-
-def unfused_core_s(
-    profile: DeviceProfile, core: UnfusedPass, dtype_bytes: int, gemm_s: Callable[[Gemm], float]
-) -> float:
-    """One pass of an attention core without flash attention: its batched GEMMs (at the profile's measured batched
-    rates, or each as one GEMM of its shape where the profile has none) and the score traffic of the softmax and
-    dropout kernels between them."""
-    bmm = profile.attention_bmm_memory_efficiency
-    if bmm is None:
-        gemms = sum(gemm_s(g) for g in core.writes_scores + core.reads_scores)
-    else:
-        gemms = sum(batched_gemm_time_s(profile, g, dtype_bytes, bmm.writes_scores) for g in core.writes_scores)
-        gemms += sum(batched_gemm_time_s(profile, g, dtype_bytes, bmm.reads_scores) for g in core.reads_scores)
-    return gemms + memory_bound_s(profile, core.score_traffic)
 
 
 # The terms a compute task's time is made of (TaskCoster.cost_terms; an error budget's compute terms):
@@ -140,60 +55,6 @@ def unfused_core_s(
 # kernel launch overhead per kernel; framework: the fixed costs a profile measured for an op's code path
 # (framework_s) and its measured MoE path (gate, gather and scatter kernels)
 COST_TERMS = ("gemm", "attention", "memory_bound", "launch", "framework")
-
-
-def _pass_name(kind: TaskKind) -> str:
-    """The pass whose measured framework costs a task of this kind takes."""
-    return "forward" if kind in _FORWARD_PASS else "backward"
-
-
-def work_terms_s(
-    profile: DeviceProfile,
-    work: OpWork,
-    dtype_bytes: int,
-    gemm_s: Callable[[Gemm], float] | None = None,
-    kind: TaskKind = K.FORWARD,
-) -> dict[str, float]:
-    """Time of an op's work by term (COST_TERMS but framework) in a task of this kind: BACKWARD_FACTOR times the
-    forward's, except an unfused attention core's backward, priced from its own GEMMs and traffic (a split
-    backward's two passes take half of it each, as they do of every other term); gemm_s: the time of one GEMM
-    (gemm_time_s unless given, e.g. memoized)."""
-    if gemm_s is None:
-
-        def gemm_s(g: Gemm) -> float:
-            return gemm_time_s(profile, g, dtype_bytes)
-
-    factor = BACKWARD_FACTOR[kind]
-    attention = 0.0
-    if work.unfused_forward is not None and work.unfused_backward is not None:
-        if _pass_name(kind) == "forward":
-            attention = factor * unfused_core_s(profile, work.unfused_forward, dtype_bytes, gemm_s)
-        else:
-            attention = factor / 2 * unfused_core_s(profile, work.unfused_backward, dtype_bytes, gemm_s)
-    elif work.attention_flops:
-        attention = (
-            factor
-            * work.attention_flops
-            / (profile.peak_flops_per_s * profile.attention_efficiency(work.attention_seq_len))
-        )
-    return {
-        "gemm": factor * sum(gemm_s(g) for g in work.gemms),
-        "attention": attention,
-        "memory_bound": memory_bound_s(profile, work.traffic, factor),
-        "launch": factor * work.num_kernels * profile.kernel_launch_s,
-    }
-
-
-def work_time_s(
-    profile: DeviceProfile,
-    work: OpWork,
-    dtype_bytes: int,
-    gemm_s: Callable[[Gemm], float] | None = None,
-    kind: TaskKind = K.FORWARD,
-) -> float:
-    """Time of an op's work in a task of this kind: the sum of its terms (work_terms_s)."""
-    terms = work_terms_s(profile, work, dtype_bytes, gemm_s, kind)
-    return terms["gemm"] + terms["attention"] + terms["memory_bound"] + terms["launch"]
 
 
 class TaskCoster:
@@ -267,7 +128,7 @@ class TaskCoster:
             return hit
         factor = BACKWARD_FACTOR[kind]
         seconds = flops = 0.0
-        measured_experts = (_pass_name(kind), "experts") in self.profile.framework_s
+        measured_experts = (pass_of(kind), "experts") in self.profile.framework_s
         for op in ops:
             if expert_rows and op.startswith("experts:") and not measured_experts:
                 s, f = self._experts_s(expert_rows)
@@ -295,7 +156,7 @@ class TaskCoster:
         sum is cost()'s seconds up to rounding (tests hold it). Not memoized: for reports, not the engine."""
         factor = BACKWARD_FACTOR[kind]
         terms = dict.fromkeys(COST_TERMS, 0.0)
-        measured_experts = (_pass_name(kind), "experts") in self.profile.framework_s
+        measured_experts = (pass_of(kind), "experts") in self.profile.framework_s
         for op in ops:
             if expert_rows and op.startswith("experts:") and not measured_experts:
                 gemm, memory, launch = self._experts_parts(
@@ -376,7 +237,7 @@ class TaskCoster:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, FLOPs) per rank of a compute task of this kind running one experts op (rows and num_local as
         experts_forward_s takes them): cost(kind, (op,), rank's rows) for every rank at once."""
-        if (_pass_name(kind), "experts") in self.profile.framework_s:  # measured fixed costs: rank by rank
+        if (pass_of(kind), "experts") in self.profile.framework_s:  # measured fixed costs: rank by rank
             priced = [self.cost(kind, (op,), tuple(r[:n].tolist())) for r, n in zip(rows, num_local, strict=True)]
             return np.array([p[0] for p in priced]), np.array([p[1] for p in priced])
         seconds, flops = self.experts_forward_s(rows, num_local)
@@ -395,7 +256,7 @@ class TaskCoster:
         gate_gemms_s = sum(self._gemm_s(g) for g in work.gemms)
         if kind == K.BACKWARD_WEIGHT:
             return gate_gemms_s if op.startswith("router:") else 0.0
-        if _pass_name(kind) == "forward":
+        if pass_of(kind) == "forward":
             return path.gate_s + gather_s if op.startswith("router:") else scatter_s
         if op.startswith("router:"):
             return BACKWARD_FACTOR[kind] * gate_gemms_s + scatter_s
@@ -413,7 +274,7 @@ class TaskCoster:
         over the numbers of experts calibrate ran (profiles with one number scale it).
         """
         name = op.partition(":")[0]
-        pass_name = _pass_name(kind)
+        pass_name = pass_of(kind)
         entry = self.profile.framework_s.get((pass_name, name))
         if entry is None:
             return None

@@ -20,7 +20,6 @@ import numpy as np
 from piper_sim.bounds import check_value
 from piper_sim.errors import ConfigError
 from piper_sim.units import is_finite_number, read_params
-from piper_sim.workload.cost import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.flops import EXCHANGE_OPS, MEMORY_KINDS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import (
@@ -34,6 +33,7 @@ from piper_sim.workload.profile import (
     layer_key,
 )
 from piper_sim.workload.profile_file import read_profile_raw
+from piper_sim.workload.roofline import BACKWARD_FACTOR, work_time_s
 from piper_sim.workload.task_kinds import TaskKind
 
 PROFILE_SCHEMA = {

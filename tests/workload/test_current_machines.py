@@ -16,9 +16,9 @@ from piper_sim.paths import data_dir
 from piper_sim.simulator import simulate
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, topology_device_profile
-from piper_sim.workload.cost import gemm_time_s
 from piper_sim.workload.flops import Gemm
 from piper_sim.workload.profile_load import load_profile
+from piper_sim.workload.roofline import gemm_time_s
 
 GB = 1e9
 # name: (dense bf16 TFLOPS, HBM GB/s, HBM GiB as the driver reports it): vendor datasheets, nvidia-smi / rocm-smi

@@ -11,10 +11,11 @@ import yaml
 
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.workload.cost import TaskCoster, gemm_time_s, work_terms_s
+from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.flops import Gemm, OpWork
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import load_profile
+from piper_sim.workload.roofline import gemm_time_s, work_terms_s
 
 BASE = {
     "name": "t",

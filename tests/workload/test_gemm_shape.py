@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from piper_sim.errors import ConfigError
-from piper_sim.workload.cost import gemm_time_s
 from piper_sim.workload.flops import Gemm
 from piper_sim.workload.profile_load import load_profile
+from piper_sim.workload.roofline import gemm_time_s
 
 BASE = {
     "name": "t",
@@ -92,9 +92,10 @@ def test_an_experts_op_is_priced_as_its_work(model_name):
     work_time_s over the op's whole work (op_work), for every kind of task and uneven rows with empty experts."""
     import numpy as np
 
-    from piper_sim.workload.cost import BACKWARD_FACTOR, TaskCoster, work_time_s
+    from piper_sim.workload.cost import TaskCoster
     from piper_sim.workload.flops import op_work
     from piper_sim.workload.presets import load_model
+    from piper_sim.workload.roofline import BACKWARD_FACTOR, work_time_s
 
     model, profile = load_model(model_name), load_profile("mi250x")
     coster = TaskCoster(model, profile, 4096)

@@ -9,11 +9,12 @@ import yaml
 
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.workload.cost import TaskCoster, memory_bound_s, unfused_core_s
+from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.flops import MEMORY_KINDS, kind_bytes, op_work, unfused_attention
 from piper_sim.workload.parallel import TensorSplit
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import load_profile
+from piper_sim.workload.roofline import memory_bound_s, unfused_core_s
 
 BASE = {
     "name": "t",

@@ -140,8 +140,8 @@ def test_attention_projections_and_experts_run_in_fp8_with_their_cast_per_routed
 
 def test_h100_prices_a_wide_fp8_gemm_at_the_measured_fp8_best():
     """The profile's widest GEMMs of 2048 rows run at 1979 x 0.8822 x 0.803 TFLOPS: Bekman's fp8 MAMF, 1402.6."""
-    from piper_sim.workload.cost import gemm_time_s
     from piper_sim.workload.flops import Gemm
+    from piper_sim.workload.roofline import gemm_time_s
 
     gemm = Gemm(2048, 8192, 8192)
     assert gemm.flops / gemm_time_s(load_profile("h100"), gemm, 2, fp8=True) / 1e12 == pytest.approx(1402.6, rel=2e-3)

@@ -11,10 +11,11 @@ import yaml
 
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
-from piper_sim.workload.cost import TaskCoster, batched_gemm_time_s, gemm_time_s
+from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.flops import Gemm
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile_load import load_profile
+from piper_sim.workload.roofline import batched_gemm_time_s, gemm_time_s
 
 # a device whose GEMMs never bind on FLOPs: every batched GEMM takes its traffic at the bandwidth below
 BASE = {
