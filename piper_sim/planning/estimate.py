@@ -1,7 +1,7 @@
 """The analytic tier of the planner: a plan's step time in well under a millisecond, no event loop.
 
 Owns Estimator. It prices with the simulator's own functions, so there is no second cost model:
-- compute: TaskCoster.cost on the ops of each chunk (schedule.lower.chunk_segments), expert rows from the
+- compute: TaskCoster.cost on the ops of each chunk (schedule.lower_segments.chunk_segments), expert rows from the
   routing model and the contiguous expert placement exactly as the engine takes them (balanced routing);
 - communication: the same collective algorithms (collectives registries) on the same topology routes;
   each phase pays the engine's delay (network.phase_run.phase_delay_s) plus its flows' time on the busiest
@@ -39,7 +39,7 @@ from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Layout
-from piper_sim.schedule.lower import chunk_segments, selective_segments
+from piper_sim.schedule.lower_segments import chunk_segments, selective_segments
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.fsdp import NO_BLOCK, exposed_gather_s

@@ -1,28 +1,25 @@
-"""Lowering passes: coarse per-chunk forward/backward programs -> executable programs.
+"""Lowering: coarse per-chunk forward/backward programs -> executable programs.
 
-Owns the expansion of each coarse task into compute segments split at MoE all-to-alls, the
-pipeline send/recv pairs, the gradient reductions and the optimizer step. Pure data: imports no
+Owns lower() and the expansion of each coarse task into tasks: a chunk's segments (lower_segments.py) as compute
+tasks, all-to-alls and tensor-parallel collectives, the pipeline send/recv pairs between stages, the recomputation
+before a backward, and ZeRO-3's units (lower_fsdp.py), with the gradient reductions and the optimizer step at the
+end of each program (lower_reductions.py). What the passes share is lower_context.py's. Pure data: imports no
 simpy, torch or numpy.
-
-Segments of one chunk's forward (layers l0..l1): ops run until a MoE layer's router, then the
-dispatch all-to-all, the experts, the combine all-to-all, and the next segment starts with that
-layer's moe_out. Backward runs the segments in reverse; an all-to-all's backward moves data the
-other way, so its role flips ("dispatch" always means token owners -> expert owners).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import replace
 
-from piper_sim.schedule.ir import Layout, Schedule, Task, VirtualStages
+from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.schedule.lower_context import LoweringContext
 from piper_sim.schedule.lower_context_parallel import ring_tasks
-from piper_sim.schedule.lower_fsdp import gathering_passes, shard_axes, unit_runs, with_gathers
-from piper_sim.workload.fsdp import unit_classes
-from piper_sim.workload.mesh import Mesh
+from piper_sim.schedule.lower_fsdp import gathering_passes, unit_collectives, unit_runs, with_gathers
+from piper_sim.schedule.lower_reductions import bucket_reduce_scatters, reduction_tasks
+from piper_sim.schedule.lower_segments import Segment
 from piper_sim.workload.model import ModelSpec
-from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
-from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute
+from piper_sim.workload.parallel import TensorSplit
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 from piper_sim.workload.task_kinds import Role, TaskKind
 
 K = TaskKind
@@ -34,148 +31,6 @@ BACKWARD_KIND = {
     (K.RECOMPUTE, False): K.RECOMPUTE,
     (K.RECOMPUTE, True): K.RECOMPUTE_EXPERT,
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class Segment:
-    """A piece of a chunk's forward: compute ops, an all-to-all of one MoE layer, or a tensor-parallel
-    collective (tp: its kind in the forward and in the backward, "" where that pass has none). ring: compute
-    (a layer's attention) beside which the context-parallel ring passes keys and values
-    (schedule/lower_context_parallel.py)."""
-
-    ops: tuple[str, ...] = ()
-    expert: bool = False
-    role: Role = Role.NONE  # DISPATCH / COMBINE for all-to-all pieces
-    layer: int = -1
-    tp: tuple[TaskKind | Literal[""], TaskKind | Literal[""]] = ("", "")
-    ring: bool = False
-
-
-def around_split(split: TensorSplit, layer: int) -> tuple[Segment, Segment]:
-    """The collectives around a region split over the tensor-parallel group (Megatron's f and g: an all-reduce
-    in the backward before it and in the forward after it; with sequence parallelism an all-gather before and
-    a reduce-scatter after, each the other's backward)."""
-    if split.sp:
-        return (
-            Segment(tp=(K.ALL_GATHER, K.REDUCE_SCATTER), layer=layer),
-            Segment(tp=(K.REDUCE_SCATTER, K.ALL_GATHER), layer=layer),
-        )
-    return Segment(tp=("", K.ALL_REDUCE), layer=layer), Segment(tp=(K.ALL_REDUCE, ""), layer=layer)
-
-
-def around_moe(split: TensorSplit, layer: int) -> tuple[Segment | None, Segment | None]:
-    """Around a MoE block: split like a dense FFN when the experts are (etp == tp); with whole experts (etp 1)
-    each rank routes its slice of the tokens, gathered after the block unless the sequence stays split (sp);
-    the slice's gradients are gathered in the backward."""
-    if split.etp == split.tp:
-        return around_split(split, layer)
-    if split.sp:
-        return None, None
-    return Segment(tp=("", K.ALL_GATHER), layer=layer), Segment(tp=(K.ALL_GATHER, ""), layer=layer)
-
-
-def chunk_segments(
-    model: ModelSpec, layers: tuple[int, ...], *, first: bool, last: bool, split: TensorSplit = NO_SPLIT
-) -> list[Segment]:
-    """The forward of one chunk as compute segments, all-to-alls and tensor-parallel collectives, in order."""
-    segments: list[Segment] = []
-    ops: list[str] = []
-
-    def flush() -> None:
-        if ops:
-            segments.append(Segment(ops=tuple(ops)))
-            ops.clear()
-
-    def region(before: Segment | None, body: list[str], after: Segment | None, ring: bool = False) -> None:
-        if split.tp == 1 and not ring:  # nothing between the ops: they run as one segment
-            ops.extend(body)
-            return
-        flush()
-        if before is not None and split.tp > 1:
-            segments.append(before)
-        if ring:  # the attention alone, its context-parallel ring beside it
-            segments.append(Segment(ops=tuple(body), ring=True, layer=int(body[0].partition(":")[2])))
-        else:
-            ops.extend(body)
-        if after is not None and split.tp > 1:
-            flush()
-            segments.append(after)
-
-    if first:  # a vocabulary-parallel embedding sums its shards' lookups
-        region(None, ["embed"], around_split(split, -1)[1])
-    for layer in layers:
-        before, after = around_split(split, layer)
-        region(before, [f"attn:{layer}"], after, ring=split.cp > 1)
-        if not model.is_moe_layer(layer):
-            before, after = around_split(split, layer)
-            region(before, [f"dense:{layer}"], after)
-            continue
-        moe_before, moe_after = around_moe(split, layer)
-        region(moe_before, [f"router:{layer}"] + ([f"shared:{layer}"] if model.num_shared_experts else []), None)
-        flush()
-        segments.append(Segment(role=Role.DISPATCH, layer=layer))
-        segments.append(Segment(ops=(f"experts:{layer}",), expert=True))
-        segments.append(Segment(role=Role.COMBINE, layer=layer))
-        region(None, [f"moe_out:{layer}"], moe_after)
-    if last:  # a vocabulary-parallel head: its input is replicated (gathered under sp)
-        region(around_split(split, -1)[0], ["head"], None)
-    flush()
-    return segments
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoweringContext:
-    model: ModelSpec
-    pp: int
-    vpp: int
-    stage_layers: tuple[tuple[int, ...], ...]
-    expert_group: str  # group axis of MoE all-to-alls
-    reduce_dense_axis: str  # "" when there is nothing to reduce
-    reduce_expert_axis: str
-    reduce_replicated_axis: str = ""  # tp > 1: parameters every rank of the stage holds whole (norms, router)
-    split: TensorSplit = NO_SPLIT
-    migration: bool = False
-    recompute: str = "none"  # none | selective | full
-    recomputed: int | None = None  # full: layers of each chunk recomputed (None: all)
-    recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES  # selective: what it re-runs (workload/recompute.py)
-    zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
-    reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (schedule/lower_fsdp.py: gathering_passes)
-    mesh: Mesh | None = None  # ZeRO-3 under HSDP: its shard and replicate groups (schedule/lower_fsdp.py: shard_axes)
-    gathering: frozenset[str] | None = None  # ZeRO-3: the stage's coarse passes that gather (None: every one)
-    layout: Layout = Layout.INTERLEAVED
-    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per virtual stage
-
-    @property
-    def stages(self) -> VirtualStages:
-        return VirtualStages(self.layout, self.pp, self.vpp)
-
-    def segments(self, virtual_stage: int) -> list[Segment]:
-        """A chunk's forward segments (the same for every microbatch; do not modify the list)."""
-        key = (K.FORWARD, virtual_stage)
-        if key not in self._memo:
-            self._memo[key] = chunk_segments(
-                self.model,
-                self.stage_layers[virtual_stage],
-                first=self.stages.is_first(virtual_stage),
-                last=self.stages.is_last(virtual_stage),
-                split=self.split,
-            )
-        return self._memo[key]
-
-    def backward_segments(self, virtual_stage: int) -> list[Segment]:
-        """The forward's segments in reverse, each all-to-all's role the other's (dispatch's gradient is a combine)."""
-        key = (K.BACKWARD, virtual_stage)
-        if key not in self._memo:
-            self._memo[key] = [
-                replace(s, role=_FLIP[s.role]) if s.role else s for s in reversed(self.segments(virtual_stage))
-            ]
-        return self._memo[key]
-
-    def recompute_segments(self, virtual_stage: int) -> list[Segment]:
-        key = (K.RECOMPUTE, virtual_stage)
-        if key not in self._memo:
-            self._memo[key] = _recompute_segments(self, virtual_stage)
-        return self._memo[key]
 
 
 def lower(
@@ -259,42 +114,9 @@ def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) 
         last_of[task.task_id] = _last_blocking(new)
         out.extend(new)
         if ctx.zero == 2 and task.kind in (K.BACKWARD, K.BACKWARD_WEIGHT):  # the chunk's weight gradients are done
-            out.extend(_bucket_reduce_scatters(ctx, task, last_of[task.task_id]))
-    out.extend(_reduction_tasks(ctx, out))
+            out.extend(bucket_reduce_scatters(ctx, task, last_of[task.task_id]))
+    out.extend(reduction_tasks(ctx, out))
     return tuple(out)
-
-
-def _reduction_axes(ctx: LoweringContext) -> list[tuple[str, str]]:
-    return [
-        (kind, axis)
-        for kind, axis in (
-            ("dense", ctx.reduce_dense_axis),
-            ("expert", ctx.reduce_expert_axis),
-            ("replicated", ctx.reduce_replicated_axis),
-        )
-        if axis
-    ]
-
-
-def _bucket_reduce_scatters(ctx: LoweringContext, task: Task, after: str) -> list[Task]:
-    """ZeRO-2 (Rajbhandari et al. 2020, section 5.2): each micro-batch's gradients of a chunk are reduce-scattered
-    as its backward finishes them, into the rank's gradient shard; the full gradients do not outlive the chunk's
-    backward."""
-    c, m = task.chunk, task.microbatch
-    tasks: list[Task] = []
-    for kind, axis in _reduction_axes(ctx):
-        tasks.append(
-            Task(
-                task_id=f"reducescatter:grad_{kind}:c{c}:m{m}",
-                kind=K.REDUCE_SCATTER,
-                role=Role(f"grad_{kind}"),
-                chunk=c,
-                microbatch=m,
-                group_axis=axis,
-                deps=(after,),
-            )
-        )
-    return tasks
 
 
 def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: dict[str, str]) -> list[Task]:
@@ -325,7 +147,7 @@ def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: di
             (u, _expand(segs, f"{prefix}:u{u}", K.FORWARD, task, deps, ctx.expert_group))
             for u, segs in unit_runs(ctx.segments(v), ctx.stage_layers[v])
         ]
-        tasks.extend(with_gathers(_chained(runs), _unit_collectives(ctx, v, task, "F")))
+        tasks.extend(with_gathers(_chained(runs), unit_collectives(ctx, v, task, "F")))
     else:
         tasks.extend(_expand(ctx.segments(v), prefix, K.FORWARD, task, deps, ctx.expert_group))
     if after is not None and ctx.stages.where(after)[0] != p:
@@ -391,9 +213,6 @@ def _lower_backward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: d
     return tasks
 
 
-_FLIP = {Role.DISPATCH: Role.COMBINE, Role.COMBINE: Role.DISPATCH}
-
-
 def _last_blocking(tasks: list[Task]) -> str:
     """The last task of a lowered pass that blocks the program counter (not a send or a nonblocking collective)."""
     return next(t.task_id for t in reversed(tasks) if not t.is_issued)
@@ -412,7 +231,7 @@ def _fsdp_backward(ctx: LoweringContext, v: int, task: Task, deps: tuple[str, ..
         unit_tasks += _expand(segs, f"B:c{c}:m{m}:u{u}", task.kind, task, after, ctx.expert_group)
         runs.append((u, unit_tasks))
     return with_gathers(
-        _chained(runs), _unit_collectives(ctx, v, task, "B"), _unit_collectives(ctx, v, task, "B", reduce=True)
+        _chained(runs), unit_collectives(ctx, v, task, "B"), unit_collectives(ctx, v, task, "B", reduce=True)
     )
 
 
@@ -425,91 +244,6 @@ def _chained(runs: list[tuple[int, list[Task]]]) -> list[tuple[int, list[Task]]]
         if tasks:
             out.append((u, tasks))
     return out
-
-
-def _unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, reduce: bool = False):
-    """ZeRO-3: the collectives of one unit of a chunk (schedule.lower_fsdp.Collectives), one per class of parameters it
-    holds: its parameters' all-gathers, or (reduce) its gradients' reduce-scatters."""
-    c, m, layers = task.chunk, task.microbatch, ctx.stage_layers[v]
-    what, kind = ("grad", K.REDUCE_SCATTER) if reduce else ("param", K.ALL_GATHER)
-    name = "reducescatter" if reduce else f"allgather:{pass_}"
-    if not reduce and ctx.gathering is not None and task.task_id not in ctx.gathering:
-        return lambda unit, deps: []  # the chunk's units are still gathered (reshard_after_forward false)
-
-    def collectives(unit: int, deps: tuple[str, ...]) -> list[Task]:
-        held = unit_classes(
-            ctx.model, unit, last=ctx.stages.is_last(v) and unit == (layers[-1:] or (unit,))[0], tp=ctx.split.tp
-        )
-        tasks: list[Task] = []
-        for cls, _ in _reduction_axes(ctx):
-            shard, across = shard_axes(ctx.mesh, cls)
-            if cls not in held:
-                continue
-            if shard:
-                tasks.append(
-                    Task(
-                        task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}",
-                        kind=kind,
-                        role=Role(f"{what}_{cls}"),
-                        chunk=c,
-                        microbatch=m,
-                        layer=unit,
-                        group_axis=shard,
-                        deps=deps,
-                        nonblocking=True,
-                    )
-                )
-            if reduce and across:  # HSDP: the reduced shard summed over its replicas
-                tasks.append(
-                    Task(
-                        task_id=f"allreduce:grad_{cls}:c{c}:m{m}:u{unit}",
-                        kind=K.ALL_REDUCE,
-                        role=Role(f"grad_{cls}"),
-                        chunk=c,
-                        microbatch=m,
-                        layer=unit,
-                        group_axis=across,
-                        deps=(tasks[-1].task_id,) if shard else deps,
-                        nonblocking=True,
-                    )
-                )
-        return tasks
-
-    return collectives
-
-
-def _recompute_segments(ctx: LoweringContext, v: int) -> list[Segment]:
-    """What a chunk re-runs before its backward: full, the forward of its first recomputed layers (their
-    all-to-alls included); selective, its layers' recompute modules (selective_segments)."""
-    layers = ctx.stage_layers[v]
-    if ctx.recompute == Recompute.SELECTIVE:
-        return selective_segments(ctx.model, layers, ctx.recompute_modules)
-    if ctx.recompute == Recompute.FULL:
-        redo = layers if ctx.recomputed is None else layers[: ctx.recomputed]
-        return (
-            chunk_segments(ctx.model, redo, first=ctx.stages.is_first(v), last=False, split=ctx.split) if redo else []
-        )
-    return []
-
-
-def selective_segments(model: ModelSpec, layers: tuple[int, ...], modules: tuple[str, ...]) -> list[Segment]:
-    """What selective recomputation re-runs of these layers before their backward (workload/recompute.py):
-    "core_attn" each layer's attention core, "layernorm" the norms that are modules of their own (the input norm
-    under MLA, the pre-MoE norm of a MoE layer), both in one segment; "moe_act" each MoE layer's expert activation,
-    an expert segment per layer (priced over the rows each rank's experts got in that layer)."""
-    ops: list[str] = []
-    for layer in layers:
-        ops += [f"attn_core:{layer}"] if "core_attn" in modules else []
-        if "layernorm" in modules:
-            ops += ([f"attn_norm:{layer}"] if model.mla is not None else []) + (
-                [f"moe_norm:{layer}"] if model.is_moe_layer(layer) else []
-            )
-    acts = [
-        Segment(ops=(f"moe_act:{layer}",), expert=True)
-        for layer in layers
-        if "moe_act" in modules and model.is_moe_layer(layer)
-    ]
-    return ([Segment(ops=tuple(ops))] if ops else []) + acts
 
 
 def _expand(
@@ -564,75 +298,4 @@ def _expand(
                 continue
         tasks.append(new)
         deps = (new.task_id,)
-    return tasks
-
-
-def _reduction_tasks(ctx: LoweringContext, program: list[Task]) -> list[Task]:
-    last = program[-1].task_id
-    tasks: list[Task] = []
-    if ctx.layout == Layout.BIDIRECTIONAL:  # DualPipe's two copies of the layers: every gradient summed first
-        tasks.append(
-            Task(
-                task_id="allreduce:grad_mirror",
-                kind=K.ALL_REDUCE,
-                role=Role.GRAD_MIRROR,
-                group_axis="mirror",
-                deps=(last,),
-            )
-        )
-        last = tasks[-1].task_id
-    axes = _reduction_axes(ctx)
-    if ctx.zero == 3:  # each unit's gradients were reduce-scattered after its backward: the step waits for them
-        tasks.append(
-            Task(
-                task_id="optimizer",
-                kind=K.OPTIMIZER,
-                deps=(
-                    last,
-                    *(
-                        t.task_id
-                        for t in program
-                        if t.kind in (K.REDUCE_SCATTER, K.ALL_REDUCE) and t.nonblocking and t.role != Role.CP
-                    ),
-                ),
-            )
-        )
-        return tasks  # the parameters stay sharded until the next step gathers them
-    for kind, axis in axes if ctx.zero != 2 else ():  # ZeRO-2 reduce-scattered each chunk's as it finished
-        if ctx.zero:
-            tasks.append(
-                Task(
-                    task_id=f"reducescatter:grad_{kind}",
-                    kind=K.REDUCE_SCATTER,
-                    role=Role(f"grad_{kind}"),
-                    group_axis=axis,
-                    deps=(last,),
-                )
-            )
-        else:
-            tasks.append(
-                Task(
-                    task_id=f"allreduce:grad_{kind}",
-                    kind=K.ALL_REDUCE,
-                    role=Role(f"grad_{kind}"),
-                    group_axis=axis,
-                    deps=(last,),
-                )
-            )
-        last = tasks[-1].task_id
-    tasks.append(Task(task_id="optimizer", kind=K.OPTIMIZER, deps=(last,)))
-    last = "optimizer"
-    for kind, axis in axes if ctx.zero else ():
-        tasks.append(
-            Task(
-                task_id=f"allgather:param_{kind}",
-                kind=K.ALL_GATHER,
-                role=Role(f"param_{kind}"),
-                group_axis=axis,
-                deps=(last,),
-            )
-        )
-        last = tasks[-1].task_id
-    if ctx.migration:
-        tasks.append(Task(task_id="migrate", kind=K.ALL_TO_ALL, role=Role.MIGRATE, group_axis="ep", deps=(last,)))
     return tasks

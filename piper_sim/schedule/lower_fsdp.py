@@ -1,15 +1,16 @@
 """ZeRO-3 / FSDP in the lowered schedule: each unit's parameters all-gathered before it runs, prefetched one unit
 ahead, and its gradients reduce-scattered after its backward (docs/sharding.md).
 
-Owns the placement of a pass's gathers and reduce-scatters among its compute tasks. The lowering (lower.py)
-expands a chunk's forward (or its recomputation and backward) unit by unit (units: workload/fsdp.py) and hands
-the runs here. As FSDP2 does by default (torch.distributed.fsdp.fully_shard: implicit forward prefetch, backward
-prefetch of one module), the gather of the next unit is issued when the current unit starts, after the current
-unit's own gather (one gather stream), so it moves while the current unit computes; the pass's first gather is
-issued when the pass's input has arrived. All of them are nonblocking collectives (ir.Task.nonblocking): the
-program counter moves on, and a unit's first compute task waits for its gathers. Which passes gather at all follows
-FSDP2's resharding (gathering_passes): with reshard_after_forward false a chunk's units stay gathered from a forward
-until the next backward of that chunk has run. Pure data.
+Owns a unit's gathers and reduce-scatters, one per class of parameters it holds (unit_collectives), and their
+placement among a pass's compute tasks. The lowering (lower.py) expands a chunk's forward (or its recomputation and
+backward) unit by unit (units: workload/fsdp.py) and hands the runs here. As FSDP2 does by default
+(torch.distributed.fsdp.fully_shard: implicit forward prefetch, backward prefetch of one module), the gather of the
+next unit is issued when the current unit starts, after the current unit's own gather (one gather stream), so it
+moves while the current unit computes; the pass's first gather is issued when the pass's input has arrived. All of
+them are nonblocking collectives (ir.Task.nonblocking): the program counter moves on, and a unit's first compute
+task waits for its gathers. Which passes gather at all follows FSDP2's resharding (gathering_passes): with
+reshard_after_forward false a chunk's units stay gathered from a forward until the next backward of that chunk has
+run. Pure data.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from piper_sim.schedule.ir import Task
-from piper_sim.workload.fsdp import unit_of_op
-from piper_sim.workload.task_kinds import TaskKind
+from piper_sim.schedule.lower_context import LoweringContext, reduction_axes
+from piper_sim.workload.fsdp import unit_classes, unit_of_op
+from piper_sim.workload.task_kinds import Role, TaskKind
+
+K = TaskKind
 
 # (unit, deps) -> the unit's collectives of one kind, one per class of parameters it gathers or reduces
 CLASS_AXES = {"dense": "ep_dp", "expert": "dp", "replicated": "stage"}  # the group a class's replicas form (mesh.py)
@@ -58,7 +62,7 @@ def shard_axes(mesh, cls: str) -> tuple[str, str]:
 
 
 def unit_runs(segments: list, layers: tuple[int, ...], *, backward: bool = False) -> list[tuple[int, list]]:
-    """A pass's segments (lower.Segment) as runs of one unit each, in order: a compute segment whose ops span
+    """A pass's segments (lower_segments.Segment) as runs of one unit each, in order: a compute segment whose ops span
     several units is split between them (backward: its pieces in reverse, as a backward task runs its ops); a
     collective goes with its layer, or (the embedding's and the head's tensor-parallel collectives, layer -1) with
     the unit before it (the first unit when none is)."""
@@ -112,3 +116,54 @@ def with_gathers(
         if reduces is not None:
             out.extend(reduces(unit, (tasks[-1].task_id,)))
     return out
+
+
+def unit_collectives(ctx: LoweringContext, v: int, task: Task, pass_: str, reduce: bool = False):
+    """ZeRO-3: the collectives of one unit of a chunk (Collectives), one per class of parameters it
+    holds: its parameters' all-gathers, or (reduce) its gradients' reduce-scatters."""
+    c, m, layers = task.chunk, task.microbatch, ctx.stage_layers[v]
+    what, kind = ("grad", K.REDUCE_SCATTER) if reduce else ("param", K.ALL_GATHER)
+    name = "reducescatter" if reduce else f"allgather:{pass_}"
+    if not reduce and ctx.gathering is not None and task.task_id not in ctx.gathering:
+        return lambda unit, deps: []  # the chunk's units are still gathered (reshard_after_forward false)
+
+    def collectives(unit: int, deps: tuple[str, ...]) -> list[Task]:
+        held = unit_classes(
+            ctx.model, unit, last=ctx.stages.is_last(v) and unit == (layers[-1:] or (unit,))[0], tp=ctx.split.tp
+        )
+        tasks: list[Task] = []
+        for cls, _ in reduction_axes(ctx):
+            shard, across = shard_axes(ctx.mesh, cls)
+            if cls not in held:
+                continue
+            if shard:
+                tasks.append(
+                    Task(
+                        task_id=f"{name}:{what}_{cls}:c{c}:m{m}:u{unit}",
+                        kind=kind,
+                        role=Role(f"{what}_{cls}"),
+                        chunk=c,
+                        microbatch=m,
+                        layer=unit,
+                        group_axis=shard,
+                        deps=deps,
+                        nonblocking=True,
+                    )
+                )
+            if reduce and across:  # HSDP: the reduced shard summed over its replicas
+                tasks.append(
+                    Task(
+                        task_id=f"allreduce:grad_{cls}:c{c}:m{m}:u{unit}",
+                        kind=K.ALL_REDUCE,
+                        role=Role(f"grad_{cls}"),
+                        chunk=c,
+                        microbatch=m,
+                        layer=unit,
+                        group_axis=across,
+                        deps=(tasks[-1].task_id,) if shard else deps,
+                        nonblocking=True,
+                    )
+                )
+        return tasks
+
+    return collectives
