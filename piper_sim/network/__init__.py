@@ -4,7 +4,9 @@ What the engine (piper_sim.sim), the collective studies, the estimator and the S
 exported here; the modules behind it:
 
 - flows: FlowNetwork, the active flow sets on a SimPy clock and their completion events, with reservations;
-- fairshare: the max-min solves (progressive filling) and a flow set's timeline alone on its links;
+- flow_set: a flow set (FlowSet) and its bytes left moved to a given time, a reservation (Reservation);
+- fairshare: the max-min solves (progressive filling), the joined incidences kept for them, and a flow set's
+  timeline alone on its links;
 - kernels: the solves' compiled inner loops (numba);
 - batch: flow sets that start at one instant, grouped by shared links and entered as one;
 - mirror: timelines found again for the same flows relabelled or mirrored;

@@ -1,8 +1,9 @@
 """Max-min fair shares on a flow set, and the timeline of a flow set alone on its links.
 
 Owns the progressive-filling solve (max_min_rates, fill_rates, Filling), the joined incidence of flow sets solved
-together (Structure), the isolated run of one flow set (isolated_timeline) and the Timeline record; their inner loops
-are compiled (kernels.py). The flow network (flows.py) and the collective recorder (recording.py) use it.
+together (Structure) and those kept for the components last solved (StructureCache), the isolated run of one flow
+set (isolated_timeline) and the Timeline record; their inner loops are compiled (kernels.py). The flow network
+(flows.py) and the collective recorder (recording.py) use it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,47 @@ class Structure:
         self.weight = np.concatenate([fs.weight for fs in sets])
         links, local = compact_ids(self.entry_link)
         self.filling = Filling(self.entry_flow, local, self.weight, capacity[links]) if filled else None
+
+
+MAX_STRUCTURES = 64  # components whose joined incidence is kept (StructureCache) ...
+STRUCTURE_ENTRIES = 1 << 23  # ... and the (flow, link) incidences they hold together at most (a component of mean-field
+# detours' sub-flows holds millions)
+
+
+class StructureCache:
+    """The joined incidences of the components a flow network last solved (at most MAX_STRUCTURES, holding
+    STRUCTURE_ENTRIES incidences together; the oldest go first)."""
+
+    def __init__(self) -> None:
+        self._structures: dict[tuple[int, ...], Structure] = {}
+        self._structure_entries = 0  # incidences the kept structures hold
+
+    def clear(self) -> None:
+        self._structures.clear()
+        self._structure_entries = 0
+
+    def of(self, sets: list, capacity: np.ndarray, filled: bool) -> Structure:
+        """The joined incidence of a component's sets, kept for the few components last solved: a component is
+        solved again each time one of its flows ends, with the same sets. When sets leave a component (they end, or
+        the component splits), the structure it was solved on still holds the rest: their solves use it, the
+        flows of the sets no longer there not live. capacity, filled: as Structure's."""
+        key = tuple(fs.seq for fs in sets)
+        hit = self._structures.get(key)
+        if hit is None:
+            last = sets[0].structure
+            if last is not None and all(fs.seq in last.index for fs in sets):
+                hit = last
+            else:
+                hit = Structure(sets, capacity, filled=filled)
+            self._structures[key] = hit
+            self._structure_entries += hit.entry_link.shape[0]
+            while len(self._structures) > 1 and (
+                len(self._structures) > MAX_STRUCTURES or self._structure_entries > STRUCTURE_ENTRIES
+            ):
+                self._structure_entries -= self._structures.pop(next(iter(self._structures))).entry_link.shape[0]
+        for fs in sets:
+            fs.structure = hit
+        return hit
 
 
 LATENCY_ONLY_S = 5e-8  # a flow set that holds each link it crosses at most this long alone runs outside the sharing

@@ -1,11 +1,11 @@
 """Flow-level network on SimPy: concurrent flows share link capacity max-min fairly.
 
-Owns the active flows (the fair-share solves themselves are fairshare.py) and
-completion events. Rates are recomputed when flows start or end, only for the component of flow
-sets that share links with the change. A set that runs alone on its links follows a timeline
-that depends only on its routes and sizes, so that timeline is memoized: identical collectives
-on idle links (the common case in a pipelined schedule) cost one cache lookup and one event.
-Latency and per-message overhead are paid by the caller before flows enter (see collective_runner.py).
+Owns FlowNetwork: the active flow sets (each a flow_set.FlowSet), their links' reservations and completion events
+(the fair-share solves themselves are fairshare.py). Rates are recomputed when flows start or end, only for the
+component of flow sets that share links with the change. A set that runs alone on its links follows a timeline that
+depends only on its routes and sizes, so that timeline is memoized: identical collectives on idle links (the common
+case in a pipelined schedule) cost one cache lookup and one event. Latency and per-message overhead are paid by the
+caller before flows enter (see collective_runner.py).
 """
 
 from __future__ import annotations
@@ -17,81 +17,18 @@ import numpy as np
 import simpy
 
 from piper_sim.network import kernels
-from piper_sim.network.batch import Parts, Pending, overlapping, union
+from piper_sim.network.batch import Pending, overlapping, union
 from piper_sim.network.fairshare import (
     EPS_BYTES,
     LATENCY_ONLY_S,
-    Structure,
+    StructureCache,
     Timeline,
     compact_ids,
     isolated_timeline,
     latency_only,
     max_min_rates,
 )
-
-MAX_STRUCTURES = 64  # components whose joined incidence is kept (see FlowNetwork._structure) ...
-STRUCTURE_ENTRIES = 1 << 23  # ... and the (flow, link) incidences they hold together at most (a component of mean-field
-# detours' sub-flows holds millions)
-
-
-class FlowSet:
-    """Flows that start together (one phase of a collective, or one p2p transfer)."""
-
-    __slots__ = (
-        "entry_flow",
-        "entry_link",
-        "weight",
-        "remaining",
-        "rate",
-        "t_last",
-        "done",
-        "version",
-        "timeline",
-        "t_start",
-        "links",
-        "finish_s",
-        "seq",
-        "neighbors",
-        "armed",
-        "structure",
-        "key",
-        "parts",
-    )
-
-    def __init__(
-        self,
-        entry_flow: np.ndarray,
-        entry_link: np.ndarray,
-        weight: np.ndarray,
-        sizes: np.ndarray,
-        done: simpy.Event,
-        now: float,
-        links: np.ndarray,
-        seq: int,
-        key: Hashable | None = None,
-    ) -> None:
-        self.entry_flow, self.entry_link, self.weight = entry_flow, entry_link, weight
-        self.key = key  # what the caller named it (a collective's members, algorithm, role and phase): for errors
-        self.seq = seq  # start order: sets are always handled in it, so runs repeat exactly
-        self.remaining = sizes.astype(float).copy()
-        self.rate = np.zeros(sizes.shape[0])
-        self.t_last = self.t_start = now
-        self.done = done
-        self.version = 0
-        self.armed = False  # a timer of the current version is pending
-        self.structure: Structure | None = None  # the joined incidence it was last solved on
-        self.timeline: Timeline | None = None  # memoized isolated run
-        self.links = links  # distinct link ids (int array)
-        self.finish_s = np.where(sizes > EPS_BYTES, np.nan, now)  # per flow, filled as flows end
-        self.neighbors: set[FlowSet] = set()  # the active sets it shares a link with (FlowNetwork keeps it)
-        self.parts: Parts | None = None  # flow sets it was made of, each with its own end (batch.py)
-
-
-class Reservation:
-    __slots__ = ("links", "on_break", "live")
-
-    def __init__(self, links: np.ndarray, on_break: Callable[[], None]) -> None:
-        self.links, self.on_break, self.live = links, on_break, True
+from piper_sim.network.flow_set import FlowSet, Reservation, advance, check_finite, describe, materialize, settle
 
 
 class FlowNetwork:
@@ -118,8 +55,7 @@ class FlowNetwork:
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active: set[FlowSet] = set()
         self._timelines: dict[Hashable, Timeline] = {}
-        self._structures: dict[tuple[int, ...], Structure] = {}
-        self._structure_entries = 0  # incidences the kept structures hold
+        self._structures = StructureCache()
         self._links_of: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
@@ -225,7 +161,6 @@ class FlowNetwork:
             fs.neighbors = set()
         self.active.clear()
         self._structures.clear()
-        self._structure_entries = 0
         self._timelines.clear()
         self._links_of.clear()
 
@@ -278,7 +213,7 @@ class FlowNetwork:
         links = compact_ids(entry_link)[0]
         fs = FlowSet(entry_flow, entry_link, weight, remaining, done, self.env.now, links, self.num_sets, key)
         fs.t_start, fs.finish_s = t_start, np.array(finish_s, dtype=float)
-        self._settle(fs, fs.rate)  # bytes left found by subtracting recorded rates can round to a few ulps' worth
+        settle(fs, fs.rate, self.env.now)  # bytes left found from recorded rates can round to a few ulps' worth
         self.num_sets += 1
         self._join(fs)
         return fs
@@ -358,45 +293,6 @@ class FlowNetwork:
             rates.append(rate)
         return Timeline(np.array(times), np.array(rates, dtype=float).reshape(len(rates), remaining.shape[0]), finish)
 
-    def _materialize(self, fs: FlowSet) -> None:
-        """Turn a memoized isolated run into explicit remaining bytes at the current time."""
-        if fs.timeline is None:
-            return
-        elapsed, t_prev = self.env.now - fs.t_start, 0.0
-        self._log_timeline(fs, elapsed)
-        ended = fs.timeline.finish_offset_s <= elapsed
-        fs.finish_s[ended] = fs.t_start + fs.timeline.finish_offset_s[ended]
-        current = fs.rate
-        for t_end, rate in fs.timeline.segments:
-            span = min(t_end, elapsed) - t_prev
-            if span <= 0:
-                break
-            fs.remaining = np.maximum(fs.remaining - rate * span, 0.0)
-            t_prev, current = t_end, rate
-        # now - t_start can round below a finish offset that t_start + offset, the set's own timer, reaches: the
-        # flow is left a few ulps' worth of bytes and must end now, as _advance ends it
-        self._settle(fs, current)
-        fs.t_last = self.env.now
-        fs.timeline = None
-
-    def _settle(self, fs: FlowSet, rate: np.ndarray) -> None:
-        """A flow whose bytes left the clock cannot resolve any more (kernels.advance's rule at rate) has ended now:
-        a flow is live exactly while it has more than EPS_BYTES to send, and has a finish time exactly when not."""
-        kernels.advance(fs.remaining, rate, 0.0, math.ulp(self.env.now), fs.finish_s, self.env.now, EPS_BYTES)
-
-    def _log_timeline(self, fs: FlowSet, until_s: float) -> None:
-        """Record the rates of a memoized run's segments that began before offset until_s (see `log`): a run
-        that another set joined goes on from explicit bytes, its later solves logged as any others. A run that
-        stays alone to its end logs nothing: its rates follow from its flows (isolated_timeline)."""
-        if self.log is None or fs.timeline is None:  # (_materialize calls it with a timeline)
-            return
-        entries, t_prev = self.log.setdefault(fs, []), 0.0
-        for t_end, rate in fs.timeline.segments:
-            if t_prev >= until_s:
-                break
-            entries.append((fs.t_start + t_prev, rate))
-            t_prev = t_end
-
     def _solve_arrays(self, entry_flow, entry_link, weight, live) -> np.ndarray:
         self.num_solves += 1
         keep = live[entry_flow]
@@ -410,50 +306,19 @@ class FlowNetwork:
     def advance_to_now(self, fs: FlowSet) -> None:
         """Bring an active set's bytes still to send and finish times to the current time (a replay reads them)."""
         if fs.timeline is not None:
-            self._materialize(fs)
+            materialize(fs, self.env.now, self.log)
         else:
-            self._advance(fs)
-
-    def _advance(self, fs: FlowSet) -> None:
-        now = self.env.now
-        dt = now - fs.t_last
-        if dt > 0:  # bytes the clock cannot resolve any more count as sent, else a late, fast flow would be
-            # re-solved forever at one instant (kernels.advance)
-            kernels.advance(fs.remaining, fs.rate, dt, math.ulp(now), fs.finish_s, now, EPS_BYTES)
-        fs.t_last = now
-
-    def _structure(self, sets: list[FlowSet]) -> Structure:
-        """The joined incidence of a component's sets, kept for the few components last solved: a component is
-        solved again each time one of its flows ends, with the same sets. When sets leave a component (they end, or
-        the component splits), the structure it was solved on still holds the rest: their solves use it, the
-        flows of the sets no longer there not live."""
-        key = tuple(fs.seq for fs in sets)
-        hit = self._structures.get(key)
-        if hit is None:
-            last = sets[0].structure
-            if last is not None and all(fs.seq in last.index for fs in sets):
-                hit = last
-            else:
-                hit = Structure(sets, self.capacity, filled=self.slowdown is None)
-            self._structures[key] = hit
-            self._structure_entries += hit.entry_link.shape[0]
-            while len(self._structures) > 1 and (
-                len(self._structures) > MAX_STRUCTURES or self._structure_entries > STRUCTURE_ENTRIES
-            ):
-                self._structure_entries -= self._structures.pop(next(iter(self._structures))).entry_link.shape[0]
-        for fs in sets:
-            fs.structure = hit
-        return hit
+            advance(fs, self.env.now)
 
     def _resolve(self, sets: list[FlowSet]) -> None:
         armed = []  # sets whose timer still stands if their rates do not change (a run from a timeline does not)
         for fs in sets:
             armed.append(fs.armed and fs.timeline is None)
-            self._materialize(fs)
-            self._advance(fs)
+            materialize(fs, self.env.now, self.log)
+            advance(fs, self.env.now)
             if fs.parts is not None:
                 fs.parts.fire(fs.finish_s)
-        st = self._structure(sets)
+        st = self._structures.of(sets, self.capacity, filled=self.slowdown is None)
         starts = [int(st.offsets[st.index[fs.seq]]) for fs in sets]
         if len(st.index) == len(sets):
             live = np.concatenate([fs.remaining > EPS_BYTES for fs in sets])
@@ -494,7 +359,7 @@ class FlowNetwork:
         if fs.timeline is not None:
             self._finish(fs)
             return
-        self._advance(fs)
+        advance(fs, self.env.now)
         if fs.parts is not None:
             fs.parts.fire(fs.finish_s)
         if (fs.remaining > EPS_BYTES).any():
@@ -532,22 +397,3 @@ class FlowNetwork:
         if fs.parts is not None:
             fs.parts.fire(fs.finish_s)
         fs.done.succeed(fs.finish_s)
-
-
-def check_finite(sizes: np.ndarray, key: Hashable | None, at_s: float) -> None:
-    """A flow set's sizes must be finite: one clear error naming it (what it would do to the run is undefined)."""
-    if not np.isfinite(sizes).all():
-        raise RuntimeError(
-            f"flow set {describe(key)} asked to start at {at_s!r} s with sizes "
-            f"{sizes.tolist()[:4]} bytes: a size must be finite"
-        )
-
-
-def describe(key: Hashable | None) -> str:
-    """A flow set's key for an error: its names (a collective's members, algorithm, role, phase index), with the
-    byte strings of its route pattern elided."""
-    if isinstance(key, bytes):
-        return "..."
-    if isinstance(key, tuple):
-        return "(" + ", ".join(describe(k) for k in key) + ")"
-    return repr(key)

@@ -30,7 +30,8 @@ from piper_sim.network.fairshare import (
     isolated_timeline,
     latency_only,
 )
-from piper_sim.network.flows import FlowNetwork, FlowSet, check_finite
+from piper_sim.network.flow_set import FlowSet, check_finite
+from piper_sim.network.flows import FlowNetwork
 from piper_sim.network.mirror import TimelineMemo
 from piper_sim.network.phase_run import PhaseFlows, start_phases
 

@@ -153,7 +153,7 @@ def _gradient_traffic(result):
 def test_zero2_interleaved_plan_finishes_within_what_zero1_allows():
     # a plan the planner proposes: a flow set joined a memoized isolated run at the instant it ended, where
     # now - t_start rounds below the finish offset; its flow kept a few ulps of bytes and a NaN finish time,
-    # which stalled stages 0 and 1 (network._settle)
+    # which stalled stages 0 and 1 (network/flow_set.py: settle)
     plan = {
         "model": "small-moe",
         "topology": "uniform",
