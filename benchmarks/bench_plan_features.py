@@ -7,7 +7,7 @@ planner's space, on three questions.
 2. Mixtral 8x22B on 64 Frontier GCDs at one plan (pp 8, ep 8, 1F1B, micro-batch 1, 32 microbatches, sequence
    4096) with recompute none / selective / full: memory per stage and TFLOPS/GCD (resource model, estimator).
 3. X-MoE Small on 256 Frontier GCDs, global batch 1024: X-MoE's configuration as `piper-sim reproduce` takes it
-   (reproduce.training_experiments.baseline_config: the one validate --published scores) beside the planner's plan
+   (reproduce.throughput_experiments.baseline_config: the one validate --published scores) beside the planner's plan
    for the same GCDs.
 
     python benchmarks/bench_plan_features.py [--simulate]
@@ -25,7 +25,7 @@ from piper_sim.planning.estimate import estimate_config
 from piper_sim.planning.planner import PlanRequest, plan
 from piper_sim.planning.resource import stage_memory
 from piper_sim.planning.space import PlanPoint
-from piper_sim.reproduce.training_experiments import baseline_config
+from piper_sim.reproduce.throughput_experiments import baseline_config
 from piper_sim.simulator import simulate
 from piper_sim.workload.presets import load_model
 

@@ -1,10 +1,10 @@
 """`piper-sim reproduce`: the Piper paper's experiments run on the simulator, and DIR/report.md written from them.
 
-Owns EXPERIMENTS (network_experiments.py, training_experiments.py), reproduce() and the report's Markdown. Every
-point is stored under DIR/points as it finishes (points.store), keyed by points.keys.point_key (its payload, the
-files it reads, the code version), so an interrupted run resumes without recomputing a finished point; the points of
-all the chosen experiments run together, in this process or on Dask (points.dask_runner). Every number of the report
-comes from this run's points. Must not import torch.
+Owns EXPERIMENTS (network_experiments.py, training_experiments.py with throughput_experiments.py), reproduce() and
+the report's Markdown. Every point is stored under DIR/points as it finishes (points.store), keyed by
+points.keys.point_key (its payload, the files it reads, the code version), so an interrupted run resumes without
+recomputing a finished point; the points of all the chosen experiments run together, in this process or on Dask
+(points.dask_runner). Every number of the report comes from this run's points. Must not import torch.
 """
 
 from __future__ import annotations

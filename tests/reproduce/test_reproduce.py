@@ -9,7 +9,7 @@ import pytest
 from piper_sim.errors import ConfigError
 from piper_sim.reproduce.cli import NAMES
 from piper_sim.reproduce.run import EXPERIMENTS, markdown_table, reproduce
-from piper_sim.reproduce.training_experiments import baseline_config
+from piper_sim.reproduce.throughput_experiments import baseline_config
 from piper_sim.reproduce.work import run_point
 
 
