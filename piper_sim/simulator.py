@@ -27,8 +27,9 @@ from piper_sim.run_wall import RunWork, check_run_wall, duration_text, run_work
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Schedule
-from piper_sim.sim.engine import SimRecords, Simulation
+from piper_sim.sim.engine import Simulation
 from piper_sim.sim.host import Asymmetry
+from piper_sim.sim.run_records import SimRecords
 from piper_sim.sim.settings import settings_of
 from piper_sim.topology.placement import check_tensor_groups
 from piper_sim.trace.runtrace import trace_from_arrays

@@ -1,8 +1,9 @@
 """The SimPy backend: processes walk the stage programs under the execution contract.
 
-Owns the simulated run: compute durations from the cost model, collectives (their phases from
-collective_tasks.py) and p2p transfers on the flow network, memory tracking, and the per-task records
-that become the RunTrace.
+Owns Simulation, the simulated run: its lanes and their processes, each walking its stage's program, memory
+tracking, and the per-task records (run_records.py) that become the RunTrace. A lane's compute is priced per member
+(lane_compute.py), its p2p transfers (lane_p2p.py) and collectives (lane_collectives.py, their phases from
+collective_tasks.py) run on the flow network.
 Contract (schedule/ir.py): one program counter per rank; compute and collective tasks block it;
 send/recv and nonblocking collectives (ZeRO-3) are issued asynchronously and end when their transfer ends;
 a collective starts when all members have reached it; a task waits for its deps.
@@ -24,20 +25,20 @@ there only when their compute is equal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import simpy
 
-from piper_sim.collectives.algorithms import Phase
 from piper_sim.host_memory import MemoryGuard
 from piper_sim.machine import Machine
 from piper_sim.network import CollectiveRunner, FlowNetwork
-from piper_sim.schedule.ir import Schedule, Task
+from piper_sim.schedule.ir import Schedule
 from piper_sim.sim.collective_tasks import CollectiveTasks
 from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.host import Asymmetry, host_model
 from piper_sim.sim.lane_collectives import LaneCollectives
+from piper_sim.sim.lane_compute import LaneCompute
+from piper_sim.sim.lane_p2p import LaneP2P
+from piper_sim.sim.run_records import SimRecords
 from piper_sim.sim.settings import SimSettings
 from piper_sim.sim.stage_plans import (
     COLLECTIVE_CODE,
@@ -49,32 +50,10 @@ from piper_sim.sim.stage_plans import (
 )
 from piper_sim.workload.context_parallel import kv_chunk_bytes
 from piper_sim.workload.cost import TaskCoster
-from piper_sim.workload.memory import routed_row_bytes
-from piper_sim.workload.ops import parse_op
 from piper_sim.workload.task_kinds import TaskKind
 
 
-@dataclass(kw_only=True)
-class SimRecords:
-    """Per stage arrays indexed [step, rank within stage, task index]."""
-
-    start_s: list[np.ndarray]
-    end_s: list[np.ndarray]
-    flops: list[np.ndarray]
-    bytes: list[np.ndarray]
-    cpu_s: list[np.ndarray]  # the work priced for a blocking task on one unshared core (NaN: send/recv)
-    peak_memory_bytes: np.ndarray  # per rank
-    first_step_peak_memory_bytes: np.ndarray  # per rank, over step 0 only (what a run that counts it on step 0 sees)
-    link_bytes: np.ndarray
-    num_flows: int
-    num_solves: int
-    num_lanes: int
-    num_reserved: int = 0  # collectives run as reservations (piper_sim.network.collective_runner)
-    num_broken: int = 0  # of those, turned into their flow sets when other flows came onto their links
-    num_mirrored: int = 0  # phase timelines taken from a mirror image solved before (piper_sim.network.mirror)
-
-
-class Simulation(LaneCollectives):
+class Simulation(LaneCollectives, LaneCompute, LaneP2P):
     def __init__(
         self,
         schedule: Schedule,
@@ -349,7 +328,6 @@ class Simulation(LaneCollectives):
                 rec.first_step_peak_memory_bytes[list(lane)] = peak
         rec.peak_memory_bytes[list(lane)] = peak
 
-    # ---- compute -------------------------------------------------------------------------------
     def _wake(self, done: simpy.Event, calls: int) -> None:
         """End a collective: at once, or after its members' wait for a core (the host model's); the event's
         value is the time it ends."""
@@ -358,184 +336,3 @@ class Simulation(LaneCollectives):
             done.succeed(self.env.now)
         else:
             self.env.timeout(wait).callbacks.append(lambda _ev: done.succeed(self.env.now))  # type: ignore[arg-type]  # value dropped
-
-    def _member_rows(
-        self, lane: tuple[int, ...], step: int, layer: int, microbatch: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Rows each lane member's experts get for one MoE layer and microbatch, as Dispatch holds them:
-        (rows[member, j] of its j-th expert, experts it holds). Under uniform routing the same for every step and
-        microbatch until the placement changes, so taken once per placement."""
-        key = None
-        if self.routing.is_uniform:
-            key = (lane[0], layer, self.experts.version[self.experts.stage_of_layer[layer]])
-            hit = self._rows.get(key)
-            if hit is not None:
-                return hit
-        groups = self._lane_ep.get(lane[0])
-        if groups is None:  # the lane's members by EP group: (group's first rank, members' positions, EP indices)
-            by_group: dict[int, list[tuple[int, int]]] = {}
-            for m, rank in enumerate(lane):
-                by_group.setdefault(self.mesh.group(rank, "ep")[0], []).append((m, self.mesh.coords(rank)["ep"]))
-            groups = self._lane_ep[lane[0]] = [
-                (first, *map(np.array, zip(*pairs, strict=True))) for first, pairs in by_group.items()
-            ]
-        if len(groups) == 1:
-            first, _, ep_index = groups[0]
-            d = self.experts.dispatch(step, layer, microbatch, first)
-            rows = (d.local_rows[ep_index], d.num_local[ep_index])
-        else:
-            found = [
-                (members, ep_index, self.experts.dispatch(step, layer, microbatch, first))
-                for first, members, ep_index in groups
-            ]
-            matrix = np.zeros((len(lane), max(d.local_rows.shape[1] for *_, d in found)), dtype=np.int64)
-            num_local = np.zeros(len(lane), dtype=np.int64)
-            for members, ep_index, d in found:
-                matrix[members, : d.local_rows.shape[1]] = d.local_rows[ep_index]
-                num_local[members] = d.num_local[ep_index]
-            rows = (matrix, num_local)
-        if key is not None:
-            self._rows[key] = rows
-        return rows
-
-    def _compute_cost(
-        self, lane: tuple[int, ...], stage: int, step: int, i: int, task: Task
-    ) -> tuple[float | np.ndarray, float | np.ndarray]:
-        """(seconds, flops) of a compute task: one value for all members, or one per member (expert ops)."""
-        plan = self.plans[stage]
-        if task.kind == TaskKind.OPTIMIZER:
-            return (
-                self.coster.optimizer_time_s(plan.optimizer_params, plan.param_tensors)
-                + self.coster.fp8_weight_cast_s(plan.fp8_params)
-            ), 0.0
-        if not plan.expert_layers[i]:
-            return plan.fixed_cost[i]
-        seconds, flops = np.zeros(len(lane)), np.zeros(len(lane))
-        s: float | np.ndarray  # an op's price: one for all members, or one per member
-        f: float | np.ndarray
-        for op in task.ops:
-            parsed = parse_op(op)
-            if parsed.name == "moe_act":  # the activation over the rows each member's experts got
-                seconds += self._rows_priced(
-                    task.kind, op, self._member_rows(lane, step, parsed.layer, task.microbatch)[0].sum(axis=1)
-                )
-                continue
-            if not parsed.is_experts:
-                s, f = self.coster.cost(task.kind, (op,))
-                seconds += s
-                flops += f
-                continue
-            rows, num_local = self._member_rows(lane, step, parsed.layer, task.microbatch)
-            if (rows == rows[0]).all() and (num_local == num_local[0]).all():  # one price for all (memoized)
-                s, f = self.coster.cost(task.kind, (op,), tuple(rows[0, : num_local[0]].tolist()))
-            else:
-                s, f = self.coster.experts_cost(task.kind, op, rows, num_local)
-            seconds += s
-            flops += f
-        return seconds, flops
-
-    def _rows_priced(self, kind: TaskKind, op: str, rows: np.ndarray) -> np.ndarray:
-        """Seconds per member of an op whose work is over its rows alone (moe_act), one price per distinct count."""
-        seconds = np.zeros(len(rows))
-        for count in np.unique(rows):
-            seconds[rows == count] = self.coster.cost(kind, (op,), (int(count),))[0]
-        return seconds
-
-    def _routed_extra_bytes(self, lane: tuple[int, ...], step: int, task: Task) -> np.ndarray:
-        """Activations of the routed rows each member's experts got, beyond the balanced tokens x top_k that
-        the stage plan counts (negative when it got fewer): skewed routing skews memory too."""
-        extra = np.zeros(len(lane))
-        for op in task.ops:
-            parsed = parse_op(op)
-            if parsed.is_experts:
-                rows = self._member_rows(lane, step, parsed.layer, task.microbatch)[0].sum(axis=1)
-                extra += (rows - self.routed_tokens * self.model.top_k) * routed_row_bytes(
-                    self.model, self.parallel.etp, self.recompute_modules
-                )
-        return extra
-
-    # ---- p2p -----------------------------------------------------------------------------------
-    def _post_p2p(
-        self,
-        lane: tuple[int, ...],
-        lane_id: int,
-        stage: int,
-        local: np.ndarray | slice,
-        step: int,
-        i: int,
-        task: Task,
-        clock: np.ndarray,
-    ) -> None:
-        """Post the members' sends (or receives) of task i at their clocks; a member's transfer starts when both
-        its ends are posted. The task's done event's value: each member's end time."""
-        done = self._async_done[(lane_id, step, i)] = self.env.event()
-        landed_state = self._landed[(lane_id, step, i)] = [np.full(len(lane), np.nan), []]
-        peer_lane = self._lane_of[self.mesh.peer(lane[0], task.peer_stage)]
-        src, dst = (lane_id, peer_lane) if task.kind == TaskKind.SEND else (peer_lane, lane_id)
-        key = (step, src, dst, task.tag)
-        mine = (stage, local, i, done, clock.copy(), landed_state)
-        other = self._p2p.pop(key, None)
-        if other is None:
-            self._p2p[key] = mine
-            return
-        sender, receiver = (mine, other) if task.kind == TaskKind.SEND else (other, mine)
-        gpus, to_receiver, latency = self._p2p_route(src, dst)
-        starts = np.maximum(sender[4], receiver[4][to_receiver])  # per sender member
-        ends = np.full(starts.size, np.nan)
-        size = self.p2p_bytes
-        pending = [0]
-
-        def finish() -> None:
-            for (st, lo, idx, event, _, _), order in ((sender, slice(None)), (receiver, np.argsort(to_receiver))):
-                self.records.start_s[st][step, lo, idx] = starts[order]
-                self.records.end_s[st][step, lo, idx] = ends[order]
-                self.records.bytes[st][step, lo, idx] = size
-                event.succeed(ends[order])
-
-        def launch(members: np.ndarray, start_s: float) -> None:
-            self._check_on_time(start_s)
-            n = len(gpus) // 2
-            phase = Phase(src=members, dst=members + n, sizes=np.full(members.size, size), name="p2p")
-            transfer = self.runner.run(
-                [phase], gpus, (gpus, "p2p", ""), delay_s=self.coster.profile.p2p_overhead_s, finish_times=True
-            )
-
-            def landed(ev) -> None:
-                ends[members] = ev.value
-                for side, positions in ((sender[5], members), (receiver[5], to_receiver[members])):
-                    side[0][positions] = ev.value
-                    for watch in list(side[1]):
-                        watch(positions)
-                pending[0] -= 1
-                if not pending[0]:
-                    finish()
-
-            transfer.callbacks.append(landed)
-
-        # members whose transfers start together on routes of one latency share one flow set
-        if np.ptp(starts) == 0 and np.ptp(latency) == 0:
-            batches = [np.arange(starts.size)]
-        else:
-            _, batch = np.unique(np.stack([starts, latency]), axis=1, return_inverse=True)
-            batches = [np.flatnonzero(batch.ravel() == b) for b in range(int(batch.max()) + 1)]
-        pending[0] = len(batches)
-        for members in sorted(batches, key=lambda m: starts[m[0]]):
-            self._at(float(starts[members[0]]), lambda m=members: launch(m, float(starts[m[0]])))
-
-    def _p2p_route(self, src: int, dst: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
-        """GPUs of a p2p between two lanes (senders, then their receivers in sender order), each sender's
-        receiver's index in the receiving lane, and each member's path latency."""
-        hit = self._p2p_routes.get((src, dst))
-        if hit is None:
-            senders, receivers = self.lanes[src], self.lanes[dst]
-            peers = [self.mesh.peer(r, self.mesh.stage_of(receivers[0])) for r in senders]
-            gpus, latency = self._p2p_latency_s(list(senders), peers)
-            hit = self._p2p_routes[(src, dst)] = (gpus, np.array([receivers.index(p) for p in peers]), latency)
-        return hit
-
-    def _p2p_latency_s(self, senders: list[int], receivers: list[int]) -> tuple[tuple[str, ...], np.ndarray]:
-        """GPUs of a p2p from these ranks to these (senders, then receivers) and each sender's path latency."""
-        gpus = tuple(self.placement[r] for r in senders + receivers)
-        n = len(senders)
-        phase = Phase(src=np.arange(n), dst=np.arange(n, 2 * n), sizes=np.ones(n), name="p2p")
-        return gpus, self.runner.flow_latency_s(phase, gpus, (gpus, "p2p", ""))

@@ -23,7 +23,7 @@ from piper_sim.workload.task_kinds import Stream, TaskKind
 COMPUTE_CODE, P2P_CODE, COLLECTIVE_CODE = 0, 1, 2  # StagePlan.streams: a task's stream as a small integer
 NONBLOCKING_CODE = 3  # a collective issued without blocking the program counter (ZeRO-3's unit gathers)
 STREAM_CODE = {Stream.COMPUTE: COMPUTE_CODE, Stream.P2P: P2P_CODE, Stream.COLLECTIVE: COLLECTIVE_CODE}
-ROWS_OPS = ("experts:", "moe_act:")  # ops priced over the rows each member's experts got (engine._compute_cost)
+ROWS_OPS = ("experts:", "moe_act:")  # ops priced over the rows each member's experts got (lane_compute.py)
 EXPERT_KINDS = frozenset(
     {
         TaskKind.FORWARD_EXPERT,
