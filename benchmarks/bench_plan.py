@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from piper_sim.analysis.ranking import spearman
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.planner import PlanRequest, refine_wall_s, screen, simulate_point
 from piper_sim.planning.refine import parse_duration, refine_points
-from piper_sim.planning.space import PlanPoint
 from piper_sim.points.keys import keyed_point
 from piper_sim.points.store import ResultStore
 from piper_sim.studies.config_sweep import run_sweep

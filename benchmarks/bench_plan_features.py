@@ -22,9 +22,9 @@ from pathlib import Path
 
 from piper_sim.config import load_config
 from piper_sim.planning.estimate import estimate_config
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.planner import PlanRequest, plan
 from piper_sim.planning.resource import stage_memory
-from piper_sim.planning.space import PlanPoint
 from piper_sim.reproduce.throughput_experiments import baseline_config
 from piper_sim.simulator import simulate
 from piper_sim.workload.presets import load_model

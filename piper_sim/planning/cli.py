@@ -16,9 +16,10 @@ from piper_sim.collectives.algorithms import MEASURED_ALGORITHMS as LIBRARIES
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError, named_by
 from piper_sim.machine import Machine, place_machine
+from piper_sim.planning.plan_fixes import parse_fixes, split_settings
 from piper_sim.planning.planner import DOMAINS, PlanRequest, plan
 from piper_sim.planning.refine import parse_duration
-from piper_sim.planning.space import parse_fixes, space_notes, split_settings
+from piper_sim.planning.space import space_notes
 from piper_sim.points.cli import add_engine_args
 from piper_sim.points.dask_runner import check_workers, configure_engine
 from piper_sim.rundir import finish, open_out_dir

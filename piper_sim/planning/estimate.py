@@ -34,8 +34,8 @@ from piper_sim.planning.context_parallel_estimate import ring_overlap_s
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.geometry import Geometry, geometry
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.resource import stage_memory
-from piper_sim.planning.space import PlanPoint
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Layout

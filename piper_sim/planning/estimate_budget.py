@@ -13,7 +13,7 @@ torch.
 from __future__ import annotations
 
 from piper_sim.planning.estimate import SPLIT_BACKWARD, Estimate, Estimator
-from piper_sim.planning.space import PlanPoint
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.schedule.build import split_layers
 from piper_sim.schedule.generator_registry import schedule_layout
 from piper_sim.schedule.ir import VirtualStages

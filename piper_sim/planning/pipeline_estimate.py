@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from piper_sim.planning.space import PlanPoint
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.schedule.dryrun import CoarseOrder, coarse_order, replay
 from piper_sim.schedule.generator_registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.ir import VirtualStages

@@ -17,8 +17,8 @@ import yaml  # noqa: E402
 
 from piper_sim.analysis import style  # noqa: E402
 from piper_sim.analysis.tables import Col, render  # noqa: E402
+from piper_sim.planning.plan_point import PlanPoint  # noqa: E402
 from piper_sim.planning.planner import PlanResult  # noqa: E402
-from piper_sim.planning.space import PlanPoint  # noqa: E402
 from piper_sim.workload.parallel import megatron_degrees  # noqa: E402
 from piper_sim.workload.recompute import Recompute  # noqa: E402
 

@@ -23,9 +23,10 @@ from piper_sim.config import ZERO_STAGES, load_config, with_precision
 from piper_sim.errors import ConfigError
 from piper_sim.machine import Machine, place_machine
 from piper_sim.planning.estimate import Estimate, Estimator
+from piper_sim.planning.plan_point import A2A_NAMES, SCHEDULE_NAMES, PlanPoint
 from piper_sim.planning.refine import refine_points
 from piper_sim.planning.resource import stage_memory
-from piper_sim.planning.space import A2A_NAMES, SCHEDULE_NAMES, PlanPoint, enumerate_plans, no_plan_error
+from piper_sim.planning.space import enumerate_plans, no_plan_error
 from piper_sim.points.keys import KeyedPoint, keyed_point
 from piper_sim.points.store import ResultStore
 from piper_sim.profile_choice import ProfileChoice, choose_profile

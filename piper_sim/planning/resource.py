@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from piper_sim.planning.space import PlanPoint
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.schedule.build import split_layers
 from piper_sim.schedule.generator_registry import SCHEDULES, schedule_layout
 from piper_sim.schedule.ir import Task, VirtualStages

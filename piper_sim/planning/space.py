@@ -1,230 +1,33 @@
-"""The plan space: every knob of a parallel plan, Piper's constraints on it, and its enumeration.
+"""The plan space: the plans Piper's constraints allow, and their enumeration.
 
-Owns PlanPoint (one candidate: pp, ep, dp, tp, etp, sp, vpp, micro-batch size, microbatches, schedule,
-all-to-all, activation recomputation, ZeRO stage), parse_fixes (--fix) and enumerate_plans with the constraints
-that need no memory model: the mesh uses all GPUs, ep divides the experts, tp divides the heads and FFN widths
-and a node's GPUs (etp 1 and sequence parallelism unless --fix asks otherwise; a dense model's etp follows tp),
-pp x vpp <= layers, the global batch
-splits into whole microbatches, an EP group fits the locality domain asked for (node, switch or dragonfly
-group of the topology), optimizer sharding only with more than one replica, and each schedule's own rules
-(interleaved needs vpp >= 2 and microbatches a multiple of pp; DualPipe and DualPipeV vpp = 2 whatever --fix bounds
-vpp to; the others vpp = 1; duplicates dropped: ZB-H1 at pp 1 is 1F1B). The settings every plan of a request shares
-(collectives.all_reduce, cost.flash_attention, cost.precision) are parsed here too (split_settings). space_notes says
-what the space took that --fix did not ask for; no_plan_error names the --fix or --ep-domain that leaves no plan.
-Memory (the stage-0 bottleneck) is resource.py's. Pure: no simpy, torch.
+Owns enumerate_plans with the constraints that need no memory model: the mesh uses all GPUs, ep divides the
+experts, tp divides the heads and FFN widths and a node's GPUs (etp 1 and sequence parallelism unless --fix asks
+otherwise; a dense model's etp follows tp), pp x vpp <= layers, the global batch splits into whole microbatches, an
+EP group fits the locality domain asked for (node, switch or dragonfly group of the topology), optimizer sharding
+only with more than one replica, and each schedule's own rules (interleaved needs vpp >= 2 and microbatches a
+multiple of pp; DualPipe and DualPipeV vpp = 2 whatever --fix bounds vpp to; the others vpp = 1; duplicates
+dropped: ZB-H1 at pp 1 is 1F1B). space_notes says what the space took that --fix did not ask for; no_plan_error
+names the --fix or --ep-domain that leaves no plan. A point of the space is plan_point.PlanPoint; the --fix values
+that bound it are parsed by plan_fixes.py. Memory (the stage-0 bottleneck) is resource.py's. Pure: no simpy, torch.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 
-from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL
-from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
-from piper_sim.config import TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, ZERO_STAGES
+from piper_sim.config import TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES
 from piper_sim.errors import ConfigError
 from piper_sim.planning.context_parallel_estimate import cp_degrees
+from piper_sim.planning.plan_fixes import FIX_KEYS
+from piper_sim.planning.plan_point import A2A_NAMES, SCHEDULE_NAMES, PlanPoint
 from piper_sim.workload.fsdp import hsdp_replicate
 from piper_sim.workload.model import ModelSpec
-from piper_sim.workload.parallel import ParallelSpec, tensor_split_widths
-from piper_sim.workload.precision import PRECISIONS
-from piper_sim.workload.recompute import RECOMPUTE_MODES, Recompute
+from piper_sim.workload.parallel import tensor_split_widths
 
-SCHEDULE_NAMES = ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipe-v")
-A2A_NAMES = ("flat", "halo")
 DOMAINS = ("node", "switch", "group", "any")
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanPoint:
-    pp: int
-    ep: int
-    dp: int
-    vpp: int
-    micro_batch_size: int
-    num_microbatches: int
-    schedule: str
-    all_to_all: str
-    recompute: str = "none"
-    zero: int = 0
-    tp: int = 1
-    etp: int = 1
-    sp: bool = False
-    reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (workload/fsdp.py)
-    dp_shard: int = 0  # ZeRO-3 under HSDP: the ranks a shard spans (0: every data-parallel replica)
-    cp: int = 1  # context parallelism (docs/context-parallel.md)
-
-    @property
-    def num_gpus(self) -> int:
-        return self.pp * self.ep * self.dp * self.etp
-
-    @functools.cached_property
-    def parallel(self) -> ParallelSpec:
-        """The point's ParallelSpec (built once: the estimator and the memory model ask for it many times)."""
-        return ParallelSpec(
-            pp=self.pp,
-            ep=self.ep,
-            dp=self.dp,
-            tp=self.tp,
-            etp=self.etp,
-            sp=self.sp,
-            vpp=self.vpp,
-            num_microbatches=self.num_microbatches,
-            micro_batch_size=self.micro_batch_size,
-            cp=self.cp,
-            dp_shard=self.dp_shard,
-        )
-
-    def label(self) -> str:
-        """Every knob that differs from its default: two points of one space never share a label."""
-        vpp = f" vpp{self.vpp}" if self.vpp > 1 else ""
-        tp = (
-            (f" tp{self.tp}" if self.tp > 1 else "")
-            + (f" etp{self.etp}" if self.etp > 1 else "")
-            + (" sp" if self.sp else "")
-            + (f" cp{self.cp}" if self.cp > 1 else "")
-        )
-        extra = (f" rc-{self.recompute}" if self.recompute != Recompute.NONE else "") + self.sharding_label()
-        return (
-            f"pp{self.pp} ep{self.ep} dp{self.dp}{tp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
-            f"{self.schedule} {self.all_to_all}{extra}"
-        )
-
-    def sharding_label(self) -> str:
-        """The label's ZeRO part: " z3", with " no-reshard" where ZeRO-3 keeps the units gathered after the forward."""
-        return (
-            (f" z{self.zero}" if self.zero else "")
-            + ("" if self.reshard_after_forward else " no-reshard")
-            + (f" hsdp{self.dp_shard}" if self.dp_shard else "")
-        )
-
-    def config_sections(self) -> dict:
-        """The config sections this point sets (merged over the base config)."""
-        return {
-            "parallel": {
-                "pp": self.pp,
-                "ep": self.ep,
-                "dp": self.dp,
-                "tp": self.tp,
-                "etp": self.etp,
-                "sp": self.sp,
-                "vpp": self.vpp,
-                **({"cp": self.cp} if self.cp > 1 else {}),
-                **({"dp_shard": self.dp_shard} if self.dp_shard else {}),
-                "num_microbatches": self.num_microbatches,
-                "micro_batch_size": self.micro_batch_size,
-            },
-            "schedule": self.schedule,
-            "collectives": {"all_to_all": self.all_to_all},
-            "recompute": self.recompute,
-            "optimizer": {
-                "zero": self.zero,
-                **({} if self.reshard_after_forward else {"reshard_after_forward": False}),
-            },
-        }
-
-    def as_row(self) -> dict:
-        return asdict(self)
-
-
-KNOB_NAMES = tuple(f.name for f in fields(PlanPoint))
-# --fix keys as users write them (config keys) -> knob
-FIX_KEYS = {
-    "parallel.pp": "pp",
-    "parallel.ep": "ep",
-    "parallel.dp": "dp",
-    "parallel.vpp": "vpp",
-    "parallel.tp": "tp",
-    "parallel.etp": "etp",
-    "parallel.sp": "sp",
-    "parallel.cp": "cp",
-    "parallel.dp_shard": "dp_shard",
-    "parallel.micro_batch_size": "micro_batch_size",
-    "parallel.num_microbatches": "num_microbatches",
-    "schedule": "schedule",
-    "collectives.all_to_all": "all_to_all",
-    "recompute": "recompute",
-    "optimizer.zero": "zero",
-    "optimizer.reshard_after_forward": "reshard_after_forward",
-}
-# --fix keys of the settings every plan of a request shares (one value each) -> PlanRequest field
-SETTING_KEYS = {
-    "collectives.all_reduce": "all_reduce",
-    "cost.flash_attention": "flash_attention",
-    "cost.precision": "precision",
-}
-BOOLEAN_KNOBS = ("sp", "flash_attention", "reshard_after_forward")
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4)
 DEFAULT_VPP = (1, 2, 4)
 DEFAULT_TP = (1, 2)
-
-
-def parse_fixes(items: list[str]) -> dict[str, tuple]:
-    """--fix KEY=VALUE[,VALUE...] -> {knob: allowed values}; KEY is a config key (parallel.pp) or a knob (pp);
-    the settings (SETTING_KEYS) take one value each (split_settings takes them out)."""
-    out: dict[str, tuple] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        knob = FIX_KEYS.get(key) or SETTING_KEYS.get(key) or (key if key in KNOB_NAMES else None)
-        if not sep or knob is None or not value:
-            raise ConfigError(
-                "--fix",
-                item,
-                f"KEY=VALUE[,VALUE...] with KEY one of {', '.join(FIX_KEYS)}, "
-                f"or KEY=VALUE with KEY one of {', '.join(SETTING_KEYS)}",
-            )
-        values = tuple(v.strip() for v in value.split(","))
-        if knob in SETTING_KEYS.values() and len(values) != 1:
-            raise ConfigError(
-                f"--fix {key}",
-                value,
-                "one value: every plan of a request shares it (run the planner once per value to compare them)",
-            )
-        out[knob] = _fix_values(f"--fix {key}", knob, values)
-    return out
-
-
-def _fix_values(flag: str, knob: str, values: tuple[str, ...]) -> tuple:
-    """One --fix's values, checked and typed."""
-    if knob in BOOLEAN_KNOBS:
-        flags = {"true": True, "false": False}
-        bad = [v for v in values if v.lower() not in flags]
-        if bad:
-            raise ConfigError(flag, bad[0], "true or false")
-        return tuple(flags[v.lower()] for v in values)
-    names = {
-        "schedule": SCHEDULE_NAMES,
-        "all_to_all": tuple(ALL_TO_ALL.names()),
-        "recompute": RECOMPUTE_MODES,
-        "all_reduce": all_reduce_names(),
-        "precision": PRECISIONS,
-    }
-    if knob in names:
-        bad = [v for v in values if v not in names[knob]]
-        if bad:
-            raise ConfigError(flag, bad[0], f"one of {', '.join(names[knob])}")
-        return values
-    try:
-        ints = tuple(int(v) for v in values)
-    except ValueError:
-        raise ConfigError(flag, ",".join(values), "positive integers") from None
-    if knob == "zero" and any(v not in ZERO_STAGES for v in ints):
-        raise ConfigError(flag, ",".join(values), ", ".join(map(str, ZERO_STAGES)))
-    if knob != "zero" and any(v <= 0 for v in ints):
-        raise ConfigError(flag, ",".join(values), "positive integers")
-    return ints
-
-
-def all_reduce_names() -> tuple[str, ...]:
-    """collectives.all_reduce values a plan can take: those that also shard (ZeRO's reduce-scatter and all-gather,
-    and sequence parallelism's, use the same algorithm)."""
-    return tuple(n for n in ALL_REDUCE.names() if n in REDUCE_SCATTER and n in ALL_GATHER)
-
-
-def split_settings(fixed: dict[str, tuple]) -> tuple[dict[str, tuple], dict[str, object]]:
-    """parse_fixes' result -> (the knobs' fixes, {PlanRequest field: value} of the settings given)."""
-    settings = {knob: values[0] for knob, values in fixed.items() if knob in SETTING_KEYS.values()}
-    return {k: v for k, v in fixed.items() if k not in settings}, settings
 
 
 def is_dense(model: ModelSpec) -> bool:

@@ -23,9 +23,10 @@ import numpy as np
 from piper_sim.collectives.algorithms import ALL_TO_ALL
 from piper_sim.config import load_config
 from piper_sim.planning.estimate import estimate_config
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.planner import PlanRequest, plan
 from piper_sim.planning.resource import stage_memory
-from piper_sim.planning.space import PlanPoint, divisors
+from piper_sim.planning.space import divisors
 from piper_sim.simulator import simulate
 from piper_sim.studies.all_to_all import StudySpec, run_study
 from piper_sim.studies.reduced_collective import run_collective

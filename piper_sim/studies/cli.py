@@ -20,8 +20,8 @@ from piper_sim.config import apply_overrides, read_config_file
 from piper_sim.errors import ConfigError
 from piper_sim.paths import config_path
 from piper_sim.planning.cli import add_machine_args, check_machine, say_space_notes
+from piper_sim.planning.plan_fixes import parse_fixes, split_settings
 from piper_sim.planning.planner import DOMAINS, PlanRequest
-from piper_sim.planning.space import parse_fixes, split_settings
 from piper_sim.points.cli import add_engine_args
 from piper_sim.points.dask_runner import check_workers, configure_engine
 from piper_sim.rundir import finish, open_out_dir

@@ -13,8 +13,8 @@ from piper_sim.config import for_devices, load_config
 from piper_sim.errors import ConfigError
 from piper_sim.notes import config_notes
 from piper_sim.paths import data_dir
+from piper_sim.planning.plan_fixes import parse_fixes
 from piper_sim.planning.planner import PlanRequest, screen
-from piper_sim.planning.space import parse_fixes
 from piper_sim.simulator import simulate
 from piper_sim.studies.config_sweep import sweep_points
 from piper_sim.validation.cases import case_digest, load_case
@@ -86,8 +86,8 @@ def test_plan_prices_the_topologys_gpus():
 
 
 def _point(table):
+    from piper_sim.planning.plan_point import PlanPoint
     from piper_sim.planning.planner import _py
-    from piper_sim.planning.space import PlanPoint
 
     row = table.iloc[0]
     return PlanPoint(**{k: _py(row[k]) for k in PlanPoint.__dataclass_fields__})

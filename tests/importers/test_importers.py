@@ -21,7 +21,7 @@ from piper_sim.errors import ConfigError
 from piper_sim.importers.megatron import import_megatron
 from piper_sim.importers.torchtitan import import_torchtitan
 from piper_sim.planning.plan_outputs import format_plan_table, megatron_label
-from piper_sim.planning.space import PlanPoint
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.workload.parallel import ParallelSpec, megatron_degrees, parallel_from_section
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "validation" / "published"

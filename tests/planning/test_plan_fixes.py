@@ -12,8 +12,9 @@ import pytest
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.notes import config_notes
+from piper_sim.planning.plan_fixes import parse_fixes, split_settings
 from piper_sim.planning.planner import PlanRequest, candidates, plan, screen
-from piper_sim.planning.space import parse_fixes, space_notes, split_settings
+from piper_sim.planning.space import space_notes
 from piper_sim.points import dask_runner
 from piper_sim.workload.presets import load_model
 

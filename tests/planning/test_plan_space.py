@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from piper_sim.config import load_config
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.planner import PlanRequest, candidates
-from piper_sim.planning.space import PlanPoint
 from piper_sim.simulator import simulate
 from piper_sim.workload.presets import load_model
 

@@ -13,9 +13,11 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.estimate import Estimator
 from piper_sim.planning.pipeline_estimate import pipeline_s
+from piper_sim.planning.plan_fixes import parse_fixes
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.planner import PlanRequest, domain_gpus, screen
 from piper_sim.planning.resource import coarse_programs, stage_memory
-from piper_sim.planning.space import PlanPoint, enumerate_plans, parse_fixes
+from piper_sim.planning.space import enumerate_plans
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.dryrun import coarse_timing
 from piper_sim.schedule.validate import check_schedule, dry_run

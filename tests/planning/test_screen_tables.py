@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from piper_sim.planning.estimate import Estimator
+from piper_sim.planning.plan_fixes import parse_fixes
 from piper_sim.planning.planner import PlanRequest, candidates, screen
-from piper_sim.planning.space import parse_fixes
 from piper_sim.topology.load import load_topology
 from piper_sim.topology.placement import place
 from piper_sim.workload.presets import load_model

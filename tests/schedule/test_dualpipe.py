@@ -10,8 +10,9 @@ import pytest
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.pipeline_estimate import pipeline_s
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.resource import stage_memory
-from piper_sim.planning.space import PlanPoint, _schedule_allows
+from piper_sim.planning.space import _schedule_allows
 from piper_sim.schedule.build import build_schedule, split_layers
 from piper_sim.schedule.dryrun import coarse_timing
 from piper_sim.schedule.generator_registry import schedule_layout

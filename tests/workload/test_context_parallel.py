@@ -9,7 +9,8 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.importers.megatron import import_megatron
 from piper_sim.planning.estimate import estimate_config, estimate_with_memory
-from piper_sim.planning.space import enumerate_plans, parse_fixes
+from piper_sim.planning.plan_fixes import parse_fixes
+from piper_sim.planning.space import enumerate_plans
 from piper_sim.schedule.build import build_schedule
 from piper_sim.simulator import simulate
 from piper_sim.workload.context_parallel import chunk_order, kv_chunk_bytes

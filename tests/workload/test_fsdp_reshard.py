@@ -10,8 +10,9 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.estimate import estimate_config
 from piper_sim.planning.fsdp_estimate import gather_shares
+from piper_sim.planning.plan_fixes import parse_fixes
+from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.planner import PlanRequest, screen
-from piper_sim.planning.space import PlanPoint, parse_fixes
 from piper_sim.schedule.build import build_coarse_schedule, build_schedule
 from piper_sim.schedule.lower_fsdp import gathering_passes
 from piper_sim.schedule.validate import check_schedule

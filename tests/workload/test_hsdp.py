@@ -12,8 +12,8 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.importers.torchtitan import import_torchtitan
 from piper_sim.planning.estimate import estimate_with_memory
+from piper_sim.planning.plan_fixes import parse_fixes
 from piper_sim.planning.planner import PlanRequest, candidates
-from piper_sim.planning.space import parse_fixes
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.io import schedule_from_json, schedule_to_json
 from piper_sim.schedule.validate import check_schedule

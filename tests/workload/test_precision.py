@@ -265,8 +265,8 @@ def test_each_fp8_rate_of_a_shipped_profile_is_cited_and_an_assumed_one_is_the_d
 
 
 def test_the_planner_prices_every_plan_in_the_precision_fixed():
+    from piper_sim.planning.plan_fixes import parse_fixes, split_settings
     from piper_sim.planning.planner import PlanRequest, screen
-    from piper_sim.planning.space import parse_fixes, split_settings
 
     fixed, settings = split_settings(parse_fixes(["cost.precision=fp8"]))
     assert (fixed, settings) == ({}, {"precision": "fp8"})

@@ -192,8 +192,8 @@ def test_a_tp_group_split_over_nodes_is_refused():
 def test_the_planner_prices_tensor_parallel_plans_as_the_simulator_does(tp, etp, sp):
     """The resource model equals the simulator's peak memory; the estimator is within 15% of the DES step."""
     from piper_sim.planning.estimate import Estimator
+    from piper_sim.planning.plan_point import PlanPoint
     from piper_sim.planning.resource import stage_memory
-    from piper_sim.planning.space import PlanPoint
     from piper_sim.topology.load import load_topology
     from piper_sim.topology.placement import place
     from piper_sim.workload.profile_load import load_profile

@@ -11,8 +11,8 @@ import pytest
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.estimate import estimate_config
+from piper_sim.planning.plan_fixes import parse_fixes
 from piper_sim.planning.planner import PlanRequest, screen
-from piper_sim.planning.space import parse_fixes
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.io import schedule_from_csv, schedule_from_json, schedule_to_csv, schedule_to_json
 from piper_sim.schedule.validate import check_schedule
