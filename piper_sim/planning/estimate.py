@@ -1,12 +1,10 @@
 """The analytic tier of the planner: a plan's step time in well under a millisecond, no event loop.
 
-Owns Estimator. It prices with the simulator's own functions, so there is no second cost model:
-- compute: TaskCoster.cost on the ops of each chunk (schedule.lower_segments.chunk_segments), expert rows from the
-  routing model and the contiguous expert placement exactly as the engine takes them (balanced routing);
-- communication: the same collective algorithms (collectives registries) on the same topology routes;
-  each phase pays the engine's delay (network.phase_run.phase_delay_s) plus its flows' time on the busiest
-  link (bytes on the link / its capacity), phases chained by their `after` (a lower bound: the simulator
-  adds contention between concurrent phases and max-min sharing);
+Owns Estimator and the whole-config entry points (estimate_config, estimate_with_memory, config_estimator). It
+prices with the simulator's own functions, so there is no second cost model:
+- compute: a chunk's passes by the simulator's cost functions (planning/compute_estimate.py, ComputePricer);
+- communication: the same collective algorithms on the same topology routes, each phase's flows on its busiest
+  link (planning/collective_estimate.py, CollectivePricer: a lower bound, the simulator adds contention);
 - pipeline: closed forms over per-stage times (F, B, W per microbatch, all-to-alls included since they
   block the compute stream): 1F1B and GPipe sum_p (F+B)_p + (M - 1) max_p (F+B)_p; interleaved
   (sum_p (F+B)_p) / vpp + (M - 1/vpp) max_p (F+B)_p; ZB-H1 sum_p (F+Bi)_p + (M - 1) max_p (F+Bi+W)_p +
@@ -20,27 +18,18 @@ Pure: no simpy, torch.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-import numpy as np
-
-from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.machine import Machine, build_machine
-from piper_sim.migration.expert_placement import contiguous_owners, dispatch
-from piper_sim.network import phase_delay_s
-from piper_sim.planning.context_parallel_estimate import ring_overlap_s
+from piper_sim.planning.compute_estimate import ComputePricer
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.geometry import Geometry, geometry
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
 from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.resource import stage_memory
-from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Layout
-from piper_sim.schedule.lower_segments import chunk_segments, selective_segments
-from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.fsdp import NO_BLOCK, exposed_gather_s
 from piper_sim.workload.fsdp_state import unit_params
@@ -52,14 +41,7 @@ from piper_sim.workload.memory import (
     rank_param_tensors,
     rank_params,
 )
-from piper_sim.workload.model import ModelSpec
-from piper_sim.workload.ops import parse_op
-from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
-from piper_sim.workload.profile import DeviceProfile
-from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute
-from piper_sim.workload.task_kinds import Role, TaskKind
-
-K = TaskKind
+from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,36 +61,10 @@ class Estimate:
         return {f"est_{k}": v for k, v in self.__dict__.items()}
 
 
-class Estimator:
-    """Prices plans of one model on one topology (built for all the plans' GPUs) with one device profile."""
-
-    def __init__(
-        self,
-        model: ModelSpec,
-        topology: Topology,
-        placement: list[str],
-        profile: DeviceProfile,
-        *,
-        collectives_all_reduce: str = "ring",
-        flash_attention: bool = True,
-        recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
-    ) -> None:
-        self.model, self.topo, self.gpus, self.profile = model, topology, placement, profile
-        self.flash = flash_attention
-        self.recompute_modules = recompute_modules  # what selective recomputation re-runs (workload/recompute.py)
-        self.all_reduce = collectives_all_reduce
-        self._costers: dict[int, TaskCoster] = {}
-        self._memo: dict[tuple, object] = {}  # (what, key) -> value: plans share stages, groups and messages
-
-    def _cached(self, key: tuple, compute):
-        if key not in self._memo:
-            self._memo[key] = compute()
-        return self._memo[key]
-
-    def coster(self, tokens: int, split: TensorSplit = NO_SPLIT) -> TaskCoster:
-        if (tokens, split) not in self._costers:
-            self._costers[(tokens, split)] = TaskCoster(self.model, self.profile, tokens, split, self.flash)
-        return self._costers[(tokens, split)]
+class Estimator(ComputePricer):
+    """Prices plans of one model on one topology (built for all the plans' GPUs) with one device profile: their
+    stages' compute (ComputePricer) and collectives (CollectivePricer) put together by the pipeline's closed forms,
+    the data-parallel reductions, ZeRO's gathers and the optimizer."""
 
     def estimate(self, point: PlanPoint) -> Estimate:
         m = self.model
@@ -197,119 +153,6 @@ class Estimator:
         f, b, w, a2a_s, flops = (x * share for x in (f, b, w, a2a_s, flops))
         return (f + a2a_s / 2, b + a2a_s / 2, w, a2a_s), flops
 
-    # ---- compute -------------------------------------------------------------------------------
-    def _chunk(
-        self,
-        coster: TaskCoster,
-        ep: int,
-        layers: tuple[int, ...],
-        first: bool,
-        last: bool,
-        zb: bool,
-        terms: dict[str, float] | None = None,
-    ) -> tuple[float, float, float, float, int]:
-        """(forward s, backward s (input pass for ZB), weight pass s, FLOPs, MoE layers) of one microbatch; with
-        `terms`, its compute by cost term (workload.cost.COST_TERMS) and its TP collectives ("tp_comm") added there."""
-        f = b = w = flops = 0.0
-        moe = 0
-        for seg in chunk_segments(self.model, layers, first=first, last=last, split=coster.split):
-            if seg.tp != ("", ""):  # a tensor-parallel collective blocks the compute stream
-                forward, backward = (self._tp_s(kind, coster) for kind in seg.tp)
-                f, b = f + forward, b + backward
-                if terms is not None:
-                    terms["tp_comm"] = terms.get("tp_comm", 0.0) + forward + backward
-                continue
-            if seg.role:
-                moe += seg.role == Role.DISPATCH
-                continue
-            rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
-            kinds = (
-                K.FORWARD_EXPERT if seg.expert else K.FORWARD,
-                *(
-                    (K.BACKWARD_EXPERT_INPUT if seg.expert else K.BACKWARD_INPUT, K.BACKWARD_WEIGHT)
-                    if zb
-                    else (K.BACKWARD_EXPERT if seg.expert else K.BACKWARD,)
-                ),
-            )
-            fs, ff = coster.cost(kinds[0], seg.ops, rows)
-            bs, bf = coster.cost(kinds[1], seg.ops, rows)
-            ws, wf = coster.cost(kinds[2], seg.ops, rows) if zb else (0.0, 0.0)
-            if seg.ring:  # the attention's K/V ring beside it (planning/context_parallel_estimate.py)
-                ring = ring_overlap_s(self, coster, fs, True) - fs, ring_overlap_s(self, coster, bs, False) - bs
-                fs, bs = fs + ring[0], bs + ring[1]
-                if terms is not None:
-                    terms["cp_comm"] = terms.get("cp_comm", 0.0) + sum(ring)
-            f, b, w, flops = f + fs, b + bs, w + ws, flops + ff + bf + wf
-            for kind in kinds if terms is not None else ():
-                for term, value in coster.cost_terms(kind, seg.ops, rows).items():
-                    terms[term] = terms.get(term, 0.0) + value
-        return f, b, w, flops, moe
-
-    def _recompute(
-        self, coster: TaskCoster, ep: int, layers: tuple[int, ...], first: bool, recompute: str
-    ) -> tuple[float, int]:
-        """(seconds, MoE layers whose all-to-alls run again) of what a chunk re-runs before its backward: full,
-        the forward of its layers; selective, its layers' recompute modules (as schedule.lower emits them)."""
-        if recompute == Recompute.SELECTIVE:
-            segments = selective_segments(self.model, layers, self.recompute_modules)
-        elif recompute == Recompute.FULL:
-            segments = chunk_segments(self.model, layers, first=first, last=False, split=coster.split)
-        else:
-            return 0.0, 0
-        seconds, moe = 0.0, 0
-        for seg in segments:
-            if seg.tp != ("", ""):
-                seconds += self._tp_s(seg.tp[0], coster)
-                continue
-            if seg.role:
-                moe += seg.role == Role.DISPATCH
-                continue
-            rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
-            redo = coster.cost(K.RECOMPUTE_EXPERT if seg.expert else K.RECOMPUTE, seg.ops, rows)[0]
-            seconds += ring_overlap_s(self, coster, redo, True) if seg.ring else redo
-        return seconds, moe
-
-    def _expert_rows(self, ep: int, op: str, tokens: int) -> tuple[int, ...]:
-        """Rows each local expert of EP rank 0 gets under balanced routing (as the engine dispatches)."""
-        return _rows_cached(self.model.num_experts, self.model.top_k, ep, parse_op(op).layer, tokens)
-
-    # ---- communication -------------------------------------------------------------------------
-    def _tp_s(self, kind: str, coster: TaskCoster) -> float:
-        """One tensor-parallel collective ("" for none) of a micro-batch's activations in the first TP group."""
-        if not kind:
-            return 0.0
-        split = coster.split
-        size = coster.tokens * self.model.d_model * self.model.dtype_bytes
-        registry = {K.ALL_REDUCE: ALL_REDUCE, K.REDUCE_SCATTER: REDUCE_SCATTER, K.ALL_GATHER: ALL_GATHER}[kind]
-        gpus = tuple(self.gpus[: split.tp])
-        return self._cached(
-            ("tp", kind, split.tp, size),
-            lambda: self.phases_s(
-                registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), gpus
-            ),
-        )
-
-    def _all_to_all_s(self, point: PlanPoint, tokens: int) -> float:
-        """One dispatch (or combine) of one microbatch in the first EP group (its ranks of one TP index)."""
-        if point.ep == 1:
-            return 0.0
-        routed = tokens * point.parallel.split.dispatch_share
-        per_pair = routed * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
-        matrix = np.full((point.ep, point.ep), per_pair)  # the diagonal (rows that stay) moves nothing
-        gpus = tuple(self.gpus[: point.ep * point.etp : point.etp])
-        algorithm = bind_fanout(
-            ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"), Fanout(self.model.top_k, self.model.num_experts)
-        )
-        return self.phases_s(algorithm(matrix, list(gpus), self.topo))
-
-    def _p2p_s(self, point: PlanPoint, tokens: int) -> float:
-        if point.pp == 1:
-            return 0.0
-        per_stage = point.num_gpus // point.pp
-        size = tokens * self.model.d_model * self.model.dtype_bytes * point.parallel.split.sequence_share
-        phase = Phase(src=np.array([0]), dst=np.array([1]), sizes=np.array([float(size)]), name="p2p")
-        return self.profile.p2p_overhead_s + self._phase_s(phase, (self.gpus[0], self.gpus[per_stage]))
-
     def _reduce_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
         """(gradient all-reduces, optimizer) of the slowest stage."""
         stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
@@ -362,16 +205,6 @@ class Estimator:
             coster = self.coster(1)
             worst_opt = max(worst_opt, coster.optimizer_time_s(updated, tensors) + coster.fp8_weight_cast_s(fp8_params))
         return worst_grad, worst_opt
-
-    def _replica_groups(self, point: PlanPoint, p: int) -> dict[str, list[str]]:
-        """The replicas of stage p's rank 0's parameters of each class (memory.PARAM_CLASSES)."""
-        per_stage = point.num_gpus // point.pp
-        stage = self.gpus[p * per_stage : (p + 1) * per_stage]
-        return {
-            "dense": stage[:: point.tp],
-            "replicated": stage if point.tp > 1 else [],
-            "expert": stage[:: point.ep * point.etp],
-        }
 
     def _bucket_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int) -> float:
         """ZeRO-2: one micro-batch's reduce-scatter of a chunk's gradients, every class."""
@@ -482,81 +315,6 @@ class Estimator:
         f, b, _, _, moe = self._chunk(coster, point.ep, layers, *ends, False)
         redo, redo_moe = self._recompute(coster, point.ep, layers, ends[0], point.recompute)
         return f + 2 * moe * a2a, b + redo + 2 * (moe + redo_moe) * a2a
-
-    def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
-        """One sharded collective of `size` bytes over `gpus`, memoized: units of equal size gather over the same
-        groups in every plan that shares their stage's placement."""
-        collective = registry.get(self.all_reduce, "collectives.all_reduce")
-        group = tuple(gpus)
-        return self._cached(
-            ("sharded", collective, size, group), lambda: self.phases_s(collective(size, list(group), self.topo), group)
-        )
-
-    def _reduce_group_s(self, params: float, gpus: list[str], zero: int) -> float:
-        """One all-reduce of the gradients, or with ZeRO their reduce-scatter (ZeRO-1; ZeRO-2's are per chunk,
-        _bucket_s) and the parameters' all-gather."""
-        size = params * self.model.dtype_bytes
-        if not zero:
-            return self.phases_s(
-                ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), tuple(gpus)
-            )
-        registries = (ALL_GATHER,) if zero == 2 else (REDUCE_SCATTER, ALL_GATHER)
-        return sum(self._sharded_s(registry, size, gpus) for registry in registries)
-
-    def phases_s(self, phases: list[Phase], gpus: tuple[str, ...] | None = None) -> float:
-        """End of the last phase, each after the phases in its `after`."""
-        gpus = gpus if gpus is not None else tuple(self.gpus)
-        ends: list[float] = []
-        for phase in phases:
-            start = max((ends[a] for a in phase.after), default=0.0)
-            ends.append(start + self._phase_s(phase, gpus))
-        return max(ends, default=0.0)
-
-    def _phase_s(self, phase: Phase, gpus: tuple[str, ...]) -> float:
-        """The engine's delay before the flows (phase_delay_s), then the busiest link's bytes over its capacity.
-        Link loads are linear in the flows' sizes, so the load per byte is memoized per flow pattern."""
-        if phase.sizes.size == 0:
-            return 0.0
-        pattern = (gpus, phase.src.tobytes(), phase.dst.tobytes())
-        hit = self._memo.get(pattern)
-        if hit is None:
-            hit = self._memo[pattern] = self._link_matrix(phase, gpus)
-        link, flow, fraction, capacity, latency = hit
-        load = np.bincount(link, weights=fraction * phase.sizes[flow], minlength=capacity.size)
-        delay = phase_delay_s(phase, self.topo.params.message_overhead_s, latency)
-        return delay + float(np.max(load / capacity))
-
-    def _link_matrix(self, phase: Phase, gpus: tuple[str, ...]) -> tuple:
-        """The phase's flows on the links they touch: (link index among them, flow, share of the flow,
-        capacity of each touched link, the largest path latency)."""
-        links, flows, fractions = [], [], []
-        latency = 0.0
-        for j, (s, d) in enumerate(zip(phase.src.tolist(), phase.dst.tolist(), strict=True)):
-            for fraction, path in self.topo.paths(gpus[s], gpus[d]):
-                links.extend(path)
-                flows.extend([j] * len(path))
-                fractions.extend([fraction] * len(path))
-                latency = max(latency, self.topo.path_latency_s(path))
-        touched, index = np.unique(np.array(links, dtype=np.int64), return_inverse=True)
-        return (
-            index,
-            np.array(flows, dtype=np.int64),
-            np.array(fractions),
-            self.topo.capacity_bytes_per_s[touched],
-            latency,
-        )
-
-
-@functools.lru_cache(maxsize=4096)
-def _rows_cached(num_experts: int, top_k: int, ep: int, layer: int, tokens: int) -> tuple[int, ...]:
-    """Rows each local expert of EP rank 0 gets under balanced routing, as the engine dispatches them."""
-    routed = routing_from_config({"kind": "uniform"}, num_experts, top_k, 0).route(0, layer, 0, 0, ep, tokens)
-    return tuple(int(r) for r in dispatch(routed.kept, contiguous_owners(num_experts, ep), ep).expert_rows[0])
-
-
-def _routed(coster: TaskCoster) -> int:
-    """Tokens of a micro-batch one rank routes (all, or its 1/tp slice when etp is 1)."""
-    return int(coster.tokens * coster.split.dispatch_share)
 
 
 def estimate_config(cfg, built: tuple[Estimator, PlanPoint] | None = None) -> tuple[Estimate, bool]:

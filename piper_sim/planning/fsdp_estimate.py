@@ -50,7 +50,7 @@ def _no_reshard_shares(
 
 
 def unit_reduce_s(estimator, size_bytes: float, gpus: list[str], replicate: int) -> float:
-    """One unit's gradients of one class reduced over its replica group `gpus` (Estimator._replica_groups): a
+    """One unit's gradients of one class reduced over its replica group `gpus` (CollectivePricer._replica_groups): a
     reduce-scatter within the shard group and, under HSDP, an all-reduce of the shard across the replicas."""
     shard, across = shard_groups({"c": gpus}, replicate)
     total = estimator._sharded_s(REDUCE_SCATTER, size_bytes, shard["c"]) if len(shard["c"]) > 1 else 0.0
@@ -60,7 +60,7 @@ def unit_reduce_s(estimator, size_bytes: float, gpus: list[str], replicate: int)
 
 
 def shard_groups(groups: dict[str, list[str]], replicate: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """A stage rank's replica groups by class (Estimator._replica_groups: every replica, in rank order) split for
+    """A stage rank's replica groups by class (CollectivePricer._replica_groups: every replica, in rank order) split for
     HSDP into (the shard group, the replicate group): with `replicate` replicas of each shard (the outermost
     data-parallel index, as torchtitan's dp_replicate), the first len / replicate members shard it and every
     (len / replicate)-th member holds the same shard. replicate 1: the whole group shards it and none replicates."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
-from piper_sim.planning.estimate import _routed, config_estimator
+from piper_sim.planning.compute_estimate import _routed
+from piper_sim.planning.estimate import config_estimator
 
 BREAKDOWN_TERMS = (
     "layer_forward",

@@ -1,0 +1,158 @@
+"""The estimator's communication: a plan's collectives priced on the topology, no event loop.
+
+Owns CollectivePricer, the base of planning.estimate.Estimator: the same collective algorithms as the simulator
+(collectives registries) on the same topology routes; each phase pays the engine's delay (network.phase_run.
+phase_delay_s) plus its flows' time on the busiest link (bytes on the link / its capacity), phases chained by their
+`after` (a lower bound: the simulator adds contention between concurrent phases and max-min sharing). Prices the
+tensor-parallel collectives, the MoE all-to-all, the pipeline's p2p hop, the data-parallel reductions and the
+sharded collectives of ZeRO, over the replica groups of a stage's parameters; results are memoized (plans share
+stages, groups and messages). Pure: no simpy, torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, Phase, bind_fanout
+from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
+from piper_sim.network import phase_delay_s
+from piper_sim.planning.plan_point import PlanPoint
+from piper_sim.topology.graph import Topology
+from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.model import ModelSpec
+from piper_sim.workload.profile import DeviceProfile
+from piper_sim.workload.task_kinds import TaskKind
+
+K = TaskKind
+
+
+class CollectivePricer:
+    """Prices the collectives of plans of one model on one topology (built for all the plans' GPUs) with one device
+    profile, and memoizes what plans share (_cached)."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        topology: Topology,
+        placement: list[str],
+        profile: DeviceProfile,
+        *,
+        collectives_all_reduce: str = "ring",
+    ) -> None:
+        self.model, self.topo, self.gpus, self.profile = model, topology, placement, profile
+        self.all_reduce = collectives_all_reduce
+        self._memo: dict[tuple, object] = {}  # (what, key) -> value: plans share stages, groups and messages
+
+    def _cached(self, key: tuple, compute):
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def _tp_s(self, kind: str, coster: TaskCoster) -> float:
+        """One tensor-parallel collective ("" for none) of a micro-batch's activations in the first TP group."""
+        if not kind:
+            return 0.0
+        split = coster.split
+        size = coster.tokens * self.model.d_model * self.model.dtype_bytes
+        registry = {K.ALL_REDUCE: ALL_REDUCE, K.REDUCE_SCATTER: REDUCE_SCATTER, K.ALL_GATHER: ALL_GATHER}[kind]
+        gpus = tuple(self.gpus[: split.tp])
+        return self._cached(
+            ("tp", kind, split.tp, size),
+            lambda: self.phases_s(
+                registry.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), gpus
+            ),
+        )
+
+    def _all_to_all_s(self, point: PlanPoint, tokens: int) -> float:
+        """One dispatch (or combine) of one microbatch in the first EP group (its ranks of one TP index)."""
+        if point.ep == 1:
+            return 0.0
+        routed = tokens * point.parallel.split.dispatch_share
+        per_pair = routed * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
+        matrix = np.full((point.ep, point.ep), per_pair)  # the diagonal (rows that stay) moves nothing
+        gpus = tuple(self.gpus[: point.ep * point.etp : point.etp])
+        algorithm = bind_fanout(
+            ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"), Fanout(self.model.top_k, self.model.num_experts)
+        )
+        return self.phases_s(algorithm(matrix, list(gpus), self.topo))
+
+    def _p2p_s(self, point: PlanPoint, tokens: int) -> float:
+        if point.pp == 1:
+            return 0.0
+        per_stage = point.num_gpus // point.pp
+        size = tokens * self.model.d_model * self.model.dtype_bytes * point.parallel.split.sequence_share
+        phase = Phase(src=np.array([0]), dst=np.array([1]), sizes=np.array([float(size)]), name="p2p")
+        return self.profile.p2p_overhead_s + self._phase_s(phase, (self.gpus[0], self.gpus[per_stage]))
+
+    def _replica_groups(self, point: PlanPoint, p: int) -> dict[str, list[str]]:
+        """The replicas of stage p's rank 0's parameters of each class (memory.PARAM_CLASSES)."""
+        per_stage = point.num_gpus // point.pp
+        stage = self.gpus[p * per_stage : (p + 1) * per_stage]
+        return {
+            "dense": stage[:: point.tp],
+            "replicated": stage if point.tp > 1 else [],
+            "expert": stage[:: point.ep * point.etp],
+        }
+
+    def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
+        """One sharded collective of `size` bytes over `gpus`, memoized: units of equal size gather over the same
+        groups in every plan that shares their stage's placement."""
+        collective = registry.get(self.all_reduce, "collectives.all_reduce")
+        group = tuple(gpus)
+        return self._cached(
+            ("sharded", collective, size, group), lambda: self.phases_s(collective(size, list(group), self.topo), group)
+        )
+
+    def _reduce_group_s(self, params: float, gpus: list[str], zero: int) -> float:
+        """One all-reduce of the gradients, or with ZeRO their reduce-scatter (ZeRO-1; ZeRO-2's are per chunk,
+        _bucket_s) and the parameters' all-gather."""
+        size = params * self.model.dtype_bytes
+        if not zero:
+            return self.phases_s(
+                ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), tuple(gpus)
+            )
+        registries = (ALL_GATHER,) if zero == 2 else (REDUCE_SCATTER, ALL_GATHER)
+        return sum(self._sharded_s(registry, size, gpus) for registry in registries)
+
+    def phases_s(self, phases: list[Phase], gpus: tuple[str, ...] | None = None) -> float:
+        """End of the last phase, each after the phases in its `after`."""
+        gpus = gpus if gpus is not None else tuple(self.gpus)
+        ends: list[float] = []
+        for phase in phases:
+            start = max((ends[a] for a in phase.after), default=0.0)
+            ends.append(start + self._phase_s(phase, gpus))
+        return max(ends, default=0.0)
+
+    def _phase_s(self, phase: Phase, gpus: tuple[str, ...]) -> float:
+        """The engine's delay before the flows (phase_delay_s), then the busiest link's bytes over its capacity.
+        Link loads are linear in the flows' sizes, so the load per byte is memoized per flow pattern."""
+        if phase.sizes.size == 0:
+            return 0.0
+        pattern = (gpus, phase.src.tobytes(), phase.dst.tobytes())
+        hit = self._memo.get(pattern)
+        if hit is None:
+            hit = self._memo[pattern] = self._link_matrix(phase, gpus)
+        link, flow, fraction, capacity, latency = hit
+        load = np.bincount(link, weights=fraction * phase.sizes[flow], minlength=capacity.size)
+        delay = phase_delay_s(phase, self.topo.params.message_overhead_s, latency)
+        return delay + float(np.max(load / capacity))
+
+    def _link_matrix(self, phase: Phase, gpus: tuple[str, ...]) -> tuple:
+        """The phase's flows on the links they touch: (link index among them, flow, share of the flow,
+        capacity of each touched link, the largest path latency)."""
+        links, flows, fractions = [], [], []
+        latency = 0.0
+        for j, (s, d) in enumerate(zip(phase.src.tolist(), phase.dst.tolist(), strict=True)):
+            for fraction, path in self.topo.paths(gpus[s], gpus[d]):
+                links.extend(path)
+                flows.extend([j] * len(path))
+                fractions.extend([fraction] * len(path))
+                latency = max(latency, self.topo.path_latency_s(path))
+        touched, index = np.unique(np.array(links, dtype=np.int64), return_inverse=True)
+        return (
+            index,
+            np.array(flows, dtype=np.int64),
+            np.array(fractions),
+            self.topo.capacity_bytes_per_s[touched],
+            latency,
+        )
