@@ -1,14 +1,15 @@
 """How the command line stops on SIGINT and SIGTERM: one line on stderr and exit 130 or 143, wherever the signal lands.
 
-Owns the handlers the CLI runs under (Signals) and the line it prints. A signal raises KeyboardInterrupt (SIGINT) or
-Terminated (SIGTERM) in the main thread. Where Python cannot propagate an exception (a ctypes callback: llvmlite's
-object cache while numba compiles a kernel) it is reported as unraisable and dropped; the hook installed here keeps
-that report quiet and sends the signal again RESEND_S later, so that it lands where it can unwind. Code an
-interrupt unwinds through may turn it into another exception (numba's compiler: "no compiled object yet"): once a
-signal has arrived, every exception out of the command is that stop (stop_code). Worker processes a command starts
-(Dask's LocalCluster) are started with SIGINT blocked (interrupt_to_this_process_only): a terminal's Ctrl-C, sent to
-the whole process group, reaches the command alone, which stops them on its way out; and multiprocessing's resource
-tracker, which outlives a killed command, does not warn about the semaphores it then cleans up (quiet_resource_tracker).
+Owns the handlers the CLI runs under (Signals), the line it prints and Stopped (a command that has cleaned up after a
+signal). A signal raises KeyboardInterrupt (SIGINT) or Terminated (SIGTERM) in the main thread. Where Python cannot
+propagate an exception (a ctypes callback: llvmlite's object cache while numba compiles a kernel) it is reported as
+unraisable and dropped; the hook installed here keeps that report quiet and sends the signal again RESEND_S later, so
+that it lands where it can unwind. Code an interrupt unwinds through may turn it into another exception (numba's
+compiler: "no compiled object yet"): once a signal has arrived, every exception out of the command is that stop
+(stop_code). Worker processes a command starts (Dask's LocalCluster) are started with SIGINT blocked
+(interrupt_to_this_process_only): a terminal's Ctrl-C, sent to the whole process group, reaches the command alone, which
+stops them on its way out; and multiprocessing's resource tracker, which outlives a killed command, does not warn about
+the semaphores it then cleans up (quiet_resource_tracker).
 Imports only the stdlib.
 """
 
@@ -29,6 +30,15 @@ RESEND_S = 0.05  # a dropped signal is sent again this much later (past the call
 
 class Terminated(BaseException):
     """SIGTERM: unwinds like Ctrl-C, so that what a command started (rank processes) is stopped on the way out."""
+
+
+class Stopped(BaseException):
+    """A command stopped by a signal has cleaned up and the process is to exit with `code`, its signals held
+    ignored until it does (main does not restore them)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 class Signals:

@@ -456,6 +456,9 @@ LAZY_MODULES = {
     "piper_sim.planning.cli": "as piper_sim.cli",
     "piper_sim.reproduce.cli": "as piper_sim.cli",
     "piper_sim.studies.cli": "as piper_sim.cli",
+    "piper_sim.simulate_commands": "as piper_sim.cli",
+    "piper_sim.run_commands": "as piper_sim.cli",
+    "piper_sim.validate_commands": "as piper_sim.cli",
     "piper_sim.config": "loads no numpy: the schedule layer (numpy-free) and --help import it; its sections' "
     "parsers (collectives, migration, routing) load numpy and networkx",
     "piper_sim.profile_choice": "loads no numpy: config imports it; topology.load loads networkx and numpy",

@@ -16,9 +16,10 @@ payload) for the keys that name files, through the loaders' own name resolution:
 A file's digest is the sha256 of its bytes (memoized per path, inode, size and change times).
 
 The code version (code_version): piper_sim's version and the sha256 of every .py file of the package except
-those that cannot change a stored figure: the command line (`cli.py`, `*/cli.py`, `__main__.py`), progress
-lines (`progress.py`), plots (`plots.py`, `*/plots.py`, `studies/collective_plots.py`), and the real backend
-(`measure.py`, `torch_backend/`, `testbed/`). Computed once per process.
+those that cannot change a stored figure: the command line (`cli.py`, `*/cli.py`, `command_args.py`,
+`simulate_commands.py`, `run_commands.py`, `validate_commands.py`, `__main__.py`), progress lines (`progress.py`),
+plots (`plots.py`, `*/plots.py`, `studies/collective_plots.py`), and the real backend (`measure.py`,
+`torch_backend/`, `testbed/`). Computed once per process.
 Must not import torch.
 """
 
@@ -43,7 +44,20 @@ from piper_sim.yamlio import read_yaml
 
 PACKAGE_DIR = Path(piper_sim.__file__).resolve().parent
 NOT_PRICING_DIRS = frozenset({"torch_backend", "testbed"})
-NOT_PRICING_NAMES = frozenset({"cli.py", "__main__.py", "progress.py", "plots.py", "collective_plots.py", "measure.py"})
+NOT_PRICING_NAMES = frozenset(
+    {
+        "cli.py",
+        "command_args.py",
+        "simulate_commands.py",
+        "run_commands.py",
+        "validate_commands.py",
+        "__main__.py",
+        "progress.py",
+        "plots.py",
+        "collective_plots.py",
+        "measure.py",
+    }
+)
 MAX_CHAIN = 16  # files a `preset:` or `extends:` chain may follow (a loop is cut there)
 
 

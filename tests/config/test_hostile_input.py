@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from piper_sim import cli, outputs
+from piper_sim import cli, outputs, run_commands
 from piper_sim.cli import main
 from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import load_config
@@ -467,7 +467,7 @@ def test_a_stopped_testbed_run_says_the_testbed_stays_up(tmp_path: Path, monkeyp
     def stopped(args) -> int:
         raise stop  # as the signal lands while the ranks run
 
-    monkeypatch.setattr(cli, "cmd_run", stopped)
+    monkeypatch.setattr(run_commands, "cmd_run", stopped)
     assert cli.main(["testbed", "run", "testbed-2g", "--prefix", "pst", "--out", str(tmp_path / "o")]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert "the testbed stays up" in err[-2] and "testbed down --prefix pst" in err[-2]

@@ -100,6 +100,7 @@ def test_the_code_version_counts_pricing_sources_only():
     left_out = {
         "cli.py",
         "planning/cli.py",
+        "simulate_commands.py",
         "progress.py",
         "torch_backend/training_run.py",
         "measure.py",
