@@ -3,7 +3,7 @@ into an existing profile.
 
 Owns measuring only the listed communication benchmarks (torch_backend/bench/calibration_inputs.COMM_BENCHES) on the
 profile's ranks and threads, and the profile they go into: its `measurements.network.local` series of those
-benchmarks replaced by the new ones (fitted as a full calibration fits them, records_to_profile.network_summary),
+benchmarks replaced by the new ones (fitted as a full calibration fits them, record_fits.network_summary),
 everything else kept as it was (numbers, order, the comments of its top-level lines), and the run recorded in
 `measurements.network.separate_runs` (benchmarks, command, date, ranks, versions, load, foreign CPU share). A
 profile calibrated before a benchmark existed takes it this way without measuring everything again, which would move
@@ -23,7 +23,8 @@ from pathlib import Path
 import yaml
 
 from piper_sim.calibrate.calibration import _busy_core_s, _own_core_s, foreign_cpu_share
-from piper_sim.calibrate.records_to_profile import aggregate, network_summary, write_profile
+from piper_sim.calibrate.record_fits import network_summary
+from piper_sim.calibrate.records_to_profile import aggregate, write_profile
 from piper_sim.calibrate.sweep import DEFAULT_PRESETS, make_sweep
 from piper_sim.errors import ConfigError, PiperError
 from piper_sim.torch_backend.bench.calibration_inputs import COMM_BENCHES, CalibrationJob

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from piper_sim.calibrate import fit
-from piper_sim.calibrate.records_to_profile import aggregate, build_profile, core_sharing_summary
+from piper_sim.calibrate.record_fits import core_sharing_summary
+from piper_sim.calibrate.records_to_profile import aggregate, build_profile
 from piper_sim.errors import ConfigError
 from piper_sim.paths import data_dir
 from piper_sim.workload.profile_load import load_host_profile, load_profile, load_profiles

@@ -13,7 +13,7 @@ Workers are persistent processes (sharing_worker.py): they build the layer and w
 answer 'run SECONDS' lines on stdin with a JSON line on stdout; idle workers block on stdin. Levels are
 interleaved round by round, in alternating order (1..K, then K..1), so a slow phase of the machine does
 not land on one level; the profile takes each level's factor over level 1 in the same round and keeps
-the median over rounds (calibrate/records_to_profile.py: core_sharing_summary).
+the median over rounds (calibrate/record_fits.py: core_sharing_summary).
 
 Also owns the scheduler-slice measurement (how long a CPU-bound process runs before the kernel switches a
 core to another: two spinning processes on one core), which the blocking-wait benchmark records.
