@@ -16,12 +16,9 @@ from piper_sim.planning.collective_estimate import CollectivePricer
 from piper_sim.planning.context_parallel_estimate import ring_overlap_s
 from piper_sim.routing.models import routing_from_config
 from piper_sim.schedule.lower_segments import chunk_segments, selective_segments
-from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
-from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.ops import parse_op
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
-from piper_sim.workload.profile import DeviceProfile
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute
 from piper_sim.workload.task_kinds import Role, TaskKind
 
@@ -34,16 +31,14 @@ class ComputePricer(CollectivePricer):
 
     def __init__(
         self,
-        model: ModelSpec,
-        topology: Topology,
-        placement: list[str],
-        profile: DeviceProfile,
-        *,
-        collectives_all_reduce: str = "ring",
+        *args,
         flash_attention: bool = True,
         recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+        **kwargs,
     ) -> None:
-        super().__init__(model, topology, placement, profile, collectives_all_reduce=collectives_all_reduce)
+        """CollectivePricer's arguments (model, topology, placement, profile, collectives_all_reduce), and how the
+        compute is priced: flash attention, and the modules selective recomputation re-runs."""
+        super().__init__(*args, **kwargs)
         self.flash = flash_attention
         self.recompute_modules = recompute_modules  # what selective recomputation re-runs (workload/recompute.py)
         self._costers: dict[int, TaskCoster] = {}
