@@ -91,12 +91,11 @@ class Signals:
             code = 130
         else:
             code = 143 if isinstance(exc, Terminated) else None
-        if code is not None and self._inside:
+        if self.received is not None and self._inside:  # a real signal: a KeyboardInterrupt raised in-process has none
             self._settle()
         return code
 
     def _settle(self) -> None:
-        self._held = True
         for timer in self._timers:
             timer.cancel()
         for signum in self._previous:

@@ -59,6 +59,15 @@ def test_a_stop_settles_the_signals_so_a_pending_resend_cannot_interrupt_its_lin
     assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
 
 
+def test_an_interrupt_raised_in_process_leaves_the_handlers_as_they_were(kept_handlers):
+    """No signal arrived (a caller's KeyboardInterrupt, as tests raise through main()): nothing to settle, and
+    processes started afterwards must not inherit SIGINT or SIGTERM ignored."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with Signals() as signals:
+        assert signals.stop_code(KeyboardInterrupt()) == 130
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def test_without_a_signal_other_exceptions_are_not_a_stop():
     with Signals() as signals:
         pass
