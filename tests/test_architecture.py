@@ -6,6 +6,7 @@ module level, function-local and under TYPE_CHECKING alike).
 - the engine (piper_sim/sim/) imports the flow network only through its face (`from piper_sim.network import
   ...`), never one of its modules; the network (piper_sim/network/) imports neither the engine nor torch
   (directly, or through what it imports);
+- the analysis (piper_sim/analysis/: reports, tables, plots, comparison) does not load simpy;
 - the point runner and store (piper_sim/points/) import none of the planner, the studies and reproduce,
   which run their points on them;
 - the package import graph has no cycle. A node is a first-level subpackage of piper_sim (schedule,
@@ -16,7 +17,8 @@ module level, function-local and under TYPE_CHECKING alike).
   piper_sim/__init__.py, the numpy-free config), and a comment says why; every other import is at the top.
 
 Besides imports: a task's kind, stream or role is compared with its enum (piper_sim/workload/task_kinds.py), never
-with a string.
+with a string; no module but config.py reads raw config sections; `Simulation` takes at most 6 parameters; no module
+is longer than MAX_MODULE_LINES.
 """
 
 from __future__ import annotations
@@ -224,6 +226,16 @@ def test_schedule_modules_load_neither_simpy_numpy_nor_torch():
         [sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True, check=True
     ).stdout.strip()
     assert not out, f"importing piper_sim.schedule loads {out}"
+
+
+def test_analysis_modules_load_no_simpy():
+    # the report, tables, plots and comparison read results: nothing of the event engine (a fresh interpreter)
+    modules = [_module_name(p) for p in sorted((PACKAGE / "analysis").glob("*.py"))]
+    code = f"import sys\nfor m in {modules!r}:\n    __import__(m)\nprint('simpy' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "False", "importing piper_sim.analysis loads simpy"
 
 
 def _within(name: str, package: str) -> bool:
@@ -545,3 +557,15 @@ def test_the_analyser_flags_late_imports(tmp_path):
         "piper_sim/mod.py:14: piper_sim.other (import it at the top)",
         "piper_sim/mod.py:18: json (import it at the top)",
     ]
+
+
+MAX_MODULE_LINES = 480  # a module holds one thing: past this, it holds two
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
