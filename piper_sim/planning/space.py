@@ -24,7 +24,6 @@ from piper_sim.workload.fsdp import hsdp_replicate
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import tensor_split_widths
 
-DOMAINS = ("node", "switch", "group", "any")
 DEFAULT_MICRO_BATCH_SIZES = (1, 2, 4)
 DEFAULT_VPP = (1, 2, 4)
 DEFAULT_TP = (1, 2)

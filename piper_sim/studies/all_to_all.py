@@ -31,7 +31,6 @@ from piper_sim.studies.collective_sweep import (
     KIND_FIELDS,
     Log,
     MachineSpec,
-    build_machine,
     parse_counts,
     parse_list,
     parse_size,
@@ -40,6 +39,7 @@ from piper_sim.studies.collective_sweep import (
     run_sweep,
     skipped,
     stderr_log,
+    study_machine,
     time_phases,
     write_sweep,
 )
@@ -149,8 +149,8 @@ class StudySpec(MachineSpec):
 
 
 def build_topology(spec: StudySpec, nodes: int) -> tuple[Topology, list[str]]:
-    """The machine for `nodes` nodes (sweep.build_machine)."""
-    return build_machine(spec, nodes=nodes)
+    """The machine for `nodes` nodes (collective_sweep.study_machine)."""
+    return study_machine(spec, nodes=nodes)
 
 
 def run_study(

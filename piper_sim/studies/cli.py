@@ -219,7 +219,7 @@ def cmd_study_collective(args: argparse.Namespace) -> int:
         write_collective_study,
     )
     from piper_sim.studies.collective_plots import write_collective_plots  # matplotlib: not for --help
-    from piper_sim.studies.collective_sweep import build_machine, parse_counts, parse_list  # numpy, simpy
+    from piper_sim.studies.collective_sweep import parse_counts, parse_list, study_machine  # numpy, simpy
 
     kind = COLLECTIVES.get(args.collective, "--collective")
     machine, gpus = machine_options(args), tuple(parse_counts(args.gpus, "--gpus", least=2))
@@ -227,7 +227,7 @@ def cmd_study_collective(args: argparse.Namespace) -> int:
     if algorithms is None:  # every algorithm the smallest machine can run
         bare = CollectiveSpec(**machine, collective=kind.name, gpus=gpus, sizes=(), algorithms=())
         bare.check_machine()
-        algorithms = ",".join(machine_algorithms(kind.name, build_machine(bare, gpus=min(gpus))[0]))
+        algorithms = ",".join(machine_algorithms(kind.name, study_machine(bare, gpus=min(gpus))[0]))
     spec = CollectiveSpec(
         **machine,
         collective=kind.name,

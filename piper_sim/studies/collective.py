@@ -42,12 +42,12 @@ from piper_sim.studies.collective_sweep import (
     KIND_FIELDS,
     Log,
     MachineSpec,
-    build_machine,
     parse_size,
     point,
     routing_fields,
     run_sweep,
     stderr_log,
+    study_machine,
     write_sweep,
 )
 from piper_sim.studies.prepcache import PreparedCache
@@ -177,7 +177,7 @@ class CollectiveSpec(MachineSpec):
         return f"{gpus} GPUs"
 
     def build(self, gpus: int) -> tuple[Topology, list[str]]:
-        return build_machine(self, gpus=gpus)
+        return study_machine(self, gpus=gpus)
 
     def rows(
         self, topo: Topology, gpus: list[str], algorithm: str, cache: PreparedCache, machine: int, sizes: list[str]

@@ -112,7 +112,7 @@ class MachineSpec:
         )
 
 
-def build_machine(spec: MachineSpec, nodes: int | None = None, gpus: int | None = None) -> tuple[Topology, list[str]]:
+def study_machine(spec: MachineSpec, nodes: int | None = None, gpus: int | None = None) -> tuple[Topology, list[str]]:
     """The machine of `nodes` nodes (all their GPUs) or of as many nodes as `gpus` GPUs need (the first `gpus`
     placed), a dragonfly's detours as --valiant says. With mean-field detours the outside groups of a dragonfly's
     whole machine are aggregated by class (exact for that routing; piper_sim.topology.dragonfly), unless set."""
