@@ -429,6 +429,11 @@ def load_config(path: str | Path | dict, overrides: list[str] | None = None, *, 
     return resolve(apply_overrides(raw, overrides or []), devices)
 
 
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """cfg with `a.b=value` overrides, resolved again; the keys its user named stay the ones noted (notes.py)."""
+    return replace(resolve(apply_overrides(cfg.raw, overrides)), given=cfg.given)
+
+
 def for_devices(cfg: Config, devices: str | None) -> Config:
     """cfg priced for the devices its ranks compute on: devices "cpu" (a real run on this machine's CPUs) takes a
     CPU profile where the config gave none and refuses a given one of other devices (profile_choice.py)."""

@@ -48,16 +48,30 @@ def step_times(df: pd.DataFrame) -> list[float]:
     return np.diff(np.concatenate(([0.0], ends))).tolist()
 
 
-def a2a_bandwidth(df: pd.DataFrame) -> float:
+def a2a_call_bandwidths(df: pd.DataFrame) -> np.ndarray:
+    """Per all-to-all call of a positive duration: the mean bytes a member sends over the call's duration from the
+    last member's arrival to its end."""
     a2a = df[df["kind"] == TaskKind.ALL_TO_ALL]
     if a2a.empty:
-        return 0.0
+        return np.zeros(0)
     calls = a2a.groupby(["step", "task_id", "peers"], observed=True).agg(
         last_arrival=("start_s", "max"), end=("end_s", "max"), sent=("bytes", "mean")
     )
     duration = (calls["end"] - calls["last_arrival"]).to_numpy()
     ok = duration > 0
-    return float(np.mean(calls["sent"].to_numpy()[ok] / duration[ok])) if ok.any() else 0.0
+    return calls["sent"].to_numpy()[ok] / duration[ok]
+
+
+def a2a_bandwidth(df: pd.DataFrame) -> float:
+    calls = a2a_call_bandwidths(df)
+    return float(np.mean(calls)) if calls.size else 0.0
+
+
+def busiest_link_row(links: pd.DataFrame | None) -> dict | None:
+    """The links table's first row (the busiest link) as plain values; None without link loads."""
+    if links is None or links.empty:
+        return None
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in links.iloc[0].to_dict().items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +120,9 @@ class Report:
     mfu_peak_profile: str | None = None
     testbed: str | None = None
     warmup_steps: int | None = None  # the first steps left out of every figure (the torch backend: 1 of 2 or more)
+    # the micro-batch counts simulated: the configured one, or three short runs it was extrapolated from
+    # (steady_state.py; None: a run's report, not the planner's or validation's figures)
+    microbatches_simulated: list[int] | None = None
 
     def to_dict(self, nulls: tuple[str, ...] = ()) -> dict:
         """report.json: every figure the run has (None fields left out, but those named in `nulls`)."""
@@ -159,9 +176,6 @@ def make_report(
     busy_compute = union_length_by_rank(rank[compute], start[compute], end[compute], num_gpus)
     every = np.concatenate([compute, np.flatnonzero(~is_compute)])  # compute first, as the intervals were always taken
     busy_any = union_length_by_rank(rank[every], start[every], end[every], num_gpus)
-    busiest = None
-    if links is not None and not links.empty:
-        busiest = {k: (v.item() if hasattr(v, "item") else v) for k, v in links.iloc[0].to_dict().items()}
     return Report(
         num_gpus=num_gpus,
         num_steps=len(all_steps),
@@ -179,7 +193,7 @@ def make_report(
         exposed_comm_fraction=float(np.mean(busy_any - busy_compute) / makespan),
         peak_memory_bytes=[float(x) for x in peak_memory_by_stage],
         all_to_all_bandwidth_bytes_per_s=a2a_bandwidth(df),
-        busiest_link=busiest,
+        busiest_link=busiest_link_row(links),
         warmup_steps=warmup_steps,
         **backend_figures,
     )

@@ -34,7 +34,8 @@ from piper_sim.progress import bar as progress_bar
 from piper_sim.run_wall import duration_text
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import plan_reserve_bytes
-from piper_sim.simulator import check_wall, simulate
+from piper_sim.simulator import check_wall
+from piper_sim.steady_state import simulate_figures
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.workload.memory import headroom_bytes
@@ -243,8 +244,7 @@ _NO_ESTIMATE = {f"est_{name}": float("nan") for name in Estimate.__dataclass_fie
 def simulate_point(payload: dict) -> dict:
     """One config simulated (a Dask task): the figures the planner and sweeps keep."""
     t0 = time.perf_counter()
-    result = simulate(load_config(payload["config"]))
-    r = result.report
+    r = simulate_figures(load_config(payload["config"])).report  # affine steps from short runs: steady_state.py
     return {
         "sim_step_time_s": r.step_time_s,
         "sim_mfu": r.mfu,

@@ -1,0 +1,197 @@
+"""A pipeline step of many micro-batches at the cost of a few: its figures are affine in the micro-batch count.
+
+With identical micro-batches (uniform routing, no expert migration) and deterministic costs, a pipeline schedule's
+timing is a max-plus linear recurrence. Past the pipeline's fill, every further `c` micro-batches (the schedule's
+granularity: 1 for 1F1B, pp for interleaved 1F1B) add the same time to the step and the same amounts to every total a
+report is made of (busy and idle time, FLOPs, bytes on each link, all-to-all calls, the busiest rank's budget terms),
+while the fill, the drain and the gradient reduction after it keep their shape. So the run is simulated at short
+counts M1, M1 + c, M1 + 2c, ... (M1 the smallest valid count from pp on); as soon as three in a row have every such
+total on one line (second differences within TOLERANCE of the total's size), the figures of the configured count M
+are the affine extrapolation from them. Where none do within SAVING of M's micro-batches (a fill longer than the
+counts tried, a regime of a longer period), where the schedule is not one of STEADY_SCHEDULES, where micro-batches
+differ (skewed routing, migration), or where the full run is quick anyway (FULL_WALL_S), M is simulated in full. What
+comes back either way is a Report (its microbatches_simulated says which counts ran) and the busiest rank's error
+budget; a trace comes only from a full run (`simulate`). tests/sim/test_steady_state.py holds the extrapolated figures
+to full runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from piper_sim.analysis.budget import busiest_rank, trace_budget
+from piper_sim.analysis.run_report import Report, a2a_call_bandwidths, busiest_link_row, mfu_over_peak
+from piper_sim.config import Config, with_overrides
+from piper_sim.errors import ConfigError
+from piper_sim.machine import build_machine
+from piper_sim.result import RunResult
+from piper_sim.schedule.build import build_schedule
+from piper_sim.schedule.ir import Schedule
+from piper_sim.simulator import check_wall, simulate
+from piper_sim.workload.memory import headroom_bytes
+
+TOLERANCE = 1e-7  # a second difference this small against the quantity's size is zero (float sums of ~1e6 tasks)
+FULL_WALL_S = 5.0  # a run expected to simulate in less (run_wall.py) is simulated in full: short runs cost setup each
+SAVING = 0.5  # the short runs simulate at most this share of the configured count's micro-batches, together
+# the schedules whose programs are a fill, one repeating pattern with a bounded number of micro-batches in flight, and
+# a drain (GPipe holds every micro-batch in flight, so its peaks and queues grow with M; DualPipe's two directions
+# pair differently as M grows): the others are simulated in full
+STEADY_SCHEDULES = frozenset({"1f1b", "interleaved-1f1b", "zb-h1"})
+
+
+@dataclass(frozen=True)
+class SteadyRun:
+    """A config's figures: report (Report.microbatches_simulated says which counts ran), and the busiest rank's
+    error budget per step (analysis/budget.py; with "rank" and "step_s")."""
+
+    report: Report
+    budget: dict[str, float]
+
+
+def simulate_figures(cfg: Config) -> SteadyRun:
+    """The config's report and budget, extrapolated from short runs where the step is affine in the micro-batch
+    count (module docstring), else from one full run."""
+    t0 = time.perf_counter()
+    ladder = short_counts(cfg)
+    first = _built(cfg, ladder[0]) if ladder else None
+    total = cfg.parallel.num_microbatches
+    if first is not None and check_wall(*first, None).wall_s * total / ladder[0] >= FULL_WALL_S:
+        machine = build_machine(cfg)
+        runs: list[RunResult] = []
+        for count in ladder:
+            built = first if count == ladder[0] else _built(cfg, count)
+            if built is None:
+                break
+            runs.append(simulate(*built, machine=machine))
+            figures = extrapolated(cfg, runs[-3:], time.perf_counter() - t0) if len(runs) >= 3 else None
+            if figures is not None:
+                return figures
+    result = simulate(cfg)
+    report = replace(result.report, microbatches_simulated=[cfg.parallel.num_microbatches])
+    return SteadyRun(report, trace_budget(result.trace))
+
+
+def short_counts(cfg: Config) -> list[int]:
+    """The short runs' micro-batch counts to try, in order: M1, M1 + c, M1 + 2c, ... (M1 the smallest count from
+    pp on with M - M1 a multiple of the schedule's granularity c, the first three valid for the schedule), as many
+    as simulate at most SAVING of the configured count M in all; none for a schedule outside STEADY_SCHEDULES or
+    where the run's micro-batches differ (skewed routing, migration)."""
+    par = cfg.parallel
+    total = par.num_microbatches
+    if cfg.schedule not in STEADY_SCHEDULES or not cfg.routing.is_uniform or cfg.migration.active:
+        return []
+    for step in sorted({1, 2, par.pp, 2 * par.pp}):
+        counts = list(range(par.pp + (total - par.pp) % step, total, step))
+        while counts and sum(counts) > SAVING * total:
+            counts.pop()
+        if len(counts) >= 3 and all(_built(cfg, m) is not None for m in counts[:3]):
+            return counts
+    return []
+
+
+def _built(cfg: Config, microbatches: int) -> tuple[Config, Schedule] | None:
+    """cfg with `microbatches` micro-batches and its schedule; None where the schedule does not take that count."""
+    short = with_overrides(cfg, [f"parallel.num_microbatches={microbatches}"])
+    try:
+        return short, build_schedule(short)
+    except ConfigError:
+        return None
+
+
+def totals(result: RunResult, rank: int) -> dict[str, float]:
+    """What a run's figures are made of, each a sum over its tasks, links or steps (affine in the micro-batch
+    count in the steady state): the step ends, the busy, idle and exposed times the fractions are shares of,
+    FLOPs, all-to-all calls and their bandwidths, per-stage memory peaks, per-link bytes, the rank's budget."""
+    r, trace = result.report, result.trace
+    makespan = float(trace["end_s"].max())  # a simulated run starts at 0 and has no warm-up step left out
+    calls = a2a_call_bandwidths(trace)
+    peak = r.model_flops_per_step / (r.mfu * r.step_time_s * r.num_gpus)  # the profile's peak, as the report used it
+    out = {
+        "makespan_s": makespan,
+        "duration_s": float(trace["end_s"].max() - trace["start_s"].min()),
+        "model_flops": r.model_flops_per_step,
+        "hardware_flops": (r.hfu or r.mfu) * r.step_time_s * r.num_gpus * peak,
+        "compute_s": float(r.compute_fraction or 0.0) * makespan,
+        "idle_s": float(r.bubble_fraction or 0.0) * makespan,
+        "exposed_s": float(r.exposed_comm_fraction or 0.0) * makespan,
+        "a2a_calls": float(calls.size),
+        "a2a_bandwidth_sum": float(calls.sum()),
+    }
+    out |= {f"step:{i}": float(s) for i, s in enumerate(r.step_times_s or [])}
+    out |= {f"peak:{i}": float(p) for i, p in enumerate(r.peak_memory_bytes)}
+    out |= {f"first_peak:{i}": float(p) for i, p in enumerate(r.peak_memory_bytes_first_step or [])}
+    if result.links is not None:
+        out |= {f"link:{name}": float(b) for name, b in zip(result.links["link"], result.links["bytes"], strict=True)}
+    out |= {f"budget:{k}": float(v) for k, v in trace_budget(trace, rank).items() if k != "rank"}
+    return out
+
+
+def affine(samples: list[dict[str, float]], counts: list[int], target: int) -> dict[str, float] | None:
+    """Every quantity at `target` from its values at three equally spaced counts, or None where one is not affine
+    (its second difference beyond TOLERANCE of its size). A quantity a run lacks (a link it did not use) is 0."""
+    names = sorted(set().union(*samples))
+    values = np.array([[s.get(n, 0.0) for n in names] for s in samples])
+    second = values[2] - 2 * values[1] + values[0]
+    if np.any(np.abs(second) > TOLERANCE * np.maximum(np.abs(values).max(axis=0), 1e-12)):
+        return None
+    slope = (values[2] - values[0]) / (counts[2] - counts[0])
+    return dict(zip(names, values[2] + slope * (target - counts[2]), strict=True))
+
+
+def extrapolated(cfg: Config, runs: list[RunResult], wall_s: float) -> SteadyRun | None:
+    """The configured count's figures from the three short runs, or None where they are not affine."""
+    last = runs[-1]
+    rank = busiest_rank(last.trace)
+    counts = [run.config.parallel.num_microbatches for run in runs]
+    at = affine([totals(run, rank) for run in runs], counts, cfg.parallel.num_microbatches)
+    if at is None:
+        return None
+    r = last.report
+    steps = [float(at[f"step:{i}"]) for i in range(len(r.step_times_s or []))]
+    step, makespan, gpus = float(np.mean(steps)), at["makespan_s"], r.num_gpus
+    peak = r.model_flops_per_step / (r.mfu * r.step_time_s * gpus)  # the profile's peak, as the report used it
+    tokens = cfg.parallel.sequences_per_step * cfg.model.seq_len
+    peaks = [at[f"peak:{i}"] for i in range(len(r.peak_memory_bytes))]
+    headroom = headroom_bytes(peaks, r.hbm_bytes or 0.0, r.framework_reserve_bytes or 0.0)
+    links = _links(last.links, at)
+    fp8_peak = None if r.mfu_fp8_peak is None else r.model_flops_per_step / (r.mfu_fp8_peak * r.step_time_s * gpus)
+    report = replace(
+        r,
+        step_time_s=step,
+        step_times_s=steps,
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / step,
+        model_flops_per_step=at["model_flops"],
+        tflops_per_gpu=at["model_flops"] / step / gpus / 1e12,
+        mfu=at["model_flops"] / (step * gpus * peak),
+        mfu_fp8_peak=mfu_over_peak(at["model_flops"], step, gpus, fp8_peak),
+        hfu=None if r.hfu is None else at["hardware_flops"] / (step * gpus * peak),
+        compute_fraction=at["compute_s"] / makespan,
+        bubble_fraction=at["idle_s"] / makespan,
+        exposed_comm_fraction=at["exposed_s"] / makespan,
+        peak_memory_bytes=peaks,
+        peak_memory_bytes_first_step=[at[f"first_peak:{i}"] for i in range(len(r.peak_memory_bytes_first_step or []))]
+        or r.peak_memory_bytes_first_step,
+        memory_headroom_bytes=headroom,
+        fits_memory=[h >= 0 for h in headroom],
+        all_to_all_bandwidth_bytes_per_s=at["a2a_bandwidth_sum"] / at["a2a_calls"] if at["a2a_calls"] >= 1 else 0.0,
+        busiest_link=busiest_link_row(links),
+        sim_wall_s=wall_s,
+        microbatches_simulated=counts,
+    )
+    budget = {"rank": rank, **{k.removeprefix("budget:"): v for k, v in at.items() if k.startswith("budget:")}}
+    return SteadyRun(report, budget)
+
+
+def _links(table: pd.DataFrame | None, at: dict[str, float]) -> pd.DataFrame | None:
+    """The links table at the configured count: each link's bytes extrapolated, its utilization over the
+    extrapolated run's duration; busiest first."""
+    if table is None:
+        return None
+    out = table.assign(bytes=[at.get(f"link:{name}", 0.0) for name in table["link"]])
+    out["utilization"] = out["bytes"] / (out["capacity_bytes_per_s"] * at["duration_s"])
+    return out.sort_values("utilization", ascending=False, kind="stable").reset_index(drop=True)

@@ -1,0 +1,108 @@
+"""steady_state.simulate_figures: a long pipeline's figures from short runs equal those of its full run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from piper_sim import steady_state
+from piper_sim.analysis.budget import trace_budget
+from piper_sim.config import load_config
+from piper_sim.simulator import simulate
+from piper_sim.steady_state import affine, simulate_figures
+
+FIGURES = (
+    "step_time_s",
+    "tokens_per_step",
+    "tokens_per_s",
+    "model_flops_per_step",
+    "tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "compute_fraction",
+    "bubble_fraction",
+    "exposed_comm_fraction",
+    "all_to_all_bandwidth_bytes_per_s",
+)
+
+
+@pytest.fixture
+def always_short(monkeypatch):
+    """Short runs even where the full run is quick (these cases simulate in well under FULL_WALL_S)."""
+    monkeypatch.setattr(steady_state, "FULL_WALL_S", 0.0)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _assert_same(cfg) -> list[int]:
+    """simulate_figures against the full simulation of cfg: every report figure, the memory, the busiest link and
+    the budget; returns the counts simulated."""
+    steady, full = simulate_figures(cfg), simulate(cfg)
+    got, want = steady.report, full.report
+    for name in FIGURES:
+        assert _close(getattr(got, name), getattr(want, name)), (name, getattr(got, name), getattr(want, name))
+    assert all(_close(a, b) for a, b in zip(got.step_times_s, want.step_times_s, strict=True))
+    assert all(_close(a, b) for a, b in zip(got.peak_memory_bytes, want.peak_memory_bytes, strict=True))
+    assert all(_close(a, b) for a, b in zip(got.memory_headroom_bytes, want.memory_headroom_bytes, strict=True))
+    assert got.fits_memory == want.fits_memory
+    assert got.busiest_link["link"] == want.busiest_link["link"]
+    assert _close(got.busiest_link["utilization"], want.busiest_link["utilization"])
+    budget = trace_budget(full.trace)
+    assert steady.budget.keys() == budget.keys()
+    assert all(_close(steady.budget[k], budget[k]) for k in budget), (steady.budget, budget)
+    return got.microbatches_simulated
+
+
+def test_1f1b_from_three_short_runs_equals_the_full_run(always_short):
+    cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48", "sim.steps=2"])
+    assert _assert_same(cfg) == [4, 5, 6]
+
+
+def test_interleaved_climbs_past_its_fill_before_extrapolating(always_short):
+    """Interleaved 1F1B takes micro-batches in multiples of pp; at M = pp it is all fill and drain, so the ladder
+    goes on until three counts in a row lie on one line."""
+    cfg = load_config(
+        "small-moe",
+        ["schedule=interleaved-1f1b", "parallel.pp=2", "parallel.vpp=2", "parallel.num_microbatches=64"],
+    )
+    counts = _assert_same(cfg)
+    assert counts[0] > 2 and len(counts) == 3 and counts[1] - counts[0] == counts[2] - counts[1] == 2
+
+
+def test_a_contended_dragonfly_pipeline_with_tensor_parallelism(always_short):
+    cfg = load_config(
+        "small-moe",
+        ["topology=frontier", "parallel.pp=4", "parallel.tp=2", "parallel.ep=2", "parallel.num_microbatches=40"],
+    )
+    assert len(_assert_same(cfg)) == 3
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["schedule=gpipe", "parallel.pp=4", "parallel.num_microbatches=64"],  # in-flight micro-batches grow with M
+        ["parallel.pp=2", "parallel.num_microbatches=64", "routing.kind=zipf"],  # micro-batches route differently
+    ],
+    ids=["gpipe", "skewed routing"],
+)
+def test_runs_without_a_steady_state_are_simulated_in_full(always_short, overrides):
+    cfg = load_config("small-moe", overrides)
+    steady = simulate_figures(cfg)
+    assert steady.report.microbatches_simulated == [64]
+    assert steady.report.step_time_s == simulate(cfg).report.step_time_s
+
+
+def test_a_quick_run_is_simulated_in_full():
+    cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48"])
+    assert simulate_figures(cfg).report.microbatches_simulated == [48]
+
+
+def test_affine_extrapolates_lines_and_refuses_curves():
+    lines = [{"t": 1.0 + 2.0 * m, "c": 5.0} for m in (4, 5, 6)]
+    assert affine(lines, [4, 5, 6], 100) == {"c": 5.0, "t": 201.0}
+    curve = [{"t": float(m * m)} for m in (4, 5, 6)]
+    assert affine(curve, [4, 5, 6], 100) is None
+    assert affine([{"a": 1.0}, {"a": 2.0}, {"a": 3.0, "b": 1.0}], [1, 2, 3], 10) is None  # b appears late
