@@ -20,6 +20,7 @@ from piper_sim.errors import ConfigError, one_of
 from piper_sim.paths import config_path
 from piper_sim.profile_choice import DEFAULT_PROFILE, choose_profile
 from piper_sim.workload.context_parallel import check_context_parallel
+from piper_sim.workload.deepspeed_zero import DEFAULT_GRADIENT_REDUCE, check_gradient_reduce
 from piper_sim.workload.fsdp import check_hsdp, resolve_reshard
 from piper_sim.workload.model import FP8_RECIPES, SET_BY_CONFIG, ModelSpec
 from piper_sim.workload.parallel import ParallelSpec, parallel_from_section
@@ -71,7 +72,7 @@ SECTION_KEYS = {
     "collectives": {"all_to_all", "all_reduce"},
     "cost": {"profile", "flash_attention", "allow_device_mismatch", "framework_reserve_GiB", "precision", "fp8_recipe"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
-    "optimizer": {"zero", "reshard_after_forward", "master_weights"},
+    "optimizer": {"zero", "reshard_after_forward", "master_weights", "gradient_reduce"},
     "parallel": {
         "pp",
         "ep",
@@ -126,6 +127,7 @@ class Config:
     framework_reserve_bytes: float | None = None  # cost.framework_reserve_GiB (None: the profile's)
     zero: int = 0  # optimizer-state sharding over the data-parallel replicas (ZeRO stage 0, 1 or 2)
     reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (optimizer.reshard_after_forward; workload/fsdp.py)
+    gradient_reduce: str = DEFAULT_GRADIENT_REDUCE  # ZeRO-1/2: or DeepSpeed's all-reduces (workload/deepspeed_zero.py)
     raw: dict
     given: frozenset[str] = frozenset()  # keys the user's config named: "routing", "cost.profile", ... (notes.py)
     profile_reason: str = ""  # why cost_profile, where the config gave none (profile_choice.py; notes.py)
@@ -270,6 +272,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
         reshard_after_forward=resolve_reshard(
             full["optimizer"].get("reshard_after_forward"), zero=zero, pp=parallel.pp
         ),
+        gradient_reduce=check_gradient_reduce(full["optimizer"].get("gradient_reduce"), zero),
         recompute_checkpoint_layers=_checkpoint_layers(full, recompute),
         recompute_modules=_recompute_modules(full.get("recompute_modules"), recompute, model),
         framework_reserve_bytes=_reserve_bytes(full["cost"].get("framework_reserve_GiB")),

@@ -17,6 +17,7 @@ from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.trace.runtrace import normalize
+from piper_sim.workload.deepspeed_zero import DEEPSPEED
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES, Recompute
 
 # a real run's first step pays one-time costs (allocation, first calls, connections): left out of its figures
@@ -63,6 +64,13 @@ def measure(
             "selective",
             "none or full with parallel.cp > 1 for real runs (the torch "
             "backend's selective recomputation re-runs the attention core without its K/V ring)",
+        )
+    if cfg.gradient_reduce == DEEPSPEED:  # its ZeRO shards are the classes the schedule reduce-scatters
+        raise ConfigError(
+            "optimizer.gradient_reduce",
+            cfg.gradient_reduce,
+            "reduce-scatter for real runs (the torch backend shards ZeRO-1/2 state by the schedule's "
+            "reduce-scatters; simulate prices DeepSpeed's bucket all-reduces)",
         )
     if cfg.model.dropout:  # the real run would not compare, task by task, with a single process or the simulator
         raise ConfigError("model.dropout", cfg.model.dropout, "0 for real runs (the torch backend runs no dropout)")

@@ -5,8 +5,8 @@ Owns CollectivePricer, the base of planning.estimate.Estimator: the same collect
 phase_delay_s) plus its flows' time on the busiest link (bytes on the link / its capacity), phases chained by their
 `after` (a lower bound: the simulator adds contention between concurrent phases and max-min sharing). Prices the
 tensor-parallel collectives, the MoE all-to-all, the pipeline's p2p hop, the data-parallel reductions and the
-sharded collectives of ZeRO, over the replica groups of a stage's parameters; results are memoized (plans share
-stages, groups and messages). Pure: no simpy, torch.
+sharded collectives of ZeRO (or DeepSpeed's bucket all-reduces in their place), over the replica groups of a stage's
+parameters; results are memoized (plans share stages, groups and messages). Pure: no simpy, torch.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from piper_sim.network import phase_delay_s
 from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.deepspeed_zero import DEEPSPEED, DEFAULT_GRADIENT_REDUCE
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.profile import DeviceProfile
 from piper_sim.workload.task_kinds import TaskKind
@@ -38,9 +39,11 @@ class CollectivePricer:
         profile: DeviceProfile,
         *,
         collectives_all_reduce: str = "ring",
+        gradient_reduce: str = DEFAULT_GRADIENT_REDUCE,
     ) -> None:
         self.model, self.topo, self.gpus, self.profile = model, topology, placement, profile
         self.all_reduce = collectives_all_reduce
+        self.gradient_reduce = gradient_reduce  # ZeRO-1/2: optimizer.gradient_reduce (workload/deepspeed_zero.py)
         self._memo: dict[tuple, object] = {}  # (what, key) -> value: plans share stages, groups and messages
 
     def _cached(self, key: tuple, compute):
@@ -103,16 +106,24 @@ class CollectivePricer:
             ("sharded", collective, size, group), lambda: self.phases_s(collective(size, list(group), self.topo), group)
         )
 
-    def _reduce_group_s(self, params: float, gpus: list[str], zero: int) -> float:
+    def _reduce_group_s(self, params: float, gpus: list[str], zero: int, buckets: tuple[float, ...] = ()) -> float:
         """One all-reduce of the gradients, or with ZeRO their reduce-scatter (ZeRO-1; ZeRO-2's are per chunk,
-        _bucket_s) and the parameters' all-gather."""
+        _bucket_s) and the parameters' all-gather. buckets: DeepSpeed's ZeRO-1 all-reduces instead of the
+        reduce-scatter, one per bucket's elements of the class (_class_reduce_s)."""
         size = params * self.model.dtype_bytes
         if not zero:
             return self.phases_s(
                 ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), tuple(gpus)
             )
-        registries = (ALL_GATHER,) if zero == 2 else (REDUCE_SCATTER, ALL_GATHER)
-        return sum(self._sharded_s(registry, size, gpus) for registry in registries)
+        gather = self._sharded_s(ALL_GATHER, size, gpus)
+        return gather + (0.0 if zero == 2 else self._class_reduce_s(size, gpus, buckets))
+
+    def _class_reduce_s(self, size: float, gpus: list[str], buckets: tuple[float, ...] = ()) -> float:
+        """One class's ZeRO gradient reduction of `size` bytes over `gpus`: its reduce-scatter, or DeepSpeed's
+        all-reduces one after another, one per bucket's elements of the class (workload/deepspeed_zero.py)."""
+        if self.gradient_reduce != DEEPSPEED:
+            return self._sharded_s(REDUCE_SCATTER, size, gpus)
+        return sum(self._sharded_s(ALL_REDUCE, elements * self.model.dtype_bytes, gpus) for elements in buckets)
 
     def phases_s(self, phases: list[Phase], gpus: tuple[str, ...] | None = None) -> float:
         """End of the last phase, each after the phases in its `after`."""

@@ -9,7 +9,8 @@ prices with the simulator's own functions, so there is no second cost model:
   block the compute stream): 1F1B and GPipe sum_p (F+B)_p + (M - 1) max_p (F+B)_p; interleaved
   (sum_p (F+B)_p) / vpp + (M - 1/vpp) max_p (F+B)_p; ZB-H1 sum_p (F+Bi)_p + (M - 1) max_p (F+Bi+W)_p +
   W - min(pp - 1, M - 1) W (Qi et al. 2023: the weight passes fill the bubble); plus the activations'
-  p2p on the fill and drain path (2 (pp vpp - 1) hops), the gradient all-reduces and the optimizer;
+  p2p on the fill and drain path (2 (pp vpp - 1) hops), the gradient all-reduces (ZeRO-1/2: reduce-scatters, or
+  DeepSpeed's bucket all-reduces: workload/deepspeed_zero.py) and the optimizer;
 - ZeRO-3: each micro-batch's pass of a chunk adds the unit gathers its compute does not hide
   (workload.fsdp.exposed_gather_s), times the share of the passes that gather (fsdp_estimate.gather_shares:
   without resharding after the forward, fewer), and the step the reduce-scatter of the last unit of its backward.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
+from piper_sim.collectives.sharded import ALL_GATHER
 from piper_sim.machine import Machine, build_machine
 from piper_sim.planning.compute_estimate import ComputePricer
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
@@ -31,6 +32,7 @@ from piper_sim.planning.resource import stage_memory
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Layout
 from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.deepspeed_zero import reduce_buckets
 from piper_sim.workload.fsdp import NO_BLOCK, exposed_gather_s
 from piper_sim.workload.fsdp_state import unit_params
 from piper_sim.workload.memory import (
@@ -167,6 +169,7 @@ class Estimator(ComputePricer):
                 "ep": point.ep,
             }
             params = rank_params(self.model, held, **ends, split=point.parallel.split)
+            buckets = reduce_buckets(params)  # DeepSpeed's all-reduce calls (CollectivePricer._class_reduce_s)
             grad = 0.0
             if stages.layout == Layout.BIDIRECTIONAL:  # DualPipe's two copies: summed with the mirror stage's first
                 mirror = [self.gpus[p * per_stage], self.gpus[(point.pp - 1 - p) * per_stage]]
@@ -188,7 +191,7 @@ class Estimator(ComputePricer):
                         point.parallel.dp_replicate,
                     )
                 elif len(gpus) > 1:
-                    grad += self._reduce_group_s(params[kind], gpus, point.zero)
+                    grad += self._reduce_group_s(params[kind], gpus, point.zero, buckets[kind])
             shards = param_shards(
                 zero=point.zero,
                 data_parallel=point.parallel.data_parallel,
@@ -207,7 +210,8 @@ class Estimator(ComputePricer):
         return worst_grad, worst_opt
 
     def _bucket_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int) -> float:
-        """ZeRO-2: one micro-batch's reduce-scatter of a chunk's gradients, every class."""
+        """ZeRO-2: one micro-batch's reduce-scatter of a chunk's gradients (DeepSpeed: its bucket all-reduces), every
+        class."""
         stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
         params = rank_params(
             self.model,
@@ -217,8 +221,9 @@ class Estimator(ComputePricer):
             ep=point.ep,
             split=point.parallel.split,
         )
+        buckets = reduce_buckets(params)
         return sum(
-            self._sharded_s(REDUCE_SCATTER, params[kind] * self.model.dtype_bytes, gpus)
+            self._class_reduce_s(params[kind] * self.model.dtype_bytes, gpus, buckets[kind])
             for kind, gpus in self._replica_groups(point, p).items()
             if len(gpus) > 1
         )
@@ -376,6 +381,7 @@ def config_estimator(cfg, machine: Machine | None = None) -> tuple[Estimator, Pl
         list(machine.placement),
         machine.profile,
         collectives_all_reduce=cfg.collectives.all_reduce,
+        gradient_reduce=cfg.gradient_reduce,
         flash_attention=cfg.flash_attention,
         recompute_modules=cfg.recompute_modules or DEFAULT_SELECTIVE_MODULES,
     )

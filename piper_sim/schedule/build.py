@@ -49,4 +49,5 @@ def build_schedule(cfg: Config) -> Schedule:
         sp=cfg.parallel.sp,
         reshard_after_forward=cfg.reshard_after_forward,
         recompute_modules=cfg.recompute_modules,
+        gradient_reduce=cfg.gradient_reduce,
     )

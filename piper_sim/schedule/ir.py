@@ -72,7 +72,8 @@ class Task:
     group_axis: for collectives, the mesh axis whose ranks form the group ("ep", "dp", "ep_dp").
     nonblocking: a collective issued without blocking the program counter (ZeRO-3 / FSDP: a unit's parameter
     all-gather, prefetched while the unit before it computes, and its gradients' reduce-scatter); layer: the
-    unit (workload/fsdp.py).
+    unit (workload/fsdp.py); of a gradient all-reduce under DeepSpeed's ZeRO-1/2, which of its class's calls it
+    is, one per reduce bucket the class is in (workload/deepspeed_zero.py: reduce_buckets).
     """
 
     task_id: str

@@ -17,6 +17,7 @@ from piper_sim.schedule.lower_context_parallel import ring_tasks
 from piper_sim.schedule.lower_fsdp import gathering_passes, unit_collectives, unit_runs, with_gathers
 from piper_sim.schedule.lower_reductions import bucket_reduce_scatters, reduction_tasks
 from piper_sim.schedule.lower_segments import Segment
+from piper_sim.workload.deepspeed_zero import DEFAULT_GRADIENT_REDUCE
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import TensorSplit
 from piper_sim.workload.recompute import DEFAULT_SELECTIVE_MODULES
@@ -45,6 +46,7 @@ def lower(
     sp: bool = False,
     reshard_after_forward: bool = True,
     recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
+    gradient_reduce: str = DEFAULT_GRADIENT_REDUCE,
 ) -> Schedule:
     """Lower a generator's coarse schedule into executable per-stage programs.
 
@@ -57,9 +59,10 @@ def lower(
     once before the optimizer, zero 2 each chunk's gradients as each micro-batch's backward finishes them; zero 3
     gathers each unit's parameters before its forward and its backward and reduce-scatters its gradients after its
     backward, every micro-batch (schedule/lower_fsdp.py), and gathers nothing after the optimizer; with
-    reshard_after_forward false only the passes that find their chunk sharded gather (gathering_passes). The
-    mesh's tp and etp, and sp, place the
-    tensor-parallel collectives (TensorSplit; docs/tensor-parallel.md).
+    reshard_after_forward false only the passes that find their chunk sharded gather (gathering_passes).
+    gradient_reduce deepspeed (zero 1 or 2): each reduce-scatter becomes the all-reduces of DeepSpeed's buckets
+    (lower_reductions.py, workload/deepspeed_zero.py). The mesh's tp and etp, and sp, place the tensor-parallel
+    collectives (TensorSplit; docs/tensor-parallel.md).
     """
     mesh = coarse.mesh
     ctx = LoweringContext(
@@ -79,6 +82,7 @@ def lower(
         layout=coarse.layout,
         recompute_modules=tuple(recompute_modules),
         reshard_after_forward=reshard_after_forward,
+        gradient_reduce=gradient_reduce,
         mesh=mesh,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
@@ -114,8 +118,8 @@ def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) 
         last_of[task.task_id] = _last_blocking(new)
         out.extend(new)
         if ctx.zero == 2 and task.kind in (K.BACKWARD, K.BACKWARD_WEIGHT):  # the chunk's weight gradients are done
-            out.extend(bucket_reduce_scatters(ctx, task, last_of[task.task_id]))
-    out.extend(reduction_tasks(ctx, out))
+            out.extend(bucket_reduce_scatters(ctx, v, task, last_of[task.task_id]))
+    out.extend(reduction_tasks(ctx, out, pp_index))
     return tuple(out)
 
 

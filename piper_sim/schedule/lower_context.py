@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from piper_sim.schedule.ir import Layout, VirtualStages
 from piper_sim.schedule.lower_segments import Segment, chunk_segments, selective_segments
+from piper_sim.workload.deepspeed_zero import DEFAULT_GRADIENT_REDUCE
 from piper_sim.workload.mesh import Mesh
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.parallel import NO_SPLIT, TensorSplit
@@ -43,6 +44,7 @@ class LoweringContext:
     recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES  # selective: what it re-runs (workload/recompute.py)
     zero: int = 0  # sharded optimizer state: gradients reduce-scattered, parameters all-gathered
     reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (schedule/lower_fsdp.py: gathering_passes)
+    gradient_reduce: str = DEFAULT_GRADIENT_REDUCE  # ZeRO-1/2: deepspeed, bucket all-reduces (lower_reductions.py)
     mesh: Mesh | None = None  # ZeRO-3 under HSDP: its shard and replicate groups (schedule/lower_fsdp.py: shard_axes)
     gathering: frozenset[str] | None = None  # ZeRO-3: the stage's coarse passes that gather (None: every one)
     layout: Layout = Layout.INTERLEAVED

@@ -1,7 +1,8 @@
 """What each collective task of a simulated run sends: its phases, library calls and host-side cost.
 
 Owns the phases of a collective task (an all-to-all's from its routed matrix, an all-reduce's or a ZeRO
-shard's from the bytes of the gradients or parameters it moves, migration's point-to-point sends), the memo of
+shard's from the bytes of the gradients or parameters it moves, a DeepSpeed bucket's from its share of them
+(workload/deepspeed_zero.py), migration's point-to-point sends), the memo of
 collectives that repeat (the same phase objects again, so the collective runner finds its recorded runs by
 identity; a skewed all-to-all's for its group's members), and the number of library calls a collective
 makes with the host-side cost they carry. The engine (engine.py) asks for them when a group's collective starts.
@@ -23,6 +24,7 @@ from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.stage_plans import StagePlan
 from piper_sim.topology.graph import Topology
 from piper_sim.workload.cost import TaskCoster
+from piper_sim.workload.deepspeed_zero import reduce_buckets
 from piper_sim.workload.model import ModelSpec
 from piper_sim.workload.task_kinds import Role, TaskKind
 
@@ -156,7 +158,9 @@ class CollectiveTasks:
                 if task.kind == TaskKind.ALL_REDUCE:
                     shard, _ = shard_axes(self.mesh, kind)
                     size /= len(self.mesh.group(group[0], shard)) if shard else 1
-            else:
-                size = self.model.dtype_bytes * (plan.chunk_params[task.chunk][kind] if task.chunk >= 0 else held[kind])
+            else:  # the stage's or one chunk's (ZeRO-2); DeepSpeed: one call of its reduce buckets (task.layer)
+                params = plan.chunk_params[task.chunk] if task.chunk >= 0 else held
+                elements = reduce_buckets(params)[kind][task.layer] if task.layer >= 0 else params[kind]
+                size = self.model.dtype_bytes * elements
         algorithm = self.sharded[task.kind] if task.kind in self.sharded else self.all_reduce
         return algorithm(size, gpus, self.topo), np.full(len(group), size), self.ar_name

@@ -1,5 +1,6 @@
 """Real runs of ZeRO-3 / FSDP and context-parallel plans compare with their simulation task by task, as the other
-plans do (`piper-sim run`, `piper-sim simulate`, `piper-sim compare`); what a real run cannot do is refused by name."""
+plans do (`piper-sim run`, `piper-sim simulate`, `piper-sim compare`); what a real run cannot do (full recomputation
+under ZeRO-3, selective under CP, DeepSpeed's bucket all-reduces) is refused by name."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def test_a_real_run_and_its_simulation_match_task_by_task(name, tmp_path):
     [
         ({"optimizer": {"zero": 3}, "recompute": "full"}, "recompute"),
         ({"parallel": {**BASE["parallel"], "cp": 2}, "recompute": "selective"}, "recompute"),
+        ({"optimizer": {"zero": 1, "gradient_reduce": "deepspeed"}}, "optimizer.gradient_reduce"),
     ],
 )
 def test_what_a_real_run_cannot_do_is_refused_by_name(plan, key, tmp_path):
