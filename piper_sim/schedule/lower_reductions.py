@@ -28,20 +28,33 @@ def bucket_reduce_scatters(ctx: LoweringContext, v: int, task: Task, after: str)
     if ctx.gradient_reduce == DEEPSPEED:
         params = _params(ctx, ctx.stage_layers[v], ctx.stages.is_first(v), ctx.stages.is_last(v))
         return _bucket_all_reduces(ctx, params, f":c{c}:m{m}", after, chunk=c, microbatch=m)
-    tasks: list[Task] = []
-    for kind, axis in reduction_axes(ctx):
-        tasks.append(
-            Task(
-                task_id=f"reducescatter:grad_{kind}:c{c}:m{m}",
-                kind=K.REDUCE_SCATTER,
-                role=Role(f"grad_{kind}"),
-                chunk=c,
-                microbatch=m,
-                group_axis=axis,
-                deps=(after,),
-            )
-        )
-    return tasks
+    return [
+        _grad_task(f"reducescatter:grad_{kind}:c{c}:m{m}", K.REDUCE_SCATTER, kind, axis, after, chunk=c, microbatch=m)
+        for kind, axis in reduction_axes(ctx)
+    ]
+
+
+def _grad_task(
+    task_id: str,
+    kind: TaskKind,
+    cls: str,
+    axis: str,
+    after: str,
+    chunk: int = -1,
+    microbatch: int = -1,
+    layer: int = -1,
+) -> Task:
+    """A blocking reduction of the class's gradients over its group axis, after `after`."""
+    return Task(
+        task_id=task_id,
+        kind=kind,
+        role=Role(f"grad_{cls}"),
+        chunk=chunk,
+        microbatch=microbatch,
+        layer=layer,
+        group_axis=axis,
+        deps=(after,),
+    )
 
 
 def _params(ctx: LoweringContext, layers: tuple[int, ...], first: bool, last: bool) -> dict[str, float]:
@@ -61,18 +74,9 @@ def _bucket_all_reduces(
     buckets = reduce_buckets(params)
     for kind, axis in reduction_axes(ctx):
         for call, _ in enumerate(buckets[kind]):
-            tasks.append(
-                Task(
-                    task_id=f"allreduce:grad_{kind}:b{call}{suffix}",
-                    kind=K.ALL_REDUCE,
-                    role=Role(f"grad_{kind}"),
-                    chunk=chunk,
-                    microbatch=microbatch,
-                    layer=call,
-                    group_axis=axis,
-                    deps=(tasks[-1].task_id if tasks else after,),
-                )
-            )
+            task_id = f"allreduce:grad_{kind}:b{call}{suffix}"
+            previous = tasks[-1].task_id if tasks else after
+            tasks.append(_grad_task(task_id, K.ALL_REDUCE, kind, axis, previous, chunk, microbatch, layer=call))
     return tasks
 
 
@@ -117,26 +121,8 @@ def reduction_tasks(ctx: LoweringContext, program: list[Task], pp_index: int) ->
     else:
         axes_reduced = axes if ctx.zero != 2 else []  # ZeRO-2 reduce-scattered each chunk's as it finished
     for kind, axis in axes_reduced:
-        if ctx.zero:
-            tasks.append(
-                Task(
-                    task_id=f"reducescatter:grad_{kind}",
-                    kind=K.REDUCE_SCATTER,
-                    role=Role(f"grad_{kind}"),
-                    group_axis=axis,
-                    deps=(last,),
-                )
-            )
-        else:
-            tasks.append(
-                Task(
-                    task_id=f"allreduce:grad_{kind}",
-                    kind=K.ALL_REDUCE,
-                    role=Role(f"grad_{kind}"),
-                    group_axis=axis,
-                    deps=(last,),
-                )
-            )
+        name, collective = ("reducescatter", K.REDUCE_SCATTER) if ctx.zero else ("allreduce", K.ALL_REDUCE)
+        tasks.append(_grad_task(f"{name}:grad_{kind}", collective, kind, axis, last))
         last = tasks[-1].task_id
     tasks.append(Task(task_id="optimizer", kind=K.OPTIMIZER, deps=(last,)))
     last = "optimizer"
