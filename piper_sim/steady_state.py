@@ -36,11 +36,13 @@ from piper_sim.workload.memory import headroom_bytes
 
 TOLERANCE = 1e-7  # a second difference this small against the quantity's size is zero (float sums of ~1e6 tasks)
 FULL_WALL_S = 5.0  # a run expected to simulate in less (run_wall.py) is simulated in full: short runs cost setup each
-SAVING = 0.5  # the short runs simulate at most this share of the configured count's micro-batches, together
+SAVING = 0.6  # the short runs simulate at most this share of the configured count's micro-batches, together
 # the schedules whose programs are a fill, one repeating pattern with a bounded number of micro-batches in flight, and
-# a drain (GPipe holds every micro-batch in flight, so its peaks and queues grow with M; DualPipe's two directions
-# pair differently as M grows): the others are simulated in full
-STEADY_SCHEDULES = frozenset({"1f1b", "interleaved-1f1b", "zb-h1"})
+# a drain, each with the multiple of pp from which every stage's program has that pattern (interleaved 1F1B's fill
+# holds (vpp - 1) pp + 2 (pp - 1) micro-batch chunks: at M = pp it is all fill and drain). GPipe holds every
+# micro-batch in flight, so its peaks and queues grow with M; DualPipe's two directions pair differently as M grows:
+# the others are simulated in full.
+STEADY_SCHEDULES = {"1f1b": 1, "zb-h1": 1, "interleaved-1f1b": 2}
 
 
 @dataclass(frozen=True)
@@ -77,15 +79,17 @@ def simulate_figures(cfg: Config) -> SteadyRun:
 
 def short_counts(cfg: Config) -> list[int]:
     """The short runs' micro-batch counts to try, in order: M1, M1 + c, M1 + 2c, ... (M1 the smallest count from
-    pp on with M - M1 a multiple of the schedule's granularity c, the first three valid for the schedule), as many
+    the schedule's steady pattern on (STEADY_SCHEDULES) with M - M1 a multiple of the schedule's granularity c, the
+    first three valid for the schedule), as many
     as simulate at most SAVING of the configured count M in all; none for a schedule outside STEADY_SCHEDULES or
     where the run's micro-batches differ (skewed routing, migration)."""
     par = cfg.parallel
     total = par.num_microbatches
     if cfg.schedule not in STEADY_SCHEDULES or not cfg.routing.is_uniform or cfg.migration.active:
         return []
+    first = STEADY_SCHEDULES[cfg.schedule] * par.pp
     for step in sorted({1, 2, par.pp, 2 * par.pp}):
-        counts = list(range(par.pp + (total - par.pp) % step, total, step))
+        counts = list(range(first + (total - first) % step, total, step))
         while counts and sum(counts) > SAVING * total:
             counts.pop()
         if len(counts) >= 3 and all(_built(cfg, m) is not None for m in counts[:3]):
