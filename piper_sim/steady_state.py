@@ -58,10 +58,8 @@ def simulate_figures(cfg: Config) -> SteadyRun:
     """The config's report and budget, extrapolated from short runs where the step is affine in the micro-batch
     count (module docstring), else from one full run."""
     t0 = time.perf_counter()
-    ladder = short_counts(cfg)
-    first = _built(cfg, ladder[0]) if ladder else None
-    total = cfg.parallel.num_microbatches
-    if first is not None and check_wall(*first, None).wall_s * total / ladder[0] >= FULL_WALL_S:
+    ladder, first, _ = _short_runs(cfg)
+    if first is not None:
         machine = build_machine(cfg)
         runs: list[RunResult] = []
         for count in ladder:
@@ -75,6 +73,28 @@ def simulate_figures(cfg: Config) -> SteadyRun:
     result = simulate(cfg)
     report = replace(result.report, microbatches_simulated=[cfg.parallel.num_microbatches])
     return SteadyRun(report, trace_budget(result.trace))
+
+
+def expected_wall_s(cfg: Config) -> float:
+    """simulate_figures' expected wall seconds on this machine (run_wall.py): its first three short runs where it
+    takes them, else the full run."""
+    ladder, first, per_microbatch_s = _short_runs(cfg)
+    if first is not None:
+        return per_microbatch_s * sum(ladder[:3])
+    return check_wall(cfg, build_schedule(cfg), None).wall_s
+
+
+def _short_runs(cfg: Config) -> tuple[list[int], tuple[Config, Schedule] | None, float]:
+    """(short_counts, the first short run's config and schedule, its expected wall per micro-batch); the run
+    None where the full run is simulated: no short counts, or a full run expected under FULL_WALL_S."""
+    ladder = short_counts(cfg)
+    first = _built(cfg, ladder[0]) if ladder else None
+    if first is None:
+        return ladder, None, 0.0
+    per_microbatch_s = check_wall(*first, None).wall_s / ladder[0]
+    if per_microbatch_s * cfg.parallel.num_microbatches < FULL_WALL_S:
+        return ladder, None, per_microbatch_s
+    return ladder, first, per_microbatch_s
 
 
 def short_counts(cfg: Config) -> list[int]:

@@ -32,10 +32,8 @@ from piper_sim.points.store import ResultStore
 from piper_sim.profile_choice import ProfileChoice, choose_profile
 from piper_sim.progress import bar as progress_bar
 from piper_sim.run_wall import duration_text
-from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import plan_reserve_bytes
-from piper_sim.simulator import check_wall
-from piper_sim.steady_state import simulate_figures
+from piper_sim.steady_state import expected_wall_s, simulate_figures
 from piper_sim.topology.graph import Topology
 from piper_sim.topology.load import load_topology, read_topology_mapping
 from piper_sim.workload.memory import headroom_bytes
@@ -259,9 +257,9 @@ def simulate_point(payload: dict) -> dict:
 
 
 def refine_wall_s(point: KeyedPoint) -> float:
-    """The predicted wall seconds of simulating a refinement point (run_wall.py, from its lowered schedule)."""
-    cfg = load_config(point.payload["config"])
-    return check_wall(cfg, build_schedule(cfg), None).wall_s
+    """The predicted wall seconds of simulating a refinement point (run_wall.py; its short runs where
+    simulate_point takes them: steady_state.expected_wall_s)."""
+    return expected_wall_s(load_config(point.payload["config"]))
 
 
 def plan(

@@ -9,8 +9,9 @@ import pytest
 from piper_sim import steady_state
 from piper_sim.analysis.budget import trace_budget
 from piper_sim.config import load_config
-from piper_sim.simulator import simulate
-from piper_sim.steady_state import affine, simulate_figures
+from piper_sim.schedule.build import build_schedule
+from piper_sim.simulator import check_wall, simulate
+from piper_sim.steady_state import affine, expected_wall_s, simulate_figures
 
 FIGURES = (
     "step_time_s",
@@ -105,3 +106,15 @@ def test_affine_extrapolates_lines_and_refuses_curves():
     curve = [{"t": float(m * m)} for m in (4, 5, 6)]
     assert affine(curve, [4, 5, 6], 100) is None
     assert affine([{"a": 1.0}, {"a": 2.0}, {"a": 3.0, "b": 1.0}], [1, 2, 3], 10) is None  # b appears late
+
+
+def test_expected_wall_is_the_short_runs_where_they_are_taken(always_short):
+    """The planner's refinement budget (plan --budget) counts what simulate_figures will simulate."""
+    cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48"])
+    full_s = check_wall(cfg, build_schedule(cfg), None).wall_s
+    assert expected_wall_s(cfg) == pytest.approx(full_s * (4 + 5 + 6) / 48, rel=0.05)
+
+
+def test_expected_wall_of_a_run_simulated_in_full():
+    cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48"])
+    assert expected_wall_s(cfg) == check_wall(cfg, build_schedule(cfg), None).wall_s
