@@ -221,6 +221,7 @@ def _simulated(cfg) -> dict:
         "bubble_fraction": report.bubble_fraction,
         "exposed_comm_fraction": report.exposed_comm_fraction,
         "fits_memory": all(report.fits_memory or [True]),
+        "microbatches_simulated": " ".join(map(str, report.microbatches_simulated or [])),
         "budget": {k: v for k, v in budget.items() if k not in ("rank", "step_s")},
     }
 
@@ -235,6 +236,7 @@ def _estimated(cfg) -> dict:
         "bubble_fraction": estimate.bubble_s / estimate.step_time_s,
         "exposed_comm_fraction": float("nan"),
         "fits_memory": fits,
+        "microbatches_simulated": "",  # the estimator simulates none
         "budget": {k: v for k, v in budget.items() if k != "stage"},
     }
 
