@@ -71,7 +71,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from piper_sim.analysis.band import with_band
     from piper_sim.machine import build_machine
     from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run
+    from piper_sim.run_wall import duration_text
     from piper_sim.simulator import check_wall, simulate
+    from piper_sim.steady_state import expected_wall_s, short_run_counts, simulate_figures
     from piper_sim.trace.tracks import check_detail
 
     perfetto = check_perfetto(check_outputs(args.outputs), args.perfetto)
@@ -88,24 +90,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else ""
     )
     schedule = build_schedule(cfg)
-    work = check_wall(cfg, schedule, limit)
+    short = short_run_counts(cfg) if args.outputs == "report" else []  # no trace written: the step from short runs
+    expected = (
+        f"about {duration_text(expected_wall_s(cfg))} (short runs of {', '.join(map(str, short))} micro-batches, "
+        "their figures extrapolated: docs/performance.md)"
+        if short
+        else check_wall(cfg, schedule, limit).text()
+    )
     print(
         f"simulating {cfg.model.name} on {par.num_gpus} GPUs (pp {par.pp} x ep {par.ep} x dp {par.dp}{split}, "
         f"{cfg.schedule}, {par.num_microbatches} microbatches, all-to-all {cfg.collectives.all_to_all}): "
-        f"{work.text()} expected ...",
+        f"{expected} expected ...",
         file=sys.stderr,
     )
     open_out_dir(args.out, "simulate")
     machine = build_machine(cfg)  # once, for the estimate and the simulation
-    result = simulate(
-        cfg,
-        schedule,
-        machine=machine,
-        progress=True,
-        outputs=check_outputs(args.outputs),
-        expected_s=_expected_s(cfg, machine),
-        max_wall_minutes=limit,
-    )
+    if short:
+        result = simulate_figures(cfg, machine=machine, progress=True, max_wall_minutes=limit).result(cfg, schedule)
+    else:
+        result = simulate(
+            cfg,
+            schedule,
+            machine=machine,
+            progress=True,
+            outputs=check_outputs(args.outputs),
+            expected_s=_expected_s(cfg, machine),
+            max_wall_minutes=limit,
+        )
     result = replace(result, report=with_band(result.report, cfg, "des"))
     # what the machine was built as and where the ranks went, where that can change the answer
     say_notes(

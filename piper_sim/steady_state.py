@@ -27,8 +27,8 @@ from piper_sim.analysis.budget import busiest_rank, trace_budget
 from piper_sim.analysis.run_report import Report, a2a_call_bandwidths, busiest_link_row, mfu_over_peak
 from piper_sim.config import Config, with_overrides
 from piper_sim.errors import ConfigError
-from piper_sim.machine import build_machine
-from piper_sim.result import RunResult
+from piper_sim.machine import Machine, build_machine
+from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.simulator import check_wall, simulate
@@ -47,32 +47,60 @@ STEADY_SCHEDULES = {"1f1b": 1, "zb-h1": 1, "interleaved-1f1b": 2}
 
 @dataclass(frozen=True)
 class SteadyRun:
-    """A config's figures: report (Report.microbatches_simulated says which counts ran), and the busiest rank's
-    error budget per step (analysis/budget.py; with "rank" and "step_s")."""
+    """A config's figures: report (Report.microbatches_simulated says which counts ran), the busiest rank's error
+    budget per step (analysis/budget.py; with "rank" and "step_s"), the links table at the configured count
+    (analysis/links.py), and the last run simulated (the full run, or the last short run: its machine and stats)."""
 
     report: Report
     budget: dict[str, float]
+    links: pd.DataFrame | None
+    last: RunResult
+
+    def result(self, cfg: Config, schedule: Schedule) -> RunResult:
+        """The figures as the configured run's RunResult (schedule: its lowered schedule), for the files of
+        `simulate --outputs report`; extrapolated figures come without trace rows (a trace needs the full run)."""
+        if self.last.config.parallel.num_microbatches == cfg.parallel.num_microbatches:
+            return replace(self.last, report=self.report)
+        return replace(
+            self.last,
+            config=cfg,
+            schedule=schedule,
+            report=self.report,
+            trace=self.last.trace.iloc[0:0],
+            steps=steps_frame(self.report),
+            links=self.links,
+        )
 
 
-def simulate_figures(cfg: Config) -> SteadyRun:
-    """The config's report and budget, extrapolated from short runs where the step is affine in the micro-batch
-    count (module docstring), else from one full run."""
+def simulate_figures(
+    cfg: Config, *, machine: Machine | None = None, progress: bool = False, max_wall_minutes: float | None = None
+) -> SteadyRun:
+    """The config's figures, extrapolated from short runs where the step is affine in the micro-batch count (module
+    docstring), else from one full run (refused past max_wall_minutes: simulator.simulate). machine: the config's
+    (built when None); progress: each run's progress line (simulator.simulate)."""
     t0 = time.perf_counter()
     ladder, first, _ = _short_runs(cfg)
+    machine = machine or build_machine(cfg)
     if first is not None:
-        machine = build_machine(cfg)
         runs: list[RunResult] = []
         for count in ladder:
             built = first if count == ladder[0] else _built(cfg, count)
             if built is None:
                 break
-            runs.append(simulate(*built, machine=machine))
+            runs.append(simulate(*built, machine=machine, progress=progress))
             figures = extrapolated(cfg, runs[-3:], time.perf_counter() - t0) if len(runs) >= 3 else None
             if figures is not None:
                 return figures
-    result = simulate(cfg)
+    result = simulate(cfg, machine=machine, progress=progress, max_wall_minutes=max_wall_minutes)
     report = replace(result.report, microbatches_simulated=[cfg.parallel.num_microbatches])
-    return SteadyRun(report, trace_budget(result.trace))
+    return SteadyRun(report, trace_budget(result.trace), result.links, result)
+
+
+def short_run_counts(cfg: Config) -> list[int]:
+    """The micro-batch counts simulate_figures simulates first (three short runs), or [] where it simulates the
+    configured count in full."""
+    ladder, first, _ = _short_runs(cfg)
+    return ladder[:3] if first is not None else []
 
 
 def expected_wall_s(cfg: Config) -> float:
@@ -163,7 +191,7 @@ def affine(samples: list[dict[str, float]], counts: list[int], target: int) -> d
     if np.any(np.abs(second) > TOLERANCE * np.maximum(np.abs(values).max(axis=0), 1e-12)):
         return None
     slope = (values[2] - values[0]) / (counts[2] - counts[0])
-    return dict(zip(names, values[2] + slope * (target - counts[2]), strict=True))
+    return dict(zip(names, (values[2] + slope * (target - counts[2])).tolist(), strict=True))
 
 
 def extrapolated(cfg: Config, runs: list[RunResult], wall_s: float) -> SteadyRun | None:
@@ -208,7 +236,7 @@ def extrapolated(cfg: Config, runs: list[RunResult], wall_s: float) -> SteadyRun
         microbatches_simulated=counts,
     )
     budget = {"rank": rank, **{k.removeprefix("budget:"): v for k, v in at.items() if k.startswith("budget:")}}
-    return SteadyRun(report, budget)
+    return SteadyRun(report, budget, links, last)
 
 
 def _links(table: pd.DataFrame | None, at: dict[str, float]) -> pd.DataFrame | None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
 
+import pandas as pd
 import pytest
 
 from piper_sim import steady_state
 from piper_sim.analysis.budget import trace_budget
+from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.schedule.build import build_schedule
 from piper_sim.simulator import check_wall, simulate
@@ -118,3 +121,20 @@ def test_expected_wall_is_the_short_runs_where_they_are_taken(always_short):
 def test_expected_wall_of_a_run_simulated_in_full():
     cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48"])
     assert expected_wall_s(cfg) == check_wall(cfg, build_schedule(cfg), None).wall_s
+
+
+def test_simulate_report_only_writes_the_extrapolated_figures(always_short, tmp_path):
+    """`simulate --outputs report` writes no trace, so it takes the short runs; report.json and links.csv hold the
+    full run's figures."""
+    overrides = ["parallel.pp=4", "parallel.num_microbatches=48"]
+    out = tmp_path / "run"
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    assert main(["simulate", "small-moe", *sets, "--outputs", "report", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    full = simulate(load_config("small-moe", overrides))
+    assert report["microbatches_simulated"] == [4, 5, 6]
+    assert _close(report["step_time_s"], full.report.step_time_s)
+    links = pd.read_csv(out / "links.csv").set_index("link")
+    want = full.links.set_index("link")
+    assert sorted(links.index) == sorted(want.index)
+    assert all(_close(links.loc[k, "utilization"], want.loc[k, "utilization"]) for k in want.index)
