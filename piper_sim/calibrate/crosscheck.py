@@ -4,7 +4,7 @@ Owns `piper-sim calibrate --check PROFILE`: for each model preset, one layer's o
 experts, moe_out, head) run through the torch backend's forward_op / backward_op exactly as the
 executor runs them (autograd on, fp32 on CPU), on N ranks at once like the calibration, at the shipped
 examples' micro-batch size; the real router's per-expert rows feed the prediction. Reported per op:
-measured forward and backward, predicted (backward = 2 x forward, as the cost model has it), the
+measured forward and backward, predicted (as the cost model has it: roofline.work_time_s of each pass), the
 prediction split into FLOP, memory and launch terms, and the number of ATen ops the op dispatched
 (the kernels a per-op overhead is paid for) next to flops.py's num_kernels. The measuring is
 piper_sim.torch_backend.bench.check (measure_ops); this module prices and compares, and must not import torch.
@@ -24,6 +24,7 @@ from piper_sim.workload.profile import DeviceProfile
 from piper_sim.workload.profile_file import profile_path
 from piper_sim.workload.profile_load import load_profile
 from piper_sim.workload.roofline import gemm_time_s, memory_bound_s, work_time_s
+from piper_sim.workload.task_kinds import TaskKind
 
 
 def predict(
@@ -48,6 +49,7 @@ def predict(
     launch = work.num_kernels * profile.kernel_launch_s
     return {
         "total_s": work_time_s(profile, work, b),
+        "backward_s": work_time_s(profile, work, b, kind=TaskKind.BACKWARD),
         "gemm_s": gemm,
         "attention_s": attention,
         "memory_s": memory,
@@ -91,7 +93,7 @@ def crosscheck(
 ) -> list[dict]:
     """Measured vs predicted per op (medians over ranks). Each row also carries the prediction with the
     counted ATen ops in place of flops.py's num_kernels (kernels x kernel_launch + views x view cost;
-    backward: twice the work terms plus its own counted ops)."""
+    backward: the backward's work terms plus its own counted ops)."""
     from piper_sim.torch_backend.bench.check import measure_ops  # torch: loaded only when measuring
 
     profile = load_profile(profile_spec)
@@ -106,7 +108,8 @@ def crosscheck(
         work_s = pred["total_s"] - pred["launch_s"]
         launch = profile.kernel_launch_s
         counted_fwd = work_s + row["fwd_kernels"] * launch + row["fwd_views"] * view_s
-        counted_bwd = 2 * work_s + row["bwd_kernels"] * launch + row["bwd_views"] * view_s
+        bwd_work_s = pred["backward_s"] - 2 * pred["launch_s"]  # a backward pays its forward's launches twice
+        counted_bwd = bwd_work_s + row["bwd_kernels"] * launch + row["bwd_views"] * view_s
         fw_fwd = _framework_s(measurements, "forward", row["fwd_kernels"] + row["fwd_views"])
         fw_bwd = _framework_s(measurements, "backward", row["bwd_kernels"] + row["bwd_views"])
         sim_fwd, sim_bwd = simulator_s(profile, row["model"], row["op"], row["tokens"], tuple(row["expert_rows"]))
@@ -122,7 +125,7 @@ def crosscheck(
                 "counted_fwd_s": counted_fwd,
                 "counted_bwd_s": counted_bwd,
                 "framework_fwd_s": None if fw_fwd is None else work_s + fw_fwd,
-                "framework_bwd_s": None if fw_bwd is None else 2 * work_s + fw_bwd,
+                "framework_bwd_s": None if fw_bwd is None else bwd_work_s + fw_bwd,
             }
         )
     return out
@@ -136,7 +139,7 @@ def format_table(rows: list[dict]) -> str:
     """Markdown tables (microseconds): the bare cost model, with the counted ATen ops, with the fitted
     framework overhead, and as the simulator prices each op."""
     lines = [
-        "As the cost model is (flops.py num_kernels x kernel_launch; backward = 2 x forward):",
+        "As the cost model is (flops.py num_kernels x kernel_launch; the backward as work_time_s prices it):",
         "",
         "| model | op | measured fwd | predicted fwd | error | parts: gemm+attn / memory / launch "
         "| measured bwd | predicted bwd | error |",
@@ -148,7 +151,7 @@ def format_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['model']} | {r['op']} | {r['fwd_s'] * 1e6:.1f} | {p['total_s'] * 1e6:.1f} | "
             f"{_err(p['total_s'], r['fwd_s'])} | {parts} | {r['bwd_s'] * 1e6:.1f} | "
-            f"{2 * p['total_s'] * 1e6:.1f} | {_err(2 * p['total_s'], r['bwd_s'])} |"
+            f"{p['backward_s'] * 1e6:.1f} | {_err(p['backward_s'], r['bwd_s'])} |"
         )
     lines += [
         "",

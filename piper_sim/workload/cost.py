@@ -28,6 +28,7 @@ from piper_sim.workload.roofline import (
     gemm_time_s,
     memory_bound_s,
     pass_of,
+    pass_traffic,
     work_terms_s,
     work_time_s,
 )
@@ -131,9 +132,10 @@ class TaskCoster:
         measured_experts = (pass_of(kind), "experts") in self.profile.framework_s
         for op in ops:
             if expert_rows and op.startswith("experts:") and not measured_experts:
-                s, f = self._experts_s(expert_rows)
-                seconds += factor * s + float(self._experts_cast_s(kind, sum(expert_rows)))
-                flops += factor * f
+                s, f = self.experts_cost(
+                    kind, op, np.array([expert_rows], dtype=np.int64), np.array([len(expert_rows)])
+                )
+                seconds, flops = seconds + float(s[0]), flops + float(f[0])
                 continue
             work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
             on_path = self.profile.moe_path is not None and op.startswith(MOE_PATH_OPS)
@@ -159,11 +161,11 @@ class TaskCoster:
         measured_experts = (pass_of(kind), "experts") in self.profile.framework_s
         for op in ops:
             if expert_rows and op.startswith("experts:") and not measured_experts:
-                gemm, memory, launch = self._experts_parts(
-                    np.array([expert_rows], dtype=np.int64), np.array([len(expert_rows)])
+                gemm, memory, launch, _ = self._experts_parts(
+                    np.array([expert_rows], dtype=np.int64), np.array([len(expert_rows)]), kind
                 )
-                for term, value in (("gemm", gemm), ("memory_bound", memory), ("launch", launch)):
-                    terms[term] += factor * float(value[0])
+                for term, value in (("gemm", factor * gemm), ("memory_bound", memory), ("launch", factor * launch)):
+                    terms[term] += float(value[0])
                 terms["memory_bound"] += float(self._experts_cast_s(kind, sum(expert_rows)))
                 continue
             work = op_work(self.model, op, self.tokens, expert_rows, self.split, self.flash)
@@ -181,32 +183,22 @@ class TaskCoster:
             terms["memory_bound"] += self._cast_s(kind, op, work.gemms)
         return terms
 
-    def _experts_s(self, expert_rows: tuple[int, ...]) -> tuple[float, float]:
-        """(seconds, FLOPs) of an experts op's forward on these rows per expert (experts_forward_s of one rank)."""
-        seconds, flops = self.experts_forward_s(
-            np.array([expert_rows], dtype=np.int64).reshape(1, len(expert_rows)), np.array([len(expert_rows)])
-        )
-        return float(seconds[0]), float(flops[0])
-
-    def experts_forward_s(self, rows: np.ndarray, num_local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, FLOPs) per rank of an experts op's forward: rows[m, j] the rows of rank m's j-th expert (zero
-        past its num_local[m] experts). Each expert's GEMMs are priced once per row count (skewed routing gives every
-        rank and micro-batch its own rows) and added expert by expert, plus the rest of the op (its traffic over the
-        rows, a few kernels per expert: experts_besides_gemms)."""
-        gemm, memory, launch, flops = self._experts_parts(rows, num_local, with_flops=True)
-        return gemm + (memory + launch), flops
-
-    def _experts_parts(self, rows: np.ndarray, num_local: np.ndarray, with_flops: bool = False) -> tuple:
-        """Per rank of an experts op's forward: (GEMM seconds, traffic seconds, launch seconds[, FLOPs])."""
+    def _experts_parts(self, rows: np.ndarray, num_local: np.ndarray, kind: TaskKind) -> tuple:
+        """Per rank of an experts op, rows[m, j] the rows of rank m's j-th expert (zero past its num_local[m]
+        experts): (forward GEMM seconds, this kind's traffic seconds, forward launch seconds, forward FLOPs). Each
+        expert's GEMMs are priced once per row count (skewed routing gives every rank and micro-batch its own rows)
+        and added expert by expert; the rest of the op is its traffic over the rows (the pass's own kernels:
+        roofline.pass_memory_s) and a few kernels per expert (experts_besides_gemms)."""
         per_expert = self._one_expert_table(rows)
         seconds, flops = np.zeros(len(rows)), np.zeros(len(rows))
         for j in range(rows.shape[1]):  # expert by expert, as one rank's sum runs
             seconds += per_expert[:, j, 0]
             flops += per_expert[:, j, 1]
         rest = experts_besides_gemms(self.model, (1,), self.split.etp)  # one row's traffic, one expert's kernels
-        memory = memory_bound_s(self.profile, rest.traffic, rows.sum(axis=1))
+        traffic, scale = pass_traffic(rest, kind)
+        memory = memory_bound_s(self.profile, traffic, scale * rows.sum(axis=1))
         launch = num_local * rest.num_kernels * self.profile.kernel_launch_s
-        return (seconds, memory, launch, flops) if with_flops else (seconds, memory, launch)
+        return seconds, memory, launch, flops
 
     def _one_expert_table(self, rows: np.ndarray) -> np.ndarray:
         """[..., 2]: (seconds, FLOPs) of one expert's GEMMs on each of these row counts (0 for none), from a table by
@@ -236,13 +228,13 @@ class TaskCoster:
         self, kind: TaskKind, op: str, rows: np.ndarray, num_local: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """(seconds, FLOPs) per rank of a compute task of this kind running one experts op (rows and num_local as
-        experts_forward_s takes them): cost(kind, (op,), rank's rows) for every rank at once."""
+        _experts_parts takes them): cost(kind, (op,), rank's rows) for every rank at once."""
         if (pass_of(kind), "experts") in self.profile.framework_s:  # measured fixed costs: rank by rank
             priced = [self.cost(kind, (op,), tuple(r[:n].tolist())) for r, n in zip(rows, num_local, strict=True)]
             return np.array([p[0] for p in priced]), np.array([p[1] for p in priced])
-        seconds, flops = self.experts_forward_s(rows, num_local)
+        gemm, memory, launch, flops = self._experts_parts(rows, num_local, kind)
         factor = BACKWARD_FACTOR[kind]
-        return factor * seconds + self._experts_cast_s(kind, rows.sum(axis=1)), factor * flops
+        return factor * (gemm + launch) + memory + self._experts_cast_s(kind, rows.sum(axis=1)), factor * flops
 
     def _moe_path_s(self, kind: TaskKind, op: str, work: OpWork) -> float:
         """The router and moe_out ops as the profile's measured MoE path (DeviceProfile.moe_path): the router is

@@ -3,7 +3,8 @@
 Owns the FLOP and byte formulas. Must not import simpy or torch. A GEMM (rows x k) @ (k x n)
 costs 2 * rows * k * n FLOPs (multiply-add = 2). Attention core (QK^T and PV) is counted causally:
 2 matmuls x 2 FLOPs x tokens x (seq/2) x heads x head_dim = 2 * tokens * seq * heads * head_dim,
-the useful work of a causal kernel. Backward is twice the forward (input and weight gradients).
+the useful work of a causal kernel. Backward GEMM FLOPs are twice the forward's (input and weight gradients); a
+backward's memory-bound traffic is each kernel kind's own (backward_traffic).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class OpWork:
     # core in place of attention_flops (which stays the model's count)
     unfused_forward: UnfusedPass | None = None
     unfused_backward: UnfusedPass | None = None
+    # the backward's memory-bound traffic by kind (backward_traffic); None where the work is only ever run forward
+    backward_traffic: Traffic | None = None
 
     @property
     def flops(self) -> float:
@@ -106,6 +109,18 @@ def op_work(
     expert_rows: tuple[int, ...] = (),
     split: TensorSplit = NO_SPLIT,
     flash: bool = True,
+) -> OpWork:
+    """Work of one op on `tokens` tokens (micro-batch x seq) of one rank: its forward (_forward_work) and its
+    backward's memory-bound traffic (backward_traffic, activations by the op's FFN matrix count)."""
+    work = _forward_work(model, op, tokens, expert_rows, split, flash)
+    if work.backward_traffic is not None:
+        return work
+    matrices = model.dense_matrix_count if parse_op(op)[0] == "dense" else model.expert_matrices
+    return replace(work, backward_traffic=backward_traffic(model, work.traffic, matrices))
+
+
+def _forward_work(
+    model: ModelSpec, op: str, tokens: int, expert_rows: tuple, split: TensorSplit, flash: bool
 ) -> OpWork:
     """Forward work of one op on `tokens` tokens (micro-batch x seq) of one rank.
 
@@ -253,6 +268,50 @@ def unfused_attention(model: ModelSpec, tokens: int, heads: int) -> tuple[Unfuse
     return forward, backward
 
 
+# The backward kernels' HBM traffic of each memory-bound kind, per element of the tensor its forward runs over, in
+# elements of the model's dtype (fp32 where named); the kernels and their sources (repository, commit, file,
+# function) are in traces/kernels/backward-traffic.yaml. Norm: Transformer Engine's (and apex.contrib's FastLayerNorm)
+# backward reads x and dy and writes dx in one kernel (forward: x read, y written). Activation of m FFN matrices:
+# Megatron-core's bias_gelu_back / swiglu_back read the m - 1 saved inputs and dy and write the m - 1 input
+# gradients (forward: the inputs read, one output written). Residual: the add's own backward passes dy on to both
+# branches (no kernel); autograd's accumulation of the two gradients where the branches forked reads two, writes
+# one. Dropout: the backward of the fused bias-dropout-add multiplies dy by the 1-byte mask (forward: the mask
+# written). Rotary: the backward is the forward's rotation of dy. Softmax (the router's, fp32): torch's softmax
+# backward reads y and dy, writes dx. Loss: Megatron's vocab-parallel cross entropy multiplies the saved fp32
+# softmax by the loss gradient in place, and autograd casts that fp32 gradient to the logits' dtype (forward: 3 fp32
+# passes over the logits). Permutations and copies: the backward moves the same rows the other way.
+NORM_ELEMENTS = (2.0, 3.0)  # (forward, backward)
+RESIDUAL_ELEMENTS = (3.0, 3.0)
+ROTARY_ELEMENTS = (2.0, 2.0)
+SOFTMAX_ELEMENTS = (2.0, 3.0)
+LOSS_FP32_PASSES = (3.0, 2.0 + 1.0)  # the backward's cast also writes one element of the model's dtype
+
+
+def activation_elements(matrices: int) -> tuple[float, float]:
+    """(forward, backward) elements per FFN element of an activation over `matrices` FFN matrices."""
+    return float(matrices), 2.0 * (matrices - 1) + 1.0
+
+
+def backward_traffic(model: ModelSpec, traffic: Traffic, matrices: int) -> Traffic:
+    """The memory-bound traffic of the backward of these forward kernels, kind by kind (the element counts above);
+    matrices: the FFN matrix count of the op's activation."""
+    b = model.dtype_bytes
+    dropout = (DROPOUT_MASK_BYTES + 2 * b) / DROPOUT_MASK_BYTES  # the mask and dy read, dx written
+    loss = (LOSS_FP32_PASSES[1] * 4 + b) / (LOSS_FP32_PASSES[0] * 4)
+    ratio = {
+        "norm": NORM_ELEMENTS[1] / NORM_ELEMENTS[0],
+        "activation": activation_elements(matrices)[1] / activation_elements(matrices)[0],
+        "residual": RESIDUAL_ELEMENTS[1] / RESIDUAL_ELEMENTS[0],
+        "dropout": dropout,
+        "rotary": ROTARY_ELEMENTS[1] / ROTARY_ELEMENTS[0],
+        "softmax": SOFTMAX_ELEMENTS[1] / SOFTMAX_ELEMENTS[0],
+        "loss": loss,
+        "permute": 1.0,
+        "copy": 1.0,
+    }
+    return tuple((kind, nbytes * ratio[kind]) for kind, nbytes in traffic)
+
+
 def norm_traffic(model: ModelSpec, tokens: int, split: TensorSplit) -> Traffic:
     """One LayerNorm or RMSNorm over the tokens the rank holds (1/tp of them under sequence parallelism): it reads
     its input and writes its output (Transformer Engine's norm kernels, Megatron's fused layer norm; the per-token
@@ -325,9 +384,9 @@ def experts_besides_gemms(model: ModelSpec, expert_rows: tuple[int, ...], etp: i
     expert."""
     d, m, b = model.d_model, model.expert_matrices, model.dtype_bytes
     rows = sum(expert_rows)
+    traffic: Traffic = (("activation", expert_activation_bytes(model, rows, etp)), ("copy", rows * 2 * d * b))
     return OpWork(
-        traffic=(("activation", expert_activation_bytes(model, rows, etp)), ("copy", rows * 2 * d * b)),
-        num_kernels=len(expert_rows) * (m + 2),
+        traffic=traffic, num_kernels=len(expert_rows) * (m + 2), backward_traffic=backward_traffic(model, traffic, m)
     )
 
 

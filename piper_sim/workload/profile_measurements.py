@@ -20,7 +20,7 @@ from piper_sim.units import is_finite_number
 from piper_sim.workload.flops import EXCHANGE_OPS, exchange_work, op_work
 from piper_sim.workload.presets import load_model
 from piper_sim.workload.profile import DeviceProfile, HostProfile, layer_key
-from piper_sim.workload.roofline import BACKWARD_FACTOR, work_time_s
+from piper_sim.workload.roofline import work_time_s
 from piper_sim.workload.task_kinds import TaskKind
 
 # the collectives whose measured per-call overhead (network.local.<kind>.groups_of_<n>.fit) the simulator charges
@@ -262,9 +262,9 @@ def _net_of_work(
     seq_of = {int(seq) * int(batch): int(seq) for seq, batch in shapes or []}
 
     def net(pass_name: str, op: str, experts: int, series: tuple) -> tuple:
-        factor = 1.0 if pass_name == "forward" else BACKWARD_FACTOR[TaskKind.BACKWARD]
+        kind = TaskKind.FORWARD if pass_name == "forward" else TaskKind.BACKWARD
         return tuple(
-            (tokens, max(seconds - factor * _layer_work_s(profile, model, seq_of, op, tokens, experts), 0.0))
+            (tokens, max(seconds - _layer_work_s(profile, model, seq_of, op, tokens, experts, kind), 0.0))
             for tokens, seconds in series
         )
 
@@ -277,13 +277,15 @@ def _net_of_work(
     )
 
 
-def _layer_work_s(profile: DeviceProfile, layer: dict, seq_of: dict, op: str, tokens: int, experts: int) -> float:
+def _layer_work_s(
+    profile: DeviceProfile, layer: dict, seq_of: dict, op: str, tokens: int, experts: int, kind: TaskKind
+) -> float:
     model = load_model(dict(layer, seq_len=seq_of.get(tokens, layer["seq_len"]), num_experts=experts))
-    if op.partition(":")[0] in EXCHANGE_OPS:
+    if op.partition(":")[0] in EXCHANGE_OPS:  # host work, the same in both passes (TaskCoster.exchange_s)
         return work_time_s(profile, replace(exchange_work(model, op, tokens), num_kernels=0), model.dtype_bytes)
     # the experts op ran with the router's rows spread over its experts: priced as an even spread
     rows = (tokens * model.top_k // experts,) * experts if op.startswith("experts:") else ()
-    return work_time_s(profile, replace(op_work(model, op, tokens, rows), num_kernels=0), model.dtype_bytes)
+    return work_time_s(profile, replace(op_work(model, op, tokens, rows), num_kernels=0), model.dtype_bytes, kind=kind)
 
 
 def expert_lines(by_experts: Sequence[tuple[int, Sequence[tuple[int, float]]]]) -> tuple[tuple[int, float, float], ...]:

@@ -7,7 +7,9 @@ of a single launch's rate a GEMM keeps back-to-back under the power limit); a fu
 curve over sequence length, an unfused one its batched GEMMs (at measured batched rates where the profile has them)
 and its softmax and dropout traffic; memory-bound kernels are bound by HBM bandwidth, at the share measured for their
 kind (norm, activation...) where the profile has one (memory_bound_s); each kernel pays a launch overhead. A task of a
-backward kind takes BACKWARD_FACTOR times its forward's work. Pricing a task's ops with a profile's measured
+backward kind takes BACKWARD_FACTOR times its forward's GEMMs, attention and launches, and its op's own backward
+memory-bound traffic (OpWork.backward_traffic, half of it in each pass of a split backward) at the shares measured
+for the forward kernels. Pricing a task's ops with a profile's measured
 framework costs, fp8 and memoization is cost.py's (TaskCoster). Must not import simpy or torch.
 """
 
@@ -109,6 +111,24 @@ def pass_of(kind: TaskKind) -> str:
     return "forward" if kind in _FORWARD_PASS else "backward"
 
 
+def pass_memory_s(profile: DeviceProfile, work: OpWork, kind: TaskKind) -> float:
+    """Seconds of an op's memory-bound traffic in a task of this kind: its forward kernels' traffic in a forward
+    pass (a recomputation's included), its backward kernels' (OpWork.backward_traffic) in a backward, half of them
+    in each pass of a split backward."""
+    traffic, scale = pass_traffic(work, kind)
+    return memory_bound_s(profile, traffic, scale)
+
+
+def pass_traffic(work: OpWork, kind: TaskKind) -> tuple[Traffic, float]:
+    """(traffic, scale) of an op's memory-bound kernels in a task of this kind (pass_memory_s)."""
+    factor = BACKWARD_FACTOR[kind]
+    if pass_of(kind) == "forward":
+        return work.traffic, factor
+    if work.backward_traffic is None:
+        raise ValueError("a backward priced from work without backward_traffic (flops.op_work derives it)")
+    return work.backward_traffic, factor / 2
+
+
 def work_terms_s(
     profile: DeviceProfile,
     work: OpWork,
@@ -117,8 +137,9 @@ def work_terms_s(
     kind: TaskKind = K.FORWARD,
 ) -> dict[str, float]:
     """Time of an op's work by term (cost.COST_TERMS but framework) in a task of this kind: BACKWARD_FACTOR times the
-    forward's, except an unfused attention core's backward, priced from its own GEMMs and traffic (a split
-    backward's two passes take half of it each, as they do of every other term); gemm_s: the time of one GEMM
+    forward's, except an unfused attention core's backward and the memory-bound kernels' (pass_memory_s), priced
+    from their own GEMMs and traffic (a split backward's two passes take half of them each, as they do of every
+    other term); gemm_s: the time of one GEMM
     (gemm_time_s unless given, e.g. memoized)."""
     if gemm_s is None:
 
@@ -141,7 +162,7 @@ def work_terms_s(
     return {
         "gemm": factor * sum(gemm_s(g) for g in work.gemms),
         "attention": attention,
-        "memory_bound": memory_bound_s(profile, work.traffic, factor),
+        "memory_bound": pass_memory_s(profile, work, kind),
         "launch": factor * work.num_kernels * profile.kernel_launch_s,
     }
 
