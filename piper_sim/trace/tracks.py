@@ -96,7 +96,10 @@ def build_tracks(
 
 
 def _times(start_s: pd.Series, end_s: pd.Series) -> tuple[pd.Series, pd.Series]:
-    return (start_s * 1e6).round(3), ((end_s - start_s) * 1e6).round(3)
+    """(ts_us, dur_us) at ns resolution: the end rounded as every start is, so that a slice ending where the next
+    begins ends at that next one's rounded start (rounding the duration alone can end it 1 ns past it)."""
+    ts = (start_s * 1e6).round(3)
+    return ts, ((end_s * 1e6).round(3) - ts).round(3)
 
 
 def _rank_events(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, str]]:
