@@ -128,9 +128,8 @@ def _short_runs(cfg: Config) -> tuple[list[int], tuple[Config, Schedule] | None,
 def short_counts(cfg: Config) -> list[int]:
     """The short runs' micro-batch counts to try, in order: M1, M1 + c, M1 + 2c, ... (M1 the smallest count from
     the schedule's steady pattern on (STEADY_SCHEDULES) with M - M1 a multiple of the schedule's granularity c, the
-    first three valid for the schedule), as many
-    as simulate at most SAVING of the configured count M in all; none for a schedule outside STEADY_SCHEDULES or
-    where the run's micro-batches differ (skewed routing, migration)."""
+    first three valid for the schedule), as many as simulate at most SAVING of the configured count M in all; none
+    for a schedule outside STEADY_SCHEDULES or where the run's micro-batches differ (skewed routing, migration)."""
     par = cfg.parallel
     total = par.num_microbatches
     if cfg.schedule not in STEADY_SCHEDULES or not cfg.routing.is_uniform or cfg.migration.active:
