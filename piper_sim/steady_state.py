@@ -6,10 +6,12 @@ granularity: 1 for 1F1B, pp for interleaved 1F1B) add the same time to the step 
 report is made of (busy and idle time, FLOPs, bytes on each link, all-to-all calls, the busiest rank's budget terms),
 while the fill, the drain and the gradient reduction after it keep their shape. So the run is simulated at short
 counts M1, M1 + c, M1 + 2c, ... (M1 the smallest valid count from pp on); as soon as three in a row have every such
-total on one line (second differences within TOLERANCE of the total's size), the figures of the configured count M
-are the affine extrapolation from them. Where none do within SAVING of M's micro-batches (a fill longer than the
-counts tried, a regime of a longer period), where the schedule is not one of STEADY_SCHEDULES, where micro-batches
-differ (skewed routing, migration), or where the full run is quick anyway (FULL_WALL_S), M is simulated in full. What
+total on one line (within TOLERANCE of the total's size), one more run at about twice the last count checks the line
+(a contended plan's step can stay on a line for a few counts and then step off it), and where it holds the figures
+of the configured count M are the affine extrapolation. Where no three do within SAVING of M's micro-batches (a fill
+longer than the counts tried, a regime of a longer period), where the check fails, where the schedule is not one of
+STEADY_SCHEDULES, where micro-batches differ (skewed routing, migration), or where the full run is quick anyway
+(FULL_WALL_S), M is simulated in full. What
 comes back either way is a Report (its microbatches_simulated says which counts ran) and the busiest rank's error
 budget; a trace comes only from a full run (`simulate`). tests/sim/test_steady_state.py holds the extrapolated figures
 to full runs.
@@ -36,7 +38,7 @@ from piper_sim.workload.memory import headroom_bytes
 
 TOLERANCE = 1e-7  # a second difference this small against the quantity's size is zero (float sums of ~1e6 tasks)
 FULL_WALL_S = 5.0  # a run expected to simulate in less (run_wall.py) is simulated in full: short runs cost setup each
-SAVING = 0.6  # the short runs simulate at most this share of the configured count's micro-batches, together
+SAVING = 0.7  # the short runs simulate at most this share of the configured count's micro-batches, together
 # the schedules whose programs are a fill, one repeating pattern with a bounded number of micro-batches in flight, and
 # a drain, each with the multiple of pp from which every stage's program has that pattern (interleaved 1F1B's fill
 # holds (vpp - 1) pp + 2 (pp - 1) micro-batch chunks: at M = pp it is all fill and drain). GPipe holds every
@@ -83,40 +85,57 @@ def simulate_figures(
     machine = machine or build_machine(cfg)
     if first is not None:
         runs: list[RunResult] = []
+        sums: list[dict[str, float]] = []
         for count in ladder:
             built = first if count == ladder[0] else _built(cfg, count)
             if built is None:
                 break
             runs.append(simulate(*built, machine=machine, progress=progress))
-            figures = extrapolated(cfg, runs[-3:], time.perf_counter() - t0) if len(runs) >= 3 else None
-            if figures is not None:
-                return figures
+            if len(runs) == 1:
+                rank = busiest_rank(runs[0].trace)  # one rank's budget in every run
+            sums.append(totals(runs[-1], rank))
+            counts = ladder[: len(runs)]
+            if len(runs) < 3 or affine(sums[-3:], counts[-3:], count) is None:
+                continue
+            check = _check_count(cfg, counts, ladder[1] - ladder[0])  # on a line: a count twice as far checks it
+            built = None if check is None else _built(cfg, check)
+            if built is None:
+                break
+            runs.append(simulate(*built, machine=machine, progress=progress))
+            at = affine([*sums[-3:], totals(runs[-1], rank)], [*counts[-3:], check], cfg.parallel.num_microbatches)
+            if at is None:
+                break
+            simulated = [*counts, check]
+            return extrapolated(cfg, at, runs[-1], rank, simulated, time.perf_counter() - t0)
     result = simulate(cfg, machine=machine, progress=progress, max_wall_minutes=max_wall_minutes)
     report = replace(result.report, microbatches_simulated=[cfg.parallel.num_microbatches])
     return SteadyRun(report, trace_budget(result.trace), result.links, result)
 
 
 def short_run_counts(cfg: Config) -> list[int]:
-    """The micro-batch counts simulate_figures simulates first (three short runs), or [] where it simulates the
-    configured count in full."""
+    """The micro-batch counts simulate_figures simulates where the first three short runs lie on a line (those and
+    the count that checks it), or [] where it simulates the configured count in full."""
     ladder, first, _ = _short_runs(cfg)
-    return ladder[:3] if first is not None else []
+    check = _check_count(cfg, ladder[:3], ladder[1] - ladder[0]) if first is not None else None
+    return [] if check is None else [*ladder[:3], check]
 
 
 def expected_wall_s(cfg: Config) -> float:
-    """simulate_figures' expected wall seconds on this machine (run_wall.py): its first three short runs where it
-    takes them, else the full run."""
+    """simulate_figures' expected wall seconds on this machine (run_wall.py): its short runs where the first three
+    lie on a line, else the full run."""
     ladder, first, per_microbatch_s = _short_runs(cfg)
     if first is not None:
-        return per_microbatch_s * sum(ladder[:3])
+        return per_microbatch_s * sum(short_run_counts(cfg))
     return check_wall(cfg, build_schedule(cfg), None).wall_s
 
 
 def _short_runs(cfg: Config) -> tuple[list[int], tuple[Config, Schedule] | None, float]:
     """(short_counts, the first short run's config and schedule, its expected wall per micro-batch); the run
-    None where the full run is simulated: no short counts, or a full run expected under FULL_WALL_S."""
+    None where the full run is simulated: no short counts, no room for the count that checks them, or a full run
+    expected under FULL_WALL_S."""
     ladder = short_counts(cfg)
-    first = _built(cfg, ladder[0]) if ladder else None
+    checkable = bool(ladder) and _check_count(cfg, ladder[:3], ladder[1] - ladder[0]) is not None
+    first = _built(cfg, ladder[0]) if checkable else None
     if first is None:
         return ladder, None, 0.0
     per_microbatch_s = check_wall(*first, None).wall_s / ladder[0]
@@ -182,25 +201,33 @@ def totals(result: RunResult, rank: int) -> dict[str, float]:
 
 
 def affine(samples: list[dict[str, float]], counts: list[int], target: int) -> dict[str, float] | None:
-    """Every quantity at `target` from its values at three equally spaced counts, or None where one is not affine
-    (its second difference beyond TOLERANCE of its size). A quantity a run lacks (a link it did not use) is 0."""
+    """Every quantity at `target` on the line through its values at the first and third of `counts` (three equally
+    spaced, then any further ones), or None where a value is off that line by more than TOLERANCE of the quantity's
+    size. A quantity a run lacks (a link it did not use) is 0."""
     names = sorted(set().union(*samples))
     values = np.array([[s.get(n, 0.0) for n in names] for s in samples])
-    second = values[2] - 2 * values[1] + values[0]
-    if np.any(np.abs(second) > TOLERANCE * np.maximum(np.abs(values).max(axis=0), 1e-12)):
-        return None
     slope = (values[2] - values[0]) / (counts[2] - counts[0])
-    return dict(zip(names, (values[2] + slope * (target - counts[2])).tolist(), strict=True))
-
-
-def extrapolated(cfg: Config, runs: list[RunResult], wall_s: float) -> SteadyRun | None:
-    """The configured count's figures from the three short runs, or None where they are not affine."""
-    last = runs[-1]
-    rank = busiest_rank(last.trace)
-    counts = [run.config.parallel.num_microbatches for run in runs]
-    at = affine([totals(run, rank) for run in runs], counts, cfg.parallel.num_microbatches)
-    if at is None:
+    line = values[0] + slope * (np.array(counts, dtype=float)[:, None] - counts[0])
+    if np.any(np.abs(values - line) > TOLERANCE * np.maximum(np.abs(values).max(axis=0), 1e-12)):
         return None
+    return dict(zip(names, (values[0] + slope * (target - counts[0])).tolist(), strict=True))
+
+
+def _check_count(cfg: Config, counts: list[int], step: int) -> int | None:
+    """The count that checks a line found at counts[-3:]: the first of the schedule's granularity from twice the
+    last on; None where it is not below the configured count or would take the short runs past SAVING of it."""
+    total = cfg.parallel.num_microbatches
+    check = counts[-1] + step * -(-counts[-1] // step)
+    if check >= total or sum(counts) + check > SAVING * total:
+        return None
+    return check
+
+
+def extrapolated(
+    cfg: Config, at: dict[str, float], last: RunResult, rank: int, simulated: list[int], wall_s: float
+) -> SteadyRun:
+    """The configured count's figures from its totals `at` (affine); last: a short run (the report's form and the
+    links), rank: the budget's, simulated: the counts run."""
     r = last.report
     steps = [float(at[f"step:{i}"]) for i in range(len(r.step_times_s or []))]
     step, makespan, gpus = float(np.mean(steps)), at["makespan_s"], r.num_gpus
@@ -232,7 +259,7 @@ def extrapolated(cfg: Config, runs: list[RunResult], wall_s: float) -> SteadyRun
         all_to_all_bandwidth_bytes_per_s=at["a2a_bandwidth_sum"] / at["a2a_calls"] if at["a2a_calls"] >= 1 else 0.0,
         busiest_link=busiest_link_row(links),
         sim_wall_s=wall_s,
-        microbatches_simulated=counts,
+        microbatches_simulated=simulated,
     )
     budget = {"rank": rank, **{k.removeprefix("budget:"): v for k, v in at.items() if k.startswith("budget:")}}
     return SteadyRun(report, budget, links, last)

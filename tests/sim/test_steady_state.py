@@ -62,7 +62,7 @@ def _assert_same(cfg) -> list[int]:
 
 def test_1f1b_from_three_short_runs_equals_the_full_run(always_short):
     cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48", "sim.steps=2"])
-    assert _assert_same(cfg) == [4, 5, 6]
+    assert _assert_same(cfg) == [4, 5, 6, 12]  # on a line at 4-6, checked at 12
 
 
 def test_interleaved_starts_past_its_fill(always_short):
@@ -72,7 +72,7 @@ def test_interleaved_starts_past_its_fill(always_short):
         "small-moe",
         ["schedule=interleaved-1f1b", "parallel.pp=2", "parallel.vpp=2", "parallel.num_microbatches=64"],
     )
-    assert _assert_same(cfg) == [4, 6, 8]
+    assert _assert_same(cfg) == [4, 6, 8, 16]
 
 
 def test_a_contended_dragonfly_pipeline_with_tensor_parallelism(always_short):
@@ -80,7 +80,7 @@ def test_a_contended_dragonfly_pipeline_with_tensor_parallelism(always_short):
         "small-moe",
         ["topology=frontier", "parallel.pp=4", "parallel.tp=2", "parallel.ep=2", "parallel.num_microbatches=40"],
     )
-    assert len(_assert_same(cfg)) == 3
+    assert _assert_same(cfg) == [4, 5, 6, 12]
 
 
 @pytest.mark.parametrize(
@@ -109,13 +109,16 @@ def test_affine_extrapolates_lines_and_refuses_curves():
     curve = [{"t": float(m * m)} for m in (4, 5, 6)]
     assert affine(curve, [4, 5, 6], 100) is None
     assert affine([{"a": 1.0}, {"a": 2.0}, {"a": 3.0, "b": 1.0}], [1, 2, 3], 10) is None  # b appears late
+    # a fourth count farther on checks the line: a step that leaves it past the three (a kink) is refused
+    assert affine([*lines, {"t": 25.0, "c": 5.0}], [4, 5, 6, 12], 100) == {"c": 5.0, "t": 201.0}
+    assert affine([*lines, {"t": 25.001, "c": 5.0}], [4, 5, 6, 12], 100) is None
 
 
 def test_expected_wall_is_the_short_runs_where_they_are_taken(always_short):
     """The planner's refinement budget (plan --budget) counts what simulate_figures will simulate."""
     cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48"])
     full_s = check_wall(cfg, build_schedule(cfg), None).wall_s
-    assert expected_wall_s(cfg) == pytest.approx(full_s * (4 + 5 + 6) / 48, rel=0.05)
+    assert expected_wall_s(cfg) == pytest.approx(full_s * (4 + 5 + 6 + 12) / 48, rel=0.05)
 
 
 def test_expected_wall_of_a_run_simulated_in_full():
@@ -132,7 +135,7 @@ def test_simulate_report_only_writes_the_extrapolated_figures(always_short, tmp_
     assert main(["simulate", "small-moe", *sets, "--outputs", "report", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     full = simulate(load_config("small-moe", overrides))
-    assert report["microbatches_simulated"] == [4, 5, 6]
+    assert report["microbatches_simulated"] == [4, 5, 6, 12]
     assert _close(report["step_time_s"], full.report.step_time_s)
     links = pd.read_csv(out / "links.csv").set_index("link")
     want = full.links.set_index("link")
