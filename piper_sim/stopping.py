@@ -144,6 +144,14 @@ def quiet_resource_tracker() -> None:
     resource_tracker.ensure_running()
 
 
+def exit_now(code: object) -> None:
+    """Exit with `code` (an int status) at once, stdout and stderr flushed: a command stopped by a signal has cleaned
+    up, and the interpreter's own exit could turn the status into a death by SIGINT (piper_sim/__main__.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1)
+
+
 def say_stopped(code: int) -> None:
     """The one line a stopped command prints."""
     print(f"piper-sim: {WORDS[code]}", file=sys.stderr)
