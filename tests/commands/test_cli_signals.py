@@ -102,3 +102,34 @@ def test_a_signal_to_simulate_prints_one_line(tmp_path, sig, delay_s, code, word
     if proc.returncode == 0:  # finished before the signal (a fast machine): nothing to check
         pytest.skip(f"the run ended within {delay_s} s")
     assert (proc.returncode, lines) == (code, [f"piper-sim: {word}"])
+
+
+TRIP = '''
+import sys
+
+
+class _Trip:
+    """A KeyboardInterrupt raised from code run from a string as piper_sim.validate_commands is first imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "piper_sim.validate_commands":
+            sys.meta_path.remove(self)
+            exec("raise KeyboardInterrupt")
+        return None
+
+
+sys.meta_path.insert(0, _Trip())
+'''
+
+
+def test_a_stop_under_python_m_keeps_its_status(tmp_path):
+    """Under `python -m`, CPython exits by SIGINT after a KeyboardInterrupt crossed code it ran from a string, even one
+    that was caught (piper_sim/__main__.py). A Ctrl-C landing in a dataclass's generated methods while the modules
+    load does that; here a sitecustomize raises it from exec'd code as one of them is imported: still one line and
+    130, not a death by SIGINT."""
+    (tmp_path / "sitecustomize.py").write_text(TRIP)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "piper_sim", "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (130, ["piper-sim: interrupted"])
