@@ -73,7 +73,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from piper_sim.outputs import check_outputs, check_perfetto, format_report, write_run
     from piper_sim.run_wall import duration_text
     from piper_sim.simulator import check_wall, simulate
-    from piper_sim.steady_state import expected_wall_s, short_run_counts, simulate_figures
+    from piper_sim.steady_state import short_runs, simulate_figures
     from piper_sim.trace.tracks import check_detail
 
     perfetto = check_perfetto(check_outputs(args.outputs), args.perfetto)
@@ -90,11 +90,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else ""
     )
     schedule = build_schedule(cfg)
-    short = short_run_counts(cfg) if args.outputs == "report" else []  # no trace written: the step from short runs
+    short = short_runs(cfg) if args.outputs == "report" else None  # no trace written: the step from short runs
     expected = (
-        f"about {duration_text(expected_wall_s(cfg))} (short runs of {', '.join(map(str, short))} micro-batches, "
+        f"about {duration_text(short.wall_s)} (short runs of {', '.join(map(str, short.counts))} micro-batches, "
         "their figures extrapolated: docs/performance.md)"
-        if short
+        if short is not None and short.taken
         else check_wall(cfg, schedule, limit).text()
     )
     print(
@@ -105,8 +105,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     open_out_dir(args.out, "simulate")
     machine = build_machine(cfg)  # once, for the estimate and the simulation
-    if short:
-        result = simulate_figures(cfg, machine=machine, progress=True, max_wall_minutes=limit).result(cfg, schedule)
+    if short is not None and short.taken:
+        figures = simulate_figures(cfg, machine=machine, progress=True, max_wall_minutes=limit, short=short)
+        result = figures.result(cfg, schedule)
     else:
         result = simulate(
             cfg,

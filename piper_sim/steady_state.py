@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from piper_sim.analysis.budget import busiest_rank, trace_budget
+from piper_sim.analysis.links import with_utilization
 from piper_sim.analysis.run_report import Report, a2a_call_bandwidths, busiest_link_row, mfu_over_peak
 from piper_sim.config import Config, with_overrides
 from piper_sim.errors import ConfigError
@@ -75,111 +76,119 @@ class SteadyRun:
 
 
 def simulate_figures(
-    cfg: Config, *, machine: Machine | None = None, progress: bool = False, max_wall_minutes: float | None = None
+    cfg: Config,
+    *,
+    machine: Machine | None = None,
+    progress: bool = False,
+    max_wall_minutes: float | None = None,
+    short: ShortRuns | None = None,
 ) -> SteadyRun:
     """The config's figures, extrapolated from short runs where the step is affine in the micro-batch count (module
     docstring), else from one full run (refused past max_wall_minutes: simulator.simulate). machine: the config's
-    (built when None); progress: each run's progress line (simulator.simulate)."""
+    (built when None); progress: each run's progress line (simulator.simulate); short: short_runs(cfg), where the
+    caller has it already."""
     t0 = time.perf_counter()
-    ladder, first, _ = _short_runs(cfg)
+    short = short or short_runs(cfg)
     machine = machine or build_machine(cfg)
-    if first is not None:
+    if short.taken:
         runs: list[RunResult] = []
         sums: list[dict[str, float]] = []
-        for count in ladder:
-            built = first if count == ladder[0] else _built(cfg, count)
+        for count in short.ladder:
+            built = short.built(count)
             if built is None:
                 break
             runs.append(simulate(*built, machine=machine, progress=progress))
             if len(runs) == 1:
                 rank = busiest_rank(runs[0].trace)  # one rank's budget in every run
-            sums.append(totals(runs[-1], rank))
-            counts = ladder[: len(runs)]
+            sums.append(totals(runs[-1], rank, machine))
+            counts = short.ladder[: len(runs)]
             if len(runs) < 3 or affine(sums[-3:], counts[-3:], count) is None:
                 continue
-            check = _check_count(cfg, counts, ladder[1] - ladder[0])  # on a line: a count twice as far checks it
-            built = None if check is None else _built(cfg, check)
+            check = _check_count(cfg, counts, short.step)  # on a line: a count twice as far checks it
+            built = None if check is None else short.built(check)
             if built is None:
                 break
             runs.append(simulate(*built, machine=machine, progress=progress))
-            at = affine([*sums[-3:], totals(runs[-1], rank)], [*counts[-3:], check], cfg.parallel.num_microbatches)
+            sums.append(totals(runs[-1], rank, machine))
+            at = affine(sums[-4:], [*counts[-3:], check], cfg.parallel.num_microbatches)
             if at is None:
                 break
-            simulated = [*counts, check]
-            return extrapolated(cfg, at, runs[-1], rank, simulated, time.perf_counter() - t0)
+            return extrapolated(cfg, at, runs[-1], rank, machine, [*counts, check], time.perf_counter() - t0)
     result = simulate(cfg, machine=machine, progress=progress, max_wall_minutes=max_wall_minutes)
     report = replace(result.report, microbatches_simulated=[cfg.parallel.num_microbatches])
     return SteadyRun(report, trace_budget(result.trace), result.links, result)
 
 
-def short_run_counts(cfg: Config) -> list[int]:
-    """The micro-batch counts simulate_figures simulates where the first three short runs lie on a line (those and
-    the count that checks it), or [] where it simulates the configured count in full."""
-    ladder, first, _ = _short_runs(cfg)
-    check = _check_count(cfg, ladder[:3], ladder[1] - ladder[0]) if first is not None else None
-    return [] if check is None else [*ladder[:3], check]
+class ShortRuns:
+    """The short runs simulate_figures would take for a config: the counts to try (ladder, steps of `step`), the
+    count checking the first three's line, and each count's config and schedule, built once. taken: whether it
+    takes them (a ladder of three with room for the check, and a full run expected past FULL_WALL_S); counts and
+    wall_s: what it then simulates first and the wall that is expected to take (run_wall.py)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self._cfg = cfg
+        self._built: dict[int, tuple[Config, Schedule] | None] = {}
+        self.ladder = self._ladder()
+        self.step = self.ladder[1] - self.ladder[0] if len(self.ladder) > 1 else 1
+        self.check = _check_count(cfg, self.ladder[:3], self.step) if self.ladder else None
+        first = self.built(self.ladder[0]) if self.check is not None else None
+        self.per_microbatch_s = check_wall(*first, None).wall_s / self.ladder[0] if first is not None else 0.0
+        self.taken = first is not None and self.per_microbatch_s * cfg.parallel.num_microbatches >= FULL_WALL_S
+        self.counts = [*self.ladder[:3], self.check] if self.taken and self.check is not None else []
+        self.wall_s = self.per_microbatch_s * sum(self.counts)
+
+    def built(self, microbatches: int) -> tuple[Config, Schedule] | None:
+        """The config with `microbatches` micro-batches and its schedule; None where the schedule does not take
+        that count."""
+        if microbatches not in self._built:
+            short = with_overrides(self._cfg, [f"parallel.num_microbatches={microbatches}"])
+            try:
+                self._built[microbatches] = short, build_schedule(short)
+            except ConfigError:
+                self._built[microbatches] = None
+        return self._built[microbatches]
+
+    def _ladder(self) -> list[int]:
+        """The short runs' micro-batch counts to try, in order: M1, M1 + c, M1 + 2c, ... (M1 the smallest count
+        from the schedule's steady pattern on (STEADY_SCHEDULES) with M - M1 a multiple of the schedule's
+        granularity c, the first three valid for the schedule), as many as simulate at most SAVING of the configured
+        count M in all; none for a schedule outside STEADY_SCHEDULES or where the run's micro-batches differ (skewed
+        routing, migration)."""
+        cfg = self._cfg
+        par = cfg.parallel
+        total = par.num_microbatches
+        if cfg.schedule not in STEADY_SCHEDULES or not cfg.routing.is_uniform or cfg.migration.active:
+            return []
+        first = STEADY_SCHEDULES[cfg.schedule] * par.pp
+        for step in sorted({1, 2, par.pp, 2 * par.pp}):
+            counts = list(range(first + (total - first) % step, total, step))
+            while counts and sum(counts) > SAVING * total:
+                counts.pop()
+            if len(counts) >= 3 and all(self.built(m) is not None for m in counts[:3]):
+                return counts
+        return []
+
+
+def short_runs(cfg: Config) -> ShortRuns:
+    """The short runs simulate_figures would take for cfg (ShortRuns)."""
+    return ShortRuns(cfg)
 
 
 def expected_wall_s(cfg: Config) -> float:
-    """simulate_figures' expected wall seconds on this machine (run_wall.py): its short runs where the first three
-    lie on a line, else the full run."""
-    ladder, first, per_microbatch_s = _short_runs(cfg)
-    if first is not None:
-        return per_microbatch_s * sum(short_run_counts(cfg))
-    return check_wall(cfg, build_schedule(cfg), None).wall_s
+    """simulate_figures' expected wall seconds on this machine (run_wall.py): its short runs where it takes them,
+    else the full run."""
+    short = short_runs(cfg)
+    return short.wall_s if short.taken else check_wall(cfg, build_schedule(cfg), None).wall_s
 
 
-def _short_runs(cfg: Config) -> tuple[list[int], tuple[Config, Schedule] | None, float]:
-    """(short_counts, the first short run's config and schedule, its expected wall per micro-batch); the run
-    None where the full run is simulated: no short counts, no room for the count that checks them, or a full run
-    expected under FULL_WALL_S."""
-    ladder = short_counts(cfg)
-    checkable = bool(ladder) and _check_count(cfg, ladder[:3], ladder[1] - ladder[0]) is not None
-    first = _built(cfg, ladder[0]) if checkable else None
-    if first is None:
-        return ladder, None, 0.0
-    per_microbatch_s = check_wall(*first, None).wall_s / ladder[0]
-    if per_microbatch_s * cfg.parallel.num_microbatches < FULL_WALL_S:
-        return ladder, None, per_microbatch_s
-    return ladder, first, per_microbatch_s
-
-
-def short_counts(cfg: Config) -> list[int]:
-    """The short runs' micro-batch counts to try, in order: M1, M1 + c, M1 + 2c, ... (M1 the smallest count from
-    the schedule's steady pattern on (STEADY_SCHEDULES) with M - M1 a multiple of the schedule's granularity c, the
-    first three valid for the schedule), as many as simulate at most SAVING of the configured count M in all; none
-    for a schedule outside STEADY_SCHEDULES or where the run's micro-batches differ (skewed routing, migration)."""
-    par = cfg.parallel
-    total = par.num_microbatches
-    if cfg.schedule not in STEADY_SCHEDULES or not cfg.routing.is_uniform or cfg.migration.active:
-        return []
-    first = STEADY_SCHEDULES[cfg.schedule] * par.pp
-    for step in sorted({1, 2, par.pp, 2 * par.pp}):
-        counts = list(range(first + (total - first) % step, total, step))
-        while counts and sum(counts) > SAVING * total:
-            counts.pop()
-        if len(counts) >= 3 and all(_built(cfg, m) is not None for m in counts[:3]):
-            return counts
-    return []
-
-
-def _built(cfg: Config, microbatches: int) -> tuple[Config, Schedule] | None:
-    """cfg with `microbatches` micro-batches and its schedule; None where the schedule does not take that count."""
-    short = with_overrides(cfg, [f"parallel.num_microbatches={microbatches}"])
-    try:
-        return short, build_schedule(short)
-    except ConfigError:
-        return None
-
-
-def totals(result: RunResult, rank: int) -> dict[str, float]:
+def totals(result: RunResult, rank: int, machine: Machine) -> dict[str, float]:
     """What a run's figures are made of, each a sum over its tasks, links or steps (affine in the micro-batch
     count in the steady state): the step ends, the busy, idle and exposed times the fractions are shares of,
     FLOPs, all-to-all calls and their bandwidths, per-stage memory peaks, per-link bytes, the rank's budget."""
     r, trace = result.report, result.trace
     makespan = float(trace["end_s"].max())  # a simulated run starts at 0 and has no warm-up step left out
     calls = a2a_call_bandwidths(trace)
-    peak = r.model_flops_per_step / (r.mfu * r.step_time_s * r.num_gpus)  # the profile's peak, as the report used it
+    peak = machine.profile.peak_flops_per_s
     out = {
         "makespan_s": makespan,
         "duration_s": float(trace["end_s"].max() - trace["start_s"].min()),
@@ -224,19 +233,19 @@ def _check_count(cfg: Config, counts: list[int], step: int) -> int | None:
 
 
 def extrapolated(
-    cfg: Config, at: dict[str, float], last: RunResult, rank: int, simulated: list[int], wall_s: float
+    cfg: Config, at: dict[str, float], last: RunResult, rank: int, machine: Machine, simulated: list[int], wall_s: float
 ) -> SteadyRun:
     """The configured count's figures from its totals `at` (affine); last: a short run (the report's form and the
-    links), rank: the budget's, simulated: the counts run."""
+    links), rank: the budget's, machine: its profile's peaks, simulated: the counts run."""
     r = last.report
     steps = [float(at[f"step:{i}"]) for i in range(len(r.step_times_s or []))]
     step, makespan, gpus = float(np.mean(steps)), at["makespan_s"], r.num_gpus
-    peak = r.model_flops_per_step / (r.mfu * r.step_time_s * gpus)  # the profile's peak, as the report used it
+    peak = machine.profile.peak_flops_per_s
     tokens = cfg.parallel.sequences_per_step * cfg.model.seq_len
     peaks = [at[f"peak:{i}"] for i in range(len(r.peak_memory_bytes))]
     headroom = headroom_bytes(peaks, r.hbm_bytes or 0.0, r.framework_reserve_bytes or 0.0)
     links = _links(last.links, at)
-    fp8_peak = None if r.mfu_fp8_peak is None else r.model_flops_per_step / (r.mfu_fp8_peak * r.step_time_s * gpus)
+    fp8_peak = None if r.mfu_fp8_peak is None else machine.profile.peak_fp8_flops_per_s
     report = replace(
         r,
         step_time_s=step,
@@ -270,6 +279,4 @@ def _links(table: pd.DataFrame | None, at: dict[str, float]) -> pd.DataFrame | N
     extrapolated run's duration; busiest first."""
     if table is None:
         return None
-    out = table.assign(bytes=[at.get(f"link:{name}", 0.0) for name in table["link"]])
-    out["utilization"] = out["bytes"] / (out["capacity_bytes_per_s"] * at["duration_s"])
-    return out.sort_values("utilization", ascending=False, kind="stable").reset_index(drop=True)
+    return with_utilization(table.assign(bytes=[at.get(f"link:{n}", 0.0) for n in table["link"]]), at["duration_s"])

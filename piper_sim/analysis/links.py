@@ -18,10 +18,18 @@ def link_table(topo: Topology, link_bytes: np.ndarray, duration_s: float) -> pd.
             "link_kind": [topo.link_kinds[i] for i in used],
             "capacity_bytes_per_s": cap,
             "bytes": link_bytes[used],
-            "utilization": link_bytes[used] / (cap * duration_s) if duration_s > 0 else 0.0,
         }
     )
-    return table.sort_values("utilization", ascending=False, kind="stable").reset_index(drop=True)
+    return with_utilization(table, duration_s)
+
+
+def with_utilization(table: pd.DataFrame, duration_s: float) -> pd.DataFrame:
+    """The links table's utilization over a run of duration_s (its bytes over what its capacity carries then),
+    busiest first."""
+    util = table["bytes"] / (table["capacity_bytes_per_s"] * duration_s) if duration_s > 0 else 0.0
+    return (
+        table.assign(utilization=util).sort_values("utilization", ascending=False, kind="stable").reset_index(drop=True)
+    )
 
 
 def link_kind_summary(table: pd.DataFrame) -> pd.DataFrame:
