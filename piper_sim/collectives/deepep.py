@@ -30,20 +30,26 @@ the copies that stay, included); a member or node holding the share q of a sourc
 experts as that source sees them, and a token with k distinct experts among E misses them with probability
 C(E - qE, k) / C(E, k) (exact for uniform routing over experts spread evenly; the same formula at a skewed
 share). DeepEP sends the expected number of tokens that hit the member (or node), in place of the k q copies per
-token the matrix holds. A combine's matrix is the dispatch's transposed: its shares are taken by column. Without
-a fanout the matrix's bytes move as they are (each entry distinct tokens).
+token the matrix holds. Under a round-robin gate (`Fanout.adjacent`: token t takes experts (t k + j) mod E, j < k,
+as NeMo AutoModel's FakeBalancedGate assigns them) a token's experts are adjacent, so with the experts placed
+contiguously by EP rank it reaches one or two members of one node: the share of tokens reaching each member and
+node is counted exactly over the cycle of starts (`adjacent_hits`). A combine's matrix is the dispatch's
+transposed: its shares are taken by column. Without a fanout the matrix's bytes move as they are (each entry
+distinct tokens).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from piper_sim.collectives.hierarchical import host_groups, local_index
 from piper_sim.collectives.params import ParamSchema, algorithm_params, check_fraction, register_params
 from piper_sim.collectives.phases import ALL_TO_ALL, AllToAll, Phase, matrix_phase, split_exchange
+from piper_sim.errors import ConfigError
 from piper_sim.topology.graph import Topology
 
 DEEPEP_SCHEMA: dict[str, object] = {"nvl_efficiency": ..., "rdma_efficiency": ...}
@@ -60,11 +66,13 @@ register_params("deepep", ParamSchema(DEEPEP_SCHEMA, check=_check))
 @dataclass(frozen=True)
 class Fanout:
     """How a token's copies spread: top_k distinct experts of num_experts; combine: the matrix is a combine's (the
-    dispatch's transposed)."""
+    dispatch's transposed); adjacent: a token's experts are top_k adjacent ones (a round-robin gate,
+    RoutingKind.adjacent_experts), not a spread over all experts."""
 
     top_k: int
     num_experts: int
     combine: bool = False
+    adjacent: bool = False
 
 
 def hit_probability(share: np.ndarray, top_k: int, num_experts: int) -> np.ndarray:
@@ -83,15 +91,35 @@ def _deduplicated(copies: np.ndarray, totals: np.ndarray, fanout: Fanout) -> np.
     return copies * factor
 
 
+def adjacent_hits(top_k: int, num_experts: int, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hit[d], hit[B]): the share of a source's tokens that reach member d, node B when token t takes experts
+    (t top_k + j) mod E, j < top_k, and member d holds experts d E / n to (d + 1) E / n - 1 (contiguous placement):
+    exact over the cycle of E / gcd(top_k, E) tokens after which the starts repeat."""
+    n, nodes = host.size, int(host.max(initial=-1)) + 1
+    if num_experts % n:
+        raise ConfigError("parallel.ep", n, f"a divisor of num_experts ({num_experts})")
+    cycle = num_experts // math.gcd(top_k, num_experts)
+    experts = (top_k * np.arange(cycle)[:, None] + np.arange(top_k)[None, :]) % num_experts
+    member = experts // (num_experts // n)  # [token of the cycle, j]: the member holding its j-th expert
+    hit_member = (member[:, :, None] == np.arange(n)).any(axis=1).mean(axis=0)
+    hit_node = (host[member][:, :, None] == np.arange(nodes)).any(axis=1).mean(axis=0)
+    return hit_member, hit_node
+
+
 def token_bytes(matrix: np.ndarray, host: np.ndarray, fanout: Fanout | None) -> tuple[np.ndarray, np.ndarray]:
     """(bytes[s, d] of the distinct tokens s sends member d, bytes[s, B] of those it sends node B) of a dispatch's
-    matrix: the matrix and its per-node sums without a fanout, else deduplicated (module docstring)."""
+    matrix: the matrix and its per-node sums without a fanout, else deduplicated (module docstring); with adjacent
+    experts, each source's tokens (its copies over top_k) times the share of them that reach d or B."""
     m = np.asarray(matrix, dtype=float)
     onehot = (host[:, None] == np.arange(int(host.max(initial=-1)) + 1)[None, :]).astype(float)
     per_node = m @ onehot
     if fanout is None:
         return m, per_node
     totals = m.sum(axis=1)
+    if fanout.adjacent:
+        hit_member, hit_node = adjacent_hits(fanout.top_k, fanout.num_experts, host)
+        tokens = totals[:, None] / fanout.top_k
+        return tokens * hit_member[None, :], tokens * hit_node[None, :]
     return _deduplicated(m, totals, fanout), _deduplicated(per_node, totals, fanout)
 
 
@@ -105,7 +133,7 @@ def deepep_phases(matrix: np.ndarray, members: list[str], topo: Topology, fanout
     """DeepEP's data phases for a bytes matrix over the members (module docstring); a combine's are its dispatch's
     (the matrix transposed) run backwards. Without a fanout the matrix is taken as a dispatch's."""
     if fanout is not None and fanout.combine:
-        dispatch = deepep_phases(np.asarray(matrix).T, members, topo, Fanout(fanout.top_k, fanout.num_experts))
+        dispatch = deepep_phases(np.asarray(matrix).T, members, topo, replace(fanout, combine=False))
         return [Phase(src=p.dst, dst=p.src, sizes=p.sizes, name=p.name, overhead_s=0.0) for p in dispatch]
     params = algorithm_params(topo, "deepep")
     nvl, rdma = float(params["nvl_efficiency"]), float(params["rdma_efficiency"])

@@ -40,10 +40,12 @@ class CollectivePricer:
         *,
         collectives_all_reduce: str = "ring",
         gradient_reduce: str = DEFAULT_GRADIENT_REDUCE,
+        adjacent_experts: bool = False,
     ) -> None:
         self.model, self.topo, self.gpus, self.profile = model, topology, placement, profile
         self.all_reduce = collectives_all_reduce
         self.gradient_reduce = gradient_reduce  # ZeRO-1/2: optimizer.gradient_reduce (workload/deepspeed_zero.py)
+        self.adjacent_experts = adjacent_experts  # a round-robin gate's adjacent experts (routing.kind round_robin)
         self._memo: dict[tuple, object] = {}  # (what, key) -> value: plans share stages, groups and messages
 
     def _cached(self, key: tuple, compute):
@@ -74,9 +76,8 @@ class CollectivePricer:
         per_pair = routed * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
         matrix = np.full((point.ep, point.ep), per_pair)  # the diagonal (rows that stay) moves nothing
         gpus = tuple(self.gpus[: point.ep * point.etp : point.etp])
-        algorithm = bind_fanout(
-            ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"), Fanout(self.model.top_k, self.model.num_experts)
-        )
+        fanout = Fanout(self.model.top_k, self.model.num_experts, adjacent=self.adjacent_experts)
+        algorithm = bind_fanout(ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"), fanout)
         return self.phases_s(algorithm(matrix, list(gpus), self.topo))
 
     def _p2p_s(self, point: PlanPoint, tokens: int) -> float:

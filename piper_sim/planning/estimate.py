@@ -382,6 +382,7 @@ def config_estimator(cfg, machine: Machine | None = None) -> tuple[Estimator, Pl
         machine.profile,
         collectives_all_reduce=cfg.collectives.all_reduce,
         gradient_reduce=cfg.gradient_reduce,
+        adjacent_experts=cfg.routing.adjacent_experts,
         flash_attention=cfg.flash_attention,
         recompute_modules=cfg.recompute_modules or DEFAULT_SELECTIVE_MODULES,
     )

@@ -81,7 +81,7 @@ def estimate_json(report: Report) -> dict:
 def ignored_notes(cfg: Config) -> list[str]:
     """What the config asks for that the estimate does not price (each one line)."""
     notes = []
-    if cfg.routing.kind != "uniform":
+    if not cfg.routing.is_uniform:
         notes.append(f"routing.kind {cfg.routing.kind!r}: the estimate prices balanced (uniform) routing")
     if cfg.migration.active:
         notes.append("migration: the estimate moves no experts")

@@ -144,6 +144,9 @@ class RoutingKind:
     most ctx.tokens_per_source (an expert gets at most one copy of each token). setup(params,
     num_experts, top_k) runs once per RoutingModel and returns state passed as ctx.state (or None).
     static: counts are the same for every (step, layer, microbatch, group).
+    adjacent_experts: a token's top_k experts are adjacent in expert order (a round-robin gate), not a spread over
+    all experts: how many GPUs and nodes a token reaches in an all-to-all that sends it once to each
+    (collectives/deepep.py, Fanout).
     """
 
     name: str
@@ -151,6 +154,7 @@ class RoutingKind:
     params: Mapping[str, Param] = field(default_factory=dict)
     setup: Callable[[Mapping[str, Any], int, int], Any] | None = None
     static: bool = False
+    adjacent_experts: bool = False
     doc: str = ""
 
     def allowed_keys(self) -> list[str]:

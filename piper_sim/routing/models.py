@@ -54,6 +54,11 @@ class RoutingModel:
         return self.spec.static
 
     @property
+    def adjacent_experts(self) -> bool:
+        """A token's top_k experts are adjacent in expert order (RoutingKind.adjacent_experts)."""
+        return self.spec.adjacent_experts
+
+    @property
     def capacity_factor(self) -> float | None:
         return self.params["capacity_factor"]
 

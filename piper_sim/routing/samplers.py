@@ -1,4 +1,4 @@
-"""Synthetic routing kinds: uniform, zipf, dirichlet, hot, drift.
+"""Synthetic routing kinds: uniform, round_robin, zipf, dirichlet, hot, drift.
 
 Each non-uniform kind defines an expert popularity (a probability per expert, which experts are
 popular drawn from (seed, layer), and for drift also moving with the step), caps it at 1/top_k (an
@@ -151,6 +151,18 @@ register_kind(
         counts=_uniform_counts,
         static=True,
         doc="every source splits its tokens x top_k rows evenly over the experts (exact, no noise)",
+    )
+)
+register_kind(
+    RoutingKind(
+        name="round_robin",
+        counts=_uniform_counts,  # rows t x top_k + j go to expert (t x top_k + j) mod E: the same even split
+        static=True,
+        adjacent_experts=True,
+        doc=(
+            "token t takes the top_k adjacent experts from (t x top_k) mod num_experts on, as NeMo AutoModel's "
+            "FakeBalancedGate assigns them: every expert the same rows, each token's experts on one or two GPUs"
+        ),
     )
 )
 register_kind(

@@ -52,7 +52,9 @@ class CollectiveTasks:
         self.a2a = ALL_TO_ALL.get(all_to_all, "collectives.all_to_all")
         # by role: an algorithm that deduplicates tokens (deepep) knows the model's top-k and a combine's matrix
         self._a2a_role = {
-            role: bind_fanout(self.a2a, Fanout(model.top_k, model.num_experts, role == Role.COMBINE))
+            role: bind_fanout(
+                self.a2a, Fanout(model.top_k, model.num_experts, role == Role.COMBINE, routing.adjacent_experts)
+            )
             for role in (Role.DISPATCH, Role.COMBINE)
         }
         self.all_reduce = ALL_REDUCE.get(all_reduce, "collectives.all_reduce")

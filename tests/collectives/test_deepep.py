@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from piper_sim.collectives.algorithms import ALL_TO_ALL, Fanout, bind_fanout, data_phases, split_phases
-from piper_sim.collectives.deepep import hit_probability
+from piper_sim.collectives.deepep import adjacent_hits, hit_probability
 from piper_sim.errors import ConfigError
 from piper_sim.studies.all_to_all import StudySpec, run_study
 from piper_sim.studies.reduced_collective import run_collective
@@ -127,6 +127,59 @@ def test_fanout_sends_each_token_once_per_node_and_gpu():
         assert rdma.overhead_s == forward.overhead_s == 0.0
 
 
+def _round_robin_reach(tokens: int, top_k: int, experts: int, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Token by token, as a round-robin gate routes a micro-batch: token t's experts are (t top_k + j) mod E; the
+    share of tokens reaching each member (experts placed contiguously) and each node."""
+    members, nodes = host.size, int(host.max()) + 1
+    owner = np.arange(experts) // (experts // members)
+    reach_member, reach_node = np.zeros(members), np.zeros(nodes)
+    for t in range(tokens):
+        held = owner[(t * top_k + np.arange(top_k)) % experts]
+        reach_member[np.unique(held)] += 1
+        reach_node[np.unique(host[held])] += 1
+    return reach_member / tokens, reach_node / tokens
+
+
+@pytest.mark.parametrize(
+    ("top_k", "experts", "members", "per_node"),
+    [(8, 256, 64, 8), (8, 384, 32, 8), (8, 128, 8, 8), (6, 64, 16, 4), (3, 40, 8, 2)],
+)
+def test_adjacent_experts_reach_what_a_round_robin_gate_reaches(top_k, experts, members, per_node):
+    """A micro-batch of 4,096 tokens routed token by token: each member and node is reached by the share of tokens
+    adjacent_hits counts (DeepSeek-V3 at EP 64: 2 GPUs of one node; Kimi K2 at EP 32: 4/3 GPUs; blocks that straddle
+    members and nodes when top_k does not divide their experts)."""
+    host = np.arange(members) // per_node
+    member, node = adjacent_hits(top_k, experts, host)
+    cycle = experts // np.gcd(top_k, experts)
+    want_member, want_node = _round_robin_reach(cycle * (4096 // cycle), top_k, experts, host)
+    np.testing.assert_allclose(member, want_member, rtol=1e-12)
+    np.testing.assert_allclose(node, want_node, rtol=1e-12)
+    if (top_k, experts, members) == (8, 256, 64):
+        assert member.sum() == pytest.approx(2.0) and node.sum() == pytest.approx(1.0)
+
+
+def test_adjacent_fanout_sends_each_token_to_the_gpus_and_nodes_it_reaches():
+    """16 GPUs on 4 nodes, top-8 of 64 experts (4 a GPU) by a round-robin gate: each token reaches 2 GPUs of one
+    node; the RDMA phase carries a source's tokens to the 3 other nodes a quarter of them each, the forward phase
+    every GPU an eighth of them."""
+    topo = uniform(16)
+    m = np.full((16, 16), 8.0 * 1000 / 16)
+    rdma, forward = data_phases(bind_fanout(ALL_TO_ALL.get("deepep"), Fanout(8, 64, adjacent=True)), m, topo.gpus, topo)
+    assert rdma.sizes.sum() * 0.8 == pytest.approx(16 * 3 * 1000 / 4)
+    assert forward.sizes.sum() * 0.5 == pytest.approx(16 * 12 * 1000 / 8)
+    combine = data_phases(
+        bind_fanout(ALL_TO_ALL.get("deepep"), Fanout(8, 64, combine=True, adjacent=True)), m.T.copy(), topo.gpus, topo
+    )
+    for d, c in zip((rdma, forward), combine, strict=True):
+        np.testing.assert_array_equal(d.src, c.dst)
+        np.testing.assert_allclose(d.sizes, c.sizes)
+
+
+def test_adjacent_experts_need_ep_to_divide_the_experts():
+    with pytest.raises(ConfigError, match="parallel.ep"):
+        adjacent_hits(8, 100, np.zeros(8, dtype=int))
+
+
 def test_rdma_goes_to_the_senders_rail_and_nvlink_stays_in_the_node():
     topo = uniform(16)
     rng = np.random.default_rng(1)
@@ -210,3 +263,33 @@ def test_plan_fix_deepep_needs_the_machines_parameters():
     check_libraries(request, load_topology("dgx-h100-superpod", 16))  # DGX H100 has them
     with pytest.raises(ConfigError, match="--fix collectives.all_to_all"):
         check_libraries(request, load_topology("frontier", 16))
+
+
+def _round_robin_config(kind: str):
+    from piper_sim.config import load_config
+
+    return load_config(
+        {
+            "model": {"preset": "small-moe", "num_experts": 64, "top_k": 8, "d_model": 1024, "seq_len": 1024},
+            "parallel": {"pp": 1, "ep": 16, "dp": 16, "tp": 1, "num_microbatches": 2, "micro_batch_size": 2},
+            "schedule": "1f1b",
+            "topology": "dgx-h100-superpod",
+            "collectives": {"all_to_all": "deepep", "all_reduce": "ring"},
+            "routing": {"kind": kind},
+            "cost": {"profile": "h100"},
+        }
+    )
+
+
+def test_both_tiers_send_a_round_robin_gates_tokens_to_fewer_nodes():
+    """EP 16 over two DGX H100 nodes: a round-robin gate's token reaches one node (the other half the time), a random
+    top-8 of 64 both nearly always; the simulator and the estimator bind the adjacent fanout alike."""
+    from piper_sim.planning.estimate import estimate_config
+    from piper_sim.simulator import simulate
+
+    steps = {}
+    for kind in ("uniform", "round_robin"):
+        cfg = _round_robin_config(kind)
+        steps[kind] = (simulate(cfg).report.step_time_s, estimate_config(cfg)[0].step_time_s)
+        assert steps[kind][0] == pytest.approx(steps[kind][1], rel=1e-4)
+    assert steps["round_robin"][0] < 0.95 * steps["uniform"][0]

@@ -12,6 +12,7 @@ from piper_sim.routing.samplers import hot_count, popularity, zipf_weights
 
 SYNTHETIC = [
     {"kind": "uniform"},
+    {"kind": "round_robin"},
     {"kind": "zipf", "exponent": 1.2},
     {"kind": "dirichlet", "concentration": 0.5},
     {"kind": "hot", "fraction": 0.25, "share": 0.6},
@@ -26,7 +27,7 @@ def model(raw: dict, experts: int = 16, top_k: int = 2, seed: int = 0) -> Routin
 
 
 def test_registry_names():
-    assert {"uniform", "zipf", "dirichlet", "hot", "drift", "trace"} <= set(ROUTING.names())
+    assert {"uniform", "round_robin", "zipf", "dirichlet", "hot", "drift", "trace"} <= set(ROUTING.names())
 
 
 @pytest.mark.parametrize("raw", SYNTHETIC, ids=IDS)
@@ -71,7 +72,7 @@ def test_skew_drops_more_than_uniform():
     assert uniform == 0 < skewed
 
 
-@pytest.mark.parametrize("raw", SYNTHETIC[1:], ids=IDS[1:])
+@pytest.mark.parametrize("raw", SYNTHETIC[2:], ids=IDS[2:])
 def test_deterministic_and_seed_dependent(raw):
     a, b, c = model(raw, seed=3), model(raw, seed=3), model(raw, seed=4)
     key = (2, 3, 1, 0, 4, 500)
@@ -87,6 +88,16 @@ def test_uniform_is_exact_and_static():
     assert m.is_uniform and not model({"kind": "zipf"}).is_uniform
     np.testing.assert_array_equal(m.counts(0, 0, 0, 0, 3, 10), np.tile([2] * 4 + [1] * 12, (3, 1)))
     np.testing.assert_array_equal(m.counts(5, 7, 3, 2, 3, 10), m.counts(0, 0, 0, 0, 3, 10))
+
+
+@pytest.mark.parametrize("tokens", [10, 37, 4096])
+def test_round_robin_counts_are_the_gates_assignment_token_by_token(tokens):
+    """Token t takes experts (t top_k + j) mod E (NeMo AutoModel's FakeBalancedGate): the counts are those of the
+    assignment made token by token, static, and the kind says its experts are adjacent (uniform's are not)."""
+    m = model({"kind": "round_robin"}, experts=16, top_k=3)
+    assigned = np.bincount((np.arange(tokens)[:, None] * 3 + np.arange(3)).ravel() % 16, minlength=16)
+    np.testing.assert_array_equal(m.counts(2, 5, 1, 0, 4, tokens), np.tile(assigned, (4, 1)))
+    assert m.is_uniform and m.adjacent_experts and not model({"kind": "uniform"}).adjacent_experts
 
 
 def shares(m: RoutingModel, tokens: int = 200_000, layer: int = 0) -> np.ndarray:
