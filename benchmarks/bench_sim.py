@@ -166,6 +166,7 @@ def run_one(name: str, profile: bool, sort: str = "cumulative") -> dict:
         "lanes": s["num_lanes"],
         "fell_back": s["lanes_fell_back"],
         "by_latency": s["lanes_by_latency"],
+        "split_by": ",".join(s["lanes_split_by"]),
     }
 
 

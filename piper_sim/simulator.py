@@ -44,9 +44,10 @@ SIM_TIME_FORMAT = {
     True: "{desc}: {n:.4g} s simulated [{elapsed}]",
 }
 RESTARTS = (
-    "lanes diverged: restarting with lanes split by latency (2/3)",
-    "lanes diverged: restarting with one lane per rank (3/3)",
+    "lanes diverged: restarting with lanes split by latency",
+    "lanes diverged: restarting with one lane per rank",
 )
+SPLIT_RESTART = "lanes diverged on {axis} groups: restarting with lanes split by them"
 
 
 @contextmanager
@@ -114,8 +115,8 @@ def _simulate(
     )
     settings = settings_of(cfg)
 
-    def simulation(collapse: bool, by_latency: bool = False) -> Simulation:
-        sim = Simulation(schedule, machine, settings, coster, collapse, by_latency)
+    def simulation(collapse: bool, by_latency: bool = False, split_axes: tuple[str, ...] = ()) -> Simulation:
+        sim = Simulation(schedule, machine, settings, coster, collapse, by_latency, split_axes)
         sim.guard = guard
         return sim
 
@@ -134,7 +135,9 @@ def _simulate(
         reading = Reading()
         with watch(line, reading):
             reading.sim = simulation(cfg.collapse)
-            records, fell_back, by_latency = _run_lanes(reading, simulation, lambda text: restart(line, text))
+            records, fell_back, by_latency, split_axes = _run_lanes(
+                reading, simulation, lambda text: restart(line, text)
+            )
             reading.end_s = max(float(np.nanmax(end)) for end in records.end_s)
         sim = reading.sim
         t2 = time.perf_counter()
@@ -176,6 +179,7 @@ def _simulate(
         "num_solves": records.num_solves,
         "num_lanes": records.num_lanes,
         "lanes_by_latency": by_latency,
+        "lanes_split_by": list(split_axes),
         "lanes_fell_back": fell_back,
         "num_reserved": records.num_reserved,
         "num_broken": records.num_broken,
@@ -227,28 +231,48 @@ class Reading:
 
 def _run_lanes(
     reading: Reading, simulation: Callable[..., Simulation], restarted: Callable[[str], None]
-) -> tuple[SimRecords, bool, bool]:
+) -> tuple[SimRecords, bool, bool, tuple[str, ...]]:
     """Run reading.sim; when members of a lane diverge (Asymmetry), again with lanes split by route latency
-    (Simulation._by_latency), then with one lane per rank, each restart said through restarted(text) before the
-    next run is built. reading.sim holds the run under way (None between runs); a run given up is let go. Returns
-    (records, fell back to one lane per rank, lanes split by latency)."""
-    lanes = len(reading.sim.lanes)
-    try:
-        return reading.sim.run(), False, False
-    except Asymmetry:
-        reading.sim = None
+    (Simulation._by_latency), then, while the divergence names a collective's axis not split yet, with lanes split
+    by that axis's groups as well (Simulation._by_groups), and last with one lane per rank; each restart said through
+    restarted(text) before the next run starts. A split that gives the same lanes as the run given up, or one lane
+    per rank, is not run. reading.sim holds the run under way (None between runs); a run given up is let go.
+    Returns (records, fell back to one lane per rank, lanes split by latency, the axes lanes were split by)."""
+    lanes, ranks = len(reading.sim.lanes), reading.sim.mesh.num_ranks
+    by_latency, axes = False, ()
+
+    def attempt(sim: Simulation) -> tuple[SimRecords | None, str | None]:
+        reading.sim = sim
+        try:
+            return sim.run(), None
+        except Asymmetry as diverged:
+            reading.sim = None
+            return None, diverged.axis
+
+    records, axis = attempt(reading.sim)
+    if records is not None:
+        return records, False, False, ()
     restarted(RESTARTS[0])
     split = simulation(True, by_latency=True)
-    if lanes < len(split.lanes) < split.mesh.num_ranks:  # else the same lanes as a run given up
-        reading.sim = split
-        try:
-            return split.run(), False, True
-        except Asymmetry:
-            reading.sim = None
+    if lanes < len(split.lanes) < ranks:  # else the same lanes as a run given up
+        by_latency, lanes = True, len(split.lanes)
+        records, axis = attempt(split)
+        if records is not None:
+            return records, False, True, ()
     del split
+    while axis is not None and axis not in axes:
+        split = simulation(True, by_latency=by_latency, split_axes=(*axes, axis))
+        if not lanes < len(split.lanes) < ranks:
+            break
+        restarted(SPLIT_RESTART.format(axis=axis))
+        axes, lanes = (*axes, axis), len(split.lanes)
+        records, axis = attempt(split)
+        if records is not None:
+            return records, False, by_latency, axes
+        del split
     restarted(RESTARTS[1])
     reading.sim = simulation(False)
-    return reading.sim.run(), True, False
+    return reading.sim.run(), True, False, ()
 
 
 def _per_stage_max(per_rank, pp: int) -> list[float]:

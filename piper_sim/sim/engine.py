@@ -18,7 +18,9 @@ chained: each member arrives at the next when its own group of the last one ends
 end apart keep their own times; likewise a collective after transfers in flight (the last gradient send before
 the reduce-scatters): each group joins when its own members' transfers have landed. A lane only goes wrong
 when a member's action would fall behind the simulated time (it would have changed what the network already
-did); the engine raises Asymmetry then, and the caller reruns with one lane per rank (see simulator.py). On
+did); the engine raises Asymmetry then, naming the axis of the collective whose groups ended apart, and the
+caller reruns with lanes split by route latency, then by the groups of that axis, and only then one lane per rank
+(see simulator.py). On
 shared cores (the CPU testbed) the host model times compute per lane, so members must agree; lanes are used
 there only when their compute is equal.
 """
@@ -62,10 +64,12 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
         coster: TaskCoster,
         collapse: bool = False,
         by_latency: bool = False,
+        split_axes: tuple[str, ...] = (),
     ) -> None:
         """The run of schedule on machine under settings (sim/settings.py), compute priced by coster; collapse:
-        one lane per stage (per EP group under skewed routing), split by route latency where by_latency; else
-        one lane per rank."""
+        one lane per stage (per EP group under skewed routing), split by route latency where by_latency and by the
+        groups of each of split_axes (axes whose collectives' groups ended apart in a run given up); else one lane
+        per rank."""
         model, parallel, topology, routing = settings.model, settings.parallel, machine.topology, settings.routing
         placement, steps, recompute_modules = list(machine.placement), settings.steps, settings.recompute_modules
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
@@ -123,6 +127,8 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
         self.lanes = self._lanes(collapse)
         if collapse and by_latency:
             self.lanes = self._by_latency(self.lanes)
+        if collapse and split_axes:
+            self.lanes = self._by_groups(self.lanes, split_axes)
         self.tasks_done = 0  # of the ranks' tasks, those their lanes have passed (simulate's progress line reads it)
         self.guard: MemoryGuard | None = None  # simulate's host-memory guard, checked after every lane task
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
@@ -190,6 +196,18 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
             split.extend(tuple(members) for members in by_column.values())
         return split
 
+    def _by_groups(self, lanes: list[tuple[int, ...]], axes: tuple[str, ...]) -> list[tuple[int, ...]]:
+        """Lanes split so that each lies in one group of each of the axes: members of one group of a collective
+        arrive and leave together, while groups of it that end apart (different contention on their routes) would
+        take a lane's members apart."""
+        split: list[tuple[int, ...]] = []
+        for lane in lanes:
+            by_group: dict[tuple[int, ...], list[int]] = {}
+            for rank in lane:
+                by_group.setdefault(tuple(self.mesh.group(rank, axis)[0] for axis in axes), []).append(rank)
+            split.extend(tuple(members) for members in by_group.values())
+        return split
+
     # ---- running -------------------------------------------------------------------------------
     def run(self) -> SimRecords:
         for lane in self.lanes:
@@ -212,11 +230,12 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
         else:
             action()
 
-    def _check_on_time(self, time_s: float) -> None:
+    def _check_on_time(self, time_s: float, axis: str | None = None) -> None:
         """Something starts on the network at time_s: if that has passed, it would have changed what the network
-        already did (members of a lane fell apart), and the run needs one lane per rank."""
+        already did (members of a lane fell apart), and the run needs smaller lanes; axis: the group axis of the
+        collective that starts (None: a transfer)."""
         if time_s < self.env.now - 1e-12 * max(self.env.now, 1e-9):
-            raise Asymmetry(f"a lane member's network action at {time_s:.9g} s falls behind the simulated time")
+            raise Asymmetry(f"a lane member's network action at {time_s:.9g} s falls behind the simulated time", axis)
 
     def _lane(self, lane: tuple[int, ...]):
         rank = lane[0]

@@ -29,7 +29,15 @@ CORE_NS = 1e9  # compute work on shared cores is counted in core-nanoseconds
 
 
 class Asymmetry(Exception):
-    """Members of a lane would diverge: the run must use one lane per rank."""
+    """Members of a lane would diverge: the run must use smaller lanes. axis: the group axis of the collective whose
+    groups a member reached behind the simulated time (its groups ended apart), None for a transfer or the host."""
+
+    def __init__(self, message: str, axis: str | None = None) -> None:
+        super().__init__(message, axis)  # both in args: SimPy raises a failed event's exception anew from its args
+        self.message, self.axis = message, axis
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class HostModel(Protocol):

@@ -37,7 +37,7 @@ class LaneCollectives:
     _group_gpus: dict[tuple[int, ...], tuple[str, ...]]
     _lane_groups: dict[tuple[int, str], list]
     _at: Callable[[float, Callable[[], object]], None]
-    _check_on_time: Callable[[float], None]
+    _check_on_time: Callable[[float, str | None], None]
     _wake: Callable[[simpy.Event, int], None]
 
     def _groups_of_lane(self, lane: tuple[int, ...], axis: str) -> list:
@@ -250,7 +250,7 @@ class LaneCollectives:
         waiting[0] += members
         if waiting[0] < len(group):
             return
-        self._check_on_time(arrival_s)
+        self._check_on_time(arrival_s, task.group_axis)
         del self._arrivals[key]
         gpus = self._group_gpus.get(group)
         if gpus is None:

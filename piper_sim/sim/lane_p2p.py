@@ -40,7 +40,7 @@ class LaneP2P:
     _p2p: dict[tuple, tuple]
     _p2p_routes: dict[tuple[int, int], tuple]
     _at: Callable[[float, Callable[[], object]], None]
-    _check_on_time: Callable[[float], None]
+    _check_on_time: Callable[[float, str | None], None]
 
     def _post_p2p(
         self,
@@ -80,7 +80,7 @@ class LaneP2P:
                 event.succeed(ends[order])
 
         def launch(members: np.ndarray, start_s: float) -> None:
-            self._check_on_time(start_s)
+            self._check_on_time(start_s, None)
             n = len(gpus) // 2
             phase = Phase(src=members, dst=members + n, sizes=np.full(members.size, size), name="p2p")
             transfer = self.runner.run(

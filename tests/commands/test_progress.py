@@ -134,7 +134,7 @@ def test_a_restart_says_so_on_the_line_and_counts_from_zero(shown, capsys):
         progress.restart(line, text)
 
     runs = iter([Run(4, diverges=True), Run(16, diverges=False)])
-    assert _run_lanes(reading, lambda *a, **k: next(runs), restarted) == ("records", True, False)
+    assert _run_lanes(reading, lambda *a, **k: next(runs), restarted) == ("records", True, False, ())
     line.close()
     assert said == [(RESTARTS[0], 0.0), (RESTARTS[1], 0.0)]
     shown_lines = capsys.readouterr().err.replace("\r", "\n").splitlines()

@@ -106,6 +106,16 @@ CASES = {
         "cost": {"profile": "a100"},
         "parallel": {"convention": "megatron", "tp": 8, "pp": 4, "dp": 8, "num_microbatches": 16},
     },
+    # FSDP gathers over expert-data-parallel groups of four, one GPU of each of four EP groups on different nodes:
+    # the groups' gathers contend differently with the EP groups' DeepEP all-to-alls and end apart
+    "zero3-expert-groups-end-apart": {
+        "model": {"preset": "small-moe", "num_experts": 64, "top_k": 8, "d_model": 1024, "seq_len": 1024},
+        "topology": "dgx-h100-superpod",
+        "cost": {"profile": "h100"},
+        "collectives": {"all_to_all": "deepep", "all_reduce": "ring"},
+        "optimizer": {"zero": 3, "reshard_after_forward": False},
+        "parallel": {"convention": "megatron", "pp": 1, "ep": 16, "dp": 64, "num_microbatches": 8},
+    },
 }
 
 
@@ -160,3 +170,11 @@ def test_skewed_all_to_alls_are_let_go_after_their_last_use(name, monkeypatch):
     tasks = runs[-1].collectives
     assert not tasks.routing.is_uniform and tasks._a2a_uses
     assert not tasks._skewed and not tasks._skewed_uses
+
+
+def test_lanes_split_by_the_groups_whose_collectives_end_apart():
+    """The stage's lane gives up where the expert gathers' groups end apart; the run splits lanes by those groups
+    (the dp axis: 16 lanes of 4) rather than one lane per rank, and keeps the per-rank trace (the case above)."""
+    result = simulate(load_config(CASES["zero3-expert-groups-end-apart"]))
+    assert result.stats["lanes_split_by"] == ["dp"] and not result.stats["lanes_fell_back"]
+    assert result.stats["num_lanes"] == 16
