@@ -27,7 +27,7 @@ from piper_sim.run_wall import RunWork, check_run_wall, duration_text, run_work
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Schedule
-from piper_sim.sim.engine import Simulation
+from piper_sim.sim.engine import PER_RANK, LaneSplit, Simulation
 from piper_sim.sim.host import Asymmetry
 from piper_sim.sim.run_records import SimRecords
 from piper_sim.sim.settings import settings_of
@@ -115,8 +115,8 @@ def _simulate(
     )
     settings = settings_of(cfg)
 
-    def simulation(collapse: bool, by_latency: bool = False, split_axes: tuple[str, ...] = ()) -> Simulation:
-        sim = Simulation(schedule, machine, settings, coster, collapse, by_latency, split_axes)
+    def simulation(lanes: LaneSplit) -> Simulation:
+        sim = Simulation(schedule, machine, settings, coster, lanes)
         sim.guard = guard
         return sim
 
@@ -134,7 +134,7 @@ def _simulate(
         )
         reading = Reading()
         with watch(line, reading):
-            reading.sim = simulation(cfg.collapse)
+            reading.sim = simulation(LaneSplit(collapse=cfg.collapse))
             records, fell_back, by_latency, split_axes = _run_lanes(
                 reading, simulation, lambda text: restart(line, text)
             )
@@ -253,7 +253,7 @@ def _run_lanes(
     if records is not None:
         return records, False, False, ()
     restarted(RESTARTS[0])
-    split = simulation(True, by_latency=True)
+    split = simulation(LaneSplit(by_latency=True))
     if lanes < len(split.lanes) < ranks:  # else the same lanes as a run given up
         by_latency, lanes = True, len(split.lanes)
         records, axis = attempt(split)
@@ -261,7 +261,7 @@ def _run_lanes(
             return records, False, True, ()
     del split
     while axis is not None and axis not in axes:
-        split = simulation(True, by_latency=by_latency, split_axes=(*axes, axis))
+        split = simulation(LaneSplit(by_latency=by_latency, axes=(*axes, axis)))
         if not lanes < len(split.lanes) < ranks:
             break
         restarted(SPLIT_RESTART.format(axis=axis))
@@ -271,7 +271,7 @@ def _run_lanes(
             return records, False, by_latency, axes
         del split
     restarted(RESTARTS[1])
-    reading.sim = simulation(False)
+    reading.sim = simulation(PER_RANK)
     return reading.sim.run(), True, False, ()
 
 

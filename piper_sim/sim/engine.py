@@ -27,6 +27,8 @@ there only when their compute is equal.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import simpy
 
@@ -55,6 +57,20 @@ from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.task_kinds import TaskKind
 
 
+@dataclass(frozen=True)
+class LaneSplit:
+    """Which ranks a lane drives: collapse: one lane per stage (per EP group under skewed routing), else one lane per
+    rank; by_latency: each split by its members' route latencies (Simulation._by_latency); axes: each split by the
+    groups of these axes (those whose collectives' groups ended apart in a run given up; Simulation._by_groups)."""
+
+    collapse: bool = True
+    by_latency: bool = False
+    axes: tuple[str, ...] = ()
+
+
+PER_RANK = LaneSplit(collapse=False)
+
+
 class Simulation(LaneCollectives, LaneCompute, LaneP2P):
     def __init__(
         self,
@@ -62,14 +78,10 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
         machine: Machine,
         settings: SimSettings,
         coster: TaskCoster,
-        collapse: bool = False,
-        by_latency: bool = False,
-        split_axes: tuple[str, ...] = (),
+        lanes: LaneSplit = PER_RANK,
     ) -> None:
-        """The run of schedule on machine under settings (sim/settings.py), compute priced by coster; collapse:
-        one lane per stage (per EP group under skewed routing), split by route latency where by_latency and by the
-        groups of each of split_axes (axes whose collectives' groups ended apart in a run given up); else one lane
-        per rank."""
+        """The run of schedule on machine under settings (sim/settings.py), compute priced by coster, in the lanes
+        `lanes` asks for (LaneSplit)."""
         model, parallel, topology, routing = settings.model, settings.parallel, machine.topology, settings.routing
         placement, steps, recompute_modules = list(machine.placement), settings.steps, settings.recompute_modules
         self.schedule, self.model, self.parallel, self.topo = schedule, model, parallel, topology
@@ -124,11 +136,11 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
             ring_bytes=parallel.cp * kv_chunk_bytes(model, parallel),
         )
         self.host = host_model(self.env, topology, machine.host_profile)  # the lanes follow what it allows
-        self.lanes = self._lanes(collapse)
-        if collapse and by_latency:
+        self.lanes = self._lanes(lanes.collapse)
+        if lanes.collapse and lanes.by_latency:
             self.lanes = self._by_latency(self.lanes)
-        if collapse and split_axes:
-            self.lanes = self._by_groups(self.lanes, split_axes)
+        if lanes.collapse and lanes.axes:
+            self.lanes = self._by_groups(self.lanes, lanes.axes)
         self.tasks_done = 0  # of the ranks' tasks, those their lanes have passed (simulate's progress line reads it)
         self.guard: MemoryGuard | None = None  # simulate's host-memory guard, checked after every lane task
         self._lane_of = {r: li for li, lane in enumerate(self.lanes) for r in lane}
