@@ -262,7 +262,8 @@ def _run_lanes(
     del split
     while axis is not None and axis not in axes:
         split = simulation(LaneSplit(by_latency=by_latency, axes=(*axes, axis)))
-        if not lanes < len(split.lanes) < ranks:
+        if not lanes < len(split.lanes) < ranks:  # nothing smaller than the lanes given up, short of one a rank
+            del split
             break
         restarted(SPLIT_RESTART.format(axis=axis))
         axes, lanes = (*axes, axis), len(split.lanes)
