@@ -141,6 +141,37 @@ def test_a_restart_says_so_on_the_line_and_counts_from_zero(shown, capsys):
     assert f"{RESTARTS[0]}: 0/10 s simulated" in shown_lines and f"{RESTARTS[1]}: 0/10 s simulated" in shown_lines
 
 
+def test_a_divergence_on_a_collective_splits_lanes_by_its_groups_before_one_lane_per_rank():
+    from types import SimpleNamespace
+
+    from piper_sim.sim.host import Asymmetry
+    from piper_sim.simulator import RESTARTS, SPLIT_RESTART, Reading, _run_lanes
+
+    class Run:
+        def __init__(self, lanes: int, axis: str | None) -> None:
+            self.lanes, self.axis = [()] * lanes, axis
+            self.env, self.mesh = SimpleNamespace(now=0.0), SimpleNamespace(num_ranks=16)
+
+        def run(self):
+            if self.axis:
+                raise Asymmetry("members apart", self.axis)
+            return "records"
+
+    asked = []
+
+    def simulation(lanes):
+        asked.append(lanes)
+        return {(): Run(2, "ep"), ("dp",): Run(4, "ep"), ("dp", "ep"): Run(8, None)}.get(lanes.axes, Run(2, "ep"))
+
+    said: list[str] = []
+    reading = Reading()
+    reading.sim = Run(2, "dp")  # the stage lanes diverge on a dp collective; by latency gives the same lanes
+    assert _run_lanes(reading, simulation, said.append) == ("records", False, False, ("dp", "ep"))
+    assert [lanes.axes for lanes in asked] == [(), ("dp",), ("dp", "ep")]
+    assert said == [RESTARTS[0], SPLIT_RESTART.format(axis="dp"), SPLIT_RESTART.format(axis="ep")]
+    assert str(Asymmetry("members apart", "dp")) == "members apart"
+
+
 def test_the_cli_prints_no_line_when_stderr_is_not_a_terminal(tmp_path, monkeypatch, capsys):
     from piper_sim.cli import main
 
