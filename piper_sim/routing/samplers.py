@@ -161,7 +161,8 @@ register_kind(
         adjacent_experts=True,
         doc=(
             "token t takes the top_k adjacent experts from (t x top_k) mod num_experts on, as NeMo AutoModel's "
-            "FakeBalancedGate assigns them: every expert the same rows, each token's experts on one or two GPUs"
+            "FakeBalancedGate assigns them: every expert the same rows, each token's experts on the few GPUs "
+            "holding its block"
         ),
     )
 )
