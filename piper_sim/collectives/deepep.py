@@ -32,8 +32,9 @@ C(E - qE, k) / C(E, k) (exact for uniform routing over experts spread evenly; th
 share). DeepEP sends the expected number of tokens that hit the member (or node), in place of the k q copies per
 token the matrix holds. Under a round-robin gate (`Fanout.adjacent`: token t takes experts (t k + j) mod E, j < k,
 as NeMo AutoModel's FakeBalancedGate assigns them) a token's experts are adjacent, so with the experts placed
-contiguously by EP rank it reaches one or two members of one node: the share of tokens reaching each member and
-node is counted exactly over the cycle of starts (`adjacent_hits`). A combine's matrix is the dispatch's
+contiguously by EP rank it reaches only the members and nodes holding its block (DeepSeek-V3 at EP 64: 2 GPUs of
+one node): the share of tokens reaching each member and node is counted exactly over the cycle of starts
+(`adjacent_hits`). A combine's matrix is the dispatch's
 transposed: its shares are taken by column. Without a fanout the matrix's bytes move as they are (each entry
 distinct tokens).
 """
