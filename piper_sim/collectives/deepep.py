@@ -112,15 +112,15 @@ def token_bytes(matrix: np.ndarray, host: np.ndarray, fanout: Fanout | None) -> 
     matrix: the matrix and its per-node sums without a fanout, else deduplicated (module docstring); with adjacent
     experts, each source's tokens (its copies over top_k) times the share of them that reach d or B."""
     m = np.asarray(matrix, dtype=float)
+    if fanout is not None and fanout.adjacent:
+        hit_member, hit_node = adjacent_hits(fanout.top_k, fanout.num_experts, host)
+        tokens = m.sum(axis=1)[:, None] / fanout.top_k
+        return tokens * hit_member[None, :], tokens * hit_node[None, :]
     onehot = (host[:, None] == np.arange(int(host.max(initial=-1)) + 1)[None, :]).astype(float)
     per_node = m @ onehot
     if fanout is None:
         return m, per_node
     totals = m.sum(axis=1)
-    if fanout.adjacent:
-        hit_member, hit_node = adjacent_hits(fanout.top_k, fanout.num_experts, host)
-        tokens = totals[:, None] / fanout.top_k
-        return tokens * hit_member[None, :], tokens * hit_node[None, :]
     return _deduplicated(m, totals, fanout), _deduplicated(per_node, totals, fanout)
 
 

@@ -27,6 +27,7 @@ there only when their compute is equal.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +70,17 @@ class LaneSplit:
 
 
 PER_RANK = LaneSplit(collapse=False)
+
+
+def _split(lanes: list[tuple[int, ...]], key: Callable[[int], Hashable]) -> list[tuple[int, ...]]:
+    """Each lane split into its members of one key, in the order the keys first appear."""
+    split: list[tuple[int, ...]] = []
+    for lane in lanes:
+        by_key: dict[Hashable, list[int]] = {}
+        for rank in lane:
+            by_key.setdefault(key(rank), []).append(rank)
+        split.extend(tuple(members) for members in by_key.values())
+    return split
 
 
 class Simulation(LaneCollectives, LaneCompute, LaneP2P):
@@ -200,25 +212,13 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
             ranks, nexts = list(self.mesh.stage_ranks(p)), list(self.mesh.stage_ranks(p + 1))
             hops += [self._p2p_latency_s(ranks, nexts)[1], self._p2p_latency_s(nexts, ranks)[1]]
         column = [tuple(h[c] for h in hops) for c in range(stage)]
-        split: list[tuple[int, ...]] = []
-        for lane in lanes:
-            by_column: dict[tuple, list[int]] = {}
-            for rank in lane:
-                by_column.setdefault(column[rank % stage], []).append(rank)
-            split.extend(tuple(members) for members in by_column.values())
-        return split
+        return _split(lanes, lambda rank: column[rank % stage])
 
     def _by_groups(self, lanes: list[tuple[int, ...]], axes: tuple[str, ...]) -> list[tuple[int, ...]]:
         """Lanes split so that each lies in one group of each of the axes: members of one group of a collective
         arrive and leave together, while groups of it that end apart (different contention on their routes) would
         take a lane's members apart."""
-        split: list[tuple[int, ...]] = []
-        for lane in lanes:
-            by_group: dict[tuple[int, ...], list[int]] = {}
-            for rank in lane:
-                by_group.setdefault(tuple(self.mesh.group(rank, axis)[0] for axis in axes), []).append(rank)
-            split.extend(tuple(members) for members in by_group.values())
-        return split
+        return _split(lanes, lambda rank: tuple(self.mesh.group(rank, axis)[0] for axis in axes))
 
     # ---- running -------------------------------------------------------------------------------
     def run(self) -> SimRecords:
