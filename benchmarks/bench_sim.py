@@ -156,7 +156,7 @@ def run_one(name: str, profile: bool, sort: str = "cumulative") -> dict:
         "warm_up_s": warm_up,
         "event_loop_s": s["event_loop_s"],
         "setup_s": s["setup_s"],
-        "trace_report_s": s["trace_and_report_s"],
+        "report_s": s["report_s"],
         "tasks": s["num_tasks"],
         "tasks_per_s": s["num_tasks"] / wall,
         "flows": s["num_flows"],

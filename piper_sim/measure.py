@@ -120,7 +120,7 @@ def measure(
         peak_device_memory_bytes=per_stage_max("peak_device_bytes") if on_gpus else None,
     )
     return RunResult(
-        backend="torch", config=cfg, schedule=schedule, report=report, trace=trace, steps=steps_frame(report)
+        backend="torch", config=cfg, schedule=schedule, report=report, tasks=trace, steps=steps_frame(report)
     )
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from piper_sim.analysis.run_report import Report
 from piper_sim.analysis.style import context
+from piper_sim.analysis.task_arrays import TaskArrays
 from piper_sim.config import Config
 from piper_sim.schedule.ir import Schedule
 from piper_sim.topology.graph import Topology
@@ -22,12 +23,19 @@ class RunResult:
     config: Config
     schedule: Schedule  # the lowered schedule the backend ran
     report: Report
-    trace: pd.DataFrame  # the RunTrace: one row per executed task (piper_sim.trace.runtrace)
+    # the RunTrace (`trace`: one row per executed task, piper_sim.trace.runtrace): a measured run's frame, or the
+    # simulator's arrays, whose frame is built on the first ask (a report, the planner and validation need none)
+    tasks: pd.DataFrame | TaskArrays
     steps: pd.DataFrame  # one row per step: step, step_time_s (and loss, on a measured run)
     topology: Topology | None = None
     placement: tuple[str, ...] = ()  # device of each rank
     links: pd.DataFrame | None = None  # per link that carried traffic (simulator): bytes, utilization
     stats: dict = field(default_factory=dict)  # the simulator's own counters (tasks, flows, lanes, phase times)
+
+    @property
+    def trace(self) -> pd.DataFrame:
+        """The RunTrace frame."""
+        return self.tasks if isinstance(self.tasks, pd.DataFrame) else self.tasks.frame
 
     @property
     def title(self) -> str:

@@ -15,7 +15,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from piper_sim.analysis.links import link_table
-from piper_sim.analysis.run_report import make_report
+from piper_sim.analysis.run_report import report_of
+from piper_sim.analysis.task_arrays import TaskArrays
 from piper_sim.collectives.algorithms import check_collective_params
 from piper_sim.config import Config
 from piper_sim.host_memory import MemoryGuard, RunMemory, available_memory_bytes, check_run_memory, estimate_run_memory
@@ -32,7 +33,6 @@ from piper_sim.sim.host import Asymmetry
 from piper_sim.sim.run_records import SimRecords
 from piper_sim.sim.settings import settings_of
 from piper_sim.topology.placement import check_tensor_groups
-from piper_sim.trace.runtrace import trace_from_arrays
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.memory import headroom_bytes
 from piper_sim.workload.task_kinds import Role
@@ -141,19 +141,19 @@ def _simulate(
             reading.end_s = max(float(np.nanmax(end)) for end in records.end_s)
         sim = reading.sim
         t2 = time.perf_counter()
-        trace = trace_from_arrays(schedule, records.start_s, records.end_s, records.flops, records.bytes, records.cpu_s)
+        tasks = TaskArrays(schedule, records.start_s, records.end_s, records.flops, records.bytes, records.cpu_s)
+        figures = tasks.figures()
         guard.check()
-    links = link_table(topo, records.link_bytes, float(trace["end_s"].max() - trace["start_s"].min()))
+    links = link_table(topo, records.link_bytes, tasks.last_end_s - tasks.first_start_s)
     experts = sim.experts.summary()
-    migrate = trace[trace["role"] == Role.MIGRATE]
-    experts["migration"]["time_fraction"] = float(
-        (migrate["end_s"] - migrate["start_s"]).sum() / max(len(trace["rank"].unique()), 1) / trace["end_s"].max()
+    experts["migration"]["time_fraction"] = (
+        tasks.seconds_of(lambda t: t.role == Role.MIGRATE) / schedule.mesh.num_ranks / tasks.last_end_s
     )
     peaks = _per_stage_max(records.peak_memory_bytes, par.pp)
     reserve = config_reserve_bytes(cfg, profile)
     headroom = headroom_bytes(peaks, profile.hbm_bytes, reserve)
-    report = make_report(
-        trace,
+    report = report_of(
+        figures,
         num_gpus=par.num_gpus,
         peak_flops_per_s=profile.peak_flops_per_s,
         tokens_per_step=par.sequences_per_step * cfg.model.seq_len,
@@ -173,8 +173,8 @@ def _simulate(
     stats = {
         "setup_s": t1 - t0,
         "event_loop_s": t2 - t1,
-        "trace_and_report_s": time.perf_counter() - t2,
-        "num_tasks": len(trace),
+        "report_s": time.perf_counter() - t2,
+        "num_tasks": tasks.num_rows,
         "num_flows": records.num_flows,
         "num_solves": records.num_solves,
         "num_lanes": records.num_lanes,
@@ -192,7 +192,7 @@ def _simulate(
         config=cfg,
         schedule=schedule,
         report=report,
-        trace=trace,
+        tasks=tasks,
         steps=steps_frame(report),
         topology=topo,
         placement=machine.placement,

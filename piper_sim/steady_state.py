@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from piper_sim.analysis.budget import busiest_rank, trace_budget
 from piper_sim.analysis.links import with_utilization
-from piper_sim.analysis.run_report import Report, a2a_call_bandwidths, busiest_link_row, mfu_over_peak
+from piper_sim.analysis.run_report import Report, busiest_link_row, mfu_over_peak
+from piper_sim.analysis.task_arrays import TaskArrays
 from piper_sim.config import Config, with_overrides
 from piper_sim.errors import ConfigError
 from piper_sim.machine import Machine, build_machine
@@ -35,6 +35,7 @@ from piper_sim.result import RunResult, steps_frame
 from piper_sim.schedule.build import build_schedule
 from piper_sim.schedule.ir import Schedule
 from piper_sim.simulator import check_wall, simulate
+from piper_sim.trace.runtrace import empty_trace
 from piper_sim.workload.memory import headroom_bytes
 
 TOLERANCE = 1e-7  # a second difference this small against the quantity's size is zero (float sums of ~1e6 tasks)
@@ -69,7 +70,7 @@ class SteadyRun:
             config=cfg,
             schedule=schedule,
             report=self.report,
-            trace=self.last.trace.iloc[0:0],
+            tasks=empty_trace(),
             steps=steps_frame(self.report),
             links=self.links,
         )
@@ -99,7 +100,7 @@ def simulate_figures(
                 break
             runs.append(simulate(*built, machine=machine, progress=progress))
             if len(runs) == 1:
-                rank = busiest_rank(runs[0].trace)  # one rank's budget in every run
+                rank = _arrays(runs[0]).busiest_rank()  # one rank's budget in every run
             sums.append(totals(runs[-1], rank, machine))
             counts = short.ladder[: len(runs)]
             if len(runs) < 3 or affine(sums[-3:], counts[-3:], count) is None:
@@ -116,7 +117,7 @@ def simulate_figures(
             return extrapolated(cfg, at, runs[-1], rank, machine, [*counts, check], time.perf_counter() - t0)
     result = simulate(cfg, machine=machine, progress=progress, max_wall_minutes=max_wall_minutes)
     report = replace(result.report, microbatches_simulated=[cfg.parallel.num_microbatches])
-    return SteadyRun(report, trace_budget(result.trace), result.links, result)
+    return SteadyRun(report, _arrays(result).budget(), result.links, result)
 
 
 class ShortRuns:
@@ -185,13 +186,13 @@ def totals(result: RunResult, rank: int, machine: Machine) -> dict[str, float]:
     """What a run's figures are made of, each a sum over its tasks, links or steps (affine in the micro-batch
     count in the steady state): the step ends, the busy, idle and exposed times the fractions are shares of,
     FLOPs, all-to-all calls and their bandwidths, per-stage memory peaks, per-link bytes, the rank's budget."""
-    r, trace = result.report, result.trace
-    makespan = float(trace["end_s"].max())  # a simulated run starts at 0 and has no warm-up step left out
-    calls = a2a_call_bandwidths(trace)
+    r, tasks = result.report, _arrays(result)
+    makespan = tasks.last_end_s  # a simulated run starts at 0 and has no warm-up step left out
+    calls = tasks.a2a_call_bandwidths()
     peak = machine.profile.peak_flops_per_s
     out = {
         "makespan_s": makespan,
-        "duration_s": float(trace["end_s"].max() - trace["start_s"].min()),
+        "duration_s": tasks.last_end_s - tasks.first_start_s,
         "model_flops": r.model_flops_per_step,
         "hardware_flops": (r.hfu or r.mfu) * r.step_time_s * r.num_gpus * peak,
         "compute_s": float(r.compute_fraction or 0.0) * makespan,
@@ -205,8 +206,15 @@ def totals(result: RunResult, rank: int, machine: Machine) -> dict[str, float]:
     out |= {f"first_peak:{i}": float(p) for i, p in enumerate(r.peak_memory_bytes_first_step or [])}
     if result.links is not None:
         out |= {f"link:{name}": float(b) for name, b in zip(result.links["link"], result.links["bytes"], strict=True)}
-    out |= {f"budget:{k}": float(v) for k, v in trace_budget(trace, rank).items() if k != "rank"}
+    out |= {f"budget:{k}": float(v) for k, v in tasks.budget(rank).items() if k != "rank"}
     return out
+
+
+def _arrays(result: RunResult) -> TaskArrays:
+    """A simulated run's task arrays (a measured run has a frame only)."""
+    if not isinstance(result.tasks, TaskArrays):
+        raise TypeError("steady-state figures need a simulated run's task arrays")
+    return result.tasks
 
 
 def affine(samples: list[dict[str, float]], counts: list[int], target: int) -> dict[str, float] | None:

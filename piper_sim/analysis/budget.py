@@ -49,13 +49,17 @@ def busiest_rank(df: pd.DataFrame) -> int:
 def trace_budget(df: pd.DataFrame, rank: int | None = None) -> dict[str, float]:
     """Seconds per step of each BUDGET_TERMS on one rank (the busiest unless given); with "rank" and "step_s"."""
     rank = busiest_rank(df) if rank is None else rank
-    rows = df[df["rank"] == rank]
     num_steps = int(df["step"].nunique())
+    return rank_budget(df[df["rank"] == rank], rank, num_steps, float(df["start_s"].min()), float(df["end_s"].max()))
+
+
+def rank_budget(rows: pd.DataFrame, rank: int, num_steps: int, first: float, last: float) -> dict[str, float]:
+    """trace_budget of one rank's rows (columns kind, role, stream, start_s, end_s) in a run of num_steps steps
+    from first to last (its first start and last end, every rank's)."""
     terms = np.array(
         [term_of(str(k), str(r), str(s)) for k, r, s in zip(rows["kind"], rows["role"], rows["stream"], strict=True)]
     )
     starts, ends = rows["start_s"].to_numpy(float), rows["end_s"].to_numpy(float)
-    first, last = float(df["start_s"].min()), float(df["end_s"].max())
     edges = np.unique(np.concatenate([starts, ends, [first, last]]))
     widths = np.diff(edges)
     mids = (edges[:-1] + edges[1:]) / 2

@@ -62,11 +62,6 @@ def a2a_call_bandwidths(df: pd.DataFrame) -> np.ndarray:
     return calls["sent"].to_numpy()[ok] / duration[ok]
 
 
-def a2a_bandwidth(df: pd.DataFrame) -> float:
-    calls = a2a_call_bandwidths(df)
-    return float(np.mean(calls)) if calls.size else 0.0
-
-
 def busiest_link_row(links: pd.DataFrame | None) -> dict | None:
     """The links table's first row (the busiest link) as plain values; None without link loads."""
     if links is None or links.empty:
@@ -141,8 +136,62 @@ def steady_window(df: pd.DataFrame, warmup_steps: int) -> tuple[pd.DataFrame, fl
     return df[steps >= first], float(df.loc[steps < first, "end_s"].max())
 
 
+@dataclass(frozen=True, kw_only=True)
+class TraceFigures:
+    """What a report is made of, from a run's tasks (a trace frame: frame_figures; the simulator's arrays:
+    analysis.task_arrays.TaskArrays.figures): every step's time, the window the other figures cover (from begin_s,
+    the end of the last warm-up step, to end_s, the last task's end), the FLOPs in it (all, and recomputation's),
+    each rank's busy time in it (compute stream, and any task) and the all-to-all calls' bandwidths."""
+
+    step_times_s: list[float]
+    begin_s: float
+    end_s: float
+    hardware_flops: float
+    recompute_flops: float
+    busy_compute_s: np.ndarray  # per rank
+    busy_any_s: np.ndarray  # per rank
+    a2a_call_bandwidths: np.ndarray
+
+
+def frame_figures(df: pd.DataFrame, num_gpus: int, warmup_steps: int | None = None) -> TraceFigures:
+    """A trace frame's TraceFigures; warmup_steps: the first steps left out of every figure but the step times
+    (fewer than the run's steps)."""
+    all_steps = step_times(df)
+    if warmup_steps is not None and not 0 <= warmup_steps < len(all_steps):
+        raise ValueError(f"warmup_steps {warmup_steps} of a run of {len(all_steps)} steps")
+    df, begin_s = steady_window(df, warmup_steps or 0)
+    recompute = df["kind"].isin(sorted(RECOMPUTE_KINDS))
+    is_compute = (df["stream"] == Stream.COMPUTE).to_numpy()
+    rank, end = df["rank"].to_numpy(), df["end_s"].to_numpy()
+    start = np.maximum(df["start_s"].to_numpy(), begin_s)
+    compute = np.flatnonzero(is_compute)
+    every = np.concatenate([compute, np.flatnonzero(~is_compute)])  # compute first, as the intervals were always taken
+    return TraceFigures(
+        step_times_s=all_steps,
+        begin_s=begin_s,
+        end_s=float(df["end_s"].max()),
+        hardware_flops=float(df["flops"].sum()),
+        recompute_flops=float(df.loc[recompute, "flops"].sum()) if recompute.any() else 0.0,
+        busy_compute_s=union_length_by_rank(rank[compute], start[compute], end[compute], num_gpus),
+        busy_any_s=union_length_by_rank(rank[every], start[every], end[every], num_gpus),
+        a2a_call_bandwidths=a2a_call_bandwidths(df),
+    )
+
+
 def make_report(
     df: pd.DataFrame,
+    *,
+    num_gpus: int,
+    warmup_steps: int | None = None,
+    **figures,
+) -> Report:
+    """The report of one run's trace frame (report_of: the other arguments). warmup_steps: the first steps left out
+    of every figure (fewer than the run's steps)."""
+    return report_of(frame_figures(df, num_gpus, warmup_steps), num_gpus=num_gpus, warmup_steps=warmup_steps, **figures)
+
+
+def report_of(
+    figures: TraceFigures,
     *,
     num_gpus: int,
     peak_flops_per_s: float,
@@ -153,29 +202,18 @@ def make_report(
     peak_fp8_flops_per_s: float | None = None,
     **backend_figures,
 ) -> Report:
-    """The report of one run's trace; backend_figures are the Report fields only one backend has. warmup_steps:
-    the first steps left out of every figure (fewer than the run's steps). peak_fp8_flops_per_s: a run in fp8,
-    whose MFU is also given over the fp8 peak (mfu_fp8_peak)."""
-    all_steps = step_times(df)
-    if warmup_steps is not None and not 0 <= warmup_steps < len(all_steps):
-        raise ValueError(f"warmup_steps {warmup_steps} of a run of {len(all_steps)} steps")
-    df, begin_s = steady_window(df, warmup_steps or 0)
+    """The report of one run's figures; backend_figures are the Report fields only one backend has. warmup_steps:
+    the steps the figures leave out. peak_fp8_flops_per_s: a run in fp8, whose MFU is also given over the fp8 peak
+    (mfu_fp8_peak)."""
+    all_steps = figures.step_times_s
     steps = all_steps[warmup_steps or 0 :]
     num_steps = len(steps)
     step_time = float(np.mean(steps))
-    makespan = float(df["end_s"].max()) - begin_s
-    hardware_flops = float(df["flops"].sum()) / num_steps
-    recompute = df["kind"].isin(sorted(RECOMPUTE_KINDS))
-    model_flops = (
-        hardware_flops - float(df.loc[recompute, "flops"].sum()) / num_steps if recompute.any() else hardware_flops
-    )
-    is_compute = (df["stream"] == Stream.COMPUTE).to_numpy()
-    rank, end = df["rank"].to_numpy(), df["end_s"].to_numpy()
-    start = np.maximum(df["start_s"].to_numpy(), begin_s)
-    compute = np.flatnonzero(is_compute)
-    busy_compute = union_length_by_rank(rank[compute], start[compute], end[compute], num_gpus)
-    every = np.concatenate([compute, np.flatnonzero(~is_compute)])  # compute first, as the intervals were always taken
-    busy_any = union_length_by_rank(rank[every], start[every], end[every], num_gpus)
+    makespan = figures.end_s - figures.begin_s
+    hardware_flops = figures.hardware_flops / num_steps
+    model_flops = hardware_flops - figures.recompute_flops / num_steps if figures.recompute_flops else hardware_flops
+    busy_compute, busy_any = figures.busy_compute_s, figures.busy_any_s
+    calls = figures.a2a_call_bandwidths
     return Report(
         num_gpus=num_gpus,
         num_steps=len(all_steps),
@@ -192,7 +230,7 @@ def make_report(
         bubble_fraction=float(np.mean(makespan - busy_any) / makespan),
         exposed_comm_fraction=float(np.mean(busy_any - busy_compute) / makespan),
         peak_memory_bytes=[float(x) for x in peak_memory_by_stage],
-        all_to_all_bandwidth_bytes_per_s=a2a_bandwidth(df),
+        all_to_all_bandwidth_bytes_per_s=float(np.mean(calls)) if calls.size else 0.0,
         busiest_link=busiest_link_row(links),
         warmup_steps=warmup_steps,
         **backend_figures,

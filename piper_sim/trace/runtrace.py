@@ -142,6 +142,11 @@ def trace_from_arrays(
     return pd.DataFrame(columns, copy=False)  # the new arrays as they are: no second copy of a large run's trace
 
 
+def empty_trace() -> pd.DataFrame:
+    """A trace of no rows, in the schema's columns and dtypes."""
+    return normalize(pd.DataFrame({c: [] for c in COLUMNS}))
+
+
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
     """Column order and dtypes of the schema; sorted by (step, rank, start)."""
     if "cpu_s" not in df.columns:  # a trace written before the column existed
