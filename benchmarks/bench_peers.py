@@ -1,6 +1,7 @@
-"""piper-sim beside SimuMax's event timeline on bench_sim's W1 and W2, in the same run (prints figures; no assertions).
+"""piper-sim beside SimuMax's event timeline on bench_sim's W1, W2 and W3, in the same run (prints figures; no
+assertions).
 
-    python benchmarks/bench_peers.py --simumax DIR [--simumax-python PY] [--only W1 W2] [--repeats N]
+    python benchmarks/bench_peers.py --simumax DIR [--simumax-python PY] [--only W1 W2 W3] [--repeats N]
 
 DIR is a copy of SimuMax's public repository (github.com/MooreThreads/SimuMax), installed into a virtualenv of
 its own outside this project, e.g.:
@@ -36,7 +37,7 @@ from piper_sim.progress import bar as progress_bar
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "simumax_driver.py"
-PEER_WORKLOADS = ("W1", "W2")
+PEER_WORKLOADS = ("W1", "W2", "W3")
 GiB = 2**30
 # the standard ring accounting SimuMax's system file expects per collective (docs/system.md)
 RING_STEPS = {
@@ -214,7 +215,7 @@ def main() -> None:
         choices=PEER_WORKLOADS,
         metavar="NAME",
         default=list(PEER_WORKLOADS),
-        help="workloads (default: W1 W2)",
+        help="workloads (default: W1 W2 W3)",
     )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each tool per workload, least wall kept")
     parser.add_argument(
@@ -276,7 +277,8 @@ def main() -> None:
 piper-sim: wall seconds of simulate() and the predicted step time, as benchmarks/bench_sim.py prints them (after
   a warm-up run in the same process that loads its compiled kernels: warm-up, paid once a process).
 SimuMax: wall seconds of run_estimate() + simulate() (its event timeline); replay: simulate() without writing
-  its trace; export: writing tracing_logs.json (piper-sim's simulate builds its trace in memory, writes no file);
+  its trace; export: writing tracing_logs.json (piper-sim's simulate keeps its task records as arrays and writes
+  no file);
   step ms: the timeline's last event; estimate: its closed-form analysis_cost() step time (not timed).
 ratio: SimuMax's wall / piper-sim's; replay: (SimuMax's wall less its export) / piper-sim's; cold: the same over
   piper-sim's wall plus its warm-up (a fresh process's single run).

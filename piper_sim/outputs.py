@@ -103,10 +103,13 @@ Work = tuple[str, int, float, Callable[[Callable[[int], None]], dict[str, Path]]
 
 def _works(out_dir: Path, result: RunResult, outputs: str, perfetto: str, detail: str) -> list[Work]:
     """The files to write as (name, rows it writes, seconds per row, write(on_rows) -> {key: path})."""
-    trace, links = result.trace, result.links
+    links = result.links
     works: list[Work] = [("report", 0, 0.0, lambda _: _write_report(out_dir, result))]
     if links is not None:
         works.append(("links", 0, 0.0, lambda _: _write_links(out_dir, links, result.context, outputs == "all")))
+    if outputs == "report":
+        return works  # no rows to write: a simulated run's trace frame is not built (RunResult.trace)
+    trace = result.trace
     if outputs in ("trace", "all"):
         works.append(
             (

@@ -9,6 +9,7 @@ from piper_sim.analysis.budget import busiest_rank, trace_budget
 from piper_sim.analysis.run_report import a2a_call_bandwidths, frame_figures, make_report, report_of
 from piper_sim.analysis.task_arrays import TaskArrays, union_length_rows
 from piper_sim.config import load_config
+from piper_sim.outputs import write_run
 from piper_sim.simulator import simulate
 from piper_sim.workload.task_kinds import Role
 
@@ -85,10 +86,12 @@ def test_one_ranks_budget_from_arrays_is_the_frames(run):
         assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-15), rank
 
 
-def test_a_report_from_figures_needs_no_frame():
+def test_a_report_from_figures_needs_no_frame(tmp_path):
     cfg = load_config(PLANS["tp-sp-interleaved"])
     result = simulate(cfg)
-    assert "frame" not in vars(result.tasks)  # the report, stats and links were made without it
+    write_run(tmp_path, result, outputs="report")
+    assert (tmp_path / "report.json").is_file()
+    assert "frame" not in vars(result.tasks)  # the report, stats, links and report files were made without it
     report = report_of(
         result.tasks.figures(),
         num_gpus=result.report.num_gpus,
