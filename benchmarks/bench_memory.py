@@ -4,7 +4,7 @@ costs of piper_sim/host_memory.py.
 Each case runs in a process of its own, its outputs in another that holds only the run's result (pickled). Before
 each phase the process's peak resident size is reset (Linux: "5" written to /proc/self/clear_refs); after it, the
 peak less the resident size before the phase is that phase's peak growth. Phases: imports (the resident size after
-them, and after a tiny warm-up run that compiles the kernels), simulate (event loop, records, trace and report),
+them, and after a tiny warm-up run that compiles the kernels), simulate (event loop, task records and report),
 and write_run with each of CHOICES (each in a process of its own). Printed per case: rank tasks,
 links, ranks, EP, step-0 rows, each phase's peak growth (MB) and its wall time (s).
 
@@ -73,15 +73,15 @@ def one(config: str, overrides: list[str], keep: Path) -> dict:
     figures["warm_rss_MB"] = round(_status_kib("VmRSS") / 1024, 1)
     cfg = load_config(config, overrides)
     result = _phase(figures, "simulate", lambda: simulate(cfg))
-    trace = result.trace
+    tasks = result.stats["num_tasks"]
     figures.update(
-        tasks=len(trace),
+        tasks=tasks,
         links=len(result.topology.capacity_bytes_per_s),
         ranks=cfg.parallel.num_gpus,
         ep=cfg.parallel.ep,
-        step0_rows=int((trace["step"] == trace["step"].min()).sum()),
+        step0_rows=tasks // cfg.steps,  # every step has each rank's program once
     )
-    keep.write_bytes(pickle.dumps(result))
+    keep.write_bytes(pickle.dumps(result))  # the task arrays, no trace frame: the outputs that need it build it
     return figures
 
 

@@ -22,17 +22,18 @@ MIB = 2**20
 # measured with benchmarks/bench_memory.py (each phase's peak resident growth, Linux clear_refs; see the module),
 # its dense cases (100B-class, TP 8 x PP 8 on 64, 128, 256 Frontier GCDs) and MoE cases (X-MoE Small, EP 16, 64):
 BASE_BYTES = 300 * MIB  # interpreter, numpy/pandas/simpy/networkx, numba's compiled kernels: 268 MiB resident
-BYTES_PER_TASK = 300  # a rank task's records, trace row and report while they are built: 281-304 B (dense cases)
+BYTES_PER_TASK = 220  # a rank task's records and the report made from them: 99-209 B (dense cases)
 BYTES_PER_LINK = 1_000  # the topology graph and the flow network's per-link arrays: 420-460 B (tracemalloc)
 # the flows, routes and recorded runs of all-to-alls, per GPU pair of an EP group (num_gpus x ep pairs): 11-13 kB
 # on Frontier (MoE cases, the growth less their tasks'); a dragonfly's contended all-to-alls hold more (at least
 # 58 kB per pair, X-MoE Small EP 64 on 256 GPUs), which MemoryGuard catches
 BYTES_PER_ALL_TO_ALL_PAIR = 16_000
-# growth while writing each choice of outputs, in a process holding only the run's result: a fixed part (the
-# libraries they load, the plots' canvas, the Parquet row group and the Perfetto trace's chunks in flight) and a part
-# per trace row (dense cases: report 9 MiB; trace 27-33 MiB, 8 B per row; all 122-127 MiB, 7 B per row, from 255k to
-# 1M rows; dense-128 with the trace in row groups: trace 40 MiB, all 88-102 MiB for every --perfetto format)
-OUTPUT_BYTES = {"report": (10 * MIB, 0), "trace": (40 * MIB, 10), "all": (140 * MIB, 10)}  # (fixed, per row)
+# growth while writing each choice of outputs, in a process holding only the run's result (its task arrays): a fixed
+# part (the libraries they load, the plots' canvas, the Parquet row group and the Perfetto trace's chunks in flight)
+# and a part per trace row, most of it the trace frame the trace and Perfetto outputs are written from (built for
+# them: RunResult.trace). Dense cases from 255k to 1M rows: report 9 MiB; trace 60-131 MiB, 97 B per row over 36 MiB;
+# all 103-207 MiB for every --perfetto format at the default detail; MoE cases within them
+OUTPUT_BYTES = {"report": (10 * MIB, 0), "trace": (40 * MIB, 100), "all": (140 * MIB, 100)}  # (fixed, per row)
 # with all, the Perfetto trace's events at one track per rank (trace/tracks.py), per trace row: the 511k rows of
 # dense-128 at --perfetto-detail rank grow 175-181 MiB against 95-102 at stage (160 B a row); the default (auto)
 # gives them up to AGGREGATE_ROWS rows, one track per stage beyond (a stage's ranks' rows in one)
