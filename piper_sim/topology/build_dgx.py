@@ -17,7 +17,8 @@ Node fabric (`node_fabric`): "nvswitch" (above; DGX H100/H200/B200, and a GB200 
 GPUs whose NVLink switch trays are one non-blocking switch "nvsw") or "mesh": every GPU pair linked directly
 ("xgmi" links of xgmi_link_bandwidth_GBps per direction, an MI300X platform's 7 Infinity Fabric links per GPU).
 
-Routing: same leaf -> leaf only; otherwise ECMP, an equal split over all spines. A GPU sends through its
+Routing: same leaf -> leaf only; otherwise ECMP, an equal split over all spines, which is exactly one bundle of
+a leaf's uplinks (RailFatTree: the spine layer is built as that bundle). A GPU sends through its
 own rail's NIC ("spine" mode, cross-rail traffic crosses a spine), or, with cross_rail: pxn, first over
 NVLink to the GPU on the destination's rail (NCCL PXN), so traffic stays on one rail.
 """
@@ -33,6 +34,7 @@ from piper_sim.topology.build_dragonfly import WHERE, positive_bandwidths
 from piper_sim.topology.builders import num_nodes_for, register_builder, size_notes
 from piper_sim.topology.graph import NetworkParams, Topology
 from piper_sim.topology.size import check_machine_size, host_key
+from piper_sim.topology.spread import WeightedSwitchPaths
 from piper_sim.topology.structured import (
     LocalLink,
     NodeModel,
@@ -69,11 +71,19 @@ DGX_SCHEMA: dict[str, object] = {
 
 
 class RailFatTree:
-    """Leaves per (SU, rail) and a spine layer; implements structured.SwitchFabric."""
+    """Leaves per (SU, rail) and a spine layer; implements structured.SwitchFabric.
 
-    def __init__(self, *, nodes_per_su: int, num_rails: int, num_spines: int) -> None:
-        self.nodes_per_su, self.num_rails, self.num_spines = nodes_per_su, num_rails, num_spines
-        self._cache: dict[tuple[str, str], SwitchPaths] = {}
+    ECMP splits every cross-leaf flow equally over the spines, each path a 1/num_spines share of the flow in the
+    max-min sharing (a flow's hashed connections spread over the spines: together they count as one flow on the
+    links they share, as a dragonfly's mean-field detours do). Every such flow then loads each spine alike, so by
+    symmetry each carries 1/num_spines of every flow at one rate, and the spine layer is exactly one bundle per
+    leaf: bundled (the default) builds one "spines" node whose link from and to each leaf has the capacity of all
+    the leaf's uplinks (utilization that of each of them, bytes their sum); per spine (bundled False) keeps every
+    spine and path (tests/topology/test_spine_bundle.py holds the two to the same run)."""
+
+    def __init__(self, *, nodes_per_su: int, num_rails: int, num_spines: int, bundled: bool = True) -> None:
+        self.nodes_per_su, self.num_rails, self.num_spines, self.bundled = nodes_per_su, num_rails, num_spines, bundled
+        self._cache: dict[tuple[str, str], WeightedSwitchPaths] = {}
 
     def su_of(self, host: int) -> int:
         return host // self.nodes_per_su
@@ -81,27 +91,39 @@ class RailFatTree:
     def nic_switch(self, host: int, nic_index: int) -> str:
         return f"su{self.su_of(host)}.leaf{nic_index}"
 
-    def switch_paths(self, src: str, dst: str, flow_key: int) -> SwitchPaths:
+    def spines(self) -> list[str]:
+        return ["spines"] if self.bundled else [f"spine{s}" for s in range(self.num_spines)]
+
+    def weighted_switch_paths(
+        self, src: str, dst: str, flow_key: int
+    ) -> tuple[tuple[float, float, tuple[str, ...]], ...]:
+        """((byte fraction per unit of weight, flow weight, switches), ...): through the bundle, or an equal split
+        over the spines, each path 1/num_spines of the flow's bytes and of its weight."""
         if src == dst:
-            return ((1.0, (src,)),)
+            return ((1.0, 1.0, (src,)),)
         cached = self._cache.get((src, dst))
         if cached is None:
-            frac = 1.0 / self.num_spines
-            cached = self._cache[(src, dst)] = tuple((frac, (src, f"spine{s}", dst)) for s in range(self.num_spines))
+            spines = self.spines()
+            share = 1.0 / len(spines)
+            cached = self._cache[(src, dst)] = tuple((1.0, share, (src, spine, dst)) for spine in spines)
         return cached
 
+    def switch_paths(self, src: str, dst: str, flow_key: int) -> SwitchPaths:
+        return tuple((f * w, seq) for f, w, seq in self.weighted_switch_paths(src, dst, flow_key))
+
     def add_switches(self, graph: nx.DiGraph, num_sus: int, p: dict, uplinks_per_leaf: int) -> None:
-        bandwidth = uplinks_per_leaf * p["uplink_bandwidth_bytes_per_s"] / self.num_spines
+        spines = self.spines()
+        bandwidth = uplinks_per_leaf * p["uplink_bandwidth_bytes_per_s"] / len(spines)
         latency = p["uplink_latency_s"] + p["switch_latency_s"]
-        for s in range(self.num_spines):
-            graph.add_node(f"spine{s}", kind="switch")
+        for spine in spines:
+            graph.add_node(spine, kind="switch")
         for u in range(num_sus):
             for r in range(self.num_rails):
                 leaf = f"su{u}.leaf{r}"
                 graph.add_node(leaf, kind="switch", group=u, rail=r)
-                for s in range(self.num_spines):
+                for spine in spines:
                     graph.add_edges_from(
-                        ((leaf, f"spine{s}"), (f"spine{s}", leaf)),
+                        ((leaf, spine), (spine, leaf)),
                         bandwidth_bytes_per_s=bandwidth,
                         latency_s=latency,
                         link_kind="up",
@@ -150,9 +172,9 @@ def dgx_node(gpus_per_node: int, p: dict, *, pxn: bool) -> NodeModel:
 
 
 @register_builder("dgx-superpod")
-def build_dgx_superpod(raw: dict, num_gpus: int | None) -> Topology:
+def build_dgx_superpod(raw: dict, num_gpus: int | None, *, bundled_spines: bool = True) -> Topology:
     """DGX SuperPOD (or a cluster built like one): rail-optimized leaves per SU, a spine layer, ECMP; sized by the
-    GPU count."""
+    GPU count. bundled_spines: the spine layer as one bundle per leaf (RailFatTree; the same run as every spine)."""
     p = read_params(raw, DGX_SCHEMA, WHERE)
     positive_bandwidths(raw, p, DGX_SCHEMA)
     gpus_per_node = positive_int(f"{WHERE}gpus_per_node", p["gpus_per_node"])
@@ -170,13 +192,13 @@ def build_dgx_superpod(raw: dict, num_gpus: int | None) -> Topology:
     terms = {
         host_key(p, gpus_per_node, num_gpus): num_nodes * (node_links + 2 * gpus_per_node),
         "gpus_per_node": gpus_per_node**2,
-        "num_spines": 2 * num_sus * gpus_per_node * spines,
+        "num_spines": 2 * num_sus * gpus_per_node * (1 if bundled_spines else spines),  # a bundle: one per leaf
     }
     check_machine_size(
         "dgx-superpod", terms, num_gpus, {"num_nodes": num_nodes, "gpus_per_node": gpus_per_node, "num_spines": spines}
     )
     node = dgx_node(gpus_per_node, p, pxn=p["cross_rail"] == "pxn")
-    fabric = RailFatTree(nodes_per_su=per_su, num_rails=gpus_per_node, num_spines=spines)
+    fabric = RailFatTree(nodes_per_su=per_su, num_rails=gpus_per_node, num_spines=spines, bundled=bundled_spines)
     graph = nx.DiGraph()
     attrs = {h: {"group": fabric.su_of(h), "switch": f"su{fabric.su_of(h)}"} for h in range(num_nodes)}
     gpus = add_node_instances(graph, node, num_nodes, attrs)

@@ -215,8 +215,17 @@ def build_fat_tree(raw: dict, num_gpus: int | None) -> Topology:
 
 def ecmp_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:
     """Equal split over all shortest paths (by hop count), as ECMP hashing spreads many flows."""
+    return tuple((f * w, links) for f, w, links in ecmp_weighted(topo, src, dst))
+
+
+def ecmp_weighted(topo: Topology, src: str, dst: str) -> tuple[tuple[float, float, tuple[int, ...]], ...]:
+    """ecmp_router's paths for Topology.weighted_paths: each path 1/K of the flow's bytes and of its weight, so the
+    K paths of a flow (its hashed connections spread over the spines) count as one flow on the links they share."""
     paths = sorted(nx.all_shortest_paths(topo.graph, src, dst))
-    frac = 1.0 / len(paths)
+    share = 1.0 / len(paths)
     return tuple(
-        (frac, tuple(topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False))) for nodes in paths
+        (1.0, share, tuple(topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False))) for nodes in paths
     )
+
+
+ecmp_router.weighted = ecmp_weighted  # type: ignore[attr-defined]  # the router's weighted paths (graph.py)

@@ -114,7 +114,7 @@ CASES = {
         "cost": {"profile": "h100"},
         "collectives": {"all_to_all": "deepep", "all_reduce": "ring"},
         "optimizer": {"zero": 3, "reshard_after_forward": False},
-        "parallel": {"convention": "megatron", "pp": 1, "ep": 16, "dp": 64, "num_microbatches": 8},
+        "parallel": {"convention": "megatron", "pp": 1, "ep": 8, "dp": 64, "num_microbatches": 8},
     },
 }
 
@@ -174,7 +174,7 @@ def test_skewed_all_to_alls_are_let_go_after_their_last_use(name, monkeypatch):
 
 def test_lanes_split_by_the_groups_whose_collectives_end_apart():
     """The stage's lane gives up where the expert gathers' groups end apart; the run splits lanes by those groups
-    (the dp axis: 16 lanes of 4) rather than one lane per rank, and keeps the per-rank trace (the case above)."""
+    (the dp axis: 8 lanes of 8) rather than one lane per rank, and keeps the per-rank trace (the case above)."""
     result = simulate(load_config(CASES["zero3-expert-groups-end-apart"]))
     assert result.stats["lanes_split_by"] == ["dp"] and not result.stats["lanes_fell_back"]
-    assert result.stats["num_lanes"] == 16
+    assert result.stats["num_lanes"] == 8

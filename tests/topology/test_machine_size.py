@@ -22,7 +22,6 @@ def small_floor(monkeypatch):
         ({"preset": "uniform", "params": {"num_nodes": 128}}, "topology.params.num_nodes"),
         ({"preset": "uniform", "params": {"gpus_per_node": 1024}}, "topology.params.gpus_per_node"),
         ({"preset": "fat-tree", "params": {"num_spines": 4096}}, "topology.params.num_spines"),
-        ({"preset": "dgx-h100-superpod", "params": {"num_spines": 512}}, "topology.params.num_spines"),
         ({"preset": "dgx-h100-superpod", "params": {"gpus_per_node": 128}}, "topology.params.gpus_per_node"),
         ({"preset": "dragonfly", "params": {"switches_per_group": 128}}, "topology.params.switches_per_group"),
         ({"preset": "dragonfly", "params": {"gpus_per_node": 128}}, "topology.params.gpus_per_node"),
@@ -32,6 +31,11 @@ def test_a_machine_far_larger_than_an_8_gpu_job_names_its_parameter(small_floor,
     with pytest.raises(ConfigError) as err:
         load_topology(spec, 8)
     assert err.value.key == key
+
+
+def test_a_dgx_spine_layer_is_one_bundle_per_leaf_whatever_its_spines(small_floor):
+    topo = load_topology({"preset": "dgx-h100-superpod", "params": {"num_spines": 512}}, 8)
+    assert topo.graph.has_edge("su0.leaf0", "spines")  # build_dgx.RailFatTree: the spines cost no links
 
 
 @pytest.mark.parametrize("preset", ["uniform", "fat-tree", "dgx-h100-superpod", "frontier", "dragonfly", "gb200-nvl72"])
