@@ -290,7 +290,7 @@ Where the configurations differ (SimuMax's JSON files are written from piper-sim
 - network: piper-sim shares flows max-min fairly over the uniform cluster's graph ({intra:g} GB/s per GPU in a node,
   a {nic:g} GB/s NIC per GPU, latency per hop); SimuMax prices each collective analytically on two tiers (the
   same bandwidths, efficiency 1, the path latency per ring step), choosing the tier from the group's size.
-- optimizer: ZeRO-1 in SimuMax (its timeline has no ZeRO-0 path), ZeRO-0 in piper-sim (bench_sim's W1, W2).
+- optimizer: ZeRO-1 in SimuMax (its timeline has no ZeRO-0 path), ZeRO-0 in piper-sim (bench_sim's W1, W2, W3).
 - pipeline send/recv: piper-sim issues them asynchronously (docs/execution-contract.md); SimuMax's are
   {p2p}.
 - embeddings: piper-sim ties input and output embeddings; SimuMax has no tying (a separate output layer).
