@@ -19,7 +19,7 @@ import pandas as pd
 from piper_sim.analysis.budget import rank_budget
 from piper_sim.analysis.run_report import TraceFigures
 from piper_sim.schedule.ir import Schedule, Task
-from piper_sim.trace.runtrace import peer_codes, trace_from_arrays
+from piper_sim.trace.runtrace import TIMED, peer_codes, trace_from_arrays
 from piper_sim.workload.task_kinds import RECOMPUTE_KINDS, Stream, TaskKind
 
 
@@ -55,7 +55,8 @@ class TaskArrays:
     @cached_property
     def frame(self) -> pd.DataFrame:
         """The RunTrace frame: one row per task (built once, on the first ask)."""
-        return trace_from_arrays(self.schedule, self.start_s, self.end_s, self.flops, self.bytes, self.cpu_s)
+        columns = dict(zip(TIMED, (self.start_s, self.end_s, self.bytes, self.flops, self.cpu_s), strict=True))
+        return trace_from_arrays(self.schedule, columns)
 
     @property
     def num_rows(self) -> int:

@@ -86,15 +86,13 @@ def _categorical(values_by_stage: list[list[str]], reps: list[int]) -> pd.Catego
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=str))
 
 
-def trace_from_arrays(
-    schedule: Schedule,
-    start_s: list[np.ndarray],
-    end_s: list[np.ndarray],
-    flops: list[np.ndarray],
-    nbytes: list[np.ndarray],
-    cpu_s: list[np.ndarray],
-) -> pd.DataFrame:
-    """Build the trace from per-stage arrays indexed [step, rank within stage, task index]."""
+TIMED = ("start_s", "end_s", "bytes", "flops", "cpu_s")  # the columns a simulated run records per task
+
+
+def trace_from_arrays(schedule: Schedule, arrays: dict[str, list[np.ndarray]]) -> pd.DataFrame:
+    """Build the trace from per-stage arrays indexed [step, rank within stage, task index], one list per TIMED
+    column."""
+    start_s = arrays["start_s"]
     mesh = schedule.mesh
     per_stage = mesh.num_ranks // mesh.pp
     programs = schedule.stage_programs
@@ -137,8 +135,8 @@ def trace_from_arrays(
         ),
         categories=pd.Index(labels, dtype=str),
     )
-    for name, arrays in (("start_s", start_s), ("end_s", end_s), ("bytes", nbytes), ("flops", flops), ("cpu_s", cpu_s)):
-        columns[name] = np.concatenate([a.reshape(-1) for a in arrays]).astype(float)
+    for name in TIMED:
+        columns[name] = np.concatenate([a.reshape(-1) for a in arrays[name]]).astype(float)
     return pd.DataFrame(columns, copy=False)  # the new arrays as they are: no second copy of a large run's trace
 
 
@@ -157,7 +155,7 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
     df = df[list(COLUMNS)].copy()
     for col in ("step", "rank", "microbatch", "chunk", "layer"):
         df[col] = df[col].astype(np.int64)
-    for col in ("start_s", "end_s", "bytes", "flops", "cpu_s"):
+    for col in TIMED:
         df[col] = df[col].astype(float)
     for col in CATEGORICAL:
         df[col] = df[col].astype(str).astype("category")
