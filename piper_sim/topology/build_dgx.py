@@ -94,9 +94,7 @@ class RailFatTree:
     def spines(self) -> list[str]:
         return ["spines"] if self.bundled else [f"spine{s}" for s in range(self.num_spines)]
 
-    def weighted_switch_paths(
-        self, src: str, dst: str, flow_key: int
-    ) -> tuple[tuple[float, float, tuple[str, ...]], ...]:
+    def weighted_switch_paths(self, src: str, dst: str, flow_key: int) -> WeightedSwitchPaths:
         """((byte fraction per unit of weight, flow weight, switches), ...): through the bundle, or an equal split
         over the spines, each path 1/num_spines of the flow's bytes and of its weight."""
         if src == dst:

@@ -125,7 +125,8 @@ class Topology:
     def weighted_paths(self, src: str, dst: str) -> tuple[tuple[float, float, tuple[int, ...]], ...]:
         """paths() with how many flows each path counts as in the max-min sharing: ((fraction, weight,
         link ids), ...), the path moving fraction x weight of the bytes. The weight is 1 for every path but
-        a dragonfly's mean-field detours (valiant: spread, piper_sim.topology.spread), 1/K of a flow each."""
+        a dragonfly's mean-field detours (valiant: spread, piper_sim.topology.spread) and ECMP's equal splits (a
+        fat-tree's, builders.ecmp_weighted; a DGX rail tree's spines, build_dgx.RailFatTree), 1/K of a flow each."""
         weighted = getattr(self.router, "weighted", None)
         if weighted is None or src == dst:
             return tuple((f, 1.0, links) for f, links in self.paths(src, dst))
