@@ -13,8 +13,9 @@ Owns the metric definitions (docs/metrics.md repeats them):
 - exposed_comm_fraction: mean over ranks of communication time not hidden under compute.
 - all_to_all_bandwidth_bytes_per_s: mean over all-to-all calls of the mean bytes a member sends
   divided by the call's duration from the last member's arrival to its end.
-Report is the typed record of all of them; make_report builds it for either backend, and Report.to_dict
-gives report.json.
+Report is the typed record of all of them; report_of builds it from a run's TraceFigures (frame_figures of a trace
+frame, either backend; analysis.task_arrays for a simulated run's arrays), make_report from a frame, and
+Report.to_dict gives report.json.
 """
 
 from __future__ import annotations
