@@ -188,7 +188,7 @@ def totals(result: RunResult, rank: int, machine: Machine) -> dict[str, float]:
     FLOPs, all-to-all calls and their bandwidths, per-stage memory peaks, per-link bytes, the rank's budget."""
     r, tasks = result.report, _arrays(result)
     makespan = tasks.last_end_s  # a simulated run starts at 0 and has no warm-up step left out
-    calls = tasks.a2a_call_bandwidths()
+    calls = tasks.a2a_call_bandwidths
     peak = machine.profile.peak_flops_per_s
     out = {
         "makespan_s": makespan,

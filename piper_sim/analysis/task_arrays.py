@@ -65,11 +65,11 @@ class TaskArrays:
     def _mask(self, stage: int, pick: Callable[[Task], bool]) -> np.ndarray:
         return np.array([bool(pick(t)) for t in self.schedule.stage_programs[stage]], dtype=bool)
 
-    @property
+    @cached_property
     def first_start_s(self) -> float:
         return min(float(np.nanmin(a)) for a in self.start_s)
 
-    @property
+    @cached_property
     def last_end_s(self) -> float:
         return max(float(np.nanmax(a)) for a in self.end_s)
 
@@ -121,9 +121,11 @@ class TaskArrays:
         rank = self.busiest_rank() if rank is None else rank
         return rank_budget(self.rank_rows(rank), rank, self.num_steps, self.first_start_s, self.last_end_s)
 
+    @cached_property
     def a2a_call_bandwidths(self) -> np.ndarray:
         """analysis.run_report.a2a_call_bandwidths of the frame: per all-to-all call of a positive duration, the
-        mean bytes a member sends over the call's duration from the last member's arrival to its end."""
+        mean bytes a member sends over the call's duration from the last member's arrival to its end (found once:
+        the report and the steady-state totals both read it)."""
         out = []
         for p in range(len(self.start_s)):
             cols = np.flatnonzero(self._mask(p, lambda t: t.kind == TaskKind.ALL_TO_ALL))
@@ -167,7 +169,7 @@ class TaskArrays:
             recompute_flops=recompute,
             busy_compute_s=np.concatenate(busy_compute),
             busy_any_s=np.concatenate(busy_any),
-            a2a_call_bandwidths=self.a2a_call_bandwidths(),
+            a2a_call_bandwidths=self.a2a_call_bandwidths,
         )
 
 
