@@ -69,7 +69,7 @@ DEFAULTS: dict = {
     "optimizer": {"zero": 0},
 }
 SECTION_KEYS = {
-    "collectives": {"all_to_all", "all_reduce"},
+    "collectives": {"all_to_all", "all_reduce", "overlap_all_to_all"},
     "cost": {"profile", "flash_attention", "allow_device_mismatch", "framework_reserve_GiB", "precision", "fp8_recipe"},
     "sim": {"steps", "seed", "trace_format", "collapse"},
     "optimizer": {"zero", "reshard_after_forward", "master_weights", "gradient_reduce"},
@@ -263,6 +263,7 @@ def resolve(raw: dict, devices: str | None = None) -> Config:
     recompute, recompute_layers, zero = _plan_features(full, parallel)
     check_hsdp(parallel.dp_replicate, zero)
     collectives = collective_choice(full["collectives"])  # raises ConfigError naming collectives.<key>
+    check_overlap(collectives.overlap_all_to_all, full["schedule"], parallel, zero)
     return Config(
         model=model,
         parallel=parallel,
@@ -423,6 +424,27 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
     if zero and parallel.data_parallel == 1 and parallel.dp == 1:
         raise ConfigError("optimizer.zero", zero, "0 when there is one data-parallel replica (dp x ep x etp / tp = 1)")
     return recompute, layers, zero
+
+
+OVERLAP_SCHEDULES = ("interleaved-1f1b", "dualpipe", "dualpipe-v")  # with pipelining (any 1F1B with pp 1)
+
+
+def check_overlap(overlap: bool, schedule: str, parallel: ParallelSpec, zero: int) -> None:
+    """collectives.overlap_all_to_all pairs a forward with the backward of another micro-batch that follows it
+    (schedule/lower_overlap.py): Megatron-core's combined 1F1B runs without pipelining or with virtual stages, DualPipe
+    pairs its own; ZeRO-3's gathers are not lowered into pairs."""
+    if not overlap:
+        return
+    pipelined = schedule in OVERLAP_SCHEDULES and (schedule != "interleaved-1f1b" or parallel.vpp > 1)
+    if parallel.pp > 1 and not pipelined:
+        raise ConfigError(
+            "collectives.overlap_all_to_all",
+            overlap,
+            f"false with schedule {schedule} at parallel.pp {parallel.pp}, vpp {parallel.vpp} (true with "
+            "interleaved-1f1b and vpp > 1, dualpipe, dualpipe-v, or 1f1b / interleaved-1f1b at pp 1)",
+        )
+    if zero == 3:
+        raise ConfigError("collectives.overlap_all_to_all", overlap, "false with optimizer.zero 3")
 
 
 def load_config(path: str | Path | dict, overrides: list[str] | None = None, *, devices: str | None = None) -> Config:

@@ -80,16 +80,23 @@ def check_collective_params(topo: Topology) -> None:
 @dataclass(frozen=True)
 class CollectiveChoice:
     """A config's `collectives` section: the all-to-all and all-reduce algorithms by name, each one of its
-    registry's (collective_choice checks them)."""
+    registry's (collective_choice checks them), and whether the MoE all-to-alls overlap the compute of a paired
+    pass (schedule/lower_overlap.py; config.check_overlap says with which plans)."""
 
     all_to_all: str = "flat"
     all_reduce: str = "ring"
+    overlap_all_to_all: bool = False
 
 
 def collective_choice(section: dict) -> CollectiveChoice:
     """The `collectives` section, its names checked against ALL_TO_ALL and ALL_REDUCE: a name neither registry
     holds is a ConfigError naming collectives.all_to_all or collectives.all_reduce."""
-    choice = CollectiveChoice(all_to_all=str(section["all_to_all"]), all_reduce=str(section["all_reduce"]))
+    overlap = section.get("overlap_all_to_all", False)
+    if not isinstance(overlap, bool):
+        raise ConfigError("collectives.overlap_all_to_all", overlap, "true or false")
+    choice = CollectiveChoice(
+        all_to_all=str(section["all_to_all"]), all_reduce=str(section["all_reduce"]), overlap_all_to_all=overlap
+    )
     ALL_TO_ALL.get(choice.all_to_all, "collectives.all_to_all")
     ALL_REDUCE.get(choice.all_reduce, "collectives.all_reduce")
     return choice

@@ -57,20 +57,32 @@ class ComputePricer(CollectivePricer):
         last: bool,
         zb: bool,
         terms: dict[str, float] | None = None,
+        pieces: tuple[list[float], list[float]] | None = None,
     ) -> tuple[float, float, float, float, int]:
         """(forward s, backward s (input pass for ZB), weight pass s, FLOPs, MoE layers) of one microbatch; with
-        `terms`, its compute by cost term (workload.cost.COST_TERMS) and its TP collectives ("tp_comm") added there."""
+        `terms`, its compute by cost term (workload.cost.COST_TERMS) and its TP collectives ("tp_comm") added there;
+        with `pieces`, the forward's and the backward's seconds between their all-to-alls appended there (in the
+        forward's order: the backward runs them last first)."""
         f = b = w = flops = 0.0
         moe = 0
+        if pieces is not None:
+            pieces[0].append(0.0)
+            pieces[1].append(0.0)
         for seg in chunk_segments(self.model, layers, first=first, last=last, split=coster.split):
             if seg.tp != ("", ""):  # a tensor-parallel collective blocks the compute stream
                 forward, backward = (self._tp_s(kind, coster) for kind in seg.tp)
                 f, b = f + forward, b + backward
+                if pieces is not None:
+                    pieces[0][-1] += forward
+                    pieces[1][-1] += backward
                 if terms is not None:
                     terms["tp_comm"] = terms.get("tp_comm", 0.0) + forward + backward
                 continue
             if seg.role:
                 moe += seg.role == Role.DISPATCH
+                if pieces is not None:
+                    pieces[0].append(0.0)
+                    pieces[1].append(0.0)
                 continue
             rows = self._expert_rows(ep, seg.ops[0], _routed(coster)) if seg.expert else ()
             kinds = (
@@ -90,6 +102,9 @@ class ComputePricer(CollectivePricer):
                 if terms is not None:
                     terms["cp_comm"] = terms.get("cp_comm", 0.0) + sum(ring)
             f, b, w, flops = f + fs, b + bs, w + ws, flops + ff + bf + wf
+            if pieces is not None:
+                pieces[0][-1] += fs
+                pieces[1][-1] += bs
             for kind in kinds if terms is not None else ():
                 for term, value in coster.cost_terms(kind, seg.ops, rows).items():
                     terms[term] = terms.get(term, 0.0) + value

@@ -25,7 +25,8 @@ from piper_sim.collectives.sharded import ALL_GATHER
 from piper_sim.machine import Machine, build_machine
 from piper_sim.planning.compute_estimate import ComputePricer
 from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
-from piper_sim.planning.geometry import Geometry, geometry
+from piper_sim.planning.geometry import Chunk, Geometry, geometry
+from piper_sim.planning.overlap_estimate import pair_s, paired_shares
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
 from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.resource import stage_memory
@@ -132,7 +133,7 @@ class Estimator(ComputePricer):
         split = point.parallel.split
         coster = self.coster(tokens, split)
         zb = point.schedule in SPLIT_BACKWARD
-        f = b = w = a2a_s = flops = 0.0
+        f = b = w = a2a_s = flops = hidden = 0.0
         for chunk in shape.chunks[p]:
             v, first, last, held = chunk.virtual, chunk.first, chunk.last, chunk.layers
             key = ("chunk", tokens, split, point.ep, held, first, last, zb)
@@ -151,9 +152,31 @@ class Estimator(ComputePricer):
                 bucket = self._bucket_s(point, shape.layers, p, v)
                 b, w = (b, w + bucket) if zb else (b + bucket, w)
             a2a_s += (4 * moe + 2 * redo_moe) * a2a
+            if point.overlap_all_to_all:  # what the chunk's pairs hide, over the stage's share of paired passes
+                share = paired_shares(point.schedule, point.pp, point.vpp, point.num_microbatches)[p]
+                hidden += share * self._hidden_s(coster, point, chunk, rs, a2a)
         share = 1 / shape.stages.num_pipelines  # bidirectional: a microbatch runs one of the two chunks
-        f, b, w, a2a_s, flops = (x * share for x in (f, b, w, a2a_s, flops))
-        return (f + a2a_s / 2, b + a2a_s / 2, w, a2a_s), flops
+        f, b, w, a2a_s, flops, hidden = (x * share for x in (f, b, w, a2a_s, flops, hidden))
+        return (f + (a2a_s - hidden) / 2, b + (a2a_s - hidden) / 2, w, a2a_s), flops
+
+    def _hidden_s(self, coster: TaskCoster, point: PlanPoint, chunk: Chunk, redo_s: float, a2a: float) -> float:
+        """Seconds a chunk's forward and backward save when they run as one overlapped pair (overlap_estimate.pair_s;
+        the recomputation before the backward runs in its first piece, its all-to-alls as they were) over running one
+        after the other."""
+        zb = point.schedule in SPLIT_BACKWARD
+        key = ("pieces", coster.tokens, coster.split, point.ep, chunk.layers, chunk.first, chunk.last, zb)
+
+        def pieces() -> tuple[tuple[float, ...], tuple[float, ...]]:
+            out: tuple[list[float], list[float]] = ([], [])
+            self._chunk(coster, point.ep, chunk.layers, chunk.first, chunk.last, zb, pieces=out)
+            return tuple(out[0]), tuple(out[1])
+
+        forward, backward = self._cached(key, pieces)
+        if len(forward) < 2:  # no all-to-all to hide
+            return 0.0
+        running_backward = [backward[-1] + redo_s, *backward[-2::-1]]
+        alone = sum(forward) + sum(backward) + redo_s + 2 * (len(forward) - 1) * a2a
+        return max(alone - pair_s(forward, running_backward, a2a), 0.0)
 
     def _reduce_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
         """(gradient all-reduces, optimizer) of the slowest stage."""
@@ -366,6 +389,7 @@ def config_estimator(cfg, machine: Machine | None = None) -> tuple[Estimator, Pl
         num_microbatches=par.num_microbatches,
         schedule=cfg.schedule,
         all_to_all=cfg.collectives.all_to_all,
+        overlap_all_to_all=cfg.collectives.overlap_all_to_all,
         recompute=cfg.recompute,
         zero=cfg.zero,
         tp=par.tp,

@@ -36,7 +36,7 @@ def megatron_label(row: pd.Series | dict) -> str:
         " ".join(f"{k}{v}" for k, v in degrees.items() if k != "EDP")
         + (" SP" if point.sp else "")
         + f" MBS{point.micro_batch_size} GBS{point.parallel.sequences_per_step} {point.schedule} "
-        f"{point.all_to_all}{extra}"
+        f"{point.all_to_all}{' overlapped' if point.overlap_all_to_all else ''}{extra}"
     )
 
 

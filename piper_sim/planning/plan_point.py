@@ -36,6 +36,7 @@ class PlanPoint:
     reshard_after_forward: bool = True  # ZeRO-3: FSDP2's (workload/fsdp.py)
     dp_shard: int = 0  # ZeRO-3 under HSDP: the ranks a shard spans (0: every data-parallel replica)
     cp: int = 1  # context parallelism (docs/context-parallel.md)
+    overlap_all_to_all: bool = False  # MoE all-to-alls beside a paired pass's compute (schedule/lower_overlap.py)
 
     @property
     def num_gpus(self) -> int:
@@ -70,7 +71,7 @@ class PlanPoint:
         extra = (f" rc-{self.recompute}" if self.recompute != Recompute.NONE else "") + self.sharding_label()
         return (
             f"pp{self.pp} ep{self.ep} dp{self.dp}{tp}{vpp} mbs{self.micro_batch_size} x{self.num_microbatches} "
-            f"{self.schedule} {self.all_to_all}{extra}"
+            f"{self.schedule} {self.all_to_all}{' overlapped' if self.overlap_all_to_all else ''}{extra}"
         )
 
     def sharding_label(self) -> str:
@@ -98,7 +99,10 @@ class PlanPoint:
                 "micro_batch_size": self.micro_batch_size,
             },
             "schedule": self.schedule,
-            "collectives": {"all_to_all": self.all_to_all},
+            "collectives": {
+                "all_to_all": self.all_to_all,
+                **({"overlap_all_to_all": True} if self.overlap_all_to_all else {}),
+            },
             "recompute": self.recompute,
             "optimizer": {
                 "zero": self.zero,

@@ -50,4 +50,5 @@ def build_schedule(cfg: Config) -> Schedule:
         reshard_after_forward=cfg.reshard_after_forward,
         recompute_modules=cfg.recompute_modules,
         gradient_reduce=cfg.gradient_reduce,
+        overlap_all_to_all=cfg.collectives.overlap_all_to_all,
     )

@@ -15,6 +15,7 @@ from piper_sim.schedule.ir import Schedule, Task
 from piper_sim.schedule.lower_context import LoweringContext
 from piper_sim.schedule.lower_context_parallel import ring_tasks
 from piper_sim.schedule.lower_fsdp import gathering_passes, unit_collectives, unit_runs, with_gathers
+from piper_sim.schedule.lower_overlap import combined_order, interleaved, issued, pairs
 from piper_sim.schedule.lower_reductions import bucket_reduce_scatters, reduction_tasks
 from piper_sim.schedule.lower_segments import Segment
 from piper_sim.workload.deepspeed_zero import DEFAULT_GRADIENT_REDUCE
@@ -47,6 +48,7 @@ def lower(
     reshard_after_forward: bool = True,
     recompute_modules: tuple[str, ...] = DEFAULT_SELECTIVE_MODULES,
     gradient_reduce: str = DEFAULT_GRADIENT_REDUCE,
+    overlap_all_to_all: bool = False,
 ) -> Schedule:
     """Lower a generator's coarse schedule into executable per-stage programs.
 
@@ -62,7 +64,9 @@ def lower(
     reshard_after_forward false only the passes that find their chunk sharded gather (gathering_passes).
     gradient_reduce deepspeed (zero 1 or 2): each reduce-scatter becomes the all-reduces of DeepSpeed's buckets
     (lower_reductions.py, workload/deepspeed_zero.py). The mesh's tp and etp, and sp, place the tensor-parallel
-    collectives (TensorSplit; docs/tensor-parallel.md).
+    collectives (TensorSplit; docs/tensor-parallel.md). overlap_all_to_all: each forward that runs right before the
+    backward of another micro-batch is lowered with it as one interleaved pass whose MoE all-to-alls are issued on
+    the communication stream (lower_overlap.py; not with zero 3).
     """
     mesh = coarse.mesh
     ctx = LoweringContext(
@@ -84,6 +88,7 @@ def lower(
         reshard_after_forward=reshard_after_forward,
         gradient_reduce=gradient_reduce,
         mesh=mesh,
+        overlap_all_to_all=overlap_all_to_all,
     )
     programs = tuple(_lower_stage(ctx, p, program) for p, program in enumerate(coarse.stage_programs))
     return replace(coarse, stage_programs=programs, lowered=True, stage_layers=stage_layers)
@@ -92,35 +97,52 @@ def lower(
 def _lower_stage(ctx: LoweringContext, pp_index: int, coarse: tuple[Task, ...]) -> tuple[Task, ...]:
     if ctx.zero == 3:
         ctx = replace(ctx, gathering=gathering_passes(coarse, reshard_after_forward=ctx.reshard_after_forward))
+    if ctx.overlap_all_to_all and ctx.pp == 1:
+        coarse = combined_order(coarse)
     out: list[Task] = []
     last_of: dict[str, str] = {}  # coarse id -> id of its last lowered task (local deps)
-    for task in coarse:
-        v = ctx.stages.of(pp_index, task.chunk)
-        if task.kind == K.FORWARD:
-            new = _lower_forward(ctx, pp_index, v, task, last_of)
-        elif task.kind in (K.BACKWARD, K.BACKWARD_INPUT):
-            new = _lower_backward(ctx, pp_index, v, task, last_of)
-        elif task.kind == K.BACKWARD_WEIGHT:
-            ops = tuple(op for s in ctx.segments(v) for op in s.ops)
-            deps = tuple(last_of[d] for d in task.deps)
-            new = [
-                Task(
-                    task_id=task.task_id,
-                    kind=K.BACKWARD_WEIGHT,
-                    microbatch=task.microbatch,
-                    chunk=task.chunk,
-                    ops=ops,
-                    deps=deps,
-                )
-            ]
+    paired: Task | None = None  # a forward lowered with the backward after it (lower_overlap.py), waiting for it
+    for i, task in enumerate(coarse):
+        if paired is not None:
+            forward = issued(_lower_task(ctx, pp_index, paired, last_of))
+            last_of[paired.task_id] = _last_blocking(forward)
+            backward = issued(_lower_task(ctx, pp_index, task, last_of))
+            new = interleaved(forward, backward)
+            paired = None
+        elif ctx.overlap_all_to_all and pairs(task, coarse[i + 1] if i + 1 < len(coarse) else None):
+            paired = task
+            continue
         else:
-            raise ValueError(f"cannot lower coarse task kind {task.kind!r}")
-        last_of[task.task_id] = _last_blocking(new)
+            new = backward = _lower_task(ctx, pp_index, task, last_of)
+        last_of[task.task_id] = _last_blocking(backward)
         out.extend(new)
         if ctx.zero == 2 and task.kind in (K.BACKWARD, K.BACKWARD_WEIGHT):  # the chunk's weight gradients are done
-            out.extend(bucket_reduce_scatters(ctx, v, task, last_of[task.task_id]))
+            out.extend(bucket_reduce_scatters(ctx, ctx.stages.of(pp_index, task.chunk), task, last_of[task.task_id]))
     out.extend(reduction_tasks(ctx, out, pp_index))
     return tuple(out)
+
+
+def _lower_task(ctx: LoweringContext, pp_index: int, task: Task, last_of: dict[str, str]) -> list[Task]:
+    """One coarse task's lowered tasks."""
+    v = ctx.stages.of(pp_index, task.chunk)
+    if task.kind == K.FORWARD:
+        return _lower_forward(ctx, pp_index, v, task, last_of)
+    if task.kind in (K.BACKWARD, K.BACKWARD_INPUT):
+        return _lower_backward(ctx, pp_index, v, task, last_of)
+    if task.kind == K.BACKWARD_WEIGHT:
+        ops = tuple(op for s in ctx.segments(v) for op in s.ops)
+        deps = tuple(last_of[d] for d in task.deps)
+        return [
+            Task(
+                task_id=task.task_id,
+                kind=K.BACKWARD_WEIGHT,
+                microbatch=task.microbatch,
+                chunk=task.chunk,
+                ops=ops,
+                deps=deps,
+            )
+        ]
+    raise ValueError(f"cannot lower coarse task kind {task.kind!r}")
 
 
 def _lower_forward(ctx: LoweringContext, p: int, v: int, task: Task, last_of: dict[str, str]) -> list[Task]:

@@ -48,6 +48,7 @@ class LoweringContext:
     mesh: Mesh | None = None  # ZeRO-3 under HSDP: its shard and replicate groups (schedule/lower_fsdp.py: shard_axes)
     gathering: frozenset[str] | None = None  # ZeRO-3: the stage's coarse passes that gather (None: every one)
     layout: Layout = Layout.INTERLEAVED
+    overlap_all_to_all: bool = False  # pairs of a forward and an independent backward interleaved (lower_overlap.py)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per virtual stage
 
     @property

@@ -199,7 +199,9 @@ class Executor(ComputeTasks, CommunicationTasks):
                 self.fsdp.before(task)
             start, cpu = time.perf_counter(), time.thread_time()
             flops, nbytes = self._run(task)
-            if not task.is_issued:  # sends, receives and nonblocking collectives are recorded when they end
+            # sends, receives and nonblocking collectives are recorded when they end; an all-to-all ends where it is
+            # issued (an overlapped one too: the exchange runs to its end, which the contract allows an issued task)
+            if not task.is_issued or task.kind == TaskKind.ALL_TO_ALL:
                 if self.cuda:
                     torch.cuda.synchronize(self.device)
                 self._record(task, start, time.perf_counter(), nbytes, flops, time.thread_time() - cpu)
