@@ -429,14 +429,18 @@ def _plan_features(full: dict, parallel: ParallelSpec) -> tuple[str, int | None,
 OVERLAP_SCHEDULES = ("interleaved-1f1b", "dualpipe", "dualpipe-v")  # with pipelining (any 1F1B with pp 1)
 
 
+def pairs_with_pipelining(schedule: str, pp: int, vpp: int) -> bool:
+    """Whether collectives.overlap_all_to_all may pair this schedule's passes (check_overlap; ZeRO-3 aside)."""
+    return pp == 1 or (schedule in OVERLAP_SCHEDULES and (schedule != "interleaved-1f1b" or vpp > 1))
+
+
 def check_overlap(overlap: bool, schedule: str, parallel: ParallelSpec, zero: int) -> None:
     """collectives.overlap_all_to_all pairs a forward with the backward of another micro-batch that follows it
     (schedule/lower_overlap.py): Megatron-core's combined 1F1B runs without pipelining or with virtual stages, DualPipe
     pairs its own; ZeRO-3's gathers are not lowered into pairs."""
     if not overlap:
         return
-    pipelined = schedule in OVERLAP_SCHEDULES and (schedule != "interleaved-1f1b" or parallel.vpp > 1)
-    if parallel.pp > 1 and not pipelined:
+    if not pairs_with_pipelining(schedule, parallel.pp, parallel.vpp):
         raise ConfigError(
             "collectives.overlap_all_to_all",
             overlap,

@@ -48,17 +48,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from piper_sim.collectives.hierarchical import host_groups, local_index
-from piper_sim.collectives.params import ParamSchema, algorithm_params, check_fraction, register_params
+from piper_sim.collectives.params import ParamSchema, algorithm_params, check_fraction, check_units, register_params
 from piper_sim.collectives.phases import ALL_TO_ALL, AllToAll, Phase, matrix_phase, split_exchange
 from piper_sim.errors import ConfigError
 from piper_sim.topology.graph import Topology
 
-DEEPEP_SCHEMA: dict[str, object] = {"nvl_efficiency": ..., "rdma_efficiency": ...}
+DEEPEP_SCHEMA: dict[str, object] = {"nvl_efficiency": ..., "rdma_efficiency": ..., "compute_units": None}
 
 
 def _check(topo: Topology, p: dict) -> None:
-    for key in DEEPEP_SCHEMA:
+    for key in ("nvl_efficiency", "rdma_efficiency"):
         check_fraction(p[key], f"topology.collectives.deepep.{key}")
+    check_units(p["compute_units"], "topology.collectives.deepep.compute_units")
 
 
 register_params("deepep", ParamSchema(DEEPEP_SCHEMA, check=_check))

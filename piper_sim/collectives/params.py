@@ -47,6 +47,20 @@ def check_fraction(value: object, key: str) -> None:
         raise ConfigError(key, value, "a fraction in (0, 1]")
 
 
+def check_units(value: object, key: str) -> None:
+    """Compute units (SMs, CUs) a library's kernels hold: unset (None) or a positive integer."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(key, value, "a positive integer (SMs or CUs), or left out")
+
+
+def library_units(topo: Topology, algorithm: str) -> int:
+    """The compute units the algorithm's kernels hold on this machine while they run (its `compute_units`), 0 where
+    the machine does not say."""
+    if algorithm not in SCHEMAS or "compute_units" not in SCHEMAS[algorithm].keys or algorithm not in topo.collectives:
+        return 0
+    return algorithm_params(topo, algorithm)["compute_units"] or 0
+
+
 def algorithm_params(topo: Topology, algorithm: str) -> dict[str, Any]:
     """The algorithm's parameters on this topology (SI keys), defaults filled in; cached per topology."""
     per_topology = _CACHE.setdefault(topo, {})

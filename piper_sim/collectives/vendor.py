@@ -61,7 +61,7 @@ import numpy as np
 
 from piper_sim.collectives.broadcast import BROADCAST, chain_hops
 from piper_sim.collectives.hierarchical import host_groups
-from piper_sim.collectives.params import ParamSchema, algorithm_params, check_fraction, register_params
+from piper_sim.collectives.params import ParamSchema, algorithm_params, check_fraction, check_units, register_params
 from piper_sim.collectives.phases import ALL_REDUCE, ALL_TO_ALL, Phase, matrix_phase, split_exchange
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER, Sharded
 from piper_sim.errors import ConfigError
@@ -78,6 +78,7 @@ VENDOR_SCHEMA: dict[str, object] = {
     "intra_efficiency": 1.0,
     "net_efficiency": 1.0,
     "rings": None,
+    "compute_units": None,  # SMs (CUs) its kernels hold while they run; None: not modelled (sim/busy_units.py)
 }
 LIBRARIES = ("rccl", "nccl")
 
@@ -91,6 +92,7 @@ def _check_vendor(topo: Topology, p: dict, library: str) -> None:
     """Efficiencies in (0, 1]; rings through one node, each visiting every GPU of the machine's nodes once."""
     for key in ("intra_efficiency", "net_efficiency"):
         check_fraction(p[key], f"topology.collectives.{library}.{key}")
+    check_units(p["compute_units"], f"topology.collectives.{library}.compute_units")
     per_node = max((len(gpus) for gpus in gpus_by_host(topo).values()), default=0)
     p["rings"] = _node_rings(p["rings"], f"topology.collectives.{library}.rings", per_node)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from piper_sim.collectives.params import library_units
 from piper_sim.collectives.sharded import ALL_GATHER
 from piper_sim.machine import Machine, build_machine
 from piper_sim.planning.compute_estimate import ComputePricer
@@ -85,6 +86,7 @@ class Estimator(ComputePricer):
             ("stage", tokens, split, point.ep, stages.layout, point.pp, point.vpp, zb, point.recompute, point.zero, a2a)
             + (() if point.zero < 2 else (point.num_gpus, point.parallel.dp_replicate))
             + ((point.schedule, point.num_microbatches, point.reshard_after_forward) if point.zero == 3 else ())
+            + (("overlap", point.schedule, point.num_microbatches) if point.overlap_all_to_all else ())
         )
         per_stage, flops_per_rank_mb = [], []
         for p in range(point.pp):
@@ -176,7 +178,9 @@ class Estimator(ComputePricer):
             return 0.0
         running_backward = [backward[-1] + redo_s, *backward[-2::-1]]
         alone = sum(forward) + sum(backward) + redo_s + 2 * (len(forward) - 1) * a2a
-        return max(alone - pair_s(forward, running_backward, a2a), 0.0)
+        units = self.profile.compute_units
+        share = library_units(self.topo, point.all_to_all) / units if units else 0.0
+        return max(alone - pair_s(forward, running_backward, a2a, share), 0.0)
 
     def _reduce_s(self, point: PlanPoint, layers: tuple[tuple[int, ...], ...]) -> tuple[float, float]:
         """(gradient all-reduces, optimizer) of the slowest stage."""

@@ -31,6 +31,7 @@ FIX_KEYS = {
     "parallel.num_microbatches": "num_microbatches",
     "schedule": "schedule",
     "collectives.all_to_all": "all_to_all",
+    "collectives.overlap_all_to_all": "overlap_all_to_all",
     "recompute": "recompute",
     "optimizer.zero": "zero",
     "optimizer.reshard_after_forward": "reshard_after_forward",
@@ -41,7 +42,7 @@ SETTING_KEYS = {
     "cost.flash_attention": "flash_attention",
     "cost.precision": "precision",
 }
-BOOLEAN_KNOBS = ("sp", "flash_attention", "reshard_after_forward")
+BOOLEAN_KNOBS = ("sp", "flash_attention", "reshard_after_forward", "overlap_all_to_all")
 
 
 def parse_fixes(items: list[str]) -> dict[str, tuple]:

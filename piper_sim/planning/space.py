@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from piper_sim.config import TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES
+from piper_sim.config import TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, pairs_with_pipelining
 from piper_sim.errors import ConfigError
 from piper_sim.planning.context_parallel_estimate import cp_degrees
 from piper_sim.planning.plan_fixes import FIX_KEYS
@@ -206,26 +206,38 @@ def _plans_at(
                             for recompute in allowed("recompute", recomputes):
                                 for zero in allowed("zero", _zeros(zeros, schedule, stage // tp > 1 or dp > 1)):
                                     for reshard, shard in _fsdp_options(zero, allowed, fixed, stage, tp, dp, node_gpus):
-                                        out.append(
-                                            PlanPoint(
-                                                pp=pp,
-                                                ep=ep,
-                                                dp=dp,
-                                                vpp=vpp,
-                                                micro_batch_size=mbs,
-                                                num_microbatches=m,
-                                                schedule=schedule,
-                                                all_to_all=a2a,
-                                                recompute=recompute,
-                                                zero=zero,
-                                                tp=tp,
-                                                etp=etp,
-                                                sp=sp,
-                                                reshard_after_forward=reshard,
-                                                dp_shard=shard,
+                                        for overlap in _overlaps(fixed, schedule, pp, vpp, zero):
+                                            out.append(
+                                                PlanPoint(
+                                                    pp=pp,
+                                                    ep=ep,
+                                                    dp=dp,
+                                                    vpp=vpp,
+                                                    micro_batch_size=mbs,
+                                                    num_microbatches=m,
+                                                    schedule=schedule,
+                                                    all_to_all=a2a,
+                                                    recompute=recompute,
+                                                    zero=zero,
+                                                    tp=tp,
+                                                    etp=etp,
+                                                    sp=sp,
+                                                    reshard_after_forward=reshard,
+                                                    dp_shard=shard,
+                                                    overlap_all_to_all=overlap,
+                                                )
                                             )
-                                        )
     return out
+
+
+def _overlaps(fixed: dict, schedule: str, pp: int, vpp: int, zero: int) -> list[bool]:
+    """Whether the MoE all-to-alls overlap a paired pass's compute: off unless --fix names true (both with
+    true,false), and on only where the schedule pairs its passes (config.check_overlap)."""
+    return [
+        o
+        for o in fixed.get("overlap_all_to_all", (False,))
+        if not o or (zero != 3 and pairs_with_pipelining(schedule, pp, vpp))
+    ]
 
 
 def _vpps(schedule: str, allowed, fixed: dict) -> list[int]:

@@ -9,7 +9,8 @@ program counter (the communication stream), and the pieces alternate, the backwa
 issued as soon as the compute before it ends and runs beside the other pass's next compute, which is the reference
 order (Megatron-core's layer schedule plan, DualPipe's figure 4): the combine's backward beside the attention's
 forward, the dispatch beside the experts' backward, the dispatch's backward beside the experts' forward, the
-combine beside the attention's backward; a piece that needs an all-to-all's tokens waits for it (its dependency).
+combine beside the attention's backward; a piece that needs an all-to-all's tokens waits for it (its dependency),
+and each all-to-all waits for the one issued before it (one communication stream runs them in order).
 Compute still runs one task at a time, and tensor-parallel collectives still block.
 
 Owns `pairs` (which adjacent coarse tasks run as one), `interleaved` (the order of a lowered pair) and
@@ -65,6 +66,20 @@ def interleaved(forward: list[Task], backward: list[Task]) -> list[Task]:
     out = [*forward[:f], *backward[:b]]
     for theirs, mine in zip_longest(_pieces(backward[b:]), _pieces(forward[f:]), fillvalue=[]):
         out += [*theirs, *mine]
+    return _in_stream_order(out)
+
+
+def _in_stream_order(tasks: list[Task]) -> list[Task]:
+    """The pair's all-to-alls run one after another on the communication stream: each waits for the one issued
+    before it. (What runs after an all-to-all of one pass waits for the other pass's before it anyway, so the wait
+    holds back nothing else.)"""
+    out, last = [], ""
+    for t in tasks:
+        if t.kind == K.ALL_TO_ALL and t.nonblocking:
+            if last:
+                t = replace(t, deps=(*t.deps, last))
+            last = t.task_id
+        out.append(t)
     return out
 
 

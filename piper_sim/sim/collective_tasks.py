@@ -15,6 +15,7 @@ from collections import Counter
 import numpy as np
 
 from piper_sim.collectives.algorithms import ALL_REDUCE, ALL_TO_ALL, Fanout, bind_fanout, matrix_phase
+from piper_sim.collectives.params import library_units
 from piper_sim.collectives.sharded import ALL_GATHER, REDUCE_SCATTER
 from piper_sim.network import CollectiveRunner
 from piper_sim.routing.models import RoutingModel
@@ -104,6 +105,15 @@ class CollectiveTasks:
                 hit = len(self.all_reduce(1.0, gpus, self.topo))
             self._num_calls[key] = hit
         return hit
+
+    def unit_share(self, task: Task) -> float:
+        """The share of its rank's compute units an issued collective's kernels hold while it runs: its library's
+        compute_units on the machine over the device's (sim/busy_units.py); 0 where either is not given."""
+        device = self.coster.profile.compute_units
+        if not device or task.role == Role.MIGRATE or task.role == Role.CP:  # the CP ring: the ring model's own
+            return 0.0
+        name = self.a2a_name if task.kind == TaskKind.ALL_TO_ALL else self.ar_name
+        return library_units(self.topo, name) / device
 
     def host_cost_s(self, task: Task, group: tuple[int, ...]) -> float:
         """Host-side cost of a collective: the profile's per-call cost for the group size, once per call, and

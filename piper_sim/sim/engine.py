@@ -37,6 +37,7 @@ from piper_sim.host_memory import MemoryGuard
 from piper_sim.machine import Machine
 from piper_sim.network import CollectiveRunner, FlowNetwork
 from piper_sim.schedule.ir import Schedule
+from piper_sim.sim.busy_units import BusyUnits
 from piper_sim.sim.collective_tasks import CollectiveTasks
 from piper_sim.sim.experts import ExpertState
 from piper_sim.sim.host import Asymmetry, host_model
@@ -148,6 +149,7 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
             ring_bytes=parallel.cp * kv_chunk_bytes(model, parallel),
         )
         self.host = host_model(self.env, topology, machine.host_profile)  # the lanes follow what it allows
+        self.busy = BusyUnits(self.env)  # issued collectives' hold on their ranks' compute units (busy_units.py)
         self.lanes = self._lanes(lanes.collapse)
         if lanes.collapse and lanes.by_latency:
             self.lanes = self._by_latency(self.lanes)
@@ -307,7 +309,10 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
                     flops[step, local, i] = f
                     yield from self.host.sync(clock)
                     start[step, local, i] = clock
-                    yield from self.host.compute(lane_id, clock, seconds)
+                    if self.busy.holding(lane_id):  # beside an issued collective's kernels: on the units they leave
+                        yield from self.busy.compute(lane_id, clock, seconds)
+                    else:
+                        yield from self.host.compute(lane_id, clock, seconds)
                     end[step, local, i] = clock
                 elif stream == COLLECTIVE_CODE:
                     host = self.collectives.host_cost_s(task, tuple(self.mesh.group(rank, task.group_axis)))

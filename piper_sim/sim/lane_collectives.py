@@ -15,6 +15,7 @@ import simpy
 
 from piper_sim.network import CollectiveRunner
 from piper_sim.schedule.ir import Task
+from piper_sim.sim.busy_units import BusyUnits
 from piper_sim.sim.collective_tasks import CollectiveTasks
 from piper_sim.sim.host import HostModel
 from piper_sim.workload.mesh import Mesh
@@ -31,6 +32,7 @@ class LaneCollectives:
     runner: CollectiveRunner
     host: HostModel
     collectives: CollectiveTasks
+    busy: BusyUnits
     _arrivals: dict[tuple, list]
     _async_done: dict[tuple[int, int, int], simpy.Event]
     _landed: dict[tuple[int, int, int], list]
@@ -101,6 +103,7 @@ class LaneCollectives:
         time."""
         groups = self._arrive(lane, step, i, task, nbytes, host_s, clock)
         done = self._async_done[(lane_id, step, i)] = self.env.event()
+        self.busy.hold(lane_id, done, self.collectives.unit_share(task))
         ends = np.full(len(lane), np.nan)
         left = [len(groups)]
 

@@ -182,6 +182,9 @@ class DeviceProfile:
     peak_fp8_flops_per_s: float | None = None
     fp8_gemm_efficiency_ratio: float = 1.0
     fp8_transposed_copies: bool = True
+    # the device's streaming multiprocessors (CUs): a collective's kernels that hold some of them slow the compute
+    # beside them (sim/busy_units.py); None: not modelled
+    compute_units: int | None = None
 
     def gemm_efficiency_at(self, rows: Elementwise, k: int, n: int) -> Elementwise:
         """Efficiency of one (rows x k) @ (k x n) GEMM: the rows curve, times the shape factor where the profile

@@ -63,6 +63,7 @@ PROFILE_SCHEMA = {
     "peak_fp8_TFLOPS": None,
     "fp8_gemm_efficiency_ratio": 1.0,
     "fp8_transposed_copies": True,
+    "compute_units": None,
 }
 RESERVE_SCHEMA = {"context_MiB": ..., "first_communicator_MiB": ..., "per_communicator_MiB": ...}
 MOE_PATH_SCHEMA = {"gate_us": ..., "gather_GBps": ..., "scatter_GBps": ...}
@@ -104,6 +105,7 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
         gemm_sustained_factor=p["gemm_sustained_factor"],
         attention_bmm_memory_efficiency=_attention_bmm(p["attention_bmm_memory_efficiency"]),
         memory_kernel_efficiency=_memory_kernels(p["memory_kernel_efficiency"]),
+        compute_units=_compute_units(p["compute_units"]),
         **_fp8(p),
         **{
             "collective_overhead_s": p["collective_overhead_s"],
@@ -113,6 +115,12 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
     )
     profile = with_framework_costs(profile, measurements)
     return profile, host_measured(measurements)
+
+
+def _compute_units(value: object) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError("cost.profile.compute_units", value, "a positive integer (the device's SMs or CUs) or none")
+    return value
 
 
 def _moe_path(raw: object) -> MoePath | None:

@@ -13,6 +13,7 @@ from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.notes import config_notes
 from piper_sim.planning.plan_fixes import parse_fixes, split_settings
+from piper_sim.planning.plan_point import KNOB_NAMES
 from piper_sim.planning.planner import PlanRequest, candidates, plan, screen
 from piper_sim.planning.space import space_notes
 from piper_sim.points import dask_runner
@@ -46,6 +47,26 @@ def request(fixes: list[str], **kw) -> PlanRequest:
 def test_fix_sets_the_all_to_all_to_a_communication_library():
     _, table, _, _ = screen(request(["collectives.all_to_all=rccl", "parallel.ep=8"]))
     assert len(table) > 0 and set(table["all_to_all"]) == {"rccl"}
+
+
+def test_fix_searches_overlapped_all_to_alls_where_the_schedule_pairs_passes():
+    """Off unless fixed; with true,false each plan that can pair its passes comes in both forms (the estimate never
+    prices the overlapped one dearer, and most cheaper), and the plan's config carries it."""
+    assert not screen(request(["parallel.ep=8"]))[1]["overlap_all_to_all"].any()
+    fixes = ["parallel.ep=8", "collectives.overlap_all_to_all=true,false"]
+    table = screen(request(fixes))[1]
+    on, off = table[table["overlap_all_to_all"]], table[~table["overlap_all_to_all"]]
+    assert len(on) > 0 and on["label"].str.contains(" overlapped").all()
+    assert ((on["pp"] == 1) | on["schedule"].isin(["dualpipe", "dualpipe-v"]) | (on["vpp"] > 1)).all()
+    assert (on["zero"] != 3).all()
+    knobs = [k for k in KNOB_NAMES if k != "overlap_all_to_all"]
+    twins = on.set_index(knobs)["est_step_time_s"]
+    alone = off.set_index(knobs)["est_step_time_s"]
+    assert twins.index.isin(alone.index).all()
+    assert (twins <= alone.loc[twins.index]).all() and (twins < alone.loc[twins.index]).mean() > 0.5
+    assert len(off) > len(on)  # 1F1B with pipelining, ZB-H1, ZeRO-3 plans: no overlapped form
+    point = candidates(request(["parallel.ep=8", "collectives.overlap_all_to_all=true"]), load_model("small-moe"))[0]
+    assert load_config(request([]).config(point)).collectives.overlap_all_to_all
 
 
 def test_fix_sets_the_all_reduce_and_flash_attention_of_every_plan():
