@@ -64,7 +64,8 @@ def interleaved(forward: list[Task], backward: list[Task]) -> list[Task]:
     the backward's first. Every task keeps its own pass's dependencies."""
     f, b = _leading_receives(forward), _leading_receives(backward)
     out = [*forward[:f], *backward[:b]]
-    for theirs, mine in zip_longest(_pieces(backward[b:]), _pieces(forward[f:]), fillvalue=[]):
+    none: list[Task] = []
+    for theirs, mine in zip_longest(_pieces(backward[b:]), _pieces(forward[f:]), fillvalue=none):
         out += [*theirs, *mine]
     return _in_stream_order(out)
 
