@@ -75,6 +75,25 @@ def test_interleaved_starts_past_its_fill(always_short):
     assert _assert_same(cfg) == [4, 6, 8, 16]
 
 
+def test_overlapped_pairs_on_dgx_h100_from_short_runs(always_short):
+    """Interleaved pairs whose all-to-alls overlap the other pass's compute on the SMs their kernels leave."""
+    cfg = load_config(
+        "small-moe",
+        [
+            "schedule=interleaved-1f1b",
+            "parallel.pp=2",
+            "parallel.vpp=2",
+            "parallel.ep=4",
+            "parallel.num_microbatches=64",
+            "topology=dgx-h100-superpod",
+            "cost.profile=h100",
+            "collectives.all_to_all=nccl",
+            "collectives.overlap_all_to_all=true",
+        ],
+    )
+    assert _assert_same(cfg) == [4, 6, 8, 16]
+
+
 def test_a_contended_dragonfly_pipeline_with_tensor_parallelism(always_short):
     cfg = load_config(
         "small-moe",
