@@ -18,6 +18,7 @@ from dataclasses import replace
 from piper_sim.config import TWO_CHUNK_SCHEDULES, ZERO3_SCHEDULES, pairs_with_pipelining
 from piper_sim.errors import ConfigError
 from piper_sim.planning.context_parallel_estimate import cp_degrees
+from piper_sim.planning.overlap_estimate import paired_shares
 from piper_sim.planning.plan_fixes import FIX_KEYS
 from piper_sim.planning.plan_point import A2A_NAMES, SCHEDULE_NAMES, PlanPoint
 from piper_sim.workload.fsdp import hsdp_replicate
@@ -206,7 +207,7 @@ def _plans_at(
                             for recompute in allowed("recompute", recomputes):
                                 for zero in allowed("zero", _zeros(zeros, schedule, stage // tp > 1 or dp > 1)):
                                     for reshard, shard in _fsdp_options(zero, allowed, fixed, stage, tp, dp, node_gpus):
-                                        for overlap in _overlaps(fixed, schedule, pp, vpp, zero):
+                                        for overlap in _overlaps(fixed, schedule, pp, vpp, m, zero):
                                             out.append(
                                                 PlanPoint(
                                                     pp=pp,
@@ -230,13 +231,15 @@ def _plans_at(
     return out
 
 
-def _overlaps(fixed: dict, schedule: str, pp: int, vpp: int, zero: int) -> list[bool]:
+def _overlaps(fixed: dict, schedule: str, pp: int, vpp: int, m: int, zero: int) -> list[bool]:
     """Whether the MoE all-to-alls overlap a paired pass's compute: off unless --fix names true (both with
-    true,false), and on only where the schedule pairs its passes (config.check_overlap)."""
+    true,false), and on only where the schedule pairs passes (config.check_overlap) and some stage has a pair
+    (overlap_estimate.paired_shares: one micro-batch without pipelining has none)."""
     return [
         o
         for o in fixed.get("overlap_all_to_all", (False,))
-        if not o or (zero != 3 and pairs_with_pipelining(schedule, pp, vpp))
+        if not o
+        or (zero != 3 and pairs_with_pipelining(schedule, pp, vpp) and any(paired_shares(schedule, pp, vpp, m)))
     ]
 
 

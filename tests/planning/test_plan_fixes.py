@@ -59,6 +59,8 @@ def test_fix_searches_overlapped_all_to_alls_where_the_schedule_pairs_passes():
     assert len(on) > 0 and on["label"].str.contains(" overlapped").all()
     assert ((on["pp"] == 1) | on["schedule"].isin(["dualpipe", "dualpipe-v"]) | (on["vpp"] > 1)).all()
     assert (on["zero"] != 3).all()
+    assert (on.loc[on["pp"] == 1, "num_microbatches"] > 1).all()  # one micro-batch without pipelining pairs nothing
+    assert (off.loc[off["pp"] == 1, "num_microbatches"] == 1).any()
     knobs = [k for k in KNOB_NAMES if k != "overlap_all_to_all"]
     twins = on.set_index(knobs)["est_step_time_s"]
     alone = off.set_index(knobs)["est_step_time_s"]
