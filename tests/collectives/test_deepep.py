@@ -252,7 +252,7 @@ def test_published_runs_that_ran_deepep_price_it():
             found += 1
             assert run["config"]["collectives"]["all_to_all"] == "deepep", path.name
             assert any("all_to_all deepep" in note for note in run["notes"]), path.name
-    assert found == 7
+    assert found == 8
 
 
 def test_plan_fix_deepep_needs_the_machines_parameters():
