@@ -19,7 +19,7 @@ import pandas as pd
 from piper_sim.analysis.budget import rank_budget
 from piper_sim.analysis.run_report import TraceFigures
 from piper_sim.schedule.ir import Schedule, Task
-from piper_sim.trace.runtrace import TIMED, peer_codes, trace_from_arrays
+from piper_sim.trace.runtrace import TIMED, group_codes, trace_from_arrays
 from piper_sim.workload.task_kinds import RECOMPUTE_KINDS, Stream, TaskKind
 
 
@@ -131,7 +131,7 @@ class TaskArrays:
             cols = np.flatnonzero(self._mask(p, lambda t: t.kind == TaskKind.ALL_TO_ALL))
             if not cols.size:
                 continue
-            codes = peer_codes(self.schedule, p)[0][:, cols]  # [rank, call task]: its group
+            codes = group_codes(self.schedule, p, cols)  # [rank, call task]: its group
             _, group = np.unique(codes * cols.size + np.arange(cols.size), return_inverse=True)
             group = group.reshape(codes.shape)
             num = int(group.max()) + 1

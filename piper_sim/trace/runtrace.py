@@ -57,19 +57,32 @@ def peer_codes(schedule: Schedule, stage: int) -> tuple[np.ndarray, list[str]]:
     n_ranks = mesh.num_ranks
     ranks = np.array(mesh.stage_ranks(stage))
     program = schedule.stage_programs[stage]
-    used = {t.group_axis for t in program if t.is_collective}
-    first = {axis: np.array([mesh.group(int(r), axis)[0] for r in ranks]) for axis in used}
     size = {axis: len(mesh.group(0, axis)) for axis in AXES}
     codes = np.zeros((ranks.size, len(program)), dtype=np.int64)
+    collectives = [i for i, task in enumerate(program) if task.is_collective]
+    codes[:, collectives] = group_codes(schedule, stage, collectives)
     for i, task in enumerate(program):
         if task.kind in P2P_KINDS:
             codes[:, i] = 1 + ranks + (task.peer_stage - stage) * (n_ranks // mesh.pp)
-        elif task.is_collective:
-            codes[:, i] = 1 + n_ranks + AXES.index(task.group_axis) * n_ranks + first[task.group_axis]
     categories = (
         [""] + [str(r) for r in range(n_ranks)] + [f"{axis}:{f}+{size[axis]}" for axis in AXES for f in range(n_ranks)]
     )
     return codes, categories
+
+
+def group_codes(schedule: Schedule, stage: int, columns) -> np.ndarray:
+    """peer_codes of the collective tasks at `columns` of the stage's program: [rank within stage, column], each
+    naming the task's group (1 + N + axis_index * N + the group's first rank)."""
+    mesh = schedule.mesh
+    n_ranks = mesh.num_ranks
+    ranks = mesh.stage_ranks(stage)
+    program = schedule.stage_programs[stage]
+    axes = [program[i].group_axis for i in columns]
+    first = {axis: np.array([mesh.group(int(r), axis)[0] for r in ranks]) for axis in set(axes)}
+    base = np.array([1 + n_ranks + AXES.index(axis) * n_ranks for axis in axes], dtype=np.int64)
+    if not axes:
+        return np.zeros((len(ranks), 0), dtype=np.int64)
+    return base[None, :] + np.stack([first[axis] for axis in axes], axis=1)
 
 
 def _categorical(values_by_stage: list[list[str]], reps: list[int]) -> pd.Categorical:
