@@ -1,7 +1,8 @@
 """A Megatron-LM / Megatron-core argument list (optionally with torchrun's --nnodes and --nproc-per-node) ->
 a piper-sim config (docs/importing.md).
 
-Owns the translation of the launch line's parallel, batch, recompute, optimizer, dispatcher and attention flags,
+Owns the translation of the launch line's parallel, batch, recompute, optimizer, dispatcher (and its overlap,
+--overlap-moe-expert-parallel-comm) and attention flags,
 as Megatron-LM reads them (megatron/training/arguments.py, TransformerConfig); the model's flags are
 megatron_model.py's. The plan is written in Megatron's own counting (`parallel.convention: megatron`). What piper-sim
 cannot express (context parallelism other than the p2p ring,
@@ -97,6 +98,7 @@ FLAG_OF_KEY = {
     "model.dense_ffn_dim": "--ffn-hidden-size",
     "model.shared_expert_ffn_dim": "--moe-shared-expert-intermediate-size",
     "recompute_modules": "--recompute-modules",
+    "collectives.overlap_all_to_all": "--overlap-moe-expert-parallel-comm",
 }
 
 
@@ -116,7 +118,10 @@ def import_megatron(
         "schedule": "interleaved-1f1b" if parallel["vpp"] > 1 else "1f1b",
         **_recompute(flags, t),
         "optimizer": {"zero": _zero(flags, t, parallel)},
-        "collectives": {"all_to_all": _dispatcher(flags, t, parallel["ep"])},
+        "collectives": {
+            "all_to_all": _dispatcher(flags, t, parallel["ep"]),
+            **({"overlap_all_to_all": True} if flags.switch("overlap-moe-expert-parallel-comm") else {}),
+        },
         "cost": {"flash_attention": _flash_attention(flags), **_precision(flags, t)},
     }
     with config_keys_as(FLAG_OF_KEY):

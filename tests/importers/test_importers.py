@@ -82,6 +82,12 @@ CASES = {
         "--recompute-granularity selective --recompute-modules layernorm moe_act",
         False,
     ),
+    "mcore-qwen3-235b-h100-256gpu-tp2-ep32-overlap": (
+        QWEN3 + "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 --expert-model-parallel-size 32 "
+        "--num-layers-per-virtual-pipeline-stage 3 --nnodes 32 --nproc-per-node 8 "
+        "--recompute-granularity selective --recompute-modules layernorm moe_act --overlap-moe-expert-parallel-comm",
+        False,
+    ),
     "mcore-qwen3-235b-h100-256gpu-tp4-ep8": (
         QWEN3 + "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 8 --expert-model-parallel-size 8 "
         "--num-layers-per-virtual-pipeline-stage 3 --nnodes 32 --nproc-per-node 8",
@@ -142,6 +148,7 @@ def plan_of(cfg) -> dict:
         "recompute_modules": cfg.recompute_modules,
         "zero": cfg.zero,
         "all_to_all": cfg.collectives.all_to_all,
+        "overlap_all_to_all": cfg.collectives.overlap_all_to_all,
         "flash_attention": cfg.flash_attention,
     }
 
@@ -164,6 +171,14 @@ def test_the_lenient_run_says_what_it_approximated_and_strict_refuses_it():
     lenient = import_megatron(flags.split(), lenient=True)
     assert load_config(lenient.config).recompute_modules == ("moe_act",)
     assert any("--recompute-modules mlp moe_act" in note and "recomputes moe_act" in note for note in lenient.notes)
+
+
+def test_the_all_to_all_overlap_needs_a_plan_that_pairs_its_passes():
+    no_vpp = MIXTRAL_8X7B.replace("--num-layers-per-virtual-pipeline-stage 1 ", "")  # pp 4 without virtual stages
+    flags = [*no_vpp.split(), "--overlap-moe-expert-parallel-comm"]
+    with pytest.raises(ConfigError) as info:
+        import_megatron(flags, world_size=64)
+    assert "--overlap-moe-expert-parallel-comm" in info.value.key
 
 
 def test_flags_not_translated_are_listed_in_the_yaml_and_none_is_dropped():
