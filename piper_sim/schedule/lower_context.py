@@ -53,7 +53,10 @@ class LoweringContext:
 
     @property
     def stages(self) -> VirtualStages:
-        return VirtualStages(self.layout, self.pp, self.vpp)
+        hit = self._memo.get("stages")
+        if hit is None:  # asked for every coarse task: built once
+            hit = self._memo["stages"] = VirtualStages(self.layout, self.pp, self.vpp)
+        return hit
 
     def segments(self, virtual_stage: int) -> list[Segment]:
         """A chunk's forward segments (the same for every microbatch; do not modify the list)."""
