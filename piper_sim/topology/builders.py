@@ -8,6 +8,7 @@ dragonfly, LUMI and DGX SuperPOD live in their own modules and register here too
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import networkx as nx
@@ -136,18 +137,39 @@ def build_uniform(raw: dict, num_gpus: int | None) -> Topology:
 def uniform_router(topo: Topology, src: str, dst: str) -> tuple[tuple[float, tuple[int, ...]], ...]:
     """Structural routes of the uniform cluster (no graph search): through the node switch inside a
     node, else GPU -> its NIC -> network switch -> NIC -> GPU. Non-GPU endpoints use shortest paths."""
-    graph = topo.graph
-    if graph.nodes[src].get("kind") != "gpu" or graph.nodes[dst].get("kind") != "gpu":
+    ends = _uniform_ends(topo)
+    a, b = ends.get(src), ends.get(dst)
+    if a is None or b is None:
         return ((1.0, topo._shortest_links(src, dst)),)
-    h_src, h_dst = graph.nodes[src]["host"], graph.nodes[dst]["host"]
-    nodes: tuple[str, ...]
-    if h_src == h_dst:
-        nodes = (src, f"n{h_src}.sw", dst)
-    else:
-        nic_src = f"n{h_src}.nic{graph.nodes[src]['local_index']}"
-        nic_dst = f"n{h_dst}.nic{graph.nodes[dst]['local_index']}"
-        nodes = (src, nic_src, "net.sw", nic_dst, dst)
-    return ((1.0, tuple(topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False))),)
+    if a[0] == b[0]:  # same host: GPU -> node switch -> GPU
+        return ((1.0, (a[1], b[2])),)
+    return ((1.0, (a[3], a[4], b[5], b[6])),)
+
+
+_UNIFORM_ENDS: weakref.WeakKeyDictionary[Topology, dict[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
+
+
+def _uniform_ends(topo: Topology) -> dict[str, tuple[int, ...]]:
+    """Per GPU of a uniform cluster: (host, GPU -> node switch, node switch -> GPU, GPU -> NIC, NIC -> network
+    switch, network switch -> NIC, NIC -> GPU) link ids (once per topology)."""
+    hit = _UNIFORM_ENDS.get(topo)
+    if hit is None:
+        graph, link = topo.graph, topo.link_index
+        hit = {}
+        for gpu in topo.gpus:
+            host = graph.nodes[gpu]["host"]
+            sw, nic = f"n{host}.sw", f"n{host}.nic{graph.nodes[gpu]['local_index']}"
+            hit[gpu] = (
+                host,
+                link[(gpu, sw)],
+                link[(sw, gpu)],
+                link[(gpu, nic)],
+                link[(nic, "net.sw")],
+                link[("net.sw", nic)],
+                link[(nic, gpu)],
+            )
+        _UNIFORM_ENDS[topo] = hit
+    return hit
 
 
 FAT_TREE_SCHEMA = {
