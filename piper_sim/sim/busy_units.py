@@ -45,19 +45,23 @@ class BusyUnits:
         each member's end."""
         left = np.array(np.broadcast_to(seconds, clock.shape), dtype=float)
         at = clock.copy()
+        done = np.full(clock.shape, np.nan)  # each member's end, once its compute has ended
         while True:
             held = self._held.get(lane_id, [])
             held[:] = [(ev, share) for ev, share in held if not ev.triggered]
+            running = np.isnan(done)
             if not held:
-                clock[:] = at + left
+                clock[:] = np.where(running, at + left, done)
                 return
             rate = 1.0 - min(sum(share for _, share in held), MAX_SHARE)
             ends = at + left / rate
-            last = float(ends.max())
+            last = float(ends[running].max())
             yield self.env.any_of([self.env.timeout(max(last - self.env.now, 0.0)), *(ev for ev, _ in held)])
             now = self.env.now
-            if now >= last:
-                clock[:] = ends
+            ended = running & (ends <= now)
+            done[ended] = ends[ended]
+            if not np.isnan(done).any():
+                clock[:] = done
                 return
-            left = np.maximum(left - np.clip(now - at, 0.0, None) * rate, 0.0)
+            left = np.where(np.isnan(done), np.maximum(left - np.clip(now - at, 0.0, None) * rate, 0.0), 0.0)
             at = np.maximum(at, now)

@@ -41,6 +41,8 @@ def test_compute_runs_slower_while_the_collective_runs_then_at_full_rate():
     assert run(1.0, [0.0], ends_at=10.0) == [2.0]
     # members from their own clocks: one starts after the collective ended
     assert run(np.array([3.0, 1.0]), [0.0, 5.0], ends_at=2.0) == [4.0, 6.0]
+    # members of different work: one ends beside the collective (its own end kept), the other after it
+    assert run(np.array([1.0, 3.0]), [0.0, 0.0], ends_at=4.0) == [2.0, 5.0]
     # nothing held: the work as it is
     assert run(3.0, [1.0], ends_at=None) == [4.0]
 
