@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -22,8 +21,6 @@ from piper_sim.network.flows import FlowNetwork
 from piper_sim.network.phase_run import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
 from piper_sim.network.recording import IsolatedRun, PhaseRecord, Recorder, Starting, overlapping
 from piper_sim.topology.graph import Topology
-
-PairPaths = tuple[tuple[tuple[float, float, tuple[int, ...]], ...], float]  # a pair's weighted paths, its latency
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +41,10 @@ class RouteCache:
         self.topo = topo
         self._cache: dict[Hashable, Routes] = {}
         self._by_content: dict[Hashable, Routes] = {}
-        self._pairs: dict[tuple[str, str], PairPaths] = {}
+        self._pairs: dict[tuple[str, str], tuple[tuple[tuple[float, float, tuple[int, ...]], ...], float]] = {}
         self._latency = topo.latency_s.tolist()
 
-    def _pair(self, src: str, dst: str) -> PairPaths:
+    def _pair(self, src: str, dst: str) -> tuple[tuple[tuple[float, float, tuple[int, ...]], ...], float]:
         """The weighted paths between two GPUs and the largest of their latencies (the same pairs recur in many
         patterns)."""
         hit = self._pairs.get((src, dst))
@@ -68,51 +65,32 @@ class RouteCache:
         if hit is not None:
             self._cache[key] = hit
             return hit
-        pairs = [self._pair(gpus[s], gpus[d]) for s, d in zip(src.tolist(), dst.tolist(), strict=True)]
-        flow_latency = np.array([latency for _, latency in pairs], dtype=float)
+        sub_flow: list[int]
+        entry_link: list[int]
+        sub_flow, sub_frac, sub_weight, entry_flow, entry_link = [], [], [], [], []
+        flow_latency = np.zeros(src.size)
+        for f, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+            paths, flow_latency[f] = self._pair(gpus[s], gpus[d])
+            for frac, weight, links in paths:
+                sub = len(sub_flow)
+                sub_flow.append(f)
+                sub_frac.append(frac)
+                sub_weight.append(weight)
+                entry_flow.extend([sub] * len(links))
+                entry_link.extend(links)
         latency = float(flow_latency.max()) if src.size else 0.0
-        if all(len(paths) == 1 and paths[0][0] == 1.0 and paths[0][1] == 1.0 for paths, _ in pairs):
-            # one whole path per flow (the common case): sub-flow f is flow f
-            links = [paths[0][2] for paths, _ in pairs]
-            lengths = np.fromiter(map(len, links), dtype=np.int64, count=len(links))
-            routes = Routes(
-                np.arange(len(links), dtype=np.int64),
-                np.ones(len(links)),
-                np.repeat(np.arange(len(links), dtype=np.int64), lengths),
-                np.fromiter(chain.from_iterable(links), dtype=np.int64, count=int(lengths.sum())),
-                latency,
-                flow_latency,
-                None,
-            )
-        else:
-            routes = _multipath_routes(pairs, latency, flow_latency)
+        weights = np.array(sub_weight)
+        routes = Routes(
+            np.array(sub_flow, dtype=np.int64),
+            np.array(sub_frac),
+            np.array(entry_flow, dtype=np.int64),
+            np.array(entry_link, dtype=np.int64),
+            latency,
+            flow_latency,
+            None if (weights == 1.0).all() else weights,
+        )
         self._cache[key] = self._by_content[content] = routes
         return routes
-
-
-def _multipath_routes(pairs: list[PairPaths], latency: float, flow_latency: np.ndarray) -> Routes:
-    """Routes of flows whose pairs may have several paths, each a sub-flow (RouteCache.routes)."""
-    sub_flow: list[int]
-    entry_link: list[int]
-    sub_flow, sub_frac, sub_weight, entry_flow, entry_link = [], [], [], [], []
-    for f, (paths, _) in enumerate(pairs):
-        for frac, weight, links in paths:
-            sub = len(sub_flow)
-            sub_flow.append(f)
-            sub_frac.append(frac)
-            sub_weight.append(weight)
-            entry_flow.extend([sub] * len(links))
-            entry_link.extend(links)
-    weights = np.array(sub_weight)
-    return Routes(
-        np.array(sub_flow, dtype=np.int64),
-        np.array(sub_frac),
-        np.array(entry_flow, dtype=np.int64),
-        np.array(entry_link, dtype=np.int64),
-        latency,
-        flow_latency,
-        None if (weights == 1.0).all() else weights,
-    )
 
 
 class CollectiveRunner:

@@ -35,10 +35,14 @@ class BusyUnits:
 
     def holding(self, lane_id: int) -> bool:
         """Whether a collective of the lane may still hold units (one whose end has not come yet)."""
+        return bool(self._live(lane_id))
+
+    def _live(self, lane_id: int) -> list[tuple[simpy.Event, float]]:
+        """The lane's collectives that still hold units (those that ended let go)."""
         held = self._held.get(lane_id)
         if held:
             held[:] = [(ev, share) for ev, share in held if not ev.triggered]
-        return bool(held)
+        return held or []
 
     def compute(self, lane_id: int, clock: np.ndarray, seconds: float | np.ndarray) -> Iterator[simpy.Event]:
         """Each member's compute of `seconds` from its clock, beside the lane's collectives in flight: clock moved to
@@ -47,8 +51,7 @@ class BusyUnits:
         at = clock.copy()
         done = np.full(clock.shape, np.nan)  # each member's end, once its compute has ended
         while True:
-            held = self._held.get(lane_id, [])
-            held[:] = [(ev, share) for ev, share in held if not ev.triggered]
+            held = self._live(lane_id)
             running = np.isnan(done)
             if not held:
                 clock[:] = np.where(running, at + left, done)

@@ -12,7 +12,7 @@ written before the column existed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -70,18 +70,17 @@ def peer_codes(schedule: Schedule, stage: int) -> tuple[np.ndarray, list[str]]:
     return codes, categories
 
 
-def group_codes(schedule: Schedule, stage: int, columns) -> np.ndarray:
+def group_codes(schedule: Schedule, stage: int, columns: Sequence[int] | np.ndarray) -> np.ndarray:
     """peer_codes of the collective tasks at `columns` of the stage's program: [rank within stage, column], each
     naming the task's group (1 + N + axis_index * N + the group's first rank)."""
     mesh = schedule.mesh
-    n_ranks = mesh.num_ranks
     ranks = mesh.stage_ranks(stage)
     program = schedule.stage_programs[stage]
     axes = [program[i].group_axis for i in columns]
-    first = {axis: np.array([mesh.group(int(r), axis)[0] for r in ranks]) for axis in set(axes)}
-    base = np.array([1 + n_ranks + AXES.index(axis) * n_ranks for axis in axes], dtype=np.int64)
     if not axes:
         return np.zeros((len(ranks), 0), dtype=np.int64)
+    first = {axis: np.array([mesh.group(int(r), axis)[0] for r in ranks]) for axis in set(axes)}
+    base = np.array([1 + mesh.num_ranks * (1 + AXES.index(axis)) for axis in axes], dtype=np.int64)
     return base[None, :] + np.stack([first[axis] for axis in axes], axis=1)
 
 
