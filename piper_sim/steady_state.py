@@ -9,7 +9,8 @@ counts M1, M1 + c, M1 + 2c, ... (M1 the smallest valid count from pp on); as soo
 total on one line (within TOLERANCE of the total's size), one more run at about twice the last count checks the line
 (a contended plan's step can stay on a line for a few counts and then step off it), and where it holds the figures
 of the configured count M are the affine extrapolation. Where no three do within SAVING of M's micro-batches (a fill
-longer than the counts tried, a regime of a longer period), where the check fails, where the schedule is not one of
+longer than the counts tried, a regime of a longer period; the short runs stop at the first count whose line could not
+be checked within SAVING), where the check fails, where the schedule is not one of
 STEADY_SCHEDULES, where micro-batches differ (skewed routing, migration), or where the full run is quick anyway
 (FULL_WALL_S), M is simulated in full. What
 comes back either way is a Report (its microbatches_simulated says which counts ran) and the busiest rank's error
@@ -95,6 +96,8 @@ def simulate_figures(
         runs: list[RunResult] = []
         sums: list[dict[str, float]] = []
         for count in short.ladder:
+            if len(runs) >= 3 and _check_count(cfg, short.ladder[: len(runs) + 1], short.step) is None:
+                break  # a line through this count could not be checked within SAVING: no use running it
             built = short.built(count)
             if built is None:
                 break

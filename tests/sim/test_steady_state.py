@@ -160,3 +160,22 @@ def test_simulate_report_only_writes_the_extrapolated_figures(always_short, tmp_
     want = full.links.set_index("link")
     assert sorted(links.index) == sorted(want.index)
     assert all(_close(links.loc[k, "utilization"], want.loc[k, "utilization"]) for k in want.index)
+
+
+def test_short_runs_stop_where_a_line_could_no_longer_be_checked(always_short, monkeypatch):
+    """Short runs that keep missing a line stop at the first count whose line could not be checked within SAVING
+    of the configured count (4 + 5 + 6 + 7 and a check at 14 would simulate 36 of 48 micro-batches, over 0.7): the
+    full run follows without the runs that could not have been used."""
+    ran: list[int] = []
+
+    def recorded(cfg, *args, **kwargs):
+        ran.append(cfg.parallel.num_microbatches)
+        return simulate(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(steady_state, "simulate", recorded)
+    monkeypatch.setattr(steady_state, "affine", lambda *args: None)  # every line refused, as a drifting step is
+    cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48"])
+    assert steady_state.short_runs(cfg).ladder == [4, 5, 6, 7, 8]
+    report = simulate_figures(cfg).report
+    assert ran == [4, 5, 6, 48]
+    assert report.microbatches_simulated == [48]
