@@ -3,13 +3,17 @@
 Owns CollectivePricer, the base of planning.estimate.Estimator: the same collective algorithms as the simulator
 (collectives registries) on the same topology routes; each phase pays the engine's delay (network.phase_run.
 phase_delay_s) plus its flows' time on the busiest link (bytes on the link / its capacity), phases chained by their
-`after` (a lower bound: the simulator adds contention between concurrent phases and max-min sharing). Prices the
+`after`; ZeRO's sharded collectives run with their sibling groups' flows (every rank of a stage runs them at once:
+_siblings), others alone (a lower bound: the simulator adds contention between concurrent phases and max-min
+sharing). Prices the
 tensor-parallel collectives, the MoE all-to-all, the pipeline's p2p hop, the data-parallel reductions and the
 sharded collectives of ZeRO (or DeepSpeed's bucket all-reduces in their place), over the replica groups of a stage's
 parameters; results are memoized (plans share stages, groups and messages). Pure: no simpy, torch.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -99,13 +103,44 @@ class CollectivePricer:
         }
 
     def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
-        """One sharded collective of `size` bytes over `gpus`, memoized: units of equal size gather over the same
-        groups in every plan that shares their stage's placement."""
+        """One sharded collective of `size` bytes over `gpus`, run with its sibling groups (_siblings), memoized:
+        units of equal size gather over the same groups in every plan that shares their stage's placement."""
         collective = registry.get(self.all_reduce, "collectives.all_reduce")
         group = tuple(gpus)
-        return self._cached(
-            ("sharded", collective, size, group), lambda: self.phases_s(collective(size, list(group), self.topo), group)
-        )
+        return self._cached(("sharded", collective, size, group), lambda: self._together_s(collective, size, group))
+
+    def _siblings(self, group: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """The groups that run a class's sharded collective at the same time as `group`: every rank of a stage
+        gathers (reduces) the same unit at once, each over its own replicas, and a class's replicas are an
+        arithmetic progression of the placement (CollectivePricer._replica_groups, fsdp_estimate.shard_groups) whose
+        translations by 0 .. stride - 1 are the other ranks' groups. A group of any other shape runs alone."""
+        index = self._cached(("placement index",), lambda: {g: i for i, g in enumerate(self.gpus)})
+        at = [index[g] for g in group]
+        stride = at[1] - at[0] if len(at) > 1 else 1
+        if stride < 2 or any(b - a != stride for a, b in zip(at, at[1:], strict=False)) or at[-1] + stride > len(index):
+            return [group]
+        return [tuple(self.gpus[i + o] for i in at) for o in range(stride)]
+
+    def _together_s(self, collective, size: float, group: tuple[str, ...]) -> float:
+        """A sharded collective of `group` and its siblings at once: phase i of every group is one phase of all
+        their flows (they share the links they cross: on Frontier the two GCDs of a package share its NIC), each
+        phase after the phases in its `after`; groups whose phases differ in shape are priced alone (the slowest)."""
+        siblings = self._siblings(group)
+        runs = [collective(size, list(g), self.topo) for g in siblings]
+        shapes = [[(ph.after, ph.messages, ph.overhead_s, ph.delay_s) for ph in run] for run in runs]
+        if len(runs) == 1 or any(shape != shapes[0] for shape in shapes):
+            return max(self.phases_s(r, g) for r, g in zip(runs, siblings, strict=True))
+        n = len(group)
+        merged = [
+            replace(
+                phases[0],
+                src=np.concatenate([ph.src + k * n for k, ph in enumerate(phases)]),
+                dst=np.concatenate([ph.dst + k * n for k, ph in enumerate(phases)]),
+                sizes=np.concatenate([ph.sizes for ph in phases]),
+            )
+            for phases in zip(*runs, strict=True)
+        ]
+        return self.phases_s(merged, tuple(g for s in siblings for g in s))
 
     def _reduce_group_s(self, params: float, gpus: list[str], zero: int, buckets: tuple[float, ...] = ()) -> float:
         """One all-reduce of the gradients, or with ZeRO their reduce-scatter (ZeRO-1; ZeRO-2's are per chunk,

@@ -13,7 +13,8 @@ prices with the simulator's own functions, so there is no second cost model:
   DeepSpeed's bucket all-reduces: workload/deepspeed_zero.py) and the optimizer;
 - ZeRO-3: each micro-batch's pass of a chunk adds the unit gathers its compute does not hide
   (workload.fsdp.exposed_gather_s), times the share of the passes that gather (fsdp_estimate.gather_shares:
-  without resharding after the forward, fewer), and the step the reduce-scatter of the last unit of its backward.
+  without resharding after the forward, fewer); a backward adds its units' reduce-scatters on the same links
+  (workload.fsdp.exposed_backward_s), and the step the reduce-scatter of the last unit of its backward.
 Pure: no simpy, torch.
 """
 
@@ -35,7 +36,7 @@ from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Layout
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.deepspeed_zero import reduce_buckets
-from piper_sim.workload.fsdp import NO_BLOCK, exposed_gather_s
+from piper_sim.workload.fsdp import NO_BLOCK, exposed_backward_s, exposed_gather_s
 from piper_sim.workload.fsdp_state import unit_params
 from piper_sim.workload.memory import (
     PARAM_CLASSES,
@@ -278,7 +279,9 @@ class Estimator(ComputePricer):
             point.recompute,
             a2a,
         )
-        forward, backward = self._cached(key, lambda: self._exposed_gathers_s(point, layers[v], p, first, last, a2a))
+        forward, backward, reducing = self._cached(
+            key, lambda: self._exposed_gathers_s(point, layers[v], p, first, last, a2a)
+        )
         shares = gather_shares(
             point.schedule,
             point.pp,
@@ -288,25 +291,31 @@ class Estimator(ComputePricer):
             stages.where(v)[1],
             point.reshard_after_forward,
         )
-        return shares[0] * forward, shares[1] * backward
+        return shares[0] * forward, shares[1] * backward + (1 - shares[1]) * reducing
 
     def _exposed_gathers_s(
         self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool, a2a: float
-    ) -> tuple[float, float]:
-        """ZeRO-3: (forward, backward) exposed gather time of one pass of a chunk holding `layers` at stage p, every
-        pass gathering: its units' gathers (which depend on the split, EP, the chunk and the stage's groups) against
-        their passes' compute (the micro-batch's tokens, the split, EP, the chunk, recomputation, all-to-all)."""
+    ) -> tuple[float, float, float]:
+        """ZeRO-3: (forward, backward, backward without gathers) exposed communication of one pass of a chunk holding
+        `layers` at stage p: its units' gathers (which depend on the split, EP, the chunk and the stage's groups) and,
+        in the backward, their gradients' reduce-scatters (workload.fsdp.exposed_backward_s; every backward reduces,
+        whether it gathered or not) against their passes' compute (the micro-batch's tokens, the split, EP, the
+        chunk, recomputation, all-to-all)."""
         par = point.parallel
         tokens, split = par.tokens_per_microbatch(self.model.seq_len), par.split
-        gathers = self._cached(
-            ("gathers", split, point.ep, point.num_gpus // point.pp, p, par.dp_replicate, layers, first, last),
-            lambda: self._unit_gathers_s(point, layers, p, first, last),
-        )
+        groups_key = (split, point.ep, point.num_gpus // point.pp, p, par.dp_replicate, layers, first, last)
+        gathers = self._cached(("gathers", *groups_key), lambda: self._unit_gathers_s(point, layers, p, first, last))
+        reduces = self._cached(("reduces", *groups_key), lambda: self._unit_reduces_s(point, layers, p, first, last))
         forward, backward = self._cached(
             ("passes", tokens, split, point.ep, layers, first, last, point.recompute, a2a),
             lambda: self._chunk_unit_passes_s(point, layers, first, last, a2a),
         )
-        return exposed_gather_s(gathers, forward), exposed_gather_s(gathers[::-1], backward[::-1])
+        running = backward[::-1]
+        return (
+            exposed_gather_s(gathers, forward),
+            exposed_backward_s(gathers[::-1], reduces[::-1], running),
+            exposed_backward_s([0.0] * len(gathers), reduces[::-1], running),
+        )
 
     def _unit_gathers_s(
         self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool
@@ -318,6 +327,21 @@ class Estimator(ComputePricer):
             sum(
                 self._sharded_s(ALL_GATHER, params[kind] * self.model.dtype_bytes, gpus)
                 for kind, gpus in groups.items()
+                if len(gpus) > 1
+            )
+            for params in units.values()
+        ]
+
+    def _unit_reduces_s(
+        self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool
+    ) -> list[float]:
+        """ZeRO-3: the gradient reduction time of each unit of the chunk, every class over its replica group
+        (fsdp_estimate.unit_reduce_s: a reduce-scatter within the shard group and, under HSDP, an all-reduce across)."""
+        units = unit_params(self.model, layers, first=first, last=last, ep=point.ep, split=point.parallel.split)
+        return [
+            sum(
+                unit_reduce_s(self, params[kind] * self.model.dtype_bytes, gpus, point.parallel.dp_replicate)
+                for kind, gpus in self._replica_groups(point, p).items()
                 if len(gpus) > 1
             )
             for params in units.values()

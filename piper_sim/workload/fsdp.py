@@ -102,6 +102,17 @@ def exposed_gather_s(gathers_s: list[float], computes_s: list[float]) -> float:
     return exposed
 
 
+def exposed_backward_s(gathers_s: list[float], reduces_s: list[float], computes_s: list[float]) -> float:
+    """The communication a backward pass leaves on its compute stream, its units in the order it runs them: as
+    exposed_gather_s, with each unit's gradient reduce-scatter (issued when its backward ends) moving over the same
+    groups' links as the gather prefetched beside the next unit's compute (one link's bytes: their times add), and
+    the second-to-last unit's reduce-scatter beside the last unit's compute (the last one's ends the pass: the step
+    waits for it, priced with the gradients)."""
+    moving = [g + (reduces_s[k - 2] if k >= 2 else 0.0) for k, g in enumerate(gathers_s)]
+    tail = reduces_s[-2] - computes_s[-1] if len(reduces_s) >= 2 and computes_s else 0.0
+    return exposed_gather_s(moving, computes_s) + max(0.0, tail)
+
+
 def unit_classes(model: ModelSpec, unit: int, *, last: bool, tp: int) -> tuple[str, ...]:
     """The classes of parameters (memory.PARAM_CLASSES) a unit holds (last: it holds the head): "dense" always;
     "replicated" with tp > 1 (its norms, or the final norm); "expert" a MoE block's (tests hold it to the classes
