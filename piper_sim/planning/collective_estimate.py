@@ -3,12 +3,12 @@
 Owns CollectivePricer, the base of planning.estimate.Estimator: the same collective algorithms as the simulator
 (collectives registries) on the same topology routes; each phase pays the engine's delay (network.phase_run.
 phase_delay_s) plus its flows' time on the busiest link (bytes on the link / its capacity), phases chained by their
-`after`; ZeRO's sharded collectives run with their sibling groups' flows (every rank of a stage runs them at once:
-_siblings), others alone (a lower bound: the simulator adds contention between concurrent phases and max-min
-sharing). Prices the
-tensor-parallel collectives, the MoE all-to-all, the pipeline's p2p hop, the data-parallel reductions and the
-sharded collectives of ZeRO (or DeepSpeed's bucket all-reduces in their place), over the replica groups of a stage's
-parameters; results are memoized (plans share stages, groups and messages). Pure: no simpy, torch.
+`after`; the data-parallel reductions and ZeRO's collectives run with their sibling groups' flows (every rank of a
+stage runs them at once: _siblings), others alone (a lower bound: the simulator adds contention between concurrent
+phases and max-min sharing). Prices the tensor-parallel collectives, the MoE all-to-all, the pipeline's p2p hop, the
+data-parallel reductions and the sharded collectives of ZeRO (or DeepSpeed's bucket all-reduces in their place), over
+the replica groups of a stage's parameters; results are memoized (plans share stages, groups and messages). Pure: no
+simpy, torch.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ class CollectivePricer:
         }
 
     def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
-        """One sharded collective of `size` bytes over `gpus`, run with its sibling groups (_siblings), memoized:
+        """One collective of a class's replicas (ZeRO's gathers and reduce-scatters, the data-parallel all-reduce) of
+        `size` bytes over `gpus`, run with its sibling groups (_siblings), memoized:
         units of equal size gather over the same groups in every plan that shares their stage's placement."""
         collective = registry.get(self.all_reduce, "collectives.all_reduce")
         group = tuple(gpus)
@@ -142,15 +143,20 @@ class CollectivePricer:
         ]
         return self.phases_s(merged, tuple(g for s in siblings for g in s))
 
-    def _reduce_group_s(self, params: float, gpus: list[str], zero: int, buckets: tuple[float, ...] = ()) -> float:
+    def _reduce_group_s(
+        self, params: float, gpus: list[str], zero: int, buckets: tuple[float, ...] = (), *, alone: bool = False
+    ) -> float:
         """One all-reduce of the gradients, or with ZeRO their reduce-scatter (ZeRO-1; ZeRO-2's are per chunk,
-        _bucket_s) and the parameters' all-gather. buckets: DeepSpeed's ZeRO-1 all-reduces instead of the
+        _bucket_s) and the parameters' all-gather, each with its sibling groups (_sharded_s; alone: a group whose
+        ranks pair otherwise, DualPipe's mirror stages). buckets: DeepSpeed's ZeRO-1 all-reduces instead of the
         reduce-scatter, one per bucket's elements of the class (_class_reduce_s)."""
         size = params * self.model.dtype_bytes
-        if not zero:
+        if alone:
             return self.phases_s(
                 ALL_REDUCE.get(self.all_reduce, "collectives.all_reduce")(size, list(gpus), self.topo), tuple(gpus)
             )
+        if not zero:
+            return self._sharded_s(ALL_REDUCE, size, gpus)
         gather = self._sharded_s(ALL_GATHER, size, gpus)
         return gather + (0.0 if zero == 2 else self._class_reduce_s(size, gpus, buckets))
 

@@ -201,7 +201,7 @@ class Estimator(ComputePricer):
             grad = 0.0
             if stages.layout == Layout.BIDIRECTIONAL:  # DualPipe's two copies: summed with the mirror stage's first
                 mirror = [self.gpus[p * per_stage], self.gpus[(point.pp - 1 - p) * per_stage]]
-                grad += self._reduce_group_s(sum(params.values()), mirror, 0)
+                grad += self._reduce_group_s(sum(params.values()), mirror, 0, alone=True)
             for kind, gpus in self._replica_groups(point, p).items():
                 if len(gpus) > 1 and point.zero == 3:  # the step waits for its last unit's reduce-scatter
                     unit = unit_params(

@@ -238,6 +238,7 @@ def test_a_sharded_collective_runs_with_its_sibling_groups(topology, together):
     """Every rank of a stage gathers the same unit at once over its own replicas: with TP 2 on Frontier both GCDs of
     a package send their rings through the package's one NIC (twice one ring's bytes), on the uniform cluster each
     GPU has its own NIC (no slower than alone)."""
+    from piper_sim.collectives.algorithms import ALL_REDUCE
     from piper_sim.collectives.sharded import ALL_GATHER
     from piper_sim.planning.estimate import config_estimator
 
@@ -259,3 +260,9 @@ def test_a_sharded_collective_runs_with_its_sibling_groups(topology, together):
     size = 2e9  # a large gather: the links' time, not the messages' overhead, decides
     alone = est.phases_s(ALL_GATHER.get(est.all_reduce, "")(size, list(dense), est.topo), tuple(dense))
     assert est._sharded_s(ALL_GATHER, size, dense) == pytest.approx(together * alone, rel=0.02)
+    # the data-parallel all-reduce without ZeRO likewise; a group priced alone (DualPipe's mirror stages) is not
+    all_reduce = ALL_REDUCE.get(est.all_reduce, "")
+    alone = est.phases_s(all_reduce(size, list(dense), est.topo), tuple(dense))
+    params = size / est.model.dtype_bytes
+    assert est._reduce_group_s(params, dense, 0) == pytest.approx(together * alone, rel=0.02)
+    assert est._reduce_group_s(params, dense, 0, alone=True) == alone
