@@ -178,11 +178,14 @@ def run_points(
     workers: int | None = None,
     label: str = "points",
     progress: bool = True,
+    priority: Callable[[dict], float] | None = None,
 ) -> dict[str, dict]:
     """fn(payload) -> row for every point not stored under its key; returns {digest: row} for all points. What
     was reused and computed is in store.tally, and said on stderr (with progress).
 
-    workers=0 runs in this process (no Dask); otherwise on Dask as dask_client says."""
+    workers=0 runs in this process (no Dask); otherwise on Dask as dask_client says. priority(payload): points of
+    a higher priority start first (the long ones first: the last to finish is then not a long one started late);
+    equal priorities keep their order."""
     todo, out = [], {}
     for point in points:
         row = store.get(point.digest, point.key)
@@ -190,6 +193,8 @@ def run_points(
             todo.append(point)
         else:
             out[point.digest] = row
+    rank = {point.digest: priority(point.payload) if priority else 0.0 for point in todo}
+    todo.sort(key=lambda point: -rank[point.digest])  # stable: equal priorities in their order
     bar = progress_bar(len(todo), label, "points", show=progress and bool(todo))
     start = time.perf_counter()
     if workers == 0 or not todo:
@@ -202,7 +207,10 @@ def run_points(
             if _dashboard:
                 print(f"piper-sim: Dask dashboard of {label}: {client.dashboard_link}", file=sys.stderr)
             futures = {
-                client.submit(fn, point.payload, key=f"{label}-{point.digest}", pure=False): point for point in todo
+                client.submit(
+                    fn, point.payload, key=f"{label}-{point.digest}", pure=False, priority=rank[point.digest]
+                ): point
+                for point in todo
             }
             for future in as_completed(futures):
                 out[futures[future].digest] = _finish(store, futures[future], future.result(), bar)

@@ -62,6 +62,7 @@ def reproduce(
         workers=workers,
         label="reproduce",
         progress=progress,
+        priority=long_poles_first,
     )
     sections = {
         name: EXPERIMENTS[name].section([(p.payload, results[p.digest]) for p in points], out)
@@ -73,6 +74,16 @@ def reproduce(
     if progress:
         print(f"reproduce: wrote {path}", file=sys.stderr)
     return path
+
+
+def long_poles_first(payload: dict) -> float:
+    """A point's start priority (points.dask_runner.run_points): the planned points first, those on more GPUs and
+    simulating more of their top plans before the others (a planned point's refinement simulates contended plans on
+    hundreds of GCDs, minutes each; the other points take seconds), so the slowest do not start last."""
+    if payload.get("kind") != "plan":
+        return 0.0
+    request = payload["request"]
+    return float(request["num_gpus"]) * (1 + int(request.get("top_k", 0)))
 
 
 def _report(
