@@ -104,8 +104,8 @@ class CollectivePricer:
 
     def _sharded_s(self, registry, size: float, gpus: list[str]) -> float:
         """One collective of a class's replicas (ZeRO's gathers and reduce-scatters, the data-parallel all-reduce) of
-        `size` bytes over `gpus`, run with its sibling groups (_siblings), memoized:
-        units of equal size gather over the same groups in every plan that shares their stage's placement."""
+        `size` bytes over `gpus`, run with its sibling groups (_siblings), memoized: units of equal size gather over
+        the same groups in every plan that shares their stage's placement."""
         collective = registry.get(self.all_reduce, "collectives.all_reduce")
         group = tuple(gpus)
         return self._cached(("sharded", collective, size, group), lambda: self._together_s(collective, size, group))
