@@ -40,6 +40,7 @@ MODEL_LIMITS = {
     "num_heads": 2**14,
     "num_kv_heads": 2**14,
 }
+UNITS_LIMIT = 2**20  # a device's compute units (SMs, CUs), or those a collective's kernels hold: far beyond any
 NUMBER_LIMIT = 1e18  # a plain number (a factor, a count of bytes per parameter): finite and at most this
 
 

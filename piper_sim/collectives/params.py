@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from piper_sim.bounds import UNITS_LIMIT, read_int
 from piper_sim.errors import ConfigError
 from piper_sim.topology.graph import Topology
 from piper_sim.units import read_params, si_key
@@ -48,9 +49,9 @@ def check_fraction(value: object, key: str) -> None:
 
 
 def check_units(value: object, key: str) -> None:
-    """Compute units (SMs, CUs) a library's kernels hold: unset (None) or a positive integer."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(key, value, "a positive integer (SMs or CUs), or left out")
+    """Compute units (SMs, CUs) a library's kernels hold: unset (None) or a positive integer (bounds.read_int)."""
+    if value is not None:
+        read_int(key, value, low=1, limit=UNITS_LIMIT)
 
 
 def library_units(topo: Topology, algorithm: str) -> int:

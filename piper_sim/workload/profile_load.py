@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from piper_sim.bounds import check_value
+from piper_sim.bounds import UNITS_LIMIT, check_value, read_int
 from piper_sim.errors import ConfigError
 from piper_sim.units import is_finite_number, read_params
 from piper_sim.workload.flops import MEMORY_KINDS
@@ -118,9 +118,8 @@ def load_profiles(spec: str | Path | dict) -> tuple[DeviceProfile, HostProfile |
 
 
 def _compute_units(value: object) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError("cost.profile.compute_units", value, "a positive integer (the device's SMs or CUs) or none")
-    return value
+    """The device's SMs (CUs): none or a positive integer."""
+    return None if value is None else read_int("cost.profile.compute_units", value, low=1, limit=UNITS_LIMIT)
 
 
 def _moe_path(raw: object) -> MoePath | None:
