@@ -19,7 +19,7 @@ import simpy
 from piper_sim.collectives.algorithms import Phase
 from piper_sim.network.flows import FlowNetwork
 from piper_sim.network.phase_run import PhaseFlows, PhaseProcess, phase_delay_s, run_phase, start_phases
-from piper_sim.network.recording import IsolatedRun, PhaseRecord, Recorder, Starting, overlapping
+from piper_sim.network.recording import IsolatedRun, PhaseRecord, Recorder, RunMemo, Starting, overlapping
 from piper_sim.topology.graph import Topology
 
 
@@ -34,6 +34,34 @@ class Routes:
     latency_s: float  # largest path latency over the flows
     flow_latency_s: np.ndarray  # largest path latency of each flow
     sub_weight: np.ndarray | None = None  # flows each sub-flow counts as (Topology.weighted_paths); None: 1 each
+
+
+@dataclass(slots=True)
+class Reserved:
+    """What a reservation stands in for: collectives' recorded runs and the links they hold together."""
+
+    runs: list[IsolatedRun]
+    links: np.ndarray
+    counts: tuple[np.ndarray, int, np.ndarray] | None = None  # (bytes, flows, links) of runs on disjoint links
+    ends: dict[float, list[int]] | None = None  # members by the end of their run, once found
+    phases: list[list[Phase]] | None = None  # a recurring batch's collectives' phases (its key holds their ids)
+
+    def disjoint(self) -> bool:
+        """Whether the runs' links are disjoint; if so, their bytes per link are kept for one count."""
+        run_links = np.concatenate([run.links for run in self.runs])
+        if np.unique(run_links).shape[0] != run_links.shape[0]:
+            return False
+        link_bytes = np.concatenate([run.link_bytes for run in self.runs])
+        self.counts = (link_bytes, sum(run.num_flows for run in self.runs), run_links)
+        return True
+
+    def by_end(self) -> dict[float, list[int]]:
+        """Members by the end of their run (one event per distinct end), each list in member order."""
+        if self.ends is None:
+            self.ends = {}
+            for m, run in enumerate(self.runs):
+                self.ends.setdefault(run.duration_s, []).append(m)
+        return self.ends
 
 
 class RouteCache:
@@ -113,6 +141,7 @@ class CollectiveRunner:
         self.overhead_s = topo.params.message_overhead_s
         self.recorder = Recorder(network.capacity, self._phase_flows, topo.reverse_link)
         self._starting: list[Starting] = []  # multi-phase collectives starting at this instant
+        self._batches: RunMemo[Reserved] = RunMemo(16)  # recurring batches of collectives each alone on its links
         self.num_reserved = self.num_broken = 0
 
     def run(
@@ -150,8 +179,15 @@ class CollectiveRunner:
         reservation of their run together (recorded once per group of collectives: the EP groups of a stage start
         their all-to-alls together, layer after layer); on busy links its phases start as any others. Groups of one
         collective are reserved as one batch (the tensor-parallel groups of a stage: one reservation, one event per
-        distinct end), each member's run its own."""
+        distinct end), each member's run its own; a batch of such collectives that recurs (the same collectives, the
+        same phases' lists: a layer's TP collectives every micro-batch) is found whole (_batches)."""
         starting, self._starting = self._starting, []
+        batch_key = tuple((c.key, id(c.phases)) for c in starting)
+        batch = self._batches.get(batch_key)
+        if batch is not None and all(c.phases is p for c, p in zip(starting, batch.phases or (), strict=True)):
+            if not self.network.busy[batch.links].any():
+                self._reserve(starting, batch, None)
+                return
         links = [self.recorder.links(c) for c in starting]
         alone: list[int] = []
         for cluster in overlapping(links):
@@ -171,12 +207,16 @@ class CollectiveRunner:
             elif len(members) == 1:
                 alone.append(cluster[0])
             else:
-                self._reserve(members, self.recorder.run_together(members), union, self.recorder.replay(members))
+                runs = self.recorder.run_together(members)
+                self._reserve(members, Reserved(runs, union), self.recorder.replay(members))
         if alone:
             union = links[alone[0]] if len(alone) == 1 else np.concatenate([links[i] for i in alone])  # disjoint
-            self._reserve(
-                [starting[i] for i in alone], [self.recorder.isolated_run(starting[i]) for i in alone], union, None
-            )
+            members = [starting[i] for i in alone]
+            reserved = Reserved([self.recorder.isolated_run(c) for c in members], union)
+            if len(alone) == len(starting) and reserved.disjoint():  # every collective alone: the batch recurs
+                reserved.phases = [c.phases for c in members]  # (kept: the ids in its key stay theirs)
+                self._batches.put(batch_key, reserved, reserved.runs)
+            self._reserve(members, reserved, None)
 
     def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float, finish_times: bool):
         yield self.env.timeout(delay_s)
@@ -209,18 +249,16 @@ class CollectiveRunner:
         return finish
 
     # ---- reservations ----------------------------------------------------------------------------
-    def _reserve(
-        self,
-        members: list[Starting],
-        runs: list[IsolatedRun],
-        links: np.ndarray,
-        replay: Callable[[float], dict] | None,
-    ) -> None:
+    def _reserve(self, members: list[Starting], reserved: Reserved, replay: Callable[[float], dict] | None) -> None:
         """Hold the links while the collectives run as recorded; each member's done fires at its own end. If other
         flows come onto the links, the members still running turn into flow sets (_break)."""
         t0 = self.env.now
-        for run in runs:
-            self.network.count(run.link_bytes, run.num_flows, run.links)
+        runs, links = reserved.runs, reserved.links
+        if reserved.counts is None:
+            for run in runs:
+                self.network.count(run.link_bytes, run.num_flows, run.links)
+        else:  # the runs' links are disjoint: their bytes in one go
+            self.network.count(*reserved.counts)
         self.num_reserved += len(members)
         running = set(range(len(members)))
 
@@ -256,15 +294,11 @@ class CollectiveRunner:
                     self.network.release(reservation)
                 members[m].done.succeed()
 
-        by_end: dict[float, list[int]] = {}  # one event per distinct end, its members in order
-        for m, run in enumerate(runs):
-            by_end.setdefault(run.duration_s, []).append(m)
-
         def end_all(ending: list[int], _ev: simpy.Event) -> None:
             for m in ending:
                 end(m)
 
-        for duration, ending in by_end.items():
+        for duration, ending in reserved.by_end().items():
             self.env.timeout(duration).callbacks.append(functools.partial(end_all, ending))
 
     def _break(

@@ -131,10 +131,12 @@ class RunMemo(Generic[V]):
         hit = self._items.get(key)
         return None if hit is None else hit[0]
 
-    def put(self, key: Hashable, value: V, run: IsolatedRun) -> None:
+    def put(self, key: Hashable, value: V, runs: IsolatedRun | list[IsolatedRun]) -> None:
+        """Keep value, which holds these runs (what it weighs)."""
         if key in self._items:
             return
-        weight = sum(r.flows.sizes.shape[0] for r in run.phases if r.flows is not None) + 1
+        held = runs if isinstance(runs, list) else [runs]
+        weight = sum(r.flows.sizes.shape[0] for run in held for r in run.phases if r.flows is not None) + 1
         self._items[key] = (value, weight)
         self._held += weight
         bound = self.runs_scale * RECORDED_RUNS

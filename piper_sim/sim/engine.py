@@ -165,7 +165,7 @@ class Simulation(LaneCollectives, LaneCompute, LaneP2P):
         # (lane, step, task) of a posted p2p task: [each member's landing time (NaN until it lands), watchers]
         self._landed: dict[tuple[int, int, int], list] = {}
         self._group_gpus: dict[tuple[int, ...], tuple[str, ...]] = {}
-        self._lane_groups: dict[tuple[int, str], list] = {}
+        self._lane_groups: dict[tuple[int, str], tuple[list, np.ndarray, np.ndarray]] = {}
         self._p2p_routes: dict[tuple[int, int], tuple] = {}
         self._rows: dict[tuple, tuple] = {}  # member rows per (lane, layer, placement) under uniform routing
         self._lane_ep: dict[int, list] = {}  # a lane's members by EP group (_member_rows), by its first rank

@@ -37,13 +37,18 @@ class LaneCollectives:
     _async_done: dict[tuple[int, int, int], simpy.Event]
     _landed: dict[tuple[int, int, int], list]
     _group_gpus: dict[tuple[int, ...], tuple[str, ...]]
-    _lane_groups: dict[tuple[int, str], list]
+    _lane_groups: dict[tuple[int, str], tuple[list, np.ndarray, np.ndarray]]
     _at: Callable[[float, Callable[[], object]], None]
     _check_on_time: Callable[[float, str | None], None]
     _wake: Callable[[simpy.Event, int], None]
 
     def _groups_of_lane(self, lane: tuple[int, ...], axis: str) -> list:
         """[(group, members' indices in the lane, in their stage, in the group)] of the lane's groups."""
+        return self._lane_layout(lane, axis)[0]
+
+    def _lane_layout(self, lane: tuple[int, ...], axis: str) -> tuple[list, np.ndarray, np.ndarray]:
+        """The lane's groups (_groups_of_lane), and the members' lane indices group after group with where each
+        group's begin (np.maximum.reduceat's indices: every group's last member in one call)."""
         key = (lane[0], axis)
         hit = self._lane_groups.get(key)
         if hit is None:
@@ -51,7 +56,7 @@ class LaneCollectives:
             by_group: dict[tuple[int, ...], list[int]] = {}
             for position, rank in enumerate(lane):
                 by_group.setdefault(self.mesh.group(rank, axis), []).append(position)
-            hit = self._lane_groups[key] = [
+            groups = [
                 (
                     group,
                     np.array(at),
@@ -60,6 +65,9 @@ class LaneCollectives:
                 )
                 for group, at in by_group.items()
             ]
+            sizes = [len(at) for at in by_group.values()]
+            order = np.concatenate([at for _, at, _, _ in groups])
+            hit = self._lane_groups[key] = (groups, order, np.cumsum([0] + sizes[:-1]))
         return hit
 
     def _arrive(
@@ -70,18 +78,19 @@ class LaneCollectives:
         group, the event's value the time the group's collective ends."""
         out = []
         joins: dict[float, list] = {}  # the groups' joins by arrival time: one event per distinct time
-        for group, at, stage_local, in_group in self._groups_of_lane(lane, task.group_axis):
+        groups, order, starts = self._lane_layout(lane, task.group_axis)
+        arrivals = np.maximum.reduceat(clock[order], starts).tolist()
+        for (group, at, stage_local, in_group), arrival in zip(groups, arrivals, strict=True):
             waiting = self._waiting(group, step, i, task)
             nbytes[stage_local, i] = waiting[3][in_group]
-            arrival = float(clock[at].max())
             joins.setdefault(arrival, []).append((group, waiting, len(at)))
             out.append((at, stage_local, waiting[1]))
-        for arrival, groups in joins.items():  # (mypy cannot type a lambda with defaults, nor a list of None)
+        for arrival, joining in joins.items():  # (mypy cannot type a lambda with defaults, nor a list of None)
             self._at(
                 arrival,
-                lambda t=arrival, groups=groups: [
+                lambda t=arrival, joining=joining: [
                     self._join(g, w, (step, g[0], i), m, t, task, host_s)  # type: ignore[misc, func-returns-value]
-                    for g, w, m in groups
+                    for g, w, m in joining
                 ],
             )
         return out

@@ -40,6 +40,13 @@ CASES = {
         "collectives": {"all_to_all": "flat"},
         "parallel": {"pp": 1, "ep": 16, "dp": 2, "num_microbatches": 4},
     },
+    # a stage's tensor-parallel groups start their collectives together, each alone on its links, layer after
+    # layer and micro-batch after micro-batch (a recurring batch: the runner's _batches)
+    "tp-frontier-batches": {
+        "model": "small-moe",
+        "topology": "frontier",
+        "parallel": {"pp": 2, "tp": 2, "sp": True, "ep": 4, "dp": 4, "num_microbatches": 6},
+    },
 }
 
 
@@ -170,3 +177,32 @@ def test_a_replayed_run_lets_go_of_its_joined_incidences():
         assert structures() == before
     finally:
         gc.enable()
+
+
+def test_a_recurring_batch_of_collectives_each_alone_is_found_whole(monkeypatch):
+    """A stage's tensor-parallel groups start their collectives together, each alone on its links, layer after layer
+    and micro-batch after micro-batch: the batch is found whole (the runner's _batches) and gives the run of
+    finding each collective's recorded run anew."""
+    from piper_sim.network import collective_runner
+
+    cfg = CASES["tp-frontier-batches"]
+    hits = []
+
+    class Counted(collective_runner.RunMemo):
+        def get(self, key):
+            hit = super().get(key)
+            hits.append(hit is not None)
+            return hit
+
+    class Never(collective_runner.RunMemo):
+        def get(self, key):
+            return None
+
+    monkeypatch.setattr(collective_runner, "RunMemo", Counted)
+    found = simulate(load_config(cfg))
+    assert sum(hits) > len(hits) / 2  # most batches recur
+    monkeypatch.setattr(collective_runner, "RunMemo", Never)
+    anew = simulate(load_config(cfg))
+    assert found.stats["num_reserved"] == anew.stats["num_reserved"] > 0
+    pd.testing.assert_frame_equal(found.trace, anew.trace)
+    pd.testing.assert_frame_equal(found.links, anew.links)
