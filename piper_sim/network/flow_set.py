@@ -81,6 +81,51 @@ class Reservation:
         self.links, self.on_break, self.live = links, on_break, True
 
 
+class ActiveLinks:
+    """The links of the active flow sets, set after set in growing arrays, to find the sets that share a link with a
+    new one in one pass (not one test per active set: a 1,024-GPU run holds hundreds). A set that ends leaves its
+    entries behind until they are half of all (its seq is no longer active)."""
+
+    __slots__ = ("links", "seqs", "size", "sets", "stale")
+
+    def __init__(self) -> None:
+        self.links = np.zeros(1024, dtype=np.int64)
+        self.seqs = np.zeros(1024, dtype=np.int64)
+        self.size = self.stale = 0
+        self.sets: dict[int, FlowSet] = {}  # the active sets by seq
+
+    def add(self, fs: FlowSet) -> None:
+        n = fs.links.shape[0]
+        if self.size + n > self.links.shape[0]:
+            grown = max(2 * self.links.shape[0], self.size + n)
+            self.links = np.concatenate([self.links[: self.size], np.zeros(grown - self.size, dtype=np.int64)])
+            self.seqs = np.concatenate([self.seqs[: self.size], np.zeros(grown - self.size, dtype=np.int64)])
+        self.links[self.size : self.size + n] = fs.links
+        self.seqs[self.size : self.size + n] = fs.seq
+        self.size += n
+        self.sets[fs.seq] = fs
+
+    def remove(self, fs: FlowSet) -> None:
+        if self.sets.pop(fs.seq, None) is None:
+            return
+        self.stale += fs.links.shape[0]
+        if 2 * self.stale > self.size:
+            kept = list(self.sets.values())
+            self.size = self.stale = 0
+            self.sets = {}
+            for other in kept:
+                self.add(other)
+
+    def sharing(self, mask: np.ndarray) -> set[FlowSet]:
+        """The active sets with a link in mask (a boolean per link)."""
+        seqs = np.unique(self.seqs[: self.size][mask[self.links[: self.size]]]).tolist()
+        return {self.sets[seq] for seq in seqs if seq in self.sets}
+
+    def clear(self) -> None:
+        self.size = self.stale = 0
+        self.sets.clear()
+
+
 def advance(fs: FlowSet, now: float) -> None:
     """Bring a set's bytes still to send and finish times from its last update to now at its rates."""
     dt = now - fs.t_last

@@ -28,7 +28,16 @@ from piper_sim.network.fairshare import (
     latency_only,
     max_min_rates,
 )
-from piper_sim.network.flow_set import FlowSet, Reservation, advance, check_finite, describe, materialize, settle
+from piper_sim.network.flow_set import (
+    ActiveLinks,
+    FlowSet,
+    Reservation,
+    advance,
+    check_finite,
+    describe,
+    materialize,
+    settle,
+)
 
 
 class FlowNetwork:
@@ -54,6 +63,7 @@ class FlowNetwork:
         self.slowdown = slowdown
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active: set[FlowSet] = set()
+        self._active_links = ActiveLinks()  # the active sets' links (which of them a new set shares a link with)
         self._timelines: dict[Hashable, Timeline] = {}
         self._structures = StructureCache()
         self._links_of: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
@@ -160,6 +170,7 @@ class FlowNetwork:
             fs.structure = fs.timeline = None
             fs.neighbors = set()
         self.active.clear()
+        self._active_links.clear()
         self._structures.clear()
         self._timelines.clear()
         self._links_of.clear()
@@ -229,16 +240,17 @@ class FlowNetwork:
 
     # ---- internals -------------------------------------------------------------------------------
     def _join(self, fs: FlowSet) -> None:
-        """fs becomes active: find the active sets it shares a link with (a scan, once; sharing is the rare case,
-        isolation the common one) and keep the relation on both sides until one of them ends."""
+        """fs becomes active: find the active sets it shares a link with (once, over the active sets' links; none
+        where its links are idle, the common case) and keep the relation on both sides until one of them ends."""
         if self.active and self.busy[fs.links].any():
             mask = np.zeros(self.busy.shape[0], dtype=bool)
             mask[fs.links] = True
-            fs.neighbors = {other for other in self.active if mask[other.links].any()}
+            fs.neighbors = self._active_links.sharing(mask)
             for other in fs.neighbors:
                 other.neighbors.add(fs)
         self.busy[fs.links] += 1
         self.active.add(fs)
+        self._active_links.add(fs)
 
     def _touching(self, fs: FlowSet) -> set[FlowSet]:
         """Active sets sharing a link with fs."""
@@ -379,6 +391,7 @@ class FlowNetwork:
     def _finish(self, fs: FlowSet) -> None:
         self.busy[fs.links] -= 1
         self.active.discard(fs)
+        self._active_links.remove(fs)
         for other in fs.neighbors:
             other.neighbors.discard(fs)
         fs.neighbors = set()
