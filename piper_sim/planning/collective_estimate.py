@@ -3,12 +3,12 @@
 Owns CollectivePricer, the base of planning.estimate.Estimator: the same collective algorithms as the simulator
 (collectives registries) on the same topology routes; each phase pays the engine's delay (network.phase_run.
 phase_delay_s) plus its flows' time on the busiest link (bytes on the link / its capacity), phases chained by their
-`after`; the data-parallel reductions and ZeRO's collectives run with their sibling groups' flows (every rank of a
-stage runs them at once: _siblings), others alone (a lower bound: the simulator adds contention between concurrent
-phases and max-min sharing). Prices the tensor-parallel collectives, the MoE all-to-all, the pipeline's p2p hop, the
-data-parallel reductions and the sharded collectives of ZeRO (or DeepSpeed's bucket all-reduces in their place), over
-the replica groups of a stage's parameters; results are memoized (plans share stages, groups and messages). Pure: no
-simpy, torch.
+`after`; the data-parallel reductions and ZeRO's collectives run with their sibling groups' flows (every rank of a stage
+runs them at once: _siblings), the pipeline's hop with every rank of the stage's, others alone (a lower bound: the
+simulator adds contention between concurrent phases and max-min sharing). Prices the tensor-parallel collectives, the
+MoE all-to-all, the pipeline's p2p hop, the data-parallel reductions and the sharded collectives of ZeRO (or DeepSpeed's
+bucket all-reduces in their place), over the replica groups of a stage's parameters; results are memoized (plans share
+stages, groups and messages). Pure: no simpy, torch.
 """
 
 from __future__ import annotations
@@ -85,12 +85,16 @@ class CollectivePricer:
         return self.phases_s(algorithm(matrix, list(gpus), self.topo))
 
     def _p2p_s(self, point: PlanPoint, tokens: int) -> float:
+        """One micro-batch's hop from the first stage to the second: every rank of the stage sends its activations to
+        its counterpart at once (the simulator's one flow set of the stage's transfers), so ranks that share a NIC
+        (both GCDs of a Frontier package) share its bandwidth."""
         if point.pp == 1:
             return 0.0
         per_stage = point.num_gpus // point.pp
         size = tokens * self.model.d_model * self.model.dtype_bytes * point.parallel.split.sequence_share
-        phase = Phase(src=np.array([0]), dst=np.array([1]), sizes=np.array([float(size)]), name="p2p")
-        return self.profile.p2p_overhead_s + self._phase_s(phase, (self.gpus[0], self.gpus[per_stage]))
+        ranks = np.arange(per_stage)
+        phase = Phase(src=ranks, dst=ranks + per_stage, sizes=np.full(per_stage, float(size)), name="p2p")
+        return self.profile.p2p_overhead_s + self._phase_s(phase, tuple(self.gpus[: 2 * per_stage]))
 
     def _replica_groups(self, point: PlanPoint, p: int) -> dict[str, list[str]]:
         """The replicas of stage p's rank 0's parameters of each class (memory.PARAM_CLASSES)."""
