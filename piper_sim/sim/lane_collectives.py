@@ -47,8 +47,8 @@ class LaneCollectives:
         return self._lane_layout(lane, axis)[0]
 
     def _lane_layout(self, lane: tuple[int, ...], axis: str) -> tuple[list, np.ndarray, np.ndarray]:
-        """The lane's groups (_groups_of_lane), and the members' lane indices group after group with where each
-        group's begin (np.maximum.reduceat's indices: every group's last member in one call)."""
+        """The lane's groups (_groups_of_lane), the members' lane indices group after group, and where each group
+        begins among them (np.maximum.reduceat's indices: every group's last member in one call)."""
         key = (lane[0], axis)
         hit = self._lane_groups.get(key)
         if hit is None:
