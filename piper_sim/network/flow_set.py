@@ -81,10 +81,10 @@ class Reservation:
         self.links, self.on_break, self.live = links, on_break, True
 
 
-class ActiveLinks:
-    """The links of the active flow sets, set after set in growing arrays, to find the sets that share a link with a
-    new one in one pass (not one test per active set: a 1,024-GPU run holds hundreds). A set that ends leaves its
-    entries behind until they are half of all (its seq is no longer active)."""
+class ActiveSets:
+    """The active flow sets of a network, and their links set after set in growing arrays, to find the sets that share
+    a link with a new one in one pass (not one test per active set: a 1,024-GPU run holds hundreds). A set that ends
+    leaves its entries behind until they are half of all (its seq is no longer active)."""
 
     __slots__ = ("links", "seqs", "size", "sets", "stale")
 
@@ -124,6 +124,15 @@ class ActiveLinks:
     def clear(self) -> None:
         self.size = self.stale = 0
         self.sets.clear()
+
+    def __contains__(self, fs: FlowSet) -> bool:
+        return self.sets.get(fs.seq) is fs
+
+    def __len__(self) -> int:
+        return len(self.sets)
+
+    def __iter__(self):
+        return iter(list(self.sets.values()))
 
 
 def advance(fs: FlowSet, now: float) -> None:

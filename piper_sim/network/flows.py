@@ -29,7 +29,7 @@ from piper_sim.network.fairshare import (
     max_min_rates,
 )
 from piper_sim.network.flow_set import (
-    ActiveLinks,
+    ActiveSets,
     FlowSet,
     Reservation,
     advance,
@@ -62,8 +62,7 @@ class FlowNetwork:
         self._fastest = float(capacity_bytes_per_s.max()) if capacity_bytes_per_s.size else 0.0
         self.slowdown = slowdown
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
-        self.active: set[FlowSet] = set()
-        self._active_links = ActiveLinks()  # the active sets' links (which of them a new set shares a link with)
+        self.active = ActiveSets()  # with their links (which of them a new set shares a link with)
         self._timelines: dict[Hashable, Timeline] = {}
         self._structures = StructureCache()
         self._links_of: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
@@ -170,7 +169,6 @@ class FlowNetwork:
             fs.structure = fs.timeline = None
             fs.neighbors = set()
         self.active.clear()
-        self._active_links.clear()
         self._structures.clear()
         self._timelines.clear()
         self._links_of.clear()
@@ -245,12 +243,11 @@ class FlowNetwork:
         if self.active and self.busy[fs.links].any():
             mask = np.zeros(self.busy.shape[0], dtype=bool)
             mask[fs.links] = True
-            fs.neighbors = self._active_links.sharing(mask)
+            fs.neighbors = self.active.sharing(mask)
             for other in fs.neighbors:
                 other.neighbors.add(fs)
         self.busy[fs.links] += 1
         self.active.add(fs)
-        self._active_links.add(fs)
 
     def _touching(self, fs: FlowSet) -> set[FlowSet]:
         """Active sets sharing a link with fs."""
@@ -390,8 +387,7 @@ class FlowNetwork:
 
     def _finish(self, fs: FlowSet) -> None:
         self.busy[fs.links] -= 1
-        self.active.discard(fs)
-        self._active_links.remove(fs)
+        self.active.remove(fs)
         for other in fs.neighbors:
             other.neighbors.discard(fs)
         fs.neighbors = set()

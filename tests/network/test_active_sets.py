@@ -1,11 +1,11 @@
-"""The active flow sets' links (flow_set.ActiveLinks) find exactly the sets a new set shares a link with, as a test
+"""The active flow sets (flow_set.ActiveSets) find exactly the sets a new set shares a link with, as a test
 of every active set would, while sets start and end (and their ended entries are compacted away)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from piper_sim.network.flow_set import ActiveLinks, FlowSet
+from piper_sim.network.flow_set import ActiveSets, FlowSet
 
 NUM_LINKS = 300
 
@@ -18,7 +18,7 @@ def _set(rng: np.random.Generator, seq: int) -> FlowSet:
 
 def test_the_sets_sharing_a_link_are_those_a_scan_of_every_active_set_finds():
     rng = np.random.default_rng(7)
-    index, active, seq = ActiveLinks(), [], 0
+    index, active, seq = ActiveSets(), [], 0
     for _ in range(2000):
         if active and rng.random() < 0.45:
             index.remove(active.pop(int(rng.integers(len(active)))))
