@@ -15,6 +15,7 @@ Imports only the stdlib.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -26,6 +27,7 @@ from types import TracebackType
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 WORDS = {130: "interrupted", 143: "terminated"}
 RESEND_S = 0.05  # a dropped signal is sent again this much later (past the callback that dropped it)
+_STOPS: list[BaseException] = []  # a signal's stop, kept with its frames until the process exits (Signals._settle)
 
 
 class Terminated(BaseException):
@@ -70,7 +72,8 @@ class Signals:
             timer.cancel()
         if not self._previous:
             return
-        sys.unraisablehook = self._hook
+        if not _STOPS:  # stopping: the quiet hook stays until the exit
+            sys.unraisablehook = self._hook
         for signum, previous in self._previous.items():
             if self._held or self.received is not None:
                 signal.signal(signum, signal.SIG_IGN)
@@ -92,10 +95,15 @@ class Signals:
         else:
             code = 143 if isinstance(exc, Terminated) else None
         if self.received is not None and self._inside:  # a real signal: a KeyboardInterrupt raised in-process has none
-            self._settle()
+            self._settle(exc)
         return code
 
-    def _settle(self) -> None:
+    def _settle(self, exc: BaseException) -> None:
+        """The process is stopping: the frames the signal interrupted are kept, not torn down, until it exits. A signal
+        landing in numba's compiler leaves llvmlite objects half built, whose destructors report errors (or crash)
+        when freed; the exit (exit_now) needs none of them."""
+        _STOPS.append(exc)
+        gc.disable()
         for timer in self._timers:
             timer.cancel()
         for signum in self._previous:
@@ -106,6 +114,8 @@ class Signals:
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
     def _unraisable(self, unraisable: sys.UnraisableHookArgs) -> None:
+        if _STOPS:  # stopping: a destructor of what the signal interrupted has nothing to tell the user
+            return
         if self.received is None or not issubclass(unraisable.exc_type, KeyboardInterrupt | Terminated):
             self._hook(unraisable)
             return

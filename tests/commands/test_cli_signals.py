@@ -4,6 +4,7 @@ while numba compiles the kernels (a signal dropped in a ctypes callback is sent 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from piper_sim import stopping
 from piper_sim.stopping import RESEND_S, Signals
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,11 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def kept_handlers():
-    """Signals leaves a stopped process ignoring SIGINT and SIGTERM: put pytest's own back."""
+    """Signals leaves a stopped process ignoring SIGINT and SIGTERM, its garbage collector off, its unraisable reports
+    quiet and the stop's frames kept: put pytest's own back."""
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    hook = sys.unraisablehook
     yield
     for s, handler in before.items():
         signal.signal(s, handler)
+    sys.unraisablehook = hook
+    stopping._STOPS.clear()
+    gc.enable()
 
 
 def test_a_signal_dropped_in_a_ctypes_callback_is_sent_again_quietly(capfd, kept_handlers):
@@ -57,6 +64,28 @@ def test_a_stop_settles_the_signals_so_a_pending_resend_cannot_interrupt_its_lin
         signal.raise_signal(signal.SIGINT)  # a second Ctrl-C while the line is printed
         time.sleep(10 * RESEND_S)  # the resend's time passes: nothing raises
     assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def test_a_stop_keeps_what_the_signal_interrupted_until_the_exit(kept_handlers):
+    """A signal landing in numba's compiler leaves llvmlite objects half built, whose destructors report errors (or
+    crash) when freed after the one line was printed: a stop keeps the interrupted frames until the process exits."""
+    freed = []
+
+    class HalfBuilt:
+        def __del__(self) -> None:
+            freed.append(self)
+
+    def compile_kernel() -> None:
+        _half = HalfBuilt()
+        signal.raise_signal(signal.SIGTERM)
+
+    with Signals() as signals:
+        try:
+            compile_kernel()
+        except stopping.Terminated as exc:
+            assert signals.stop_code(exc) == 143
+    assert freed == []
+    assert sys.unraisablehook is not sys.__unraisablehook__  # reports from what is freed anyway stay quiet
 
 
 def test_an_interrupt_raised_in_process_leaves_the_handlers_as_they_were(kept_handlers):
