@@ -139,7 +139,7 @@ class CollectiveRunner:
         self.env, self.network, self.topo = env, network, topo
         self.route_cache = RouteCache(topo)
         self.overhead_s = topo.params.message_overhead_s
-        self.recorder = Recorder(network.capacity, self._phase_flows, topo.reverse_link)
+        self.recorder = Recorder(network.capacity, self._phase_flows, topo.reverse_link, network.partitions)
         self._starting: list[Starting] = []  # multi-phase collectives starting at this instant
         self._batches: RunMemo[Reserved] = RunMemo(16)  # recurring batches of collectives each alone on its links
         self.num_reserved = self.num_broken = 0

@@ -8,9 +8,13 @@ set (isolated_timeline) and the Timeline record; their inner loops are compiled 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 
 from piper_sim.network import kernels
+from piper_sim.network.lumping import Classes, structural_classes
 
 EPS_BYTES = 1e-3
 
@@ -65,35 +69,149 @@ class Filling:
         return np.where(free, np.inf, rate) if free.any() else rate
 
 
+class LumpedFilling:
+    """Filling's solve(live) on a component's quotient (lumping.Classes): a flow's rate is its class's. Live flows
+    that split a class are solved on the component's own flows (unlumped, built then)."""
+
+    __slots__ = ("classes", "quotient", "_unlumped", "_full")
+
+    def __init__(self, classes: Classes, unlumped: Callable[[], Filling]) -> None:
+        self.classes = classes
+        self.quotient = Filling(classes.entry_flow, classes.entry_link, classes.weight, classes.capacity)
+        self._unlumped = unlumped
+        self._full: Filling | None = None
+
+    def solve(self, live: np.ndarray) -> np.ndarray:
+        if self._full is None:
+            live_class = self.classes.live_classes(live)
+            if live_class is not None:
+                return self.classes.spread(self.quotient.solve(live_class))
+            self._full = self._unlumped()
+        return self._full.solve(live)
+
+
 class Structure:
-    """Flow sets' incidences joined, in the order of their start (seq), for solving them together."""
+    """Flow sets' incidences joined, in the order of their start (seq), for solving them together (the joined
+    arrays built when first asked for: a component solved on its quotient needs none)."""
 
-    __slots__ = ("index", "offsets", "num_flows", "entry_flow", "entry_link", "weight", "filling")
+    __slots__ = ("index", "offsets", "num_flows", "num_entries", "_parts", "_arrays", "filling")
 
-    def __init__(self, sets: list, capacity: np.ndarray, filled: bool) -> None:
-        """filled: build the progressive filling's compressed incidence (fixed capacities), else keep the arrays."""
+    def __init__(
+        self,
+        sets: list,
+        capacity: np.ndarray,
+        filled: bool,
+        classes_of: Callable[[list, Structure, np.ndarray], Classes | None] | None = None,
+    ) -> None:
+        """filled: build the progressive filling's compressed incidence (fixed capacities), else keep the arrays.
+        classes_of: the component's equitable partition (PartitionMemo.classes), to solve on its quotient where
+        the sets' live flows and bytes still to send respect it."""
         self.index = {fs.seq: i for i, fs in enumerate(sets)}
         self.offsets = np.cumsum([0] + [fs.remaining.shape[0] for fs in sets])
         self.num_flows = int(self.offsets[-1])
-        self.entry_flow = np.concatenate([fs.entry_flow + off for fs, off in zip(sets, self.offsets, strict=False)])
-        self.entry_link = np.concatenate([fs.entry_link for fs in sets])
-        self.weight = np.concatenate([fs.weight for fs in sets])
-        links, local = compact_ids(self.entry_link)
-        self.filling = Filling(self.entry_flow, local, self.weight, capacity[links]) if filled else None
+        self._parts = [(fs.entry_flow, fs.entry_link, fs.weight) for fs in sets]
+        self.num_entries = sum(fs.entry_link.shape[0] for fs in sets)
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.filling = self._filling(sets, capacity, classes_of) if filled else None
+
+    @property
+    def entry_flow(self) -> np.ndarray:
+        return self._joined()[0]
+
+    @property
+    def entry_link(self) -> np.ndarray:
+        return self._joined()[1]
+
+    @property
+    def weight(self) -> np.ndarray:
+        return self._joined()[2]
+
+    def _joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = _joined(self._parts, self.offsets)
+        return self._arrays
+
+    def _filling(self, sets: list, capacity: np.ndarray, classes_of) -> Filling | LumpedFilling:
+        """On the component's quotient where its partition holds now (lumping.Classes.live_classes), else on its
+        flows."""
+        found = classes_of(sets, self, capacity) if classes_of is not None else None
+        if found is not None:
+            remaining = np.concatenate([fs.remaining for fs in sets])
+            weight = np.concatenate([fs.weight for fs in sets])
+            if found.holds(remaining > EPS_BYTES, remaining, weight):  # (not a closure over self: no cycle)
+                return LumpedFilling(found, functools.partial(_unlumped, self._parts, self.offsets, capacity))
+        return _unlumped(self._parts, self.offsets, capacity, self._joined())
+
+
+def _joined(parts: list, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sets' (entry_flow, entry_link, weight) joined, their flows numbered from their offsets."""
+    flows, links, weights = zip(*parts, strict=True)
+    return (
+        np.concatenate([f + off for f, off in zip(flows, offsets, strict=False)]),
+        np.concatenate(links),
+        np.concatenate(weights),
+    )
+
+
+def _unlumped(parts: list, offsets: np.ndarray, capacity: np.ndarray, joined=None) -> Filling:
+    """The filling of sets' joined flows themselves (joined: their arrays, where already built)."""
+    entry_flow, entry_link, weight = _joined(parts, offsets) if joined is None else joined
+    links, local = compact_ids(entry_link)
+    return Filling(entry_flow, local, weight, capacity[links])
 
 
 MAX_STRUCTURES = 64  # components whose joined incidence is kept (StructureCache) ...
 STRUCTURE_ENTRIES = 1 << 23  # ... and the (flow, link) incidences they hold together at most (a component of mean-field
 # detours' sub-flows holds millions)
+PARTITION_BYTES = 1 << 29  # what a PartitionMemo holds at most
+
+
+class PartitionMemo:
+    """The equitable partitions of the components met (lumping.structural_classes), by their sets' keys (the same
+    routes) and flow counts: the same collectives contend again micro-batch after micro-batch, in the main network
+    and in the private networks a recorder runs collectives in (which share one memo). PARTITION_BYTES at most, the
+    least recently used going first. Valid for one capacity array (a topology's links)."""
+
+    def __init__(self) -> None:
+        self._partitions: dict[tuple, Classes | None] = {}
+        self._bytes = 0
+
+    def clear(self) -> None:
+        self._partitions.clear()
+        self._bytes = 0
+
+    def classes(self, sets: list, st: Structure, capacity: np.ndarray) -> Classes | None:
+        """The partition of the component of these sets (None for sets without keys, and where the component has
+        little symmetry)."""
+        if any(fs.key is None for fs in sets):
+            return None
+        key = tuple((fs.key, fs.remaining.shape[0]) for fs in sets)
+        if key in self._partitions:
+            found = self._partitions.pop(key)
+            self._partitions[key] = found  # the most recently used last
+            return found
+        links, local = compact_ids(st.entry_link)
+        sizes = [fs.remaining.shape[0] for fs in sets]
+        found = structural_classes(
+            st.entry_flow, local, st.weight, capacity[links], np.repeat(np.arange(len(sets)), sizes)
+        )
+        self._partitions[key] = found
+        self._bytes += 0 if found is None else found.nbytes
+        while len(self._partitions) > 1 and self._bytes > PARTITION_BYTES:
+            gone = self._partitions.pop(next(iter(self._partitions)))
+            self._bytes -= 0 if gone is None else gone.nbytes
+        return found
 
 
 class StructureCache:
     """The joined incidences of the components a flow network last solved (at most MAX_STRUCTURES, holding
-    STRUCTURE_ENTRIES incidences together; the oldest go first)."""
+    STRUCTURE_ENTRIES incidences together; the oldest go first); partitions: where their equitable partitions are
+    kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, partitions: PartitionMemo) -> None:
         self._structures: dict[tuple[int, ...], Structure] = {}
         self._structure_entries = 0  # incidences the kept structures hold
+        self.partitions = partitions
 
     def clear(self) -> None:
         self._structures.clear()
@@ -111,13 +229,13 @@ class StructureCache:
             if last is not None and all(fs.seq in last.index for fs in sets):
                 hit = last
             else:
-                hit = Structure(sets, capacity, filled=filled)
+                hit = Structure(sets, capacity, filled=filled, classes_of=self.partitions.classes)
             self._structures[key] = hit
-            self._structure_entries += hit.entry_link.shape[0]
+            self._structure_entries += hit.num_entries
             while len(self._structures) > 1 and (
                 len(self._structures) > MAX_STRUCTURES or self._structure_entries > STRUCTURE_ENTRIES
             ):
-                self._structure_entries -= self._structures.pop(next(iter(self._structures))).entry_link.shape[0]
+                self._structure_entries -= self._structures.pop(next(iter(self._structures))).num_entries
         for fs in sets:
             fs.structure = hit
         return hit

@@ -21,6 +21,7 @@ from piper_sim.network.batch import Pending, overlapping, union
 from piper_sim.network.fairshare import (
     EPS_BYTES,
     LATENCY_ONLY_S,
+    PartitionMemo,
     StructureCache,
     Timeline,
     compact_ids,
@@ -50,12 +51,15 @@ class FlowNetwork:
         slowdown: Callable[[np.ndarray], np.ndarray] | None = None,
         latency_only_s: float = LATENCY_ONLY_S,
         batch: bool = False,
+        partitions: PartitionMemo | None = None,
     ) -> None:
         """slowdown: load per link (the weights of its live flows) -> divisor of each link's capacity, for
         resources that lose throughput as more flows share them (cores taking turns); None: fixed capacity.
         latency_only_s: a flow set that holds each of its links at most this long runs outside the sharing
         (fairshare.latency_only; 0: none does). batch: flow sets asked to start at one instant enter together at its
-        end, those that share links as one set of parts (batch.py); else each enters as it is asked to."""
+        end, those that share links as one set of parts (batch.py); else each enters as it is asked to.
+        partitions: where the equitable partitions of its components are kept (fairshare.PartitionMemo; one of its
+        own if None)."""
         self.env = env
         self.capacity = capacity_bytes_per_s
         self.latency_only_s = latency_only_s
@@ -64,7 +68,9 @@ class FlowNetwork:
         self.link_bytes = np.zeros(capacity_bytes_per_s.shape[0])
         self.active = ActiveSets()  # with their links (which of them a new set shares a link with)
         self._timelines: dict[Hashable, Timeline] = {}
-        self._structures = StructureCache()
+        self._own_partitions = partitions is None
+        self.partitions = PartitionMemo() if partitions is None else partitions
+        self._structures = StructureCache(self.partitions)
         self._links_of: dict[Hashable, tuple[np.ndarray, np.ndarray]] = {}
         self.busy = np.zeros(capacity_bytes_per_s.shape[0], dtype=np.int64)  # active sets per link
         self.num_flows = 0
@@ -170,6 +176,8 @@ class FlowNetwork:
             fs.neighbors = set()
         self.active.clear()
         self._structures.clear()
+        if self._own_partitions:
+            self.partitions.clear()
         self._timelines.clear()
         self._links_of.clear()
 

@@ -67,6 +67,13 @@ def timeline(
     )
 
 
+def compressed(
+    entry_flow: np.ndarray, local_link: np.ndarray, num_flows: int, num_links: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(flow pointers, links in flow order, link pointers, flows in link order) of int64 incidences."""
+    return _compressed(entry_flow, local_link, num_flows, num_links)
+
+
 @numba.njit(cache=True)
 def _compressed(entry_flow, local_link, num_flows, num_links):  # pragma: no cover - compiled
     """(flow pointers, links in flow order, link pointers, flows in link order), each entry in its given order

@@ -25,6 +25,7 @@ from piper_sim.network.batch import overlapping  # noqa: F401 (the runner groups
 from piper_sim.network.fairshare import (
     EPS_BYTES,
     LATENCY_ONLY_S,
+    PartitionMemo,
     Timeline,
     compact_ids,
     isolated_timeline,
@@ -155,9 +156,16 @@ class Recorder:
 
     phase_flows(phase, gpus, key) gives a phase's (routes, flows, delay before its flows enter), as the
     main network runs it; capacity: the links' (bytes/s); reverse_link: each link's link back of the same
-    capacity, or -1 (Topology.reverse_link: a phase that mirrors one solved before reuses its timeline)."""
+    capacity, or -1 (Topology.reverse_link: a phase that mirrors one solved before reuses its timeline); partitions:
+    the main network's equitable partitions (its private networks' components are often the main network's)."""
 
-    def __init__(self, capacity: np.ndarray, phase_flows: PhaseFlowsOf, reverse_link: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        capacity: np.ndarray,
+        phase_flows: PhaseFlowsOf,
+        reverse_link: np.ndarray | None = None,
+        partitions: PartitionMemo | None = None,
+    ) -> None:
         self.capacity, self.phase_flows = capacity, phase_flows
         self.timelines = TimelineMemo(capacity, reverse_link)
         self._fastest = float(capacity.max()) if capacity.size else 0.0
@@ -168,6 +176,7 @@ class Recorder:
         self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
         self._links_by_content: dict[Hashable, np.ndarray] = {}
         self._together: dict[Hashable, list[IsolatedRun]] = {}
+        self._partitions = PartitionMemo() if partitions is None else partitions  # its private networks' too
 
     def links(self, c: Starting) -> np.ndarray:
         """The links a collective's phases use, memoized as its recorded run is, and by what they depend on (its
@@ -298,7 +307,7 @@ class Recorder:
         member's phase records (log: with the rates of the solves of sets that did not run alone), and with
         until_s, the state of the phases running at that time {(member, phase): (bytes left, finish times)}."""
         env = simpy.Environment()
-        net = FlowNetwork(env, self.capacity)
+        net = FlowNetwork(env, self.capacity, partitions=self._partitions)
         net.log = {} if log else None
         records = [[PhaseRecord() for _ in c.phases] for c in members]
         sets: dict[tuple[int, int], FlowSet | None] = {}
