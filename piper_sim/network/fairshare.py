@@ -164,25 +164,30 @@ MAX_STRUCTURES = 64  # components whose joined incidence is kept (StructureCache
 STRUCTURE_ENTRIES = 1 << 23  # ... and the (flow, link) incidences they hold together at most (a component of mean-field
 # detours' sub-flows holds millions)
 PARTITION_BYTES = 1 << 29  # what a PartitionMemo holds at most
+SEEN_KEYS = 1 << 14  # components a PartitionMemo remembers meeting once
 
 
 class PartitionMemo:
-    """The equitable partitions of the components met (lumping.structural_classes), by their sets' keys (the same
-    routes) and flow counts: the same collectives contend again micro-batch after micro-batch, in the main network
-    and in the private networks a recorder runs collectives in (which share one memo). PARTITION_BYTES at most, the
-    least recently used going first. Valid for one capacity array (a topology's links)."""
+    """The equitable partitions of the components met again (lumping.structural_classes), by their sets' keys (the
+    same routes) and flow counts: the same collectives contend again micro-batch after micro-batch, in the main
+    network and in the private networks a recorder runs collectives in (which share one memo). A component met for
+    the first time is solved on its flows (a partition costs a few solves' worth; many components are met once);
+    one met again is partitioned and kept, PARTITION_BYTES at most, the least recently used going first. Valid for one
+    capacity array (a topology's links)."""
 
     def __init__(self) -> None:
         self._partitions: dict[tuple, Classes | None] = {}
         self._bytes = 0
+        self._seen: dict[tuple, None] = {}  # components met once (SEEN_KEYS at most)
 
     def clear(self) -> None:
         self._partitions.clear()
         self._bytes = 0
+        self._seen.clear()
 
     def classes(self, sets: list, st: Structure, capacity: np.ndarray) -> Classes | None:
-        """The partition of the component of these sets (None for sets without keys, and where the component has
-        little symmetry)."""
+        """The partition of the component of these sets (None for sets without keys, at a first sighting, and where
+        the component has little symmetry)."""
         if any(fs.key is None for fs in sets):
             return None
         key = tuple((fs.key, fs.remaining.shape[0]) for fs in sets)
@@ -190,6 +195,12 @@ class PartitionMemo:
             found = self._partitions.pop(key)
             self._partitions[key] = found  # the most recently used last
             return found
+        if key not in self._seen:  # a first sighting: many components are never met again (their timing is unique)
+            self._seen[key] = None
+            if len(self._seen) > SEEN_KEYS:
+                del self._seen[next(iter(self._seen))]
+            return None
+        del self._seen[key]
         links, local = compact_ids(st.entry_link)
         sizes = [fs.remaining.shape[0] for fs in sets]
         found = structural_classes(

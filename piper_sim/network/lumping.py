@@ -147,21 +147,9 @@ def _refine(entry_flow, local_link, fcol, lcol, nf, nl, max_classes):  # pragma:
     """Colour refinement: a link's new colour is its colour with the multiset of its flows' colours, a flow's its
     colour with the multiset of its links' new colours, until no class splits. (colours, counts, settled within
     MAX_ROUNDS with at most max_classes flow classes)."""
-    num_entries = entry_flow.shape[0]
     for r in range(MAX_ROUNDS):
-        hashes = np.empty(nf, dtype=np.uint64)
-        for c in range(nf):
-            hashes[c] = _mix(np.uint64(c) + np.uint64(2 * r + 1) * GOLDEN)
-        sig = np.zeros(lcol.shape[0], dtype=np.uint64)
-        for e in range(num_entries):
-            sig[local_link[e]] += hashes[fcol[entry_flow[e]]]
-        new_l, new_nl = _dense(lcol, sig)
-        hashes = np.empty(new_nl, dtype=np.uint64)
-        for c in range(new_nl):
-            hashes[c] = _mix(np.uint64(c) + np.uint64(2 * r + 2) * GOLDEN)
-        sig = np.zeros(fcol.shape[0], dtype=np.uint64)
-        for e in range(num_entries):
-            sig[entry_flow[e]] += hashes[new_l[local_link[e]]]
+        new_l, new_nl = _dense(lcol, _signatures(local_link, entry_flow, fcol, nf, lcol.shape[0], 2 * r + 1))
+        sig = _signatures(entry_flow, local_link, new_l, new_nl, fcol.shape[0], 2 * r + 2)
         new_f, new_nf = _dense(fcol, sig)
         settled = new_nf == nf and new_nl == nl
         fcol, lcol, nf, nl = new_f, new_l, new_nf, new_nl
@@ -170,6 +158,18 @@ def _refine(entry_flow, local_link, fcol, lcol, nf, nl, max_classes):  # pragma:
         if settled:
             return fcol, lcol, nf, nl, True
     return fcol, lcol, nf, nl, False
+
+
+@numba.njit(cache=True)
+def _signatures(entry_owner, entry_other, other_colour, num_colours, num_owners, salt):  # pragma: no cover - compiled
+    """Per owner, a hash of the multiset of its entries' other ends' colours (a sum of per-colour hashes)."""
+    hashes = np.empty(num_colours, dtype=np.uint64)
+    for c in range(num_colours):
+        hashes[c] = _mix(np.uint64(c) + np.uint64(salt) * GOLDEN)
+    sig = np.zeros(num_owners, dtype=np.uint64)
+    for e in range(entry_owner.shape[0]):
+        sig[entry_owner[e]] += hashes[other_colour[entry_other[e]]]
+    return sig
 
 
 @numba.njit(cache=True)

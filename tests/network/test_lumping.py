@@ -28,6 +28,16 @@ def symmetric_exchange(nodes: int, per_node: int) -> tuple[np.ndarray, np.ndarra
     return np.array(entry_flow), np.array(entry_link), capacity
 
 
+def exchange_classes(nodes: int, per_node: int):
+    """(entry_flow, entry_link, capacity, weight, classes) of a symmetric exchange."""
+    entry_flow, entry_link, capacity = symmetric_exchange(nodes, per_node)
+    links, local = compact_ids(entry_link)
+    weight = np.ones(int(entry_flow.max()) + 1)
+    classes = lumping.structural_classes(entry_flow, local, weight, capacity[links], np.zeros(weight.size))
+    assert classes is not None
+    return entry_flow, entry_link, capacity, weight, classes
+
+
 def quotient_rates(classes: lumping.Classes, live: np.ndarray) -> np.ndarray:
     live_class = classes.live_classes(live)
     assert live_class is not None
@@ -42,11 +52,7 @@ def own_rates(entry_flow, entry_link, weight, capacity, live) -> np.ndarray:
 
 
 def test_a_symmetric_exchange_falls_into_few_classes_with_its_flows_rates():
-    entry_flow, entry_link, capacity = symmetric_exchange(nodes=4, per_node=4)
-    links, local = compact_ids(entry_link)
-    weight = np.ones(int(entry_flow.max()) + 1)
-    classes = lumping.structural_classes(entry_flow, local, weight, capacity[links], np.zeros(weight.size))
-    assert classes is not None
+    entry_flow, entry_link, capacity, weight, classes = exchange_classes(nodes=4, per_node=4)
     assert classes.rep.size == 2  # flows inside a node, flows between nodes
     assert classes.capacity.size == 2  # GPU links, node links (up and down alike: each carries as many of each)
     live = np.ones(weight.size, dtype=bool)
@@ -110,11 +116,8 @@ def test_a_partition_that_is_not_equitable_is_refused(monkeypatch):
 
 
 def test_a_moment_that_splits_a_class_does_not_use_the_partition():
-    entry_flow, entry_link, capacity = symmetric_exchange(nodes=2, per_node=2)
+    entry_flow, entry_link, capacity, weight, classes = exchange_classes(nodes=2, per_node=2)
     links, local = compact_ids(entry_link)
-    weight = np.ones(int(entry_flow.max()) + 1)
-    classes = lumping.structural_classes(entry_flow, local, weight, capacity[links], np.zeros(weight.size))
-    assert classes is not None
     live = np.ones(weight.size, dtype=bool)
     remaining = np.full(weight.size, 1e6)
     assert classes.holds(live, remaining, weight)
@@ -166,14 +169,15 @@ def run_exchanges(sizes_of, starts_s, lumped: bool, monkeypatch) -> tuple[list[n
 
 def test_overlapping_exchanges_end_when_their_flows_say_and_recur_from_the_memo(monkeypatch):
     """Equal exchanges starting one after another contend: solved on their partitions' quotients, every flow ends
-    when the run on the flows themselves says, and a component of the same collectives is partitioned once."""
-    starts_s = [0.0, 2e-5, 4e-5, 1e-3, 1e-3 + 2e-5, 1e-3 + 4e-5]
+    when the run on the flows themselves says, and a component of the same collectives is partitioned once: met a
+    second time (the second burst), kept for the third."""
+    starts_s = [t0 + dt for t0 in (0.0, 1e-3, 2e-3) for dt in (0.0, 2e-5, 4e-5)]
     flows = symmetric_exchange(nodes=3, per_node=2)[0].max() + 1
     lumped, counts = run_exchanges(lambda i: np.full(flows, 1e6), starts_s, True, monkeypatch)
     plain, _ = run_exchanges(lambda i: np.full(flows, 1e6), starts_s, False, monkeypatch)
     np.testing.assert_allclose(np.concatenate(lumped), np.concatenate(plain), rtol=1e-12, atol=0)
     assert counts["lumped_solves"] > 0
-    assert counts["found"] == 2  # the pair and the three of the first burst; the second burst's come from the memo
+    assert counts["found"] == 2  # the pair and the three
 
 
 def test_unequal_bytes_within_a_class_are_solved_on_the_flows(monkeypatch):
@@ -200,6 +204,7 @@ def test_the_memo_keeps_partitions_within_its_bound(monkeypatch):
         num_flows = int(entry_flow.max()) + 1
 
     Joined.entry_flow, Joined.entry_link, Joined.weight = entry_flow, entry_link, np.ones(Joined.num_flows)
-    for key in ("a", "b", "a"):
-        assert memo.classes([Set(key)], Joined(), capacity) is not None
-    assert len(memo._partitions) == 1
+    assert memo.classes([Set("a")], Joined(), capacity) is None  # met once
+    for key in ("a", "b", "b", "a", "a"):  # a kept; b met once, then kept (a goes); a met once more, kept (b goes)
+        memo.classes([Set(key)], Joined(), capacity)
+    assert list(memo._partitions) == [(("a", Joined.num_flows),)]
