@@ -132,13 +132,14 @@ class Structure:
         return self._arrays
 
     def _filling(self, sets: list, capacity: np.ndarray, classes_of) -> Filling | LumpedFilling:
-        """On the component's quotient where its partition holds now (lumping.Classes.live_classes), else on its
-        flows."""
+        """On the component's quotient where its partition holds now (lumping.Classes.holds), else on its flows. The
+        fallback is a partial over the sets' arrays, not a closure over self: a cycle would keep structures of
+        millions of entries alive until the cyclic collector runs."""
         found = classes_of(sets, self, capacity) if classes_of is not None else None
         if found is not None:
             remaining = np.concatenate([fs.remaining for fs in sets])
             weight = np.concatenate([fs.weight for fs in sets])
-            if found.holds(remaining > EPS_BYTES, remaining, weight):  # (not a closure over self: no cycle)
+            if found.holds(remaining > EPS_BYTES, remaining, weight):
                 return LumpedFilling(found, functools.partial(_unlumped, self._parts, self.offsets, capacity))
         return _unlumped(self._parts, self.offsets, capacity, self._joined())
 
