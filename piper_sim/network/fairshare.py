@@ -203,10 +203,8 @@ class PartitionMemo:
             return None
         del self._seen[key]
         links, local = compact_ids(st.entry_link)
-        sizes = [fs.remaining.shape[0] for fs in sets]
-        found = structural_classes(
-            st.entry_flow, local, st.weight, capacity[links], np.repeat(np.arange(len(sets)), sizes)
-        )
+        flow_set = np.repeat(np.arange(len(sets)), np.diff(st.offsets))
+        found = structural_classes(st.entry_flow, local, st.weight, capacity[links], flow_set)
         self._partitions[key] = found
         self._bytes += 0 if found is None else found.nbytes
         while len(self._partitions) > 1 and self._bytes > PARTITION_BYTES:

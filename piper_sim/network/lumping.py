@@ -3,7 +3,7 @@
 Owns `structural_classes`, which finds the partition of a component's flows coloured by their flow set and weight
 (links by capacity) by compiled colour refinement, None where the component has little symmetry; and Classes, the
 partition with its quotient, which says whether a moment's live flows and bytes still to send respect it.
-fairshare.LumpedFilling solves on it; fairshare.StructureCache keeps the partitions by the sets' keys (routes), since
+fairshare.LumpedFilling solves on it; fairshare.PartitionMemo keeps the partitions by the sets' keys (routes), since
 the same collectives meet again micro-batch after micro-batch.
 
 The argument is aggregate.lump's (exact, not an approximation): once every flow of a class crosses the same number
@@ -86,12 +86,12 @@ def structural_classes(
     if not ok:
         return None
     flow_ptr, flow_link, link_ptr, link_flow = kernels.compressed(entry_flow, local_link, num_flows, lcol.shape[0])
-    rep, rep_link = _first(fcol, nf), _first(lcol, nl)
+    rep = _first(fcol, nf)
+    # weight and capacity are equal within classes by construction: the first colours are their exact values
+    # (_dense compares the pairs themselves), and refinement only splits classes
     if not (
-        _same_within(fcol, rep, weight)
-        and _same_within(lcol, rep_link, capacity)
-        and _same_neighbours(flow_ptr, flow_link, lcol, fcol, rep, nl)
-        and _same_neighbours(link_ptr, link_flow, fcol, lcol, rep_link, nf)
+        _same_neighbours(flow_ptr, flow_link, lcol, fcol, rep, nl)
+        and _same_neighbours(link_ptr, link_flow, fcol, lcol, _first(lcol, nl), nf)
     ):
         return None
     q_flow, q_link = _quotient_entries(flow_ptr, flow_link, lcol, rep)
@@ -180,14 +180,6 @@ def _first(colour, count):  # pragma: no cover - compiled
         if first[colour[i]] < 0:
             first[colour[i]] = i
     return first
-
-
-@numba.njit(cache=True)
-def _same_within(colour, first, values):  # pragma: no cover - compiled
-    for i in range(colour.shape[0]):
-        if values[i] != values[first[colour[i]]]:
-            return False
-    return True
 
 
 @numba.njit(cache=True)

@@ -66,12 +66,14 @@ def test_a_symmetric_exchange_falls_into_few_classes_with_its_flows_rates():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_any_partition_found_gives_the_rates_of_the_flows(seed):
-    """Random components made of copies of a random motif (symmetric by construction) with random extra flows
-    (breaking some of it): a partition, where one is found, gives the flows' own rates on every union of classes."""
+    """Random components made of copies of a random motif (its links' capacities and its flows' weights alike in every
+    copy: symmetric by construction, so a partition is found) with random extra flows on some seeds (breaking some of
+    it): a partition, where one is found, gives the flows' own rates on every union of classes."""
     rng = np.random.default_rng(seed)
     copies, motif_links, motif_flows = int(rng.integers(2, 6)), int(rng.integers(2, 5)), int(rng.integers(2, 6))
     shared = int(rng.integers(1, 3))  # links every copy crosses
     motif = [rng.choice(motif_links + shared, size=int(rng.integers(1, 4)), replace=False) for _ in range(motif_flows)]
+    motif_weight = rng.choice([1.0, 2.0], size=motif_flows) if seed % 2 else np.ones(motif_flows)
     entry_flow, entry_link, flow = [], [], 0
     for c in range(copies):
         for links in motif:
@@ -80,18 +82,19 @@ def test_any_partition_found_gives_the_rates_of_the_flows(seed):
             entry_link += own
             flow += 1
     num_links = shared + copies * motif_links
-    for _ in range(int(rng.integers(0, 3))):  # extra flows on random links
+    extra = seed % 3
+    for _ in range(extra):  # extra flows on random links
         links = rng.choice(num_links, size=2, replace=False)
         entry_flow += [flow, flow]
         entry_link += [int(x) for x in links]
         flow += 1
     entry_flow, entry_link = np.array(entry_flow), np.array(entry_link)
-    capacity = rng.choice([1e9, 2e9], size=num_links)
-    capacity[:shared] = 4e9
-    weight = rng.choice([1.0, 2.0], size=flow) if seed % 2 else np.ones(flow)
+    capacity = np.concatenate([np.full(shared, 4e9), np.tile(rng.choice([1e9, 2e9], size=motif_links), copies)])
+    weight = np.concatenate([np.tile(motif_weight, copies), np.ones(extra)])
     links, local = compact_ids(entry_link)
     classes = lumping.structural_classes(entry_flow, local, weight, capacity[links], np.zeros(flow))
     if classes is None:
+        assert extra, "copies of a motif are symmetric: a partition exists"
         return
     for _ in range(4):
         live_class = rng.random(classes.rep.size) < 0.7
@@ -202,6 +205,7 @@ def test_the_memo_keeps_partitions_within_its_bound(monkeypatch):
 
     class Joined:
         num_flows = int(entry_flow.max()) + 1
+        offsets = np.array([0, num_flows])
 
     Joined.entry_flow, Joined.entry_link, Joined.weight = entry_flow, entry_link, np.ones(Joined.num_flows)
     assert memo.classes([Set("a")], Joined(), capacity) is None  # met once
