@@ -106,6 +106,7 @@ RECORDED_RUNS = 4096  # ... and how many they are at most (each also holds its k
 
 SMALL_RUN_FLOATS = 4096  # isolated runs of at most this many flows x waves are kept for phases that repeat
 KEPT_WAVES = 8  # a phase that ran alone keeps its rates once computed if it ran in at most this many waves
+REPLAYED_FLOATS = 1 << 23  # bytes left and finish times that replayed states hold together (64 MiB)
 
 
 def is_chain(phases: list[Phase]) -> bool:
@@ -122,9 +123,10 @@ class RunMemo(Generic[V]):
     all-to-alls (each of its own matrix, needed again by its backward a pipeline's depth of micro-batches later)
     stay while a few large runs are dropped sooner."""
 
-    def __init__(self, runs_scale: int = 1) -> None:
-        """runs_scale: entries at most, in RECORDED_RUNS (a memo of references to another memo's runs keeps more)."""
-        self.runs_scale = runs_scale
+    def __init__(self, runs_scale: int = 1, held_bound: int | None = None) -> None:
+        """runs_scale: entries at most, in RECORDED_RUNS (a memo of references to another memo's runs keeps more);
+        held_bound: the weight they hold together at most (None: RECORDED_SUB_FLOWS)."""
+        self.runs_scale, self.held_bound = runs_scale, held_bound
         self._items: dict[Hashable, tuple[V, int]] = {}
         self._held = 0
 
@@ -134,14 +136,18 @@ class RunMemo(Generic[V]):
 
     def put(self, key: Hashable, value: V, runs: IsolatedRun | list[IsolatedRun]) -> None:
         """Keep value, which holds these runs (what it weighs)."""
+        held = runs if isinstance(runs, list) else [runs]
+        self.keep(key, value, sum(r.flows.sizes.shape[0] for run in held for r in run.phases if r.flows is not None))
+
+    def keep(self, key: Hashable, value: V, weight: int) -> None:
+        """Keep value, which weighs `weight` (sub-flows, or the floats it holds)."""
         if key in self._items:
             return
-        held = runs if isinstance(runs, list) else [runs]
-        weight = sum(r.flows.sizes.shape[0] for run in held for r in run.phases if r.flows is not None) + 1
-        self._items[key] = (value, weight)
-        self._held += weight
+        self._items[key] = (value, weight + 1)
+        self._held += weight + 1
         bound = self.runs_scale * RECORDED_RUNS
-        while (self._held > RECORDED_SUB_FLOWS or len(self._items) > bound) and len(self._items) > 1:
+        held_bound = RECORDED_SUB_FLOWS if self.held_bound is None else self.held_bound
+        while (self._held > held_bound or len(self._items) > bound) and len(self._items) > 1:
             self._held -= self._items.pop(next(iter(self._items)))[1]
 
 
@@ -176,6 +182,7 @@ class Recorder:
         self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
         self._links_by_content: dict[Hashable, np.ndarray] = {}
         self._together: dict[Hashable, list[IsolatedRun]] = {}
+        self._replayed = RunMemo[dict](held_bound=REPLAYED_FLOATS)  # (members' signatures, t) -> state (replay)
         self._partitions = PartitionMemo() if partitions is None else partitions  # its private networks' too
 
     def links(self, c: Starting) -> np.ndarray:
@@ -237,8 +244,20 @@ class Recorder:
 
     def replay(self, members: list[Starting]) -> Callable[[float], dict]:
         """State at time t of collectives run together (the course is replayed, not kept: rates of every flow at
-        every solve of a large group would take gigabytes): {(member, phase): (bytes left, finish times)}."""
-        return lambda t: self._record_events(members, log=False, until_s=t)[1]
+        every solve of a large group would take gigabytes): {(member, phase): (bytes left, finish times)}, arrays
+        of the caller's own. A state is a function of the members' contents and t alone, and the same collectives
+        are broken into at the same moment of their course micro-batch after micro-batch (a pipeline transfer
+        that starts at the same offset): states are kept by both (REPLAYED_FLOATS)."""
+
+        def state_at(t: float) -> dict:
+            key = (tuple(self.signature(c) for c in members), t)
+            state = self._replayed.get(key)
+            if state is None:
+                state = self._record_events(members, log=False, until_s=t)[1]
+                self._replayed.keep(key, state, sum(2 * left.shape[0] for left, _ in state.values()))
+            return {where: (left.copy(), finish.copy()) for where, (left, finish) in state.items()}
+
+        return state_at
 
     def _isolated(self, records: list[PhaseRecord]) -> IsolatedRun:
         started = [r.flows for r in records if r.flows is not None]

@@ -143,27 +143,9 @@ def test_a_replayed_run_lets_go_of_its_joined_incidences():
     all-to-alls of mean-field detours held several GiB of them at once."""
     import gc
 
-    from piper_sim.collectives.phases import Phase
     from piper_sim.network import fairshare
-    from piper_sim.network.phase_run import PhaseFlows
-    from piper_sim.network.recording import Recorder, Starting
 
-    def phase_flows(phase, gpus, key):  # flow i of a phase crosses link 0 (shared) and a link of its own
-        n = phase.src.size
-        links = np.stack([np.zeros(n, dtype=np.int64), 1 + phase.src], 1).ravel()
-        flows = PhaseFlows(np.repeat(np.arange(n), 2), links, phase.sizes.astype(float), key=(key, phase.src.tobytes()))
-        return None, flows, 0.0
-
-    recorder = Recorder(np.full(8, 100.0), phase_flows)
-    members = [
-        Starting(
-            [Phase(src=np.arange(3) + 3 * m, dst=np.arange(3), sizes=np.array([100.0, 200.0, 300.0]))],
-            ("a", "b", "c", "d", "e", "f"),
-            ("group", m),
-            None,
-        )
-        for m in range(2)
-    ]
+    recorder, members = _two_members_on_a_shared_link()
 
     def structures() -> int:
         return sum(type(o) is fairshare.Structure for o in gc.get_objects())
@@ -177,6 +159,63 @@ def test_a_replayed_run_lets_go_of_its_joined_incidences():
         assert structures() == before
     finally:
         gc.enable()
+
+
+def _two_members_on_a_shared_link():
+    """A recorder whose phases' flow i crosses link 0 (shared) and a link of its own, and two collectives of three
+    flows each starting together on it."""
+    from piper_sim.collectives.phases import Phase
+    from piper_sim.network.phase_run import PhaseFlows
+    from piper_sim.network.recording import Recorder, Starting
+
+    def phase_flows(phase, gpus, key):
+        n = phase.src.size
+        links = np.stack([np.zeros(n, dtype=np.int64), 1 + phase.src], 1).ravel()
+        flows = PhaseFlows(np.repeat(np.arange(n), 2), links, phase.sizes.astype(float), key=(key, phase.src.tobytes()))
+        return None, flows, 0.0
+
+    members = [
+        Starting(
+            [Phase(src=np.arange(3) + 3 * m, dst=np.arange(3), sizes=np.array([100.0, 200.0, 300.0]))],
+            ("a", "b", "c", "d", "e", "f"),
+            ("group", m),
+            None,
+        )
+        for m in range(2)
+    ]
+    return Recorder(np.full(8, 100.0), phase_flows), members
+
+
+def test_a_replayed_state_is_kept_by_the_collectives_contents_and_the_time(monkeypatch):
+    """A reservation broken at the same moment of the same collectives' course (micro-batch after micro-batch) takes
+    the state replayed before; the arrays are the caller's own (adopted flow sets send from them)."""
+    from piper_sim.network.recording import Recorder, Starting
+
+    recorder, members = _two_members_on_a_shared_link()
+    fresh, _ = _two_members_on_a_shared_link()
+    replays = []
+    record_events = Recorder._record_events
+
+    def counted(self, *args, **kwargs):
+        replays.append(kwargs.get("until_s"))
+        return record_events(self, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "_record_events", counted)
+    first = recorder.replay(members)(2.5)
+    for left, finish in first.values():
+        left[:] = -1.0
+        finish[:] = -1.0
+    again = [Starting(list(c.phases), c.gpus, c.key, None) for c in members]  # the next micro-batch's: equal contents
+    second = recorder.replay(again)(2.5)
+    expected = fresh.replay(members)(2.5)
+    assert replays == [2.5, 2.5]  # the recorder's first, then the fresh recorder's: the second came from the first
+    assert second.keys() == expected.keys() == {(0, 0), (1, 0)}
+    for where, (left, finish) in expected.items():
+        assert (left > 0).all()
+        np.testing.assert_array_equal(second[where][0], left)
+        np.testing.assert_array_equal(second[where][1], finish)
+    recorder.replay(members)(3.0)  # another moment: replayed
+    assert replays == [2.5, 2.5, 3.0]
 
 
 def test_a_recurring_batch_of_collectives_each_alone_is_found_whole(monkeypatch):
