@@ -151,28 +151,39 @@ class CollectiveRunner:
         key: Hashable,
         delay_s: float = 0.0,
         finish_times: bool = False,
+        done: simpy.Event | None = None,
     ) -> simpy.Event:
         """Event that fires when every phase has ended. key names (members, algorithm, pattern).
 
         delay_s: a host-side cost paid before the first phase (the profile's per-call overhead).
         finish_times: the event's value is each flow's finish time (seconds, absolute; a single phase), which its
         phase's flow set gives; else a collective starts at the end of this instant, with the others that start in
-        it (_start_together), and the event has no value.
+        it (_start_together), and the event's value is the time it ends.
+        done: the caller's event to fire as that one (not with finish_times), sparing an event a collective where
+        the caller's own would only follow it.
         """
         if delay_s > 0:
-            return self.env.process(self._delayed(phases, gpus, key, delay_s, finish_times))
-        if not phases:
-            ev = self.env.event()
-            ev.succeed(np.zeros(0))
+            return self.env.process(self._delayed(phases, gpus, key, delay_s, finish_times, done))
+        if not phases or not (self.reserves and not (finish_times and len(phases) == 1)):
+            if not phases:
+                ev = self.env.event()
+                ev.succeed(np.zeros(0))
+            else:
+                ends = start_phases(
+                    self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits)
+                )
+                ev = ends[0] if len(ends) == 1 else self.env.all_of(ends)
+            if done is not None:
+                ev.callbacks.append(functools.partial(self._fire, done))
             return ev
-        if self.reserves and not (finish_times and len(phases) == 1):
-            done = self.env.event()
-            if not self._starting:
-                self.env.timeout(0).callbacks.append(self._start_together)
-            self._starting.append(Starting(phases, gpus, key, done))
-            return done
-        ends = start_phases(self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits))
-        return ends[0] if len(ends) == 1 else self.env.all_of(ends)
+        done = done or self.env.event()
+        if not self._starting:
+            self.env.timeout(0).callbacks.append(self._start_together)
+        self._starting.append(Starting(phases, gpus, key, done))
+        return done
+
+    def _fire(self, done: simpy.Event, _ev: simpy.Event) -> None:
+        done.succeed(self.env.now)
 
     def _start_together(self, _ev: simpy.Event) -> None:
         """The collectives that start at this instant, grouped by shared links: a group on idle links runs as a
@@ -203,7 +214,7 @@ class CollectiveRunner:
                             phase, c.gpus, (c.key, index), waits
                         ),
                     )
-                    self.env.all_of(events).callbacks.append(lambda _ev, done=c.done: done.succeed())  # type: ignore[misc]
+                    self.env.all_of(events).callbacks.append(lambda _ev, done=c.done: done.succeed(self.env.now))  # type: ignore[misc]
             elif len(members) == 1:
                 alone.append(cluster[0])
             else:
@@ -218,9 +229,17 @@ class CollectiveRunner:
                 self._batches.put(batch_key, reserved, reserved.runs)
             self._reserve(members, reserved, None)
 
-    def _delayed(self, phases: list[Phase], gpus: tuple[str, ...], key: Hashable, delay_s: float, finish_times: bool):
+    def _delayed(
+        self,
+        phases: list[Phase],
+        gpus: tuple[str, ...],
+        key: Hashable,
+        delay_s: float,
+        finish_times: bool,
+        done: simpy.Event | None,
+    ):
         yield self.env.timeout(delay_s)
-        return (yield self.run(phases, gpus, key, finish_times=finish_times))
+        return (yield self.run(phases, gpus, key, finish_times=finish_times, done=done))
 
     def flow_latency_s(self, phase: Phase, gpus: tuple[str, ...], key: Hashable) -> np.ndarray:
         """Each flow's largest path latency in a single-phase run of this phase with this key."""
@@ -292,7 +311,7 @@ class CollectiveRunner:
                 running.discard(m)
                 if not running:
                     self.network.release(reservation)
-                members[m].done.succeed()
+                members[m].done.succeed(self.env.now)
 
         def end_all(ending: list[int], _ev: simpy.Event) -> None:
             for m in ending:
@@ -338,9 +357,9 @@ class CollectiveRunner:
                 events.append(self.env.process(self._resume(index, c.phases[index], rec, events, t0, c.gpus, c.key)))
         pending = [ev for ev in events if ev is not None]
         if pending:  # simpy drops a callback's value (here the event succeed returns)
-            self.env.all_of(pending).callbacks.append(lambda _ev: c.done.succeed())  # type: ignore[arg-type]
+            self.env.all_of(pending).callbacks.append(lambda _ev: c.done.succeed(self.env.now))  # type: ignore[arg-type]
         else:
-            c.done.succeed()
+            c.done.succeed(self.env.now)
         return adopted
 
     def _resume(

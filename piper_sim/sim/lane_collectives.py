@@ -267,6 +267,10 @@ class LaneCollectives:
         gpus = self._group_gpus.get(group)
         if gpus is None:
             gpus = self._group_gpus[group] = tuple(self.placement[r] for r in group)
-        done = self.runner.run(waiting[2], gpus, (gpus, waiting[4], task.role), delay_s=self.host.flow_delay_s(host_s))
         calls = self.host.blocking_calls(lambda: self.collectives.calls(task, group))
+        run_key, delay_s = (gpus, waiting[4], task.role), self.host.flow_delay_s(host_s)
+        if not calls:  # no wake-up to wait for: the group's end is the collective's (the runner fires it)
+            self.runner.run(waiting[2], gpus, run_key, delay_s=delay_s, done=waiting[1])
+            return
+        done = self.runner.run(waiting[2], gpus, run_key, delay_s=delay_s)
         done.callbacks.append(lambda _ev, ev=waiting[1], calls=calls: self._wake(ev, calls))  # type: ignore[misc]  # lambda with defaults

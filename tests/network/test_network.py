@@ -112,6 +112,45 @@ def test_flat_all_to_all_on_uniform_cluster_is_nic_bound():
     assert env.now == pytest.approx(4e6 / 10e9, rel=1e-9)
 
 
+@pytest.mark.parametrize("reserves", [True, False])
+@pytest.mark.parametrize("delay_s", [0.0, 1e-5])
+def test_a_collective_fires_the_callers_event_at_its_end(reserves, delay_s, monkeypatch):
+    """run(done=event) fires the caller's event (value: the time the collective ends) instead of an event of its own,
+    as a reservation, as phases run one by one and after a host delay; without one, the returned event's value is
+    that time too."""
+    topo = load_topology(
+        {
+            "builder": "uniform",
+            "params": {
+                "gpus_per_node": 4,
+                "intra_bandwidth_GBps": 100,
+                "intra_latency_us": 0.0,
+                "nic_bandwidth_GBps": 10,
+                "nic_latency_us": 0.0,
+                "switch_latency_us": 0.0,
+            },
+        },
+        8,
+    )
+    monkeypatch.setattr(CollectiveRunner, "reserves", reserves)
+    phases = ALL_TO_ALL.get("flat")(np.full((8, 8), 1e6), topo.gpus, topo)
+    ends = []
+    for given in (True, False):
+        env = simpy.Environment()
+        runner = CollectiveRunner(env, FlowNetwork(env, topo.capacity_bytes_per_s), topo)
+        mine = env.event() if given else None
+        returned = runner.run(phases, tuple(topo.gpus), "a2a", delay_s=delay_s, done=mine)
+        env.run()
+        if given:
+            assert mine is not None and mine.processed
+            ends.append(mine.value)
+        else:  # phases run one by one: the event is the phases' own (their finish times), fired at the end
+            assert returned.processed
+            ends.append(returned.value if reserves and not delay_s else env.now)
+        assert ends[-1] == pytest.approx(delay_s + 4e6 / 10e9, rel=1e-9)
+    assert ends[0] == ends[1]
+
+
 def test_flows_that_end_together_end_in_the_order_they_started():
     # fifty equal flows on one link end at the same instant; their sets are handled in start order, not in
     # the order of their hashes (object addresses, which change between processes), so runs repeat exactly
