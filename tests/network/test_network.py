@@ -84,9 +84,9 @@ def test_isolated_transfer_takes_latency_plus_bytes_over_bandwidth():
     assert env.now == pytest.approx(expected, rel=1e-9)
 
 
-def test_flat_all_to_all_on_uniform_cluster_is_nic_bound():
-    """8 GPUs on 2 nodes, every pair 1 MB: inter-node part limited by each GPU's 10 GB/s NIC."""
-    topo = load_topology(
+def _two_nodes_of_four():
+    """8 GPUs on 2 nodes: 100 GB/s inside a node, a 10 GB/s NIC per GPU, no latencies."""
+    return load_topology(
         {
             "builder": "uniform",
             "params": {
@@ -100,6 +100,11 @@ def test_flat_all_to_all_on_uniform_cluster_is_nic_bound():
         },
         8,
     )
+
+
+def test_flat_all_to_all_on_uniform_cluster_is_nic_bound():
+    """8 GPUs on 2 nodes, every pair 1 MB: inter-node part limited by each GPU's 10 GB/s NIC."""
+    topo = _two_nodes_of_four()
     env = simpy.Environment()
     runner = CollectiveRunner(env, FlowNetwork(env, topo.capacity_bytes_per_s), topo)
     matrix = np.full((8, 8), 1e6)
@@ -118,20 +123,7 @@ def test_a_collective_fires_the_callers_event_at_its_end(reserves, delay_s, monk
     """run(done=event) fires the caller's event (value: the time the collective ends) instead of an event of its own,
     as a reservation, as phases run one by one and after a host delay; without one, the returned event's value is
     that time too."""
-    topo = load_topology(
-        {
-            "builder": "uniform",
-            "params": {
-                "gpus_per_node": 4,
-                "intra_bandwidth_GBps": 100,
-                "intra_latency_us": 0.0,
-                "nic_bandwidth_GBps": 10,
-                "nic_latency_us": 0.0,
-                "switch_latency_us": 0.0,
-            },
-        },
-        8,
-    )
+    topo = _two_nodes_of_four()
     monkeypatch.setattr(CollectiveRunner, "reserves", reserves)
     phases = ALL_TO_ALL.get("flat")(np.full((8, 8), 1e6), topo.gpus, topo)
     ends = []
