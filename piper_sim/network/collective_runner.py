@@ -218,8 +218,8 @@ class CollectiveRunner:
             elif len(members) == 1:
                 alone.append(cluster[0])
             else:
-                runs = self.recorder.run_together(members)
-                self._reserve(members, Reserved(runs, union), self.recorder.replay(members))
+                runs, replay = self.recorder.run_together(members)
+                self._reserve(members, Reserved(runs, union), replay)
         if alone:
             union = links[alone[0]] if len(alone) == 1 else np.concatenate([links[i] for i in alone])  # disjoint
             members = [starting[i] for i in alone]

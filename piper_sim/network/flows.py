@@ -80,6 +80,9 @@ class FlowNetwork:
         self.reservations: list[Reservation] = []
         self.log: dict | None = None  # {set: [(time, rates)]} of the solves of sets that did not run alone, when a
         # caller records a run
+        self.log_floats_left: int | None = None  # rate values the log may still hold (None: no bound); past it the
+        # log is dropped (log None, log_overflowed): a course of many solves of large components takes gigabytes
+        self.log_overflowed = False
         self.last_set: FlowSet | None = None  # the last set entered (without batch: the one start just entered)
         self.batch = batch
         self._pending: list[Pending] = []  # sets asked to start at this instant (batch)
@@ -348,6 +351,10 @@ class FlowNetwork:
             rate = st.filling.solve(live)
         else:
             rate = self._solve_arrays(st.entry_flow, st.entry_link, st.weight * live, live)
+        if self.log is not None and self.log_floats_left is not None:  # the sets' rates are views of this solve's
+            self.log_floats_left -= rate.shape[0]
+            if self.log_floats_left < 0:
+                self.log, self.log_overflowed = None, True
         for fs, start, kept in zip(sets, starts, armed, strict=True):
             new = rate[start : start + fs.remaining.shape[0]]
             unchanged = kept and new.tobytes() == fs.rate.tobytes()  # bit-equal (array_equal's cost is its checks)

@@ -5,8 +5,9 @@ together, when they start at one instant on shared links), recorded once in a pr
 same network and phase code as the main one) or, for phases that run one after another, from their
 isolated timelines; memoized by the collectives' contents. A phase's record keeps its rates where other
 flows shared its links, so the bytes still to send at any moment can be found when a reservation breaks
-(PhaseRecord.state_at); a run of several collectives together is replayed to that moment instead of kept.
-The reservations themselves (holding links, breaking) are piper_sim.network.collective_runner.CollectiveRunner's.
+(PhaseRecord.state_at); a run of several collectives together keeps them too where they are few, else it is
+replayed to that moment. The reservations themselves (holding links, breaking) are
+piper_sim.network.collective_runner.CollectiveRunner's.
 Must not import torch.
 """
 
@@ -107,6 +108,8 @@ RECORDED_RUNS = 4096  # ... and how many they are at most (each also holds its k
 SMALL_RUN_FLOATS = 4096  # isolated runs of at most this many flows x waves are kept for phases that repeat
 KEPT_WAVES = 8  # a phase that ran alone keeps its rates once computed if it ran in at most this many waves
 REPLAYED_FLOATS = 1 << 23  # bytes left and finish times that replayed states hold together (64 MiB)
+KEPT_COURSE_FLOATS = 1 << 20  # rate values a course of collectives run together keeps (8 MiB); a longer one is replayed
+TOGETHER_FLOATS = 1 << 23  # the sub-flows and kept rates of the courses run together held at once (RunMemo)
 
 
 def is_chain(phases: list[Phase]) -> bool:
@@ -181,7 +184,8 @@ class Recorder:
         self._small_runs: dict[Hashable, Timeline] = {}
         self._link_memo: dict[Hashable, tuple[list[Phase], np.ndarray]] = {}
         self._links_by_content: dict[Hashable, np.ndarray] = {}
-        self._together: dict[Hashable, list[IsolatedRun]] = {}
+        self._together = RunMemo[tuple[list[IsolatedRun], bool]](held_bound=TOGETHER_FLOATS)  # members' signatures ->
+        # (runs, whether their records keep their rates)
         self._replayed = RunMemo[dict](held_bound=REPLAYED_FLOATS)  # (members' signatures, t) -> state (replay)
         self._partitions = PartitionMemo() if partitions is None else partitions  # its private networks' too
 
@@ -226,28 +230,33 @@ class Recorder:
             if is_chain(c.phases):
                 run = self._isolated(self._record_chain(c.phases, c.gpus, c.key))
             else:
-                run = self._isolated(self._record_events([c], log=True)[0][0])
+                run = self._isolated(self._record_events([c], log=True)[0][0])  # rates kept whatever their size
             self._by_signature.put(signature, run, run)
         self._runs.put(memo, (c.phases, run), run)  # the list is kept, so its id is not reused meanwhile
         return run
 
-    def run_together(self, members: list[Starting]) -> list[IsolatedRun]:
+    def run_together(self, members: list[Starting]) -> tuple[list[IsolatedRun], Callable[[float], dict] | None]:
         """Collectives that start together on shared links: their course together (recorded in a private network,
-        memoized by the collectives' contents), each member's run as a record of its own."""
+        memoized by the collectives' contents), each member's run as a record of its own, and where a reservation
+        of them that breaks finds their state: in their records' rates (None: PhaseRecord.state_at), kept where
+        the course's solves hold at most KEPT_COURSE_FLOATS rate values, else by replaying the course (replay)."""
         signature = tuple(self.signature(c) for c in members)
-        runs = self._together.get(signature)
-        if runs is None:
-            records, _ = self._record_events(members, log=False)
+        hit = self._together.get(signature)
+        if hit is None:
+            records, _, logged = self._record_events(members, log=True, log_floats=KEPT_COURSE_FLOATS)
             runs = [self._isolated(r) for r in records]
-            bounded_put(self._together, signature, runs)
-        return runs
+            held = [(len(r.rates or ()), r.flows.sizes.shape[0]) for m in records for r in m if r.flows is not None]
+            hit = (runs, logged)
+            self._together.keep(signature, hit, sum((1 + solves) * n for solves, n in held))  # sub-flows, kept rates
+        runs, logged = hit
+        return runs, None if logged else self.replay(members)
 
     def replay(self, members: list[Starting]) -> Callable[[float], dict]:
-        """State at time t of collectives run together (the course is replayed, not kept: rates of every flow at
-        every solve of a large group would take gigabytes): {(member, phase): (bytes left, finish times)}, arrays
-        of the caller's own. A state is a function of the members' contents and t alone, and the same collectives
-        are broken into at the same moment of their course micro-batch after micro-batch (a pipeline transfer
-        that starts at the same offset): states are kept by both (REPLAYED_FLOATS)."""
+        """State at time t of collectives run together, where their course is not kept (rates of every flow at every
+        solve of a large group would take gigabytes): {(member, phase): (bytes left, finish times)}, arrays of the
+        caller's own. A state is a function of the members' contents and t alone, and the same collectives are
+        broken into at the same moment of their course micro-batch after micro-batch (a pipeline transfer that
+        starts at the same offset): states are kept by both (REPLAYED_FLOATS)."""
 
         def state_at(t: float) -> dict:
             key = (tuple(self.signature(c) for c in members), t)
@@ -320,14 +329,16 @@ class Recorder:
         return timeline
 
     def _record_events(
-        self, members: list[Starting], *, log: bool, until_s: float | None = None
-    ) -> tuple[list[list[PhaseRecord]], dict]:
+        self, members: list[Starting], *, log: bool, until_s: float | None = None, log_floats: int | None = None
+    ) -> tuple[list[list[PhaseRecord]], dict, bool]:
         """Collectives whose phases may overlap, run from time 0 in a private flow network of their own: each
-        member's phase records (log: with the rates of the solves of sets that did not run alone), and with
-        until_s, the state of the phases running at that time {(member, phase): (bytes left, finish times)}."""
+        member's phase records (log: with the rates of the solves of sets that did not run alone, unless they
+        would hold more than log_floats rate values: then none), with until_s, the state of the phases running at
+        that time {(member, phase): (bytes left, finish times)}, and whether the records have their rates."""
         env = simpy.Environment()
         net = FlowNetwork(env, self.capacity, partitions=self._partitions)
         net.log = {} if log else None
+        net.log_floats_left = log_floats
         records = [[PhaseRecord() for _ in c.phases] for c in members]
         sets: dict[tuple[int, int], FlowSet | None] = {}
 
@@ -349,7 +360,7 @@ class Recorder:
             flow_set = sets[(m, index)] = net.last_set
             finish = yield done
             rec.end_s, rec.finish_s = env.now, np.asarray(finish)
-            if flow_set is None or not log:
+            if flow_set is None or net.log is None:
                 rec.rates = []
             elif flow_set.timeline is None:  # other flows joined it: its solves were logged
                 rec.rates = net.log.get(flow_set, [])
@@ -359,7 +370,10 @@ class Recorder:
         if until_s is None:
             env.run()
             net.close()
-            return records, {}
+            if net.log_overflowed:  # rates of a part of the course only: none
+                for rec in (r for member in records for r in member):
+                    rec.rates = []
+            return records, {}, log and not net.log_overflowed
         if until_s > 0:
             env.run(until=until_s)
         state = {}
@@ -368,4 +382,4 @@ class Recorder:
                 net.advance_to_now(fs)
                 state[where] = (fs.remaining.copy(), fs.finish_s.copy())
         net.close()  # its processes stopped mid-run hold it in reference cycles until the cyclic collector runs
-        return records, state
+        return records, state, False

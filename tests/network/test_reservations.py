@@ -218,6 +218,31 @@ def test_a_replayed_state_is_kept_by_the_collectives_contents_and_the_time(monke
     assert replays == [2.5, 2.5, 3.0]
 
 
+@pytest.mark.parametrize("kept_floats", [1 << 20, 4])
+def test_collectives_run_together_keep_their_rates_where_few(kept_floats, monkeypatch):
+    """A course of collectives run together keeps its solves' rates where they hold at most KEPT_COURSE_FLOATS
+    values: a reservation of them that breaks finds each phase's state in its record, as a replay of the course
+    finds it; past the bound the records keep none and the state is replayed."""
+    from piper_sim.network import recording
+
+    monkeypatch.setattr(recording, "KEPT_COURSE_FLOATS", kept_floats)
+    recorder, members = _two_members_on_a_shared_link()
+    runs, replay = recorder.run_together(members)
+    assert (replay is None) == (kept_floats > 4)
+    fresh, _ = _two_members_on_a_shared_link()
+    for t in (3.0, 7.0, 11.0):  # the flows of 100 bytes end at 6 s, of 200 at 10 s, of 300 at 12 s (link 0 shared)
+        replayed = fresh.replay(members)(t)
+        for m, run in enumerate(runs):
+            rec = run.phases[0]
+            if replay is None:
+                left, finish = rec.state_at(t, recorder.capacity)
+                np.testing.assert_allclose(left, replayed[(m, 0)][0], rtol=1e-12, atol=1e-9)
+                np.testing.assert_allclose(finish, replayed[(m, 0)][1], rtol=1e-12)  # NaN where not ended, in both
+            else:
+                assert rec.rates == []
+                np.testing.assert_array_equal(replay(t)[(m, 0)][0], replayed[(m, 0)][0])
+
+
 def test_a_recurring_batch_of_collectives_each_alone_is_found_whole(monkeypatch):
     """A stage's tensor-parallel groups start their collectives together, each alone on its links, layer after layer
     and micro-batch after micro-batch: the batch is found whole (the runner's _batches) and gives the run of
