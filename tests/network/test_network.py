@@ -121,8 +121,8 @@ def test_flat_all_to_all_on_uniform_cluster_is_nic_bound():
 @pytest.mark.parametrize("delay_s", [0.0, 1e-5])
 def test_a_collective_fires_the_callers_event_at_its_end(reserves, delay_s, monkeypatch):
     """run(done=event) fires the caller's event (value: the time the collective ends) instead of an event of its own,
-    as a reservation, as phases run one by one and after a host delay; without one, the returned event's value is
-    that time too."""
+    as a reservation, as phases run one by one and after a host delay, at the time the run without it ends (whose
+    event, a reservation's, has that time as its value)."""
     topo = _two_nodes_of_four()
     monkeypatch.setattr(CollectiveRunner, "reserves", reserves)
     phases = ALL_TO_ALL.get("flat")(np.full((8, 8), 1e6), topo.gpus, topo)
