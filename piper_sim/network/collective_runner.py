@@ -164,23 +164,23 @@ class CollectiveRunner:
         """
         if delay_s > 0:
             return self.env.process(self._delayed(phases, gpus, key, delay_s, finish_times, done))
-        if not phases or not (self.reserves and not (finish_times and len(phases) == 1)):
-            if not phases:
-                ev = self.env.event()
-                ev.succeed(np.zeros(0))
-            else:
-                ends = start_phases(
-                    self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits)
-                )
-                ev = ends[0] if len(ends) == 1 else self.env.all_of(ends)
-            if done is not None:
-                ev.callbacks.append(functools.partial(self._fire, done))
-            return ev
-        done = done or self.env.event()
-        if not self._starting:
-            self.env.timeout(0).callbacks.append(self._start_together)
-        self._starting.append(Starting(phases, gpus, key, done))
-        return done
+        if phases and self.reserves and not (finish_times and len(phases) == 1):
+            done = done or self.env.event()
+            if not self._starting:
+                self.env.timeout(0).callbacks.append(self._start_together)
+            self._starting.append(Starting(phases, gpus, key, done))
+            return done
+        if not phases:
+            ev = self.env.event()
+            ev.succeed(np.zeros(0))
+        else:
+            ends = start_phases(
+                self.env, phases, lambda index, phase, waits: self._phase(phase, gpus, (key, index), waits)
+            )
+            ev = ends[0] if len(ends) == 1 else self.env.all_of(ends)
+        if done is not None:
+            ev.callbacks.append(functools.partial(self._fire, done))
+        return ev
 
     def _fire(self, done: simpy.Event, _ev: simpy.Event) -> None:
         done.succeed(self.env.now)

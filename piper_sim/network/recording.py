@@ -249,17 +249,19 @@ class Recorder:
             hit = (runs, logged)
             self._together.keep(signature, hit, sum((1 + solves) * n for solves, n in held))  # sub-flows, kept rates
         runs, logged = hit
-        return runs, None if logged else self.replay(members)
+        return runs, None if logged else self.replay(members, signature)
 
-    def replay(self, members: list[Starting]) -> Callable[[float], dict]:
+    def replay(self, members: list[Starting], signature: Hashable | None = None) -> Callable[[float], dict]:
         """State at time t of collectives run together, where their course is not kept (rates of every flow at every
         solve of a large group would take gigabytes): {(member, phase): (bytes left, finish times)}, arrays of the
         caller's own. A state is a function of the members' contents and t alone, and the same collectives are
         broken into at the same moment of their course micro-batch after micro-batch (a pipeline transfer that
-        starts at the same offset): states are kept by both (REPLAYED_FLOATS)."""
+        starts at the same offset): states are kept by both (REPLAYED_FLOATS). signature: the members' signatures,
+        where the caller has them."""
+        contents = signature if signature is not None else tuple(self.signature(c) for c in members)
 
         def state_at(t: float) -> dict:
-            key = (tuple(self.signature(c) for c in members), t)
+            key = (contents, t)
             state = self._replayed.get(key)
             if state is None:
                 state = self._record_events(members, log=False, until_s=t)[1]
