@@ -14,7 +14,9 @@ prices with the simulator's own functions, so there is no second cost model:
 - ZeRO-3: each micro-batch's pass of a chunk adds the unit gathers its compute does not hide
   (workload.fsdp.exposed_gather_s), times the share of the passes that gather (fsdp_estimate.gather_shares:
   without resharding after the forward, fewer); a backward adds its units' reduce-scatters on the same links
-  (workload.fsdp.exposed_backward_s), and the step the reduce-scatter of the last unit of its backward.
+  (workload.fsdp.exposed_backward_s); a pass that gathers right after a backward waits longer for its first
+  gather, which shares the links with that backward's last reduce-scatter (fsdp_estimate.after_backward_shares,
+  workload.fsdp.delayed_by_reduce_s); the step adds the reduce-scatter of the last unit of its backward.
 Pure: no simpy, torch.
 """
 
@@ -26,7 +28,7 @@ from piper_sim.collectives.params import library_units
 from piper_sim.collectives.sharded import ALL_GATHER
 from piper_sim.machine import Machine, build_machine
 from piper_sim.planning.compute_estimate import ComputePricer
-from piper_sim.planning.fsdp_estimate import gather_shares, shard_groups, unit_reduce_s
+from piper_sim.planning.fsdp_estimate import after_backward_shares, gather_shares, shard_groups, unit_reduce_s
 from piper_sim.planning.geometry import Chunk, Geometry, geometry
 from piper_sim.planning.overlap_estimate import pair_s, paired_shares
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
@@ -36,7 +38,7 @@ from piper_sim.schedule.communicators import config_reserve_bytes
 from piper_sim.schedule.ir import Layout
 from piper_sim.workload.cost import TaskCoster
 from piper_sim.workload.deepspeed_zero import reduce_buckets
-from piper_sim.workload.fsdp import NO_BLOCK, exposed_backward_s, exposed_gather_s
+from piper_sim.workload.fsdp import NO_BLOCK, delayed_by_reduce_s, exposed_backward_s, exposed_gather_s
 from piper_sim.workload.fsdp_state import unit_params
 from piper_sim.workload.memory import (
     PARAM_CLASSES,
@@ -261,7 +263,8 @@ class Estimator(ComputePricer):
     ) -> tuple[float, float]:
         """ZeRO-3: (forward, backward) gather time of one micro-batch's pass of chunk v that its units' compute does
         not hide (workload.fsdp.exposed_gather_s; all-to-alls count as compute: they block the compute stream),
-        times the share of the passes that gather."""
+        times the share of the passes that gather, and the delay of the first gather of those that gather right after
+        a backward, times their share."""
         stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
         first, last = stages.is_first(v), stages.is_last(v)
         par = point.parallel
@@ -279,28 +282,27 @@ class Estimator(ComputePricer):
             point.recompute,
             a2a,
         )
-        forward, backward, reducing = self._cached(
+        forward, backward, reducing, delay_forward, delay_backward = self._cached(
             key, lambda: self._exposed_gathers_s(point, layers[v], p, first, last, a2a)
         )
-        shares = gather_shares(
-            point.schedule,
-            point.pp,
-            point.vpp,
-            point.num_microbatches,
-            p,
-            stages.where(v)[1],
-            point.reshard_after_forward,
+        shape = (point.schedule, point.pp, point.vpp, point.num_microbatches, p, stages.where(v)[1])
+        shares = gather_shares(*shape, point.reshard_after_forward)
+        after = after_backward_shares(*shape, point.reshard_after_forward)
+        return (
+            shares[0] * forward + after[0] * delay_forward,
+            shares[1] * backward + (1 - shares[1]) * reducing + after[1] * delay_backward,
         )
-        return shares[0] * forward, shares[1] * backward + (1 - shares[1]) * reducing
 
     def _exposed_gathers_s(
         self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool, a2a: float
-    ) -> tuple[float, float, float]:
+    ) -> tuple[float, float, float, float, float]:
         """ZeRO-3: (forward, backward, backward without gathers) exposed communication of one pass of a chunk holding
         `layers` at stage p: its units' gathers (which depend on the split, EP, the chunk and the stage's groups) and,
         in the backward, their gradients' reduce-scatters (workload.fsdp.exposed_backward_s; every backward reduces,
         whether it gathered or not) against their passes' compute (the micro-batch's tokens, the split, EP, the
-        chunk, recomputation, all-to-all)."""
+        chunk, recomputation, all-to-all); then how much later a forward's and a backward's first gather ends when it
+        starts beside the reduce-scatter a backward of this chunk issued last, its first unit's
+        (workload.fsdp.delayed_by_reduce_s)."""
         par = point.parallel
         tokens, split = par.tokens_per_microbatch(self.model.seq_len), par.split
         groups_key = (split, point.ep, point.num_gpus // point.pp, p, par.dp_replicate, layers, first, last)
@@ -315,6 +317,8 @@ class Estimator(ComputePricer):
             exposed_gather_s(gathers, forward),
             exposed_backward_s(gathers[::-1], reduces[::-1], running),
             exposed_backward_s([0.0] * len(gathers), reduces[::-1], running),
+            delayed_by_reduce_s(gathers[0], reduces[0]),
+            delayed_by_reduce_s(gathers[-1], reduces[0]),
         )
 
     def _unit_gathers_s(

@@ -1,7 +1,8 @@
 """The estimator's ZeRO-3 / FSDP terms: which passes gather and over which groups (docs/sharding.md).
 
 Owns gather_shares (the share of a chunk's forwards and backwards that find its units sharded, from the schedule
-generator's own program and schedule/lower_fsdp.py's gathering_passes, so the estimator and the lowering agree) and
+generator's own program and schedule/lower_fsdp.py's gathering_passes, so the estimator and the lowering agree),
+after_backward_shares (those of them that start right after a backward, beside its last reduce-scatter) and
 shard_groups (the GPUs a class of parameters is gathered and reduce-scattered over, and those its shard is all-reduced
 over under HSDP; unit_reduce_s prices a unit's reduction with them). Pure: no simpy, torch.
 """
@@ -25,27 +26,43 @@ def gather_shares(
     backward (or start the step) and the backwards that follow a backward."""
     if reshard_after_forward:
         return 1.0, 1.0
-    return _no_reshard_shares(schedule, pp, vpp, microbatches)[stage, chunk]
+    return _pass_shares(schedule, pp, vpp, microbatches, False)[stage, chunk][:2]
+
+
+def after_backward_shares(
+    schedule: str, pp: int, vpp: int, microbatches: int, stage: int, chunk: int, reshard_after_forward: bool
+) -> tuple[float, float]:
+    """(forwards, backwards) of chunk `chunk` at stage `stage` that gather its units right after a backward pass of
+    the stage's program, each as a share of the micro-batches: their first gather starts beside that backward's last
+    reduce-scatter (issued as it ended, over the same groups' links). Every gathering pass but the step's first
+    forward, in the steady order of any schedule that alternates or drains backwards."""
+    return _pass_shares(schedule, pp, vpp, microbatches, reshard_after_forward)[stage, chunk][2:]
 
 
 @functools.lru_cache(maxsize=4096)
-def _no_reshard_shares(
-    schedule: str, pp: int, vpp: int, microbatches: int
-) -> dict[tuple[int, int], tuple[float, float]]:
-    """gather_shares without resharding after the forward, for every (stage, chunk) of one schedule at once (its
-    program is generated once, shared with the resource model's live counts: resource.coarse_programs)."""
+def _pass_shares(
+    schedule: str, pp: int, vpp: int, microbatches: int, reshard_after_forward: bool
+) -> dict[tuple[int, int], tuple[float, float, float, float]]:
+    """For every (stage, chunk) of one schedule at once: the shares of its forwards and backwards that gather
+    (gather_shares) and of those that gather right after a backward (after_backward_shares). Its program is
+    generated once, shared with the resource model's live counts (resource.coarse_programs)."""
     shares = {}
+    passes = (TaskKind.FORWARD, TaskKind.BACKWARD)
     for stage, program in enumerate(coarse_programs(schedule, pp, vpp, microbatches)):
-        gathering = gathering_passes(program, reshard_after_forward=False)
-        counts: dict[tuple[int, str], int] = {}
+        gathering = gathering_passes(program, reshard_after_forward=reshard_after_forward)
+        counts: dict[tuple[int, str, bool], int] = {}
+        previous = None
         for task in program:
-            if task.task_id in gathering and task.kind in (TaskKind.FORWARD, TaskKind.BACKWARD):
-                counts[task.chunk, task.kind] = counts.get((task.chunk, task.kind), 0) + 1
+            if task.kind not in passes:
+                continue
+            if task.task_id in gathering:
+                key = (task.chunk, task.kind, previous == TaskKind.BACKWARD)
+                counts[key] = counts.get(key, 0) + 1
+            previous = task.kind
         for chunk in range(vpp):
-            shares[stage, chunk] = (
-                counts.get((chunk, TaskKind.FORWARD), 0) / microbatches,
-                counts.get((chunk, TaskKind.BACKWARD), 0) / microbatches,
-            )
+            after = [counts.get((chunk, kind, True), 0) for kind in passes]
+            alone = [counts.get((chunk, kind, False), 0) for kind in passes]
+            shares[stage, chunk] = tuple(n / microbatches for n in (after[0] + alone[0], after[1] + alone[1], *after))
     return shares
 
 

@@ -113,6 +113,14 @@ def exposed_backward_s(gathers_s: list[float], reduces_s: list[float], computes_
     return exposed_gather_s(moving, computes_s) + max(0.0, tail)
 
 
+def delayed_by_reduce_s(gather_s: float, reduce_s: float) -> float:
+    """How much later a gather ends when a reduce-scatter over the same groups' links starts with it (a backward's
+    last one, issued as that backward ended, beside the next pass's first gather): the two share each link fairly
+    (max-min, as the simulator's flow network does), both at half rate until the shorter ends, so the gather ends
+    min(gather_s, reduce_s) later."""
+    return min(gather_s, reduce_s)
+
+
 def unit_classes(model: ModelSpec, unit: int, *, last: bool, tp: int) -> tuple[str, ...]:
     """The classes of parameters (memory.PARAM_CLASSES) a unit holds (last: it holds the head): "dense" always;
     "replicated" with tp > 1 (its norms, or the final norm); "expert" a MoE block's (tests hold it to the classes

@@ -9,7 +9,7 @@ import pytest
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
 from piper_sim.planning.estimate import estimate_config
-from piper_sim.planning.fsdp_estimate import gather_shares
+from piper_sim.planning.fsdp_estimate import after_backward_shares, gather_shares
 from piper_sim.planning.plan_fixes import parse_fixes
 from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.planner import PlanRequest, screen
@@ -89,6 +89,21 @@ def test_the_estimator_prices_fewer_gathers_without_resharding():
     assert 0 < forwards < 1 and 0 < backwards < 1  # stage 0 of 1F1B: its warm-up forwards and drain backwards
     assert gather_shares("1f1b", 1, 1, 8, 0, 0, False) == (1.0, 0.0)  # pp 1: F B F B ...
     assert gather_shares("gpipe", 2, 1, 8, 0, 0, True) == (1.0, 1.0)
+
+
+def test_the_passes_that_gather_right_after_a_backward():
+    """A pass that gathers right after a backward starts its first gather beside that backward's last
+    reduce-scatter (the estimator prices the delay: tests/workload/test_zero3.py)."""
+    # pp 1: F B F B ...: every forward but the step's first follows a backward; no backward follows one
+    assert after_backward_shares("1f1b", 1, 1, 8, 0, 0, True) == (7 / 8, 0.0)
+    assert after_backward_shares("1f1b", 1, 1, 8, 0, 0, False) == (7 / 8, 0.0)
+    # GPipe: all forwards, then all backwards; each backward reshards, so every backward but the first (which finds
+    # them gathered without resharding after the forward) gathers right after one, with resharding or without
+    assert after_backward_shares("gpipe", 2, 1, 8, 0, 0, True) == (0.0, 7 / 8)
+    assert after_backward_shares("gpipe", 2, 1, 8, 0, 0, False) == (0.0, 7 / 8)
+    for stage in (0, 1):  # never more than the passes that gather
+        after = after_backward_shares("1f1b", 2, 1, 8, stage, 0, False)
+        assert all(a <= g for a, g in zip(after, gather_shares("1f1b", 2, 1, 8, stage, 0, False), strict=True))
 
 
 def test_default_is_torchtitans_policy():
