@@ -4,7 +4,8 @@ Owns CollectivePricer, the base of planning.estimate.Estimator: the same collect
 (collectives registries) on the same topology routes; each phase pays the engine's delay (network.phase_run.
 phase_delay_s) plus its flows' time on the busiest link (bytes on the link / its capacity), phases chained by their
 `after`; the data-parallel reductions and ZeRO's collectives run with their sibling groups' flows (every rank of a stage
-runs them at once: _siblings), the pipeline's hop with every rank of the stage's, others alone (a lower bound: the
+runs them at once: _siblings), the MoE all-to-all with every EP group of the stage, the pipeline's hop with every rank
+of the stage's, the tensor-parallel collectives alone (a lower bound: the
 simulator adds contention between concurrent phases and max-min sharing). Prices the tensor-parallel collectives, the
 MoE all-to-all, the pipeline's p2p hop, the data-parallel reductions and the sharded collectives of ZeRO (or DeepSpeed's
 bucket all-reduces in their place), over the replica groups of a stage's parameters; results are memoized (plans share
@@ -73,16 +74,23 @@ class CollectivePricer:
         )
 
     def _all_to_all_s(self, point: PlanPoint, tokens: int) -> float:
-        """One dispatch (or combine) of one microbatch in the first EP group (its ranks of one TP index)."""
+        """One dispatch (or combine) of one microbatch in the first stage's EP groups at once (the first EP x ETP
+        ranks, every ETP-th, and its translations over the stage: every rank of a stage dispatches the same layer
+        at the same moment, so the groups' flows share the switch and global links they cross)."""
         if point.ep == 1:
             return 0.0
         routed = tokens * point.parallel.split.dispatch_share
         per_pair = routed * self.model.top_k / point.ep * self.model.d_model * self.model.dtype_bytes
         matrix = np.full((point.ep, point.ep), per_pair)  # the diagonal (rows that stay) moves nothing
-        gpus = tuple(self.gpus[: point.ep * point.etp : point.etp])
+        span = point.ep * point.etp
+        groups = [
+            tuple(self.gpus[start + o : start + span : point.etp])
+            for start in range(0, point.num_gpus // point.pp, span)
+            for o in range(point.etp)
+        ]
         fanout = Fanout(self.model.top_k, self.model.num_experts, adjacent=self.adjacent_experts)
         algorithm = bind_fanout(ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"), fanout)
-        return self.phases_s(algorithm(matrix, list(gpus), self.topo))
+        return self._merged_s([algorithm(matrix, list(g), self.topo) for g in groups], groups)
 
     def _p2p_s(self, point: PlanPoint, tokens: int) -> float:
         """One micro-batch's hop from the first stage to the second: every rank of the stage sends its activations to
@@ -131,11 +139,16 @@ class CollectivePricer:
         their flows (they share the links they cross: on Frontier the two GCDs of a package share its NIC), each
         phase after the phases in its `after`; groups whose phases differ in shape are priced alone (the slowest)."""
         siblings = self._siblings(group)
-        runs = [collective(size, list(g), self.topo) for g in siblings]
+        return self._merged_s([collective(size, list(g), self.topo) for g in siblings], siblings)
+
+    def _merged_s(self, runs: list[list[Phase]], groups: list[tuple[str, ...]]) -> float:
+        """Equal-sized groups' runs of one collective at once: phase i of every run is one phase of all their flows,
+        each phase after the phases in its `after`; runs whose phases differ in shape are priced alone (the
+        slowest)."""
         shapes = [[(ph.after, ph.messages, ph.overhead_s, ph.delay_s) for ph in run] for run in runs]
         if len(runs) == 1 or any(shape != shapes[0] for shape in shapes):
-            return max(self.phases_s(r, g) for r, g in zip(runs, siblings, strict=True))
-        n = len(group)
+            return max(self.phases_s(r, g) for r, g in zip(runs, groups, strict=True))
+        n = len(groups[0])
         merged = [
             replace(
                 phases[0],
@@ -145,7 +158,7 @@ class CollectivePricer:
             )
             for phases in zip(*runs, strict=True)
         ]
-        return self.phases_s(merged, tuple(g for s in siblings for g in s))
+        return self.phases_s(merged, tuple(g for s in groups for g in s))
 
     def _reduce_group_s(
         self, params: float, gpus: list[str], zero: int, buckets: tuple[float, ...] = (), *, alone: bool = False

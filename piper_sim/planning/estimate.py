@@ -80,7 +80,8 @@ class Estimator(ComputePricer):
         shape = geometry(m.num_layers, point.schedule, point.pp, point.vpp)
         stages, layers = shape.stages, shape.layers
         a2a = self._cached(
-            ("a2a", point.ep, point.all_to_all, tokens, split), lambda: self._all_to_all_s(point, tokens)
+            ("a2a", point.ep, point.all_to_all, tokens, split, point.num_gpus // point.pp),
+            lambda: self._all_to_all_s(point, tokens),
         )
         zb = point.schedule in SPLIT_BACKWARD
         # a stage's times depend on these only (and, under ZeRO-2 and -3, on the stage's data-parallel groups and,
