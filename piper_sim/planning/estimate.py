@@ -32,6 +32,7 @@ from piper_sim.planning.fsdp_estimate import after_backward_shares, gather_share
 from piper_sim.planning.geometry import Chunk, Geometry, geometry
 from piper_sim.planning.overlap_estimate import pair_s, paired_shares
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
+from piper_sim.planning.pipeline_replay import replayed_pipeline_s
 from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.resource import stage_memory
 from piper_sim.schedule.communicators import config_reserve_bytes
@@ -98,6 +99,8 @@ class Estimator(ComputePricer):
             per_stage.append(times)
             flops_per_rank_mb.append(flops)
         pipeline = pipeline_s(point, per_stage)
+        if point.zero == 3 and point.pp > 1:  # the passes that gather lie where the schedule runs them
+            pipeline = replayed_pipeline_s(self, point, shape, a2a)
         hop = self._cached(("p2p", point.pp, tokens, split), lambda: self._p2p_s(point, tokens))
         p2p = 2 * (stages.pipeline_length - 1) * hop  # dualpipe: its two pipelines' hops overlap
         grad, optimizer = self._cached(
@@ -141,15 +144,8 @@ class Estimator(ComputePricer):
         zb = point.schedule in SPLIT_BACKWARD
         f = b = w = a2a_s = flops = hidden = 0.0
         for chunk in shape.chunks[p]:
-            v, first, last, held = chunk.virtual, chunk.first, chunk.last, chunk.layers
-            key = ("chunk", tokens, split, point.ep, held, first, last, zb)
-            cf, cb, cw, cflops, moe = self._cached(
-                key, lambda held=held, first=first, last=last: self._chunk(coster, point.ep, held, first, last, zb)
-            )
-            key = ("redo", tokens, split, point.ep, held, first, point.recompute)
-            rs, redo_moe = self._cached(
-                key, lambda held=held, first=first: self._recompute(coster, point.ep, held, first, point.recompute)
-            )
+            v = chunk.virtual
+            cf, cb, cw, cflops, moe, rs, redo_moe = self._chunk_parts(coster, point, chunk, zb)
             f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
             if point.zero == 3:  # the units' gathers that prefetch cannot hide, forward and backward
                 ef, eb = self._fsdp_s(point, shape.layers, p, v, a2a)
@@ -164,6 +160,18 @@ class Estimator(ComputePricer):
         share = 1 / shape.stages.num_pipelines  # bidirectional: a microbatch runs one of the two chunks
         f, b, w, a2a_s, flops, hidden = (x * share for x in (f, b, w, a2a_s, flops, hidden))
         return (f + (a2a_s - hidden) / 2, b + (a2a_s - hidden) / 2, w, a2a_s), flops
+
+    def _chunk_parts(
+        self, coster: TaskCoster, point: PlanPoint, chunk: Chunk, zb: bool
+    ) -> tuple[float, float, float, float, int, float, int]:
+        """A chunk's (F, B, W, FLOPs, MoE layers) of one micro-batch (Estimator._chunk) and its recomputation's
+        (seconds, MoE layers) (_recompute), memoized."""
+        tokens, split, held, first, last = coster.tokens, coster.split, chunk.layers, chunk.first, chunk.last
+        key = ("chunk", tokens, split, point.ep, held, first, last, zb)
+        parts = self._cached(key, lambda: self._chunk(coster, point.ep, held, first, last, zb))
+        key = ("redo", tokens, split, point.ep, held, first, point.recompute)
+        redo = self._cached(key, lambda: self._recompute(coster, point.ep, held, first, point.recompute))
+        return (*parts, *redo)
 
     def _hidden_s(self, coster: TaskCoster, point: PlanPoint, chunk: Chunk, redo_s: float, a2a: float) -> float:
         """Seconds a chunk's forward and backward save when they run as one overlapped pair (overlap_estimate.pair_s;
@@ -267,6 +275,22 @@ class Estimator(ComputePricer):
         times the share of the passes that gather, and the delay of the first gather of those that gather right after
         a backward, times their share."""
         stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
+        forward, backward, reducing, delay_forward, delay_backward = self._chunk_exposures(point, layers, p, v, a2a)
+        shape = (point.schedule, point.pp, point.vpp, point.num_microbatches, p, stages.where(v)[1])
+        shares = gather_shares(*shape, point.reshard_after_forward)
+        after = after_backward_shares(*shape, point.reshard_after_forward)
+        return (
+            shares[0] * forward + after[0] * delay_forward,
+            shares[1] * backward + (1 - shares[1]) * reducing + after[1] * delay_backward,
+        )
+
+    def _chunk_exposures(
+        self, point: PlanPoint, layers: tuple[tuple[int, ...], ...], p: int, v: int, a2a: float
+    ) -> tuple[float, float, float, float, float]:
+        """ZeRO-3: one pass of chunk v at stage p, memoized: (_exposed_gathers_s) the forward's and the backward's
+        exposed gathers and reduce-scatters, a backward's without gathers, and the delay of a forward's and a
+        backward's first gather right after a backward."""
+        stages = geometry(self.model.num_layers, point.schedule, point.pp, point.vpp).stages
         first, last = stages.is_first(v), stages.is_last(v)
         par = point.parallel
         key = (
@@ -283,16 +307,7 @@ class Estimator(ComputePricer):
             point.recompute,
             a2a,
         )
-        forward, backward, reducing, delay_forward, delay_backward = self._cached(
-            key, lambda: self._exposed_gathers_s(point, layers[v], p, first, last, a2a)
-        )
-        shape = (point.schedule, point.pp, point.vpp, point.num_microbatches, p, stages.where(v)[1])
-        shares = gather_shares(*shape, point.reshard_after_forward)
-        after = after_backward_shares(*shape, point.reshard_after_forward)
-        return (
-            shares[0] * forward + after[0] * delay_forward,
-            shares[1] * backward + (1 - shares[1]) * reducing + after[1] * delay_backward,
-        )
+        return self._cached(key, lambda: self._exposed_gathers_s(point, layers[v], p, first, last, a2a))
 
     def _exposed_gathers_s(
         self, point: PlanPoint, layers: tuple[int, ...], p: int, first: bool, last: bool, a2a: float
