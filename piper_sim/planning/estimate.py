@@ -5,18 +5,20 @@ prices with the simulator's own functions, so there is no second cost model:
 - compute: a chunk's passes by the simulator's cost functions (planning/compute_estimate.py, ComputePricer);
 - communication: the same collective algorithms on the same topology routes, each phase's flows on its busiest
   link (planning/collective_estimate.py, CollectivePricer: a lower bound, the simulator adds contention);
-- pipeline: closed forms over per-stage times (F, B, W per microbatch, all-to-alls included since they
-  block the compute stream): 1F1B and GPipe sum_p (F+B)_p + (M - 1) max_p (F+B)_p; interleaved
-  (sum_p (F+B)_p) / vpp + (M - 1/vpp) max_p (F+B)_p; ZB-H1 sum_p (F+Bi)_p + (M - 1) max_p (F+Bi+W)_p +
-  W - min(pp - 1, M - 1) W (Qi et al. 2023: the weight passes fill the bubble); plus the activations'
-  p2p on the fill and drain path (2 (pp vpp - 1) hops), the gradient all-reduces (ZeRO-1/2: reduce-scatters, or
-  DeepSpeed's bucket all-reduces: workload/deepspeed_zero.py) and the optimizer;
-- ZeRO-3: each micro-batch's pass of a chunk adds the unit gathers its compute does not hide
-  (workload.fsdp.exposed_gather_s), times the share of the passes that gather (fsdp_estimate.gather_shares:
-  without resharding after the forward, fewer); a backward adds its units' reduce-scatters on the same links
+- pipeline: the schedule generator's own order replayed with each pass's time (its chunk's forward, backward or
+  weight pass, all-to-alls included since they block the compute stream) and the execution contract's p2p, a hop
+  that starts when the receiving stage reaches the pass (planning/pipeline_replay.py: every hop of interleaved
+  1F1B's lockstep is exposed); plans whose all-to-alls overlap another micro-batch's pass take the closed forms over
+  per-stage times instead (planning/pipeline_estimate.py) plus 2 (pp vpp - 1) hops on the fill and drain path;
+  then the gradient all-reduces (ZeRO-1/2: reduce-scatters, or DeepSpeed's bucket all-reduces:
+  workload/deepspeed_zero.py) and the optimizer;
+- ZeRO-3: a pass of a chunk that gathers adds the unit gathers its compute does not hide
+  (workload.fsdp.exposed_gather_s; without resharding after the forward, only the passes that find their chunk
+  sharded: fsdp_estimate.gather_shares); a backward adds its units' reduce-scatters on the same links
   (workload.fsdp.exposed_backward_s); a pass that gathers right after a backward waits longer for its first
   gather, which shares the links with that backward's last reduce-scatter (fsdp_estimate.after_backward_shares,
-  workload.fsdp.delayed_by_reduce_s); the step adds the reduce-scatter of the last unit of its backward.
+  workload.fsdp.delayed_by_reduce_s); the replay puts each where the schedule runs it; the step adds the
+  reduce-scatter of the last unit of its backward.
 Pure: no simpy, torch.
 """
 
@@ -32,7 +34,7 @@ from piper_sim.planning.fsdp_estimate import after_backward_shares, gather_share
 from piper_sim.planning.geometry import Chunk, Geometry, geometry
 from piper_sim.planning.overlap_estimate import pair_s, paired_shares
 from piper_sim.planning.pipeline_estimate import SPLIT_BACKWARD, pipeline_s
-from piper_sim.planning.pipeline_replay import replayed_pipeline_s
+from piper_sim.planning.pipeline_replay import REPLAYED, replayed_pipeline_s
 from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.resource import stage_memory
 from piper_sim.schedule.communicators import config_reserve_bytes
@@ -71,8 +73,8 @@ class Estimate:
 
 class Estimator(ComputePricer):
     """Prices plans of one model on one topology (built for all the plans' GPUs) with one device profile: their
-    stages' compute (ComputePricer) and collectives (CollectivePricer) put together by the pipeline's closed forms,
-    the data-parallel reductions, ZeRO's gathers and the optimizer."""
+    stages' compute (ComputePricer) and collectives (CollectivePricer) put together by the pipeline's replay (or its
+    closed forms), the data-parallel reductions, ZeRO's gathers and the optimizer."""
 
     def estimate(self, point: PlanPoint) -> Estimate:
         m = self.model
@@ -93,16 +95,22 @@ class Estimator(ComputePricer):
             + ((point.schedule, point.num_microbatches, point.reshard_after_forward) if point.zero == 3 else ())
             + (("overlap", point.schedule, point.num_microbatches) if point.overlap_all_to_all else ())
         )
+        chunks = [
+            self._cached(stage_key + ("chunks", p), lambda p=p: self._stage_chunks(point, shape, p, a2a))
+            for p in range(point.pp)
+        ]
         per_stage, flops_per_rank_mb = [], []
         for p in range(point.pp):
-            times, flops = self._cached(stage_key + (p,), lambda p=p: self._stage_s(point, shape, p, a2a))
+            times, flops = self._cached(stage_key + (p,), lambda p=p: self._stage_s(point, shape, p, a2a, chunks[p]))
             per_stage.append(times)
             flops_per_rank_mb.append(flops)
-        pipeline = pipeline_s(point, per_stage)
-        if point.zero == 3 and point.pp > 1:  # the passes that gather lie where the schedule runs them
-            pipeline = replayed_pipeline_s(self, point, shape, a2a)
         hop = self._cached(("p2p", point.pp, tokens, split), lambda: self._p2p_s(point, tokens))
-        p2p = 2 * (stages.pipeline_length - 1) * hop  # dualpipe: its two pipelines' hops overlap
+        if point.pp > 1 and point.schedule in REPLAYED and not point.overlap_all_to_all:
+            # the generator's order with each pass's own time and the contract's p2p rendezvous (pipeline_replay)
+            pipeline, p2p = replayed_pipeline_s(self, point, shape, a2a, hop, stage_key, chunks)
+        else:
+            pipeline = pipeline_s(point, per_stage)
+            p2p = 2 * (stages.pipeline_length - 1) * hop  # dualpipe: its two pipelines' hops overlap
         grad, optimizer = self._cached(
             (
                 "reduce",
@@ -135,31 +143,36 @@ class Estimator(ComputePricer):
         )
 
     def _stage_s(
-        self, point: PlanPoint, shape: Geometry, p: int, a2a: float
+        self, point: PlanPoint, shape: Geometry, p: int, a2a: float, chunks: list[tuple[float, ...]]
     ) -> tuple[tuple[float, float, float, float], float]:
-        """Stage p's ((F, B, W, all-to-all) of one micro-batch, its FLOPs per rank) (estimate's per_stage)."""
-        tokens = point.parallel.tokens_per_microbatch(self.model.seq_len)
-        split = point.parallel.split
-        coster = self.coster(tokens, split)
-        zb = point.schedule in SPLIT_BACKWARD
-        f = b = w = a2a_s = flops = hidden = 0.0
-        for chunk in shape.chunks[p]:
-            v = chunk.virtual
-            cf, cb, cw, cflops, moe, rs, redo_moe = self._chunk_parts(coster, point, chunk, zb)
-            f, b, w, flops = f + cf, b + cb + rs, w + cw, flops + cflops
-            if point.zero == 3:  # the units' gathers that prefetch cannot hide, forward and backward
-                ef, eb = self._fsdp_s(point, shape.layers, p, v, a2a)
-                f, b = f + ef, b + eb
-            if point.zero == 2:  # the chunk's gradients reduce-scattered after its backward of each micro-batch
-                bucket = self._bucket_s(point, shape.layers, p, v)
-                b, w = (b, w + bucket) if zb else (b + bucket, w)
-            a2a_s += (4 * moe + 2 * redo_moe) * a2a
-            if point.overlap_all_to_all:  # what the chunk's pairs hide, over the stage's share of paired passes
-                share = paired_shares(point.schedule, point.pp, point.vpp, point.num_microbatches)[p]
-                hidden += share * self._hidden_s(coster, point, chunk, rs, a2a)
+        """Stage p's ((F, B, W, all-to-all) of one micro-batch, its FLOPs per rank) (estimate's per_stage) from its
+        chunks' (_stage_chunks), under ZeRO-3 with the exposed gathers and reduce-scatters at the shares of the
+        passes that run them (_fsdp_s)."""
+        f, b, w, a2a_s, flops, hidden = (sum(column) for column in zip(*chunks, strict=True))
+        if point.zero == 3:  # the units' gathers that prefetch cannot hide, forward and backward
+            exposed = [self._fsdp_s(point, shape.layers, p, chunk.virtual, a2a) for chunk in shape.chunks[p]]
+            f, b = f + sum(e[0] for e in exposed), b + sum(e[1] for e in exposed)
         share = 1 / shape.stages.num_pipelines  # bidirectional: a microbatch runs one of the two chunks
         f, b, w, a2a_s, flops, hidden = (x * share for x in (f, b, w, a2a_s, flops, hidden))
         return (f + (a2a_s - hidden) / 2, b + (a2a_s - hidden) / 2, w, a2a_s), flops
+
+    def _stage_chunks(self, point: PlanPoint, shape: Geometry, p: int, a2a: float) -> list[tuple[float, ...]]:
+        """Each chunk of stage p in one micro-batch: (F, B, W, all-to-all, FLOPs per rank, what overlapped pairs
+        hide), all-to-alls not in F and B, ZeRO-3's gathers not in either (_stage_s, pipeline_replay add them)."""
+        coster = self.coster(point.parallel.tokens_per_microbatch(self.model.seq_len), point.parallel.split)
+        zb = point.schedule in SPLIT_BACKWARD
+        out = []
+        for chunk in shape.chunks[p]:
+            cf, cb, cw, flops, moe, rs, redo_moe = self._chunk_parts(coster, point, chunk, zb)
+            f, b, w, hidden = cf, cb + rs, cw, 0.0
+            if point.zero == 2:  # the chunk's gradients reduce-scattered after its backward of each micro-batch
+                bucket = self._bucket_s(point, shape.layers, p, chunk.virtual)
+                b, w = (b, w + bucket) if zb else (b + bucket, w)
+            if point.overlap_all_to_all:  # what the chunk's pairs hide, over the stage's share of paired passes
+                share = paired_shares(point.schedule, point.pp, point.vpp, point.num_microbatches)[p]
+                hidden = share * self._hidden_s(coster, point, chunk, rs, a2a)
+            out.append((f, b, w, (4 * moe + 2 * redo_moe) * a2a, flops, hidden))
+        return out
 
     def _chunk_parts(
         self, coster: TaskCoster, point: PlanPoint, chunk: Chunk, zb: bool

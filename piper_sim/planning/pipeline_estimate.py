@@ -1,8 +1,10 @@
-"""The estimator's pipeline: a plan's forward/backward pipeline time from its per-stage times (planning/estimate.py).
+"""The estimator's pipeline from per-stage times, where the replay does not price it (planning/estimate.py).
 
 Owns pipeline_s: closed forms for 1F1B, GPipe, interleaved 1F1B and ZB-H1, and for DualPipe / DualPipe-V the coarse
 dry run of the generator's own order (schedule/dryrun.py), walked once per schedule shape and replayed with each
-plan's times. Pure: no simpy, torch.
+plan's times. The estimator takes them for plans whose all-to-alls overlap another micro-batch's pass; every other
+plan's pipeline is planning/pipeline_replay.py's, which equals these with equal passes and no hop. Pure: no simpy,
+torch.
 """
 
 from __future__ import annotations

@@ -59,19 +59,21 @@ def test_equal_passes_replay_to_the_closed_forms(schedule, pp, vpp, microbatches
         for chunk in range(vpp):
             for gathers in (False, True):
                 for after in (False, True):
-                    seconds[category_of(stage, chunk, vpp, False, gathers, after)] = f
-                    seconds[category_of(stage, chunk, vpp, True, gathers, after)] = b
+                    seconds[category_of(stage, chunk, vpp, 0, gathers, after)] = f
+                    seconds[category_of(stage, chunk, vpp, 1, gathers, after)] = b
     got = makespan_s(replay_shape(schedule, pp, vpp, microbatches, True), seconds)
     assert got == pytest.approx((pp + microbatches * vpp - 1) * (f + b))
 
 
 @pytest.mark.parametrize(
-    ("schedule", "vpp", "within"), [("1f1b", 1, 0.03), ("gpipe", 1, 0.05), ("interleaved-1f1b", 2, 0.1)]
+    ("schedule", "vpp", "within"), [("1f1b", 1, 0.07), ("gpipe", 1, 0.03), ("interleaved-1f1b", 2, 0.05)]
 )
 def test_zero3_pipelines_put_the_gathers_where_the_schedule_runs_them(schedule, vpp, within):
     """Without resharding after the forward the passes that gather are the fill's forwards and the drain's backwards,
-    on the pipeline's critical path: the closed forms, which spread them over the micro-batches, were 8-21% fast
-    against the simulator here (1F1B 0.92, GPipe 0.86, interleaved 0.79); the replay is within `within`."""
+    on the pipeline's critical path: closed forms over per-micro-batch averages are 8-21% fast against the simulator
+    here (1F1B 0.92, GPipe 0.86, interleaved 0.79); the replay is within `within` (1F1B 6% slow: a forward's receive
+    and first gather share the NIC with the previous backward's last reduce-scatter, which the estimate runs one
+    after the other)."""
     cfg_dict = copy.deepcopy(DENSE_Z3)
     cfg_dict["schedule"] = schedule
     cfg_dict["parallel"]["vpp"] = vpp
@@ -80,3 +82,19 @@ def test_zero3_pipelines_put_the_gathers_where_the_schedule_runs_them(schedule, 
     estimate = estimate_config(cfg)[0].step_time_s
     simulated = simulate(cfg).report.step_time_s
     assert estimate == pytest.approx(simulated, rel=within)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "dualpipe", "dualpipe-v"])
+def test_the_estimate_is_the_simulated_pipeline_where_passes_and_hops_are_uniform(schedule):
+    """Each pass receives its input when it reaches it (the contract's p2p: a transfer starts when both its send
+    and its recv are issued), which in interleaved 1F1B exposes every hop; with ZeRO-1, no contention and no
+    all-to-all the estimate is the simulator's step (within 1%: ZB-H1 and DualPipe-V 0.2-0.5% fast, where a stage sends
+    and receives at once over its one NIC)."""
+    cfg_dict = copy.deepcopy(DENSE_Z3)
+    cfg_dict["schedule"] = schedule
+    cfg_dict["optimizer"] = {"zero": 1}
+    cfg_dict["parallel"]["vpp"] = 2 if schedule in ("interleaved-1f1b", "dualpipe", "dualpipe-v") else 1
+    cfg_dict["topology"]["params"]["nic_bandwidth_GBps"] = 12.5
+    cfg = load_config(cfg_dict)
+    estimate = estimate_config(cfg)[0]
+    assert estimate.step_time_s == pytest.approx(simulate(cfg).report.step_time_s, rel=0.01)
