@@ -210,15 +210,17 @@ class CollectivePricer:
     def _link_matrix(self, phase: Phase, gpus: tuple[str, ...]) -> tuple:
         """The phase's flows on the links they touch: (link index among them, flow, share of the flow,
         capacity of each touched link, the largest path latency)."""
-        links, flows, fractions = [], [], []
-        latency = 0.0
+        links, flows, fractions, starts = [], [], [], []  # starts: where each path's links begin in `links`
         for j, (s, d) in enumerate(zip(phase.src.tolist(), phase.dst.tolist(), strict=True)):
             for fraction, path in self.topo.paths(gpus[s], gpus[d]):
-                links.extend(path)
-                flows.extend([j] * len(path))
-                fractions.extend([fraction] * len(path))
-                latency = max(latency, self.topo.path_latency_s(path))
-        touched, index = np.unique(np.array(links, dtype=np.int64), return_inverse=True)
+                if path:
+                    starts.append(len(links))
+                    links.extend(path)
+                    flows.extend([j] * len(path))
+                    fractions.extend([fraction] * len(path))
+        link = np.array(links, dtype=np.int64)
+        latency = float(np.add.reduceat(self.topo.latency_s[link], starts).max()) if starts else 0.0
+        touched, index = np.unique(link, return_inverse=True)
         return (
             index,
             np.array(flows, dtype=np.int64),

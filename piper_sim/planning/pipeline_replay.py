@@ -20,7 +20,6 @@ pipeline_estimate.py. DualPipe's two directions and overlapped pairs keep those 
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 
 import numba
@@ -29,8 +28,8 @@ import numpy as np
 from piper_sim.planning.geometry import Geometry
 from piper_sim.planning.plan_point import PlanPoint
 from piper_sim.planning.resource import coarse_programs
-from piper_sim.schedule.dryrun import coarse_order
 from piper_sim.schedule.generator_registry import schedule_layout
+from piper_sim.schedule.ir import VirtualStages
 from piper_sim.schedule.lower_fsdp import gathering_passes
 from piper_sim.workload.task_kinds import TaskKind
 
@@ -66,38 +65,114 @@ def num_categories(pp: int, vpp: int) -> int:
 def replay_shape(schedule: str, pp: int, vpp: int, microbatches: int, reshard_after_forward: bool) -> ReplayShape:
     """The walk of the schedule's coarse programs (_walk), its passes categorized by the gathers
     schedule/lower_fsdp.py's gathering_passes lowers under ZeRO-3 (ignored otherwise)."""
-    programs = coarse_programs(schedule, pp, vpp, microbatches)
-    stage, ptr, needs, receives, positions = _walk(schedule, pp, vpp, microbatches)
-    categories = []
-    for p, program in enumerate(programs):
-        gathering = gathering_passes(program, reshard_after_forward=reshard_after_forward)
-        row, previous = [], None
-        for task in program:
-            kind = KINDS.get(task.kind)
-            gathers = task.task_id in gathering
-            after = previous in BACKWARDS
-            row.append(-1 if kind is None else category_of(p, task.chunk, vpp, kind, gathers, after))
-            previous = task.kind if kind is not None else previous
-        categories.append(row)
-    category = np.array([categories[s][position] for s, position in zip(stage.tolist(), positions, strict=True)])
-    return ReplayShape(stage, ptr, needs, receives, category.astype(np.int64), pp)
+    tasks = _tasks(schedule, pp, vpp, microbatches)
+    gathering = [gathering_passes(program, reshard_after_forward=reshard_after_forward) for program in tasks.programs]
+    gathers = np.array([task.task_id in gathering[p] for p, program in enumerate(tasks.programs) for task in program])
+    category = np.where(
+        tasks.kind >= 0, ((tasks.stage * vpp + tasks.chunk) * 3 + tasks.kind) * 4 + 2 * gathers + tasks.after, -1
+    )
+    order, ptr, needs, receives = _walk(schedule, pp, vpp, microbatches)
+    return ReplayShape(tasks.stage[order], ptr, needs, receives, category[order], pp)
+
+
+@dataclass(frozen=True)
+class _Tasks:
+    """A schedule's coarse programs' tasks, stage after stage in program order: each one's stage, chunk, kind
+    (KINDS; -1 for a task that is not a pass), whether it follows a backward pass of its stage, the key it
+    completes and the keys it waits for (its dependency on its own stage, its input from the neighbouring virtual
+    stage; -1 for none), keys being (class, stage, chunk, micro-batch) as integers."""
+
+    programs: tuple
+    stage: np.ndarray
+    chunk: np.ndarray
+    kind: np.ndarray
+    after: np.ndarray
+    own: np.ndarray
+    same: np.ndarray
+    cross: np.ndarray
 
 
 @functools.lru_cache(maxsize=256)
-def _walk(schedule: str, pp: int, vpp: int, microbatches: int) -> tuple:
-    """The coarse dry run's walk of the schedule (resource.coarse_programs' programs, shared with the resource model
-    and fsdp_estimate): each step's stage, needs (CSR), whether it receives from another stage, and its position in
-    its stage's program."""
-    order = coarse_order(coarse_programs(schedule, pp, vpp, microbatches), vpp=vpp, layout=schedule_layout(schedule))
-    stage = [s for s, _, _, _ in order.steps]
-    counts = [len(needs) for _, _, _, needs in order.steps]
-    return (
-        np.array(stage, dtype=np.int64),
-        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-        np.array([i for *_, needs in order.steps for i in needs], dtype=np.int64),
-        np.array([any(stage[i] != s for i in needs) for s, _, _, needs in order.steps], dtype=np.bool_),
-        [position for _, position, _, _ in order.steps],
-    )
+def _tasks(schedule: str, pp: int, vpp: int, microbatches: int) -> _Tasks:
+    """The coarse programs (resource.coarse_programs, shared with the resource model and fsdp_estimate) as _Tasks:
+    a forward needs the forward of the virtual stage before it, a backward (input pass) the backward of the one
+    after it (the coarse dry run's implicit transfers, schedule/dryrun.py), each task its program's deps."""
+    programs = coarse_programs(schedule, pp, vpp, microbatches)
+    stages = VirtualStages(schedule_layout(schedule), pp, vpp)
+
+    def key(kind: int, stage: int, chunk: int, microbatch: int) -> int:
+        return ((kind * pp + stage) * vpp + chunk) * microbatches + microbatch
+
+    columns: list[tuple[int, ...]] = []
+    for p, program in enumerate(programs):
+        by_id = {task.task_id: task for task in program}
+        previous = None
+        for task in program:
+            kind = KINDS.get(task.kind, -1)
+            if len(task.deps) > 1:
+                raise ValueError(f"{schedule}: task {task.task_id} has {len(task.deps)} deps; the replay takes one")
+            dep = by_id[task.deps[0]] if task.deps else None
+            same = -1 if dep is None else key(KINDS[dep.kind], p, dep.chunk, dep.microbatch)
+            virtual = stages.of(p, task.chunk)
+            other = {0: stages.previous(virtual), 1: stages.next(virtual)}.get(kind)
+            cross = -1 if other is None else key(kind, *stages.where(other), task.microbatch)
+            own = -1 if kind < 0 else key(kind, p, task.chunk, task.microbatch)
+            columns.append((p, task.chunk, kind, previous in BACKWARDS, own, same, cross))
+            previous = task.kind if kind >= 0 else previous
+    stage, chunk, kind, after, own, same, cross = (np.array(c, dtype=np.int64) for c in zip(*columns, strict=True))
+    return _Tasks(programs, stage, chunk, kind, after, own, same, cross)
+
+
+@functools.lru_cache(maxsize=256)
+def _walk(schedule: str, pp: int, vpp: int, microbatches: int) -> tuple[np.ndarray, ...]:
+    """The stages' programs walked with one blocking program counter per stage (schedule/dryrun.py's coarse_order,
+    compiled): (the tasks in walk order, its steps' needs as CSR over step indices, whether each step receives from
+    another stage)."""
+    t = _tasks(schedule, pp, vpp, microbatches)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(t.stage, minlength=pp))]).astype(np.int64)
+    order, need_same, need_cross = _walk_order(starts, t.own, t.same, t.cross, 3 * pp * vpp * microbatches)
+    if order.shape[0] < t.stage.shape[0]:
+        raise ValueError(f"{schedule} pp {pp} vpp {vpp} x{microbatches}: its programs deadlock")
+    both = np.stack([need_same, need_cross], axis=1)
+    counts = (both >= 0).sum(axis=1)
+    stage = t.stage[order]
+    receives = (need_cross >= 0) & (stage[np.maximum(need_cross, 0)] != stage)
+    return order, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), both[both >= 0], receives
+
+
+@numba.njit(cache=True)
+def _walk_order(starts, own, same, cross, num_keys):
+    num_stages = starts.shape[0] - 1
+    done = np.full(num_keys, -1, dtype=np.int64)  # key -> the step that completed it
+    blocked = np.full(num_stages, -1, dtype=np.int64)  # stage -> the key it waits for
+    pc = starts[:-1].copy()
+    order = np.empty(own.shape[0], dtype=np.int64)
+    need_same = np.full(own.shape[0], -1, dtype=np.int64)
+    need_cross = np.full(own.shape[0], -1, dtype=np.int64)
+    ready = list(range(num_stages))
+    steps = 0
+    while len(ready) > 0:
+        stage = ready.pop(0)
+        while pc[stage] < starts[stage + 1]:
+            i = pc[stage]
+            if same[i] >= 0 and done[same[i]] < 0:
+                blocked[stage] = same[i]
+                break
+            if cross[i] >= 0 and done[cross[i]] < 0:
+                blocked[stage] = cross[i]
+                break
+            order[steps] = i
+            need_same[steps] = done[same[i]] if same[i] >= 0 else -1
+            need_cross[steps] = done[cross[i]] if cross[i] >= 0 else -1
+            pc[stage] += 1
+            if own[i] >= 0 and done[own[i]] < 0:
+                done[own[i]] = steps
+                for other in range(num_stages):
+                    if blocked[other] == own[i]:
+                        blocked[other] = -1
+                        ready.append(other)
+            steps += 1
+    return order[:steps], need_same[:steps], need_cross[:steps]
 
 
 def replayed_pipeline_s(
@@ -118,17 +193,18 @@ def _category_seconds(estimator, point: PlanPoint, shape: Geometry, a2a: float, 
     gathers where it gathers (with their delay right after a backward), its reduce-scatters where a backward does
     not."""
     seconds = np.zeros(num_categories(point.pp, point.vpp))
+    table = seconds.reshape(point.pp, point.vpp, 3, 4)  # [stage, chunk, kind, 2 x gathers + follows a backward]
     for p in range(point.pp):
         for chunk, (f, b, w, moving, _, _) in zip(shape.chunks[p], chunks[p], strict=True):
-            exposed = (0.0,) * 5
+            row = table[p, chunk.index]
+            row[0], row[1], row[2] = f + moving / 2, b + moving / 2, w
             if point.zero == 3:
-                exposed = estimator._chunk_exposures(point, shape.layers, p, chunk.virtual, a2a)
-            gather_f, gather_b, reducing, delay_f, delay_b = exposed
-            for gathers, after in itertools.product((False, True), repeat=2):
-                at = functools.partial(category_of, p, chunk.index, point.vpp, gathers=gathers, after_backward=after)
-                seconds[at(0)] = f + moving / 2 + (gather_f + after * delay_f if gathers else 0.0)
-                seconds[at(1)] = b + moving / 2 + (gather_b + after * delay_b if gathers else reducing)
-                seconds[at(2)] = w
+                gather_f, gather_b, reducing, delay_f, delay_b = estimator._chunk_exposures(
+                    point, shape.layers, p, chunk.virtual, a2a
+                )
+                row[0, 2:] += (gather_f, gather_f + delay_f)
+                row[1, 2:] += (gather_b, gather_b + delay_b)
+                row[1, :2] += reducing
     return seconds
 
 

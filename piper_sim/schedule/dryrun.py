@@ -117,28 +117,35 @@ def coarse_order(programs: Programs, *, vpp: int | None = None, layout: Layout =
     stages = VirtualStages(layout, pp, vpp)
     board = _Board[int]()  # key -> the step that finished it first
     steps: list[tuple[int, int, str, tuple[int, ...]]] = []
-    pc, blocked = [0] * pp, [""] * pp
+    pc = [0] * pp
+    waiting: list[tuple[str, tuple] | None] = [None] * pp  # a stuck stage's task and the key it waits for
     ready = deque(range(pp))
+    neighbours: dict[tuple, tuple | None] = {}  # (stage, chunk, kind) -> the neighbour's (class, stage, chunk)
+    done = board.done
     while ready:
         stage = ready.popleft()
         program = programs[stage]
         while pc[stage] < len(program):
             task = program[pc[stage]]
             needs = [("id", stage, dep) for dep in task.deps]
-            cross = _cross_key(task, stage, stages)
-            needs += [cross] if cross else []
+            where = (stage, task.chunk, task.kind)
+            if where not in neighbours:
+                cross = _cross_key(task, stage, stages)
+                neighbours[where] = None if cross is None else cross[:3]
+            if (other := neighbours[where]) is not None:
+                needs.append((*other, task.microbatch))
             missing = board.first_missing(needs)
             if missing is not None:
                 board.waiters[missing].append(stage)
-                blocked[stage] = f"{task.task_id} waits for {_describe(missing)}"
+                waiting[stage] = (task.task_id, missing)
                 break
             step = len(steps)
-            steps.append((stage, pc[stage], task.kind, tuple(board.done[k] for k in needs)))
-            pc[stage], blocked[stage] = pc[stage] + 1, ""
+            steps.append((stage, pc[stage], task.kind, tuple(done[k] for k in needs)))
+            pc[stage], waiting[stage] = pc[stage] + 1, None
             ready.extend(board.finish(("id", stage, task.task_id), step))
-            cls = _CLASS.get(task.kind, task.kind)
-            ready.extend(board.finish((cls, stage, task.chunk, task.microbatch), step))
-    return CoarseOrder(steps=tuple(steps), blocked=tuple(blocked), lengths=tuple(len(p) for p in programs))
+            ready.extend(board.finish((_CLASS.get(task.kind, task.kind), stage, task.chunk, task.microbatch), step))
+    blocked = tuple("" if w is None else f"{w[0]} waits for {_describe(w[1])}" for w in waiting)
+    return CoarseOrder(steps=tuple(steps), blocked=blocked, lengths=tuple(len(p) for p in programs))
 
 
 def replay(order: CoarseOrder, durations: Durations = None) -> tuple[list[float], list[float]]:
