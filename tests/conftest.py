@@ -43,6 +43,22 @@ EQUAL_STAGES_MODEL = {
 }
 
 
+def one_gpu_nodes(nic_GBps: float) -> dict:
+    """The uniform cluster with one GPU a node: every transfer between two ranks crosses their NICs of nic_GBps."""
+    return {
+        "builder": "uniform",
+        "params": {
+            "gpus_per_node": 1,
+            "intra_bandwidth_GBps": 100,
+            "intra_latency_us": 1.0,
+            "nic_bandwidth_GBps": nic_GBps,
+            "nic_latency_us": 1.5,
+            "switch_latency_us": 0.5,
+            "message_overhead_us": 2.0,
+        },
+    }
+
+
 @pytest.fixture
 def negligible_comm_config() -> dict:
     return {

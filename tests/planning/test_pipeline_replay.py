@@ -8,6 +8,7 @@ import copy
 
 import numpy as np
 import pytest
+from conftest import one_gpu_nodes
 
 from piper_sim.config import load_config
 from piper_sim.planning.estimate import estimate_config
@@ -25,18 +26,7 @@ DENSE_Z3 = {
     "optimizer": {"zero": 3},
     "cost": {"profile": "h100"},
     "parallel": {"pp": 4, "ep": 1, "dp": 2, "num_microbatches": 8, "micro_batch_size": 2},
-    "topology": {
-        "builder": "uniform",
-        "params": {
-            "gpus_per_node": 1,
-            "intra_bandwidth_GBps": 100,
-            "intra_latency_us": 1.0,
-            "nic_bandwidth_GBps": 1.0,  # a unit's gather about a unit's compute: the gathers are exposed
-            "nic_latency_us": 1.5,
-            "switch_latency_us": 0.5,
-            "message_overhead_us": 2.0,
-        },
-    },
+    "topology": one_gpu_nodes(1.0),  # a unit's gather about a unit's compute: the gathers are exposed
 }
 
 
@@ -94,7 +84,7 @@ def test_the_estimate_is_the_simulated_pipeline_where_passes_and_hops_are_unifor
     cfg_dict["schedule"] = schedule
     cfg_dict["optimizer"] = {"zero": 1}
     cfg_dict["parallel"]["vpp"] = 2 if schedule in ("interleaved-1f1b", "dualpipe", "dualpipe-v") else 1
-    cfg_dict["topology"]["params"]["nic_bandwidth_GBps"] = 12.5
+    cfg_dict["topology"] = one_gpu_nodes(12.5)
     cfg = load_config(cfg_dict)
     estimate = estimate_config(cfg)[0]
     assert estimate.step_time_s == pytest.approx(simulate(cfg).report.step_time_s, rel=0.01)

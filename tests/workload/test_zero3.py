@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 import pytest
+from conftest import one_gpu_nodes
 
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
@@ -36,18 +37,7 @@ def _two_nodes(nic_GBps: float) -> dict:
         "optimizer": {"zero": 3},
         "cost": {"profile": "h100"},
         "parallel": {"pp": 1, "ep": 1, "dp": 2, "num_microbatches": 1, "micro_batch_size": 2},
-        "topology": {
-            "builder": "uniform",
-            "params": {
-                "gpus_per_node": 1,
-                "intra_bandwidth_GBps": 100,
-                "intra_latency_us": 1.0,
-                "nic_bandwidth_GBps": nic_GBps,
-                "nic_latency_us": 1.5,
-                "switch_latency_us": 0.5,
-                "message_overhead_us": 2.0,
-            },
-        },
+        "topology": one_gpu_nodes(nic_GBps),
     }
 
 
