@@ -60,7 +60,7 @@ class Estimate:
     pipeline_s: float  # the forward/backward pipeline of all microbatches, all-to-alls and p2p included
     bubble_s: float  # pipeline_s less the busiest stage's own work
     all_to_all_s: float  # per step on the busiest stage (blocking: on the critical path)
-    p2p_s: float  # activations and gradients on the fill and drain path
+    p2p_s: float  # what the activations' and gradients' transfers add to the pipeline (their exposed hops)
     grad_reduce_s: float
     optimizer_s: float
     model_flops_per_step: float

@@ -1,7 +1,7 @@
 """An error budget's estimate side: the estimator's step of a plan split into the terms that make it.
 
 Owns estimate_budget(). The estimator's step is the pipeline (the busiest stage's own work over the micro-batches,
-plus the bubble), the activations' p2p on the fill and drain path, the gradient reductions and the optimizer
+plus the bubble), what the activations' p2p transfers add to it, the gradient reductions and the optimizer
 (planning/estimate.py). The busiest stage's work is split further: its compute by cost term (workload.cost.
 COST_TERMS: GEMMs, attention, memory-bound kernels, launches, the stack's measured fixed costs), the recomputation
 before its backward, its tensor-parallel collectives (tp_comm), the part of its context-parallel K/V rings the

@@ -1,7 +1,7 @@
 """The estimator's pipeline: the generator's own order replayed with each pass's time and the contract's p2p.
 
 A pass of a chunk on a stage takes its chunk's forward, backward (ZB-H1: input pass) or weight-pass time, all-to-alls
-included (Estimator._chunk_s); under ZeRO-3 a pass that finds its chunk's parameters sharded also gathers them
+included (Estimator._stage_chunks); under ZeRO-3 a pass that finds its chunk's parameters sharded also gathers them
 (without resharding after the forward, only the fill's forwards and the drain's backwards, which lie on the critical
 path), its first gather later right after a backward, and a backward that does not gather still reduces
 (fsdp_estimate, Estimator._chunk_exposures). A pass that needs another stage's activations or gradients receives them
@@ -10,11 +10,12 @@ first: the execution contract's transfer starts when both its send (issued as th
 rule 4; Estimator._p2p_s), so in a schedule whose stages run in lockstep (interleaved 1F1B) every such hop is
 exposed, while a stage that waits for its producer pays it only after the send.
 
-The pipeline is then the coarse dry run of the schedule (schedule/dryrun.py: each stage's program in order, each
-pass after the passes it needs) with these times: a walk taken once per schedule shape (ReplayShape) and replayed per
-plan by a compiled loop over its steps, each step's time looked up by its category (stage, chunk, kind, whether it
-gathers, whether it follows a backward). With equal passes and no hop it is the closed forms of
-pipeline_estimate.py. DualPipe's two directions and overlapped pairs keep those forms. Pure: no simpy, torch.
+The pipeline is then the coarse dry run of the schedule (schedule/dryrun.py's coarse_order: each stage's program in
+order, each pass after the passes it needs) with these times: a walk taken once per schedule shape, compiled
+(ReplayShape), and replayed per plan by a compiled loop over its steps, each step's time looked up by its category
+(stage, chunk, kind, whether it gathers, whether it follows a backward). With equal passes and no hop it is the
+closed forms of pipeline_estimate.py, which plans whose all-to-alls overlap another micro-batch's pass keep. Pure:
+no simpy, torch.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ class ReplayShape:
     num_stages: int
 
 
-def category_of(stage: int, chunk: int, vpp: int, kind: int, gathers: bool, after_backward: bool) -> int:
-    """A pass's category: ((stage x vpp + chunk) x 3 + kind) x 4 + 2 x gathers + follows a backward (kind: KINDS)."""
+def category_of(stage, chunk, vpp: int, kind, gathers, after_backward):
+    """A pass's category: ((stage x vpp + chunk) x 3 + kind) x 4 + 2 x gathers + follows a backward (kind: KINDS);
+    of one pass, or element-wise of arrays of them."""
     return ((stage * vpp + chunk) * 3 + kind) * 4 + 2 * gathers + after_backward
 
 
@@ -69,7 +71,7 @@ def replay_shape(schedule: str, pp: int, vpp: int, microbatches: int, reshard_af
     gathering = [gathering_passes(program, reshard_after_forward=reshard_after_forward) for program in tasks.programs]
     gathers = np.array([task.task_id in gathering[p] for p, program in enumerate(tasks.programs) for task in program])
     category = np.where(
-        tasks.kind >= 0, ((tasks.stage * vpp + tasks.chunk) * 3 + tasks.kind) * 4 + 2 * gathers + tasks.after, -1
+        tasks.kind >= 0, category_of(tasks.stage, tasks.chunk, vpp, tasks.kind, gathers, tasks.after), -1
     )
     order, ptr, needs, receives = _walk(schedule, pp, vpp, microbatches)
     return ReplayShape(tasks.stage[order], ptr, needs, receives, category[order], pp)
