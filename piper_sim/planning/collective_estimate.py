@@ -88,6 +88,9 @@ class CollectivePricer:
             for start in range(0, point.num_gpus // point.pp, span)
             for o in range(point.etp)
         ]
+        hosts = [{self.topo.host_of(g) for g in group} for group in groups]
+        if all(len(h) == 1 for h in hosts) and len(set().union(*hosts)) == len(groups):
+            groups = groups[:1]  # each group inside a node of its own: they share no link, and nodes are alike
         fanout = Fanout(self.model.top_k, self.model.num_experts, adjacent=self.adjacent_experts)
         algorithm = bind_fanout(ALL_TO_ALL.get(point.all_to_all, "collectives.all_to_all"), fanout)
         return self._merged_s([algorithm(matrix, list(g), self.topo) for g in groups], groups)
@@ -210,21 +213,25 @@ class CollectivePricer:
     def _link_matrix(self, phase: Phase, gpus: tuple[str, ...]) -> tuple:
         """The phase's flows on the links they touch: (link index among them, flow, share of the flow,
         capacity of each touched link, the largest path latency)."""
-        links, flows, fractions, starts = [], [], [], []  # starts: where each path's links begin in `links`
-        for j, (s, d) in enumerate(zip(phase.src.tolist(), phase.dst.tolist(), strict=True)):
-            for fraction, path in self.topo.paths(gpus[s], gpus[d]):
-                if path:
-                    starts.append(len(links))
-                    links.extend(path)
-                    flows.extend([j] * len(path))
-                    fractions.extend([fraction] * len(path))
-        link = np.array(links, dtype=np.int64)
-        latency = float(np.add.reduceat(self.topo.latency_s[link], starts).max()) if starts else 0.0
+        routes = [self._route(gpus[s], gpus[d]) for s, d in zip(phase.src.tolist(), phase.dst.tolist(), strict=True)]
+        if not routes:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), 0.0
+        link = np.concatenate([r[0] for r in routes])
+        fraction = np.concatenate([r[1] for r in routes])
+        flows = np.repeat(np.arange(len(routes)), [r[0].shape[0] for r in routes])
+        latency = max(r[2] for r in routes)
         touched, index = np.unique(link, return_inverse=True)
-        return (
-            index,
-            np.array(flows, dtype=np.int64),
-            np.array(fractions),
-            self.topo.capacity_bytes_per_s[touched],
-            latency,
-        )
+        return index, flows, fraction, self.topo.capacity_bytes_per_s[touched], latency
+
+    def _route(self, src: str, dst: str) -> tuple[np.ndarray, np.ndarray, float]:
+        """A pair's paths as arrays, memoized: (the links of every path one after another, each entry's path
+        fraction, the largest path latency)."""
+        key = ("route", src, dst)
+        hit = self._memo.get(key)
+        if hit is None:
+            paths = [(fraction, path) for fraction, path in self.topo.paths(src, dst) if path]
+            links = np.array([link for _, path in paths for link in path], dtype=np.int64)
+            fractions = np.array([fraction for fraction, path in paths for _ in path], dtype=float)
+            latency = max((self.topo.path_latency_s(path) for _, path in paths), default=0.0)
+            hit = self._memo[key] = (links, fractions, latency)
+        return hit  # type: ignore[return-value]

@@ -102,24 +102,27 @@ def _tasks(schedule: str, pp: int, vpp: int, microbatches: int) -> _Tasks:
     programs = coarse_programs(schedule, pp, vpp, microbatches)
     stages = VirtualStages(schedule_layout(schedule), pp, vpp)
 
-    def key(kind: int, stage: int, chunk: int, microbatch: int) -> int:
-        return ((kind * pp + stage) * vpp + chunk) * microbatches + microbatch
+    def key(kind: int, stage: int, chunk: int) -> int:  # a key less its micro-batch: key(...) * microbatches + m
+        return ((kind * pp + stage) * vpp + chunk) * microbatches
 
+    neighbour: dict[tuple[int, int, int], int] = {}  # (stage, chunk, kind) -> the needed pass's key, -1 for none
     columns: list[tuple[int, ...]] = []
     for p, program in enumerate(programs):
         by_id = {task.task_id: task for task in program}
         previous = None
         for task in program:
-            kind = KINDS.get(task.kind, -1)
+            kind, chunk, m = KINDS.get(task.kind, -1), task.chunk, task.microbatch
+            if (p, chunk, kind) not in neighbour:
+                virtual = stages.of(p, chunk)
+                other = stages.previous(virtual) if kind == 0 else stages.next(virtual) if kind == 1 else None
+                neighbour[p, chunk, kind] = -1 if other is None else key(kind, *stages.where(other))
             if len(task.deps) > 1:
                 raise ValueError(f"{schedule}: task {task.task_id} has {len(task.deps)} deps; the replay takes one")
             dep = by_id[task.deps[0]] if task.deps else None
-            same = -1 if dep is None else key(KINDS[dep.kind], p, dep.chunk, dep.microbatch)
-            virtual = stages.of(p, task.chunk)
-            other = {0: stages.previous(virtual), 1: stages.next(virtual)}.get(kind)
-            cross = -1 if other is None else key(kind, *stages.where(other), task.microbatch)
-            own = -1 if kind < 0 else key(kind, p, task.chunk, task.microbatch)
-            columns.append((p, task.chunk, kind, previous in BACKWARDS, own, same, cross))
+            same = -1 if dep is None else key(KINDS[dep.kind], p, dep.chunk) + dep.microbatch
+            cross = neighbour[p, chunk, kind]
+            own = -1 if kind < 0 else key(kind, p, chunk) + m
+            columns.append((p, chunk, kind, previous in BACKWARDS, own, same, -1 if cross < 0 else cross + m))
             previous = task.kind if kind >= 0 else previous
     stage, chunk, kind, after, own, same, cross = (np.array(c, dtype=np.int64) for c in zip(*columns, strict=True))
     return _Tasks(programs, stage, chunk, kind, after, own, same, cross)
