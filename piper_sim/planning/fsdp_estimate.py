@@ -1,7 +1,8 @@
 """The estimator's ZeRO-3 / FSDP terms: which passes gather and over which groups (docs/sharding.md).
 
 Owns gather_shares (the share of a chunk's forwards and backwards that find its units sharded, from the schedule
-generator's own program and schedule/lower_fsdp.py's gathering_passes, so the estimator and the lowering agree),
+generator's own program and schedule/lower_fsdp.py's gathering_passes, so the estimator and the lowering agree: the
+replay's pass categories, planning/pipeline_replay.py),
 after_backward_shares (those of them that start right after a backward, beside its last reduce-scatter) and
 shard_groups (the GPUs a class of parameters is gathered and reduce-scattered over, and those its shard is all-reduced
 over under HSDP; unit_reduce_s prices a unit's reduction with them). Pure: no simpy, torch.
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from piper_sim.collectives.algorithms import ALL_REDUCE
 from piper_sim.collectives.sharded import REDUCE_SCATTER
-from piper_sim.planning.resource import coarse_programs
-from piper_sim.schedule.lower_fsdp import gathering_passes
-from piper_sim.workload.task_kinds import TaskKind
+from piper_sim.planning.pipeline_replay import num_categories, pass_categories
 
 
 def gather_shares(
@@ -44,26 +45,16 @@ def _pass_shares(
     schedule: str, pp: int, vpp: int, microbatches: int, reshard_after_forward: bool
 ) -> dict[tuple[int, int], tuple[float, float, float, float]]:
     """For every (stage, chunk) of one schedule at once: the shares of its forwards and backwards that gather
-    (gather_shares) and of those that gather right after a backward (after_backward_shares). Its program is
-    generated once, shared with the resource model's live counts (resource.coarse_programs)."""
-    shares = {}
-    passes = (TaskKind.FORWARD, TaskKind.BACKWARD)
-    for stage, program in enumerate(coarse_programs(schedule, pp, vpp, microbatches)):
-        gathering = gathering_passes(program, reshard_after_forward=reshard_after_forward)
-        counts: dict[tuple[int, str, bool], int] = {}
-        previous = None
-        for task in program:
-            if task.kind not in passes:
-                continue
-            if task.task_id in gathering:
-                key = (task.chunk, task.kind, previous == TaskKind.BACKWARD)
-                counts[key] = counts.get(key, 0) + 1
-            previous = task.kind
-        for chunk in range(vpp):
-            after = [counts.get((chunk, kind, True), 0) for kind in passes]
-            alone = [counts.get((chunk, kind, False), 0) for kind in passes]
-            shares[stage, chunk] = tuple(n / microbatches for n in (after[0] + alone[0], after[1] + alone[1], *after))
-    return shares
+    (gather_shares) and of those that gather right after a backward (after_backward_shares), counted over the
+    replay's categories of its passes (pipeline_replay.pass_categories)."""
+    category = pass_categories(schedule, pp, vpp, microbatches, reshard_after_forward)
+    counts = np.bincount(category[category >= 0], minlength=num_categories(pp, vpp)) / microbatches
+    table = counts.reshape(pp, vpp, 3, 4)  # [stage, chunk, kind, 2 x gathers + follows a backward]
+    return {
+        (stage, chunk): (*table[stage, chunk, :2, 2:].sum(axis=1).tolist(), *table[stage, chunk, :2, 3].tolist())
+        for stage in range(pp)
+        for chunk in range(vpp)
+    }
 
 
 def unit_reduce_s(estimator, size_bytes: float, gpus: list[str], replicate: int) -> float:

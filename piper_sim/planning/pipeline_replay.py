@@ -65,16 +65,20 @@ def num_categories(pp: int, vpp: int) -> int:
 
 @functools.lru_cache(maxsize=512)
 def replay_shape(schedule: str, pp: int, vpp: int, microbatches: int, reshard_after_forward: bool) -> ReplayShape:
-    """The walk of the schedule's coarse programs (_walk), its passes categorized by the gathers
-    schedule/lower_fsdp.py's gathering_passes lowers under ZeRO-3 (ignored otherwise)."""
+    """The walk of the schedule's coarse programs (_walk), its passes categorized (pass_categories)."""
+    category = pass_categories(schedule, pp, vpp, microbatches, reshard_after_forward)
+    order, ptr, needs, receives = _walk(schedule, pp, vpp, microbatches)
+    return ReplayShape(_tasks(schedule, pp, vpp, microbatches).stage[order], ptr, needs, receives, category[order], pp)
+
+
+@functools.lru_cache(maxsize=512)
+def pass_categories(schedule: str, pp: int, vpp: int, microbatches: int, reshard_after_forward: bool) -> np.ndarray:
+    """Each task's category (category_of; -1 for a task that is not a pass), stage after stage in program order, its
+    gathers those schedule/lower_fsdp.py's gathering_passes lowers under ZeRO-3 (fsdp_estimate counts them)."""
     tasks = _tasks(schedule, pp, vpp, microbatches)
     gathering = [gathering_passes(program, reshard_after_forward=reshard_after_forward) for program in tasks.programs]
     gathers = np.array([task.task_id in gathering[p] for p, program in enumerate(tasks.programs) for task in program])
-    category = np.where(
-        tasks.kind >= 0, category_of(tasks.stage, tasks.chunk, vpp, tasks.kind, gathers, tasks.after), -1
-    )
-    order, ptr, needs, receives = _walk(schedule, pp, vpp, microbatches)
-    return ReplayShape(tasks.stage[order], ptr, needs, receives, category[order], pp)
+    return np.where(tasks.kind >= 0, category_of(tasks.stage, tasks.chunk, vpp, tasks.kind, gathers, tasks.after), -1)
 
 
 @dataclass(frozen=True)
