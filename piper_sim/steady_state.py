@@ -4,18 +4,26 @@ With identical micro-batches (uniform routing, no expert migration) and determin
 timing is a max-plus linear recurrence. Past the pipeline's fill, every further `c` micro-batches (the schedule's
 granularity: 1 for 1F1B, pp for interleaved 1F1B) add the same time to the step and the same amounts to every total a
 report is made of (busy and idle time, FLOPs, bytes on each link, all-to-all calls, the busiest rank's budget terms),
-while the fill, the drain and the gradient reduction after it keep their shape. So the run is simulated at short
-counts M1, M1 + c, M1 + 2c, ... (M1 the smallest valid count from pp on); as soon as three in a row have every such
-total on one line (within TOLERANCE of the total's size), one more run at about twice the last count checks the line
-(a contended plan's step can stay on a line for a few counts and then step off it), and where it holds the figures
-of the configured count M are the affine extrapolation. Where no three do within SAVING of M's micro-batches (a fill
-longer than the counts tried, a regime of a longer period; the short runs stop at the first count whose line could not
-be checked within SAVING), where the check fails, where the schedule is not one of
-STEADY_SCHEDULES, where micro-batches differ (skewed routing, migration), or where the full run is quick anyway
-(FULL_WALL_S), M is simulated in full. What
-comes back either way is a Report (its microbatches_simulated says which counts ran) and the busiest rank's error
-budget; a trace comes only from a full run (`simulate`). tests/sim/test_steady_state.py holds the extrapolated figures
-to full runs.
+while the fill, the drain and the gradient reduction after it keep their shape. So the run is simulated at short counts
+M1, M1 + c, M1 + 2c, ... (M1 the smallest valid count from pp on; c = PERIOD where the schedule takes such counts and
+they leave room for their check: a contended plan can repeat every two micro-batches); as soon as three in a row have
+every such total on one line (within TOLERANCE of the total's size), one more run at about twice the last count checks
+the line (a contended plan's step can stay on a line for a few counts and then step off it), and where it holds the
+figures of the configured count M are the affine extrapolation (Report.extrapolation "exact").
+
+A contended plan's step settles on its line while the split of its waiting between idle time and exposed communication
+keeps drifting for many micro-batches (collectives and transfers sharing links change their order). Where the totals are
+not on one line but the counted ones are (FLOPs, calls, bytes, memory: COUNTED) and the step is within NEAR_TOLERANCE of
+the makespan of the line through the two runs before the last, at the short runs and at the check (near_affine), the
+figures are extrapolated on the line through the last short run and the check ("near"): the step as checked, the shares
+of the step (compute, idle and exposed time, the busiest rank's budget terms, the all-to-alls' bandwidths) from the
+slope of that last span, so they are approximate (docs/performance.md gives the error measured against full runs). Where
+no three do within SAVING of M's micro-batches (a fill longer than the counts tried, a regime of a longer period; the
+short runs stop at the first count whose line could not be checked within SAVING), where the check fails, where the
+schedule is not one of STEADY_SCHEDULES, where micro-batches differ (skewed routing, migration), or where the full run
+is quick anyway (FULL_WALL_S), M is simulated in full. What comes back either way is a Report (its
+microbatches_simulated says which counts ran) and the busiest rank's error budget; a trace comes only from a full run
+(`simulate`). tests/sim/test_steady_state.py holds the extrapolated figures to full runs.
 """
 
 from __future__ import annotations
@@ -40,6 +48,12 @@ from piper_sim.trace.runtrace import empty_trace
 from piper_sim.workload.memory import headroom_bytes
 
 TOLERANCE = 1e-7  # a second difference this small against the quantity's size is zero (float sums of ~1e6 tasks)
+# a contended plan's step: off the line of its last runs by at most this share of the makespan (near_affine)
+NEAR_TOLERANCE = 1e-4
+# the totals that count work (FLOPs, calls, bytes, memory) and the step's: every other total (compute, idle and
+# exposed time, the busiest rank's budget terms, the all-to-alls' bandwidths) shares the step out between its parts
+COUNTED = ("model_flops", "hardware_flops", "a2a_calls", "peak:", "first_peak:", "link:")
+STEPS = ("makespan_s", "duration_s", "step:")
 FULL_WALL_S = 5.0  # a run expected to simulate in less (run_wall.py) is simulated in full: short runs cost setup each
 SAVING = 0.7  # the short runs simulate at most this share of the configured count's micro-batches, together
 # the schedules whose programs are a fill, one repeating pattern with a bounded number of micro-batches in flight, and
@@ -48,6 +62,10 @@ SAVING = 0.7  # the short runs simulate at most this share of the configured cou
 # micro-batch in flight, so its peaks and queues grow with M; DualPipe's two directions pair differently as M grows:
 # the others are simulated in full.
 STEADY_SCHEDULES = {"1f1b": 1, "zb-h1": 1, "interleaved-1f1b": 2}
+# the short runs step by 2 micro-batches where the schedule takes them: a contended 1F1B plan can settle into a regime
+# of period 2, each pair of micro-batches adding the same time where single ones alternate (the 1.7T model's PP 32
+# plan on 1,024 Frontier GCDs with TP 2 and HALO all-to-alls: 0.10248 and 0.10384 s); a line of period 1 is one of 2
+PERIOD = 2
 
 
 @dataclass(frozen=True)
@@ -106,7 +124,9 @@ def simulate_figures(
                 rank = _arrays(runs[0]).busiest_rank()  # one rank's budget in every run
             sums.append(totals(runs[-1], rank, machine))
             counts = short.ladder[: len(runs)]
-            if len(runs) < 3 or affine(sums[-3:], counts[-3:], count) is None:
+            if len(runs) < 3 or (
+                affine(sums[-3:], counts[-3:], count) is None and near_affine(sums[-3:], counts[-3:], count) is None
+            ):
                 continue
             check = _check_count(cfg, counts, short.step)  # on a line: a count twice as far checks it
             built = None if check is None else short.built(check)
@@ -114,10 +134,14 @@ def simulate_figures(
                 break
             runs.append(simulate(*built, machine=machine, progress=progress))
             sums.append(totals(runs[-1], rank, machine))
-            at = affine(sums[-4:], [*counts[-3:], check], cfg.parallel.num_microbatches)
+            lined, target = [*counts[-3:], check], cfg.parallel.num_microbatches
+            at, kind = affine(sums[-4:], lined, target), "exact"
+            if at is None:
+                at, kind = near_affine(sums[-4:], lined, target), "near"
             if at is None:
                 break
-            return extrapolated(cfg, at, runs[-1], rank, machine, [*counts, check], time.perf_counter() - t0)
+            wall_s = time.perf_counter() - t0
+            return extrapolated(cfg, at, runs[-1], rank, machine, [*counts, check], wall_s, kind)
     result = simulate(cfg, machine=machine, progress=progress, max_wall_minutes=max_wall_minutes)
     report = replace(result.report, microbatches_simulated=[cfg.parallel.num_microbatches])
     return SteadyRun(report, _arrays(result).budget(), result.links, result)
@@ -154,8 +178,9 @@ class ShortRuns:
 
     def _ladder(self) -> list[int]:
         """The short runs' micro-batch counts to try, in order: M1, M1 + c, M1 + 2c, ... (M1 the smallest count
-        from the schedule's steady pattern on (STEADY_SCHEDULES) with M - M1 a multiple of the schedule's
-        granularity c, the first three valid for the schedule), as many as simulate at most SAVING of the configured
+        from the schedule's steady pattern on (STEADY_SCHEDULES) with M - M1 a multiple of c: PERIOD where the
+        schedule takes such counts and the first three leave room for their check, else its granularity; the first
+        three valid for the schedule), as many as simulate at most SAVING of the configured
         count M in all; none for a schedule outside STEADY_SCHEDULES or where the run's micro-batches differ (skewed
         routing, migration)."""
         cfg = self._cfg
@@ -164,12 +189,15 @@ class ShortRuns:
         if cfg.schedule not in STEADY_SCHEDULES or not cfg.routing.is_uniform or cfg.migration.active:
             return []
         first = STEADY_SCHEDULES[cfg.schedule] * par.pp
-        for step in sorted({1, 2, par.pp, 2 * par.pp}):
+        for step in sorted({1, 2, par.pp, 2 * par.pp}, key=lambda c: (c != PERIOD, c)):
             counts = list(range(first + (total - first) % step, total, step))
             while counts and sum(counts) > SAVING * total:
                 counts.pop()
-            if len(counts) >= 3 and all(self.built(m) is not None for m in counts[:3]):
-                return counts
+            if len(counts) < 3 or any(self.built(m) is None for m in counts[:3]):
+                continue
+            if step == PERIOD and _check_count(cfg, counts[:3], step) is None and step not in (par.pp, 2 * par.pp):
+                continue  # no room for its check: single steps cost less
+            return counts
         return []
 
 
@@ -224,13 +252,42 @@ def affine(samples: list[dict[str, float]], counts: list[int], target: int) -> d
     """Every quantity at `target` on the line through its values at the first and third of `counts` (three equally
     spaced, then any further ones), or None where a value is off that line by more than TOLERANCE of the quantity's
     size. A quantity a run lacks (a link it did not use) is 0."""
-    names = sorted(set().union(*samples))
-    values = np.array([[s.get(n, 0.0) for n in names] for s in samples])
-    slope = (values[2] - values[0]) / (counts[2] - counts[0])
-    line = values[0] + slope * (np.array(counts, dtype=float)[:, None] - counts[0])
+    names, values = _matrix(samples)
+    line, slope = _line(values, np.array(counts, dtype=float)[:, None], 0, 2)
     if np.any(np.abs(values - line) > TOLERANCE * np.maximum(np.abs(values).max(axis=0), 1e-12)):
         return None
     return dict(zip(names, (values[0] + slope * (target - counts[0])).tolist(), strict=True))
+
+
+def near_affine(samples: list[dict[str, float]], counts: list[int], target: int) -> dict[str, float] | None:
+    """A contended plan's figures at `target` (module docstring) from three short runs, or three and the check:
+    None unless the counted totals (COUNTED) are on one line within TOLERANCE (affine's test) and the step's totals
+    (STEPS) within NEAR_TOLERANCE of each run's makespan of the line through the two runs before the last; every
+    total on the line through the last two runs."""
+    names, values = _matrix(samples)
+    at = np.array(counts, dtype=float)[:, None]
+    counted = np.array([n.startswith(COUNTED) for n in names])
+    steps = np.array([n.startswith(STEPS) for n in names])
+    size = np.maximum(np.abs(values).max(axis=0), 1e-12)
+    if np.any(np.abs(values - _line(values, at, 0, 2)[0])[:, counted] > TOLERANCE * size[counted]):
+        return None
+    makespan = values[:, names.index("makespan_s")][:, None]
+    if np.any(np.abs(values - _line(values, at, -3, -2)[0])[:, steps] > NEAR_TOLERANCE * makespan):
+        return None
+    _, slope = _line(values, at, -2, -1)
+    return dict(zip(names, (values[-1] + slope * (target - counts[-1])).tolist(), strict=True))
+
+
+def _matrix(samples: list[dict[str, float]]) -> tuple[list[str], np.ndarray]:
+    """The runs' totals as one row per run, a column per name (a total a run lacks, a link it did not use, is 0)."""
+    names = sorted(set().union(*samples))
+    return names, np.array([[s.get(n, 0.0) for n in names] for s in samples])
+
+
+def _line(values: np.ndarray, at: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every column's line through rows a and b, at each row's count `at` (a column), and its slope."""
+    slope = (values[b] - values[a]) / (at[b] - at[a])
+    return values[a] + slope * (at - at[a]), slope
 
 
 def _check_count(cfg: Config, counts: list[int], step: int) -> int | None:
@@ -244,10 +301,17 @@ def _check_count(cfg: Config, counts: list[int], step: int) -> int | None:
 
 
 def extrapolated(
-    cfg: Config, at: dict[str, float], last: RunResult, rank: int, machine: Machine, simulated: list[int], wall_s: float
+    cfg: Config,
+    at: dict[str, float],
+    last: RunResult,
+    rank: int,
+    machine: Machine,
+    simulated: list[int],
+    wall_s: float,
+    kind: str = "exact",
 ) -> SteadyRun:
-    """The configured count's figures from its totals `at` (affine); last: a short run (the report's form and the
-    links), rank: the budget's, machine: its profile's peaks, simulated: the counts run."""
+    """The configured count's figures from its totals `at` (affine, or near_affine: kind "near"); last: a short run
+    (the report's form and the links), rank: the budget's, machine: its profile's peaks, simulated: the counts run."""
     r = last.report
     steps = [float(at[f"step:{i}"]) for i in range(len(r.step_times_s or []))]
     step, makespan, gpus = float(np.mean(steps)), at["makespan_s"], r.num_gpus
@@ -280,6 +344,7 @@ def extrapolated(
         busiest_link=busiest_link_row(links),
         sim_wall_s=wall_s,
         microbatches_simulated=simulated,
+        extrapolation=kind,
     )
     budget = {"rank": rank, **{k.removeprefix("budget:"): v for k, v in at.items() if k.startswith("budget:")}}
     return SteadyRun(report, budget, links, last)

@@ -119,6 +119,9 @@ class Report:
     # the micro-batch counts simulated: the configured one, or three short runs it was extrapolated from
     # (steady_state.py; None: a run's report, not the planner's or validation's figures)
     microbatches_simulated: list[int] | None = None
+    # how figures of short runs were extrapolated: "exact" (every total on one line) or "near" (a contended plan: the
+    # step on its line, the shares of the step from the last runs' slope); None: the configured count simulated
+    extrapolation: str | None = None
 
     def to_dict(self, nulls: tuple[str, ...] = ()) -> dict:
         """report.json: every figure the run has (None fields left out, but those named in `nulls`)."""

@@ -14,7 +14,7 @@ from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.schedule.build import build_schedule
 from piper_sim.simulator import check_wall, simulate
-from piper_sim.steady_state import affine, expected_wall_s, simulate_figures
+from piper_sim.steady_state import NEAR_TOLERANCE, affine, expected_wall_s, near_affine, simulate_figures
 
 FIGURES = (
     "step_time_s",
@@ -102,6 +102,50 @@ def test_a_contended_dragonfly_pipeline_with_tensor_parallelism(always_short):
     assert _assert_same(cfg) == [4, 5, 6, 12]
 
 
+def test_a_contended_plan_whose_waiting_settles_after_its_step(always_short, monkeypatch):
+    """EP 32 all-to-alls across Frontier nodes beside TP 2 collectives, short runs a micro-batch apart: the step is on
+    its line from 5 micro-batches, the split of the waiting between idle and exposed communication only from 6, so no
+    three counts have every total on one line within the counts 64 micro-batches allow; the step's line
+    (near_affine) checked at 14, extrapolated from 7 and 14, gives the full run's figures."""
+    monkeypatch.setattr(steady_state, "PERIOD", 1)
+    cfg = load_config(
+        {
+            "model": {"preset": "weak-1.7t", "num_layers": 4},
+            "topology": "frontier",
+            "cost": {"profile": "mi250x"},
+            "parallel": {"pp": 4, "tp": 2, "sp": True, "ep": 32, "num_microbatches": 64},
+            "schedule": "zb-h1",
+            "collectives": {"all_to_all": "halo"},
+            "optimizer": {"zero": 1},
+        }
+    )
+    assert _assert_same(cfg) == [4, 5, 6, 7, 14]
+    assert simulate_figures(cfg).report.extrapolation == "near"
+
+
+def test_short_runs_step_by_the_period_where_their_check_has_room(always_short):
+    """A contended 1F1B plan can settle into a regime where pairs of micro-batches add the same time (PERIOD 2): the
+    short runs step by 2 where the first three and their check stay within SAVING of the configured count."""
+    cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=96"])
+    assert steady_state.short_runs(cfg).ladder[:3] == [4, 6, 8]
+    assert _assert_same(cfg) == [4, 6, 8, 16]
+
+
+def test_near_affine_takes_the_step_line_and_the_last_slope_of_the_shares():
+    """The counted totals on one line, the step within NEAR_TOLERANCE of its makespan of the line of the runs
+    before the last, the shares of the step drifting: every total from the last two runs' slope."""
+    counts = [4, 5, 6, 12]
+    idle = [1.0, 1.1, 1.25, 2.0]  # drifting, then steady
+    runs = [{"makespan_s": 10.0 + m, "link:a": 3.0 * m, "idle_s": i} for m, i in zip(counts, idle, strict=True)]
+    assert affine(runs, counts, 100) is None
+    at = near_affine(runs, counts, 100)
+    assert at == pytest.approx({"makespan_s": 110.0, "link:a": 300.0, "idle_s": 2.0 + 88 * 0.75 / 6})
+    off = [*runs[:3], {**runs[3], "makespan_s": 22.0 * (1 + 2 * NEAR_TOLERANCE)}]  # the step leaves its line
+    assert near_affine(off, counts, 100) is None
+    counted = [*runs[:3], {**runs[3], "link:a": 36.001}]  # bytes are counted: on their line or refused
+    assert near_affine(counted, counts, 100) is None
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -174,8 +218,9 @@ def test_short_runs_stop_where_a_line_could_no_longer_be_checked(always_short, m
 
     monkeypatch.setattr(steady_state, "simulate", recorded)
     monkeypatch.setattr(steady_state, "affine", lambda *args: None)  # every line refused, as a drifting step is
+    monkeypatch.setattr(steady_state, "near_affine", lambda *args: None)
     cfg = load_config("small-moe", ["parallel.pp=4", "parallel.num_microbatches=48"])
-    assert steady_state.short_runs(cfg).ladder == [4, 5, 6, 7, 8]
+    assert steady_state.short_runs(cfg).ladder == [4, 5, 6, 7, 8]  # two apart (PERIOD), 4, 6, 8 and 16: over 0.7
     report = simulate_figures(cfg).report
     assert ran == [4, 5, 6, 48]
     assert report.microbatches_simulated == [48]
