@@ -252,6 +252,8 @@ def simulate_point(payload: dict) -> dict:
         "sim_exposed_comm_fraction": r.exposed_comm_fraction,
         "sim_peak_memory_bytes": max(r.peak_memory_bytes),
         "sim_all_to_all_bandwidth_bytes_per_s": r.all_to_all_bandwidth_bytes_per_s,
+        # short runs' figures: "exact", or "near" (bubble, exposed communication and all-to-all bandwidth approximate)
+        "sim_extrapolation": r.extrapolation,
         "sim_wall_s": time.perf_counter() - t0,
     }
 

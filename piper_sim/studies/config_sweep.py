@@ -137,6 +137,7 @@ SWEEP_COLUMNS = [
     Col("fits", "fits", "yes/no"),
     Col("sim_all_to_all_bandwidth_bytes_per_s", "all-to-all per GPU", "GB/s"),
     Col("sim_wall_s", "simulated in", "time"),
+    Col("sim_extrapolation", "from short runs"),  # docs/metrics.md, extrapolation
 ]
 
 
