@@ -222,6 +222,7 @@ def _simulated(cfg) -> dict:
         "exposed_comm_fraction": report.exposed_comm_fraction,
         "fits_memory": all(report.fits_memory or [True]),
         "microbatches_simulated": " ".join(map(str, report.microbatches_simulated or [])),
+        "extrapolation": report.extrapolation or "",  # from short runs: exact, or near (steady_state.py)
         "budget": {k: v for k, v in budget.items() if k not in ("rank", "step_s")},
     }
 
@@ -237,6 +238,7 @@ def _estimated(cfg) -> dict:
         "exposed_comm_fraction": float("nan"),
         "fits_memory": fits,
         "microbatches_simulated": "",  # the estimator simulates none
+        "extrapolation": "",
         "budget": {k: v for k, v in budget.items() if k != "stage"},
     }
 
