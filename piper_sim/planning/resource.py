@@ -90,22 +90,26 @@ def stage_memory(
         if len(_TERMS) >= 65536:
             _TERMS.clear()
         parallel = replace(point.parallel, num_microbatches=1)
+        by_shape: dict[tuple, tuple[float, np.ndarray, float]] = {}  # stages of one shape have the same terms
+        for p in range(point.pp):
+            shape = stage_shape(model, key[1], point.pp, point.vpp, p)
+            if shape not in by_shape:
+                by_shape[shape] = _stage_terms(
+                    model,
+                    key[1],
+                    parallel,
+                    p,
+                    flash_attention,
+                    point.recompute,
+                    recompute_layers,
+                    point.zero,
+                    checkpoint_layers,
+                    fp8_transposed_copies,
+                    recompute_modules,
+                    point.reshard_after_forward,
+                )
         terms = _TERMS[key] = tuple(
-            _stage_terms(
-                model,
-                key[1],
-                parallel,
-                p,
-                flash_attention,
-                point.recompute,
-                recompute_layers,
-                point.zero,
-                checkpoint_layers,
-                fp8_transposed_copies,
-                recompute_modules,
-                point.reshard_after_forward,
-            )
-            for p in range(point.pp)
+            by_shape[stage_shape(model, key[1], point.pp, point.vpp, p)] for p in range(point.pp)
         )
     out = []
     for p, (state, act, transient) in enumerate(terms):
@@ -116,6 +120,16 @@ def stage_memory(
 
 
 _TERMS: dict[tuple, tuple[tuple[float, np.ndarray, float], ...]] = {}  # stage_memory's terms of every stage
+
+
+def stage_shape(model: ModelSpec, layout, pp: int, vpp: int, p: int) -> tuple:
+    """What stage p's memory terms depend on of its place in the pipeline: per chunk, which of its layers are MoE
+    layers (in order) and whether it starts or ends a pipeline (the embedding, the head and the loss). Every term of
+    workload/stage_memory.py reads a layer through model.is_moe_layer, so stages of one shape (the middle stages of a
+    pipeline, mostly) hold the same bytes."""
+    stages, layers = _layout_layers(model.num_layers, layout, pp, vpp)
+    chunks = [stages.of(p, c) for c in range(vpp)]
+    return tuple((tuple(map(model.is_moe_layer, layers[v])), stages.is_first(v), stages.is_last(v)) for v in chunks)
 
 
 def _stage_terms(

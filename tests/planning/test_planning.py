@@ -4,13 +4,16 @@ estimator's closed forms against dry runs and the simulator, resume, the Dask pa
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from piper_sim.cli import main
 from piper_sim.config import load_config
 from piper_sim.errors import ConfigError
+from piper_sim.planning import resource
 from piper_sim.planning.estimate import Estimator
 from piper_sim.planning.pipeline_estimate import pipeline_s
 from piper_sim.planning.plan_fixes import parse_fixes
@@ -134,6 +137,37 @@ def test_resource_model_agrees_with_the_tracker(point):
     modelled = [m.peak_bytes for m in stage_memory(model, point)]
     assert modelled == pytest.approx(report.peak_memory_bytes, rel=0.05)
     assert modelled == pytest.approx(report.peak_memory_bytes, rel=1e-12)  # the same formulas: exactly
+
+
+@pytest.mark.parametrize(
+    ("preset", "schedule", "pp", "vpp"),
+    [
+        ("deepseek-v3", "1f1b", 8, 1),  # three dense layers first
+        ("llama4-maverick", "interleaved-1f1b", 4, 3),  # MoE every other layer
+        ("qwen3-30b-a3b", "dualpipe-v", 4, 2),  # each stage holds a chunk at each end of the pipeline
+        ("mixtral-8x7b", "zb-h1", 6, 1),  # 32 layers over 6 stages: 5 and 6 a stage
+    ],
+)
+def test_stages_of_one_shape_share_their_memory_terms(preset, schedule, pp, vpp):
+    """stage_memory computes the terms once per stage shape (resource.stage_shape): each stage's state, activations
+    and transient equal those computed for that stage alone, and distinct shapes are computed apart."""
+    model = load_model(preset)
+    point = PlanPoint(
+        pp=pp, ep=1, dp=1, vpp=vpp, micro_batch_size=1, num_microbatches=4 * pp, schedule=schedule, all_to_all="flat"
+    )
+    resource._TERMS.clear()
+    shared = stage_memory(model, point)
+    parallel = replace(point.parallel, num_microbatches=1)
+    for p, got in enumerate(shared):
+        state, act, transient = resource._stage_terms(
+            model, resource.schedule_layout(schedule), parallel, p, True, point.recompute, None, point.zero, None,
+            True, resource.DEFAULT_SELECTIVE_MODULES, point.reshard_after_forward,
+        )  # fmt: skip
+        counts = resource.live_counts(schedule, pp, vpp, point.num_microbatches, p)
+        assert got.state_bytes == state
+        assert got.activation_bytes == float(np.max(counts @ act)) + transient
+    shapes = {resource.stage_shape(model, resource.schedule_layout(schedule), pp, vpp, p) for p in range(pp)}
+    assert 1 < len(shapes) < pp
 
 
 @pytest.mark.parametrize("point", GRID, ids=lambda p: p.label())
