@@ -13,6 +13,8 @@ arrived (checked by validate.dry_run_coarse).
 
 from __future__ import annotations
 
+import functools
+
 from piper_sim.errors import ConfigError
 from piper_sim.schedule.ir import Task, coarse_task_id
 from piper_sim.workload.task_kinds import TaskKind
@@ -23,7 +25,9 @@ Programs = tuple[Program, ...]
 Step = tuple[TaskKind, int, int]
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _task(kind: TaskKind, chunk: int, microbatch: int) -> Task:
+    """One coarse step as a Task (immutable: the programs of every stage and schedule share it)."""
     if kind == TaskKind.FORWARD:
         deps: tuple[str, ...] = ()
     elif kind == TaskKind.BACKWARD_WEIGHT:

@@ -260,11 +260,13 @@ def global_task_id(rank: int, local_id: str) -> str:
     return f"r{rank}:{local_id}"
 
 
+_COARSE_PREFIX = {
+    TaskKind.FORWARD: "F",
+    TaskKind.BACKWARD: "B",
+    TaskKind.BACKWARD_INPUT: "B",
+    TaskKind.BACKWARD_WEIGHT: "W",
+}
+
+
 def coarse_task_id(kind: TaskKind, chunk: int, microbatch: int) -> str:
-    short = {
-        TaskKind.FORWARD: "F",
-        TaskKind.BACKWARD: "B",
-        TaskKind.BACKWARD_INPUT: "B",
-        TaskKind.BACKWARD_WEIGHT: "W",
-    }[kind]
-    return f"{short}:c{chunk}:m{microbatch}"
+    return f"{_COARSE_PREFIX[kind]}:c{chunk}:m{microbatch}"
