@@ -62,20 +62,8 @@ def stage_memory(
     recompute_checkpoint_layers where given; the planner's plans recompute whole chunks); fp8_transposed_copies:
     the device's, for a model in fp8 (DeviceProfile); recompute_modules: a config's, for selective recomputation."""
     # The terms do not depend on the micro-batch count (only live_counts does) nor on the all-to-all: plans that
-    # differ only there share them (one lookup per plan).
-    key = (
-        model,
-        schedule_layout(point.schedule),
-        point.pp,
-        point.ep,
-        point.dp,
-        point.tp,
-        point.etp,
-        point.sp,
-        point.vpp,
-        point.micro_batch_size,
-        point.cp,
-        point.dp_shard,
+    # differ only there share them (one lookup per plan). settings: _stage_terms' arguments after the stage.
+    settings = (
         flash_attention,
         point.recompute,
         recompute_layers,
@@ -85,32 +73,18 @@ def stage_memory(
         recompute_modules,
         point.reshard_after_forward,
     )
+    layout = schedule_layout(point.schedule)
+    mesh = (point.pp, point.ep, point.dp, point.tp, point.etp, point.sp, point.vpp, point.micro_batch_size)
+    key = (model, layout, *mesh, point.cp, point.dp_shard, *settings)
     terms = _TERMS.get(key)
     if terms is None:
         if len(_TERMS) >= 65536:
             _TERMS.clear()
         parallel = replace(point.parallel, num_microbatches=1)
-        by_shape: dict[tuple, tuple[float, np.ndarray, float]] = {}  # stages of one shape have the same terms
-        for p in range(point.pp):
-            shape = stage_shape(model, key[1], point.pp, point.vpp, p)
-            if shape not in by_shape:
-                by_shape[shape] = _stage_terms(
-                    model,
-                    key[1],
-                    parallel,
-                    p,
-                    flash_attention,
-                    point.recompute,
-                    recompute_layers,
-                    point.zero,
-                    checkpoint_layers,
-                    fp8_transposed_copies,
-                    recompute_modules,
-                    point.reshard_after_forward,
-                )
-        terms = _TERMS[key] = tuple(
-            by_shape[stage_shape(model, key[1], point.pp, point.vpp, p)] for p in range(point.pp)
-        )
+        shapes = [stage_shape(model, layout, point.pp, point.vpp, p) for p in range(point.pp)]
+        first = {s: p for p, s in reversed(list(enumerate(shapes)))}  # stages of one shape have the same terms
+        computed = {s: _stage_terms(model, layout, parallel, p, *settings) for s, p in first.items()}
+        terms = _TERMS[key] = tuple(computed[s] for s in shapes)
     out = []
     for p, (state, act, transient) in enumerate(terms):
         counts = live_counts(point.schedule, point.pp, point.vpp, point.num_microbatches, p)
