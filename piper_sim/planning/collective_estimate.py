@@ -230,8 +230,10 @@ class CollectivePricer:
         hit = self._memo.get(key)
         if hit is None:
             paths = [(fraction, path) for fraction, path in self.topo.paths(src, dst) if path]
+            lengths = np.array([len(path) for _, path in paths], dtype=np.int64)
             links = np.array([link for _, path in paths for link in path], dtype=np.int64)
-            fractions = np.array([fraction for fraction, path in paths for _ in path], dtype=float)
-            latency = max((self.topo.path_latency_s(path) for _, path in paths), default=0.0)
+            fractions = np.repeat(np.array([fraction for fraction, _ in paths], dtype=float), lengths)
+            starts = np.cumsum(lengths) - lengths  # each path's first entry: its latency, the sum of its links'
+            latency = float(np.add.reduceat(self.topo.latency_s[links], starts).max()) if paths else 0.0
             hit = self._memo[key] = (links, fractions, latency)
         return hit  # type: ignore[return-value]
