@@ -116,8 +116,8 @@ class Report:
     mfu_peak_profile: str | None = None
     testbed: str | None = None
     warmup_steps: int | None = None  # the first steps left out of every figure (the torch backend: 1 of 2 or more)
-    # the micro-batch counts simulated: the configured one, or three short runs it was extrapolated from
-    # (steady_state.py; None: a run's report, not the planner's or validation's figures)
+    # the micro-batch counts simulated: the configured one, or the short runs it was extrapolated from (three on a
+    # line and the count that checked it; steady_state.py; None: a run's report, not the planner's or validation's)
     microbatches_simulated: list[int] | None = None
     # how figures of short runs were extrapolated: "exact" (every total on one line) or "near" (a contended plan: the
     # step on its line, the shares of the step from the last runs' slope); None: the configured count simulated
