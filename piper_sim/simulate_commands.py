@@ -136,6 +136,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
     finish(args.out)
     print(format_report(result.report))
+    if result.report.extrapolation == "near":
+        counts = ", ".join(map(str, result.report.microbatches_simulated or []))
+        say_notes(
+            [
+                f"figures from short runs of {counts} micro-batches: the step on the line they checked, the bubble, "
+                "exposed communication and all-to-all bandwidth from the last two runs' slope, approximate (a "
+                "contended plan's waiting still shifts between them; docs/performance.md, 'Long pipelines from short "
+                "runs'); --outputs all simulates every micro-batch"
+            ]
+        )
     unfit = [p for p, fits in enumerate(result.report.fits_memory or []) if not fits]
     if unfit:
         print(

@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 import pytest
+import yaml
 
 from piper_sim import steady_state
 from piper_sim.analysis.budget import trace_budget
@@ -102,25 +103,38 @@ def test_a_contended_dragonfly_pipeline_with_tensor_parallelism(always_short):
     assert _assert_same(cfg) == [4, 5, 6, 12]
 
 
+# EP 32 all-to-alls across Frontier nodes beside TP 2 collectives: the step is on its line from 5 micro-batches, the
+# split of the waiting between idle and exposed communication only from 6
+CONTENDED = {
+    "model": {"preset": "weak-1.7t", "num_layers": 4},
+    "topology": "frontier",
+    "cost": {"profile": "mi250x"},
+    "parallel": {"pp": 4, "tp": 2, "sp": True, "ep": 32, "num_microbatches": 64},
+    "schedule": "zb-h1",
+    "collectives": {"all_to_all": "halo"},
+    "optimizer": {"zero": 1},
+}
+
+
 def test_a_contended_plan_whose_waiting_settles_after_its_step(always_short, monkeypatch):
-    """EP 32 all-to-alls across Frontier nodes beside TP 2 collectives, short runs a micro-batch apart: the step is on
-    its line from 5 micro-batches, the split of the waiting between idle and exposed communication only from 6, so no
-    three counts have every total on one line within the counts 64 micro-batches allow; the step's line
-    (near_affine) checked at 14, extrapolated from 7 and 14, gives the full run's figures."""
+    """Short runs a micro-batch apart: no three counts have every total on one line within the counts 64
+    micro-batches allow; the step's line (near_affine) checked at 14, extrapolated from 7 and 14, gives the full
+    run's figures."""
     monkeypatch.setattr(steady_state, "PERIOD", 1)
-    cfg = load_config(
-        {
-            "model": {"preset": "weak-1.7t", "num_layers": 4},
-            "topology": "frontier",
-            "cost": {"profile": "mi250x"},
-            "parallel": {"pp": 4, "tp": 2, "sp": True, "ep": 32, "num_microbatches": 64},
-            "schedule": "zb-h1",
-            "collectives": {"all_to_all": "halo"},
-            "optimizer": {"zero": 1},
-        }
-    )
+    cfg = load_config(CONTENDED)
     assert _assert_same(cfg) == [4, 5, 6, 7, 14]
     assert simulate_figures(cfg).report.extrapolation == "near"
+
+
+def test_simulate_says_which_figures_of_near_short_runs_are_approximate(always_short, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(steady_state, "PERIOD", 1)
+    path = tmp_path / "contended.yaml"
+    path.write_text(yaml.safe_dump(CONTENDED))
+    assert main(["simulate", str(path), "--outputs", "report", "--out", str(tmp_path / "run")]) == 0
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["extrapolation"] == "near" and report["microbatches_simulated"] == [4, 5, 6, 7, 14]
+    err = capsys.readouterr().err
+    assert "figures from short runs of 4, 5, 6, 7, 14 micro-batches" in err and "approximate" in err
 
 
 def test_short_runs_step_by_the_period_where_their_check_has_room(always_short):
