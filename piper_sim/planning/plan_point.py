@@ -9,7 +9,7 @@ that enumerates points is space.py; --fix parsing plan_fixes.py. Pure: no simpy,
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from piper_sim.workload.parallel import ParallelSpec
 from piper_sim.workload.recompute import Recompute
@@ -111,7 +111,8 @@ class PlanPoint:
         }
 
     def as_row(self) -> dict:
-        return asdict(self)
+        """The knobs by name (every field holds a plain value: no copy needed, unlike dataclasses.asdict)."""
+        return {name: getattr(self, name) for name in KNOB_NAMES}
 
 
 KNOB_NAMES = tuple(f.name for f in fields(PlanPoint))

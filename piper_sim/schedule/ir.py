@@ -36,6 +36,7 @@ Layouts (which virtual stage chunk c of pipeline stage p runs; Schedule.layout, 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -140,12 +141,12 @@ class VirtualStages:
     def num_virtual(self) -> int:
         return self.pp * self.vpp
 
-    @property
+    @functools.cached_property
     def num_pipelines(self) -> int:
         return 2 if self.layout == Layout.BIDIRECTIONAL else 1
 
-    @property
-    def pipeline_length(self) -> int:
+    @functools.cached_property
+    def pipeline_length(self) -> int:  # kept: every is_first / is_last asks (the planner's screens, millions of times)
         return self.num_virtual // self.num_pipelines
 
     def of(self, pp_index: int, chunk: int) -> int:
