@@ -189,14 +189,15 @@ class ShortRuns:
         if cfg.schedule not in STEADY_SCHEDULES or not cfg.routing.is_uniform or cfg.migration.active:
             return []
         first = STEADY_SCHEDULES[cfg.schedule] * par.pp
-        for step in sorted({1, 2, par.pp, 2 * par.pp}, key=lambda c: (c != PERIOD, c)):
+        # PERIOD first where its check has room, then the smallest step the schedule takes
+        for attempt, step in enumerate((PERIOD, *sorted({1, 2, par.pp, 2 * par.pp}))):
             counts = list(range(first + (total - first) % step, total, step))
             while counts and sum(counts) > SAVING * total:
                 counts.pop()
             if len(counts) < 3 or any(self.built(m) is None for m in counts[:3]):
                 continue
-            if step == PERIOD and _check_count(cfg, counts[:3], step) is None and step not in (par.pp, 2 * par.pp):
-                continue  # no room for its check: single steps cost less
+            if attempt == 0 and _check_count(cfg, counts[:3], step) is None:
+                continue
             return counts
         return []
 
